@@ -1,0 +1,83 @@
+"""hf_attn_variants: GAU, Synthesizer and entropy-invariant attention as Transformers v5 models.
+
+Importing the package registers every family with ``AutoConfig`` and the six ``AutoModel*`` classes and
+marks each class for ``register_for_auto_class``, so ``save_pretrained`` writes an ``auto_map`` and
+copies the model code: the saved folder loads with ``trust_remote_code=True`` without this package.
+"""
+
+from __future__ import annotations
+
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
+
+from .configuration_entropy_invariant import EntropyInvariantConfig
+from .modeling_entropy_invariant import (
+    EntropyInvariantForCausalLM,
+    EntropyInvariantForMaskedLM,
+    EntropyInvariantForQuestionAnswering,
+    EntropyInvariantForSequenceClassification,
+    EntropyInvariantForTokenClassification,
+    EntropyInvariantModel,
+    EntropyInvariantPreTrainedModel,
+)
+
+__version__ = "0.1.0"
+
+AUTO_CLASSES = {
+    "Model": AutoModel,
+    "ForMaskedLM": AutoModelForMaskedLM,
+    "ForCausalLM": AutoModelForCausalLM,
+    "ForSequenceClassification": AutoModelForSequenceClassification,
+    "ForTokenClassification": AutoModelForTokenClassification,
+    "ForQuestionAnswering": AutoModelForQuestionAnswering,
+}
+
+FAMILIES = {
+    "entropy_invariant": (
+        EntropyInvariantConfig,
+        {
+            "Model": EntropyInvariantModel,
+            "ForMaskedLM": EntropyInvariantForMaskedLM,
+            "ForCausalLM": EntropyInvariantForCausalLM,
+            "ForSequenceClassification": EntropyInvariantForSequenceClassification,
+            "ForTokenClassification": EntropyInvariantForTokenClassification,
+            "ForQuestionAnswering": EntropyInvariantForQuestionAnswering,
+        },
+    ),
+}
+"""model_type → (config class, {suffix: model class}) for every family this package provides."""
+
+
+def register_families() -> None:
+    """Register every family with the Auto classes and for remote-code saving (idempotent)."""
+    for model_type, (config_class, classes) in FAMILIES.items():
+        AutoConfig.register(model_type, config_class, exist_ok=True)
+        config_class.register_for_auto_class("AutoConfig")
+        for suffix, model_class in classes.items():
+            auto_class = AUTO_CLASSES[suffix]
+            auto_class.register(config_class, model_class, exist_ok=True)
+            model_class.register_for_auto_class(auto_class.__name__)
+
+
+register_families()
+
+__all__ = [
+    "AUTO_CLASSES",
+    "FAMILIES",
+    "EntropyInvariantConfig",
+    "EntropyInvariantForCausalLM",
+    "EntropyInvariantForMaskedLM",
+    "EntropyInvariantForQuestionAnswering",
+    "EntropyInvariantForSequenceClassification",
+    "EntropyInvariantForTokenClassification",
+    "EntropyInvariantModel",
+    "EntropyInvariantPreTrainedModel",
+    "register_families",
+]

@@ -1,0 +1,48 @@
+"""The ``hf-attn-variants`` command line.
+
+Each subcommand lives in its own module and exposes ``add_arguments(parser)`` and ``run(args) -> int``;
+``SUBCOMMANDS`` maps names to ``"module:help"``. Modules are imported only when their subcommand runs,
+so ``hf-attn-variants --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {}
+"""name → (module path, one-line help). Filled as subcommands are implemented."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one sub-parser per subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="hf-attn-variants",
+        description="GAU, Synthesizer and entropy-invariant attention for Hugging Face Transformers.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="<subcommand>")
+    for name, (module_path, help_text) in SUBCOMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        sub_parser.set_defaults(_module=module_path)
+        # A subcommand's flags are added only when it is the one being run (imports stay lazy).
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the chosen subcommand; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv or argv[0] not in SUBCOMMANDS:
+        parser.parse_args(argv)  # prints help / an "invalid choice" error naming the allowed subcommands
+        parser.print_help()
+        return 0 if not argv else 2
+    module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
+    sub_parser = argparse.ArgumentParser(prog=f"hf-attn-variants {argv[0]}", description=SUBCOMMANDS[argv[0]][1])
+    module.add_arguments(sub_parser)
+    args = sub_parser.parse_args(argv[1:])
+    return int(module.run(args) or 0)
+
+
+__all__ = ["SUBCOMMANDS", "build_parser", "main"]

@@ -1,0 +1,177 @@
+"""Configuration fields shared by the three families, with validation that names the bad field.
+
+Field names follow BERT/Llama (DESIGN §2). Every family config subclasses ``AttnVariantConfig``; the
+two multi-head families (entropy-invariant, Synthesizer) subclass ``MultiHeadAttnVariantConfig``,
+which adds heads, the feed-forward width and the per-layer pruned heads.
+
+Copied next to the model code by ``save_pretrained``: imports only torch, transformers, stdlib.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+
+from .layers import NORM_TYPES, kept_heads, normalize_pruned_heads
+
+POSITION_EMBEDDING_TYPES = ("rope", "absolute", "none")
+NORM_POSITIONS = ("pre", "post")
+
+
+def check_choice(field: str, value: Any, allowed: Sequence[Any]) -> None:
+    """Raise ``ValueError`` unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"{field} must be one of {tuple(allowed)}, got {value!r}.")
+
+
+def check_int(field: str, value: Any, minimum: int | None = None, allow_none: bool = False) -> None:
+    """Raise ``TypeError`` unless ``value`` is an int (not bool), ``ValueError`` if below ``minimum``."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{field} must be an int, got {value!r} ({type(value).__name__}).")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{field} must be >= {minimum}, got {value}.")
+
+
+def check_float(field: str, value: Any, low: float, high: float | None = None, allow_none: bool = False) -> None:
+    """Raise ``TypeError`` unless ``value`` is a real number, ``ValueError`` outside [low, high]."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{field} must be a number, got {value!r} ({type(value).__name__}).")
+    if value < low or (high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{field} must be in {bound}, got {value}.")
+
+
+def check_bool(field: str, value: Any) -> None:
+    """Raise ``TypeError`` unless ``value`` is a bool."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{field} must be a bool, got {value!r} ({type(value).__name__}).")
+
+
+class AttnVariantConfig(PreTrainedConfig):
+    r"""Fields common to the ``gau``, ``synthesizer`` and ``entropy_invariant`` families.
+
+    Args:
+        vocab_size: vocabulary size of ``embed_tokens`` and ``lm_head``.
+        hidden_size: model width d.
+        num_hidden_layers: number of layers.
+        hidden_act: activation of the feed-forward / gating units (a key of ``transformers.activations.ACT2FN``).
+        max_position_embeddings: longest sequence for learned absolute positions (and the Synthesizer's l).
+        hidden_dropout_prob: dropout on embeddings and residual branches.
+        attention_probs_dropout_prob: dropout on attention probabilities.
+        initializer_range: std of the normal initialisation of weight matrices.
+        layer_norm_eps: ε of the norms.
+        norm_type: ``"layernorm"``, ``"rmsnorm"`` or ``"scalenorm"``.
+        norm_position: ``"pre"`` (norm inside the residual branch, final norm at the end) or ``"post"``
+            (norm after each residual sum, as BERT and GAU-α).
+        norm_elementwise_affine: whether the norms have a learned gain (and bias for LayerNorm).
+        position_embedding_type: ``"rope"`` (default), ``"absolute"`` (learned) or ``"none"``.
+        rope_theta: RoPE base.
+        use_bias: biases in the projections.
+        classifier_dropout: dropout of classification heads (``None`` = ``hidden_dropout_prob``).
+        is_decoder: causal attention in the base model (``*ForCausalLM`` sets it).
+        use_cache: return a ``Cache`` from causal forward passes.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 512
+    hidden_dropout_prob: float | int = 0.1
+    attention_probs_dropout_prob: float | int = 0.1
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-6
+    norm_type: str = "layernorm"
+    norm_position: str = "pre"
+    norm_elementwise_affine: bool = True
+    position_embedding_type: str = "rope"
+    rope_theta: float | int = 10000.0
+    use_bias: bool = True
+    classifier_dropout: float | int | None = None
+    is_decoder: bool = False
+    use_cache: bool = True
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        self.validate_common_fields()
+        super().__post_init__(**kwargs)
+
+    def validate_common_fields(self) -> None:
+        """Check the shared fields; raises ``ValueError``/``TypeError`` naming the field."""
+        check_int("vocab_size", self.vocab_size, 1)
+        check_int("hidden_size", self.hidden_size, 1)
+        check_int("num_hidden_layers", self.num_hidden_layers, 0)
+        check_int("max_position_embeddings", self.max_position_embeddings, 1)
+        check_choice("hidden_act", self.hidden_act, sorted(ACT2FN.keys()))
+        check_float("hidden_dropout_prob", self.hidden_dropout_prob, 0.0, 1.0)
+        check_float("attention_probs_dropout_prob", self.attention_probs_dropout_prob, 0.0, 1.0)
+        check_float("classifier_dropout", self.classifier_dropout, 0.0, 1.0, allow_none=True)
+        check_float("initializer_range", self.initializer_range, 0.0)
+        check_float("layer_norm_eps", self.layer_norm_eps, 0.0)
+        check_float("rope_theta", self.rope_theta, 1.0)
+        check_choice("norm_type", self.norm_type, NORM_TYPES)
+        check_choice("norm_position", self.norm_position, NORM_POSITIONS)
+        check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
+        for field in ("norm_elementwise_affine", "use_bias", "is_decoder", "use_cache", "tie_word_embeddings"):
+            check_bool(field, getattr(self, field))
+        for field in ("pad_token_id", "bos_token_id"):
+            check_int(field, getattr(self, field), 0, allow_none=True)
+
+
+class MultiHeadAttnVariantConfig(AttnVariantConfig):
+    r"""Adds multi-head attention and a feed-forward block to ``AttnVariantConfig``.
+
+    Args:
+        num_attention_heads: heads per layer before pruning; head size = hidden_size / num_attention_heads.
+        intermediate_size: width of the feed-forward block.
+        pruned_heads: ``{layer: [original head indices removed]}``, written by
+            ``hf_attn_variants.pruning.prune_heads`` so that ``from_pretrained`` rebuilds the pruned shapes.
+    """
+
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    pruned_heads: dict | None = None
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        check_int("num_attention_heads", self.num_attention_heads, 1)
+        check_int("intermediate_size", self.intermediate_size, 1)
+        check_int("hidden_size", self.hidden_size, 1)
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                f"({self.num_attention_heads})."
+            )
+        check_int("num_hidden_layers", self.num_hidden_layers, 0)
+        self.pruned_heads = normalize_pruned_heads(
+            self.pruned_heads, num_layers=self.num_hidden_layers, num_heads=self.num_attention_heads
+        )
+        super().__post_init__(**kwargs)
+
+    @property
+    def head_dim(self) -> int:
+        """Size of one head: hidden_size / num_attention_heads (unchanged by pruning)."""
+        return self.hidden_size // self.num_attention_heads
+
+    def layer_heads(self, layer_idx: int) -> list[int]:
+        """Original indices of the heads layer ``layer_idx`` keeps after pruning."""
+        return kept_heads(self.pruned_heads or {}, layer_idx, self.num_attention_heads)
+
+
+__all__ = [
+    "AttnVariantConfig",
+    "MultiHeadAttnVariantConfig",
+    "check_bool",
+    "check_choice",
+    "check_float",
+    "check_int",
+]

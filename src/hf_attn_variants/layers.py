@@ -1,0 +1,346 @@
+"""Building blocks shared by the three model families.
+
+Everything here is written once and used by ``modeling_entropy_invariant``, ``modeling_gau`` and
+``modeling_synthesizer``: rotary position embeddings, the norms, the per-row key count nᵢ, the
+entropy-invariant factor, boolean attention masks, an eager attention kernel that never returns NaN
+and the bookkeeping of pruned heads.
+
+This module is copied next to the model code by ``save_pretrained`` (remote code), so it imports
+nothing but ``torch`` and the standard library.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+NORM_TYPES = ("layernorm", "rmsnorm", "scalenorm")
+
+
+# --------------------------------------------------------------------------------------------------
+# Rotary position embedding
+# --------------------------------------------------------------------------------------------------
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (Su et al. 2021, "RoFormer", arXiv:2104.09864).
+
+    Position p rotates the pair (x_j, x_{j+d/2}) by the angle p·θ_j with θ_j = base^(-2j/d), so that
+    ⟨R_m q, R_n k⟩ depends on m − n only. The frequencies are recomputed on the fly (a d/2-vector),
+    which keeps the module free of buffers that meta-device construction would leave uninitialised.
+    """
+
+    def __init__(self, dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if dim % 2 != 0:
+            raise ValueError(f"RotaryEmbedding needs an even dimension, got dim={dim}.")
+        self.dim = dim
+        self.base = float(base)
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        """θ_j = base^(-2j/d) for j = 0 … d/2 − 1, in float32."""
+        exponent = torch.arange(0, self.dim, 2, device=device, dtype=torch.float32) / self.dim
+        return 1.0 / (self.base**exponent)
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(cos, sin)`` of shape ``(batch, seq, dim)`` for ``position_ids`` of shape ``(batch, seq)``."""
+        freqs = position_ids.to(torch.float32)[..., None] * self.inv_freq(position_ids.device)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, base={self.base}"
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x₁, x₂) ↦ (−x₂, x₁) on the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` of shape ``(batch, heads, seq, dim)`` by ``cos``/``sin`` of shape ``(batch, seq, dim)``.
+
+    x ↦ x·cos + rotate_half(x)·sin (RoFormer, eq. 34, in the half-split layout Transformers uses).
+    """
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return x * cos + rotate_half(x) * sin
+
+
+def default_position_ids(batch_size: int, seq_length: int, past_length: int, device: torch.device) -> torch.Tensor:
+    """Positions ``past_length … past_length + seq_length − 1`` for every row, shape ``(batch, seq)``."""
+    positions = torch.arange(past_length, past_length + seq_length, device=device)
+    return positions.unsqueeze(0).expand(batch_size, -1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Norms
+# --------------------------------------------------------------------------------------------------
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang & Sennrich 2019): y = x / sqrt(mean(x²) + ε) · g.
+
+    With ``elementwise_affine=False`` there is no gain g (GAU-α's parameter-free RMSNorm).
+    Computed in float32 and cast back, so fp16/bf16 inputs do not overflow in x².
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, elementwise_affine: bool = True) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size)) if elementwise_affine else None
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        dtype = hidden_states.dtype
+        x = hidden_states.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight is not None:
+            x = x * self.weight.float()
+        return x.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+
+
+class ScaleNorm(nn.Module):
+    """ScaleNorm (Nguyen & Salazar 2019, "Transformers without Tears"): y = g · x / max(‖x‖, ε).
+
+    The single gain is stored as ``weight`` (initialised to 1) and used as g = weight · √d, which is
+    the paper's initialisation g = √d while keeping the stored parameter at the usual norm value 1.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, elementwise_affine: bool = True) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(1)) if elementwise_affine else None
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        dtype = hidden_states.dtype
+        x = hidden_states.float()
+        norm = x.norm(dim=-1, keepdim=True).clamp(min=self.eps)
+        gain = math.sqrt(self.hidden_size) * (self.weight.float() if self.weight is not None else 1.0)
+        return (x * (gain / norm)).to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+
+
+class LayerNorm(nn.LayerNorm):
+    """``torch.nn.LayerNorm`` (Ba et al. 2016) computed in float32 for fp16/bf16 inputs."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        dtype = hidden_states.dtype
+        weight = self.weight.float() if self.weight is not None else None
+        bias = self.bias.float() if self.bias is not None else None
+        out = F.layer_norm(hidden_states.float(), self.normalized_shape, weight, bias, self.eps)
+        return out.to(dtype)
+
+
+def build_norm(norm_type: str, hidden_size: int, eps: float, elementwise_affine: bool = True) -> nn.Module:
+    """Return the norm named ``norm_type`` (one of ``NORM_TYPES``)."""
+    if norm_type == "layernorm":
+        return LayerNorm(hidden_size, eps=eps, elementwise_affine=elementwise_affine)
+    if norm_type == "rmsnorm":
+        return RMSNorm(hidden_size, eps=eps, elementwise_affine=elementwise_affine)
+    if norm_type == "scalenorm":
+        return ScaleNorm(hidden_size, eps=eps, elementwise_affine=elementwise_affine)
+    raise ValueError(f"norm_type must be one of {NORM_TYPES}, got {norm_type!r}.")
+
+
+# --------------------------------------------------------------------------------------------------
+# Masks and the per-row key count nᵢ
+# --------------------------------------------------------------------------------------------------
+def _query_positions(query_length: int, query_offset: int | torch.Tensor, device: torch.device) -> torch.Tensor:
+    return torch.arange(query_length, device=device) + query_offset
+
+
+def visible_key_counts(
+    attention_mask: torch.Tensor | None,
+    *,
+    batch_size: int,
+    query_length: int,
+    key_length: int,
+    query_offset: int | torch.Tensor = 0,
+    causal: bool,
+    device: torch.device,
+) -> torch.Tensor:
+    """nᵢ: how many keys query i may attend to in its own row, shape ``(batch, query_length)``, float32.
+
+    ``attention_mask`` is the usual 2D padding mask ``(batch, key_length)`` with 1 for real tokens
+    (past cache included), a prepared 4D mask ``(batch, 1|heads, query_length, key_length)``
+    (boolean ``True`` = visible, or additive float with 0 = visible), or ``None`` (no padding).
+    Under a causal mask the query at absolute position p = ``query_offset`` + i sees the non-padded
+    keys at positions ≤ p. The 2D case costs O(batch · key_length): no n×n tensor is built.
+    """
+    if attention_mask is not None and attention_mask.dim() == 4:
+        visible = attention_mask if attention_mask.dtype == torch.bool else attention_mask > torch.finfo(attention_mask.dtype).min / 2
+        return visible[:, 0].sum(-1).to(torch.float32)
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise ValueError(
+            f"attention_mask must be 2D (batch, key_length) or 4D (batch, heads, query_length, key_length), "
+            f"got shape {tuple(attention_mask.shape)}."
+        )
+    if attention_mask is None:
+        if not causal:
+            return torch.full((batch_size, query_length), float(key_length), device=device)
+        positions = _query_positions(query_length, query_offset, device)
+        counts = (positions + 1).clamp(max=key_length).to(torch.float32)
+        return counts.unsqueeze(0).expand(batch_size, -1)
+    keep = attention_mask[:, -key_length:].to(device=device, dtype=torch.int32)
+    if not causal:
+        return keep.sum(-1, keepdim=True).to(torch.float32).expand(-1, query_length)
+    cumulative = keep.cumsum(-1)
+    positions = _query_positions(query_length, query_offset, device).clamp(max=key_length - 1)
+    return cumulative[:, positions].to(torch.float32)
+
+
+def log_key_counts(key_counts: torch.Tensor, min_length: int) -> torch.Tensor:
+    """log(max(nᵢ, ``min_length``)), the clamp bert4keras uses since 2023 (rows with few keys stay stable)."""
+    return key_counts.clamp(min=float(min_length)).log()
+
+
+def entropy_invariant_factor(key_counts: torch.Tensor, base_length: int, min_length: int) -> torch.Tensor:
+    """Su's entropy-invariant logit factor log(max(nᵢ, min_length)) / log(base_length).
+
+    Multiplying the usual q·k/√d logits by this factor is Su's softmax(κ log n / d · QKᵀ) with κ chosen
+    so that it equals standard attention at nᵢ = ``base_length`` (the training length).
+    """
+    return log_key_counts(key_counts, min_length) / math.log(base_length)
+
+
+def boolean_attention_mask(
+    attention_mask: torch.Tensor | None,
+    *,
+    batch_size: int,
+    query_length: int,
+    key_length: int,
+    query_offset: int | torch.Tensor = 0,
+    causal: bool,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """A boolean mask ``(batch, 1, query_length, key_length)``, ``True`` where query i may see key j.
+
+    Combines the 2D padding mask (or takes a prepared 4D mask as is) with causality. Returns ``None``
+    when every key is visible to every query (bidirectional, no padding).
+    """
+    if attention_mask is not None and attention_mask.dim() == 4:
+        if attention_mask.dtype == torch.bool:
+            return attention_mask
+        return attention_mask > torch.finfo(attention_mask.dtype).min / 2
+    mask = None
+    if causal:
+        keys = torch.arange(key_length, device=device)
+        mask = keys[None, :] <= _query_positions(query_length, query_offset, device)[:, None]
+        mask = mask[None, None].expand(batch_size, 1, query_length, key_length)
+    if attention_mask is not None:
+        keep = attention_mask[:, -key_length:].to(device=device, dtype=torch.bool)[:, None, None, :]
+        mask = keep.expand(batch_size, 1, query_length, key_length) if mask is None else mask & keep
+    return mask
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention kernels
+# --------------------------------------------------------------------------------------------------
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dimension in float32, where rows with no visible key give exact zeros.
+
+    ``mask`` is boolean (``True`` = visible) or additive float (0 = visible, very negative = hidden).
+    """
+    scores = scores.float()
+    if mask is None:
+        return scores.softmax(-1)
+    if mask.dtype == torch.bool:
+        visible = mask
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    else:
+        visible = mask > torch.finfo(mask.dtype).min / 2
+        scores = scores + mask.float()
+    probs = scores.softmax(-1)
+    return probs * visible.any(-1, keepdim=True)
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q·kᵀ·scaling + mask) v for ``(batch, heads, seq, dim)`` tensors.
+
+    The signature is Transformers' attention interface, so this is the ``"eager"`` counterpart of
+    ``ALL_ATTENTION_FUNCTIONS["sdpa"]``. Unlike a plain additive mask, a row whose keys are all
+    hidden gives zeros (as SDPA does), so eager and SDPA agree on every row. Returns the output in
+    ``(batch, seq, heads, dim)`` layout and the attention probabilities.
+    """
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    probs = masked_softmax(scores, attention_mask).to(value.dtype)
+    probs = F.dropout(probs, p=dropout, training=module.training)
+    output = torch.matmul(probs, value).transpose(1, 2).contiguous()
+    return output, probs
+
+
+# --------------------------------------------------------------------------------------------------
+# Pruned-head bookkeeping
+# --------------------------------------------------------------------------------------------------
+def normalize_pruned_heads(
+    pruned_heads: Mapping[int | str, Iterable[int]] | None, *, num_layers: int, num_heads: int
+) -> dict[int, list[int]]:
+    """Validate ``{layer: [original head indices removed]}`` and return it with int keys and sorted lists.
+
+    JSON stores the layer keys as strings; they are converted back here. Raises ``ValueError``
+    naming ``pruned_heads`` for a layer or head index out of range or a repeated head.
+    """
+    if pruned_heads is None:
+        return {}
+    if not isinstance(pruned_heads, Mapping):
+        raise TypeError(f"pruned_heads must be a dict {{layer: [heads]}}, got {type(pruned_heads).__name__}.")
+    result: dict[int, list[int]] = {}
+    for layer_key, heads in pruned_heads.items():
+        try:
+            layer = int(layer_key)
+        except (TypeError, ValueError):
+            raise ValueError(f"pruned_heads keys must be layer indices, got {layer_key!r}.") from None
+        if not 0 <= layer < num_layers:
+            raise ValueError(f"pruned_heads: layer {layer} is out of range [0, {num_layers}).")
+        heads = [int(h) for h in heads]
+        bad = [h for h in heads if not 0 <= h < num_heads]
+        if bad:
+            raise ValueError(f"pruned_heads: heads {bad} of layer {layer} are out of range [0, {num_heads}).")
+        if len(set(heads)) != len(heads):
+            raise ValueError(f"pruned_heads: layer {layer} lists a head twice: {heads}.")
+        if heads:
+            result[layer] = sorted(heads)
+    return dict(sorted(result.items()))
+
+
+def kept_heads(pruned_heads: Mapping[int, list[int]], layer_idx: int, num_heads: int) -> list[int]:
+    """Original indices of the heads that layer ``layer_idx`` still has."""
+    removed = set(pruned_heads.get(layer_idx, ()))
+    return [h for h in range(num_heads) if h not in removed]
+
+
+__all__ = [
+    "NORM_TYPES",
+    "LayerNorm",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "ScaleNorm",
+    "apply_rotary",
+    "boolean_attention_mask",
+    "build_norm",
+    "default_position_ids",
+    "eager_attention_forward",
+    "entropy_invariant_factor",
+    "kept_heads",
+    "log_key_counts",
+    "masked_softmax",
+    "normalize_pruned_heads",
+    "rotate_half",
+    "visible_key_counts",
+]

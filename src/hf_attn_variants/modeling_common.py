@@ -1,0 +1,534 @@
+"""Model pieces shared by the three families: the ``PreTrainedModel`` base, the backbone and the heads.
+
+A family module (``modeling_entropy_invariant`` …) defines its attention and layer, then composes:
+
+```python
+class FooPreTrainedModel(AttnVariantPreTrainedModel): ...         # config_class, _can_record_outputs
+class FooModel(AttnVariantBackbone, FooPreTrainedModel): ...       # layer_class + _attention_inputs()
+class FooForMaskedLM(MaskedLMHeadMixin, FooPreTrainedModel): base_model_class = FooModel
+class FooForCausalLM(CausalLMHeadMixin, FooPreTrainedModel, GenerationMixin): ...
+...
+```
+
+so embeddings, position handling, input checks, cache creation and the five task heads exist once.
+Transformers' own ``Generic*`` heads are not used: they build the base model through ``AutoModel``
+(which a remote-code folder cannot rely on) and pool the last token, which is wrong for a
+bidirectional encoder; these heads pool the first token ([CLS]) for sequence classification.
+
+Copied next to the model code by ``save_pretrained``: imports only torch, transformers, stdlib.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from dataclasses import fields
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationConfig
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    MaskedLMOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.modeling_utils import PreTrainedModel
+from transformers.utils import can_return_tuple
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.import_utils import is_torchdynamo_compiling
+from transformers.utils.output_capturing import capture_outputs
+
+from .configuration_common import AttnVariantConfig
+from .layers import LayerNorm, RMSNorm, RotaryEmbedding, ScaleNorm, build_norm, default_position_ids
+
+AUTO_CLASS_SUFFIXES = {
+    "AutoModel": "Model",
+    "AutoModelForMaskedLM": "ForMaskedLM",
+    "AutoModelForCausalLM": "ForCausalLM",
+    "AutoModelForSequenceClassification": "ForSequenceClassification",
+    "AutoModelForTokenClassification": "ForTokenClassification",
+    "AutoModelForQuestionAnswering": "ForQuestionAnswering",
+}
+
+
+def with_direction(config: AttnVariantConfig, is_decoder: bool) -> AttnVariantConfig:
+    """Return ``config`` with ``is_decoder`` set, copying it first so the caller's object is untouched."""
+    if config.is_decoder == is_decoder:
+        return config
+    config = copy.deepcopy(config)
+    config.is_decoder = is_decoder
+    return config
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward block: down_proj(act(up_proj(x))) (Vaswani et al. 2017)."""
+
+    def __init__(self, config: AttnVariantConfig) -> None:
+        super().__init__()
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.use_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.up_proj(hidden_states)))
+
+
+def residual_block(
+    hidden_states: torch.Tensor,
+    sublayer_output: Any,
+    norm: nn.Module,
+    dropout: nn.Module,
+    norm_position: str,
+) -> torch.Tensor:
+    """Residual connection: pre-norm x + drop(f(norm(x))) or post-norm norm(x + drop(f(x))).
+
+    ``sublayer_output`` is a callable applied to the (normed, for pre-norm) input.
+    """
+    if norm_position == "pre":
+        return hidden_states + dropout(sublayer_output(norm(hidden_states)))
+    return norm(hidden_states + dropout(sublayer_output(hidden_states)))
+
+
+class AttnVariantPreTrainedModel(PreTrainedModel):
+    """Base of every model class of the three families.
+
+    ``_init_weights`` covers every parameter (v5 builds models on the meta device, then initialises):
+    linear and embedding weights ~ N(0, ``initializer_range``), biases 0, norm gains 1; a family
+    initialises its own extra parameters in ``_init_family_weights``. ``save_pretrained`` writes an
+    ``auto_map`` for AutoConfig and all six auto model classes, so a folder saved from any head loads
+    with any of them under ``trust_remote_code=True``.
+    """
+
+    config_class = AttnVariantConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _skip_keys_device_placement = ["past_key_values"]
+    family_prefix: ClassVar[str] = ""
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, (LayerNorm, RMSNorm, ScaleNorm)):
+            if module.weight is not None:
+                init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
+        self._init_family_weights(module)
+
+    def _init_family_weights(self, module: nn.Module) -> None:
+        """Initialise parameters and buffers specific to a family (override in the family)."""
+
+    @classmethod
+    def family_auto_map(cls, config: AttnVariantConfig) -> dict[str, str]:
+        """``auto_map`` entries for AutoConfig and every auto class the family's module defines."""
+        module = sys.modules[cls.__module__]
+        module_name = cls.__module__.rsplit(".", 1)[-1]
+        config_module = type(config).__module__.rsplit(".", 1)[-1]
+        auto_map = {"AutoConfig": f"{config_module}.{type(config).__name__}"}
+        for auto_class, suffix in AUTO_CLASS_SUFFIXES.items():
+            name = f"{cls.family_prefix}{suffix}"
+            if hasattr(module, name):
+                auto_map[auto_class] = f"{module_name}.{name}"
+        return auto_map
+
+    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
+        """``PreTrainedModel.save_pretrained`` with the family's full ``auto_map`` when saving remote code."""
+        if self._auto_class is not None:
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **self.family_auto_map(self.config)}
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+
+class AttnVariantBackbone:
+    """Embeddings → layer stack → final norm, shared by the three base models (mixin).
+
+    A family sets ``layer_class`` (a ``GradientCheckpointingLayer`` taking ``(config, layer_idx)``) and
+    implements ``_attention_inputs``, which returns the extra keyword arguments every layer needs (masks
+    in the family's format, per-row key counts …). ``self.is_causal`` comes from ``config.is_decoder``.
+    """
+
+    layer_class: ClassVar[type[nn.Module]]
+    rotary_dim: ClassVar[str] = "head_dim"
+
+    def __init__(self, config: AttnVariantConfig) -> None:
+        super().__init__(config)
+        self.is_causal = config.is_decoder
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.embed_positions = (
+            nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            if config.position_embedding_type == "absolute"
+            else None
+        )
+        self.rotary_emb = (
+            RotaryEmbedding(self._rotary_dim(config), config.rope_theta)
+            if config.position_embedding_type == "rope"
+            else None
+        )
+        # Post-norm stacks (BERT, GAU-α) normalise the embeddings; pre-norm stacks normalise at the end.
+        post = config.norm_position == "post"
+        self.embed_norm = self._build_norm(config) if post else nn.Identity()
+        self.norm = nn.Identity() if post else self._build_norm(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.layers = nn.ModuleList([self.layer_class(config, i) for i in range(config.num_hidden_layers)])
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @staticmethod
+    def _build_norm(config: AttnVariantConfig) -> nn.Module:
+        return build_norm(config.norm_type, config.hidden_size, config.layer_norm_eps, config.norm_elementwise_affine)
+
+    def _rotary_dim(self, config: AttnVariantConfig) -> int:
+        """Size of the vectors RoPE rotates (the head size; GAU overrides with its key size)."""
+        return config.hidden_size // config.num_attention_heads
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def _attention_inputs(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+        position_ids: torch.Tensor,
+        past_length: int,
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _check_inputs(self, input_ids: torch.Tensor | None, total_length: int, attention_mask: torch.Tensor | None) -> None:
+        """Clear errors for inputs that would otherwise fail deep inside torch."""
+        if input_ids is not None and input_ids.numel() > 0 and not is_torchdynamo_compiling():
+            low, high = int(input_ids.min()), int(input_ids.max())
+            if low < 0 or high >= self.config.vocab_size:
+                raise ValueError(
+                    f"input_ids must be in [0, vocab_size={self.config.vocab_size}), got values in [{low}, {high}]."
+                )
+        if self.embed_positions is not None and total_length > self.config.max_position_embeddings:
+            raise ValueError(
+                f"Sequence length {total_length} exceeds max_position_embeddings="
+                f"{self.config.max_position_embeddings} of the learned absolute positions."
+            )
+        if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[-1] != total_length:
+            raise ValueError(
+                f"attention_mask has {attention_mask.shape[-1]} columns but the keys (past + current) number "
+                f"{total_length}."
+            )
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Any,
+    ) -> BaseModelOutputWithPast:
+        """Run the stack. ``attention_mask``: 2D ``(batch, past + seq)`` with 1 for tokens, or a prepared 4D mask."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        if inputs_embeds is None:
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must have shape (batch, seq), got {tuple(input_ids.shape)}.")
+        elif inputs_embeds.dim() != 3:
+            raise ValueError(f"inputs_embeds must have shape (batch, seq, hidden), got {tuple(inputs_embeds.shape)}.")
+        batch_size, seq_length = (input_ids if inputs_embeds is None else inputs_embeds).shape[:2]
+        if batch_size == 0 or seq_length == 0:
+            raise ValueError(f"Empty input: batch size {batch_size}, sequence length {seq_length}.")
+
+        if not self.is_causal:
+            use_cache, past_key_values = False, None
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        self._check_inputs(input_ids, past_length + seq_length, attention_mask)
+
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        if position_ids is None:
+            position_ids = default_position_ids(batch_size, seq_length, past_length, inputs_embeds.device)
+        elif position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0).expand(batch_size, -1)
+
+        hidden_states = inputs_embeds
+        if self.embed_positions is not None:
+            hidden_states = hidden_states + self.embed_positions(position_ids)
+        hidden_states = self.dropout(self.embed_norm(hidden_states))
+        position_embeddings = (
+            self.rotary_emb(position_ids, hidden_states.dtype) if self.rotary_emb is not None else None
+        )
+        layer_inputs = self._attention_inputs(hidden_states, attention_mask, past_key_values, position_ids, past_length)
+
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                position_embeddings=position_embeddings,
+                past_key_values=past_key_values,
+                **layer_inputs,
+                **kwargs,
+            )
+        hidden_states = self.norm(hidden_states)
+        return BaseModelOutputWithPast(
+            last_hidden_state=hidden_states, past_key_values=past_key_values if use_cache else None
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Heads
+# --------------------------------------------------------------------------------------------------
+class _HeadMixin:
+    """Builds ``self.model`` from ``base_model_class`` with the head's attention direction."""
+
+    base_model_class: ClassVar[type[PreTrainedModel]]
+    is_decoder_head: ClassVar[bool] = False
+
+    def _build_base(self, config: AttnVariantConfig) -> AttnVariantConfig:
+        config = with_direction(config, self.is_decoder_head)
+        super().__init__(config)
+        self.model = self.base_model_class(config)
+        return config
+
+    def _dropout(self, config: AttnVariantConfig) -> nn.Dropout:
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        return nn.Dropout(p)
+
+
+class MaskedLMHeadMixin(_HeadMixin):
+    """Masked language modelling: logits = lm_head(h), tied to ``embed_tokens`` by default."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: AttnVariantConfig) -> None:
+        config = self._build_base(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs: Any,
+    ) -> MaskedLMOutput:
+        """``labels``: token ids at masked positions, -100 elsewhere."""
+        outputs = self.model(
+            input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds, **kwargs
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+class CausalLMHeadMixin(_HeadMixin):
+    """Causal language modelling with a ``Cache``; the family class also lists ``GenerationMixin``."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    is_decoder_head = True
+
+    def __init__(self, config: AttnVariantConfig) -> None:
+        config = self._build_base(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self._unshare_generation_fields()
+        self.post_init()
+
+    def _unshare_generation_fields(self) -> None:
+        # Config fields such as `min_length` (the nᵢ clamp) share a name with generation parameters;
+        # `GenerationConfig.from_model_config` would read them as "generate at least 16 tokens".
+        defaults = GenerationConfig()
+        shared = {f.name for f in fields(self.config)} & set(GenerationConfig._get_default_generation_params())
+        for name in shared - {"use_cache"}:
+            setattr(self.generation_config, name, getattr(defaults, name))
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast:
+        """``labels``: the input ids (shifted inside the loss); ``logits_to_keep``: 0 = all positions."""
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden_states[:, keep, :])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+class ClassificationHead(nn.Module):
+    """Sentence-level head on the first token: out_proj(drop(tanh(dense(drop(h₀))))) (BERT/RoBERTa pooler)."""
+
+    def __init__(self, config: AttnVariantConfig, dropout: nn.Dropout) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = dropout
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        pooled = torch.tanh(self.dense(self.dropout(hidden_states[:, 0])))
+        return self.out_proj(self.dropout(pooled))
+
+
+class SequenceClassificationHeadMixin(_HeadMixin):
+    """Sequence classification / regression from the first token; loss by ``config.problem_type``."""
+
+    def __init__(self, config: AttnVariantConfig) -> None:
+        config = self._build_base(config)
+        self.num_labels = config.num_labels
+        self.classifier = ClassificationHead(config, self._dropout(config))
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs: Any,
+    ) -> SequenceClassifierOutput:
+        """``labels``: class ids ``(batch,)``, floats for regression, or multi-hot for multi-label."""
+        outputs = self.model(
+            input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds, **kwargs
+        )
+        logits = self.classifier(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+class TokenClassificationHeadMixin(_HeadMixin):
+    """Per-token classification (NER, POS): classifier(drop(h))."""
+
+    def __init__(self, config: AttnVariantConfig) -> None:
+        config = self._build_base(config)
+        self.num_labels = config.num_labels
+        self.dropout = self._dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs: Any,
+    ) -> TokenClassifierOutput:
+        """``labels``: a label id per token, -100 where no loss is wanted."""
+        outputs = self.model(
+            input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds, **kwargs
+        )
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.config)
+        return TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+class QuestionAnsweringHeadMixin(_HeadMixin):
+    """Extractive QA: start and end logits from qa_outputs(h) (SQuAD-style span prediction)."""
+
+    def __init__(self, config: AttnVariantConfig) -> None:
+        config = self._build_base(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
+        **kwargs: Any,
+    ) -> QuestionAnsweringModelOutput:
+        """``start_positions``/``end_positions``: answer span token indices ``(batch,)``."""
+        outputs = self.model(
+            input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds, **kwargs
+        )
+        start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).split(1, dim=-1)
+        start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
+        return QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+__all__ = [
+    "AUTO_CLASS_SUFFIXES",
+    "AttnVariantBackbone",
+    "AttnVariantPreTrainedModel",
+    "CausalLMHeadMixin",
+    "ClassificationHead",
+    "FeedForward",
+    "MaskedLMHeadMixin",
+    "QuestionAnsweringHeadMixin",
+    "SequenceClassificationHeadMixin",
+    "TokenClassificationHeadMixin",
+    "residual_block",
+    "with_direction",
+]

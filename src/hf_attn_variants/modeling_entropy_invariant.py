@@ -1,0 +1,284 @@
+"""Entropy-invariant attention: multi-head softmax attention whose logit scale grows with log nᵢ.
+
+Su Jianlin (2021–2022), "从熵不变性看Attention的Scale操作" (Looking at attention's scale through entropy
+invariance): softmax(κ log n / d · QKᵀ) V keeps the attention entropy stable when the number of keys n
+changes, so models extrapolate to lengths they were not trained on. Practical form used here:
+logits = (log nᵢ / log m) · q·k / √d with m = ``base_length``; the Scalable-Softmax variant
+(Nakanishi 2025) learns the per-head factor instead. nᵢ counts the keys query i really sees.
+
+The per-row factor is folded into q (a ``(batch, 1, q, 1)`` broadcast, never an n×n tensor), so the
+rest runs through Transformers' attention interface: eager, SDPA (and any other registered kernel).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import Cache
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .configuration_entropy_invariant import EntropyInvariantConfig
+from .layers import (
+    apply_rotary,
+    boolean_attention_mask,
+    build_norm,
+    eager_attention_forward,
+    entropy_invariant_factor,
+    log_key_counts,
+    visible_key_counts,
+)
+from .modeling_common import (
+    AttnVariantBackbone,
+    AttnVariantPreTrainedModel,
+    CausalLMHeadMixin,
+    FeedForward,
+    MaskedLMHeadMixin,
+    QuestionAnsweringHeadMixin,
+    SequenceClassificationHeadMixin,
+    TokenClassificationHeadMixin,
+    residual_block,
+)
+
+
+class EntropyInvariantAttention(nn.Module):
+    """Multi-head attention with logits s(nᵢ) · q·k/√d, s given by ``config.attention_scale`` (DESIGN §2.1).
+
+    - ``standard``: s = 1.
+    - ``entropy_invariant``: s = log max(nᵢ, min_length) / log base_length.
+    - ``ssmax``: s = sₕ · log max(nᵢ, min_length), sₕ learnable per head (``ssmax_scale``).
+
+    The projections are named as in Llama (q/k/v/o_proj) so ``peft`` and the pruning tools find them.
+    A layer whose heads were all pruned returns the output projection's bias (zeros without bias).
+    """
+
+    def __init__(self, config: EntropyInvariantConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        self.num_heads = len(config.layer_heads(layer_idx))
+        self.num_key_value_groups = 1
+        self.scaling = self.head_dim**-0.5
+        self.is_causal = config.is_decoder
+        inner = self.num_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, inner, bias=config.use_bias)
+        self.k_proj = nn.Linear(config.hidden_size, inner, bias=config.use_bias)
+        self.v_proj = nn.Linear(config.hidden_size, inner, bias=config.use_bias)
+        self.o_proj = nn.Linear(inner, config.hidden_size, bias=config.use_bias)
+        self.ssmax_scale = (
+            nn.Parameter(torch.full((self.num_heads,), self.ssmax_init(config)))
+            if config.attention_scale == "ssmax"
+            else None
+        )
+
+    @staticmethod
+    def ssmax_init(config: EntropyInvariantConfig) -> float:
+        """sₕ at initialisation: 1 / log base_length, so SSMax starts equal to ``entropy_invariant``."""
+        return 1.0 / math.log(config.base_length)
+
+    def logit_scale(self, key_counts: torch.Tensor | None) -> torch.Tensor | None:
+        """The factor multiplying q, broadcastable to ``(batch, heads, q, 1)``, or ``None`` for ``standard``."""
+        scale = self.config.attention_scale
+        if scale == "standard" or key_counts is None:
+            return None
+        if scale == "entropy_invariant":
+            factor = entropy_invariant_factor(key_counts, self.config.base_length, self.config.min_length)
+            return factor[:, None, :, None]
+        log_n = log_key_counts(key_counts, self.config.min_length)
+        return self.ssmax_scale.float()[None, :, None, None] * log_n[:, None, :, None]
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        key_counts: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch_size, seq_length = hidden_states.shape[:2]
+        if self.num_heads == 0:
+            return self.o_proj(hidden_states.new_zeros(batch_size, seq_length, 0)), None
+        shape = (batch_size, seq_length, self.num_heads, self.head_dim)
+        query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+        key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+        value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        if position_embeddings is not None:
+            cos, sin = position_embeddings
+            query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+
+        factor = self.logit_scale(key_counts)
+        if factor is not None:
+            query = (query.float() * factor).to(query.dtype)
+
+        implementation = self.config._attn_implementation or "eager"
+        attention_fn = (
+            eager_attention_forward
+            if implementation == "eager"
+            else ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        )
+        if attention_fn is eager_attention_forward and attention_mask is None and self.is_causal:
+            attention_mask = boolean_attention_mask(
+                None,
+                batch_size=batch_size,
+                query_length=seq_length,
+                key_length=key.shape[2],
+                query_offset=key.shape[2] - seq_length,
+                causal=True,
+                device=query.device,
+            )
+        output, weights = attention_fn(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        output = self.o_proj(output.reshape(batch_size, seq_length, -1).contiguous())
+        return output, weights
+
+
+class EntropyInvariantLayer(GradientCheckpointingLayer):
+    """Attention + feed-forward block with pre- or post-norm residuals."""
+
+    def __init__(self, config: EntropyInvariantConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.norm_position = config.norm_position
+        self.self_attn = EntropyInvariantAttention(config, layer_idx)
+        self.mlp = FeedForward(config)
+        self.attention_norm = build_norm(
+            config.norm_type, config.hidden_size, config.layer_norm_eps, config.norm_elementwise_affine
+        )
+        self.mlp_norm = build_norm(
+            config.norm_type, config.hidden_size, config.layer_norm_eps, config.norm_elementwise_affine
+        )
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        key_counts: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        def attend(x: torch.Tensor) -> torch.Tensor:
+            return self.self_attn(
+                x,
+                position_embeddings=position_embeddings,
+                attention_mask=attention_mask,
+                key_counts=key_counts,
+                past_key_values=past_key_values,
+                **kwargs,
+            )[0]
+
+        hidden_states = residual_block(hidden_states, attend, self.attention_norm, self.dropout, self.norm_position)
+        return residual_block(hidden_states, self.mlp, self.mlp_norm, self.dropout, self.norm_position)
+
+
+class EntropyInvariantPreTrainedModel(AttnVariantPreTrainedModel):
+    """Base class of the entropy-invariant family (init, SDPA support, output recording)."""
+
+    config_class = EntropyInvariantConfig
+    config: EntropyInvariantConfig
+    family_prefix = "EntropyInvariant"
+    _no_split_modules = ["EntropyInvariantLayer"]
+    _supports_sdpa = True
+    _supports_attention_backend = True
+    _can_record_outputs = {"hidden_states": EntropyInvariantLayer, "attentions": EntropyInvariantAttention}
+
+    def _init_family_weights(self, module: nn.Module) -> None:
+        if isinstance(module, EntropyInvariantAttention) and module.ssmax_scale is not None:
+            init.constant_(module.ssmax_scale, EntropyInvariantAttention.ssmax_init(self.config))
+
+
+class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel):
+    """The bare entropy-invariant encoder (bidirectional) or decoder (``config.is_decoder``)."""
+
+    layer_class = EntropyInvariantLayer
+
+    def _attention_inputs(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+        position_ids: torch.Tensor,
+        past_length: int,
+    ) -> dict[str, Any]:
+        batch_size, seq_length = hidden_states.shape[:2]
+        key_counts = None
+        if self.config.attention_scale != "standard":
+            key_counts = visible_key_counts(
+                attention_mask,
+                batch_size=batch_size,
+                query_length=seq_length,
+                key_length=past_length + seq_length,
+                query_offset=past_length,
+                causal=self.is_causal,
+                device=hidden_states.device,
+            )
+        make_mask = create_causal_mask if self.is_causal else create_bidirectional_mask
+        mask = make_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            position_ids=position_ids,
+        )
+        return {"attention_mask": mask, "key_counts": key_counts}
+
+
+class EntropyInvariantForMaskedLM(MaskedLMHeadMixin, EntropyInvariantPreTrainedModel):
+    """Entropy-invariant encoder with a masked-language-modelling head."""
+
+    base_model_class = EntropyInvariantModel
+
+
+class EntropyInvariantForCausalLM(CausalLMHeadMixin, EntropyInvariantPreTrainedModel, GenerationMixin):
+    """Entropy-invariant decoder with a causal LM head; supports ``generate`` and a ``DynamicCache``."""
+
+    base_model_class = EntropyInvariantModel
+
+
+class EntropyInvariantForSequenceClassification(SequenceClassificationHeadMixin, EntropyInvariantPreTrainedModel):
+    """Entropy-invariant encoder with a first-token classification / regression head."""
+
+    base_model_class = EntropyInvariantModel
+
+
+class EntropyInvariantForTokenClassification(TokenClassificationHeadMixin, EntropyInvariantPreTrainedModel):
+    """Entropy-invariant encoder with a per-token classification head."""
+
+    base_model_class = EntropyInvariantModel
+
+
+class EntropyInvariantForQuestionAnswering(QuestionAnsweringHeadMixin, EntropyInvariantPreTrainedModel):
+    """Entropy-invariant encoder with an extractive question-answering (span) head."""
+
+    base_model_class = EntropyInvariantModel
+
+
+__all__ = [
+    "EntropyInvariantAttention",
+    "EntropyInvariantForCausalLM",
+    "EntropyInvariantForMaskedLM",
+    "EntropyInvariantForQuestionAnswering",
+    "EntropyInvariantForSequenceClassification",
+    "EntropyInvariantForTokenClassification",
+    "EntropyInvariantLayer",
+    "EntropyInvariantModel",
+    "EntropyInvariantPreTrainedModel",
+]

@@ -1,0 +1,168 @@
+"""Unit tests of the shared building blocks in ``hf_attn_variants.layers``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hf_attn_variants.layers import (
+    RMSNorm,
+    RotaryEmbedding,
+    ScaleNorm,
+    apply_rotary,
+    boolean_attention_mask,
+    build_norm,
+    eager_attention_forward,
+    entropy_invariant_factor,
+    kept_heads,
+    log_key_counts,
+    masked_softmax,
+    normalize_pruned_heads,
+    visible_key_counts,
+)
+
+
+def rotated(x: torch.Tensor, position: int, rope: RotaryEmbedding) -> torch.Tensor:
+    cos, sin = rope(torch.tensor([[position]]), torch.float64)
+    return apply_rotary(x.view(1, 1, 1, -1), cos, sin).view(-1)
+
+
+def test_rope_scores_depend_only_on_relative_position() -> None:
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(16)
+    q, k = torch.randn(16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
+    reference = rotated(q, 7, rope) @ rotated(k, 3, rope)
+    for shift in (0, 1, 10, 500):
+        score = rotated(q, 7 + shift, rope) @ rotated(k, 3 + shift, rope)
+        assert torch.allclose(score, reference, atol=1e-10)
+    assert not torch.allclose(rotated(q, 8, rope) @ rotated(k, 3, rope), reference)
+
+
+def test_rope_preserves_norm_and_is_identity_at_zero() -> None:
+    rope = RotaryEmbedding(8)
+    x = torch.randn(8, dtype=torch.float64)
+    assert torch.allclose(rotated(x, 0, rope), x)
+    assert torch.allclose(rotated(x, 123, rope).norm(), x.norm())
+
+
+def test_rope_rejects_odd_dimension() -> None:
+    with pytest.raises(ValueError, match="even"):
+        RotaryEmbedding(7)
+
+
+def test_rmsnorm_matches_formula_and_is_parameter_free_when_asked() -> None:
+    x = torch.randn(3, 5, 8)
+    norm = RMSNorm(8, eps=1e-6, elementwise_affine=False)
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert torch.allclose(norm(x), expected, atol=1e-6)
+    assert list(norm.parameters()) == []
+
+
+def test_scalenorm_has_norm_sqrt_d() -> None:
+    x = torch.randn(4, 16)
+    out = ScaleNorm(16)(x)
+    assert torch.allclose(out.norm(dim=-1), torch.full((4,), 4.0), atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm", "scalenorm"])
+def test_norms_keep_dtype_and_are_finite_in_half_precision(norm_type: str) -> None:
+    norm = build_norm(norm_type, 32, 1e-6)
+    x = (torch.randn(2, 32) * 300).to(torch.bfloat16)
+    out = norm(x)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
+def test_build_norm_rejects_unknown_type() -> None:
+    with pytest.raises(ValueError, match="norm_type"):
+        build_norm("batchnorm", 8, 1e-6)
+
+
+def test_key_counts_bidirectional_count_only_real_tokens() -> None:
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    counts = visible_key_counts(mask, batch_size=2, query_length=5, key_length=5, causal=False, device=mask.device)
+    assert counts.tolist() == [[3.0] * 5, [5.0] * 5]
+
+
+def test_key_counts_causal_with_padding_left_and_right() -> None:
+    mask = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1]])
+    counts = visible_key_counts(mask, batch_size=2, query_length=5, key_length=5, causal=True, device=mask.device)
+    assert counts.tolist() == [[1, 2, 3, 3, 3], [0, 0, 1, 2, 3]]
+
+
+def test_key_counts_with_past_cache() -> None:
+    # 4 cached keys + 2 new queries; row 1 has one left-padding position in the cache.
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]])
+    counts = visible_key_counts(
+        mask, batch_size=2, query_length=2, key_length=6, query_offset=4, causal=True, device=mask.device
+    )
+    assert counts.tolist() == [[5, 6], [4, 5]]
+    no_mask = visible_key_counts(
+        None, batch_size=1, query_length=2, key_length=6, query_offset=4, causal=True, device=mask.device
+    )
+    assert no_mask.tolist() == [[5, 6]]
+
+
+def test_key_counts_match_a_materialised_mask() -> None:
+    mask2d = torch.tensor([[0, 1, 1, 1, 0, 1], [1, 1, 1, 1, 1, 1]])
+    for causal in (False, True):
+        mask4d = boolean_attention_mask(
+            mask2d, batch_size=2, query_length=6, key_length=6, causal=causal, device=mask2d.device
+        )
+        from_4d = visible_key_counts(mask4d, batch_size=2, query_length=6, key_length=6, causal=causal, device=mask2d.device)
+        from_2d = visible_key_counts(mask2d, batch_size=2, query_length=6, key_length=6, causal=causal, device=mask2d.device)
+        assert torch.equal(from_4d, from_2d)
+
+
+def test_key_counts_reject_3d_masks() -> None:
+    with pytest.raises(ValueError, match="attention_mask"):
+        visible_key_counts(torch.ones(1, 2, 3), batch_size=1, query_length=2, key_length=3, causal=False, device="cpu")
+
+
+def test_entropy_factor_is_one_at_base_length_and_clamped_below() -> None:
+    counts = torch.tensor([512.0, 1024.0, 3.0, 0.0])
+    factor = entropy_invariant_factor(counts, base_length=512, min_length=16)
+    assert factor[0].item() == pytest.approx(1.0)
+    assert factor[1].item() == pytest.approx(math.log(1024) / math.log(512))
+    assert factor[2].item() == factor[3].item() == pytest.approx(math.log(16) / math.log(512))
+    assert torch.equal(log_key_counts(counts, 16), counts.clamp(min=16).log())
+
+
+def test_boolean_mask_combines_padding_and_causality() -> None:
+    mask2d = torch.tensor([[1, 1, 0]])
+    mask = boolean_attention_mask(mask2d, batch_size=1, query_length=3, key_length=3, causal=True, device="cpu")
+    assert mask[0, 0].tolist() == [[True, False, False], [True, True, False], [True, True, False]]
+    assert boolean_attention_mask(None, batch_size=1, query_length=3, key_length=3, causal=False, device="cpu") is None
+
+
+def test_masked_softmax_gives_zero_rows_not_nan() -> None:
+    scores = torch.randn(1, 1, 2, 3)
+    mask = torch.tensor([[[[True, False, True], [False, False, False]]]])
+    probs = masked_softmax(scores, mask)
+    assert torch.allclose(probs[0, 0, 0].sum(), torch.tensor(1.0))
+    assert probs[0, 0, 0, 1] == 0 and torch.equal(probs[0, 0, 1], torch.zeros(3))
+    additive = torch.where(mask, 0.0, torch.finfo(torch.float32).min)
+    assert torch.allclose(masked_softmax(scores, additive), probs)
+
+
+def test_eager_attention_matches_sdpa_including_empty_rows() -> None:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4) for _ in range(3))
+    mask = torch.rand(2, 1, 5, 5) > 0.4
+    mask[0, 0, 2] = False
+    module = torch.nn.Module().eval()
+    eager, _ = eager_attention_forward(module, q, k, v, mask, scaling=0.5)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.5).transpose(1, 2)
+    assert torch.allclose(eager, sdpa, atol=1e-6)
+
+
+def test_pruned_heads_normalisation_and_errors() -> None:
+    assert normalize_pruned_heads({"1": [3, 0], 0: []}, num_layers=2, num_heads=4) == {1: [0, 3]}
+    assert kept_heads({1: [0, 3]}, 1, 4) == [1, 2]
+    with pytest.raises(ValueError, match="out of range"):
+        normalize_pruned_heads({0: [4]}, num_layers=2, num_heads=4)
+    with pytest.raises(ValueError, match="layer 5"):
+        normalize_pruned_heads({5: [0]}, num_layers=2, num_heads=4)
+    with pytest.raises(ValueError, match="twice"):
+        normalize_pruned_heads({0: [1, 1]}, num_layers=2, num_heads=4)

@@ -1,0 +1,54 @@
+"""Small helpers shared by the test modules: tiny configs, inputs, weight copies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+VOCAB = 97
+
+
+def random_ids(batch: int, length: int, *, vocab: int = VOCAB, seed: int = 0) -> torch.Tensor:
+    """Token ids in [1, vocab) (0 is the pad id) from a fixed seed."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(1, vocab, (batch, length), generator=generator)
+
+
+def right_padded(ids: torch.Tensor, lengths: list[int], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad row i after ``lengths[i]`` tokens; returns (ids, attention_mask)."""
+    ids = ids.clone()
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        ids[row, n:] = pad_id
+        mask[row, :n] = 1
+    return ids, mask
+
+
+def left_padded(ids: torch.Tensor, lengths: list[int], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the last ``lengths[i]`` tokens of row i, pad the front; returns (ids, attention_mask)."""
+    ids = ids.clone()
+    mask = torch.zeros_like(ids)
+    width = ids.shape[1]
+    for row, n in enumerate(lengths):
+        ids[row, : width - n] = pad_id
+        mask[row, width - n :] = 1
+    return ids, mask
+
+
+def clone_with_config(model: PreTrainedModel, **overrides: Any) -> PreTrainedModel:
+    """A model of the same class with ``overrides`` applied to a copy of the config and the same weights."""
+    config = model.config.__class__.from_dict({**model.config.to_dict(), **overrides})
+    config._attn_implementation = overrides.get("attn_implementation", model.config._attn_implementation)
+    other = type(model)(config)
+    missing, unexpected = other.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected, unexpected
+    assert all("ssmax_scale" in name for name in missing), missing
+    return other.eval()
+
+
+def with_attn_implementation(model: PreTrainedModel, implementation: str) -> PreTrainedModel:
+    """Switch the attention kernel of ``model`` in place (``eager`` / ``sdpa``) and return it."""
+    model.set_attn_implementation(implementation)
+    return model
