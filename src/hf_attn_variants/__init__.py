@@ -18,6 +18,8 @@ from transformers import (
 )
 
 from .configuration_entropy_invariant import EntropyInvariantConfig
+from .configuration_gau import GAUConfig
+from .configuration_synthesizer import SynthesizerConfig
 from .modeling_entropy_invariant import (
     EntropyInvariantForCausalLM,
     EntropyInvariantForMaskedLM,
@@ -27,6 +29,25 @@ from .modeling_entropy_invariant import (
     EntropyInvariantModel,
     EntropyInvariantPreTrainedModel,
 )
+from .modeling_gau import (
+    GAUForCausalLM,
+    GAUForMaskedLM,
+    GAUForQuestionAnswering,
+    GAUForSequenceClassification,
+    GAUForTokenClassification,
+    GAUModel,
+    GAUPreTrainedModel,
+)
+from .modeling_synthesizer import (
+    SynthesizerForCausalLM,
+    SynthesizerForMaskedLM,
+    SynthesizerForQuestionAnswering,
+    SynthesizerForSequenceClassification,
+    SynthesizerForTokenClassification,
+    SynthesizerModel,
+    SynthesizerPreTrainedModel,
+)
+from .stock_attention import ENTROPY_INVARIANT, register_stock_attention
 
 __version__ = "0.1.0"
 
@@ -51,6 +72,28 @@ FAMILIES = {
             "ForQuestionAnswering": EntropyInvariantForQuestionAnswering,
         },
     ),
+    "gau": (
+        GAUConfig,
+        {
+            "Model": GAUModel,
+            "ForMaskedLM": GAUForMaskedLM,
+            "ForCausalLM": GAUForCausalLM,
+            "ForSequenceClassification": GAUForSequenceClassification,
+            "ForTokenClassification": GAUForTokenClassification,
+            "ForQuestionAnswering": GAUForQuestionAnswering,
+        },
+    ),
+    "synthesizer": (
+        SynthesizerConfig,
+        {
+            "Model": SynthesizerModel,
+            "ForMaskedLM": SynthesizerForMaskedLM,
+            "ForCausalLM": SynthesizerForCausalLM,
+            "ForSequenceClassification": SynthesizerForSequenceClassification,
+            "ForTokenClassification": SynthesizerForTokenClassification,
+            "ForQuestionAnswering": SynthesizerForQuestionAnswering,
+        },
+    ),
 }
 """model_type → (config class, {suffix: model class}) for every family this package provides."""
 
@@ -67,9 +110,11 @@ def register_families() -> None:
 
 
 register_families()
+register_stock_attention()
 
 __all__ = [
     "AUTO_CLASSES",
+    "ENTROPY_INVARIANT",
     "FAMILIES",
     "EntropyInvariantConfig",
     "EntropyInvariantForCausalLM",
@@ -79,5 +124,22 @@ __all__ = [
     "EntropyInvariantForTokenClassification",
     "EntropyInvariantModel",
     "EntropyInvariantPreTrainedModel",
+    "GAUConfig",
+    "GAUForCausalLM",
+    "GAUForMaskedLM",
+    "GAUForQuestionAnswering",
+    "GAUForSequenceClassification",
+    "GAUForTokenClassification",
+    "GAUModel",
+    "GAUPreTrainedModel",
+    "SynthesizerConfig",
+    "SynthesizerForCausalLM",
+    "SynthesizerForMaskedLM",
+    "SynthesizerForQuestionAnswering",
+    "SynthesizerForSequenceClassification",
+    "SynthesizerForTokenClassification",
+    "SynthesizerModel",
+    "SynthesizerPreTrainedModel",
     "register_families",
+    "register_stock_attention",
 ]

@@ -207,7 +207,9 @@ def entropy_invariant_factor(key_counts: torch.Tensor, base_length: int, min_len
     Multiplying the usual q·k/√d logits by this factor is Su's softmax(κ log n / d · QKᵀ) with κ chosen
     so that it equals standard attention at nᵢ = ``base_length`` (the training length).
     """
-    return log_key_counts(key_counts, min_length) / math.log(base_length)
+    # Both logarithms in the same precision, so the factor is exactly 1 at nᵢ = base_length.
+    log_base = torch.tensor(float(base_length), device=key_counts.device).log()
+    return log_key_counts(key_counts, min_length) / log_base
 
 
 def boolean_attention_mask(

@@ -1,0 +1,147 @@
+"""Configuration of the Gated Attention Unit family (``model_type = "gau"``, DESIGN §2.2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .configuration_common import AttnVariantConfig, check_choice, check_float, check_int
+
+ATTENTION_NORMALIZATIONS = ("softmax", "softmax_plus", "relu2", "relu2_normalized")
+RELU2_LENGTHS = ("dynamic", "fixed")
+#: Normalisations the FLASH mixed-chunk path (``chunk_size`` set) implements: relu² inside chunks,
+#: as in the paper. Softmax has no additive form that a linear cross-chunk term could join, and
+#: ``relu2_normalized`` would divide by a row sum that the linear term (which can be negative)
+#: makes ill-defined.
+CHUNKED_NORMALIZATIONS = ("relu2",)
+
+
+class GAUConfig(AttnVariantConfig):
+    r"""Gated Attention Unit stack: one GAU layer replaces attention + feed-forward (DESIGN §2.2).
+
+    Hua, Dai, Liu & Le (2022), "Transformer Quality in Linear Time" (arXiv:2202.10447); GAU-α
+    (Su Jianlin, 2022). With hidden size d, e = ``expansion_factor``·d and s = ``attention_key_size``:
+    u, v = silu(X Wu), silu(X Wv) (width e); z = silu(X Wz) (width s); q = z·γq + βq, k = z·γk + βk;
+    RoPE on q and k; A = norm(q kᵀ); out = (u ⊙ A v) Wo; then residual + norm.
+
+    GAU has a single attention unit per layer: there is no ``num_attention_heads`` and no
+    ``intermediate_size`` (the gates u, v of width e play the feed-forward role).
+
+    Args:
+        expansion_factor: e / d (default 2, the paper's and GAU-α's e = 2d). ``expansion_factor ·
+            hidden_size`` must be a whole number.
+        attention_key_size: s, the width of z, q and k (default 128). Must be even with RoPE.
+        attention_normalization: how A is computed from the scaled logits a = q·k/√s.
+            - ``"softmax"``: softmax(a).
+            - ``"softmax_plus"``: softmax((log nᵢ / log ``base_length``)·a), the entropy-invariant
+              softmax of GAU-α (nᵢ clamped below at ``min_length``).
+            - ``"relu2"``: relu(a)² / L with L from ``relu2_length`` (the paper's GAU and FLASH).
+            - ``"relu2_normalized"``: relu(a)² / (Σⱼ relu(a)² + ε), an explicit row normaliser.
+        relu2_length: L of ``"relu2"``. ``"dynamic"``: L = nᵢ, the number of keys row i really sees
+            (padding and causality; as bert4keras). ``"fixed"``: L = ``base_length`` whatever the input
+            length — Su (2022) reports it finetunes better at lengths other than the pretraining length.
+        base_length: training length m (default 512): softmax_plus equals softmax at nᵢ = m, and the
+            fixed relu² length.
+        min_length: lower clamp of nᵢ inside softmax_plus's log (default 16, as bert4keras).
+        chunk_size: ``None`` (default) = quadratic GAU. An int g = FLASH mixed-chunk attention: exact
+            relu² attention inside each chunk of g tokens plus linear attention across chunks
+            (non-causal: all chunks; causal: earlier chunks only), O(n) time and memory. Only
+            ``attention_normalization="relu2"`` is supported with chunks (see ``CHUNKED_NORMALIZATIONS``).
+
+    Every common field of ``AttnVariantConfig`` applies; here ``hidden_act`` defaults to ``"silu"``
+    (the paper's swish) and ``use_bias`` to ``False`` (GAU-α has no biases). The per-dimension
+    scale γ and offset β of q and k always exist (the paper's ``scale_offset``); ``use_bias`` only
+    concerns the two linear projections.
+
+    Example:
+        ```python
+        >>> from hf_attn_variants import GAUConfig, GAUForMaskedLM
+        >>> config = GAUConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, attention_key_size=16)
+        >>> model = GAUForMaskedLM(config)
+        >>> alpha = GAUConfig.gau_alpha_base()  # the GAU-α architecture (24 layers, hidden 768)
+        ```
+    """
+
+    model_type = "gau"
+
+    hidden_act: str = "silu"
+    use_bias: bool = False
+    expansion_factor: int | float = 2
+    attention_key_size: int = 128
+    attention_normalization: str = "softmax_plus"
+    relu2_length: str = "dynamic"
+    base_length: int = 512
+    min_length: int = 16
+    chunk_size: int | None = None
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        for field in ("num_attention_heads", "intermediate_size"):
+            if field in kwargs:
+                raise ValueError(
+                    f"{field} does not apply to GAU (one attention unit per layer, no separate feed-forward); "
+                    "use expansion_factor and attention_key_size instead."
+                )
+        check_int("hidden_size", self.hidden_size, 1)
+        check_float("expansion_factor", self.expansion_factor, 0.0)
+        expanded = self.expansion_factor * self.hidden_size
+        if self.expansion_factor <= 0 or abs(expanded - round(expanded)) > 1e-6:
+            raise ValueError(
+                f"expansion_factor * hidden_size must be a positive whole number, got "
+                f"{self.expansion_factor} * {self.hidden_size} = {expanded}."
+            )
+        check_int("attention_key_size", self.attention_key_size, 1)
+        if self.position_embedding_type == "rope" and self.attention_key_size % 2:
+            raise ValueError(
+                f"attention_key_size must be even with position_embedding_type='rope', got {self.attention_key_size}."
+            )
+        check_choice("attention_normalization", self.attention_normalization, ATTENTION_NORMALIZATIONS)
+        check_choice("relu2_length", self.relu2_length, RELU2_LENGTHS)
+        check_int("base_length", self.base_length, 2)
+        check_int("min_length", self.min_length, 1)
+        check_int("chunk_size", self.chunk_size, 1, allow_none=True)
+        if self.chunk_size is not None and self.attention_normalization not in CHUNKED_NORMALIZATIONS:
+            raise ValueError(
+                f"chunk_size={self.chunk_size} (FLASH mixed-chunk attention) needs attention_normalization in "
+                f"{CHUNKED_NORMALIZATIONS}, got attention_normalization={self.attention_normalization!r}; "
+                "set chunk_size=None for quadratic GAU with this normalisation."
+            )
+        super().__post_init__(**kwargs)
+
+    @property
+    def intermediate_width(self) -> int:
+        """e = expansion_factor · hidden_size, the width of the gates u and v."""
+        return round(self.expansion_factor * self.hidden_size)
+
+    @classmethod
+    def gau_alpha_base(cls, **overrides: Any) -> GAUConfig:
+        """The GAU-α architecture (Su 2022, bert4keras): 24 GAU layers, hidden 768, e = 1536, s = 128.
+
+        softmax_plus attention with base length 512, post-norm with a parameter-free RMSNorm, no
+        biases, swish (SiLU) gates, dropout 0.1, vocabulary 12000, RoPE. ``overrides`` replace any field.
+        Parameter count of ``GAUModel``: 96,522,240 (see docs/gau.md).
+        """
+        values: dict[str, Any] = {
+            "vocab_size": 12000,
+            "hidden_size": 768,
+            "num_hidden_layers": 24,
+            "expansion_factor": 2,
+            "attention_key_size": 128,
+            "attention_normalization": "softmax_plus",
+            "base_length": 512,
+            "min_length": 16,
+            "hidden_act": "silu",
+            "hidden_dropout_prob": 0.1,
+            "attention_probs_dropout_prob": 0.1,
+            "norm_type": "rmsnorm",
+            "norm_position": "post",
+            "norm_elementwise_affine": False,
+            "layer_norm_eps": 1e-12,
+            "use_bias": False,
+            "position_embedding_type": "rope",
+            "max_position_embeddings": 512,
+            "pad_token_id": 0,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+__all__ = ["ATTENTION_NORMALIZATIONS", "CHUNKED_NORMALIZATIONS", "RELU2_LENGTHS", "GAUConfig"]

@@ -1,0 +1,545 @@
+"""Synthesizer attention: attention weights synthesized per head instead of (or besides) q·kᵀ.
+
+Tay, Bahri, Metzler, Juan, Zhao & Zheng (2021), "Synthesizer: Rethinking Self-Attention in Transformer
+Models" (ICML, arXiv:2005.00743). Each layer computes, per head, the logits Sᵢ(X) of its components
+(dense, random, factorized dense, factorized random, vanilla q·kᵀ/√d), mixes them as
+Y = softmax(Σᵢ αᵢ Sᵢ(X)) G(X) with α = softmax(mixing logits of the layer) (Σα = 1), G(X) the value
+projection, and applies the output projection ``o_proj``; a feed-forward block follows as in a
+standard Transformer.
+
+Positions. The synthesized components index their l×l pattern (l = ``max_position_embeddings``) by
+the position of a token *within its sequence*: position = index − (number of leading padding tokens
+of the row), which is what ``cumsum(attention_mask) − 1`` (the convention of ``generate``) gives for
+left-padded batches. Without leading padding this is the absolute index, as in the official
+mesh-tensorflow code (R[:Lq, :Lk]; during incremental decoding the current row is gathered). So
+left padding does not shift the synthesized pattern, and incremental decoding (the 2D mask covers
+past + current tokens) gathers exactly the row the full forward pass uses. ``position_ids`` only
+drive RoPE / absolute position embeddings.
+
+Cost. ``dense``, ``factorized_dense``, ``random`` and ``factorized_random`` never compute q·kᵀ and
+have no q/k projections; only ``vanilla`` does. See docs/synthesizer.md for the parameter counts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import Cache
+from transformers.generation import GenerationMixin
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+from .configuration_synthesizer import SynthesizerConfig
+from .layers import apply_rotary, boolean_attention_mask, build_norm, masked_softmax
+from .modeling_common import (
+    AttnVariantBackbone,
+    AttnVariantPreTrainedModel,
+    CausalLMHeadMixin,
+    FeedForward,
+    MaskedLMHeadMixin,
+    QuestionAnsweringHeadMixin,
+    SequenceClassificationHeadMixin,
+    TokenClassificationHeadMixin,
+    residual_block,
+)
+
+Positions = tuple[torch.Tensor, torch.Tensor]
+"""(query positions ``(batch, q)``, key positions ``(batch, k)``) within each sequence, long."""
+
+
+def _keep_index(keep: list[int], num_heads: int) -> torch.Tensor:
+    """Validate head indices (into the current heads) and return them as a long tensor."""
+    if len(set(keep)) != len(keep):
+        raise ValueError(f"prune_heads_: keep lists a head twice: {keep}.")
+    bad = [h for h in keep if not 0 <= h < num_heads]
+    if bad:
+        raise ValueError(f"prune_heads_: heads {bad} are out of range [0, {num_heads}).")
+    return torch.tensor(sorted(keep), dtype=torch.long)
+
+
+def _slice_tensor_attr(module: nn.Module, name: str, index: torch.Tensor, dim: int = 0) -> None:
+    """Replace parameter or buffer ``name`` of ``module`` by its slice along ``dim`` (in place)."""
+    tensor = getattr(module, name)
+    if tensor is None:
+        return
+    data = tensor.data.index_select(dim, index.to(tensor.device)).clone()
+    if isinstance(tensor, nn.Parameter):
+        setattr(module, name, nn.Parameter(data, requires_grad=tensor.requires_grad))
+    else:
+        module.register_buffer(name, data, persistent=True)
+
+
+def _prune_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> None:
+    """Keep rows (``dim=0``, output features) or columns (``dim=1``, input features) ``index`` of ``linear``."""
+    _slice_tensor_attr(linear, "weight", index, dim)
+    if dim == 0:
+        _slice_tensor_attr(linear, "bias", index, 0)
+        linear.out_features = index.numel()
+    else:
+        linear.in_features = index.numel()
+
+
+class SynthesizerDenseBranch(nn.Module):
+    """Per-head two-layer synthesizer F(x) = relu(x W₁ + b₁) W₂ + b₂ (Tay et al. 2021, eq. 1).
+
+    Parameters carry the head as their first dimension: ``w1`` (heads, d, e), ``b1`` (heads, e),
+    ``w2`` (heads, e, width), ``b2`` (heads, width). Returns ``(batch, heads, seq, width)`` scores, or only
+    the first ``columns`` of them (cheaper when the sequence is shorter than l).
+    """
+
+    def __init__(self, num_heads: int, hidden_size: int, inner_size: int, width: int) -> None:
+        super().__init__()
+        self.width = width
+        self.w1 = nn.Parameter(torch.empty(num_heads, hidden_size, inner_size))
+        self.b1 = nn.Parameter(torch.empty(num_heads, inner_size))
+        self.w2 = nn.Parameter(torch.empty(num_heads, inner_size, width))
+        self.b2 = nn.Parameter(torch.empty(num_heads, width))
+
+    def forward(self, hidden_states: torch.Tensor, columns: int | None = None) -> torch.Tensor:
+        inner = torch.relu(torch.einsum("bnd,hde->bhne", hidden_states, self.w1) + self.b1[None, :, None, :])
+        w2, b2 = (self.w2, self.b2) if columns is None else (self.w2[..., :columns], self.b2[..., :columns])
+        return torch.matmul(inner, w2.unsqueeze(0)) + b2[None, :, None, :]
+
+    def prune_heads_(self, index: torch.Tensor) -> None:
+        """Keep heads ``index`` of every parameter."""
+        for name in ("w1", "b1", "w2", "b2"):
+            _slice_tensor_attr(self, name, index)
+
+    def extra_repr(self) -> str:
+        heads, hidden, inner = self.w1.shape
+        return f"heads={heads}, hidden={hidden}, inner={inner}, width={self.width}"
+
+
+class SynthesizerAttention(nn.Module):
+    """Multi-head Synthesizer attention with a learnable mixture of components (DESIGN §2.3).
+
+    Logits per head h, query position i, key position j (positions as in the module docstring):
+
+    - dense: ``dense(X)[i, j]`` — row i synthesized from Xᵢ alone (W₂ has l outputs, sliced to the keys).
+    - random: ``R[h, i, j]`` (learned, or a frozen buffer with ``random_trainable=False``).
+    - factorized_dense: ``A(Xᵢ)[j // b] · B(Xᵢ)[j mod b]`` = vec(A ⊗ B)[j]: branch A of width a is
+      repeated element-wise b times and branch B of width b is tiled a times (the paper's tiling
+      functions H_A, H_B). Tiling *both* would make the row periodic in j with period lcm(a, b).
+    - factorized_random: ``(R₁ R₂ᵀ)[h, i, j]`` with R₁, R₂ of shape (l, k) per head.
+    - vanilla: ``q_i · k_j / √d`` (RoPE on q and k with ``position_embedding_type="rope"``).
+
+    mixed = Σ αᵢ Sᵢ with α = softmax(``mixing_logits``); probs = masked_softmax(mixed, padding ∧ causal);
+    output = o_proj(concat_h(probs_h v_h)). Projections are named q/k/v/o_proj; q_proj and k_proj exist
+    only when ``"vanilla"`` is a component. Every per-head tensor has the head as its first dimension,
+    and ``prune_heads_`` removes heads in place.
+    """
+
+    def __init__(self, config: SynthesizerConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.components = tuple(config.synthesizer_components)
+        self.num_heads = len(config.layer_heads(layer_idx))
+        self.head_dim = config.head_dim
+        self.max_length = config.max_position_embeddings
+        self.scaling = self.head_dim**-0.5
+        self.is_causal = config.is_decoder
+        hidden, inner, heads, length = (
+            config.hidden_size,
+            self.num_heads * self.head_dim,
+            self.num_heads,
+            self.max_length,
+        )
+        bias = config.use_bias
+        vanilla = "vanilla" in self.components
+        self.q_proj = nn.Linear(hidden, inner, bias=bias) if vanilla else None
+        self.k_proj = nn.Linear(hidden, inner, bias=bias) if vanilla else None
+        self.v_proj = nn.Linear(hidden, inner, bias=bias)
+        self.o_proj = nn.Linear(inner, hidden, bias=bias)
+        dense_inner = config.resolved_dense_hidden_size
+        self.dense = (
+            SynthesizerDenseBranch(heads, hidden, dense_inner, length) if "dense" in self.components else None
+        )
+        self.factor_a = self.factor_b = None
+        if "factorized_dense" in self.components:
+            a, b = config.resolved_factorized_dense_shape
+            self.factor_a = SynthesizerDenseBranch(heads, hidden, dense_inner, a)
+            self.factor_b = SynthesizerDenseBranch(heads, hidden, dense_inner, b)
+        rank = config.factorized_random_rank
+        self._register_random("random_matrix", (heads, length, length), "random" in self.components)
+        self._register_random("random_left", (heads, length, rank), "factorized_random" in self.components)
+        self._register_random("random_right", (heads, length, rank), "factorized_random" in self.components)
+        self.mixing_logits = (
+            nn.Parameter(torch.zeros(len(self.components))) if len(self.components) > 1 else None
+        )
+
+    def _register_random(self, name: str, shape: tuple[int, ...], used: bool) -> None:
+        if not used:
+            setattr(self, name, None)
+        elif self.config.random_trainable:
+            setattr(self, name, nn.Parameter(torch.empty(shape)))
+        else:  # Fixed Random: a persistent buffer — saved with the weights, invisible to optimizers.
+            self.register_buffer(name, torch.empty(shape), persistent=True)
+
+    # ------------------------------------------------------------------------------------------ mixing
+    def mixing_weights(self) -> torch.Tensor:
+        """α = softmax(mixing logits), one weight per component in ``self.components`` order (Σα = 1)."""
+        if self.mixing_logits is None:
+            return torch.ones(1)
+        return self.mixing_logits.float().softmax(-1)
+
+    # ------------------------------------------------------------------------------------------ components
+    @staticmethod
+    def _gather_columns(scores: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """scores ``(b, h, q, l)`` → ``(b, h, q, k)`` at the key positions ``(b, k)`` of each row."""
+        index = key_positions[:, None, None, :].expand(*scores.shape[:3], key_positions.shape[-1])
+        return scores.gather(-1, index)
+
+    def _dense_logits(
+        self, hidden_states: torch.Tensor, key_length: int, positions: Positions | None
+    ) -> torch.Tensor:
+        if positions is None:
+            return self.dense(hidden_states, columns=key_length)
+        return self._gather_columns(self.dense(hidden_states), positions[1])
+
+    def _factorized_dense_logits(
+        self, hidden_states: torch.Tensor, key_length: int, positions: Positions | None
+    ) -> torch.Tensor:
+        width_b = self.factor_b.width
+        if positions is None:
+            # Keys 0 … key_length−1 only need the first ⌈key_length / b⌉ entries of A: outer product, flatten, slice.
+            a_scores = self.factor_a(hidden_states, columns=-(-key_length // width_b))
+            b_scores = self.factor_b(hidden_states)
+            outer = a_scores[..., :, None] * b_scores[..., None, :]
+            return outer.flatten(-2)[..., :key_length]
+        a_scores, b_scores = self.factor_a(hidden_states), self.factor_b(hidden_states)
+        keys = positions[1]
+        return self._gather_columns(a_scores, keys // width_b) * self._gather_columns(
+            b_scores, keys % width_b
+        )
+
+    def _random_logits(self, query_length: int, key_length: int, positions: Positions | None) -> torch.Tensor:
+        matrix = self.random_matrix
+        if positions is None:
+            start = key_length - query_length
+            return matrix[:, start:key_length, :key_length].unsqueeze(0)
+        queries, keys = positions
+        return matrix[:, queries[:, :, None], keys[:, None, :]].transpose(0, 1)
+
+    def _factorized_random_logits(
+        self, query_length: int, key_length: int, positions: Positions | None
+    ) -> torch.Tensor:
+        left, right = self.random_left, self.random_right
+        if positions is None:
+            start = key_length - query_length
+            return torch.matmul(left[:, start:key_length], right[:, :key_length].transpose(-1, -2)).unsqueeze(
+                0
+            )
+        queries, keys = positions
+        return torch.matmul(left[:, queries], right[:, keys].transpose(-1, -2)).transpose(0, 1)
+
+    def _vanilla_logits(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+        past_key_values: Cache | None,
+        value: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch_size, seq_length = hidden_states.shape[:2]
+        shape = (batch_size, seq_length, self.num_heads, self.head_dim)
+        query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+        key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+        if position_embeddings is not None:
+            cos, sin = position_embeddings
+            query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+        return torch.matmul(query, key.transpose(-1, -2)) * self.scaling, value
+
+    # ------------------------------------------------------------------------------------------ forward
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        synthesizer_positions: Positions | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``attention_mask``: boolean ``(batch, 1, q, k)`` (True = visible, causality included) or None."""
+        batch_size, seq_length = hidden_states.shape[:2]
+        if self.num_heads == 0:
+            key_length = seq_length
+            if past_key_values is not None:  # keep the cache's length bookkeeping right for this layer
+                placeholder = hidden_states.new_zeros(batch_size, 1, seq_length, 1)
+                key_length = past_key_values.update(placeholder, placeholder, self.layer_idx)[0].shape[2]
+            # Empty weights (not None), so output_attentions keeps one entry per layer.
+            weights = hidden_states.new_zeros(batch_size, 0, seq_length, key_length)
+            return self.o_proj(hidden_states.new_zeros(batch_size, seq_length, 0)), weights
+
+        shape = (batch_size, seq_length, self.num_heads, self.head_dim)
+        value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        logits: dict[str, torch.Tensor] = {}
+        if "vanilla" in self.components:
+            logits["vanilla"], value = self._vanilla_logits(
+                hidden_states, position_embeddings, past_key_values, value
+            )
+        elif past_key_values is not None:
+            # Synthesized components need no keys: cache a one-channel placeholder (the cache derives its
+            # length from the keys) next to the values.
+            placeholder = value.new_zeros(batch_size, self.num_heads, seq_length, 1)
+            _, value = past_key_values.update(placeholder, value, self.layer_idx)
+        key_length = value.shape[2]
+        if key_length > self.max_length:
+            raise ValueError(
+                f"Sequence length {key_length} exceeds max_position_embeddings={self.max_length}, the size l of "
+                f"the synthesized attention matrices."
+            )
+        if "dense" in self.components:
+            logits["dense"] = self._dense_logits(hidden_states, key_length, synthesizer_positions)
+        if "factorized_dense" in self.components:
+            logits["factorized_dense"] = self._factorized_dense_logits(
+                hidden_states, key_length, synthesizer_positions
+            )
+        if "random" in self.components:
+            logits["random"] = self._random_logits(seq_length, key_length, synthesizer_positions)
+        if "factorized_random" in self.components:
+            logits["factorized_random"] = self._factorized_random_logits(
+                seq_length, key_length, synthesizer_positions
+            )
+
+        if self.mixing_logits is None:
+            mixed = logits[self.components[0]].float()
+        else:
+            alpha = self.mixing_weights()
+            mixed = sum(alpha[i] * logits[name].float() for i, name in enumerate(self.components))
+        if attention_mask is None and self.is_causal:
+            attention_mask = boolean_attention_mask(
+                None,
+                batch_size=batch_size,
+                query_length=seq_length,
+                key_length=key_length,
+                query_offset=key_length - seq_length,
+                causal=True,
+                device=hidden_states.device,
+            )
+        probs = masked_softmax(mixed.expand(batch_size, -1, -1, -1), attention_mask).to(value.dtype)
+        probs = F.dropout(probs, p=self.config.attention_probs_dropout_prob, training=self.training)
+        output = torch.matmul(probs, value).transpose(1, 2).reshape(batch_size, seq_length, -1)
+        return self.o_proj(output), probs
+
+    # ------------------------------------------------------------------------------------------ pruning
+    def prune_heads_(self, keep: list[int]) -> None:
+        """Keep only heads ``keep`` (indices into the current heads), in place.
+
+        Slices q/k/v_proj rows and o_proj columns (head-major blocks of ``head_dim``) and every per-head
+        parameter or buffer along its head dimension, then updates ``num_heads``. Keeping no head is
+        allowed: the layer then outputs o_proj's bias. The caller records the change in
+        ``config.pruned_heads`` (see ``hf_attn_variants.pruning``).
+        """
+        index = _keep_index(list(keep), self.num_heads)
+        rows = (index[:, None] * self.head_dim + torch.arange(self.head_dim)).reshape(-1)
+        for projection in (self.q_proj, self.k_proj, self.v_proj):
+            if projection is not None:
+                _prune_linear(projection, rows, dim=0)
+        _prune_linear(self.o_proj, rows, dim=1)
+        for branch in (self.dense, self.factor_a, self.factor_b):
+            if branch is not None:
+                branch.prune_heads_(index)
+        for name in ("random_matrix", "random_left", "random_right"):
+            _slice_tensor_attr(self, name, index)
+        self.num_heads = index.numel()
+
+    def extra_repr(self) -> str:
+        return f"components={self.components}, heads={self.num_heads}, head_dim={self.head_dim}, l={self.max_length}"
+
+
+class SynthesizerLayer(GradientCheckpointingLayer):
+    """Synthesizer attention + feed-forward block with pre- or post-norm residuals."""
+
+    def __init__(self, config: SynthesizerConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.norm_position = config.norm_position
+        self.self_attn = SynthesizerAttention(config, layer_idx)
+        self.mlp = FeedForward(config)
+        self.attention_norm = build_norm(
+            config.norm_type, config.hidden_size, config.layer_norm_eps, config.norm_elementwise_affine
+        )
+        self.mlp_norm = build_norm(
+            config.norm_type, config.hidden_size, config.layer_norm_eps, config.norm_elementwise_affine
+        )
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        synthesizer_positions: Positions | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        def attend(x: torch.Tensor) -> torch.Tensor:
+            return self.self_attn(
+                x,
+                position_embeddings=position_embeddings,
+                attention_mask=attention_mask,
+                synthesizer_positions=synthesizer_positions,
+                past_key_values=past_key_values,
+                **kwargs,
+            )[0]
+
+        hidden_states = residual_block(
+            hidden_states, attend, self.attention_norm, self.dropout, self.norm_position
+        )
+        return residual_block(hidden_states, self.mlp, self.mlp_norm, self.dropout, self.norm_position)
+
+
+class SynthesizerPreTrainedModel(AttnVariantPreTrainedModel):
+    """Base class of the Synthesizer family: initialisation, output recording, mixing-weight inspection."""
+
+    config_class = SynthesizerConfig
+    config: SynthesizerConfig
+    family_prefix = "Synthesizer"
+    _no_split_modules: ClassVar[list[str]] = ["SynthesizerLayer"]
+    _supports_sdpa = False
+    _can_record_outputs: ClassVar[dict[str, type[nn.Module]]] = {
+        "hidden_states": SynthesizerLayer,
+        "attentions": SynthesizerAttention,
+    }
+
+    def _init_family_weights(self, module: nn.Module) -> None:
+        """Dense branches ~ N(0, initializer_range) with zero biases; R ~ N(0, σ_R); R₁, R₂ ~ N(0, √(σ_R/√k)).
+
+        σ_R = ``random_init_std``; the factor std makes each entry of R₁R₂ᵀ (a sum of k products) have
+        std σ_R, like R. Mixing logits start at 0 (α uniform, as the official two-way mixture's σ(0)).
+        ``transformers.initialization`` skips tensors loaded from a checkpoint, so a frozen R is never
+        re-drawn by ``from_pretrained``.
+        """
+        std = self.config.initializer_range
+        if isinstance(module, SynthesizerDenseBranch):
+            init.normal_(module.w1, mean=0.0, std=std)
+            init.zeros_(module.b1)
+            init.normal_(module.w2, mean=0.0, std=std)
+            init.zeros_(module.b2)
+        elif isinstance(module, SynthesizerAttention):
+            random_std = self.config.resolved_random_init_std
+            if module.random_matrix is not None:
+                init.normal_(module.random_matrix, mean=0.0, std=random_std)
+            if module.random_left is not None:
+                factor_std = math.sqrt(random_std / math.sqrt(self.config.factorized_random_rank))
+                init.normal_(module.random_left, mean=0.0, std=factor_std)
+                init.normal_(module.random_right, mean=0.0, std=factor_std)
+            if module.mixing_logits is not None:
+                init.zeros_(module.mixing_logits)
+
+    def mixing_weights(self) -> torch.Tensor:
+        """Current α per layer, shape ``(num_layers, num_components)`` in ``config.synthesizer_components``
+        order; each row sums to 1 (detached, float32)."""
+        rows = [
+            m.mixing_weights().detach().cpu() for m in self.modules() if isinstance(m, SynthesizerAttention)
+        ]
+        if not rows:
+            return torch.zeros(0, len(self.config.synthesizer_components))
+        return torch.stack(rows)
+
+
+class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
+    """The bare Synthesizer encoder (bidirectional) or decoder (``config.is_decoder``)."""
+
+    layer_class = SynthesizerLayer
+
+    def _check_inputs(
+        self, input_ids: torch.Tensor | None, total_length: int, attention_mask: torch.Tensor | None
+    ) -> None:
+        if total_length > self.config.max_position_embeddings:
+            raise ValueError(
+                f"Sequence length {total_length} (past + new tokens) exceeds max_position_embeddings="
+                f"{self.config.max_position_embeddings}: the Synthesizer's l×l attention patterns cover at most "
+                f"{self.config.max_position_embeddings} positions."
+            )
+        super()._check_inputs(input_ids, total_length, attention_mask)
+
+    def _attention_inputs(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+        position_ids: torch.Tensor,
+        past_length: int,
+    ) -> dict[str, Any]:
+        batch_size, seq_length = hidden_states.shape[:2]
+        key_length = past_length + seq_length
+        mask = boolean_attention_mask(
+            attention_mask,
+            batch_size=batch_size,
+            query_length=seq_length,
+            key_length=key_length,
+            query_offset=past_length,
+            causal=self.is_causal,
+            device=hidden_states.device,
+        )
+        return {
+            "attention_mask": mask,
+            "synthesizer_positions": self._positions(attention_mask, seq_length, key_length),
+        }
+
+    @staticmethod
+    def _positions(
+        attention_mask: torch.Tensor | None, query_length: int, key_length: int
+    ) -> Positions | None:
+        """Positions within each sequence (index − leading padding), or None when no row has leading padding.
+
+        ``None`` lets the components slice their matrices (row offset = past length) instead of gathering.
+        """
+        if attention_mask is None or attention_mask.dim() != 2:
+            return None
+        keep = attention_mask[:, -key_length:] != 0
+        leading = (keep.int().cumsum(-1) == 0).sum(-1, keepdim=True)
+        if not bool(leading.any()):
+            return None
+        keys = (torch.arange(key_length, device=keep.device)[None, :] - leading).clamp(min=0)
+        return keys[:, key_length - query_length :], keys
+
+
+class SynthesizerForMaskedLM(MaskedLMHeadMixin, SynthesizerPreTrainedModel):
+    """Synthesizer encoder with a masked-language-modelling head."""
+
+    base_model_class = SynthesizerModel
+
+
+class SynthesizerForCausalLM(CausalLMHeadMixin, SynthesizerPreTrainedModel, GenerationMixin):
+    """Synthesizer decoder with a causal LM head; supports ``generate`` and a ``DynamicCache``."""
+
+    base_model_class = SynthesizerModel
+
+
+class SynthesizerForSequenceClassification(SequenceClassificationHeadMixin, SynthesizerPreTrainedModel):
+    """Synthesizer encoder with a first-token classification / regression head."""
+
+    base_model_class = SynthesizerModel
+
+
+class SynthesizerForTokenClassification(TokenClassificationHeadMixin, SynthesizerPreTrainedModel):
+    """Synthesizer encoder with a per-token classification head."""
+
+    base_model_class = SynthesizerModel
+
+
+class SynthesizerForQuestionAnswering(QuestionAnsweringHeadMixin, SynthesizerPreTrainedModel):
+    """Synthesizer encoder with an extractive question-answering (span) head."""
+
+    base_model_class = SynthesizerModel
+
+
+__all__ = [
+    "SynthesizerAttention",
+    "SynthesizerDenseBranch",
+    "SynthesizerForCausalLM",
+    "SynthesizerForMaskedLM",
+    "SynthesizerForQuestionAnswering",
+    "SynthesizerForSequenceClassification",
+    "SynthesizerForTokenClassification",
+    "SynthesizerLayer",
+    "SynthesizerModel",
+    "SynthesizerPreTrainedModel",
+]

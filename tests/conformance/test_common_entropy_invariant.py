@@ -1,0 +1,46 @@
+"""Transformers' common model tests (``ModelTesterMixin``) on every entropy-invariant class.
+
+Two configurations run against all six classes: the default ``entropy_invariant`` scale (SDPA kernel,
+RoPE, pre-norm) with the full upstream suite, and ``ssmax`` (a learnable per-head parameter that goes
+through the init/save/load tests) with post-norm RMSNorm and learned absolute positions, which covers
+the other code paths of the shared backbone.
+"""
+
+from __future__ import annotations
+
+from hf_attn_variants import FAMILIES, EntropyInvariantConfig
+
+from .harness import make_common_test_case
+
+TINY = {
+    "vocab_size": 99,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 37,
+    "max_position_embeddings": 64,
+    "pad_token_id": 0,
+    "base_length": 16,
+    "min_length": 2,
+}
+ALL_CLASSES = tuple(FAMILIES["entropy_invariant"][1].values())
+
+TestEntropyInvariantCommon = make_common_test_case(
+    "TestEntropyInvariantCommon",
+    config_class=EntropyInvariantConfig,
+    config_kwargs={**TINY, "attention_scale": "entropy_invariant"},
+    all_model_classes=ALL_CLASSES,
+)
+
+TestEntropyInvariantSSMaxCommon = make_common_test_case(
+    "TestEntropyInvariantSSMaxCommon",
+    config_class=EntropyInvariantConfig,
+    config_kwargs={
+        **TINY,
+        "attention_scale": "ssmax",
+        "norm_type": "rmsnorm",
+        "norm_position": "post",
+        "position_embedding_type": "absolute",
+    },
+    all_model_classes=ALL_CLASSES,
+)

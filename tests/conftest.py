@@ -1,0 +1,45 @@
+"""Shared pytest configuration."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _cap_onednn_isa_if_bf16_crashes() -> None:
+    """Some VMs advertise AMX but do not enable it; oneDNN's bf16 matmul then dies with SIGILL.
+
+    Probe once in a subprocess (before torch is imported here) and, only if the probe crashes, cap
+    oneDNN below AMX for this test session. Machines with working AMX keep their fast path.
+    """
+    if "ONEDNN_MAX_CPU_ISA" in os.environ:
+        return
+    probe = (
+        "import torch; torch.nn.functional.linear("
+        "torch.ones(2, 3, 32, dtype=torch.bfloat16), torch.ones(32, 32, dtype=torch.bfloat16))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120)
+    if result.returncode != 0:
+        os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX512_CORE_FP16"
+
+
+_cap_onednn_isa_if_bf16_crashes()
+
+# Markers that transformers' tests/test_modeling_common.py applies at import time; it is imported by
+# tests/conformance/harness.py during collection, and `--strict-markers` rejects unregistered ones.
+TRANSFORMERS_COMMON_TEST_MARKERS = (
+    "accelerate_tests",
+    "flash_attn_test",
+    "flash_attn_3_test",
+    "flash_attn_4_test",
+    "torch_compile_test",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the markers used by the upstream common tests."""
+    for name in TRANSFORMERS_COMMON_TEST_MARKERS:
+        config.addinivalue_line("markers", f"{name}: used by transformers' common model tests")

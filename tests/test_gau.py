@@ -1,0 +1,691 @@
+"""Behaviour of the GAU family: the unit against written-out formulas, normalisations, FLASH chunks, cache.
+
+The reference functions below re-derive every quantity from the parameters in float64 with dense
+n×n masks — written independently of ``modeling_gau`` (own RoPE, own masks) — so the tests check the
+paper's formulas, not the implementation against itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, DynamicCache
+
+from hf_attn_variants import (
+    FAMILIES,
+    GAUConfig,
+    GAUForCausalLM,
+    GAUForMaskedLM,
+    GAUForSequenceClassification,
+    GAUModel,
+)
+from hf_attn_variants.modeling_gau import (
+    GatedAttentionUnit,
+    GAUChunkCacheLayer,
+    flash_mixed_chunk_attention,
+    gau_attention_weights,
+)
+from tests import properties
+from tests.utils import left_padded, random_ids, right_padded
+
+# (attention_normalization, relu2_length): every normalisation, relu² with both lengths.
+NORMALIZATIONS = [
+    ("softmax", "dynamic"),
+    ("softmax_plus", "dynamic"),
+    ("relu2", "dynamic"),
+    ("relu2", "fixed"),
+    ("relu2_normalized", "dynamic"),
+]
+NORM_IDS = ["softmax", "softmax_plus", "relu2_dynamic", "relu2_fixed", "relu2_normalized"]
+CHUNKED = [{"relu2_length": "dynamic"}, {"relu2_length": "fixed"}]
+
+
+def tiny_config(**overrides) -> GAUConfig:
+    values = {
+        "vocab_size": 97,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "expansion_factor": 2,
+        "attention_key_size": 8,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "base_length": 8,
+        "min_length": 2,
+    }
+    values.update(overrides)
+    return GAUConfig(**values)
+
+
+def sharpen(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Re-draw the unit weights large enough that attention visibly moves the outputs.
+
+    At the paper's initialisation (γ ~ N(0, 0.02)) q·k ≈ 0 and every property would hold trivially.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, GatedAttentionUnit):
+                for param, std in ((module.in_proj.weight, 0.3), (module.out_proj.weight, 0.1)):
+                    param.copy_(torch.randn(param.shape, generator=generator) * std)
+                module.qk_scale.copy_(torch.randn(module.qk_scale.shape, generator=generator))
+                module.qk_offset.copy_(torch.randn(module.qk_offset.shape, generator=generator) * 0.2)
+    return model
+
+
+def tiny(model_class=GAUModel, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    return sharpen(model_class(tiny_config(**overrides)), seed).eval()
+
+
+def norm_kwargs(normalization: tuple[str, str]) -> dict:
+    return {"attention_normalization": normalization[0], "relu2_length": normalization[1]}
+
+
+def chunked(chunk_size: int = 4, **overrides) -> dict:
+    return {"attention_normalization": "relu2", "chunk_size": chunk_size, **overrides}
+
+
+# -------------------------------------------------------------------------------------- references
+def rope_reference(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """RoFormer rotation of (x_j, x_{j+s/2}) by p·θ_j, θ_j = theta^(-2j/s), for x of shape (batch, n, s)."""
+    half = x.shape[-1] // 2
+    freqs = theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / x.shape[-1])
+    angles = positions.double()[:, None] * freqs
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def unit_parts(unit: GatedAttentionUnit, x: torch.Tensor, theta: float):
+    """u, v and the RoPE-rotated rows z·γ_r + β_r of the paper's GAU, in float64."""
+    e, s = unit.width, unit.key_size
+    hidden = F.silu(x.double() @ unit.in_proj.weight.double().T)
+    u, v, z = hidden[..., :e], hidden[..., e : 2 * e], hidden[..., 2 * e :]
+    assert z.shape[-1] == s
+    positions = torch.arange(x.shape[1])
+    rows = [
+        rope_reference(z * unit.qk_scale[r].double() + unit.qk_offset[r].double(), positions, theta)
+        for r in range(unit.qk_scale.shape[0])
+    ]
+    return u, v, rows
+
+
+def reference_quadratic(unit: GatedAttentionUnit, x: torch.Tensor, visible: torch.Tensor, config: GAUConfig):
+    """(u ⊙ A v) Wo with A = norm(q kᵀ/√s) of DESIGN §2.2; ``visible`` (batch, n, n) bool."""
+    u, v, (q, k) = unit_parts(unit, x, config.rope_theta)
+    logits = q @ k.transpose(-1, -2) / math.sqrt(config.attention_key_size)
+    counts = visible.sum(-1).double()
+    kind = config.attention_normalization
+    if kind in ("softmax", "softmax_plus"):
+        if kind == "softmax_plus":
+            factor = counts.clamp(min=config.min_length).log() / math.log(config.base_length)
+            logits = logits * factor[..., None]
+        attention = logits.masked_fill(~visible, -math.inf).softmax(-1).nan_to_num(0.0)
+    else:
+        attention = F.relu(logits) ** 2 * visible
+        if kind == "relu2":
+            length = (
+                counts.clamp(min=1)
+                if config.relu2_length == "dynamic"
+                else torch.full_like(counts, config.base_length)
+            )
+            attention = attention / length[..., None]
+        else:
+            attention = attention / (attention.sum(-1, keepdim=True) + 1e-6)
+    return (u * (attention @ v)) @ unit.out_proj.weight.double().T, attention
+
+
+def reference_flash(
+    unit: GatedAttentionUnit, x: torch.Tensor, valid: torch.Tensor, causal: bool, config: GAUConfig
+):
+    """FLASH written densely: u ⊙ ([relu(q kᵀ/√s)²]_same chunk + [q' k'ᵀ/√s]_lin) v / L, then Wo.
+
+    lin(i): every valid key (non-causal) or the valid keys of earlier chunks (causal). L: relu² length.
+    """
+    u, v, (q, k, q_lin, k_lin) = unit_parts(unit, x, config.rope_theta)
+    n = x.shape[1]
+    chunk = torch.arange(n) // config.chunk_size
+    visible = valid[:, None, :].expand(-1, n, -1)
+    if causal:
+        visible = visible & torch.ones(n, n, dtype=torch.bool).tril()
+    scale = math.sqrt(config.attention_key_size)
+    quad = F.relu(q @ k.transpose(-1, -2) / scale) ** 2 * (visible & (chunk[:, None] == chunk[None, :]))
+    lin_visible = (
+        visible & (chunk[None, :] < chunk[:, None]) if causal else valid[:, None, :].expand(-1, n, -1)
+    )
+    lin = (q_lin @ k_lin.transpose(-1, -2) / scale) * lin_visible
+    counts = visible.sum(-1).double()
+    length = (
+        counts.clamp(min=1)
+        if config.relu2_length == "dynamic"
+        else torch.full_like(counts, config.base_length)
+    )
+    return (u * ((quad + lin) @ v / length[..., None])) @ unit.out_proj.weight.double().T
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, tol: float = 1e-5) -> bool:
+    """max |actual − expected| ≤ tol · max(1, max |expected|): float32 against a float64 reference."""
+    return (actual.double() - expected).abs().max().item() <= tol * max(1.0, expected.abs().max().item())
+
+
+def run_unit(model: GAUModel, x: torch.Tensor, valid: torch.Tensor, causal: bool, **kwargs):
+    """Call layer 0's unit directly with the model's own masks, counts and RoPE tables."""
+    model.is_causal = causal
+    model.layers[0].gau.is_causal = causal
+    position_ids = torch.arange(x.shape[1]).expand(x.shape[0], -1)
+    inputs = model._attention_inputs(x, valid.long(), None, position_ids, 0)
+    return model.layers[0].gau(
+        x, position_embeddings=model.rotary_emb(position_ids, x.dtype), **inputs, **kwargs
+    )
+
+
+# -------------------------------------------------------------------------------------- config
+def test_config_contract_fields_and_defaults() -> None:
+    config = GAUConfig()
+    assert config.model_type == "gau"
+    assert (config.expansion_factor, config.attention_key_size, config.base_length, config.min_length) == (
+        2,
+        128,
+        512,
+        16,
+    )
+    assert config.chunk_size is None and config.relu2_length == "dynamic"
+    assert config.attention_normalization == "softmax_plus" and config.use_bias is False
+    assert config.hidden_act == "silu" and config.position_embedding_type == "rope"
+    assert not hasattr(config, "num_attention_heads") and not hasattr(config, "intermediate_size")
+    assert tiny_config().intermediate_width == 64
+
+
+def test_gau_alpha_preset_and_parameter_count() -> None:
+    config = GAUConfig.gau_alpha_base()
+    assert (
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.intermediate_width,
+        config.attention_key_size,
+    ) == (
+        24,
+        768,
+        1536,
+        128,
+    )
+    assert config.attention_normalization == "softmax_plus" and config.norm_position == "post"
+    assert (
+        config.norm_type == "rmsnorm" and config.norm_elementwise_affine is False and config.use_bias is False
+    )
+    assert (config.vocab_size, config.hidden_dropout_prob, config.hidden_act) == (12000, 0.1, "silu")
+    with torch.device("meta"):
+        model = GAUModel(config)
+    per_layer = 768 * (2 * 1536 + 128) + 1536 * 768 + 2 * 2 * 128  # in_proj, out_proj, γ and β of q and k
+    expected = 12000 * 768 + 24 * per_layer
+    assert sum(p.numel() for p in model.parameters()) == expected == 96_522_240
+    assert GAUConfig.gau_alpha_base(num_hidden_layers=2).num_hidden_layers == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "extra"),
+    [
+        ("attention_normalization", "linear", {}),
+        ("relu2_length", "average", {}),
+        ("base_length", 1, {}),
+        ("min_length", 0, {}),
+        ("chunk_size", 0, {"attention_normalization": "relu2"}),
+        ("chunk_size", 4, {"attention_normalization": "softmax_plus"}),
+        ("chunk_size", 4, {"attention_normalization": "relu2_normalized"}),
+        ("expansion_factor", 0, {}),
+        ("expansion_factor", 1.3, {}),
+        ("attention_key_size", 0, {}),
+        ("attention_key_size", 7, {}),
+        ("norm_type", "batchnorm", {}),
+        ("norm_position", "middle", {}),
+        ("position_embedding_type", "alibi", {}),
+        ("num_attention_heads", 4, {}),
+        ("intermediate_size", 64, {}),
+    ],
+)
+def test_bad_config_values_raise_value_error_naming_the_field(field: str, value, extra: dict) -> None:
+    with pytest.raises(ValueError, match=field):
+        tiny_config(**{field: value, **extra})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("chunk_size", "4"), ("attention_key_size", 8.0), ("expansion_factor", "2")]
+)
+def test_bad_config_types_raise_type_error_naming_the_field(field: str, value) -> None:
+    with pytest.raises(TypeError, match=field):
+        tiny_config(**{field: value})
+
+
+def test_odd_key_size_is_fine_without_rope() -> None:
+    assert tiny_config(attention_key_size=7, position_embedding_type="none").attention_key_size == 7
+
+
+# -------------------------------------------------------------------------------------- the unit = the formulas
+@pytest.mark.parametrize("normalization", NORMALIZATIONS, ids=NORM_IDS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_quadratic_unit_matches_the_written_out_formula(normalization, causal: bool) -> None:
+    model = tiny(num_hidden_layers=1, **norm_kwargs(normalization))
+    x = torch.randn(2, 9, 32)
+    valid = torch.tensor([[1] * 9, [1] * 6 + [0] * 3], dtype=torch.bool)
+    visible = valid[:, None, :].expand(-1, 9, -1)
+    if causal:
+        visible = visible & torch.ones(9, 9, dtype=torch.bool).tril()
+    output, weights = run_unit(model, x, valid, causal)
+    expected, attention = reference_quadratic(model.layers[0].gau, x, visible, model.config)
+    assert close(output, expected)
+    assert weights.shape == (2, 1, 9, 9)
+    assert close(weights[:, 0], attention, 1e-6)
+
+
+def test_relu2_masks_after_the_activation_and_empty_rows_are_zero() -> None:
+    config = tiny_config(attention_normalization="relu2")
+    scores = torch.tensor([[[[-3.0, 2.0, 4.0, -1.0], [1.0, 1.0, 1.0, 1.0]]]])  # (1, 1, 2, 4)
+    mask = torch.tensor([[[[True, True, False, False], [False, False, False, False]]]])
+    weights = gau_attention_weights(scores, mask, torch.tensor([[2.0, 0.0]]), config)
+    # relu(2)² / nᵢ = 4 / 2; the masked key (logit 4) gives exactly 0
+    assert weights[0, 0, 0].tolist() == [0.0, 2.0, 0.0, 0.0]
+    assert weights[0, 0, 1].tolist() == [0.0] * 4
+    for kind in ("softmax", "softmax_plus", "relu2_normalized"):
+        weights = gau_attention_weights(
+            scores, mask, torch.tensor([[2.0, 0.0]]), tiny_config(attention_normalization=kind)
+        )
+        assert torch.isfinite(weights).all() and weights[0, 0, 1].abs().sum() == 0
+        assert weights[0, 0, 0, 2:].abs().sum() == 0
+
+
+def test_relu2_dynamic_length_counts_real_keys_not_the_padded_length() -> None:
+    model = tiny(num_hidden_layers=1, attention_normalization="relu2")
+    x = torch.randn(1, 10, 32)
+    valid = torch.tensor([[1] * 6 + [0] * 4], dtype=torch.bool)
+    inputs = model._attention_inputs(x, valid.long(), None, torch.arange(10)[None], 0)
+    assert inputs["key_counts"].tolist() == [[6.0] * 10]
+
+
+# -------------------------------------------------------------------------------------- equivalences
+@pytest.mark.parametrize("model_class", [GAUModel, GAUForCausalLM])
+def test_softmax_plus_with_base_length_equal_to_the_input_length_is_softmax(model_class) -> None:
+    length = 11
+    causal = model_class is GAUForCausalLM
+    # In a causal stack only the last query has nᵢ = base_length; one layer keeps the other rows out of it.
+    layers = 1 if causal else 2
+    softmax = tiny(model_class, num_hidden_layers=layers, attention_normalization="softmax")
+    plus = model_class(
+        tiny_config(
+            num_hidden_layers=layers, attention_normalization="softmax_plus", base_length=length, min_length=1
+        )
+    )
+    plus.load_state_dict(softmax.state_dict())
+    plus.eval()
+    ids = random_ids(2, length)
+    a, b = properties.hidden(softmax, ids), properties.hidden(plus, ids)
+    if causal:
+        a, b = a[:, -1], b[:, -1]
+        assert not torch.allclose(
+            properties.hidden(softmax, ids)[:, 1], properties.hidden(plus, ids)[:, 1], atol=1e-4
+        )
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_relu2_fixed_with_base_length_equal_to_the_input_length_is_dynamic() -> None:
+    length = 11
+    dynamic = tiny(attention_normalization="relu2", relu2_length="dynamic")
+    fixed = GAUModel(tiny_config(attention_normalization="relu2", relu2_length="fixed", base_length=length))
+    fixed.load_state_dict(dynamic.state_dict())
+    fixed.eval()
+    ids = random_ids(2, length)
+    assert torch.allclose(properties.hidden(dynamic, ids), properties.hidden(fixed, ids), atol=1e-5)
+    shorter = random_ids(2, 7)
+    assert not torch.allclose(
+        properties.hidden(dynamic, shorter), properties.hidden(fixed, shorter), atol=1e-4
+    )
+
+
+@pytest.mark.parametrize("relu2_length", ["dynamic", "fixed"])
+def test_one_chunk_covering_the_sequence_is_the_flash_formula(relu2_length: str) -> None:
+    """Non-causal, g ≥ n: u ⊙ ((relu(q kᵀ/√s)² + q' k'ᵀ/√s) v / L) Wo over all valid keys."""
+    model = tiny(num_hidden_layers=1, **chunked(16, relu2_length=relu2_length))
+    unit = model.layers[0].gau
+    x = torch.randn(2, 9, 32)
+    valid = torch.tensor([[1] * 9, [1] * 5 + [0] * 4], dtype=torch.bool)
+    u, v, (q, k, q_lin, k_lin) = unit_parts(unit, x, model.config.rope_theta)
+    s = math.sqrt(8)
+    kernel = F.relu(q @ k.transpose(-1, -2) / s) ** 2 + q_lin @ k_lin.transpose(-1, -2) / s
+    kernel = kernel * valid[:, None, :]
+    length = valid.sum(-1, keepdim=True).double() if relu2_length == "dynamic" else torch.tensor(8.0)
+    expected = (u * (kernel @ v / length[..., None])) @ unit.out_proj.weight.double().T
+    output, _ = run_unit(model, x, valid, causal=False)
+    assert close(output, expected)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("options", CHUNKED, ids=["dynamic", "fixed"])
+@pytest.mark.parametrize("length", [12, 10])  # a multiple of the chunk size and not
+def test_chunked_unit_matches_the_dense_flash_formula(causal: bool, options: dict, length: int) -> None:
+    model = tiny(num_hidden_layers=1, **chunked(4, **options))
+    x = torch.randn(3, length, 32)
+    valid = torch.ones(3, length, dtype=torch.bool)
+    valid[1, 7:] = False
+    valid[2, :3] = False  # left padding: its keys are masked, chunk boundaries stay at 0, 4, 8
+    output, _ = run_unit(model, x, valid, causal)
+    expected = reference_flash(model.layers[0].gau, x, valid, causal, model.config)
+    assert close(output, expected)
+
+
+def test_causal_chunk_covering_the_sequence_is_quadratic_relu2() -> None:
+    """Causal FLASH with g ≥ n has no earlier chunk, so its linear term is empty."""
+    quadratic = tiny(GAUForCausalLM, attention_normalization="relu2")
+    flash = GAUForCausalLM(tiny_config(**chunked(16)))
+    state = {
+        k: (v if not k.endswith(("qk_scale", "qk_offset")) else torch.cat([v, torch.randn_like(v)]))
+        for k, v in quadratic.state_dict().items()
+    }
+    flash.load_state_dict(state)
+    flash.eval()
+    ids, mask = right_padded(random_ids(2, 12), [12, 8])
+    assert torch.allclose(
+        properties.hidden(quadratic, ids, mask), properties.hidden(flash, ids, mask), atol=1e-5
+    )
+
+
+def test_flash_kernel_state_is_the_sum_over_complete_chunks() -> None:
+    torch.manual_seed(0)
+    q, k, ql, kl = (torch.randn(1, 10, 4) for _ in range(4))
+    v = torch.randn(1, 10, 6)
+    _, state = flash_mixed_chunk_attention(q, k, ql, kl, v, chunk_size=4, causal=True, scaling=0.5)
+    assert torch.allclose(state, kl[:, :8].transpose(1, 2) @ v[:, :8], atol=1e-5)
+    _, total = flash_mixed_chunk_attention(q, k, ql, kl, v, chunk_size=4, causal=False, scaling=0.5)
+    assert torch.allclose(total, kl.transpose(1, 2) @ v, atol=1e-5)
+
+
+# -------------------------------------------------------------------------------------- masks & padding
+@pytest.mark.parametrize("normalization", NORMALIZATIONS, ids=NORM_IDS)
+def test_padding_invariance_bidirectional(normalization) -> None:
+    properties.assert_padding_invariant(tiny(**norm_kwargs(normalization)))
+
+
+@pytest.mark.parametrize("normalization", NORMALIZATIONS, ids=NORM_IDS)
+@pytest.mark.parametrize("left", [False, True])
+def test_padding_invariance_causal(normalization, left: bool) -> None:
+    properties.assert_padding_invariant(tiny(GAUForCausalLM, **norm_kwargs(normalization)), left=left)
+
+
+@pytest.mark.parametrize("options", CHUNKED, ids=["dynamic", "fixed"])
+@pytest.mark.parametrize("model_class", [GAUModel, GAUForCausalLM])
+def test_padding_invariance_chunked(options: dict, model_class) -> None:
+    model = tiny(model_class, **chunked(4, **options))
+    properties.assert_padding_invariant(model)  # right padding; 12, 7, 4 tokens: partial chunks included
+    if model_class is GAUForCausalLM:
+        # Chunks sit at fixed positions: left padding by a multiple of chunk_size keeps them on the text.
+        properties.assert_padding_invariant(model, left=True, lengths=(12, 8, 4))
+
+
+def test_bidirectional_model_sees_the_future_and_attention_is_material() -> None:
+    for overrides in ({}, chunked(4)):
+        model = tiny(**overrides)
+        ids = random_ids(1, 10)
+        changed = ids.clone()
+        changed[0, -1] = (changed[0, -1] % 90) + 1
+        diff = (properties.hidden(model, ids)[:, 0] - properties.hidden(model, changed)[:, 0]).abs().max()
+        assert diff > 1e-3, f"{overrides}: the last token barely moves the first output ({diff:.2g})"
+
+
+@pytest.mark.parametrize(
+    "overrides", [norm_kwargs(n) for n in NORMALIZATIONS] + [chunked(3)], ids=NORM_IDS + ["chunked"]
+)
+def test_causal_model_does_not_see_the_future(overrides: dict) -> None:
+    properties.assert_no_future_leakage(tiny(GAUForCausalLM, **overrides))
+
+
+# -------------------------------------------------------------------------------------- cache & generate
+@pytest.mark.parametrize("normalization", NORMALIZATIONS, ids=NORM_IDS)
+def test_cache_equals_full_forward_quadratic(normalization) -> None:
+    model = tiny(GAUForCausalLM, **norm_kwargs(normalization))
+    properties.assert_cache_matches_full_forward(model, padded=False)
+    properties.assert_cache_matches_full_forward(model, padded=True)
+
+
+@pytest.mark.parametrize("options", CHUNKED, ids=["dynamic", "fixed"])
+def test_cache_equals_full_forward_chunked_across_chunk_boundaries(options: dict) -> None:
+    # 11 tokens: the chunk boundaries at 3, 6 and 9 are crossed while decoding
+    model = tiny(GAUForCausalLM, **chunked(3, **options))
+    properties.assert_cache_matches_full_forward(model, padded=False)
+    properties.assert_cache_matches_full_forward(model, padded=True)
+
+
+def test_chunked_cache_over_many_chunks_with_uneven_steps_and_bounded_memory() -> None:
+    model = tiny(GAUForCausalLM, **chunked(4))
+    ids, mask = left_padded(random_ids(2, 41), [41, 35])
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask).logits
+        cache, pieces, start = DynamicCache(config=model.config), [], 0
+        for step in (7, 1, 3, 5, 1, 1, 8, 2, 4, 9):  # prefill 7, then steps that start and end mid-chunk
+            stop = start + step
+            out = model(
+                input_ids=ids[:, start:stop],
+                attention_mask=mask[:, :stop],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            pieces.append(out.logits)
+            start = stop
+    assert start == 41
+    diff = (torch.cat(pieces, dim=1) - full).abs().amax(-1)[mask.bool()]
+    assert diff.max() < 1e-5, f"max diff {diff.max():.3g}"
+    assert cache.get_seq_length() == 41
+    for layer in cache.layers:
+        assert isinstance(layer, GAUChunkCacheLayer) and layer.keys.shape[-2] == 41 % 4
+        assert layer.linear_state.shape == (2, 8, 64)
+
+
+@pytest.mark.parametrize(
+    "overrides", [{}, norm_kwargs(("relu2", "fixed")), chunked(3)], ids=["softmax_plus", "relu2", "chunked"]
+)
+def test_generate_is_greedy_argmax(overrides: dict) -> None:
+    model = tiny(GAUForCausalLM, **overrides)
+    properties.assert_generate_matches_greedy_full_forward(model)
+    assert model.generation_config.min_length in (None, 0), "config.min_length leaked into generation"
+
+
+def test_chunked_beam_search_with_cache_equals_without_cache() -> None:
+    """Beam search reorders the cache (``reorder_cache``), including the FLASH linear state."""
+    model = tiny(GAUForCausalLM, **chunked(3))
+    ids = random_ids(2, 4)
+    with torch.no_grad():
+        kwargs = {"max_new_tokens": 7, "num_beams": 3, "do_sample": False, "pad_token_id": 0}
+        assert torch.equal(
+            model.generate(ids, use_cache=True, **kwargs), model.generate(ids, use_cache=False, **kwargs)
+        )
+
+
+@pytest.mark.parametrize("position_embedding_type", ["absolute", "none"])
+def test_other_position_embeddings_decode_like_the_full_forward(position_embedding_type: str) -> None:
+    for overrides in ({}, chunked(3)):
+        model = tiny(
+            GAUForCausalLM,
+            position_embedding_type=position_embedding_type,
+            max_position_embeddings=32,
+            **overrides,
+        )
+        assert model.model.rotary_emb is None
+        properties.assert_cache_matches_full_forward(model, padded=False)
+
+
+def test_chunk_cache_layer_batch_operations() -> None:
+    layer = GAUChunkCacheLayer()
+    keys, values, state = torch.randn(3, 1, 2, 8), torch.randn(3, 1, 2, 5), torch.randn(3, 4, 5)
+    layer.store(keys, values, state, added=6, chunk_size=4)
+    assert layer.get_seq_length() == 6 and layer.keys.shape[-2] == 2
+    layer.reorder_cache(torch.tensor([2, 0, 0]))
+    assert torch.equal(layer.linear_state, state[[2, 0, 0]]) and torch.equal(layer.keys, keys[[2, 0, 0]])
+    layer.batch_select_indices(torch.tensor([1]))
+    assert layer.linear_state.shape[0] == 1 and layer.keys.shape[0] == 1
+    with pytest.raises(ValueError, match="cropped"):
+        layer.crop(-1)
+    layer.reset()
+    assert layer.get_seq_length() == 0 and layer.linear_state is None
+
+
+# -------------------------------------------------------------------------------------- numerics
+GAU_ALPHA_NORM = {"norm_type": "rmsnorm", "norm_position": "post", "norm_elementwise_affine": False}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{**norm_kwargs(n), **GAU_ALPHA_NORM} for n in NORMALIZATIONS]
+    + [chunked(4), {**chunked(4), **GAU_ALPHA_NORM}],
+    ids=NORM_IDS + ["chunked_prenorm", "chunked_postnorm"],
+)
+def test_bf16_and_all_padding_rows_are_finite(overrides: dict) -> None:
+    for model_class in (GAUModel, GAUForCausalLM):
+        properties.assert_finite_bf16_and_all_padding(tiny(model_class, **overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [norm_kwargs(("relu2", "fixed")), chunked(4, relu2_length="fixed")],
+    ids=["quadratic", "chunked"],
+)
+def test_fp16_relu2_scales_before_squaring(overrides: dict) -> None:
+    """q·k ≈ 300 in fp16: (q·k)² = 9e4 would overflow fp16 (max 65504); relu(q·k/√s)² does not."""
+    model = tiny(num_hidden_layers=1, base_length=64, **overrides)
+    x = torch.randn(1, 6, 32)
+    unit = model.layers[0].gau
+    with torch.no_grad():
+        unit.qk_scale.fill_(1.0)
+        unit.qk_offset.fill_(6.0)  # q = k ≈ 6 in every dimension → q·k ≈ 8·36 ≈ 290
+        reference = run_unit(model, x, torch.ones(1, 6, dtype=torch.bool), False)[0]
+        model.half()
+        half = run_unit(model, x.half(), torch.ones(1, 6, dtype=torch.bool), False)[0]
+    assert torch.isfinite(half).all()
+    assert ((half.float() - reference).abs().max() / reference.abs().max()) < 1e-2
+
+
+def peak_activation_bytes(fn) -> int:
+    """Peak of live CPU tensor memory allocated while ``fn`` runs, from torch.profiler's memory events."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    running = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        running += event.self_cpu_memory_usage
+        peak = max(peak, running)
+    return peak
+
+
+def test_chunked_peak_activation_memory_grows_linearly() -> None:
+    config = {
+        "vocab_size": 50,
+        "hidden_size": 16,
+        "num_hidden_layers": 1,
+        "attention_key_size": 8,
+        "expansion_factor": 2,
+    }
+    peaks = {}
+    for name, extra in (("chunked", chunked(32)), ("quadratic", {"attention_normalization": "relu2"})):
+        model = GAUModel(tiny_config(**config, **extra))
+        for n in (2048, 4096) if name == "chunked" else (1024, 2048):
+            ids = random_ids(1, n, vocab=50)
+            peaks[name, n] = peak_activation_bytes(lambda: model(input_ids=ids).last_hidden_state.sum())  # noqa: B023
+    assert peaks["chunked", 4096] < 2.5 * peaks["chunked", 2048], peaks
+    assert peaks["quadratic", 2048] > 3.0 * peaks["quadratic", 1024], peaks  # the helper does see n² growth
+
+
+# -------------------------------------------------------------------------------------- outputs & training
+def test_attention_weights_quadratic() -> None:
+    model = tiny(attention_normalization="softmax")
+    ids, mask = right_padded(random_ids(2, 7), [7, 4])
+    out = model(input_ids=ids, attention_mask=mask, output_attentions=True, output_hidden_states=True)
+    assert len(out.attentions) == 2 and out.attentions[0].shape == (2, 1, 7, 7)
+    assert len(out.hidden_states) == 3
+    assert torch.allclose(out.attentions[0].sum(-1), torch.ones(2, 1, 7), atol=1e-5)
+    assert torch.all(out.attentions[0][1, :, :, 4:] == 0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_chunked_attention_weights_are_the_effective_matrix(causal: bool) -> None:
+    model = tiny(num_hidden_layers=1, **chunked(3))
+    x = torch.randn(2, 8, 32)
+    valid = torch.tensor([[1] * 8, [1] * 5 + [0] * 3], dtype=torch.bool)
+    output, weights = run_unit(model, x, valid, causal, output_attentions=True)
+    unit = model.layers[0].gau
+    u, v, _ = unit_parts(unit, x, model.config.rope_theta)
+    rebuilt = (u * (weights[:, 0].double() @ v)) @ unit.out_proj.weight.double().T
+    assert weights.shape == (2, 1, 8, 8) and close(output, rebuilt)
+    assert torch.all(weights[1, 0, :, 5:] == 0)
+
+
+def test_chunked_output_attentions_through_the_model_and_none_while_decoding() -> None:
+    model = tiny(GAUForCausalLM, **chunked(3))
+    ids = random_ids(1, 7)
+    out = model(input_ids=ids, output_attentions=True, use_cache=True)
+    assert len(out.attentions) == 2 and out.attentions[0].shape == (1, 1, 7, 7)
+    step = model(
+        input_ids=ids[:, :1],
+        past_key_values=out.past_key_values,
+        output_attentions=True,
+        attention_mask=torch.ones(1, 8, dtype=torch.long),
+    )
+    assert step.attentions == ()
+
+
+@pytest.mark.parametrize("overrides", [{}, chunked(3)], ids=["quadratic", "chunked"])
+def test_gradient_checkpointing_gives_same_gradients(overrides: dict) -> None:
+    ids = random_ids(2, 9)
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny(GAUForMaskedLM, **overrides)
+        model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        model(input_ids=ids, labels=ids).loss.backward()
+        unit = model.model.layers[0].gau
+        grads.append(torch.cat([unit.in_proj.weight.grad.flatten(), unit.qk_scale.grad.flatten()]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    assert grads[0].abs().sum() > 0
+
+
+def test_init_follows_the_paper() -> None:
+    model = GAUModel(GAUConfig(vocab_size=97, hidden_size=64, num_hidden_layers=4, attention_key_size=64))
+    scales = torch.cat([layer.gau.qk_scale.flatten() for layer in model.layers])
+    assert abs(scales.std().item() - 0.02) < 0.004 and abs(scales.mean().item()) < 0.004
+    assert all(torch.all(layer.gau.qk_offset == 0) for layer in model.layers)
+
+
+def test_peft_all_linear_finds_the_gau_projections() -> None:
+    peft = pytest.importorskip("peft")
+    model = tiny(GAUForSequenceClassification, num_labels=2)
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules="all-linear"))
+    names = {name for name, _ in wrapped.named_modules() if name.endswith(("in_proj", "out_proj"))}
+    assert any(name.endswith("layers.0.gau.in_proj") for name in names)
+    assert any("lora_A" in n for n, _ in wrapped.named_parameters() if "gau.out_proj" in n)
+
+
+# -------------------------------------------------------------------------------------- errors & HF integration
+def test_bad_inputs_raise_clear_errors() -> None:
+    model = tiny(**chunked(4))
+    with pytest.raises(ValueError, match="2D attention_mask"):
+        model(input_ids=random_ids(1, 5), attention_mask=torch.ones(1, 1, 5, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(input_ids=random_ids(1, 5), attention_mask=torch.ones(1, 4))
+    with pytest.raises(ValueError, match="vocab_size"):
+        model(input_ids=torch.tensor([[1, 2, 500]]))
+
+
+def test_registered_in_families_and_auto_classes(tmp_path) -> None:
+    config_class, classes = FAMILIES["gau"]
+    assert config_class is GAUConfig and len(classes) == 6
+    model = tiny(GAUForMaskedLM, **chunked(4))
+    model.save_pretrained(tmp_path)
+    files = {p.name for p in tmp_path.iterdir()}
+    assert {"modeling_gau.py", "configuration_gau.py", "layers.py", "model.safetensors"} <= files
+    reloaded = AutoModelForMaskedLM.from_pretrained(tmp_path).eval()
+    assert type(reloaded) is GAUForMaskedLM and reloaded.config.chunk_size == 4
+    ids = random_ids(2, 10)
+    assert torch.allclose(model(input_ids=ids).logits, reloaded(input_ids=ids).logits)
+    assert AutoConfig.from_pretrained(tmp_path).model_type == "gau"
+    assert type(AutoModel.from_pretrained(tmp_path)) is GAUModel
+    causal = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert causal.config.is_decoder and causal.model.is_causal

@@ -1,0 +1,119 @@
+"""``attn_implementation="entropy_invariant"`` on stock Transformers models (Llama with GQA, BERT)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
+
+import hf_attn_variants  # noqa: F401  (registers the attention implementation)
+from hf_attn_variants.stock_attention import resolve_base_length
+from tests import properties
+from tests.utils import random_ids, right_padded
+
+
+def tiny_llama(implementation: str = "entropy_invariant", layers: int = 2, **overrides) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **overrides,
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.set_attn_implementation(implementation)
+    return model
+
+
+def tiny_bert(implementation: str = "entropy_invariant", **overrides) -> BertModel:
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **overrides,
+    )
+    model = BertModel(config, add_pooling_layer=False).eval()
+    model.set_attn_implementation(implementation)
+    return model
+
+
+def test_bert_equals_sdpa_when_every_row_sees_base_length_keys() -> None:
+    model = tiny_bert(base_length=11, entropy_min_length=1)
+    ids = random_ids(2, 11)
+    scaled = properties.hidden(model, ids)
+    model.set_attn_implementation("sdpa")
+    assert torch.allclose(scaled, properties.hidden(model, ids), atol=1e-5)
+
+
+def test_llama_last_row_equals_sdpa_at_base_length_and_other_rows_differ() -> None:
+    model = tiny_llama(layers=1, base_length=11, entropy_min_length=1)
+    ids = random_ids(2, 11)
+    scaled = properties.hidden(model, ids)
+    model.set_attn_implementation("sdpa")
+    reference = properties.hidden(model, ids)
+    assert torch.allclose(scaled[:, -1], reference[:, -1], atol=1e-5)
+    assert not torch.allclose(scaled[:, 3], reference[:, 3], atol=1e-4)
+
+
+def test_factor_is_applied_on_top_of_the_models_own_scaling() -> None:
+    """A longer context than base_length sharpens attention: the scaled logits equal an explicit computation."""
+    model = tiny_bert(base_length=4, entropy_min_length=1)
+    attention = model.encoder.layer[0].attention.self
+    captured = {}
+
+    def spy(module, args, kwargs, output):
+        captured["output"] = output[0]
+
+    handle = attention.register_forward_hook(spy, with_kwargs=True)
+    ids = random_ids(1, 8)
+    properties.hidden(model, ids)
+    handle.remove()
+    hidden = model.embeddings(input_ids=ids)
+    q = attention.query(hidden).view(1, 8, 4, 8).transpose(1, 2)
+    k = attention.key(hidden).view(1, 8, 4, 8).transpose(1, 2)
+    v = attention.value(hidden).view(1, 8, 4, 8).transpose(1, 2)
+    factor = math.log(8) / math.log(4)
+    probs = (q @ k.transpose(-1, -2) / math.sqrt(8) * factor).softmax(-1)
+    expected = (probs @ v).transpose(1, 2).reshape(1, 8, 32)
+    assert torch.allclose(captured["output"], expected, atol=1e-5)
+
+
+def test_bert_padding_invariance() -> None:
+    properties.assert_padding_invariant(tiny_bert(base_length=8))
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_llama_padding_invariance(left: bool) -> None:
+    properties.assert_padding_invariant(tiny_llama(base_length=8), left=left)
+
+
+def test_llama_causal_no_future_leakage() -> None:
+    properties.assert_no_future_leakage(tiny_llama(base_length=8))
+
+
+def test_llama_cache_equals_full_forward_and_generate() -> None:
+    model = tiny_llama(base_length=8)
+    properties.assert_cache_matches_full_forward(model, padded=False)
+    properties.assert_cache_matches_full_forward(model, padded=True)
+    properties.assert_generate_matches_greedy_full_forward(model)
+
+
+def test_from_pretrained_with_attn_implementation(tmp_path) -> None:
+    tiny_llama("sdpa").save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="entropy_invariant").eval()
+    assert model.config._attn_implementation == "entropy_invariant"
+    ids, mask = right_padded(random_ids(2, 9), [9, 5])
+    out = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.isfinite(out).all()
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    assert not torch.allclose(out, reference(input_ids=ids, attention_mask=mask).logits, atol=1e-4)
+
+
+def test_base_length_resolution() -> None:
+    assert resolve_base_length(LlamaConfig(max_position_embeddings=2048)) == 2048
+    assert resolve_base_length(LlamaConfig(max_position_embeddings=2048, base_length=300)) == 300
+    yarn = LlamaConfig(
+        max_position_embeddings=8192,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 2048},
+    )
+    assert resolve_base_length(yarn) == 2048
+    assert resolve_base_length(None) == 512
