@@ -743,7 +743,7 @@ class CommonModelTest(ModelTesterMixin):  # type: ignore[misc, valid-type]
         configured = self.config_tester_kwargs
         if configured is None:
             raise unittest.SkipTest("config_tester_kwargs is None: ConfigTester disabled for this class")
-        options = dict(configured)
+        options = copy.deepcopy(dict(configured))  # ConfigTester extends `common_properties` in place
         can_init_without_params = options.pop("can_init_without_params", True)
         tester = ConfigTester(
             self, config_class=self.config_class, **options, **copy.deepcopy(self.config_kwargs)
