@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from hf_attn_variants import AUTO_CLASSES
+
 OUTPUT_KEYS = ("last_hidden_state", "logits", "start_logits", "end_logits")
 
 CHILD_SCRIPT = r"""
@@ -46,6 +48,11 @@ for case in manifest:
     torch.save({k: out[k] for k in keys}, case["outputs"])
     print("loaded", case["name"], type(model).__name__, type(model).__module__)
 """
+
+
+def auto_class_name(suffix: str) -> str:
+    """Name of the Auto class for a family class suffix (``"ForMaskedLM"`` → ``"AutoModelForMaskedLM"``)."""
+    return AUTO_CLASSES[suffix].__name__
 
 
 @dataclass

@@ -5,18 +5,10 @@ from __future__ import annotations
 import torch
 
 from hf_attn_variants import FAMILIES
-from tests.remote_code import RemoteCase, assert_remote_code_matches
+from tests.remote_code import RemoteCase, assert_remote_code_matches, auto_class_name
 from tests.test_entropy_invariant import tiny_config
 from tests.utils import random_ids, right_padded
 
-AUTO_FOR_SUFFIX = {
-    "Model": "AutoModel",
-    "ForMaskedLM": "AutoModelForMaskedLM",
-    "ForCausalLM": "AutoModelForCausalLM",
-    "ForSequenceClassification": "AutoModelForSequenceClassification",
-    "ForTokenClassification": "AutoModelForTokenClassification",
-    "ForQuestionAnswering": "AutoModelForQuestionAnswering",
-}
 
 
 def test_all_classes_load_with_trust_remote_code_in_a_clean_environment(tmp_path) -> None:
@@ -28,6 +20,6 @@ def test_all_classes_load_with_trust_remote_code_in_a_clean_environment(tmp_path
         scale = ("standard", "entropy_invariant", "ssmax")[index % 3]
         model = model_class(tiny_config(attention_scale=scale, num_labels=3))
         cases.append(
-            RemoteCase(suffix, model, AUTO_FOR_SUFFIX[suffix], {"input_ids": ids, "attention_mask": mask})
+            RemoteCase(suffix, model, auto_class_name(suffix), {"input_ids": ids, "attention_mask": mask})
         )
     assert_remote_code_matches(cases, tmp_path)

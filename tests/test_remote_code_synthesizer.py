@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from hf_attn_variants import FAMILIES
-from tests.remote_code import RemoteCase, assert_remote_code_matches
-from tests.test_remote_code_entropy_invariant import AUTO_FOR_SUFFIX
+from tests.remote_code import RemoteCase, assert_remote_code_matches, auto_class_name
 from tests.test_synthesizer import tiny_config
 from tests.utils import left_padded, random_ids
 
@@ -30,6 +29,6 @@ def test_all_classes_load_with_trust_remote_code_in_a_clean_environment(tmp_path
         torch.manual_seed(index)
         model = model_class(tiny_config(num_labels=3, **variant))
         cases.append(
-            RemoteCase(suffix, model, AUTO_FOR_SUFFIX[suffix], {"input_ids": ids, "attention_mask": mask})
+            RemoteCase(suffix, model, auto_class_name(suffix), {"input_ids": ids, "attention_mask": mask})
         )
     assert_remote_code_matches(cases, tmp_path)

@@ -162,7 +162,6 @@ class AttnVariantBackbone:
     """
 
     layer_class: ClassVar[type[nn.Module]]
-    rotary_dim: ClassVar[str] = "head_dim"
 
     def __init__(self, config: AttnVariantConfig) -> None:
         super().__init__(config)
