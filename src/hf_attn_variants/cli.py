@@ -14,6 +14,29 @@ from collections.abc import Sequence
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {}
 """name → (module path, one-line help). Filled as subcommands are implemented."""
+SUBCOMMANDS["pretrain"] = ("hf_attn_variants.training.pretrain", "MLM/CLM pretraining of any family with accelerate.")
+SUBCOMMANDS["finetune"] = (
+    "hf_attn_variants.training.finetune",
+    "Sequence/token classification finetuning with Trainer, optionally with a LoRA adapter (peft).",
+)
+SUBCOMMANDS["export"] = ("hf_attn_variants.hub.export", "Write the exact Hub folder: safetensors, remote code, tokenizer, card.")
+SUBCOMMANDS["push"] = ("hf_attn_variants.hub.push", "Upload an exported folder to the Hugging Face Hub.")
+SUBCOMMANDS["demo"] = (
+    "hf_attn_variants.demo",
+    "Pretrain a tiny MLM of each family on the embedded corpus, evaluate at L/2L/4L, export, reload, print a table.",
+)
+SUBCOMMANDS["prune"] = (
+    "hf_attn_variants.pruning.cli",
+    "Score attention heads (Michel et al. 2019), prune them iteratively, write the curve, plots and pruned model.",
+)
+SUBCOMMANDS["bench"] = (
+    "hf_attn_variants.bench.cli",
+    "Speed and memory benchmarks vs stock Transformers (eager and torch.compile); writes docs/benchmarks.md.",
+)
+SUBCOMMANDS["lengthgen"] = (
+    "hf_attn_variants.lengthgen.cli",
+    "Length-generalisation study: train variants at length L, evaluate at L/4…8L (JSON/CSV/plots, resumable).",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -105,6 +105,9 @@ class EntropyInvariantAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_length = hidden_states.shape[:2]
         if self.num_heads == 0:
+            if past_key_values is not None:  # keep the cache's length bookkeeping (it reads layer 0) right
+                placeholder = hidden_states.new_zeros(batch_size, 1, seq_length, 1)
+                past_key_values.update(placeholder, placeholder, self.layer_idx)
             return self.o_proj(hidden_states.new_zeros(batch_size, seq_length, 0)), None
         shape = (batch_size, seq_length, self.num_heads, self.head_dim)
         query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
@@ -148,6 +151,39 @@ class EntropyInvariantAttention(nn.Module):
         )
         output = self.o_proj(output.reshape(batch_size, seq_length, -1).contiguous())
         return output, weights
+
+    @torch.no_grad()
+    def prune_heads_(self, keep: list[int]) -> None:
+        """Keep only heads ``keep`` (indices into the *current* heads), in place.
+
+        Slices the rows of q/k/v_proj and the columns of o_proj (head-major blocks of ``head_dim``) and
+        the per-head ``ssmax_scale``, then updates ``num_heads``. Keeping no head is allowed: the layer
+        then outputs o_proj's bias. The caller records the change in ``config.pruned_heads``
+        (``hf_attn_variants.pruning.prune_heads`` does both), which ``from_pretrained`` reads back.
+        """
+        keep = [int(h) for h in keep]
+        if len(set(keep)) != len(keep):
+            raise ValueError(f"prune_heads_: keep lists a head twice: {keep}.")
+        bad = [h for h in keep if not 0 <= h < self.num_heads]
+        if bad:
+            raise ValueError(f"prune_heads_: heads {bad} are out of range [0, {self.num_heads}).")
+        device = self.q_proj.weight.device
+        heads = torch.tensor(sorted(keep), dtype=torch.long, device=device)
+        rows = (heads[:, None] * self.head_dim + torch.arange(self.head_dim, device=device)).reshape(-1)
+
+        def sliced(tensor: torch.Tensor, dim: int, index: torch.Tensor) -> nn.Parameter:
+            return nn.Parameter(tensor.index_select(dim, index).clone(), requires_grad=tensor.requires_grad)
+
+        for projection in (self.q_proj, self.k_proj, self.v_proj):
+            projection.weight = sliced(projection.weight, 0, rows)
+            if projection.bias is not None:
+                projection.bias = sliced(projection.bias, 0, rows)
+            projection.out_features = rows.numel()
+        self.o_proj.weight = sliced(self.o_proj.weight, 1, rows)
+        self.o_proj.in_features = rows.numel()
+        if self.ssmax_scale is not None:
+            self.ssmax_scale = sliced(self.ssmax_scale, 0, heads)
+        self.num_heads = len(keep)
 
 
 class EntropyInvariantLayer(GradientCheckpointingLayer):

@@ -103,6 +103,195 @@ def gau_attention_weights(
     return weights / (weights.sum(-1, keepdim=True) + RELU2_NORMALIZED_EPS)
 
 
+ATTENTION_BLOCK_ELEMENTS = 1 << 22
+"""Score elements per query block of ``relu2_attention`` / ``softmax_attention`` (16 MiB of float32)."""
+
+
+def _query_blocks(queries: int, keys: int) -> list[tuple[int, int]]:
+    rows = max(1, min(queries, ATTENTION_BLOCK_ELEMENTS // max(keys, 1)))
+    return [(start, min(start + rows, queries)) for start in range(0, queries, rows)]
+
+
+def _relu2_block_weights(
+    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """relu(q kᵀ) of one query block with hidden keys set to 0 (in place on the fresh score buffer)."""
+    scores = torch.matmul(query, key.transpose(-1, -2))
+    if mask is not None:
+        scores.masked_fill_(~mask, 0.0)
+    return scores.relu_()
+
+
+class Relu2Attention(torch.autograd.Function):
+    """out = relu(q kᵀ)² v over the visible keys, computed in blocks of query rows; saves only q, k, v.
+
+    The caller folds every positive factor into q: relu(c·a)² = c²·relu(a)² for c > 0, so
+    relu(a·scaling)² / L = relu((q·scaling/√L)·k)² with a per-row L (see ``relu2_attention``). The
+    gradient uses d relu(a)²/da = 2 relu(a), which is 0 wherever the key is hidden or a ≤ 0, so
+    no separate activation mask is kept. Peak extra memory is three (block × keys) buffers in the
+    backward pass instead of the n×n score, activation and weight tensors autograd would save per
+    layer; the scores are recomputed in the backward pass (one extra q·kᵀ, the cheaper of the two
+    products since s ≤ e). ``causal_offset`` (queries are keys ``causal_offset …``) lets a block skip
+    the keys after its last query, halving causal work.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        causal_offset: int | None,
+    ) -> torch.Tensor:
+        outputs = []
+        for start, stop in _query_blocks(query.shape[-2], key.shape[-2]):
+            limit = key.shape[-2] if causal_offset is None else min(key.shape[-2], causal_offset + stop)
+            block_mask = None if mask is None else mask[..., start:stop, :limit]
+            weights = _relu2_block_weights(query[..., start:stop, :], key[..., :limit, :], block_mask).square_()
+            outputs.append(torch.matmul(weights, value[..., :limit, :]))
+        ctx.save_for_backward(query, key, value, mask)
+        ctx.causal_offset = causal_offset
+        return torch.cat(outputs, dim=-2) if len(outputs) > 1 else outputs[0]
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        query, key, value, mask = ctx.saved_tensors
+        grad_query = torch.empty_like(query)
+        grad_key = torch.zeros_like(key)
+        grad_value = torch.zeros_like(value)
+        for start, stop in _query_blocks(query.shape[-2], key.shape[-2]):
+            limit = key.shape[-2] if ctx.causal_offset is None else min(key.shape[-2], ctx.causal_offset + stop)
+            block_mask = None if mask is None else mask[..., start:stop, :limit]
+            block_query, block_grad = query[..., start:stop, :], grad_output[..., start:stop, :]
+            activation = _relu2_block_weights(block_query, key[..., :limit, :], block_mask)
+            grad_scores = torch.matmul(block_grad, value[..., :limit, :].transpose(-1, -2))
+            grad_scores.mul_(activation).mul_(2.0)
+            grad_value[..., :limit, :] += torch.matmul(activation.square_().transpose(-1, -2), block_grad)
+            grad_query[..., start:stop, :] = torch.matmul(grad_scores, key[..., :limit, :])
+            grad_key[..., :limit, :] += torch.matmul(grad_scores.transpose(-1, -2), block_query)
+        return grad_query, grad_key, grad_value, None, None
+
+
+def relu2_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    row_scale: torch.Tensor | float,
+    causal_offset: int | None = None,
+) -> torch.Tensor:
+    """Σⱼ relu(q_i·k_j·row_scale_i)² v_j over visible keys, i.e. quadratic relu² GAU with L folded in.
+
+    ``query`` ``(batch, q, s)``, ``key`` ``(batch, k, s)``, ``value`` ``(batch, k, e)`` (float32),
+    ``mask`` ``(batch, q, k)`` bool (``True`` = visible) or ``None``, ``row_scale`` > 0 a float or
+    ``(batch, q)`` (scaling / √L). Same value as ``gau_attention_weights(...) @ v`` for ``relu2``.
+
+    A score matrix of at most ``ATTENTION_BLOCK_ELEMENTS`` (16 MiB) is one fused expression — scale folded
+    into q, mask and relu in place on the score buffer, then the square: autograd keeps two n×n tensors
+    (relu's output and the weights), the minimum for its backward, and no-grad inference one. Larger
+    ones go through ``Relu2Attention``: blocks of query rows, nothing n×n kept, scores recomputed in
+    the backward pass, so activation memory is linear in n.
+    """
+    if isinstance(row_scale, torch.Tensor):
+        query = query * row_scale[..., None]
+    else:
+        query = query * row_scale
+    if query.shape[-2] * key.shape[-2] > ATTENTION_BLOCK_ELEMENTS:
+        return Relu2Attention.apply(query, key, value, mask, causal_offset)
+    weights = _relu2_block_weights(query, key, mask)
+    tracked = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
+    weights = weights.square() if tracked else weights.square_()
+    return torch.matmul(weights, value)
+
+
+class SoftmaxAttention(torch.autograd.Function):
+    """out = softmax(q kᵀ) v over the visible keys in blocks of query rows; saves q, k, v, the output and
+    the per-row log-sum-exp (FlashAttention's recomputation, Dao et al. 2022, written with torch matmuls).
+
+    Backward per block: P = exp(S − lse), dV += Pᵀ dO, dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)), dQ = dS K,
+    dK += dSᵀ Q. Hidden keys get the most negative logit, so P is 0 there. A row without a visible key
+    gets a uniform P; the caller zeroes such rows on the output (see ``softmax_attention``).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        causal_offset: int | None,
+    ) -> torch.Tensor:
+        outputs, lses = [], []
+        for start, stop in _query_blocks(query.shape[-2], key.shape[-2]):
+            limit = key.shape[-2] if causal_offset is None else min(key.shape[-2], causal_offset + stop)
+            scores = _masked_block_scores(query[..., start:stop, :], key[..., :limit, :], mask, start, stop, limit)
+            lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+            outputs.append(torch.matmul(scores.sub_(lse).exp_(), value[..., :limit, :]))
+            lses.append(lse)
+        output = torch.cat(outputs, dim=-2) if len(outputs) > 1 else outputs[0]
+        ctx.save_for_backward(query, key, value, mask, output, torch.cat(lses, dim=-2))
+        ctx.causal_offset = causal_offset
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        query, key, value, mask, output, lse = ctx.saved_tensors
+        grad_query = torch.empty_like(query)
+        grad_key = torch.zeros_like(key)
+        grad_value = torch.zeros_like(value)
+        delta = (grad_output * output).sum(-1, keepdim=True)
+        for start, stop in _query_blocks(query.shape[-2], key.shape[-2]):
+            limit = key.shape[-2] if ctx.causal_offset is None else min(key.shape[-2], ctx.causal_offset + stop)
+            block_query, block_grad = query[..., start:stop, :], grad_output[..., start:stop, :]
+            probs = _masked_block_scores(block_query, key[..., :limit, :], mask, start, stop, limit)
+            probs.sub_(lse[..., start:stop, :]).exp_()
+            grad_value[..., :limit, :] += torch.matmul(probs.transpose(-1, -2), block_grad)
+            grad_scores = torch.matmul(block_grad, value[..., :limit, :].transpose(-1, -2))
+            grad_scores.sub_(delta[..., start:stop, :]).mul_(probs)
+            grad_query[..., start:stop, :] = torch.matmul(grad_scores, key[..., :limit, :])
+            grad_key[..., :limit, :] += torch.matmul(grad_scores.transpose(-1, -2), block_query)
+        return grad_query, grad_key, grad_value, None, None
+
+
+def _masked_block_scores(
+    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, start: int, stop: int, limit: int
+) -> torch.Tensor:
+    scores = torch.matmul(query, key.transpose(-1, -2))
+    if mask is not None:
+        scores.masked_fill_(~mask[..., start:stop, :limit], torch.finfo(scores.dtype).min)
+    return scores
+
+
+def softmax_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal_offset: int | None = None,
+    dropout: float = 0.0,
+    training: bool = False,
+) -> torch.Tensor:
+    """softmax(q kᵀ) v over visible keys for a q that already carries the logit scale; float32 in and out.
+
+    Shapes as ``relu2_attention``; rows without a visible key give zeros. A score matrix of at most
+    ``ATTENTION_BLOCK_ELEMENTS`` elements (or any, with attention dropout, which needs the probabilities) is one
+    expression keeping a single n×n tensor (the probabilities) for backward; larger ones use
+    ``SoftmaxAttention`` (blocked, recomputed, activation memory linear in n).
+    """
+    blocked = query.shape[-2] * key.shape[-2] > ATTENTION_BLOCK_ELEMENTS and not (training and dropout > 0)
+    if blocked:
+        attended = SoftmaxAttention.apply(query, key, value, mask, causal_offset)
+    else:
+        scores = torch.matmul(query, key.transpose(-1, -2))
+        if mask is not None:
+            scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
+        probs = F.dropout(scores.softmax(-1), p=dropout, training=training)
+        attended = torch.matmul(probs, value)
+    return attended if mask is None else attended * mask.any(-1, keepdim=True)
+
+
 def flash_mixed_chunk_attention(
     quad_q: torch.Tensor,
     quad_k: torch.Tensor,
@@ -339,8 +528,15 @@ class GatedAttentionUnit(nn.Module):
         key_mask: torch.Tensor | None = None,
         key_counts: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        need_weights: bool | None = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``need_weights``: whether the attention map is wanted (``GAULayer`` passes ``output_attentions``).
+
+        ``None`` keeps the behaviour of a direct call: the quadratic path returns its map, the chunked path
+        only when ``output_attentions`` is requested. With ``False`` the quadratic relu² path runs the
+        blocked kernel ``relu2_attention`` (no n×n tensors kept for backward) and returns ``None``.
+        """
         u, v, z = self.act_fn(self.in_proj(hidden_states)).split(
             [self.width, self.width, self.key_size], dim=-1
         )
@@ -348,10 +544,14 @@ class GatedAttentionUnit(nn.Module):
         if position_embeddings is not None:
             qk = apply_rotary(qk, *position_embeddings)
         if self.chunk_size is None:
-            attended, weights = self._quadratic(qk, v, attention_mask, key_counts, past_key_values)
+            attended, weights = self._quadratic(
+                qk, v, attention_mask, key_counts, past_key_values, need_weights is not False
+            )
         else:
-            want_weights = kwargs.get("output_attentions")
-            want_weights = self.config.output_attentions if want_weights is None else want_weights
+            want_weights = need_weights
+            if want_weights is None:
+                want_weights = kwargs.get("output_attentions")
+                want_weights = self.config.output_attentions if want_weights is None else want_weights
             attended, weights = self._chunked(
                 qk, v, key_mask, key_counts, past_key_values, bool(want_weights)
             )
@@ -365,15 +565,59 @@ class GatedAttentionUnit(nn.Module):
         mask: torch.Tensor | None,
         key_counts: torch.Tensor | None,
         past_key_values: Cache | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        need_weights: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         query, key, value = qk[:, :1], qk[:, 1:2], v.unsqueeze(1)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
+        dropout_active = self.training and self.config.attention_probs_dropout_prob > 0
+        if not need_weights and not dropout_active and self.config.attention_normalization == "relu2":
+            # relu(a·scaling)²/L = relu((q·scaling/√L)·k)²: L folded into q, no n×n tensor kept.
+            row_scale = self.scaling * relu2_length(key_counts, self.config, query[:, 0]).rsqrt()
+            attended = relu2_attention(
+                query[:, 0].float(),
+                key[:, 0].float(),
+                value[:, 0].float(),
+                None if mask is None else mask[:, 0],
+                row_scale,
+                causal_offset=key.shape[2] - query.shape[2] if self.is_causal else None,
+            )
+            return attended, None
+        if not need_weights and self.config.attention_normalization in ("softmax", "softmax_plus"):
+            return self._softmax_without_weights(query, key, value, mask, key_counts), None
         scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * self.scaling
         weights = gau_attention_weights(scores, mask, key_counts, self.config)
         weights = F.dropout(weights, p=self.config.attention_probs_dropout_prob, training=self.training)
         attended = torch.matmul(weights, value.float()).squeeze(1)
         return attended, weights.to(value.dtype)
+
+    def _softmax_without_weights(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        key_counts: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """softmax / softmax_plus attention through ``softmax_attention``, without the attention map.
+
+        The logit scale — 1/√s, times log nᵢ / log m per row for softmax_plus — multiplies q (O(n·s))
+        rather than the n×n logits; the mask fills the fresh score buffer in place; rows without a visible
+        key are zeroed on the (n × e) output instead of on the probabilities. Equal to the weights path.
+        """
+        scale: torch.Tensor | float = self.scaling
+        if self.config.attention_normalization == "softmax_plus":
+            factor = entropy_invariant_factor(key_counts, self.config.base_length, self.config.min_length)
+            scale = (factor * self.scaling)[:, :, None]
+        return softmax_attention(
+            query[:, 0].float() * scale,
+            key[:, 0].float(),
+            value[:, 0].float(),
+            None if mask is None else mask[:, 0],
+            causal_offset=key.shape[2] - query.shape[2] if self.is_causal else None,
+            dropout=self.config.attention_probs_dropout_prob,
+            training=self.training,
+        )
 
     def _chunked(
         self,
@@ -474,6 +718,9 @@ class GAULayer(GradientCheckpointingLayer):
         past_key_values: Cache | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
+        want_weights = kwargs.get("output_attentions")
+        want_weights = self.gau.config.output_attentions if want_weights is None else want_weights
+
         def unit(x: torch.Tensor) -> torch.Tensor:
             return self.gau(
                 x,
@@ -482,6 +729,7 @@ class GAULayer(GradientCheckpointingLayer):
                 key_mask=key_mask,
                 key_counts=key_counts,
                 past_key_values=past_key_values,
+                need_weights=bool(want_weights),
                 **kwargs,
             )[0]
 
@@ -610,4 +858,6 @@ __all__ = [
     "flash_effective_weights",
     "flash_mixed_chunk_attention",
     "gau_attention_weights",
+    "relu2_attention",
+    "softmax_attention",
 ]

@@ -1,0 +1,217 @@
+"""Head-pruning study for docs/pruning.md: train a small entropy-invariant classifier, prune it iteratively.
+
+Task (synthetic, generated locally, 8 classes, majority class ≈ 19%): 32 tokens (ids 5–47), [CLS] first.
+    label = 4·f₁ + 2·f₂ + f₃
+    f₁ = at least 6 "marker" tokens (ids 5–12) in the sequence
+    f₂ = more even-numbered than odd-numbered tokens
+    f₃ = more "low" tokens (ids < 26) than high ones
+Each feature needs [CLS] to aggregate a different token class over the whole sequence (attention).
+
+Steps: train → score heads on 512 training examples (Michel et al. 2019: Iₕ = Σₓ |∂L/∂ξₕ|) → three
+pruning curves to 100% of heads, 10% of the remaining heads per step: importance scored once (the paper),
+re-scored after every step, and a random order (baseline) → the paper's stop rule (90% of the unpruned
+accuracy) → the 50%-pruned model's accuracy and inference speedup at n = 512 (forward only, one run,
+medians of interleaved repetitions).
+
+    python scripts/pruning_study.py                      # ≈ 15–30 min on a busy 2-core CPU
+    python scripts/pruning_study.py --steps 200 --quick  # smoke run
+
+Writes runs/pruning_study/{trained/, results.json} and docs/pruning_curve.png, docs/pruning_importance.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from hf_attn_variants import EntropyInvariantConfig, EntropyInvariantForSequenceClassification
+from hf_attn_variants.pruning import (
+    compute_head_importance,
+    count_heads,
+    iterative_head_pruning,
+    prune_heads,
+    write_curve,
+)
+from hf_attn_variants.pruning.iterative import select_heads
+from hf_attn_variants.pruning.plotting import plot_head_importance, plot_pruning_curve
+
+LENGTH, VOCAB, FIRST_TOKEN, CLS, MARKERS = 32, 48, 5, 1, 8
+POSITIONS, MARKER_COUNT, LOW = "rope", 6, 26
+
+
+def make_task(n: int, seed: int, length: int = LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` sequences and their labels (see the module docstring), from a fixed seed."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(FIRST_TOKEN, VOCAB, (n, length), generator=generator)
+    ids[:, 0] = CLS
+    marker = (ids >= FIRST_TOKEN) & (ids < FIRST_TOKEN + MARKERS)
+    many = marker[:, 1:].sum(1) >= MARKER_COUNT
+    even = (ids[:, 1:] % 2 == 0).sum(1) > (ids[:, 1:] % 2 == 1).sum(1)
+    low = (ids[:, 1:] < LOW).sum(1) > (ids[:, 1:] >= LOW).sum(1)
+    return ids, (4 * many.long() + 2 * even.long() + low.long())
+
+
+def build_model(seed: int) -> EntropyInvariantForSequenceClassification:
+    torch.manual_seed(seed)
+    config = EntropyInvariantConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=8, intermediate_size=128,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=512,
+        attention_scale="entropy_invariant", base_length=LENGTH, num_labels=8, pad_token_id=0,
+        position_embedding_type=POSITIONS,
+    )
+    return EntropyInvariantForSequenceClassification(config)
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, batch: int = 250) -> float:
+    correct = 0
+    for start in range(0, len(ids), batch):
+        logits = model(input_ids=ids[start : start + batch]).logits
+        correct += int((logits.argmax(-1) == labels[start : start + batch]).sum())
+    return correct / len(ids)
+
+
+def train(model, steps: int, eval_set, log_every: int = 250, batch_size: int = 32, lr: float = 2e-3) -> list[dict]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps, pct_start=0.1)
+    log = []
+    start = time.perf_counter()
+    for step in range(1, steps + 1):
+        model.train()
+        ids, labels = make_task(batch_size, seed=10_000 + step)
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        if step % log_every == 0 or step == steps:
+            model.eval()
+            acc = accuracy(model, *eval_set)
+            log.append({"step": step, "loss": round(loss.item(), 4), "eval_accuracy": acc,
+                        "seconds": round(time.perf_counter() - start, 1)})
+            print(json.dumps(log[-1]), flush=True)
+    return model.eval(), log
+
+
+@torch.no_grad()
+def time_forward(models: dict[str, torch.nn.Module], ids: torch.Tensor, repeats: int) -> dict[str, float]:
+    """Median forward time per model, repetitions interleaved so load changes hit both alike."""
+    for model in models.values():
+        model(input_ids=ids)  # warm-up
+    times = {name: [] for name in models}
+    for _ in range(repeats):
+        for name, model in models.items():
+            start = time.perf_counter()
+            model(input_ids=ids)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output_dir", default="runs/pruning_study")
+    parser.add_argument("--docs_dir", default="docs")
+    parser.add_argument("--reuse", action="store_true", help="reuse output_dir/trained if it exists")
+    parser.add_argument("--timing_batch", type=int, default=4)
+    parser.add_argument("--timing_length", type=int, default=512)
+    parser.add_argument("--timing_repeats", type=int, default=15)
+    parser.add_argument("--quick", action="store_true", help="smaller evaluation sets (smoke run)")
+    args = parser.parse_args()
+    output, docs = Path(args.output_dir), Path(args.docs_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    docs.mkdir(parents=True, exist_ok=True)
+
+    eval_set = make_task(500 if args.quick else 2000, seed=1)
+    score_ids, score_labels = make_task(128 if args.quick else 512, seed=2)
+    score_batches = [{"input_ids": score_ids[i : i + 64], "labels": score_labels[i : i + 64]}
+                     for i in range(0, len(score_ids), 64)]
+    chance = torch.bincount(eval_set[1], minlength=8).max().item() / len(eval_set[1])
+
+    trained_dir = output / "trained"
+    if args.reuse and (trained_dir / "config.json").exists():
+        model = EntropyInvariantForSequenceClassification.from_pretrained(trained_dir).eval()
+        train_log = json.loads((output / "train_log.json").read_text())
+    else:
+        model, train_log = train(build_model(args.seed), args.steps, eval_set)
+        model.save_pretrained(trained_dir)
+        (output / "train_log.json").write_text(json.dumps(train_log, indent=1))
+
+    def metric(m) -> float:
+        return accuracy(m, *eval_set)
+
+    start = time.perf_counter()
+    importance = compute_head_importance(model, score_batches)
+    importance_seconds = time.perf_counter() - start
+    plot_head_importance(importance, docs / "pruning_importance.png",
+                         title="Head importance (per-layer ℓ2-normalised), trained classifier")
+
+    curves = {}
+    curves["importance, scored once"] = iterative_head_pruning(
+        copy.deepcopy(model), score_batches, metric, threshold=None, importance=importance)
+    curves["importance, re-scored each step"] = iterative_head_pruning(
+        copy.deepcopy(model), score_batches, metric, threshold=None, rescore=True, importance=importance)
+    generator = torch.Generator().manual_seed(args.seed)
+    random_scores = torch.rand(importance.shape, generator=generator)
+    curves["random order"] = iterative_head_pruning(
+        copy.deepcopy(model), None, metric, threshold=None, importance=random_scores)
+    for label, curve in curves.items():
+        write_curve(curve, output / f"curve_{label.split(',')[0].replace(' ', '_')}_{len(label)}.csv")
+    plot_pruning_curve(curves, docs / "pruning_curve.png", metric_name="accuracy", threshold=0.9,
+                       title="Iterative head pruning, entropy-invariant classifier (4 layers × 8 heads)")
+
+    stopped_model = copy.deepcopy(model)
+    stop_curve = iterative_head_pruning(stopped_model, score_batches, metric, threshold=0.9, importance=importance)
+
+    # The 50%-pruned model: the lowest-importance half of the heads (scored once), physically removed.
+    half = copy.deepcopy(model)
+    total = count_heads(half)[1]
+    prune_heads(half, select_heads(importance, total // 2))
+    half_accuracy = metric(half)
+    timing_ids = make_task(args.timing_batch, seed=3, length=args.timing_length)[0]
+    seconds = time_forward({"unpruned": model, "pruned_50": half}, timing_ids, args.timing_repeats)
+    parameters = {name: sum(p.numel() for p in m.parameters()) for name, m in (("unpruned", model), ("pruned_50", half))}
+
+    results = {
+        "machine": {"cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
+                    "transformers": transformers.__version__, "python": platform.python_version(),
+                    "processor": platform.processor() or platform.machine()},
+        "task": {"length": LENGTH, "classes": 8, "majority_class_accuracy": chance},
+        "train_log": train_log,
+        "baseline_accuracy": curves["importance, scored once"][0].metric,
+        "importance_seconds": round(importance_seconds, 2),
+        "importance": [[round(float(v), 4) for v in row] for row in importance],
+        "curves": {label: [{"heads_pruned": r.heads_pruned, "fraction": round(r.fraction, 4), "accuracy": r.metric}
+                           for r in curve] for label, curve in curves.items()},
+        "stop_rule_90": {"heads_pruned": stop_curve[-2].heads_pruned if not stop_curve[-1].accepted
+                         else stop_curve[-1].heads_pruned,
+                         "accuracy": [r.metric for r in stop_curve if r.accepted][-1],
+                         "pruned_heads": {str(k): v for k, v in (stopped_model.config.pruned_heads or {}).items()}},
+        "half": {"heads": count_heads(half), "accuracy": half_accuracy,
+                 "pruned_heads": {str(k): v for k, v in half.config.pruned_heads.items()},
+                 "parameters": parameters,
+                 "timing": {"batch": args.timing_batch, "length": args.timing_length,
+                            "repeats": args.timing_repeats, "median_seconds": seconds,
+                            "speedup": seconds["unpruned"] / seconds["pruned_50"]}},
+    }
+    (output / "results.json").write_text(json.dumps(results, indent=1))
+    print(json.dumps({k: results[k] for k in ("baseline_accuracy", "stop_rule_90", "half")}, indent=1))
+    print("\n| heads pruned | % | once | re-scored | random |\n|---:|---:|---:|---:|---:|")
+    rows = {label: {r.heads_pruned: r.metric for r in curve} for label, curve in curves.items()}
+    for pruned in sorted(set().union(*[set(r) for r in rows.values()])):
+        cells = [f"{rows[label][pruned]:.3f}" if pruned in rows[label] else "" for label in curves]
+        print(f"| {pruned} | {100 * pruned / total:.0f} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Re-run the length-generalisation study published in docs/length_generalization.md.
+#
+# CPU-sized (tiny models; ~30-40 min on a shared 2-core CPU, much less on an idle one). Resumable:
+# rerunning skips finished variant x seed runs, so it can be interrupted and restarted at will, and
+# adding a seed (SEEDS="0 1 2") only trains the new runs. Results: $OUT/results.md, results.json,
+# results.csv, summary.csv, lengthgen_{mlm,clm}.png and finetune/finetune.json; the plots are copied to
+# docs/length_generalization_{mlm,clm}.png.
+#
+#   scripts/run_length_study.sh                # defaults below
+#   SEEDS="0 1 2" scripts/run_length_study.sh  # one more seed
+#   WORKERS=2 scripts/run_length_study.sh      # two processes share the runs (run folders are locked)
+#   # the supplementary GAU study of the doc (initialisation std 0.1 instead of 0.02):
+#   OUT=runs/length_study_gau_init0.1 DOC_PLOT_PREFIX=length_generalization_gau_init0.1 WORKERS=2 \
+#     scripts/run_length_study.sh --variants gau_softmax gau_softmax_plus gau_relu2_dynamic gau_relu2_fixed \
+#     gau_relu2_normalized gau_relu2_dynamic+mixed --initializer_range 0.1
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/length_study}
+SEEDS=${SEEDS:-"0 1"}
+STEPS=${STEPS:-400}
+L=${L:-64}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
+study() {
+  # shellcheck disable=SC2086
+  "$PY" -m hf_attn_variants lengthgen \
+    --output_dir "$OUT" --train_length "$L" --max_train_steps "$STEPS" --seeds $SEEDS \
+    --variants ei_standard ei_entropy_invariant ei_ssmax \
+               gau_softmax gau_softmax_plus gau_relu2_dynamic gau_relu2_fixed gau_relu2_normalized \
+               gau_relu2_dynamic+mixed synthesizer_random_vanilla llama \
+    --hidden_size 64 --num_hidden_layers 2 --num_attention_heads 4 \
+    --per_device_train_batch_size 16 --learning_rate 2e-3 --num_warmup_steps 30 \
+    --eval_mask_repeats 2 --finetune --num_threads "${THREADS:-1}" "$@"
+}
+WORKERS=${WORKERS:-1}
+mkdir -p "$OUT"
+for i in $(seq 2 "$WORKERS"); do
+  study "$@" > "$OUT/worker_$i.log" 2>&1 &
+done
+study "$@"
+wait
+if [ "$WORKERS" -gt 1 ]; then
+  study "$@"  # every run is finished now: reuse them all and write the complete outputs
+fi
+for objective in mlm clm; do
+  if [ -f "$OUT/lengthgen_$objective.png" ]; then
+    cp "$OUT/lengthgen_$objective.png" "docs/${DOC_PLOT_PREFIX:-length_generalization}_$objective.png"
+  fi
+done
+echo "done: $OUT/results.md"

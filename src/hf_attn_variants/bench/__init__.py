@@ -1,0 +1,15 @@
+"""``hf-attn-variants bench``: side-by-side speed and memory benchmarks of the three families and stock models.
+
+- ``specs``: the variants (this package's models and the stock Transformers baselines) and presets.
+- ``measure``: timing (wall and CPU clocks), peak step memory (CUDA allocator or torch.profiler replay), FLOPs.
+- ``runner``: interleaved warm-up + repeated rounds per length, eager and ``torch.compile``d.
+- ``report`` / ``plots``: docs/benchmarks.md and the log-log PNGs.
+
+``python -m hf_attn_variants bench --quick`` is the CI smoke test; ``make bench`` the full CPU run.
+"""
+
+from __future__ import annotations
+
+from .specs import COMPARISONS, PRESETS, Comparison, Preset, Variant, build_variants
+
+__all__ = ["COMPARISONS", "PRESETS", "Comparison", "Preset", "Variant", "build_variants"]

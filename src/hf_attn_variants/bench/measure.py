@@ -1,0 +1,225 @@
+"""Timing, peak-memory and FLOP measurement of one training or inference step.
+
+- Time: every step records wall-clock (``time.perf_counter``, after ``torch.cuda.synchronize`` on a GPU)
+  *and* process CPU time (``time.process_time``). On a CPU shared with other jobs, wall-clock time
+  measures the other jobs as much as the model; with one intra-op thread the process CPU time is what
+  the step costs on a core of its own, so it is the default "primary" timer on CPU (``--timer``).
+- Memory: the peak of live tensor memory *allocated during the step* (activations, gradients,
+  temporaries; parameters excluded). GPU: ``torch.cuda.max_memory_allocated`` minus the allocation before
+  the step. CPU: there is no allocator peak counter, so the step runs once under ``torch.profiler`` with
+  ``profile_memory=True`` and every allocation/free event is replayed in time order (exact for tensors
+  from the CPU allocator, inductor's buffers included; RSS would be far too noisy).
+- FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` over one step (matmul-class ops; attention counted
+  as full n² even when causal, the usual MFU convention). Transformers' CPU SDPA goes through
+  ``aten._scaled_dot_product_flash_attention_for_cpu``, which the counter does not know; its formula is
+  registered here (the same as for the GPU flash kernel).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+StepFn = Callable[[], None]
+
+
+@dataclass
+class StepTime:
+    """Seconds one step took by the wall clock and by this process's CPU clock."""
+
+    wall: float
+    cpu: float
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_step(model: nn.Module, input_ids: torch.Tensor, train: bool, autocast_dtype: torch.dtype | None) -> StepFn:
+    """A closure running one forward+backward (``train``) or one no-grad forward of ``model``.
+
+    Loss for training: mean of the squared last hidden state (no LM head, so the vocabulary projection does
+    not dilute the comparison). Gradients are dropped before each step (``set_to_none``), as an optimizer
+    loop with ``zero_grad()`` would.
+    """
+    device = input_ids.device
+
+    def autocast() -> contextlib.AbstractContextManager:
+        if autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=autocast_dtype)
+
+    if train:
+
+        def step() -> None:
+            model.zero_grad(set_to_none=True)
+            with autocast():
+                hidden = model(input_ids=input_ids).last_hidden_state
+                loss = hidden.float().square().mean()
+            loss.backward()
+
+    else:
+
+        def step() -> None:
+            with torch.no_grad(), autocast():
+                model(input_ids=input_ids)
+
+    return step
+
+
+def time_step(step: StepFn, device: torch.device) -> StepTime:
+    """Run ``step`` once and return its wall-clock and CPU time."""
+    synchronize(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    step()
+    synchronize(device)
+    return StepTime(time.perf_counter() - wall, time.process_time() - cpu)
+
+
+def _allocation_events(prof: object) -> list[tuple[int, int]] | None:
+    """(time ns, ±bytes) of every allocation and free the profiler saw, from its raw event tree.
+
+    Each allocation event carries its own timestamp, so the replay is exact even for memory freed in a
+    different op than the one that allocated it (e.g. temporaries of an ``autograd.Function``), and it
+    includes the buffers of inductor-generated code. Private profiler API: ``None`` if it is missing.
+    """
+    try:
+        roots = prof.profiler.kineto_results.experimental_event_tree()
+    except AttributeError:
+        return None
+    events: list[tuple[int, int]] = []
+    stack = list(roots)
+    while stack:
+        event = stack.pop()
+        fields = event.extra_fields
+        if type(fields).__name__ == "_ExtraFields_Allocation":
+            events.append((event.start_time_ns, int(fields.alloc_size)))
+        stack.extend(event.children)
+    return sorted(events)
+
+
+def _replay_peak(prof: object) -> int:
+    """Peak of the running sum of allocations (+) and frees (−) in time order, in bytes."""
+    events = _allocation_events(prof)
+    if events is None:  # fallback: per-op self memory in op start order (misses some transients)
+        events = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events())
+    running = peak = 0
+    for _, size in events:
+        running += size
+        peak = max(peak, running)
+    return peak
+
+
+def peak_step_memory(step: StepFn, device: torch.device) -> int:
+    """Peak bytes of tensor memory allocated while ``step`` runs (above what was live before it)."""
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        step()
+        synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device) - before)
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _quiet_stderr():  # this torch build logs two lines per profiler start/stop
+        prof.start()
+    try:
+        step()
+    finally:
+        with _quiet_stderr():
+            prof.stop()
+    return _replay_peak(prof)
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 (C++ log lines) for the duration; Python exceptions still propagate."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        with open(os.devnull, "w", encoding="utf-8") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+_FORMULAS_REGISTERED = False
+
+
+def _register_cpu_flash_formulas() -> None:
+    """Teach FlopCounterMode the FLOPs of the CPU flash-attention kernels (same formula as on GPU)."""
+    global _FORMULAS_REGISTERED
+    if _FORMULAS_REGISTERED:
+        return
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+    forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if forward is not None and forward not in flop_counter.flop_registry:
+
+        @flop_counter.register_flop_formula(forward)
+        def _cpu_flash_forward(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+            return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    if backward is not None and backward not in flop_counter.flop_registry:
+
+        @flop_counter.register_flop_formula(backward)
+        def _cpu_flash_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
+                                **kwargs) -> int:
+            return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+    _FORMULAS_REGISTERED = True
+
+
+def warmup_with_memory_and_flops(step: StepFn, device: torch.device, count: bool) -> tuple[int, int | None]:
+    """First (untimed) step of an eager model: peak memory, and FLOPs when ``count`` — one pass for both.
+
+    The memory profiler and the FLOP counter only observe; neither changes what is allocated.
+    """
+    if not count:
+        return peak_step_memory(step, device), None
+    from torch.utils.flop_counter import FlopCounterMode
+
+    _register_cpu_flash_formulas()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        memory = peak_step_memory(step, device)
+    return memory, int(counter.get_total_flops())
+
+
+def graph_breaks(model: nn.Module, input_ids: torch.Tensor) -> tuple[int, int, list[str]]:
+    """``torch._dynamo.explain``: (graphs, graph breaks, first reasons) for a forward of ``model``."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model)(input_ids=input_ids)
+    reasons = [str(getattr(b, "reason", b)).splitlines()[0][:160] for b in explanation.break_reasons[:3]]
+    torch._dynamo.reset()
+    return explanation.graph_count, explanation.graph_break_count, reasons
+
+
+__all__ = [
+    "StepTime",
+    "graph_breaks",
+    "make_step",
+    "peak_step_memory",
+    "synchronize",
+    "time_step",
+    "warmup_with_memory_and_flops",
+]

@@ -1,0 +1,323 @@
+"""Run the benchmark: every variant at every length, interleaved, with warm-up and repeats.
+
+At each sequence length n, all variants (and their ``torch.compile``d copies) are built, warmed up, and
+then timed in ``repeats`` rounds; each round runs every entry once, in an order rotated by one each round,
+so slow drifts of a shared machine hit all entries alike. A ratio to the baseline is the median of the
+per-round ratios (paired), which is far more stable than a ratio of two medians on a noisy machine.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .measure import graph_breaks, make_step, peak_step_memory, time_step, warmup_with_memory_and_flops
+from .specs import Comparison, Preset, Variant, random_input_ids
+
+PHASES = ("train", "infer")
+"""``train`` = forward + backward; ``infer`` = forward under ``torch.no_grad``."""
+
+
+@dataclass
+class Result:
+    """One (variant, mode, phase, length) measurement; times in seconds, memory in bytes."""
+
+    variant: str
+    family: str
+    mode: str  # "eager" | "compiled"
+    phase: str  # "train" | "infer"
+    length: int
+    batch_size: int
+    status: str = "ok"  # "ok" | "skipped" | "failed"
+    reason: str = ""
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    peak_bytes: int | None = None
+    flops: int | None = None
+    compile_s: float | None = None
+
+    def times(self, timer: str) -> list[float]:
+        return self.cpu if timer == "cpu" else self.wall
+
+    def median(self, timer: str) -> float | None:
+        values = self.times(timer)
+        return statistics.median(values) if values else None
+
+    @property
+    def key(self) -> tuple[str, str, str, int]:
+        return self.variant, self.mode, self.phase, self.length
+
+
+@dataclass
+class BenchRun:
+    """Everything a report needs: settings, environment, results, graph-break checks."""
+
+    preset: Preset
+    device: str
+    dtype: str
+    timer: str
+    threads: int
+    environment: dict[str, Any]
+    comparisons: tuple[Comparison, ...]
+    variants: dict[str, dict[str, Any]]
+    results: list[Result] = field(default_factory=list)
+    graph_checks: list[dict[str, Any]] = field(default_factory=list)
+    peak_tflops: float | None = None
+    elapsed_s: float = 0.0
+
+    def find(self, variant: str, mode: str, phase: str, length: int) -> Result | None:
+        for result in self.results:
+            if result.key == (variant, mode, phase, length):
+                return result
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k not in ("results", "comparisons", "preset")}
+        data["preset"] = asdict(self.preset)
+        data["comparisons"] = [asdict(c) for c in self.comparisons]
+        data["results"] = [asdict(r) for r in self.results]
+        return data
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """Machine and library versions for the report."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    env: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "load_average_start": _load_average(),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "cuda": torch.version.cuda if device.type == "cuda" else None,
+    }
+    return env
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+@dataclass
+class _Entry:
+    variant: Variant
+    mode: str
+    model: nn.Module
+    result: Result | None = None
+    step: Callable[[], None] | None = None
+
+
+class Runner:
+    """Builds the models and fills a ``BenchRun``. ``log`` receives one progress line at a time."""
+
+    def __init__(
+        self,
+        preset: Preset,
+        variants: dict[str, Variant],
+        comparisons: tuple[Comparison, ...],
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        timer: str = "cpu",
+        threads: int | None = None,
+        compile: bool = True,
+        count_flops: bool = True,
+        check_graph_breaks: bool = True,
+        peak_tflops: float | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.preset = preset
+        self.variants = variants
+        self.comparisons = comparisons
+        self.device = torch.device(device)
+        self.autocast_dtype = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        self.compile = compile
+        self.count_flops = count_flops
+        self.check_graph_breaks = check_graph_breaks
+        self.log = log
+        if threads:
+            torch.set_num_threads(threads)
+        self.run = BenchRun(
+            preset=preset,
+            device=str(self.device),
+            dtype=dtype,
+            timer=timer,
+            threads=torch.get_num_threads(),
+            environment=environment(self.device),
+            comparisons=comparisons,
+            variants={n: {"family": v.family, "description": v.description, "causal": v.causal}
+                      for n, v in variants.items()},
+            peak_tflops=peak_tflops,
+        )
+        self._models: dict[str, nn.Module] = {}
+        self._flops: dict[tuple[str, str, int], int] = {}
+
+    # ------------------------------------------------------------------------------------------ models
+    def _model(self, variant: Variant, length: int) -> nn.Module:
+        if variant.shared_across_lengths and variant.name in self._models:
+            return self._models[variant.name]
+        torch.manual_seed(0)
+        model = variant.build(length).to(self.device).train()
+        if variant.shared_across_lengths:
+            self._models[variant.name] = model
+        return model
+
+    def _entries(self, length: int) -> list[_Entry]:
+        entries = []
+        batch = self.preset.batch_size
+        for variant in self.variants.values():
+            modes = ["eager"]
+            if self.compile and variant.compile and length in self.preset.compile_lengths:
+                modes.append("compiled")
+            if not variant.runs_at(length):
+                if variant.lengths is None or length in variant.lengths:
+                    for mode in modes:
+                        for phase in PHASES:
+                            self.run.results.append(
+                                Result(variant.name, variant.family, mode, phase, length, batch, "skipped",
+                                       variant.skip_reason)
+                            )
+                continue
+            try:
+                model = self._model(variant, length)
+            except Exception as error:  # noqa: BLE001 - a variant that cannot be built is reported, not fatal
+                for mode in modes:
+                    for phase in PHASES:
+                        self.run.results.append(
+                            Result(variant.name, variant.family, mode, phase, length, batch, "failed",
+                                   f"build: {type(error).__name__}: {error}")
+                        )
+                continue
+            for mode in modes:
+                compiled = torch.compile(model) if mode == "compiled" else model
+                entries.append(_Entry(variant, mode, compiled))
+        return entries
+
+    # ------------------------------------------------------------------------------------------ running
+    def _fail(self, entry: _Entry, stage: str, error: BaseException) -> None:
+        entry.result.status = "failed"
+        entry.result.reason = f"{stage}: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        entry.step = None
+        self.log(f"    {entry.variant.name} [{entry.mode}] {entry.result.phase} FAILED at {stage}: {error}")
+
+    def _warm_up(self, entry: _Entry, input_ids: torch.Tensor) -> None:
+        result = entry.result
+        flop_key = (entry.variant.name, result.phase, result.length)
+        try:
+            entry.model.zero_grad(set_to_none=True)  # free old gradients outside the profiled step
+            if entry.mode == "compiled":
+                start = time.perf_counter()
+                entry.step()
+                result.compile_s = time.perf_counter() - start
+                entry.model.zero_grad(set_to_none=True)
+                result.peak_bytes = peak_step_memory(entry.step, self.device)
+                result.flops = self._flops.get(flop_key)
+            else:
+                count = self.count_flops and flop_key not in self._flops
+                result.peak_bytes, flops = warmup_with_memory_and_flops(entry.step, self.device, count)
+                if flops is not None:
+                    self._flops[flop_key] = flops
+                result.flops = self._flops.get(flop_key)
+        except Exception as error:  # noqa: BLE001 - e.g. out of memory or a compile failure: report and go on
+            self._fail(entry, "warm-up", error)
+
+    def _measure_phase(self, entries: list[_Entry], phase: str, input_ids: torch.Tensor) -> None:
+        length = input_ids.shape[1]
+        for entry in entries:
+            entry.result = Result(entry.variant.name, entry.variant.family, entry.mode, phase, length,
+                                  self.preset.batch_size)
+            self.run.results.append(entry.result)
+            entry.step = make_step(entry.model, input_ids, phase == "train", self.autocast_dtype)
+        # Eager first: compiled models take their FLOPs from their eager twin.
+        for entry in sorted(entries, key=lambda e: e.mode != "eager"):
+            self._warm_up(entry, input_ids)
+            gc.collect()
+        repeats = self.preset.repeats_at(length)
+        for round_index in range(repeats):
+            alive = [e for e in entries if e.step is not None]
+            shift = round_index % max(len(alive), 1)
+            for entry in alive[shift:] + alive[:shift]:
+                try:
+                    elapsed = time_step(entry.step, self.device)
+                except Exception as error:  # noqa: BLE001
+                    self._fail(entry, f"repeat {round_index}", error)
+                    continue
+                entry.result.wall.append(elapsed.wall)
+                entry.result.cpu.append(elapsed.cpu)
+        for entry in entries:
+            result = entry.result
+            if result.status == "ok":
+                median = result.median(self.run.timer)
+                memory = f"{result.peak_bytes / 2**20:.1f} MiB" if result.peak_bytes is not None else "-"
+                self.log(f"    {entry.variant.name:<22} {entry.mode:<8} {phase:<5} n={length:<6} "
+                         f"{1e3 * median:9.1f} ms  peak {memory}")
+
+    def run_all(self) -> BenchRun:
+        start = time.perf_counter()
+        if self.check_graph_breaks:
+            self._graph_checks()
+        for length in self.preset.lengths:
+            entries = self._entries(length)
+            if not entries:
+                continue
+            self.log(f"n = {length}: {len(entries)} entries, {self.preset.repeats_at(length)} repeats")
+            input_ids = random_input_ids(self.preset.batch_size, length, self.device)
+            for phase in PHASES:
+                self._measure_phase(entries, phase, input_ids)
+            del entries
+            self._drop_per_length_models()
+        self.run.elapsed_s = time.perf_counter() - start
+        self.run.environment["load_average_end"] = _load_average()
+        return self.run
+
+    def _drop_per_length_models(self) -> None:
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _graph_checks(self) -> None:
+        """``torch._dynamo.explain`` on every variant (forward, shortest length): one graph, no break?"""
+        for variant in self.variants.values():
+            lengths = [n for n in self.preset.lengths if variant.runs_at(n)]
+            if not lengths:
+                continue
+            length = min(lengths)
+            input_ids = random_input_ids(1, length, self.device)
+            try:
+                model = self._model(variant, length)
+                graphs, breaks, reasons = graph_breaks(model, input_ids)
+                check = {"variant": variant.name, "graphs": graphs, "breaks": breaks, "reasons": reasons}
+            except Exception as error:  # noqa: BLE001
+                check = {"variant": variant.name, "graphs": None, "breaks": None,
+                         "reasons": [f"{type(error).__name__}: {error}"[:200]]}
+            self.run.graph_checks.append(check)
+            self.log(f"  dynamo.explain {variant.name}: graphs={check['graphs']} breaks={check['breaks']}")
+
+
+__all__ = ["PHASES", "BenchRun", "Result", "Runner", "environment"]

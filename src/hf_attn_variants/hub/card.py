@@ -1,0 +1,241 @@
+"""Model cards for exported folders, rendered with ``huggingface_hub.ModelCard`` from ``model_cards/<family>.md``.
+
+The YAML header is a ``ModelCardData``: ``library_name: transformers``, ``pipeline_tag``, tags
+(``custom_code``, the family, the task, ``hf_attn_variants``), ``license`` and ``model-index`` with the
+evaluation results found next to the model (``all_results.json``/``eval_results.json`` written by
+pretrain/finetune, and ``eval_by_length.json`` written by the demo / length studies). The body comes from
+the family's Jinja template, filled with the architecture and attention settings (read generically from
+the config dataclass: every field the family adds to the shared base config), the training data, a results
+table, a usage snippet with ``trust_remote_code=True`` and the citations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from ..configuration_common import MultiHeadAttnVariantConfig
+
+TASKS = {
+    # architecture suffix: (pipeline tag, Auto class, task name for model-index)
+    "ForMaskedLM": ("fill-mask", "AutoModelForMaskedLM", "Masked language modeling"),
+    "ForCausalLM": ("text-generation", "AutoModelForCausalLM", "Causal language modeling"),
+    "ForSequenceClassification": ("text-classification", "AutoModelForSequenceClassification", "Text classification"),
+    "ForTokenClassification": ("token-classification", "AutoModelForTokenClassification", "Token classification"),
+    "ForQuestionAnswering": ("question-answering", "AutoModelForQuestionAnswering", "Question answering"),
+    "Model": ("feature-extraction", "AutoModel", "Feature extraction"),
+}
+ARCHITECTURE_FIELDS = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+    "max_position_embeddings", "position_embedding_type", "rope_theta", "hidden_act", "norm_type",
+    "norm_position", "use_bias", "hidden_dropout_prob", "attention_probs_dropout_prob", "tie_word_embeddings",
+)
+METRIC_NAMES = {"loss": "loss", "perplexity": "perplexity", "accuracy": "accuracy", "f1": "f1",
+                "precision": "precision", "recall": "recall", "mse": "mse"}
+
+DEFAULT_TEMPLATE = """---
+{{ card_data }}
+---
+
+# {{ model_id }}
+
+A `{{ model_type }}` model (`{{ architecture }}`) made with the `hf_attn_variants` package. Load it with
+`trust_remote_code=True`: the model code is in this repository, the package is not needed.
+
+## Architecture
+{{ architecture_table }}
+
+## Attention settings
+{{ attention_table }}
+
+## Training data
+{{ training_data }}
+
+## Evaluation
+{{ results_table }}
+
+## Usage
+```python
+{{ usage }}
+```
+"""
+
+
+def model_cards_dir() -> Path | None:
+    """The repository's ``model_cards/`` folder (next to ``src/``), or ``None`` in an installed wheel."""
+    for parent in Path(__file__).resolve().parents:
+        candidate = parent / "model_cards"
+        if candidate.is_dir() and any(candidate.glob("*.md")):
+            return candidate
+    return None
+
+
+def template_for(model_type: str, explicit: str | None = None) -> tuple[str | None, str | None]:
+    """``(template_path, template_str)`` for ``ModelCard.from_template``: explicit path, the family's file in
+    ``model_cards/``, or the generic built-in template."""
+    if explicit is not None:
+        if not Path(explicit).is_file():
+            raise FileNotFoundError(f"model_card_template: no such file {explicit!r}.")
+        return explicit, None
+    folder = model_cards_dir()
+    if folder is not None and (folder / f"{model_type}.md").is_file():
+        return str(folder / f"{model_type}.md"), None
+    return None, DEFAULT_TEMPLATE
+
+
+def _markdown_table(rows: list[tuple[str, Any]], header: tuple[str, str] = ("setting", "value")) -> str:
+    lines = [f"| {header[0]} | {header[1]} |", "|---|---|"]
+    lines += [f"| `{name}` | {value if not isinstance(value, (list, dict)) else json.dumps(value)} |"
+              for name, value in rows]
+    return "\n".join(lines)
+
+
+def attention_settings(config: Any) -> list[tuple[str, Any]]:
+    """The fields a family adds to the shared config (its attention settings), generically."""
+    shared = {f.name for f in dataclasses.fields(MultiHeadAttnVariantConfig)}
+    return [(f.name, getattr(config, f.name)) for f in dataclasses.fields(type(config))
+            if f.name not in shared and not f.name.startswith("_")]
+
+
+def architecture_settings(config: Any, num_parameters: int | None) -> list[tuple[str, Any]]:
+    """Shape and shared settings present on ``config`` (``num_attention_heads`` only where it exists)."""
+    rows = [(name, getattr(config, name)) for name in ARCHITECTURE_FIELDS if hasattr(config, name)]
+    if getattr(config, "pruned_heads", None):
+        rows.append(("pruned_heads", config.pruned_heads))
+    if num_parameters is not None:
+        rows.insert(0, ("parameters", f"{num_parameters:,}"))
+    return rows
+
+
+def _read_json(folder: Path, name: str) -> dict[str, Any]:
+    path = folder / name
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def collect_results(source: Path) -> dict[str, Any]:
+    """Metrics and training information stored next to a trained model by pretrain/finetune/demo."""
+    metrics = {**_read_json(source, "all_results.json"), **_read_json(source, "eval_results.json")}
+    return {
+        "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+        "pretrain": _read_json(source, "pretrain_args.json"),
+        "task": _read_json(source, "task_config.json"),
+        "by_length": _read_json(source, "eval_by_length.json"),
+    }
+
+
+def _eval_results(model_id: str, task: tuple[str, str, str], results: dict[str, Any]) -> list[EvalResult]:
+    pipeline_tag, _, task_name = task
+    info = results["pretrain"] or results["task"]
+    dataset = str(info.get("dataset") or info.get("validation_file") or info.get("train_file") or "unknown")
+    dataset_name = info.get("dataset_name") or dataset
+    out = []
+    for key, value in sorted(results["metrics"].items()):
+        name = key.removeprefix("eval_")
+        if key.startswith("eval_") and name in METRIC_NAMES:
+            out.append(EvalResult(task_type=pipeline_tag, task_name=task_name, dataset_type=dataset,
+                                  dataset_name=str(dataset_name)[:120], dataset_split="validation",
+                                  metric_type=METRIC_NAMES[name], metric_name=f"validation {name}",
+                                  metric_value=round(float(value), 6)))
+    for row in results["by_length"].get("results", []):
+        for name in ("loss", "accuracy"):
+            if name in row:
+                out.append(EvalResult(task_type=pipeline_tag, task_name=task_name, dataset_type=dataset,
+                                      dataset_name=str(dataset_name)[:120], dataset_split="validation",
+                                      metric_type=name, metric_name=f"validation {name} @ {row['length']} tokens",
+                                      metric_value=round(float(row[name]), 6)))
+    return out
+
+
+def _results_table(results: dict[str, Any]) -> str:
+    rows = [(k, round(v, 4) if isinstance(v, float) else v) for k, v in sorted(results["metrics"].items())
+            if k.startswith("eval_") and k.removeprefix("eval_") in METRIC_NAMES]
+    text = _markdown_table(rows, ("metric", "value")) if rows else "No evaluation results were stored with the model."
+    by_length = results["by_length"].get("results", [])
+    if by_length:
+        train_length = results["by_length"].get("train_length")
+        text += f"\n\nValidation at the training length L = {train_length} and beyond:\n\n"
+        text += "| length | loss | accuracy |\n|---|---|---|\n"
+        text += "\n".join(f"| {r['length']} | {r['loss']:.4f} | {r.get('accuracy', float('nan')):.4f} |"
+                          for r in by_length)
+    return text
+
+
+def _training_data(results: dict[str, Any]) -> str:
+    pre, task = results["pretrain"], results["task"]
+    if pre:
+        keys = ("objective", "max_seq_length", "per_device_train_batch_size", "gradient_accumulation_steps",
+                "learning_rate", "max_train_steps", "num_train_epochs", "lr_scheduler_type", "seed")
+        rows = [(k, pre[k]) for k in keys if pre.get(k) is not None]
+        return (f"Pretrained with `hf-attn-variants pretrain` on {pre.get('dataset_description', pre.get('dataset'))} "
+                f"({pre.get('train_blocks', '?')} training blocks).\n\n" + _markdown_table(rows, ("argument", "value")))
+    if task:
+        return (f"Finetuned with `hf-attn-variants finetune` ({task.get('task')}) on `{task.get('train_file')}`; "
+                f"labels: {task.get('label_list')}.")
+    return "Not recorded."
+
+
+def _usage(model_id: str, task: tuple[str, str, str], model_type: str, mask_token: str | None) -> str:
+    pipeline_tag, auto_class, _ = task
+    example = {"fill-mask": f'"the {mask_token or "[MASK]"} statement raises an exception."',
+               "text-generation": '"the assert statement"'}.get(pipeline_tag, '"the assert statement is used for debugging."')
+    return (
+        "from transformers import AutoTokenizer, " + auto_class + ", pipeline\n\n"
+        f'pipe = pipeline("{pipeline_tag}", model="{model_id}", trust_remote_code=True)\n'
+        f"print(pipe({example}))\n\n"
+        f'tokenizer = AutoTokenizer.from_pretrained("{model_id}")\n'
+        f'model = {auto_class}.from_pretrained("{model_id}", trust_remote_code=True)  # {model_type} code from the repo'
+    )
+
+
+def render_model_card(
+    model: Any,
+    source: str | Path,
+    *,
+    model_id: str,
+    license: str = "apache-2.0",
+    extra_tags: list[str] | None = None,
+    template: str | None = None,
+    mask_token: str | None = "[MASK]",
+) -> ModelCard:
+    """The ``ModelCard`` of ``model`` (trained in ``source``) for the repository ``model_id``."""
+    config = model.config
+    architecture = (config.architectures or [type(model).__name__])[0]
+    suffix = next((s for s in TASKS if architecture.endswith(s) and s != "Model"), "Model")
+    task = TASKS[suffix]
+    results = collect_results(Path(source))
+    task_tag = task[0]
+    tags = ["custom_code", config.model_type, task_tag, "hf_attn_variants", *(extra_tags or [])]
+    card_data = ModelCardData(
+        language="en",
+        license=license,
+        library_name="transformers",
+        pipeline_tag=task_tag,
+        tags=list(dict.fromkeys(tags)),
+        model_name=model_id.split("/")[-1],
+        eval_results=_eval_results(model_id, task, results) or None,
+    )
+    num_parameters = sum(p.numel() for p in model.parameters())
+    template_path, template_str = template_for(config.model_type, template)
+    return ModelCard.from_template(
+        card_data,
+        template_path=template_path,
+        template_str=template_str,
+        model_id=model_id,
+        model_type=config.model_type,
+        architecture=architecture,
+        auto_class=task[1],
+        pipeline_tag=task_tag,
+        architecture_table=_markdown_table(architecture_settings(config, num_parameters)),
+        attention_table=_markdown_table(attention_settings(config)),
+        config=config,
+        training_data=_training_data(results),
+        results_table=_results_table(results),
+        usage=_usage(model_id, task, config.model_type, mask_token),
+    )
+
+
+__all__ = ["TASKS", "attention_settings", "collect_results", "model_cards_dir", "render_model_card", "template_for"]

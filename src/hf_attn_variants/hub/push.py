@@ -1,0 +1,101 @@
+"""``hf-attn-variants push``: upload an exported folder to the Hugging Face Hub.
+
+The folder is uploaded as it is (``HfApi.create_repo`` + ``upload_folder``); nothing in it is modified.
+The token comes from the usual places (``--token``, ``HF_TOKEN``, ``hf auth login``'s stored token), as
+``huggingface_hub.get_token`` finds it. Without a network, with ``HF_HUB_OFFLINE=1``, without a token or
+on any Hub error the command prints ONE sentence saying why nothing was uploaded and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class PushError(RuntimeError):
+    """A push that did not happen; the message is one sentence for the user."""
+
+
+@dataclass
+class PushArguments:
+    """Arguments of ``push`` (each is also a ``--flag``)."""
+
+    folder: str = field(metadata={"help": "An exported folder (hf-attn-variants export)."})
+    repo_id: str = field(metadata={"help": "Target repository, e.g. user/name."})
+    private: bool = field(default=False, metadata={"help": "Create the repository as private."})
+    token: str | None = field(default=None, metadata={"help": "Hub token (default: HF_TOKEN or the stored login)."})
+    commit_message: str = field(default="Upload model exported with hf_attn_variants", metadata={"help": "Commit message."})
+    revision: str | None = field(default=None, metadata={"help": "Branch to push to (default: main)."})
+
+
+def _offline() -> bool:
+    value = os.environ.get("HF_HUB_OFFLINE", "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    from huggingface_hub import constants
+
+    return bool(getattr(constants, "HF_HUB_OFFLINE", False))
+
+
+def push(args: PushArguments) -> str:
+    """Upload ``args.folder`` to ``args.repo_id``; returns the commit URL. Raises ``PushError`` (one sentence)."""
+    from huggingface_hub import HfApi, get_token
+
+    from .export import check_export
+
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        raise PushError(f"Nothing was pushed: {folder} is not a folder (run `hf-attn-variants export` first).")
+    try:
+        check_export(folder)
+    except ValueError as error:
+        raise PushError(f"Nothing was pushed: {error}") from None
+    if _offline():
+        raise PushError(
+            f"Nothing was pushed: HF_HUB_OFFLINE is set, so the Hub cannot be reached; the export in {folder} is "
+            "unchanged."
+        )
+    token = args.token or get_token()
+    if not token:
+        raise PushError(
+            "Nothing was pushed: no Hugging Face token was found (pass --token, set HF_TOKEN or run `hf auth login`)."
+        )
+    api = HfApi(token=token)
+    try:
+        api.create_repo(args.repo_id, private=args.private, exist_ok=True, repo_type="model")
+        info = api.upload_folder(folder_path=str(folder), repo_id=args.repo_id, repo_type="model",
+                                 commit_message=args.commit_message, revision=args.revision)
+    except Exception as error:  # noqa: BLE001 - network, auth, offline, Hub errors: one sentence, no traceback
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise PushError(
+            f"Nothing was pushed to {args.repo_id}: the Hub could not be reached or refused the upload "
+            f"({type(error).__name__}: {reason[:200]}); the export in {folder} is unchanged."
+        ) from None
+    return str(getattr(info, "commit_url", info))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """CLI flags: one per ``PushArguments`` field."""
+    from ..training.cli_utils import add_dataclass_arguments
+
+    add_dataclass_arguments(parser, PushArguments)
+
+
+def run(namespace: argparse.Namespace) -> int:
+    """CLI entry: push, or print one sentence to stderr and return 1."""
+    from ..training.cli_utils import dataclasses_from_namespace
+
+    (args,) = dataclasses_from_namespace(namespace, PushArguments)
+    try:
+        url = push(args)
+    except PushError as error:
+        print(f"hf-attn-variants push: {error}", file=sys.stderr)
+        return 1
+    print(f"Pushed {args.folder} to {url}")
+    return 0
+
+
+__all__ = ["PushArguments", "PushError", "add_arguments", "push", "run"]

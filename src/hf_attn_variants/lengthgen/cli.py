@@ -1,0 +1,53 @@
+"""``hf-attn-variants lengthgen``: train variants at length L, evaluate them at other lengths, report.
+
+Examples::
+
+    hf-attn-variants lengthgen --quick --output_dir runs/lg-smoke          # seconds: two variants
+    hf-attn-variants lengthgen --train_length 64 --max_train_steps 400 --seeds 0 1 2 --finetune
+    hf-attn-variants lengthgen --variants gau_relu2_dynamic gau_relu2_fixed --mixed_length
+
+Rerunning the same command resumes: finished variant × seed runs are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """CLI flags: one per ``LengthGenArguments`` field."""
+    from ..training.cli_utils import add_dataclass_arguments
+    from .study import LengthGenArguments
+
+    add_dataclass_arguments(parser, LengthGenArguments)
+
+
+def run(namespace: argparse.Namespace) -> int:
+    """CLI entry: validate the flags (one-line errors), run the study, print where the results are."""
+    from ..training.cli_utils import dataclasses_from_namespace, fail
+    from .study import LengthGenArguments, run_study
+
+    try:
+        (args,) = dataclasses_from_namespace(namespace, LengthGenArguments)
+    except (ValueError, TypeError) as error:
+        return fail("lengthgen", str(error))
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    logging.getLogger("hf_attn_variants").setLevel(logging.INFO)
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    import datasets
+
+    datasets.disable_progress_bars()  # tokenizing the corpus once per run: noise in a long study's log
+    try:
+        report = run_study(args)
+    except (ValueError, FileNotFoundError) as error:
+        return fail("lengthgen", str(error))
+    print(f"lengthgen: {len(report['runs'])} runs ({report.get('skipped_runs', 0)} reused); results in "
+          f"{args.output_dir}/results.md, results.json, results.csv, summary.csv and lengthgen_*.png")
+    return 0
+
+
+__all__ = ["add_arguments", "run"]

@@ -1,0 +1,184 @@
+"""The variants a length-generalisation study can train, and how each becomes a config.
+
+Every variant is trained under the same budget (data, steps, batch, learning rate, seeds) at training
+length L; the model size is shared (``ModelSize``) and matched in non-embedding parameters as closely as
+the architectures allow:
+
+- ``ei_*``: the ``entropy_invariant`` family (multi-head softmax attention + FFN) with
+  ``attention_scale`` = ``standard`` (q·k/√d), ``entropy_invariant`` ((log nᵢ / log L)·q·k/√d, Su 2021) or
+  ``ssmax`` (learnable sₕ·log nᵢ, Nakanishi 2025); ``base_length`` = L.
+- ``gau_*``: GAU (Hua et al. 2022) with ``attention_normalization`` = ``softmax``, ``softmax_plus``
+  (GAU-α's entropy-invariant softmax), ``relu2`` with ``relu2_length`` ``dynamic`` (n = valid keys of the
+  row) or ``fixed`` (n = ``base_length`` = L), or ``relu2_normalized`` (explicit row normaliser). One GAU
+  layer holds about half the parameters of an attention + FFN layer, so GAU gets ``gau_layer_factor`` (2)
+  times as many layers, as the FLASH paper compares them.
+- ``synthesizer_random_vanilla``: Synthesizer (Tay et al. 2021) mixing a learned random matrix and
+  ordinary q·k attention. Its random matrix has one row/column per position up to
+  ``max_position_embeddings`` = ``synthesizer_length_factor``·L, so it cannot run on longer inputs
+  (those points are reported as ``n/a``); rows beyond L exist but are never trained.
+- ``llama``: a tiny stock ``LlamaForCausalLM`` (RoPE, SwiGLU, causal LM) trained with SDPA at L and
+  evaluated with the *same weights* three times: ``attn_implementation="sdpa"``, ``"entropy_invariant"``
+  (this package's training-free log-n scaling for stock models, ``base_length`` = L, factor
+  log max(nᵢ, 16) / log L — below 1 for the causal rows that see fewer than L keys) and
+  ``entropy_invariant_beyond_L`` (the same with ``entropy_min_length`` = L: factor max(1, log nᵢ / log L),
+  so rows within the training length are untouched).
+
+Any name may carry the suffix ``+mixed``: the same variant pretrained on a mix of lengths (each batch's
+blocks cut into k ∈ ``mixed_length_splits`` equal pieces, same tokens per step) — the articles' second
+remedy for relu² with a dynamic n.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MIXED_SUFFIX = "+mixed"
+CLAMPED_MODE = "entropy_invariant_beyond_L"
+"""Eval mode: ``entropy_invariant`` with ``entropy_min_length = base_length``, i.e. a factor
+max(1, log nᵢ / log L) — rows that see at most L keys keep exactly the trained attention, longer rows are
+sharpened (the form of Qwen-7B's ``use_logn_attn``)."""
+LLAMA_EVAL_MODES = ("sdpa", "entropy_invariant", CLAMPED_MODE)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One trainable variant: its family (``model_type``), family-specific config fields and eval modes.
+
+    ``eval_modes`` are attention implementations the trained weights are evaluated with; a variant with
+    one mode (``"default"``) yields one result series named like the variant, a variant with several
+    (the stock Llama) yields ``"<name>/<mode>"`` series. ``objective`` is ``None`` for "the study's
+    objective" (MLM by default) or fixed (``"clm"`` for the stock Llama).
+    """
+
+    name: str
+    model_type: str
+    description: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    objective: str | None = None
+    eval_modes: tuple[str, ...] = ("default",)
+    mixed_length: bool = False
+
+    def series(self, mode: str) -> str:
+        """The result-series name of this variant evaluated with ``mode``."""
+        return self.name if len(self.eval_modes) == 1 else f"{self.name}/{mode}"
+
+    def mixed(self) -> Variant:
+        """The same variant pretrained on mixed lengths (name + ``"+mixed"``)."""
+        if self.mixed_length:
+            return self
+        return Variant(self.name + MIXED_SUFFIX, self.model_type, self.description + "; mixed-length pretraining",
+                       dict(self.fields), self.objective, self.eval_modes, True)
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("ei_standard", "entropy_invariant", "softmax attention, logits q·k/√d",
+                {"attention_scale": "standard"}),
+        Variant("ei_entropy_invariant", "entropy_invariant", "softmax attention, logits (log n / log L)·q·k/√d",
+                {"attention_scale": "entropy_invariant"}),
+        Variant("ei_ssmax", "entropy_invariant", "softmax attention, logits s_h·log n·q·k/√d (s_h learned)",
+                {"attention_scale": "ssmax"}),
+        Variant("gau_softmax", "gau", "GAU, softmax(q·k/√s)", {"attention_normalization": "softmax"}),
+        Variant("gau_softmax_plus", "gau", "GAU, softmax((log n / log L)·q·k/√s) (GAU-α)",
+                {"attention_normalization": "softmax_plus"}),
+        Variant("gau_relu2_dynamic", "gau", "GAU, relu(q·k/√s)²/n, n = valid keys of the row",
+                {"attention_normalization": "relu2", "relu2_length": "dynamic"}),
+        Variant("gau_relu2_fixed", "gau", "GAU, relu(q·k/√s)²/L, L = training length",
+                {"attention_normalization": "relu2", "relu2_length": "fixed"}),
+        Variant("gau_relu2_normalized", "gau", "GAU, relu(q·k/√s)² / its row sum",
+                {"attention_normalization": "relu2_normalized"}),
+        Variant("synthesizer_random_vanilla", "synthesizer", "Synthesizer, softmax(α·R + (1-α)·q·k/√d)",
+                {"synthesizer_components": ["random", "vanilla"]}),
+        Variant("llama", "llama", "stock LlamaForCausalLM (RoPE, SwiGLU), same weights evaluated with sdpa, "
+                "entropy_invariant and entropy_invariant_beyond_L attention", {}, objective="clm",
+                eval_modes=LLAMA_EVAL_MODES),
+    )
+}
+"""The registry, in the order studies report them."""
+
+DEFAULT_VARIANTS = tuple(VARIANTS)
+QUICK_VARIANTS = ("ei_entropy_invariant", "synthesizer_random_vanilla")
+
+
+def get_variant(name: str) -> Variant:
+    """The variant named ``name`` (optionally with the ``+mixed`` suffix); ``ValueError`` listing the names."""
+    base = name.removesuffix(MIXED_SUFFIX)
+    if base not in VARIANTS:
+        raise ValueError(f"variants: unknown variant {name!r}; allowed: {sorted(VARIANTS)} "
+                         f"(each optionally with the suffix {MIXED_SUFFIX!r}).")
+    variant = VARIANTS[base]
+    return variant.mixed() if name.endswith(MIXED_SUFFIX) else variant
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """The shared model size of a study (tiny by default: a CPU study)."""
+
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    intermediate_size: int | None = None
+    """FFN width of the multi-head families (``None`` = 4·hidden); the Llama's SwiGLU gets 2/3 of it
+    (three matrices instead of two, same parameters)."""
+    attention_key_size: int | None = None
+    """GAU's s (``None`` = hidden/2)."""
+    gau_layer_factor: int = 2
+    synthesizer_length_factor: int = 2
+    hidden_dropout_prob: float = 0.1
+    initializer_range: float | None = None
+    """Std of the weight initialisation of every variant (``None`` = each config's default, 0.02). GAU also
+    draws its per-dimension q/k scales γ from it, so relu² attention starts at a ≈ (σ²)·… ≈ 0 with 0.02."""
+
+    @property
+    def ffn(self) -> int:
+        return self.intermediate_size or 4 * self.hidden_size
+
+
+def config_fields(variant: Variant, size: ModelSize, train_length: int) -> dict[str, Any]:
+    """The config fields of ``variant`` at ``size`` trained at ``train_length`` (for ``build_config`` or,
+    for the stock Llama, ``LlamaConfig``). ``base_length`` = ``train_length`` for every family that has it."""
+    common: dict[str, Any] = {"hidden_size": size.hidden_size}
+    if size.initializer_range is not None:
+        common["initializer_range"] = size.initializer_range
+    if variant.model_type == "llama":
+        swiglu = max(8, round(size.ffn * 2 / 3 / 8) * 8)
+        return {**common, "num_hidden_layers": size.num_hidden_layers,
+                "num_attention_heads": size.num_attention_heads, "num_key_value_heads": size.num_attention_heads,
+                "intermediate_size": swiglu, "max_position_embeddings": train_length, "base_length": train_length,
+                "tie_word_embeddings": True, "attention_dropout": 0.0}
+    common.update(hidden_dropout_prob=size.hidden_dropout_prob, attention_probs_dropout_prob=0.0,
+                  max_position_embeddings=train_length)
+    if variant.model_type == "gau":
+        key = size.attention_key_size or max(2, size.hidden_size // 2 // 2 * 2)
+        fields = {**common, "num_hidden_layers": size.num_hidden_layers * size.gau_layer_factor,
+                  "attention_key_size": key, "expansion_factor": 2, "base_length": train_length}
+    else:
+        fields = {**common, "num_hidden_layers": size.num_hidden_layers,
+                  "num_attention_heads": size.num_attention_heads, "intermediate_size": size.ffn}
+        if variant.model_type == "entropy_invariant":
+            fields["base_length"] = train_length
+        if variant.model_type == "synthesizer":
+            fields["max_position_embeddings"] = size.synthesizer_length_factor * train_length
+    return {**fields, **variant.fields}
+
+
+def max_length_of(variant: Variant, fields: dict[str, Any]) -> int | None:
+    """The longest input the variant accepts (the Synthesizer's ``max_position_embeddings``), else ``None``."""
+    return int(fields["max_position_embeddings"]) if variant.model_type == "synthesizer" else None
+
+
+__all__ = [
+    "CLAMPED_MODE",
+    "DEFAULT_VARIANTS",
+    "LLAMA_EVAL_MODES",
+    "MIXED_SUFFIX",
+    "QUICK_VARIANTS",
+    "VARIANTS",
+    "ModelSize",
+    "Variant",
+    "config_fields",
+    "get_variant",
+    "max_length_of",
+]

@@ -1,0 +1,194 @@
+"""Data and metrics for the ``prune`` command: local files → fixed batches → importance batches and a metric.
+
+Tasks, chosen from the model's class (``config.architectures``) unless given:
+- ``classification`` (``*ForSequenceClassification``): text (+ optional pair) and label columns;
+  metric = accuracy (higher is better).
+- ``causal-lm`` (``*ForCausalLM``): text column; labels = input ids (padding ignored); metric = perplexity.
+- ``masked-lm`` (``*ForMaskedLM``): text column; 15% of non-special tokens masked BERT-style with a fixed
+  seed, so every evaluation sees the same masks; metric = perplexity on the masked tokens.
+Batches are built once (padded per batch) and reused, so every pruning step is evaluated on the same data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+TASKS = ("classification", "causal-lm", "masked-lm")
+TASK_SUFFIXES = {"ForSequenceClassification": "classification", "ForCausalLM": "causal-lm", "ForMaskedLM": "masked-lm"}
+BUILDERS = {".txt": "text", ".text": "text", ".csv": "csv", ".json": "json", ".jsonl": "json"}
+
+
+def infer_task(model: PreTrainedModel) -> str:
+    """The task implied by the model's class name (``…ForSequenceClassification`` → ``classification`` …)."""
+    name = type(model).__name__
+    for suffix, task in TASK_SUFFIXES.items():
+        if name.endswith(suffix):
+            return task
+    raise ValueError(f"Cannot infer the task from {name}; pass --task, one of {TASKS}.")
+
+
+def load_rows(path: str) -> Any:
+    """A ``datasets.Dataset`` from a local text/csv/json(l) file (``datasets`` builders, no download)."""
+    from datasets import load_dataset  # noqa: PLC0415
+
+    suffix = Path(path).suffix.lower()
+    if suffix not in BUILDERS:
+        raise ValueError(f"data files must end in one of {tuple(BUILDERS)}, got {path!r}.")
+    if not Path(path).exists():
+        raise FileNotFoundError(f"no such data file: {path!r}.")
+    return load_dataset(BUILDERS[suffix], data_files={"data": path})["data"]
+
+
+def _text_column(rows: Any, name: str | None) -> str:
+    if name is not None:
+        if name not in rows.column_names:
+            raise ValueError(f"--text_column {name!r} is not a column; columns: {rows.column_names}.")
+        return name
+    if "text" in rows.column_names:
+        return "text"
+    for column in rows.column_names:
+        if isinstance(rows[0][column], str):
+            return column
+    raise ValueError(f"no text column found in {rows.column_names}; pass --text_column.")
+
+
+def label_ids(values: Sequence[Any], model: PreTrainedModel) -> list[int]:
+    """Integer labels: ints as they are; strings through ``config.label2id`` if it names them, else sorted order."""
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        ids = list(values)
+    else:
+        label2id = dict(getattr(model.config, "label2id", {}) or {})
+        names = sorted({str(v) for v in values})
+        mapping = label2id if all(n in label2id for n in names) else {n: i for i, n in enumerate(names)}
+        ids = [int(mapping[str(v)]) for v in values]
+    num_labels = int(getattr(model.config, "num_labels", 2))
+    bad = sorted({i for i in ids if not 0 <= i < num_labels})
+    if bad:
+        raise ValueError(f"labels {bad} are out of range for a model with num_labels={num_labels}.")
+    return ids
+
+
+def build_batches(
+    rows: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    model: PreTrainedModel,
+    task: str,
+    *,
+    text_column: str | None = None,
+    text_pair_column: str | None = None,
+    label_column: str = "label",
+    max_seq_length: int = 128,
+    batch_size: int = 16,
+    mlm_probability: float = 0.15,
+    seed: int = 0,
+) -> list[dict[str, torch.Tensor]]:
+    """Tokenize ``rows`` and return padded dict batches with labels for ``task``."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}.")
+    column = _text_column(rows, text_column)
+    texts = [str(t) for t in rows[column]]
+    keep = [i for i, t in enumerate(texts) if t.strip()]
+    texts = [texts[i] for i in keep]
+    if not texts:
+        raise ValueError(f"no non-empty texts in column {column!r}.")
+    pairs = [str(rows[text_pair_column][i]) for i in keep] if text_pair_column else None
+    encoded = tokenizer(texts, pairs, truncation=True, max_length=max_seq_length)
+    examples = [{k: encoded[k][i] for k in encoded.keys()} for i in range(len(texts))]
+    if task == "classification":
+        if label_column not in rows.column_names:
+            raise ValueError(f"--label_column {label_column!r} is not a column; columns: {rows.column_names}.")
+        labels = label_ids([rows[label_column][i] for i in keep], model)
+        for example, label in zip(examples, labels):
+            example["labels"] = label
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        batch = tokenizer.pad(chunk, return_tensors="pt")
+        batch = {k: v for k, v in batch.items()}
+        if task == "causal-lm":
+            labels = batch["input_ids"].clone()
+            labels[batch["attention_mask"] == 0] = -100
+            batch["labels"] = labels
+        elif task == "masked-lm":
+            batch["input_ids"], batch["labels"] = mask_for_mlm(batch, tokenizer, mlm_probability, generator)
+        batches.append(batch)
+    return batches
+
+
+def mask_for_mlm(
+    batch: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase, probability: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT masking (80% [MASK], 10% random, 10% kept) of non-special tokens; labels −100 elsewhere."""
+    if tokenizer.mask_token_id is None:
+        raise ValueError("masked-lm needs a tokenizer with a mask token.")
+    ids = batch["input_ids"].clone()
+    special = torch.tensor(
+        [tokenizer.get_special_tokens_mask(row, already_has_special_tokens=True) for row in ids.tolist()], dtype=torch.bool
+    ) | (batch["attention_mask"] == 0)
+    chosen = (torch.rand(ids.shape, generator=generator) < probability) & ~special
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    roll = torch.rand(ids.shape, generator=generator)
+    ids[chosen & (roll < 0.8)] = tokenizer.mask_token_id
+    random_ids = torch.randint(len(tokenizer), ids.shape, generator=generator)
+    swap = chosen & (roll >= 0.8) & (roll < 0.9)
+    ids[swap] = random_ids[swap]
+    return ids, labels
+
+
+def accuracy_metric(batches: list[dict[str, torch.Tensor]]) -> Callable[[PreTrainedModel], float]:
+    """``metric(model)`` = classification accuracy on ``batches``."""
+
+    @torch.no_grad()
+    def metric(model: PreTrainedModel) -> float:
+        device = next(model.parameters()).device
+        correct = total = 0
+        for batch in batches:
+            inputs = {k: v.to(device) for k, v in batch.items()}
+            logits = model(**{k: v for k, v in inputs.items() if k != "labels"}).logits
+            correct += int((logits.argmax(-1) == inputs["labels"]).sum())
+            total += inputs["labels"].numel()
+        return correct / max(total, 1)
+
+    return metric
+
+
+def perplexity_metric(batches: list[dict[str, torch.Tensor]], causal: bool) -> Callable[[PreTrainedModel], float]:
+    """``metric(model)`` = exp(mean token cross-entropy) on ``batches`` (causal: next-token; else masked)."""
+
+    @torch.no_grad()
+    def metric(model: PreTrainedModel) -> float:
+        device = next(model.parameters()).device
+        loss_sum, count = 0.0, 0
+        for batch in batches:
+            inputs = {k: v.to(device) for k, v in batch.items()}
+            logits = model(**{k: v for k, v in inputs.items() if k != "labels"}).logits.float()
+            labels = inputs["labels"]
+            if causal:
+                logits, labels = logits[:, :-1], labels[:, 1:]
+            losses = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
+            )
+            loss_sum += float(losses)
+            count += int((labels != -100).sum())
+        return math.exp(min(loss_sum / max(count, 1), 700.0))
+
+    return metric
+
+
+__all__ = [
+    "TASKS",
+    "accuracy_metric",
+    "build_batches",
+    "infer_task",
+    "label_ids",
+    "load_rows",
+    "mask_for_mlm",
+    "perplexity_metric",
+]

@@ -1,0 +1,235 @@
+"""Iterative head pruning (Michel et al. 2019, §4.2): score → prune the least important heads → evaluate → repeat.
+
+Each step removes ``fraction`` (10% by default) of the heads that remain, lowest importance first
+(importance ranked across layers, so per-layer normalisation matters), and evaluates the user's metric.
+A step is evaluated under ``head_mask`` first — whose outputs equal those of the pruned model — and only
+applied physically if the metric stays at or above ``threshold`` × the unpruned metric; so the model
+returned is the last one that met the threshold, and the curve still shows the step that did not.
+With ``rescore=True`` importance is recomputed on the pruned model after every step (the paper scores
+once; re-scoring adapts to heads whose role changes once others are gone).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from .adapters import get_adapter
+from .importance import compute_head_importance
+from .masking import head_mask
+from .prune import prune_heads
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PruningStep:
+    """One point of a pruning curve.
+
+    Attributes:
+        step: 0 for the unpruned model, then 1, 2, …
+        heads_pruned: heads removed in total after this step (counting heads pruned before the loop).
+        heads_remaining: heads left after this step.
+        fraction: heads_pruned / total heads.
+        metric: the user's metric after this step.
+        relative_metric: metric / baseline (baseline / metric when lower is better).
+        newly_pruned: ``{layer: [original heads]}`` removed at this step.
+        accepted: False for a step that fell below the threshold (evaluated, not applied; the last row).
+        seconds: wall time of the step (scoring + evaluation).
+    """
+
+    step: int
+    heads_pruned: int
+    heads_remaining: int
+    fraction: float
+    metric: float
+    relative_metric: float
+    newly_pruned: dict[int, list[int]] = field(default_factory=dict)
+    accepted: bool = True
+    seconds: float = 0.0
+
+    def as_row(self) -> dict[str, Any]:
+        """Flat dict for CSV (``newly_pruned`` as JSON text)."""
+        row = asdict(self)
+        row["newly_pruned"] = json.dumps({str(k): v for k, v in self.newly_pruned.items()})
+        return row
+
+
+def write_curve(curve: list[PruningStep], csv_path: str | os.PathLike, json_path: str | os.PathLike | None = None,
+                metadata: Mapping[str, Any] | None = None) -> None:
+    """Write the curve as CSV (one row per step) and optionally JSON (``{"metadata": …, "curve": [...]}``)."""
+    names = list(PruningStep.__dataclass_fields__)
+    with open(csv_path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=names)
+        writer.writeheader()
+        for row in curve:
+            writer.writerow(row.as_row())
+    if json_path is not None:
+        payload = {"metadata": dict(metadata or {}), "curve": [asdict(row) for row in curve]}
+        Path(json_path).write_text(json.dumps(payload, indent=2, default=str))
+
+
+def read_curve(json_path: str | os.PathLike) -> list[PruningStep]:
+    """Read a curve written by ``write_curve`` (the JSON file)."""
+    payload = json.loads(Path(json_path).read_text())
+    rows = []
+    for row in payload["curve"]:
+        row = dict(row)
+        row["newly_pruned"] = {int(k): list(v) for k, v in row.get("newly_pruned", {}).items()}
+        rows.append(PruningStep(**row))
+    return rows
+
+
+def _budget(max_heads_pruned: int | float | None, total: int) -> int:
+    """Total number of heads that may be pruned: an int, a fraction in (0, 1] of all heads, or all."""
+    if max_heads_pruned is None:
+        return total
+    if isinstance(max_heads_pruned, bool) or not isinstance(max_heads_pruned, (int, float)):
+        raise TypeError(f"max_heads_pruned must be an int, a float in (0, 1] or None, got {max_heads_pruned!r}.")
+    if isinstance(max_heads_pruned, float):
+        if not 0.0 < max_heads_pruned <= 1.0:
+            raise ValueError(f"max_heads_pruned as a fraction must be in (0, 1], got {max_heads_pruned}.")
+        return int(math.floor(max_heads_pruned * total + 1e-9))
+    if max_heads_pruned < 0:
+        raise ValueError(f"max_heads_pruned must be >= 0, got {max_heads_pruned}.")
+    return min(max_heads_pruned, total)
+
+
+def select_heads(importance: torch.Tensor, count: int, min_heads_per_layer: int = 0) -> dict[int, list[int]]:
+    """The ``count`` lowest-importance heads (NaN = already pruned, skipped), keeping ≥ ``min_heads_per_layer``.
+
+    Ties are broken by (layer, head) order so the choice is deterministic.
+    """
+    alive = ~torch.isnan(importance)
+    left = alive.sum(-1).tolist()
+    order = sorted(
+        ((float(importance[l, h]), l, h) for l, h in alive.nonzero().tolist()),
+        key=lambda item: item,
+    )
+    chosen: dict[int, list[int]] = {}
+    for _, layer, head in order:
+        if sum(len(v) for v in chosen.values()) >= count:
+            break
+        if left[layer] <= min_heads_per_layer:
+            continue
+        chosen.setdefault(layer, []).append(head)
+        left[layer] -= 1
+    return {layer: sorted(heads) for layer, heads in sorted(chosen.items())}
+
+
+def iterative_head_pruning(
+    model: PreTrainedModel,
+    importance_data: Iterable[Mapping[str, Any]] | None,
+    metric: Callable[[PreTrainedModel], float],
+    *,
+    fraction: float = 0.1,
+    threshold: float | None = 0.9,
+    max_heads_pruned: int | float | None = None,
+    rescore: bool = False,
+    higher_is_better: bool = True,
+    importance: torch.Tensor | None = None,
+    normalize_per_layer: bool = True,
+    min_heads_per_layer: int = 0,
+) -> list[PruningStep]:
+    """Prune ``model`` in place step by step and return the curve (row 0 = unpruned).
+
+    Args:
+        model: any model ``prune_heads`` supports.
+        importance_data: batches with labels for ``compute_head_importance`` (re-iterable, e.g. a list or a
+            ``DataLoader``, when ``rescore``); may be None when ``importance`` is given and not ``rescore``.
+        metric: ``metric(model) -> float``, e.g. accuracy on a held-out set (called with the model in
+            eval mode; it may run under ``head_mask``).
+        fraction: share of the *remaining* heads removed per step (at least one head).
+        threshold: stop when metric / baseline (baseline / metric if lower is better) < threshold; None
+            prunes until the budget or no head is left.
+        max_heads_pruned: head budget for the whole run, counting earlier pruning: an int, a fraction of
+            all heads, or None (no budget).
+        rescore: recompute importance after every step instead of scoring once.
+        higher_is_better: direction of ``metric``.
+        importance: precomputed scores ``(num_layers, num_heads)`` to use first (e.g. random scores for a
+            baseline); computed from ``importance_data`` otherwise.
+        normalize_per_layer: passed to ``compute_head_importance``.
+        min_heads_per_layer: never take a layer below this many heads.
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}.")
+    if threshold is not None and not threshold > 0:
+        raise ValueError(f"threshold must be > 0 or None, got {threshold}.")
+    if (importance is None or rescore) and importance_data is None:
+        raise ValueError("importance_data is required unless importance is given and rescore is False.")
+    if rescore and iter(importance_data) is importance_data:
+        raise TypeError("with rescore=True, importance_data must be re-iterable (a list or a DataLoader).")
+    adapter = get_adapter(model)
+    total = adapter.num_layers * adapter.num_heads
+    budget = _budget(max_heads_pruned, total)
+
+    def relative(value: float) -> float:
+        if higher_is_better:
+            return value / baseline if baseline != 0 else float("nan")
+        return baseline / value if value != 0 else float("nan")
+
+    was_training = model.training
+    model.eval()
+    start = time.perf_counter()
+    baseline = float(metric(model))
+    pruned_now = total - int(adapter.alive().sum())
+    curve = [PruningStep(0, pruned_now, total - pruned_now, pruned_now / total, baseline, 1.0,
+                         seconds=time.perf_counter() - start)]
+    logger.info("step 0: %d/%d heads pruned, metric %.4f", pruned_now, total, baseline)
+    scores = None if importance is None else importance.detach().float().cpu().clone()
+    try:
+        step = 0
+        while True:
+            start = time.perf_counter()
+            alive = adapter.alive()
+            remaining = int(alive.sum())
+            if remaining == 0 or pruned_now >= budget:
+                break
+            if scores is None:
+                scores = compute_head_importance(model, importance_data, normalize_per_layer=normalize_per_layer)
+            scores = scores.clone()
+            scores[~alive] = float("nan")
+            count = min(max(1, round(fraction * remaining)), budget - pruned_now, remaining)
+            chosen = select_heads(scores, count, min_heads_per_layer)
+            if not chosen:
+                break
+            mask = alive.float()
+            for layer, heads in chosen.items():
+                mask[layer, heads] = 0.0
+            with torch.no_grad(), head_mask(model, mask):
+                value = float(metric(model))
+            step += 1
+            newly = sum(len(h) for h in chosen.values())
+            rel = relative(value)
+            accepted = threshold is None or (not math.isnan(rel) and rel >= threshold)
+            if accepted:
+                prune_heads(model, chosen)
+                pruned_now += newly
+                for layer, heads in chosen.items():
+                    scores[layer, heads] = float("nan")
+                if rescore:
+                    scores = None
+            done = pruned_now if accepted else pruned_now + newly
+            curve.append(PruningStep(step, done, total - done, done / total, value, rel, chosen, accepted,
+                                     time.perf_counter() - start))
+            logger.info("step %d: %d/%d heads pruned, metric %.4f (%.3f of baseline)%s", step, done, total,
+                        value, rel, "" if accepted else " — below threshold, not applied")
+            if not accepted:
+                break
+    finally:
+        model.train(was_training)
+    return curve
+
+
+__all__ = ["PruningStep", "iterative_head_pruning", "read_curve", "select_heads", "write_curve"]

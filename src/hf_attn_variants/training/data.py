@@ -1,0 +1,239 @@
+"""Language-modelling data: local files or the embedded corpus → fixed-length token blocks → batches.
+
+- ``load_text_datasets``: a ``datasets.DatasetDict`` with ``train``/``validation`` and one ``text`` column,
+  from local text/json/jsonl/csv/parquet files (``datasets`` builders, no download) or the embedded corpus.
+- ``group_into_blocks``: as run_mlm's ``group_texts``: tokenize every text (``[CLS] … [SEP]``), concatenate,
+  cut into blocks of exactly ``block_size`` tokens, drop the remainder. No padding anywhere.
+- ``EpochShuffleSampler``: the permutation of epoch e is ``randperm(n)`` from a generator seeded with
+  ``seed + e`` — a pure function of (seed, epoch), so the data order is identical after a resume and for
+  any number of processes (accelerate shards the *batches* of this order across ranks).
+- ``mask_tokens``: BERT masking (Devlin et al. 2019): each non-special token is selected with probability
+  p; a selected token becomes ``[MASK]`` (80%), a random token (10%) or stays (10%); labels are −100
+  elsewhere. The randomness of example i comes from its own generator seeded with ``mix_seed(seed, epoch, i)``,
+  so masks do not depend on batch composition, process count, data-loader prefetching or a resume.
+  Every example with a maskable token gets at least one selected token (no empty loss → no NaN).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+from transformers import PreTrainedTokenizerBase
+
+from .corpus import corpus_splits
+
+FILE_BUILDERS = {"txt": "text", "text": "text", "json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet"}
+
+
+def mix_seed(*parts: int | str) -> int:
+    """A 63-bit seed that is a deterministic hash of ``parts`` (blake2b, independent of PYTHONHASHSEED)."""
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def file_builder(path: str, argument: str) -> str:
+    """The ``datasets`` builder for a local file, by extension; ``ValueError`` naming ``argument`` otherwise."""
+    extension = Path(path).suffix.lstrip(".").lower()
+    if extension not in FILE_BUILDERS:
+        raise ValueError(f"{argument} must be a file ending in one of {tuple(FILE_BUILDERS)}, got {path!r}.")
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{argument}: no such file {path!r}.")
+    return FILE_BUILDERS[extension]
+
+
+def load_text_datasets(
+    train_file: str | None = None,
+    validation_file: str | None = None,
+    *,
+    text_column_name: str | None = None,
+    validation_split_percentage: int = 5,
+    validation_fraction: float = 0.1,
+) -> Any:
+    """``DatasetDict(train=…, validation=…)`` with a single ``text`` column of non-empty strings.
+
+    Without ``train_file``: the embedded corpus (``validation_fraction`` of its paragraphs held out).
+    With ``train_file`` but no ``validation_file``: the last ``validation_split_percentage`` % of it.
+    ``text_column_name`` defaults to ``text`` when present, else the first column.
+    """
+    from datasets import Dataset, DatasetDict, load_dataset
+
+    if train_file is None:
+        if validation_file is not None:
+            raise ValueError("validation_file needs a train_file (without either, the embedded corpus is used).")
+        splits = corpus_splits(validation_fraction)
+        return DatasetDict({name: Dataset.from_dict({"text": texts}) for name, texts in splits.items()})
+    builder = file_builder(train_file, "train_file")
+    data_files = {"train": train_file}
+    if validation_file is not None:
+        if file_builder(validation_file, "validation_file") != builder:
+            raise ValueError("train_file and validation_file must have the same format.")
+        data_files["validation"] = validation_file
+    elif not 0 < validation_split_percentage < 100:
+        raise ValueError(f"validation_split_percentage must be in (0, 100), got {validation_split_percentage}.")
+    raw = load_dataset(builder, data_files=data_files)
+    if validation_file is None:
+        cut = 100 - validation_split_percentage
+        raw = DatasetDict(
+            train=load_dataset(builder, data_files=data_files, split=f"train[:{cut}%]"),
+            validation=load_dataset(builder, data_files=data_files, split=f"train[{cut}%:]"),
+        )
+    columns = raw["train"].column_names
+    column = text_column_name or ("text" if "text" in columns else columns[0])
+    if column not in columns:
+        raise ValueError(f"text_column_name {column!r} is not a column of {train_file!r}; columns: {columns}.")
+    raw = DatasetDict(
+        {
+            name: split.select_columns([column]).rename_columns({column: "text"} if column != "text" else {})
+            for name, split in raw.items()
+        }
+    )
+    return raw.filter(lambda row: isinstance(row["text"], str) and bool(row["text"].strip()))
+
+
+def group_token_lists(token_lists: Sequence[Sequence[int]], block_size: int) -> list[list[int]]:
+    """Concatenate token lists and cut into full blocks of ``block_size`` (remainder dropped)."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}.")
+    flat = list(chain.from_iterable(token_lists))
+    usable = len(flat) // block_size * block_size
+    return [flat[i : i + block_size] for i in range(0, usable, block_size)]
+
+
+def _tokenize(tokenizer: PreTrainedTokenizerBase, texts: list[str], append_eos_id: int | None) -> list[list[int]]:
+    ids = tokenizer(texts, return_attention_mask=False)["input_ids"]
+    if append_eos_id is None:
+        return ids
+    return [row if row and row[-1] == append_eos_id else [*row, append_eos_id] for row in ids]
+
+
+def group_into_blocks(
+    dataset: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    block_size: int,
+    num_proc: int | None = None,
+    append_eos_id: int | None = None,
+) -> Any:
+    """Tokenize a ``text`` dataset and regroup it into ``input_ids`` blocks of ``block_size`` tokens.
+
+    ``append_eos_id``: end every text with this id (CLM, whose prompt tokenizer adds BOS only). Grouping runs
+    over map batches of 1000 texts, as run_mlm does, so huge files never sit in one list.
+    """
+
+    def tokenize(batch: dict[str, list]) -> dict[str, list]:
+        return {"input_ids": _tokenize(tokenizer, batch["text"], append_eos_id)}
+
+    def group(batch: dict[str, list]) -> dict[str, list]:
+        return {"input_ids": group_token_lists(batch["input_ids"], block_size)}
+
+    tokenized = dataset.map(tokenize, batched=True, remove_columns=dataset.column_names, num_proc=num_proc)
+    return tokenized.map(group, batched=True, batch_size=1000, num_proc=num_proc)
+
+
+def text_blocks(
+    texts: Sequence[str], tokenizer: PreTrainedTokenizerBase, block_size: int, append_eos_id: int | None = None
+) -> torch.Tensor:
+    """``(num_blocks, block_size)`` LongTensor of the texts' tokens (for in-process evaluation at any length)."""
+    blocks = group_token_lists(_tokenize(tokenizer, list(texts), append_eos_id), block_size)
+    if not blocks:
+        raise ValueError(f"The texts hold fewer than block_size={block_size} tokens.")
+    return torch.tensor(blocks, dtype=torch.long)
+
+
+class EpochShuffleSampler(Sampler[int]):
+    """Indices ``0..n-1`` in the order ``randperm(n, generator=Generator().manual_seed(seed + epoch))``."""
+
+    def __init__(self, num_samples: int, seed: int) -> None:
+        self.num_samples = num_samples
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the permutation of ``epoch`` (accelerate's data loaders call this every epoch)."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        yield from torch.randperm(self.num_samples, generator=generator).tolist()
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class IndexedBlocks(torch.utils.data.Dataset):
+    """A dataset of token blocks that also returns each block's index (used to seed its MLM masks)."""
+
+    def __init__(self, blocks: Any) -> None:
+        self.blocks = blocks
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        block = self.blocks[index]
+        return {"input_ids": block["input_ids"] if isinstance(block, dict) else block, "index": index}
+
+
+def collate_blocks(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Stack equal-length blocks into ``input_ids`` ``(batch, block)`` and ``index`` ``(batch,)``."""
+    return {
+        "input_ids": torch.tensor([list(item["input_ids"]) for item in items], dtype=torch.long),
+        "index": torch.tensor([item["index"] for item in items], dtype=torch.long),
+    }
+
+
+def mask_tokens(
+    input_ids: torch.Tensor,
+    seeds: Sequence[int],
+    *,
+    mask_token_id: int,
+    vocab_size: int,
+    special_ids: Sequence[int],
+    probability: float = 0.15,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT masking of ``input_ids`` ``(batch, seq)`` with one seed per row; returns ``(inputs, labels)``."""
+    if not 0.0 < probability < 1.0:
+        raise ValueError(f"mlm_probability must be in (0, 1), got {probability}.")
+    if len(seeds) != input_ids.shape[0]:
+        raise ValueError(f"Need one seed per row: {len(seeds)} seeds for {input_ids.shape[0]} rows.")
+    length = input_ids.shape[1]
+    select_u, kind_u, random_ids = [], [], []
+    for seed in seeds:
+        generator = torch.Generator().manual_seed(int(seed))
+        select_u.append(torch.rand(length, generator=generator))
+        kind_u.append(torch.rand(length, generator=generator))
+        random_ids.append(torch.randint(vocab_size, (length,), generator=generator))
+    device = input_ids.device
+    select_u, kind_u = torch.stack(select_u).to(device), torch.stack(kind_u).to(device)
+    random_ids = torch.stack(random_ids).to(device)
+    maskable = ~torch.isin(input_ids, torch.tensor(list(special_ids), dtype=input_ids.dtype, device=device))
+    selected = (select_u < probability) & maskable
+    # At least one target per row that has a maskable token: the maskable position with the smallest draw.
+    forced = torch.zeros_like(selected)
+    forced.scatter_(1, select_u.masked_fill(~maskable, 2.0).argmin(dim=1, keepdim=True), True)
+    need = ~selected.any(dim=1, keepdim=True) & maskable.any(dim=1, keepdim=True)
+    selected |= forced & need & maskable
+    labels = torch.where(selected, input_ids, torch.full_like(input_ids, -100))
+    inputs = torch.where(selected & (kind_u < 0.8), torch.full_like(input_ids, mask_token_id), input_ids)
+    inputs = torch.where(selected & (kind_u >= 0.8) & (kind_u < 0.9), random_ids, inputs)
+    return inputs, labels
+
+
+__all__ = [
+    "FILE_BUILDERS",
+    "EpochShuffleSampler",
+    "IndexedBlocks",
+    "collate_blocks",
+    "file_builder",
+    "group_into_blocks",
+    "group_token_lists",
+    "load_text_datasets",
+    "mask_tokens",
+    "mix_seed",
+    "text_blocks",
+]

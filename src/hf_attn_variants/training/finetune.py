@@ -1,0 +1,451 @@
+"""``hf-attn-variants finetune``: sequence or token classification with ``Trainer`` (+ optional LoRA).
+
+Flags follow transformers' ``run_glue.py`` / ``run_ner.py`` (``HfArgumentParser`` over
+``FinetuneArguments`` and ``TrainingArguments``). Data: local csv/json/jsonl/parquet.
+
+- ``--task sequence_classification``: a text column (``sentence``/``text``/``sentence1``, or
+  ``--text_column_name``), optionally a second one (``sentence2``/``--text_pair_column_name``), and a
+  ``label`` column of strings or ints (floats → regression, as run_glue). Metrics: accuracy and macro-F1
+  (regression: mse).
+- ``--task token_classification``: a ``tokens`` column (lists of words, or a whitespace-separated string
+  in csv) and a ``ner_tags`` column (lists of tag strings or ints; or a whitespace-separated string). Only
+  the first sub-word of each word is labelled (``--label_all_tokens`` labels all, ``B-`` → ``I-`` after the
+  first). Metrics: entity-level precision/recall/F1 (conlleval rules, ``metrics.entity_scores``) and
+  token accuracy.
+
+``eval_results.json`` / ``train_results.json`` / ``all_results.json`` are written by
+``Trainer.save_metrics`` exactly as run_glue does (``eval_accuracy``, ``eval_f1``, …).
+``--early_stopping_patience N`` adds ``EarlyStoppingCallback`` (and turns on per-epoch evaluation,
+matching checkpointing and ``load_best_model_at_end`` when they are not set).
+
+LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"): with ``--lora_r > 0`` the
+model is wrapped by ``peft`` with W + (α/r)·B·A on ``--lora_target_modules`` (default per family:
+``LORA_TARGETS``) and the classifier head fully trained and saved (``modules_to_save``). The output folder
+then holds the adapter (``adapter_config.json`` + ``adapter_model.safetensors``), the tokenizer and
+``task_config.json`` (labels), and ``load_finetuned`` / ``PeftModel.from_pretrained`` reload it;
+``--lora_merge`` also writes the merged full model to ``output_dir/merged``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from .data import file_builder
+from .metrics import accuracy, entity_scores, macro_f1
+from .modeling import build_config, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+TASKS = ("sequence_classification", "token_classification")
+LORA_TARGETS = {
+    "entropy_invariant": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "synthesizer": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "gau": ["in_proj", "out_proj"],
+}
+"""Default LoRA targets: the attention projections (GAU: its fused u/v/z projection and output)."""
+TASK_CONFIG_FILE = "task_config.json"
+
+
+@dataclass
+class FinetuneArguments:
+    """Model, data, LoRA and early-stopping flags of ``finetune`` (``TrainingArguments`` hold the rest)."""
+
+    task: Literal["sequence_classification", "token_classification"] = field(
+        default="sequence_classification", metadata={"help": "sequence_classification or token_classification."}
+    )
+    train_file: str | None = field(default=None, metadata={"help": "Local csv/json/jsonl/parquet training file."})
+    validation_file: str | None = field(default=None, metadata={"help": "Local validation file (same format)."})
+    validation_split_percentage: int = field(
+        default=10, metadata={"help": "Held-out %% of train_file when there is no validation_file."}
+    )
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Pretrained folder (e.g. a pretrain output_dir)."}
+    )
+    model_type: str | None = field(default=None, metadata={"help": "Family to build from scratch instead."})
+    config_overrides: str | None = field(default=None, metadata={"help": 'Config fields as "k=v,k=v".'})
+    config_name: str | None = field(default=None, metadata={"help": "Config folder to start from."})
+    tokenizer_name: str | None = field(
+        default=None, metadata={"help": "Tokenizer folder (default: the model's, else the embedded one)."}
+    )
+    text_column_name: str | None = field(default=None, metadata={"help": "Text (or tokens) column."})
+    text_pair_column_name: str | None = field(default=None, metadata={"help": "Second text column (pairs)."})
+    label_column_name: str | None = field(default=None, metadata={"help": "Label column (label / ner_tags)."})
+    max_seq_length: int = field(default=128, metadata={"help": "Truncate inputs to this many tokens."})
+    pad_to_max_length: bool = field(default=False, metadata={"help": "Pad to max_seq_length (else per batch)."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N train rows."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Use only the first N eval rows."})
+    label_all_tokens: bool = field(default=False, metadata={"help": "Label every sub-word, not only the first."})
+    return_entity_level_metrics: bool = field(default=False, metadata={"help": "Per-entity-type metrics."})
+    lora_r: int = field(default=0, metadata={"help": "LoRA rank; 0 = full finetuning."})
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA α (update scale α / r)."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA branch."})
+    lora_target_modules: list[str] | None = field(
+        default=None, metadata={"help": "Module names to adapt (default per family; 'all-linear' allowed)."}
+    )
+    lora_merge: bool = field(default=False, metadata={"help": "Also save the merged model to output_dir/merged."})
+    early_stopping_patience: int | None = field(
+        default=None, metadata={"help": "Stop after N evaluations without improvement."}
+    )
+    early_stopping_threshold: float = field(default=0.0, metadata={"help": "Minimum improvement that counts."})
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}.")
+        if self.train_file is None:
+            raise ValueError("train_file is required (a local csv/json/jsonl/parquet file).")
+        if self.model_name_or_path is None and self.model_type is None and self.config_name is None:
+            raise ValueError("Pass --model_name_or_path (a pretrained folder) or --model_type to start from scratch.")
+        if self.lora_r < 0 or self.max_seq_length < 1:
+            raise ValueError("lora_r must be >= 0 and max_seq_length >= 1.")
+        if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
+            raise ValueError(f"early_stopping_patience must be >= 1, got {self.early_stopping_patience}.")
+        if isinstance(self.lora_target_modules, list) and self.lora_target_modules == ["all-linear"]:
+            self.lora_target_modules = "all-linear"
+
+
+@dataclass
+class FinetuneResult:
+    """What ``finetune`` returns: metrics, the trained model (a ``PeftModel`` under LoRA) and the trainer."""
+
+    output_dir: str
+    metrics: dict[str, float]
+    model: Any
+    trainer: Any
+    label_list: list[Any] | None
+
+
+# ---------------------------------------------------------------- data
+def _load_splits(args: FinetuneArguments) -> Any:
+    from datasets import DatasetDict, load_dataset
+
+    builder = file_builder(args.train_file, "train_file")
+    files = {"train": args.train_file}
+    if args.validation_file:
+        file_builder(args.validation_file, "validation_file")
+        files["validation"] = args.validation_file
+        return load_dataset(builder, data_files=files)
+    cut = 100 - args.validation_split_percentage
+    return DatasetDict(
+        train=load_dataset(builder, data_files=files, split=f"train[:{cut}%]"),
+        validation=load_dataset(builder, data_files=files, split=f"train[{cut}%:]"),
+    )
+
+
+def _pick(columns: list[str], explicit: str | None, candidates: tuple[str, ...], what: str) -> str | None:
+    if explicit is not None:
+        if explicit not in columns:
+            raise ValueError(f"{what} {explicit!r} is not a column of the data; columns: {columns}.")
+        return explicit
+    return next((c for c in candidates if c in columns), None)
+
+
+def _as_list(value: Any) -> list:
+    return value.split() if isinstance(value, str) else list(value)
+
+
+def _label_names(dataset: Any, column: str, token_level: bool) -> list[Any]:
+    feature = dataset["train"].features[column]
+    inner = getattr(feature, "feature", feature)
+    if hasattr(inner, "names"):  # ClassLabel
+        return list(inner.names)
+    values = set()
+    for split in dataset.values():
+        for value in split[column]:
+            values.update(_as_list(value) if token_level else [value])
+    return sorted(values, key=lambda v: (str(type(v)), v))
+
+
+def _sequence_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tuple[Any, list | None, bool]:
+    columns = raw["train"].column_names
+    label_col = _pick(columns, args.label_column_name, ("label", "labels"), "label_column_name")
+    if label_col is None:
+        raise ValueError(f"No label column (label/labels) in {columns}; pass --label_column_name.")
+    text_col = _pick(columns, args.text_column_name, ("sentence", "text", "sentence1", "question"), "text_column_name")
+    text_col = text_col or next(c for c in columns if c != label_col)
+    pair_col = _pick(columns, args.text_pair_column_name, ("sentence2",), "text_pair_column_name")
+    regression = raw["train"].features[label_col].dtype in ("float32", "float64")
+    label_list = None if regression else _label_names(raw, label_col, token_level=False)
+    label_to_id = None if regression else {label: i for i, label in enumerate(label_list)}
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        texts = (batch[text_col],) if pair_col is None else (batch[text_col], batch[pair_col])
+        enc = tokenizer(*texts, truncation=True, max_length=args.max_seq_length,
+                        padding="max_length" if args.pad_to_max_length else False)
+        enc["labels"] = [float(v) if regression else label_to_id[v] for v in batch[label_col]]
+        return enc
+
+    return raw.map(encode, batched=True, remove_columns=columns), label_list, regression
+
+
+def _token_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tuple[Any, list]:
+    columns = raw["train"].column_names
+    tokens_col = _pick(columns, args.text_column_name, ("tokens", "words"), "text_column_name") or columns[0]
+    label_col = _pick(columns, args.label_column_name, ("ner_tags", "tags", "labels", "label"), "label_column_name")
+    if label_col is None:
+        raise ValueError(f"No tag column (ner_tags/tags/labels) in {columns}; pass --label_column_name.")
+    names = _label_names(raw, label_col, token_level=True)
+    feature = raw["train"].features[label_col]
+    has_class_names = hasattr(getattr(feature, "feature", feature), "names")
+    label_list = [str(n) for n in names]
+    label_to_id = {label: i for i, label in enumerate(label_list)}
+    inside = {i: label_to_id.get("I-" + label[2:], i) if label.startswith("B-") else i
+              for i, label in enumerate(label_list)}
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        words = [_as_list(w) for w in batch[tokens_col]]
+        enc = tokenizer(words, is_split_into_words=True, truncation=True, max_length=args.max_seq_length,
+                        padding="max_length" if args.pad_to_max_length else False)
+        all_labels = []
+        for row, tags in enumerate(batch[label_col]):
+            tags = _as_list(tags)
+            ids = [t if has_class_names else label_to_id[str(t)] for t in tags]
+            if len(ids) != len(words[row]):
+                raise ValueError(f"A row has {len(words[row])} tokens but {len(ids)} tags.")
+            labels, previous = [], None
+            for word in enc.word_ids(row):
+                if word is None:
+                    labels.append(-100)
+                elif word != previous:
+                    labels.append(ids[word])
+                else:
+                    labels.append(inside[ids[word]] if args.label_all_tokens else -100)
+                previous = word
+            all_labels.append(labels)
+        enc["labels"] = all_labels
+        return enc
+
+    return raw.map(encode, batched=True, remove_columns=columns), label_list
+
+
+# ---------------------------------------------------------------- model
+def lora_targets(model_type: str, requested: list[str] | str | None) -> list[str] | str:
+    """``requested`` or the family default (``LORA_TARGETS``; ``"all-linear"`` for other model types)."""
+    if requested:
+        return requested
+    return LORA_TARGETS.get(model_type, "all-linear")
+
+
+def apply_lora(model: Any, task: str, args: FinetuneArguments) -> Any:
+    """Wrap ``model`` in a ``peft`` LoRA ``PeftModel``; the ``classifier`` head is trained and saved in full."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    config = LoraConfig(
+        task_type=TaskType.SEQ_CLS if task == "sequence_classification" else TaskType.TOKEN_CLS,
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=lora_targets(model.config.model_type, args.lora_target_modules),
+        modules_to_save=["classifier"],
+    )
+    return get_peft_model(model, config)
+
+
+def _auto_class(task: str) -> Any:
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    return AutoModelForSequenceClassification if task == "sequence_classification" else AutoModelForTokenClassification
+
+
+def _label_kwargs(label_list: list | None, regression: bool) -> dict[str, Any]:
+    if regression:
+        return {"num_labels": 1, "problem_type": "regression"}
+    names = [str(label) for label in label_list]
+    return {"num_labels": len(names), "id2label": dict(enumerate(names)),
+            "label2id": {name: i for i, name in enumerate(names)}}
+
+
+def load_finetuned(path: str) -> Any:
+    """Reload a ``finetune`` output: a full model folder, or a LoRA adapter (base from its
+    ``adapter_config.json``, labels from ``task_config.json``) as a ``PeftModel``."""
+    folder = Path(path)
+    task_info = json.loads((folder / TASK_CONFIG_FILE).read_text())
+    auto_class = _auto_class(task_info["task"])
+    if not (folder / "adapter_config.json").exists():
+        return auto_class.from_pretrained(folder)
+    from peft import PeftConfig, PeftModel
+
+    base_path = PeftConfig.from_pretrained(folder).base_model_name_or_path
+    base = auto_class.from_pretrained(base_path, **task_info["label_kwargs"])
+    return PeftModel.from_pretrained(base, folder)
+
+
+# ---------------------------------------------------------------- metrics
+def _compute_metrics(task: str, label_list: list | None, regression: bool, per_type: bool) -> Any:
+    def compute(prediction: Any) -> dict[str, float]:
+        logits, labels = prediction.predictions, prediction.label_ids
+        logits = logits[0] if isinstance(logits, tuple) else logits
+        if regression:
+            return {"mse": float(np.mean((np.squeeze(logits, -1) - labels) ** 2))}
+        predicted = np.argmax(logits, axis=-1)
+        if task == "sequence_classification":
+            return {"accuracy": accuracy(predicted.tolist(), labels.tolist()),
+                    "f1": macro_f1(predicted.tolist(), labels.tolist())}
+        pred_tags, gold_tags = [], []
+        for pred_row, gold_row in zip(predicted, labels):
+            keep = gold_row != -100
+            pred_tags.append([label_list[i] for i in pred_row[keep]])
+            gold_tags.append([label_list[i] for i in gold_row[keep]])
+        return entity_scores(pred_tags, gold_tags, per_type=per_type)
+
+    return compute
+
+
+def _with_early_stopping(training_args: Any, args: FinetuneArguments, regression: bool) -> Any:
+    if args.early_stopping_patience is None:
+        return training_args
+    changes: dict[str, Any] = {}
+    if str(getattr(training_args.eval_strategy, "value", training_args.eval_strategy)) == "no":
+        changes["eval_strategy"] = "epoch"
+    strategy = changes.get("eval_strategy", training_args.eval_strategy)
+    if str(getattr(training_args.save_strategy, "value", training_args.save_strategy)) != str(
+        getattr(strategy, "value", strategy)
+    ):
+        changes["save_strategy"] = getattr(strategy, "value", strategy)
+        if changes["save_strategy"] == "steps":
+            changes["save_steps"] = training_args.eval_steps or training_args.logging_steps
+    if not training_args.load_best_model_at_end:
+        changes["load_best_model_at_end"] = True
+    if training_args.metric_for_best_model is None:
+        changes["metric_for_best_model"] = "mse" if regression else (
+            "accuracy" if args.task == "sequence_classification" else "f1")
+        changes["greater_is_better"] = not regression
+    if changes:
+        logger.info("early stopping: setting %s", changes)
+        training_args = dataclasses.replace(training_args, **changes)
+    return training_args
+
+
+def finetune(args: FinetuneArguments, training_args: Any) -> FinetuneResult:
+    """Finetune (see module docstring); ``training_args`` is a ``transformers.TrainingArguments``.
+
+    With neither ``do_train`` nor ``do_eval`` set, both are done.
+    """
+    from transformers import (
+        DataCollatorForTokenClassification,
+        DataCollatorWithPadding,
+        EarlyStoppingCallback,
+        Trainer,
+        set_seed,
+    )
+
+    if not training_args.do_train and not training_args.do_eval:
+        training_args = dataclasses.replace(training_args, do_train=True, do_eval=True)
+    set_seed(training_args.seed)
+    tokenizer = load_tokenizer(args.tokenizer_name or args.model_name_or_path)
+    raw = _load_splits(args)
+    regression = False
+    if args.task == "sequence_classification":
+        data, label_list, regression = _sequence_features(args, raw, tokenizer)
+        collator = DataCollatorWithPadding(tokenizer)
+    else:
+        data, label_list = _token_features(args, raw, tokenizer)
+        collator = DataCollatorForTokenClassification(tokenizer)
+    for split, limit in (("train", args.max_train_samples), ("validation", args.max_eval_samples)):
+        if limit is not None and len(data[split]) > limit:
+            data[split] = data[split].select(range(limit))
+    training_args = _with_early_stopping(training_args, args, regression)
+
+    label_kwargs = _label_kwargs(label_list, regression)
+    config = build_config(
+        args.model_type, config_name=args.config_name, model_name_or_path=args.model_name_or_path,
+        config_overrides=args.config_overrides, tokenizer=tokenizer, max_seq_length=args.max_seq_length,
+    )
+    for key, value in label_kwargs.items():
+        setattr(config, key, value)
+    auto_class = _auto_class(args.task)
+    model = (auto_class.from_pretrained(args.model_name_or_path, config=config) if args.model_name_or_path
+             else auto_class.from_config(config))
+    output_dir = Path(training_args.output_dir)
+    if args.lora_r > 0:
+        if args.model_name_or_path is None:  # a random base must be saved for the adapter to be reloadable
+            model.save_pretrained(output_dir / "base_model")
+            model.config._name_or_path = str(output_dir / "base_model")
+        model = apply_lora(model, args.task, args)
+
+    callbacks = []
+    if args.early_stopping_patience is not None:
+        callbacks.append(EarlyStoppingCallback(args.early_stopping_patience, args.early_stopping_threshold))
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=data["train"] if training_args.do_train else None,
+        eval_dataset=data["validation"] if training_args.do_eval else None,
+        processing_class=tokenizer,
+        data_collator=collator,
+        compute_metrics=_compute_metrics(args.task, label_list, regression, args.return_entity_level_metrics),
+        callbacks=callbacks,
+    )
+    metrics: dict[str, float] = {}
+    if training_args.do_train:
+        train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        trainer.save_model()
+        train_metrics = {**train_result.metrics, "train_samples": len(data["train"])}
+        trainer.log_metrics("train", train_metrics)
+        trainer.save_metrics("train", train_metrics)
+        trainer.save_state()
+        metrics.update(train_metrics)
+    if training_args.do_eval:
+        eval_metrics = {**trainer.evaluate(), "eval_samples": len(data["validation"])}
+        trainer.log_metrics("eval", eval_metrics)
+        trainer.save_metrics("eval", eval_metrics)
+        metrics.update(eval_metrics)
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(output_dir)
+        info = {"task": args.task, "label_list": label_list, "label_kwargs": label_kwargs,
+                "base_model": args.model_name_or_path, "lora": args.lora_r > 0,
+                "train_file": args.train_file, "validation_file": args.validation_file}
+        (output_dir / TASK_CONFIG_FILE).write_text(json.dumps(info, indent=2))
+        if args.lora_r > 0 and args.lora_merge:
+            merged = trainer.model.merge_and_unload()
+            merged.save_pretrained(output_dir / "merged")
+            tokenizer.save_pretrained(output_dir / "merged")
+    return FinetuneResult(str(output_dir), metrics, trainer.model, trainer, label_list)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """CLI flags: ``FinetuneArguments`` + ``TrainingArguments`` (as run_glue's ``HfArgumentParser``)."""
+    from transformers import TrainingArguments
+
+    from .cli_utils import add_dataclass_arguments
+
+    add_dataclass_arguments(parser, FinetuneArguments, TrainingArguments)
+
+
+def run(namespace: argparse.Namespace) -> int:
+    """CLI entry: build the argument dataclasses (clear errors), then finetune."""
+    from transformers import TrainingArguments
+
+    from .cli_utils import dataclasses_from_namespace, fail
+
+    try:
+        args, training_args = dataclasses_from_namespace(namespace, FinetuneArguments, TrainingArguments)
+    except (ValueError, TypeError) as error:
+        return fail("finetune", str(error))
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    logging.getLogger("hf_attn_variants").setLevel(logging.INFO)
+    try:
+        finetune(args, training_args)
+    except (ValueError, FileNotFoundError) as error:
+        return fail("finetune", str(error))
+    return 0
+
+
+__all__ = [
+    "LORA_TARGETS",
+    "FinetuneArguments",
+    "FinetuneResult",
+    "add_arguments",
+    "apply_lora",
+    "finetune",
+    "load_finetuned",
+    "lora_targets",
+    "run",
+]

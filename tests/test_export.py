@@ -1,0 +1,172 @@
+"""export writes a hub-ready folder (loads with trust_remote_code in a clean environment, card metadata with
+the metrics); push fails offline with one clear sentence and leaves the folder untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from transformers import AutoModelForMaskedLM
+
+from hf_attn_variants import FAMILIES
+from hf_attn_variants.cli import main
+from hf_attn_variants.hub import ExportArguments, PushArguments, PushError, check_export, export, push
+from hf_attn_variants.training import build_config, embedded_tokenizer
+from tests.remote_code import clean_python
+from tests.test_pretrain import tiny_overrides
+
+CITATION = {"entropy_invariant": "2501.19399", "gau": "2202.10447", "synthesizer": "2005.00743"}
+METRICS = {"eval_loss": 5.4321, "eval_accuracy": 0.1234, "eval_perplexity": 228.6, "train_loss": 5.6, "step": 10}
+
+CLEAN_CHILD = r"""
+import importlib.util, json, sys
+import torch, transformers
+assert importlib.util.find_spec("hf_attn_variants") is None
+for case in json.load(open(sys.argv[1])):
+    model = transformers.AutoModelForMaskedLM.from_pretrained(case["folder"], trust_remote_code=True).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(case["folder"])
+    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+    batch = tokenizer(["the assert statement raises an exception."], return_tensors="pt")
+    with torch.no_grad():
+        torch.save(model(**batch).logits, case["output"])
+print("ok")
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict[str, Path]:
+    """A tiny MLM folder per family with the files pretrain writes next to the model."""
+    tokenizer = embedded_tokenizer()
+    out = {}
+    for family in FAMILIES:
+        torch.manual_seed(0)
+        config = build_config(family, config_overrides=tiny_overrides(family), tokenizer=tokenizer, max_seq_length=16)
+        folder = tmp_path_factory.mktemp(f"trained-{family}")
+        AutoModelForMaskedLM.from_config(config).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        (folder / "all_results.json").write_text(json.dumps(METRICS))
+        (folder / "pretrain_args.json").write_text(json.dumps(
+            {"objective": "mlm", "max_seq_length": 16, "dataset": "pydoc_data.topics",
+             "dataset_name": "pydoc_data.topics (Python Language Reference)", "train_blocks": 100}))
+        (folder / "eval_by_length.json").write_text(json.dumps(
+            {"train_length": 16, "results": [{"length": 16, "loss": 5.4, "accuracy": 0.12},
+                                             {"length": 64, "loss": 5.9, "accuracy": 0.10}]}))
+        (folder / "checkpoints").mkdir()  # training leftovers must not be exported
+        out[family] = folder
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("exports")
+    return {family: export(ExportArguments(model_name_or_path=str(folder), output_dir=str(root / family),
+                                           repo_id=f"someone/{family}-tiny"))
+            for family, folder in trained.items()}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_export_folder_is_exactly_the_upload(exported, family: str) -> None:
+    folder = exported[family]
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md", "layers.py",
+            f"modeling_{family}.py", f"configuration_{family}.py"} <= names
+    assert not names & {"checkpoints", "all_results.json", "pretrain_args.json", "train_log.jsonl"}
+    assert not [n for n in names if n.endswith((".bin", ".pt", ".pkl"))]
+    check_export(folder)
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoModelForMaskedLM"] == f"modeling_{family}.{FAMILIES[family][1]['ForMaskedLM'].__name__}"
+    assert not list(folder.parent.glob(f".{family}.*")), "staging folder left behind"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_model_card_metadata_parses_and_holds_the_metrics(exported, family: str) -> None:
+    card = ModelCard.load(exported[family] / "README.md")
+    data = card.data
+    assert data.library_name == "transformers" and data.pipeline_tag == "fill-mask"
+    assert {"custom_code", family, "fill-mask"} <= set(data.tags)
+    values = {(r.metric_type, r.metric_name): r.metric_value for r in data.eval_results}
+    assert values[("loss", "validation loss")] == pytest.approx(METRICS["eval_loss"])
+    assert values[("accuracy", "validation accuracy")] == pytest.approx(METRICS["eval_accuracy"])
+    assert values[("loss", "validation loss @ 64 tokens")] == pytest.approx(5.9)
+    assert all(r.task_type == "fill-mask" and r.dataset_type == "pydoc_data.topics" for r in data.eval_results)
+    text = card.text
+    assert "trust_remote_code=True" in text and f'"someone/{family}-tiny"' in text
+    assert CITATION[family] in text and "hidden_size" in text
+    assert "{{" not in text  # every template variable was filled
+
+
+def test_export_loads_with_trust_remote_code_in_a_clean_environment(exported, tmp_path) -> None:
+    tokenizer = embedded_tokenizer()
+    batch = tokenizer(["the assert statement raises an exception."], return_tensors="pt")
+    manifest, expected = [], {}
+    for family, folder in exported.items():
+        with torch.no_grad():
+            expected[family] = AutoModelForMaskedLM.from_pretrained(folder).eval()(**batch).logits
+        manifest.append({"folder": str(folder), "output": str(tmp_path / f"{family}.pt")})
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), TRANSFORMERS_VERBOSITY="error")
+    result = subprocess.run([str(clean_python()), "-c", CLEAN_CHILD, str(tmp_path / "manifest.json")],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    for family in exported:
+        torch.testing.assert_close(torch.load(tmp_path / f"{family}.pt"), expected[family], atol=1e-5, rtol=0)
+
+
+def test_export_refuses_to_overwrite_and_rejects_adapters(trained, tmp_path, capsys) -> None:
+    target = tmp_path / "taken"
+    target.mkdir()
+    (target / "keep.txt").write_text("user data")
+    source = str(trained["entropy_invariant"])
+    with pytest.raises(ValueError, match="pass --overwrite"):
+        export(ExportArguments(model_name_or_path=source, output_dir=str(target)))
+    assert (target / "keep.txt").read_text() == "user data"
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    code = main(["export", "--model_name_or_path", str(adapter), "--output_dir", str(tmp_path / "x")])
+    assert code == 2 and "LoRA adapter" in capsys.readouterr().err
+
+
+def folder_digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        digest.update(str(path.relative_to(folder)).encode())
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_push_offline_fails_with_one_clear_sentence_and_keeps_the_export(exported, monkeypatch, capsys) -> None:
+    folder = exported["entropy_invariant"]
+    before = folder_digest(folder)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code = main(["push", "--folder", str(folder), "--repo_id", "someone/tiny"])
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1 and "Traceback" not in captured.err
+    assert "HF_HUB_OFFLINE" in lines[0] and "Nothing was pushed" in lines[0]
+    assert folder_digest(folder) == before
+
+
+def test_push_without_network_fails_with_one_sentence(exported, monkeypatch) -> None:
+    import huggingface_hub
+
+    def unreachable(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("Failed to resolve 'huggingface.co'\nmore detail")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", unreachable)
+    folder = exported["gau"]
+    before = folder_digest(folder)
+    with pytest.raises(PushError) as error:
+        push(PushArguments(folder=str(folder), repo_id="someone/tiny", token="hf_dummy"))
+    message = str(error.value)
+    assert "\n" not in message and "ConnectionError" in message and "unchanged" in message
+    assert folder_digest(folder) == before

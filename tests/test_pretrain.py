@@ -1,0 +1,236 @@
+"""pretrain: outputs for every family, clear flag errors, exact kill-and-resume, two-process DDP on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+from hf_attn_variants import FAMILIES
+from hf_attn_variants.cli import main
+from hf_attn_variants.demo import DemoArguments, family_overrides
+from hf_attn_variants.training import PretrainArguments, corpus_splits, embedded_tokenizer_path, pretrain
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_overrides(family: str, **extra: object) -> str:
+    """``--config_overrides`` of a tiny model of ``family`` (hidden 32, 2 layers; Synthesizer l = 64)."""
+    base = family_overrides(family, DemoArguments(hidden_size=32, num_hidden_layers=2, max_seq_length=16))
+    return ",".join([base, *(f"{k}={v}" for k, v in extra.items())])
+
+
+@pytest.fixture(scope="module")
+def train_file(tmp_path_factory) -> str:
+    """The first 150 training paragraphs of the embedded corpus as a local .txt file (one per line)."""
+    path = tmp_path_factory.mktemp("data") / "train.txt"
+    path.write_text("\n".join(p.replace("\n", " ") for p in corpus_splits()["train"][:150]) + "\n")
+    embedded_tokenizer_path()
+    return str(path)
+
+
+def tiny_args(output_dir: Path, family: str = "entropy_invariant", **kwargs: object) -> PretrainArguments:
+    overrides = kwargs.pop("config_overrides", tiny_overrides(family))
+    defaults = {
+        "output_dir": str(output_dir), "model_type": family, "config_overrides": overrides, "max_seq_length": 16,
+        "per_device_train_batch_size": 4, "per_device_eval_batch_size": 8, "max_train_steps": 4, "logging_steps": 1,
+        "learning_rate": 1e-3, "max_eval_samples": 8, "disable_tqdm": True, "seed": 3,
+    }
+    return PretrainArguments(**{**defaults, **kwargs})
+
+
+def read_log(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines() if line.strip()]
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_pretrain_writes_remote_code_model_tokenizer_and_log(tmp_path, train_file, family: str) -> None:
+    objective = "clm" if family == "gau" else "mlm"
+    result = pretrain(tiny_args(tmp_path, family, train_file=train_file, objective=objective,
+                                with_tracking=family == "entropy_invariant"))
+    assert result.completed_steps == 4
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "train_log.jsonl", "all_results.json"} <= names
+    assert any(n.startswith("modeling_") for n in names) and "layers.py" in names
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model_type"] == family and "AutoModelForMaskedLM" in config["auto_map"]
+    rows = read_log(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all({"step", "loss", "lr", "epoch"} <= set(r) and torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+    assert "eval_loss" in rows[-1] and (objective == "clm" or "eval_accuracy" in rows[-1])
+    auto_class = AutoModelForCausalLM if objective == "clm" else AutoModelForMaskedLM
+    model = auto_class.from_pretrained(tmp_path)
+    assert torch.equal(model.state_dict()["model.embed_tokens.weight"], weights(tmp_path)["model.embed_tokens.weight"])
+    if family == "entropy_invariant":
+        assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*")), "TensorBoard events missing"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_target_only_mlm_loss_equals_the_full_head_loss_and_gradients(family: str) -> None:
+    from hf_attn_variants.training.modeling import TargetOnlyMLMLoss, build_config
+
+    config = build_config(family, config_overrides=tiny_overrides(family, vocab_size=50), max_seq_length=16)
+    torch.manual_seed(0)
+    model = AutoModelForMaskedLM.from_config(config).eval()
+    ids = torch.randint(5, 50, (3, 16), generator=torch.Generator().manual_seed(1))
+    labels = torch.where(torch.rand(3, 16, generator=torch.Generator().manual_seed(2)) < 0.3, ids, -100)
+    full = model(input_ids=ids, labels=labels).loss
+    full.backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    sparse = TargetOnlyMLMLoss(model)(input_ids=ids, labels=labels).loss
+    sparse.backward()
+    torch.testing.assert_close(sparse, full, atol=1e-5, rtol=0)
+    for name, grad in expected.items():
+        torch.testing.assert_close(dict(model.named_parameters())[name].grad, grad, atol=1e-5, rtol=1e-4)
+
+
+def test_pretrain_reads_csv_with_text_column(tmp_path, train_file) -> None:
+    csv_file = tmp_path / "data.csv"
+    lines = Path(train_file).read_text().splitlines()[:60]
+    csv_file.write_text("id,body\n" + "".join(f'{i},"{line.replace(chr(34), "")}"\n' for i, line in enumerate(lines)))
+    result = pretrain(tiny_args(tmp_path / "out", train_file=str(csv_file), text_column_name="body", max_train_steps=2))
+    assert result.completed_steps == 2 and "eval_loss" in result.metrics
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--objective", "span"], ("argument --objective", "invalid choice: 'span'", "'mlm', 'clm'")),
+        (["--lr_scheduler_type", "warp"], ("argument --lr_scheduler_type", "invalid choice: 'warp'", "'cosine'")),
+        (["--mixed_precision", "fp8"], ("argument --mixed_precision", "invalid choice: 'fp8'", "'bf16'")),
+    ],
+)
+def test_bad_choice_flags_name_the_argument_and_choices(tmp_path, capsys, flags, expected) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["pretrain", "--output_dir", str(tmp_path), "--model_type", "gau", *flags])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert all(part in err for part in expected) and "choose from" in err, err
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--model_type", "bert"], "model_type must be one of ('entropy_invariant'"),
+        (["--model_type", "gau", "--checkpointing_steps", "often"], 'checkpointing_steps must be a positive integer or "epoch"'),
+        (["--model_type", "gau", "--mlm_probability", "1.5"], "mlm_probability must be in (0, 1)"),
+        (["--model_type", "gau", "--config_overrides", "num_attention_heads=4"], "unknown field(s) ['num_attention_heads']"),
+        (["--model_type", "gau", "--config_overrides", "attention_normalization=cosine"], "attention_normalization"),
+        ([], "Pass --model_type"),
+    ],
+)
+def test_bad_values_give_one_clear_error(tmp_path, capsys, flags, expected) -> None:
+    code = main(["pretrain", "--output_dir", str(tmp_path), "--max_train_steps", "1", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and expected in err, err
+    assert "Traceback" not in err
+
+
+KILL_CHILD = r"""
+import importlib, sys, time
+pretrain_module = importlib.import_module("hf_attn_variants.training.pretrain")  # the module, not the function
+collate = pretrain_module.collate_blocks
+def slow_collate(items):  # slow the run down so that the parent can kill it between steps k and 2k
+    time.sleep(0.25)
+    return collate(items)
+pretrain_module.collate_blocks = slow_collate
+from hf_attn_variants.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def cli_flags(args: PretrainArguments) -> list[str]:
+    flags = []
+    for key, value in vars(args).items():
+        if value is None or value is False:
+            continue
+        flags += [f"--{key}"] if value is True else [f"--{key}", str(value)]
+    return flags
+
+
+@pytest.mark.slow
+def test_kill_after_checkpoint_and_resume_reproduces_the_uninterrupted_run(tmp_path, train_file) -> None:
+    k = 3
+    common = {"train_file": train_file, "max_train_steps": 2 * k, "checkpointing_steps": str(k), "num_warmup_steps": 1,
+              "config_overrides": tiny_overrides("entropy_invariant", hidden_dropout_prob=0.1)}
+    reference = tmp_path / "reference"
+    pretrain(tiny_args(reference, **common))
+
+    killed = tmp_path / "killed"
+    stderr = (tmp_path / "killed.stderr").open("w")
+    process = subprocess.Popen([sys.executable, "-c", KILL_CHILD, "pretrain", *cli_flags(tiny_args(killed, **common))],
+                               stdout=subprocess.DEVNULL, stderr=stderr, cwd=tmp_path)
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline and process.poll() is None:
+            log = killed / "train_log.jsonl"
+            if (killed / "checkpoints" / f"step_{k}").is_dir() and log.exists() and any(
+                json.loads(line)["step"] > k for line in log.read_text().splitlines() if line.strip()
+            ):
+                process.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.02)
+    finally:
+        process.kill()
+        process.wait()
+        stderr.close()
+    assert process.returncode == -signal.SIGKILL, (tmp_path / "killed.stderr").read_text()[-3000:]
+    assert not (killed / "model.safetensors").exists()
+    assert k < read_log(killed)[-1]["step"] < 2 * k
+
+    pretrain(tiny_args(killed, resume_from_checkpoint="latest", **common))
+    expected, got = read_log(reference), read_log(killed)
+    assert [r["step"] for r in got] == list(range(1, 2 * k + 1))
+    for want, have in zip(expected, got):
+        assert have["loss"] == pytest.approx(want["loss"], abs=1e-6), (want, have)
+        assert have["lr"] == pytest.approx(want["lr"], abs=1e-12)
+    assert got[-1]["eval_loss"] == pytest.approx(expected[-1]["eval_loss"], abs=1e-6)
+    reference_weights, resumed_weights = weights(reference), weights(killed)
+    for name, value in reference_weights.items():
+        torch.testing.assert_close(resumed_weights[name], value, atol=1e-6, rtol=0)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_process_ddp_on_cpu_matches_one_process_with_the_same_global_batch(tmp_path, train_file) -> None:
+    common = {"train_file": train_file, "objective": "clm", "max_train_steps": 4, "num_warmup_steps": 1,
+              "max_eval_samples": 7, "per_device_eval_batch_size": 2,  # uneven shards: ranks run 2 batches each
+              "config_overrides": tiny_overrides("entropy_invariant", hidden_dropout_prob=0,
+                                                 attention_probs_dropout_prob=0)}
+    single = tmp_path / "single"
+    pretrain(tiny_args(single, per_device_train_batch_size=8, **common))
+
+    ddp = tmp_path / "ddp"
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(REPO / "scripts" / "accelerate" / "ddp_cpu.yaml"), "--main_process_port", str(free_port()),
+               "-m", "hf_attn_variants", "pretrain", *cli_flags(tiny_args(ddp, per_device_train_batch_size=4, **common))]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert json.loads((ddp / "pretrain_args.json").read_text())["num_processes"] == 2
+    for want, have in zip(read_log(single), read_log(ddp), strict=True):
+        assert have["loss"] == pytest.approx(want["loss"], abs=1e-4)
+    assert read_log(ddp)[-1]["eval_loss"] == pytest.approx(read_log(single)[-1]["eval_loss"], abs=1e-4)
+    single_weights, ddp_weights = weights(single), weights(ddp)
+    for name, value in single_weights.items():
+        torch.testing.assert_close(ddp_weights[name], value, atol=1e-4, rtol=0)

@@ -1,0 +1,474 @@
+"""hf_attn_variants.pruning: masking, physical pruning, reloading, importance, iterative pruning, CLI.
+
+Every property is checked on a tiny model of each supported kind: this package's ``entropy_invariant``
+and ``synthesizer`` families, a stock BERT encoder and a stock Llama decoder with grouped-query attention
+(4 query heads sharing 2 key/value heads), all built locally from configs.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertForSequenceClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
+
+from hf_attn_variants import FAMILIES
+from hf_attn_variants.pruning import (
+    NoAttentionHeadsError,
+    compute_head_importance,
+    count_heads,
+    get_adapter,
+    head_mask,
+    iterative_head_pruning,
+    load_pruned,
+    prune_heads,
+)
+from tests.remote_code import RemoteCase, assert_remote_code_matches
+from tests.utils import random_ids, right_padded
+
+HIDDEN, HEADS, LAYERS, HEAD_DIM, VOCAB, LENGTH = 32, 4, 3, 8, 97, 16
+KINDS = ["entropy_invariant", "synthesizer", "bert", "llama"]
+# Two rounds: layer 0 loses every head; Llama's layer 1 is left with unequal groups after round one
+# (kv head 0 serves query 0, kv head 1 serves 2 and 3) and equal ones after round two; round two removes
+# a whole key/value group of layer 2.
+ROUNDS = [{0: [0, 1, 2, 3], 1: [1]}, {1: [3], 2: [0, 1]}]
+
+warnings.filterwarnings("ignore", message="Initializing zero-element tensors is a no-op")
+
+
+def our_config(family: str, **overrides):
+    config_class, _ = FAMILIES[family]
+    values = dict(
+        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+        intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        max_position_embeddings=LENGTH, num_labels=3,
+    )
+    if family == "entropy_invariant":
+        values.update(attention_scale="ssmax", base_length=8, min_length=2)
+    else:
+        values.update(synthesizer_components=["random", "vanilla"])
+    values.update(overrides)
+    return config_class(**values)
+
+
+def build(kind: str, seed: int = 0, suffix: str = "ForSequenceClassification"):
+    """A tiny model of ``kind`` in eval mode (sequence classifiers for encoders, a causal LM for Llama)."""
+    torch.manual_seed(seed)
+    if kind in ("entropy_invariant", "synthesizer"):
+        _, classes = FAMILIES[kind]
+        config = our_config(kind, is_decoder=suffix == "ForCausalLM")
+        return classes[suffix](config).eval()
+    if kind == "bert":
+        config = BertConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+            intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+            max_position_embeddings=LENGTH, num_labels=3,
+        )
+        return BertForSequenceClassification(config).eval()
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=LENGTH, pad_token_id=0,
+        attention_bias=True,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def inputs() -> dict[str, torch.Tensor]:
+    ids, mask = right_padded(random_ids(2, 10), [10, 7])
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def outputs(model, batch=None) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**(batch or inputs())).logits
+
+
+def mask_for(pruned: dict[int, list[int]]) -> torch.Tensor:
+    mask = torch.ones(LAYERS, HEADS)
+    for layer, heads in pruned.items():
+        mask[layer, heads] = 0.0
+    return mask
+
+
+def merged(*rounds: dict[int, list[int]]) -> dict[int, list[int]]:
+    result: dict[int, list[int]] = {}
+    for heads in rounds:
+        for layer, layer_heads in heads.items():
+            result[layer] = sorted(set(result.get(layer, [])) | set(layer_heads))
+    return result
+
+
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# ------------------------------------------------------------------------------------ pruned = masked
+@pytest.mark.parametrize("kind", KINDS)
+def test_pruned_outputs_equal_masked_outputs(kind: str) -> None:
+    model = build(kind)
+    reference = copy.deepcopy(model)
+    done: dict[int, list[int]] = {}
+    for heads in ROUNDS:
+        prune_heads(model, heads)
+        done = merged(done, heads)
+        with head_mask(reference, mask_for(done)):
+            expected = outputs(reference)
+        torch.testing.assert_close(outputs(model), expected, atol=1e-5, rtol=1e-5)
+        assert model.config.pruned_heads == done
+    assert count_heads(model) == (LAYERS * HEADS - sum(map(len, done.values())), LAYERS * HEADS)
+    # the heads that are left are the ones the record says, in order, and masking them again still works
+    adapter = get_adapter(model)
+    assert [adapter.kept_heads(i) for i in range(LAYERS)] == [[], [0, 2], [2, 3]]
+    extra = mask_for(done)
+    extra[1, 2] = 0.5
+    with head_mask(model, extra):
+        pruned_half = outputs(model)
+    with head_mask(reference, extra):
+        torch.testing.assert_close(pruned_half, outputs(reference), atol=1e-5, rtol=1e-5)
+
+
+def test_head_mask_of_ones_is_identity_and_zero_changes_output() -> None:
+    model = build("entropy_invariant")
+    plain = outputs(model)
+    with head_mask(model, torch.ones(LAYERS, HEADS)):
+        torch.testing.assert_close(outputs(model), plain)
+    with head_mask(model, mask_for({1: [2]})):
+        assert not torch.allclose(outputs(model), plain)
+    torch.testing.assert_close(outputs(model), plain)  # hooks gone
+
+
+def test_llama_grouped_query_layout_after_pruning() -> None:
+    model = build("llama")
+    prune_heads(model, ROUNDS[0])
+    layers = model.model.layers
+    assert layers[1].self_attn.num_key_value_groups == 1  # unequal groups → per-query gather
+    assert layers[1].self_attn.k_proj.out_features == 2 * HEAD_DIM  # both kv heads still used, compact
+    prune_heads(model, ROUNDS[1])
+    assert layers[1].self_attn.num_key_value_groups == 1 and not layers[1].self_attn.k_proj._forward_hooks
+    assert layers[2].self_attn.num_key_value_groups == 2 and layers[2].self_attn.k_proj.out_features == HEAD_DIM
+    assert layers[0].self_attn.q_proj.out_features == 0 and layers[0].self_attn.k_proj.out_features == 0
+
+
+# ------------------------------------------------------------------------------- parameter accounting
+def removed_parameters(kind: str, model_before, heads: dict[int, list[int]]) -> int:
+    """Exact number of weights of the removed heads (q/k/v rows + biases, output-projection columns …)."""
+    d, h = HEAD_DIM, HIDDEN
+    qkv_o = 3 * (h * d + d) + h * d  # q/k/v rows with biases, o_proj columns
+    if kind == "entropy_invariant":
+        per_head = qkv_o + 1  # ssmax_scale
+    elif kind == "synthesizer":
+        per_head = qkv_o + LENGTH * LENGTH  # each head's random l×l matrix
+    elif kind == "bert":
+        per_head = qkv_o
+    else:
+        total = 0
+        for layer, layer_heads in heads.items():
+            total += len(layer_heads) * (h * d + d + h * d)  # q rows + bias, o columns
+            groups = {g for g in range(2) if all(q in layer_heads for q in (2 * g, 2 * g + 1))}
+            total += len(groups) * 2 * (h * d + d)  # k and v rows + biases of kv heads with no query left
+        return total
+    return per_head * sum(len(v) for v in heads.values())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_parameter_count_drops_by_exactly_the_removed_heads(kind: str) -> None:
+    model = build(kind)
+    before = n_params(model)
+    heads = merged(*ROUNDS)
+    prune_heads(model, heads)
+    assert before - n_params(model) == removed_parameters(kind, model, heads)
+
+
+# ------------------------------------------------------------------------------------------- reload
+@pytest.mark.parametrize("kind", KINDS)
+def test_save_and_reload_gives_the_same_outputs(kind: str, tmp_path) -> None:
+    model = build(kind)
+    for heads in ROUNDS:
+        prune_heads(model, heads)
+    model.save_pretrained(tmp_path)
+    expected = outputs(model)
+    reloaded = load_pruned(tmp_path).eval()
+    assert type(reloaded) is type(model)
+    assert reloaded.config.pruned_heads == model.config.pruned_heads
+    torch.testing.assert_close(outputs(reloaded), expected)
+    if kind in ("entropy_invariant", "synthesizer"):
+        plain = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+        torch.testing.assert_close(outputs(plain), expected)
+    # pruning continues after a reload and the record keeps merging
+    prune_heads(reloaded, {2: [2]})
+    assert reloaded.config.pruned_heads[2] == [0, 1, 2]
+
+
+def test_load_pruned_passes_from_pretrained_kwargs(tmp_path) -> None:
+    model = build("llama")
+    prune_heads(model, ROUNDS[0])
+    model.save_pretrained(tmp_path)
+    reloaded = load_pruned(tmp_path, dtype=torch.float64, attn_implementation="eager")
+    assert reloaded.dtype == torch.float64 and reloaded.config._attn_implementation == "eager"
+    batch = inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**batch).logits.float(), outputs(model, batch), atol=1e-5, rtol=1e-4)
+
+
+def test_pruned_checkpoints_of_our_families_load_with_remote_code_in_a_clean_environment(tmp_path) -> None:
+    cases = []
+    for kind in ("entropy_invariant", "synthesizer"):
+        model = build(kind)
+        for heads in ROUNDS:
+            prune_heads(model, heads)
+        cases.append(RemoteCase(kind, model, "AutoModelForSequenceClassification", inputs()))
+    assert_remote_code_matches(cases, tmp_path)
+
+
+# --------------------------------------------------------------------------------- decoding after pruning
+@pytest.mark.parametrize("kind", ["entropy_invariant", "synthesizer", "llama"])
+def test_cached_decoding_matches_full_forward_after_pruning(kind: str) -> None:
+    from tests.properties import assert_cache_matches_full_forward, assert_generate_matches_greedy_full_forward
+
+    model = build(kind, suffix="ForCausalLM")
+    prune_heads(model, ROUNDS[0])  # layer 0 (whose cache gives the length) has no head left
+    assert_cache_matches_full_forward(model, prompt=4, steps=4)
+    assert_generate_matches_greedy_full_forward(model, prompt=3, new=4)
+
+
+# ------------------------------------------------------------------------------------------ importance
+def labelled(model, n: int, seed: int) -> dict[str, torch.Tensor]:
+    ids, mask = right_padded(random_ids(n, 9, seed=seed), [9, 6, 8, 5][:n] + [9] * max(0, n - 4))
+    if type(model).__name__.endswith("ForCausalLM"):
+        labels = ids.masked_fill(mask == 0, -100)
+    else:
+        labels = torch.arange(n) % 3
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_importance_is_per_example(kind: str) -> None:
+    model = build(kind)
+    batch = labelled(model, 2, seed=3)
+    singles = [{k: v[i : i + 1] for k, v in batch.items()} for i in range(2)]
+    together = compute_head_importance(model, [batch], normalize_per_layer=False)
+    apart = compute_head_importance(model, singles, normalize_per_layer=False)
+    torch.testing.assert_close(together, apart, rtol=1e-5, atol=1e-9)
+    assert together.shape == (LAYERS, HEADS) and (together > 0).all()
+
+
+def test_importance_sums_absolute_per_example_gradients() -> None:
+    """Iₕ = Σₓ |∂Lₓ/∂ξₕ|, checked against gradients taken by hand; ≥ the batch-sum variant |Σₓ ∂Lₓ/∂ξₕ|."""
+    model = build("entropy_invariant")
+    batch = labelled(model, 4, seed=5)
+    grads = []
+    for i in range(4):
+        gate = torch.ones(LAYERS, HEADS, requires_grad=True)
+        with head_mask(model, gate):
+            loss = model(**{k: v[i : i + 1] for k, v in batch.items()}).loss
+        grads.append(torch.autograd.grad(loss, gate)[0])
+    grads = torch.stack(grads)
+    importance = compute_head_importance(model, [batch], normalize_per_layer=False)
+    torch.testing.assert_close(importance, grads.abs().sum(0), rtol=1e-5, atol=1e-9)
+    assert (importance >= grads.sum(0).abs() - 1e-9).all()
+    assert (importance > grads.sum(0).abs() + 1e-7).any(), "opposite-signed examples should not cancel"
+
+
+def test_importance_normalisation_and_pruned_heads_are_nan() -> None:
+    model = build("bert")
+    prune_heads(model, {0: [0, 1, 2, 3], 1: [1]})
+    data = [labelled(model, 2, seed=1)]
+    model.train()
+    raw = compute_head_importance(model, data, normalize_per_layer=False)
+    assert model.training  # mode restored
+    assert torch.isnan(raw[0]).all() and torch.isnan(raw[1, 1]) and torch.isfinite(raw[2]).all()
+    per_layer = compute_head_importance(model, data)
+    norms = per_layer.nan_to_num(0.0).pow(2).sum(-1).sqrt()
+    torch.testing.assert_close(norms[1:], torch.ones(2))
+    scaled = compute_head_importance(model, data, normalize_global=True)
+    finite = scaled[~torch.isnan(scaled)]
+    assert finite.min() == 0 and finite.max() == 1
+    assert all(p.grad is None for p in model.parameters())  # no parameter gradients accumulated
+
+
+def test_importance_needs_labels_and_examples() -> None:
+    model = build("entropy_invariant")
+    batch = labelled(model, 2, seed=1)
+    with pytest.raises(ValueError, match="labels"):
+        compute_head_importance(model, [{k: v for k, v in batch.items() if k != "labels"}])
+    with pytest.raises(ValueError, match="no examples"):
+        compute_head_importance(model, [])
+    with pytest.raises(TypeError, match="dict"):
+        compute_head_importance(model, [batch["input_ids"]])
+
+
+# ------------------------------------------------------- first-order importance vs true ablation (trained)
+def count_task(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Label = whether token 3 occurs more often than token 4 (position 0 is a [CLS]-like token 1)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 16, (n, 12), generator=generator)
+    ids[:, 0] = 1
+    return ids, ((ids == 3).sum(1) > (ids == 4).sum(1)).long()
+
+
+@pytest.fixture(scope="module")
+def trained_classifier():
+    """A 2-layer, 4-head entropy-invariant classifier trained for 150 steps (a few seconds)."""
+    torch.manual_seed(0)
+    config = our_config(
+        "entropy_invariant", vocab_size=16, num_hidden_layers=2, num_labels=2, attention_scale="entropy_invariant",
+        base_length=12, max_position_embeddings=12,
+    )
+    model = FAMILIES["entropy_invariant"][1]["ForSequenceClassification"](config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for step in range(150):
+        ids, labels = count_task(32, 1000 + step)
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman rank correlation (no ties expected in continuous scores)."""
+    ranks = [torch.empty(len(x), dtype=torch.float64).index_copy_(0, x.argsort(), torch.arange(len(x), dtype=torch.float64))
+             for x in (a.flatten(), b.flatten())]
+    ra, rb = (r - r.mean() for r in ranks)
+    return float((ra * rb).sum() / (ra.norm() * rb.norm()))
+
+
+def test_first_order_importance_ranks_heads_like_true_ablation(trained_classifier) -> None:
+    model = trained_classifier
+    ids, labels = count_task(64, 7)
+    with torch.no_grad():
+        accuracy = (model(input_ids=ids).logits.argmax(-1) == labels).float().mean()
+    assert accuracy > 0.8
+
+    def losses(mask: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), head_mask(model, mask):
+            return torch.nn.functional.cross_entropy(model(input_ids=ids).logits, labels, reduction="none")
+
+    base = losses(torch.ones(2, HEADS))
+    true_change = torch.zeros(2, HEADS)
+    for layer in range(2):
+        for head in range(HEADS):
+            mask = torch.ones(2, HEADS)
+            mask[layer, head] = 0.0
+            true_change[layer, head] = (losses(mask) - base).abs().sum()
+    batches = [{"input_ids": ids[i : i + 16], "labels": labels[i : i + 16]} for i in range(0, 64, 16)]
+    importance = compute_head_importance(model, batches, normalize_per_layer=False)
+    assert spearman(importance, true_change) >= 0.5
+
+
+# --------------------------------------------------------------------------------------- iterative loop
+def test_iterative_pruning_curve_with_threshold_and_budget(trained_classifier) -> None:
+    ids, labels = count_task(128, 11)
+    data = [{"input_ids": ids[i : i + 32], "labels": labels[i : i + 32]} for i in range(0, 64, 32)]
+
+    def accuracy(model) -> float:
+        with torch.no_grad():
+            return float((model(input_ids=ids[64:]).logits.argmax(-1) == labels[64:]).float().mean())
+
+    model = copy.deepcopy(trained_classifier)
+    curve = iterative_head_pruning(model, data, accuracy, fraction=0.25, threshold=None, max_heads_pruned=0.5)
+    assert curve[0].step == 0 and curve[0].heads_pruned == 0 and curve[0].relative_metric == 1.0
+    assert [row.heads_pruned for row in curve] == [0, 2, 4]  # round(25% of 8) = 2, round(25% of 6) = 2, budget 4
+    assert all(row.accepted for row in curve)
+    assert count_heads(model) == (4, 8)
+    assert sum(len(v) for v in model.config.pruned_heads.values()) == 4
+    assert curve[-1].metric == pytest.approx(accuracy(model))  # evaluated under mask = the pruned model
+
+    model = copy.deepcopy(trained_classifier)
+    strict = iterative_head_pruning(model, data, accuracy, fraction=0.25, threshold=0.999, rescore=True)
+    assert not strict[-1].accepted and all(row.accepted for row in strict[:-1])
+    last = strict[-2]
+    assert count_heads(model)[0] == 8 - last.heads_pruned  # the rejected step was not applied
+    assert strict[-1].relative_metric < 0.999
+    fractions = [row.fraction for row in strict]
+    assert fractions == sorted(fractions)
+
+
+def test_iterative_pruning_to_the_end_and_random_order() -> None:
+    model = build("bert")
+    data = [labelled(model, 2, seed=1)]
+    curve = iterative_head_pruning(model, data, lambda m: 1.0, fraction=0.5, threshold=None)
+    assert curve[-1].heads_remaining == 0 and count_heads(model) == (0, LAYERS * HEADS)
+    assert torch.isfinite(outputs(model)).all()  # every layer without heads still runs
+    model = build("llama")
+    order = torch.arange(LAYERS * HEADS, dtype=torch.float32).reshape(LAYERS, HEADS)
+    curve = iterative_head_pruning(model, None, lambda m: 1.0, fraction=0.1, threshold=None, importance=order,
+                                   max_heads_pruned=3, min_heads_per_layer=1)
+    assert model.config.pruned_heads == {0: [0, 1, 2]}
+    with pytest.raises(ValueError, match="fraction"):
+        iterative_head_pruning(model, None, lambda m: 1.0, fraction=0.0, importance=order)
+    with pytest.raises(TypeError, match="re-iterable"):
+        iterative_head_pruning(model, iter([]), lambda m: 1.0, rescore=True)
+
+
+# ------------------------------------------------------------------------------------------- bad input
+def test_bad_head_indices_raise_clear_errors() -> None:
+    model = build("entropy_invariant")
+    state = copy.deepcopy(model.state_dict())
+    for heads, error, message in [
+        ({5: [0]}, ValueError, r"layer 5 is out of range \[0, 3\)"),
+        ({0: [4]}, ValueError, r"heads \[4\] of layer 0 are out of range \[0, 4\)"),
+        ({0: [-1]}, ValueError, "out of range"),
+        ({0: [1, 1]}, ValueError, "twice"),
+        ({0: [0], 1: [9]}, ValueError, "out of range"),  # nothing is changed when any entry is bad
+        ([0, 1], TypeError, "dict"),
+        ({"0": [1]}, TypeError, "ints"),
+        ({0: 1}, TypeError, "list"),
+    ]:
+        with pytest.raises(error, match=message):
+            prune_heads(model, heads)
+    assert not model.config.pruned_heads
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    prune_heads(model, {0: [1]})
+    with pytest.raises(ValueError, match="already pruned"):
+        prune_heads(model, {0: [1, 2]})
+    with pytest.raises(ValueError, match="shape"):
+        with head_mask(model, torch.ones(2, 2)):
+            pass
+    with pytest.raises(ValueError, match="finite"):
+        with head_mask(model, torch.full((LAYERS, HEADS), float("nan"))):
+            pass
+
+
+def test_head_mask_removes_its_hooks_on_exceptions() -> None:
+    model = build("llama")
+    projection = model.model.layers[0].self_attn.o_proj
+    with pytest.raises(RuntimeError, match="boom"):
+        with head_mask(model, torch.zeros(LAYERS, HEADS)):
+            assert projection._forward_pre_hooks
+            raise RuntimeError("boom")
+    assert not projection._forward_pre_hooks
+
+
+def test_gau_has_no_heads_to_prune() -> None:
+    config_class, classes = FAMILIES["gau"]
+    model = classes["ForSequenceClassification"](
+        config_class(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, attention_key_size=16, num_labels=2)
+    )
+    for call in (
+        lambda: prune_heads(model, {0: [0]}),
+        lambda: compute_head_importance(model, [labelled(model, 2, seed=0)]),
+        lambda: head_mask(model, torch.ones(2, 1)).__enter__(),
+    ):
+        with pytest.raises(NoAttentionHeadsError, match="single gated attention unit per layer"):
+            call()
+    assert issubclass(NoAttentionHeadsError, ValueError)
+
+
+def test_unsupported_architectures_raise_type_error() -> None:
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=VOCAB))
+    with pytest.raises(TypeError, match="does not know the architecture of GPT2LMHeadModel"):
+        prune_heads(gpt2, {0: [0]})
+    with pytest.raises(TypeError, match="PreTrainedModel"):
+        prune_heads(torch.nn.Linear(2, 2), {0: [0]})
+

@@ -1,0 +1,103 @@
+"""``hf-attn-variants prune`` end to end on local files: curve CSV/JSON, two PNGs and a reloadable pruned model."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from hf_attn_variants import EntropyInvariantConfig, EntropyInvariantForSequenceClassification
+from hf_attn_variants.cli import main
+from hf_attn_variants.pruning import load_pruned
+
+WORDS = [f"w{i}" for i in range(20)]
+
+
+def tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {token: i for i, token in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+        mask_token="[MASK]", eos_token="[SEP]",
+    )
+
+
+def sentences(n: int) -> list[tuple[str, int]]:
+    rng = random.Random(0)
+    rows = []
+    for _ in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(4, 10))]
+        rows.append((" ".join(words), int("w0" in words)))
+    return rows
+
+
+def make_model(kind: str):
+    torch.manual_seed(0)
+    if kind == "entropy_invariant":
+        config = EntropyInvariantConfig(
+            vocab_size=len(WORDS) + 5, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=64, num_labels=2, max_position_embeddings=32,
+        )
+        return EntropyInvariantForSequenceClassification(config)
+    config = LlamaConfig(
+        vocab_size=len(WORDS) + 5, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, max_position_embeddings=32, pad_token_id=0,
+    )
+    return LlamaForCausalLM(config)
+
+
+@pytest.mark.parametrize("kind", ["entropy_invariant", "llama"])
+def test_prune_command_writes_curve_plots_and_model(kind: str, tmp_path) -> None:
+    model_dir, out = tmp_path / "model", tmp_path / "out"
+    make_model(kind).save_pretrained(model_dir)
+    tokenizer().save_pretrained(model_dir)
+    rows = sentences(40)
+    if kind == "entropy_invariant":
+        data = tmp_path / "train.csv"
+        with open(data, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["text", "label"])
+            writer.writerows(rows)
+    else:
+        data = tmp_path / "train.txt"
+        data.write_text("\n".join(text for text, _ in rows) + "\n")
+    code = main([
+        "prune", "--model_name_or_path", str(model_dir), "--train_file", str(data), "--output_dir", str(out),
+        "--threshold", "none", "--max_heads_pruned", "0.5", "--fraction", "0.25", "--batch_size", "8",
+        "--num_importance_examples", "8",
+    ])
+    assert code == 0
+    for name in ("curve.csv", "curve.json", "pruning_curve.png", "head_importance.png"):
+        assert (out / name).stat().st_size > 0, name
+    for name in ("pruning_curve.png", "head_importance.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(out / "curve.csv") as handle:
+        table = list(csv.DictReader(handle))
+    assert [int(row["heads_pruned"]) for row in table] == [0, 2, 4]
+    payload = json.loads((out / "curve.json").read_text())
+    meta = payload["metadata"]
+    assert meta["metric"] == ("accuracy" if kind == "entropy_invariant" else "perplexity")
+    assert meta["heads_after"] == 4 and len(meta["importance"]) == 2 and len(payload["curve"]) == 3
+    pruned = load_pruned(out / "model")
+    assert {str(k): v for k, v in pruned.config.pruned_heads.items()} == meta["pruned_heads"]
+    assert sum(len(v) for v in pruned.config.pruned_heads.values()) == 4
+    assert (out / "model" / "tokenizer.json").exists()
+
+
+def test_prune_command_is_listed_and_rejects_bad_files(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["prune", "--help"])
+    assert "--max_heads_pruned" in capsys.readouterr().out
+    model_dir = tmp_path / "model"
+    make_model("entropy_invariant").save_pretrained(model_dir)
+    tokenizer().save_pretrained(model_dir)
+    (tmp_path / "data.parquetx").write_text("x")
+    with pytest.raises(ValueError, match="data files must end in one of"):
+        main(["prune", "--model_name_or_path", str(model_dir), "--train_file", str(tmp_path / "data.parquetx"),
+              "--output_dir", str(tmp_path / "out")])
