@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import logging
 import platform
 import statistics
 import time
@@ -128,6 +129,7 @@ def main() -> None:
     parser.add_argument("--timing_repeats", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="smaller evaluation sets (smoke run)")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     output, docs = Path(args.output_dir), Path(args.docs_dir)
     output.mkdir(parents=True, exist_ok=True)
     docs.mkdir(parents=True, exist_ok=True)
@@ -165,8 +167,8 @@ def main() -> None:
     random_scores = torch.rand(importance.shape, generator=generator)
     curves["random order"] = iterative_head_pruning(
         copy.deepcopy(model), None, metric, threshold=None, importance=random_scores)
-    for label, curve in curves.items():
-        write_curve(curve, output / f"curve_{label.split(',')[0].replace(' ', '_')}_{len(label)}.csv")
+    for name, curve in zip(("once", "rescored", "random"), curves.values()):
+        write_curve(curve, output / f"curve_{name}.csv")
     plot_pruning_curve(curves, docs / "pruning_curve.png", metric_name="accuracy", threshold=0.9,
                        title="Iterative head pruning, entropy-invariant classifier (4 layers × 8 heads)")
 

@@ -28,6 +28,17 @@ def _cap_onednn_isa_if_bf16_crashes() -> None:
 
 _cap_onednn_isa_if_bf16_crashes()
 
+
+def _one_thread_per_xdist_worker() -> None:
+    """Two xdist workers on two cores: more torch threads per worker only oversubscribe the CPU."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
+_one_thread_per_xdist_worker()
+
 # Markers that transformers' tests/test_modeling_common.py applies at import time; it is imported by
 # tests/conformance/harness.py during collection, and `--strict-markers` rejects unregistered ones.
 TRANSFORMERS_COMMON_TEST_MARKERS = (

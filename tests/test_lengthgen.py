@@ -131,7 +131,7 @@ def test_causal_evaluation_counts_predictions_beyond_training_length():
     assert short["tokens_beyond_train"] == 0 and short["loss_beyond_train"] is None
 
 
-def test_llama_variant_is_evaluated_with_both_attention_implementations(tmp_path):
+def test_llama_variant_is_evaluated_with_three_attention_modes(tmp_path):
     """The same stock-Llama weights load with sdpa and with entropy_invariant (base_length = L)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 

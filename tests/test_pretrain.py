@@ -146,7 +146,7 @@ import importlib, sys, time
 pretrain_module = importlib.import_module("hf_attn_variants.training.pretrain")  # the module, not the function
 collate = pretrain_module.collate_blocks
 def slow_collate(items):  # slow the run down so that the parent can kill it between steps k and 2k
-    time.sleep(0.25)
+    time.sleep(0.4)
     return collate(items)
 pretrain_module.collate_blocks = slow_collate
 from hf_attn_variants.cli import main

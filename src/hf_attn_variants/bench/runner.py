@@ -257,7 +257,6 @@ class Runner:
         # Eager first: compiled models take their FLOPs from their eager twin.
         for entry in sorted(entries, key=lambda e: e.mode != "eager"):
             self._warm_up(entry, input_ids)
-            gc.collect()
         repeats = self.preset.repeats_at(length)
         for round_index in range(repeats):
             alive = [e for e in entries if e.step is not None]

@@ -132,10 +132,14 @@ class HeadAdapter:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.base = model.base_model
-        self.config = model.config
         self.num_heads = int(self.config.num_attention_heads)
         self.attentions = self.attention_modules()
         self.num_layers = len(self.attentions)
+
+    @property
+    def config(self) -> PreTrainedConfig:
+        """The model's current config (read each time: ``prune_heads`` gives the model a private copy)."""
+        return self.model.config
 
     # ---------------------------------------------------------------------------------------- layout
     @classmethod
@@ -208,7 +212,6 @@ class HeadAdapter:
                     copies[id(config)] = copy.deepcopy(config)
                     copies[id(config)].pruned_heads = {layer: list(heads) for layer, heads in value.items()}
                 module.config = copies[id(config)]
-        self.config = self.model.config
 
     def apply_recorded_pruning(self) -> None:
         """Give a freshly built (unpruned) model the shapes recorded in ``config.pruned_heads``.

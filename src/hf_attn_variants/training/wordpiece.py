@@ -23,12 +23,13 @@ from __future__ import annotations
 import heapq
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 
 PREFIX = "##"
 
 
 def _pairs(symbols: Sequence[str]) -> Counter:
-    return Counter(zip(symbols, symbols[1:]))
+    return Counter(pairwise(symbols))
 
 
 def _merge(symbols: list[str], a: str, b: str, merged: str) -> list[str]:
