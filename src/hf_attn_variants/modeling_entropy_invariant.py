@@ -105,10 +105,13 @@ class EntropyInvariantAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_length = hidden_states.shape[:2]
         if self.num_heads == 0:
+            key_length = seq_length
             if past_key_values is not None:  # keep the cache's length bookkeeping (it reads layer 0) right
                 placeholder = hidden_states.new_zeros(batch_size, 1, seq_length, 1)
-                past_key_values.update(placeholder, placeholder, self.layer_idx)
-            return self.o_proj(hidden_states.new_zeros(batch_size, seq_length, 0)), None
+                key_length = past_key_values.update(placeholder, placeholder, self.layer_idx)[0].shape[2]
+            # An empty (batch, 0, q, k) map keeps one `attentions` entry per layer.
+            weights = hidden_states.new_zeros(batch_size, 0, seq_length, key_length)
+            return self.o_proj(hidden_states.new_zeros(batch_size, seq_length, 0)), weights
         shape = (batch_size, seq_length, self.num_heads, self.head_dim)
         query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
         key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
