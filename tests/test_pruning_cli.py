@@ -18,6 +18,15 @@ from hf_attn_variants.pruning import load_pruned
 WORDS = [f"w{i}" for i in range(20)]
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread per test (tiny models; see tests/test_pruning.py), restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def tokenizer() -> PreTrainedTokenizerFast:
     vocab = {token: i for i, token in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))

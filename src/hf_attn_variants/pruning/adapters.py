@@ -97,13 +97,19 @@ class GatherHeads:
 
 
 def _headless_self_attention(module: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple:
-    """Forward of a BERT-style self-attention without heads: an empty context (the output dense adds its bias)."""
+    """Forward of a BERT-style self-attention without heads: an empty context (the output dense adds its bias).
+
+    Returns an empty ``(batch, 0, q, k)`` attention map, so ``output_attentions`` keeps one entry per layer.
+    """
+    batch_size, seq_length = hidden_states.shape[:2]
+    key_length = seq_length
     past_key_values = kwargs.get("past_key_values")
     if past_key_values is not None:
         cache = getattr(past_key_values, "self_attention_cache", past_key_values)
-        placeholder = hidden_states.new_zeros(hidden_states.shape[0], 1, hidden_states.shape[1], 1)
-        cache.update(placeholder, placeholder, module.layer_idx)
-    return hidden_states.new_zeros(*hidden_states.shape[:-1], 0), None
+        placeholder = hidden_states.new_zeros(batch_size, 1, seq_length, 1)
+        key_length = cache.update(placeholder, placeholder, module.layer_idx)[0].shape[2]
+    weights = hidden_states.new_zeros(batch_size, 0, seq_length, key_length)
+    return hidden_states.new_zeros(batch_size, seq_length, 0), weights
 
 
 def _headless_decoder_attention(module: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple:
@@ -114,10 +120,12 @@ def _headless_decoder_attention(module: nn.Module, hidden_states: torch.Tensor, 
     """
     past_key_values = kwargs.get("past_key_values")
     batch_size, seq_length = hidden_states.shape[:2]
+    key_length = seq_length
     if past_key_values is not None:
         placeholder = hidden_states.new_zeros(batch_size, 1, seq_length, 1)
-        past_key_values.update(placeholder, placeholder, module.layer_idx)
-    return module.o_proj(hidden_states.new_zeros(batch_size, seq_length, 0)), None
+        key_length = past_key_values.update(placeholder, placeholder, module.layer_idx)[0].shape[2]
+    weights = hidden_states.new_zeros(batch_size, 0, seq_length, key_length)  # one `attentions` entry per layer
+    return module.o_proj(hidden_states.new_zeros(batch_size, seq_length, 0)), weights
 
 
 class HeadAdapter:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +91,12 @@ def _split(rows: Any, args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _as_json(importance: torch.Tensor) -> list[list[float | None]]:
-    return [[None if v != v else round(float(v), 6) for v in row] for row in importance.tolist()]
+    return [[None if math.isnan(v) else round(float(v), 6) for v in row] for row in importance.tolist()]
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the pruning study described by ``args``; returns 0."""
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.manual_seed(args.seed)
@@ -110,9 +111,9 @@ def run(args: argparse.Namespace) -> int:
     train_rows, eval_rows = _split(load_rows(args.train_file), args)
     train_rows = train_rows.select(range(min(len(train_rows), args.num_importance_examples)))
     eval_rows = eval_rows.select(range(min(len(eval_rows), args.num_eval_examples)))
-    options = dict(text_column=args.text_column, text_pair_column=args.text_pair_column,
-                   label_column=args.label_column, max_seq_length=args.max_seq_length,
-                   batch_size=args.batch_size, mlm_probability=args.mlm_probability)
+    options = {"text_column": args.text_column, "text_pair_column": args.text_pair_column,
+               "label_column": args.label_column, "max_seq_length": args.max_seq_length,
+               "batch_size": args.batch_size, "mlm_probability": args.mlm_probability}
     importance_batches = build_batches(train_rows, tokenizer, model, task, seed=args.seed, **options)
     eval_batches = build_batches(eval_rows, tokenizer, model, task, seed=args.seed + 1, **options)
     if task == "classification":

@@ -35,7 +35,7 @@ def infer_task(model: PreTrainedModel) -> str:
 
 def load_rows(path: str) -> Any:
     """A ``datasets.Dataset`` from a local text/csv/json(l) file (``datasets`` builders, no download)."""
-    from datasets import load_dataset  # noqa: PLC0415
+    from datasets import load_dataset
 
     suffix = Path(path).suffix.lower()
     if suffix not in BUILDERS:
@@ -99,7 +99,7 @@ def build_batches(
         raise ValueError(f"no non-empty texts in column {column!r}.")
     pairs = [str(rows[text_pair_column][i]) for i in keep] if text_pair_column else None
     encoded = tokenizer(texts, pairs, truncation=True, max_length=max_seq_length)
-    examples = [{k: encoded[k][i] for k in encoded.keys()} for i in range(len(texts))]
+    examples = [{k: encoded[k][i] for k in encoded} for i in range(len(texts))]
     if task == "classification":
         if label_column not in rows.column_names:
             raise ValueError(f"--label_column {label_column!r} is not a column; columns: {rows.column_names}.")

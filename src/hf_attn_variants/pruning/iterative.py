@@ -91,7 +91,7 @@ def read_curve(json_path: str | os.PathLike) -> list[PruningStep]:
     return rows
 
 
-def _budget(max_heads_pruned: int | float | None, total: int) -> int:
+def _budget(max_heads_pruned: int | float | None, total: int) -> int:  # noqa: PYI041 (int ≠ fraction)
     """Total number of heads that may be pruned: an int, a fraction in (0, 1] of all heads, or all."""
     if max_heads_pruned is None:
         return total
@@ -100,7 +100,7 @@ def _budget(max_heads_pruned: int | float | None, total: int) -> int:
     if isinstance(max_heads_pruned, float):
         if not 0.0 < max_heads_pruned <= 1.0:
             raise ValueError(f"max_heads_pruned as a fraction must be in (0, 1], got {max_heads_pruned}.")
-        return int(math.floor(max_heads_pruned * total + 1e-9))
+        return math.floor(max_heads_pruned * total + 1e-9)
     if max_heads_pruned < 0:
         raise ValueError(f"max_heads_pruned must be >= 0, got {max_heads_pruned}.")
     return min(max_heads_pruned, total)
@@ -135,7 +135,7 @@ def iterative_head_pruning(
     *,
     fraction: float = 0.1,
     threshold: float | None = 0.9,
-    max_heads_pruned: int | float | None = None,
+    max_heads_pruned: int | float | None = None,  # noqa: PYI041 (an int is a count, a float a fraction)
     rescore: bool = False,
     higher_is_better: bool = True,
     importance: torch.Tensor | None = None,

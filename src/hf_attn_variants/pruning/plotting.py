@@ -5,6 +5,7 @@ matplotlib with the non-interactive Agg backend (no display needed); each functi
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 
@@ -14,10 +15,10 @@ from .iterative import PruningStep
 
 
 def _pyplot():
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     return plt
 
@@ -82,8 +83,9 @@ def plot_head_importance(importance: torch.Tensor, path: str | os.PathLike, *, t
         for layer in range(layers):
             for head in range(heads):
                 value = values[layer, head]
-                text = "—" if value != value else f"{value:.2f}"
-                color = "black" if value != value or value > middle else "white"
+                missing = math.isnan(value)
+                text = "—" if missing else f"{value:.2f}"
+                color = "black" if missing or value > middle else "white"
                 axes.text(head, layer, text, ha="center", va="center", fontsize=7, color=color)
     axes.set_xlabel("head")
     axes.set_ylabel("layer")
