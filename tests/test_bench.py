@@ -37,6 +37,10 @@ def test_quick_run_writes_report_plots_and_json(tmp_path) -> None:
     for result in ok:
         assert len(result["cpu"]) == len(result["wall"]) >= 1
         assert result["peak_bytes"] > 0 and result["flops"] > 0
+    # --report-only re-renders the same report from the JSON without measuring
+    again = tmp_path / "again" / "bench.md"
+    assert main(["bench", "--report-only", str(tmp_path / "bench.json"), "--output", str(again)]) == 0
+    assert again.read_text() == text and (tmp_path / "again" / "bench_time.png").is_file()
 
 
 def test_peak_memory_sees_transients_freed_elsewhere() -> None:

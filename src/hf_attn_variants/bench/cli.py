@@ -50,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Markdown report (default docs/benchmarks.md; docs/benchmarks-gpu.md on CUDA).")
     parser.add_argument("--json", type=Path, default=None, help="Raw results (default runs/bench/<preset>.json).")
     parser.add_argument("--no-plots", action="store_true", help="Do not write PNG plots.")
+    parser.add_argument("--report-only", type=Path, default=None, metavar="JSON",
+                        help="Measure nothing: re-render the report (and plots) from a results JSON of an earlier run.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,8 +93,23 @@ def run(args: argparse.Namespace) -> int:
     else:
         output = Path("docs/benchmarks-gpu.md" if cuda else "docs/benchmarks.md")
     json_path = args.json or (output.parent / f"{output.stem}.json" if args.quick else Path(f"runs/bench/{preset.name}.json"))
-    command = "hf-attn-variants bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 \
-        else "hf-attn-variants bench"
+    command = (
+        "hf-attn-variants bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if sys.argv[1:2] == ["bench"]
+        else "hf-attn-variants bench (called from Python)"
+    )
+
+    if args.report_only is not None:
+        if not args.report_only.is_file():
+            raise SystemExit(f"--report-only: no such results file {args.report_only}.")
+        from .runner import BenchRun
+
+        bench = BenchRun.from_json(json.loads(args.report_only.read_text(encoding="utf-8")))
+        command = bench.environment.get("command", "hf-attn-variants bench")
+        plots = [] if args.no_plots else write_plots(bench, output.parent, prefix=output.stem)
+        write_report(bench, output, command, plots)
+        print(f"wrote {output}" + "".join(f", {p}" for p in plots))
+        return 0
 
     runner = Runner(
         preset, variants, comparisons,
@@ -107,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         log=lambda line: print(line, flush=True),
     )
     bench = runner.run_all()
+    bench.environment["command"] = command.strip()
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(bench.to_json(), indent=1), encoding="utf-8")
     plots = [] if args.no_plots else write_plots(bench, output.parent, prefix=output.stem)

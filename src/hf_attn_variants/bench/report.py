@@ -69,6 +69,11 @@ def _throughput(result: Result, timer: str, peak_tflops: float | None) -> str:
     return f"{gflops:.1f}"
 
 
+def _parameters(info: dict) -> str:
+    count = info.get("parameters")
+    return "" if not count else f" ({count / 1e6:.2f}M parameters)"
+
+
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} minutes"
 
@@ -199,7 +204,8 @@ def _comparison_tables(run: BenchRun) -> list[str]:
         if comparison.note:
             lines += [comparison.note, ""]
         lines += [f"Baseline: `{comparison.baseline}`. "
-                  + "; ".join(f"`{m}`: {run.variants[m]['description']}" for m in members if m in run.variants)
+                  + "; ".join(f"`{m}`: {run.variants[m]['description']}{_parameters(run.variants[m])}"
+                              for m in members if m in run.variants)
                   + ".", ""]
         rows = []
         lengths = sorted({r.length for r in run.results if r.variant in members})

@@ -81,6 +81,22 @@ class BenchRun:
                 return result
         return None
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BenchRun:
+        """Rebuild a run saved by ``to_json`` (to re-render a report without measuring again)."""
+        preset_fields = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in data["preset"].items()
+        }
+        comparisons = tuple(
+            Comparison(**{k: tuple(v) if isinstance(v, list) else v for k, v in c.items()})
+            for c in data["comparisons"]
+        )
+        skip = {"preset", "comparisons", "results"}
+        run = cls(preset=Preset(**preset_fields), comparisons=comparisons,
+                  **{k: v for k, v in data.items() if k not in skip})
+        run.results = [Result(**r) for r in data["results"]]
+        return run
+
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k not in ("results", "comparisons", "preset")}
         data["preset"] = asdict(self.preset)
@@ -184,6 +200,8 @@ class Runner:
             return self._models[variant.name]
         torch.manual_seed(0)
         model = variant.build(length).to(self.device).train()
+        info = self.run.variants.setdefault(variant.name, {})
+        info["parameters"] = sum(p.numel() for p in model.parameters())
         if variant.shared_across_lengths:
             self._models[variant.name] = model
         return model

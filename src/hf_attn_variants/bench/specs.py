@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 VOCAB_SIZE = 1000
+"""Token ids are drawn from [1, VOCAB_SIZE) — valid for every preset's vocabulary."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class Preset:
     intermediate_size: int
     lengths: tuple[int, ...]
     batch_size: int = 1
+    vocab_size: int = 1000
+    gau_layers: int | None = None  # None = num_layers
     gau_key_size: int = 128
     gau_chunk_size: int = 256
     synthesizer_max_length: int = 2048
@@ -68,7 +71,8 @@ PRESETS: dict[str, Preset] = {
     "cpu": Preset("cpu", 256, 2, 4, 1024, (512, 2048, 8192)),
     # ~110M-parameter models (BERT-base widths) for a GPU; n up to 32k for the O(n)-memory paths.
     "gpu": Preset(
-        "gpu", 768, 12, 12, 3072, (512, 2048, 8192, 32768), gau_chunk_size=256, synthesizer_max_length=2048,
+        "gpu", 768, 12, 12, 3072, (512, 2048, 8192, 32768), vocab_size=30522, gau_layers=24,
+        gau_chunk_size=256, synthesizer_max_length=2048,
         quadratic_max_length=8192,
         prune_heads=12, prune_intermediate_size=3072, prune_lengths=(512, 2048), compile_lengths=(512, 2048, 8192),
         repeats=10, long_repeats=5, long_from=32768, short_repeats=20,
@@ -144,7 +148,7 @@ def build_variants(preset: Preset) -> dict[str, Variant]:
     short = min(p.lengths)
     mid = sorted(p.lengths)[len(p.lengths) // 2] if len(p.lengths) > 2 else max(p.lengths)
     multi = {
-        "vocab_size": VOCAB_SIZE,
+        "vocab_size": p.vocab_size,
         "hidden_size": p.hidden_size,
         "num_hidden_layers": p.num_layers,
         "num_attention_heads": p.num_heads,
@@ -176,7 +180,7 @@ def build_variants(preset: Preset) -> dict[str, Variant]:
 
     def llama(_: int) -> nn.Module:
         config = LlamaConfig(
-            vocab_size=VOCAB_SIZE, hidden_size=p.hidden_size, num_hidden_layers=p.num_layers,
+            vocab_size=p.vocab_size, hidden_size=p.hidden_size, num_hidden_layers=p.num_layers,
             num_attention_heads=p.num_heads, num_key_value_heads=p.num_heads, intermediate_size=llama_intermediate,
             max_position_embeddings=longest, attention_dropout=0.0, attn_implementation="sdpa",
         )
@@ -194,7 +198,7 @@ def build_variants(preset: Preset) -> dict[str, Variant]:
     def gau(normalization: str, chunk: int | None) -> Callable[[int], nn.Module]:
         def build(_: int) -> nn.Module:
             config = GAUConfig(
-                vocab_size=VOCAB_SIZE, hidden_size=p.hidden_size, num_hidden_layers=p.num_layers,
+                vocab_size=p.vocab_size, hidden_size=p.hidden_size, num_hidden_layers=p.gau_layers or p.num_layers,
                 attention_key_size=p.gau_key_size, attention_normalization=normalization, chunk_size=chunk,
                 max_position_embeddings=longest, **_no_dropout(),
             )
@@ -240,8 +244,9 @@ def build_variants(preset: Preset) -> dict[str, Variant]:
         return build
 
     syn_skip = (
-        f"n > {p.synthesizer_max_length}: the Synthesizer's learned l×l patterns (l = n) hold heads·n² parameters "
-        "per layer (n = 8192, 4 heads: 1 GiB of R per layer, the same again for its gradient)"
+        f"n > {p.synthesizer_max_length}: Synthesizer runs stop where the synthesized components must (their learned "
+        "l×l patterns, l = n, hold heads·n² parameters per layer: at n = 8192 with 4 heads 1 GiB of R per layer, "
+        "the same again for its gradient)"
     )
     variants = [
         Variant("bert_sdpa", "stock", "BertModel, SDPA (stock baseline, encoder)", bert),
