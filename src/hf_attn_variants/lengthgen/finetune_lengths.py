@@ -42,16 +42,15 @@ strings, …), so it is not solvable by one keyword.
 from __future__ import annotations
 
 import json
-import re
 import zlib
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from ..training.corpus import split_paragraphs
 from .results import atomic_write_json, atomic_write_text, describe, read_json, to_csv
 from .variants import VARIANTS, config_fields
 
-UNDERLINE = re.compile(r"^[*=\-~^\"#+]{3,}$")
 """Heading underlines, dropped as in ``training.corpus.corpus_paragraphs``."""
 VALIDATION_PERMILLE = 300
 
@@ -76,16 +75,7 @@ def topic_paragraphs() -> dict[str, list[str]]:
 
     found: dict[str, list[str]] = {}
     for name in sorted(topics):
-        paragraphs, block = [], []
-        for line in [*(line.rstrip() for line in topics[name].splitlines()), ""]:
-            if UNDERLINE.match(line.strip()):
-                continue
-            if line.strip():
-                block.append(line)
-            elif block:
-                paragraphs.append("\n".join(block))
-                block = []
-        found[name] = paragraphs
+        found[name] = split_paragraphs(topics[name])
     counts = Counter(p for paragraphs in found.values() for p in set(paragraphs))
     return {name: [p for p in paragraphs if counts[p] == 1] for name, paragraphs in found.items()}
 

@@ -58,18 +58,21 @@ def corpus_paragraphs() -> list[str]:
     """
     from pydoc_data.topics import topics
 
+    return [paragraph for name in sorted(topics) for paragraph in split_paragraphs(topics[name])]
+
+
+def split_paragraphs(text: str) -> list[str]:
+    """Runs of non-blank lines of ``text`` (line breaks and indentation kept), heading underlines dropped."""
     paragraphs: list[str] = []
-    for name in sorted(topics):
-        lines = [line.rstrip() for line in topics[name].splitlines()]
-        block: list[str] = []
-        for line in [*lines, ""]:
-            if _UNDERLINE.match(line.strip()):
-                continue
-            if line.strip():
-                block.append(line)
-            elif block:
-                paragraphs.append("\n".join(block))
-                block = []
+    block: list[str] = []
+    for line in [*(line.rstrip() for line in text.splitlines()), ""]:
+        if _UNDERLINE.match(line.strip()):
+            continue
+        if line.strip():
+            block.append(line)
+        elif block:
+            paragraphs.append("\n".join(block))
+            block = []
     return paragraphs
 
 
