@@ -51,7 +51,6 @@ from ..training.corpus import split_paragraphs
 from .results import atomic_write_json, atomic_write_text, describe, read_json, to_csv
 from .variants import VARIANTS, config_fields
 
-"""Heading underlines, dropped as in ``training.corpus.corpus_paragraphs``."""
 VALIDATION_PERMILLE = 300
 
 CONDITIONS: tuple[tuple[str, str | None, dict[str, Any]], ...] = (
