@@ -107,9 +107,14 @@ ATTENTION_BLOCK_ELEMENTS = 1 << 22
 """Score elements per query block of ``relu2_attention`` / ``softmax_attention`` (16 MiB of float32)."""
 
 
-def _query_blocks(queries: int, keys: int) -> list[tuple[int, int]]:
+def _query_blocks(queries: int, keys: int, causal_offset: int | None) -> list[tuple[int, int, int]]:
+    """(start, stop, key limit) of each query block; a causal block needs no key after its last query."""
     rows = max(1, min(queries, ATTENTION_BLOCK_ELEMENTS // max(keys, 1)))
-    return [(start, min(start + rows, queries)) for start in range(0, queries, rows)]
+    blocks = []
+    for start in range(0, queries, rows):
+        stop = min(start + rows, queries)
+        blocks.append((start, stop, keys if causal_offset is None else min(keys, causal_offset + stop)))
+    return blocks
 
 
 def _relu2_block_weights(
@@ -145,8 +150,7 @@ class Relu2Attention(torch.autograd.Function):
         causal_offset: int | None,
     ) -> torch.Tensor:
         outputs = []
-        for start, stop in _query_blocks(query.shape[-2], key.shape[-2]):
-            limit = key.shape[-2] if causal_offset is None else min(key.shape[-2], causal_offset + stop)
+        for start, stop, limit in _query_blocks(query.shape[-2], key.shape[-2], causal_offset):
             block_mask = None if mask is None else mask[..., start:stop, :limit]
             weights = _relu2_block_weights(query[..., start:stop, :], key[..., :limit, :], block_mask).square_()
             outputs.append(torch.matmul(weights, value[..., :limit, :]))
@@ -160,8 +164,7 @@ class Relu2Attention(torch.autograd.Function):
         grad_query = torch.empty_like(query)
         grad_key = torch.zeros_like(key)
         grad_value = torch.zeros_like(value)
-        for start, stop in _query_blocks(query.shape[-2], key.shape[-2]):
-            limit = key.shape[-2] if ctx.causal_offset is None else min(key.shape[-2], ctx.causal_offset + stop)
+        for start, stop, limit in _query_blocks(query.shape[-2], key.shape[-2], ctx.causal_offset):
             block_mask = None if mask is None else mask[..., start:stop, :limit]
             block_query, block_grad = query[..., start:stop, :], grad_output[..., start:stop, :]
             activation = _relu2_block_weights(block_query, key[..., :limit, :], block_mask)
@@ -224,8 +227,7 @@ class SoftmaxAttention(torch.autograd.Function):
         causal_offset: int | None,
     ) -> torch.Tensor:
         outputs, lses = [], []
-        for start, stop in _query_blocks(query.shape[-2], key.shape[-2]):
-            limit = key.shape[-2] if causal_offset is None else min(key.shape[-2], causal_offset + stop)
+        for start, stop, limit in _query_blocks(query.shape[-2], key.shape[-2], causal_offset):
             scores = _masked_block_scores(query[..., start:stop, :], key[..., :limit, :], mask, start, stop, limit)
             lse = torch.logsumexp(scores, dim=-1, keepdim=True)
             outputs.append(torch.matmul(scores.sub_(lse).exp_(), value[..., :limit, :]))
@@ -242,8 +244,7 @@ class SoftmaxAttention(torch.autograd.Function):
         grad_key = torch.zeros_like(key)
         grad_value = torch.zeros_like(value)
         delta = (grad_output * output).sum(-1, keepdim=True)
-        for start, stop in _query_blocks(query.shape[-2], key.shape[-2]):
-            limit = key.shape[-2] if ctx.causal_offset is None else min(key.shape[-2], ctx.causal_offset + stop)
+        for start, stop, limit in _query_blocks(query.shape[-2], key.shape[-2], ctx.causal_offset):
             block_query, block_grad = query[..., start:stop, :], grad_output[..., start:stop, :]
             probs = _masked_block_scores(block_query, key[..., :limit, :], mask, start, stop, limit)
             probs.sub_(lse[..., start:stop, :]).exp_()
