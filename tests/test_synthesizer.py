@@ -9,7 +9,6 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCache
 
 from hf_attn_variants import (
-    EntropyInvariantConfig,
     EntropyInvariantModel,
     SynthesizerConfig,
     SynthesizerForCausalLM,
@@ -20,6 +19,7 @@ from hf_attn_variants import (
 from hf_attn_variants.configuration_synthesizer import SYNTHESIZER_COMPONENTS, balanced_factorization
 from hf_attn_variants.modeling_synthesizer import SynthesizerAttention
 from tests import properties
+from tests.test_entropy_invariant import tiny_config as ei_tiny_config
 from tests.utils import left_padded, random_ids, right_padded
 
 LENGTH = 16  # l = max_position_embeddings of the tiny models
@@ -186,16 +186,7 @@ def test_factorized_dense_is_the_flattened_outer_product_of_the_two_branches() -
 def test_vanilla_only_equals_standard_softmax_attention() -> None:
     """Same weights as EntropyInvariantModel(attention_scale="standard"): the two must agree exactly."""
     torch.manual_seed(0)
-    reference_config = EntropyInvariantConfig(
-        vocab_size=97,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        attention_scale="standard",
-    )
+    reference_config = ei_tiny_config(attention_scale="standard")
     reference_config._attn_implementation = "eager"
     reference = EntropyInvariantModel(reference_config).eval()
     model = tiny(synthesizer_components=["vanilla"])
