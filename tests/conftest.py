@@ -39,14 +39,16 @@ def _one_thread_per_xdist_worker() -> None:
 
 _one_thread_per_xdist_worker()
 
-# Markers that transformers' tests/test_modeling_common.py applies at import time; it is imported by
-# tests/conformance/harness.py during collection, and `--strict-markers` rejects unregistered ones.
+# Markers that transformers' tests/test_modeling_common.py and testing_utils.is_training_test (used by
+# tests/test_training_mixin.py) apply at import time; the harness imports them during collection, and
+# `--strict-markers` rejects unregistered ones.
 TRANSFORMERS_COMMON_TEST_MARKERS = (
     "accelerate_tests",
     "flash_attn_test",
     "flash_attn_3_test",
     "flash_attn_4_test",
     "torch_compile_test",
+    "is_training_test",
 )
 
 

@@ -16,6 +16,7 @@ from hf_attn_variants import (
     EntropyInvariantModel,
 )
 from tests import properties
+from tests.remote_code import assert_standalone_code
 from tests.utils import clone_with_config, random_ids, right_padded
 
 SCALES = ["standard", "entropy_invariant", "ssmax"]
@@ -31,7 +32,7 @@ def tiny_config(**overrides) -> EntropyInvariantConfig:
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
         base_length=8,
-        min_length=2,
+        entropy_min_length=2,
     )
     values.update(overrides)
     return EntropyInvariantConfig(**values)
@@ -51,7 +52,7 @@ def test_entropy_invariant_equals_standard_when_base_length_is_the_input_length(
     causal = model_class is EntropyInvariantForCausalLM
     # In a causal stack only the last query has nᵢ = base_length; one layer keeps the other rows out of it.
     model = tiny(model_class, attention_scale="standard", num_hidden_layers=1 if causal else 2)
-    scaled = clone_with_config(model, attention_scale="entropy_invariant", base_length=length, min_length=1)
+    scaled = clone_with_config(model, attention_scale="entropy_invariant", base_length=length, entropy_min_length=1)
     ids = random_ids(2, length)
     if not causal:
         assert torch.allclose(properties.hidden(model, ids), properties.hidden(scaled, ids), atol=1e-5)
@@ -198,7 +199,7 @@ def test_gradient_checkpointing_gives_same_gradients() -> None:
     [
         ("attention_scale", "linear"),
         ("base_length", 1),
-        ("min_length", 0),
+        ("entropy_min_length", 0),
         ("position_embedding_type", "alibi"),
         ("norm_type", "batchnorm"),
         ("norm_position", "middle"),
@@ -255,9 +256,8 @@ def test_readme_snippet_save_and_reload_with_auto_class(tmp_path) -> None:
 
 def test_saved_folder_has_code_and_full_auto_map(tmp_path) -> None:
     tiny(EntropyInvariantForSequenceClassification).save_pretrained(tmp_path)
-    files = {p.name for p in tmp_path.iterdir()}
-    assert {"modeling_entropy_invariant.py", "configuration_entropy_invariant.py", "layers.py"} <= files
-    assert {"modeling_common.py", "configuration_common.py", "model.safetensors"} <= files
+    assert (tmp_path / "model.safetensors").exists()
+    assert_standalone_code(tmp_path, "entropy_invariant")
     auto_map = AutoConfig.from_pretrained(tmp_path).auto_map
     assert set(auto_map) == {
         "AutoConfig",

@@ -18,7 +18,7 @@ from hf_attn_variants import FAMILIES
 from hf_attn_variants.cli import main
 from hf_attn_variants.hub import ExportArguments, PushArguments, PushError, check_export, export, push
 from hf_attn_variants.training import build_config, embedded_tokenizer
-from tests.remote_code import clean_python
+from tests.remote_code import assert_standalone_code, clean_python
 from tests.test_pretrain import tiny_overrides
 
 CITATION = {"entropy_invariant": "2501.19399", "gau": "2202.10447", "synthesizer": "2005.00743"}
@@ -74,8 +74,8 @@ def exported(trained, tmp_path_factory) -> dict[str, Path]:
 def test_export_folder_is_exactly_the_upload(exported, family: str) -> None:
     folder = exported[family]
     names = {p.name for p in folder.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md", "layers.py",
-            f"modeling_{family}.py", f"configuration_{family}.py"} <= names
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md"} <= names
+    assert_standalone_code(folder, family)
     assert not names & {"checkpoints", "all_results.json", "pretrain_args.json", "train_log.jsonl"}
     assert not [n for n in names if n.endswith((".bin", ".pt", ".pkl"))]
     check_export(folder)

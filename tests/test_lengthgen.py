@@ -151,7 +151,7 @@ def test_llama_variant_is_evaluated_with_three_attention_modes(tmp_path):
     ids = torch.randint(0, 40, (1, 32))
     with torch.no_grad():
         a, b, c = sdpa(ids).logits, scaled(ids).logits, clamped(ids).logits
-    # min_length 16 > base 8: every row's factor is ≥ log 16 / log 8 > 1, so rows with ≥ 2 keys differ
+    # entropy_min_length 16 > base 8: every row's factor is ≥ log 16 / log 8 > 1, so rows with ≥ 2 keys differ
     assert not torch.allclose(a[:, 1:8], b[:, 1:8], atol=1e-6)
     # clamped at L = 8: rows 0…7 see ≤ 8 keys (factor 1, exactly sdpa), later rows are sharpened
     torch.testing.assert_close(c[:, :8], a[:, :8], rtol=1e-4, atol=1e-5)

@@ -20,6 +20,7 @@ from hf_attn_variants import FAMILIES
 from hf_attn_variants.cli import main
 from hf_attn_variants.demo import DemoArguments, family_overrides
 from hf_attn_variants.training import PretrainArguments, corpus_splits, embedded_tokenizer_path, pretrain
+from tests.remote_code import assert_standalone_code
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,7 +66,7 @@ def test_pretrain_writes_remote_code_model_tokenizer_and_log(tmp_path, train_fil
     assert result.completed_steps == 4
     names = {p.name for p in tmp_path.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "train_log.jsonl", "all_results.json"} <= names
-    assert any(n.startswith("modeling_") for n in names) and "layers.py" in names
+    assert_standalone_code(tmp_path, family)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == family and "AutoModelForMaskedLM" in config["auto_map"]
     rows = read_log(tmp_path)

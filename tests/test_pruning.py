@@ -65,7 +65,7 @@ def our_config(family: str, **overrides):
         "max_position_embeddings": LENGTH, "num_labels": 3,
     }
     if family == "entropy_invariant":
-        values.update(attention_scale="ssmax", base_length=8, min_length=2)
+        values.update(attention_scale="ssmax", base_length=8, entropy_min_length=2)
     else:
         values.update(synthesizer_components=["random", "vanilla"])
     values.update(overrides)

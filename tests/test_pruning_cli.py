@@ -107,6 +107,7 @@ def test_prune_command_is_listed_and_rejects_bad_files(tmp_path, capsys) -> None
     make_model("entropy_invariant").save_pretrained(model_dir)
     tokenizer().save_pretrained(model_dir)
     (tmp_path / "data.parquetx").write_text("x")
-    with pytest.raises(ValueError, match="data files must end in one of"):
-        main(["prune", "--model_name_or_path", str(model_dir), "--train_file", str(tmp_path / "data.parquetx"),
-              "--output_dir", str(tmp_path / "out")])
+    code = main(["prune", "--model_name_or_path", str(model_dir), "--train_file", str(tmp_path / "data.parquetx"),
+                 "--output_dir", str(tmp_path / "out")])
+    assert code == 2 and "--train_file: data files must end in one of" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

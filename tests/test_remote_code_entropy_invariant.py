@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 
 from hf_attn_variants import FAMILIES
-from tests.remote_code import RemoteCase, assert_remote_code_matches, auto_class_name
+from tests.remote_code import assert_remote_code_matches, class_case
 from tests.test_entropy_invariant import tiny_config
 from tests.utils import random_ids, right_padded
-
 
 
 def test_all_classes_load_with_trust_remote_code_in_a_clean_environment(tmp_path) -> None:
@@ -19,7 +18,5 @@ def test_all_classes_load_with_trust_remote_code_in_a_clean_environment(tmp_path
         torch.manual_seed(index)
         scale = ("standard", "entropy_invariant", "ssmax")[index % 3]
         model = model_class(tiny_config(attention_scale=scale, num_labels=3))
-        cases.append(
-            RemoteCase(suffix, model, auto_class_name(suffix), {"input_ids": ids, "attention_mask": mask})
-        )
+        cases.append(class_case(suffix, model, {"input_ids": ids, "attention_mask": mask}))
     assert_remote_code_matches(cases, tmp_path)

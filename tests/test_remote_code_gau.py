@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from hf_attn_variants import FAMILIES
-from tests.remote_code import RemoteCase, assert_remote_code_matches, auto_class_name
+from tests.remote_code import assert_remote_code_matches, class_case
 from tests.test_gau import sharpen, tiny_config
 from tests.utils import random_ids, right_padded
 
@@ -36,7 +36,5 @@ def test_all_classes_load_with_trust_remote_code_in_a_clean_environment(tmp_path
     for index, (suffix, model_class) in enumerate(classes.items()):
         torch.manual_seed(index)
         model = sharpen(model_class(tiny_config(num_labels=3, **VARIANT_FOR_SUFFIX[suffix])), seed=index)
-        cases.append(
-            RemoteCase(suffix, model, auto_class_name(suffix), {"input_ids": ids, "attention_mask": mask})
-        )
+        cases.append(class_case(suffix, model, {"input_ids": ids, "attention_mask": mask}))
     assert_remote_code_matches(cases, tmp_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hf_attn_variants import FAMILIES
-from tests.remote_code import RemoteCase, assert_remote_code_matches, auto_class_name
+from tests.remote_code import assert_remote_code_matches, class_case
 from tests.test_synthesizer import tiny_config
 from tests.utils import left_padded, random_ids
 
@@ -28,7 +28,5 @@ def test_all_classes_load_with_trust_remote_code_in_a_clean_environment(tmp_path
     for index, ((suffix, model_class), variant) in enumerate(zip(classes.items(), VARIANTS, strict=True)):
         torch.manual_seed(index)
         model = model_class(tiny_config(num_labels=3, **variant))
-        cases.append(
-            RemoteCase(suffix, model, auto_class_name(suffix), {"input_ids": ids, "attention_mask": mask})
-        )
+        cases.append(class_case(suffix, model, {"input_ids": ids, "attention_mask": mask}))
     assert_remote_code_matches(cases, tmp_path)

@@ -2,7 +2,8 @@
 
 Importing the package registers every family with ``AutoConfig`` and the six ``AutoModel*`` classes and
 marks each class for ``register_for_auto_class``, so ``save_pretrained`` writes an ``auto_map`` and
-copies the model code: the saved folder loads with ``trust_remote_code=True`` without this package.
+standalone model code (one configuration and one modeling file per family, see ``standalone.py``): the
+saved folder loads with ``trust_remote_code=True`` without this package, on every Transformers 5.x.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ from .modeling_synthesizer import (
     SynthesizerModel,
     SynthesizerPreTrainedModel,
 )
+from .configuration_common import StandaloneCodeMixin
+from .standalone import write_standalone_code
 from .stock_attention import ENTROPY_INVARIANT, register_stock_attention
 
 __version__ = "0.1.0"
@@ -99,7 +102,12 @@ FAMILIES = {
 
 
 def register_families() -> None:
-    """Register every family with the Auto classes and for remote-code saving (idempotent)."""
+    """Register every family with the Auto classes and for remote-code saving (idempotent).
+
+    ``save_pretrained`` of every config and model of the package then writes standalone remote code
+    (``hf_attn_variants.standalone``).
+    """
+    StandaloneCodeMixin.standalone_code_writer = staticmethod(write_standalone_code)
     for model_type, (config_class, classes) in FAMILIES.items():
         AutoConfig.register(model_type, config_class, exist_ok=True)
         config_class.register_for_auto_class("AutoConfig")

@@ -1,23 +1,27 @@
 """Configuration fields shared by the three families, with validation that names the bad field.
 
-Field names follow BERT/Llama (DESIGN §2). Every family config subclasses ``AttnVariantConfig``; the
+Field names follow BERT/Llama. Every family config subclasses ``AttnVariantConfig``; the
 two multi-head families (entropy-invariant, Synthesizer) subclass ``MultiHeadAttnVariantConfig``,
 which adds heads, the feed-forward width and the per-layer pruned heads.
 
-Copied next to the model code by ``save_pretrained``: imports only torch, transformers, stdlib.
+Model code: imports only torch, transformers and the standard library (see ``hf_attn_variants.standalone``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
+from .compat import MIN_TRANSFORMERS_VERSION
 from .layers import NORM_TYPES, kept_heads, normalize_pruned_heads
 
 POSITION_EMBEDDING_TYPES = ("rope", "absolute", "none")
+HUB_ARGUMENTS = ("repo_id", "commit_message", "commit_description", "private", "token", "create_pr", "revision")
+"""Keyword arguments of ``save_pretrained(..., push_to_hub=True)`` that belong to the upload."""
 NORM_POSITIONS = ("pre", "post")
 
 
@@ -54,8 +58,52 @@ def check_bool(field: str, value: Any) -> None:
         raise TypeError(f"{field} must be a bool, got {value!r} ({type(value).__name__}).")
 
 
-class AttnVariantConfig(PreTrainedConfig):
+def renamed_field(kwargs: dict[str, Any], old: str, new: str, value: Any, default: Any) -> Any:
+    """``value`` of field ``new``, or the value a config saved before the rename stored under ``old``.
+
+    Pops ``old`` from ``kwargs``; ``default`` when neither is given; ``ValueError`` when both are.
+    """
+    legacy = kwargs.pop(old, None)
+    if legacy is not None and value is not None:
+        raise ValueError(f"{old} is the former name of {new}; pass {new} only.")
+    if legacy is not None:
+        return legacy
+    return default if value is None else value
+
+
+def config_equal(config: PreTrainedConfig, other: Any) -> bool:
+    """Two configs are equal when every attribute is (what ``PreTrainedConfig.__eq__`` means)."""
+    return isinstance(other, PreTrainedConfig) and config.__dict__ == other.__dict__
+
+
+class StandaloneCodeMixin:
+    """``save_pretrained`` that writes standalone remote code (config and model classes share it).
+
+    Transformers copies a class's module and every sibling module it imports; the package then replaces
+    them by one self-contained ``configuration_<family>.py`` (and ``modeling_<family>.py``) through
+    ``standalone_code_writer``, which ``import hf_attn_variants`` sets (``hf_attn_variants.standalone``).
+    In exported code it stays ``None``: those files are already standalone and are copied as they are.
+    """
+
+    standalone_code_writer = None
+
+    def save_pretrained(self, save_directory: Any, *args: Any, push_to_hub: bool = False, **kwargs: Any) -> Any:
+        writer = type(self).standalone_code_writer
+        if writer is None or self._auto_class is None:
+            return super().save_pretrained(save_directory, *args, push_to_hub=push_to_hub, **kwargs)
+        hub = {name: kwargs.pop(name) for name in HUB_ARGUMENTS if name in kwargs}
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        writer(save_directory, self)
+        if push_to_hub:  # upload only after the code was rewritten
+            self.push_to_hub(hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory))), **hub)
+        return result
+
+
+class AttnVariantConfig(StandaloneCodeMixin, PreTrainedConfig):
     r"""Fields common to the ``gau``, ``synthesizer`` and ``entropy_invariant`` families.
+
+    Written with an explicit ``__init__`` (not as dataclass fields) because Transformers 5.0–5.4 configs are
+    plain classes: this is the form every 5.x release accepts, so exported model code runs on all of them.
 
     Args:
         vocab_size: vocabulary size of ``embed_tokens`` and ``lm_head``.
@@ -77,37 +125,78 @@ class AttnVariantConfig(PreTrainedConfig):
         classifier_dropout: dropout of classification heads (``None`` = ``hidden_dropout_prob``).
         is_decoder: causal attention in the base model (``*ForCausalLM`` sets it).
         use_cache: return a ``Cache`` from causal forward passes.
+        pad_token_id, bos_token_id, eos_token_id: special token ids.
+        tie_word_embeddings: tie ``lm_head`` to ``embed_tokens``.
+
+    ``min_transformers_version`` (read-only, written to ``config.json``) is the oldest Transformers release
+    the model code supports.
     """
 
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    hidden_act: str = "gelu"
-    max_position_embeddings: int = 512
-    hidden_dropout_prob: float | int = 0.1
-    attention_probs_dropout_prob: float | int = 0.1
-    initializer_range: float = 0.02
-    layer_norm_eps: float = 1e-6
-    norm_type: str = "layernorm"
-    norm_position: str = "pre"
-    norm_elementwise_affine: bool = True
-    position_embedding_type: str = "rope"
-    rope_theta: float | int = 10000.0
-    use_bias: bool = True
-    classifier_dropout: float | int | None = None
-    is_decoder: bool = False
-    use_cache: bool = True
-    pad_token_id: int | None = 0
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
-    tie_word_embeddings: bool = True
+    def __init__(
+        self,
+        vocab_size: int = 30522,
+        hidden_size: int = 768,
+        num_hidden_layers: int = 12,
+        hidden_act: str = "gelu",
+        max_position_embeddings: int = 512,
+        hidden_dropout_prob: float = 0.1,
+        attention_probs_dropout_prob: float = 0.1,
+        initializer_range: float = 0.02,
+        layer_norm_eps: float = 1e-6,
+        norm_type: str = "layernorm",
+        norm_position: str = "pre",
+        norm_elementwise_affine: bool = True,
+        position_embedding_type: str = "rope",
+        rope_theta: float = 10000.0,
+        use_bias: bool = True,
+        classifier_dropout: float | None = None,
+        is_decoder: bool = False,
+        use_cache: bool = True,
+        pad_token_id: int | None = 0,
+        bos_token_id: int | None = None,
+        eos_token_id: int | list[int] | None = None,
+        tie_word_embeddings: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.hidden_act = hidden_act
+        self.max_position_embeddings = max_position_embeddings
+        self.hidden_dropout_prob = hidden_dropout_prob
+        self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.initializer_range = initializer_range
+        self.layer_norm_eps = layer_norm_eps
+        self.norm_type = norm_type
+        self.norm_position = norm_position
+        self.norm_elementwise_affine = norm_elementwise_affine
+        self.position_embedding_type = position_embedding_type
+        self.rope_theta = rope_theta
+        self.use_bias = use_bias
+        self.classifier_dropout = classifier_dropout
+        self.is_decoder = is_decoder
+        self.use_cache = use_cache
+        self.pad_token_id = pad_token_id
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.tie_word_embeddings = tie_word_embeddings
+        kwargs.pop("min_transformers_version", None)
+        self.min_transformers_version = MIN_TRANSFORMERS_VERSION
+        # Every subclass sets its fields before calling up to here, so all of them are checked before
+        # PreTrainedConfig's own validators (which read e.g. the head size) run.
+        self.check_fields()
+        super().__init__(**kwargs)
 
-    def __post_init__(self, **kwargs: Any) -> None:
-        self.validate_common_fields()
-        super().__post_init__(**kwargs)
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Transformers >= 5.5 turns every config subclass into a dataclass, whose generated __eq__ would compare
+        # only the base class's dataclass fields (so configs of different sizes would be "equal").
+        cls.__eq__ = config_equal  # type: ignore[method-assign]
 
-    def validate_common_fields(self) -> None:
-        """Check the shared fields; raises ``ValueError``/``TypeError`` naming the field."""
+    __eq__ = config_equal
+
+    def check_fields(self) -> None:
+        """Check every field; raises ``ValueError``/``TypeError`` naming the field. Families extend it."""
         check_int("vocab_size", self.vocab_size, 1)
         check_int("hidden_size", self.hidden_size, 1)
         check_int("num_hidden_layers", self.num_hidden_layers, 0)
@@ -138,24 +227,30 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
             ``hf_attn_variants.pruning.prune_heads`` so that ``from_pretrained`` rebuilds the pruned shapes.
     """
 
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    pruned_heads: dict | None = None
+    def __init__(
+        self,
+        num_attention_heads: int = 12,
+        intermediate_size: int = 3072,
+        pruned_heads: dict | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.pruned_heads = pruned_heads
+        super().__init__(**kwargs)
 
-    def __post_init__(self, **kwargs: Any) -> None:
+    def check_fields(self) -> None:
+        super().check_fields()
         check_int("num_attention_heads", self.num_attention_heads, 1)
         check_int("intermediate_size", self.intermediate_size, 1)
-        check_int("hidden_size", self.hidden_size, 1)
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
                 f"({self.num_attention_heads})."
             )
-        check_int("num_hidden_layers", self.num_hidden_layers, 0)
         self.pruned_heads = normalize_pruned_heads(
             self.pruned_heads, num_layers=self.num_hidden_layers, num_heads=self.num_attention_heads
         )
-        super().__post_init__(**kwargs)
 
     @property
     def head_dim(self) -> int:
@@ -170,8 +265,11 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
 __all__ = [
     "AttnVariantConfig",
     "MultiHeadAttnVariantConfig",
+    "StandaloneCodeMixin",
     "check_bool",
     "check_choice",
     "check_float",
     "check_int",
+    "config_equal",
+    "renamed_field",
 ]

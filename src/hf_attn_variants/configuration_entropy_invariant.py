@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .configuration_common import MultiHeadAttnVariantConfig, check_choice, check_int
+from .configuration_common import MultiHeadAttnVariantConfig, check_choice, check_int, renamed_field
 
 ATTENTION_SCALES = ("standard", "entropy_invariant", "ssmax")
 
 
 class EntropyInvariantConfig(MultiHeadAttnVariantConfig):
-    r"""Multi-head softmax attention whose logit scale grows with log nᵢ (DESIGN §2.1).
+    r"""Multi-head softmax attention whose logit scale grows with log nᵢ.
 
     nᵢ is the number of keys query i may attend to in its own row (padding and causality, past
-    cache included), clamped below at ``min_length``.
+    cache included), clamped below at ``entropy_min_length``.
 
     Args:
         attention_scale: how logits are scaled.
@@ -24,7 +24,8 @@ class EntropyInvariantConfig(MultiHeadAttnVariantConfig):
             - ``"ssmax"``: sₕ · log nᵢ · q·k / √d with one learnable sₕ per layer and head, initialised
               to 1 / log ``base_length`` — Scalable-Softmax (Nakanishi 2025, arXiv:2501.19399).
         base_length: the training length m at which the factor is 1 (default 512).
-        min_length: lower clamp of nᵢ (default 16, as bert4keras).
+        entropy_min_length: lower clamp of nᵢ (default 16, as bert4keras). Configs saved under its former
+            name ``min_length`` (which collided with the generation parameter) load unchanged.
 
     Example:
         ```python
@@ -37,15 +38,23 @@ class EntropyInvariantConfig(MultiHeadAttnVariantConfig):
 
     model_type = "entropy_invariant"
 
-    attention_scale: str = "entropy_invariant"
-    base_length: int = 512
-    min_length: int = 16
+    def __init__(
+        self,
+        attention_scale: str = "entropy_invariant",
+        base_length: int = 512,
+        entropy_min_length: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.attention_scale = attention_scale
+        self.base_length = base_length
+        self.entropy_min_length = renamed_field(kwargs, "min_length", "entropy_min_length", entropy_min_length, 16)
+        super().__init__(**kwargs)
 
-    def __post_init__(self, **kwargs: Any) -> None:
+    def check_fields(self) -> None:
+        super().check_fields()
         check_choice("attention_scale", self.attention_scale, ATTENTION_SCALES)
         check_int("base_length", self.base_length, 2)
-        check_int("min_length", self.min_length, 1)
-        super().__post_init__(**kwargs)
+        check_int("entropy_min_length", self.entropy_min_length, 1)
 
 
 __all__ = ["EntropyInvariantConfig"]

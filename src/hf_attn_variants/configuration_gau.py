@@ -1,13 +1,15 @@
-"""Configuration of the Gated Attention Unit family (``model_type = "gau"``, DESIGN §2.2)."""
+"""Configuration of the Gated Attention Unit family (``model_type = "gau"``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .configuration_common import AttnVariantConfig, check_choice, check_float, check_int
+from .configuration_common import AttnVariantConfig, check_choice, check_float, check_int, renamed_field
 
 ATTENTION_NORMALIZATIONS = ("softmax", "softmax_plus", "relu2", "relu2_normalized")
 RELU2_LENGTHS = ("dynamic", "fixed")
+GAU_INITS = ("gau_alpha", "flash")
+"""How a GAU unit is initialised: GAU-α's code (the default) or the FLASH paper's pseudocode (see ``gau_init``)."""
 #: Normalisations the FLASH mixed-chunk path (``chunk_size`` set) implements: relu² inside chunks,
 #: as in the paper. Softmax has no additive form that a linear cross-chunk term could join, and
 #: ``relu2_normalized`` would divide by a row sum that the linear term (which can be negative)
@@ -16,7 +18,7 @@ CHUNKED_NORMALIZATIONS = ("relu2",)
 
 
 class GAUConfig(AttnVariantConfig):
-    r"""Gated Attention Unit stack: one GAU layer replaces attention + feed-forward (DESIGN §2.2).
+    r"""Gated Attention Unit stack: one GAU layer replaces attention + feed-forward.
 
     Hua, Dai, Liu & Le (2022), "Transformer Quality in Linear Time" (arXiv:2202.10447); GAU-α
     (Su Jianlin, 2022). With hidden size d, e = ``expansion_factor``·d and s = ``attention_key_size``:
@@ -33,7 +35,7 @@ class GAUConfig(AttnVariantConfig):
         attention_normalization: how A is computed from the scaled logits a = q·k/√s.
             - ``"softmax"``: softmax(a).
             - ``"softmax_plus"``: softmax((log nᵢ / log ``base_length``)·a), the entropy-invariant
-              softmax of GAU-α (nᵢ clamped below at ``min_length``).
+              softmax of GAU-α (nᵢ clamped below at ``entropy_min_length``).
             - ``"relu2"``: relu(a)² / L with L from ``relu2_length`` (the paper's GAU and FLASH).
             - ``"relu2_normalized"``: relu(a)² / (Σⱼ relu(a)² + ε), an explicit row normaliser.
         relu2_length: L of ``"relu2"``. ``"dynamic"``: L = nᵢ, the number of keys row i really sees
@@ -41,14 +43,28 @@ class GAUConfig(AttnVariantConfig):
             length — Su (2022) reports it finetunes better at lengths other than the pretraining length.
         base_length: training length m (default 512): softmax_plus equals softmax at nᵢ = m, and the
             fixed relu² length.
-        min_length: lower clamp of nᵢ inside softmax_plus's log (default 16, as bert4keras).
+        entropy_min_length: lower clamp of nᵢ inside softmax_plus's log (default 16, as bert4keras; configs saved
+            under the former name ``min_length`` load unchanged).
         chunk_size: ``None`` (default) = quadratic GAU. An int g = FLASH mixed-chunk attention: exact
             relu² attention inside each chunk of g tokens plus linear attention across chunks
             (non-causal: all chunks; causal: earlier chunks only), O(n) time and memory. Only
             ``attention_normalization="relu2"`` is supported with chunks (see ``CHUNKED_NORMALIZATIONS``).
+        gau_init: initialisation of each unit's projections and of γ in q = z·γ + β, k = z·γ + β (β starts at
+            0 either way).
+            - ``"gau_alpha"`` (default): as GAU-α's code (bert4keras ``GAU_alpha.initializer``, order 3, and
+              ``ScaleOffset``): γ = 1; ``in_proj`` and ``out_proj`` ~ truncated normal on ±2σ with
+              σ = 1.13684723 / √fan_in · num_hidden_layers^(−1/3) (1.1368… restores the variance the
+              truncation removes; the layer factor is DeepNet's).
+            - ``"flash"``: the FLASH paper's pseudocode: γ ~ N(0, ``initializer_range``), projections
+              ~ N(0, ``initializer_range``). Then q·k ≈ 0 at the start, and relu² attention and its gradient
+              vanish at small width: Transformers' overfitting test fails for relu² with it (docs/gau.md has
+              the measured loss reductions).
 
     Every common field of ``AttnVariantConfig`` applies; here ``hidden_act`` defaults to ``"silu"``
-    (the paper's swish) and ``use_bias`` to ``False`` (GAU-α has no biases). The per-dimension
+    (the paper's swish), ``use_bias`` to ``False`` (GAU-α has no biases) and ``attention_probs_dropout_prob``
+    to 0 (the FLASH pseudocode and lucidrains' FLASH-pytorch have no dropout on A; relu² weights are not a
+    distribution, so dropping them rescales the output row by row — with 0.1, relu² GAU fails Transformers'
+    overfitting test on its final-step gradient norm, docs/gau.md; ``gau_alpha_base()`` keeps GAU-α's 0.1). The per-dimension
     scale γ and offset β of q and k always exist (the paper's ``scale_offset``); ``use_bias`` only
     concerns the two linear projections.
 
@@ -63,24 +79,41 @@ class GAUConfig(AttnVariantConfig):
 
     model_type = "gau"
 
-    hidden_act: str = "silu"
-    use_bias: bool = False
-    expansion_factor: int | float = 2
-    attention_key_size: int = 128
-    attention_normalization: str = "softmax_plus"
-    relu2_length: str = "dynamic"
-    base_length: int = 512
-    min_length: int = 16
-    chunk_size: int | None = None
-
-    def __post_init__(self, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        expansion_factor: float = 2,
+        attention_key_size: int = 128,
+        attention_normalization: str = "softmax_plus",
+        relu2_length: str = "dynamic",
+        base_length: int = 512,
+        entropy_min_length: int | None = None,
+        chunk_size: int | None = None,
+        gau_init: str = "gau_alpha",
+        hidden_act: str = "silu",
+        use_bias: bool = False,
+        attention_probs_dropout_prob: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
         for field in ("num_attention_heads", "intermediate_size"):
             if field in kwargs:
                 raise ValueError(
                     f"{field} does not apply to GAU (one attention unit per layer, no separate feed-forward); "
                     "use expansion_factor and attention_key_size instead."
                 )
-        check_int("hidden_size", self.hidden_size, 1)
+        self.expansion_factor = expansion_factor
+        self.attention_key_size = attention_key_size
+        self.attention_normalization = attention_normalization
+        self.relu2_length = relu2_length
+        self.base_length = base_length
+        self.entropy_min_length = renamed_field(kwargs, "min_length", "entropy_min_length", entropy_min_length, 16)
+        self.chunk_size = chunk_size
+        self.gau_init = gau_init
+        super().__init__(
+            hidden_act=hidden_act, use_bias=use_bias, attention_probs_dropout_prob=attention_probs_dropout_prob, **kwargs
+        )
+
+    def check_fields(self) -> None:
+        super().check_fields()
         check_float("expansion_factor", self.expansion_factor, 0.0)
         expanded = self.expansion_factor * self.hidden_size
         if self.expansion_factor <= 0 or abs(expanded - round(expanded)) > 1e-6:
@@ -96,15 +129,15 @@ class GAUConfig(AttnVariantConfig):
         check_choice("attention_normalization", self.attention_normalization, ATTENTION_NORMALIZATIONS)
         check_choice("relu2_length", self.relu2_length, RELU2_LENGTHS)
         check_int("base_length", self.base_length, 2)
-        check_int("min_length", self.min_length, 1)
+        check_int("entropy_min_length", self.entropy_min_length, 1)
         check_int("chunk_size", self.chunk_size, 1, allow_none=True)
+        check_choice("gau_init", self.gau_init, GAU_INITS)
         if self.chunk_size is not None and self.attention_normalization not in CHUNKED_NORMALIZATIONS:
             raise ValueError(
                 f"chunk_size={self.chunk_size} (FLASH mixed-chunk attention) needs attention_normalization in "
                 f"{CHUNKED_NORMALIZATIONS}, got attention_normalization={self.attention_normalization!r}; "
                 "set chunk_size=None for quadratic GAU with this normalisation."
             )
-        super().__post_init__(**kwargs)
 
     @property
     def intermediate_width(self) -> int:
@@ -127,7 +160,7 @@ class GAUConfig(AttnVariantConfig):
             "attention_key_size": 128,
             "attention_normalization": "softmax_plus",
             "base_length": 512,
-            "min_length": 16,
+            "entropy_min_length": 16,
             "hidden_act": "silu",
             "hidden_dropout_prob": 0.1,
             "attention_probs_dropout_prob": 0.1,
@@ -144,4 +177,4 @@ class GAUConfig(AttnVariantConfig):
         return cls(**values)
 
 
-__all__ = ["ATTENTION_NORMALIZATIONS", "CHUNKED_NORMALIZATIONS", "RELU2_LENGTHS", "GAUConfig"]
+__all__ = ["ATTENTION_NORMALIZATIONS", "CHUNKED_NORMALIZATIONS", "RELU2_LENGTHS", "GAU_INITS", "GAUConfig"]

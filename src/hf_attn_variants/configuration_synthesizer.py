@@ -1,9 +1,8 @@
-"""Configuration of the Synthesizer family (``model_type = "synthesizer"``, DESIGN §2.3)."""
+"""Configuration of the Synthesizer family (``model_type = "synthesizer"``)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import field
 from typing import Any
 
 from .configuration_common import MultiHeadAttnVariantConfig, check_bool, check_float, check_int
@@ -22,7 +21,7 @@ def balanced_factorization(length: int) -> list[int]:
 
 
 class SynthesizerConfig(MultiHeadAttnVariantConfig):
-    r"""Synthesizer attention: attention weights synthesized without (or besides) q·kᵀ (DESIGN §2.3).
+    r"""Synthesizer attention: attention weights synthesized without (or besides) q·kᵀ.
 
     Tay, Bahri, Metzler, Juan, Zhao & Zheng (2021), "Synthesizer: Rethinking Self-Attention in
     Transformer Models" (ICML, arXiv:2005.00743). Per head, with l = ``max_position_embeddings``:
@@ -67,20 +66,32 @@ class SynthesizerConfig(MultiHeadAttnVariantConfig):
 
     model_type = "synthesizer"
 
-    synthesizer_components: list[str] = field(default_factory=lambda: ["random", "vanilla"])
-    random_trainable: bool = True
-    random_init_std: float | int | None = None
-    factorized_dense_shape: list[int] | None = None
-    factorized_random_rank: int = 8
-    dense_hidden_size: int | None = None
+    def __init__(
+        self,
+        synthesizer_components: list[str] | None = None,
+        random_trainable: bool = True,
+        random_init_std: float | None = None,
+        factorized_dense_shape: list[int] | None = None,
+        factorized_random_rank: int = 8,
+        dense_hidden_size: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if synthesizer_components is None:
+            synthesizer_components = ["random", "vanilla"]
+        self.synthesizer_components = self._validated_components(synthesizer_components)
+        self.random_trainable = random_trainable
+        self.random_init_std = random_init_std
+        self.factorized_dense_shape = factorized_dense_shape
+        self.factorized_random_rank = factorized_random_rank
+        self.dense_hidden_size = dense_hidden_size
+        super().__init__(**kwargs)
 
-    def __post_init__(self, **kwargs: Any) -> None:
-        self.synthesizer_components = self._validated_components(self.synthesizer_components)
+    def check_fields(self) -> None:
+        super().check_fields()
         check_bool("random_trainable", self.random_trainable)
         check_float("random_init_std", self.random_init_std, 0.0, allow_none=True)
         check_int("factorized_random_rank", self.factorized_random_rank, 1)
         check_int("dense_hidden_size", self.dense_hidden_size, 1, allow_none=True)
-        check_int("max_position_embeddings", self.max_position_embeddings, 1)
         if self.factorized_dense_shape is not None:
             shape = self.factorized_dense_shape
             if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__") or len(shape) != 2:
@@ -93,7 +104,6 @@ class SynthesizerConfig(MultiHeadAttnVariantConfig):
                     f"{self.max_position_embeddings} (a·b = l), got {shape[0] * shape[1]}."
                 )
             self.factorized_dense_shape = [int(shape[0]), int(shape[1])]
-        super().__post_init__(**kwargs)
 
     @staticmethod
     def _validated_components(components: Any) -> list[str]:

@@ -32,6 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from . import FAMILIES
+from .training.cli_utils import (
+    FlagError,
+    check_int,
+    check_number,
+    check_output_dir,
+    check_positive,
+    check_seed,
+    names_in_message,
+)
 
 SENTENCE = "the [MASK] statement raises an exception."
 
@@ -82,17 +91,49 @@ class DemoArguments:
     )
 
     def __post_init__(self) -> None:
+        """Check every value; a bad one raises ``FlagError`` (a ``ValueError``) naming it."""
         families = self.families or list(FAMILIES)
         unknown = [f for f in families if f not in FAMILIES]
         if unknown:
-            raise ValueError(f"families must be among {tuple(FAMILIES)}, got {unknown}.")
-        self.families = families
-        if "[MASK]" not in self.sentence:
-            raise ValueError("sentence must contain [MASK].")
-        if self.max_seq_length < 8 or self.max_train_steps < 1 or not self.length_multipliers:
-            raise ValueError("max_seq_length must be >= 8, max_train_steps >= 1, length_multipliers non-empty.")
-        if self.num_threads < 0:
-            raise ValueError(f"num_threads must be >= 0, got {self.num_threads}.")
+            raise FlagError("families", f"families must be among {tuple(FAMILIES)}, got {unknown}.")
+        self.families = list(dict.fromkeys(families))
+        if self.sentence.count("[MASK]") != 1:
+            raise FlagError("sentence", f"sentence must contain [MASK] exactly once, got {self.sentence!r}.")
+        check_output_dir("output_dir", self.output_dir)
+        check_int("max_seq_length", self.max_seq_length, 8)
+        if not self.length_multipliers:
+            raise FlagError("length_multipliers", "length_multipliers must not be empty.")
+        for k in self.length_multipliers:
+            check_positive("length_multipliers", k)
+        for name in ("max_train_steps", "per_device_train_batch_size", "hidden_size", "num_hidden_layers"):
+            check_positive(name, getattr(self, name))
+        check_number("learning_rate", self.learning_rate, 0, open_low=True)
+        check_int("num_warmup_steps", self.num_warmup_steps, 0)
+        check_seed("seed", self.seed)
+        check_int("num_threads", self.num_threads, 0)
+        check_family_configs(self)
+
+
+DEMO_FLAG_OF_CONFIG_FIELD = {"hidden_size": "hidden_size", "num_hidden_layers": "num_hidden_layers",
+                              "max_position_embeddings": "max_seq_length", "base_length": "max_seq_length"}
+"""Which demo flag sets each config field the demo derives from its flags (the rest are fixed per family)."""
+
+
+def check_family_configs(args: DemoArguments) -> None:
+    """Build every family's demo config (cheap, no model) so that sizes the config rejects fail up front;
+    ``FlagError`` naming the demo flag behind the rejected field."""
+    from .training import build_config, embedded_tokenizer
+
+    tokenizer = embedded_tokenizer()
+    for family in args.families:
+        try:
+            build_config(family, config_overrides=family_overrides(family, args), tokenizer=tokenizer,
+                         max_seq_length=args.max_seq_length)
+        except FlagError as error:
+            named = names_in_message(str(error), list(DEMO_FLAG_OF_CONFIG_FIELD))
+            flag = DEMO_FLAG_OF_CONFIG_FIELD[named[0]] if named else "hidden_size"
+            reason = str(error).removeprefix("config_overrides: ")
+            raise FlagError(flag, f"{flag}: the {family} demo config rejects it: {reason}") from error
 
 
 def family_overrides(family: str, args: DemoArguments) -> str:
@@ -226,15 +267,15 @@ def run(namespace: argparse.Namespace) -> int:
     """CLI entry: run the demo and print the table."""
     import logging
 
-    from .training.cli_utils import dataclasses_from_namespace, fail
+    from .training.cli_utils import dataclasses_from_namespace, fail_flag
 
     logging.basicConfig(level=logging.WARNING)
     for name in ("transformers", "accelerate", "datasets"):
         logging.getLogger(name).setLevel(logging.ERROR)
     try:
         (args,) = dataclasses_from_namespace(namespace, DemoArguments)
-    except ValueError as error:
-        return fail("demo", str(error))
+    except FlagError as error:
+        return fail_flag("demo", error)
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
@@ -247,4 +288,12 @@ def run(namespace: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-__all__ = ["FAMILY_OVERRIDES", "DemoArguments", "demo", "evaluate_lengths", "family_overrides", "run"]
+__all__ = [
+    "FAMILY_OVERRIDES",
+    "DemoArguments",
+    "check_family_configs",
+    "demo",
+    "evaluate_lengths",
+    "family_overrides",
+    "run",
+]

@@ -5,20 +5,34 @@ Everything here is written once and used by ``modeling_entropy_invariant``, ``mo
 entropy-invariant factor, boolean attention masks, an eager attention kernel that never returns NaN
 and the bookkeeping of pruned heads.
 
-This module is copied next to the model code by ``save_pretrained`` (remote code), so it imports
-nothing but ``torch`` and the standard library.
+Model code: imports nothing but ``torch`` and the standard library (``hf_attn_variants.standalone``
+inlines what a family uses into its exported files).
+
+Precision: computations that must not overflow in fp16/bf16 (norms, logits, softmax, RoPE angles) run in
+``compute_dtype(x.dtype)`` = at least float32 — float64 stays float64, so ``torch.autograd.gradcheck`` works.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 NORM_TYPES = ("layernorm", "rmsnorm", "scalenorm")
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype to compute in for inputs of ``dtype``: ``torch.promote_types(dtype, float32)`` (never lower)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def upcast(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in ``compute_dtype(tensor.dtype)``: fp16/bf16 → float32, float32/float64 unchanged."""
+    return tensor.to(compute_dtype(tensor.dtype))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -39,14 +53,18 @@ class RotaryEmbedding(nn.Module):
         self.dim = dim
         self.base = float(base)
 
-    def inv_freq(self, device: torch.device) -> torch.Tensor:
-        """θ_j = base^(-2j/d) for j = 0 … d/2 − 1, in float32."""
-        exponent = torch.arange(0, self.dim, 2, device=device, dtype=torch.float32) / self.dim
+    def inv_freq(self, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """θ_j = base^(-2j/d) for j = 0 … d/2 − 1, in ``dtype``."""
+        exponent = torch.arange(0, self.dim, 2, device=device, dtype=dtype) / self.dim
         return 1.0 / (self.base**exponent)
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return ``(cos, sin)`` of shape ``(batch, seq, dim)`` for ``position_ids`` of shape ``(batch, seq)``."""
-        freqs = position_ids.to(torch.float32)[..., None] * self.inv_freq(position_ids.device)
+        """Return ``(cos, sin)`` of shape ``(batch, seq, dim)`` for ``position_ids`` of shape ``(batch, seq)``.
+
+        Angles are computed in ``compute_dtype(dtype)`` (float32 for half precision, float64 for float64).
+        """
+        angle_dtype = compute_dtype(dtype)
+        freqs = position_ids.to(angle_dtype)[..., None] * self.inv_freq(position_ids.device, angle_dtype)
         angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -82,7 +100,7 @@ class RMSNorm(nn.Module):
     """Root-mean-square norm (Zhang & Sennrich 2019): y = x / sqrt(mean(x²) + ε) · g.
 
     With ``elementwise_affine=False`` there is no gain g (GAU-α's parameter-free RMSNorm).
-    Computed in float32 and cast back, so fp16/bf16 inputs do not overflow in x².
+    Computed in at least float32 and cast back, so fp16/bf16 inputs do not overflow in x².
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, elementwise_affine: bool = True) -> None:
@@ -93,10 +111,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         dtype = hidden_states.dtype
-        x = hidden_states.float()
+        x = upcast(hidden_states)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.weight is not None:
-            x = x * self.weight.float()
+            x = x * self.weight.to(x.dtype)
         return x.to(dtype)
 
     def extra_repr(self) -> str:
@@ -118,9 +136,9 @@ class ScaleNorm(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         dtype = hidden_states.dtype
-        x = hidden_states.float()
+        x = upcast(hidden_states)
         norm = x.norm(dim=-1, keepdim=True).clamp(min=self.eps)
-        gain = math.sqrt(self.hidden_size) * (self.weight.float() if self.weight is not None else 1.0)
+        gain = math.sqrt(self.hidden_size) * (self.weight.to(x.dtype) if self.weight is not None else 1.0)
         return (x * (gain / norm)).to(dtype)
 
     def extra_repr(self) -> str:
@@ -128,13 +146,14 @@ class ScaleNorm(nn.Module):
 
 
 class LayerNorm(nn.LayerNorm):
-    """``torch.nn.LayerNorm`` (Ba et al. 2016) computed in float32 for fp16/bf16 inputs."""
+    """``torch.nn.LayerNorm`` (Ba et al. 2016) computed in at least float32 for fp16/bf16 inputs."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         dtype = hidden_states.dtype
-        weight = self.weight.float() if self.weight is not None else None
-        bias = self.bias.float() if self.bias is not None else None
-        out = F.layer_norm(hidden_states.float(), self.normalized_shape, weight, bias, self.eps)
+        x = upcast(hidden_states)
+        weight = self.weight.to(x.dtype) if self.weight is not None else None
+        bias = self.bias.to(x.dtype) if self.bias is not None else None
+        out = F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
         return out.to(dtype)
 
 
@@ -165,8 +184,9 @@ def visible_key_counts(
     query_offset: int | torch.Tensor = 0,
     causal: bool,
     device: torch.device,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """nᵢ: how many keys query i may attend to in its own row, shape ``(batch, query_length)``, float32.
+    """nᵢ: how many keys query i may attend to in its own row, shape ``(batch, query_length)``, in ``dtype``.
 
     ``attention_mask`` is the usual 2D padding mask ``(batch, key_length)`` with 1 for real tokens
     (past cache included), a prepared 4D mask ``(batch, 1|heads, query_length, key_length)``
@@ -176,7 +196,7 @@ def visible_key_counts(
     """
     if attention_mask is not None and attention_mask.dim() == 4:
         visible = attention_mask if attention_mask.dtype == torch.bool else attention_mask > torch.finfo(attention_mask.dtype).min / 2
-        return visible[:, 0].sum(-1).to(torch.float32)
+        return visible[:, 0].sum(-1).to(dtype)
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError(
             f"attention_mask must be 2D (batch, key_length) or 4D (batch, heads, query_length, key_length), "
@@ -184,16 +204,16 @@ def visible_key_counts(
         )
     if attention_mask is None:
         if not causal:
-            return torch.full((batch_size, query_length), float(key_length), device=device)
+            return torch.full((batch_size, query_length), float(key_length), device=device, dtype=dtype)
         positions = _query_positions(query_length, query_offset, device)
-        counts = (positions + 1).clamp(max=key_length).to(torch.float32)
+        counts = (positions + 1).clamp(max=key_length).to(dtype)
         return counts.unsqueeze(0).expand(batch_size, -1)
     keep = attention_mask[:, -key_length:].to(device=device, dtype=torch.int32)
     if not causal:
-        return keep.sum(-1, keepdim=True).to(torch.float32).expand(-1, query_length)
+        return keep.sum(-1, keepdim=True).to(dtype).expand(-1, query_length)
     cumulative = keep.cumsum(-1)
     positions = _query_positions(query_length, query_offset, device).clamp(max=key_length - 1)
-    return cumulative[:, positions].to(torch.float32)
+    return cumulative[:, positions].to(dtype)
 
 
 def log_key_counts(key_counts: torch.Tensor, min_length: int) -> torch.Tensor:
@@ -208,7 +228,7 @@ def entropy_invariant_factor(key_counts: torch.Tensor, base_length: int, min_len
     so that it equals standard attention at nᵢ = ``base_length`` (the training length).
     """
     # Both logarithms in the same precision, so the factor is exactly 1 at nᵢ = base_length.
-    log_base = torch.tensor(float(base_length), device=key_counts.device).log()
+    log_base = torch.tensor(float(base_length), device=key_counts.device, dtype=key_counts.dtype).log()
     return log_key_counts(key_counts, min_length) / log_base
 
 
@@ -242,15 +262,28 @@ def boolean_attention_mask(
     return mask
 
 
+def update_cache(
+    cache: Any, key: torch.Tensor, value: torch.Tensor, layer_idx: int, query_offset: int | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cache.update`` for new keys/values at positions ``query_offset`` … ``query_offset`` + seq − 1.
+
+    The positions are passed as ``cache_position``: Transformers 5.0's static cache writes exactly there
+    (without them it would overwrite the prompt); later releases count the length themselves and ignore them.
+    Returns every cached key and value of the layer (a static cache: all of its slots).
+    """
+    positions = torch.arange(key.shape[-2], device=key.device) + query_offset
+    return cache.update(key, value, layer_idx, {"cache_position": positions})
+
+
 # --------------------------------------------------------------------------------------------------
 # Attention kernels
 # --------------------------------------------------------------------------------------------------
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the last dimension in float32, where rows with no visible key give exact zeros.
+    """Softmax over the last dimension in at least float32, where rows with no visible key give exact zeros.
 
     ``mask`` is boolean (``True`` = visible) or additive float (0 = visible, very negative = hidden).
     """
-    scores = scores.float()
+    scores = upcast(scores)
     if mask is None:
         return scores.softmax(-1)
     if mask.dtype == torch.bool:
@@ -258,7 +291,7 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     else:
         visible = mask > torch.finfo(mask.dtype).min / 2
-        scores = scores + mask.float()
+        scores = scores + mask.to(scores.dtype)
     probs = scores.softmax(-1)
     return probs * visible.any(-1, keepdim=True)
 
@@ -336,6 +369,7 @@ __all__ = [
     "apply_rotary",
     "boolean_attention_mask",
     "build_norm",
+    "compute_dtype",
     "default_position_ids",
     "eager_attention_forward",
     "entropy_invariant_factor",
@@ -344,5 +378,7 @@ __all__ = [
     "masked_softmax",
     "normalize_pruned_heads",
     "rotate_half",
+    "update_cache",
+    "upcast",
     "visible_key_counts",
 ]

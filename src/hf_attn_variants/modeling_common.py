@@ -15,14 +15,13 @@ Transformers' own ``Generic*`` heads are not used: they build the base model thr
 (which a remote-code folder cannot rely on) and pool the last token, which is wrong for a
 bidirectional encoder; these heads pool the first token ([CLS]) for sequence classification.
 
-Copied next to the model code by ``save_pretrained``: imports only torch, transformers, stdlib.
+Model code: imports only torch, transformers and the standard library (see ``hf_attn_variants.standalone``).
 """
 
 from __future__ import annotations
 
 import copy
 import sys
-from dataclasses import fields
 from typing import Any, ClassVar
 
 import torch
@@ -30,7 +29,6 @@ from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
-from transformers.generation import GenerationConfig
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
@@ -41,11 +39,10 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import can_return_tuple
-from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.import_utils import is_torchdynamo_compiling
-from transformers.utils.output_capturing import capture_outputs
 
-from .configuration_common import AttnVariantConfig
+from .compat import record_outputs
+from .configuration_common import AttnVariantConfig, StandaloneCodeMixin
 from .layers import LayerNorm, RMSNorm, RotaryEmbedding, ScaleNorm, build_norm, default_position_ids
 
 AUTO_CLASS_SUFFIXES = {
@@ -96,7 +93,7 @@ def residual_block(
     return norm(hidden_states + dropout(sublayer_output(hidden_states)))
 
 
-class AttnVariantPreTrainedModel(PreTrainedModel):
+class AttnVariantPreTrainedModel(StandaloneCodeMixin, PreTrainedModel):
     """Base of every model class of the three families.
 
     ``_init_weights`` covers every parameter (v5 builds models on the meta device, then initialises):
@@ -147,7 +144,7 @@ class AttnVariantPreTrainedModel(PreTrainedModel):
         return auto_map
 
     def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
-        """``PreTrainedModel.save_pretrained`` with the family's full ``auto_map`` when saving remote code."""
+        """``save_pretrained`` with the family's full ``auto_map`` and standalone remote code."""
         if self._auto_class is not None:
             self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **self.family_auto_map(self.config)}
         return super().save_pretrained(save_directory, *args, **kwargs)
@@ -159,6 +156,9 @@ class AttnVariantBackbone:
     A family sets ``layer_class`` (a ``GradientCheckpointingLayer`` taking ``(config, layer_idx)``) and
     implements ``_attention_inputs``, which returns the extra keyword arguments every layer needs (masks
     in the family's format, per-row key counts …). ``self.is_causal`` comes from ``config.is_decoder``.
+    Every layer also gets ``query_offset``, the number of cached tokens before the new ones: a static cache
+    returns keys for all of its preallocated slots (the unused ones masked), so the position of the queries
+    cannot be read off the key length.
     """
 
     layer_class: ClassVar[type[nn.Module]]
@@ -229,8 +229,7 @@ class AttnVariantBackbone:
                 f"{total_length}."
             )
 
-    @merge_with_config_defaults
-    @capture_outputs
+    @record_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -258,6 +257,8 @@ class AttnVariantBackbone:
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if isinstance(past_length, torch.Tensor):  # a static cache's counter, which each layer's update advances
+            past_length = past_length.clone()
         self._check_inputs(input_ids, past_length + seq_length, attention_mask)
 
         if inputs_embeds is None:
@@ -281,6 +282,7 @@ class AttnVariantBackbone:
                 hidden_states,
                 position_embeddings=position_embeddings,
                 past_key_values=past_key_values,
+                query_offset=past_length,
                 **layer_inputs,
                 **kwargs,
             )
@@ -352,16 +354,7 @@ class CausalLMHeadMixin(_HeadMixin):
     def __init__(self, config: AttnVariantConfig) -> None:
         config = self._build_base(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._unshare_generation_fields()
         self.post_init()
-
-    def _unshare_generation_fields(self) -> None:
-        # Config fields such as `min_length` (the nᵢ clamp) share a name with generation parameters;
-        # `GenerationConfig.from_model_config` would read them as "generate at least 16 tokens".
-        defaults = GenerationConfig()
-        shared = {f.name for f in fields(self.config)} & set(GenerationConfig._get_default_generation_params())
-        for name in shared - {"use_cache"}:
-            setattr(self.generation_config, name, getattr(defaults, name))
 
     @can_return_tuple
     def forward(

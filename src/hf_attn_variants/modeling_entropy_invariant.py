@@ -20,18 +20,21 @@ from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .compat import ATTENTION_LOOKUP_BY_KEY, prepare_attention_mask
 from .configuration_entropy_invariant import EntropyInvariantConfig
 from .layers import (
     apply_rotary,
     boolean_attention_mask,
     build_norm,
+    compute_dtype,
     eager_attention_forward,
     entropy_invariant_factor,
     log_key_counts,
+    update_cache,
+    upcast,
     visible_key_counts,
 )
 from .modeling_common import (
@@ -48,11 +51,11 @@ from .modeling_common import (
 
 
 class EntropyInvariantAttention(nn.Module):
-    """Multi-head attention with logits s(nᵢ) · q·k/√d, s given by ``config.attention_scale`` (DESIGN §2.1).
+    """Multi-head attention with logits s(nᵢ) · q·k/√d, s given by ``config.attention_scale`` .
 
     - ``standard``: s = 1.
-    - ``entropy_invariant``: s = log max(nᵢ, min_length) / log base_length.
-    - ``ssmax``: s = sₕ · log max(nᵢ, min_length), sₕ learnable per head (``ssmax_scale``).
+    - ``entropy_invariant``: s = log max(nᵢ, entropy_min_length) / log base_length.
+    - ``ssmax``: s = sₕ · log max(nᵢ, entropy_min_length), sₕ learnable per head (``ssmax_scale``).
 
     The projections are named as in Llama (q/k/v/o_proj) so ``peft`` and the pruning tools find them.
     A layer whose heads were all pruned returns the output projection's bias (zeros without bias).
@@ -89,10 +92,10 @@ class EntropyInvariantAttention(nn.Module):
         if scale == "standard" or key_counts is None:
             return None
         if scale == "entropy_invariant":
-            factor = entropy_invariant_factor(key_counts, self.config.base_length, self.config.min_length)
+            factor = entropy_invariant_factor(key_counts, self.config.base_length, self.config.entropy_min_length)
             return factor[:, None, :, None]
-        log_n = log_key_counts(key_counts, self.config.min_length)
-        return self.ssmax_scale.float()[None, :, None, None] * log_n[:, None, :, None]
+        log_n = log_key_counts(key_counts, self.config.entropy_min_length)
+        return self.ssmax_scale.to(log_n.dtype)[None, :, None, None] * log_n[:, None, :, None]
 
     def forward(
         self,
@@ -101,14 +104,15 @@ class EntropyInvariantAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         key_counts: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        query_offset: int = 0,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_length = hidden_states.shape[:2]
         if self.num_heads == 0:
             key_length = seq_length
             if past_key_values is not None:  # keep the cache's length bookkeeping (it reads layer 0) right
-                placeholder = hidden_states.new_zeros(batch_size, 1, seq_length, 1)
-                key_length = past_key_values.update(placeholder, placeholder, self.layer_idx)[0].shape[2]
+                placeholder = hidden_states.new_ones(batch_size, 1, seq_length, 1)
+                key_length = update_cache(past_key_values, placeholder, placeholder, self.layer_idx, query_offset)[0].shape[2]
             # An empty (batch, 0, q, k) map keeps one `attentions` entry per layer.
             weights = hidden_states.new_zeros(batch_size, 0, seq_length, key_length)
             return self.o_proj(hidden_states.new_zeros(batch_size, seq_length, 0)), weights
@@ -120,25 +124,25 @@ class EntropyInvariantAttention(nn.Module):
             cos, sin = position_embeddings
             query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
         if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)
+            key, value = update_cache(past_key_values, key, value, self.layer_idx, query_offset)
 
         factor = self.logit_scale(key_counts)
         if factor is not None:
-            query = (query.float() * factor).to(query.dtype)
+            query = (upcast(query) * factor).to(query.dtype)
 
-        implementation = self.config._attn_implementation or "eager"
-        attention_fn = (
-            eager_attention_forward
-            if implementation == "eager"
-            else ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        )
+        if self.config._attn_implementation in (None, "eager"):
+            attention_fn = eager_attention_forward
+        elif ATTENTION_LOOKUP_BY_KEY:  # transformers < 5.5
+            attention_fn = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+        else:
+            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         if attention_fn is eager_attention_forward and attention_mask is None and self.is_causal:
             attention_mask = boolean_attention_mask(
                 None,
                 batch_size=batch_size,
                 query_length=seq_length,
                 key_length=key.shape[2],
-                query_offset=key.shape[2] - seq_length,
+                query_offset=query_offset,
                 causal=True,
                 device=query.device,
             )
@@ -212,6 +216,7 @@ class EntropyInvariantLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         key_counts: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        query_offset: int = 0,
         **kwargs: Any,
     ) -> torch.Tensor:
         def attend(x: torch.Tensor) -> torch.Tensor:
@@ -221,6 +226,7 @@ class EntropyInvariantLayer(GradientCheckpointingLayer):
                 attention_mask=attention_mask,
                 key_counts=key_counts,
                 past_key_values=past_key_values,
+                query_offset=query_offset,
                 **kwargs,
             )[0]
 
@@ -237,6 +243,7 @@ class EntropyInvariantPreTrainedModel(AttnVariantPreTrainedModel):
     _no_split_modules = ["EntropyInvariantLayer"]
     _supports_sdpa = True
     _supports_attention_backend = True
+    _can_compile_fullgraph = True  # static-cache decoding compiles as one graph (tests/test_generation_caches.py)
     _can_record_outputs = {"hidden_states": EntropyInvariantLayer, "attentions": EntropyInvariantAttention}
 
     def _init_family_weights(self, module: nn.Module) -> None:
@@ -268,14 +275,16 @@ class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel
                 query_offset=past_length,
                 causal=self.is_causal,
                 device=hidden_states.device,
+                dtype=compute_dtype(hidden_states.dtype),
             )
-        make_mask = create_causal_mask if self.is_causal else create_bidirectional_mask
-        mask = make_mask(
+        mask = prepare_attention_mask(
+            causal=self.is_causal,
             config=self.config,
             inputs_embeds=hidden_states,
             attention_mask=attention_mask,
             past_key_values=past_key_values,
             position_ids=position_ids,
+            past_length=past_length,
         )
         return {"attention_mask": mask, "key_counts": key_counts}
 

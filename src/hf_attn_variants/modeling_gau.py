@@ -34,6 +34,7 @@ carries over unchanged. Cost O(n·g·(s + e) + n·s·e): linear in n.
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import torch
@@ -50,8 +51,11 @@ from .layers import (
     apply_rotary,
     boolean_attention_mask,
     build_norm,
+    compute_dtype,
     entropy_invariant_factor,
     masked_softmax,
+    update_cache,
+    upcast,
     visible_key_counts,
 )
 from .modeling_common import (
@@ -66,24 +70,26 @@ from .modeling_common import (
 )
 
 RELU2_NORMALIZED_EPS = 1e-6
+TRUNCATED_NORMAL_GAIN = 1.13684723
+"""1 / std of a standard normal truncated to ±2: bert4keras scales its truncated normal by it, so σ is the real std."""
 
 
 # --------------------------------------------------------------------------------------------------
-# Attention kernels (float32 inside, so fp16/bf16 never overflow in relu² or the logits)
+# Attention kernels (at least float32 inside, so fp16/bf16 never overflow in relu² or the logits; float64 stays)
 # --------------------------------------------------------------------------------------------------
 def relu2_length(key_counts: torch.Tensor | None, config: GAUConfig, like: torch.Tensor) -> torch.Tensor:
     """L of relu(a)²/L per query, shape ``(batch, q)``: nᵢ (``dynamic``, ≥ 1) or ``base_length`` (``fixed``)."""
     if config.relu2_length == "fixed":
-        return torch.full(like.shape[:2], float(config.base_length), device=like.device)
+        return torch.full(like.shape[:2], float(config.base_length), device=like.device, dtype=compute_dtype(like.dtype))
     if key_counts is None:
         raise ValueError("relu2_length='dynamic' needs the per-row key counts nᵢ.")
-    return key_counts.float().clamp(min=1.0)
+    return upcast(key_counts).clamp(min=1.0)
 
 
 def gau_attention_weights(
     scores: torch.Tensor, mask: torch.Tensor | None, key_counts: torch.Tensor | None, config: GAUConfig
 ) -> torch.Tensor:
-    """A = norm(a) for scaled logits a = q·kᵀ/√s of shape ``(batch, 1, q, k)`` (float32 in and out).
+    """A = norm(a) for scaled logits a = q·kᵀ/√s of shape ``(batch, 1, q, k)`` (at least float32 in and out).
 
     ``mask`` is boolean ``(batch, 1, q, k)`` (``True`` = visible) or ``None``; ``key_counts`` is nᵢ
     ``(batch, q)``. relu² is masked *after* the activation, so hidden keys contribute exactly 0, and
@@ -93,7 +99,7 @@ def gau_attention_weights(
     if kind == "softmax":
         return masked_softmax(scores, mask)
     if kind == "softmax_plus":
-        factor = entropy_invariant_factor(key_counts, config.base_length, config.min_length)
+        factor = entropy_invariant_factor(key_counts, config.base_length, config.entropy_min_length)
         return masked_softmax(scores * factor[:, None, :, None], mask)
     weights = F.relu(scores).square()
     if mask is not None:
@@ -186,7 +192,7 @@ def relu2_attention(
 ) -> torch.Tensor:
     """Σⱼ relu(q_i·k_j·row_scale_i)² v_j over visible keys, i.e. quadratic relu² GAU with L folded in.
 
-    ``query`` ``(batch, q, s)``, ``key`` ``(batch, k, s)``, ``value`` ``(batch, k, e)`` (float32),
+    ``query`` ``(batch, q, s)``, ``key`` ``(batch, k, s)``, ``value`` ``(batch, k, e)`` (float32 or float64),
     ``mask`` ``(batch, q, k)`` bool (``True`` = visible) or ``None``, ``row_scale`` > 0 a float or
     ``(batch, q)`` (scaling / √L). Same value as ``gau_attention_weights(...) @ v`` for ``relu2``.
 
@@ -274,7 +280,7 @@ def softmax_attention(
     dropout: float = 0.0,
     training: bool = False,
 ) -> torch.Tensor:
-    """softmax(q kᵀ) v over visible keys for a q that already carries the logit scale; float32 in and out.
+    """softmax(q kᵀ) v over visible keys for a q that already carries the logit scale; float32/float64 in and out.
 
     Shapes as ``relu2_attention``; rows without a visible key give zeros. A score matrix of at most
     ``ATTENTION_BLOCK_ELEMENTS`` elements (or any, with attention dropout, which needs the probabilities) is one
@@ -316,7 +322,7 @@ def flash_mixed_chunk_attention(
     Σ_{j ∈ lin(i)} (q'_i·k'_j·scaling) v_j, where lin(i) is every valid key (non-causal) or the valid keys
     of earlier chunks plus ``initial_state`` = Σ k'ᵀv of chunks before this segment (causal). ``state``
     is ``initial_state`` + Σ k'ᵀv over the *complete* chunks of the segment (causal), or the total
-    (non-causal). Everything is computed in float32; cost and memory are O(T·g + T/g·s·e).
+    (non-causal). Everything is computed in at least float32; cost and memory are O(T·g + T/g·s·e).
     """
     batch, length, key_size = quad_q.shape
     width = value.shape[-1]
@@ -324,7 +330,7 @@ def flash_mixed_chunk_attention(
     chunks = (length + pad) // chunk_size
 
     def blocks(x: torch.Tensor) -> torch.Tensor:
-        return F.pad(x.float(), (0, 0, 0, pad)).view(batch, chunks, chunk_size, x.shape[-1])
+        return F.pad(upcast(x), (0, 0, 0, pad)).view(batch, chunks, chunk_size, x.shape[-1])
 
     valid = key_mask.bool() if key_mask is not None else quad_q.new_ones(batch, length, dtype=torch.bool)
     valid = F.pad(valid, (0, pad), value=False).view(batch, chunks, chunk_size)
@@ -349,12 +355,12 @@ def flash_mixed_chunk_attention(
             [summaries.new_zeros(batch, 1, key_size, width), summaries[:, :-1]], dim=1
         ).cumsum(1)
         if initial_state is not None:
-            earlier = earlier + initial_state.float()[:, None]
+            earlier = earlier + initial_state.to(earlier.dtype)[:, None]
         numerator = numerator + torch.einsum("bgcs,bgse->bgce", lin_q, earlier)
         complete = length // chunk_size
         state = summaries[:, :complete].sum(1)
         if initial_state is not None:
-            state = state + initial_state.float()
+            state = state + initial_state.to(state.dtype)
     else:
         state = summaries.sum(1)
         numerator = numerator + torch.matmul(lin_q, state[:, None])
@@ -382,8 +388,8 @@ def flash_effective_weights(
     length = quad_q.shape[1]
     chunk = torch.arange(length, device=quad_q.device) // chunk_size
     same = chunk[:, None] == chunk[None, :]
-    quad = F.relu(torch.matmul(quad_q.float(), quad_k.float().transpose(-1, -2)) * scaling).square()
-    lin = torch.matmul(lin_q.float(), lin_k.float().transpose(-1, -2)) * scaling
+    quad = F.relu(torch.matmul(upcast(quad_q), upcast(quad_k).transpose(-1, -2)) * scaling).square()
+    lin = torch.matmul(upcast(lin_q), upcast(lin_k).transpose(-1, -2)) * scaling
     if causal:
         quad = quad * (same & torch.ones_like(same).tril())
         lin = lin * (chunk[None, :] < chunk[:, None])
@@ -404,7 +410,7 @@ class GAUChunkCacheLayer(DynamicLayer):
     """Per-layer cache of causal FLASH attention: the open chunk's keys/values plus Σ k'ᵀv of closed chunks.
 
     ``keys`` ``(batch, 1, r, 2s)`` hold [k ‖ k'·mask] of the r < g tokens of the current, incomplete
-    chunk, ``values`` ``(batch, 1, r, e)`` their v, and ``linear_state`` ``(batch, s, e)`` (float32) the
+    chunk, ``values`` ``(batch, 1, r, e)`` their v, and ``linear_state`` ``(batch, s, e)`` (≥ float32) the
     sum of k'ᵀv over every complete chunk, so memory is O(g·(s + e) + s·e) whatever the length and a
     decoding step costs O(g + s·e). ``get_seq_length`` reports all tokens seen. A plain
     ``DynamicCache`` works too: the model swaps its empty ``DynamicLayer`` for this class on first use.
@@ -472,6 +478,17 @@ class GAUChunkCacheLayer(DynamicLayer):
             self.linear_state = self.linear_state[indices, ...]
 
 
+def check_chunk_cache(cache: Cache | None) -> None:
+    """Refuse, in one sentence, a cache that cannot hold the FLASH chunk state (anything but a dynamic cache)."""
+    fixed = sorted({type(layer).__name__ for layer in getattr(cache, "layers", ()) if not isinstance(layer, DynamicLayer)})
+    if fixed:
+        raise ValueError(
+            f"GAU with chunk_size (FLASH) keeps its past as a constant-size chunk state that only a dynamic cache can "
+            f"hold, but got a {type(cache).__name__} of {', '.join(fixed)}: generate with "
+            "cache_implementation='dynamic' (the default) instead of 'static' or its variants."
+        )
+
+
 def chunk_cache_layer(cache: Cache, layer_idx: int) -> GAUChunkCacheLayer:
     """The ``GAUChunkCacheLayer`` of ``layer_idx``, installed in place of an unused ``DynamicLayer``."""
     while len(cache.layers) <= layer_idx:
@@ -497,7 +514,7 @@ class GatedAttentionUnit(nn.Module):
 
     Parameters: ``in_proj`` (d → 2e + s), ``out_proj`` (e → d), ``qk_scale`` γ and ``qk_offset`` β of
     shape ``(2, s)`` — rows q, k — or ``(4, s)`` with ``chunk_size`` (rows q, k, q', k'; FLASH's separate
-    quadratic and linear queries/keys from the same base z). γ ~ N(0, ``initializer_range``), β = 0.
+    quadratic and linear queries/keys from the same base z); their initialisation follows ``gau_init``.
     Returns ``(output, weights)`` with weights ``(batch, 1, q, k)``. Chunked path: ``None`` unless
     ``output_attentions`` is requested; then the effective matrix W / L of ``flash_effective_weights`` is
     materialised (O(n²)) and the output computed as u ⊙ (W/L · v) — the same value, with gradients
@@ -517,7 +534,7 @@ class GatedAttentionUnit(nn.Module):
         rows = 2 if config.chunk_size is None else 4
         self.in_proj = nn.Linear(config.hidden_size, 2 * self.width + self.key_size, bias=config.use_bias)
         self.out_proj = nn.Linear(self.width, config.hidden_size, bias=config.use_bias)
-        self.qk_scale = nn.Parameter(torch.randn(rows, self.key_size) * config.initializer_range)
+        self.qk_scale = nn.Parameter(torch.ones(rows, self.key_size))
         self.qk_offset = nn.Parameter(torch.zeros(rows, self.key_size))
         self.act_fn = ACT2FN[config.hidden_act]
 
@@ -530,6 +547,7 @@ class GatedAttentionUnit(nn.Module):
         key_counts: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         need_weights: bool | None = None,
+        query_offset: int = 0,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``need_weights``: whether the attention map is wanted (``GAULayer`` passes ``output_attentions``).
@@ -546,7 +564,7 @@ class GatedAttentionUnit(nn.Module):
             qk = apply_rotary(qk, *position_embeddings)
         if self.chunk_size is None:
             attended, weights = self._quadratic(
-                qk, v, attention_mask, key_counts, past_key_values, need_weights is not False
+                qk, v, attention_mask, key_counts, past_key_values, need_weights is not False, int(query_offset)
             )
         else:
             want_weights = need_weights
@@ -567,29 +585,30 @@ class GatedAttentionUnit(nn.Module):
         key_counts: torch.Tensor | None,
         past_key_values: Cache | None,
         need_weights: bool = True,
+        query_offset: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         query, key, value = qk[:, :1], qk[:, 1:2], v.unsqueeze(1)
         if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)
+            key, value = update_cache(past_key_values, key, value, self.layer_idx, query_offset)
         dropout_active = self.training and self.config.attention_probs_dropout_prob > 0
         if not need_weights and not dropout_active and self.config.attention_normalization == "relu2":
             # relu(a·scaling)²/L = relu((q·scaling/√L)·k)²: L folded into q, no n×n tensor kept.
             row_scale = self.scaling * relu2_length(key_counts, self.config, query[:, 0]).rsqrt()
             attended = relu2_attention(
-                query[:, 0].float(),
-                key[:, 0].float(),
-                value[:, 0].float(),
+                upcast(query[:, 0]),
+                upcast(key[:, 0]),
+                upcast(value[:, 0]),
                 None if mask is None else mask[:, 0],
                 row_scale,
-                causal_offset=key.shape[2] - query.shape[2] if self.is_causal else None,
+                causal_offset=query_offset if self.is_causal else None,
             )
             return attended, None
         if not need_weights and self.config.attention_normalization in ("softmax", "softmax_plus"):
-            return self._softmax_without_weights(query, key, value, mask, key_counts), None
-        scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * self.scaling
+            return self._softmax_without_weights(query, key, value, mask, key_counts, query_offset), None
+        scores = torch.matmul(upcast(query), upcast(key).transpose(-1, -2)) * self.scaling
         weights = gau_attention_weights(scores, mask, key_counts, self.config)
         weights = F.dropout(weights, p=self.config.attention_probs_dropout_prob, training=self.training)
-        attended = torch.matmul(weights, value.float()).squeeze(1)
+        attended = torch.matmul(weights, upcast(value)).squeeze(1)
         return attended, weights.to(value.dtype)
 
     def _softmax_without_weights(
@@ -599,6 +618,7 @@ class GatedAttentionUnit(nn.Module):
         value: torch.Tensor,
         mask: torch.Tensor | None,
         key_counts: torch.Tensor | None,
+        query_offset: int,
     ) -> torch.Tensor:
         """softmax / softmax_plus attention through ``softmax_attention``, without the attention map.
 
@@ -608,14 +628,14 @@ class GatedAttentionUnit(nn.Module):
         """
         scale: torch.Tensor | float = self.scaling
         if self.config.attention_normalization == "softmax_plus":
-            factor = entropy_invariant_factor(key_counts, self.config.base_length, self.config.min_length)
+            factor = entropy_invariant_factor(key_counts, self.config.base_length, self.config.entropy_min_length)
             scale = (factor * self.scaling)[:, :, None]
         return softmax_attention(
-            query[:, 0].float() * scale,
-            key[:, 0].float(),
-            value[:, 0].float(),
+            upcast(query[:, 0]) * scale,
+            upcast(key[:, 0]),
+            upcast(value[:, 0]),
             None if mask is None else mask[:, 0],
-            causal_offset=key.shape[2] - query.shape[2] if self.is_causal else None,
+            causal_offset=query_offset if self.is_causal else None,
             dropout=self.config.attention_probs_dropout_prob,
             training=self.training,
         )
@@ -652,7 +672,7 @@ class GatedAttentionUnit(nn.Module):
             quad_q, quad_k, lin_q, lin_k, key_mask=key_mask, **options, **dropout
         )
         weights = (weights / lengths).unsqueeze(1)
-        return torch.matmul(weights, v.float().unsqueeze(1)).squeeze(1), weights.to(v.dtype)
+        return torch.matmul(weights, upcast(v).unsqueeze(1)).squeeze(1), weights.to(v.dtype)
 
     def _chunked_with_cache(
         self,
@@ -741,7 +761,7 @@ class GAULayer(GradientCheckpointingLayer):
 # Models
 # --------------------------------------------------------------------------------------------------
 class GAUPreTrainedModel(AttnVariantPreTrainedModel):
-    """Base class of the GAU family: γ ~ N(0, initializer_range), β = 0, output recording."""
+    """Base class of the GAU family: initialisation (``gau_init``), output recording."""
 
     config_class = GAUConfig
     config: GAUConfig
@@ -753,9 +773,19 @@ class GAUPreTrainedModel(AttnVariantPreTrainedModel):
     }
 
     def _init_family_weights(self, module: nn.Module) -> None:
-        if isinstance(module, GatedAttentionUnit):
+        """``gau_init="gau_alpha"``: γ = 1 and fan-in truncated-normal projections (GAU-α's code);
+        ``"flash"``: γ and projections ~ N(0, ``initializer_range``) (the FLASH pseudocode); β = 0."""
+        if not isinstance(module, GatedAttentionUnit):
+            return
+        init.zeros_(module.qk_offset)
+        if self.config.gau_init == "flash":
             init.normal_(module.qk_scale, mean=0.0, std=self.config.initializer_range)
-            init.zeros_(module.qk_offset)
+            return
+        init.ones_(module.qk_scale)
+        depth_gain = self.config.num_hidden_layers ** (-1.0 / 3.0)
+        for linear in (module.in_proj, module.out_proj):
+            std = TRUNCATED_NORMAL_GAIN / math.sqrt(linear.in_features) * depth_gain
+            init.trunc_normal_(linear.weight, mean=0.0, std=std, a=-2.0 * std, b=2.0 * std)
 
 
 class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
@@ -800,8 +830,13 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
         needs_counts = config.attention_normalization == "softmax_plus" or (
             config.attention_normalization == "relu2" and config.relu2_length == "dynamic"
         )
-        key_counts = visible_key_counts(attention_mask, **geometry) if needs_counts else None
+        key_counts = (
+            visible_key_counts(attention_mask, **geometry, dtype=compute_dtype(hidden_states.dtype))
+            if needs_counts
+            else None
+        )
         if config.chunk_size is not None:
+            check_chunk_cache(past_key_values)
             if attention_mask is not None and attention_mask.dim() != 2:
                 raise ValueError(
                     "GAU with chunk_size (FLASH) needs a 2D attention_mask of shape (batch, past + seq), got "

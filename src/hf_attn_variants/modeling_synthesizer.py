@@ -34,7 +34,7 @@ from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .configuration_synthesizer import SynthesizerConfig
-from .layers import apply_rotary, boolean_attention_mask, build_norm, masked_softmax
+from .layers import apply_rotary, boolean_attention_mask, build_norm, masked_softmax, update_cache, upcast
 from .modeling_common import (
     AttnVariantBackbone,
     AttnVariantPreTrainedModel,
@@ -115,7 +115,7 @@ class SynthesizerDenseBranch(nn.Module):
 
 
 class SynthesizerAttention(nn.Module):
-    """Multi-head Synthesizer attention with a learnable mixture of components (DESIGN §2.3).
+    """Multi-head Synthesizer attention with a learnable mixture of components.
 
     Logits per head h, query position i, key position j (positions as in the module docstring):
 
@@ -185,7 +185,7 @@ class SynthesizerAttention(nn.Module):
         """α = softmax(mixing logits), one weight per component in ``self.components`` order (Σα = 1)."""
         if self.mixing_logits is None:
             return torch.ones(1)
-        return self.mixing_logits.float().softmax(-1)
+        return upcast(self.mixing_logits).softmax(-1)
 
     # ------------------------------------------------------------------------------------------ components
     @staticmethod
@@ -217,23 +217,22 @@ class SynthesizerAttention(nn.Module):
             b_scores, keys % width_b
         )
 
-    def _random_logits(self, query_length: int, key_length: int, positions: Positions | None) -> torch.Tensor:
+    def _random_logits(
+        self, query_offset: int, query_length: int, key_length: int, positions: Positions | None
+    ) -> torch.Tensor:
         matrix = self.random_matrix
         if positions is None:
-            start = key_length - query_length
-            return matrix[:, start:key_length, :key_length].unsqueeze(0)
+            return matrix[:, query_offset : query_offset + query_length, :key_length].unsqueeze(0)
         queries, keys = positions
         return matrix[:, queries[:, :, None], keys[:, None, :]].transpose(0, 1)
 
     def _factorized_random_logits(
-        self, query_length: int, key_length: int, positions: Positions | None
+        self, query_offset: int, query_length: int, key_length: int, positions: Positions | None
     ) -> torch.Tensor:
         left, right = self.random_left, self.random_right
         if positions is None:
-            start = key_length - query_length
-            return torch.matmul(left[:, start:key_length], right[:, :key_length].transpose(-1, -2)).unsqueeze(
-                0
-            )
+            rows = left[:, query_offset : query_offset + query_length]
+            return torch.matmul(rows, right[:, :key_length].transpose(-1, -2)).unsqueeze(0)
         queries, keys = positions
         return torch.matmul(left[:, queries], right[:, keys].transpose(-1, -2)).transpose(0, 1)
 
@@ -243,6 +242,7 @@ class SynthesizerAttention(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
         past_key_values: Cache | None,
         value: torch.Tensor,
+        query_offset: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch_size, seq_length = hidden_states.shape[:2]
         shape = (batch_size, seq_length, self.num_heads, self.head_dim)
@@ -252,7 +252,7 @@ class SynthesizerAttention(nn.Module):
             cos, sin = position_embeddings
             query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
         if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)
+            key, value = update_cache(past_key_values, key, value, self.layer_idx, query_offset)
         return torch.matmul(query, key.transpose(-1, -2)) * self.scaling, value
 
     # ------------------------------------------------------------------------------------------ forward
@@ -263,15 +263,17 @@ class SynthesizerAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         synthesizer_positions: Positions | None = None,
         past_key_values: Cache | None = None,
+        query_offset: int = 0,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``attention_mask``: boolean ``(batch, 1, q, k)`` (True = visible, causality included) or None."""
+        """``attention_mask``: boolean ``(batch, 1, q, k)`` (True = visible, causality included) or None;
+        ``query_offset``: tokens in the cache before these queries (their row in the l×l patterns)."""
         batch_size, seq_length = hidden_states.shape[:2]
         if self.num_heads == 0:
             key_length = seq_length
             if past_key_values is not None:  # keep the cache's length bookkeeping right for this layer
-                placeholder = hidden_states.new_zeros(batch_size, 1, seq_length, 1)
-                key_length = past_key_values.update(placeholder, placeholder, self.layer_idx)[0].shape[2]
+                placeholder = hidden_states.new_ones(batch_size, 1, seq_length, 1)
+                key_length = update_cache(past_key_values, placeholder, placeholder, self.layer_idx, query_offset)[0].shape[2]
             # Empty weights (not None), so output_attentions keeps one entry per layer.
             weights = hidden_states.new_zeros(batch_size, 0, seq_length, key_length)
             return self.o_proj(hidden_states.new_zeros(batch_size, seq_length, 0)), weights
@@ -281,13 +283,13 @@ class SynthesizerAttention(nn.Module):
         logits: dict[str, torch.Tensor] = {}
         if "vanilla" in self.components:
             logits["vanilla"], value = self._vanilla_logits(
-                hidden_states, position_embeddings, past_key_values, value
+                hidden_states, position_embeddings, past_key_values, value, query_offset
             )
         elif past_key_values is not None:
             # Synthesized components need no keys: cache a one-channel placeholder (the cache derives its
-            # length from the keys) next to the values.
-            placeholder = value.new_zeros(batch_size, self.num_heads, seq_length, 1)
-            _, value = past_key_values.update(placeholder, value, self.layer_idx)
+            # length from the keys; Transformers 5.0's static cache counts the non-zero ones) next to the values.
+            placeholder = value.new_ones(batch_size, self.num_heads, seq_length, 1)
+            _, value = update_cache(past_key_values, placeholder, value, self.layer_idx, query_offset)
         key_length = value.shape[2]
         if key_length > self.max_length:
             raise ValueError(
@@ -301,24 +303,24 @@ class SynthesizerAttention(nn.Module):
                 hidden_states, key_length, synthesizer_positions
             )
         if "random" in self.components:
-            logits["random"] = self._random_logits(seq_length, key_length, synthesizer_positions)
+            logits["random"] = self._random_logits(query_offset, seq_length, key_length, synthesizer_positions)
         if "factorized_random" in self.components:
             logits["factorized_random"] = self._factorized_random_logits(
-                seq_length, key_length, synthesizer_positions
+                query_offset, seq_length, key_length, synthesizer_positions
             )
 
         if self.mixing_logits is None:
-            mixed = logits[self.components[0]].float()
+            mixed = upcast(logits[self.components[0]])
         else:
             alpha = self.mixing_weights()
-            mixed = sum(alpha[i] * logits[name].float() for i, name in enumerate(self.components))
+            mixed = sum(alpha[i] * upcast(logits[name]) for i, name in enumerate(self.components))
         if attention_mask is None and self.is_causal:
             attention_mask = boolean_attention_mask(
                 None,
                 batch_size=batch_size,
                 query_length=seq_length,
                 key_length=key_length,
-                query_offset=key_length - seq_length,
+                query_offset=query_offset,
                 causal=True,
                 device=hidden_states.device,
             )
@@ -376,6 +378,7 @@ class SynthesizerLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         synthesizer_positions: Positions | None = None,
         past_key_values: Cache | None = None,
+        query_offset: int = 0,
         **kwargs: Any,
     ) -> torch.Tensor:
         def attend(x: torch.Tensor) -> torch.Tensor:
@@ -385,6 +388,7 @@ class SynthesizerLayer(GradientCheckpointingLayer):
                 attention_mask=attention_mask,
                 synthesizer_positions=synthesizer_positions,
                 past_key_values=past_key_values,
+                query_offset=query_offset,
                 **kwargs,
             )[0]
 
@@ -434,7 +438,7 @@ class SynthesizerPreTrainedModel(AttnVariantPreTrainedModel):
 
     def mixing_weights(self) -> torch.Tensor:
         """Current α per layer, shape ``(num_layers, num_components)`` in ``config.synthesizer_components``
-        order; each row sums to 1 (detached, float32)."""
+        order; each row sums to 1 (detached, at least float32)."""
         rows = [
             m.mixing_weights().detach().cpu() for m in self.modules() if isinstance(m, SynthesizerAttention)
         ]
@@ -480,25 +484,33 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
         )
         return {
             "attention_mask": mask,
-            "synthesizer_positions": self._positions(attention_mask, seq_length, key_length),
+            "synthesizer_positions": self._positions(attention_mask, past_length, seq_length, key_length),
         }
 
     @staticmethod
     def _positions(
-        attention_mask: torch.Tensor | None, query_length: int, key_length: int
+        attention_mask: torch.Tensor | None, query_offset: int, query_length: int, key_length: int
     ) -> Positions | None:
         """Positions within each sequence (index − leading padding), or None when no row has leading padding.
 
-        ``None`` lets the components slice their matrices (row offset = past length) instead of gathering.
+        ``None`` lets the components slice their matrices (row offset = ``query_offset``) instead of gathering.
+        The leading padding comes from the 2D mask, or from a prepared 4D mask (what ``generate`` passes with a
+        static cache) as the keys hidden before the first key the last query sees; a 4D mask also sets the
+        number of key slots.
         """
-        if attention_mask is None or attention_mask.dim() != 2:
+        if attention_mask is None:
             return None
-        keep = attention_mask[:, -key_length:] != 0
+        if attention_mask.dim() == 4:
+            last_row = attention_mask[:, 0, -1, :]
+            keep = last_row if last_row.dtype == torch.bool else last_row > torch.finfo(last_row.dtype).min / 2
+            key_length = keep.shape[-1]
+        else:
+            keep = attention_mask[:, -key_length:] != 0
         leading = (keep.int().cumsum(-1) == 0).sum(-1, keepdim=True)
         if not bool(leading.any()):
             return None
         keys = (torch.arange(key_length, device=keep.device)[None, :] - leading).clamp(min=0)
-        return keys[:, key_length - query_length :], keys
+        return keys[:, query_offset : query_offset + query_length], keys
 
 
 class SynthesizerForMaskedLM(MaskedLMHeadMixin, SynthesizerPreTrainedModel):

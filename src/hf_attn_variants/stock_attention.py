@@ -26,7 +26,7 @@ from transformers import AttentionInterface, PreTrainedConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .layers import entropy_invariant_factor, visible_key_counts
+from .layers import compute_dtype, entropy_invariant_factor, upcast, visible_key_counts
 
 ENTROPY_INVARIANT = "entropy_invariant"
 DEFAULT_MIN_LENGTH = 16
@@ -73,9 +73,10 @@ def entropy_invariant_attention_forward(
         query_offset=key_length - query_length,
         causal=bool(getattr(module, "is_causal", False)),
         device=query.device,
+        dtype=compute_dtype(query.dtype),
     )
     factor = entropy_invariant_factor(counts, base_length, min_length)[:, None, :, None]
-    query = (query.float() * factor).to(query.dtype)
+    query = (upcast(query) * factor).to(query.dtype)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 

@@ -160,6 +160,7 @@ __all__ = [
     "floats_tensor",
     "ids_tensor",
     "infer_task",
+    "load_training_mixin",
     "load_upstream",
     "make_common_test_case",
     "random_attention_mask",
@@ -170,7 +171,7 @@ __all__ = [
 #: Private package name under which the upstream test files are imported.
 UPSTREAM_PACKAGE = "_transformers_upstream_tests"
 #: Files extracted from the sdist's ``tests/`` directory.
-UPSTREAM_FILES = ("test_modeling_common.py", "test_configuration_common.py")
+UPSTREAM_FILES = ("test_modeling_common.py", "test_configuration_common.py", "test_training_mixin.py")
 _COMPLETE_MARKER = ".complete"
 _LOCK_TIMEOUT_S = 900.0
 
@@ -276,14 +277,18 @@ def fetch_upstream_tests(version: str | None = None) -> Path:
     version = version or transformers.__version__
     root = upstream_cache_dir(version)
     final = root / "upstream"
-    if (final / _COMPLETE_MARKER).is_file():
+
+    def complete() -> bool:  # a cache from before a file was added to UPSTREAM_FILES is extracted again
+        return (final / _COMPLETE_MARKER).is_file() and all((final / name).is_file() for name in UPSTREAM_FILES)
+
+    if complete():
         return final
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UpstreamTestsUnavailable(f"cannot create cache directory {root}: {exc}") from exc
     with _file_lock(root / ".lock"):
-        if (final / _COMPLETE_MARKER).is_file():  # another worker finished while we waited
+        if complete():  # another worker finished while we waited
             return final
         sdist = _find_or_download_sdist(root / "sdist", version)
         tmp = Path(tempfile.mkdtemp(prefix="upstream.tmp-", dir=root))
@@ -446,6 +451,20 @@ try:
 except UpstreamTestsUnavailable as _exc:
     _COMMON = _CONFIG_COMMON = None
     _LOAD_ERROR = _exc
+
+
+def load_training_mixin() -> type:
+    """Upstream's ``TrainingTesterMixin`` (``tests/test_training_mixin.py`` of the sdist, the overfitting test).
+
+    Raises ``UpstreamTestsUnavailable`` (with the fix) when the upstream tests could not be loaded.
+    """
+    if _LOAD_ERROR is not None:
+        raise UpstreamTestsUnavailable(_failure_message(_LOAD_ERROR))
+    try:
+        return importlib.import_module(f"{UPSTREAM_PACKAGE}.test_training_mixin").TrainingTesterMixin
+    except Exception as exc:  # API drift in a newer sdist
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        raise UpstreamTestsUnavailable(f"importing the transformers training tester mixin failed: {detail}") from exc
 
 
 def upstream_load_error() -> UpstreamTestsUnavailable | None:

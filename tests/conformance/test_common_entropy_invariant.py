@@ -21,7 +21,7 @@ TINY = {
     "max_position_embeddings": 64,
     "pad_token_id": 0,
     "base_length": 16,
-    "min_length": 2,
+    "entropy_min_length": 2,
 }
 ALL_CLASSES = tuple(FAMILIES["entropy_invariant"][1].values())
 

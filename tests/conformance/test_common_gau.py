@@ -29,7 +29,7 @@ TINY = {
     "attention_probs_dropout_prob": 0.1,
     "max_position_embeddings": 64,
     "base_length": 8,
-    "min_length": 2,
+    "entropy_min_length": 2,
     "pad_token_id": 0,
 }
 

@@ -5,20 +5,21 @@ The YAML header is a ``ModelCardData``: ``library_name: transformers``, ``pipeli
 evaluation results found next to the model (``all_results.json``/``eval_results.json`` written by
 pretrain/finetune, and ``eval_by_length.json`` written by the demo / length studies). The body comes from
 the family's Jinja template, filled with the architecture and attention settings (read generically from
-the config dataclass: every field the family adds to the shared base config), the training data, a results
+the config: every argument the family adds to the shared base config), the training data, a results
 table, a usage snippet with ``trust_remote_code=True`` and the citations.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 import json
 from pathlib import Path
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from ..configuration_common import MultiHeadAttnVariantConfig
+from ..compat import MIN_TRANSFORMERS_VERSION
+from ..configuration_common import AttnVariantConfig, MultiHeadAttnVariantConfig
 
 TASKS = {
     # architecture suffix: (pipeline tag, Auto class, task name for model-index)
@@ -94,11 +95,16 @@ def _markdown_table(rows: list[tuple[str, Any]], header: tuple[str, str] = ("set
     return "\n".join(lines)
 
 
+def _init_parameters(config_class: type) -> list[str]:
+    return [name for name, p in inspect.signature(config_class.__init__).parameters.items()
+            if name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
+
+
 def attention_settings(config: Any) -> list[tuple[str, Any]]:
-    """The fields a family adds to the shared config (its attention settings), generically."""
-    shared = {f.name for f in dataclasses.fields(MultiHeadAttnVariantConfig)}
-    return [(f.name, getattr(config, f.name)) for f in dataclasses.fields(type(config))
-            if f.name not in shared and not f.name.startswith("_")]
+    """The fields a family adds to the shared config (its attention settings): its ``__init__`` arguments that
+    the shared base configs do not have."""
+    shared = {*_init_parameters(AttnVariantConfig), *_init_parameters(MultiHeadAttnVariantConfig)}
+    return [(name, getattr(config, name)) for name in _init_parameters(type(config)) if name not in shared]
 
 
 def architecture_settings(config: Any, num_parameters: int | None) -> list[tuple[str, Any]]:
@@ -183,6 +189,7 @@ def _usage(model_id: str, task: tuple[str, str, str], model_type: str, mask_toke
     example = {"fill-mask": f'"the {mask_token or "[MASK]"} statement raises an exception."',
                "text-generation": '"the assert statement"'}.get(pipeline_tag, '"the assert statement is used for debugging."')
     return (
+        f'# pip install torch "transformers>={MIN_TRANSFORMERS_VERSION}"  (nothing else: the model code is in the repo)\n'
         "from transformers import AutoTokenizer, " + auto_class + ", pipeline\n\n"
         f'pipe = pipeline("{pipeline_tag}", model="{model_id}", trust_remote_code=True)\n'
         f"print(pipe({example}))\n\n"

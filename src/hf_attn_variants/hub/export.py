@@ -1,9 +1,9 @@
 """``hf-attn-variants export``: write the exact folder that ``push`` would upload.
 
-Contents: ``config.json`` with ``auto_map`` for AutoConfig and the six Auto classes, the model code
-(``configuration_*.py``, ``modeling_*.py``, ``layers.py``, ``*_common.py`` — copied by ``save_pretrained``
-because the package registers every class with ``register_for_auto_class``), ``model.safetensors`` (no
-pickle files), the tokenizer, and ``README.md`` (the model card, see ``card.py``). The folder is assembled
+Contents: ``config.json`` with ``auto_map`` for AutoConfig and the six Auto classes, the standalone model
+code (``configuration_<family>.py`` and ``modeling_<family>.py``, written by ``save_pretrained`` through
+``hf_attn_variants.standalone``; they run on every Transformers release from 5.0.0 on),
+``model.safetensors`` (no pickle files), the tokenizer, and ``README.md`` (the model card, see ``card.py``). The folder is assembled
 under a temporary name and renamed into place, so an interrupted export never leaves a half-written folder.
 """
 
@@ -11,15 +11,27 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import FAMILIES
+from ..training.cli_utils import (
+    FlagError,
+    check_file,
+    check_folder,
+    check_model_folder,
+    check_output_dir,
+    check_repo_id,
+    quiet_progress,
+)
 from .card import render_model_card
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+LICENSE_PATTERN = re.compile(r"[a-z0-9][a-z0-9.+-]*", re.IGNORECASE)
+"""What a Hub license identifier looks like (``apache-2.0``, ``cc-by-4.0``, ``mit``, ``other``)."""
 
 
 @dataclass
@@ -39,11 +51,22 @@ class ExportArguments:
     )
     overwrite: bool = field(default=False, metadata={"help": "Replace output_dir if it exists."})
 
+    def __post_init__(self) -> None:
+        """Check the values that need no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it."""
+        if self.repo_id is not None:
+            check_repo_id("repo_id", self.repo_id)
+        if not LICENSE_PATTERN.fullmatch(self.license):
+            raise FlagError("license", f"license must be a Hub license identifier such as 'apache-2.0' or 'mit', "
+                                       f"got {self.license!r}.")
+        if self.tags is not None and any(not tag.strip() for tag in self.tags):
+            raise FlagError("tags", f"tags must be non-empty words, got {self.tags}.")
+
 
 def _model_class(config: object) -> type:
     model_type = config.model_type
     if model_type not in FAMILIES:
-        raise ValueError(f"model_type must be one of {tuple(FAMILIES)}, got {model_type!r}.")
+        raise FlagError("model_name_or_path", f"model_name_or_path holds a {model_type!r} model; export writes this "
+                                              f"package's families {tuple(FAMILIES)} only.")
     classes = FAMILIES[model_type][1]
     architecture = (config.architectures or [""])[0]
     for cls in classes.values():
@@ -52,41 +75,68 @@ def _model_class(config: object) -> type:
     return classes["Model"]
 
 
-def export(args: ExportArguments) -> Path:
-    """Write the upload folder (see module docstring) and return its path."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    source = Path(args.model_name_or_path)
-    if (source / "adapter_config.json").exists() and not (source / "config.json").exists():
-        raise ValueError(
-            f"{source} holds a LoRA adapter, not a full model; finetune with --lora_merge and export "
-            f"{source / 'merged'}."
-        )
-    if not (source / "config.json").exists():
-        raise FileNotFoundError(f"model_name_or_path: {source} has no config.json.")
+def check_paths(args: ExportArguments) -> tuple[Path, Path]:
+    """``(source, output)`` folders of ``args``; ``FlagError`` for a source that is not a model folder, an
+    output that is a file, not empty (without ``overwrite``) or holds the source, a missing tokenizer
+    folder or template."""
+    source = check_model_folder("model_name_or_path", args.model_name_or_path, weights=True)
+    check_output_dir("output_dir", args.output_dir)
     output = Path(args.output_dir)
-    if output.exists() and any(output.iterdir()) and not args.overwrite:
-        raise ValueError(f"output_dir {output} exists and is not empty; pass --overwrite to replace it.")
     if output.resolve() == source.resolve():
-        raise ValueError("output_dir must differ from model_name_or_path.")
+        raise FlagError("output_dir", "output_dir must differ from model_name_or_path.")
+    if source.resolve().is_relative_to(output.resolve()):
+        raise FlagError("output_dir", f"output_dir {str(output)!r} holds model_name_or_path; exporting there would "
+                                      "replace the model.")
+    if output.exists() and any(output.iterdir()) and not args.overwrite:
+        raise FlagError("output_dir", f"output_dir {output} exists and is not empty; pass --overwrite to replace it.")
+    if args.tokenizer_name is not None:
+        check_folder("tokenizer_name", args.tokenizer_name, what="tokenizer folder")
+    if args.model_card_template is not None:
+        check_template(args.model_card_template)
+    return source, output
 
-    config = AutoConfig.from_pretrained(source)
-    model = _model_class(config).from_pretrained(source).eval()
+
+def check_template(path: str) -> None:
+    """``FlagError`` naming ``--model_card_template`` unless ``path`` is a file holding a valid Jinja template."""
+    from jinja2 import Environment, TemplateSyntaxError
+
+    text = check_file("model_card_template", path).read_text(encoding="utf-8", errors="replace")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or source)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"No tokenizer found in {args.tokenizer_name or source}; pass --tokenizer_name.") from error
+        Environment().parse(text)
+    except TemplateSyntaxError as error:
+        raise FlagError("model_card_template", f"model_card_template: {path!r} line {error.lineno}: "
+                                               f"{error.message}") from error
+
+
+def export(args: ExportArguments) -> Path:
+    """Write the upload folder (see module docstring) and return its path. Every input is checked (and the
+    model, tokenizer and card are built) before anything is written: a bad one raises ``FlagError``."""
+    from transformers import AutoConfig
+
+    from ..training.modeling import load_pretrained, load_tokenizer
+
+    source, output = check_paths(args)
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError, KeyError) as error:
+        raise FlagError("model_name_or_path", f"model_name_or_path: {source} holds no usable config.json: "
+                                              f"{' '.join(str(error).split())}") from error
+    model_class = _model_class(config)
+    tokenizer = load_tokenizer(args.tokenizer_name or str(source),
+                               flag="tokenizer_name" if args.tokenizer_name else "model_name_or_path")
+    with quiet_progress():
+        model = load_pretrained(model_class, str(source)).eval()
     repo_id = args.repo_id or f"your-username/{output.resolve().name}"
+    card = render_model_card(
+        model, source, model_id=repo_id, license=args.license, extra_tags=args.tags,
+        template=args.model_card_template, mask_token=tokenizer.mask_token,
+    )
 
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        card = render_model_card(
-            model, source, model_id=repo_id, license=args.license, extra_tags=args.tags,
-            template=args.model_card_template, mask_token=tokenizer.mask_token,
-        )
         card.save(staging / "README.md")
         check_export(staging)
         if output.exists():
@@ -107,10 +157,17 @@ def check_export(folder: str | Path) -> None:
     missing = [n for n in ("config.json", "README.md", "tokenizer_config.json") if n not in names]
     if not any(n.endswith(".safetensors") for n in names):
         missing.append("*.safetensors")
-    if not any(n.startswith("modeling_") and n.endswith(".py") for n in names):
-        missing.append("modeling_*.py")
+    model_type = json.loads((folder / "config.json").read_text()).get("model_type") if "config.json" in names else None
+    code = {f"configuration_{model_type}.py", f"modeling_{model_type}.py"}
+    missing += sorted(code - names)
     if missing:
         raise ValueError(f"The export in {folder} lacks {missing}.")
+    extra_code = sorted(n for n in names if n.endswith(".py") and n not in code)
+    if extra_code:
+        raise ValueError(
+            f"The export in {folder} has code files {extra_code} besides {sorted(code)}; the model code must be "
+            "standalone (Transformers < 5.10 copies only the direct imports of the file it loads)."
+        )
     pickles = sorted(n for n in names if n.endswith(PICKLE_SUFFIXES))
     if pickles:
         raise ValueError(f"The export in {folder} holds pickle files {pickles}; only safetensors are allowed.")
@@ -126,16 +183,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
-    """CLI entry: export and print the folder."""
-    from ..training.cli_utils import dataclasses_from_namespace, fail
+    """CLI entry: export and print the folder; a bad flag value gives one error line naming it, exit 2."""
+    from ..training.cli_utils import dataclasses_from_namespace, fail_flag
 
     try:
         (args,) = dataclasses_from_namespace(namespace, ExportArguments)
         folder = export(args)
-    except (ValueError, FileNotFoundError) as error:
-        return fail("export", str(error))
+    except FlagError as error:
+        return fail_flag("export", error)
     print(f"Exported {folder} ({', '.join(sorted(p.name for p in folder.iterdir()))}).")
     return 0
 
 
-__all__ = ["ExportArguments", "add_arguments", "check_export", "export", "run"]
+__all__ = ["ExportArguments", "add_arguments", "check_export", "check_paths", "export", "run"]

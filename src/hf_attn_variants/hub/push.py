@@ -4,6 +4,8 @@ The folder is uploaded as it is (``HfApi.create_repo`` + ``upload_folder``); not
 The token comes from the usual places (``--token``, ``HF_TOKEN``, ``hf auth login``'s stored token), as
 ``huggingface_hub.get_token`` finds it. Without a network, with ``HF_HUB_OFFLINE=1``, without a token or
 on any Hub error the command prints ONE sentence saying why nothing was uploaded and exits with status 1.
+A bad flag value (a ``--folder`` that is not an export, a malformed ``--repo_id``, an empty
+``--commit_message``) is found before anything is contacted: one error line naming the flag, status 2.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..training.cli_utils import FlagError, check_folder, check_repo_id
 
 
 class PushError(RuntimeError):
@@ -30,6 +34,14 @@ class PushArguments:
     commit_message: str = field(default="Upload model exported with hf_attn_variants", metadata={"help": "Commit message."})
     revision: str | None = field(default=None, metadata={"help": "Branch to push to (default: main)."})
 
+    def __post_init__(self) -> None:
+        """Check the values that need no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it."""
+        check_repo_id("repo_id", self.repo_id)
+        if not self.commit_message.strip():
+            raise FlagError("commit_message", "commit_message must not be empty.")
+        if self.revision is not None and not self.revision.strip():
+            raise FlagError("revision", "revision must be a branch name, got an empty string.")
+
 
 def _offline() -> bool:
     value = os.environ.get("HF_HUB_OFFLINE", "").strip().lower()
@@ -40,19 +52,24 @@ def _offline() -> bool:
     return bool(getattr(constants, "HF_HUB_OFFLINE", False))
 
 
-def push(args: PushArguments) -> str:
-    """Upload ``args.folder`` to ``args.repo_id``; returns the commit URL. Raises ``PushError`` (one sentence)."""
-    from huggingface_hub import HfApi, get_token
-
+def check_folder_is_export(folder: str) -> Path:
+    """``folder`` as a ``Path``; ``FlagError`` naming ``folder`` unless it is a complete export."""
     from .export import check_export
 
-    folder = Path(args.folder)
-    if not folder.is_dir():
-        raise PushError(f"Nothing was pushed: {folder} is not a folder (run `hf-attn-variants export` first).")
+    path = check_folder("folder", folder, what="export folder")
     try:
-        check_export(folder)
+        check_export(path)
     except ValueError as error:
-        raise PushError(f"Nothing was pushed: {error}") from None
+        raise FlagError("folder", f"folder: {error} Run `hf-attn-variants export` first.") from error
+    return path
+
+
+def push(args: PushArguments) -> str:
+    """Upload ``args.folder`` to ``args.repo_id``; returns the commit URL. Raises ``FlagError`` for a folder
+    that is not an export, ``PushError`` (one sentence) when the Hub cannot be used."""
+    from huggingface_hub import HfApi, get_token
+
+    folder = check_folder_is_export(args.folder)
     if _offline():
         raise PushError(
             f"Nothing was pushed: HF_HUB_OFFLINE is set, so the Hub cannot be reached; the export in {folder} is "
@@ -85,12 +102,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
-    """CLI entry: push, or print one sentence to stderr and return 1."""
-    from ..training.cli_utils import dataclasses_from_namespace
+    """CLI entry: push; a bad flag value gives one error line naming it and returns 2, a push the Hub did
+    not take prints one sentence and returns 1."""
+    from ..training.cli_utils import dataclasses_from_namespace, fail_flag
 
-    (args,) = dataclasses_from_namespace(namespace, PushArguments)
     try:
+        (args,) = dataclasses_from_namespace(namespace, PushArguments)
         url = push(args)
+    except FlagError as error:
+        return fail_flag("push", error)
     except PushError as error:
         print(f"hf-attn-variants push: {error}", file=sys.stderr)
         return 1
@@ -98,4 +118,4 @@ def run(namespace: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["PushArguments", "PushError", "add_arguments", "push", "run"]
+__all__ = ["PushArguments", "PushError", "add_arguments", "check_folder_is_export", "push", "run"]

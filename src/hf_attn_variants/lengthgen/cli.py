@@ -24,14 +24,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
-    """CLI entry: validate the flags (one-line errors), run the study, print where the results are."""
-    from ..training.cli_utils import dataclasses_from_namespace, fail
-    from .study import LengthGenArguments, run_study
+    """CLI entry: validate the flags, run the study, print where the results are. A bad flag value
+    (``FlagError``, found before anything is written) gives one error line naming it and exit status 2."""
+    from ..training.cli_utils import FlagError, dataclasses_from_namespace, fail_flag
+    from .study import LengthGenArguments, check_study_inputs, run_study
 
     try:
         (args,) = dataclasses_from_namespace(namespace, LengthGenArguments)
-    except (ValueError, TypeError) as error:
-        return fail("lengthgen", str(error))
+        check_study_inputs(args)
+    except FlagError as error:
+        return fail_flag("lengthgen", error)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logging.getLogger("hf_attn_variants").setLevel(logging.INFO)
     import transformers
@@ -41,10 +43,7 @@ def run(namespace: argparse.Namespace) -> int:
     import datasets
 
     datasets.disable_progress_bars()  # tokenizing the corpus once per run: noise in a long study's log
-    try:
-        report = run_study(args)
-    except (ValueError, FileNotFoundError) as error:
-        return fail("lengthgen", str(error))
+    report = run_study(args)
     print(f"lengthgen: {len(report['runs'])} runs ({report.get('skipped_runs', 0)} reused); results in "
           f"{args.output_dir}/results.md, results.json, results.csv, summary.csv and lengthgen_*.png")
     return 0

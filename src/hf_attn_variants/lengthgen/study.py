@@ -36,6 +36,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..training.cli_utils import (
+    FlagError,
+    check_number,
+    check_output_dir,
+    check_seed,
+    names_in_message,
+    quiet_progress,
+)
 from .evaluation import evaluate_at_lengths, token_stream
 from .results import (
     ROW_FIELDS,
@@ -155,10 +163,14 @@ class LengthGenArguments:
                                  if n >= 2]
         if not self.eval_lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 2
                                         for n in self.eval_lengths):
-            raise ValueError(f"eval_lengths must be a non-empty list of integers >= 2, got {self.eval_lengths}.")
+            raise FlagError("eval_lengths",
+                            f"eval_lengths must be a non-empty list of integers >= 2, got {self.eval_lengths}.")
         self.eval_lengths = sorted(set(self.eval_lengths))
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be a non-empty list of distinct integers, got {self.seeds}.")
+            raise FlagError("seeds", f"seeds must be a non-empty list of distinct integers, got {self.seeds}.")
+        for seed in self.seeds:
+            check_seed("seeds", seed)
+        check_seed("eval_seed", self.eval_seed)
         for name in ("max_train_steps", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "gau_layer_factor", "synthesizer_length_factor", "per_device_train_batch_size",
                      "eval_batch_size", "eval_mask_repeats", "finetune_topics", "finetune_words",
@@ -168,20 +180,28 @@ class LengthGenArguments:
                      "checkpointing_steps", "num_threads", "finetune_max_train_samples"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
+        _positive("num_warmup_steps", self.num_warmup_steps, 0)
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
-                             f"({self.num_attention_heads}).")
-        if any(self.train_length % k for k in self.mixed_length_splits) or not self.mixed_length_splits:
-            raise ValueError(f"mixed_length_splits must divide train_length={self.train_length}, "
-                             f"got {self.mixed_length_splits}.")
+            raise FlagError("num_attention_heads", f"hidden_size ({self.hidden_size}) must be divisible by "
+                                                   f"num_attention_heads ({self.num_attention_heads}).")
+        if (not self.mixed_length_splits or any(isinstance(k, bool) or not isinstance(k, int) or k < 1
+                                                for k in self.mixed_length_splits)
+                or any(self.train_length % k for k in self.mixed_length_splits)):
+            raise FlagError("mixed_length_splits", f"mixed_length_splits must be positive integers dividing "
+                                                   f"train_length={self.train_length}, got {self.mixed_length_splits}.")
         if not self.finetune_tasks or any(t not in ("sequence", "token") for t in self.finetune_tasks):
-            raise ValueError(f"finetune_tasks must be a non-empty list of 'sequence'/'token', got {self.finetune_tasks}.")
+            raise FlagError("finetune_tasks", f"finetune_tasks must be a non-empty list of 'sequence'/'token', "
+                                              f"got {self.finetune_tasks}.")
         if self.objective not in ("mlm", "clm"):
-            raise ValueError(f"objective must be one of ('mlm', 'clm'), got {self.objective!r}.")
-        if self.initializer_range is not None and not 0 < self.initializer_range < 1:
-            raise ValueError(f"initializer_range must be in (0, 1), got {self.initializer_range}.")
-        if self.learning_rate <= 0 or self.finetune_learning_rate <= 0 or self.finetune_epochs <= 0:
-            raise ValueError("learning_rate, finetune_learning_rate and finetune_epochs must be > 0.")
+            raise FlagError("objective", f"objective must be one of ('mlm', 'clm'), got {self.objective!r}.")
+        check_number("hidden_dropout_prob", self.hidden_dropout_prob, 0, 1, open_high=True)
+        if self.initializer_range is not None:
+            check_number("initializer_range", self.initializer_range, 0, 1, open_low=True, open_high=True)
+        for name in ("learning_rate", "finetune_learning_rate", "finetune_epochs"):
+            check_number(name, getattr(self, name), 0, open_low=True)
+        if self.validation_file is not None and self.train_file is None:
+            raise FlagError("validation_file", "validation_file needs a train_file (without either, the embedded "
+                                               "corpus is used).")
 
     @property
     def size(self) -> ModelSize:
@@ -236,7 +256,49 @@ def claim(folder: Path) -> Iterator[bool]:
 
 def _positive(name: str, value: Any, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+        raise FlagError(name, f"{name} must be an integer >= {minimum}, got {value!r}.")
+
+
+STUDY_FLAG_OF_CONFIG_FIELD = {
+    "hidden_size": "hidden_size", "num_hidden_layers": "num_hidden_layers",
+    "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_attention_heads",
+    "intermediate_size": "intermediate_size", "attention_key_size": "attention_key_size",
+    "hidden_dropout_prob": "hidden_dropout_prob", "initializer_range": "initializer_range",
+    "max_position_embeddings": "train_length", "base_length": "train_length",
+}
+"""Which study flag sets each config field ``config_fields`` derives from the study's flags."""
+
+
+def check_study_inputs(args: LengthGenArguments) -> None:
+    """Check what ``LengthGenArguments`` cannot check without files or configs, before anything is written:
+    the output folder, the data files (readable, with at least ``train_length`` tokens) and every
+    variant's config at the study's size. ``FlagError`` naming the flag of a bad value."""
+    from transformers import LlamaConfig
+
+    from ..training import build_config, load_text_datasets, load_tokenizer
+    from ..training.data import holds_tokens
+
+    check_output_dir("output_dir", args.output_dir)
+    tokenizer = load_tokenizer(None)
+    for name in args.variants:
+        variant = get_variant(name)
+        fields = config_fields(variant, args.size, args.train_length)
+        try:
+            if variant.model_type == "llama":
+                LlamaConfig(**{k: v for k, v in fields.items() if k != "base_length"})
+            else:
+                build_config(variant.model_type, config_overrides=fields, tokenizer=tokenizer,
+                             max_seq_length=args.train_length)
+        except (ValueError, TypeError) as error:  # the config class's own validation, naming the field
+            named = names_in_message(str(error), list(STUDY_FLAG_OF_CONFIG_FIELD))
+            flag = STUDY_FLAG_OF_CONFIG_FIELD[named[0]] if named else "variants"
+            reason = str(error).removeprefix("config_overrides: ")
+            raise FlagError(flag, f"{flag}: variant {name!r} at this size: {reason}") from error
+    if args.train_file is not None:
+        with quiet_progress():
+            raw = load_text_datasets(args.train_file, args.validation_file)
+        if not holds_tokens(raw["train"], tokenizer, args.train_length):
+            raise FlagError("train_file", f"train_file holds fewer than train_length={args.train_length} tokens.")
 
 
 def fingerprint(data: Any) -> str:
@@ -547,6 +609,7 @@ __all__ = [
     "QUICK_SETTINGS",
     "LengthGenArguments",
     "RunPlan",
+    "check_study_inputs",
     "claim",
     "evaluate_run",
     "fingerprint",

@@ -33,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..training.cli_utils import FlagError
+
 MIXED_SUFFIX = "+mixed"
 CLAMPED_MODE = "entropy_invariant_beyond_L"
 """Eval mode: ``entropy_invariant`` with ``entropy_min_length = base_length``, i.e. a factor
@@ -103,10 +105,11 @@ QUICK_VARIANTS = ("ei_entropy_invariant", "synthesizer_random_vanilla")
 
 
 def get_variant(name: str) -> Variant:
-    """The variant named ``name`` (optionally with the ``+mixed`` suffix); ``ValueError`` listing the names."""
+    """The variant named ``name`` (optionally with the ``+mixed`` suffix); ``FlagError`` (a ``ValueError``)
+    naming ``variants`` and listing the names otherwise."""
     base = name.removesuffix(MIXED_SUFFIX)
     if base not in VARIANTS:
-        raise ValueError(f"variants: unknown variant {name!r}; allowed: {sorted(VARIANTS)} "
+        raise FlagError("variants", f"variants: unknown variant {name!r}; allowed: {sorted(VARIANTS)} "
                          f"(each optionally with the suffix {MIXED_SUFFIX!r}).")
     variant = VARIANTS[base]
     return variant.mixed() if name.endswith(MIXED_SUFFIX) else variant

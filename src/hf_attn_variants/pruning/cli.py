@@ -10,6 +10,9 @@ settings, the baseline and the initial importance matrix), ``pruning_curve.png``
 pruned, with the unpruned baseline), ``head_importance.png`` (the initial importance heat-map) and
 ``model/`` (the pruned model and its tokenizer; reload with ``hf_attn_variants.pruning.load_pruned``, or
 ``from_pretrained`` for this package's families).
+
+Numbers are checked by argparse (``type=``); the model, tokenizer, data and columns by ``prepare`` before
+anything is written. A bad value gives one error line naming its flag and exit status 2.
 """
 
 from __future__ import annotations
@@ -18,11 +21,26 @@ import argparse
 import json
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..training.cli_utils import (
+    FlagError,
+    argparse_type,
+    check_int,
+    check_model_folder,
+    check_number,
+    check_output_dir,
+    check_percentage,
+    check_positive,
+    check_seed,
+    fail_flag,
+    quiet_progress,
+)
+from .adapters import get_adapter
 from .data import TASKS, accuracy_metric, build_batches, infer_task, load_rows, perplexity_metric
 from .importance import compute_head_importance
 from .iterative import iterative_head_pruning, write_curve
@@ -33,82 +51,158 @@ logger = logging.getLogger(__name__)
 
 
 def _threshold(text: str) -> float | None:
+    """``--threshold``: a number > 0, or ``none``/``off``/``0`` for no threshold."""
     if text.lower() in ("none", "off", "0"):
         return None
-    value = float(text)
-    if not value > 0:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0 or 'none', got {text!r}.") from None
+    if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"--threshold must be > 0 or 'none', got {text!r}.")
     return value
 
 
 def _budget(text: str) -> int | float | None:
+    """``--max_heads_pruned``: a count >= 0, a fraction in (0, 1] of all heads, or ``none``."""
     if text.lower() == "none":
         return None
-    return float(text) if any(c in text for c in ".eE") else int(text)
+    try:
+        value = float(text) if any(c in text for c in ".eE") else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int, a fraction in (0, 1] or 'none', got {text!r}.") from None
+    if isinstance(value, float) and not (math.isfinite(value) and 0.0 < value <= 1.0):
+        raise argparse.ArgumentTypeError(f"a fraction of all heads must be in (0, 1], got {text!r}.")
+    if isinstance(value, int) and value < 0:
+        raise argparse.ArgumentTypeError(f"a head count must be >= 0, got {text!r}.")
+    return value
+
+
+def _fraction(flag: str, value: float) -> None:
+    check_number(flag, value, 0, 1, open_low=True)
+
+
+def _probability(flag: str, value: float) -> None:
+    check_number(flag, value, 0, 1, open_low=True, open_high=True)
+
+
+def _non_negative(flag: str, value: int) -> None:
+    check_int(flag, value, 0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of the ``prune`` subcommand."""
+    def positive(flag: str) -> Any:
+        return argparse_type(check_positive, int, flag)
+
     parser.add_argument("--model_name_or_path", required=True, help="local folder of the model to prune")
     parser.add_argument("--tokenizer_name", default=None, help="tokenizer folder (default: the model folder)")
     parser.add_argument("--train_file", required=True, help="text/csv/json(l) file used for head importance")
     parser.add_argument("--validation_file", default=None,
                         help="file the metric is evaluated on (default: the last --validation_split_percentage %% "
                              "of --train_file)")
-    parser.add_argument("--validation_split_percentage", type=int, default=20)
+    parser.add_argument("--validation_split_percentage", default=20,
+                        type=argparse_type(check_percentage, int, "validation_split_percentage"))
     parser.add_argument("--task", choices=TASKS, default=None, help="default: from the model class")
     parser.add_argument("--text_column", default=None, help="default: 'text' or the first string column")
     parser.add_argument("--text_pair_column", default=None)
     parser.add_argument("--label_column", default="label")
-    parser.add_argument("--max_seq_length", type=int, default=128)
-    parser.add_argument("--batch_size", type=int, default=16)
-    parser.add_argument("--num_importance_examples", type=int, default=512,
+    parser.add_argument("--max_seq_length", type=positive("max_seq_length"), default=128)
+    parser.add_argument("--batch_size", type=positive("batch_size"), default=16)
+    parser.add_argument("--num_importance_examples", type=positive("num_importance_examples"), default=512,
                         help="examples scored for importance (one forward/backward each)")
-    parser.add_argument("--num_eval_examples", type=int, default=2048)
-    parser.add_argument("--fraction", type=float, default=0.1, help="share of the remaining heads pruned per step")
+    parser.add_argument("--num_eval_examples", type=positive("num_eval_examples"), default=2048)
+    parser.add_argument("--fraction", type=argparse_type(_fraction, float, "fraction"), default=0.1,
+                        help="share of the remaining heads pruned per step, in (0, 1]")
     parser.add_argument("--threshold", type=_threshold, default=0.9,
                         help="stop below this fraction of the unpruned metric ('none' to prune to the budget)")
     parser.add_argument("--max_heads_pruned", type=_budget, default=None,
                         help="head budget: an int, a fraction like 0.5 of all heads, or 'none'")
-    parser.add_argument("--min_heads_per_layer", type=int, default=0)
+    parser.add_argument("--min_heads_per_layer", type=argparse_type(_non_negative, int, "min_heads_per_layer"),
+                        default=0, help="never take a layer below this many heads (less than its heads)")
     parser.add_argument("--rescore", action="store_true", help="recompute importance after every step")
     parser.add_argument("--no_normalize_per_layer", action="store_true",
                         help="rank raw importance instead of per-layer ℓ2-normalised importance")
-    parser.add_argument("--mlm_probability", type=float, default=0.15)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mlm_probability", type=argparse_type(_probability, float, "mlm_probability"),
+                        default=0.15)
+    parser.add_argument("--seed", type=argparse_type(check_seed, int, "seed"), default=0)
     parser.add_argument("--output_dir", required=True)
+
+
+@dataclass
+class PruneInputs:
+    """Everything ``run`` needs, loaded and checked before anything is written."""
+
+    model: Any
+    tokenizer: Any
+    task: str
+    importance_batches: list[dict[str, torch.Tensor]]
+    eval_batches: list[dict[str, torch.Tensor]]
 
 
 def _split(rows: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     if args.validation_file is not None:
-        return rows, load_rows(args.validation_file)
+        return rows, load_rows(args.validation_file, "validation_file")
     if not 0 < args.validation_split_percentage < 100:
-        raise ValueError(f"--validation_split_percentage must be in (0, 100), got {args.validation_split_percentage}.")
+        raise FlagError("validation_split_percentage", f"--validation_split_percentage must be in (0, 100), got "
+                                                       f"{args.validation_split_percentage}.")
     cut = len(rows) - max(1, len(rows) * args.validation_split_percentage // 100)
     if cut < 1:
-        raise ValueError("--train_file has too few rows to hold some out; pass --validation_file.")
+        raise FlagError("train_file", "--train_file has too few rows to hold some out; pass --validation_file.")
     return rows.select(range(cut)), rows.select(range(cut, len(rows)))
 
 
-def _as_json(importance: torch.Tensor) -> list[list[float | None]]:
-    return [[None if math.isnan(v) else round(float(v), 6) for v in row] for row in importance.tolist()]
+def _load_model(path: str) -> Any:
+    """The model to prune, with a head adapter; ``FlagError`` naming ``--model_name_or_path`` otherwise."""
+    try:
+        model = load_pruned(path).eval()
+    except (OSError, ValueError, KeyError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise FlagError("model_name_or_path", f"{path!r} could not be loaded as a model: {reason}") from error
+    try:
+        get_adapter(model)
+    except (TypeError, ValueError) as error:  # an architecture without (supported) attention heads
+        raise FlagError("model_name_or_path", str(error)) from error
+    return model
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the pruning study described by ``args``; returns 0."""
-    from transformers import AutoTokenizer
+def _load_tokenizer(args: argparse.Namespace) -> Any:
+    from ..training.modeling import load_tokenizer
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    torch.manual_seed(args.seed)
-    output = Path(args.output_dir)
-    output.mkdir(parents=True, exist_ok=True)
-    model = load_pruned(args.model_name_or_path).eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
+    flag = "tokenizer_name" if args.tokenizer_name else "model_name_or_path"
+    tokenizer = load_tokenizer(args.tokenizer_name or args.model_name_or_path, flag=flag)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    task = args.task or infer_task(model)
+    return tokenizer
 
-    train_rows, eval_rows = _split(load_rows(args.train_file), args)
+
+def _task(args: argparse.Namespace, model: Any) -> str:
+    """``--task``, or the model's; ``FlagError`` when ``--task`` contradicts the model's head."""
+    try:
+        inferred = infer_task(model)
+    except FlagError:
+        if args.task is None:
+            raise
+        return args.task
+    if args.task is not None and args.task != inferred:
+        raise FlagError("task", f"task {args.task!r} does not fit {type(model).__name__} (a {inferred} model).")
+    return inferred
+
+
+def prepare(args: argparse.Namespace) -> PruneInputs:
+    """Check every flag that needs a file and load model, tokenizer and batches; nothing is written.
+    A bad value raises ``FlagError`` naming its flag."""
+    check_output_dir("output_dir", args.output_dir)
+    check_model_folder("model_name_or_path", args.model_name_or_path, weights=True)
+    tokenizer = _load_tokenizer(args)
+    rows = load_rows(args.train_file, "train_file")
+    model = _load_model(args.model_name_or_path)
+    heads = get_adapter(model).num_heads
+    if args.min_heads_per_layer >= heads:
+        raise FlagError("min_heads_per_layer", f"min_heads_per_layer must be below the model's {heads} heads per "
+                                               f"layer (else no head can be pruned), got {args.min_heads_per_layer}.")
+    task = _task(args, model)
+    train_rows, eval_rows = _split(rows, args)
     train_rows = train_rows.select(range(min(len(train_rows), args.num_importance_examples)))
     eval_rows = eval_rows.select(range(min(len(eval_rows), args.num_eval_examples)))
     options = {"text_column": args.text_column, "text_pair_column": args.text_pair_column,
@@ -116,6 +210,26 @@ def run(args: argparse.Namespace) -> int:
                "batch_size": args.batch_size, "mlm_probability": args.mlm_probability}
     importance_batches = build_batches(train_rows, tokenizer, model, task, seed=args.seed, **options)
     eval_batches = build_batches(eval_rows, tokenizer, model, task, seed=args.seed + 1, **options)
+    return PruneInputs(model, tokenizer, task, importance_batches, eval_batches)
+
+
+def _as_json(importance: torch.Tensor) -> list[list[float | None]]:
+    return [[None if math.isnan(v) else round(float(v), 6) for v in row] for row in importance.tolist()]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the pruning study described by ``args``; returns 0, or 2 after one error line for a bad flag."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    torch.manual_seed(args.seed)
+    try:
+        with quiet_progress():
+            inputs = prepare(args)
+    except FlagError as error:
+        return fail_flag("prune", error)
+    model, tokenizer, task = inputs.model, inputs.tokenizer, inputs.task
+    importance_batches, eval_batches = inputs.importance_batches, inputs.eval_batches
+    output = Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
     if task == "classification":
         metric, metric_name, higher_is_better = accuracy_metric(eval_batches), "accuracy", True
     else:
@@ -153,4 +267,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["PruneInputs", "add_arguments", "prepare", "run"]

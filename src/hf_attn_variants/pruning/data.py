@@ -19,6 +19,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..training.cli_utils import FlagError
+from ..training.data import quiet_datasets
+
 TASKS = ("classification", "causal-lm", "masked-lm")
 TASK_SUFFIXES = {"ForSequenceClassification": "classification", "ForCausalLM": "causal-lm", "ForMaskedLM": "masked-lm"}
 BUILDERS = {".txt": "text", ".text": "text", ".csv": "csv", ".json": "json", ".jsonl": "json"}
@@ -30,32 +33,42 @@ def infer_task(model: PreTrainedModel) -> str:
     for suffix, task in TASK_SUFFIXES.items():
         if name.endswith(suffix):
             return task
-    raise ValueError(f"Cannot infer the task from {name}; pass --task, one of {TASKS}.")
+    raise FlagError("task", f"Cannot infer the task from {name}; pass --task, one of {TASKS}.")
 
 
-def load_rows(path: str) -> Any:
-    """A ``datasets.Dataset`` from a local text/csv/json(l) file (``datasets`` builders, no download)."""
+def load_rows(path: str, flag: str = "train_file") -> Any:
+    """A ``datasets.Dataset`` from a local text/csv/json(l) file (``datasets`` builders, no download).
+
+    ``FlagError`` naming ``flag`` for another extension, a missing file or content the builder cannot read.
+    """
     from datasets import load_dataset
+    from datasets.exceptions import DatasetGenerationError
 
     suffix = Path(path).suffix.lower()
     if suffix not in BUILDERS:
-        raise ValueError(f"data files must end in one of {tuple(BUILDERS)}, got {path!r}.")
-    if not Path(path).exists():
-        raise FileNotFoundError(f"no such data file: {path!r}.")
-    return load_dataset(BUILDERS[suffix], data_files={"data": path})["data"]
+        raise FlagError(flag, f"data files must end in one of {tuple(BUILDERS)}, got {path!r}.")
+    if not Path(path).is_file():
+        raise FlagError(flag, f"no such data file: {path!r}.")
+    try:
+        with quiet_datasets():
+            return load_dataset(BUILDERS[suffix], data_files={"data": path})["data"]
+    except (DatasetGenerationError, ValueError, OSError) as error:
+        cause = error.__cause__ or error
+        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise FlagError(flag, f"{path!r} cannot be read as {BUILDERS[suffix]} data ({reason}).") from error
 
 
 def _text_column(rows: Any, name: str | None) -> str:
     if name is not None:
         if name not in rows.column_names:
-            raise ValueError(f"--text_column {name!r} is not a column; columns: {rows.column_names}.")
+            raise FlagError("text_column", f"--text_column {name!r} is not a column; columns: {rows.column_names}.")
         return name
     if "text" in rows.column_names:
         return "text"
     for column in rows.column_names:
         if isinstance(rows[0][column], str):
             return column
-    raise ValueError(f"no text column found in {rows.column_names}; pass --text_column.")
+    raise FlagError("text_column", f"no text column found in {rows.column_names}; pass --text_column.")
 
 
 def label_ids(values: Sequence[Any], model: PreTrainedModel) -> list[int]:
@@ -70,7 +83,7 @@ def label_ids(values: Sequence[Any], model: PreTrainedModel) -> list[int]:
     num_labels = int(getattr(model.config, "num_labels", 2))
     bad = sorted({i for i in ids if not 0 <= i < num_labels})
     if bad:
-        raise ValueError(f"labels {bad} are out of range for a model with num_labels={num_labels}.")
+        raise FlagError("label_column", f"labels {bad} are out of range for a model with num_labels={num_labels}.")
     return ids
 
 
@@ -96,13 +109,17 @@ def build_batches(
     keep = [i for i, t in enumerate(texts) if t.strip()]
     texts = [texts[i] for i in keep]
     if not texts:
-        raise ValueError(f"no non-empty texts in column {column!r}.")
+        raise FlagError("text_column", f"no non-empty texts in column {column!r}.")
+    if text_pair_column is not None and text_pair_column not in rows.column_names:
+        raise FlagError("text_pair_column",
+                        f"--text_pair_column {text_pair_column!r} is not a column; columns: {rows.column_names}.")
     pairs = [str(rows[text_pair_column][i]) for i in keep] if text_pair_column else None
     encoded = tokenizer(texts, pairs, truncation=True, max_length=max_seq_length)
     examples = [{k: encoded[k][i] for k in encoded} for i in range(len(texts))]
     if task == "classification":
         if label_column not in rows.column_names:
-            raise ValueError(f"--label_column {label_column!r} is not a column; columns: {rows.column_names}.")
+            raise FlagError("label_column",
+                            f"--label_column {label_column!r} is not a column; columns: {rows.column_names}.")
         labels = label_ids([rows[label_column][i] for i in keep], model)
         for example, label in zip(examples, labels):
             example["labels"] = label
@@ -127,7 +144,7 @@ def mask_for_mlm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT masking (80% [MASK], 10% random, 10% kept) of non-special tokens; labels −100 elsewhere."""
     if tokenizer.mask_token_id is None:
-        raise ValueError("masked-lm needs a tokenizer with a mask token.")
+        raise FlagError("tokenizer_name", "masked-lm needs a tokenizer with a mask token.")
     ids = batch["input_ids"].clone()
     special = torch.tensor(
         [tokenizer.get_special_tokens_mask(row, already_has_special_tokens=True) for row in ids.tolist()], dtype=torch.bool

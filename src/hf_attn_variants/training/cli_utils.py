@@ -1,15 +1,87 @@
-"""Glue between dataclass arguments, ``HfArgumentParser`` and the ``hf-attn-variants`` sub-parsers."""
+"""Glue between dataclass arguments, ``HfArgumentParser`` and the ``hf-attn-variants`` sub-parsers.
+
+Bad values. Every subcommand validates its flags before it writes anything; a bad value raises
+``FlagError`` (a ``ValueError`` naming the flag), which the subcommand's ``run`` turns into ONE line on
+stderr, ``hf-attn-variants <command>: error: --<flag>…``, and exit status 2 (``fail_flag``) — the same
+status as argparse's own type/choice errors. Only ``FlagError`` is caught that way: any other exception is
+a bug and keeps its traceback. The checks shared by several subcommands live here (paths, ranges, seeds).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import math
+import re
 import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from transformers import HfArgumentParser
 
+MAX_SEED = 2**32 - 1
+"""Largest seed every RNG seeded from a flag accepts (``numpy.random.seed`` takes [0, 2**32 - 1])."""
 
+
+class FlagError(ValueError):
+    """A bad value of the command-line flag ``--<flag>`` (or of the same-named Python argument).
+
+    ``str(error)`` is the message, as for any ``ValueError``; ``flag`` is the flag's name without the
+    leading dashes, spelled as on the command line (``"config_overrides"``, ``"report-only"``).
+    """
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(message)
+        self.flag = flag
+
+
+def flag_message(error: FlagError) -> str:
+    """``error`` as one line naming ``--<flag>``: ``"--x must be …"`` when the message starts with the flag's
+    name, the message itself when it already starts with ``--x``, else ``"--x: <message>"``."""
+    message = " ".join(str(error).split())
+    option = f"--{error.flag}"
+    if re.match(rf"{re.escape(option)}(?![\w-])", message):
+        return message
+    if re.match(rf"{re.escape(error.flag)}(?![\w-])", message):
+        return "--" + message
+    return f"{option}: {message}"
+
+
+def fail(command: str, message: str) -> int:
+    """Print ``hf-attn-variants <command>: error: <message>`` (on one line) on stderr and return exit code 2
+    (argparse's)."""
+    print(f"hf-attn-variants {command}: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
+
+
+def fail_flag(command: str, error: FlagError) -> int:
+    """``fail`` with the line that names the flag of ``error``."""
+    return fail(command, flag_message(error))
+
+
+@contextlib.contextmanager
+def quiet_progress() -> Iterator[None]:
+    """No progress bars from ``datasets`` (``map``, file reading) or ``transformers`` (weight loading) inside
+    the block: a command's checks run in it, so that a bad value prints its one error line alone."""
+    import datasets
+    from transformers.utils import logging as transformers_logging
+
+    datasets_bars = not datasets.are_progress_bars_disabled()
+    transformers_bars = transformers_logging.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if datasets_bars:
+            datasets.enable_progress_bars()
+        if transformers_bars:
+            transformers_logging.enable_progress_bar()
+
+
+# ---------------------------------------------------------------- dataclass flags
 def add_dataclass_arguments(parser: argparse.ArgumentParser, *dataclass_types: type) -> None:
     """Add one ``--flag`` per field of each dataclass to ``parser``, exactly as ``HfArgumentParser`` does
     (types, ``choices`` for ``Literal`` fields, ``--no_x`` for booleans defaulting to True, help texts)."""
@@ -18,20 +90,272 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, *dataclass_types: t
     parser._add_container_actions(source)  # the mechanism behind ArgumentParser(parents=[...])
 
 
+DATACLASS_ERRORS = (ValueError, TypeError, OSError, ImportError)
+"""What constructing an argument dataclass raises for a bad value: our ``__post_init__`` checks
+(``FlagError``), and ``TrainingArguments``' own (``ValueError``, ``FileNotFoundError`` for a missing
+``--accelerator_config`` file, ``ImportError`` when a flag needs a package that is not installed)."""
+
+
 def dataclasses_from_namespace(namespace: argparse.Namespace, *dataclass_types: type) -> list[Any]:
-    """Instantiate each dataclass from the parsed flags that belong to it (as ``parse_args_into_dataclasses``)."""
+    """Instantiate each dataclass from the parsed flags that belong to it (as ``parse_args_into_dataclasses``).
+
+    Raises ``FlagError`` for a bad value: a non-finite float (argparse's ``float`` accepts ``nan`` and
+    ``inf``), or an error of the dataclass's own validation, attributed to the flag it is about
+    (``culprit_field``). An error that cannot be attributed to any flag is re-raised as it is.
+    """
     values = vars(namespace)
     result = []
     for dtype in dataclass_types:
         keys = {f.name for f in dataclasses.fields(dtype) if f.init}
-        result.append(dtype(**{k: v for k, v in values.items() if k in keys}))
+        kwargs = {k: v for k, v in values.items() if k in keys}
+        for name, value in kwargs.items():
+            check_finite(name, value)
+        try:
+            result.append(dtype(**kwargs))
+        except FlagError:
+            raise
+        except DATACLASS_ERRORS as error:
+            flag = culprit_field(dtype, kwargs, str(error))
+            if flag is None:
+                raise
+            message = str(error) if flag in str(error) else f"{type(error).__name__}: {error}"
+            raise FlagError(flag, message) from error
     return result
 
 
-def fail(command: str, message: str) -> int:
-    """Print ``hf-attn-variants <command>: error: <message>`` on stderr and return exit code 2 (argparse's)."""
-    print(f"hf-attn-variants {command}: error: {message}", file=sys.stderr)
-    return 2
+def _field_defaults(dtype: type) -> dict[str, Any]:
+    """``{field: default}`` of the init fields of ``dtype`` that have a default."""
+    defaults = {}
+    for f in dataclasses.fields(dtype):
+        if f.init and f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.init and f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    return defaults
 
 
-__all__ = ["add_dataclass_arguments", "dataclasses_from_namespace", "fail"]
+def names_in_message(message: str, names: Sequence[str]) -> list[str]:
+    """The ``names`` that occur as whole words in ``message``, in the order they first occur."""
+    found = {}
+    for name in names:
+        match = re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", message)
+        if match:
+            found[name] = match.start()
+    return sorted(found, key=found.get)
+
+
+def culprit_field(dtype: type, kwargs: dict[str, Any], message: str) -> str | None:
+    """The field an error of ``dtype(**kwargs)`` with ``message`` is about, or ``None`` when none is found.
+
+    In order: a field set to a non-default value that the message names; any field the message names; a
+    non-default field that fails on its own (the others at their defaults) — provided that the defaults
+    alone do not fail (an error without any flag, a broken install say, is no flag's fault).
+    """
+    defaults = _field_defaults(dtype)
+    changed = [name for name, value in kwargs.items() if name not in defaults or value != defaults[name]]
+    for candidates in (changed, list(kwargs)):
+        named = names_in_message(message, candidates)
+        if named:
+            return named[0]
+    required = {name: value for name, value in kwargs.items() if name not in defaults}
+    try:
+        dtype(**required)
+    except DATACLASS_ERRORS:
+        return None
+    for name in changed:
+        if name in required:
+            continue
+        try:
+            dtype(**required, **{name: kwargs[name]})
+        except DATACLASS_ERRORS:
+            return name
+    return None
+
+
+# ---------------------------------------------------------------- shared checks
+def check_finite(flag: str, value: Any) -> None:
+    """``FlagError`` for a float ``nan``/``inf`` (also inside a list)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        if isinstance(item, float) and not math.isfinite(item):
+            raise FlagError(flag, f"{flag} must be a finite number, got {value!r}.")
+
+
+def check_int(flag: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> None:
+    """``FlagError`` unless ``value`` is an int (not a bool) in [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FlagError(flag, f"{flag} must be an integer, got {value!r}.")
+    if minimum is not None and value < minimum:
+        raise FlagError(flag, f"{flag} must be >= {minimum}, got {value}.")
+    if maximum is not None and value > maximum:
+        raise FlagError(flag, f"{flag} must be <= {maximum}, got {value}.")
+
+
+def check_positive(flag: str, value: Any) -> None:
+    """``FlagError`` unless ``value`` is an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise FlagError(flag, f"{flag} must be a positive integer, got {value!r}.")
+
+
+def check_number(flag: str, value: Any, low: float, high: float | None = None, *, open_low: bool = False,
+                 open_high: bool = False) -> None:
+    """``FlagError`` unless ``value`` is a finite number in the interval from ``low`` to ``high`` (closed unless
+    ``open_low`` / ``open_high``; no upper bound when ``high`` is None)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise FlagError(flag, f"{flag} must be a finite number, got {value!r}.")
+    too_low = value <= low if open_low else value < low
+    too_high = high is not None and (value >= high if open_high else value > high)
+    if too_low or too_high:
+        left = "(" if open_low else "["
+        right = ")" if open_high or high is None else "]"
+        raise FlagError(flag, f"{flag} must be in {left}{low}, {'∞' if high is None else high}{right}, got {value}.")
+
+
+def check_seed(flag: str, value: Any) -> None:
+    """``FlagError`` unless ``value`` is a seed every RNG accepts: an integer in [0, 2**32 - 1]."""
+    check_int(flag, value, 0, MAX_SEED)
+
+
+def check_percentage(flag: str, value: Any) -> None:
+    """``FlagError`` unless ``value`` is an integer percentage strictly between 0 and 100."""
+    check_int(flag, value)
+    if not 0 < value < 100:
+        raise FlagError(flag, f"{flag} must be in (0, 100), got {value}.")
+
+
+def _check_parents(flag: str, path: Path) -> None:
+    """``FlagError`` when the nearest existing parent of ``path`` is a file (``path`` could not be created)."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise FlagError(flag, f"{flag} {str(path)!r} is inside the file {str(parent)!r}.")
+            return
+
+
+def check_output_dir(flag: str, path: str | Path) -> None:
+    """``FlagError`` unless ``path`` can be a folder: not an existing file, no existing file among its parents."""
+    path = Path(path)
+    if str(path).strip() == "":
+        raise FlagError(flag, f"{flag} must be a folder path, got {str(path)!r}.")
+    if path.exists() and not path.is_dir():
+        raise FlagError(flag, f"{flag} {str(path)!r} is a file, not a folder.")
+    _check_parents(flag, path)
+
+
+def check_output_file(flag: str, path: str | Path) -> None:
+    """``FlagError`` unless ``path`` can be written as a file: not an existing folder, no file among its parents."""
+    path = Path(path)
+    if path.is_dir():
+        raise FlagError(flag, f"{flag} {str(path)!r} is a folder, not a file.")
+    _check_parents(flag, path)
+
+
+def check_file(flag: str, path: str | Path) -> Path:
+    """``path`` as a ``Path``; ``FlagError`` unless it is an existing file."""
+    path = Path(path)
+    if not path.exists():
+        raise FlagError(flag, f"{flag}: no such file {str(path)!r}.")
+    if not path.is_file():
+        raise FlagError(flag, f"{flag}: {str(path)!r} is not a file.")
+    return path
+
+
+def check_folder(flag: str, path: str | Path, *, what: str = "folder") -> Path:
+    """``path`` as a ``Path``; ``FlagError`` unless it is an existing folder (``what``: the folder's kind in
+    the message for a missing one, e.g. ``"model folder"``)."""
+    path = Path(path)
+    if not path.exists():
+        raise FlagError(flag, f"{flag}: no such {what} {str(path)!r}.")
+    if not path.is_dir():
+        raise FlagError(flag, f"{flag}: {str(path)!r} is a file, not a folder.")
+    return path
+
+
+def check_model_folder(flag: str, path: str | Path, *, weights: bool = False) -> Path:
+    """``path`` as a ``Path``; ``FlagError`` unless it is a local model folder: a folder with ``config.json``
+    (not a LoRA adapter) and, with ``weights``, the weights ``from_pretrained`` looks for."""
+    from transformers.utils import (
+        SAFE_WEIGHTS_INDEX_NAME,
+        SAFE_WEIGHTS_NAME,
+        WEIGHTS_INDEX_NAME,
+        WEIGHTS_NAME,
+    )
+
+    folder = check_folder(flag, path, what="model folder")
+    if (folder / "adapter_config.json").exists() and not (folder / "config.json").exists():
+        raise FlagError(flag, f"{flag}: {str(folder)!r} holds a LoRA adapter, not a full model (finetune with "
+                              f"--lora_merge and use {str(folder / 'merged')!r}).")
+    if not (folder / "config.json").exists():
+        raise FlagError(flag, f"{flag}: {str(folder)!r} is not a model folder (it has no config.json).")
+    names = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+    if weights and not any((folder / name).is_file() for name in names):
+        raise FlagError(flag, f"{flag}: {str(folder)!r} holds a config but no weights (none of {list(names)}).")
+    return folder
+
+
+def check_config_source(flag: str, path: str | Path) -> Path:
+    """``path`` as a ``Path``; ``FlagError`` unless it is a config (json) file or a folder holding ``config.json``."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.exists():
+        raise FlagError(flag, f"{flag}: no such config file or folder {str(path)!r}.")
+    return check_model_folder(flag, path)
+
+
+def check_repo_id(flag: str, repo_id: str) -> None:
+    """``FlagError`` unless ``repo_id`` is a valid Hub repository id (``name`` or ``namespace/name``)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise FlagError(flag, f"{flag}: {' '.join(str(error).split())}") from error
+
+
+def argparse_type(check: Callable[[str, Any], None], convert: Callable[[str], Any], flag: str) -> Callable[[str], Any]:
+    """An argparse ``type=`` that converts with ``convert`` and validates with ``check(flag, value)``; a bad
+    value becomes argparse's one-line ``argument --flag: …`` error."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            expected = {"int": "an integer", "float": "a number"}.get(convert.__name__, convert.__name__)
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}.") from None
+        try:
+            check(flag, value)
+        except FlagError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return value
+
+    parse.__name__ = convert.__name__
+    return parse
+
+
+__all__ = [
+    "MAX_SEED",
+    "FlagError",
+    "add_dataclass_arguments",
+    "argparse_type",
+    "check_config_source",
+    "check_file",
+    "check_finite",
+    "check_folder",
+    "check_int",
+    "check_model_folder",
+    "check_number",
+    "check_output_dir",
+    "check_output_file",
+    "check_percentage",
+    "check_positive",
+    "check_repo_id",
+    "check_seed",
+    "culprit_field",
+    "dataclasses_from_namespace",
+    "fail",
+    "fail_flag",
+    "flag_message",
+    "names_in_message",
+    "quiet_progress",
+]

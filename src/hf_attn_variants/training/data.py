@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterator, Sequence
 from itertools import chain
@@ -26,6 +27,7 @@ import torch
 from torch.utils.data import Sampler
 from transformers import PreTrainedTokenizerBase
 
+from .cli_utils import FlagError, check_percentage
 from .corpus import corpus_splits
 
 FILE_BUILDERS = {"txt": "text", "text": "text", "json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet"}
@@ -38,13 +40,67 @@ def mix_seed(*parts: int | str) -> int:
 
 
 def file_builder(path: str, argument: str) -> str:
-    """The ``datasets`` builder for a local file, by extension; ``ValueError`` naming ``argument`` otherwise."""
+    """The ``datasets`` builder for a local file, by extension; ``FlagError`` naming ``argument`` for another
+    extension or a path that is not an existing file."""
     extension = Path(path).suffix.lstrip(".").lower()
     if extension not in FILE_BUILDERS:
-        raise ValueError(f"{argument} must be a file ending in one of {tuple(FILE_BUILDERS)}, got {path!r}.")
+        raise FlagError(argument, f"{argument} must be a file ending in one of {tuple(FILE_BUILDERS)}, got {path!r}.")
     if not Path(path).exists():
-        raise FileNotFoundError(f"{argument}: no such file {path!r}.")
+        raise FlagError(argument, f"{argument}: no such file {path!r}.")
+    if not Path(path).is_file():
+        raise FlagError(argument, f"{argument}: {path!r} is not a file.")
     return FILE_BUILDERS[extension]
+
+
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """Silence ``datasets``' logging and progress bars while a local file is read: a file that does not
+    parse is then reported by the caller's one error line only, not also by datasets' ERROR log."""
+    import datasets
+
+    verbosity = datasets.utils.logging.get_verbosity()
+    bars_were_disabled = datasets.are_progress_bars_disabled()
+    datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        datasets.utils.logging.set_verbosity(verbosity)
+        if not bars_were_disabled:
+            datasets.enable_progress_bars()
+
+
+def read_data_file(path: str, argument: str, split: str = "train") -> Any:
+    """``load_dataset(<builder>, data_files=path, split=split)`` of one local file; ``FlagError`` naming
+    ``argument`` when the file cannot be read with the builder of its extension (malformed content)."""
+    from datasets import load_dataset
+    from datasets.exceptions import DatasetGenerationError
+
+    builder = file_builder(path, argument)
+    try:
+        with quiet_datasets():
+            return load_dataset(builder, data_files={"train": path}, split=split)
+    except (DatasetGenerationError, ValueError, OSError) as error:
+        cause = error.__cause__ or error
+        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise FlagError(argument, f"{argument}: {path!r} cannot be read as {builder} data ({reason}).") from error
+
+
+def split_data_file(path: str, validation_split_percentage: int) -> Any:
+    """``DatasetDict(train=…, validation=…)``: the first ``100 - validation_split_percentage`` % of the rows
+    of the local file ``path`` (``--train_file``) and the rest; ``FlagError`` when it is too short to split."""
+    from datasets import DatasetDict
+
+    check_percentage("validation_split_percentage", validation_split_percentage)
+    rows = read_data_file(path, "train_file")
+    cut = 100 - validation_split_percentage
+    try:
+        return DatasetDict(train=read_data_file(path, "train_file", f"train[:{cut}%]"),
+                           validation=read_data_file(path, "train_file", f"train[{cut}%:]"))
+    except FlagError as error:  # one of the slices is empty
+        raise FlagError("train_file", f"train_file {path!r} has {rows.num_rows} row(s), too few to hold out "
+                                      f"validation_split_percentage={validation_split_percentage}% of them; pass "
+                                      "--validation_file or a longer file.") from error
 
 
 def load_text_datasets(
@@ -59,34 +115,33 @@ def load_text_datasets(
 
     Without ``train_file``: the embedded corpus (``validation_fraction`` of its paragraphs held out).
     With ``train_file`` but no ``validation_file``: the last ``validation_split_percentage`` % of it.
-    ``text_column_name`` defaults to ``text`` when present, else the first column.
+    ``text_column_name`` defaults to ``text`` when present, else the first column. A bad file, column or
+    percentage raises ``FlagError`` naming the argument.
     """
-    from datasets import Dataset, DatasetDict, load_dataset
+    from datasets import Dataset, DatasetDict
 
     if train_file is None:
         if validation_file is not None:
-            raise ValueError("validation_file needs a train_file (without either, the embedded corpus is used).")
+            raise FlagError("validation_file",
+                            "validation_file needs a train_file (without either, the embedded corpus is used).")
         splits = corpus_splits(validation_fraction)
         return DatasetDict({name: Dataset.from_dict({"text": texts}) for name, texts in splits.items()})
     builder = file_builder(train_file, "train_file")
-    data_files = {"train": train_file}
     if validation_file is not None:
         if file_builder(validation_file, "validation_file") != builder:
-            raise ValueError("train_file and validation_file must have the same format.")
-        data_files["validation"] = validation_file
-    elif not 0 < validation_split_percentage < 100:
-        raise ValueError(f"validation_split_percentage must be in (0, 100), got {validation_split_percentage}.")
-    raw = load_dataset(builder, data_files=data_files)
-    if validation_file is None:
-        cut = 100 - validation_split_percentage
-        raw = DatasetDict(
-            train=load_dataset(builder, data_files=data_files, split=f"train[:{cut}%]"),
-            validation=load_dataset(builder, data_files=data_files, split=f"train[{cut}%:]"),
-        )
+            raise FlagError("validation_file", "train_file and validation_file must have the same format.")
+        raw = DatasetDict(train=read_data_file(train_file, "train_file"),
+                          validation=read_data_file(validation_file, "validation_file"))
+    else:
+        raw = split_data_file(train_file, validation_split_percentage)
     columns = raw["train"].column_names
     column = text_column_name or ("text" if "text" in columns else columns[0])
-    if column not in columns:
-        raise ValueError(f"text_column_name {column!r} is not a column of {train_file!r}; columns: {columns}.")
+    for name, split in raw.items():
+        if column not in split.column_names:
+            file_flag = "validation_file" if name == "validation" else "train_file"
+            raise FlagError("text_column_name" if text_column_name else file_flag,
+                            f"text_column_name {column!r} is not a column of the {name} data; "
+                            f"columns: {split.column_names}.")
     raw = DatasetDict(
         {
             name: split.select_columns([column]).rename_columns({column: "text"} if column != "text" else {})
@@ -133,6 +188,19 @@ def group_into_blocks(
 
     tokenized = dataset.map(tokenize, batched=True, remove_columns=dataset.column_names, num_proc=num_proc)
     return tokenized.map(group, batched=True, batch_size=1000, num_proc=num_proc)
+
+
+def holds_tokens(dataset: Any, tokenizer: PreTrainedTokenizerBase, count: int, append_eos_id: int | None = None,
+                 batch_size: int = 256) -> bool:
+    """Whether the ``text`` column of ``dataset`` holds at least ``count`` tokens (as ``group_into_blocks``
+    counts them), tokenizing only as many texts as needed: a cheap check before the full tokenization."""
+    total = 0
+    for start in range(0, len(dataset), batch_size):
+        texts = dataset[start : start + batch_size]["text"]
+        total += sum(len(ids) for ids in _tokenize(tokenizer, texts, append_eos_id))
+        if total >= count:
+            return True
+    return False
 
 
 def text_blocks(
@@ -232,8 +300,12 @@ __all__ = [
     "file_builder",
     "group_into_blocks",
     "group_token_lists",
+    "holds_tokens",
     "load_text_datasets",
     "mask_tokens",
     "mix_seed",
+    "quiet_datasets",
+    "read_data_file",
+    "split_data_file",
     "text_blocks",
 ]

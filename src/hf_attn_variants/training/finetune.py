@@ -38,9 +38,21 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .data import file_builder
+from .cli_utils import (
+    FlagError,
+    check_folder,
+    check_int,
+    check_model_folder,
+    check_number,
+    check_output_dir,
+    check_percentage,
+    check_positive,
+    check_seed,
+    quiet_progress,
+)
+from .data import file_builder, read_data_file, split_data_file
 from .metrics import accuracy, entity_scores, macro_f1
-from .modeling import build_config, load_tokenizer
+from .modeling import build_config, check_model_type, load_pretrained, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -97,16 +109,34 @@ class FinetuneArguments:
     early_stopping_threshold: float = field(default=0.0, metadata={"help": "Minimum improvement that counts."})
 
     def __post_init__(self) -> None:
+        """Check every value that needs no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it.
+        Paths, data, config and model are checked by ``finetune`` before it writes anything."""
         if self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}.")
+            raise FlagError("task", f"task must be one of {TASKS}, got {self.task!r}.")
         if self.train_file is None:
-            raise ValueError("train_file is required (a local csv/json/jsonl/parquet file).")
+            raise FlagError("train_file", "train_file is required (a local csv/json/jsonl/parquet file).")
         if self.model_name_or_path is None and self.model_type is None and self.config_name is None:
-            raise ValueError("Pass --model_name_or_path (a pretrained folder) or --model_type to start from scratch.")
-        if self.lora_r < 0 or self.max_seq_length < 1:
-            raise ValueError("lora_r must be >= 0 and max_seq_length >= 1.")
-        if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
-            raise ValueError(f"early_stopping_patience must be >= 1, got {self.early_stopping_patience}.")
+            raise FlagError("model_name_or_path", "Pass --model_name_or_path (a pretrained folder) or --model_type "
+                                                  "to start from scratch.")
+        if self.model_type is not None:
+            check_model_type(self.model_type)
+        check_percentage("validation_split_percentage", self.validation_split_percentage)
+        check_positive("max_seq_length", self.max_seq_length)
+        for name in ("max_train_samples", "max_eval_samples", "early_stopping_patience"):
+            if getattr(self, name) is not None:
+                check_positive(name, getattr(self, name))
+        check_number("early_stopping_threshold", self.early_stopping_threshold, 0)
+        check_int("lora_r", self.lora_r, 0)
+        check_positive("lora_alpha", self.lora_alpha)
+        check_number("lora_dropout", self.lora_dropout, 0, 1, open_high=True)
+        if self.lora_r == 0:
+            for name in ("lora_merge", "lora_target_modules"):
+                if getattr(self, name):
+                    raise FlagError(name, f"{name} needs LoRA: pass --lora_r > 0 too.")
+        if self.task == "sequence_classification":
+            for name in ("label_all_tokens", "return_entity_level_metrics"):
+                if getattr(self, name):
+                    raise FlagError(name, f"{name} applies to --task token_classification only.")
         if isinstance(self.lora_target_modules, list) and self.lora_target_modules == ["all-linear"]:
             self.lora_target_modules = "all-linear"
 
@@ -124,25 +154,24 @@ class FinetuneResult:
 
 # ---------------------------------------------------------------- data
 def _load_splits(args: FinetuneArguments) -> Any:
-    from datasets import DatasetDict, load_dataset
+    from datasets import DatasetDict
 
-    builder = file_builder(args.train_file, "train_file")
-    files = {"train": args.train_file}
     if args.validation_file:
-        file_builder(args.validation_file, "validation_file")
-        files["validation"] = args.validation_file
-        return load_dataset(builder, data_files=files)
-    cut = 100 - args.validation_split_percentage
-    return DatasetDict(
-        train=load_dataset(builder, data_files=files, split=f"train[:{cut}%]"),
-        validation=load_dataset(builder, data_files=files, split=f"train[{cut}%:]"),
-    )
+        if file_builder(args.train_file, "train_file") != file_builder(args.validation_file, "validation_file"):
+            raise FlagError("validation_file", "train_file and validation_file must have the same format.")
+        raw = DatasetDict(train=read_data_file(args.train_file, "train_file"),
+                          validation=read_data_file(args.validation_file, "validation_file"))
+        if raw["validation"].column_names != raw["train"].column_names:
+            raise FlagError("validation_file", f"validation_file has the columns {raw['validation'].column_names}, "
+                                               f"train_file {raw['train'].column_names}.")
+        return raw
+    return split_data_file(args.train_file, args.validation_split_percentage)
 
 
 def _pick(columns: list[str], explicit: str | None, candidates: tuple[str, ...], what: str) -> str | None:
     if explicit is not None:
         if explicit not in columns:
-            raise ValueError(f"{what} {explicit!r} is not a column of the data; columns: {columns}.")
+            raise FlagError(what, f"{what} {explicit!r} is not a column of the data; columns: {columns}.")
         return explicit
     return next((c for c in candidates if c in columns), None)
 
@@ -167,7 +196,7 @@ def _sequence_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tup
     columns = raw["train"].column_names
     label_col = _pick(columns, args.label_column_name, ("label", "labels"), "label_column_name")
     if label_col is None:
-        raise ValueError(f"No label column (label/labels) in {columns}; pass --label_column_name.")
+        raise FlagError("label_column_name", f"No label column (label/labels) in {columns}; pass --label_column_name.")
     text_col = _pick(columns, args.text_column_name, ("sentence", "text", "sentence1", "question"), "text_column_name")
     text_col = text_col or next(c for c in columns if c != label_col)
     pair_col = _pick(columns, args.text_pair_column_name, ("sentence2",), "text_pair_column_name")
@@ -190,7 +219,8 @@ def _token_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tuple[
     tokens_col = _pick(columns, args.text_column_name, ("tokens", "words"), "text_column_name") or columns[0]
     label_col = _pick(columns, args.label_column_name, ("ner_tags", "tags", "labels", "label"), "label_column_name")
     if label_col is None:
-        raise ValueError(f"No tag column (ner_tags/tags/labels) in {columns}; pass --label_column_name.")
+        raise FlagError("label_column_name",
+                        f"No tag column (ner_tags/tags/labels) in {columns}; pass --label_column_name.")
     names = _label_names(raw, label_col, token_level=True)
     feature = raw["train"].features[label_col]
     has_class_names = hasattr(getattr(feature, "feature", feature), "names")
@@ -208,7 +238,8 @@ def _token_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tuple[
             tags = _as_list(tags)
             ids = [t if has_class_names else label_to_id[str(t)] for t in tags]
             if len(ids) != len(words[row]):
-                raise ValueError(f"A row has {len(words[row])} tokens but {len(ids)} tags.")
+                raise FlagError("train_file", f"A row of the data has {len(words[row])} tokens (column "
+                                              f"{tokens_col!r}) but {len(ids)} tags (column {label_col!r}).")
             labels, previous = [], None
             for word in enc.word_ids(row):
                 if word is None:
@@ -223,6 +254,60 @@ def _token_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tuple[
         return enc
 
     return raw.map(encode, batched=True, remove_columns=columns), label_list
+
+
+# ---------------------------------------------------------------- checks
+TRAINER_METRIC_INPUTS = ("inputs", "loss")
+"""What ``--include_for_metrics`` may list (``Trainer`` passes these to ``compute_metrics``)."""
+
+
+def check_training_arguments(training_args: Any) -> None:
+    """``FlagError`` for ``TrainingArguments`` values that its own ``__post_init__`` accepts but that would
+    fail (or silently misbehave) only once ``Trainer`` runs: sizes, rates, seeds, paths, integrations."""
+    from transformers.integrations import get_reporting_integration_callbacks
+
+    if training_args.output_dir is not None:
+        check_output_dir("output_dir", training_args.output_dir)
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        check_positive(name, getattr(training_args, name))
+    if training_args.eval_accumulation_steps is not None:
+        check_positive("eval_accumulation_steps", training_args.eval_accumulation_steps)
+    check_int("dataloader_num_workers", training_args.dataloader_num_workers, 0)
+    check_seed("seed", training_args.seed)
+    if training_args.data_seed is not None:
+        check_seed("data_seed", training_args.data_seed)
+    check_number("learning_rate", training_args.learning_rate, 0, open_low=True)
+    if training_args.max_steps <= 0:
+        check_number("num_train_epochs", training_args.num_train_epochs, 0, open_low=True)
+    check_number("weight_decay", training_args.weight_decay, 0)
+    check_number("adam_beta1", training_args.adam_beta1, 0, 1, open_high=True)
+    check_number("adam_beta2", training_args.adam_beta2, 0, 1, open_high=True)
+    check_number("adam_epsilon", training_args.adam_epsilon, 0, open_low=True)
+    check_number("max_grad_norm", training_args.max_grad_norm, 0)
+    check_number("label_smoothing_factor", training_args.label_smoothing_factor, 0, 1, open_high=True)
+    if training_args.resume_from_checkpoint:
+        check_folder("resume_from_checkpoint", training_args.resume_from_checkpoint, what="checkpoint folder")
+    unknown = [name for name in training_args.include_for_metrics or () if name not in TRAINER_METRIC_INPUTS]
+    if unknown:
+        raise FlagError("include_for_metrics",
+                        f"include_for_metrics may list {TRAINER_METRIC_INPUTS}, got {unknown}.")
+    try:
+        get_reporting_integration_callbacks(training_args.report_to)
+    except ValueError as error:
+        raise FlagError("report_to", f"report_to: {error}") from error
+
+
+def check_lora_targets(model: Any, targets: list[str] | str) -> None:
+    """``FlagError`` unless every name in ``targets`` is the last part of some module name of ``model`` (how
+    ``peft`` matches ``target_modules``); ``"all-linear"`` always matches."""
+    if isinstance(targets, str):
+        return
+    suffixes = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [target for target in targets if target not in suffixes]
+    if missing:
+        raise FlagError("lora_target_modules", f"lora_target_modules {missing} name no module of "
+                                               f"{type(model).__name__} (default for {model.config.model_type}: "
+                                               f"{LORA_TARGETS.get(model.config.model_type, 'all-linear')}).")
 
 
 # ---------------------------------------------------------------- model
@@ -319,27 +404,44 @@ def _with_early_stopping(training_args: Any, args: FinetuneArguments, regression
         changes["greater_is_better"] = not regression
     if changes:
         logger.info("early stopping: setting %s", changes)
-        training_args = dataclasses.replace(training_args, **changes)
+        try:
+            training_args = dataclasses.replace(training_args, **changes)
+        except ValueError as error:  # TrainingArguments' own check of the combined strategies
+            raise FlagError("early_stopping_patience", f"early_stopping_patience: with {changes}: {error}") from error
     return training_args
 
 
-def finetune(args: FinetuneArguments, training_args: Any) -> FinetuneResult:
-    """Finetune (see module docstring); ``training_args`` is a ``transformers.TrainingArguments``.
+@dataclass
+class _Prepared:
+    """Everything ``finetune`` builds from its inputs before it writes anything."""
 
-    With neither ``do_train`` nor ``do_eval`` set, both are done.
-    """
-    from transformers import (
-        DataCollatorForTokenClassification,
-        DataCollatorWithPadding,
-        EarlyStoppingCallback,
-        Trainer,
-        set_seed,
-    )
+    training_args: Any
+    tokenizer: Any
+    data: Any
+    collator: Any
+    label_list: list[Any] | None
+    label_kwargs: dict[str, Any]
+    regression: bool
+    model: Any
 
+
+def _prepare(args: FinetuneArguments, training_args: Any) -> _Prepared:
+    """Check every input and build tokenizer, data, config and model; nothing is written. A bad value raises
+    ``FlagError`` naming its flag."""
+    from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding, set_seed
+
+    check_training_arguments(training_args)
+    if args.model_name_or_path is not None:
+        check_model_folder("model_name_or_path", args.model_name_or_path, weights=True)
     if not training_args.do_train and not training_args.do_eval:
         training_args = dataclasses.replace(training_args, do_train=True, do_eval=True)
     set_seed(training_args.seed)
-    tokenizer = load_tokenizer(args.tokenizer_name or args.model_name_or_path)
+    tokenizer = load_tokenizer(args.tokenizer_name or args.model_name_or_path,
+                               flag="tokenizer_name" if args.tokenizer_name else "model_name_or_path")
+    config = build_config(
+        args.model_type, config_name=args.config_name, model_name_or_path=args.model_name_or_path,
+        config_overrides=args.config_overrides, tokenizer=tokenizer, max_seq_length=args.max_seq_length,
+    )
     raw = _load_splits(args)
     regression = False
     if args.task == "sequence_classification":
@@ -354,16 +456,32 @@ def finetune(args: FinetuneArguments, training_args: Any) -> FinetuneResult:
     training_args = _with_early_stopping(training_args, args, regression)
 
     label_kwargs = _label_kwargs(label_list, regression)
-    config = build_config(
-        args.model_type, config_name=args.config_name, model_name_or_path=args.model_name_or_path,
-        config_overrides=args.config_overrides, tokenizer=tokenizer, max_seq_length=args.max_seq_length,
-    )
     for key, value in label_kwargs.items():
         setattr(config, key, value)
     auto_class = _auto_class(args.task)
-    model = (auto_class.from_pretrained(args.model_name_or_path, config=config) if args.model_name_or_path
+    model = (load_pretrained(auto_class, args.model_name_or_path, config=config) if args.model_name_or_path
              else auto_class.from_config(config))
-    output_dir = Path(training_args.output_dir)
+    if args.lora_r > 0:
+        check_lora_targets(model, lora_targets(model.config.model_type, args.lora_target_modules))
+    return _Prepared(training_args, tokenizer, data, collator, label_list, label_kwargs, regression, model)
+
+
+def finetune(args: FinetuneArguments, training_args: Any) -> FinetuneResult:
+    """Finetune (see module docstring); ``training_args`` is a ``transformers.TrainingArguments``.
+
+    With neither ``do_train`` nor ``do_eval`` set, both are done. Every input is checked before anything is
+    written (without progress bars, so that a bad value prints its one error line alone): a bad one raises
+    ``FlagError`` naming its flag.
+    """
+    from transformers import EarlyStoppingCallback, Trainer
+
+    with quiet_progress():
+        prepared = _prepare(args, training_args)
+    training_args, tokenizer, data, model = (prepared.training_args, prepared.tokenizer, prepared.data,
+                                             prepared.model)
+    label_list, label_kwargs, regression = prepared.label_list, prepared.label_kwargs, prepared.regression
+    collator = prepared.collator
+    output_dir = Path(training_args.output_dir)  # every input is valid: from here on the run writes
     if args.lora_r > 0:
         if args.model_name_or_path is None:  # a random base must be saved for the adapter to be reloadable
             model.save_pretrained(output_dir / "base_model")
@@ -420,21 +538,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
-    """CLI entry: build the argument dataclasses (clear errors), then finetune."""
+    """CLI entry: finetune; a bad flag value (``FlagError``, raised before anything is written) gives one
+    error line naming the flag and exit status 2."""
     from transformers import TrainingArguments
 
-    from .cli_utils import dataclasses_from_namespace, fail
+    from .cli_utils import dataclasses_from_namespace, fail_flag
 
-    try:
-        args, training_args = dataclasses_from_namespace(namespace, FinetuneArguments, TrainingArguments)
-    except (ValueError, TypeError) as error:
-        return fail("finetune", str(error))
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logging.getLogger("hf_attn_variants").setLevel(logging.INFO)
     try:
+        args, training_args = dataclasses_from_namespace(namespace, FinetuneArguments, TrainingArguments)
         finetune(args, training_args)
-    except (ValueError, FileNotFoundError) as error:
-        return fail("finetune", str(error))
+    except FlagError as error:
+        return fail_flag("finetune", error)
     return 0
 
 
@@ -444,6 +560,8 @@ __all__ = [
     "FinetuneResult",
     "add_arguments",
     "apply_lora",
+    "check_lora_targets",
+    "check_training_arguments",
     "finetune",
     "load_finetuned",
     "lora_targets",

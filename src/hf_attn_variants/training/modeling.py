@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDataclassFieldValidationError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -24,6 +25,7 @@ from transformers import (
 )
 
 from .. import FAMILIES
+from .cli_utils import FlagError, check_config_source, check_folder, check_model_folder, names_in_message
 from .corpus import embedded_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -33,9 +35,9 @@ LM_AUTO_CLASSES = {"mlm": AutoModelForMaskedLM, "clm": AutoModelForCausalLM}
 
 
 def check_model_type(model_type: str) -> None:
-    """Raise ``ValueError`` unless ``model_type`` is one of this package's families."""
+    """Raise ``FlagError`` (a ``ValueError``) unless ``model_type`` is one of this package's families."""
     if model_type not in FAMILIES:
-        raise ValueError(f"model_type must be one of {tuple(FAMILIES)}, got {model_type!r}.")
+        raise FlagError("model_type", f"model_type must be one of {tuple(FAMILIES)}, got {model_type!r}.")
 
 
 def _parse_value(text: str) -> Any:
@@ -92,34 +94,78 @@ def parse_config_overrides(overrides: str | dict[str, Any] | None) -> dict[str, 
     for item in _split_top_level(overrides):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"config_overrides must look like 'key=value,key=value', got the item {item!r}.")
+            raise FlagError("config_overrides",
+                            f"config_overrides must look like 'key=value,key=value', got the item {item!r}.")
         result[key.strip()] = _parse_value(value)
     return result
 
 
+def config_field_names(config_class: type) -> set[str]:
+    """The fields a config of ``config_class`` has: its dataclass fields (configs declared as dataclass
+    fields) and the keys of a default instance's ``to_dict`` (configs that set them in ``__init__``)."""
+    names = {f.name for f in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else set()
+    return names | set(config_class().to_dict())
+
+
 def _check_override_keys(config_class: type, overrides: dict[str, Any], model_type: str) -> None:
-    allowed = {f.name for f in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else None
-    if allowed is None:
-        return
+    allowed = config_field_names(config_class)
     unknown = sorted(set(overrides) - allowed)
     if unknown:
-        raise ValueError(
+        raise FlagError(
+            "config_overrides",
             f"config_overrides: unknown field(s) {unknown} for model_type {model_type!r}; "
             f"allowed fields: {sorted(allowed - {'transformers_version', 'architectures', 'dtype'})}."
         )
 
 
-def load_tokenizer(tokenizer_name: str | None = None) -> PreTrainedTokenizerBase:
-    """``AutoTokenizer.from_pretrained(tokenizer_name)`` (a local folder), or the embedded tokenizer."""
+def _value_kind(value: Any) -> str:
+    """How a config override's type is named in an error: ``"an int"``, ``"a number"``, ``"a bool"`` …"""
+    if isinstance(value, bool):
+        return "a bool"
+    if isinstance(value, int):
+        return "an int"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return "a dict" if isinstance(value, dict) else "other"
+
+
+NUMBER_KINDS = ("an int", "a number")
+
+
+def _check_override_types(defaults: PreTrainedConfig, overrides: dict[str, Any]) -> None:
+    """``FlagError`` for an override whose kind cannot be its field's: a number for a numeric field (the config
+    class tells ints from floats itself), a bool for a boolean one, text for a text one, a list for a list
+    one. Fields that default to ``None`` take anything; the config class checks the value."""
+    for key, value in overrides.items():
+        default = getattr(defaults, key, None)
+        expected, got = _value_kind(default), _value_kind(value)
+        if default is None or value is None or expected == "other" or got == expected:
+            continue
+        if expected in NUMBER_KINDS and got in NUMBER_KINDS:
+            continue
+        raise FlagError("config_overrides", f"config_overrides: {key} must be {expected}, got {value!r}.")
+
+
+def load_tokenizer(tokenizer_name: str | None = None, flag: str = "tokenizer_name") -> PreTrainedTokenizerBase:
+    """``AutoTokenizer.from_pretrained(tokenizer_name)`` (a local folder), or the embedded tokenizer.
+
+    A folder that does not exist or holds no tokenizer raises ``FlagError`` naming ``flag`` (the flag the
+    folder came from: ``tokenizer_name``, or ``model_name_or_path`` when the model's tokenizer is used).
+    """
     if tokenizer_name in (None, "", "embedded"):
         return embedded_tokenizer()
+    check_folder(flag, tokenizer_name, what="tokenizer folder")
     try:
         return AutoTokenizer.from_pretrained(tokenizer_name)
     except (OSError, ValueError) as error:
-        raise ValueError(
-            f"No tokenizer could be loaded from {tokenizer_name!r} (pass --tokenizer_name with a tokenizer folder, "
-            f"or leave it out for the embedded one): {str(error).splitlines()[0] if str(error) else error!r}"
-        ) from error
+        hint = "pass --tokenizer_name with a tokenizer folder" if flag != "tokenizer_name" else (
+            "pass a tokenizer folder, or leave --tokenizer_name out for the embedded one")
+        reason = str(error).splitlines()[0] if str(error) else repr(error)
+        raise FlagError(flag, f"no tokenizer could be loaded from {tokenizer_name!r} ({hint}): {reason}") from error
 
 
 def build_config(
@@ -138,13 +184,22 @@ def build_config(
     and a family's ``base_length`` (the training length m of the entropy-invariant factor log n / log m,
     DESIGN §2.1–2.2) is set to ``max_seq_length`` unless given. With ``model_name_or_path`` the pretrained
     config is kept; only the explicit overrides change it. Overrides are validated by the family config.
+
+    Every bad input raises ``FlagError`` naming its argument: a malformed or unknown override, a value the
+    config class rejects, a config source that is not a local config, a ``model_type`` that differs from
+    the pretrained config's, a tokenizer larger than the vocabulary.
     """
     overrides = parse_config_overrides(config_overrides)
     source = config_name or model_name_or_path
+    source_flag = "config_name" if config_name else "model_name_or_path"
     if source is None and model_type is None:
-        raise ValueError(f"Pass model_type (one of {tuple(FAMILIES)}), config_name or model_name_or_path.")
+        raise FlagError("model_type",
+                        f"Pass model_type (one of {tuple(FAMILIES)}), config_name or model_name_or_path.")
     if source is not None:
-        base = AutoConfig.from_pretrained(source)
+        base = _load_config(source_flag, source)
+        if model_type is not None and model_type != base.model_type:
+            raise FlagError("model_type", f"model_type {model_type!r} differs from the model_type "
+                                          f"{base.model_type!r} of {source_flag} {source!r}; leave --model_type out.")
         model_type = base.model_type
         values = {k: v for k, v in base.to_dict().items() if k not in ("model_type", "transformers_version")}
     else:
@@ -162,19 +217,50 @@ def build_config(
         )
     values.update(overrides)
     defaults = config_class() if source is None else base
+    _check_override_types(defaults, overrides)
     if from_scratch and max_seq_length is not None:
         current = values.get("max_position_embeddings", defaults.max_position_embeddings)
         if "max_position_embeddings" not in overrides and current < max_seq_length:
             values["max_position_embeddings"] = max_seq_length
         if hasattr(defaults, "base_length") and "base_length" not in overrides:
             values["base_length"] = max_seq_length
-    config = AutoConfig.for_model(model_type, **values) if source is None else config_class.from_dict(values)
+    try:
+        config = AutoConfig.for_model(model_type, **values) if source is None else config_class.from_dict(values)
+    except CONFIG_ERRORS as error:  # the family config's validation (or PreTrainedConfig's), naming the field
+        if isinstance(error, FlagError):
+            raise
+        flag = _config_error_flag(str(error), overrides, source_flag if source is not None else None)
+        raise FlagError(flag, f"{flag}: {error}") from error
     if tokenizer is not None and len(tokenizer) > config.vocab_size:
-        raise ValueError(
+        raise FlagError(
+            "config_overrides" if "vocab_size" in overrides else "tokenizer_name",
             f"The tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {config.vocab_size}; "
-            "pass a matching --tokenizer_name or override vocab_size."
+            "pass a matching --tokenizer_name or override vocab_size.",
         )
     return config
+
+
+CONFIG_ERRORS = (ValueError, TypeError, StrictDataclassFieldValidationError, StrictDataclassClassValidationError)
+"""What constructing a config raises for a bad value: the families' checks (``ValueError``/``TypeError``
+naming the field) and ``PreTrainedConfig``'s strict-dataclass validators."""
+
+
+def _config_error_flag(message: str, overrides: dict[str, Any], source_flag: str | None) -> str:
+    """The flag a config error is about: ``config_overrides`` when an override is named (or the config is
+    built from scratch with overrides), else the flag of the config's source, else ``model_type``."""
+    if overrides and (names_in_message(message, list(overrides)) or source_flag is None):
+        return "config_overrides"
+    return source_flag or "model_type"
+
+
+def _load_config(flag: str, source: str) -> PreTrainedConfig:
+    """``AutoConfig.from_pretrained(source)`` of a local config file or folder; ``FlagError`` naming ``flag``."""
+    check_config_source(flag, source)
+    try:
+        return AutoConfig.from_pretrained(source)
+    except (OSError, ValueError, KeyError) as error:  # bad JSON, unknown model_type
+        reason = " ".join(str(error).split()) or type(error).__name__
+        raise FlagError(flag, f"{flag}: {source!r} holds no usable config: {reason}") from error
 
 
 def build_lm_model(
@@ -185,8 +271,19 @@ def build_lm_model(
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}.")
     auto_class = LM_AUTO_CLASSES[objective]
     if model_name_or_path:
-        return auto_class.from_pretrained(model_name_or_path, config=config)
+        return load_pretrained(auto_class, model_name_or_path, config=config)
     return auto_class.from_config(config)
+
+
+def load_pretrained(auto_class: Any, model_name_or_path: str, flag: str = "model_name_or_path", **kwargs: Any) -> Any:
+    """``auto_class.from_pretrained(model_name_or_path, **kwargs)`` of a local model folder; a folder that is
+    not a model (no config, no weights) raises ``FlagError`` naming ``flag``."""
+    check_model_folder(flag, model_name_or_path, weights=True)
+    try:
+        return auto_class.from_pretrained(model_name_or_path, **kwargs)
+    except (OSError, ValueError, KeyError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise FlagError(flag, f"{flag}: {model_name_or_path!r} could not be loaded as a model: {reason}") from error
 
 
 def has_target_only_mlm_head(model: torch.nn.Module) -> bool:
@@ -243,8 +340,10 @@ __all__ = [
     "build_config",
     "build_lm_model",
     "check_model_type",
+    "config_field_names",
     "family_of",
     "has_target_only_mlm_head",
+    "load_pretrained",
     "load_tokenizer",
     "masked_lm_target_logits",
     "parse_config_overrides",

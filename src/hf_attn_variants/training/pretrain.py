@@ -50,12 +50,24 @@ from typing import Any, Literal
 import torch
 from transformers import SchedulerType
 
+from .cli_utils import (
+    FlagError,
+    check_int,
+    check_model_folder,
+    check_number,
+    check_output_dir,
+    check_percentage,
+    check_positive,
+    check_seed,
+    quiet_progress,
+)
 from .corpus import CORPUS_DESCRIPTION, CORPUS_NAME, causal_tokenizer
 from .data import (
     EpochShuffleSampler,
     IndexedBlocks,
     collate_blocks,
     group_into_blocks,
+    holds_tokens,
     load_text_datasets,
     mask_tokens,
     mix_seed,
@@ -155,9 +167,11 @@ class PretrainArguments:
     disable_tqdm: bool = field(default=False, metadata={"help": "No progress bars (training and datasets.map)."})
 
     def __post_init__(self) -> None:
+        """Check every value that needs no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it.
+        Paths, data and the model config are checked by ``pretrain`` before it writes anything."""
         if self.model_type is None and self.config_name is None and self.model_name_or_path is None:
-            raise ValueError("Pass --model_type (entropy_invariant, gau, synthesizer, …), --config_name or "
-                             "--model_name_or_path.")
+            raise FlagError("model_type", "Pass --model_type (entropy_invariant, gau, synthesizer, …), "
+                                          "--config_name or --model_name_or_path.")
         if self.model_type is not None:
             check_model_type(self.model_type)
         _choice("objective", self.objective, ("mlm", "clm"))
@@ -165,38 +179,43 @@ class PretrainArguments:
         _choice("lr_scheduler_type", self.lr_scheduler_type, SCHEDULER_TYPES)
         for name in ("max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size",
                      "num_train_epochs", "gradient_accumulation_steps", "logging_steps"):
-            _positive(name, getattr(self, name))
-        for name in ("max_train_steps", "eval_steps", "max_train_samples", "max_eval_samples"):
+            check_positive(name, getattr(self, name))
+        for name in ("max_train_steps", "eval_steps", "max_train_samples", "max_eval_samples",
+                     "preprocessing_num_workers"):
             if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
-        if self.num_warmup_steps < 0:
-            raise ValueError(f"num_warmup_steps must be >= 0, got {self.num_warmup_steps}.")
-        if not 0.0 < self.mlm_probability < 1.0:
-            raise ValueError(f"mlm_probability must be in (0, 1), got {self.mlm_probability}.")
+                check_positive(name, getattr(self, name))
+        check_int("num_warmup_steps", self.num_warmup_steps, 0)
+        check_percentage("validation_split_percentage", self.validation_split_percentage)
+        check_seed("seed", self.seed)
+        check_number("mlm_probability", self.mlm_probability, 0, 1, open_low=True, open_high=True)
+        check_number("learning_rate", self.learning_rate, 0, open_low=True)
+        check_number("weight_decay", self.weight_decay, 0)
+        check_number("adam_beta1", self.adam_beta1, 0, 1, open_high=True)
+        check_number("adam_beta2", self.adam_beta2, 0, 1, open_high=True)
+        check_number("adam_epsilon", self.adam_epsilon, 0, open_low=True)
+        check_number("max_grad_norm", self.max_grad_norm, 0)
+        for name in ("validation_file", "text_column_name"):
+            if getattr(self, name) is not None and self.train_file is None:
+                raise FlagError(name, f"{name} needs a train_file (the embedded corpus is one text column).")
         if self.mixed_length_splits is not None:
             splits = list(self.mixed_length_splits)
             if not splits or any(isinstance(k, bool) or not isinstance(k, int) or k < 1
                                  or self.max_seq_length % k for k in splits):
-                raise ValueError(f"mixed_length_splits must be positive integers dividing max_seq_length="
-                                 f"{self.max_seq_length}, got {self.mixed_length_splits}.")
+                raise FlagError("mixed_length_splits",
+                                f"mixed_length_splits must be positive integers dividing max_seq_length="
+                                f"{self.max_seq_length}, got {self.mixed_length_splits}.")
             self.mixed_length_splits = splits
-        if self.learning_rate <= 0 or self.weight_decay < 0 or self.max_grad_norm < 0:
-            raise ValueError("learning_rate must be > 0, weight_decay and max_grad_norm >= 0.")
         if self.checkpointing_steps is not None:
             value = str(self.checkpointing_steps)
             if value != "epoch" and not (value.isdigit() and int(value) > 0):
-                raise ValueError(f'checkpointing_steps must be a positive integer or "epoch", got {value!r}.')
+                raise FlagError("checkpointing_steps",
+                                f'checkpointing_steps must be a positive integer or "epoch", got {value!r}.')
             self.checkpointing_steps = value
 
 
 def _choice(name: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
-
-
-def _positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        raise FlagError(name, f"{name} must be one of {allowed}, got {value!r}.")
 
 
 @dataclass
@@ -233,12 +252,14 @@ def find_checkpoint(output_dir: str, name: str) -> Path:
     if name != "latest":
         path = Path(name)
         if not (path / STATE_FILE).exists():
-            raise ValueError(f"resume_from_checkpoint: {name!r} is not a checkpoint folder (no {STATE_FILE}).")
+            raise FlagError("resume_from_checkpoint",
+                            f"resume_from_checkpoint: {name!r} is not a checkpoint folder (no {STATE_FILE}).")
         return path
     root = Path(output_dir) / CHECKPOINT_DIR
     found = [p for p in root.glob("*") if (p / STATE_FILE).exists()] if root.exists() else []
     if not found:
-        raise ValueError(f"resume_from_checkpoint='latest' but there is no checkpoint under {root}.")
+        raise FlagError("resume_from_checkpoint",
+                        f"resume_from_checkpoint='latest' but there is no checkpoint under {root}.")
     return max(found, key=lambda p: json.loads((p / STATE_FILE).read_text())["completed_steps"])
 
 
@@ -285,13 +306,17 @@ def _training_blocks(args: PretrainArguments, tokenizer: Any, accelerator: Any) 
 
 def _load_blocks(args: PretrainArguments, tokenizer: Any, accelerator: Any) -> dict[str, Any]:
     with accelerator.main_process_first():
-        raw = load_text_datasets(
-            args.train_file,
-            args.validation_file,
-            text_column_name=args.text_column_name,
-            validation_split_percentage=args.validation_split_percentage,
-        )
         eos = tokenizer.eos_token_id if args.objective == "clm" else None
+        with quiet_progress():  # the checks: a bad file prints its one error line alone
+            raw = load_text_datasets(
+                args.train_file,
+                args.validation_file,
+                text_column_name=args.text_column_name,
+                validation_split_percentage=args.validation_split_percentage,
+            )
+            if not holds_tokens(raw["train"], tokenizer, args.max_seq_length, eos):
+                raise FlagError("train_file" if args.train_file else "max_seq_length",
+                                f"The training data holds fewer than max_seq_length={args.max_seq_length} tokens.")
         blocks = {
             split: group_into_blocks(raw[split], tokenizer, args.max_seq_length, args.preprocessing_num_workers, eos)
             for split in ("train", "validation")
@@ -300,7 +325,8 @@ def _load_blocks(args: PretrainArguments, tokenizer: Any, accelerator: Any) -> d
         if limit is not None and len(blocks[split]) > limit:
             blocks[split] = blocks[split].select(range(limit))
     if len(blocks["train"]) == 0:
-        raise ValueError(f"The training data holds fewer than max_seq_length={args.max_seq_length} tokens.")
+        raise FlagError("train_file" if args.train_file else "max_seq_length",
+                        f"The training data holds fewer than max_seq_length={args.max_seq_length} tokens.")
     return blocks
 
 
@@ -314,18 +340,23 @@ def pretrain(args: PretrainArguments) -> PretrainResult:
 
     Writes to ``args.output_dir``: the model (safetensors + remote code + config), the tokenizer,
     ``train_log.jsonl`` (step, epoch, loss, lr, grad_norm, eval_* when evaluated), ``all_results.json``,
-    ``pretrain_args.json`` and ``checkpoints/``.
+    ``pretrain_args.json`` and ``checkpoints/``. Nothing is written before the output folder, tokenizer,
+    config, checkpoint, data and model are checked: a bad one raises ``FlagError`` naming its argument.
     """
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
     from transformers import get_scheduler
 
+    check_output_dir("output_dir", args.output_dir)
+    if args.model_name_or_path is not None:
+        check_model_folder("model_name_or_path", args.model_name_or_path, weights=True)
     if args.with_tracking:
         import importlib.util
 
         if importlib.util.find_spec("tensorboard") is None and importlib.util.find_spec("tensorboardX") is None:
-            raise ValueError("with_tracking logs to TensorBoard, which is not installed (pip install tensorboard).")
+            raise FlagError("with_tracking",
+                            "with_tracking logs to TensorBoard, which is not installed (pip install tensorboard).")
     accelerator = make_accelerator(
         args.mixed_precision, "tensorboard" if args.with_tracking else None, args.output_dir
     )
@@ -337,9 +368,6 @@ def pretrain(args: PretrainArguments) -> PretrainResult:
         datasets.utils.logging.set_verbosity_error()
         transformers.utils.logging.set_verbosity_error()
     output_dir = Path(args.output_dir)
-    if main:
-        output_dir.mkdir(parents=True, exist_ok=True)
-    accelerator.wait_for_everyone()
 
     set_seed(args.seed)
     tokenizer = load_tokenizer(args.tokenizer_name)
@@ -353,11 +381,17 @@ def pretrain(args: PretrainArguments) -> PretrainResult:
         tokenizer=tokenizer,
         max_seq_length=args.max_seq_length,
     )
-    model = build_lm_model(config, args.objective, args.model_name_or_path)
-    if args.objective == "mlm" and has_target_only_mlm_head(model):
-        model = TargetOnlyMLMLoss(model)  # the MLM head runs on the masked positions only
+    checkpoint = find_checkpoint(args.output_dir, args.resume_from_checkpoint) if args.resume_from_checkpoint else None
     blocks = _training_blocks(args, tokenizer, accelerator)
     eval_blocks = blocks["validation"] if len(blocks["validation"]) > 0 else None
+    set_seed(args.seed)  # (again) so that the initialisation depends on the seed only
+    with quiet_progress():
+        model = build_lm_model(config, args.objective, args.model_name_or_path)
+    if args.objective == "mlm" and has_target_only_mlm_head(model):
+        model = TargetOnlyMLMLoss(model)  # the MLM head runs on the masked positions only
+    if main:  # every input is valid: from here on the run writes
+        output_dir.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
 
     sampler = EpochShuffleSampler(len(blocks["train"]), args.seed)
     train_loader = DataLoader(
@@ -388,8 +422,7 @@ def pretrain(args: PretrainArguments) -> PretrainResult:
 
     log_path = output_dir / LOG_FILE
     completed = 0
-    if args.resume_from_checkpoint:
-        checkpoint = find_checkpoint(args.output_dir, args.resume_from_checkpoint)
+    if checkpoint is not None:
         accelerator.load_state(str(checkpoint))
         completed = json.loads((checkpoint / STATE_FILE).read_text())["completed_steps"]
         if main:
@@ -557,19 +590,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
-    """CLI entry: validate the flags (clear one-line errors), then train."""
-    from .cli_utils import dataclasses_from_namespace, fail
+    """CLI entry: train; a bad flag value (``FlagError``, raised before anything is written) gives one
+    error line naming the flag and exit status 2."""
+    from .cli_utils import dataclasses_from_namespace, fail_flag
 
-    try:
-        (args,) = dataclasses_from_namespace(namespace, PretrainArguments)
-    except (ValueError, TypeError) as error:
-        return fail("pretrain", str(error))
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logging.getLogger("hf_attn_variants").setLevel(logging.INFO)
     try:
+        (args,) = dataclasses_from_namespace(namespace, PretrainArguments)
         pretrain(args)
-    except (ValueError, FileNotFoundError) as error:
-        return fail("pretrain", str(error))
+    except FlagError as error:
+        return fail_flag("pretrain", error)
     return 0
 
 

@@ -1,0 +1,151 @@
+"""Greedy generation is the same under every cache Transformers offers, or refuses in one sentence.
+
+For each family and variant, a left-padded batch is generated with ``cache_implementation`` set to each
+cache that applies, and compared with the default dynamic cache: same tokens (or a near tie of the
+reference's logits, see ``properties.assert_same_greedy_choices``) and the same scores up to the first
+difference.
+
+Which caches apply:
+
+- ``"static"`` and its deprecated aliases ``"sliding_window"``, ``"hybrid"`` (without a ``sliding_window``
+  in the config they build full static layers): every family; FLASH GAU (``chunk_size``) refuses them,
+  because its past is a constant-size chunk state that only a dynamic cache can hold.
+- ``"offloaded"`` / ``"offloaded_static"``: Transformers moves layers between the GPU and the CPU, so on a
+  CPU-only torch they fail for every model, a stock Llama included ("Torch not compiled with CUDA
+  enabled"); they run here only when CUDA is available.
+- ``"quantized"``: not compared — it quantizes keys and values, so its tokens may legitimately differ
+  from the full-precision cache for any model (and it needs optimum-quanto or HQQ).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from transformers import CompileConfig
+
+from hf_attn_variants import (
+    EntropyInvariantConfig,
+    EntropyInvariantForCausalLM,
+    GAUConfig,
+    GAUForCausalLM,
+    SynthesizerConfig,
+    SynthesizerForCausalLM,
+)
+from hf_attn_variants.compat import version_tuple
+from tests import properties
+from tests.utils import left_padded, random_ids
+
+STATIC_CACHES = ["static", "sliding_window", "hybrid"]
+OFFLOADED_CACHES = ["offloaded", "offloaded_static"]
+NEW_TOKENS = 10
+TINY = {"vocab_size": 97, "hidden_size": 32, "num_hidden_layers": 2, "initializer_range": 0.2}
+HEADS = {"num_attention_heads": 4, "intermediate_size": 37}
+
+VARIANTS = {
+    **{f"entropy_invariant-{scale}-{kernel}": (EntropyInvariantForCausalLM, EntropyInvariantConfig,
+                                               {**HEADS, "attention_scale": scale, "attn_implementation": kernel})
+       for scale in ("standard", "entropy_invariant", "ssmax") for kernel in ("eager", "sdpa")},
+    **{f"gau-{name}": (GAUForCausalLM, GAUConfig, {"attention_key_size": 16, **fields})
+       for name, fields in {
+           "softmax": {"attention_normalization": "softmax"},
+           "softmax_plus": {"attention_normalization": "softmax_plus", "base_length": 8},
+           "relu2_dynamic": {"attention_normalization": "relu2"},
+           "relu2_fixed": {"attention_normalization": "relu2", "relu2_length": "fixed", "base_length": 8},
+           "relu2_normalized": {"attention_normalization": "relu2_normalized"},
+       }.items()},
+    **{f"synthesizer-{'+'.join(components)}": (SynthesizerForCausalLM, SynthesizerConfig,
+                                               {**HEADS, "max_position_embeddings": 32, "random_init_std": 1.0,
+                                                "synthesizer_components": components})
+       for components in (["dense"], ["random"], ["factorized_dense"], ["factorized_random"], ["vanilla"],
+                          ["random", "vanilla"])},
+    "synthesizer-fixed_random": (SynthesizerForCausalLM, SynthesizerConfig,
+                                 {**HEADS, "max_position_embeddings": 32, "random_init_std": 1.0,
+                                  "synthesizer_components": ["random"], "random_trainable": False}),
+}
+
+
+def build(name: str) -> torch.nn.Module:
+    model_class, config_class, fields = VARIANTS[name]
+    fields = dict(fields)
+    implementation = fields.pop("attn_implementation", None)
+    torch.manual_seed(0)
+    model = model_class(config_class(**TINY, **fields)).eval()
+    if implementation:
+        model.set_attn_implementation(implementation)
+    return model
+
+
+def greedy(model: torch.nn.Module, **kwargs) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """New tokens and per-step scores of a greedy ``generate`` on a left-padded batch."""
+    ids, mask = left_padded(random_ids(2, 8, vocab=TINY["vocab_size"], seed=3), [8, 5])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                             output_scores=True, return_dict_in_generate=True, pad_token_id=0, **kwargs)
+    return out.sequences[:, ids.shape[1]:], list(out.scores)
+
+
+def assert_same_generation(model: torch.nn.Module, cache_implementation: str) -> None:
+    expected, scores = greedy(model)
+    got, got_scores = greedy(model, cache_implementation=cache_implementation)
+    properties.assert_same_greedy_choices(expected, got, scores)
+    same = (expected == got).all(0).cumprod(0).sum()  # steps before the first difference in any row
+    for step in range(int(same)):
+        torch.testing.assert_close(got_scores[step], scores[step], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cache_implementation", STATIC_CACHES)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_static_caches_generate_what_the_dynamic_cache_does(variant: str, cache_implementation: str) -> None:
+    assert_same_generation(build(variant), cache_implementation)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Transformers' offloaded caches need CUDA (any model)")
+@pytest.mark.parametrize("cache_implementation", OFFLOADED_CACHES)
+@pytest.mark.parametrize("variant", ["entropy_invariant-entropy_invariant-sdpa", "gau-relu2_dynamic",
+                                     "synthesizer-random+vanilla"])
+def test_offloaded_caches_generate_what_the_dynamic_cache_does(variant: str, cache_implementation: str) -> None:
+    assert_same_generation(build(variant).cuda(), cache_implementation)
+
+
+def flash_gau() -> GAUForCausalLM:
+    torch.manual_seed(0)
+    config = GAUConfig(**TINY, attention_key_size=16, attention_normalization="relu2", chunk_size=4)
+    return GAUForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("cache_implementation", [*STATIC_CACHES, "offloaded_static"])
+def test_flash_gau_refuses_a_static_cache_in_one_sentence(cache_implementation: str) -> None:
+    if cache_implementation == "offloaded_static" and not torch.cuda.is_available():
+        pytest.skip("Transformers' offloaded caches need CUDA (any model)")
+    model = flash_gau()
+    if cache_implementation == "hybrid":  # without sliding layers, a hybrid cache is dynamic: it must work
+        assert_same_generation(model, cache_implementation)
+        return
+    with pytest.raises(ValueError, match=r"cache_implementation='dynamic'") as error:
+        greedy(model, cache_implementation=cache_implementation)
+    assert "\n" not in str(error.value) and "StaticLayer" in str(error.value)
+
+
+def test_flash_gau_generates_with_the_default_and_the_dynamic_cache() -> None:
+    model = flash_gau()
+    expected, scores = greedy(model)
+    got, _ = greedy(model, cache_implementation="dynamic")
+    properties.assert_same_greedy_choices(expected, got, scores)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    version_tuple(transformers.__version__) < (5, 5, 0),
+    reason="before Transformers 5.5 a static cache reports its length by scanning its keys, a data-dependent "
+    "value that full-graph compilation cannot trace",
+)
+def test_entropy_invariant_static_cache_generate_compiles_with_fullgraph() -> None:
+    """``_can_compile_fullgraph``: the decoding steps compile as one graph (about 20 s on a 2-core CPU)."""
+    model = build("entropy_invariant-entropy_invariant-sdpa")
+    assert type(model)._can_compile_fullgraph
+    compile_config = CompileConfig(fullgraph=True)
+    compile_config._compile_all_devices = True  # Transformers compiles only on accelerators unless told so
+    expected, scores = greedy(model)
+    got, _ = greedy(model, cache_implementation="static", compile_config=compile_config)
+    properties.assert_same_greedy_choices(expected, got, scores)

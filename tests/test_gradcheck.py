@@ -1,0 +1,101 @@
+"""float64 stays float64: ``torch.autograd.gradcheck`` on every attention kernel.
+
+Internal upcasts go to ``torch.promote_types(dtype, float32)``, never down, so a float64 model is computed in
+float64 end to end and its analytical gradients match finite differences. Each check runs a whole tiny
+float64 model (embeddings in, last hidden state out, padding and causal masks included) or, for GAU's two
+hand-written autograd Functions, the Function itself split into several query blocks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_attn_variants.modeling_gau as modeling_gau
+from hf_attn_variants import EntropyInvariantConfig, EntropyInvariantModel, GAUConfig, GAUModel, SynthesizerConfig, SynthesizerModel
+from tests.utils import left_padded, random_ids
+
+SIZES = {"vocab_size": 11, "hidden_size": 8, "num_hidden_layers": 1, "hidden_dropout_prob": 0.0,
+         "attention_probs_dropout_prob": 0.0, "initializer_range": 0.5}
+HEADS = {"num_attention_heads": 2, "intermediate_size": 6}
+BATCH, LENGTH = 2, 5
+
+CASES = {
+    **{f"entropy_invariant-{scale}-{kernel}": (EntropyInvariantModel, EntropyInvariantConfig,
+                                               {**HEADS, "attention_scale": scale, "base_length": 4,
+                                                "entropy_min_length": 1}, kernel)
+       for scale in ("standard", "entropy_invariant", "ssmax") for kernel in ("eager", "sdpa")},
+    **{f"gau-{name}": (GAUModel, GAUConfig, {"attention_key_size": 4, "base_length": 4, "entropy_min_length": 1,
+                                             **fields}, None)
+       for name, fields in {
+           "softmax": {"attention_normalization": "softmax"},
+           "softmax_plus": {"attention_normalization": "softmax_plus"},
+           "relu2_dynamic": {"attention_normalization": "relu2"},
+           "relu2_fixed": {"attention_normalization": "relu2", "relu2_length": "fixed"},
+           "relu2_normalized": {"attention_normalization": "relu2_normalized"},
+           "chunked": {"attention_normalization": "relu2", "chunk_size": 2},
+       }.items()},
+    **{f"synthesizer-{component}": (SynthesizerModel, SynthesizerConfig,
+                                    {**HEADS, "max_position_embeddings": 8, "random_init_std": 1.0,
+                                     "synthesizer_components": [component]}, None)
+       for component in ("dense", "random", "factorized_dense", "factorized_random", "vanilla")},
+}
+
+
+def graph_node_names(node: object, depth: int = 3) -> set[str]:
+    """Names of the autograd nodes within ``depth`` steps of ``node``."""
+    if node is None or depth == 0:
+        return set()
+    names = {node.name()}
+    for child, _ in node.next_functions:
+        names |= graph_node_names(child, depth - 1)
+    return names
+
+
+def float64_model(name: str, causal: bool) -> torch.nn.Module:
+    model_class, config_class, fields, kernel = CASES[name]
+    torch.manual_seed(0)
+    model = model_class(config_class(**SIZES, **fields, is_decoder=causal)).double().eval()
+    if kernel is not None:
+        model.set_attn_implementation(kernel)
+    return model
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_gradients_of_a_float64_model_match_finite_differences(name: str, causal: bool) -> None:
+    model = float64_model(name, causal)
+    _, mask = left_padded(random_ids(BATCH, LENGTH), [LENGTH, 3])
+    embeds = torch.randn(BATCH, LENGTH, SIZES["hidden_size"], dtype=torch.float64, requires_grad=True)
+
+    def run(inputs: torch.Tensor) -> torch.Tensor:
+        return model(inputs_embeds=inputs, attention_mask=mask).last_hidden_state
+
+    assert run(embeds).dtype == torch.float64
+    assert torch.autograd.gradcheck(run, (embeds,), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("kernel", ["relu2", "softmax"])
+def test_blocked_gau_kernels_match_finite_differences(monkeypatch, kernel: str, causal: bool) -> None:
+    """``relu2_attention`` / ``softmax_attention`` through their hand-written autograd Functions
+    (``Relu2Attention``, ``SoftmaxAttention``: recomputing, blocked backward) in float64, over 3 query blocks."""
+    monkeypatch.setattr(modeling_gau, "ATTENTION_BLOCK_ELEMENTS", 12)  # 6 keys → blocks of 2 query rows
+    torch.manual_seed(0)
+    query, key = (torch.randn(2, 6, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    value = torch.randn(2, 6, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(2, 6, 6, dtype=torch.bool)
+    mask[1, :, :2] = False  # left padding of row 1 (with causality its first two queries see no key)
+    if causal:
+        mask &= torch.ones(6, 6, dtype=torch.bool).tril()
+    offset = 0 if causal else None
+    assert len(modeling_gau._query_blocks(6, 6, offset)) == 3
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if kernel == "relu2":
+            return modeling_gau.relu2_attention(q, k, v, mask, 0.7, causal_offset=offset)
+        return modeling_gau.softmax_attention(q, k, v, mask, causal_offset=offset)
+
+    function = modeling_gau.Relu2Attention if kernel == "relu2" else modeling_gau.SoftmaxAttention
+    assert f"{function.__name__}Backward" in graph_node_names(run(query, key, value).grad_fn)
+    assert torch.autograd.gradcheck(run, (query, key, value), eps=1e-6, atol=1e-6, rtol=1e-5)
