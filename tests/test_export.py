@@ -16,6 +16,7 @@ from transformers import AutoModelForMaskedLM
 
 from hf_attn_variants import FAMILIES
 from hf_attn_variants.cli import main
+from hf_attn_variants.compat import MIN_TRANSFORMERS_VERSION
 from hf_attn_variants.hub import ExportArguments, PushArguments, PushError, check_export, export, push
 from hf_attn_variants.training import build_config, embedded_tokenizer
 from tests.remote_code import assert_standalone_code, clean_python
@@ -97,6 +98,7 @@ def test_model_card_metadata_parses_and_holds_the_metrics(exported, family: str)
     assert all(r.task_type == "fill-mask" and r.dataset_type == "pydoc_data.topics" for r in data.eval_results)
     text = card.text
     assert "trust_remote_code=True" in text and f'"someone/{family}-tiny"' in text
+    assert f'"transformers>={MIN_TRANSFORMERS_VERSION}"' in text  # the minimum version the model code needs
     assert CITATION[family] in text and "hidden_size" in text
     assert "{{" not in text  # every template variable was filled
 

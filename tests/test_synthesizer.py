@@ -537,8 +537,9 @@ def test_save_and_reload_with_auto_classes(tmp_path) -> None:
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(reloaded) is SynthesizerForCausalLM and reloaded.model.is_causal
     ids = random_ids(2, 9)
-    assert torch.equal(model(input_ids=ids).logits, reloaded(input_ids=ids).logits)
-    assert torch.equal(model.mixing_weights(), reloaded.mixing_weights())
+    # Equal weights in two model objects: BLAS may pick other kernels for other memory, so not bit-exact.
+    torch.testing.assert_close(model(input_ids=ids).logits, reloaded(input_ids=ids).logits, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(model.mixing_weights(), reloaded.mixing_weights(), atol=1e-7, rtol=1e-6)
 
 
 def test_heads_expose_mixing_weights_of_their_base_model() -> None:
