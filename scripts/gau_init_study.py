@@ -67,11 +67,13 @@ def run_case(name: str, family: str, variant: dict, seed: int = 42) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[42], help="Seeds (the mixin's own is 42).")
+    parser.add_argument("--variants", nargs="+", default=None,
+                        help="Only these GAU variants (names of OVERFIT_VARIANTS without 'GAU_'; default: all).")
     parser.add_argument("--out", type=Path, default=None, help="Also write the results as JSON here.")
     args = parser.parse_args()
     rows = []
     for name, (family, variant) in OVERFIT_VARIANTS.items():
-        if family != "gau":
+        if family != "gau" or (args.variants and name.removeprefix("GAU_") not in args.variants):
             continue
         for init in ("gau_alpha", "flash"):
             for seed in args.seeds:

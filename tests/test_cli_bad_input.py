@@ -78,6 +78,7 @@ DEMO = ("--output_dir", "{new}")
 PRUNE = ("--model_name_or_path", "{model}", "--train_file", "{txt}", "--output_dir", "{new}")
 BENCH = ("--quick", "--output", "{out}/bench.md")
 LENGTHGEN = ("--output_dir", "{new}", "--variants", "ei_standard")
+CONVERT = ("--checkpoint", "{model}", "--output_dir", "{new}")  # {model} is no GAU-α port: checked after output_dir
 
 CASES: list[Case] = [
     # ------------------------------------------------------------------ pretrain
@@ -247,6 +248,17 @@ CASES: list[Case] = [
         ("--model_card_template", ("--model_card_template", "{badtemplate}"), "bad-jinja"),
         ("--overwrite", ("--overwrite", "maybe"), "not-bool"),
     ]),
+    # ------------------------------------------------------------------ convert-gau-alpha
+    *cases("convert-gau-alpha", CONVERT, [
+        ("--checkpoint", ("--checkpoint", "{missing}"), "missing"),
+        ("--checkpoint", ("--checkpoint", "{file}"), "file"),
+        ("--checkpoint", ("--checkpoint", "{notmodel}"), "no-config"),
+        ("--checkpoint", ("--checkpoint", "{badconfig}"), "bad-json"),
+        ("--checkpoint", (), "not-a-gau-alpha-port"),
+        ("--output_dir", ("--output_dir", "{out}"), "not-empty"),
+        ("--output_dir", ("--output_dir", "{file}"), "file"),
+        ("--overwrite", ("--overwrite", "maybe"), "not-bool"),
+    ]),
     # ------------------------------------------------------------------ push
     *cases("push", PUSH, [
         ("--folder", ("--folder", "{missing}"), "missing"),
@@ -405,6 +417,7 @@ ANY_VALUE: dict[str, dict[str, str]] = {
         "--no-plots": "a switch (store_true), takes no value",
     },
     "lengthgen": {},
+    "convert-gau-alpha": {},
 }
 """Per subcommand, the flags without a bad-value case, each with the reason no value of it is bad."""
 

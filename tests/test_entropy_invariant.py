@@ -46,6 +46,26 @@ def tiny(model_class=EntropyInvariantModel, implementation: str = "sdpa", seed: 
 
 
 # -------------------------------------------------------------------------------------- scaling
+def test_beyond_scope_is_standard_attention_up_to_base_length() -> None:
+    """``entropy_invariant_scope="beyond"``: causal rows seeing ≤ base_length keys are standard attention."""
+    model = tiny(EntropyInvariantForCausalLM, entropy_invariant_scope="beyond", base_length=8)
+    standard = clone_with_config(model, attention_scale="standard")
+    ids = random_ids(2, 12)
+    scaled, reference = properties.hidden(model, ids), properties.hidden(standard, ids)
+    torch.testing.assert_close(scaled[:, :8], reference[:, :8], atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(scaled[:, 8:], reference[:, 8:], atol=1e-4)
+
+
+def test_packed_sequences_without_a_mask_follow_their_positions() -> None:
+    """Positions that restart (packed sequences, no mask): nᵢ = position + 1 and a block mask from the
+    positions, so the second sequence is computed as if alone."""
+    model = tiny(EntropyInvariantForCausalLM, base_length=4, entropy_min_length=1)
+    first, second = random_ids(1, 7, seed=1), random_ids(1, 6, seed=2)
+    positions = torch.cat([torch.arange(7), torch.arange(6)])[None]
+    together = properties.hidden(model, torch.cat([first, second], dim=1), position_ids=positions, use_cache=False)
+    torch.testing.assert_close(together[:, 7:], properties.hidden(model, second, use_cache=False), atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("model_class", [EntropyInvariantModel, EntropyInvariantForCausalLM])
 def test_entropy_invariant_equals_standard_when_base_length_is_the_input_length(model_class) -> None:
     length = 11

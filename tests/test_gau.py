@@ -40,8 +40,11 @@ NORMALIZATIONS = [
     ("relu2", "dynamic"),
     ("relu2", "fixed"),
     ("relu2_normalized", "dynamic"),
+    ("laplace", "dynamic"),
+    ("laplace", "fixed"),
 ]
-NORM_IDS = ["softmax", "softmax_plus", "relu2_dynamic", "relu2_fixed", "relu2_normalized"]
+NORM_IDS = ["softmax", "softmax_plus", "relu2_dynamic", "relu2_fixed", "relu2_normalized", "laplace_dynamic",
+            "laplace_fixed"]
 CHUNKED = [{"relu2_length": "dynamic"}, {"relu2_length": "fixed"}]
 
 
@@ -116,7 +119,7 @@ def unit_parts(unit: GatedAttentionUnit, x: torch.Tensor, theta: float):
 
 
 def reference_quadratic(unit: GatedAttentionUnit, x: torch.Tensor, visible: torch.Tensor, config: GAUConfig):
-    """(u ⊙ A v) Wo with A = norm(q kᵀ/√s) of DESIGN §2.2; ``visible`` (batch, n, n) bool."""
+    """(u ⊙ A v) Wo with A = norm(q kᵀ/√s) (DESIGN §2.2); ``visible`` (batch, n, n) bool."""
     u, v, (q, k) = unit_parts(unit, x, config.rope_theta)
     logits = q @ k.transpose(-1, -2) / math.sqrt(config.attention_key_size)
     counts = visible.sum(-1).double()
@@ -127,8 +130,12 @@ def reference_quadratic(unit: GatedAttentionUnit, x: torch.Tensor, visible: torc
             logits = logits * factor[..., None]
         attention = logits.masked_fill(~visible, -math.inf).softmax(-1).nan_to_num(0.0)
     else:
-        attention = F.relu(logits) ** 2 * visible
-        if kind == "relu2":
+        if kind == "laplace":  # Mega: 0.5 (1 + erf((a - μ) / (σ √2))), μ = √½, σ = 1/√(4π)
+            mu, sigma = math.sqrt(0.5), 1 / math.sqrt(4 * math.pi)
+            attention = 0.5 * (1 + torch.erf((logits - mu) / (sigma * math.sqrt(2)))) * visible
+        else:
+            attention = F.relu(logits) ** 2 * visible
+        if kind in ("relu2", "laplace"):
             length = (
                 counts.clamp(min=1)
                 if config.relu2_length == "dynamic"
@@ -178,7 +185,7 @@ def run_unit(model: GAUModel, x: torch.Tensor, valid: torch.Tensor, causal: bool
     model.is_causal = causal
     model.layers[0].gau.is_causal = causal
     position_ids = torch.arange(x.shape[1]).expand(x.shape[0], -1)
-    inputs = model._attention_inputs(x, valid.long(), None, position_ids, 0)
+    inputs = model._attention_inputs(x, valid.long(), None, position_ids, 0, None)
     return model.layers[0].gau(
         x, position_embeddings=model.rotary_emb(position_ids, x.dtype), **inputs, **kwargs
     )
@@ -219,6 +226,9 @@ def test_gau_alpha_preset_and_parameter_count() -> None:
         config.norm_type == "rmsnorm" and config.norm_elementwise_affine is False and config.use_bias is False
     )
     assert (config.vocab_size, config.hidden_dropout_prob, config.hidden_act) == (12000, 0.1, "silu")
+    # GAU-α's clamp (none: trained before bert4keras clamped n at 16), γ initialisation and norm ε
+    assert (config.entropy_min_length, config.gau_init, config.layer_norm_eps) == (1, "gau_alpha", 1e-12)
+    assert (config.base_length, config.attention_probs_dropout_prob) == (512, 0.1)
     with torch.device("meta"):
         model = GAUModel(config)
     per_layer = 768 * (2 * 1536 + 128) + 1536 * 768 + 2 * 2 * 128  # in_proj, out_proj, γ and β of q and k
@@ -290,7 +300,7 @@ def test_relu2_masks_after_the_activation_and_empty_rows_are_zero() -> None:
     # relu(2)² / nᵢ = 4 / 2; the masked key (logit 4) gives exactly 0
     assert weights[0, 0, 0].tolist() == [0.0, 2.0, 0.0, 0.0]
     assert weights[0, 0, 1].tolist() == [0.0] * 4
-    for kind in ("softmax", "softmax_plus", "relu2_normalized"):
+    for kind in ("softmax", "softmax_plus", "relu2_normalized", "laplace"):
         weights = gau_attention_weights(
             scores, mask, torch.tensor([[2.0, 0.0]]), tiny_config(attention_normalization=kind)
         )
@@ -302,7 +312,7 @@ def test_relu2_dynamic_length_counts_real_keys_not_the_padded_length() -> None:
     model = tiny(num_hidden_layers=1, attention_normalization="relu2")
     x = torch.randn(1, 10, 32)
     valid = torch.tensor([[1] * 6 + [0] * 4], dtype=torch.bool)
-    inputs = model._attention_inputs(x, valid.long(), None, torch.arange(10)[None], 0)
+    inputs = model._attention_inputs(x, valid.long(), None, torch.arange(10)[None], 0, None)
     assert inputs["key_counts"].tolist() == [[6.0] * 10]
 
 

@@ -53,6 +53,7 @@ VARIANTS = {
            "relu2_dynamic": {"attention_normalization": "relu2"},
            "relu2_fixed": {"attention_normalization": "relu2", "relu2_length": "fixed", "base_length": 8},
            "relu2_normalized": {"attention_normalization": "relu2_normalized"},
+           "laplace": {"attention_normalization": "laplace", "relu2_length": "fixed", "base_length": 8},
        }.items()},
     **{f"synthesizer-{'+'.join(components)}": (SynthesizerForCausalLM, SynthesizerConfig,
                                                {**HEADS, "max_position_embeddings": 32, "random_init_std": 1.0,

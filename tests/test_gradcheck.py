@@ -33,6 +33,7 @@ CASES = {
            "relu2_dynamic": {"attention_normalization": "relu2"},
            "relu2_fixed": {"attention_normalization": "relu2", "relu2_length": "fixed"},
            "relu2_normalized": {"attention_normalization": "relu2_normalized"},
+           "laplace": {"attention_normalization": "laplace"},
            "chunked": {"attention_normalization": "relu2", "chunk_size": 2},
        }.items()},
     **{f"synthesizer-{component}": (SynthesizerModel, SynthesizerConfig,

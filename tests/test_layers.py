@@ -115,9 +115,42 @@ def test_key_counts_match_a_materialised_mask() -> None:
         assert torch.equal(from_4d, from_2d)
 
 
+@pytest.mark.parametrize("past", [0, 3])
+@pytest.mark.parametrize("padding", ["left", "right", "none"])
+def test_position_derived_counts_equal_mask_derived_counts_on_real_tokens(padding: str, past: int) -> None:
+    """nᵢ = position + 1 for the positions ``generate`` uses (cumsum(mask) − 1), equal to the mask's count on
+    every real token, with or without cached tokens before the queries."""
+    total, lengths = 12, [12, 9, 5]
+    mask = torch.zeros(3, total, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        if padding == "left":
+            mask[row, total - n :] = 1
+        elif padding == "right":
+            mask[row, :n] = 1
+        else:
+            mask[row] = 1
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)[:, past:]  # what generate passes
+    geometry = {"batch_size": 3, "query_length": total - past, "key_length": total, "query_offset": past,
+                "causal": True, "device": torch.device("cpu")}
+    from_mask = visible_key_counts(mask, **geometry)
+    from_positions = visible_key_counts(None, **geometry, position_ids=positions)
+    real = mask[:, past:].bool()
+    assert torch.equal(from_positions[real], from_mask[real])
+    # With a mask the mask decides (a stock model's default positions 0, 1, … ignore left padding).
+    assert torch.equal(visible_key_counts(mask, **geometry, position_ids=positions * 0), from_mask)
+
+
 def test_key_counts_reject_3d_masks() -> None:
     with pytest.raises(ValueError, match="attention_mask"):
         visible_key_counts(torch.ones(1, 2, 3), batch_size=1, query_length=2, key_length=3, causal=False, device="cpu")
+
+
+def test_beyond_scope_only_scales_rows_past_base_length() -> None:
+    counts = torch.tensor([1.0, 8.0, 16.0, 64.0, 1000.0])
+    factor = entropy_invariant_factor(counts, base_length=16, min_length=32, scope="beyond")  # the clamp is ignored
+    expected = torch.tensor([1.0, 1.0, 1.0, math.log(64) / math.log(16), math.log(1000) / math.log(16)])
+    torch.testing.assert_close(factor, expected)
+    assert entropy_invariant_factor(counts, base_length=16, min_length=1, scope="all")[0] == 0.0
 
 
 def test_entropy_factor_is_one_at_base_length_and_clamped_below() -> None:

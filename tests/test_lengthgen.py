@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -32,8 +34,9 @@ from hf_attn_variants.lengthgen.results import (
     markdown_table,
     read_json,
 )
-from hf_attn_variants.lengthgen.study import format_overrides, load_for_eval, plan_run
-from hf_attn_variants.lengthgen.variants import ModelSize
+from hf_attn_variants.lengthgen.runfolders import claim
+from hf_attn_variants.lengthgen.study import load_for_eval, parameter_counts, plan_run
+from hf_attn_variants.lengthgen.variants import LLAMA_EVAL_MODES, ModelSize
 
 
 @pytest.fixture(scope="module")
@@ -132,30 +135,42 @@ def test_causal_evaluation_counts_predictions_beyond_training_length():
 
 
 def test_llama_variant_is_evaluated_with_three_attention_modes(tmp_path):
-    """The same stock-Llama weights load with sdpa and with entropy_invariant (base_length = L)."""
+    """The same stock-Llama weights load as sdpa and as entropy_invariant with scope "all" and "beyond"
+    (base_length = L): "all" changes rows within L, "beyond" is exactly sdpa up to L and sharpens beyond."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     args = LengthGenArguments(output_dir=str(tmp_path), variants=["llama"], train_length=8, hidden_size=16,
                               num_attention_heads=2)
     plan = plan_run(get_variant("llama"), 0, args)
     assert plan.objective == "clm" and [plan.variant.series(m) for m in plan.variant.eval_modes] == [
-        "llama/sdpa", "llama/entropy_invariant", "llama/entropy_invariant_beyond_L"]
-    fields = {k: v for k, v in plan.fields.items() if k != "base_length"}
+        "llama/sdpa", "llama/entropy_invariant_all", "llama/entropy_invariant_beyond_L"]
+    assert plan.variant.eval_modes == LLAMA_EVAL_MODES
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=40, **fields)).save_pretrained(plan.model_dir)
-    sdpa, scaled = load_for_eval(plan, "sdpa"), load_for_eval(plan, "entropy_invariant")
-    clamped = load_for_eval(plan, "entropy_invariant_beyond_L")
+    LlamaForCausalLM(LlamaConfig(vocab_size=40, **plan.fields)).save_pretrained(plan.model_dir)
+    sdpa, scaled, beyond = (load_for_eval(plan, mode) for mode in LLAMA_EVAL_MODES)
     assert sdpa.config._attn_implementation == "sdpa"
     assert scaled.config._attn_implementation == "entropy_invariant" and scaled.config.base_length == 8
-    assert clamped.config._attn_implementation == "entropy_invariant" and clamped.config.entropy_min_length == 8
+    assert scaled.config.entropy_invariant_scope == "all"
+    assert beyond.config._attn_implementation == "entropy_invariant" and beyond.config.base_length == 8
+    assert beyond.config.entropy_invariant_scope == "beyond"
     ids = torch.randint(0, 40, (1, 32))
     with torch.no_grad():
-        a, b, c = sdpa(ids).logits, scaled(ids).logits, clamped(ids).logits
-    # entropy_min_length 16 > base 8: every row's factor is ≥ log 16 / log 8 > 1, so rows with ≥ 2 keys differ
+        a, b, c = sdpa(ids).logits, scaled(ids).logits, beyond(ids).logits
+    # scope "all": every row's factor is log max(n, 16) / log 8 > 1, so rows with >= 2 keys differ already within L
     assert not torch.allclose(a[:, 1:8], b[:, 1:8], atol=1e-6)
-    # clamped at L = 8: rows 0…7 see ≤ 8 keys (factor 1, exactly sdpa), later rows are sharpened
+    # scope "beyond" at L = 8: rows 0…7 see <= 8 keys (factor 1, exactly sdpa), later rows are sharpened
     torch.testing.assert_close(c[:, :8], a[:, :8], rtol=1e-4, atol=1e-5)
     assert not torch.allclose(c[:, 8:], a[:, 8:], atol=1e-6)
+    # the modes are part of the evaluation fingerprint, not of the training one
+    other = LengthGenArguments(output_dir=str(tmp_path), variants=["llama"], train_length=8, hidden_size=16,
+                               num_attention_heads=2, eval_lengths=[4, 8])
+    changed = plan_run(get_variant("llama"), 0, other)
+    assert changed.train_fingerprint == plan.train_fingerprint
+    assert changed.eval_fingerprint != plan.eval_fingerprint
+    # non-embedding parameters: Transformers' own count (the tied LM head counts with the embedding)
+    counts = parameter_counts(sdpa)
+    assert counts["total"] - counts["non_embedding"] == 40 * 16
+    assert counts["non_embedding"] == sdpa.num_parameters(exclude_embeddings=True)
 
 
 def test_arguments_validation_and_mixed_copies():
@@ -189,9 +204,8 @@ def test_variant_configs_are_comparable():
     assert gau["num_hidden_layers"] == 4 and gau["relu2_length"] == "fixed" and gau["base_length"] == 64
     assert "num_attention_heads" not in gau
     assert llama["intermediate_size"] == 168 and llama["max_position_embeddings"] == 64
-    assert "initializer_range" not in gau  # the configs' default unless asked for
+    assert "initializer_range" not in gau and "gau_init" not in gau  # the configs' defaults unless asked for
     assert config_fields(get_variant("gau_softmax"), ModelSize(initializer_range=0.1), 64)["initializer_range"] == 0.1
-    assert format_overrides({"a": 1, "b": ["x", "y"], "c": True, "d": None}) == "a=1,b=[x,y],c=true,d=none"
     with pytest.raises(ValueError, match="unknown variant"):
         get_variant("gau_relu2_dynamic+mixed+mixed")
 
@@ -230,17 +244,66 @@ def test_topic_task_is_short_labelled_and_split_by_paragraph(tmp_path):
     assert token_task["train_samples"] == task["train_samples"]
 
 
-def test_run_folders_are_claimed_by_one_live_process(tmp_path):
-    """Parallel workers: a folder held by a live process is refused; a dead owner's lock is taken over."""
-    from hf_attn_variants.lengthgen.study import claim
+def test_overrides_reach_training_as_a_dict(tmp_path, tokenizer, monkeypatch):
+    """The family variants' config fields go to ``PretrainArguments`` as a dict (no k=v string round trip),
+    and the fingerprint of a run covers the resolved config (library defaults included)."""
+    from hf_attn_variants.lengthgen.study import _pretrain_arguments
+    from hf_attn_variants.training import build_config
 
+    args = LengthGenArguments(output_dir=str(tmp_path), variants=["synthesizer_random_vanilla"], train_length=16,
+                              hidden_size=32, num_attention_heads=2)
+    plan = plan_run(get_variant("synthesizer_random_vanilla"), 0, args)
+    pretrain_args = _pretrain_arguments(plan, args, tokenizer)
+    assert pretrain_args.config_overrides == plan.fields and isinstance(pretrain_args.config_overrides, dict)
+    assert pretrain_args.config_overrides is not plan.fields  # a copy: the plan is not changed by training
+    config = build_config("synthesizer", config_overrides=pretrain_args.config_overrides, tokenizer=tokenizer,
+                          max_seq_length=16)
+    assert config.synthesizer_components == ["random", "vanilla"] and config.max_position_embeddings == 32
+    # a library default (here GAU's gau_init, not among the study's fields) changes the training fingerprint
+    from hf_attn_variants import GAUConfig
+
+    gau = plan_run(get_variant("gau_softmax"), 0, args)
+    monkeypatch.setattr(GAUConfig.__init__, "__defaults__", tuple(
+        "flash" if value == "gau_alpha" else value for value in GAUConfig.__init__.__defaults__))
+    assert "gau_init" not in gau.fields
+    assert plan_run(get_variant("gau_softmax"), 0, args).train_fingerprint != gau.train_fingerprint
+
+
+HOLD_CLAIM = """
+import sys, time
+from hf_attn_variants.lengthgen.runfolders import claim
+with claim(sys.argv[1]) as mine:
+    print("held" if mine else "refused", flush=True)
+    time.sleep(120)
+"""
+
+
+def _holder(folder):
+    """A child process that claims ``folder`` and sleeps; returned once it holds the claim."""
+    child = subprocess.Popen([sys.executable, "-c", HOLD_CLAIM, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "held"
+    return child
+
+
+def test_run_folders_are_claimed_by_one_process_and_released_on_crash(tmp_path):
+    """Parallel workers: a folder held by another process (or by another claim of this one) is refused; a
+    claim is released when its block ends, and when its process is killed (no stale claim)."""
     folder = tmp_path / "run"
     with claim(folder) as first:
-        assert first and (folder / ".lock").read_text() == str(os.getpid())
-        with claim(folder) as second:  # same pid holds it: refused (no double work in one process either)
+        assert first and (folder / ".lock").exists()
+        with claim(folder) as second:  # a second claim in the same process is refused too
             assert not second
-    assert not (folder / ".lock").exists()
-    (folder / ".lock").write_text("999999999")  # no such process
+    with claim(folder) as again:  # released at the end of the block
+        assert again
+    child = _holder(folder)
+    try:
+        with claim(folder) as mine:
+            assert not mine
+        with claim(tmp_path / "other") as other:  # other runs stay free
+            assert other
+    finally:
+        child.send_signal(signal.SIGKILL)  # a crashed worker: its lock file stays, its claim does not
+        child.wait(timeout=30)
+    assert (folder / ".lock").exists()
     with claim(folder) as taken:
         assert taken
-    assert not (folder / ".lock").exists()

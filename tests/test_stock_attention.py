@@ -9,9 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM, BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
 
 import hf_attn_variants  # noqa: F401  (registers the attention implementation)
+from hf_attn_variants import stock_attention
 from hf_attn_variants.stock_attention import resolve_base_length
 from tests import properties
-from tests.utils import random_ids, right_padded
+from tests.utils import left_padded, random_ids, right_padded
 
 
 def tiny_llama(implementation: str = "entropy_invariant", layers: int = 2, **overrides) -> LlamaForCausalLM:
@@ -45,7 +46,7 @@ def test_bert_equals_sdpa_when_every_row_sees_base_length_keys() -> None:
 
 
 def test_llama_last_row_equals_sdpa_at_base_length_and_other_rows_differ() -> None:
-    model = tiny_llama(layers=1, base_length=11, entropy_min_length=1)
+    model = tiny_llama(layers=1, base_length=11, entropy_min_length=1, entropy_invariant_scope="all")
     ids = random_ids(2, 11)
     scaled = properties.hidden(model, ids)
     model.set_attn_implementation("sdpa")
@@ -98,7 +99,7 @@ def test_llama_cache_equals_full_forward_and_generate() -> None:
 
 
 def test_from_pretrained_with_attn_implementation(tmp_path) -> None:
-    tiny_llama("sdpa").save_pretrained(tmp_path)
+    tiny_llama("sdpa", base_length=4).save_pretrained(tmp_path)
     model = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="entropy_invariant").eval()
     assert model.config._attn_implementation == "entropy_invariant"
     ids, mask = right_padded(random_ids(2, 9), [9, 5])
@@ -117,3 +118,77 @@ def test_base_length_resolution() -> None:
     )
     assert resolve_base_length(yarn) == 2048
     assert resolve_base_length(None) == 512
+
+
+# --------------------------------------------------------------------------- scope, formulas, positions
+@pytest.mark.parametrize("left", [False, True])
+def test_llama_is_unchanged_up_to_base_length_by_default(left: bool) -> None:
+    """Default scope "beyond": every row that sees at most base_length keys is exactly the SDPA model."""
+    model = tiny_llama(base_length=8)
+    pad = left_padded if left else right_padded
+    ids, mask = pad(random_ids(2, 14), [14, 11])
+    scaled = properties.hidden(model, ids, mask)
+    model.set_attn_implementation("sdpa")
+    reference = properties.hidden(model, ids, mask)
+    counts = mask.cumsum(-1)  # keys each causal row sees
+    unchanged, beyond = (counts <= 8) & (mask == 1), counts > 8
+    torch.testing.assert_close(scaled[unchanged], reference[unchanged], atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(scaled[beyond], reference[beyond], atol=1e-4)
+
+
+def test_bert_is_unchanged_up_to_base_length_by_default() -> None:
+    model = tiny_bert(base_length=8, initializer_range=0.5)
+    short, long = random_ids(2, 8), random_ids(2, 12)
+    scaled_short, scaled_long = properties.hidden(model, short), properties.hidden(model, long)
+    model.set_attn_implementation("sdpa")
+    torch.testing.assert_close(scaled_short, properties.hidden(model, short), atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(scaled_long, properties.hidden(model, long), atol=1e-4)
+
+
+def test_qwen_use_logn_attn_formula_is_reproduced() -> None:
+    """Qwen (v1): q × log_L(n) for n > L (n = the token's 1-based position), else 1 — with any clamp ≤ L."""
+    length = 8
+    config = LlamaConfig(max_position_embeddings=length, base_length=length)
+    positions = torch.arange(40)[None]
+    query, key = torch.zeros(1, 1, 40, 4), torch.zeros(1, 1, 40, 4)
+    factor = stock_attention.stock_logit_factor(config, query, key, None, positions, causal=True)
+    qwen = [math.log(n, length) if n > length else 1.0 for n in range(1, 41)]
+    torch.testing.assert_close(factor[0], torch.tensor(qwen), atol=1e-6, rtol=0)
+
+
+def test_llama4_attention_temperature_formula_is_reproduced() -> None:
+    """Llama 4: 1 + attn_scale · log1p(⌊(p + 1) / floor_scale⌋) per query position p (≥ 1)."""
+    config = LlamaConfig(entropy_invariant_formula="llama4", attn_scale=0.25, floor_scale=4)
+    positions = torch.arange(3, 40)[None]
+    query, key = torch.zeros(1, 1, 37, 4), torch.zeros(1, 1, 40, 4)
+    factor = stock_attention.stock_logit_factor(config, query, key, None, positions, causal=True)
+    cache_position = torch.arange(3, 40)
+    reference = torch.log1p(torch.floor((cache_position.float() + 1.0) / 4)) * 0.25 + 1.0  # Llama4TextAttention
+    torch.testing.assert_close(factor[0], reference)
+    llama4 = LlamaConfig(entropy_invariant_formula="llama4")  # Llama 4's defaults: 0.1 and 8192
+    defaults = stock_attention.stock_logit_factor(llama4, query[:, :, :2], key, None, torch.tensor([[8190, 8191]]),
+                                                  causal=True)
+    assert defaults[0, 0] == 1.0 and defaults[0, 1].item() == pytest.approx(1 + 0.1 * math.log(2))
+
+
+def test_llama4_formula_runs_end_to_end_and_is_the_model_below_floor_scale() -> None:
+    model = tiny_llama(entropy_invariant_formula="llama4", floor_scale=8, attn_scale=1.0)
+    ids = random_ids(1, 12)
+    scaled = properties.hidden(model, ids)
+    model.set_attn_implementation("sdpa")
+    reference = properties.hidden(model, ids)
+    torch.testing.assert_close(scaled[:, :7], reference[:, :7], atol=1e-6, rtol=1e-5)  # p + 1 < 8: factor 1
+    assert not torch.allclose(scaled[:, 7:], reference[:, 7:], atol=1e-4)
+
+
+@pytest.mark.parametrize("scope", ["beyond", "all"])
+def test_packed_sequences_follow_their_positions(scope: str) -> None:
+    """Two sequences packed in one row without a mask, positions restarting (packed training): Transformers
+    builds a block mask from the positions, and nᵢ follows it — the second sequence is computed as if alone."""
+    model = tiny_llama(base_length=4, entropy_min_length=1, entropy_invariant_scope=scope)
+    first, second = random_ids(1, 7, seed=1), random_ids(1, 6, seed=2)
+    packed = torch.cat([first, second], dim=1)
+    positions = torch.cat([torch.arange(7), torch.arange(6)])[None]
+    together = properties.hidden(model, packed, position_ids=positions, use_cache=False)
+    alone = properties.hidden(model, second, use_cache=False)
+    torch.testing.assert_close(together[:, 7:], alone, atol=1e-5, rtol=1e-4)

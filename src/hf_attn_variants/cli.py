@@ -33,6 +33,10 @@ SUBCOMMANDS["bench"] = (
     "hf_attn_variants.bench.cli",
     "Speed and memory benchmarks vs stock Transformers (eager and torch.compile); writes docs/benchmarks.md.",
 )
+SUBCOMMANDS["convert-gau-alpha"] = (
+    "hf_attn_variants.conversion",
+    "Convert the GAU-α checkpoint of its PyTorch port (gau-alpha) into a GAUForMaskedLM folder.",
+)
 SUBCOMMANDS["lengthgen"] = (
     "hf_attn_variants.lengthgen.cli",
     "Length-generalisation study: train variants at length L, evaluate at L/4…8L (JSON/CSV/plots, resumable).",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .configuration_common import MultiHeadAttnVariantConfig, check_choice, check_int, renamed_field
+from .layers import ENTROPY_INVARIANT_SCOPES
 
 ATTENTION_SCALES = ("standard", "entropy_invariant", "ssmax")
 
@@ -26,6 +27,12 @@ class EntropyInvariantConfig(MultiHeadAttnVariantConfig):
         base_length: the training length m at which the factor is 1 (default 512).
         entropy_min_length: lower clamp of nᵢ (default 16, as bert4keras). Configs saved under its former
             name ``min_length`` (which collided with the generation parameter) load unchanged.
+        entropy_invariant_scope: where the ``entropy_invariant`` factor applies: ``"all"`` (default: every row;
+            this family is trained with it) or ``"beyond"`` = max(1, log nᵢ / log ``base_length``): rows that
+            see at most ``base_length`` keys are standard attention (Qwen's ``use_logn_attn``).
+
+    nᵢ follows the attention mask; without one, the ``position_ids`` the caller passes (nᵢ = position + 1 for
+    causal rows: packed sequences, serving engines).
 
     Example:
         ```python
@@ -43,9 +50,11 @@ class EntropyInvariantConfig(MultiHeadAttnVariantConfig):
         attention_scale: str = "entropy_invariant",
         base_length: int = 512,
         entropy_min_length: int | None = None,
+        entropy_invariant_scope: str = "all",
         **kwargs: Any,
     ) -> None:
         self.attention_scale = attention_scale
+        self.entropy_invariant_scope = entropy_invariant_scope
         self.base_length = base_length
         self.entropy_min_length = renamed_field(kwargs, "min_length", "entropy_min_length", entropy_min_length, 16)
         super().__init__(**kwargs)
@@ -55,6 +64,7 @@ class EntropyInvariantConfig(MultiHeadAttnVariantConfig):
         check_choice("attention_scale", self.attention_scale, ATTENTION_SCALES)
         check_int("base_length", self.base_length, 2)
         check_int("entropy_min_length", self.entropy_min_length, 1)
+        check_choice("entropy_invariant_scope", self.entropy_invariant_scope, ENTROPY_INVARIANT_SCOPES)
 
 
 __all__ = ["EntropyInvariantConfig"]

@@ -6,7 +6,7 @@ from typing import Any
 
 from .configuration_common import AttnVariantConfig, check_choice, check_float, check_int, renamed_field
 
-ATTENTION_NORMALIZATIONS = ("softmax", "softmax_plus", "relu2", "relu2_normalized")
+ATTENTION_NORMALIZATIONS = ("softmax", "softmax_plus", "relu2", "relu2_normalized", "laplace")
 RELU2_LENGTHS = ("dynamic", "fixed")
 GAU_INITS = ("gau_alpha", "flash")
 """How a GAU unit is initialised: GAU-α's code (the default) or the FLASH paper's pseudocode (see ``gau_init``)."""
@@ -38,8 +38,12 @@ class GAUConfig(AttnVariantConfig):
               softmax of GAU-α (nᵢ clamped below at ``entropy_min_length``).
             - ``"relu2"``: relu(a)² / L with L from ``relu2_length`` (the paper's GAU and FLASH).
             - ``"relu2_normalized"``: relu(a)² / (Σⱼ relu(a)² + ε), an explicit row normaliser.
-        relu2_length: L of ``"relu2"``. ``"dynamic"``: L = nᵢ, the number of keys row i really sees
-            (padding and causality; as bert4keras). ``"fixed"``: L = ``base_length`` whatever the input
+            - ``"laplace"``: laplace(a) / L with Mega's Laplace function 0.5·(1 + erf((a − μ)/(σ√2))), μ = √½,
+              σ = 1/√(4π) — a bounded, stabler drop-in for relu² (same logits a, same L from
+              ``relu2_length``). Mega itself divides the logits by n *before* the function (laplace(q·k/n));
+              here the division by L stays outside, as for relu², so the length choice carries over.
+        relu2_length: L of ``"relu2"`` and ``"laplace"``. ``"dynamic"``: L = nᵢ, the number of keys row i
+            really sees (padding and causality; as bert4keras). ``"fixed"``: L = ``base_length`` whatever the input
             length — Su (2022) reports it finetunes better at lengths other than the pretraining length.
         base_length: training length m (default 512): softmax_plus equals softmax at nᵢ = m, and the
             fixed relu² length.
@@ -148,8 +152,11 @@ class GAUConfig(AttnVariantConfig):
     def gau_alpha_base(cls, **overrides: Any) -> GAUConfig:
         """The GAU-α architecture (Su 2022, bert4keras): 24 GAU layers, hidden 768, e = 1536, s = 128.
 
-        softmax_plus attention with base length 512, post-norm with a parameter-free RMSNorm, no
-        biases, swish (SiLU) gates, dropout 0.1, vocabulary 12000, RoPE. ``overrides`` replace any field.
+        softmax_plus attention with base length 512 and no clamp of n (``entropy_min_length=1``: GAU-α was
+        trained in 2022, before bert4keras clamped n at 16), post-norm with a parameter-free RMSNorm (ε = 1e-12),
+        no biases, swish (SiLU) gates, γ = 1 at initialisation (``gau_init="gau_alpha"``), dropout 0.1,
+        vocabulary 12000, RoPE. ``overrides`` replace any field. ``hf-attn-variants convert-gau-alpha`` loads
+        the released weights (through the PyTorch port's checkpoint) into it.
         Parameter count of ``GAUModel``: 96,522,240 (see docs/gau.md).
         """
         values: dict[str, Any] = {
@@ -160,7 +167,8 @@ class GAUConfig(AttnVariantConfig):
             "attention_key_size": 128,
             "attention_normalization": "softmax_plus",
             "base_length": 512,
-            "entropy_min_length": 16,
+            "entropy_min_length": 1,
+            "gau_init": "gau_alpha",
             "hidden_act": "silu",
             "hidden_dropout_prob": 0.1,
             "attention_probs_dropout_prob": 0.1,

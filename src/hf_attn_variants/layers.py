@@ -185,6 +185,7 @@ def visible_key_counts(
     causal: bool,
     device: torch.device,
     dtype: torch.dtype = torch.float32,
+    position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """nᵢ: how many keys query i may attend to in its own row, shape ``(batch, query_length)``, in ``dtype``.
 
@@ -193,7 +194,18 @@ def visible_key_counts(
     (boolean ``True`` = visible, or additive float with 0 = visible), or ``None`` (no padding).
     Under a causal mask the query at absolute position p = ``query_offset`` + i sees the non-padded
     keys at positions ≤ p. The 2D case costs O(batch · key_length): no n×n tensor is built.
+
+    ``position_ids`` ``(batch | 1, query_length)`` decide causal rows when there is no mask:
+    nᵢ = position_ids[i] + 1. That is the mask's count for every real token of a (left- or right-) padded batch,
+    with or without cache, whenever the positions number the real tokens 0, 1, … as ``generate`` does
+    (tested); without a mask it is what only positions can tell: serving engines pass positions but no mask,
+    and packed sequences restart them. A mask, when there is one, is exact (padding, packed sequences that
+    Transformers turned into a block mask, sliding windows), while a stock model's own default positions
+    (0, 1, … whatever the padding) are not, so the mask wins.
     """
+    if causal and position_ids is not None and attention_mask is None:
+        counts = position_ids.to(device=device, dtype=dtype) + 1
+        return counts.expand(batch_size, query_length) if counts.shape[0] == 1 else counts
     if attention_mask is not None and attention_mask.dim() == 4:
         visible = attention_mask if attention_mask.dtype == torch.bool else attention_mask > torch.finfo(attention_mask.dtype).min / 2
         return visible[:, 0].sum(-1).to(dtype)
@@ -221,15 +233,37 @@ def log_key_counts(key_counts: torch.Tensor, min_length: int) -> torch.Tensor:
     return key_counts.clamp(min=float(min_length)).log()
 
 
-def entropy_invariant_factor(key_counts: torch.Tensor, base_length: int, min_length: int) -> torch.Tensor:
+ENTROPY_INVARIANT_SCOPES = ("all", "beyond")
+
+
+def entropy_invariant_factor(
+    key_counts: torch.Tensor, base_length: int, min_length: int, scope: str = "all"
+) -> torch.Tensor:
     """Su's entropy-invariant logit factor log(max(nᵢ, min_length)) / log(base_length).
 
     Multiplying the usual q·k/√d logits by this factor is Su's softmax(κ log n / d · QKᵀ) with κ chosen
-    so that it equals standard attention at nᵢ = ``base_length`` (the training length).
+    so that it equals standard attention at nᵢ = ``base_length`` (the training length). ``scope="all"``
+    applies it to every row (a model trained with it); ``scope="beyond"`` = max(1, log nᵢ / log base_length),
+    only ever scaling up, so a pretrained model is unchanged on rows with nᵢ ≤ ``base_length`` — Qwen (v1)'s
+    ``use_logn_attn``, which multiplies q by log_L(n) only for n > L. The clamp ``min_length`` only matters
+    for ``"all"``: ``"beyond"`` never changes a row below the training length.
     """
     # Both logarithms in the same precision, so the factor is exactly 1 at nᵢ = base_length.
     log_base = torch.tensor(float(base_length), device=key_counts.device, dtype=key_counts.dtype).log()
+    if scope == "beyond":
+        return (key_counts.clamp(min=1.0).log() / log_base).clamp(min=1.0)
     return log_key_counts(key_counts, min_length) / log_base
+
+
+def llama4_attention_temperature(
+    query_positions: torch.Tensor, attn_scale: float = 0.1, floor_scale: int = 8192
+) -> torch.Tensor:
+    """Llama 4's attention temperature tuning: 1 + attn_scale · log(1 + ⌊(p + 1) / floor_scale⌋) for the query at
+    position p (Meta, Llama 4, 2025; ``Llama4TextAttention`` with ``attn_temperature_tuning``). A step function
+    of p that is exactly 1 below ``floor_scale`` − 1 and grows like log p beyond: ≥ 1 everywhere.
+    """
+    steps = torch.floor((query_positions + 1) / floor_scale)
+    return 1.0 + attn_scale * torch.log1p(steps)
 
 
 def boolean_attention_mask(
@@ -361,6 +395,7 @@ def kept_heads(pruned_heads: Mapping[int, list[int]], layer_idx: int, num_heads:
 
 
 __all__ = [
+    "ENTROPY_INVARIANT_SCOPES",
     "NORM_TYPES",
     "LayerNorm",
     "RMSNorm",
@@ -374,6 +409,7 @@ __all__ = [
     "eager_attention_forward",
     "entropy_invariant_factor",
     "kept_heads",
+    "llama4_attention_temperature",
     "log_key_counts",
     "masked_softmax",
     "normalize_pruned_heads",

@@ -207,7 +207,10 @@ class AttnVariantBackbone:
         past_key_values: Cache | None,
         position_ids: torch.Tensor,
         past_length: int,
+        given_position_ids: torch.Tensor | None,
     ) -> dict[str, Any]:
+        """Keyword arguments for every layer. ``position_ids``: the positions in use (defaults filled in);
+        ``given_position_ids``: the caller's, or ``None`` — only those may decide nᵢ (``visible_key_counts``)."""
         raise NotImplementedError
 
     def _check_inputs(self, input_ids: torch.Tensor | None, total_length: int, attention_mask: torch.Tensor | None) -> None:
@@ -263,10 +266,11 @@ class AttnVariantBackbone:
 
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
+        if position_ids is not None and position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0).expand(batch_size, -1)
+        given_position_ids = position_ids
         if position_ids is None:
             position_ids = default_position_ids(batch_size, seq_length, past_length, inputs_embeds.device)
-        elif position_ids.dim() == 1:
-            position_ids = position_ids.unsqueeze(0).expand(batch_size, -1)
 
         hidden_states = inputs_embeds
         if self.embed_positions is not None:
@@ -275,7 +279,9 @@ class AttnVariantBackbone:
         position_embeddings = (
             self.rotary_emb(position_ids, hidden_states.dtype) if self.rotary_emb is not None else None
         )
-        layer_inputs = self._attention_inputs(hidden_states, attention_mask, past_key_values, position_ids, past_length)
+        layer_inputs = self._attention_inputs(
+            hidden_states, attention_mask, past_key_values, position_ids, past_length, given_position_ids
+        )
 
         for layer in self.layers:
             hidden_states = layer(

@@ -54,7 +54,8 @@ class EntropyInvariantAttention(nn.Module):
     """Multi-head attention with logits s(nᵢ) · q·k/√d, s given by ``config.attention_scale`` .
 
     - ``standard``: s = 1.
-    - ``entropy_invariant``: s = log max(nᵢ, entropy_min_length) / log base_length.
+    - ``entropy_invariant``: s = log max(nᵢ, entropy_min_length) / log base_length (with
+      ``entropy_invariant_scope="beyond"``: max(1, s)).
     - ``ssmax``: s = sₕ · log max(nᵢ, entropy_min_length), sₕ learnable per head (``ssmax_scale``).
 
     The projections are named as in Llama (q/k/v/o_proj) so ``peft`` and the pruning tools find them.
@@ -92,7 +93,9 @@ class EntropyInvariantAttention(nn.Module):
         if scale == "standard" or key_counts is None:
             return None
         if scale == "entropy_invariant":
-            factor = entropy_invariant_factor(key_counts, self.config.base_length, self.config.entropy_min_length)
+            factor = entropy_invariant_factor(
+                key_counts, self.config.base_length, self.config.entropy_min_length, self.config.entropy_invariant_scope
+            )
             return factor[:, None, :, None]
         log_n = log_key_counts(key_counts, self.config.entropy_min_length)
         return self.ssmax_scale.to(log_n.dtype)[None, :, None, None] * log_n[:, None, :, None]
@@ -263,6 +266,7 @@ class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel
         past_key_values: Cache | None,
         position_ids: torch.Tensor,
         past_length: int,
+        given_position_ids: torch.Tensor | None,
     ) -> dict[str, Any]:
         batch_size, seq_length = hidden_states.shape[:2]
         key_counts = None
@@ -276,6 +280,7 @@ class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel
                 causal=self.is_causal,
                 device=hidden_states.device,
                 dtype=compute_dtype(hidden_states.dtype),
+                position_ids=given_position_ids,
             )
         mask = prepare_attention_mask(
             causal=self.is_causal,

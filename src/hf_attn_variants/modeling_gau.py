@@ -70,6 +70,8 @@ from .modeling_common import (
 )
 
 RELU2_NORMALIZED_EPS = 1e-6
+LENGTH_NORMALIZED = ("relu2", "laplace")
+"""Normalisations divided by L (``relu2_length``: nᵢ or ``base_length``)."""
 TRUNCATED_NORMAL_GAIN = 1.13684723
 """1 / std of a standard normal truncated to ±2: bert4keras scales its truncated normal by it, so σ is the real std."""
 
@@ -78,7 +80,8 @@ TRUNCATED_NORMAL_GAIN = 1.13684723
 # Attention kernels (at least float32 inside, so fp16/bf16 never overflow in relu² or the logits; float64 stays)
 # --------------------------------------------------------------------------------------------------
 def relu2_length(key_counts: torch.Tensor | None, config: GAUConfig, like: torch.Tensor) -> torch.Tensor:
-    """L of relu(a)²/L per query, shape ``(batch, q)``: nᵢ (``dynamic``, ≥ 1) or ``base_length`` (``fixed``)."""
+    """L of relu(a)²/L (and laplace(a)/L) per query, shape ``(batch, q)``: nᵢ (``dynamic``, ≥ 1) or
+    ``base_length`` (``fixed``)."""
     if config.relu2_length == "fixed":
         return torch.full(like.shape[:2], float(config.base_length), device=like.device, dtype=compute_dtype(like.dtype))
     if key_counts is None:
@@ -101,12 +104,26 @@ def gau_attention_weights(
     if kind == "softmax_plus":
         factor = entropy_invariant_factor(key_counts, config.base_length, config.entropy_min_length)
         return masked_softmax(scores * factor[:, None, :, None], mask)
-    weights = F.relu(scores).square()
+    weights = laplace_attention(scores) if kind == "laplace" else F.relu(scores).square()
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
-    if kind == "relu2":
+    if kind in LENGTH_NORMALIZED:
         return weights / relu2_length(key_counts, config, scores[:, 0])[:, None, :, None]
     return weights / (weights.sum(-1, keepdim=True) + RELU2_NORMALIZED_EPS)
+
+
+LAPLACE_MU = math.sqrt(0.5)
+LAPLACE_SIGMA = 1.0 / math.sqrt(4.0 * math.pi)
+
+
+def laplace_attention(scores: torch.Tensor) -> torch.Tensor:
+    """Mega's Laplace attention function 0.5·(1 + erf((a − μ) / (σ√2))), μ = √½, σ = 1/√(4π).
+
+    Ma et al. (2023), "Mega: Moving Average Equipped Gated Attention", §3.3: chosen to approximate relu² near
+    μ while staying bounded in [0, 1] with non-vanishing gradients, a stabler drop-in for relu². Unlike
+    relu² it is positive for every logit, so hidden keys are zeroed after it (as for relu²).
+    """
+    return 0.5 * (1.0 + torch.erf((scores - LAPLACE_MU) / (LAPLACE_SIGMA * math.sqrt(2.0))))
 
 
 ATTENTION_BLOCK_ELEMENTS = 1 << 22
@@ -816,6 +833,7 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
         past_key_values: Cache | None,
         position_ids: torch.Tensor,
         past_length: int,
+        given_position_ids: torch.Tensor | None,
     ) -> dict[str, Any]:
         batch_size, seq_length = hidden_states.shape[:2]
         geometry = {
@@ -828,10 +846,12 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
         }
         config = self.config
         needs_counts = config.attention_normalization == "softmax_plus" or (
-            config.attention_normalization == "relu2" and config.relu2_length == "dynamic"
+            config.attention_normalization in LENGTH_NORMALIZED and config.relu2_length == "dynamic"
         )
         key_counts = (
-            visible_key_counts(attention_mask, **geometry, dtype=compute_dtype(hidden_states.dtype))
+            visible_key_counts(
+                attention_mask, **geometry, dtype=compute_dtype(hidden_states.dtype), position_ids=given_position_ids
+            )
             if needs_counts
             else None
         )
@@ -894,6 +914,7 @@ __all__ = [
     "flash_effective_weights",
     "flash_mixed_chunk_attention",
     "gau_attention_weights",
+    "laplace_attention",
     "relu2_attention",
     "softmax_attention",
 ]

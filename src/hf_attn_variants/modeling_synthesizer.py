@@ -470,6 +470,7 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
         past_key_values: Cache | None,
         position_ids: torch.Tensor,
         past_length: int,
+        given_position_ids: torch.Tensor | None,
     ) -> dict[str, Any]:
         batch_size, seq_length = hidden_states.shape[:2]
         key_length = past_length + seq_length

@@ -4,16 +4,27 @@ After ``import hf_attn_variants``::
 
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="entropy_invariant")
 
-applies Su's training-free log-n scaling to any model whose attention dispatches through
+applies training-free log-n scaling to any model whose attention dispatches through
 ``ALL_ATTENTION_FUNCTIONS`` (Llama, Qwen2, Mistral, BERT/RoBERTa, …): each query row's logits are
-multiplied by log(max(nᵢ, min_length)) / log(base_length) on top of the model's own scaling, where nᵢ
-is the number of keys the row may see (from the mask the model built: padding, causality, sliding
-windows, packed sequences; past cache included). The factor is folded into q and the rest is
+multiplied by a factor ≥ 1 on top of the model's own scaling. The factor is folded into q and the rest is
 Transformers' own SDPA kernel, so GQA, dropout and the cache behave exactly as with ``"sdpa"``.
 
-``base_length`` (the training length m at which the factor is 1) is read from ``config.base_length``
-when set, else from the RoPE parameters' ``original_max_position_embeddings``, else from
-``max_position_embeddings``; ``config.entropy_min_length`` overrides the clamp (default 16).
+Config attributes it reads (all optional):
+
+- ``entropy_invariant_formula``: ``"log_ratio"`` (default) = Su's log(max(nᵢ, ``entropy_min_length``)) /
+  log(``base_length``), nᵢ = the keys row i sees; or ``"llama4"`` = Llama 4's attention temperature
+  1 + ``attn_scale`` · log(1 + ⌊(p + 1) / ``floor_scale``⌋) for the query at position p (defaults 0.1 and
+  8192, Llama 4's; its configs' own ``attn_scale``/``floor_scale`` are used when present).
+- ``entropy_invariant_scope`` (``log_ratio``): ``"beyond"`` (default) = max(1, factor), so up to the
+  training length the pretrained model is unchanged (Qwen's ``use_logn_attn``); ``"all"`` = every row,
+  shorter ones sharpened less (what this package's own family is trained with).
+- ``base_length``: the training length m; else the RoPE parameters' ``original_max_position_embeddings``,
+  else ``max_position_embeddings``. ``entropy_min_length``: the clamp of nᵢ (default 16).
+
+nᵢ comes from the mask the model built (padding, causality, sliding windows, packed sequences; past cache
+included); where the model builds none (no padding, or a serving engine's own attention), from the
+``position_ids`` the model passes to its attention (Llama, Qwen2, Mistral do): nᵢ = position + 1. The
+Llama 4 formula always follows the query positions.
 """
 
 from __future__ import annotations
@@ -26,11 +37,21 @@ from transformers import AttentionInterface, PreTrainedConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .layers import compute_dtype, entropy_invariant_factor, upcast, visible_key_counts
+from .layers import (
+    ENTROPY_INVARIANT_SCOPES,
+    compute_dtype,
+    entropy_invariant_factor,
+    llama4_attention_temperature,
+    upcast,
+    visible_key_counts,
+)
 
 ENTROPY_INVARIANT = "entropy_invariant"
 DEFAULT_MIN_LENGTH = 16
 DEFAULT_BASE_LENGTH = 512
+FORMULAS = ("log_ratio", "llama4")
+LLAMA4_ATTN_SCALE = 0.1
+LLAMA4_FLOOR_SCALE = 8192
 
 
 def resolve_base_length(config: PreTrainedConfig | None) -> int:
@@ -53,31 +74,63 @@ def entropy_invariant_attention_forward(
     attention_mask: torch.Tensor | None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """SDPA attention with logits scaled per row by log max(nᵢ, min_length) / log base_length (Su 2021).
+    """SDPA attention with the logits of row i multiplied by a factor ≥ 1 (see the module docstring).
 
     ``query`` is ``(batch, heads, q, d)``; ``attention_mask`` is the boolean 4D mask from ``sdpa_mask``
     or ``None`` (no padding: nᵢ follows from causality and the cache offset, no mask is built).
     """
     config = getattr(module, "config", None)
+    factor = stock_logit_factor(config, query, key, attention_mask, kwargs.get("position_ids"),
+                                causal=bool(getattr(module, "is_causal", False)))
+    query = (upcast(query) * factor[:, None, :, None]).to(query.dtype)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def stock_logit_factor(
+    config: PreTrainedConfig | None,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    *,
+    causal: bool,
+) -> torch.Tensor:
+    """The per-row factor ``(batch, q)`` of ``entropy_invariant_attention_forward`` for ``config``."""
+    formula = getattr(config, "entropy_invariant_formula", None) or "log_ratio"
+    if formula not in FORMULAS:
+        raise ValueError(f"entropy_invariant_formula must be one of {FORMULAS}, got {formula!r}.")
+    scope = getattr(config, "entropy_invariant_scope", None) or "beyond"
+    if scope not in ENTROPY_INVARIANT_SCOPES:
+        raise ValueError(f"entropy_invariant_scope must be one of {ENTROPY_INVARIANT_SCOPES}, got {scope!r}.")
+    batch_size, _, query_length, _ = query.shape
+    key_length = key.shape[2]
+    dtype = compute_dtype(query.dtype)
+    if not causal:
+        position_ids = None  # a bidirectional row sees every real key, whatever its position
+    if formula == "llama4":
+        positions = position_ids
+        if positions is None:
+            positions = torch.arange(key_length - query_length, key_length, device=query.device)[None]
+        positions = positions.to(device=query.device, dtype=dtype).expand(batch_size, query_length)
+        attn_scale = float(getattr(config, "attn_scale", None) or LLAMA4_ATTN_SCALE)
+        floor_scale = int(getattr(config, "floor_scale", None) or LLAMA4_FLOOR_SCALE)
+        return llama4_attention_temperature(positions, attn_scale, floor_scale)
     base_length = resolve_base_length(config)
     if base_length < 2:
         raise ValueError(f"base_length must be >= 2 for entropy-invariant attention, got {base_length}.")
     min_length = int(getattr(config, "entropy_min_length", None) or DEFAULT_MIN_LENGTH)
-    batch_size, _, query_length, _ = query.shape
-    key_length = key.shape[2]
     counts = visible_key_counts(
         attention_mask,
         batch_size=batch_size,
         query_length=query_length,
         key_length=key_length,
         query_offset=key_length - query_length,
-        causal=bool(getattr(module, "is_causal", False)),
+        causal=causal,
         device=query.device,
-        dtype=compute_dtype(query.dtype),
+        dtype=dtype,
+        position_ids=position_ids,
     )
-    factor = entropy_invariant_factor(counts, base_length, min_length)[:, None, :, None]
-    query = (upcast(query) * factor).to(query.dtype)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return entropy_invariant_factor(counts, base_length, min_length, scope)
 
 
 def register_stock_attention() -> None:
@@ -91,4 +144,5 @@ __all__ = [
     "entropy_invariant_attention_forward",
     "register_stock_attention",
     "resolve_base_length",
+    "stock_logit_factor",
 ]

@@ -50,6 +50,8 @@ OVERFIT_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "GAU_relu2_dynamic": ("gau", {"attention_normalization": "relu2", "relu2_length": "dynamic"}),
     "GAU_relu2_fixed": ("gau", {"attention_normalization": "relu2", "relu2_length": "fixed"}),
     "GAU_relu2_normalized": ("gau", {"attention_normalization": "relu2_normalized"}),
+    "GAU_laplace_dynamic": ("gau", {"attention_normalization": "laplace", "relu2_length": "dynamic"}),
+    "GAU_laplace_fixed": ("gau", {"attention_normalization": "laplace", "relu2_length": "fixed"}),
     "GAU_chunked_dynamic": ("gau", {"attention_normalization": "relu2", "relu2_length": "dynamic", "chunk_size": 16}),
     "GAU_chunked_fixed": ("gau", {"attention_normalization": "relu2", "relu2_length": "fixed", "chunk_size": 16}),
     **{f"Synthesizer_{component}": ("synthesizer", {"synthesizer_components": [component]})

@@ -9,20 +9,34 @@ results, PNG plots and resumability; plus Su (2022)'s finetune-at-other-lengths 
 
 from __future__ import annotations
 
+from .arguments import LengthGenArguments
 from .evaluation import evaluate_at_lengths, na_status
 from .finetune_lengths import build_topic_task, run_finetune_experiment
 from .results import atomic_write_json, summarize
-from .study import LengthGenArguments, run_study
-from .variants import DEFAULT_VARIANTS, VARIANTS, ModelSize, Variant, config_fields, get_variant
+from .runfolders import claim
+from .study import run_study
+from .variants import (
+    DEFAULT_VARIANTS,
+    LLAMA_EVAL_MODES,
+    VARIANTS,
+    EvalMode,
+    ModelSize,
+    Variant,
+    config_fields,
+    get_variant,
+)
 
 __all__ = [
     "DEFAULT_VARIANTS",
+    "LLAMA_EVAL_MODES",
     "VARIANTS",
+    "EvalMode",
     "LengthGenArguments",
     "ModelSize",
     "Variant",
     "atomic_write_json",
     "build_topic_task",
+    "claim",
     "config_fields",
     "evaluate_at_lengths",
     "get_variant",

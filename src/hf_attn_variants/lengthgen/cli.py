@@ -18,7 +18,7 @@ import logging
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CLI flags: one per ``LengthGenArguments`` field."""
     from ..training.cli_utils import add_dataclass_arguments
-    from .study import LengthGenArguments
+    from .arguments import LengthGenArguments
 
     add_dataclass_arguments(parser, LengthGenArguments)
 
@@ -27,7 +27,8 @@ def run(namespace: argparse.Namespace) -> int:
     """CLI entry: validate the flags, run the study, print where the results are. A bad flag value
     (``FlagError``, found before anything is written) gives one error line naming it and exit status 2."""
     from ..training.cli_utils import FlagError, dataclasses_from_namespace, fail_flag
-    from .study import LengthGenArguments, check_study_inputs, run_study
+    from .arguments import LengthGenArguments, check_study_inputs
+    from .study import run_study
 
     try:
         (args,) = dataclasses_from_namespace(namespace, LengthGenArguments)

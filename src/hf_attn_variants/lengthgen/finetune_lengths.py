@@ -42,13 +42,16 @@ strings, …), so it is not solvable by one keyword.
 from __future__ import annotations
 
 import json
+import time
 import zlib
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 from ..training.corpus import split_paragraphs
+from .arguments import LengthGenArguments
 from .results import atomic_write_json, atomic_write_text, describe, read_json, to_csv
+from .runfolders import claim, fingerprint
 from .variants import VARIANTS, config_fields
 
 VALIDATION_PERMILLE = 300
@@ -126,23 +129,23 @@ def snippet_token_lengths(task: dict[str, Any], tokenizer: Any) -> dict[str, flo
     return {"mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths)}
 
 
-def finetune_one(args: Any, task: dict[str, Any], condition: str, variant_name: str | None,
+def finetune_one(args: LengthGenArguments, task: dict[str, Any], condition: str, variant_name: str | None,
                  overrides: dict[str, Any], seed: int, run_dir: Path, max_seq_length: int) -> dict[str, Any]:
-    """Finetune one condition × seed with ``training.finetune``; returns the metrics row."""
-    import time
+    """Finetune one condition × seed with ``training.finetune``; returns the metrics row.
 
+    ``overrides`` (a dict of config fields) are applied on top of the pretrained config of ``variant_name``,
+    or, from scratch (``variant_name`` ``None``), on top of ``gau_softmax_plus`` at the study's size."""
     from transformers import TrainingArguments
 
     from ..training.finetune import FinetuneArguments, finetune
-    from .study import format_overrides
 
+    model_kwargs: dict[str, Any]
     if variant_name is None:
         fields = {**config_fields(VARIANTS["gau_softmax_plus"], args.size, args.train_length), **overrides}
-        model_kwargs = {"model_type": "gau", "config_overrides": format_overrides(fields)}
+        model_kwargs = {"model_type": "gau", "config_overrides": fields}
     else:
-        model_dir = Path(args.output_dir) / "runs" / variant_name / f"seed_{seed}" / "model"
-        model_kwargs = {"model_name_or_path": str(model_dir),
-                        "config_overrides": format_overrides(overrides) if overrides else None}
+        model_kwargs = {"model_name_or_path": str(pretrained_model_dir(args, variant_name, seed)),
+                        "config_overrides": dict(overrides) or None}
     token_level = task["level"] == "token"
     finetune_args = FinetuneArguments(
         task="token_classification" if token_level else "sequence_classification",
@@ -168,16 +171,20 @@ def finetune_one(args: Any, task: dict[str, Any], condition: str, variant_name: 
             "eval_samples": metrics.get("eval_samples")}
 
 
-def run_finetune_experiment(args: Any) -> dict[str, Any]:
+def pretrained_model_dir(args: LengthGenArguments, variant_name: str, seed: int) -> Path:
+    """The folder of the model the study pretrained for ``variant_name`` × ``seed``."""
+    return Path(args.output_dir) / "runs" / variant_name / f"seed_{seed}" / "model"
+
+
+def run_finetune_experiment(args: LengthGenArguments) -> dict[str, Any]:
     """Run every available condition × seed of every task in ``args.finetune_tasks``; returns
     ``{task: report}`` (resumable: finished ``result.json`` files are reused)."""
     return {level: run_finetune_task(args, level) for level in args.finetune_tasks}
 
 
-def run_finetune_task(args: Any, level: str) -> dict[str, Any]:
+def run_finetune_task(args: LengthGenArguments, level: str) -> dict[str, Any]:
     """The experiment for one task form (``sequence`` or ``token``); writes ``finetune/<level>/``."""
     from ..training import load_tokenizer
-    from .study import claim, fingerprint
 
     root = Path(args.output_dir) / "finetune" / level
     task = build_topic_task(root / "task", args.finetune_topics, args.finetune_words, level)
@@ -219,10 +226,12 @@ def run_finetune_task(args: Any, level: str) -> dict[str, Any]:
     return report
 
 
-def _pretrain_fingerprint(args: Any, variant_name: str | None, seed: int) -> str | None:
+def _pretrain_fingerprint(args: LengthGenArguments, variant_name: str | None, seed: int) -> str | None:
+    """The fingerprint of the finished pretraining run the condition starts from (``None``: from scratch,
+    or not finished)."""
     if variant_name is None:
         return None
-    train = read_json(Path(args.output_dir) / "runs" / variant_name / f"seed_{seed}" / "train.json") or {}
+    train = read_json(pretrained_model_dir(args, variant_name, seed).parent / "train.json") or {}
     return train.get("fingerprint")
 
 
@@ -278,5 +287,5 @@ def _task_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CONDITIONS", "FINETUNE_TASKS", "build_topic_task", "finetune_markdown", "run_finetune_experiment",
-           "run_finetune_task", "summarize_finetune", "topic_paragraphs"]
+__all__ = ["CONDITIONS", "FINETUNE_TASKS", "build_topic_task", "finetune_markdown", "pretrained_model_dir",
+           "run_finetune_experiment", "run_finetune_task", "summarize_finetune", "topic_paragraphs"]

@@ -17,11 +17,13 @@ the architectures allow:
   ``max_position_embeddings`` = ``synthesizer_length_factor``·L, so it cannot run on longer inputs
   (those points are reported as ``n/a``); rows beyond L exist but are never trained.
 - ``llama``: a tiny stock ``LlamaForCausalLM`` (RoPE, SwiGLU, causal LM) trained with SDPA at L and
-  evaluated with the *same weights* three times: ``attn_implementation="sdpa"``, ``"entropy_invariant"``
-  (this package's training-free log-n scaling for stock models, ``base_length`` = L, factor
-  log max(nᵢ, 16) / log L — below 1 for the causal rows that see fewer than L keys) and
-  ``entropy_invariant_beyond_L`` (the same with ``entropy_min_length`` = L: factor max(1, log nᵢ / log L),
-  so rows within the training length are untouched).
+  evaluated with the *same weights* three times (``LLAMA_EVAL_MODES``): ``sdpa``;
+  ``entropy_invariant_all`` (this package's training-free log-n scaling for stock models,
+  ``attn_implementation="entropy_invariant"`` with ``entropy_invariant_scope="all"``: factor
+  log max(nᵢ, 16) / log L on every row — below 1 for the causal rows that see fewer than L keys); and
+  ``entropy_invariant_beyond_L`` (``entropy_invariant_scope="beyond"``, the stock default: factor
+  max(1, log nᵢ / log L), so rows within the training length are untouched — Qwen's ``use_logn_attn``).
+  ``base_length`` = L in both.
 
 Any name may carry the suffix ``+mixed``: the same variant pretrained on a mix of lengths (each batch's
 blocks cut into k ∈ ``mixed_length_splits`` equal pieces, same tokens per step) — the articles' second
@@ -36,20 +38,39 @@ from typing import Any
 from ..training.cli_utils import FlagError
 
 MIXED_SUFFIX = "+mixed"
-CLAMPED_MODE = "entropy_invariant_beyond_L"
-"""Eval mode: ``entropy_invariant`` with ``entropy_min_length = base_length``, i.e. a factor
-max(1, log nᵢ / log L) — rows that see at most L keys keep exactly the trained attention, longer rows are
-sharpened (the form of Qwen-7B's ``use_logn_attn``)."""
-LLAMA_EVAL_MODES = ("sdpa", "entropy_invariant", CLAMPED_MODE)
+
+
+@dataclass(frozen=True)
+class EvalMode:
+    """How a trained model is loaded for evaluation: an attention implementation and config attributes.
+
+    ``attn_implementation`` ``None`` = the model as saved (its own attention); ``config_updates`` are set on
+    the loaded config before the weights are loaded (e.g. ``entropy_invariant_scope``).
+    """
+
+    name: str
+    attn_implementation: str | None = None
+    config_updates: dict[str, Any] = field(default_factory=dict)
+
+
+DEFAULT_MODE = EvalMode("default")
+LLAMA_EVAL_MODES = (
+    EvalMode("sdpa", "sdpa"),
+    EvalMode("entropy_invariant_all", "entropy_invariant", {"entropy_invariant_scope": "all"}),
+    EvalMode("entropy_invariant_beyond_L", "entropy_invariant", {"entropy_invariant_scope": "beyond"}),
+)
+"""The stock Llama's evaluation modes: SDPA, and training-free entropy-invariant attention with
+``base_length`` = L on every row (``"all"``: log max(nᵢ, 16) / log L) or only on rows that see more than L
+keys (``"beyond"``, the stock default: max(1, log nᵢ / log L))."""
 
 
 @dataclass(frozen=True)
 class Variant:
     """One trainable variant: its family (``model_type``), family-specific config fields and eval modes.
 
-    ``eval_modes`` are attention implementations the trained weights are evaluated with; a variant with
-    one mode (``"default"``) yields one result series named like the variant, a variant with several
-    (the stock Llama) yields ``"<name>/<mode>"`` series. ``objective`` is ``None`` for "the study's
+    ``eval_modes`` are the ways the trained weights are loaded for evaluation (``EvalMode``); a variant with
+    one mode (``DEFAULT_MODE``) yields one result series named like the variant, a variant with several
+    (the stock Llama) yields ``"<name>/<mode name>"`` series. ``objective`` is ``None`` for "the study's
     objective" (MLM by default) or fixed (``"clm"`` for the stock Llama).
     """
 
@@ -58,12 +79,12 @@ class Variant:
     description: str
     fields: dict[str, Any] = field(default_factory=dict)
     objective: str | None = None
-    eval_modes: tuple[str, ...] = ("default",)
+    eval_modes: tuple[EvalMode, ...] = (DEFAULT_MODE,)
     mixed_length: bool = False
 
-    def series(self, mode: str) -> str:
+    def series(self, mode: EvalMode) -> str:
         """The result-series name of this variant evaluated with ``mode``."""
-        return self.name if len(self.eval_modes) == 1 else f"{self.name}/{mode}"
+        return self.name if len(self.eval_modes) == 1 else f"{self.name}/{mode.name}"
 
     def mixed(self) -> Variant:
         """The same variant pretrained on mixed lengths (name + ``"+mixed"``)."""
@@ -94,7 +115,7 @@ VARIANTS: dict[str, Variant] = {
         Variant("synthesizer_random_vanilla", "synthesizer", "Synthesizer, softmax(α·R + (1-α)·q·k/√d)",
                 {"synthesizer_components": ["random", "vanilla"]}),
         Variant("llama", "llama", "stock LlamaForCausalLM (RoPE, SwiGLU), same weights evaluated with sdpa, "
-                "entropy_invariant and entropy_invariant_beyond_L attention", {}, objective="clm",
+                "entropy_invariant (scope all) and entropy_invariant (scope beyond L) attention", {}, objective="clm",
                 eval_modes=LLAMA_EVAL_MODES),
     )
 }
@@ -131,8 +152,10 @@ class ModelSize:
     synthesizer_length_factor: int = 2
     hidden_dropout_prob: float = 0.1
     initializer_range: float | None = None
-    """Std of the weight initialisation of every variant (``None`` = each config's default, 0.02). GAU also
-    draws its per-dimension q/k scales γ from it, so relu² attention starts at a ≈ (σ²)·… ≈ 0 with 0.02."""
+    """Std of the weight initialisation of every variant (``None`` = each config's default, 0.02). GAU's
+    projections and q/k scales γ follow its ``gau_init`` (default ``"gau_alpha"``: γ = 1, projections with
+    std 1/√fan_in · layers^(-1/3)); only with ``gau_init="flash"`` are they drawn with this std — with 0.02
+    relu² attention then starts at q·k ≈ 0 and does not learn to attend in a short budget."""
 
     @property
     def ffn(self) -> int:
@@ -167,21 +190,36 @@ def config_fields(variant: Variant, size: ModelSize, train_length: int) -> dict[
     return {**fields, **variant.fields}
 
 
+def resolved_config(variant: Variant, fields: dict[str, Any]) -> dict[str, Any]:
+    """Every field of the config ``fields`` give, defaults included (without ``transformers_version``).
+
+    Fingerprinting this instead of ``fields`` alone makes a stored run stale when a library default it
+    relied on changes (e.g. GAU's ``gau_init``). The Llama's ``base_length`` is an extra attribute.
+    """
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(variant.model_type, **fields).to_dict()
+    config.pop("transformers_version", None)
+    return config
+
+
 def max_length_of(variant: Variant, fields: dict[str, Any]) -> int | None:
     """The longest input the variant accepts (the Synthesizer's ``max_position_embeddings``), else ``None``."""
     return int(fields["max_position_embeddings"]) if variant.model_type == "synthesizer" else None
 
 
 __all__ = [
-    "CLAMPED_MODE",
+    "DEFAULT_MODE",
     "DEFAULT_VARIANTS",
     "LLAMA_EVAL_MODES",
     "MIXED_SUFFIX",
     "QUICK_VARIANTS",
     "VARIANTS",
+    "EvalMode",
     "ModelSize",
     "Variant",
     "config_fields",
     "get_variant",
     "max_length_of",
+    "resolved_config",
 ]

@@ -82,7 +82,8 @@ class FinetuneArguments:
         default=None, metadata={"help": "Pretrained folder (e.g. a pretrain output_dir)."}
     )
     model_type: str | None = field(default=None, metadata={"help": "Family to build from scratch instead."})
-    config_overrides: str | None = field(default=None, metadata={"help": 'Config fields as "k=v,k=v".'})
+    config_overrides: dict[str, Any] | str | None = field(
+        default=None, metadata={"help": 'Config fields as "k=v,k=v" (from Python also a dict).'})
     config_name: str | None = field(default=None, metadata={"help": "Config folder to start from."})
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "Tokenizer folder (default: the model's, else the embedded one)."}

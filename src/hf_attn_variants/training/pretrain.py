@@ -98,10 +98,10 @@ class PretrainArguments:
     model_type: str | None = field(
         default=None, metadata={"help": "Family to train from scratch: entropy_invariant, gau or synthesizer."}
     )
-    config_overrides: str | None = field(
+    config_overrides: dict[str, Any] | str | None = field(
         default=None,
         metadata={"help": 'Config fields as "k=v,k=v", e.g. "hidden_size=64,num_hidden_layers=2" '
-                  '(lists in brackets: "synthesizer_components=[random,vanilla]").'},
+                  '(lists in brackets: "synthesizer_components=[random,vanilla]"). From Python also a dict.'},
     )
     config_name: str | None = field(default=None, metadata={"help": "Config folder/file to start from."})
     model_name_or_path: str | None = field(

@@ -1,0 +1,215 @@
+"""``hf-attn-variants convert-gau-alpha``: the GAU-α checkpoint of its PyTorch port → ``GAUForMaskedLM``.
+
+GAU-α (Su Jianlin, 2022) was released for bert4keras; the PyPI package ``gau-alpha`` (0.0.3) ports it to
+PyTorch and stores the weights as ``gau_alpha.embeddings.{word,token_type}_embeddings.weight``,
+``gau_alpha.encoder.layer.{i}.gau.{i_dense,o_dense,q_scaleoffset,k_scaleoffset}.weight`` and
+``cls.predictions.decoder.weight`` next to a ``config.json`` (``GAUAlphaConfig``). The maths agrees with this
+package's GAU (tested against the port itself to 1e-5) once four things are aligned:
+
+- **RoPE layout.** The port (like bert4keras) rotates interleaved pairs (2i, 2i+1) of q and k; this package
+  rotates half-split pairs (i, i + s/2), as Transformers does. q and k are z·γ (+ β), so permuting the
+  s dimensions of z — the last s rows of ``in_proj`` — and of γ, β by (0, 2, 4, …, 1, 3, 5, …) turns one
+  into the other; q·kᵀ is unchanged by a common permutation.
+- **Token types.** The port adds a segment embedding; this package has none. Segment 0 (every single-text
+  input) is folded into the token embeddings. Segment 1 cannot be represented: inputs with
+  ``token_type_ids == 1`` (sentence pairs) are not supported by the converted model.
+- **Offsets.** GAU-α has no β (bert4keras ties it to ``use_bias=False``): β = 0 here.
+- **The n ≥ 16 clamp.** bert4keras added the clamp of softmax_plus's n at 16 in March 2023; GAU-α was trained
+  in 2022 without it, so the converted config uses ``entropy_min_length=1``.
+
+The MLM decoder is copied as ``lm_head`` with ``tie_word_embeddings=False``: the token embeddings now carry
+segment 0, the decoder does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .configuration_gau import GAUConfig
+from .modeling_gau import GAUForMaskedLM
+from .training.cli_utils import FlagError, check_folder, check_output_dir
+
+PORT_NORMALIZATIONS = {"softmax_plus": "softmax_plus", "softmax": "softmax", "squared_relu": "relu2"}
+"""The port's ``normalization`` → ``attention_normalization`` (its squared_relu divides by the row's real keys)."""
+PORT_BASE_LENGTH = 512
+"""softmax_plus's log(n) / log(512) in the port (and bert4keras) is hard-coded to 512."""
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@dataclass
+class ConvertGAUAlphaArguments:
+    """Arguments of ``convert-gau-alpha`` (each is also a ``--flag``)."""
+
+    checkpoint: str = field(metadata={"help": "Folder of the gau-alpha port: config.json and pytorch_model.bin or "
+                                              "model.safetensors (and vocab.txt, copied as the tokenizer)."})
+    output_dir: str = field(metadata={"help": "Folder to write the GAUForMaskedLM to (with standalone remote code)."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace output_dir if it exists and is not empty."})
+
+
+def interleaved_to_half_split(size: int) -> torch.Tensor:
+    """Indices p with new[j] = old[p[j]]: (0, 2, 4, …, size − 2, 1, 3, …, size − 1).
+
+    Rotating pairs (2i, 2i + 1) by θᵢ (bert4keras RoPE) on ``old`` equals rotating pairs (i, i + size/2) by θᵢ
+    (Transformers' ``rotate_half``) on ``new``.
+    """
+    return torch.cat([torch.arange(0, size, 2), torch.arange(1, size, 2)])
+
+
+def gau_config_from_port(port: dict[str, Any]) -> GAUConfig:
+    """The ``GAUConfig`` of a port ``config.json``; ``FlagError`` naming ``checkpoint`` for what cannot be converted."""
+    hidden = int(port.get("hidden_size", 768))
+    if port.get("embedding_size") not in (None, hidden):
+        raise FlagError("checkpoint", f"embedding_size {port['embedding_size']} != hidden_size {hidden} is not supported.")
+    if not port.get("attention_scale", True):
+        raise FlagError("checkpoint", "attention_scale=False (logits without 1/√s) is not supported.")
+    normalization = port.get("normalization", "softmax_plus")
+    if normalization not in PORT_NORMALIZATIONS:
+        raise FlagError("checkpoint", f"normalization {normalization!r} is not one of {tuple(PORT_NORMALIZATIONS)}.")
+    act = port.get("hidden_act", "swish")
+    return GAUConfig.gau_alpha_base(
+        vocab_size=int(port.get("vocab_size", 12000)),
+        hidden_size=hidden,
+        num_hidden_layers=int(port.get("num_hidden_layers", 24)),
+        expansion_factor=int(port.get("intermediate_size", 2 * hidden)) / hidden,
+        attention_key_size=int(port.get("attention_key_size", 128)),
+        attention_normalization=PORT_NORMALIZATIONS[normalization],
+        relu2_length="dynamic",
+        base_length=PORT_BASE_LENGTH,
+        entropy_min_length=1,
+        hidden_act="silu" if act == "swish" else act,
+        layer_norm_eps=float(port.get("layer_norm_eps", 1e-12)),
+        hidden_dropout_prob=float(port.get("hidden_dropout_prob", 0.1)),
+        attention_probs_dropout_prob=float(port.get("attention_probs_dropout_prob", 0.1)),
+        use_bias=bool(port.get("use_bias", False)),
+        max_position_embeddings=int(port.get("max_position_embeddings", 512)),
+        pad_token_id=port.get("pad_token_id", 0),
+        tie_word_embeddings=False,
+    )
+
+
+def convert_state_dict(port: dict[str, torch.Tensor], config: GAUConfig) -> dict[str, torch.Tensor]:
+    """The ``GAUForMaskedLM`` state dict of a port state dict (see the module docstring); ``FlagError`` naming
+    ``checkpoint`` for missing or unexpected tensors."""
+    remaining = dict(port)
+
+    def take(name: str, required: bool = True) -> torch.Tensor | None:
+        if name not in remaining and required:
+            raise FlagError("checkpoint", f"the checkpoint has no tensor {name!r}.")
+        return remaining.pop(name, None)
+
+    e, s = config.intermediate_width, config.attention_key_size
+    order = interleaved_to_half_split(s)
+    rows = torch.cat([torch.arange(2 * e), 2 * e + order])
+    words = take("gau_alpha.embeddings.word_embeddings.weight")
+    segments = take("gau_alpha.embeddings.token_type_embeddings.weight", required=False)
+    out = {"model.embed_tokens.weight": words + (segments[0] if segments is not None else 0)}
+    for i in range(config.num_hidden_layers):
+        port_prefix, prefix = f"gau_alpha.encoder.layer.{i}.gau.", f"model.layers.{i}.gau."
+        out[prefix + "in_proj.weight"] = take(port_prefix + "i_dense.weight")[rows]
+        out[prefix + "out_proj.weight"] = take(port_prefix + "o_dense.weight")
+        scales = [take(port_prefix + f"{r}_scaleoffset.weight")[order] for r in ("q", "k")]
+        out[prefix + "qk_scale"] = torch.stack(scales)
+        offsets = [take(port_prefix + f"{r}_scaleoffset.bias", required=False) for r in ("q", "k")]
+        out[prefix + "qk_offset"] = torch.stack(
+            [torch.zeros(s) if b is None else b[order] for b in offsets]
+        )
+        if config.use_bias:
+            out[prefix + "in_proj.bias"] = take(port_prefix + "i_dense.bias")[rows]
+            out[prefix + "out_proj.bias"] = take(port_prefix + "o_dense.bias")
+    out["lm_head.weight"] = take("cls.predictions.decoder.weight")
+    if remaining:
+        raise FlagError("checkpoint", f"the checkpoint has tensors this converter does not know: {sorted(remaining)[:5]}.")
+    return out
+
+
+def read_port_checkpoint(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``(config.json, state dict)`` of a port folder (safetensors preferred, else ``pytorch_model.bin``)."""
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise FlagError("checkpoint", f"{str(folder)!r} has no config.json.")
+    try:
+        port_config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as error:
+        raise FlagError("checkpoint", f"{config_file} is not valid JSON: {error}.") from error
+    if port_config.get("model_type") != "gau_alpha":
+        raise FlagError("checkpoint", f"{config_file} has model_type {port_config.get('model_type')!r}, not 'gau_alpha'.")
+    if (folder / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        return port_config, load_file(folder / "model.safetensors")
+    if (folder / "pytorch_model.bin").is_file():
+        return port_config, torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FlagError("checkpoint", f"{str(folder)!r} has neither model.safetensors nor pytorch_model.bin.")
+
+
+def convert_gau_alpha(args: ConvertGAUAlphaArguments) -> Path:
+    """Convert the port checkpoint in ``args.checkpoint`` and write a ``GAUForMaskedLM`` folder to ``args.output_dir``.
+
+    Everything is read and checked before anything is written; the folder is assembled under a temporary name
+    and renamed, so a failure leaves no half-written output.
+    """
+    source = check_folder("checkpoint", args.checkpoint, what="checkpoint folder")
+    output = Path(args.output_dir)
+    check_output_dir("output_dir", output)
+    if output.exists() and any(output.iterdir()) and not args.overwrite:
+        raise FlagError("output_dir", f"output_dir {str(output)!r} exists and is not empty; pass --overwrite to replace it.")
+    port_config, port_state = read_port_checkpoint(source)
+    config = gau_config_from_port(port_config)
+    model = GAUForMaskedLM(config)
+    missing, unexpected = model.load_state_dict(convert_state_dict(port_state, config), strict=False)
+    if missing or unexpected:
+        raise FlagError("checkpoint", f"converted tensors do not fit the model: missing {missing}, unexpected {unexpected}.")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        model.eval().save_pretrained(staging)
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copy2(source / name, staging / name)
+        if output.exists():
+            shutil.rmtree(output)
+        staging.replace(output)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """CLI flags: one per ``ConvertGAUAlphaArguments`` field."""
+    from .training.cli_utils import add_dataclass_arguments
+
+    add_dataclass_arguments(parser, ConvertGAUAlphaArguments)
+
+
+def run(namespace: argparse.Namespace) -> int:
+    """CLI entry; a bad flag value gives one error line naming it, exit status 2."""
+    from .training.cli_utils import dataclasses_from_namespace, fail_flag
+
+    try:
+        (args,) = dataclasses_from_namespace(namespace, ConvertGAUAlphaArguments)
+        folder = convert_gau_alpha(args)
+    except FlagError as error:
+        return fail_flag("convert-gau-alpha", error)
+    print(f"Converted {args.checkpoint} → {folder} (GAUForMaskedLM; load it with GAUForMaskedLM.from_pretrained, "
+          "or anywhere with AutoModelForMaskedLM and trust_remote_code=True).")
+    return 0
+
+
+__all__ = [
+    "ConvertGAUAlphaArguments",
+    "add_arguments",
+    "convert_gau_alpha",
+    "convert_state_dict",
+    "gau_config_from_port",
+    "interleaved_to_half_split",
+    "read_port_checkpoint",
+    "run",
+]

@@ -1,0 +1,204 @@
+"""The arguments of a length-generalisation study (``LengthGenArguments``) and their checks.
+
+``LengthGenArguments`` validates every value that needs no file in ``__post_init__``;
+``check_study_inputs`` checks the rest (output folder, data files, every variant's config at the study's
+size) before anything is written. A bad value raises ``FlagError`` naming its flag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..training.cli_utils import FlagError, check_number, check_output_dir, check_seed, names_in_message, quiet_progress
+from .variants import DEFAULT_VARIANTS, QUICK_VARIANTS, ModelSize, config_fields, get_variant
+
+QUICK_SETTINGS: dict[str, Any] = {
+    "train_length": 16, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "max_train_steps": 3, "per_device_train_batch_size": 4, "num_warmup_steps": 0, "max_train_samples": 32,
+    "eval_mask_repeats": 1, "max_eval_tokens": 512, "finetune_epochs": 1.0, "finetune_max_train_samples": 64,
+}
+"""What ``--quick`` sets (a smoke test in seconds, not a measurement)."""
+
+
+@dataclass
+class LengthGenArguments:
+    """Arguments of ``lengthgen`` (each field is also a ``--flag``)."""
+
+    output_dir: str = field(default="runs/lengthgen", metadata={"help": "Where runs, results and plots go."})
+    variants: list[str] | None = field(
+        default=None, metadata={"help": f"Variant names (default: all of {list(DEFAULT_VARIANTS)}); append "
+                                "'+mixed' to a name for its mixed-length-pretrained copy."})
+    train_length: int = field(default=64, metadata={"help": "Training length L (tokens per block)."})
+    eval_lengths: list[int] | None = field(
+        default=None, metadata={"help": "Evaluation lengths (default: L/4, L/2, L, 2L, 4L, 8L)."})
+    max_train_steps: int = field(default=400, metadata={"help": "Optimizer steps of every run."})
+    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "Seeds; several → mean ± std."})
+    mixed_length: bool = field(
+        default=False, metadata={"help": "Also train a mixed-length copy ('+mixed') of every selected variant."})
+    mixed_length_splits: list[int] = field(
+        default_factory=lambda: [1, 2, 4],
+        metadata={"help": "Mixed-length pretraining: each batch's L-token blocks are cut into k pieces, "
+                  "k drawn from this list per batch (lengths L, L/2, L/4; same tokens per step)."})
+    objective: Literal["mlm", "clm"] = field(
+        default="mlm", metadata={"help": "Objective of the family variants (the stock Llama is always clm)."})
+    hidden_size: int = field(default=64, metadata={"help": "Hidden size of every variant."})
+    num_hidden_layers: int = field(default=2, metadata={"help": "Layers (GAU: gau_layer_factor × this)."})
+    num_attention_heads: int = field(default=4, metadata={"help": "Heads of the multi-head variants."})
+    intermediate_size: int | None = field(default=None, metadata={"help": "FFN width (default 4·hidden)."})
+    attention_key_size: int | None = field(default=None, metadata={"help": "GAU key size s (default hidden/2)."})
+    gau_layer_factor: int = field(default=2, metadata={"help": "GAU layers per attention+FFN layer (FLASH: 2)."})
+    synthesizer_length_factor: int = field(
+        default=2, metadata={"help": "Synthesizer max_position_embeddings = this × L (longer: n/a)."})
+    hidden_dropout_prob: float = field(default=0.1, metadata={"help": "Dropout of the family variants."})
+    initializer_range: float | None = field(
+        default=None, metadata={"help": "Init std of every variant (default: each config's own, 0.02; GAU's "
+                                "projections then follow its gau_init, GAU-α's by default)."})
+    per_device_train_batch_size: int = field(default=16, metadata={"help": "Training batch size."})
+    learning_rate: float = field(default=2e-3, metadata={"help": "Peak AdamW learning rate (linear decay)."})
+    num_warmup_steps: int = field(default=30, metadata={"help": "Warm-up steps."})
+    train_file: str | None = field(default=None, metadata={"help": "Local text file (default: embedded corpus)."})
+    validation_file: str | None = field(default=None, metadata={"help": "Local validation text file."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N train blocks."})
+    eval_batch_size: int = field(default=8, metadata={"help": "Evaluation batch size."})
+    eval_mask_repeats: int = field(default=2, metadata={"help": "MLM: maskings of the validation text pooled."})
+    eval_seed: int = field(default=1234, metadata={"help": "Seed of the evaluation masks (same for all runs)."})
+    max_eval_tokens: int | None = field(default=None, metadata={"help": "Use only the first N validation tokens."})
+    checkpointing_steps: int | None = field(
+        default=None, metadata={"help": "Checkpoint every N steps so an interrupted run resumes mid-training."})
+    finetune: bool = field(
+        default=False, metadata={"help": "Afterwards run the finetune-at-other-lengths experiment (GAU variants)."})
+    finetune_tasks: list[str] = field(
+        default_factory=lambda: ["sequence", "token"],
+        metadata={"help": "Finetune task forms: sequence (classification from [CLS]) and/or token (every word "
+                  "tagged with its snippet's topic)."})
+    finetune_topics: int = field(default=8, metadata={"help": "Finetune task: number of pydoc topics (classes)."})
+    finetune_words: int = field(default=12, metadata={"help": "Finetune task: words per snippet."})
+    finetune_epochs: float = field(default=3.0, metadata={"help": "Finetune epochs."})
+    finetune_learning_rate: float = field(default=1e-3, metadata={"help": "Finetune learning rate."})
+    finetune_batch_size: int = field(default=32, metadata={"help": "Finetune batch size."})
+    finetune_max_train_samples: int | None = field(default=None, metadata={"help": "Finetune: first N snippets."})
+    num_threads: int | None = field(default=None, metadata={"help": "torch.set_num_threads (default: torch's)."})
+    quick: bool = field(default=False, metadata={"help": f"Smoke-test sizes: {QUICK_SETTINGS}; default variants "
+                                                 f"{list(QUICK_VARIANTS)}, eval lengths L/2…4L."})
+    disable_tqdm: bool = field(default=False, metadata={"help": "No progress bars."})
+    no_plot: bool = field(default=False, metadata={"help": "Skip the PNG plots."})
+
+    def __post_init__(self) -> None:
+        if self.quick:
+            for key, value in QUICK_SETTINGS.items():
+                setattr(self, key, value)
+            if self.variants is None:
+                self.variants = list(QUICK_VARIANTS)
+            if self.eval_lengths is None:
+                length = self.train_length
+                self.eval_lengths = [length // 2, length, 2 * length, 4 * length]
+        names = list(self.variants or DEFAULT_VARIANTS)
+        for name in names:
+            get_variant(name)
+        if self.mixed_length:
+            names += [get_variant(n).mixed().name for n in names if not get_variant(n).mixed_length]
+        self.variants = list(dict.fromkeys(names))
+        _positive("train_length", self.train_length, 4)
+        if self.eval_lengths is None:
+            length = self.train_length
+            self.eval_lengths = [n for n in (length // 4, length // 2, length, 2 * length, 4 * length, 8 * length)
+                                 if n >= 2]
+        if not self.eval_lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 2
+                                        for n in self.eval_lengths):
+            raise FlagError("eval_lengths",
+                            f"eval_lengths must be a non-empty list of integers >= 2, got {self.eval_lengths}.")
+        self.eval_lengths = sorted(set(self.eval_lengths))
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise FlagError("seeds", f"seeds must be a non-empty list of distinct integers, got {self.seeds}.")
+        for seed in self.seeds:
+            check_seed("seeds", seed)
+        check_seed("eval_seed", self.eval_seed)
+        for name in ("max_train_steps", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "gau_layer_factor", "synthesizer_length_factor", "per_device_train_batch_size",
+                     "eval_batch_size", "eval_mask_repeats", "finetune_topics", "finetune_words",
+                     "finetune_batch_size"):
+            _positive(name, getattr(self, name))
+        for name in ("intermediate_size", "attention_key_size", "max_train_samples", "max_eval_tokens",
+                     "checkpointing_steps", "num_threads", "finetune_max_train_samples"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        _positive("num_warmup_steps", self.num_warmup_steps, 0)
+        if self.hidden_size % self.num_attention_heads:
+            raise FlagError("num_attention_heads", f"hidden_size ({self.hidden_size}) must be divisible by "
+                                                   f"num_attention_heads ({self.num_attention_heads}).")
+        if (not self.mixed_length_splits or any(isinstance(k, bool) or not isinstance(k, int) or k < 1
+                                                for k in self.mixed_length_splits)
+                or any(self.train_length % k for k in self.mixed_length_splits)):
+            raise FlagError("mixed_length_splits", f"mixed_length_splits must be positive integers dividing "
+                                                   f"train_length={self.train_length}, got {self.mixed_length_splits}.")
+        if not self.finetune_tasks or any(t not in ("sequence", "token") for t in self.finetune_tasks):
+            raise FlagError("finetune_tasks", f"finetune_tasks must be a non-empty list of 'sequence'/'token', "
+                                              f"got {self.finetune_tasks}.")
+        if self.objective not in ("mlm", "clm"):
+            raise FlagError("objective", f"objective must be one of ('mlm', 'clm'), got {self.objective!r}.")
+        check_number("hidden_dropout_prob", self.hidden_dropout_prob, 0, 1, open_high=True)
+        if self.initializer_range is not None:
+            check_number("initializer_range", self.initializer_range, 0, 1, open_low=True, open_high=True)
+        for name in ("learning_rate", "finetune_learning_rate", "finetune_epochs"):
+            check_number(name, getattr(self, name), 0, open_low=True)
+        if self.validation_file is not None and self.train_file is None:
+            raise FlagError("validation_file", "validation_file needs a train_file (without either, the embedded "
+                                               "corpus is used).")
+
+    @property
+    def size(self) -> ModelSize:
+        """The shared ``ModelSize``."""
+        return ModelSize(self.hidden_size, self.num_hidden_layers, self.num_attention_heads, self.intermediate_size,
+                         self.attention_key_size, self.gau_layer_factor, self.synthesizer_length_factor,
+                         self.hidden_dropout_prob, self.initializer_range)
+
+
+def _positive(name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise FlagError(name, f"{name} must be an integer >= {minimum}, got {value!r}.")
+
+
+STUDY_FLAG_OF_CONFIG_FIELD = {
+    "hidden_size": "hidden_size", "num_hidden_layers": "num_hidden_layers",
+    "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_attention_heads",
+    "intermediate_size": "intermediate_size", "attention_key_size": "attention_key_size",
+    "hidden_dropout_prob": "hidden_dropout_prob", "initializer_range": "initializer_range",
+    "max_position_embeddings": "train_length", "base_length": "train_length",
+}
+"""Which study flag sets each config field ``config_fields`` derives from the study's flags."""
+
+
+def check_study_inputs(args: LengthGenArguments) -> None:
+    """Check what ``LengthGenArguments`` cannot check without files or configs, before anything is written:
+    the output folder, the data files (readable, with at least ``train_length`` tokens) and every
+    variant's config at the study's size. ``FlagError`` naming the flag of a bad value."""
+    from transformers import LlamaConfig
+
+    from ..training import build_config, load_text_datasets, load_tokenizer
+    from ..training.data import holds_tokens
+
+    check_output_dir("output_dir", args.output_dir)
+    tokenizer = load_tokenizer(None)
+    for name in args.variants:
+        variant = get_variant(name)
+        fields = config_fields(variant, args.size, args.train_length)
+        try:
+            if variant.model_type == "llama":
+                LlamaConfig(**{k: v for k, v in fields.items() if k != "base_length"})
+            else:
+                build_config(variant.model_type, config_overrides=fields, tokenizer=tokenizer,
+                             max_seq_length=args.train_length)
+        except (ValueError, TypeError) as error:  # the config class's own validation, naming the field
+            named = names_in_message(str(error), list(STUDY_FLAG_OF_CONFIG_FIELD))
+            flag = STUDY_FLAG_OF_CONFIG_FIELD[named[0]] if named else "variants"
+            reason = str(error).removeprefix("config_overrides: ")
+            raise FlagError(flag, f"{flag}: variant {name!r} at this size: {reason}") from error
+    if args.train_file is not None:
+        with quiet_progress():
+            raw = load_text_datasets(args.train_file, args.validation_file)
+        if not holds_tokens(raw["train"], tokenizer, args.train_length):
+            raise FlagError("train_file", f"train_file holds fewer than train_length={args.train_length} tokens.")
+
+
+__all__ = ["QUICK_SETTINGS", "STUDY_FLAG_OF_CONFIG_FIELD", "LengthGenArguments", "check_study_inputs"]

