@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import sys
 import unittest
@@ -23,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.conformance.test_training_overfit import OVERFIT_VARIANTS, overfit_case  # noqa: E402
+from tests.conformance.test_training_overfit import OVERFIT_VARIANTS, overfit_case
 
 METRIC = re.compile(r"(loss_reduction|grad_norm_reduction):\s*(-?[\d.]+)%")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -58,7 +59,8 @@ def run_case(name: str, family: str, variant: dict, seed: int = 42) -> dict:
     logger.addHandler(collector)
     try:
         suite = unittest.defaultTestLoader.loadTestsFromTestCase(overfit_case(name, family, variant))
-        result = unittest.TextTestRunner(stream=open("/dev/null", "w"), verbosity=0).run(suite)
+        with open(os.devnull, "w") as quiet:
+            result = unittest.TextTestRunner(stream=quiet, verbosity=0).run(suite)
     finally:
         logger.removeHandler(collector)
     return {**collector.values, "generation_matches": collector.generation_matches, "passed": result.wasSuccessful()}

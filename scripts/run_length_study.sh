@@ -1,23 +1,22 @@
 #!/usr/bin/env bash
 # Re-run the length-generalisation study published in docs/length_generalization.md.
 #
-# CPU-sized (tiny models; ~30-40 min on a shared 2-core CPU, much less on an idle one). Resumable:
-# rerunning skips finished variant x seed runs, so it can be interrupted and restarted at will, and
-# adding a seed (SEEDS="0 1 2") only trains the new runs. Results: $OUT/results.md, results.json,
-# results.csv, summary.csv, lengthgen_{mlm,clm}.png and finetune/finetune.json; the plots are copied to
-# docs/length_generalization_{mlm,clm}.png.
+# CPU-sized (tiny models; ~1 h with 3 seeds and WORKERS=2 on a shared 2-core CPU, much less on an idle
+# one). Every variant uses its config's default initialisation (GAU: gau_init="gau_alpha", GAU-α's). The
+# stock Llama is trained once per seed and evaluated as llama/sdpa, llama/entropy_invariant_all (log-n
+# scaling on every row) and llama/entropy_invariant_beyond_L (only rows that see more than L keys, the
+# stock default scope "beyond"). Resumable: rerunning skips finished variant x seed runs, so it can be
+# interrupted and restarted at will, and adding a seed (SEEDS="0 1 2 3") only trains the new runs.
+# Results: $OUT/results.md, results.json, results.csv, summary.csv, lengthgen_{mlm,clm}.png and
+# finetune/{sequence,token}/finetune.json; the plots are copied to docs/length_generalization_{mlm,clm}.png.
 #
-#   scripts/run_length_study.sh                # defaults below
-#   SEEDS="0 1 2" scripts/run_length_study.sh  # one more seed
-#   WORKERS=2 scripts/run_length_study.sh      # two processes share the runs (run folders are locked)
-#   # the supplementary GAU study of the doc (initialisation std 0.1 instead of 0.02):
-#   OUT=runs/length_study_gau_init0.1 DOC_PLOT_PREFIX=length_generalization_gau_init0.1 WORKERS=2 \
-#     scripts/run_length_study.sh --variants gau_softmax gau_softmax_plus gau_relu2_dynamic gau_relu2_fixed \
-#     gau_relu2_normalized gau_relu2_dynamic+mixed --initializer_range 0.1
+#   scripts/run_length_study.sh                    # defaults below (seeds 0 1 2)
+#   SEEDS="0 1 2 3" scripts/run_length_study.sh    # one more seed
+#   WORKERS=2 scripts/run_length_study.sh          # two processes share the runs (run folders are locked)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/length_study}
-SEEDS=${SEEDS:-"0 1"}
+SEEDS=${SEEDS:-"0 1 2"}
 STEPS=${STEPS:-400}
 L=${L:-64}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

@@ -219,6 +219,7 @@ def _mismatches(
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,
     )
     if result.returncode != 0:
         return [f"transformers {release}: loading failed:\n{result.stdout}\n{result.stderr[-4000:]}"]

@@ -11,8 +11,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-import hf_attn_variants.modeling_gau as modeling_gau
-from hf_attn_variants import EntropyInvariantConfig, EntropyInvariantModel, GAUConfig, GAUModel, SynthesizerConfig, SynthesizerModel
+from hf_attn_variants import (
+    EntropyInvariantConfig,
+    EntropyInvariantModel,
+    GAUConfig,
+    GAUModel,
+    SynthesizerConfig,
+    SynthesizerModel,
+    modeling_gau,
+)
 from tests.utils import left_padded, random_ids
 
 SIZES = {"vocab_size": 11, "hidden_size": 8, "num_hidden_layers": 1, "hidden_dropout_prob": 0.0,

@@ -13,7 +13,6 @@ from tests.remote_code import assert_remote_code_matches, class_case
 from tests.test_gau import sharpen, tiny_config
 from tests.utils import random_ids, right_padded
 
-
 VARIANT_FOR_SUFFIX = {
     "Model": {"attention_normalization": "softmax_plus"},
     "ForMaskedLM": {"attention_normalization": "relu2", "relu2_length": "fixed"},

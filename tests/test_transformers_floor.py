@@ -40,7 +40,7 @@ def test_model_tests_pass_on_the_oldest_supported_transformers() -> None:
     assert version == MIN_TRANSFORMERS_VERSION
     result = subprocess.run(
         [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *MODEL_TEST_FILES],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=1200,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=1200, check=False,
     )
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     assert result.returncode == 0, f"model tests on transformers {version}:\n{result.stdout[-6000:]}\n{result.stderr[-2000:]}"

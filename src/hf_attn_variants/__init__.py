@@ -18,6 +18,7 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
+from .configuration_common import StandaloneCodeMixin
 from .configuration_entropy_invariant import EntropyInvariantConfig
 from .configuration_gau import GAUConfig
 from .configuration_synthesizer import SynthesizerConfig
@@ -48,7 +49,6 @@ from .modeling_synthesizer import (
     SynthesizerModel,
     SynthesizerPreTrainedModel,
 )
-from .configuration_common import StandaloneCodeMixin
 from .standalone import write_standalone_code
 from .stock_attention import ENTROPY_INVARIANT, register_stock_attention
 

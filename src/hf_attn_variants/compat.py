@@ -31,7 +31,7 @@ import torch
 import transformers
 
 MIN_TRANSFORMERS_VERSION = "5.0.0"
-"""Oldest Transformers release the model code runs on (tested in tests/test_remote_code_versions.py)."""
+"""Oldest Transformers release the model code runs on (tests/test_transformers_floor.py, tests/remote_code.py)."""
 
 
 def version_tuple(version: str) -> tuple[int, int, int]:

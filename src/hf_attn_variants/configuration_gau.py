@@ -185,4 +185,4 @@ class GAUConfig(AttnVariantConfig):
         return cls(**values)
 
 
-__all__ = ["ATTENTION_NORMALIZATIONS", "CHUNKED_NORMALIZATIONS", "RELU2_LENGTHS", "GAU_INITS", "GAUConfig"]
+__all__ = ["ATTENTION_NORMALIZATIONS", "CHUNKED_NORMALIZATIONS", "GAU_INITS", "RELU2_LENGTHS", "GAUConfig"]

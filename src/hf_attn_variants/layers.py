@@ -414,7 +414,7 @@ __all__ = [
     "masked_softmax",
     "normalize_pruned_heads",
     "rotate_half",
-    "update_cache",
     "upcast",
+    "update_cache",
     "visible_key_counts",
 ]

@@ -33,8 +33,8 @@ from .layers import (
     eager_attention_forward,
     entropy_invariant_factor,
     log_key_counts,
-    update_cache,
     upcast,
+    update_cache,
     visible_key_counts,
 )
 from .modeling_common import (

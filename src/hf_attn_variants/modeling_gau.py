@@ -54,8 +54,8 @@ from .layers import (
     compute_dtype,
     entropy_invariant_factor,
     masked_softmax,
-    update_cache,
     upcast,
+    update_cache,
     visible_key_counts,
 )
 from .modeling_common import (

@@ -34,7 +34,7 @@ from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .configuration_synthesizer import SynthesizerConfig
-from .layers import apply_rotary, boolean_attention_mask, build_norm, masked_softmax, update_cache, upcast
+from .layers import apply_rotary, boolean_attention_mask, build_norm, masked_softmax, upcast, update_cache
 from .modeling_common import (
     AttnVariantBackbone,
     AttnVariantPreTrainedModel,

@@ -20,7 +20,7 @@ always the package's current source, byte for byte (nothing can drift), and the 
 of classes for its tools (pruning, training) instead of three copies of every shared class. The
 generated files are the same code paths: the bundler copies top-level definitions verbatim and only
 drops the relative imports it resolves. Tests load the folders in clean environments with the oldest
-supported and the installed Transformers (tests/test_remote_code_versions.py).
+supported and the installed Transformers (tests/remote_code.py).
 
 How a bundle is built (``bundle_module``): the entry module is parsed with ``ast``; each top-level
 statement it needs pulls in, transitively, the top-level statements that define the names it uses —
@@ -268,7 +268,7 @@ def _sorted_imports(lines: Iterable[str], skip: set[str]) -> list[str]:
         return 0 if module.split(".")[0] in sys.stdlib_module_names else 1
 
     entries = [(group(line[7:]), line[7:], line) for line in plain]
-    entries += [(group(m), m, f"from {m} import {', '.join(sorted(n))}") for m, n in merged.items()]
+    entries += [(group(m), m, _from_import(m, sorted(n))) for m, n in merged.items()]
     result, previous = [], None
     for rank, _, line in sorted(entries):
         if previous is not None and rank != previous:
@@ -276,6 +276,14 @@ def _sorted_imports(lines: Iterable[str], skip: set[str]) -> list[str]:
         result.append(line)
         previous = rank
     return result
+
+
+def _from_import(module: str, names: list[str], width: int = 110) -> str:
+    """``from module import a, b``, wrapped in parentheses one name a line when longer than ``width``."""
+    line = f"from {module} import {', '.join(names)}"
+    if len(line) <= width:
+        return line
+    return f"from {module} import (\n" + "".join(f"    {name},\n" for name in names) + ")"
 
 
 def package_version() -> str:
@@ -322,10 +330,12 @@ def bundle_module(
     imports = _sorted_imports(bundler.hoisted.values(), skip=prelude_imports)
     external_imports = []
     if bundler.external_names:
-        target = rename_external or sorted(set(bundler.external_names.values()))[0]
+        target = rename_external or min(bundler.external_names.values())
         external_imports.append(f"from .{target} import {', '.join(sorted(bundler.external_names))}")
-    parts = [header + entry_module.docstring.rstrip("\n") + "\n", "from __future__ import annotations\n"]
-    parts.append(prelude.body_text.split("\n__all__", 1)[0].strip("\n") + "\n")
+    parts = [
+        header + entry_module.docstring.rstrip("\n") + "\n\nfrom __future__ import annotations\n\n"
+        + prelude.body_text.split("\n__all__", 1)[0].strip("\n") + "\n"
+    ]
     if imports or external_imports:
         parts.append("\n".join([*imports, *([""] if imports and external_imports else []), *external_imports]) + "\n")
     for name in order:

@@ -5,7 +5,8 @@ and cached by the harness) trains a tiny ``*ForCausalLM`` with Adam (lr 1e-3, 30
 of a repeating 19-token pattern, and requires the loss and the gradient norm to fall by at least 90 % and
 greedy generation to reproduce the pattern. Each case here is a tiny size (the same widths as the
 conformance tests) plus the one field that selects the variant; every other field, initialisation
-included, is the library's default: nothing is tuned for the test.
+included, is the library's default: nothing is tuned for the test — with one stated exception, the training
+length of Laplace attention with a fixed L (see ``GAU_laplace_fixed``).
 
 ``OVERFIT_VARIANTS`` is also used by ``scripts/gau_init_study.py`` for the table in docs/gau.md.
 """
@@ -51,7 +52,11 @@ OVERFIT_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "GAU_relu2_fixed": ("gau", {"attention_normalization": "relu2", "relu2_length": "fixed"}),
     "GAU_relu2_normalized": ("gau", {"attention_normalization": "relu2_normalized"}),
     "GAU_laplace_dynamic": ("gau", {"attention_normalization": "laplace", "relu2_length": "dynamic"}),
-    "GAU_laplace_fixed": ("gau", {"attention_normalization": "laplace", "relu2_length": "fixed"}),
+    # A bounded kernel under a fixed L caps a row's attention mass at n/L: with the default L = 512 on the mixin's
+    # 64-token batch that is 1/8, and the grad norm fell 90.3 / 90.5 / 89.7 % over three seeds — on the threshold,
+    # so the outcome would depend on the CPU's rounding (docs/gau.md). L = 64 is the training length, the way
+    # relu2_length="fixed" is meant to be used: 92.7 / 92.7 / 92.3 %.
+    "GAU_laplace_fixed": ("gau", {"attention_normalization": "laplace", "relu2_length": "fixed", "base_length": 64}),
     "GAU_chunked_dynamic": ("gau", {"attention_normalization": "relu2", "relu2_length": "dynamic", "chunk_size": 16}),
     "GAU_chunked_fixed": ("gau", {"attention_normalization": "relu2", "relu2_length": "fixed", "chunk_size": 16}),
     **{f"Synthesizer_{component}": ("synthesizer", {"synthesizer_components": [component]})

@@ -10,7 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..training.cli_utils import FlagError, check_number, check_output_dir, check_seed, names_in_message, quiet_progress
+from ..training.cli_utils import (
+    FlagError,
+    check_number,
+    check_output_dir,
+    check_seed,
+    names_in_message,
+    quiet_progress,
+)
 from .variants import DEFAULT_VARIANTS, QUICK_VARIANTS, ModelSize, config_fields, get_variant
 
 QUICK_SETTINGS: dict[str, Any] = {

@@ -1,0 +1,85 @@
+"""The bundler behind the standalone remote code (``hf_attn_variants.standalone``)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from hf_attn_variants import EntropyInvariantConfig, EntropyInvariantForSequenceClassification
+from hf_attn_variants.standalone import bundle_module
+from tests.remote_code import assert_standalone_code
+
+PRELUDE = '''"""Prelude."""
+from __future__ import annotations
+
+import math
+
+SCALE = math.sqrt(2.0)
+__all__ = ["SCALE"]
+'''
+
+
+def fake_package(tmp_path: Path, modules: dict[str, str]) -> Path:
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    (folder / "compat.py").write_text(PRELUDE)
+    for name, source in modules.items():
+        (folder / f"{name}.py").write_text(source)
+    return folder
+
+
+def test_a_bundle_holds_what_the_entry_needs_in_dependency_order(tmp_path) -> None:
+    folder = fake_package(tmp_path, {
+        "shared": '"""Shared."""\nimport os\n\n\ndef used():\n    return helper() + 1\n\n\n# the helper\ndef helper():\n'
+                  '    return 1\n\n\ndef unused():\n    return os.sep\n',
+        "entry": '"""Entry."""\nfrom __future__ import annotations\n\nfrom .compat import SCALE\nfrom .shared import used\n\n\n'
+                 'def value():\n    return used() * SCALE\n\n\n__all__ = ["value"]\n',
+    })
+    bundle = bundle_module("entry", package_dir=folder)
+    assert bundle.sources == ["compat", "shared", "entry"]
+    text = bundle.text
+    assert "def unused" not in text and "import os" not in text  # only what the entry reaches
+    assert "# the helper" in text and text.index("def helper") < text.index("def value")
+    assert "from ." not in text
+    (tmp_path / "bundled_entry.py").write_text(text)
+    spec = importlib.util.spec_from_file_location("bundled_entry", tmp_path / "bundled_entry.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.value() == pytest.approx(2 * 2**0.5) and module.__all__ == ["SCALE", "value"]
+
+
+def test_a_name_defined_twice_or_a_renamed_relative_import_is_refused(tmp_path) -> None:
+    folder = fake_package(tmp_path, {
+        "a": "def clash():\n    return 1\n",
+        "b": "def clash():\n    return 2\n\n\ndef other():\n    return clash()\n",
+        "entry": "from .a import clash\nfrom .b import other\n\n\ndef f():\n    return clash() + other()\n",
+        "renamed": "from .a import clash as c\n\n\ndef g():\n    return c()\n",
+    })
+    with pytest.raises(ValueError, match="'clash' is defined in both a.py and b.py"):
+        bundle_module("entry", package_dir=folder)
+    with pytest.raises(ValueError, match="must not rename"):
+        bundle_module("renamed", package_dir=folder)
+
+
+def test_config_alone_writes_only_its_standalone_file(tmp_path) -> None:
+    EntropyInvariantConfig(hidden_size=32, num_attention_heads=4).save_pretrained(tmp_path)
+    assert_standalone_code(tmp_path, "entropy_invariant", model=False)
+
+
+def test_push_to_hub_from_save_pretrained_uploads_the_rewritten_folder(tmp_path, monkeypatch) -> None:
+    config = EntropyInvariantConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                    intermediate_size=37)
+    model = EntropyInvariantForSequenceClassification(config)
+    calls = []
+
+    def push_to_hub(repo_id, **kwargs):  # what Transformers would upload: save again into a folder
+        model.save_pretrained(tmp_path / "upload")
+        calls.append((repo_id, kwargs, sorted(p.name for p in (tmp_path / "upload").glob("*.py"))))
+
+    monkeypatch.setattr(model, "push_to_hub", push_to_hub)
+    model.save_pretrained(tmp_path / "local", push_to_hub=True, repo_id="someone/tiny", private=True)
+    assert_standalone_code(tmp_path / "local", "entropy_invariant")
+    assert calls == [("someone/tiny", {"private": True},
+                      ["configuration_entropy_invariant.py", "modeling_entropy_invariant.py"])]
