@@ -7,7 +7,8 @@ logits = (log nᵢ / log m) · q·k / √d with m = ``base_length``; the Scalabl
 (Nakanishi 2025) learns the per-head factor instead. nᵢ counts the keys query i really sees.
 
 The per-row factor is folded into q (a ``(batch, 1, q, 1)`` broadcast, never an n×n tensor), so the
-rest runs through Transformers' attention interface: eager, SDPA (and any other registered kernel).
+rest runs through Transformers' attention interface: eager, SDPA, FlexAttention (and any other registered
+kernel).
 """
 
 from __future__ import annotations
@@ -245,6 +246,7 @@ class EntropyInvariantPreTrainedModel(AttnVariantPreTrainedModel):
     family_prefix = "EntropyInvariant"
     _no_split_modules = ["EntropyInvariantLayer"]
     _supports_sdpa = True
+    _supports_flex_attn = True  # the factor is folded into q; masks come from Transformers' mask utilities
     _supports_attention_backend = True
     _can_compile_fullgraph = True  # static-cache decoding compiles as one graph (tests/test_generation_caches.py)
     _can_record_outputs = {"hidden_states": EntropyInvariantLayer, "attentions": EntropyInvariantAttention}
