@@ -29,6 +29,18 @@ def _cap_onednn_isa_if_bf16_crashes() -> None:
 _cap_onednn_isa_if_bf16_crashes()
 
 
+def _interpret_triton_without_a_gpu() -> None:
+    """Without CUDA, Triton kernels run in its interpreter on CPU tensors (tests/test_gau_triton.py).
+
+    Set before the package (and so ``@triton.jit``) is imported; a machine with CUDA runs them compiled.
+    """
+    if os.environ.get("TRITON_INTERPRET") is None and not os.path.exists("/dev/nvidia0"):
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+_interpret_triton_without_a_gpu()
+
+
 def _one_thread_per_xdist_worker() -> None:
     """Two xdist workers on two cores: more torch threads per worker only oversubscribe the CPU."""
     if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -103,10 +103,10 @@ def test_bad_flags_exit_with_a_message(capsys) -> None:
                                   "syn_random_vanilla", "ei_8h_pruned50"])
 def test_torch_compile_sees_one_graph_without_breaks(name: str, monkeypatch) -> None:
     """``torch._dynamo.explain`` on a tiny model of every family (GAU through its blocked kernels too)."""
-    from hf_attn_variants import modeling_gau
+    from hf_attn_variants import gau_kernels
     from hf_attn_variants.bench.measure import graph_breaks
 
-    monkeypatch.setattr(modeling_gau, "ATTENTION_BLOCK_ELEMENTS", 256)  # 32×32 scores → 4 blocks
+    monkeypatch.setattr(gau_kernels, "ATTENTION_BLOCK_ELEMENTS", 256)  # 32×32 scores → 4 blocks
     model = build_variants(PRESETS["quick"])[name].build(32).train()
     graphs, breaks, reasons = graph_breaks(model, torch.randint(1, 100, (1, 32)))
     assert (graphs, breaks) == (1, 0), reasons

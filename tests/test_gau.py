@@ -23,12 +23,9 @@ from hf_attn_variants import (
     GAUForSequenceClassification,
     GAUModel,
 )
-from hf_attn_variants.modeling_gau import (
-    GatedAttentionUnit,
-    GAUChunkCacheLayer,
-    flash_mixed_chunk_attention,
-    gau_attention_weights,
-)
+from hf_attn_variants.gau_cache import GAUChunkCacheLayer
+from hf_attn_variants.gau_kernels import flash_mixed_chunk_attention
+from hf_attn_variants.modeling_gau import GatedAttentionUnit, gau_attention_weights
 from tests import properties
 from tests.remote_code import assert_standalone_code
 from tests.utils import left_padded, random_ids, right_padded
@@ -285,7 +282,7 @@ def test_quadratic_unit_matches_the_written_out_formula(normalization, causal: b
     visible = valid[:, None, :].expand(-1, 9, -1)
     if causal:
         visible = visible & torch.ones(9, 9, dtype=torch.bool).tril()
-    output, weights = run_unit(model, x, valid, causal)
+    output, weights = run_unit(model, x, valid, causal, output_attentions=True)
     expected, attention = reference_quadratic(model.layers[0].gau, x, visible, model.config)
     assert close(output, expected)
     assert weights.shape == (2, 1, 9, 9)

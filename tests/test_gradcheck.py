@@ -18,7 +18,7 @@ from hf_attn_variants import (
     GAUModel,
     SynthesizerConfig,
     SynthesizerModel,
-    modeling_gau,
+    gau_kernels,
 )
 from tests.utils import left_padded, random_ids
 
@@ -88,7 +88,7 @@ def test_gradients_of_a_float64_model_match_finite_differences(name: str, causal
 def test_blocked_gau_kernels_match_finite_differences(monkeypatch, kernel: str, causal: bool) -> None:
     """``relu2_attention`` / ``softmax_attention`` through their hand-written autograd Functions
     (``Relu2Attention``, ``SoftmaxAttention``: recomputing, blocked backward) in float64, over 3 query blocks."""
-    monkeypatch.setattr(modeling_gau, "ATTENTION_BLOCK_ELEMENTS", 12)  # 6 keys → blocks of 2 query rows
+    monkeypatch.setattr(gau_kernels, "ATTENTION_BLOCK_ELEMENTS", 12)  # 6 keys → blocks of 2 query rows
     torch.manual_seed(0)
     query, key = (torch.randn(2, 6, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
     value = torch.randn(2, 6, 3, dtype=torch.float64, requires_grad=True)
@@ -97,13 +97,13 @@ def test_blocked_gau_kernels_match_finite_differences(monkeypatch, kernel: str, 
     if causal:
         mask &= torch.ones(6, 6, dtype=torch.bool).tril()
     offset = 0 if causal else None
-    assert len(modeling_gau._query_blocks(6, 6, offset)) == 3
+    assert len(gau_kernels._query_blocks(6, 6, offset)) == 3
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if kernel == "relu2":
-            return modeling_gau.relu2_attention(q, k, v, mask, 0.7, causal_offset=offset)
-        return modeling_gau.softmax_attention(q, k, v, mask, causal_offset=offset)
+            return gau_kernels.relu2_attention(q, k, v, mask, 0.7, causal_offset=offset)
+        return gau_kernels.softmax_attention(q, k, v, mask, causal_offset=offset)
 
-    function = modeling_gau.Relu2Attention if kernel == "relu2" else modeling_gau.SoftmaxAttention
+    function = gau_kernels.Relu2Attention if kernel == "relu2" else gau_kernels.SoftmaxAttention
     assert f"{function.__name__}Backward" in graph_node_names(run(query, key, value).grad_fn)
     assert torch.autograd.gradcheck(run, (query, key, value), eps=1e-6, atol=1e-6, rtol=1e-5)

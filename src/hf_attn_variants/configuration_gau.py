@@ -8,6 +8,8 @@ from .configuration_common import AttnVariantConfig, check_choice, check_float, 
 
 ATTENTION_NORMALIZATIONS = ("softmax", "softmax_plus", "relu2", "relu2_normalized", "laplace")
 RELU2_LENGTHS = ("dynamic", "fixed")
+GAU_KERNELS = ("auto", "torch", "triton")
+"""Which kernels run relu² attention: ``auto`` = Triton on CUDA when triton is installed, else torch."""
 GAU_INITS = ("gau_alpha", "flash")
 """How a GAU unit is initialised: GAU-α's code (the default) or the FLASH paper's pseudocode (see ``gau_init``)."""
 #: Normalisations the FLASH mixed-chunk path (``chunk_size`` set) implements: relu² inside chunks,
@@ -64,6 +66,12 @@ class GAUConfig(AttnVariantConfig):
               vanish at small width: Transformers' overfitting test fails for relu² with it (docs/gau.md has
               the measured loss reductions).
 
+        gau_kernel: the kernels of relu² attention (quadratic, and FLASH's part inside the chunks):
+            ``"auto"`` (default) = Triton on CUDA tensors when ``triton`` is installed
+            (``pip install 'hf_attn_variants[gpu]'``), torch otherwise; ``"torch"``; ``"triton"`` (also on CPU
+            tensors under ``TRITON_INTERPRET=1``, which the tests use). Dropout on A, ``output_attentions`` and
+            the other normalisations use the torch path.
+
     Every common field of ``AttnVariantConfig`` applies; here ``hidden_act`` defaults to ``"silu"``
     (the paper's swish), ``use_bias`` to ``False`` (GAU-α has no biases) and ``attention_probs_dropout_prob``
     to 0 (the FLASH pseudocode and lucidrains' FLASH-pytorch have no dropout on A; relu² weights are not a
@@ -93,6 +101,7 @@ class GAUConfig(AttnVariantConfig):
         entropy_min_length: int | None = None,
         chunk_size: int | None = None,
         gau_init: str = "gau_alpha",
+        gau_kernel: str = "auto",
         hidden_act: str = "silu",
         use_bias: bool = False,
         attention_probs_dropout_prob: float = 0.0,
@@ -112,6 +121,7 @@ class GAUConfig(AttnVariantConfig):
         self.entropy_min_length = renamed_field(kwargs, "min_length", "entropy_min_length", entropy_min_length, 16)
         self.chunk_size = chunk_size
         self.gau_init = gau_init
+        self.gau_kernel = gau_kernel
         super().__init__(
             hidden_act=hidden_act, use_bias=use_bias, attention_probs_dropout_prob=attention_probs_dropout_prob, **kwargs
         )
@@ -136,6 +146,7 @@ class GAUConfig(AttnVariantConfig):
         check_int("entropy_min_length", self.entropy_min_length, 1)
         check_int("chunk_size", self.chunk_size, 1, allow_none=True)
         check_choice("gau_init", self.gau_init, GAU_INITS)
+        check_choice("gau_kernel", self.gau_kernel, GAU_KERNELS)
         if self.chunk_size is not None and self.attention_normalization not in CHUNKED_NORMALIZATIONS:
             raise ValueError(
                 f"chunk_size={self.chunk_size} (FLASH mixed-chunk attention) needs attention_normalization in "
@@ -185,4 +196,4 @@ class GAUConfig(AttnVariantConfig):
         return cls(**values)
 
 
-__all__ = ["ATTENTION_NORMALIZATIONS", "CHUNKED_NORMALIZATIONS", "GAU_INITS", "RELU2_LENGTHS", "GAUConfig"]
+__all__ = ["ATTENTION_NORMALIZATIONS", "CHUNKED_NORMALIZATIONS", "GAU_INITS", "GAU_KERNELS", "RELU2_LENGTHS", "GAUConfig"]

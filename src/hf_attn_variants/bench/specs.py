@@ -303,8 +303,9 @@ def build_variants(preset: Preset) -> dict[str, Variant]:
 
 
 def _reference_quadratic(unit: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    kwargs.pop("need_weights", None)
-    return type(unit)._quadratic(unit, *args[:5], need_weights=True)
+    """``GatedAttentionUnit._quadratic`` forced through the attention map (``output_attentions``), without it."""
+    attended, _ = type(unit)._quadratic(unit, *args[:6], True)
+    return attended, None
 
 
 COMPARISONS: tuple[Comparison, ...] = (

@@ -1,0 +1,115 @@
+"""The decoding cache of FLASH GAU (``chunk_size``): a constant-size state instead of every past key.
+
+``GAUChunkCacheLayer`` holds the open chunk's keys/values and Σ k′ᵀv of the closed chunks; ``chunk_cache_layer``
+installs it in a ``DynamicCache``; ``check_chunk_cache`` refuses, in one sentence naming
+``cache_implementation``, a cache that cannot hold it (static caches).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+
+class GAUChunkCacheLayer(DynamicLayer):
+    """Per-layer cache of causal FLASH attention: the open chunk's keys/values plus Σ k'ᵀv of closed chunks.
+
+    ``keys`` ``(batch, 1, r, 2s)`` hold [k ‖ k'·mask] of the r < g tokens of the current, incomplete
+    chunk, ``values`` ``(batch, 1, r, e)`` their v, and ``linear_state`` ``(batch, s, e)`` (≥ float32) the
+    sum of k'ᵀv over every complete chunk, so memory is O(g·(s + e) + s·e) whatever the length and a
+    decoding step costs O(g + s·e). ``get_seq_length`` reports all tokens seen. A plain
+    ``DynamicCache`` works too: the model swaps its empty ``DynamicLayer`` for this class on first use.
+    Cropping is not supported (a sum of closed chunks cannot be rolled back).
+    """
+
+    is_croppable = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.linear_state: torch.Tensor | None = None
+        self.cumulative_length = 0
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.cumulative_length + query_length, 0
+
+    def open_chunk(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """``(keys, values, linear_state)`` of the open chunk (``None`` before the first update)."""
+        if not self.is_initialized or self.keys.numel() == 0:
+            return None, None, self.linear_state
+        return self.keys, self.values, self.linear_state
+
+    def store(
+        self, keys: torch.Tensor, values: torch.Tensor, state: torch.Tensor, added: int, chunk_size: int
+    ) -> None:
+        """Keep the trailing incomplete chunk of a segment that starts on a chunk boundary."""
+        if not self.is_initialized:
+            self.lazy_initialization(keys, values)
+        closed = (keys.shape[-2] // chunk_size) * chunk_size
+        self.keys, self.values = keys[..., closed:, :], values[..., closed:, :]
+        self.linear_state = state
+        self.cumulative_length += added
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            "GAUChunkCacheLayer is written by GatedAttentionUnit.store(), not by Cache.update()."
+        )
+
+    def reset(self) -> None:
+        super().reset()
+        self.linear_state = None
+        self.cumulative_length = 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise ValueError(
+            "A FLASH (chunk_size) cache cannot be cropped: closed chunks are summed into one state."
+        )
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        if self.linear_state is not None:
+            self.linear_state = self.linear_state.index_select(0, beam_idx.to(self.linear_state.device))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        if self.linear_state is not None:
+            self.linear_state = self.linear_state.repeat_interleave(repeats, dim=0)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        if self.linear_state is not None:
+            self.linear_state = self.linear_state[indices, ...]
+
+
+def check_chunk_cache(cache: Cache | None) -> None:
+    """Refuse, in one sentence, a cache that cannot hold the FLASH chunk state (anything but a dynamic cache)."""
+    fixed = sorted({type(layer).__name__ for layer in getattr(cache, "layers", ()) if not isinstance(layer, DynamicLayer)})
+    if fixed:
+        raise ValueError(
+            f"GAU with chunk_size (FLASH) keeps its past as a constant-size chunk state that only a dynamic cache can "
+            f"hold, but got a {type(cache).__name__} of {', '.join(fixed)}: generate with "
+            "cache_implementation='dynamic' (the default) instead of 'static' or its variants."
+        )
+
+
+def chunk_cache_layer(cache: Cache, layer_idx: int) -> GAUChunkCacheLayer:
+    """The ``GAUChunkCacheLayer`` of ``layer_idx``, installed in place of an unused ``DynamicLayer``."""
+    while len(cache.layers) <= layer_idx:
+        cache.layers.append(GAUChunkCacheLayer())
+    layer = cache.layers[layer_idx]
+    if isinstance(layer, GAUChunkCacheLayer):
+        return layer
+    if type(layer) is DynamicLayer and layer.get_seq_length() == 0:
+        cache.layers[layer_idx] = GAUChunkCacheLayer()
+        return cache.layers[layer_idx]
+    raise TypeError(
+        f"GAU with chunk_size needs a DynamicCache (or GAUChunkCacheLayer layers); layer {layer_idx} of the "
+        f"cache is a {type(layer).__name__} that already holds {layer.get_seq_length()} tokens."
+    )
+
+
+__all__ = ["GAUChunkCacheLayer", "check_chunk_cache", "chunk_cache_layer"]

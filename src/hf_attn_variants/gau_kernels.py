@@ -1,0 +1,352 @@
+"""Attention kernels of the Gated Attention Unit, written with torch operations (no config, no modules).
+
+Everything runs in at least float32 (float64 stays float64), so fp16/bf16 never overflow in relu² or the logits:
+
+- ``relu2_attention``: Σⱼ relu(qᵢ·kⱼ)² vⱼ over the visible keys — quadratic relu² GAU with every positive
+  factor (1/√s, 1/√L) folded into q. Small score matrices are one expression; large ones go through the
+  blocked ``Relu2Attention`` autograd Function (activation memory linear in n).
+- ``softmax_attention``: softmax(q kᵀ) v over the visible keys, blocked the same way for large causal inputs
+  (``SoftmaxAttention``, FlashAttention's recomputation written with torch matmuls), which on a CPU beats
+  SDPA for long causal rows because it skips the keys after each block's last query.
+- ``laplace_attention``: Mega's Laplace function, the bounded relu² substitute.
+- ``flash_mixed_chunk_attention`` / ``flash_effective_weights``: FLASH's mixed-chunk attention (exact relu²
+  inside chunks of g tokens, linear attention across chunks) and its dense effective matrix.
+
+``gau_triton.py`` holds the Triton versions of ``relu2_attention`` and of FLASH's intra-chunk part; the unit in
+``modeling_gau.py`` picks one per call (``GAUConfig.gau_kernel``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .layers import upcast
+
+
+LAPLACE_MU = math.sqrt(0.5)
+LAPLACE_SIGMA = 1.0 / math.sqrt(4.0 * math.pi)
+
+
+def laplace_attention(scores: torch.Tensor) -> torch.Tensor:
+    """Mega's Laplace attention function 0.5·(1 + erf((a − μ) / (σ√2))), μ = √½, σ = 1/√(4π).
+
+    Ma et al. (2023), "Mega: Moving Average Equipped Gated Attention", §3.3: chosen to approximate relu² near
+    μ while staying bounded in [0, 1] with non-vanishing gradients, a stabler drop-in for relu². Unlike
+    relu² it is positive for every logit, so hidden keys are zeroed after it (as for relu²).
+    """
+    return 0.5 * (1.0 + torch.erf((scores - LAPLACE_MU) / (LAPLACE_SIGMA * math.sqrt(2.0))))
+
+
+ATTENTION_BLOCK_ELEMENTS = 1 << 22
+"""Score elements per query block of ``relu2_attention`` / ``softmax_attention`` (16 MiB of float32)."""
+
+
+def _query_blocks(queries: int, keys: int, causal_offset: int | None) -> list[tuple[int, int, int]]:
+    """(start, stop, key limit) of each query block; a causal block needs no key after its last query."""
+    rows = max(1, min(queries, ATTENTION_BLOCK_ELEMENTS // max(keys, 1)))
+    blocks = []
+    for start in range(0, queries, rows):
+        stop = min(start + rows, queries)
+        blocks.append((start, stop, keys if causal_offset is None else min(keys, causal_offset + stop)))
+    return blocks
+
+
+def _relu2_block_weights(
+    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """relu(q kᵀ) of one query block with hidden keys set to 0 (in place on the fresh score buffer)."""
+    scores = torch.matmul(query, key.transpose(-1, -2))
+    if mask is not None:
+        scores.masked_fill_(~mask, 0.0)
+    return scores.relu_()
+
+
+class Relu2Attention(torch.autograd.Function):
+    """out = relu(q kᵀ)² v over the visible keys, computed in blocks of query rows; saves only q, k, v.
+
+    The caller folds every positive factor into q: relu(c·a)² = c²·relu(a)² for c > 0, so
+    relu(a·scaling)² / L = relu((q·scaling/√L)·k)² with a per-row L (see ``relu2_attention``). The
+    gradient uses d relu(a)²/da = 2 relu(a), which is 0 wherever the key is hidden or a ≤ 0, so
+    no separate activation mask is kept. Peak extra memory is three (block × keys) buffers in the
+    backward pass instead of the n×n score, activation and weight tensors autograd would save per
+    layer; the scores are recomputed in the backward pass (one extra q·kᵀ, the cheaper of the two
+    products since s ≤ e). ``causal_offset`` (queries are keys ``causal_offset …``) lets a block skip
+    the keys after its last query, halving causal work.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        causal_offset: int | None,
+    ) -> torch.Tensor:
+        outputs = []
+        for start, stop, limit in _query_blocks(query.shape[-2], key.shape[-2], causal_offset):
+            block_mask = None if mask is None else mask[..., start:stop, :limit]
+            weights = _relu2_block_weights(query[..., start:stop, :], key[..., :limit, :], block_mask).square_()
+            outputs.append(torch.matmul(weights, value[..., :limit, :]))
+        ctx.save_for_backward(query, key, value, mask)
+        ctx.causal_offset = causal_offset
+        return torch.cat(outputs, dim=-2) if len(outputs) > 1 else outputs[0]
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        query, key, value, mask = ctx.saved_tensors
+        grad_query = torch.empty_like(query)
+        grad_key = torch.zeros_like(key)
+        grad_value = torch.zeros_like(value)
+        for start, stop, limit in _query_blocks(query.shape[-2], key.shape[-2], ctx.causal_offset):
+            block_mask = None if mask is None else mask[..., start:stop, :limit]
+            block_query, block_grad = query[..., start:stop, :], grad_output[..., start:stop, :]
+            activation = _relu2_block_weights(block_query, key[..., :limit, :], block_mask)
+            grad_scores = torch.matmul(block_grad, value[..., :limit, :].transpose(-1, -2))
+            grad_scores.mul_(activation).mul_(2.0)
+            grad_value[..., :limit, :] += torch.matmul(activation.square_().transpose(-1, -2), block_grad)
+            grad_query[..., start:stop, :] = torch.matmul(grad_scores, key[..., :limit, :])
+            grad_key[..., :limit, :] += torch.matmul(grad_scores.transpose(-1, -2), block_query)
+        return grad_query, grad_key, grad_value, None, None
+
+
+def relu2_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    row_scale: torch.Tensor | float,
+    causal_offset: int | None = None,
+) -> torch.Tensor:
+    """Σⱼ relu(q_i·k_j·row_scale_i)² v_j over visible keys, i.e. quadratic relu² GAU with L folded in.
+
+    ``query`` ``(batch, q, s)``, ``key`` ``(batch, k, s)``, ``value`` ``(batch, k, e)`` (float32 or float64),
+    ``mask`` ``(batch, q, k)`` bool (``True`` = visible) or ``None``, ``row_scale`` > 0 a float or
+    ``(batch, q)`` (scaling / √L). Same value as ``gau_attention_weights(...) @ v`` for ``relu2``.
+
+    A score matrix of at most ``ATTENTION_BLOCK_ELEMENTS`` (16 MiB) is one fused expression — scale folded
+    into q, mask and relu in place on the score buffer, then the square: autograd keeps two n×n tensors
+    (relu's output and the weights), the minimum for its backward, and no-grad inference one. Larger
+    ones go through ``Relu2Attention``: blocks of query rows, nothing n×n kept, scores recomputed in
+    the backward pass, so activation memory is linear in n.
+    """
+    if isinstance(row_scale, torch.Tensor):
+        query = query * row_scale[..., None]
+    else:
+        query = query * row_scale
+    if query.shape[-2] * key.shape[-2] > ATTENTION_BLOCK_ELEMENTS:
+        return Relu2Attention.apply(query, key, value, mask, causal_offset)
+    weights = _relu2_block_weights(query, key, mask)
+    tracked = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
+    weights = weights.square() if tracked else weights.square_()
+    return torch.matmul(weights, value)
+
+
+class SoftmaxAttention(torch.autograd.Function):
+    """out = softmax(q kᵀ) v over the visible keys in blocks of query rows; saves q, k, v, the output and
+    the per-row log-sum-exp (FlashAttention's recomputation, Dao et al. 2022, written with torch matmuls).
+
+    Backward per block: P = exp(S − lse), dV += Pᵀ dO, dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)), dQ = dS K,
+    dK += dSᵀ Q. Hidden keys get the most negative logit, so P is 0 there. A row without a visible key
+    gets a uniform P; the caller zeroes such rows on the output (see ``softmax_attention``).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        causal_offset: int | None,
+    ) -> torch.Tensor:
+        outputs, lses = [], []
+        for start, stop, limit in _query_blocks(query.shape[-2], key.shape[-2], causal_offset):
+            scores = _masked_block_scores(query[..., start:stop, :], key[..., :limit, :], mask, start, stop, limit)
+            lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+            outputs.append(torch.matmul(scores.sub_(lse).exp_(), value[..., :limit, :]))
+            lses.append(lse)
+        output = torch.cat(outputs, dim=-2) if len(outputs) > 1 else outputs[0]
+        ctx.save_for_backward(query, key, value, mask, output, torch.cat(lses, dim=-2))
+        ctx.causal_offset = causal_offset
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        query, key, value, mask, output, lse = ctx.saved_tensors
+        grad_query = torch.empty_like(query)
+        grad_key = torch.zeros_like(key)
+        grad_value = torch.zeros_like(value)
+        delta = (grad_output * output).sum(-1, keepdim=True)
+        for start, stop, limit in _query_blocks(query.shape[-2], key.shape[-2], ctx.causal_offset):
+            block_query, block_grad = query[..., start:stop, :], grad_output[..., start:stop, :]
+            probs = _masked_block_scores(block_query, key[..., :limit, :], mask, start, stop, limit)
+            probs.sub_(lse[..., start:stop, :]).exp_()
+            grad_value[..., :limit, :] += torch.matmul(probs.transpose(-1, -2), block_grad)
+            grad_scores = torch.matmul(block_grad, value[..., :limit, :].transpose(-1, -2))
+            grad_scores.sub_(delta[..., start:stop, :]).mul_(probs)
+            grad_query[..., start:stop, :] = torch.matmul(grad_scores, key[..., :limit, :])
+            grad_key[..., :limit, :] += torch.matmul(grad_scores.transpose(-1, -2), block_query)
+        return grad_query, grad_key, grad_value, None, None
+
+
+def _masked_block_scores(
+    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, start: int, stop: int, limit: int
+) -> torch.Tensor:
+    scores = torch.matmul(query, key.transpose(-1, -2))
+    if mask is not None:
+        scores.masked_fill_(~mask[..., start:stop, :limit], torch.finfo(scores.dtype).min)
+    return scores
+
+
+def softmax_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal_offset: int | None = None,
+    dropout: float = 0.0,
+    training: bool = False,
+) -> torch.Tensor:
+    """softmax(q kᵀ) v over visible keys for a q that already carries the logit scale; float32/float64 in and out.
+
+    Shapes as ``relu2_attention``; rows without a visible key give zeros. A score matrix of at most
+    ``ATTENTION_BLOCK_ELEMENTS`` elements (or any, with attention dropout, which needs the probabilities) is one
+    expression keeping a single n×n tensor (the probabilities) for backward; larger ones use
+    ``SoftmaxAttention`` (blocked, recomputed, activation memory linear in n).
+    """
+    blocked = query.shape[-2] * key.shape[-2] > ATTENTION_BLOCK_ELEMENTS and not (training and dropout > 0)
+    if blocked:
+        attended = SoftmaxAttention.apply(query, key, value, mask, causal_offset)
+    else:
+        scores = torch.matmul(query, key.transpose(-1, -2))
+        if mask is not None:
+            scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
+        probs = F.dropout(scores.softmax(-1), p=dropout, training=training)
+        attended = torch.matmul(probs, value)
+    return attended if mask is None else attended * mask.any(-1, keepdim=True)
+
+
+def flash_mixed_chunk_attention(
+    quad_q: torch.Tensor,
+    quad_k: torch.Tensor,
+    lin_q: torch.Tensor,
+    lin_k: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    chunk_size: int,
+    causal: bool,
+    scaling: float,
+    key_mask: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+    dropout: float = 0.0,
+    training: bool = False,
+    intra_chunk: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FLASH mixed-chunk attention (Hua et al. 2022, §3.2), unnormalised: returns ``(numerator, state)``.
+
+    Inputs are ``(batch, T, s)`` (``value``: ``(batch, T, e)``), ``key_mask`` ``(batch, T)`` bool
+    (``True`` = real token). Position t belongs to chunk ⌊t / g⌋; T is padded internally to a multiple
+    of g with masked keys. numerator_i = Σ_{j same chunk, visible} relu(q_i·k_j·scaling)² v_j +
+    Σ_{j ∈ lin(i)} (q'_i·k'_j·scaling) v_j, where lin(i) is every valid key (non-causal) or the valid keys
+    of earlier chunks plus ``initial_state`` = Σ k'ᵀv of chunks before this segment (causal). ``state``
+    is ``initial_state`` + Σ k'ᵀv over the *complete* chunks of the segment (causal), or the total
+    (non-causal). Everything is computed in at least float32; cost and memory are O(T·g + T/g·s·e).
+    ``intra_chunk=False`` leaves out the relu² part inside the chunks (the caller adds it: the Triton kernel).
+    """
+    batch, length, key_size = quad_q.shape
+    width = value.shape[-1]
+    pad = (-length) % chunk_size
+    chunks = (length + pad) // chunk_size
+
+    def blocks(x: torch.Tensor) -> torch.Tensor:
+        return F.pad(upcast(x), (0, 0, 0, pad)).view(batch, chunks, chunk_size, x.shape[-1])
+
+    valid = key_mask.bool() if key_mask is not None else quad_q.new_ones(batch, length, dtype=torch.bool)
+    valid = F.pad(valid, (0, pad), value=False).view(batch, chunks, chunk_size)
+    quad_q, quad_k, v = blocks(quad_q), blocks(quad_k), blocks(value)
+    lin_q = blocks(lin_q) * scaling
+    lin_k = blocks(lin_k) * valid[..., None]
+
+    numerator = v.new_zeros(batch, chunks, chunk_size, width)
+    if intra_chunk:  # exact relu² attention inside each chunk; mask after the activation
+        weights = F.relu(torch.matmul(quad_q, quad_k.transpose(-1, -2)) * scaling).square()
+        visible = valid[:, :, None, :]
+        if causal:
+            visible = visible & torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=valid.device).tril()
+        weights = weights.masked_fill(~visible, 0.0)
+        if dropout > 0.0 and training:
+            weights = F.dropout(weights, p=dropout, training=True)
+        numerator = torch.matmul(weights, v)
+
+    # Linear attention across chunks through per-chunk k'ᵀv summaries (s × e each).
+    summaries = torch.einsum("bgcs,bgce->bgse", lin_k, v)
+    if causal:
+        earlier = torch.cat(
+            [summaries.new_zeros(batch, 1, key_size, width), summaries[:, :-1]], dim=1
+        ).cumsum(1)
+        if initial_state is not None:
+            earlier = earlier + initial_state.to(earlier.dtype)[:, None]
+        numerator = numerator + torch.einsum("bgcs,bgse->bgce", lin_q, earlier)
+        complete = length // chunk_size
+        state = summaries[:, :complete].sum(1)
+        if initial_state is not None:
+            state = state + initial_state.to(state.dtype)
+    else:
+        state = summaries.sum(1)
+        numerator = numerator + torch.matmul(lin_q, state[:, None])
+    return numerator.reshape(batch, chunks * chunk_size, width)[:, :length], state
+
+
+def flash_effective_weights(
+    quad_q: torch.Tensor,
+    quad_k: torch.Tensor,
+    lin_q: torch.Tensor,
+    lin_k: torch.Tensor,
+    *,
+    chunk_size: int,
+    causal: bool,
+    scaling: float,
+    key_mask: torch.Tensor | None = None,
+    dropout: float = 0.0,
+    training: bool = False,
+) -> torch.Tensor:
+    """The dense (batch, T, T) matrix W with numerator = W v for ``flash_mixed_chunk_attention``.
+
+    W_ij = relu(q_i·k_j·scaling)² [same chunk, visible] + (q'_i·k'_j·scaling) [j ∈ lin(i)], dropout on the
+    quadratic part as in the chunked kernel. O(T²): only built when ``output_attentions`` is requested.
+    """
+    length = quad_q.shape[1]
+    chunk = torch.arange(length, device=quad_q.device) // chunk_size
+    same = chunk[:, None] == chunk[None, :]
+    quad = F.relu(torch.matmul(upcast(quad_q), upcast(quad_k).transpose(-1, -2)) * scaling).square()
+    lin = torch.matmul(upcast(lin_q), upcast(lin_k).transpose(-1, -2)) * scaling
+    if causal:
+        quad = quad * (same & torch.ones_like(same).tril())
+        lin = lin * (chunk[None, :] < chunk[:, None])
+    else:
+        quad = quad * same
+    if dropout > 0.0 and training:
+        quad = F.dropout(quad, p=dropout, training=True)
+    weights = quad + lin
+    if key_mask is not None:
+        weights = weights * key_mask.bool()[:, None, :]
+    return weights
+
+
+__all__ = [
+    "ATTENTION_BLOCK_ELEMENTS",
+    "LAPLACE_MU",
+    "LAPLACE_SIGMA",
+    "Relu2Attention",
+    "SoftmaxAttention",
+    "flash_effective_weights",
+    "flash_mixed_chunk_attention",
+    "laplace_attention",
+    "relu2_attention",
+    "softmax_attention",
+]
