@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not inst
 
 def tensors(batch: int, n_q: int, n_k: int, s: int = 16, e: int = 24, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
-    make = lambda *shape: (torch.randn(*shape, generator=generator) * 0.5).requires_grad_()  # noqa: E731
+    make = lambda *shape: (torch.randn(*shape, generator=generator) * 0.5).requires_grad_()
     return make(batch, n_q, s), make(batch, n_k, s), make(batch, n_k, e)
 
 
@@ -105,7 +105,7 @@ def test_models_give_the_same_outputs_and_gradients_with_either_kernel(model_cla
 
 
 def test_triton_kernel_without_triton_is_one_clear_error(monkeypatch) -> None:
-    import hf_attn_variants.modeling_gau as modeling_gau
+    from hf_attn_variants import modeling_gau
 
     monkeypatch.setattr(modeling_gau, "TRITON_AVAILABLE", False)
     with pytest.raises(ImportError, match=r"gau_kernel='triton' needs the triton package"):

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 
 from .layers import upcast
 
-
 LAPLACE_MU = math.sqrt(0.5)
 LAPLACE_SIGMA = 1.0 / math.sqrt(4.0 * math.pi)
 

@@ -78,7 +78,6 @@ from .modeling_common import (
     residual_block,
 )
 
-
 RELU2_NORMALIZED_EPS = 1e-6
 TRUNCATED_NORMAL_GAIN = 1.13684723
 """1 / std of a standard normal truncated to ±2: bert4keras scales its truncated normal by it, so σ is the real std."""
@@ -146,13 +145,13 @@ class SoftmaxNormalization(GAUNormalization):
         return masked_softmax(scores if factor is None else scores * factor[:, None, :, None], mask)
 
     def attend(self, query, key, value, mask, key_counts, causal_offset, dropout, use_triton):
-        """The logit scale multiplies q (O(n·s), not the n×n logits). Bidirectional rows (and any row under
-        dropout) go through SDPA, causal ones through the blocked ``softmax_attention``, which skips the keys
-        after each query block: measured on the 2-core CPU (fwd+bwd, s = 128, e = 512), SDPA is 1.02–1.26×
-        faster bidirectionally and the blocked kernel 1.9× faster for causal rows at n = 8192."""
+        """The logit scale multiplies q (O(n·s), not the n×n logits); then the blocked ``softmax_attention``
+        (activation memory linear in n). Under attention dropout, which needs the probabilities, SDPA applies it
+        without returning them. Measured on the 2-core CPU, SDPA was no faster in the model (e ≠ s takes its math
+        path) and kept several n×n buffers: docs/gau.md."""
         factor = self.logit_factor(key_counts)
         query = query * (self.scaling if factor is None else (factor * self.scaling)[:, :, None])
-        if causal_offset is None or dropout > 0:
+        if dropout > 0:
             attended = F.scaled_dot_product_attention(
                 query[:, None], key[:, None], value[:, None], attn_mask=None if mask is None else mask[:, None],
                 dropout_p=dropout, scale=1.0,
@@ -588,7 +587,6 @@ class GAUForQuestionAnswering(QuestionAnsweringHeadMixin, GAUPreTrainedModel):
 __all__ = [
     "GAU_NORMALIZATIONS",
     "GAUChunkCacheLayer",
-    "GAUNormalization",
     "GAUForCausalLM",
     "GAUForMaskedLM",
     "GAUForQuestionAnswering",
@@ -596,6 +594,7 @@ __all__ = [
     "GAUForTokenClassification",
     "GAULayer",
     "GAUModel",
+    "GAUNormalization",
     "GAUPreTrainedModel",
     "GatedAttentionUnit",
     "gau_attention_weights",
