@@ -7,16 +7,19 @@ Task (synthetic, generated locally, 8 classes, majority class ≈ 19%): 32 token
     f₃ = more "low" tokens (ids < 26) than high ones
 Each feature needs [CLS] to aggregate a different token class over the whole sequence (attention).
 
-Steps: train → score heads on 512 training examples (Michel et al. 2019: Iₕ = Σₓ |∂L/∂ξₕ|) → three
+Steps: train → score heads on 512 training examples (Michel et al. 2019: Iₕ = Σₓ |∂L/∂ξₕ|) → four
 pruning curves to 100% of heads, 10% of the remaining heads per step: importance scored once (the paper),
-re-scored after every step, and random orders (baseline, mean of 3) → the paper's stop rule (90% of the unpruned
-accuracy) → the 50%-pruned model's accuracy and inference speedup at n = 512 (forward only, one run,
-medians of interleaved repetitions).
+re-scored after every step, random orders (baseline, mean of 3), and uniform (the same number of heads
+from every layer, max(1, round(10% of the heads per layer)) per step, the least important within each
+layer, scored once) → the paper's stop rule (90% of the unpruned accuracy), global and uniform → the
+50%-pruned model's accuracy and inference speedup at n = 512 (forward only, one run, medians of
+interleaved repetitions).
 
     python scripts/pruning_study.py                      # ≈ 15–30 min on a busy 2-core CPU
     python scripts/pruning_study.py --steps 200 --quick  # smoke run
 
-Writes runs/pruning_study/{trained/, results.json} and docs/pruning_curve.png, docs/pruning_importance.png.
+Writes runs/pruning_study/{trained/, uniform_stop_rule/, results.json} and docs/pruning_curve.png,
+docs/pruning_importance.png.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import argparse
 import copy
 import json
 import logging
+import os
 import platform
 import statistics
 import time
@@ -40,6 +44,7 @@ from hf_attn_variants.pruning import (
     count_heads,
     iterative_head_pruning,
     prune_heads,
+    restate_uniform_heads,
     write_curve,
 )
 from hf_attn_variants.pruning.iterative import select_heads
@@ -131,6 +136,7 @@ def main() -> None:
     parser.add_argument("--random_orders", type=int, default=3, help="random-order baselines to average")
     parser.add_argument("--quick", action="store_true", help="smaller evaluation sets (smoke run)")
     args = parser.parse_args()
+    run_start, load_at_start = time.perf_counter(), [round(v, 2) for v in os.getloadavg()]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     output, docs = Path(args.output_dir), Path(args.docs_dir)
     output.mkdir(parents=True, exist_ok=True)
@@ -178,13 +184,23 @@ def main() -> None:
                 relative_metric=statistics.mean(r.relative_metric for r in rows), newly_pruned={})
         for rows in zip(*random_curves)
     ]
-    for name, curve in zip(("once", "rescored", "random_mean"), curves.values()):
+    curves["uniform per layer, scored once"] = iterative_head_pruning(
+        copy.deepcopy(model), score_batches, metric, threshold=None, importance=importance, uniform=True)
+    for name, curve in zip(("once", "rescored", "random_mean", "uniform_once"), curves.values()):
         write_curve(curve, output / f"curve_{name}.csv")
     plot_pruning_curve(curves, docs / "pruning_curve.png", metric_name="accuracy", threshold=0.9,
                        title="Head pruning: entropy-invariant classifier, 4 layers × 8 heads")
 
     stopped_model = copy.deepcopy(model)
     stop_curve = iterative_head_pruning(stopped_model, score_batches, metric, threshold=0.9, importance=importance)
+    uniform_model = copy.deepcopy(model)
+    uniform_stop = iterative_head_pruning(uniform_model, score_batches, metric, threshold=0.9, importance=importance,
+                                          uniform=True)
+    uniform_pruned = {str(k): v for k, v in (uniform_model.config.pruned_heads or {}).items()}
+    restated = restate_uniform_heads(uniform_model)
+    uniform_model.save_pretrained(output / "uniform_stop_rule")  # plain config when restated
+    reloaded = EntropyInvariantForSequenceClassification.from_pretrained(output / "uniform_stop_rule").eval()
+    uniform_reloaded_accuracy = metric(reloaded)
 
     # The 50%-pruned model: the lowest-importance half of the heads (scored once), physically removed.
     half = copy.deepcopy(model)
@@ -198,7 +214,10 @@ def main() -> None:
     results = {
         "machine": {"cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
                     "transformers": transformers.__version__, "python": platform.python_version(),
-                    "processor": platform.processor() or platform.machine()},
+                    "processor": platform.processor() or platform.machine(),
+                    "load_average_at_start": load_at_start,
+                    "load_average_at_end": [round(v, 2) for v in os.getloadavg()]},
+        "total_seconds": round(time.perf_counter() - run_start, 1),
         "task": {"length": LENGTH, "classes": 8, "majority_class_accuracy": chance},
         "train_log": train_log,
         "baseline_accuracy": curves["importance, scored once"][0].metric,
@@ -211,6 +230,15 @@ def main() -> None:
                          else stop_curve[-1].heads_pruned,
                          "accuracy": [r.metric for r in stop_curve if r.accepted][-1],
                          "pruned_heads": {str(k): v for k, v in (stopped_model.config.pruned_heads or {}).items()}},
+        "stop_rule_90_uniform": {"heads_pruned": [r.heads_pruned for r in uniform_stop if r.accepted][-1],
+                                 "accuracy": [r.metric for r in uniform_stop if r.accepted][-1],
+                                 "rejected_step": ({"heads_pruned": uniform_stop[-1].heads_pruned,
+                                                    "accuracy": uniform_stop[-1].metric}
+                                                   if not uniform_stop[-1].accepted else None),
+                                 "pruned_heads": uniform_pruned, "restated": restated,
+                                 "num_attention_heads": uniform_model.config.num_attention_heads,
+                                 "head_dim": uniform_model.config.head_dim,
+                                 "reloaded_accuracy": uniform_reloaded_accuracy},
         "half": {"heads": count_heads(half), "accuracy": half_accuracy,
                  "pruned_heads": {str(k): v for k, v in half.config.pruned_heads.items()},
                  "parameters": parameters,
@@ -219,8 +247,10 @@ def main() -> None:
                             "speedup": seconds["unpruned"] / seconds["pruned_50"]}},
     }
     (output / "results.json").write_text(json.dumps(results, indent=1))
-    print(json.dumps({k: results[k] for k in ("baseline_accuracy", "stop_rule_90", "half")}, indent=1))
-    print("\n| heads pruned | % | scored once | re-scored | random (mean) |\n|---:|---:|---:|---:|---:|")
+    print(json.dumps({k: results[k] for k in ("baseline_accuracy", "stop_rule_90", "stop_rule_90_uniform", "half")},
+                     indent=1))
+    print("\n| heads pruned | % | scored once | re-scored | random (mean) | uniform |")
+    print("|---:|---:|---:|---:|---:|---:|")
     rows = {label: {r.heads_pruned: r.metric for r in curve} for label, curve in curves.items()}
     for pruned in sorted(set().union(*[set(r) for r in rows.values()])):
         cells = [f"{rows[label][pruned]:.3f}" if pruned in rows[label] else "" for label in curves]

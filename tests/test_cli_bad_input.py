@@ -408,6 +408,7 @@ ANY_VALUE: dict[str, dict[str, str]] = {
     "prune": {
         "--rescore": "a switch (store_true), takes no value",
         "--no_normalize_per_layer": "a switch (store_true), takes no value",
+        "--uniform": "a switch (store_true), takes no value; its bad combinations: tests/test_pruning_cli.py",
     },
     "bench": {
         "--quick": "a switch (store_true), takes no value",

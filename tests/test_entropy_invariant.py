@@ -66,6 +66,30 @@ def test_packed_sequences_without_a_mask_follow_their_positions() -> None:
     torch.testing.assert_close(together[:, 7:], properties.hidden(model, second, use_cache=False), atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("scale", ["entropy_invariant", "ssmax"])
+def test_given_positions_and_the_mask_give_the_same_real_tokens_with_left_padding_and_cache(scale: str) -> None:
+    """nᵢ from the caller's positions (``generate``'s cumsum(mask) − 1; they decide when given) equals nᵢ from
+    the mask on every real token, in a left-padded prefill and a cached step. No position embedding, so the
+    positions act only through nᵢ."""
+    model = tiny(EntropyInvariantForCausalLM, attention_scale=scale, position_embedding_type="none", base_length=4,
+                 entropy_min_length=1)
+    ids, step_ids = random_ids(3, 9), random_ids(3, 1, seed=5)
+    mask = torch.ones_like(ids)
+    mask[1, :3], mask[2, :6] = 0, 0
+    step_mask = torch.cat([mask, torch.ones_like(step_ids)], -1)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    outputs = {}
+    with torch.no_grad():
+        for given in (True, False):
+            prefill = model(ids, attention_mask=mask, use_cache=True, **({"position_ids": positions} if given else {}))
+            step_positions = {"position_ids": positions[:, -1:] + 1} if given else {}
+            step = model(step_ids, attention_mask=step_mask, past_key_values=prefill.past_key_values, **step_positions)
+            outputs[given] = (prefill.logits, step.logits)
+    real = mask.bool()
+    torch.testing.assert_close(outputs[True][0][real], outputs[False][0][real], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(outputs[True][1], outputs[False][1], atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("model_class", [EntropyInvariantModel, EntropyInvariantForCausalLM])
 def test_entropy_invariant_equals_standard_when_base_length_is_the_input_length(model_class) -> None:
     length = 11

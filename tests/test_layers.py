@@ -136,8 +136,10 @@ def test_position_derived_counts_equal_mask_derived_counts_on_real_tokens(paddin
     from_positions = visible_key_counts(None, **geometry, position_ids=positions)
     real = mask[:, past:].bool()
     assert torch.equal(from_positions[real], from_mask[real])
-    # With a mask the mask decides (a stock model's default positions 0, 1, … ignore left padding).
-    assert torch.equal(visible_key_counts(mask, **geometry, position_ids=positions * 0), from_mask)
+    # Given positions decide even next to a mask: on real tokens both agree.
+    both = visible_key_counts(mask, **geometry, position_ids=positions)
+    assert torch.equal(both[real], from_mask[real])
+    assert torch.equal(both, from_positions)
 
 
 def test_key_counts_reject_3d_masks() -> None:

@@ -31,10 +31,11 @@ from hf_attn_variants.pruning import (
     iterative_head_pruning,
     load_pruned,
     prune_heads,
+    restate_uniform_heads,
 )
 from tests.properties import assert_cache_matches_full_forward, assert_generate_matches_greedy_full_forward
 from tests.remote_code import RemoteCase, assert_remote_code_matches
-from tests.utils import random_ids, right_padded
+from tests.utils import one_thread, random_ids, right_padded  # noqa: F401 (one_thread: autouse fixture)
 
 HIDDEN, HEADS, LAYERS, HEAD_DIM, VOCAB, LENGTH = 32, 4, 3, 8, 97, 16
 KINDS = ["entropy_invariant", "synthesizer", "bert", "llama"]
@@ -45,16 +46,6 @@ ROUNDS = [{0: [0, 1, 2, 3], 1: [1]}, {1: [3], 2: [0, 1]}]
 
 # torch warns when v5's initialisation touches the zero-size weights of a layer without heads.
 pytestmark = pytest.mark.filterwarnings("ignore:Initializing zero-element tensors is a no-op")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread per test (restored afterwards): with the tiny models here, two OpenMP threads
-    on a shared 2-core CPU wait on each other's barriers — measured 50–80× slower under load."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def our_config(family: str, **overrides):
@@ -238,6 +229,15 @@ def test_pruned_checkpoints_of_our_families_load_with_remote_code_in_a_clean_env
         for heads in ROUNDS:
             prune_heads(model, heads)
         cases.append(RemoteCase(kind, model, "AutoModelForSequenceClassification", inputs()))
+        # uniformly pruned and restated (num_attention_heads=2, explicit head_dim, no pruned_heads): the exported
+        # configuration code reads head_dim on every supported Transformers release
+        _, classes = FAMILIES[kind]
+        torch.manual_seed(0)
+        uniform = classes["ForCausalLM"](our_config(kind, is_decoder=True)).eval()
+        prune_heads(uniform, {0: [0, 1], 1: [1, 3], 2: [0, 2]})
+        assert restate_uniform_heads(uniform) and uniform.config.num_attention_heads == 2
+        batch = {"input_ids": inputs()["input_ids"]}
+        cases.append(RemoteCase(f"{kind}-uniform", uniform, "AutoModelForCausalLM", batch))
     assert_remote_code_matches(cases, tmp_path)
 
 

@@ -1,4 +1,5 @@
-"""``hf-attn-variants prune`` end to end on local files: curve CSV/JSON, two PNGs and a reloadable pruned model."""
+"""``hf-attn-variants prune`` end to end on local files: curve CSV/JSON, two PNGs and a reloadable pruned model
+(``--uniform``: a plain config with the heads per layer as ``num_attention_heads``)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,19 @@ import random
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForSequenceClassification,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
 from hf_attn_variants import EntropyInvariantConfig, EntropyInvariantForSequenceClassification
 from hf_attn_variants.cli import main
-from hf_attn_variants.pruning import load_pruned
+from hf_attn_variants.pruning import count_heads, load_pruned, prune_heads
+from tests.utils import one_thread  # noqa: F401 (autouse fixture)
 
 WORDS = [f"w{i}" for i in range(20)]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread per test (tiny models; see tests/test_pruning.py), restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tokenizer() -> PreTrainedTokenizerFast:
@@ -111,3 +109,75 @@ def test_prune_command_is_listed_and_rejects_bad_files(tmp_path, capsys) -> None
                  "--output_dir", str(tmp_path / "out")])
     assert code == 2 and "--train_file: data files must end in one of" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def write_csv(path, rows) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["text", "label"])
+        writer.writerows(rows)
+
+
+def uniform_model_dir(tmp_path, pruned: dict[int, list[int]] | None = None):
+    """A tiny entropy-invariant classifier (absolute positions, 2 layers × 4 heads) and its tokenizer on disk."""
+    torch.manual_seed(0)
+    config = EntropyInvariantConfig(
+        vocab_size=len(WORDS) + 5, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        num_labels=2, max_position_embeddings=32, position_embedding_type="absolute",
+    )
+    model = EntropyInvariantForSequenceClassification(config)
+    if pruned:
+        prune_heads(model, pruned)
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    tokenizer().save_pretrained(model_dir)
+    return model_dir
+
+
+def test_prune_command_uniform_writes_a_plain_config(tmp_path) -> None:
+    model_dir, out, data = uniform_model_dir(tmp_path), tmp_path / "out", tmp_path / "train.csv"
+    write_csv(data, sentences(40))
+    code = main([
+        "prune", "--model_name_or_path", str(model_dir), "--train_file", str(data), "--output_dir", str(out),
+        "--threshold", "none", "--max_heads_pruned", "0.5", "--fraction", "0.25", "--batch_size", "8",
+        "--num_importance_examples", "8", "--uniform",
+    ])
+    assert code == 0
+    payload = json.loads((out / "curve.json").read_text())
+    meta = payload["metadata"]
+    assert meta["settings"]["uniform"] is True
+    assert [row["heads_pruned"] for row in payload["curve"]] == [0, 2, 4]  # one head per layer and step
+    assert all(sorted(len(h) for h in row["newly_pruned"].values()) == [1, 1] for row in payload["curve"][1:])
+    assert sorted(len(h) for h in meta["pruned_heads"].values()) == [2, 2]  # original numbers, in the curve
+    assert meta["restated_config"] == {"num_attention_heads": 2, "head_dim": 8}
+    saved = json.loads((out / "model" / "config.json").read_text())
+    assert saved["num_attention_heads"] == 2 and saved["head_dim"] == 8 and not saved.get("pruned_heads")
+    reloaded = AutoModelForSequenceClassification.from_pretrained(out / "model")
+    assert count_heads(reloaded) == (4, 4)
+
+
+def test_prune_command_uniform_rejects_bad_combinations(tmp_path, capsys) -> None:
+    data = tmp_path / "train.csv"
+    write_csv(data, sentences(20))
+
+    def run(model_dir, *flags: str) -> str:
+        capsys.readouterr()  # the progress bars of saving the model
+        code = main(["prune", "--model_name_or_path", str(model_dir), "--train_file", str(data),
+                     "--output_dir", str(tmp_path / "out"), "--uniform", *flags])
+        assert code == 2 and not (tmp_path / "out").exists()
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1
+        return err
+
+    with pytest.raises(SystemExit):
+        main(["prune", "--help"])
+    assert "--uniform" in capsys.readouterr().out
+    model_dir = uniform_model_dir(tmp_path / "plain")
+    assert "error: --uniform removes at least one head from each of the 2 layers" in run(
+        model_dir, "--max_heads_pruned", "1")
+    assert "--min_heads_per_layer must be below the model's 4 heads" in run(model_dir, "--min_heads_per_layer", "4")
+    model_dir = uniform_model_dir(tmp_path / "uneven", {0: [1]})
+    assert "error: --uniform needs the same number of heads in every layer" in run(model_dir)
+    model_dir = uniform_model_dir(tmp_path / "halved", {0: [0, 1], 1: [2, 3]})
+    assert "--min_heads_per_layer must be below the 2 heads each layer has now" in run(
+        model_dir, "--min_heads_per_layer", "2")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import torch
 from transformers import PreTrainedModel
 
@@ -52,3 +54,14 @@ def with_attn_implementation(model: PreTrainedModel, implementation: str) -> Pre
     """Switch the attention kernel of ``model`` in place (``eager`` / ``sdpa``) and return it."""
     model.set_attn_implementation(implementation)
     return model
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread per test (restored afterwards); import it into a test module to apply it there. With
+    tiny models, two OpenMP threads on a shared 2-core CPU wait on each other's barriers — measured 50–80×
+    slower under load."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

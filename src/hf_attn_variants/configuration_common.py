@@ -221,10 +221,15 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
     r"""Adds multi-head attention and a feed-forward block to ``AttnVariantConfig``.
 
     Args:
-        num_attention_heads: heads per layer before pruning; head size = hidden_size / num_attention_heads.
+        num_attention_heads: heads per layer before pruning; head size = ``head_dim``.
         intermediate_size: width of the feed-forward block.
         pruned_heads: ``{layer: [original head indices removed]}``, written by
             ``hf_attn_variants.pruning.prune_heads`` so that ``from_pretrained`` rebuilds the pruned shapes.
+        head_dim: size of one head, as Llama's field; ``None`` (the default) = hidden_size /
+            num_attention_heads, which must then divide evenly. Set explicitly by
+            ``hf_attn_variants.pruning.restate_uniform_heads``: a model pruned to the same k heads in every
+            layer is restated as ``num_attention_heads=k`` with the original ``head_dim`` (what vLLM reads).
+            Written to ``config.json`` only when set.
     """
 
     def __init__(
@@ -232,30 +237,50 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
         num_attention_heads: int = 12,
         intermediate_size: int = 3072,
         pruned_heads: dict | None = None,
+        head_dim: int | None = None,
         **kwargs: Any,
     ) -> None:
         self.num_attention_heads = num_attention_heads
         self.intermediate_size = intermediate_size
         self.pruned_heads = pruned_heads
+        self.head_dim = head_dim
         super().__init__(**kwargs)
 
     def check_fields(self) -> None:
         super().check_fields()
         check_int("num_attention_heads", self.num_attention_heads, 1)
         check_int("intermediate_size", self.intermediate_size, 1)
-        if self.hidden_size % self.num_attention_heads != 0:
+        check_int("head_dim", self.explicit_head_dim, 1, allow_none=True)
+        if self.explicit_head_dim is None and self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
-                f"({self.num_attention_heads})."
+                f"({self.num_attention_heads}), or head_dim must be given."
             )
         self.pruned_heads = normalize_pruned_heads(
             self.pruned_heads, num_layers=self.num_hidden_layers, num_heads=self.num_attention_heads
         )
 
     @property
+    def explicit_head_dim(self) -> int | None:
+        """The ``head_dim`` field as given (``None`` = derived from hidden_size / num_attention_heads)."""
+        return self.__dict__.get("head_dim")
+
+    @property
     def head_dim(self) -> int:
-        """Size of one head: hidden_size / num_attention_heads (unchanged by pruning)."""
-        return self.hidden_size // self.num_attention_heads
+        """Size of one head: the ``head_dim`` field, else hidden_size / num_attention_heads (unchanged by pruning)."""
+        explicit = self.explicit_head_dim
+        return self.hidden_size // self.num_attention_heads if explicit is None else explicit
+
+    @head_dim.setter
+    def head_dim(self, value: int | None) -> None:
+        self.__dict__["head_dim"] = value
+
+    def to_dict(self) -> dict[str, Any]:
+        """As ``PreTrainedConfig.to_dict``, without ``head_dim`` when it is derived (not set explicitly)."""
+        output = super().to_dict()
+        if output.get("head_dim", 0) is None:
+            del output["head_dim"]
+        return output
 
     def layer_heads(self, layer_idx: int) -> list[int]:
         """Original indices of the heads layer ``layer_idx`` keeps after pruning."""

@@ -195,15 +195,15 @@ def visible_key_counts(
     Under a causal mask the query at absolute position p = ``query_offset`` + i sees the non-padded
     keys at positions ≤ p. The 2D case costs O(batch · key_length): no n×n tensor is built.
 
-    ``position_ids`` ``(batch | 1, query_length)`` decide causal rows when there is no mask:
-    nᵢ = position_ids[i] + 1. That is the mask's count for every real token of a (left- or right-) padded batch,
-    with or without cache, whenever the positions number the real tokens 0, 1, … as ``generate`` does
-    (tested); without a mask it is what only positions can tell: serving engines pass positions but no mask,
-    and packed sequences restart them. A mask, when there is one, is exact (padding, packed sequences that
-    Transformers turned into a block mask, sliding windows), while a stock model's own default positions
-    (0, 1, … whatever the padding) are not, so the mask wins.
+    ``position_ids`` ``(batch | 1, query_length)``, when given, decide causal rows: nᵢ = position_ids[i] + 1,
+    mask or no mask. That is the mask's count for every real token of a (left- or right-) padded batch, with or
+    without cache, whenever the positions number the real tokens 0, 1, … as ``generate`` does (tested), and it
+    is what only positions can tell where there is no mask: serving engines (vLLM) pass all scheduled tokens
+    packed with their positions but no mask, and packed sequences restart them. Only padding rows differ
+    (their outputs are discarded). Callers pass positions only when they are the caller's own: a stock model
+    fills in 0, 1, … whatever the padding, so ``stock_attention`` passes them only where there is no mask.
     """
-    if causal and position_ids is not None and attention_mask is None:
+    if causal and position_ids is not None:
         counts = position_ids.to(device=device, dtype=dtype) + 1
         return counts.expand(batch_size, query_length) if counts.shape[0] == 1 else counts
     if attention_mask is not None and attention_mask.dim() == 4:

@@ -108,6 +108,8 @@ class AttnVariantPreTrainedModel(StandaloneCodeMixin, PreTrainedModel):
     supports_gradient_checkpointing = True
     _skip_keys_device_placement = ["past_key_values"]
     family_prefix: ClassVar[str] = ""
+    serving_limitation: ClassVar[str | None] = None
+    """Why a serving engine's paged softmax attention cannot run this family; ``None`` where it can."""
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -129,6 +131,23 @@ class AttnVariantPreTrainedModel(StandaloneCodeMixin, PreTrainedModel):
 
     def _init_family_weights(self, module: nn.Module) -> None:
         """Initialise parameters and buffers specific to a family (override in the family)."""
+
+    @classmethod
+    def is_backend_compatible(cls) -> bool:
+        """Whether an engine may swap this model's attention for its own kernels (``_supports_attention_backend``).
+
+        Serving engines that run Transformers models through the attention interface (vLLM's
+        ``model_impl="transformers"``, its only caller) ask this before building the model. A family whose
+        attention no softmax-over-cached-keys kernel computes (``serving_limitation``) refuses in one sentence
+        naming the reason and the alternative, instead of the engine's generic "not compatible".
+        """
+        if cls.serving_limitation is not None:
+            raise ValueError(
+                f"{cls.family_prefix} models cannot be served by vLLM (or another engine that replaces the attention of "
+                f"Transformers models with paged softmax kernels): {cls.serving_limitation} Generate with "
+                "Transformers instead (model.generate with its cache)."
+            )
+        return super().is_backend_compatible()
 
     @classmethod
     def family_auto_map(cls, config: AttnVariantConfig) -> dict[str, str]:
@@ -191,8 +210,8 @@ class AttnVariantBackbone:
         return build_norm(config.norm_type, config.hidden_size, config.layer_norm_eps, config.norm_elementwise_affine)
 
     def _rotary_dim(self, config: AttnVariantConfig) -> int:
-        """Size of the vectors RoPE rotates (the head size; GAU overrides with its key size)."""
-        return config.hidden_size // config.num_attention_heads
+        """Size of the vectors RoPE rotates (the head size ``config.head_dim``; GAU overrides with its key size)."""
+        return config.head_dim
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens

@@ -469,6 +469,11 @@ class GAUPreTrainedModel(AttnVariantPreTrainedModel):
     config_class = GAUConfig
     config: GAUConfig
     family_prefix = "GAU"
+    serving_limitation = (
+        "GAU attends with one gated head whose values are wider than its keys, normalised by default by relu² with a "
+        "per-row divisor (and with chunk_size through a linear-attention state carried across chunks), which a paged "
+        "multi-head softmax kernel with one head size does not compute."
+    )
     _no_split_modules: ClassVar[list[str]] = ["GAULayer"]
     _can_record_outputs: ClassVar[dict[str, type[nn.Module]]] = {
         "hidden_states": GAULayer,

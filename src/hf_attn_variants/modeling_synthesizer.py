@@ -404,6 +404,11 @@ class SynthesizerPreTrainedModel(AttnVariantPreTrainedModel):
     config_class = SynthesizerConfig
     config: SynthesizerConfig
     family_prefix = "Synthesizer"
+    serving_limitation = (
+        "the Synthesizer's attention weights are synthesized from each query token alone (dense) or learned per "
+        "absolute position (random), not computed from query-key dot products over cached keys, so a paged softmax "
+        "kernel cannot produce them."
+    )
     _no_split_modules: ClassVar[list[str]] = ["SynthesizerLayer"]
     _supports_sdpa = False
     _can_record_outputs: ClassVar[dict[str, type[nn.Module]]] = {

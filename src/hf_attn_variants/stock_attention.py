@@ -128,7 +128,9 @@ def stock_logit_factor(
         causal=causal,
         device=query.device,
         dtype=dtype,
-        position_ids=position_ids,
+        # The model fills in default positions 0, 1, … even for left padding, so where it built a mask the mask
+        # decides; without one (no padding, or a serving engine's packed tokens) the positions do.
+        position_ids=position_ids if attention_mask is None else None,
     )
     return entropy_invariant_factor(counts, base_length, min_length, scope)
 

@@ -11,6 +11,13 @@ pruned, with the unpruned baseline), ``head_importance.png`` (the initial import
 ``model/`` (the pruned model and its tokenizer; reload with ``hf_attn_variants.pruning.load_pruned``, or
 ``from_pretrained`` for this package's families).
 
+``--uniform`` removes the same number of heads from every layer at each step (Torch-Pruning's uniform
+mode), and before saving ``restate_uniform_heads`` gives the model a plain config (``num_attention_heads`` =
+heads per layer, ``head_dim``), so ``model/`` loads and serves (vLLM) like an unpruned model; where the
+config cannot state it (BERT-style, some grouped-query layouts) ``pruned_heads`` is kept and a warning says
+so. Without ``--uniform`` the config is never rewritten, even when the global ranking happens to leave
+every layer the same count: the saved ``pruned_heads`` then keeps the original head numbers.
+
 Numbers are checked by argparse (``type=``); the model, tokenizer, data and columns by ``prepare`` before
 anything is written. A bad value gives one error line naming its flag and exit status 2.
 """
@@ -43,9 +50,9 @@ from ..training.cli_utils import (
 from .adapters import get_adapter
 from .data import TASKS, accuracy_metric, build_batches, infer_task, load_rows, perplexity_metric
 from .importance import compute_head_importance
-from .iterative import iterative_head_pruning, write_curve
+from .iterative import head_budget, iterative_head_pruning, write_curve
 from .plotting import plot_head_importance, plot_pruning_curve
-from .prune import count_heads, load_pruned
+from .prune import count_heads, load_pruned, restate_uniform_heads
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +128,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min_heads_per_layer", type=argparse_type(_non_negative, int, "min_heads_per_layer"),
                         default=0, help="never take a layer below this many heads (less than its heads)")
     parser.add_argument("--rescore", action="store_true", help="recompute importance after every step")
+    parser.add_argument("--uniform", action="store_true",
+                        help="remove the same number of heads from every layer at each step (max(1, round(fraction "
+                             "× heads per layer)), the least important within each layer) instead of ranking all "
+                             "heads globally; the saved config then states num_attention_heads = heads per layer, "
+                             "so the model loads and serves (vLLM) like an unpruned one")
     parser.add_argument("--no_normalize_per_layer", action="store_true",
                         help="rank raw importance instead of per-layer ℓ2-normalised importance")
     parser.add_argument("--mlm_probability", type=argparse_type(_probability, float, "mlm_probability"),
@@ -176,6 +188,26 @@ def _load_tokenizer(args: argparse.Namespace) -> Any:
     return tokenizer
 
 
+def _check_uniform(args: argparse.Namespace, model: Any) -> None:
+    """``--uniform`` needs a model with the same head count in every layer and room for one uniform step
+    (one head from every layer) under ``--min_heads_per_layer`` and ``--max_heads_pruned``."""
+    adapter = get_adapter(model)
+    counts = adapter.alive().sum(-1).tolist()
+    if len(set(counts)) > 1:
+        raise FlagError("uniform", f"--uniform needs the same number of heads in every layer, but the model's "
+                                   f"layers have {counts} heads (pruned non-uniformly before); drop --uniform.")
+    if counts and args.min_heads_per_layer >= counts[0]:
+        raise FlagError("min_heads_per_layer", f"min_heads_per_layer must be below the {counts[0]} heads each "
+                                               "layer has now (else --uniform prunes nothing), got "
+                                               f"{args.min_heads_per_layer}.")
+    total = adapter.num_layers * adapter.num_heads
+    room = max(0, head_budget(args.max_heads_pruned, total) - (total - sum(counts)))
+    if room < adapter.num_layers:
+        raise FlagError("uniform", f"--uniform removes at least one head from each of the {adapter.num_layers} "
+                                   f"layers, but --max_heads_pruned {args.max_heads_pruned} leaves room for {room} "
+                                   "more; raise --max_heads_pruned or drop --uniform.")
+
+
 def _task(args: argparse.Namespace, model: Any) -> str:
     """``--task``, or the model's; ``FlagError`` when ``--task`` contradicts the model's head."""
     try:
@@ -201,6 +233,8 @@ def prepare(args: argparse.Namespace) -> PruneInputs:
     if args.min_heads_per_layer >= heads:
         raise FlagError("min_heads_per_layer", f"min_heads_per_layer must be below the model's {heads} heads per "
                                                f"layer (else no head can be pruned), got {args.min_heads_per_layer}.")
+    if args.uniform:
+        _check_uniform(args, model)
     task = _task(args, model)
     train_rows, eval_rows = _split(rows, args)
     train_rows = train_rows.select(range(min(len(train_rows), args.num_importance_examples)))
@@ -215,6 +249,18 @@ def prepare(args: argparse.Namespace) -> PruneInputs:
 
 def _as_json(importance: torch.Tensor) -> list[list[float | None]]:
     return [[None if math.isnan(v) else round(float(v), 6) for v in row] for row in importance.tolist()]
+
+
+def _restate(model: Any) -> dict[str, int] | None:
+    """``restate_uniform_heads`` before saving (``--uniform``): the new head fields, or None (with a warning)."""
+    if restate_uniform_heads(model):
+        fields = ("num_attention_heads", "num_key_value_heads", "head_dim")
+        return {name: getattr(model.config, name) for name in fields if getattr(model.config, name, None) is not None}
+    if model.config.pruned_heads:
+        logger.warning("%s's config cannot state the uniform pruning as a plain num_attention_heads (see "
+                       "restate_uniform_heads); it keeps pruned_heads: reload model/ with load_pruned.",
+                       type(model).__name__)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -244,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
         model, importance_batches, metric, fraction=args.fraction, threshold=args.threshold,
         max_heads_pruned=args.max_heads_pruned, rescore=args.rescore, higher_is_better=higher_is_better,
         importance=importance, normalize_per_layer=normalize, min_heads_per_layer=args.min_heads_per_layer,
+        uniform=args.uniform,
     )
     metadata = {
         "model": str(args.model_name_or_path), "model_class": type(model).__name__, "task": task,
@@ -253,6 +300,8 @@ def run(args: argparse.Namespace) -> int:
         "importance": _as_json(importance),
         "settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
     }
+    if args.uniform:
+        metadata["restated_config"] = _restate(model)
     write_curve(curve, output / "curve.csv", output / "curve.json", metadata)
     plot_pruning_curve(curve, output / "pruning_curve.png", metric_name=metric_name,
                        threshold=args.threshold, higher_is_better=higher_is_better,

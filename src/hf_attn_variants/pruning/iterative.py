@@ -7,6 +7,11 @@ applied physically if the metric stays at or above ``threshold`` × the unpruned
 returned is the last one that met the threshold, and the curve still shows the step that did not.
 With ``rescore=True`` importance is recomputed on the pruned model after every step (the paper scores
 once; re-scoring adapts to heads whose role changes once others are gone).
+
+With ``uniform=True`` every step removes the same number of heads from every layer, the least important
+ones *within* each layer — Torch-Pruning's uniform mode (``global_pruning=False``, one pruning ratio per
+layer) instead of the paper's global ranking — so every layer keeps the same head count, which serving
+engines such as vLLM need; ``prune.restate_uniform_heads`` then turns the pruned config into a plain one.
 """
 
 from __future__ import annotations
@@ -91,7 +96,7 @@ def read_curve(json_path: str | os.PathLike) -> list[PruningStep]:
     return rows
 
 
-def _budget(max_heads_pruned: int | float | None, total: int) -> int:  # noqa: PYI041 (int ≠ fraction)
+def head_budget(max_heads_pruned: int | float | None, total: int) -> int:  # noqa: PYI041 (int ≠ fraction)
     """Total number of heads that may be pruned: an int, a fraction in (0, 1] of all heads, or all."""
     if max_heads_pruned is None:
         return total
@@ -106,11 +111,51 @@ def _budget(max_heads_pruned: int | float | None, total: int) -> int:  # noqa: P
     return min(max_heads_pruned, total)
 
 
-def select_heads(importance: torch.Tensor, count: int, min_heads_per_layer: int = 0) -> dict[int, list[int]]:
+def uniform_head_count(alive: torch.Tensor) -> int:
+    """The number of heads every layer has (``alive``: boolean ``(num_layers, num_heads)``).
+
+    Raises ``ValueError`` naming ``uniform`` when the layers have different head counts (e.g. after global
+    pruning): uniform pruning would keep them different.
+    """
+    counts = alive.sum(-1).tolist()
+    if len(set(counts)) > 1:
+        raise ValueError(
+            f"uniform=True needs the same number of heads in every layer, but the layers have {counts} heads "
+            "(an earlier non-uniform pruning); prune it with uniform=False, or start from a uniform model."
+        )
+    return int(counts[0]) if counts else 0
+
+
+def _select_uniform(importance: torch.Tensor, per_layer: int, min_heads_per_layer: int) -> dict[int, list[int]]:
+    """``per_layer`` lowest-importance heads of every layer (ties by head index), or ``{}`` if a layer would
+    go below ``min_heads_per_layer`` — never a non-uniform choice."""
+    alive = ~torch.isnan(importance)
+    left = uniform_head_count(alive)
+    if per_layer <= 0 or left - per_layer < max(min_heads_per_layer, 0):
+        return {}
+    chosen: dict[int, list[int]] = {}
+    for layer in range(importance.shape[0]):
+        heads = alive[layer].nonzero().flatten().tolist()
+        order = sorted(heads, key=lambda head: (float(importance[layer, head]), head))
+        chosen[layer] = sorted(order[:per_layer])
+    return chosen
+
+
+def select_heads(
+    importance: torch.Tensor, count: int, min_heads_per_layer: int = 0, uniform: bool = False
+) -> dict[int, list[int]]:
     """The ``count`` lowest-importance heads (NaN = already pruned, skipped), keeping ≥ ``min_heads_per_layer``.
 
     Ties are broken by (layer, head) order so the choice is deterministic.
+
+    With ``uniform=True`` (Torch-Pruning's uniform mode, ``global_pruning=False``) ``count`` is the number of
+    heads taken from *every* layer: the ``count`` lowest-importance heads within each layer, ties by head
+    index. Every layer must have the same number of heads left (``ValueError`` naming ``uniform``
+    otherwise); when taking ``count`` would leave a layer below ``min_heads_per_layer`` nothing is chosen
+    (``{}``) rather than a non-uniform selection.
     """
+    if uniform:
+        return _select_uniform(importance, count, min_heads_per_layer)
     alive = ~torch.isnan(importance)
     left = alive.sum(-1).tolist()
     order = sorted(
@@ -128,6 +173,16 @@ def select_heads(importance: torch.Tensor, count: int, min_heads_per_layer: int 
     return {layer: sorted(heads) for layer, heads in sorted(chosen.items())}
 
 
+def uniform_step_size(per_layer: int, fraction: float, budget_left: int, num_layers: int,
+                      min_heads_per_layer: int) -> int:
+    """Heads to take from every layer in one uniform step: ``max(1, round(fraction × per_layer))``, capped so
+    the budget and ``min_heads_per_layer`` hold in every layer; 0 when not even one head per layer fits."""
+    if num_layers == 0:
+        return 0
+    wanted = max(1, round(fraction * per_layer))
+    return max(0, min(wanted, per_layer - min_heads_per_layer, budget_left // num_layers))
+
+
 def iterative_head_pruning(
     model: PreTrainedModel,
     importance_data: Iterable[Mapping[str, Any]] | None,
@@ -141,6 +196,7 @@ def iterative_head_pruning(
     importance: torch.Tensor | None = None,
     normalize_per_layer: bool = True,
     min_heads_per_layer: int = 0,
+    uniform: bool = False,
 ) -> list[PruningStep]:
     """Prune ``model`` in place step by step and return the curve (row 0 = unpruned).
 
@@ -161,6 +217,12 @@ def iterative_head_pruning(
             baseline); computed from ``importance_data`` otherwise.
         normalize_per_layer: passed to ``compute_head_importance``.
         min_heads_per_layer: never take a layer below this many heads.
+        uniform: remove the same number k = max(1, round(``fraction`` × heads per layer)) of heads from every
+            layer at each step, the least important within each layer (Torch-Pruning's uniform mode,
+            ``global_pruning=False``), instead of ranking all heads globally (the paper; the default). k is
+            capped so the budget and ``min_heads_per_layer`` hold in every layer; when not one head per layer
+            fits any more, the loop stops rather than go non-uniform. The model must have the same number of
+            heads in every layer (``ValueError`` naming ``uniform`` otherwise).
     """
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}.")
@@ -170,9 +232,13 @@ def iterative_head_pruning(
         raise ValueError("importance_data is required unless importance is given and rescore is False.")
     if rescore and iter(importance_data) is importance_data:
         raise TypeError("with rescore=True, importance_data must be re-iterable (a list or a DataLoader).")
+    if not isinstance(uniform, bool):
+        raise TypeError(f"uniform must be a bool, got {uniform!r}.")
     adapter = get_adapter(model)
     total = adapter.num_layers * adapter.num_heads
-    budget = _budget(max_heads_pruned, total)
+    budget = head_budget(max_heads_pruned, total)
+    if uniform:
+        uniform_head_count(adapter.alive())
 
     def relative(value: float) -> float:
         if higher_is_better:
@@ -200,8 +266,12 @@ def iterative_head_pruning(
                 scores = compute_head_importance(model, importance_data, normalize_per_layer=normalize_per_layer)
             scores = scores.clone()
             scores[~alive] = float("nan")
-            count = min(max(1, round(fraction * remaining)), budget - pruned_now, remaining)
-            chosen = select_heads(scores, count, min_heads_per_layer)
+            if uniform:
+                count = uniform_step_size(uniform_head_count(alive), fraction, budget - pruned_now,
+                                          adapter.num_layers, min_heads_per_layer)
+            else:
+                count = min(max(1, round(fraction * remaining)), budget - pruned_now, remaining)
+            chosen = select_heads(scores, count, min_heads_per_layer, uniform=uniform)
             if not chosen:
                 break
             mask = alive.float()
@@ -232,4 +302,13 @@ def iterative_head_pruning(
     return curve
 
 
-__all__ = ["PruningStep", "iterative_head_pruning", "read_curve", "select_heads", "write_curve"]
+__all__ = [
+    "PruningStep",
+    "head_budget",
+    "iterative_head_pruning",
+    "read_curve",
+    "select_heads",
+    "uniform_head_count",
+    "uniform_step_size",
+    "write_curve",
+]

@@ -10,20 +10,29 @@ Reloading: this project's families build every layer with ``config.layer_heads(i
 ``from_pretrained`` (and ``trust_remote_code=True`` without this package) rebuilds the pruned shapes. Stock
 Transformers configs have no per-layer head counts, so ``load_pruned`` builds the model class with the
 recorded pruning applied before the checkpoint's weights are loaded.
+
+Uniform pruning (the same number k of heads left in every layer, ``iterative_head_pruning(uniform=True)``):
+``restate_uniform_heads`` rewrites the config as an *unpruned* one with ``num_attention_heads = k`` and an
+explicit ``head_dim`` (and ``num_key_value_heads`` for Llama-style decoders), so the checkpoint loads
+like any unpruned model — plain ``from_pretrained``, ``trust_remote_code``, serving engines such as vLLM,
+which need one head count for all layers and read ``num_attention_heads``/``head_dim`` from ``config.json``.
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
 import os
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 import transformers
-from transformers import AutoConfig, PreTrainedModel
+from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
 
 from .. import FAMILIES
 from ..configuration_common import MultiHeadAttnVariantConfig
-from .adapters import HeadAdapter, get_adapter
+from .adapters import AttnVariantAdapter, DecoderAdapter, GatherHeads, HeadAdapter, get_adapter
 
 
 def check_heads_to_prune(adapter: HeadAdapter, heads: Any) -> dict[int, list[int]]:
@@ -83,6 +92,116 @@ def prune_heads(model: PreTrainedModel, heads: Mapping[int, list[int]]) -> PreTr
     return model
 
 
+def _uniform_fields(adapter: HeadAdapter, heads: int) -> dict[str, Any] | None:
+    """Config fields that state ``heads`` heads in every layer for ``adapter``'s model, or None if its config
+    cannot (BERT-style configs have no ``head_dim``; a Llama-style decoder needs the same key/value head count
+    in every layer and equal groups, i.e. no per-query gather)."""
+    if isinstance(adapter, AttnVariantAdapter):
+        return {"num_attention_heads": heads, "head_dim": adapter.head_dim}
+    if not isinstance(adapter, DecoderAdapter) or "head_dim" not in adapter.config.to_dict():
+        return None
+    kv_counts = set()
+    for attention in adapter.attentions:
+        hooks = itertools.chain(attention.k_proj._forward_hooks.values(), attention.v_proj._forward_hooks.values())
+        if any(isinstance(hook, GatherHeads) for hook in hooks):
+            return None
+        kv_counts.add(attention.k_proj.out_features // adapter.head_dim)
+    if len(kv_counts) != 1 or heads % next(iter(kv_counts)):
+        return None
+    return {"num_attention_heads": heads, "num_key_value_heads": kv_counts.pop(), "head_dim": adapter.head_dim}
+
+
+def _restated_config(config: PreTrainedConfig, fields: Mapping[str, Any]) -> PreTrainedConfig:
+    """A copy of ``config`` with ``fields`` set and no pruning recorded (``pruned_heads`` empty for this
+    package's configs, absent from stock ones, whose classes have no such field)."""
+    restated = copy.deepcopy(config)
+    for name, value in fields.items():
+        setattr(restated, name, value)
+    if isinstance(restated, MultiHeadAttnVariantConfig):
+        restated.pruned_heads = {}
+        restated.check_fields()
+    else:
+        restated.__dict__.pop("pruned_heads", None)
+    return restated
+
+
+PRIMITIVES = (int, float, bool, str, type(None))
+
+
+def _structure(model: torch.nn.Module) -> dict[str, Any]:
+    """What the shapes of a forward pass depend on: the shape of every parameter and buffer, and every public
+    plain-valued attribute of every submodule (``in_features``, ``num_heads``, ``head_dim``, a rotary
+    embedding's ``dim`` …; not ``training``)."""
+    structure: dict[str, Any] = {}
+    for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers()):
+        structure[name] = tuple(tensor.shape)
+    for name, module in model.named_modules():
+        for attribute, value in vars(module).items():
+            if attribute.startswith("_") or attribute == "training":
+                continue
+            plain = isinstance(value, PRIMITIVES) or (
+                isinstance(value, tuple) and all(isinstance(v, PRIMITIVES) for v in value)
+            )
+            if plain:
+                structure[f"{name}:{attribute}"] = value
+    return structure
+
+
+def _rebuilds_same_structure(model: PreTrainedModel, config: PreTrainedConfig) -> bool:
+    """Whether ``type(model)(config)``, built on the meta device (no memory), has ``model``'s structure: the
+    restated config must rebuild exactly the pruned model (e.g. a model class that derived the head size from
+    hidden_size / num_attention_heads instead of ``config.head_dim`` would not)."""
+    with torch.device("meta"):
+        fresh = type(model)(config)
+    return _structure(fresh) == _structure(model)
+
+
+def restate_uniform_heads(model: PreTrainedModel) -> bool:
+    """If every layer of a pruned ``model`` keeps the same number k ≥ 1 of heads, restate its config as an
+    unpruned model with k heads per layer; returns whether it did.
+
+    The rewritten config has ``num_attention_heads = k``, an explicit ``head_dim`` (the unchanged head size)
+    and no recorded pruning, so ``save_pretrained`` writes a checkpoint that loads like an unpruned one: plain
+    ``from_pretrained``, ``trust_remote_code=True``, and serving engines that need one head count for all
+    layers (vLLM reads ``num_attention_heads`` and ``head_dim`` from ``config.json``). This is what
+    Torch-Pruning's uniform mode (``global_pruning=False``) aims at. The weights are already sliced, so only
+    the bookkeeping changes: the heads are renumbered 0..k-1 (the original numbers are lost from the config;
+    keep ``config.pruned_heads`` before calling if you need them) and further pruning uses the new numbers.
+
+    Supported: this package's multi-head families (``entropy_invariant``, ``synthesizer``), and
+    Llama/Qwen2/Mistral-style decoders whose config has ``head_dim`` when the key/value head count is the
+    same in every layer and every kept key/value head serves the same number of queries (no per-query
+    gather; always the case without grouped-query attention) — then ``num_key_value_heads`` is restated
+    too. Not restated (returns False, the model and ``config.pruned_heads`` untouched — reload with
+    ``load_pruned`` as before): nothing pruned, unequal head counts, layers without heads (k = 0),
+    BERT-style encoders (their config has no ``head_dim``), grouped-query layouts the config cannot state,
+    and any model that, built from the restated config, would not have exactly the current parameter and
+    buffer shapes and layer sizes (checked on the meta device, so a checkpoint that would not rebuild the
+    pruned model is never written).
+    """
+    adapter = get_adapter(model)
+    if not adapter.pruned_heads():
+        return False
+    counts = {len(adapter.kept_heads(layer)) for layer in range(adapter.num_layers)}
+    if len(counts) != 1 or 0 in counts:
+        return False
+    fields = _uniform_fields(adapter, counts.pop())
+    if fields is None:
+        return False
+    configs: dict[int, PreTrainedConfig] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if isinstance(config, PreTrainedConfig) and id(config) not in configs:
+            configs[id(config)] = _restated_config(config, fields)
+    if not _rebuilds_same_structure(model, configs[id(model.config)]):
+        return False
+    for module in model.modules():  # private copies, as HeadAdapter.record: other models may share a config
+        config = getattr(module, "config", None)
+        if isinstance(config, PreTrainedConfig):
+            module.config = configs[id(config)]
+    return True
+
+
 def count_heads(model: PreTrainedModel) -> tuple[int, int]:
     """(heads the model still has, heads it had before any pruning)."""
     adapter = get_adapter(model)
@@ -140,4 +259,4 @@ def load_pruned(
     return model
 
 
-__all__ = ["check_heads_to_prune", "count_heads", "load_pruned", "prune_heads"]
+__all__ = ["check_heads_to_prune", "count_heads", "load_pruned", "prune_heads", "restate_uniform_heads"]

@@ -1,0 +1,78 @@
+"""Run inside the cached vLLM environment: serve saved folders with vLLM and write what it generated.
+
+    python vllm_child.py manifest.json results.json
+
+The models always load as remote code. This package is importable only where the manifest says
+``with_package`` (the test of its vLLM plugin puts it on ``PYTHONPATH``); otherwise the script refuses to run.
+The manifest lists ``models`` (``name``, ``folder``, ``expect``: ``"serve"`` or ``"refuse"``), ``prompts``
+(token ids) and ``max_tokens``. For a model to serve, the greedy tokens of every prompt (and their
+log-probabilities) are written; for one to refuse, the error message. Each model gets its own ``LLM``,
+deleted before the next. Settings: float32, eager, 256 MiB of KV cache, in-process engine.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+
+ENGINE_ARGS = {
+    "trust_remote_code": True,
+    "model_impl": "transformers",
+    "dtype": "float32",
+    "enforce_eager": True,
+    "kv_cache_memory_bytes": 256 * 2**20,
+    "max_model_len": 256,
+    "seed": 0,
+}
+
+
+def serve(folder: str, prompts: list[list[int]], max_tokens: int) -> dict:
+    """Greedy tokens and their log-probabilities for each prompt, with the engine's start time."""
+    start = time.perf_counter()
+    llm = LLM(model=folder, **ENGINE_ARGS)
+    started = time.perf_counter() - start
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    logprobs = [
+        [step[token].logprob for step, token in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)] for o in outputs
+    ]
+    del llm
+    gc.collect()
+    return {"tokens": tokens, "logprobs": logprobs, "engine_start_s": started}
+
+
+def refuse(folder: str) -> dict:
+    """The error vLLM raises for a model it must not serve (``None`` if it served it)."""
+    try:
+        llm = LLM(model=folder, **ENGINE_ARGS)
+    except Exception as error:  # noqa: BLE001 (the message is the result)
+        return {"error": f"{type(error).__name__}: {error}"}
+    del llm
+    gc.collect()
+    return {"error": None}
+
+
+def main(manifest_path: str, results_path: str) -> None:
+    manifest = json.loads(Path(manifest_path).read_text())
+    if importlib.util.find_spec("hf_attn_variants") is not None and not manifest.get("with_package"):
+        raise SystemExit("hf_attn_variants must not be importable in the vLLM environment")
+    results = {}
+    for model in manifest["models"]:
+        if model["expect"] == "serve":
+            results[model["name"]] = serve(model["folder"], manifest["prompts"], manifest["max_tokens"])
+        else:
+            results[model["name"]] = refuse(model["folder"])
+        print("done", model["name"], flush=True)
+    Path(results_path).write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
