@@ -40,6 +40,23 @@ BLOCK_M, BLOCK_N, BLOCK_E = 32, 32, 64
 if TRITON_AVAILABLE:
 
     @triton.jit
+    def _load_tile(PTR, b, stride_b, stride_n, rows, cols, n_rows, n_cols):
+        """The ``(rows, cols)`` tile of batch ``b`` of a ``(batch, n, width)`` tensor, 0 outside ``n_rows × n_cols``."""
+        return tl.load(PTR + b * stride_b + rows[:, None] * stride_n + cols[None, :],
+                       mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+
+    @triton.jit
+    def _store_tile(PTR, tile, b, stride_b, stride_n, rows, cols, n_rows, n_cols):
+        """Write ``tile`` to the ``(rows, cols)`` tile of batch ``b``, inside ``n_rows × n_cols`` only."""
+        tl.store(PTR + b * stride_b + rows[:, None] * stride_n + cols[None, :], tile,
+                 mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
+
+    @triton.jit
+    def _relu_scores(q, k):
+        """relu(q kᵀ) for a (query block, key block) tile, in full float32 precision."""
+        return tl.maximum(tl.dot(q, tl.trans(k), input_precision="ieee"), 0.0)
+
+    @triton.jit
     def _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, n_k, offset, chunk,
                  HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr, CHUNKED: tl.constexpr):
         """Which (query, key) pairs of a tile may attend."""
@@ -90,24 +107,20 @@ if TRITON_AVAILABLE:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_s = tl.arange(0, BLOCK_S)
         offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
-        q = tl.load(Q + b * stride_qb + offs_m[:, None] * stride_qn + offs_s[None, :],
-                    mask=(offs_m[:, None] < n_q) & (offs_s[None, :] < S), other=0.0)
+        q = _load_tile(Q, b, stride_qb, stride_qn, offs_m, offs_s, n_q, S)
         acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=Q.dtype.element_ty)
         lo, hi = _key_range(pid_m * BLOCK_M, tl.minimum((pid_m + 1) * BLOCK_M, n_q), n_k, offset, chunk,
                             CAUSAL, CHUNKED)
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            k = tl.load(K + b * stride_kb + offs_n[:, None] * stride_kn + offs_s[None, :],
-                        mask=(offs_n[:, None] < n_k) & (offs_s[None, :] < S), other=0.0)
-            r = tl.maximum(tl.dot(q, tl.trans(k), input_precision="ieee"), 0.0)
+            k = _load_tile(K, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
+            r = _relu_scores(q, k)
             visible = _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, hi, offset, chunk,
                                HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
             w = tl.where(visible, r * r, 0.0).to(V.dtype.element_ty)
-            v = tl.load(V + b * stride_vb + offs_n[:, None] * stride_vn + offs_e[None, :],
-                        mask=(offs_n[:, None] < n_k) & (offs_e[None, :] < E), other=0.0)
+            v = _load_tile(V, b, stride_vb, stride_vn, offs_n, offs_e, n_k, E)
             acc += tl.dot(w, v, input_precision="ieee")
-        tl.store(O + b * stride_ob + offs_m[:, None] * stride_on + offs_e[None, :], acc,
-                 mask=(offs_m[:, None] < n_q) & (offs_e[None, :] < E))
+        _store_tile(O, acc, b, stride_ob, stride_on, offs_m, offs_e, n_q, E)
 
     @triton.jit
     def _dp_tile(DO, V, b, offs_m, offs_n, stride_ob, stride_on, stride_vb, stride_vn, n_q, n_k, E,
@@ -116,10 +129,8 @@ if TRITON_AVAILABLE:
         dp = tl.zeros((BLOCK_M, BLOCK_N), dtype=DO.dtype.element_ty)
         for e0 in range(0, E, BLOCK_E):
             offs_e = e0 + tl.arange(0, BLOCK_E)
-            do = tl.load(DO + b * stride_ob + offs_m[:, None] * stride_on + offs_e[None, :],
-                         mask=(offs_m[:, None] < n_q) & (offs_e[None, :] < E), other=0.0)
-            v = tl.load(V + b * stride_vb + offs_n[:, None] * stride_vn + offs_e[None, :],
-                        mask=(offs_n[:, None] < n_k) & (offs_e[None, :] < E), other=0.0)
+            do = _load_tile(DO, b, stride_ob, stride_on, offs_m, offs_e, n_q, E)
+            v = _load_tile(V, b, stride_vb, stride_vn, offs_n, offs_e, n_k, E)
             dp += tl.dot(do, tl.trans(v), input_precision="ieee")
         return dp
 
@@ -132,24 +143,21 @@ if TRITON_AVAILABLE:
         pid_m, b = tl.program_id(0), tl.program_id(1)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_s = tl.arange(0, BLOCK_S)
-        q = tl.load(Q + b * stride_qb + offs_m[:, None] * stride_qn + offs_s[None, :],
-                    mask=(offs_m[:, None] < n_q) & (offs_s[None, :] < S), other=0.0)
+        q = _load_tile(Q, b, stride_qb, stride_qn, offs_m, offs_s, n_q, S)
         dq = tl.zeros((BLOCK_M, BLOCK_S), dtype=Q.dtype.element_ty)
         lo, hi = _key_range(pid_m * BLOCK_M, tl.minimum((pid_m + 1) * BLOCK_M, n_q), n_k, offset, chunk,
                             CAUSAL, CHUNKED)
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            k = tl.load(K + b * stride_kb + offs_n[:, None] * stride_kn + offs_s[None, :],
-                        mask=(offs_n[:, None] < n_k) & (offs_s[None, :] < S), other=0.0)
-            r = tl.maximum(tl.dot(q, tl.trans(k), input_precision="ieee"), 0.0)
+            k = _load_tile(K, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
+            r = _relu_scores(q, k)
             visible = _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, hi, offset, chunk,
                                HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
             dp = _dp_tile(DO, V, b, offs_m, offs_n, stride_ob, stride_on, stride_vb, stride_vn, n_q, n_k, E,
                           BLOCK_M, BLOCK_N, BLOCK_E)
             ds = tl.where(visible, 2.0 * r * dp, 0.0).to(K.dtype.element_ty)
             dq += tl.dot(ds, k, input_precision="ieee")
-        tl.store(DQ + b * stride_qb + offs_m[:, None] * stride_qn + offs_s[None, :], dq,
-                 mask=(offs_m[:, None] < n_q) & (offs_s[None, :] < S))
+        _store_tile(DQ, dq, b, stride_qb, stride_qn, offs_m, offs_s, n_q, S)
 
     @triton.jit
     def _grad_key_kernel(Q, K, V, M, KM, DO, DK, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb,
@@ -160,24 +168,21 @@ if TRITON_AVAILABLE:
         pid_n, b = tl.program_id(0), tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_s = tl.arange(0, BLOCK_S)
-        k = tl.load(K + b * stride_kb + offs_n[:, None] * stride_kn + offs_s[None, :],
-                    mask=(offs_n[:, None] < n_k) & (offs_s[None, :] < S), other=0.0)
+        k = _load_tile(K, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
         dk = tl.zeros((BLOCK_N, BLOCK_S), dtype=K.dtype.element_ty)
         lo, hi = _query_range(pid_n * BLOCK_N, tl.minimum((pid_n + 1) * BLOCK_N, n_k), n_q, offset, chunk,
                               CAUSAL, CHUNKED)
         for start in range(lo, hi, BLOCK_M):
             offs_m = start + tl.arange(0, BLOCK_M)
-            q = tl.load(Q + b * stride_qb + offs_m[:, None] * stride_qn + offs_s[None, :],
-                        mask=(offs_m[:, None] < hi) & (offs_s[None, :] < S), other=0.0)
-            r = tl.maximum(tl.dot(q, tl.trans(k), input_precision="ieee"), 0.0)
+            q = _load_tile(Q, b, stride_qb, stride_qn, offs_m, offs_s, hi, S)
+            r = _relu_scores(q, k)
             visible = _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, hi, n_k, offset, chunk,
                                HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
             dp = _dp_tile(DO, V, b, offs_m, offs_n, stride_ob, stride_on, stride_vb, stride_vn, hi, n_k, E,
                           BLOCK_M, BLOCK_N, BLOCK_E)
             ds = tl.where(visible, 2.0 * r * dp, 0.0).to(Q.dtype.element_ty)
             dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
-        tl.store(DK + b * stride_kb + offs_n[:, None] * stride_kn + offs_s[None, :], dk,
-                 mask=(offs_n[:, None] < n_k) & (offs_s[None, :] < S))
+        _store_tile(DK, dk, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
 
     @triton.jit
     def _grad_value_kernel(Q, K, M, KM, DO, DV, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
@@ -189,24 +194,20 @@ if TRITON_AVAILABLE:
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_s = tl.arange(0, BLOCK_S)
         offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
-        k = tl.load(K + b * stride_kb + offs_n[:, None] * stride_kn + offs_s[None, :],
-                    mask=(offs_n[:, None] < n_k) & (offs_s[None, :] < S), other=0.0)
+        k = _load_tile(K, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
         dv = tl.zeros((BLOCK_N, BLOCK_E), dtype=DO.dtype.element_ty)
         lo, hi = _query_range(pid_n * BLOCK_N, tl.minimum((pid_n + 1) * BLOCK_N, n_k), n_q, offset, chunk,
                               CAUSAL, CHUNKED)
         for start in range(lo, hi, BLOCK_M):
             offs_m = start + tl.arange(0, BLOCK_M)
-            q = tl.load(Q + b * stride_qb + offs_m[:, None] * stride_qn + offs_s[None, :],
-                        mask=(offs_m[:, None] < hi) & (offs_s[None, :] < S), other=0.0)
-            r = tl.maximum(tl.dot(q, tl.trans(k), input_precision="ieee"), 0.0)
+            q = _load_tile(Q, b, stride_qb, stride_qn, offs_m, offs_s, hi, S)
+            r = _relu_scores(q, k)
             visible = _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, hi, n_k, offset, chunk,
                                HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
             w = tl.where(visible, r * r, 0.0).to(DO.dtype.element_ty)
-            do = tl.load(DO + b * stride_ob + offs_m[:, None] * stride_on + offs_e[None, :],
-                         mask=(offs_m[:, None] < hi) & (offs_e[None, :] < E), other=0.0)
+            do = _load_tile(DO, b, stride_ob, stride_on, offs_m, offs_e, hi, E)
             dv += tl.dot(tl.trans(w), do, input_precision="ieee")
-        tl.store(DV + b * stride_vb + offs_n[:, None] * stride_vn + offs_e[None, :], dv,
-                 mask=(offs_n[:, None] < n_k) & (offs_e[None, :] < E))
+        _store_tile(DV, dv, b, stride_vb, stride_vn, offs_n, offs_e, n_k, E)
 
 
 def _launch_arguments(
@@ -215,18 +216,17 @@ def _launch_arguments(
     value: torch.Tensor,
     mask: torch.Tensor | None,
     key_mask: torch.Tensor | None,
-    offset: int,
+    causal_offset: int | None,
     chunk: int | None,
-    causal: bool,
 ) -> tuple[list[Any], dict[str, Any]]:
     """The shape/stride arguments and the constexpr switches shared by the four kernels."""
     dense = mask if mask is not None else query.new_zeros(1, 1, dtype=torch.int8)
     keys = key_mask if key_mask is not None else query.new_zeros(1, 1, dtype=torch.int8)
     strides = [query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
                dense.stride(0), dense.stride(1), keys.stride(0)]
-    sizes = [query.shape[1], key.shape[1], query.shape[2], value.shape[2], int(offset), int(chunk or 1)]
+    sizes = [query.shape[1], key.shape[1], query.shape[2], value.shape[2], int(causal_offset or 0), int(chunk or 1)]
     switches = {
-        "HAS_MASK": mask is not None, "HAS_KEY_MASK": key_mask is not None, "CAUSAL": causal,
+        "HAS_MASK": mask is not None, "HAS_KEY_MASK": key_mask is not None, "CAUSAL": causal_offset is not None,
         "CHUNKED": chunk is not None, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
         "BLOCK_S": max(16, triton.next_power_of_2(query.shape[2])), "BLOCK_E": BLOCK_E,
     }
@@ -250,10 +250,7 @@ class TritonRelu2Attention(torch.autograd.Function):
         query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
         mask = None if mask is None else mask.to(torch.int8).contiguous()
         key_mask = None if key_mask is None else key_mask.to(torch.int8).contiguous()
-        causal = causal_offset is not None
-        (dense, keys, strides, sizes), switches = _launch_arguments(
-            query, key, value, mask, key_mask, causal_offset or 0, chunk, causal
-        )
+        (dense, keys, strides, sizes), switches = _launch_arguments(query, key, value, mask, key_mask, causal_offset, chunk)
         batch, n_q, width = query.shape[0], query.shape[1], value.shape[2]
         output = torch.empty(batch, n_q, width, device=query.device, dtype=value.dtype)
         grid = (triton.cdiv(n_q, BLOCK_M), triton.cdiv(width, BLOCK_E), batch)
@@ -267,9 +264,8 @@ class TritonRelu2Attention(torch.autograd.Function):
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         query, key, value, mask, key_mask = ctx.saved_tensors
         grad_output = grad_output.contiguous()
-        causal = ctx.causal_offset is not None
         (dense, keys, strides, sizes), switches = _launch_arguments(
-            query, key, value, mask, key_mask, ctx.causal_offset or 0, ctx.chunk, causal
+            query, key, value, mask, key_mask, ctx.causal_offset, ctx.chunk
         )
         batch, n_q, n_k, width = query.shape[0], query.shape[1], key.shape[1], value.shape[2]
         grad_query, grad_key, grad_value = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
