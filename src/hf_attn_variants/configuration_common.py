@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
@@ -87,12 +87,27 @@ class StandaloneCodeMixin:
 
     standalone_code_writer = None
 
+    @classmethod
+    def code_class(cls) -> type:
+        """The class whose module holds this object's code: ``cls`` itself, or for a subclass made at run time
+        (FSDP2's ``fully_shard`` turns a model's class into one defined in torch) its first base from this
+        package."""
+        package = StandaloneCodeMixin.__module__.rpartition(".")[0]
+        return next(base for base in cls.__mro__ if base.__module__.rpartition(".")[0] == package)
+
     def save_pretrained(self, save_directory: Any, *args: Any, push_to_hub: bool = False, **kwargs: Any) -> Any:
         writer = type(self).standalone_code_writer
         if writer is None or self._auto_class is None:
             return super().save_pretrained(save_directory, *args, push_to_hub=push_to_hub, **kwargs)
         hub = {name: kwargs.pop(name) for name in HUB_ARGUMENTS if name in kwargs}
-        result = super().save_pretrained(save_directory, *args, **kwargs)
+        run_time_class = type(self) is not self.code_class()
+        if run_time_class:  # Transformers would copy torch's module as the code; the writer alone writes ours
+            type(self)._auto_class = None
+        try:
+            result = super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            if run_time_class:
+                del type(self)._auto_class
         writer(save_directory, self)
         if push_to_hub:  # upload only after the code was rewritten
             self.push_to_hub(hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory))), **hub)
@@ -131,6 +146,17 @@ class AttnVariantConfig(StandaloneCodeMixin, PreTrainedConfig):
     ``min_transformers_version`` (read-only, written to ``config.json``) is the oldest Transformers release
     the model code supports.
     """
+
+    # Pipeline parallelism (Transformers' DistributedConfig(pp_size=…)): stages split ``layers``; the first embeds,
+    # the last applies the final norm (and the head's ``_pp_plan``). Tensor-parallel plans are per family.
+    base_model_pp_plan: ClassVar[dict[str, tuple[list[str], list[str]]]] = {
+        "embed_tokens": (["input_ids"], ["inputs_embeds"]),
+        "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+        "norm": (["hidden_states"], ["hidden_states"]),
+    }
+    # FSDP2: each layer its own group; the embeddings and the LM head stay in the root group together, so a tied
+    # pair is one parameter of one group (see ``_HeadMixin._tie_before_fsdp``).
+    base_model_fsdp_plan: ClassVar[dict[str, str]] = {"layers.*": "free_full_weight", "norm": "keep_full_weight"}
 
     def __init__(
         self,
@@ -231,6 +257,19 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
             layer is restated as ``num_attention_heads=k`` with the original ``head_dim`` (what vLLM reads).
             Written to ``config.json`` only when set.
     """
+
+    # Tensor parallelism (Megatron-LM's split): each rank owns whole heads — their q/k/v rows, o columns and every
+    # per-head tensor (SSMax's scale; the Synthesizer's dense W₁/W₂, R, R₁/R₂) through "local_shard"
+    # (hf_attn_variants.tensor_parallel) — and a slice of the feed-forward.
+    base_model_tp_plan: ClassVar[dict[str, str]] = {
+        "layers.*.self_attn.q_proj": "colwise",
+        "layers.*.self_attn.k_proj": "colwise",
+        "layers.*.self_attn.v_proj": "colwise",
+        "layers.*.self_attn.o_proj": "rowwise",
+        "layers.*.self_attn": "local_shard",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+    }
 
     def __init__(
         self,

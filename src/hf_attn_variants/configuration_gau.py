@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from .configuration_common import AttnVariantConfig, check_choice, check_float, check_int, renamed_field
 
@@ -90,6 +90,14 @@ class GAUConfig(AttnVariantConfig):
     """
 
     model_type = "gau"
+    # Tensor parallelism: GAU has one head, so ranks split its expansion width e — each keeps its slice of u and
+    # v ("colwise_gather_partial" gathers in_proj's output; z, the shared base of q and k, stays whole on every
+    # rank) and the matching input columns of out_proj. See hf_attn_variants.tensor_parallel and docs/scaling.md.
+    base_model_tp_plan: ClassVar[dict[str, str]] = {
+        "layers.*.gau.in_proj": "colwise_gather_partial",
+        "layers.*.gau.out_proj": "rowwise",
+        "layers.*.gau": "local_shard",
+    }
 
     def __init__(
         self,

@@ -3,7 +3,7 @@
 Everything here is written once and used by ``modeling_entropy_invariant``, ``modeling_gau`` and
 ``modeling_synthesizer``: rotary position embeddings, the norms, the per-row key count nᵢ, the
 entropy-invariant factor, boolean attention masks, an eager attention kernel that never returns NaN
-and the bookkeeping of pruned heads.
+and the bookkeeping and slicing of pruned heads.
 
 Model code: imports nothing but ``torch`` and the standard library (``hf_attn_variants.standalone``
 inlines what a family uses into its exported files).
@@ -357,6 +357,26 @@ def eager_attention_forward(
 # --------------------------------------------------------------------------------------------------
 # Pruned-head bookkeeping
 # --------------------------------------------------------------------------------------------------
+def check_head_indices(
+    heads: Iterable[int], num_heads: int, *, what: str, layer: int | None = None
+) -> list[int]:
+    """``sorted(int(h) for h in heads)``, after checking that 0 ≤ h < ``num_heads`` and no h repeats.
+
+    Raises ``ValueError`` naming ``what`` (the argument the heads came from) and ``layer`` if given:
+    "{what}: heads [..] (of layer l) are out of range [0, num_heads)." or
+    "{what}(: layer l) lists a head twice: [..].".
+    """
+    heads = [int(h) for h in heads]
+    bad = [h for h in heads if not 0 <= h < num_heads]
+    if bad:
+        where = "" if layer is None else f" of layer {layer}"
+        raise ValueError(f"{what}: heads {bad}{where} are out of range [0, {num_heads}).")
+    if len(set(heads)) != len(heads):
+        subject = what if layer is None else f"{what}: layer {layer}"
+        raise ValueError(f"{subject} lists a head twice: {heads}.")
+    return sorted(heads)
+
+
 def normalize_pruned_heads(
     pruned_heads: Mapping[int | str, Iterable[int]] | None, *, num_layers: int, num_heads: int
 ) -> dict[int, list[int]]:
@@ -377,14 +397,9 @@ def normalize_pruned_heads(
             raise ValueError(f"pruned_heads keys must be layer indices, got {layer_key!r}.") from None
         if not 0 <= layer < num_layers:
             raise ValueError(f"pruned_heads: layer {layer} is out of range [0, {num_layers}).")
-        heads = [int(h) for h in heads]
-        bad = [h for h in heads if not 0 <= h < num_heads]
-        if bad:
-            raise ValueError(f"pruned_heads: heads {bad} of layer {layer} are out of range [0, {num_heads}).")
-        if len(set(heads)) != len(heads):
-            raise ValueError(f"pruned_heads: layer {layer} lists a head twice: {heads}.")
+        heads = check_head_indices(heads, num_heads, what="pruned_heads", layer=layer)
         if heads:
-            result[layer] = sorted(heads)
+            result[layer] = heads
     return dict(sorted(result.items()))
 
 
@@ -392,6 +407,78 @@ def kept_heads(pruned_heads: Mapping[int, list[int]], layer_idx: int, num_heads:
     """Original indices of the heads that layer ``layer_idx`` still has."""
     removed = set(pruned_heads.get(layer_idx, ()))
     return [h for h in range(num_heads) if h not in removed]
+
+
+def head_rows(heads: Iterable[int], head_dim: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Rows h·d, h·d + 1 … h·d + d − 1 (d = ``head_dim``) of every head h in ``heads``, in that order.
+
+    The features of those heads in a head-major projection (one block of d per head), as a long tensor
+    of length len(heads)·d: rows of q/k/v projections, columns of the output projection.
+    """
+    index = torch.tensor([int(h) for h in heads], dtype=torch.long, device=device)
+    return (index[:, None] * head_dim + torch.arange(head_dim, device=device)).reshape(-1)
+
+
+def slice_head_tensor(module: nn.Module, name: str, index: torch.Tensor, dim: int = 0) -> None:
+    """Replace parameter or buffer ``name`` of ``module`` by a copy of ``tensor.index_select(dim, index)``.
+
+    A parameter stays a parameter with its ``requires_grad``; a buffer is registered again as a persistent
+    buffer; ``None`` (an optional tensor the module does not use) is left alone. Works on meta tensors.
+    """
+    tensor = getattr(module, name)
+    if tensor is None:
+        return
+    data = tensor.data.index_select(dim, index.to(tensor.device)).clone()
+    if isinstance(tensor, nn.Parameter):
+        setattr(module, name, nn.Parameter(data, requires_grad=tensor.requires_grad))
+    else:
+        module.register_buffer(name, data, persistent=True)
+
+
+def slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> None:
+    """Keep output features ``index`` (``dim=0``: rows of W and entries of b) or input features ``index``
+    (``dim=1``: columns of W) of ``linear``, in place; ``out_features`` / ``in_features`` = len(index)."""
+    slice_head_tensor(linear, "weight", index, dim)
+    if dim == 0:
+        slice_head_tensor(linear, "bias", index, 0)
+        linear.out_features = index.numel()
+    else:
+        linear.in_features = index.numel()
+
+
+def headless_attention_output(
+    hidden_states: torch.Tensor,
+    output_projection: nn.Module | None,
+    cache: Any,
+    layer_idx: int,
+    query_offset: int | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(output, weights)`` of an attention layer whose heads were all pruned.
+
+    output = ``output_projection`` applied to the empty ``(batch, seq, 0)`` context, i.e. its bias (zeros
+    without bias) at every position; with ``output_projection=None``, the empty context itself (for layouts
+    whose output projection is another module). weights = an empty ``(batch, 0, seq, k)`` tensor, so
+    ``output_attentions`` keeps one entry per layer; k = seq without ``cache``.
+
+    With a ``cache``, a one-channel placeholder ``ones(batch, 1, seq, 1)`` is stored as keys and values of
+    layer ``layer_idx`` and k is the number of keys the cache then holds for it: caches derive their length
+    from a layer's keys (layer 0 by default; Transformers 5.0's static cache counts the non-zero ones), so a
+    layer that stored nothing would break the positions of every later token. It is stored with
+    ``update_cache`` at positions ``query_offset`` … when ``query_offset`` is given, else with a plain
+    ``cache.update(placeholder, placeholder, layer_idx)`` (stock attention layers, which know no offset).
+    """
+    batch_size, seq_length = hidden_states.shape[:2]
+    key_length = seq_length
+    if cache is not None:
+        placeholder = hidden_states.new_ones(batch_size, 1, seq_length, 1)
+        if query_offset is None:
+            keys = cache.update(placeholder, placeholder, layer_idx)[0]
+        else:
+            keys = update_cache(cache, placeholder, placeholder, layer_idx, query_offset)[0]
+        key_length = keys.shape[2]
+    context = hidden_states.new_zeros(batch_size, seq_length, 0)
+    output = context if output_projection is None else output_projection(context)
+    return output, hidden_states.new_zeros(batch_size, 0, seq_length, key_length)
 
 
 __all__ = [
@@ -404,16 +491,21 @@ __all__ = [
     "apply_rotary",
     "boolean_attention_mask",
     "build_norm",
+    "check_head_indices",
     "compute_dtype",
     "default_position_ids",
     "eager_attention_forward",
     "entropy_invariant_factor",
+    "head_rows",
+    "headless_attention_output",
     "kept_heads",
     "llama4_attention_temperature",
     "log_key_counts",
     "masked_softmax",
     "normalize_pruned_heads",
     "rotate_half",
+    "slice_head_tensor",
+    "slice_linear",
     "upcast",
     "update_cache",
     "visible_key_counts",

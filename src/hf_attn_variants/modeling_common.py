@@ -21,6 +21,8 @@ Model code: imports only torch, transformers and the standard library (see ``hf_
 from __future__ import annotations
 
 import copy
+import itertools
+import re
 import sys
 from typing import Any, ClassVar
 
@@ -149,11 +151,35 @@ class AttnVariantPreTrainedModel(StandaloneCodeMixin, PreTrainedModel):
             )
         return super().is_backend_compatible()
 
+    def init_parallel_plans(self) -> None:
+        """Transformers' parallel plans (``base_model_tp_plan`` + the head's ``_tp_plan``, …), less the tensor-parallel
+        rules that name nothing this configuration builds — the Synthesizer's q/k projections exist only with
+        ``vanilla`` — so every rule of ``model.tp_plan`` applies (Transformers' ``test_tp_plan_matches_params``)."""
+        super().init_parallel_plans()
+        names = {
+            re.sub(r"\.\d+(\.|$)", r".*\1", name)  # layer numbers as wildcards, as the plans write them
+            for name, _ in itertools.chain(self.named_modules(), self.named_parameters())
+        }
+        self._tp_plan = {rule: style for rule, style in self._tp_plan.items() if rule in names}
+
+    def gather_sharded_state_dict_for_save(self, model_to_save: Any, state_dict: dict, *args: Any, **kwargs: Any) -> dict:
+        """Transformers' gather of a sharded model's weights for ``save_pretrained``, with each tied name pointing at
+        its source's tensor again (``all_tied_weights_keys``: target → source).
+
+        The gather (FSDP2's full state dict, TP's ``full_tensor`` per key) returns a separate tensor per name of a
+        tied parameter, and the tie removal before writing finds ties by storage: the tied LM head would be
+        written as a second copy of the embedding."""
+        gathered = super().gather_sharded_state_dict_for_save(model_to_save, state_dict, *args, **kwargs)
+        for target, source in (getattr(model_to_save, "all_tied_weights_keys", None) or {}).items():
+            if target in gathered and source in gathered:
+                gathered[target] = gathered[source]
+        return gathered
+
     @classmethod
     def family_auto_map(cls, config: AttnVariantConfig) -> dict[str, str]:
         """``auto_map`` entries for AutoConfig and every auto class the family's module defines."""
-        module = sys.modules[cls.__module__]
-        module_name = cls.__module__.rsplit(".", 1)[-1]
+        module = sys.modules[cls.code_class().__module__]
+        module_name = module.__name__.rsplit(".", 1)[-1]
         config_module = type(config).__module__.rsplit(".", 1)[-1]
         auto_map = {"AutoConfig": f"{config_module}.{type(config).__name__}"}
         for auto_class, suffix in AUTO_CLASS_SUFFIXES.items():
@@ -215,6 +241,12 @@ class AttnVariantBackbone:
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
+
+    def _receives_pipeline_hidden_states(self) -> bool:
+        """Whether this is a later stage of Transformers' pipeline parallelism (``base_model_pp_plan``): it does not
+        own layer 0 (replaced by a ``PipelineIdentityLayer``) and gets the previous stage's hidden states as
+        ``inputs_embeds``, which must not be embedded (positions, embedding norm, dropout) a second time."""
+        return type(self.layers[0]).__name__ == "PipelineIdentityLayer"
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
@@ -292,9 +324,10 @@ class AttnVariantBackbone:
             position_ids = default_position_ids(batch_size, seq_length, past_length, inputs_embeds.device)
 
         hidden_states = inputs_embeds
-        if self.embed_positions is not None:
-            hidden_states = hidden_states + self.embed_positions(position_ids)
-        hidden_states = self.dropout(self.embed_norm(hidden_states))
+        if not self._receives_pipeline_hidden_states():
+            if self.embed_positions is not None:
+                hidden_states = hidden_states + self.embed_positions(position_ids)
+            hidden_states = self.dropout(self.embed_norm(hidden_states))
         position_embeddings = (
             self.rotary_emb(position_ids, hidden_states.dtype) if self.rotary_emb is not None else None
         )
@@ -332,6 +365,29 @@ class _HeadMixin:
         self.model = self.base_model_class(config)
         return config
 
+    def _tie_before_fsdp(self, config: AttnVariantConfig) -> None:
+        """Tie ``lm_head`` to ``embed_tokens`` at construction when FSDP2 alone will shard the model.
+
+        Transformers (5.23) ties them only after ``fully_shard``, when FSDP2 already manages them as two
+        parameters: the head then keeps its initial weights after the first optimizer step (a stock tied Llama
+        too; docs/scaling.md). Tied first, they are one parameter of one FSDP group — the root, since the
+        families' FSDP plan wraps neither module alone. Tensor parallelism alone ties correctly afterwards (its plan
+        shards each module's own ``weight``, so it cannot start tied); with FSDP as well it is refused.
+        """
+        distributed = getattr(config, "distributed_config", None)
+        if not config.tie_word_embeddings or distributed is None:
+            return
+        data_parallel = (getattr(distributed, "fsdp_size", None) or 1) * (getattr(distributed, "dp_replicate_size", None) or 1)
+        tensor_parallel = getattr(distributed, "tp_size", None) or 1
+        if data_parallel > 1 and tensor_parallel > 1:
+            raise ValueError(
+                f"tie_word_embeddings=True cannot be trained with tensor parallelism and FSDP together (tp_size="
+                f"{tensor_parallel}, fsdp × replicas = {data_parallel}): Transformers ties the LM head after sharding, "
+                "and FSDP then keeps it at its initial weights; use one of the two, or tie_word_embeddings=False."
+            )
+        if data_parallel > 1:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
     def _dropout(self, config: AttnVariantConfig) -> nn.Dropout:
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         return nn.Dropout(p)
@@ -341,10 +397,13 @@ class MaskedLMHeadMixin(_HeadMixin):
     """Masked language modelling: logits = lm_head(h), tied to ``embed_tokens`` by default."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan: ClassVar[dict[str, str]] = {"lm_head": "colwise_gather_output"}
+    # No ``_pp_plan``: Transformers' pipeline parallelism (5.23) runs causal LMs only (it returns their outputs).
 
     def __init__(self, config: AttnVariantConfig) -> None:
         config = self._build_base(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self._tie_before_fsdp(config)
         self.post_init()
 
     @can_return_tuple
@@ -374,11 +433,14 @@ class CausalLMHeadMixin(_HeadMixin):
     """Causal language modelling with a ``Cache``; the family class also lists ``GenerationMixin``."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan: ClassVar[dict[str, str]] = {"lm_head": "colwise_gather_output"}
+    _pp_plan: ClassVar[dict[str, tuple[list[str], list[str]]]] = {"lm_head": (["hidden_states"], ["logits"])}
     is_decoder_head = True
 
     def __init__(self, config: AttnVariantConfig) -> None:
         config = self._build_base(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self._tie_before_fsdp(config)
         self.post_init()
 
     @can_return_tuple
@@ -459,7 +521,7 @@ class SequenceClassificationHeadMixin(_HeadMixin):
         logits = self.classifier(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
         return SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -492,7 +554,7 @@ class TokenClassificationHeadMixin(_HeadMixin):
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits, labels, self.config)
+            loss = self.loss_function(logits, labels, self.config, **kwargs)
         return TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )

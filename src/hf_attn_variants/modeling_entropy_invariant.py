@@ -30,10 +30,15 @@ from .layers import (
     apply_rotary,
     boolean_attention_mask,
     build_norm,
+    check_head_indices,
     compute_dtype,
     eager_attention_forward,
     entropy_invariant_factor,
+    head_rows,
+    headless_attention_output,
     log_key_counts,
+    slice_head_tensor,
+    slice_linear,
     upcast,
     update_cache,
     visible_key_counts,
@@ -49,9 +54,12 @@ from .modeling_common import (
     TokenClassificationHeadMixin,
     residual_block,
 )
+from .tensor_parallel import ShardedUnits, register_parallel_styles
+
+register_parallel_styles()
 
 
-class EntropyInvariantAttention(nn.Module):
+class EntropyInvariantAttention(ShardedUnits, nn.Module):
     """Multi-head attention with logits s(nᵢ) · q·k/√d, s given by ``config.attention_scale`` .
 
     - ``standard``: s = 1.
@@ -61,6 +69,7 @@ class EntropyInvariantAttention(nn.Module):
 
     The projections are named as in Llama (q/k/v/o_proj) so ``peft`` and the pruning tools find them.
     A layer whose heads were all pruned returns the output projection's bias (zeros without bias).
+    Tensor parallelism (``config.base_model_tp_plan``) gives each rank whole heads and their ``ssmax_scale``.
     """
 
     def __init__(self, config: EntropyInvariantConfig, layer_idx: int) -> None:
@@ -82,6 +91,10 @@ class EntropyInvariantAttention(nn.Module):
             if config.attention_scale == "ssmax"
             else None
         )
+        self.tp_sharded_parameters = ("ssmax_scale",) if self.ssmax_scale is not None else ()
+
+    def tp_units(self) -> tuple[int, str]:
+        return self.num_heads, "attention heads"
 
     @staticmethod
     def ssmax_init(config: EntropyInvariantConfig) -> float:
@@ -113,14 +126,10 @@ class EntropyInvariantAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_length = hidden_states.shape[:2]
         if self.num_heads == 0:
-            key_length = seq_length
-            if past_key_values is not None:  # keep the cache's length bookkeeping (it reads layer 0) right
-                placeholder = hidden_states.new_ones(batch_size, 1, seq_length, 1)
-                key_length = update_cache(past_key_values, placeholder, placeholder, self.layer_idx, query_offset)[0].shape[2]
-            # An empty (batch, 0, q, k) map keeps one `attentions` entry per layer.
-            weights = hidden_states.new_zeros(batch_size, 0, seq_length, key_length)
-            return self.o_proj(hidden_states.new_zeros(batch_size, seq_length, 0)), weights
-        shape = (batch_size, seq_length, self.num_heads, self.head_dim)
+            return headless_attention_output(
+                hidden_states, self.o_proj, past_key_values, self.layer_idx, query_offset
+            )
+        shape = (batch_size, seq_length, -1, self.head_dim)  # -1: this rank's heads under tensor parallelism
         query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
         key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
         value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
@@ -172,28 +181,13 @@ class EntropyInvariantAttention(nn.Module):
         then outputs o_proj's bias. The caller records the change in ``config.pruned_heads``
         (``hf_attn_variants.pruning.prune_heads`` does both), which ``from_pretrained`` reads back.
         """
-        keep = [int(h) for h in keep]
-        if len(set(keep)) != len(keep):
-            raise ValueError(f"prune_heads_: keep lists a head twice: {keep}.")
-        bad = [h for h in keep if not 0 <= h < self.num_heads]
-        if bad:
-            raise ValueError(f"prune_heads_: heads {bad} are out of range [0, {self.num_heads}).")
+        keep = check_head_indices(keep, self.num_heads, what="prune_heads_(keep)")
         device = self.q_proj.weight.device
-        heads = torch.tensor(sorted(keep), dtype=torch.long, device=device)
-        rows = (heads[:, None] * self.head_dim + torch.arange(self.head_dim, device=device)).reshape(-1)
-
-        def sliced(tensor: torch.Tensor, dim: int, index: torch.Tensor) -> nn.Parameter:
-            return nn.Parameter(tensor.index_select(dim, index).clone(), requires_grad=tensor.requires_grad)
-
+        rows = head_rows(keep, self.head_dim, device)
         for projection in (self.q_proj, self.k_proj, self.v_proj):
-            projection.weight = sliced(projection.weight, 0, rows)
-            if projection.bias is not None:
-                projection.bias = sliced(projection.bias, 0, rows)
-            projection.out_features = rows.numel()
-        self.o_proj.weight = sliced(self.o_proj.weight, 1, rows)
-        self.o_proj.in_features = rows.numel()
-        if self.ssmax_scale is not None:
-            self.ssmax_scale = sliced(self.ssmax_scale, 0, heads)
+            slice_linear(projection, rows, dim=0)
+        slice_linear(self.o_proj, rows, dim=1)
+        slice_head_tensor(self, "ssmax_scale", torch.tensor(keep, dtype=torch.long, device=device))
         self.num_heads = len(keep)
 
 

@@ -77,6 +77,9 @@ from .modeling_common import (
     TokenClassificationHeadMixin,
     residual_block,
 )
+from .tensor_parallel import ShardedUnits, register_parallel_styles
+
+register_parallel_styles()
 
 RELU2_NORMALIZED_EPS = 1e-6
 TRUNCATED_NORMAL_GAIN = 1.13684723
@@ -245,7 +248,7 @@ def use_triton_kernel(config: GAUConfig, tensor: torch.Tensor) -> bool:
 # --------------------------------------------------------------------------------------------------
 # The unit and the layer
 # --------------------------------------------------------------------------------------------------
-class GatedAttentionUnit(nn.Module):
+class GatedAttentionUnit(ShardedUnits, nn.Module):
     """One GAU (Hua et al. 2022, Code 1): fused gates/values/base projection, scale-offset q/k, RoPE,
     normalised single-head attention, gating and output projection (see the module docstring).
 
@@ -256,7 +259,13 @@ class GatedAttentionUnit(nn.Module):
     — for FLASH the effective matrix W / L of ``flash_effective_weights``, materialised (O(n²)) and used for the
     output (the same value, with gradients flowing through the returned map), and ``None`` while decoding from a
     non-empty cache (old keys are folded into the chunk state and no longer exist).
+
+    Tensor parallelism splits the expansion width e: each rank keeps its slice ``tp_slice(e)`` of u and v (and
+    out_proj's matching input columns) and all of z, so the n×n attention is computed on every rank and only
+    its product with v is split.
     """
+
+    tp_replicated_parameters = ("qk_scale", "qk_offset")
 
     def __init__(self, config: GAUConfig, layer_idx: int) -> None:
         super().__init__()
@@ -277,6 +286,9 @@ class GatedAttentionUnit(nn.Module):
         self.qk_offset = nn.Parameter(torch.zeros(rows, self.key_size))
         self.act_fn = ACT2FN[config.hidden_act]
 
+    def tp_units(self) -> tuple[int, str]:
+        return self.width, "expansion units (intermediate_width)"
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -293,6 +305,8 @@ class GatedAttentionUnit(nn.Module):
         u, v, z = self.act_fn(self.in_proj(hidden_states)).split(
             [self.width, self.width, self.key_size], dim=-1
         )
+        share = self.tp_slice(self.width)
+        u, v = u[..., share], v[..., share]
         qk = (z.unsqueeze(2) * self.qk_scale + self.qk_offset).transpose(1, 2)  # (batch, rows, n, s)
         if position_embeddings is not None:
             qk = apply_rotary(qk, *position_embeddings)

@@ -34,7 +34,19 @@ from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .configuration_synthesizer import SynthesizerConfig
-from .layers import apply_rotary, boolean_attention_mask, build_norm, masked_softmax, upcast, update_cache
+from .layers import (
+    apply_rotary,
+    boolean_attention_mask,
+    build_norm,
+    check_head_indices,
+    head_rows,
+    headless_attention_output,
+    masked_softmax,
+    slice_head_tensor,
+    slice_linear,
+    upcast,
+    update_cache,
+)
 from .modeling_common import (
     AttnVariantBackbone,
     AttnVariantPreTrainedModel,
@@ -46,41 +58,12 @@ from .modeling_common import (
     TokenClassificationHeadMixin,
     residual_block,
 )
+from .tensor_parallel import ShardedUnits, register_parallel_styles
+
+register_parallel_styles()
 
 Positions = tuple[torch.Tensor, torch.Tensor]
 """(query positions ``(batch, q)``, key positions ``(batch, k)``) within each sequence, long."""
-
-
-def _keep_index(keep: list[int], num_heads: int) -> torch.Tensor:
-    """Validate head indices (into the current heads) and return them as a long tensor."""
-    if len(set(keep)) != len(keep):
-        raise ValueError(f"prune_heads_: keep lists a head twice: {keep}.")
-    bad = [h for h in keep if not 0 <= h < num_heads]
-    if bad:
-        raise ValueError(f"prune_heads_: heads {bad} are out of range [0, {num_heads}).")
-    return torch.tensor(sorted(keep), dtype=torch.long)
-
-
-def _slice_tensor_attr(module: nn.Module, name: str, index: torch.Tensor, dim: int = 0) -> None:
-    """Replace parameter or buffer ``name`` of ``module`` by its slice along ``dim`` (in place)."""
-    tensor = getattr(module, name)
-    if tensor is None:
-        return
-    data = tensor.data.index_select(dim, index.to(tensor.device)).clone()
-    if isinstance(tensor, nn.Parameter):
-        setattr(module, name, nn.Parameter(data, requires_grad=tensor.requires_grad))
-    else:
-        module.register_buffer(name, data, persistent=True)
-
-
-def _prune_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> None:
-    """Keep rows (``dim=0``, output features) or columns (``dim=1``, input features) ``index`` of ``linear``."""
-    _slice_tensor_attr(linear, "weight", index, dim)
-    if dim == 0:
-        _slice_tensor_attr(linear, "bias", index, 0)
-        linear.out_features = index.numel()
-    else:
-        linear.in_features = index.numel()
 
 
 class SynthesizerDenseBranch(nn.Module):
@@ -107,14 +90,14 @@ class SynthesizerDenseBranch(nn.Module):
     def prune_heads_(self, index: torch.Tensor) -> None:
         """Keep heads ``index`` of every parameter."""
         for name in ("w1", "b1", "w2", "b2"):
-            _slice_tensor_attr(self, name, index)
+            slice_head_tensor(self, name, index)
 
     def extra_repr(self) -> str:
         heads, hidden, inner = self.w1.shape
         return f"heads={heads}, hidden={hidden}, inner={inner}, width={self.width}"
 
 
-class SynthesizerAttention(nn.Module):
+class SynthesizerAttention(ShardedUnits, nn.Module):
     """Multi-head Synthesizer attention with a learnable mixture of components.
 
     Logits per head h, query position i, key position j (positions as in the module docstring):
@@ -130,7 +113,8 @@ class SynthesizerAttention(nn.Module):
     mixed = Σ αᵢ Sᵢ with α = softmax(``mixing_logits``); probs = masked_softmax(mixed, padding ∧ causal);
     output = o_proj(concat_h(probs_h v_h)). Projections are named q/k/v/o_proj; q_proj and k_proj exist
     only when ``"vanilla"`` is a component. Every per-head tensor has the head as its first dimension,
-    and ``prune_heads_`` removes heads in place.
+    and ``prune_heads_`` removes heads in place. Tensor parallelism gives each rank whole heads with all of
+    their tensors (``tp_sharded_parameters``; a fixed random buffer stays whole and is sliced per rank).
     """
 
     def __init__(self, config: SynthesizerConfig, layer_idx: int) -> None:
@@ -171,6 +155,16 @@ class SynthesizerAttention(nn.Module):
         self.mixing_logits = (
             nn.Parameter(torch.zeros(len(self.components))) if len(self.components) > 1 else None
         )
+        branches = [name for name in ("dense", "factor_a", "factor_b") if getattr(self, name) is not None]
+        self.tp_sharded_parameters = (
+            *(f"{branch}.{name}" for branch in branches for name in ("w1", "b1", "w2", "b2")),
+            *(name for name in ("random_matrix", "random_left", "random_right") if self._parameters.get(name) is not None),
+        )
+        self.tp_replicated_parameters = ("mixing_logits",) if self.mixing_logits is not None else ()
+        self.tp_sharded_inputs = tuple(branches)
+
+    def tp_units(self) -> tuple[int, str]:
+        return self.num_heads, "attention heads"
 
     def _register_random(self, name: str, shape: tuple[int, ...], used: bool) -> None:
         if not used:
@@ -217,10 +211,16 @@ class SynthesizerAttention(nn.Module):
             b_scores, keys % width_b
         )
 
+    def _head_tensor(self, name: str) -> torch.Tensor:
+        """Random tensor ``name`` for this module's heads: under tensor parallelism a parameter already is the
+        rank's shard, while a fixed (buffer) one is whole on every rank and sliced to the rank's heads here."""
+        tensor = getattr(self, name)
+        return tensor[self.tp_slice(tensor.shape[0])] if name in self._buffers else tensor
+
     def _random_logits(
         self, query_offset: int, query_length: int, key_length: int, positions: Positions | None
     ) -> torch.Tensor:
-        matrix = self.random_matrix
+        matrix = self._head_tensor("random_matrix")
         if positions is None:
             return matrix[:, query_offset : query_offset + query_length, :key_length].unsqueeze(0)
         queries, keys = positions
@@ -229,7 +229,7 @@ class SynthesizerAttention(nn.Module):
     def _factorized_random_logits(
         self, query_offset: int, query_length: int, key_length: int, positions: Positions | None
     ) -> torch.Tensor:
-        left, right = self.random_left, self.random_right
+        left, right = self._head_tensor("random_left"), self._head_tensor("random_right")
         if positions is None:
             rows = left[:, query_offset : query_offset + query_length]
             return torch.matmul(rows, right[:, :key_length].transpose(-1, -2)).unsqueeze(0)
@@ -245,7 +245,7 @@ class SynthesizerAttention(nn.Module):
         query_offset: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch_size, seq_length = hidden_states.shape[:2]
-        shape = (batch_size, seq_length, self.num_heads, self.head_dim)
+        shape = (batch_size, seq_length, -1, self.head_dim)  # -1: this rank's heads under tensor parallelism
         query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
         key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
         if position_embeddings is not None:
@@ -270,15 +270,11 @@ class SynthesizerAttention(nn.Module):
         ``query_offset``: tokens in the cache before these queries (their row in the l×l patterns)."""
         batch_size, seq_length = hidden_states.shape[:2]
         if self.num_heads == 0:
-            key_length = seq_length
-            if past_key_values is not None:  # keep the cache's length bookkeeping right for this layer
-                placeholder = hidden_states.new_ones(batch_size, 1, seq_length, 1)
-                key_length = update_cache(past_key_values, placeholder, placeholder, self.layer_idx, query_offset)[0].shape[2]
-            # Empty weights (not None), so output_attentions keeps one entry per layer.
-            weights = hidden_states.new_zeros(batch_size, 0, seq_length, key_length)
-            return self.o_proj(hidden_states.new_zeros(batch_size, seq_length, 0)), weights
+            return headless_attention_output(
+                hidden_states, self.o_proj, past_key_values, self.layer_idx, query_offset
+            )
 
-        shape = (batch_size, seq_length, self.num_heads, self.head_dim)
+        shape = (batch_size, seq_length, -1, self.head_dim)  # -1: this rank's heads under tensor parallelism
         value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
         logits: dict[str, torch.Tensor] = {}
         if "vanilla" in self.components:
@@ -288,7 +284,7 @@ class SynthesizerAttention(nn.Module):
         elif past_key_values is not None:
             # Synthesized components need no keys: cache a one-channel placeholder (the cache derives its
             # length from the keys; Transformers 5.0's static cache counts the non-zero ones) next to the values.
-            placeholder = value.new_ones(batch_size, self.num_heads, seq_length, 1)
+            placeholder = value.new_ones(batch_size, value.shape[1], seq_length, 1)
             _, value = update_cache(past_key_values, placeholder, value, self.layer_idx, query_offset)
         key_length = value.shape[2]
         if key_length > self.max_length:
@@ -338,18 +334,19 @@ class SynthesizerAttention(nn.Module):
         allowed: the layer then outputs o_proj's bias. The caller records the change in
         ``config.pruned_heads`` (see ``hf_attn_variants.pruning``).
         """
-        index = _keep_index(list(keep), self.num_heads)
-        rows = (index[:, None] * self.head_dim + torch.arange(self.head_dim)).reshape(-1)
+        keep = check_head_indices(keep, self.num_heads, what="prune_heads_(keep)")
+        index = torch.tensor(keep, dtype=torch.long)
+        rows = head_rows(keep, self.head_dim)
         for projection in (self.q_proj, self.k_proj, self.v_proj):
             if projection is not None:
-                _prune_linear(projection, rows, dim=0)
-        _prune_linear(self.o_proj, rows, dim=1)
+                slice_linear(projection, rows, dim=0)
+        slice_linear(self.o_proj, rows, dim=1)
         for branch in (self.dense, self.factor_a, self.factor_b):
             if branch is not None:
                 branch.prune_heads_(index)
         for name in ("random_matrix", "random_left", "random_right"):
-            _slice_tensor_attr(self, name, index)
-        self.num_heads = index.numel()
+            slice_head_tensor(self, name, index)
+        self.num_heads = len(keep)
 
     def extra_repr(self) -> str:
         return f"components={self.components}, heads={self.num_heads}, head_dim={self.head_dim}, l={self.max_length}"

@@ -367,10 +367,10 @@ def write_standalone_code(save_directory: str | Path, obj: Any) -> list[Path]:
     folder = Path(save_directory)
     folder.mkdir(parents=True, exist_ok=True)
     config = getattr(obj, "config", obj)
-    config_module = type(config).__module__.rsplit(".", 1)[-1]
+    config_module = type(config).code_class().__module__.rsplit(".", 1)[-1]
     bundles = {config_module: configuration_bundle(config_module)}
     if config is not obj:
-        modeling_module = type(obj).__module__.rsplit(".", 1)[-1]
+        modeling_module = type(obj).code_class().__module__.rsplit(".", 1)[-1]
         bundles[modeling_module] = modeling_bundle(modeling_module, config_module)
     written = []
     for name, bundle in bundles.items():

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -40,43 +40,13 @@ from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from ..configuration_common import MultiHeadAttnVariantConfig
-from ..layers import kept_heads, normalize_pruned_heads
+from ..layers import head_rows, headless_attention_output, kept_heads, normalize_pruned_heads, slice_linear
 
 NO_HEAD_MODEL_TYPES = ("gau",)
 
 
 class NoAttentionHeadsError(ValueError):
     """Raised for a model type whose attention has no heads to score or prune (e.g. GAU)."""
-
-
-def _slice_parameter(module: nn.Module, name: str, index: torch.Tensor, dim: int) -> None:
-    """Replace parameter ``name`` of ``module`` by its slice along ``dim`` (in place; works on meta tensors)."""
-    tensor = getattr(module, name)
-    if tensor is None:
-        return
-    data = tensor.data.index_select(dim, index.to(tensor.device)).clone()
-    setattr(module, name, nn.Parameter(data, requires_grad=tensor.requires_grad))
-
-
-def head_rows(positions: Iterable[int], head_dim: int, device: torch.device) -> torch.Tensor:
-    """Indices of the features of heads ``positions`` in a head-major projection of blocks of ``head_dim``."""
-    heads = torch.tensor(list(positions), dtype=torch.long, device=device)
-    return (heads[:, None] * head_dim + torch.arange(head_dim, device=device)).reshape(-1)
-
-
-def keep_rows(linear: nn.Linear, positions: list[int], head_dim: int) -> None:
-    """Keep the output features (rows) of head blocks ``positions`` of ``linear``, in place."""
-    rows = head_rows(positions, head_dim, linear.weight.device)
-    _slice_parameter(linear, "weight", rows, 0)
-    _slice_parameter(linear, "bias", rows, 0)
-    linear.out_features = rows.numel()
-
-
-def keep_columns(linear: nn.Linear, positions: list[int], head_dim: int) -> None:
-    """Keep the input features (columns) of head blocks ``positions`` of ``linear``, in place."""
-    columns = head_rows(positions, head_dim, linear.weight.device)
-    _slice_parameter(linear, "weight", columns, 1)
-    linear.in_features = columns.numel()
 
 
 class GatherHeads:
@@ -97,35 +67,24 @@ class GatherHeads:
 
 
 def _headless_self_attention(module: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple:
-    """Forward of a BERT-style self-attention without heads: an empty context (the output dense adds its bias).
+    """Forward of a BERT-style self-attention without heads: ``headless_attention_output`` without projection
+    (the output dense, another module, adds its bias) on the self-attention half of an encoder-decoder cache.
 
-    Returns an empty ``(batch, 0, q, k)`` attention map, so ``output_attentions`` keeps one entry per layer.
+    Returns the empty ``(batch, seq, 0)`` context and an empty ``(batch, 0, q, k)`` attention map.
     """
-    batch_size, seq_length = hidden_states.shape[:2]
-    key_length = seq_length
-    past_key_values = kwargs.get("past_key_values")
-    if past_key_values is not None:
-        cache = getattr(past_key_values, "self_attention_cache", past_key_values)
-        placeholder = hidden_states.new_zeros(batch_size, 1, seq_length, 1)
-        key_length = cache.update(placeholder, placeholder, module.layer_idx)[0].shape[2]
-    weights = hidden_states.new_zeros(batch_size, 0, seq_length, key_length)
-    return hidden_states.new_zeros(batch_size, seq_length, 0), weights
+    cache = kwargs.get("past_key_values")
+    cache = getattr(cache, "self_attention_cache", cache)
+    return headless_attention_output(hidden_states, None, cache, module.layer_idx)
 
 
 def _headless_decoder_attention(module: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple:
-    """Forward of a Llama-style attention without heads: o_proj of an empty input, i.e. its bias (or zeros).
+    """Forward of a Llama-style attention without heads: ``headless_attention_output`` with ``o_proj``.
 
-    With a cache, a one-channel placeholder is stored for this layer: caches derive the sequence length
-    from a layer's keys (layer 0 by default), so a layer that stored nothing would break positions.
+    Returns o_proj's bias (or zeros) and an empty ``(batch, 0, q, k)`` attention map; a cache gets its
+    placeholder through a plain ``cache.update`` (a stock layer passes no query offset).
     """
-    past_key_values = kwargs.get("past_key_values")
-    batch_size, seq_length = hidden_states.shape[:2]
-    key_length = seq_length
-    if past_key_values is not None:
-        placeholder = hidden_states.new_zeros(batch_size, 1, seq_length, 1)
-        key_length = past_key_values.update(placeholder, placeholder, module.layer_idx)[0].shape[2]
-    weights = hidden_states.new_zeros(batch_size, 0, seq_length, key_length)  # one `attentions` entry per layer
-    return module.o_proj(hidden_states.new_zeros(batch_size, seq_length, 0)), weights
+    cache = kwargs.get("past_key_values")
+    return headless_attention_output(hidden_states, module.o_proj, cache, module.layer_idx)
 
 
 class HeadAdapter:
@@ -298,9 +257,10 @@ class EncoderAdapter(HeadAdapter):
     def remove_heads(self, layer: int, keep_positions: list[int], old_kept: list[int], new_kept: list[int]) -> None:
         attention = self.attentions[layer]
         self_attention = attention.self
+        rows = head_rows(keep_positions, self.head_dim, self_attention.query.weight.device)
         for projection in (self_attention.query, self_attention.key, self_attention.value):
-            keep_rows(projection, keep_positions, self.head_dim)
-        keep_columns(attention.output.dense, keep_positions, self.head_dim)
+            slice_linear(projection, rows, dim=0)
+        slice_linear(attention.output.dense, rows, dim=1)
         self_attention.num_attention_heads = len(keep_positions)
         self_attention.all_head_size = len(keep_positions) * self.head_dim
         if not keep_positions:
@@ -351,10 +311,13 @@ class DecoderAdapter(HeadAdapter):
         attention = self.attentions[layer]
         old_kv, new_kv = self.kv_heads(old_kept), self.kv_heads(new_kept)
         kv_positions = [old_kv.index(g) for g in new_kv]
-        keep_rows(attention.q_proj, keep_positions, self.head_dim)
-        keep_rows(attention.k_proj, kv_positions, self.head_dim)
-        keep_rows(attention.v_proj, kv_positions, self.head_dim)
-        keep_columns(attention.o_proj, keep_positions, self.head_dim)
+        device = attention.q_proj.weight.device
+        rows = head_rows(keep_positions, self.head_dim, device)
+        kv_rows = head_rows(kv_positions, self.head_dim, device)
+        slice_linear(attention.q_proj, rows, dim=0)
+        slice_linear(attention.k_proj, kv_rows, dim=0)
+        slice_linear(attention.v_proj, kv_rows, dim=0)
+        slice_linear(attention.o_proj, rows, dim=1)
         for projection in (attention.k_proj, attention.v_proj):
             for key, hook in list(projection._forward_hooks.items()):
                 if isinstance(hook, GatherHeads):
@@ -411,7 +374,4 @@ __all__ = [
     "HeadAdapter",
     "NoAttentionHeadsError",
     "get_adapter",
-    "head_rows",
-    "keep_columns",
-    "keep_rows",
 ]

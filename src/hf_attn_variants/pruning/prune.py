@@ -32,6 +32,7 @@ from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
 
 from .. import FAMILIES
 from ..configuration_common import MultiHeadAttnVariantConfig
+from ..layers import check_head_indices
 from .adapters import AttnVariantAdapter, DecoderAdapter, GatherHeads, HeadAdapter, get_adapter
 
 
@@ -56,16 +57,12 @@ def check_heads_to_prune(adapter: HeadAdapter, heads: Any) -> dict[int, list[int
         for head in layer_heads:
             if isinstance(head, bool) or not isinstance(head, int):
                 raise TypeError(f"heads[{layer}] must contain ints, got {head!r}.")
-        bad = [h for h in layer_heads if not 0 <= h < adapter.num_heads]
-        if bad:
-            raise ValueError(f"heads: heads {bad} of layer {layer} are out of range [0, {adapter.num_heads}).")
-        if len(set(layer_heads)) != len(layer_heads):
-            raise ValueError(f"heads: layer {layer} lists a head twice: {layer_heads}.")
+        layer_heads = check_head_indices(layer_heads, adapter.num_heads, what="heads", layer=layer)
         gone = sorted(set(layer_heads) & set(already.get(layer, ())))
         if gone:
             raise ValueError(f"heads: heads {gone} of layer {layer} were already pruned.")
         if layer_heads:
-            result[layer] = sorted(layer_heads)
+            result[layer] = layer_heads
     return result
 
 

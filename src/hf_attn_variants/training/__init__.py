@@ -1,5 +1,6 @@
 """Training tools (not model code, so they may import anything): the embedded corpus and tokenizer,
-config/model building for any family, MLM/CLM pretraining with accelerate, finetuning with Trainer + peft.
+config/model building for any family, MLM/CLM pretraining with accelerate or sharded by Transformers'
+``DistributedConfig`` (``sharded.py``), finetuning with Trainer + peft.
 
 Python API (no CLI needed)::
 

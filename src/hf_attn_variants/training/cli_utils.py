@@ -12,14 +12,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import enum
 import math
 import re
 import sys
+import types
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
-
-from transformers import HfArgumentParser
 
 MAX_SEED = 2**32 - 1
 """Largest seed every RNG seeded from a flag accepts (``numpy.random.seed`` takes [0, 2**32 - 1])."""
@@ -83,11 +84,91 @@ def quiet_progress() -> Iterator[None]:
 
 # ---------------------------------------------------------------- dataclass flags
 def add_dataclass_arguments(parser: argparse.ArgumentParser, *dataclass_types: type) -> None:
-    """Add one ``--flag`` per field of each dataclass to ``parser``, exactly as ``HfArgumentParser`` does
-    (types, ``choices`` for ``Literal`` fields, ``--no_x`` for booleans defaulting to True, help texts)."""
-    source = HfArgumentParser(list(dataclass_types), add_help=False)
+    """Add one ``--flag`` per field of each dataclass to ``parser``, with the rules of ``HfArgumentParser``
+    (types, ``choices`` for ``Literal``/``Enum`` fields, ``--flag [bool]`` and ``--no_flag`` for booleans
+    defaulting to True, ``nargs="+"`` for lists, ``--flag-with-dashes`` aliases, help texts), through
+    ``parser.add_argument`` only. ``tests/test_cli_utils.py`` checks the help text equals
+    ``HfArgumentParser``'s for every subcommand's dataclasses."""
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
-    parser._add_container_actions(source)  # the mechanism behind ArgumentParser(parents=[...])
+    for dtype in dataclass_types:
+        group_name = getattr(dtype, "_argument_group_name", None)
+        target = parser.add_argument_group(group_name) if group_name else parser
+        hints = typing.get_type_hints(dtype)
+        for field in dataclasses.fields(dtype):
+            if field.init:
+                for options, kwargs in field_arguments(field, hints[field.name]):
+                    target.add_argument(*options, **kwargs)
+
+
+def _field_default(field: dataclasses.Field) -> Any:
+    """The field's default (``default_factory()`` called), or ``dataclasses.MISSING``."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+def _argument_type(field_type: Any, name: str) -> Any:
+    """The one type a flag parses into: ``X`` of ``X | None``, the non-``str`` member of ``X | str``."""
+    if typing.get_origin(field_type) not in (typing.Union, types.UnionType):
+        return field_type
+    members = typing.get_args(field_type)
+    if str not in members and (len(members) != 2 or type(None) not in members):
+        raise ValueError(f"Field {name!r}: only X | None (or a union with str) can be one command-line flag.")
+    if type(None) not in members:
+        return members[0] if members[1] is str else members[1]
+    if bool in members:  # bool | None keeps its None
+        return field_type
+    return members[0] if members[1] is type(None) else members[1]
+
+
+def field_arguments(field: dataclasses.Field, field_type: Any) -> list[tuple[list[str], dict[str, Any]]]:
+    """``(option strings, add_argument keyword arguments)`` of the flag(s) of one dataclass field, following
+    ``HfArgumentParser``: the flag and its dashed alias, ``metadata`` as keyword arguments (``aliases`` as more
+    option strings), and for a boolean defaulting to True a ``--no_<name>`` flag storing False."""
+    from transformers.hf_argparser import make_choice_type_function, string_to_bool
+
+    options = [f"--{field.name}"] + ([f"--{field.name.replace('_', '-')}"] if "_" in field.name else [])
+    kwargs = dict(field.metadata)
+    aliases = kwargs.pop("aliases", [])
+    options += [aliases] if isinstance(aliases, str) else list(aliases)
+    bool_kwargs = dict(kwargs)
+    field_type = _argument_type(field_type, field.name)
+    origin = typing.get_origin(field_type) or field_type
+    default = _field_default(field)
+    is_bool = field_type is bool or field_type == (bool | None)
+    if origin is typing.Literal or (isinstance(field_type, type) and issubclass(field_type, enum.Enum)):
+        kwargs["choices"] = typing.get_args(field_type) if origin is typing.Literal else [x.value for x in field_type]
+        kwargs["type"] = make_choice_type_function(kwargs["choices"])
+        if field.default is not dataclasses.MISSING:
+            kwargs["default"] = field.default
+        else:
+            kwargs["required"] = True
+    elif is_bool:
+        kwargs["type"] = string_to_bool
+        if field_type is bool or (field.default is not None and field.default is not dataclasses.MISSING):
+            kwargs["default"] = False if field.default is dataclasses.MISSING else field.default
+            kwargs["nargs"] = "?"
+            kwargs["const"] = True
+    elif isinstance(origin, type) and issubclass(origin, list):
+        kwargs["type"] = typing.get_args(field_type)[0]
+        kwargs["nargs"] = "+"
+        if field.default_factory is not dataclasses.MISSING:
+            kwargs["default"] = field.default_factory()
+        elif field.default is dataclasses.MISSING:
+            kwargs["required"] = True
+    else:
+        kwargs["type"] = field_type
+        if default is dataclasses.MISSING:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = default
+    arguments = [(options, kwargs)]
+    if field.default is True and is_bool:
+        negative = [f"--no_{field.name}", f"--no-{field.name.replace('_', '-')}"]
+        arguments.append((negative, {**bool_kwargs, "default": False, "action": "store_false", "dest": field.name}))
+    return arguments
 
 
 DATACLASS_ERRORS = (ValueError, TypeError, OSError, ImportError)
@@ -355,6 +436,7 @@ __all__ = [
     "dataclasses_from_namespace",
     "fail",
     "fail_flag",
+    "field_arguments",
     "flag_message",
     "names_in_message",
     "quiet_progress",

@@ -6,7 +6,8 @@
   cut into blocks of exactly ``block_size`` tokens, drop the remainder. No padding anywhere.
 - ``EpochShuffleSampler``: the permutation of epoch e is ``randperm(n)`` from a generator seeded with
   ``seed + e`` — a pure function of (seed, epoch), so the data order is identical after a resume and for
-  any number of processes (accelerate shards the *batches* of this order across ranks).
+  any number of processes (accelerate shards the *batches* of this order across ranks; a sharded run's
+  ``DataParallelBatchSampler`` gives each data-parallel rank its slice of each global batch).
 - ``mask_tokens``: BERT masking (Devlin et al. 2019): each non-special token is selected with probability
   p; a selected token becomes ``[MASK]`` (80%), a random token (10%) or stays (10%); labels are −100
   elsewhere. The randomness of example i comes from its own generator seeded with ``mix_seed(seed, epoch, i)``,
@@ -233,6 +234,42 @@ class EpochShuffleSampler(Sampler[int]):
         return self.num_samples
 
 
+class DataParallelBatchSampler(Sampler[list[int]]):
+    """Rank ``rank`` of ``world`` data-parallel ranks: of each global batch of ``batch_size * world`` consecutive
+    indices of ``sampler``, the slice ``[rank * batch_size, (rank + 1) * batch_size)``.
+
+    So ``world`` ranks with ``batch_size`` B see, step for step, exactly the batches of one process with batch
+    ``world * B``. The last global batch of an epoch is completed with the epoch's first indices (as accelerate's
+    ``even_batches``), so every rank runs the same number of equal-sized batches. ``skip``: leave out the first
+    ``skip`` batches (after a resume) without loading them.
+    """
+
+    def __init__(self, sampler: Sampler[int], batch_size: int, rank: int, world: int, skip: int = 0) -> None:
+        if not 0 <= rank < world:
+            raise ValueError(f"rank must be in [0, {world}), got {rank}.")
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world = world
+        self.skip = skip
+
+    def global_batches(self) -> int:
+        """Batches per epoch (per rank), skipped ones included."""
+        return -(-len(self.sampler) // (self.batch_size * self.world))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = list(self.sampler)
+        size = self.batch_size * self.world
+        for step in range(self.skip, self.global_batches()):
+            batch = order[step * size : (step + 1) * size]
+            while len(batch) < size:  # the last global batch: wrap around
+                batch += order[: size - len(batch)]
+            yield batch[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+
+    def __len__(self) -> int:
+        return max(self.global_batches() - self.skip, 0)
+
+
 class IndexedBlocks(torch.utils.data.Dataset):
     """A dataset of token blocks that also returns each block's index (used to seed its MLM masks)."""
 
@@ -294,6 +331,7 @@ def mask_tokens(
 
 __all__ = [
     "FILE_BUILDERS",
+    "DataParallelBatchSampler",
     "EpochShuffleSampler",
     "IndexedBlocks",
     "collate_blocks",

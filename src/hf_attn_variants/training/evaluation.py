@@ -50,7 +50,9 @@ def evaluate_lm(
     """Evaluate ``model`` on ``blocks`` (tensor ``(n, L)``, list of lists or a dataset with ``input_ids``).
 
     Returns ``{"loss", "perplexity", "accuracy", "tokens", "blocks"}``. ``tokenizer`` is required for MLM
-    (mask id, special ids). ``accelerator``: shard across processes and use its autocast.
+    (mask id, special ids). ``accelerator``: shard across processes and use its autocast — an ``Accelerator``
+    or a ``runtime.TrainingRuntime`` (``process_index``/``num_processes`` are then the data-parallel rank and
+    size, and ``reduce`` sums over the data-parallel ranks).
     """
     if objective not in ("mlm", "clm"):
         raise ValueError(f"objective must be one of ('mlm', 'clm'), got {objective!r}.")

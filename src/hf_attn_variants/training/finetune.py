@@ -24,6 +24,21 @@ model is wrapped by ``peft`` with W + (α/r)·B·A on ``--lora_target_modules`` 
 then holds the adapter (``adapter_config.json`` + ``adapter_model.safetensors``), the tokenizer and
 ``task_config.json`` (labels), and ``load_finetuned`` / ``PeftModel.from_pretrained`` reload it;
 ``--lora_merge`` also writes the merged full model to ``output_dir/merged``.
+
+Sharded (``torchrun --nproc_per_node N -m hf_attn_variants finetune ... --fsdp_size F``; ``--dp_replicate_size``
+for HSDP): rank 0 builds the single-process run's model (same seed, same new head) into
+``output_dir/.initial_model``, every rank loads it sharded by Transformers' ``DistributedConfig`` (FSDP2), and
+``Trainer`` trains it (it recognises a model sharded at load time: no DDP wrapping, deferred FSDP gradient
+reduction under accumulation). ``Trainer.save_model`` calls the model's ``save_pretrained`` on every rank:
+the full weights are gathered and rank 0 writes them, so the folder equals a single-process run's; model-only
+checkpoints (``--save_strategy steps|epoch --save_only_model true``) are written the same way. Not
+supported, each refused with a ``FlagError`` naming the flag (``check_sharded_finetune``): ``--tp_size`` on
+CPU (Trainer hands a tensor-parallel model to accelerate's ``ParallelismConfig``, which raises for
+``DistributedType.MULTI_CPU``; on GPUs it is wired but untested here); checkpoints with optimizer state
+(``Trainer`` refuses them for a model sharded at load time); ``--load_best_model_at_end``, hence
+``--early_stopping_patience``, and ``--resume_from_checkpoint`` (``Trainer`` loads a checkpoint into the
+sharded model with ``load_state_dict`` of plain tensors, which fails on its DTensor parameters); LoRA
+(peft's ``modules_to_save`` copy of the sharded classifier fails).
 """
 
 from __future__ import annotations
@@ -32,6 +47,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -53,6 +69,15 @@ from .cli_utils import (
 from .data import file_builder, read_data_file, split_data_file
 from .metrics import accuracy, entity_scores, macro_f1
 from .modeling import build_config, check_model_type, load_pretrained, load_tokenizer
+from .sharded import (
+    INITIAL_MODEL_DIR,
+    SIZE_FLAGS,
+    ParallelLayout,
+    check_layout,
+    check_parallel_plans,
+    load_sharded,
+    model_class_for,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +133,17 @@ class FinetuneArguments:
         default=None, metadata={"help": "Stop after N evaluations without improvement."}
     )
     early_stopping_threshold: float = field(default=0.0, metadata={"help": "Minimum improvement that counts."})
+    fsdp_size: int = field(
+        default=1,
+        metadata={"help": "Sharded run (torchrun, Transformers' DistributedConfig; docs/training.md): ranks every "
+                  "parameter is FSDP2-sharded over. dp_replicate_size × fsdp_size × tp_size = WORLD_SIZE."},
+    )
+    tp_size: int = field(
+        default=1, metadata={"help": "Sharded run: tensor-parallel ranks (GPUs only: accelerate refuses it on CPU)."}
+    )
+    dp_replicate_size: int = field(
+        default=1, metadata={"help": "Sharded run: replicas of the FSDP shards (HSDP; e.g. the number of nodes)."}
+    )
 
     def __post_init__(self) -> None:
         """Check every value that needs no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it.
@@ -140,6 +176,18 @@ class FinetuneArguments:
                     raise FlagError(name, f"{name} applies to --task token_classification only.")
         if isinstance(self.lora_target_modules, list) and self.lora_target_modules == ["all-linear"]:
             self.lora_target_modules = "all-linear"
+        for name in SIZE_FLAGS:
+            check_positive(name, getattr(self, name))
+        if self.layout.sharded and self.lora_r > 0:
+            raise FlagError("lora_r", f"lora_r: LoRA is not supported on a sharded model "
+                                      f"({self.layout.flag()}={getattr(self.layout, self.layout.flag())}): peft's "
+                                      "modules_to_save copies the sharded classifier head, which fails with "
+                                      "\"RuntimeError: Attempted to call copy_() on an invalid python storage.\"")
+
+    @property
+    def layout(self) -> ParallelLayout:
+        """The process mesh of ``--dp_replicate_size``/``--fsdp_size``/``--tp_size`` (sharded iff one is > 1)."""
+        return ParallelLayout(tp_size=self.tp_size, fsdp_size=self.fsdp_size, dp_replicate_size=self.dp_replicate_size)
 
 
 @dataclass
@@ -423,7 +471,83 @@ class _Prepared:
     label_list: list[Any] | None
     label_kwargs: dict[str, Any]
     regression: bool
+    config: Any
     model: Any
+    """The model; ``None`` for a sharded run, whose ranks build it in ``finetune`` (``_sharded_model``)."""
+
+
+SHARDED_CHECKPOINT_ERROR = ("Resuming is not supported for models sharded at load time (`DistributedConfig`), so their "
+                            "optimizer state cannot be checkpointed. Pass `save_only_model=True` or `save_strategy='no'`.")
+"""What ``Trainer.__init__`` raises for a model sharded at load time with checkpoints of optimizer state."""
+SHARDED_LOAD_ERROR = ("aten.copy_.default got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to "
+                      "DTensor before calling distributed operators!")
+"""What ``Trainer`` raises when it loads a checkpoint into a sharded model (``_load_best_model``,
+``_load_from_checkpoint``: ``model.load_state_dict`` of the full tensors of ``model.safetensors``)."""
+
+
+def check_sharded_finetune(args: FinetuneArguments, training_args: Any) -> None:
+    """``FlagError`` for what a sharded finetune (``--fsdp_size``/``--tp_size``/``--dp_replicate_size``) cannot
+    do, checked before anything is written:
+
+    - run without ``torchrun`` (or with sizes that do not multiply to ``WORLD_SIZE``);
+    - tensor parallelism on CPU (Trainer hands a tensor-parallel model to accelerate's ``ParallelismConfig``,
+      which refuses CPU processes);
+    - checkpoints with optimizer state (``--save_strategy`` other than ``no`` without ``--save_only_model``):
+      ``Trainer`` itself refuses them for a model sharded at load time (``SHARDED_CHECKPOINT_ERROR``);
+      model-only checkpoints work (``save_pretrained`` on every rank, rank 0 writes the gathered weights);
+    - ``--load_best_model_at_end`` (hence ``--early_stopping_patience``, which turns it on) and
+      ``--resume_from_checkpoint``: ``Trainer`` loads the checkpoint's full tensors into the sharded model
+      with ``load_state_dict``, which fails (``SHARDED_LOAD_ERROR``).
+    """
+    import torch
+
+    layout = args.layout
+    check_layout(layout)
+    if layout.tp_size > 1 and (training_args.use_cpu or not torch.accelerator.is_available()):
+        raise FlagError("tp_size", "tp_size: Trainer hands a tensor-parallel model to accelerate's ParallelismConfig, "
+                                   "which refuses CPU processes (DistributedType.MULTI_CPU); on CPU shard with "
+                                   "--fsdp_size.")
+    sizes = f"{layout.flag()}={getattr(layout, layout.flag())}"
+    if training_args.load_best_model_at_end:
+        flag = "early_stopping_patience" if args.early_stopping_patience is not None else "load_best_model_at_end"
+        raise FlagError(flag, f"{flag}: Trainer cannot load the best checkpoint back into a model sharded at load "
+                              f"time ({sizes}; load_best_model_at_end, which early stopping needs): its "
+                              f"load_state_dict of the full weights fails with \"{SHARDED_LOAD_ERROR}\"")
+    if training_args.resume_from_checkpoint:
+        raise FlagError("resume_from_checkpoint", f"resume_from_checkpoint: Trainer cannot resume a model sharded at "
+                                                  f"load time ({sizes}): it keeps no optimizer state for it, and its "
+                                                  "load_state_dict of the checkpoint's full weights fails with "
+                                                  f"\"{SHARDED_LOAD_ERROR}\"")
+    strategy = str(getattr(training_args.save_strategy, "value", training_args.save_strategy))
+    if strategy != "no" and not training_args.save_only_model:
+        raise FlagError("save_strategy", f"save_strategy={strategy!r}: Trainer refuses optimizer-state checkpoints of a "
+                                         f"model sharded at load time ({sizes}): \"{SHARDED_CHECKPOINT_ERROR}\" Pass "
+                                         "--save_only_model true (model-only checkpoints) or --save_strategy no.")
+
+
+def _unsharded_model(args: FinetuneArguments, training_args: Any, config: Any) -> Any:
+    """The model of a single-process run: the pretrained folder (a new head initialised from the seed), or a
+    new model; the seed is set first, so that the initialisation depends on it only."""
+    from transformers import set_seed
+
+    auto_class = _auto_class(args.task)
+    set_seed(training_args.seed)
+    if args.model_name_or_path:
+        return load_pretrained(auto_class, args.model_name_or_path, config=config)
+    return auto_class.from_config(config)
+
+
+def _sharded_model(args: FinetuneArguments, training_args: Any, config: Any) -> Any:
+    """The model of a sharded run: rank 0 builds the single-process run's model
+    (``_unsharded_model``: the same initial weights) into ``output_dir/.initial_model``, then every rank loads
+    it sharded by ``DistributedConfig``."""
+    model_class = model_class_for(config, _auto_class(args.task))[0]
+    folder = Path(training_args.output_dir) / INITIAL_MODEL_DIR
+    with training_args.main_process_first(local=False, desc="initial model"):
+        if training_args.process_index == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+            _unsharded_model(args, training_args, config).save_pretrained(folder)
+    return load_sharded(model_class, config, folder, args.layout)
 
 
 def _prepare(args: FinetuneArguments, training_args: Any) -> _Prepared:
@@ -459,12 +583,16 @@ def _prepare(args: FinetuneArguments, training_args: Any) -> _Prepared:
     label_kwargs = _label_kwargs(label_list, regression)
     for key, value in label_kwargs.items():
         setattr(config, key, value)
-    auto_class = _auto_class(args.task)
-    model = (load_pretrained(auto_class, args.model_name_or_path, config=config) if args.model_name_or_path
-             else auto_class.from_config(config))
+    if args.layout.sharded:
+        check_sharded_finetune(args, training_args)
+        checked = model_class_for(config, _auto_class(args.task))[1]  # on the meta device
+        check_parallel_plans(checked, args.layout)
+        model = None  # every rank builds it in finetune(), where the run may write
+    else:
+        checked = model = _unsharded_model(args, training_args, config)
     if args.lora_r > 0:
-        check_lora_targets(model, lora_targets(model.config.model_type, args.lora_target_modules))
-    return _Prepared(training_args, tokenizer, data, collator, label_list, label_kwargs, regression, model)
+        check_lora_targets(checked, lora_targets(checked.config.model_type, args.lora_target_modules))
+    return _Prepared(training_args, tokenizer, data, collator, label_list, label_kwargs, regression, config, model)
 
 
 def finetune(args: FinetuneArguments, training_args: Any) -> FinetuneResult:
@@ -483,6 +611,8 @@ def finetune(args: FinetuneArguments, training_args: Any) -> FinetuneResult:
     label_list, label_kwargs, regression = prepared.label_list, prepared.label_kwargs, prepared.regression
     collator = prepared.collator
     output_dir = Path(training_args.output_dir)  # every input is valid: from here on the run writes
+    if model is None:
+        model = _sharded_model(args, training_args, prepared.config)
     if args.lora_r > 0:
         if args.model_name_or_path is None:  # a random base must be saved for the adapter to be reloadable
             model.save_pretrained(output_dir / "base_model")
@@ -505,7 +635,7 @@ def finetune(args: FinetuneArguments, training_args: Any) -> FinetuneResult:
     metrics: dict[str, float] = {}
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-        trainer.save_model()
+        trainer.save_model()  # sharded: every rank calls save_pretrained, rank 0 writes the gathered weights
         train_metrics = {**train_result.metrics, "train_samples": len(data["train"])}
         trainer.log_metrics("train", train_metrics)
         trainer.save_metrics("train", train_metrics)
@@ -522,6 +652,7 @@ def finetune(args: FinetuneArguments, training_args: Any) -> FinetuneResult:
                 "base_model": args.model_name_or_path, "lora": args.lora_r > 0,
                 "train_file": args.train_file, "validation_file": args.validation_file}
         (output_dir / TASK_CONFIG_FILE).write_text(json.dumps(info, indent=2))
+        shutil.rmtree(output_dir / INITIAL_MODEL_DIR, ignore_errors=True)
         if args.lora_r > 0 and args.lora_merge:
             merged = trainer.model.merge_and_unload()
             merged.save_pretrained(output_dir / "merged")
@@ -557,11 +688,14 @@ def run(namespace: argparse.Namespace) -> int:
 
 __all__ = [
     "LORA_TARGETS",
+    "SHARDED_CHECKPOINT_ERROR",
+    "SHARDED_LOAD_ERROR",
     "FinetuneArguments",
     "FinetuneResult",
     "add_arguments",
     "apply_lora",
     "check_lora_targets",
+    "check_sharded_finetune",
     "check_training_arguments",
     "finetune",
     "load_finetuned",

@@ -298,9 +298,11 @@ def masked_lm_target_logits(model: torch.nn.Module, input_ids: torch.Tensor, tar
 
     For this package's MLM heads logits = lm_head(h) position-wise, so the head (hidden × vocab per token, the
     bulk of a small model's compute) is applied to the ~15% target rows instead of every position; the loss
-    and its gradients are the same as from the full logits. Other models: the full forward, then selected.
+    and its gradients are the same as from the full logits. Other models, and models sharded at load time
+    (``DistributedConfig``: FSDP2 gathers parameters in the root module's forward, which calling
+    ``model.lm_head`` alone would skip): the full forward, then selected.
     """
-    if has_target_only_mlm_head(model):
+    if has_target_only_mlm_head(model) and not getattr(model, "is_distributed_loading_by_transformers", False):
         hidden = model.model(input_ids=input_ids).last_hidden_state
         return model.lm_head(hidden[targets])
     return model(input_ids=input_ids).logits[targets]

@@ -1,18 +1,28 @@
-"""``hf-attn-variants pretrain``: MLM or CLM pretraining of any family with ``accelerate``.
+"""``hf-attn-variants pretrain``: MLM or CLM pretraining of any family, with ``accelerate`` or sharded.
 
 Flags follow transformers' ``examples/pytorch/language-modeling/run_mlm_no_trainer.py``. The same loop
-runs in one process, under ``accelerate launch`` (DDP, FSDP; see ``scripts/accelerate/``) or in-process
-through the Python API ``pretrain(PretrainArguments(...))``.
+runs in one process, under ``accelerate launch`` / ``torchrun`` (DDP, accelerate's FSDP; see
+``scripts/accelerate/``), in-process through the Python API ``pretrain(PretrainArguments(...))``, or — with
+``--fsdp_size`` / ``--tp_size`` / ``--dp_replicate_size`` under ``torchrun`` — on a model sharded by
+Transformers' ``DistributedConfig`` (FSDP2, tensor parallelism, HSDP; CPU and GPU; ``sharded.py``). The loop
+talks to a ``runtime.TrainingRuntime`` (``AccelerateRuntime`` or ``ShardedRuntime``) for everything that
+differs between the two.
+
+Structure: ``check_arguments`` → ``make_runtime`` → ``setup`` (tokenizer, config, data, model, optimizer,
+scheduler → ``TrainingSetup``) → ``restore`` (checkpoint) → ``train`` (``train_epoch`` → per micro-batch
+``micro_batch_inputs`` and ``forward_backward``, per update ``optimizer_step`` and ``after_update``:
+``log_row``, ``evaluate``, ``save_checkpoint``) → ``save_outputs``.
 
 Exact resume. Every source of randomness in a training step is a pure function of the run's seed and the
 position in the data, never of what ran before in the process:
 - data order: ``EpochShuffleSampler`` (permutation seeded with seed + epoch); after a resume the epoch's
-  already-seen batches are skipped with ``accelerator.skip_first_batches``;
+  already-seen batches are skipped (``accelerator.skip_first_batches``; sharded: the batch sampler's ``skip``);
 - MLM masks: per block, seeded with ``mix_seed(seed, epoch, block index)`` (see ``data.mask_tokens``);
 - dropout: the global torch RNG is reseeded before every micro-batch with
-  ``mix_seed(seed, "step", global micro-batch index, process index)``.
+  ``mix_seed(seed, "step", global micro-batch index, data-parallel rank)``.
 Checkpoints (``accelerator.save_state`` into ``output_dir/checkpoints/step_<k>``: model safetensors, AdamW
-state, scheduler, RNG states, plus ``training_state.json``) are written to a temporary folder and renamed,
+state, scheduler, RNG states, plus ``training_state.json``; sharded: DCP shards of model and AdamW state,
+scheduler, RNG states) are written to a temporary folder and renamed,
 so a killed run never leaves a partial checkpoint. Resuming from step k therefore reproduces the losses of
 an uninterrupted run bit for bit (same process count and batch sizes), and ``train_log.jsonl`` is cut back
 to the rows with step ≤ k first. The log is also flushed at each checkpoint step so that logging windows
@@ -25,18 +35,19 @@ per micro-batch with ``mix_seed(seed, "split", …)`` — identical on every ran
 MLM loss on the targets only: for this package's ``*ForMaskedLM`` the training module is
 ``TargetOnlyMLMLoss``, which applies the LM head to the masked positions only (same loss and gradients;
 the head is most of a small model's compute). Checkpoints then hold ``model.``-prefixed keys; the final
-``save_pretrained`` writes the plain model.
+``save_pretrained`` writes the plain model. (Sharded runs use the full head: FSDP2 gathers parameters in the
+root module's forward.)
 
 Gradient accumulation is explicit: a window of ``gradient_accumulation_steps`` micro-batches (shorter at
 the end of an epoch) is averaged by dividing each micro-batch loss by the window size; DDP gradient
-all-reduce is skipped (``accelerator.no_sync``) except on the window's last micro-batch. The scheduler
+all-reduce is skipped (``accelerator.no_sync``; FSDP2: ``set_requires_gradient_sync``) except on the
+window's last micro-batch. The scheduler
 steps once per optimizer step (not once per process, as a prepared scheduler would).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import math
@@ -74,12 +85,23 @@ from .data import (
 )
 from .evaluation import evaluate_lm, special_token_ids
 from .modeling import (
+    LM_AUTO_CLASSES,
     TargetOnlyMLMLoss,
     build_config,
     build_lm_model,
     check_model_type,
     has_target_only_mlm_head,
     load_tokenizer,
+)
+from .runtime import AccelerateRuntime, TrainingRuntime, language_model
+from .sharded import (
+    INITIAL_MODEL_DIR,
+    SIZE_FLAGS,
+    ParallelLayout,
+    ShardedRuntime,
+    check_layout,
+    check_parallel_plans,
+    model_class_for,
 )
 
 logger = logging.getLogger(__name__)
@@ -165,6 +187,17 @@ class PretrainArguments:
     max_eval_samples: int | None = field(default=None, metadata={"help": "Use only the first N validation blocks."})
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for datasets.map."})
     disable_tqdm: bool = field(default=False, metadata={"help": "No progress bars (training and datasets.map)."})
+    fsdp_size: int = field(
+        default=1,
+        metadata={"help": "Sharded run (torchrun, Transformers' DistributedConfig; docs/training.md): ranks every "
+                  "parameter is FSDP2-sharded over. dp_replicate_size × fsdp_size × tp_size = WORLD_SIZE."},
+    )
+    tp_size: int = field(
+        default=1, metadata={"help": "Sharded run: tensor-parallel ranks (the family's base_model_tp_plan)."}
+    )
+    dp_replicate_size: int = field(
+        default=1, metadata={"help": "Sharded run: replicas of the FSDP shards (HSDP; e.g. the number of nodes)."}
+    )
 
     def __post_init__(self) -> None:
         """Check every value that needs no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it.
@@ -194,6 +227,12 @@ class PretrainArguments:
         check_number("adam_beta2", self.adam_beta2, 0, 1, open_high=True)
         check_number("adam_epsilon", self.adam_epsilon, 0, open_low=True)
         check_number("max_grad_norm", self.max_grad_norm, 0)
+        for name in SIZE_FLAGS:
+            check_positive(name, getattr(self, name))
+        if self.layout.sharded and self.mixed_precision == "fp16":
+            raise FlagError("mixed_precision", "mixed_precision='fp16' needs a loss scaler, which a sharded run "
+                                               f"({self.layout.flag()}={getattr(self.layout, self.layout.flag())}) "
+                                               "has not; use bf16.")
         for name in ("validation_file", "text_column_name"):
             if getattr(self, name) is not None and self.train_file is None:
                 raise FlagError(name, f"{name} needs a train_file (the embedded corpus is one text column).")
@@ -213,6 +252,12 @@ class PretrainArguments:
             self.checkpointing_steps = value
 
 
+    @property
+    def layout(self) -> ParallelLayout:
+        """The process mesh of ``--dp_replicate_size``/``--fsdp_size``/``--tp_size`` (sharded iff one is > 1)."""
+        return ParallelLayout(tp_size=self.tp_size, fsdp_size=self.fsdp_size, dp_replicate_size=self.dp_replicate_size)
+
+
 def _choice(name: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
         raise FlagError(name, f"{name} must be one of {allowed}, got {value!r}.")
@@ -228,18 +273,59 @@ class PretrainResult:
     log_file: str
 
 
-def make_accelerator(mixed_precision: str = "no", log_with: str | None = None, project_dir: str | None = None) -> Any:
-    """An ``Accelerator``. Outside a distributed launch, accelerate's process-wide state from an earlier
-    in-process run (another precision, a Trainer) is cleared first, so the API can be called repeatedly."""
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
+@dataclass
+class TrainingSetup:
+    """Everything ``setup`` builds from the arguments: the fixed inputs of the training loop."""
 
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        AcceleratorState._reset_state()
-        GradientState._reset_state()
-    return Accelerator(mixed_precision=mixed_precision, log_with=log_with, project_dir=project_dir)
+    args: PretrainArguments
+    runtime: TrainingRuntime
+    tokenizer: Any
+    config: Any
+    blocks: dict[str, Any]
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    batches_per_epoch: int
+    max_steps: int
+    num_epochs: int
+    special_ids: list[int]
+    checkpoint: Path | None
+
+    @property
+    def output_dir(self) -> Path:
+        """``--output_dir``."""
+        return Path(self.args.output_dir)
+
+    @property
+    def log_path(self) -> Path:
+        """``output_dir/train_log.jsonl``."""
+        return self.output_dir / LOG_FILE
+
+    @property
+    def updates_per_epoch(self) -> int:
+        """Optimizer steps per epoch (the last accumulation window of an epoch may be shorter)."""
+        return math.ceil(self.batches_per_epoch / self.args.gradient_accumulation_steps)
+
+    @property
+    def eval_blocks(self) -> Any:
+        """The validation blocks, or ``None`` when there are none."""
+        return self.blocks["validation"] if len(self.blocks["validation"]) > 0 else None
 
 
+@dataclass
+class LoopState:
+    """What changes while training: steps done, loss accumulators, the last row and evaluation."""
+
+    completed: int
+    window_loss: torch.Tensor
+    log_loss: torch.Tensor
+    log_updates: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    last_row: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+
+# ---------------------------------------------------------------- small pieces
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """AdamW groups: decay on matrices (ndim ≥ 2), none on biases, norm gains and per-head scalars."""
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
@@ -263,22 +349,43 @@ def find_checkpoint(output_dir: str, name: str) -> Path:
     return max(found, key=lambda p: json.loads((p / STATE_FILE).read_text())["completed_steps"])
 
 
-def save_checkpoint(accelerator: Any, output_dir: str, name: str, state: dict[str, Any]) -> Path:
-    """``accelerator.save_state`` into ``checkpoints/.<name>.tmp``, then an atomic rename to ``<name>``."""
+def check_checkpoint_kind(checkpoint: Path, args: PretrainArguments) -> None:
+    """``FlagError`` naming ``resume_from_checkpoint`` when the checkpoint was written by the other path (a
+    sharded run writes DCP folders, the accelerate path ``save_state`` folders) or, for a sharded one, with
+    another global batch size (the data position would not match)."""
+    state = json.loads((checkpoint / STATE_FILE).read_text())
+    written_sharded = state.get("format") == "dcp"
+    if written_sharded != args.layout.sharded:
+        kind = "a sharded (DistributedConfig, DCP)" if written_sharded else "an accelerate"
+        raise FlagError("resume_from_checkpoint",
+                        f"resume_from_checkpoint: {str(checkpoint)!r} was written by {kind} run; resume it "
+                        f"with the same kind of launch ({'the same' if written_sharded else 'no'} "
+                        "--fsdp_size/--tp_size/--dp_replicate_size).")
+    if written_sharded:
+        batch = args.per_device_train_batch_size * args.layout.dp_size
+        if state["global_batch_size"] != batch:
+            raise FlagError("resume_from_checkpoint",
+                            f"resume_from_checkpoint: {str(checkpoint)!r} was trained with a global batch of "
+                            f"{state['global_batch_size']} blocks, this run has per_device_train_batch_size × "
+                            f"dp_size = {batch}.")
+
+
+def save_checkpoint(runtime: TrainingRuntime, output_dir: str, name: str, state: dict[str, Any]) -> Path:
+    """``runtime.save_state`` into ``checkpoints/.<name>.tmp``, then an atomic rename to ``<name>``."""
     root = Path(output_dir) / CHECKPOINT_DIR
     final, staging = root / name, root / f".{name}.tmp"
-    if accelerator.is_main_process:
+    if runtime.is_main_process:
         shutil.rmtree(staging, ignore_errors=True)
         root.mkdir(parents=True, exist_ok=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(staging))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
+    runtime.wait_for_everyone()
+    runtime.save_state(staging)
+    runtime.wait_for_everyone()
+    if runtime.is_main_process:
         (staging / STATE_FILE).write_text(json.dumps(state))
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging, final)
-    accelerator.wait_for_everyone()
+    runtime.wait_for_everyone()
     return final
 
 
@@ -291,21 +398,21 @@ def truncate_log(path: Path, last_step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
-def _training_blocks(args: PretrainArguments, tokenizer: Any, accelerator: Any) -> dict[str, Any]:
+def _training_blocks(args: PretrainArguments, tokenizer: Any, runtime: TrainingRuntime) -> dict[str, Any]:
     from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
 
     bars = is_progress_bar_enabled()
     if args.disable_tqdm and bars:
         disable_progress_bar()
     try:
-        return _load_blocks(args, tokenizer, accelerator)
+        return _load_blocks(args, tokenizer, runtime)
     finally:
         if args.disable_tqdm and bars:
             enable_progress_bar()
 
 
-def _load_blocks(args: PretrainArguments, tokenizer: Any, accelerator: Any) -> dict[str, Any]:
-    with accelerator.main_process_first():
+def _load_blocks(args: PretrainArguments, tokenizer: Any, runtime: TrainingRuntime) -> dict[str, Any]:
+    with runtime.main_process_first():
         eos = tokenizer.eos_token_id if args.objective == "clm" else None
         with quiet_progress():  # the checks: a bad file prints its one error line alone
             raw = load_text_datasets(
@@ -330,24 +437,10 @@ def _load_blocks(args: PretrainArguments, tokenizer: Any, accelerator: Any) -> d
     return blocks
 
 
-def _language_model(module: torch.nn.Module) -> torch.nn.Module:
-    """The ``*ForMaskedLM``/``*ForCausalLM`` inside the (unwrapped) training module."""
-    return module.model if isinstance(module, TargetOnlyMLMLoss) else module
-
-
-def pretrain(args: PretrainArguments) -> PretrainResult:
-    """Run MLM/CLM pretraining as described in the module docstring; returns a ``PretrainResult``.
-
-    Writes to ``args.output_dir``: the model (safetensors + remote code + config), the tokenizer,
-    ``train_log.jsonl`` (step, epoch, loss, lr, grad_norm, eval_* when evaluated), ``all_results.json``,
-    ``pretrain_args.json`` and ``checkpoints/``. Nothing is written before the output folder, tokenizer,
-    config, checkpoint, data and model are checked: a bad one raises ``FlagError`` naming its argument.
-    """
-    from accelerate.utils import set_seed
-    from torch.utils.data import DataLoader
-    from tqdm.auto import tqdm
-    from transformers import get_scheduler
-
+# ---------------------------------------------------------------- setup
+def check_arguments(args: PretrainArguments) -> None:
+    """The checks that need files or the launch but no model: output folder, model folder, TensorBoard, and
+    for a sharded run the process count (``FlagError`` naming the flag; nothing is written)."""
     check_output_dir("output_dir", args.output_dir)
     if args.model_name_or_path is not None:
         check_model_folder("model_name_or_path", args.model_name_or_path, weights=True)
@@ -357,17 +450,86 @@ def pretrain(args: PretrainArguments) -> PretrainResult:
         if importlib.util.find_spec("tensorboard") is None and importlib.util.find_spec("tensorboardX") is None:
             raise FlagError("with_tracking",
                             "with_tracking logs to TensorBoard, which is not installed (pip install tensorboard).")
-    accelerator = make_accelerator(
-        args.mixed_precision, "tensorboard" if args.with_tracking else None, args.output_dir
-    )
-    main = accelerator.is_main_process
-    if not main:
+    if args.layout.sharded:
+        check_layout(args.layout)
+
+
+def make_runtime(args: PretrainArguments) -> TrainingRuntime:
+    """``ShardedRuntime`` when a size flag is above 1, else ``AccelerateRuntime``; other processes than the
+    main one log errors only."""
+    tracking_dir = Path(args.output_dir) / "tensorboard" if args.with_tracking else None
+    if args.layout.sharded:
+        runtime: TrainingRuntime = ShardedRuntime(args.layout, args.mixed_precision, tracking_dir)
+    else:
+        runtime = AccelerateRuntime(args.mixed_precision, "tensorboard" if args.with_tracking else None,
+                                    args.output_dir)
+    if not runtime.is_main_process:
         import datasets
         import transformers
 
         datasets.utils.logging.set_verbosity_error()
         transformers.utils.logging.set_verbosity_error()
-    output_dir = Path(args.output_dir)
+    return runtime
+
+
+def build_model(args: PretrainArguments, config: Any, runtime: TrainingRuntime) -> torch.nn.Module:
+    """The training module, with initial weights that depend on the seed only.
+
+    accelerate path: the model (``TargetOnlyMLMLoss``-wrapped for this package's MLMs). Sharded path: rank 0
+    builds the model with the seed into ``checkpoints/.initial_model`` (or ``--model_name_or_path`` is used),
+    then every rank loads it sharded (``ShardedRuntime.load_model``); the MLM head runs on every position there
+    (FSDP2 gathers parameters in the root module's forward, which calling ``model.lm_head`` alone would skip).
+    """
+    from accelerate.utils import set_seed
+
+    if not args.layout.sharded:
+        set_seed(args.seed)  # (again) so that the initialisation depends on the seed only
+        with quiet_progress():
+            model = build_lm_model(config, args.objective, args.model_name_or_path)
+        if args.objective == "mlm" and has_target_only_mlm_head(model):
+            model = TargetOnlyMLMLoss(model)  # the MLM head runs on the masked positions only
+        return model
+    model_class, meta_model = model_class_for(config, LM_AUTO_CLASSES[args.objective])
+    check_parallel_plans(meta_model, args.layout)  # the last check: from here on the run writes
+    source = Path(args.model_name_or_path) if args.model_name_or_path else initial_model_dir(args)
+    if args.model_name_or_path is None and runtime.is_main_process:
+        shutil.rmtree(source, ignore_errors=True)
+        set_seed(args.seed)
+        with quiet_progress():
+            build_lm_model(config, args.objective).save_pretrained(source)
+    runtime.wait_for_everyone()
+    with quiet_progress():
+        return runtime.load_model(model_class, config, source)
+
+
+def initial_model_dir(args: PretrainArguments) -> Path:
+    """Where rank 0 writes the seeded initial model of a sharded run (removed when the run ends)."""
+    return Path(args.output_dir) / CHECKPOINT_DIR / INITIAL_MODEL_DIR
+
+
+def remove_initial_model(args: PretrainArguments) -> None:
+    """Remove ``checkpoints/.initial_model`` (and ``checkpoints/`` when that leaves it empty)."""
+    folder = initial_model_dir(args)
+    shutil.rmtree(folder, ignore_errors=True)
+    if folder.parent.is_dir() and not any(folder.parent.iterdir()):
+        folder.parent.rmdir()
+
+
+def make_optimizer(args: PretrainArguments, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW over ``parameter_groups``."""
+    return torch.optim.AdamW(
+        parameter_groups(model, args.weight_decay),
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
+    )
+
+
+def setup(args: PretrainArguments, runtime: TrainingRuntime) -> TrainingSetup:
+    """Tokenizer, config, checkpoint to resume, data, model, optimizer, scheduler — every input is checked
+    (``FlagError``) before the output folder is created."""
+    from accelerate.utils import set_seed
+    from transformers import get_scheduler
 
     set_seed(args.seed)
     tokenizer = load_tokenizer(args.tokenizer_name)
@@ -382,204 +544,279 @@ def pretrain(args: PretrainArguments) -> PretrainResult:
         max_seq_length=args.max_seq_length,
     )
     checkpoint = find_checkpoint(args.output_dir, args.resume_from_checkpoint) if args.resume_from_checkpoint else None
-    blocks = _training_blocks(args, tokenizer, accelerator)
-    eval_blocks = blocks["validation"] if len(blocks["validation"]) > 0 else None
-    set_seed(args.seed)  # (again) so that the initialisation depends on the seed only
-    with quiet_progress():
-        model = build_lm_model(config, args.objective, args.model_name_or_path)
-    if args.objective == "mlm" and has_target_only_mlm_head(model):
-        model = TargetOnlyMLMLoss(model)  # the MLM head runs on the masked positions only
-    if main:  # every input is valid: from here on the run writes
-        output_dir.mkdir(parents=True, exist_ok=True)
-    accelerator.wait_for_everyone()
+    if checkpoint is not None:
+        check_checkpoint_kind(checkpoint, args)
+    blocks = _training_blocks(args, tokenizer, runtime)
+    model = build_model(args, config, runtime)
+    if runtime.is_main_process:  # every input is valid: from here on the run writes
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    runtime.wait_for_everyone()
 
     sampler = EpochShuffleSampler(len(blocks["train"]), args.seed)
-    train_loader = DataLoader(
-        IndexedBlocks(blocks["train"]),
-        batch_size=args.per_device_train_batch_size,
-        sampler=sampler,
-        collate_fn=collate_blocks,
-    )
-    optimizer = torch.optim.AdamW(
-        parameter_groups(model, args.weight_decay),
-        lr=args.learning_rate,
-        betas=(args.adam_beta1, args.adam_beta2),
-        eps=args.adam_epsilon,
-    )
-    model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
-    batches_per_epoch = len(train_loader)
-    ga = args.gradient_accumulation_steps
-    updates_per_epoch = math.ceil(batches_per_epoch / ga)
+    model, optimizer = runtime.prepare(model, make_optimizer(args, model), IndexedBlocks(blocks["train"]), sampler,
+                                       args.per_device_train_batch_size, collate_blocks)
+    batches_per_epoch = runtime.batches_per_epoch()
+    updates_per_epoch = math.ceil(batches_per_epoch / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
-    num_epochs = math.ceil(max_steps / updates_per_epoch)
     scheduler = get_scheduler(
         args.lr_scheduler_type,
         optimizer=optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer,
         num_warmup_steps=args.num_warmup_steps,
         num_training_steps=max_steps,
     )
-    accelerator.register_for_checkpointing(scheduler)
-
-    log_path = output_dir / LOG_FILE
-    completed = 0
-    if checkpoint is not None:
-        accelerator.load_state(str(checkpoint))
-        completed = json.loads((checkpoint / STATE_FILE).read_text())["completed_steps"]
-        if main:
-            truncate_log(log_path, completed)
-            logger.info("Resumed from %s at step %d", checkpoint, completed)
-    elif main and log_path.exists():
-        log_path.unlink()
-    accelerator.wait_for_everyone()
-
-    if args.with_tracking:
-        hparams = {k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))}
-        accelerator.init_trackers("tensorboard", hparams)
-
-    special_ids = special_token_ids(tokenizer)
-    ckpt_every = int(args.checkpointing_steps) if (args.checkpointing_steps or "").isdigit() else None
-    progress = tqdm(total=max_steps, initial=completed, disable=args.disable_tqdm or not accelerator.is_local_main_process,
-                    desc=f"pretrain {config.model_type} ({args.objective})")
-    started = time.perf_counter()
-    window_loss = torch.zeros((), device=accelerator.device)
-    log_loss, log_updates = torch.zeros((), device=accelerator.device), 0
-    metrics: dict[str, float] = {}
-    last_row: dict[str, Any] = {}
-
-    def evaluate() -> dict[str, float]:
-        if eval_blocks is None:
-            return {}
-        result = evaluate_lm(
-            _language_model(accelerator.unwrap_model(model)), eval_blocks, objective=args.objective, tokenizer=tokenizer,
-            batch_size=args.per_device_eval_batch_size, mlm_probability=args.mlm_probability,
-            seed=args.seed, accelerator=accelerator,
-        )
-        model.train()
-        keys = ("loss", "perplexity", "accuracy") if args.objective == "mlm" else ("loss", "perplexity")
-        return {f"eval_{k}": result[k] for k in keys}
-
-    start_epoch = completed // updates_per_epoch
-    for epoch in range(start_epoch, num_epochs):
-        if completed >= max_steps:
-            break
-        model.train()
-        train_loader.set_epoch(epoch)
-        sampler.set_epoch(epoch)
-        skip = (completed - epoch * updates_per_epoch) * ga
-        loader = accelerator.skip_first_batches(train_loader, skip) if skip > 0 else train_loader
-        micro = skip
-        for batch in loader:
-            torch.manual_seed(mix_seed(args.seed, "step", epoch * batches_per_epoch + micro, accelerator.process_index))
-            window_start = micro // ga * ga
-            window = min(ga, batches_per_epoch - window_start)
-            micro += 1
-            sync = micro - window_start == window
-            input_ids = batch["input_ids"]
-            if args.objective == "mlm":
-                seeds = [mix_seed(args.seed, epoch, int(i)) for i in batch["index"]]
-                input_ids, labels = mask_tokens(
-                    input_ids, seeds, mask_token_id=tokenizer.mask_token_id, vocab_size=config.vocab_size,
-                    special_ids=special_ids, probability=args.mlm_probability,
-                )
-            else:
-                labels = input_ids
-            if args.mixed_length_splits:  # cut each block into k shorter ones (masks drawn on the full block)
-                splits = args.mixed_length_splits
-                k = splits[mix_seed(args.seed, "split", epoch * batches_per_epoch + micro) % len(splits)]
-                input_ids, labels = (t.reshape(-1, t.shape[1] // k) for t in (input_ids, labels))
-            with contextlib.nullcontext() if sync else accelerator.no_sync(model):
-                loss = model(input_ids=input_ids, labels=labels).loss
-                accelerator.backward(loss / window)
-            window_loss += loss.detach().float() / window
-            if not sync:
-                continue
-
-            grad_norm = None
-            if args.max_grad_norm > 0:
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            optimizer.step()
-            if not accelerator.optimizer_step_was_skipped:
-                scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            completed += 1
-            progress.update(1)
-            log_loss += window_loss
-            log_updates += 1
-            window_loss.zero_()
-
-            epoch_end = micro == batches_per_epoch
-            ckpt_name = None
-            if ckpt_every and completed % ckpt_every == 0:
-                ckpt_name = f"step_{completed}"
-            elif args.checkpointing_steps == "epoch" and epoch_end:
-                ckpt_name = f"epoch_{epoch}"
-            eval_due = (
-                completed == max_steps or epoch_end or (args.eval_steps and completed % args.eval_steps == 0)
-            )
-            if eval_due or ckpt_name or completed % args.logging_steps == 0:
-                mean_loss = accelerator.reduce(log_loss / log_updates, reduction="mean")
-                row = {
-                    "step": completed,
-                    "epoch": round(completed / updates_per_epoch, 4),
-                    "loss": float(mean_loss),
-                    "lr": scheduler.get_last_lr()[0],
-                }
-                if grad_norm is not None:
-                    row["grad_norm"] = float(grad_norm)
-                if eval_due:
-                    metrics = evaluate()
-                    row.update(metrics)
-                row["elapsed_s"] = round(time.perf_counter() - started, 3)
-                log_loss.zero_()
-                log_updates = 0
-                last_row = row
-                progress.set_postfix(loss=f"{row['loss']:.4f}")
-                if main:
-                    with log_path.open("a") as handle:
-                        handle.write(json.dumps(row) + "\n")
-                if args.with_tracking:
-                    accelerator.log({k: v for k, v in row.items() if k != "step"}, step=completed)
-            if ckpt_name:
-                save_checkpoint(accelerator, args.output_dir, ckpt_name, {"completed_steps": completed, "epoch": epoch})
-            if completed >= max_steps:
-                break
-    progress.close()
-
-    if not metrics and completed > 0:
-        metrics = evaluate()
-    accelerator.wait_for_everyone()
-    unwrapped = _language_model(accelerator.unwrap_model(model))
-    state_dict = accelerator.get_state_dict(model)
-    if state_dict is not None and unwrapped is not accelerator.unwrap_model(model):
-        state_dict = {key.removeprefix("model."): value for key, value in state_dict.items()}
-    unwrapped.save_pretrained(
-        args.output_dir, is_main_process=main, save_function=accelerator.save, state_dict=state_dict
+    runtime.register_for_checkpointing(scheduler)
+    return TrainingSetup(
+        args=args, runtime=runtime, tokenizer=tokenizer, config=config, blocks=blocks, model=model,
+        optimizer=optimizer, scheduler=scheduler, batches_per_epoch=batches_per_epoch, max_steps=max_steps,
+        num_epochs=math.ceil(max_steps / updates_per_epoch), special_ids=special_token_ids(tokenizer),
+        checkpoint=checkpoint,
     )
-    if main:
-        tokenizer.model_max_length = unwrapped.config.max_position_embeddings
-        tokenizer.save_pretrained(args.output_dir)
-        results = {**metrics, "train_loss": last_row.get("loss"), "step": completed,
-                   "epoch": round(completed / updates_per_epoch, 4)}
-        (output_dir / "all_results.json").write_text(json.dumps(results, indent=2))
+
+
+def restore(run: TrainingSetup) -> int:
+    """Load the checkpoint to resume (if any) and cut ``train_log.jsonl`` back to its step, else remove an old
+    log; returns the optimizer steps already done."""
+    completed = 0
+    if run.checkpoint is not None:
+        run.runtime.load_state(run.checkpoint)
+        completed = json.loads((run.checkpoint / STATE_FILE).read_text())["completed_steps"]
+        if run.runtime.is_main_process:
+            truncate_log(run.log_path, completed)
+            logger.info("Resumed from %s at step %d", run.checkpoint, completed)
+    elif run.runtime.is_main_process and run.log_path.exists():
+        run.log_path.unlink()
+    run.runtime.wait_for_everyone()
+    return completed
+
+
+# ---------------------------------------------------------------- one step
+def micro_batch_inputs(run: TrainingSetup, batch: dict[str, torch.Tensor], epoch: int,
+                       micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, labels)`` of the ``micro``-th (1-based) micro-batch of ``epoch``: MLM masks seeded per
+    block; mixed-length pretraining cuts the blocks into k pieces (k seeded per micro-batch)."""
+    args = run.args
+    input_ids = batch["input_ids"]
+    if args.objective == "mlm":
+        seeds = [mix_seed(args.seed, epoch, int(i)) for i in batch["index"]]
+        input_ids, labels = mask_tokens(
+            input_ids, seeds, mask_token_id=run.tokenizer.mask_token_id, vocab_size=run.config.vocab_size,
+            special_ids=run.special_ids, probability=args.mlm_probability,
+        )
+    else:
+        labels = input_ids
+    if args.mixed_length_splits:  # cut each block into k shorter ones (masks drawn on the full block)
+        splits = args.mixed_length_splits
+        k = splits[mix_seed(args.seed, "split", epoch * run.batches_per_epoch + micro) % len(splits)]
+        input_ids, labels = (t.reshape(-1, t.shape[1] // k) for t in (input_ids, labels))
+    return input_ids, labels
+
+
+def forward_backward(run: TrainingSetup, input_ids: torch.Tensor, labels: torch.Tensor, window: int,
+                     sync: bool) -> torch.Tensor:
+    """Loss of one micro-batch and its gradients (scaled by 1/window), reduced across ranks only if ``sync``."""
+    runtime = run.runtime
+    with runtime.accumulate(run.model, sync):
+        with runtime.forward_context():
+            loss = run.model(input_ids=input_ids, labels=labels).loss
+        runtime.backward(loss / window)
+    return loss.detach().float()
+
+
+def optimizer_step(run: TrainingSetup) -> torch.Tensor | None:
+    """Clip (``--max_grad_norm``), step optimizer and scheduler, clear the gradients; returns the norm."""
+    grad_norm = None
+    if run.args.max_grad_norm > 0:
+        grad_norm = run.runtime.clip_grad_norm_(run.model, run.args.max_grad_norm)
+    run.optimizer.step()
+    if not run.runtime.optimizer_step_was_skipped():
+        run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+def checkpoint_name(run: TrainingSetup, completed: int, epoch: int, epoch_end: bool) -> str | None:
+    """``step_<k>`` every ``--checkpointing_steps`` steps, ``epoch_<e>`` at epoch ends with ``epoch``, else None."""
+    every = run.args.checkpointing_steps
+    if every and every.isdigit() and completed % int(every) == 0:
+        return f"step_{completed}"
+    if every == "epoch" and epoch_end:
+        return f"epoch_{epoch}"
+    return None
+
+
+def checkpoint_state(run: TrainingSetup, completed: int, epoch: int) -> dict[str, Any]:
+    """``training_state.json``: the step and epoch (and, for a sharded run, its format and global batch)."""
+    state: dict[str, Any] = {"completed_steps": completed, "epoch": epoch}
+    if run.args.layout.sharded:
+        state.update(format="dcp", global_batch_size=run.args.per_device_train_batch_size * run.args.layout.dp_size,
+                     layout=asdict(run.args.layout))
+    return state
+
+
+# ---------------------------------------------------------------- logging
+def evaluate(run: TrainingSetup) -> dict[str, float]:
+    """``eval_loss``, ``eval_perplexity`` (and ``eval_accuracy`` for MLM) on the validation blocks, sharded
+    over the data-parallel ranks; ``{}`` without validation blocks."""
+    if run.eval_blocks is None:
+        return {}
+    args = run.args
+    result = evaluate_lm(
+        language_model(run.runtime.unwrap_model(run.model)), run.eval_blocks, objective=args.objective,
+        tokenizer=run.tokenizer, batch_size=args.per_device_eval_batch_size, mlm_probability=args.mlm_probability,
+        seed=args.seed, accelerator=run.runtime,
+    )
+    run.model.train()
+    keys = ("loss", "perplexity", "accuracy") if args.objective == "mlm" else ("loss", "perplexity")
+    return {f"eval_{k}": result[k] for k in keys}
+
+
+def log_row(run: TrainingSetup, state: LoopState, grad_norm: torch.Tensor | None, eval_due: bool) -> dict[str, Any]:
+    """One ``train_log.jsonl`` row: the mean loss since the last row (over ranks), lr, grad norm, evaluation;
+    appended by the main process, sent to TensorBoard under ``--with_tracking``."""
+    mean_loss = run.runtime.reduce(state.log_loss / state.log_updates, reduction="mean")
+    row = {
+        "step": state.completed,
+        "epoch": round(state.completed / run.updates_per_epoch, 4),
+        "loss": float(mean_loss),
+        "lr": run.scheduler.get_last_lr()[0],
+    }
+    if grad_norm is not None:
+        row["grad_norm"] = float(grad_norm)
+    if eval_due:
+        state.metrics = evaluate(run)
+        row.update(state.metrics)
+    row["elapsed_s"] = round(time.perf_counter() - state.started, 3)
+    state.log_loss.zero_()
+    state.log_updates = 0
+    state.last_row = row
+    if run.runtime.is_main_process:
+        with run.log_path.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+    if run.args.with_tracking:
+        run.runtime.log({k: v for k, v in row.items() if k != "step"}, step=state.completed)
+    return row
+
+
+# ---------------------------------------------------------------- the loop
+def after_update(run: TrainingSetup, state: LoopState, epoch: int, epoch_end: bool,
+                 grad_norm: torch.Tensor | None, progress: Any) -> None:
+    """Book-keeping after an optimizer step: progress, logging (every ``--logging_steps``, at evaluations and
+    checkpoints), evaluation (``--eval_steps``, epoch ends, the last step), checkpoints."""
+    args = run.args
+    state.completed += 1
+    progress.update(1)
+    state.log_loss += state.window_loss
+    state.log_updates += 1
+    state.window_loss.zero_()
+    name = checkpoint_name(run, state.completed, epoch, epoch_end)
+    eval_due = bool(state.completed == run.max_steps or epoch_end
+                    or (args.eval_steps and state.completed % args.eval_steps == 0))
+    if eval_due or name or state.completed % args.logging_steps == 0:
+        row = log_row(run, state, grad_norm, eval_due)
+        progress.set_postfix(loss=f"{row['loss']:.4f}")
+    if name:
+        save_checkpoint(run.runtime, args.output_dir, name, checkpoint_state(run, state.completed, epoch))
+
+
+def train_epoch(run: TrainingSetup, state: LoopState, epoch: int, progress: Any) -> None:
+    """The rest of ``epoch`` from ``state.completed`` (skipping its already-trained micro-batches)."""
+    args, runtime = run.args, run.runtime
+    ga, batches = args.gradient_accumulation_steps, run.batches_per_epoch
+    run.model.train()
+    skip = (state.completed - epoch * run.updates_per_epoch) * ga
+    micro = skip
+    for batch in runtime.epoch_batches(epoch, skip):
+        torch.manual_seed(mix_seed(args.seed, "step", epoch * batches + micro, runtime.process_index))
+        window_start = micro // ga * ga
+        window = min(ga, batches - window_start)
+        micro += 1
+        sync = micro - window_start == window
+        input_ids, labels = micro_batch_inputs(run, batch, epoch, micro)
+        state.window_loss += forward_backward(run, input_ids, labels, window, sync) / window
+        if not sync:
+            continue
+        grad_norm = optimizer_step(run)
+        after_update(run, state, epoch, micro == batches, grad_norm, progress)
+        if state.completed >= run.max_steps:
+            break
+
+
+def train(run: TrainingSetup, completed: int) -> LoopState:
+    """Train from step ``completed`` to ``max_steps`` (with a ``tqdm`` bar on each node's main process)."""
+    from tqdm.auto import tqdm
+
+    args, runtime = run.args, run.runtime
+    if args.with_tracking:
+        runtime.init_trackers({k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))})
+    device = runtime.device
+    state = LoopState(completed=completed, window_loss=torch.zeros((), device=device),
+                      log_loss=torch.zeros((), device=device))
+    progress = tqdm(total=run.max_steps, initial=completed,
+                    disable=args.disable_tqdm or not runtime.is_local_main_process,
+                    desc=f"pretrain {run.config.model_type} ({args.objective})")
+    for epoch in range(completed // run.updates_per_epoch, run.num_epochs):
+        if state.completed >= run.max_steps:
+            break
+        train_epoch(run, state, epoch, progress)
+    progress.close()
+    if not state.metrics and state.completed > 0:
+        state.metrics = evaluate(run)
+    return state
+
+
+# ---------------------------------------------------------------- outputs
+def save_outputs(run: TrainingSetup, state: LoopState) -> None:
+    """The final folder: model (safetensors, config, remote code), tokenizer, ``all_results.json``,
+    ``pretrain_args.json`` (``train_log.jsonl`` and ``checkpoints/`` are already there)."""
+    args, runtime = run.args, run.runtime
+    runtime.wait_for_everyone()
+    runtime.save_model(run.model, args.output_dir)
+    if runtime.is_main_process:
+        model = language_model(runtime.unwrap_model(run.model))
+        run.tokenizer.model_max_length = model.config.max_position_embeddings
+        run.tokenizer.save_pretrained(args.output_dir)
+        epoch = round(state.completed / run.updates_per_epoch, 4)
+        results = {**state.metrics, "train_loss": state.last_row.get("loss"), "step": state.completed, "epoch": epoch}
+        (run.output_dir / "all_results.json").write_text(json.dumps(results, indent=2))
         info = {
             **asdict(args),
-            "model_type": unwrapped.config.model_type,
-            "num_parameters": sum(p.numel() for p in unwrapped.parameters()),
+            "model_type": model.config.model_type,
+            "num_parameters": sum(p.numel() for p in model.parameters()),
             "dataset": CORPUS_NAME if args.train_file is None else args.train_file,
             "dataset_name": "pydoc_data.topics (Python Language Reference)" if args.train_file is None
             else Path(args.train_file).name,
             "dataset_description": CORPUS_DESCRIPTION if args.train_file is None else f"local file {args.train_file}",
-            "train_blocks": len(blocks["train"]),
-            "validation_blocks": len(blocks["validation"]),
-            "num_processes": accelerator.num_processes,
-            "distributed_type": str(accelerator.distributed_type),
-            "mixed_precision": accelerator.mixed_precision,
+            "train_blocks": len(run.blocks["train"]),
+            "validation_blocks": len(run.blocks["validation"]),
+            **runtime.describe(),
         }
-        (output_dir / "pretrain_args.json").write_text(json.dumps(info, indent=2))
+        (run.output_dir / "pretrain_args.json").write_text(json.dumps(info, indent=2))
+        if args.layout.sharded:
+            remove_initial_model(args)
     if args.with_tracking:
-        accelerator.end_training()
-    accelerator.wait_for_everyone()
-    return PretrainResult(str(output_dir), completed, metrics, str(log_path))
+        runtime.end_training()
+    runtime.wait_for_everyone()
+
+
+def pretrain(args: PretrainArguments) -> PretrainResult:
+    """Run MLM/CLM pretraining as described in the module docstring; returns a ``PretrainResult``.
+
+    Writes to ``args.output_dir``: the model (safetensors + remote code + config), the tokenizer,
+    ``train_log.jsonl`` (step, epoch, loss, lr, grad_norm, eval_* when evaluated), ``all_results.json``,
+    ``pretrain_args.json`` and ``checkpoints/``. Nothing is written before the output folder, tokenizer,
+    config, checkpoint, data, model and (sharded) process layout are checked: a bad one raises ``FlagError``
+    naming its argument.
+    """
+    check_arguments(args)
+    runtime = make_runtime(args)
+    try:
+        run = setup(args, runtime)
+        state = train(run, restore(run))
+        save_outputs(run, state)
+    finally:
+        if isinstance(runtime, ShardedRuntime):
+            runtime.close()
+    return PretrainResult(str(run.output_dir), state.completed, state.metrics, str(run.log_path))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -604,4 +841,15 @@ def run(namespace: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["PretrainArguments", "PretrainResult", "add_arguments", "find_checkpoint", "pretrain", "run"]
+__all__ = [
+    "LoopState",
+    "PretrainArguments",
+    "PretrainResult",
+    "TrainingSetup",
+    "add_arguments",
+    "find_checkpoint",
+    "pretrain",
+    "run",
+    "setup",
+    "train",
+]

@@ -1,0 +1,104 @@
+"""Does tensor parallelism pay for GAU? Time one training step (forward + backward) of each family, whole on one
+process and split over the processes of ``torchrun`` with ``DistributedConfig(tp_size=WORLD_SIZE)``.
+
+    python scripts/tp_bench.py --threads 2                              # one process, 2 threads
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 scripts/tp_bench.py   # TP = 2, one thread each
+
+Both runs use the same cores. Besides the measured time, the script prints what each rank computes and sends per
+layer and token (``traffic``): GAU's plan gathers in_proj's output (2e + s wide) and all-reduces out_proj's
+(d wide), where a Llama-style layer all-reduces d twice; GAU computes its n×n attention on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from transformers.distributed import DistributedConfig
+
+from hf_attn_variants import (
+    EntropyInvariantConfig,
+    EntropyInvariantForCausalLM,
+    GAUConfig,
+    GAUForCausalLM,
+)
+
+
+def models(hidden: int, layers: int) -> dict[str, torch.nn.Module]:
+    """Two decoders of equal width: GAU (e = 2d, s = 128) and an entropy-invariant multi-head one (heads of 64)."""
+    common = {"vocab_size": 4096, "hidden_size": hidden, "num_hidden_layers": layers, "hidden_dropout_prob": 0.0,
+              "attention_probs_dropout_prob": 0.0, "tie_word_embeddings": False}
+    return {
+        "gau": GAUForCausalLM(GAUConfig(**common, expansion_factor=2, attention_key_size=128)),
+        "entropy_invariant": EntropyInvariantForCausalLM(EntropyInvariantConfig(
+            **common, num_attention_heads=hidden // 64, intermediate_size=4 * hidden)),
+    }
+
+
+def traffic(name: str, hidden: int, tp: int) -> dict[str, int]:
+    """Elements each rank receives per layer and token in the forward pass (ring collectives, (tp−1)/tp of each)."""
+    if tp == 1:
+        return {"gathered": 0, "all_reduced": 0}
+    share = (tp - 1) / tp
+    if name == "gau":
+        e, s = 2 * hidden, 128
+        return {"gathered": round((2 * e + s) * share), "all_reduced": round(2 * hidden * share)}
+    return {"gathered": 0, "all_reduced": round(2 * 2 * hidden * share)}
+
+
+def time_steps(model: torch.nn.Module, ids: torch.Tensor, repeats: int) -> float:
+    """Median seconds of forward + backward (after one warm-up step)."""
+    times = []
+    for index in range(repeats + 1):
+        if dist.is_initialized():
+            dist.barrier()
+        start = time.perf_counter()
+        model(input_ids=ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+        if index:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--length", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: OMP_NUM_THREADS)")
+    parser.add_argument("--folder", default="runs/tp_bench", help="where rank 0 saves the models the ranks load")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    torch.manual_seed(0)
+    ids = torch.randint(0, 4096, (args.batch, args.length))
+    for name, model in models(args.hidden, args.layers).items():
+        path = Path(args.folder) / name
+        if rank == 0:
+            model.save_pretrained(path)
+        if world > 1:
+            if not dist.is_initialized():
+                dist.init_process_group("gloo")
+            dist.barrier()
+            model = type(model).from_pretrained(path, distributed_config=DistributedConfig(tp_size=world))
+        seconds = time_steps(model.train(), ids, args.repeats)
+        if rank == 0:
+            print(json.dumps({"family": name, "tp": world, "threads": torch.get_num_threads(),
+                              "hidden": args.hidden, "layers": args.layers, "tokens": args.batch * args.length,
+                              "step_s": round(seconds, 3), "traffic_per_layer_token": traffic(name, args.hidden, world)}))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
