@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import torch
 from filelock import FileLock
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+from transformers.distributed import DistributedConfig
 
 from hf_attn_variants import (
     EntropyInvariantConfig,
@@ -223,3 +225,18 @@ def test_pipeline_parallel_logits_equal_one_process(parallel_run, name: str) -> 
     with torch.no_grad():
         expected = model(**inputs).logits
     torch.testing.assert_close(result["logits"], expected, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize(("model_class", "sizes", "message"), [
+    (GAUForMaskedLM, {"pp_size": 2}, "pp_size=2: Transformers' pipeline parallelism runs causal language models only"),
+    (EntropyInvariantForCausalLM, {"tp_size": 2, "fsdp_size": 2},
+     "tie_word_embeddings=True cannot be trained with tensor parallelism and FSDP together"),
+])
+def test_layouts_that_cannot_work_are_refused_while_the_model_is_built(model_class, sizes, message) -> None:
+    """Checked at construction, before Transformers shards anything (no processes needed): ``from_pretrained``
+    sets ``config.distributed_config`` before it builds the model."""
+    config = model_class.config_class(**{**COMMON, "tie_word_embeddings": True, **(
+        HEADS if model_class is EntropyInvariantForCausalLM else {"expansion_factor": 2, "attention_key_size": 8})})
+    config.distributed_config = DistributedConfig(**sizes)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        model_class(config)

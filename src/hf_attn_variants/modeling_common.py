@@ -361,6 +361,14 @@ class _HeadMixin:
 
     def _build_base(self, config: AttnVariantConfig) -> AttnVariantConfig:
         config = with_direction(config, self.is_decoder_head)
+        distributed = getattr(config, "distributed_config", None)
+        if not self.is_decoder_head and (getattr(distributed, "pp_size", None) or 1) > 1:
+            # Refused here: Transformers would split the layers anyway, and its last stage would then fail alone
+            # while the other stages wait for its logits forever.
+            raise ValueError(
+                f"pp_size={distributed.pp_size}: Transformers' pipeline parallelism runs causal language models only "
+                f"(it returns their outputs), not {type(self).__name__}; use tp_size or fsdp_size instead."
+            )
         super().__init__(config)
         self.model = self.base_model_class(config)
         return config
