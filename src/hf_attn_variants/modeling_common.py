@@ -353,6 +353,13 @@ class AttnVariantBackbone:
 # --------------------------------------------------------------------------------------------------
 # Heads
 # --------------------------------------------------------------------------------------------------
+def parallel_sizes(config: AttnVariantConfig) -> dict[str, int]:
+    """``{"tp", "fsdp", "dp_replicate", "pp"}`` sizes of the ``DistributedConfig`` that ``from_pretrained`` puts on
+    ``config.distributed_config`` before it builds the model; 1 for each without one (or on releases without it)."""
+    distributed = getattr(config, "distributed_config", None)
+    return {name: getattr(distributed, f"{name}_size", None) or 1 for name in ("tp", "fsdp", "dp_replicate", "pp")}
+
+
 class _HeadMixin:
     """Builds ``self.model`` from ``base_model_class`` with the head's attention direction."""
 
@@ -361,12 +368,12 @@ class _HeadMixin:
 
     def _build_base(self, config: AttnVariantConfig) -> AttnVariantConfig:
         config = with_direction(config, self.is_decoder_head)
-        distributed = getattr(config, "distributed_config", None)
-        if not self.is_decoder_head and (getattr(distributed, "pp_size", None) or 1) > 1:
+        pipeline = parallel_sizes(config)["pp"]
+        if not self.is_decoder_head and pipeline > 1:
             # Refused here: Transformers would split the layers anyway, and its last stage would then fail alone
             # while the other stages wait for its logits forever.
             raise ValueError(
-                f"pp_size={distributed.pp_size}: Transformers' pipeline parallelism runs causal language models only "
+                f"pp_size={pipeline}: Transformers' pipeline parallelism runs causal language models only "
                 f"(it returns their outputs), not {type(self).__name__}; use tp_size or fsdp_size instead."
             )
         super().__init__(config)
@@ -382,11 +389,10 @@ class _HeadMixin:
         families' FSDP plan wraps neither module alone. Tensor parallelism alone ties correctly afterwards (its plan
         shards each module's own ``weight``, so it cannot start tied); with FSDP as well it is refused.
         """
-        distributed = getattr(config, "distributed_config", None)
-        if not config.tie_word_embeddings or distributed is None:
+        if not config.tie_word_embeddings:
             return
-        data_parallel = (getattr(distributed, "fsdp_size", None) or 1) * (getattr(distributed, "dp_replicate_size", None) or 1)
-        tensor_parallel = getattr(distributed, "tp_size", None) or 1
+        sizes = parallel_sizes(config)
+        data_parallel, tensor_parallel = sizes["fsdp"] * sizes["dp_replicate"], sizes["tp"]
         if data_parallel > 1 and tensor_parallel > 1:
             raise ValueError(
                 f"tie_word_embeddings=True cannot be trained with tensor parallelism and FSDP together (tp_size="
@@ -616,6 +622,7 @@ __all__ = [
     "QuestionAnsweringHeadMixin",
     "SequenceClassificationHeadMixin",
     "TokenClassificationHeadMixin",
+    "parallel_sizes",
     "residual_block",
     "with_direction",
 ]
