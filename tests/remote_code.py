@@ -19,12 +19,14 @@ Usage from a family's tests::
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.metadata
 import json
 import os
 import subprocess
 import sys
 import venv
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +39,7 @@ from hf_attn_variants import AUTO_CLASSES
 
 OUTPUT_KEYS = ("last_hidden_state", "logits", "start_logits", "end_logits")
 
-TRANSFORMERS_RELEASES = ("5.0.0", "5.5.4", "5.10.4", "5.17.0")
+TRANSFORMERS_RELEASES = ("5.0.0", "5.5.4", "5.10.4", "5.17.0", "5.23.0", "5.24.0")
 """Releases the exported model code is tested on besides the installed one, oldest first; the first is
 ``hf_attn_variants.compat.MIN_TRANSFORMERS_VERSION`` (checked by a test)."""
 
@@ -150,24 +152,60 @@ def pinned_requirements(transformers_version: str | None = None) -> list[str]:
     return [f"{name}=={version}" for name, version in versions.items()]
 
 
+def cached_venv(tag: str, install: Callable[[Callable[..., None]], None]) -> Path:
+    """Path to the Python of the virtual environment ``cache_root()/tag``, created once: ``install(pip)`` fills it,
+    where ``pip(*args)`` runs that environment's pip (outside this one's ``PYTHONPATH``/``VIRTUAL_ENV``) and raises
+    when it fails. A file lock lets parallel xdist workers build it once; ``.ready`` marks a finished build."""
+    env_dir = cache_root() / tag
+    python = env_dir / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+    def pip(*args: str) -> None:
+        result = subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args], check=False, env=env,
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"building {env_dir}: pip {' '.join(args)} failed:\n{result.stderr[-3000:]}")
+
+    with FileLock(cache_root() / f"{tag}.lock"):
+        if not (env_dir / ".ready").exists():
+            venv.create(env_dir, with_pip=True, clear=True)
+            install(pip)
+            (env_dir / ".ready").touch()
+    return python
+
+
 def clean_python(transformers_version: str | None = None) -> Path:
     """Path to the Python of the cached clean environment for ``transformers_version`` (default: the installed
     one), created on first use (about a minute)."""
     requirements = pinned_requirements(transformers_version)
     tag = "-".join(r.replace("==", "") for r in requirements) + f"-py{sys.version_info[0]}{sys.version_info[1]}"
-    env_dir = cache_root() / f"clean-env-{tag}"
-    python = env_dir / "bin" / "python"
-    ready = env_dir / ".ready"
-    with FileLock(cache_root() / f"clean-env-{tag}.lock"):  # parallel xdist workers build it once
-        if not ready.exists():
-            venv.create(env_dir, with_pip=True, clear=True)
-            subprocess.run(
-                [str(python), "-m", "pip", "install", "--quiet", *requirements],
-                check=True,
-                env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
-            )
-            ready.touch()
-    return python
+    return cached_venv(f"clean-env-{tag}", lambda pip: pip("install", "--quiet", *requirements))
+
+
+CLIENT_PACKAGES = ("sentence-transformers==6.2.0", "lm-eval==0.4.13", "accelerate==1.15.0", "mteb==2.26.24", "onnx==1.23.2",
+                   "onnxruntime==1.32.0", "onnxscript==0.7.2")
+"""The client tools of tests/test_clients.py; every other package of their environment is pinned by
+``locks/clients.txt``."""
+CLIENT_LOCK = Path(__file__).resolve().parents[1] / "locks" / "clients.txt"
+
+
+def clean_python_with(packages: tuple[str, ...] | list[str], name: str, constraints: Path | None = None) -> Path:
+    """Path to the Python of a cached clean environment holding ``pinned_requirements()`` (torch, transformers,
+    safetensors and the test runners at the versions installed here) plus ``packages``, resolved under the
+    pip constraint file ``constraints`` (exact pins, e.g. a ``pip freeze``); never this package. Created on first
+    use under ``cache_root()``; a change of the packages, the pins or the constraint file's text makes a new one."""
+
+    requirements = [*pinned_requirements(), *packages]
+    text = constraints.read_text() if constraints is not None else ""
+    digest = hashlib.sha256("\n".join([*requirements, text]).encode()).hexdigest()[:12]
+    tag = f"{name}-{digest}-py{sys.version_info[0]}{sys.version_info[1]}"
+    constraint_args = ["-c", str(constraints)] if constraints is not None else []
+    return cached_venv(tag, lambda pip: pip("install", "--quiet", *constraint_args, *requirements))
+
+
+def client_python() -> Path:
+    """The cached environment of the client tools (``CLIENT_PACKAGES`` under ``locks/clients.txt``)."""
+    return clean_python_with(CLIENT_PACKAGES, "clients-env", CLIENT_LOCK)
 
 
 def assert_remote_code_matches(

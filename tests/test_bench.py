@@ -1,9 +1,13 @@
-"""``hf-attn-variants bench``: the --quick smoke run writes a report, plots and raw JSON; the pieces it is
-built from measure what they claim. No timing assertions (the CI machine is shared)."""
+"""``hf-attn-variants bench``: the --quick smoke run writes a results file, its report and plots; a partial
+run never touches the committed report; ``--merge`` marks the rows it replaced; docs/benchmarks.md is the
+rendering of docs/results/benchmarks-cpu.json; the pieces the run is built from measure what they claim.
+No timing assertions (the CI machine is shared)."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,35 +16,174 @@ from hf_attn_variants.bench.measure import make_step, peak_step_memory, time_ste
 from hf_attn_variants.bench.report import paired_ratio
 from hf_attn_variants.bench.runner import BenchRun, Result
 from hf_attn_variants.bench.specs import COMPARISONS, PRESETS, build_variants, select
+from hf_attn_variants.bench.store import from_results, merge_closure, to_results
 from hf_attn_variants.cli import SUBCOMMANDS, main
+from hf_attn_variants.results import REGION, load_results, render_docs
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bench_is_a_subcommand() -> None:
     assert SUBCOMMANDS["bench"][0] == "hf_attn_variants.bench.cli"
 
 
-def test_quick_run_writes_report_plots_and_json(tmp_path) -> None:
-    output = tmp_path / "bench.md"
-    assert main(["bench", "--quick", "--output", str(output)]) == 0
-    text = output.read_text()
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> Path:
+    """One ``bench --quick`` in a folder of its own: its results file (runs/bench-quick/benchmarks.json)."""
+    folder = tmp_path_factory.mktemp("quick")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        assert main(["bench", "--quick"]) == 0
+    return folder / "runs" / "bench-quick" / "benchmarks.json"
+
+
+def _repository(root: Path, results: Path) -> str:
+    """A repository root whose committed results are ``results``, rendered into docs/benchmarks.md and a README
+    paragraph the way the real ones are; returns the rendered docs/benchmarks.md."""
+    (root / "docs" / "results").mkdir(parents=True)
+    shutil.copy(results, root / "docs" / "results" / "benchmarks-cpu.json")
+    (root / "docs" / "benchmarks.md").write_text("# Benchmarks\n\n<!-- results: benchmarks-cpu report -->\n"
+                                                 "<!-- /results -->\n")
+    (root / "README.md").write_text("Intro.\n\n<!-- results: benchmarks-cpu speed_summary -->\n<!-- /results -->\n")
+    assert render_docs(root) == [f"{root / 'README.md'}: re-rendered", f"{root / 'docs' / 'benchmarks.md'}: re-rendered"]
+    return (root / "docs" / "benchmarks.md").read_text()
+
+
+def test_quick_run_writes_results_report_and_plots(quick_run) -> None:
+    folder = quick_run.parent
+    text = (folder / "benchmarks.md").read_text()
     for heading in ("## Setup", "## Targets", "## Results", "Encoder:", "Decoder:", "GAU:", "Synthesizer", "head pruning",
-                    "## GPU"):
+                    "before/after", "## GPU", "A run of its own"):
         assert heading in text, heading
-    assert "torch " + torch.__version__ in text
-    assert (tmp_path / "bench_time.png").stat().st_size > 0
-    assert (tmp_path / "bench_memory.png").stat().st_size > 0
-    data = json.loads((tmp_path / "bench.json").read_text())
+    assert "torch " + torch.__version__ in text and "{{" not in text
+    assert (folder / "benchmarks_time.png").stat().st_size > 0
+    assert (folder / "benchmarks_memory.png").stat().st_size > 0
+    data = json.loads(quick_run.read_text())
+    assert data["kind"] == "bench" and data["command"] == "hf-attn-variants bench (called from Python)"
+    assert data["machine"]["load_average_start"] and data["versions"]["torch"] == torch.__version__
     ok = [r for r in data["results"] if r["status"] == "ok"]
     assert {r["phase"] for r in ok} == {"train", "infer"}
     assert {r["variant"] for r in ok} >= {"bert_sdpa", "ei_sdpa", "llama_sdpa", "ei_decoder_sdpa", "gau_quadratic",
-                                          "gau_flash", "syn_random", "syn_vanilla", "ei_8h_pruned50"}
+                                          "gau_flash", "syn_random", "syn_vanilla", "ei_8h_pruned50",
+                                          "gau_quadratic_reference"}
     for result in ok:
-        assert len(result["cpu"]) == len(result["wall"]) >= 1
+        assert len(result["cpu_ms"]) == len(result["wall_ms"]) >= 1
         assert result["peak_bytes"] > 0 and result["flops"] > 0
-    # --report-only re-renders the same report from the JSON without measuring
-    again = tmp_path / "again" / "bench.md"
-    assert main(["bench", "--report-only", str(tmp_path / "bench.json"), "--output", str(again)]) == 0
-    assert again.read_text() == text and (tmp_path / "again" / "bench_time.png").is_file()
+    # the file holds everything the report is computed from: a round trip changes nothing
+    assert to_results(from_results(data)) == data
+
+
+def test_report_only_re_renders_the_same_report(quick_run, tmp_path) -> None:
+    again = tmp_path / "again" / "benchmarks.md"
+    copy = tmp_path / "again" / "benchmarks.json"
+    again.parent.mkdir()
+    shutil.copy(quick_run, copy)
+    original = (quick_run.parent / "benchmarks.md").read_text()
+    assert main(["bench", "--report-only", str(copy)]) == 0
+    assert again.read_text() == original.replace("`runs/bench-quick/benchmarks.json`", f"`{copy}`")
+    assert (tmp_path / "again" / "benchmarks_time.png").is_file()
+
+
+def test_a_partial_run_leaves_the_committed_report_alone(quick_run, tmp_path, monkeypatch) -> None:
+    committed = _repository(tmp_path, quick_run)
+    results = (tmp_path / "docs" / "results" / "benchmarks-cpu.json").read_text()
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--quick", "--only", "decoder", "--no-plots"]) == 0
+    assert (tmp_path / "docs" / "benchmarks.md").read_text() == committed
+    assert (tmp_path / "docs" / "results" / "benchmarks-cpu.json").read_text() == results
+    own = (tmp_path / "runs" / "bench-quick" / "benchmarks.md").read_text()
+    assert "### Decoder:" in own and "### Encoder:" not in own and "A run of its own" in own
+
+
+@pytest.mark.parametrize("flags", [["--only", "gau_optimisation"], ["--only", "encoder", "decoder"],
+                                   ["--lengths", "512"], ["--repeats", "3"], ["--no-compile"]])
+def test_partial_flags_write_under_runs_from_the_repository_root(flags, monkeypatch) -> None:
+    import argparse
+
+    from hf_attn_variants.bench.cli import add_arguments, plan
+
+    monkeypatch.chdir(ROOT)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    bench_plan = plan(parser.parse_args(flags))
+    assert bench_plan.target == "own"
+    assert bench_plan.output.parts[0] == "runs" and bench_plan.json_path.parts[0] == "runs"
+    assert plan(parser.parse_args([])).target == "committed"
+
+
+def test_merge_replaces_rows_and_marks_them(quick_run, tmp_path, monkeypatch) -> None:
+    _repository(tmp_path, quick_run)
+    before = load_results(tmp_path, "benchmarks-cpu")
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--quick", "--only", "ei_decoder_sdpa", "--merge", "--no-plots"]) == 0
+    after = load_results(tmp_path, "benchmarks-cpu")
+    (entry,) = after["replaced"]
+    assert entry["merge"] == 1 and entry["command"] == "hf-attn-variants bench (called from Python)"
+    assert entry["date"] and entry["load_average_start"] and entry["rows_added"] == []
+    # --only ei_decoder_sdpa re-measured its whole comparison, baseline included, so ratios pair one run
+    replaced = {(v, m, p, n) for v, m, p, n, _ in entry["rows_replaced"]}
+    assert replaced == {(v, "eager", p, n) for v in ("llama_sdpa", "ei_decoder_sdpa") for p in ("train", "infer")
+                        for n in (32, 64)}
+    merged = {(r["variant"], r["mode"], r["phase"], r["n"]) for r in after["results"] if r.get("merge") == 1}
+    assert merged == replaced
+    untouched = [r for r in after["results"] if r.get("merge") != 1]
+    assert untouched == [r for r in before["results"] if (r["variant"], r["mode"], r["phase"], r["n"]) not in replaced]
+    report = (tmp_path / "docs" / "benchmarks.md").read_text()
+    assert "`ei_decoder_sdpa` [merge 1]" in report and "**merge 1**: `hf-attn-variants bench" in report
+    assert "`bert_sdpa` [merge" not in report
+    assert "1 partial re-run(s) merged" in (tmp_path / "README.md").read_text()
+    assert render_docs(tmp_path, check=True) == []
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--merge"], "--merge merges a partial run"),
+    (["--only", "decoder", "--merge", "--no-compile"], "--merge: the committed results were measured with preset name"),
+    (["--quick", "--only", "decoder", "--merge", "--output", "x.md"], "--output: --merge writes the committed"),
+    (["--quick", "--output", "docs/benchmarks.md"], "--output 'docs/benchmarks.md' is the committed report"),
+])
+def test_bad_merges_exit_with_one_line(flags, message, quick_run, tmp_path, monkeypatch, capsys) -> None:
+    _repository(tmp_path, quick_run)
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_merge_without_committed_results_is_refused(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--quick", "--only", "decoder", "--merge"]) == 2
+    assert "--merge: no committed results file 'docs/results/benchmarks-cpu.json' here" in capsys.readouterr().err
+
+
+def test_merge_closure_covers_comparisons_sharing_a_variant() -> None:
+    assert merge_closure({"decoder"}) == {"decoder"}
+    assert merge_closure({"gau"}) == {"gau", "gau_optimisation"}
+
+
+def test_committed_report_is_the_rendering_of_the_committed_results() -> None:
+    """docs/benchmarks.md, the README's speed summary and the gau/synthesizer tables are views of one file."""
+    from hf_attn_variants.results import bench as views
+
+    data = load_results(ROOT, "benchmarks-cpu")
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    (region,) = [m for m in REGION.finditer(text) if m["name"] == "benchmarks-cpu"]
+    assert region["view"] == "report" and region["body"] == views.report(data).rstrip("\n") + "\n"
+    assert text.startswith("# Benchmarks\n\n<!-- results: benchmarks-cpu report -->")
+    shown = {(path.name, m["view"]) for path in (ROOT / "README.md", ROOT / "docs" / "gau.md", ROOT / "docs" / "synthesizer.md")
+             for m in REGION.finditer(path.read_text(encoding="utf-8")) if m["name"] == "benchmarks-cpu"}
+    assert shown == {("README.md", "speed_summary"), ("gau.md", "gau_table"), ("synthesizer.md", "synthesizer_table")}
+    run = from_results(data)
+    assert run.preset.name == "cpu" and not [r for r in run.results if r.status == "failed"]
+    assert to_results(run) == data
+
+
+def test_ratios_pair_only_rows_of_one_run() -> None:
+    run = BenchRun(PRESETS["quick"], "cpu", "float32", "cpu", 1, {}, COMPARISONS, {})
+    run.results = [
+        Result("a", "x", "eager", "train", 8, 1, cpu=[2.0], wall=[1]),
+        Result("b", "x", "eager", "train", 8, 1, cpu=[1.0], wall=[1], merge=1),
+    ]
+    assert paired_ratio(run, "a", "b", "eager", "train", 8) is None
 
 
 def test_peak_memory_sees_transients_freed_elsewhere() -> None:

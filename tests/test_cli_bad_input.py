@@ -79,6 +79,7 @@ PRUNE = ("--model_name_or_path", "{model}", "--train_file", "{txt}", "--output_d
 BENCH = ("--quick", "--output", "{out}/bench.md")
 LENGTHGEN = ("--output_dir", "{new}", "--variants", "ei_standard")
 CONVERT = ("--checkpoint", "{model}", "--output_dir", "{new}")  # {model} is no GAU-α port: checked after output_dir
+RENDER_DOCS = ("--check",)
 
 CASES: list[Case] = [
     # ------------------------------------------------------------------ pretrain
@@ -257,6 +258,10 @@ CASES: list[Case] = [
         ("--model_card_template", ("--model_card_template", "{missing}.md"), "missing"),
         ("--model_card_template", ("--model_card_template", "{badtemplate}"), "bad-jinja"),
         ("--overwrite", ("--overwrite", "maybe"), "not-bool"),
+        ("--sentence_transformers", ("--sentence_transformers", "maybe"), "not-bool"),
+        ("--pooling", ("--pooling", "median", "--sentence_transformers", "true"), "unknown"),
+        ("--pooling", ("--pooling", "mean"), "without-sentence-transformers"),
+        ("--onnx", ("--onnx", "maybe"), "not-bool"),
     ]),
     # ------------------------------------------------------------------ convert-gau-alpha
     *cases("convert-gau-alpha", CONVERT, [
@@ -332,6 +337,12 @@ CASES: list[Case] = [
         ("--mlm_probability", ("--mlm_probability", "0"), "zero"),
         ("--seed", ("--seed", "-1"), "negative"),
         ("--output_dir", ("--output_dir", "{file}"), "file"),
+    ]),
+    # ------------------------------------------------------------------ render-docs
+    *cases("render-docs", RENDER_DOCS, [
+        ("--root", ("--root", "{out}"), "no-readme"),
+        ("--root", ("--root", "{file}"), "file"),
+        ("--root", ("--root", "{missing}"), "missing"),
     ]),
     # ------------------------------------------------------------------ bench
     *cases("bench", BENCH, [
@@ -426,9 +437,12 @@ ANY_VALUE: dict[str, dict[str, str]] = {
         "--no-graph-check": "a switch (store_true), takes no value",
         "--no-flops": "a switch (store_true), takes no value",
         "--no-plots": "a switch (store_true), takes no value",
+        "--merge": "a switch (store_true), takes no value; its refusals (no committed results, other settings): "
+                   "tests/test_bench.py",
     },
     "lengthgen": {},
     "convert-gau-alpha": {},
+    "render-docs": {"--check": "a switch (store_true), takes no value"},
 }
 """Per subcommand, the flags without a bad-value case, each with the reason no value of it is bad."""
 

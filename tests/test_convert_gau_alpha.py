@@ -1,15 +1,16 @@
 """``convert-gau-alpha`` reproduces GAU-α's PyTorch port (``gau-alpha==0.0.3``, installed by ``make install`` with
-``--no-deps``): with random weights, the MLM log-probabilities agree to 1e-5 with left and right padding.
+``--no-deps``): with random weights, the MLM log-probabilities agree to 1e-5 with left and right padding, for each
+of the port's attention normalisations (``softmax_plus``, GAU-α's own, and ``softmax`` and ``squared_relu``).
 
 The port imports ``transformers.modeling_utils.SequenceSummary``, which Transformers v5 removed; a stub is put in
-its place while the port is imported (only its multiple-choice head would use it). Without the package these
-tests skip with that reason; the converter's own errors are tested either way.
+its place while the port is imported (only its multiple-choice head would use it). Without the package the tests
+that need it fail (they do not skip) with the command that installs it: ``make install`` always installs it. The
+converter's own errors are tested either way.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 
 import pytest
@@ -19,13 +20,16 @@ from torch import nn
 
 from hf_attn_variants import GAUForMaskedLM
 from hf_attn_variants.cli import main
-from hf_attn_variants.conversion import ConvertGAUAlphaArguments, convert_gau_alpha, interleaved_to_half_split
+from hf_attn_variants.conversion import (
+    PORT_NORMALIZATIONS,
+    ConvertGAUAlphaArguments,
+    convert_gau_alpha,
+    interleaved_to_half_split,
+)
 from hf_attn_variants.training.cli_utils import FlagError
 from tests.remote_code import assert_standalone_code
-from tests.utils import left_padded, random_ids, right_padded
+from tests.utils import left_padded, random_ids, require_test_package, right_padded
 
-PORT_AVAILABLE = importlib.util.find_spec("gau_alpha") is not None
-needs_port = pytest.mark.skipif(not PORT_AVAILABLE, reason="gau-alpha is not installed (pip install --no-deps gau-alpha==0.0.3)")
 PORT_CONFIG = {"vocab_size": 61, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                "attention_key_size": 16, "max_position_embeddings": 64, "hidden_dropout_prob": 0.0,
                "attention_probs_dropout_prob": 0.0}
@@ -40,6 +44,8 @@ class SequenceSummaryStub(nn.Module):
 
 
 def import_port():
+    """The ``gau_alpha`` module; the calling test fails when the package is not installed."""
+    require_test_package("gau_alpha", "gau-alpha==0.0.3")
     with contextlib.ExitStack() as stack:
         if not hasattr(transformers.modeling_utils, "SequenceSummary"):
             patch = stack.enter_context(pytest.MonkeyPatch.context())
@@ -49,29 +55,44 @@ def import_port():
 
 
 @pytest.fixture(scope="module")
-def port_folder(tmp_path_factory):
-    """A random-weight port checkpoint with non-trivial γ, β = 0, segment embeddings and an untied decoder."""
-    gau_alpha = import_port()
-    torch.manual_seed(0)
-    model = gau_alpha.GAUAlphaForMaskedLM(gau_alpha.GAUAlphaConfig(**PORT_CONFIG)).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "scaleoffset" in name:
-                parameter.copy_(1 + 0.5 * torch.randn_like(parameter))
-            else:
-                parameter.copy_(0.3 * torch.randn_like(parameter))
-    folder = tmp_path_factory.mktemp("gau-alpha-port")
-    model.save_pretrained(folder)
-    return folder, model
+def port_checkpoint(tmp_path_factory):
+    """``port_checkpoint(normalization)`` → (folder, model): a random-weight port checkpoint with non-trivial γ,
+    β = 0, segment embeddings and an untied decoder, built once per normalization. Built when a test calls it,
+    so that a missing port fails that test (``import_port``) rather than erroring in setup."""
+    built: dict[str, tuple] = {}
+
+    def build(normalization: str = "softmax_plus"):
+        if normalization not in built:
+            gau_alpha = import_port()
+            torch.manual_seed(0)
+            config = gau_alpha.GAUAlphaConfig(**PORT_CONFIG, normalization=normalization)
+            model = gau_alpha.GAUAlphaForMaskedLM(config).eval()
+            with torch.no_grad():
+                for name, parameter in model.named_parameters():
+                    if "scaleoffset" in name:
+                        parameter.copy_(1 + 0.5 * torch.randn_like(parameter))
+                    else:
+                        parameter.copy_(0.3 * torch.randn_like(parameter))
+            folder = tmp_path_factory.mktemp(f"gau-alpha-port-{normalization}")
+            model.save_pretrained(folder)
+            built[normalization] = folder, model
+        return built[normalization]
+
+    return build
 
 
-@needs_port
+@pytest.mark.parametrize("normalization", list(PORT_NORMALIZATIONS))
 @pytest.mark.parametrize("padding", ["left", "right"])
-def test_converted_model_reproduces_the_port(port_folder, tmp_path, padding: str) -> None:
-    folder, port = port_folder
+def test_converted_model_reproduces_the_port(port_checkpoint, tmp_path, padding: str,
+                                             normalization: str) -> None:
+    """``softmax_plus`` (log n / log 512, n = the row's real keys), ``softmax``, and ``squared_relu`` (relu(a)² / n,
+    the port's ``l``: the row's real keys, which ``relu2_length="dynamic"`` reproduces)."""
+    folder, port = port_checkpoint(normalization)
+    assert port.config.normalization == normalization
     converted = convert_gau_alpha(ConvertGAUAlphaArguments(checkpoint=str(folder), output_dir=str(tmp_path / "out")))
     ours = GAUForMaskedLM.from_pretrained(converted).eval()
     assert ours.config.entropy_min_length == 1 and not ours.config.tie_word_embeddings
+    assert ours.config.attention_normalization == PORT_NORMALIZATIONS[normalization]
     pad = left_padded if padding == "left" else right_padded
     ids, mask = pad(random_ids(3, 12, vocab=PORT_CONFIG["vocab_size"]), [12, 9, 4])
     with torch.no_grad():
@@ -82,9 +103,8 @@ def test_converted_model_reproduces_the_port(port_folder, tmp_path, padding: str
     assert_standalone_code(converted, "gau")
 
 
-@needs_port
-def test_cli_converts_and_refuses_to_overwrite(port_folder, tmp_path, capsys) -> None:
-    folder, _ = port_folder
+def test_cli_converts_and_refuses_to_overwrite(port_checkpoint, tmp_path, capsys) -> None:
+    folder, _ = port_checkpoint()
     out = tmp_path / "cli"
     assert main(["convert-gau-alpha", "--checkpoint", str(folder), "--output_dir", str(out)]) == 0
     assert (out / "model.safetensors").exists() and json.loads((out / "config.json").read_text())["model_type"] == "gau"

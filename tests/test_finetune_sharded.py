@@ -2,11 +2,13 @@
 
 One launch of ``python -m torch.distributed.run --standalone --nproc_per_node 2 -m hf_attn_variants finetune
 ... --fsdp_size 2`` (two gloo processes on CPU) against an in-process single-process run with twice the
-per-device batch: equal evaluation metrics, training loss and final weights (1e-4), an output folder that
-reloads with plain ``from_pretrained``, and model-only Trainer checkpoints (``--save_strategy steps
---save_only_model true``) written by the sharded model's own ``save_pretrained`` (gathered weights, config,
-standalone remote code). Both runs keep Transformers' default ``--average_tokens_across_devices true``: the
-classification heads pass ``num_items_in_batch`` on to their loss, so the two-process loss is the global mean.
+per-device batch: parameters sharded as FSDP2 plans them (recorded by rank 0 right after loading:
+tests/parallel_child.py ``record_sharded_loads``), equal evaluation metrics, training loss and final weights
+(1e-4), an output folder that reloads with plain ``from_pretrained``, and model-only Trainer checkpoints
+(``--save_strategy steps --save_only_model true``) written by the sharded model's own ``save_pretrained``
+(gathered weights, config, standalone remote code). Both runs keep Transformers' default
+``--average_tokens_across_devices true``: the classification heads pass ``num_items_in_batch`` on to their
+loss, so the two-process loss is the global mean.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from hf_attn_variants.cli import main
 from hf_attn_variants.training import build_config, embedded_tokenizer
 from hf_attn_variants.training.cli_utils import FlagError
 from hf_attn_variants.training.finetune import FinetuneArguments, check_sharded_finetune, finetune
+from tests.parallel_child import placement_recording_env, recorded_placements
 from tests.remote_code import assert_standalone_code
 from tests.test_finetune import training_args, write_sentiment
+from tests.test_parallelism import assert_sharded_as_planned
 from tests.test_pretrain import tiny_overrides
 
 TOLERANCE = 1e-4
@@ -72,9 +76,12 @@ def test_fsdp2_finetune_equals_one_process_with_the_same_global_batch(tmp_path, 
                *cli(inputs, str(sharded), per_device_train_batch_size=8, fsdp_size=2, save_strategy="steps",
                     save_steps=2, save_only_model=True)]
     env = {**{k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")},
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", **placement_recording_env(tmp_path)}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
     assert result.returncode == 0, result.stderr[-6000:]
+    one_process = AutoModelForSequenceClassification.from_pretrained(single).eval()
+    placements = recorded_placements(tmp_path)
+    assert_sharded_as_planned(placements, dict(one_process.named_parameters()), fsdp_size=2)
 
     want, have = (json.loads((folder / "all_results.json").read_text()) for folder in (single, sharded))
     for key in ("eval_accuracy", "eval_f1"):
@@ -88,7 +95,7 @@ def test_fsdp2_finetune_equals_one_process_with_the_same_global_batch(tmp_path, 
     ids = torch.randint(5, 4000, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(AutoModelForSequenceClassification.from_pretrained(sharded).eval()(ids).logits,
-                                   AutoModelForSequenceClassification.from_pretrained(single).eval()(ids).logits,
+                                   one_process(ids).logits,
                                    atol=TOLERANCE, rtol=0)
 
     # model-only checkpoints at steps 2 and 4, each a complete model folder; the last holds the final weights

@@ -28,7 +28,7 @@ from hf_attn_variants.gau_kernels import flash_mixed_chunk_attention
 from hf_attn_variants.modeling_gau import GatedAttentionUnit, gau_attention_weights
 from tests import properties
 from tests.remote_code import assert_standalone_code
-from tests.utils import left_padded, random_ids, right_padded
+from tests.utils import left_padded, random_ids, right_padded, rounding_tolerance
 
 # (attention_normalization, relu2_length): every normalisation, relu² with both lengths.
 NORMALIZATIONS = [
@@ -172,7 +172,14 @@ def reference_flash(
     return (u * ((quad + lin) @ v / length[..., None])) @ unit.out_proj.weight.double().T
 
 
-def close(actual: torch.Tensor, expected: torch.Tensor, tol: float = 1e-5) -> bool:
+def unit_tolerance(config: GAUConfig, length: int) -> float:
+    """``rounding_tolerance`` of one float32 GAU unit: the projections to u, v, z (hidden), q·k (key size),
+    A·v (length) and the output projection (expansion width)."""
+    width = config.expansion_factor * config.hidden_size
+    return rounding_tolerance(torch.float32, config.hidden_size, config.attention_key_size, length, width)
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> bool:
     """max |actual − expected| ≤ tol · max(1, max |expected|): float32 against a float64 reference."""
     return (actual.double() - expected).abs().max().item() <= tol * max(1.0, expected.abs().max().item())
 
@@ -284,9 +291,10 @@ def test_quadratic_unit_matches_the_written_out_formula(normalization, causal: b
         visible = visible & torch.ones(9, 9, dtype=torch.bool).tril()
     output, weights = run_unit(model, x, valid, causal, output_attentions=True)
     expected, attention = reference_quadratic(model.layers[0].gau, x, visible, model.config)
-    assert close(output, expected)
+    assert close(output, expected, unit_tolerance(model.config, 9))
     assert weights.shape == (2, 1, 9, 9)
-    assert close(weights[:, 0], attention, 1e-6)
+    config = model.config
+    assert close(weights[:, 0], attention, rounding_tolerance(torch.float32, config.hidden_size, config.attention_key_size))
 
 
 def test_relu2_masks_after_the_activation_and_empty_rows_are_zero() -> None:
@@ -366,7 +374,7 @@ def test_one_chunk_covering_the_sequence_is_the_flash_formula(relu2_length: str)
     length = valid.sum(-1, keepdim=True).double() if relu2_length == "dynamic" else torch.tensor(8.0)
     expected = (u * (kernel @ v / length[..., None])) @ unit.out_proj.weight.double().T
     output, _ = run_unit(model, x, valid, causal=False)
-    assert close(output, expected)
+    assert close(output, expected, unit_tolerance(model.config, 9))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -380,7 +388,7 @@ def test_chunked_unit_matches_the_dense_flash_formula(causal: bool, options: dic
     valid[2, :3] = False  # left padding: its keys are masked, chunk boundaries stay at 0, 4, 8
     output, _ = run_unit(model, x, valid, causal)
     expected = reference_flash(model.layers[0].gau, x, valid, causal, model.config)
-    assert close(output, expected)
+    assert close(output, expected, unit_tolerance(model.config, length))
 
 
 def test_causal_chunk_covering_the_sequence_is_quadratic_relu2() -> None:
@@ -621,7 +629,7 @@ def test_chunked_attention_weights_are_the_effective_matrix(causal: bool) -> Non
     unit = model.layers[0].gau
     u, v, _ = unit_parts(unit, x, model.config.rope_theta)
     rebuilt = (u * (weights[:, 0].double() @ v)) @ unit.out_proj.weight.double().T
-    assert weights.shape == (2, 1, 8, 8) and close(output, rebuilt)
+    assert weights.shape == (2, 1, 8, 8) and close(output, rebuilt, unit_tolerance(model.config, 8))
     assert torch.all(weights[1, 0, :, 5:] == 0)
 
 

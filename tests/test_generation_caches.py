@@ -32,7 +32,7 @@ from hf_attn_variants import (
     SynthesizerConfig,
     SynthesizerForCausalLM,
 )
-from hf_attn_variants.compat import version_tuple
+from hf_attn_variants.compat import CACHE_FIELD, version_tuple
 from tests import properties
 from tests.utils import left_padded, random_ids
 
@@ -150,3 +150,37 @@ def test_entropy_invariant_static_cache_generate_compiles_with_fullgraph() -> No
     expected, scores = greedy(model)
     got, _ = greedy(model, cache_implementation="static", compile_config=compile_config)
     properties.assert_same_greedy_choices(expected, got, scores)
+
+
+CACHE_NAME_VARIANTS = ["entropy_invariant-entropy_invariant-sdpa", "gau-relu2_dynamic", "synthesizer-random+vanilla"]
+
+
+@pytest.mark.parametrize("head", ["causal_lm", "base_model"])
+@pytest.mark.parametrize("variant", CACHE_NAME_VARIANTS)
+def test_the_cache_is_taken_as_cache_and_as_past_key_values(variant: str, head: str) -> None:
+    """Transformers 5.24 renamed ``past_key_values`` to ``cache``: a forward takes either (one name inside), returns
+    the cache under the installed release's output field, and a decoding step continues it identically."""
+    model = build(variant)
+    module = model if head == "causal_lm" else model.model
+    ids = random_ids(2, 8, vocab=TINY["vocab_size"], seed=4)
+    steps = {}
+    for name in ("cache", "past_key_values"):
+        with torch.no_grad():
+            prefill = module(input_ids=ids[:, :6], use_cache=True)
+            cache = getattr(prefill, CACHE_FIELD)
+            assert cache is not None and cache.get_seq_length() == 6, name
+            step = module(input_ids=ids[:, 6:], use_cache=True, **{name: cache})
+        assert getattr(step, CACHE_FIELD).get_seq_length() == 8, name
+        steps[name] = step[0]
+    torch.testing.assert_close(steps["cache"], steps["past_key_values"], atol=0, rtol=0)  # same tensors, same kernels
+    with torch.no_grad():
+        full = module(input_ids=ids, use_cache=False)[0]
+    torch.testing.assert_close(steps["cache"], full[:, 6:], atol=1e-5, rtol=1e-4)
+
+
+def test_passing_the_cache_under_both_names_is_one_clear_error() -> None:
+    model = build("entropy_invariant-entropy_invariant-sdpa")
+    ids = random_ids(1, 4, vocab=TINY["vocab_size"])
+    cache = getattr(model(input_ids=ids, use_cache=True), CACHE_FIELD)
+    with pytest.raises(ValueError, match=r"`cache` or as `past_key_values`, not both"):
+        model(input_ids=ids, cache=cache, past_key_values=cache)

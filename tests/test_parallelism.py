@@ -2,8 +2,10 @@
 
 One ``torchrun --nproc_per_node 2`` (tests/parallel_child.py) loads every saved model below with
 ``DistributedConfig(tp_size=2)`` / ``tp_plan="auto"`` / ``DistributedConfig(fsdp_size=2)`` / ``pp_size=2`` and
-records logits, full gradients, greedy tokens, and the weights and logits after one SGD step; each test compares
-one case with the same model in this process. The models cover every tensor-parallel style the families use:
+records the placements of its parameters, logits, full gradients, greedy tokens, and the weights and logits after
+one SGD step; each test checks that every parameter is the DTensor its plan declares (``planned_placements``: a
+plan that did nothing would still give the same logits) and compares one case with the same model in this
+process. The models cover every tensor-parallel style the families use:
 per-head ``ssmax_scale``, the Synthesizer's dense/factorized branches and random matrices (trainable and fixed
 buffers) with replicated mixing logits, GAU's gathered ``in_proj`` with replicated q/k scale-offset (quadratic
 and FLASH), a post-norm GAU-α-style encoder, and pruned models whose heads do or do not divide by 2.
@@ -17,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,8 @@ from .test_pretrain import free_port
 
 CHILD = Path(__file__).with_name("parallel_child.py")
 TOLERANCE = 1e-5
+MODE_SIZES = {"tp": {"tp_size": 2}, "tp_auto": {"tp_size": 2}, "fsdp": {"fsdp_size": 2},
+              "hsdp": {"dp_replicate_size": 2}, "tp_fsdp": {"tp_size": 2, "fsdp_size": 2}}
 COMMON = {"vocab_size": 97, "hidden_size": 32, "num_hidden_layers": 2, "hidden_dropout_prob": 0.0,
           "attention_probs_dropout_prob": 0.0, "tie_word_embeddings": False}
 HEADS = {"num_attention_heads": 4, "intermediate_size": 64}
@@ -116,8 +121,11 @@ def run_children(root: Path, names: list[tuple[str, str]], causal: dict[str, boo
 @pytest.fixture(scope="module")
 def parallel_run(tmp_path_factory) -> dict[str, Any]:
     """Save the models and run both torchruns once per session: the first xdist worker does it under a file lock
-    in the session's shared temporary folder, the other reuses the results."""
-    root = tmp_path_factory.getbasetemp().parent / "parallel"
+    in the session's shared temporary folder, the other reuses the results. That folder is the parent of an xdist
+    worker's own (``popen-gw<n>``), but without workers it is the session's own: its parent holds every session
+    of this user, whose results (of another checkout, or of older code) must not be reused."""
+    basetemp = tmp_path_factory.getbasetemp()
+    root = (basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp) / "parallel"
     root.mkdir(exist_ok=True)
     with FileLock(str(root) + ".lock"):
         if not (root / "done").exists():
@@ -135,6 +143,54 @@ def parallel_run(tmp_path_factory) -> dict[str, Any]:
     models = {name: (AutoModelForCausalLM if is_causal else AutoModelForMaskedLM).from_pretrained(root / name).eval()
               for name, is_causal in causal.items()}  # the package's classes; the children ran the remote code
     return {"root": root, "out": root / "out", "models": models}
+
+
+TENSOR_PARALLEL_PLACEMENTS = tuple((re.compile(pattern), placement) for pattern, placement in (
+    # Transformers' own rules: the embedding's vocabulary rows ("embedding_rowwise", added by Transformers), the LM
+    # head's ("colwise_gather_output")
+    (r"model\.embed_tokens\.weight|lm_head\.weight", "Shard(dim=0)"),
+    # "colwise" (GAU's in_proj: "colwise_gather_partial"): the output features, weight and bias
+    (r".+\.(self_attn\.[qkv]_proj|mlp\.up_proj|gau\.in_proj)\.(weight|bias)", "Shard(dim=0)"),
+    # "rowwise": the input features; the bias is added once, after the all-reduce
+    (r".+\.(self_attn\.o_proj|mlp\.down_proj|gau\.out_proj)\.weight", "Shard(dim=1)"),
+    (r".+\.(self_attn\.o_proj|mlp\.down_proj|gau\.out_proj)\.bias", "Replicate()"),
+    # "local_shard": per-head tensors, head first — SSMax's scale, the Synthesizer's R, R₁/R₂, dense W₁, b₁, W₂, b₂
+    (r".+\.self_attn\.(ssmax_scale|random_(matrix|left|right)|(dense|factor_a|factor_b)\.[wb][12])",
+     "Shard(dim=0)"),
+))
+"""Parameter name → its placement on the ``tp`` mesh dimension, as the families' tensor-parallel plans declare it
+(``base_model_tp_plan``, the heads' ``_tp_plan``, hf_attn_variants.tensor_parallel). Every other parameter stays a
+plain tensor under tensor parallelism: norms, and the replicated tensors whose gradients "local_shard" sums (the
+Synthesizer's mixing logits, GAU's q/k scale and offset)."""
+
+
+def planned_placements(name: str, *, tp_size: int = 1, fsdp_size: int = 1,
+                       dp_replicate_size: int = 1) -> dict[str, str] | None:
+    """``{mesh dimension: repr(placement)}`` that the plans make of parameter ``name`` on a (dp_replicate, fsdp, tp)
+    layout; ``None`` for a plain tensor. FSDP2 shards every parameter's dim 0 over ``fsdp`` (its mesh dimension
+    exists, of size 1, under HSDP alone) and replicates it over ``dp_replicate``; over a tensor-parallel
+    ``Shard(dim=0)`` its shard is strided (``_StridedShard``, split factor tp_size)."""
+    tp = None if tp_size == 1 else next(
+        (placement for pattern, placement in TENSOR_PARALLEL_PLACEMENTS if pattern.fullmatch(name)), None)
+    planned = {}
+    if dp_replicate_size > 1:
+        planned["dp_replicate"] = "Replicate()"
+    if fsdp_size > 1 or dp_replicate_size > 1:
+        planned["fsdp"] = f"_StridedShard(dim=0, sf={tp_size})" if tp == "Shard(dim=0)" else "Shard(dim=0)"
+    if tp is not None:
+        planned["tp"] = tp
+    return planned or None
+
+
+def assert_sharded_as_planned(recorded: dict[str, dict[str, str] | None], names: Iterable[str],
+                              **sizes: int) -> None:
+    """Every parameter of the sharded model (``recorded``: tests/parallel_child.py ``placements``) is the DTensor
+    ``planned_placements`` says — or plain where it says so — and they are the parameters ``names`` of the model."""
+    names = sorted(names)
+    assert sorted(recorded) == names, f"sharded {sorted(recorded)} != one-process {names}"
+    wrong = {name: {"got": recorded[name], "planned": planned_placements(name, **sizes)} for name in names
+             if recorded[name] != planned_placements(name, **sizes)}
+    assert not wrong, f"{len(wrong)} parameters are not sharded as planned: {wrong}"
 
 
 def recorded(parallel_run: dict[str, Any], name: str, mode: str) -> dict[str, Any]:
@@ -170,6 +226,7 @@ def max_difference(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
 def test_tensor_parallel_logits_gradients_and_generate_equal_one_process(parallel_run, name: str, mode: str) -> None:
     result = recorded(parallel_run, name, mode)
     data, model, inputs = one_process(parallel_run, name)
+    assert_sharded_as_planned(result["placements"], dict(model.named_parameters()), **MODE_SIZES[mode])
     model.zero_grad()
     loss = model(**inputs, labels=data["labels"]).loss
     loss.backward()
@@ -203,6 +260,7 @@ def test_fsdp2_logits_and_one_optimizer_step_equal_one_process(parallel_run, nam
     checkpointing on four."""
     result = recorded(parallel_run, name, mode)
     data, model, inputs = one_process(parallel_run, name)
+    assert_sharded_as_planned(result["placements"], dict(model.named_parameters()), **MODE_SIZES[mode])
     with torch.no_grad():
         torch.testing.assert_close(result["logits"], model(**inputs).logits, atol=TOLERANCE, rtol=0)
     stepped = type(model).from_pretrained(parallel_run["root"] / name).eval()

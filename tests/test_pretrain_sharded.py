@@ -4,9 +4,10 @@ Each launch is ``python -m torch.distributed.run --standalone --nproc_per_node 2
 ... --fsdp_size 2`` (or ``--tp_size 2``), with CLM (every rank's micro-batch holds the same number of target
 tokens, so the mean over ranks is the global mean) and dropout 0, and is compared with an in-process
 single-process run with ``per_device_train_batch_size × dp_size`` — every logged loss and the final weights
-within 1e-4. The kill-and-resume test compares a resumed FSDP2 run with an uninterrupted one. A launch costs
-about 20 s on a 2-core machine, mostly the imports of two Python processes; each test bundles its checks per
-launch.
+within 1e-4 — after checking that the workers' model really is sharded as its plans declare (each parameter the
+planned DTensor, recorded by rank 0 right after loading: tests/parallel_child.py ``record_sharded_loads``). The
+kill-and-resume test compares a resumed FSDP2 run with an uninterrupted one. A launch costs about 20 s on a
+2-core machine, mostly the imports of two Python processes; each test bundles its checks per launch.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from hf_attn_variants.training import PretrainArguments, build_config, pretrain
 from hf_attn_variants.training.cli_utils import FlagError
 from hf_attn_variants.training.pretrain import STATE_FILE, check_checkpoint_kind
 from hf_attn_variants.training.sharded import ParallelLayout, check_parallel_plans, model_class_for
+from tests.parallel_child import placement_recording_env, recorded_placements
 from tests.remote_code import assert_standalone_code, clean_python
+from tests.test_parallelism import assert_sharded_as_planned
 from tests.test_pretrain import (
     KILL_CHILD,
     REPO,
@@ -76,11 +79,22 @@ def launch_script_command(args: PretrainArguments) -> list[str]:
             *cli_flags(args)]
 
 
-def torchrun(args: PretrainArguments, cwd: Path, *, through_script: bool = False) -> None:
+def torchrun(args: PretrainArguments, cwd: Path, *,
+             through_script: bool = False) -> dict[str, dict[str, str] | None]:
+    """Run the launch; return the placements of the parameters of the model its workers loaded sharded (rank 0's,
+    right after loading: ``tests.parallel_child.placements``)."""
     command = launch_script_command(args) if through_script else torchrun_command(args)
-    result = subprocess.run(command, env={**launch_env(), "PYTHON": sys.executable}, capture_output=True, text=True,
-                            timeout=LAUNCH_TIMEOUT, cwd=cwd, check=False)
+    env = {**launch_env(), "PYTHON": sys.executable, **placement_recording_env(cwd)}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=cwd,
+                            check=False)
     assert result.returncode == 0, result.stderr[-6000:]
+    return recorded_placements(cwd)
+
+
+def assert_sharded_like(placements: dict[str, dict[str, str] | None], single: Path, **sizes: int) -> None:
+    """``placements`` (of ``torchrun``) are what the plans make of the parameters of the model in ``single``."""
+    names = dict(AutoModelForCausalLM.from_pretrained(single).named_parameters())
+    assert_sharded_as_planned(placements, names, **sizes)
 
 
 def max_differences(expected: Path, got: Path) -> tuple[float, float]:
@@ -146,8 +160,9 @@ def has_tp_plan(family: str) -> bool:
 def test_fsdp2_pretrain_equals_one_process_with_the_same_global_batch(tmp_path, train_file, family: str) -> None:
     single, sharded = tmp_path / "single", tmp_path / "fsdp"
     pretrain(clm_args(single, family, train_file, per_device_train_batch_size=8))
-    torchrun(clm_args(sharded, family, train_file, per_device_train_batch_size=4, fsdp_size=2), tmp_path,
-             through_script=family == "gau")
+    placements = torchrun(clm_args(sharded, family, train_file, per_device_train_batch_size=4, fsdp_size=2),
+                          tmp_path, through_script=family == "gau")
+    assert_sharded_like(placements, single, fsdp_size=2)
 
     info = json.loads((sharded / "pretrain_args.json").read_text())
     assert (info["num_processes"], info["distributed_type"], info["fsdp_size"]) == (2, "FSDP2", 2)
@@ -162,10 +177,12 @@ def test_fsdp2_pretrain_equals_one_process_with_the_same_global_batch(tmp_path, 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_tensor_parallel_pretrain_equals_one_process(tmp_path, train_file, family: str) -> None:
     if not has_tp_plan(family):
-        pytest.skip(f"{family} has no tensor-parallel plan (base_model_tp_plan) yet")
+        pytest.fail(f"{family} has no tensor-parallel plan (base_model_tp_plan); every family must have one")
     single, sharded = tmp_path / "single", tmp_path / "tp"
     pretrain(clm_args(single, family, train_file, per_device_train_batch_size=4))
-    torchrun(clm_args(sharded, family, train_file, per_device_train_batch_size=4, tp_size=2), tmp_path)
+    placements = torchrun(clm_args(sharded, family, train_file, per_device_train_batch_size=4, tp_size=2),
+                          tmp_path)
+    assert_sharded_like(placements, single, tp_size=2)
 
     info = json.loads((sharded / "pretrain_args.json").read_text())
     assert (info["num_processes"], info["distributed_type"], info["tp_size"]) == (2, "TP", 2)
@@ -181,8 +198,9 @@ def test_tensor_parallel_times_fsdp2_pretrain_on_four_processes_equals_one_proce
     overrides = tiny_overrides("gau", hidden_dropout_prob=0, attention_probs_dropout_prob=0, tie_word_embeddings=False)
     single, sharded = tmp_path / "single", tmp_path / "tp_fsdp"
     pretrain(clm_args(single, "gau", train_file, per_device_train_batch_size=8, config_overrides=overrides))
-    torchrun(clm_args(sharded, "gau", train_file, per_device_train_batch_size=4, fsdp_size=2, tp_size=2,
-                      config_overrides=overrides), tmp_path)
+    placements = torchrun(clm_args(sharded, "gau", train_file, per_device_train_batch_size=4, fsdp_size=2,
+                                   tp_size=2, config_overrides=overrides), tmp_path)
+    assert_sharded_like(placements, single, tp_size=2, fsdp_size=2)
 
     info = json.loads((sharded / "pretrain_args.json").read_text())
     assert (info["num_processes"], info["distributed_type"]) == (4, "FSDP2+TP")

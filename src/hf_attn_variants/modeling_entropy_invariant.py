@@ -120,14 +120,14 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
         key_counts: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         query_offset: int = 0,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_length = hidden_states.shape[:2]
         if self.num_heads == 0:
             return headless_attention_output(
-                hidden_states, self.o_proj, past_key_values, self.layer_idx, query_offset
+                hidden_states, self.o_proj, cache, self.layer_idx, query_offset
             )
         shape = (batch_size, seq_length, -1, self.head_dim)  # -1: this rank's heads under tensor parallelism
         query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
@@ -136,8 +136,8 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         if position_embeddings is not None:
             cos, sin = position_embeddings
             query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
-        if past_key_values is not None:
-            key, value = update_cache(past_key_values, key, value, self.layer_idx, query_offset)
+        if cache is not None:
+            key, value = update_cache(cache, key, value, self.layer_idx, query_offset)
 
         factor = self.logit_scale(key_counts)
         if factor is not None:
@@ -213,7 +213,7 @@ class EntropyInvariantLayer(GradientCheckpointingLayer):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
         key_counts: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         query_offset: int = 0,
         **kwargs: Any,
     ) -> torch.Tensor:
@@ -223,7 +223,7 @@ class EntropyInvariantLayer(GradientCheckpointingLayer):
                 position_embeddings=position_embeddings,
                 attention_mask=attention_mask,
                 key_counts=key_counts,
-                past_key_values=past_key_values,
+                cache=cache,
                 query_offset=query_offset,
                 **kwargs,
             )[0]
@@ -259,7 +259,7 @@ class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        past_key_values: Cache | None,
+        cache: Cache | None,
         position_ids: torch.Tensor,
         past_length: int,
         given_position_ids: torch.Tensor | None,
@@ -283,7 +283,7 @@ class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel
             config=self.config,
             inputs_embeds=hidden_states,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             position_ids=position_ids,
             past_length=past_length,
         )

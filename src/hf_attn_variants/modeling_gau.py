@@ -296,7 +296,7 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         attention_mask: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
         key_counts: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         query_offset: int = 0,
         output_attentions: bool = False,
         **kwargs: Any,
@@ -312,10 +312,10 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
             qk = apply_rotary(qk, *position_embeddings)
         if self.chunk_size is None:
             attended, weights = self._quadratic(
-                qk, v, attention_mask, key_counts, past_key_values, int(query_offset), output_attentions
+                qk, v, attention_mask, key_counts, cache, int(query_offset), output_attentions
             )
         else:
-            attended, weights = self._chunked(qk, v, key_mask, key_counts, past_key_values, output_attentions)
+            attended, weights = self._chunked(qk, v, key_mask, key_counts, cache, output_attentions)
         output = self.out_proj(u * attended.to(u.dtype))
         return output, weights
 
@@ -325,13 +325,13 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         v: torch.Tensor,
         mask: torch.Tensor | None,
         key_counts: torch.Tensor | None,
-        past_key_values: Cache | None,
+        cache: Cache | None,
         query_offset: int,
         output_attentions: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         query, key, value = qk[:, :1], qk[:, 1:2], v.unsqueeze(1)
-        if past_key_values is not None:
-            key, value = update_cache(past_key_values, key, value, self.layer_idx, query_offset)
+        if cache is not None:
+            key, value = update_cache(cache, key, value, self.layer_idx, query_offset)
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
         if not output_attentions:
             attended = self.normalization.attend(
@@ -357,7 +357,7 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         v: torch.Tensor,
         key_mask: torch.Tensor | None,
         key_counts: torch.Tensor | None,
-        past_key_values: Cache | None,
+        cache: Cache | None,
         output_attentions: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         quad_q, quad_k, lin_q, lin_k = qk.unbind(1)  # each (batch, n, s)
@@ -365,7 +365,7 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         options = {"chunk_size": self.chunk_size, "causal": self.is_causal, "scaling": self.scaling}
         dropout = {"dropout": self.config.attention_probs_dropout_prob, "training": self.training}
         past = 0
-        if past_key_values is None or not self.is_causal:
+        if cache is None or not self.is_causal:
             triton = use_triton_kernel(self.config, quad_q) and not (self.training and dropout["dropout"] > 0)
             numerator, _ = flash_mixed_chunk_attention(
                 quad_q, quad_k, lin_q, lin_k, v, key_mask=key_mask, **options, **dropout, intra_chunk=not triton
@@ -375,7 +375,7 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
                     upcast(quad_q) * self.scaling, upcast(quad_k), upcast(v), key_mask, self.chunk_size, self.is_causal
                 )
         else:
-            layer = chunk_cache_layer(past_key_values, self.layer_idx)
+            layer = chunk_cache_layer(cache, self.layer_idx)
             past = layer.get_seq_length()
             numerator = self._chunked_with_cache(
                 layer, quad_q, quad_k, lin_q, lin_k, v, key_mask, options, dropout
@@ -452,7 +452,7 @@ class GAULayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
         key_counts: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         output_attentions: bool | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
@@ -466,7 +466,7 @@ class GAULayer(GradientCheckpointingLayer):
                 attention_mask=attention_mask,
                 key_mask=key_mask,
                 key_counts=key_counts,
-                past_key_values=past_key_values,
+                cache=cache,
                 output_attentions=bool(output_attentions),
                 **kwargs,
             )[0]
@@ -535,7 +535,7 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        past_key_values: Cache | None,
+        cache: Cache | None,
         position_ids: torch.Tensor,
         past_length: int,
         given_position_ids: torch.Tensor | None,
@@ -559,7 +559,7 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
             else None
         )
         if config.chunk_size is not None:
-            check_chunk_cache(past_key_values)
+            check_chunk_cache(cache)
             if attention_mask is not None and attention_mask.dim() != 2:
                 raise ValueError(
                     "GAU with chunk_size (FLASH) needs a 2D attention_mask of shape (batch, past + seq), got "

@@ -32,6 +32,7 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .configuration_synthesizer import SynthesizerConfig
 from .layers import (
@@ -240,7 +241,7 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         self,
         hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
-        past_key_values: Cache | None,
+        cache: Cache | None,
         value: torch.Tensor,
         query_offset: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -251,8 +252,8 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         if position_embeddings is not None:
             cos, sin = position_embeddings
             query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
-        if past_key_values is not None:
-            key, value = update_cache(past_key_values, key, value, self.layer_idx, query_offset)
+        if cache is not None:
+            key, value = update_cache(cache, key, value, self.layer_idx, query_offset)
         return torch.matmul(query, key.transpose(-1, -2)) * self.scaling, value
 
     # ------------------------------------------------------------------------------------------ forward
@@ -262,7 +263,7 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
         synthesizer_positions: Positions | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         query_offset: int = 0,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -271,7 +272,7 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         batch_size, seq_length = hidden_states.shape[:2]
         if self.num_heads == 0:
             return headless_attention_output(
-                hidden_states, self.o_proj, past_key_values, self.layer_idx, query_offset
+                hidden_states, self.o_proj, cache, self.layer_idx, query_offset
             )
 
         shape = (batch_size, seq_length, -1, self.head_dim)  # -1: this rank's heads under tensor parallelism
@@ -279,13 +280,13 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         logits: dict[str, torch.Tensor] = {}
         if "vanilla" in self.components:
             logits["vanilla"], value = self._vanilla_logits(
-                hidden_states, position_embeddings, past_key_values, value, query_offset
+                hidden_states, position_embeddings, cache, value, query_offset
             )
-        elif past_key_values is not None:
+        elif cache is not None:
             # Synthesized components need no keys: cache a one-channel placeholder (the cache derives its
             # length from the keys; Transformers 5.0's static cache counts the non-zero ones) next to the values.
             placeholder = value.new_ones(batch_size, value.shape[1], seq_length, 1)
-            _, value = update_cache(past_key_values, placeholder, value, self.layer_idx, query_offset)
+            _, value = update_cache(cache, placeholder, value, self.layer_idx, query_offset)
         key_length = value.shape[2]
         if key_length > self.max_length:
             raise ValueError(
@@ -374,7 +375,7 @@ class SynthesizerLayer(GradientCheckpointingLayer):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
         synthesizer_positions: Positions | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         query_offset: int = 0,
         **kwargs: Any,
     ) -> torch.Tensor:
@@ -384,7 +385,7 @@ class SynthesizerLayer(GradientCheckpointingLayer):
                 position_embeddings=position_embeddings,
                 attention_mask=attention_mask,
                 synthesizer_positions=synthesizer_positions,
-                past_key_values=past_key_values,
+                cache=cache,
                 query_offset=query_offset,
                 **kwargs,
             )[0]
@@ -469,7 +470,7 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        past_key_values: Cache | None,
+        cache: Cache | None,
         position_ids: torch.Tensor,
         past_length: int,
         given_position_ids: torch.Tensor | None,
@@ -510,7 +511,8 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
         else:
             keep = attention_mask[:, -key_length:] != 0
         leading = (keep.int().cumsum(-1) == 0).sum(-1, keepdim=True)
-        if not bool(leading.any()):
+        # Traced (torch.export / ONNX, torch.compile): no data-dependent branch; gathering at offset 0 equals slicing.
+        if not is_torchdynamo_compiling() and not bool(leading.any()):
             return None
         keys = (torch.arange(key_length, device=keep.device)[None, :] - leading).clamp(min=0)
         return keys[:, query_offset : query_offset + query_length], keys

@@ -1,11 +1,17 @@
-"""``hf-attn-variants bench``: run the benchmarks and write docs/benchmarks.md, PNG plots and raw JSON.
+"""``hf-attn-variants bench``: run the benchmarks; write a results file, its report and PNG plots.
+
+A full run (no flag that changes what is measured) writes the committed results file
+docs/results/benchmarks-cpu.json (benchmarks-gpu.json on CUDA) and re-renders from it docs/benchmarks.md,
+the README's speed summary and the tables of docs/gau.md and docs/synthesizer.md. A partial run writes its
+own results file and report under runs/ and leaves the committed ones alone, unless ``--merge``.
 
 Examples::
 
-    hf-attn-variants bench                       # CPU, preset "cpu" → docs/benchmarks.md (make bench)
+    hf-attn-variants bench                       # CPU, preset "cpu" → docs/results/benchmarks-cpu.json (make bench)
     hf-attn-variants bench --quick               # smoke test, seconds → runs/bench-quick/
     hf-attn-variants bench --device cuda --peak-tflops 989   # GPU, bf16 autocast, ~110M models, MFU
-    hf-attn-variants bench --only gau --lengths 512 2048 --no-compile
+    hf-attn-variants bench --only gau --lengths 512 2048 --no-compile   # → runs/bench/cpu-partial/
+    hf-attn-variants bench --only decoder --repeats 7 --merge          # re-measure rows of the committed file
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..results import RESULTS_DIR
 from ..training.cli_utils import (
     FlagError,
     argparse_type,
@@ -85,12 +92,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default; use it on a dedicated CPU machine with --threads N).")
     parser.add_argument("--peak-tflops", type=_peak_tflops, default=None,
                         help="Peak TFLOP/s of the device for the MFU column (e.g. 989 for H100 SXM bf16 dense).")
+    parser.add_argument("--merge", action="store_true",
+                        help="Merge this partial run into the committed results file (docs/results/benchmarks-cpu"
+                             ".json; -gpu on CUDA): its rows replace the same rows there, the file records which, "
+                             "by which command, when and under what load, and the docs are re-rendered from it. "
+                             "Widens --only to whole comparisons, so every ratio pairs rows of one run.")
     parser.add_argument("--output", type=Path, default=None,
-                        help="Markdown report (default docs/benchmarks.md; docs/benchmarks-gpu.md on CUDA).")
-    parser.add_argument("--json", type=Path, default=None, help="Raw results (default runs/bench/<preset>.json).")
+                        help="Report of a run of its own (default runs/bench/<preset>-partial/benchmarks.md; "
+                             "runs/bench-quick/benchmarks.md with --quick). A full run (no flag that changes what "
+                             "is measured) writes docs/results/benchmarks-cpu.json and renders docs/benchmarks.md "
+                             "from it instead.")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="Results file of a run of its own (default: next to the report, <report stem>.json).")
     parser.add_argument("--no-plots", action="store_true", help="Do not write PNG plots.")
     parser.add_argument("--report-only", type=Path, default=None, metavar="JSON",
-                        help="Measure nothing: re-render the report (and plots) from a results JSON of an earlier run.")
+                        help="Measure nothing: re-render from a results file. The committed one (docs/results/"
+                             "benchmarks-cpu.json) re-renders the docs and plots; another one its own report "
+                             "(--output, default next to it).")
+
+
+PARTIAL_FLAGS = ("only", "lengths", "repeats", "compile_lengths", "no_compile", "no_graph_check", "no_flops",
+                 "threads", "timer", "dtype")
+"""Flags that change what a run measures or how: with any of them (or ``--quick``, or a non-default
+``--preset``) a run is partial and never replaces the committed results unless it ``--merge``s."""
 
 
 @dataclass
@@ -101,27 +125,59 @@ class BenchPlan:
     variants: dict[str, Variant]
     comparisons: tuple[Comparison, ...]
     cuda: bool
-    output: Path
+    dtype: str
+    timer: str
+    threads: int | None
+    target: str
+    """``"committed"`` (a full run: rewrite the committed results file and re-render the docs), ``"merge"``
+    (merge into it), or ``"own"`` (a results file and report of its own, ``json_path`` and ``output``)."""
     json_path: Path
-    report_only: Any = None
-    """A ``BenchRun`` read from ``--report-only`` (then nothing is measured)."""
+    output: Path | None
+    report_only: dict[str, Any] | None = None
+    """A results file read from ``--report-only`` (then nothing is measured)."""
+    committed: dict[str, Any] | None = None
+    """The committed results (``--merge``)."""
 
 
-def _load_results(path: Path) -> Any:
-    """The ``BenchRun`` saved in ``path``; ``FlagError`` naming ``--report-only`` for a missing or foreign file."""
-    from .runner import BenchRun
+def partial_flags(args: argparse.Namespace) -> list[str]:
+    """The flags of ``args`` that make the run partial (``--only``, ``--lengths``…)."""
+    used = [f"--{name.replace('_', '-')}" for name in PARTIAL_FLAGS if getattr(args, name) not in (None, False, [])]
+    if args.quick:
+        used.append("--quick")
+    cuda = str(args.device).startswith("cuda")
+    if args.preset is not None and args.preset != ("gpu" if cuda else "cpu"):
+        used.append("--preset")
+    return used
 
-    check_file("report-only", path)
+
+def _read_results(flag: str, path: Path) -> dict[str, Any]:
+    """The results file ``path`` (checked by ``store.from_results``); ``FlagError`` naming ``flag`` otherwise."""
+    from .store import from_results
+
+    check_file(flag, path)
     try:
-        return BenchRun.from_json(json.loads(path.read_text(encoding="utf-8")))
+        data = json.loads(path.read_text(encoding="utf-8"))
+        from_results(data)
     except (ValueError, KeyError, TypeError, AttributeError) as error:  # not JSON, or not a bench results file
-        raise FlagError("report-only", f"report-only: {str(path)!r} is not a results JSON of `hf-attn-variants "
-                                       f"bench` ({type(error).__name__}: {error}).") from error
+        raise FlagError(flag, f"{flag}: {str(path)!r} is not a results file of `hf-attn-variants bench` "
+                              f"({type(error).__name__}: {error}).") from error
+    return data
+
+
+def _committed_paths() -> dict[Path, str]:
+    from .store import report_path, results_name
+
+    paths = {}
+    for device in ("cpu", "cuda"):
+        paths[(RESULTS_DIR / f"{results_name(device)}.json").resolve()] = "results"
+        paths[report_path(device).resolve()] = "report"
+    return paths
 
 
 def plan(args: argparse.Namespace) -> BenchPlan:
     """Resolve and check the flags; ``FlagError`` naming the flag of a bad value (nothing is written)."""
     from .specs import select
+    from .store import MergeError, check_compatible, merge_closure, results_name
 
     cuda = str(args.device).startswith("cuda")
     if cuda:
@@ -134,75 +190,187 @@ def plan(args: argparse.Namespace) -> BenchPlan:
         raise FlagError("preset", f"--preset {args.preset} contradicts --quick (which runs the preset 'quick').")
     preset = PRESETS["quick" if args.quick else (args.preset or ("gpu" if cuda else "cpu"))]
     if args.lengths:
-        preset = replace(preset, lengths=tuple(sorted(args.lengths)))
+        preset = replace(preset, lengths=tuple(sorted(set(args.lengths))))
     if args.repeats:
-        preset = replace(preset, repeats=args.repeats, long_repeats=args.repeats)
+        preset = replace(preset, repeats=args.repeats, long_repeats=args.repeats, short_repeats=args.repeats)
     if args.compile_lengths:
         preset = replace(preset, compile_lengths=tuple(args.compile_lengths))
+    only = args.only
+    if args.merge and only:
+        try:
+            select(preset, only)
+        except ValueError as error:
+            raise FlagError("only", str(error)) from None
+        chosen = {c.key for c in COMPARISONS if c.key in only or {c.baseline, *c.variants} & set(only)}
+        only = sorted(merge_closure(chosen))
     try:
-        variants, comparisons = select(preset, args.only)
+        variants, comparisons = select(preset, only)
     except ValueError as error:
         raise FlagError("only", str(error)) from None
+    dtype = args.dtype or ("bfloat16" if cuda else "float32")
+    timer = args.timer or ("wall" if cuda else "cpu")
+    threads = args.threads if args.threads is not None else (None if cuda else 1)
+    committed_json = RESULTS_DIR / f"{results_name(args.device)}.json"
+    committed = _committed_paths()
+    for flag, path in (("output", args.output), ("json", args.json)):
+        if path is not None and path.resolve() in committed:
+            raise FlagError(flag, f"--{flag} {str(path)!r} is the committed {committed[path.resolve()]}, which only "
+                                  f"a full run (no --{flag}) or --merge writes.")
+    partial = partial_flags(args)
+
+    if args.report_only is not None:
+        if args.merge:
+            raise FlagError("merge", "--merge measures a partial run; --report-only measures nothing.")
+        data = _read_results("report-only", args.report_only)
+        if args.report_only.resolve() in committed:
+            if args.output is not None or args.json is not None:
+                raise FlagError("output", "--output: --report-only with the committed results re-renders the "
+                                          "committed docs; give another results file for a report of its own.")
+            return BenchPlan(preset, variants, comparisons, cuda, dtype, timer, threads, "committed",
+                             args.report_only, None, report_only=data)
+        output = args.output or args.report_only.with_suffix(".md")
+        check_output_file("output", output)
+        return BenchPlan(preset, variants, comparisons, cuda, dtype, timer, threads, "own", args.report_only,
+                         output, report_only=data)
+
+    if args.merge:
+        if not partial:
+            raise FlagError("merge", "--merge merges a partial run (--only, --lengths, --repeats…) into the "
+                                     "committed results; a full run rewrites them anyway.")
+        for flag in ("output", "json"):
+            if getattr(args, flag) is not None:
+                raise FlagError(flag, f"--{flag}: --merge writes the committed results ({committed_json}) and "
+                                      "re-renders the docs from them, not a report of its own.")
+        if not committed_json.is_file():
+            raise FlagError("merge", f"--merge: no committed results file {str(committed_json)!r} here (run "
+                                     "from the repository root, after a full `hf-attn-variants bench`).")
+        data = _read_results("merge", committed_json)
+        try:
+            check_compatible(data, preset=preset, device=str(args.device), dtype=dtype, timer=timer,
+                             threads=threads)
+        except MergeError as error:
+            raise FlagError("merge", f"--merge: {error}.") from None
+        return BenchPlan(preset, variants, comparisons, cuda, dtype, timer, threads, "merge", committed_json,
+                         None, committed=data)
+
+    if not partial and args.output is None and args.json is None:
+        return BenchPlan(preset, variants, comparisons, cuda, dtype, timer, threads, "committed", committed_json,
+                         None)
     if args.output is not None:
         output = args.output
     elif args.quick:
         output = Path("runs/bench-quick/benchmarks.md")
     else:
-        output = Path("docs/benchmarks-gpu.md" if cuda else "docs/benchmarks.md")
+        output = Path(f"runs/bench/{preset.name}-partial/benchmarks.md")
     check_output_file("output", output)
-    json_path = args.json or (output.parent / f"{output.stem}.json" if args.quick else Path(f"runs/bench/{preset.name}.json"))
+    json_path = args.json or output.parent / f"{output.stem}.json"
     check_output_file("json", json_path)
-    report_only = _load_results(args.report_only) if args.report_only is not None else None
-    return BenchPlan(preset, variants, comparisons, cuda, output, json_path, report_only)
+    return BenchPlan(preset, variants, comparisons, cuda, dtype, timer, threads, "own", json_path, output)
+
+
+def _write_committed(data: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """Write the committed results file, re-render every region of README.md and docs/*.md that shows it
+    (creating docs/benchmarks.md's when missing) and redraw the committed plots; returns what was written."""
+    from ..results import REGION, ResultsError, render_docs, write_results
+    from .plots import write_plots
+    from .store import from_results, plot_prefix, report_path, results_name
+
+    run = from_results(data)
+    name = results_name(run.device)
+    written = [str(write_results(Path("."), name, data, inline_depth=2))]
+    report = report_path(run.device)
+    text = report.read_text(encoding="utf-8") if report.is_file() else ""
+    if not any(m["name"] == name and m["view"] == "report" for m in REGION.finditer(text)):
+        title = "# GPU benchmarks" if run.device != "cpu" else "# Benchmarks"
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(f"{title}\n\n<!-- results: {name} report -->\n<!-- /results -->\n", encoding="utf-8")
+    files = [p for p in (Path("README.md"), *sorted(Path("docs").glob("*.md")))
+             if p.is_file() and f"<!-- results: {name} " in p.read_text(encoding="utf-8")]
+    try:
+        written += [line.split(":")[0] for line in render_docs(Path("."), files)]
+    except ResultsError as error:  # another results file these documents show is broken: ours is written
+        print(f"bench: wrote {written[0]}, but could not re-render the docs: {error} (fix it, then run "
+              "`hf-attn-variants render-docs`)", file=sys.stderr)
+
+    if not args.no_plots:
+        written += [str(p) for p in write_plots(run, report.parent, prefix=plot_prefix(run.device))]
+    return written
+
+
+def _write_own(data: dict[str, Any], json_path: Path, output: Path, args: argparse.Namespace,
+               write_json: bool = True) -> list[str]:
+    """A run of its own: its results file and its report (with plots), nowhere near the committed docs."""
+    from ..results import format_results
+    from .plots import write_plots
+    from .report import write_report
+    from .store import from_results
+
+    run = from_results(data)
+    written = []
+    if write_json:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(format_results(data, inline_depth=2), encoding="utf-8")
+        written.append(str(json_path))
+    plots = [] if args.no_plots else write_plots(run, output.parent, prefix=output.stem)
+    title = "# Benchmarks (smoke test)" if run.preset.name == "quick" else "# Benchmarks (a run of its own)"
+    write_report(run, output, source=str(json_path), plots=plots, title=title)
+    return [str(output), *written, *map(str, plots)]
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark described by ``args``; returns 0 (a failed variant is reported, not fatal), or 2
     after one error line naming a flag with a bad value."""
-    from .plots import write_plots
-    from .report import write_report
     from .runner import Runner
+    from .store import merge_results, to_results
 
     try:
         bench_plan = plan(args)
     except FlagError as error:
         return fail_flag("bench", error)
-    output, json_path = bench_plan.output, bench_plan.json_path
+
+    if bench_plan.report_only is not None:
+        data = bench_plan.report_only
+        if bench_plan.target == "committed":
+            written = _write_committed(data, args)
+        else:
+            written = _write_own(data, bench_plan.json_path, bench_plan.output, args, write_json=False)
+        print("wrote " + ", ".join(written))
+        return 0
+
     command = (
         "hf-attn-variants bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
         if sys.argv[1:2] == ["bench"]
         else "hf-attn-variants bench (called from Python)"
     )
-
-    if bench_plan.report_only is not None:
-        bench = bench_plan.report_only
-        command = bench.environment.get("command", "hf-attn-variants bench")
-        plots = [] if args.no_plots else write_plots(bench, output.parent, prefix=output.stem)
-        write_report(bench, output, command, plots)
-        print(f"wrote {output}" + "".join(f", {p}" for p in plots))
-        return 0
-
-    cuda = bench_plan.cuda
     runner = Runner(
         bench_plan.preset, bench_plan.variants, bench_plan.comparisons,
         device=args.device,
-        dtype=args.dtype or ("bfloat16" if cuda else "float32"),
-        timer=args.timer or ("wall" if cuda else "cpu"),
-        threads=args.threads if args.threads is not None else (None if cuda else 1),
+        dtype=bench_plan.dtype,
+        timer=bench_plan.timer,
+        threads=bench_plan.threads,
         compile=not (args.no_compile or args.quick),
         count_flops=not args.no_flops,
         check_graph_breaks=not (args.no_graph_check or args.quick),
         peak_tflops=args.peak_tflops,
         log=lambda line: print(line, flush=True),
     )
+    if bench_plan.target == "merge" and args.only:
+        print("--merge: measuring whole comparisons " + ", ".join(c.key for c in bench_plan.comparisons)
+              + " (every ratio of the results file pairs rows of one run)", flush=True)
     bench = runner.run_all()
     bench.environment["command"] = command.strip()
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(bench.to_json(), indent=1), encoding="utf-8")
-    plots = [] if args.no_plots else write_plots(bench, output.parent, prefix=output.stem)
-    write_report(bench, output, command.strip(), plots)
-    print(f"wrote {output}, {json_path}" + "".join(f", {p}" for p in plots))
+    data = to_results(bench)
+    if bench_plan.target == "own":
+        written = _write_own(data, bench_plan.json_path, bench_plan.output, args)
+    else:
+        if bench_plan.target == "merge":
+            data = merge_results(bench_plan.committed, data)
+            entry = data["replaced"][-1]
+            print(f"merge {entry['merge']}: {len(entry['rows_replaced'])} rows replaced, "
+                  f"{len(entry['rows_added'])} added", flush=True)
+        written = _write_committed(data, args)
+    print("wrote " + ", ".join(written))
     return 0
 
 
-__all__ = ["BenchPlan", "add_arguments", "plan", "run"]
+__all__ = ["BenchPlan", "add_arguments", "partial_flags", "plan", "run"]

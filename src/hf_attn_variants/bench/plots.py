@@ -20,19 +20,29 @@ def _series(run: BenchRun, variant: str, phase: str, metric: str) -> tuple[list[
     return xs, ys
 
 
+def _plotted(run: BenchRun) -> list:
+    """The comparisons with a baseline measured at more than one length (one panel each)."""
+    return [
+        c for c in run.comparisons
+        if len({r.length for r in run.results if r.variant == c.baseline and r.status == "ok"}) > 1
+    ]
+
+
+def plot_names(run: BenchRun, prefix: str = "benchmarks") -> list[str]:
+    """File names ``write_plots`` writes for ``run`` (none when no comparison spans two lengths)."""
+    return [f"{prefix}_{metric}.png" for metric in ("time", "memory")] if _plotted(run) else []
+
+
 def write_plots(run: BenchRun, folder: Path, prefix: str = "benchmarks") -> list[Path]:
     """``<prefix>_time.png`` and ``<prefix>_memory.png`` in ``folder``; returns the paths written."""
+    comparisons = _plotted(run)
+    if not comparisons:
+        return []
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    comparisons = [
-        c for c in run.comparisons
-        if len({r.length for r in run.results if r.variant == c.baseline and r.status == "ok"}) > 1
-    ]
-    if not comparisons:
-        return []
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for metric, unit in (("time", "ms per step"), ("memory", "peak MiB per step")):
@@ -68,4 +78,4 @@ def write_plots(run: BenchRun, folder: Path, prefix: str = "benchmarks") -> list
     return paths
 
 
-__all__ = ["write_plots"]
+__all__ = ["plot_names", "write_plots"]

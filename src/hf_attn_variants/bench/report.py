@@ -1,15 +1,19 @@
-"""Write docs/benchmarks.md from a ``BenchRun``: settings, machine, target checks, tables, notes.
+"""The benchmark report from a ``BenchRun`` (read from its results file): settings, machine, targets, tables.
 
-Every number in the tables is computed here from the raw per-step times of the run; nothing is typed in
-by hand except the static notes (``notes.md`` next to this module), which document design choices and the
-before/after measurements of the optimisations.
+Every number is computed here from the per-round times, peaks and FLOPs of the results file
+(``store.py``); nothing is typed in by hand. ``notes.md`` next to this module holds the static notes
+(design choices, how to read the numbers); its ``{{name}}`` placeholders are filled from the run (the
+before/after tables of the GAU kernels, compile times). The same figures feed the other views of the
+results file (``hf_attn_variants.results.bench``): the README's speed summary and the tables of
+docs/gau.md and docs/synthesizer.md, so a figure is quoted with one value everywhere.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -32,10 +36,11 @@ class Ratio:
 
 def paired_ratio(run: BenchRun, variant: str, baseline: str, mode: str, phase: str, length: int,
                  baseline_mode: str | None = None) -> Ratio | None:
-    """Ratio of ``variant`` to ``baseline`` step times, paired round by round (primary timer)."""
+    """Ratio of ``variant`` to ``baseline`` step times, paired round by round (primary timer); ``None`` unless
+    both were measured, in the same run (a row merged in by a later partial run pairs only with its own run)."""
     a = run.find(variant, mode, phase, length)
     b = run.find(baseline, baseline_mode or mode, phase, length)
-    if a is None or b is None or a.status != "ok" or b.status != "ok":
+    if a is None or b is None or a.status != "ok" or b.status != "ok" or a.merge != b.merge:
         return None
     pairs = [x / y for x, y in zip(a.times(run.timer), b.times(run.timer), strict=False) if y > 0]
     if not pairs:
@@ -84,9 +89,132 @@ def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
     return lines
 
 
+# ---------------------------------------------------------------------------------------------- figures
+def speedup(run: BenchRun, fast: str, slow: str, phase: str, length: int, mode: str = "eager") -> Ratio | None:
+    """How many times faster ``fast`` is than ``slow`` (the inverse of their paired ratio)."""
+    ratio = paired_ratio(run, fast, slow, mode, phase, length)
+    return None if ratio is None else Ratio(1 / ratio.median, 1 / ratio.high, 1 / ratio.low)
+
+
+def _ok(result: Result | None) -> bool:
+    return result is not None and result.status == "ok"
+
+
+def _merge_mark(*results: Result | None) -> str:
+    """`` [merge k]`` for every partial run among ``results``' rows (empty for rows of the main run)."""
+    return "".join(f" [merge {k}]" for k in sorted({r.merge for r in results if r is not None and r.merge}))
+
+
+def _rows(run: BenchRun, variant: str, phase: str, lengths: Iterable[int], mode: str = "eager") -> list[Result | None]:
+    return [run.find(variant, mode, phase, n) for n in lengths]
+
+
+def per_token_growth(run: BenchRun, variant: str, metric: str) -> tuple[int, int, float] | None:
+    """(shortest n, longest n, (value/n at the longest) ÷ (value/n at the shortest)) of fwd+bwd time or peak memory."""
+    lengths = [n for n in run.preset.lengths if _ok(run.find(variant, "eager", "train", n))]
+    if len(lengths) < 2:
+        return None
+    small, large = min(lengths), max(lengths)
+    a, b = run.find(variant, "eager", "train", small), run.find(variant, "eager", "train", large)
+    values = (a.median(run.timer), b.median(run.timer)) if metric == "time" else (a.peak_bytes, b.peak_bytes)
+    if not all(values):
+        return None
+    return small, large, (values[1] / large) / (values[0] / small)
+
+
+def entropy_invariant_ratios(run: BenchRun) -> list[tuple[str, int, Ratio]]:
+    """(label, n, fwd+bwd ratio to the stock SDPA model) of the entropy-invariant encoder and decoder."""
+    out = []
+    for variant, baseline, label in (("ei_sdpa", "bert_sdpa", "encoder"), ("ei_decoder_sdpa", "llama_sdpa", "decoder")):
+        for n in run.preset.lengths:
+            ratio = paired_ratio(run, variant, baseline, "eager", "train", n)
+            if ratio is not None:
+                out.append((label, n, ratio))
+    return out
+
+
+@dataclass
+class Target:
+    label: str
+    measured: str
+    met: bool | None  # None: no target (reference row)
+    rows: list[Result | None] = field(default_factory=list)
+
+    def cells(self) -> list[str]:
+        verdict = "–" if self.met is None else ("**met**" if self.met else "**missed**")
+        return [self.label, self.measured + _merge_mark(*self.rows), verdict]
+
+
+def targets(run: BenchRun) -> list[Target]:
+    """The targets of the benchmark and what this run measured for them."""
+    out: list[Target] = []
+    lengths = list(run.preset.lengths)
+    small, large = min(lengths), max(lengths)
+    for variant, baseline, label in (
+        ("ei_sdpa", "bert_sdpa", "entropy_invariant encoder (SDPA) fwd+bwd ≤ 1.05× stock BERT (SDPA)"),
+        ("ei_decoder_sdpa", "llama_sdpa", "entropy_invariant decoder (SDPA) fwd+bwd ≤ 1.05× stock Llama (SDPA)"),
+    ):
+        for n in lengths:
+            rows = [run.find(variant, "eager", "train", n), run.find(baseline, "eager", "train", n)]
+            if not any(rows):
+                continue
+            ratio = paired_ratio(run, variant, baseline, "eager", "train", n)
+            out.append(Target(f"{label}, n = {n}", "–" if ratio is None else f"{ratio.text()}×",
+                              None if ratio is None else ratio.median <= 1.05, rows))
+    flash_rows = _rows(run, "gau_flash", "train", (small, large))
+    growth = per_token_growth(run, "gau_flash", "time")
+    if growth is not None:
+        out.append(Target(f"GAU FLASH time per token flat: (t/n at {growth[1]}) ÷ (t/n at {growth[0]}) ≤ 1.3",
+                          f"{growth[2]:.2f}", growth[2] <= 1.3, flash_rows))
+    growth = per_token_growth(run, "gau_flash", "memory")
+    if growth is not None:
+        out.append(Target(f"GAU FLASH activation memory linear: (peak/n at {growth[1]}) ÷ (peak/n at {growth[0]})",
+                          f"{growth[2]:.2f}", growth[2] <= 1.3, flash_rows))
+    faster = speedup(run, "gau_flash", "gau_quadratic", "train", large)
+    if faster is not None:
+        out.append(Target(f"GAU FLASH ≥ 3× faster than quadratic GAU at n = {large} (fwd+bwd)",
+                          f"{faster.median:.2f}×", faster.median >= 3,
+                          [*flash_rows, run.find("gau_quadratic", "eager", "train", large)]))
+    for name in ("gau_quadratic", "gau_softmax_plus"):
+        growth = per_token_growth(run, name, "memory")
+        result = run.find(name, "eager", "train", large)
+        if growth is None or growth[1] != large:
+            continue
+        per_layer = result.peak_bytes / (4 * large**2 * run.preset.num_layers * run.preset.batch_size)
+        out.append(Target(
+            (f"`{name}` keeps no more n×n tensors than the math needs: fwd+bwd peak at n = {large} in "
+             "n×n float32 buffers per layer (autograd's minimum for relu²/softmax: 2 / 1), and peak-per-"
+             f"token growth {growth[0]} → {large}"),
+            f"{per_layer:.2f} buffers; ×{growth[2]:.2f} per token", per_layer <= 1.0,
+            _rows(run, name, "train", (small, large))))
+    faster = speedup(run, "syn_random", "syn_vanilla", "train", small)
+    if faster is not None:
+        out.append(Target(f"Synthesizer random ≥ 1.3× faster than vanilla, fwd+bwd, n = {small}",
+                          f"{faster.median:.2f}×", faster.median >= 1.3,
+                          [run.find(v, "eager", "train", small) for v in ("syn_random", "syn_vanilla")]))
+    for phase in ("infer", "train"):
+        n = min(run.preset.prune_lengths)
+        faster = speedup(run, "ei_8h_pruned50", "ei_8h", phase, n)
+        if faster is not None:
+            label = "inference" if phase == "infer" else "fwd+bwd (no target, for reference)"
+            out.append(Target(f"50 %-head-pruned model ≥ 1.3× faster than unpruned, {label}, n = {n}",
+                              f"{faster.median:.2f}×", faster.median >= 1.3 if phase == "infer" else None,
+                              [run.find(v, "eager", phase, n) for v in ("ei_8h_pruned50", "ei_8h")]))
+    if run.graph_checks:
+        breaks = [c for c in run.graph_checks if c["breaks"] != 0]
+        compiled = [r for r in run.results if r.mode == "compiled"]
+        failed = [r for r in compiled if r.status == "failed"]
+        text = (f"{len(run.graph_checks)} models, {sum(c['breaks'] or 0 for c in run.graph_checks)} graph breaks; "
+                f"{len(compiled) - len(failed)}/{len(compiled)} compiled measurements ran")
+        out.append(Target("`torch.compile(model)` works for every family, no graph breaks", text,
+                          not breaks and not failed, compiled))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- sections
-def _header(run: BenchRun, command: str) -> list[str]:
+def _header(run: BenchRun, source: str, committed: bool) -> list[str]:
     env = run.environment
+    command = env.get("command", "hf-attn-variants bench")
     timer = (
         "process CPU time (`time.process_time`) of single-threaded steps — what a step costs on a core of its "
         "own; wall-clock medians are listed too"
@@ -94,11 +222,21 @@ def _header(run: BenchRun, command: str) -> list[str]:
         else "wall-clock time (`time.perf_counter`, CUDA-synchronised on a GPU)"
     )
     preset = run.preset
+    if committed:
+        intro = (f"Measured by `{command}` on {env['date']} in {_duration(run.elapsed_s)}; rendered from "
+                 f"`{source}` by `hf-attn-variants render-docs`. Do not edit by hand: `make bench` re-measures "
+                 "everything and rewrites the results file; a partial run (`--only`, `--lengths`, `--repeats`) "
+                 "writes its own report under `runs/`, or with `--merge` replaces its rows in the results file, "
+                 "marked [merge k] below. `hf-attn-variants bench --quick` is the smoke test (seconds).")
+    else:
+        intro = (f"Measured by `{command}` on {env['date']} in {_duration(run.elapsed_s)}; results in `{source}`. "
+                 "A run of its own: the committed results (docs/results/) and docs/benchmarks.md are unchanged; "
+                 "`--merge` would have replaced their rows with these.")
+    versions = f"Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}"
+    if env.get("hf_attn_variants"):
+        versions += f", hf_attn_variants {env['hf_attn_variants']}"
     return [
-        "# Benchmarks",
-        "",
-        (f"Generated by `{command}` on {env['date']} in {_duration(run.elapsed_s)}. Do not edit by hand: "
-        "rerun `make bench` (CPU, ~10–15 min) or `hf-attn-variants bench --quick` (smoke test, seconds)."),
+        intro,
         "",
         *([("> Smoke test (preset `quick`): tiny models, one round. The numbers and verdicts below only show "
              "that the pipeline runs; they say nothing about the targets."), ""] if preset.name == "quick" else []),
@@ -108,7 +246,7 @@ def _header(run: BenchRun, command: str) -> list[str]:
         f"device `{run.device}`{' (' + env['gpu'] + ', CUDA ' + str(env['cuda']) + ')' if env.get('gpu') else ''}; "
         f"torch.get_num_threads() = {run.threads}; load average (1/5/15 min) {env.get('load_average_start')} at "
         f"the start, {env.get('load_average_end')} at the end."),
-        f"- Libraries: Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}.",
+        f"- Libraries: {versions}.",
         (f"- Timer: {timer}. Precision: {run.dtype}"
         f"{' (autocast)' if run.dtype != 'float32' else ''}."),
         (f"- Models (preset `{preset.name}`): hidden {preset.hidden_size}, {preset.num_layers} layers, "
@@ -118,7 +256,8 @@ def _header(run: BenchRun, command: str) -> list[str]:
         f"{', '.join(map(str, preset.lengths))}."),
         (f"- Protocol: per length, every model is built; one untimed step records its peak memory and one more "
         "counts its FLOPs (both double as warm-up; a compiled model's first call compiles it); then timed rounds "
-        f"({', '.join(f'{preset.repeats_at(n)} at n = {n}' for n in preset.lengths)}); each round runs every model once, in an order rotated each round. Times are medians; a ratio is the "
+        f"({', '.join(f'{preset.repeats_at(n)} at n = {n}' for n in preset.lengths)}); each round runs every model "
+        "once, in an order rotated each round. Times are medians; a ratio is the "
         "median of the per-round ratios (in brackets: smallest–largest round), so both sides of a ratio saw "
         "the same machine state."),
         ("- Peak memory: tensor memory allocated during one step above what was live before it (activations, "
@@ -131,65 +270,54 @@ def _header(run: BenchRun, command: str) -> list[str]:
     ]
 
 
+PHASE_SHORT = {"train": "fwd+bwd", "infer": "infer"}
+
+
+def _merges(run: BenchRun) -> list[str]:
+    if not run.replaced:
+        return []
+    lines = [
+        "## Rows re-measured by partial runs (`--merge`)",
+        "",
+        (f"{len(run.replaced)} partial run(s) replaced rows of the run above. Their rows are marked [merge k] in "
+         "every table; a ratio pairs only rows of the same run (\"runs differ\" where its two sides do not)."),
+        "",
+    ]
+    versions = {k: run.environment.get(k) for k in ("python", "torch", "transformers", "hf_attn_variants")}
+    for entry in run.replaced:
+        k = entry["merge"]
+        changes = []
+        for variant, mode, phase, n, previous in entry["rows_replaced"]:
+            row = run.find(variant, mode, phase, n)
+            now = ("replaced again later" if row is None or row.merge != k
+                   else (f"{_ms(row.median(run.timer))} ms" if row.status == "ok" else row.status))
+            before = f"{_ms(previous / 1e3)} ms" if isinstance(previous, (int, float)) else previous
+            changes.append(f"`{variant}` {mode} {PHASE_SHORT[phase]} n = {n}: {before} → {now}")
+        added = [f"`{v}` {mode} {PHASE_SHORT[phase]} n = {n}" for v, mode, phase, n in entry["rows_added"]]
+        other = {name: value for name, value in entry.get("versions", {}).items() if value != versions.get(name)}
+        rounds = ", ".join(f"{r} at n = {n}" for n, r in entry["repeats"].items())
+        lines.append(
+            f"- **merge {k}**: `{entry['command']}` on {entry['date']} in {_duration(entry['duration_s'])}, load "
+            f"average {entry.get('load_average_start')} at the start, {entry.get('load_average_end')} at the end; "
+            f"timed rounds {rounds}"
+            + (f"; versions differing from the run above: {other}" if other else "; same versions")
+            + ". Replaced (previous → new median): " + ("; ".join(changes) or "nothing")
+            + (". Added: " + "; ".join(added) if added else "") + "."
+        )
+    return [*lines, ""]
+
+
+def _ratio_cell(run: BenchRun, variant: str, baseline: str, mode: str, phase: str, n: int,
+                baseline_mode: str | None = None) -> str:
+    ratio = paired_ratio(run, variant, baseline, mode, phase, n, baseline_mode)
+    if ratio is not None:
+        return ratio.text()
+    a, b = run.find(variant, mode, phase, n), run.find(baseline, baseline_mode or mode, phase, n)
+    return "runs differ" if _ok(a) and _ok(b) and a.merge != b.merge else "–"
+
+
 def _targets(run: BenchRun) -> list[str]:
-    rows: list[list[str]] = []
-    lengths = list(run.preset.lengths)
-    small, large = min(lengths), max(lengths)
-
-    def verdict(ok: bool | None) -> str:
-        return "–" if ok is None else ("**met**" if ok else "**missed**")
-
-    for variant, baseline, label in (
-        ("ei_sdpa", "bert_sdpa", "entropy_invariant encoder (SDPA) fwd+bwd ≤ 1.05× stock BERT (SDPA)"),
-        ("ei_decoder_sdpa", "llama_sdpa", "entropy_invariant decoder (SDPA) fwd+bwd ≤ 1.05× stock Llama (SDPA)"),
-    ):
-        for n in lengths:
-            ratio = paired_ratio(run, variant, baseline, "eager", "train", n)
-            rows.append([f"{label}, n = {n}", "–" if ratio is None else f"{ratio.text()}×",
-                         verdict(None if ratio is None else ratio.median <= 1.05)])
-
-    flash = {n: run.find("gau_flash", "eager", "train", n) for n in lengths}
-    if all(r is not None and r.status == "ok" for r in (flash[small], flash[large])) and small != large:
-        per_token = (flash[large].median(run.timer) / large) / (flash[small].median(run.timer) / small)
-        rows.append([f"GAU FLASH time per token flat: (t/n at {large}) ÷ (t/n at {small}) ≤ 1.3",
-                     f"{per_token:.2f}", verdict(per_token <= 1.3)])
-        if flash[small].peak_bytes and flash[large].peak_bytes:
-            memory = (flash[large].peak_bytes / large) / (flash[small].peak_bytes / small)
-            rows.append([f"GAU FLASH activation memory linear: (peak/n at {large}) ÷ (peak/n at {small})",
-                         f"{memory:.2f}", verdict(memory <= 1.3)])
-    ratio = paired_ratio(run, "gau_flash", "gau_quadratic", "eager", "train", large)
-    if ratio is not None:
-        rows.append([f"GAU FLASH ≥ 3× faster than quadratic GAU at n = {large} (fwd+bwd)",
-                     f"{1 / ratio.median:.2f}×", verdict(1 / ratio.median >= 3)])
-    for name in ("gau_quadratic", "gau_softmax_plus"):
-        results = {n: run.find(name, "eager", "train", n) for n in (small, large)}
-        if small == large or any(r is None or r.status != "ok" or not r.peak_bytes for r in results.values()):
-            continue
-        per_layer = results[large].peak_bytes / (4 * large**2 * run.preset.num_layers * run.preset.batch_size)
-        growth = (results[large].peak_bytes / large) / (results[small].peak_bytes / small)
-        rows.append([(f"`{name}` keeps no more n×n tensors than the math needs: fwd+bwd peak at n = {large} in "
-                     "n×n float32 buffers per layer (autograd's minimum for relu²/softmax: 2 / 1), and peak-per-"
-                     f"token growth {small} → {large}"),
-                     f"{per_layer:.2f} buffers; ×{growth:.2f} per token", verdict(per_layer <= 1.0)])
-    ratio = paired_ratio(run, "syn_random", "syn_vanilla", "eager", "train", small)
-    if ratio is not None:
-        rows.append([f"Synthesizer random ≥ 1.3× faster than vanilla, fwd+bwd, n = {small}",
-                     f"{1 / ratio.median:.2f}×", verdict(1 / ratio.median >= 1.3)])
-    for phase in ("infer", "train"):
-        n = min(run.preset.prune_lengths)
-        ratio = paired_ratio(run, "ei_8h_pruned50", "ei_8h", "eager", phase, n)
-        if ratio is not None:
-            label = "inference" if phase == "infer" else "fwd+bwd (no target, for reference)"
-            rows.append([f"50 %-head-pruned model ≥ 1.3× faster than unpruned, {label}, n = {n}",
-                         f"{1 / ratio.median:.2f}×", verdict(1 / ratio.median >= 1.3) if phase == "infer" else "–"])
-    if run.graph_checks:
-        breaks = [c for c in run.graph_checks if c["breaks"] != 0]
-        compiled = [r for r in run.results if r.mode == "compiled"]
-        failed = [r for r in compiled if r.status == "failed"]
-        text = (f"{len(run.graph_checks)} models, {sum(c['breaks'] or 0 for c in run.graph_checks)} graph breaks; "
-                f"{len(compiled) - len(failed)}/{len(compiled)} compiled measurements ran")
-        rows.append(["`torch.compile(model)` works for every family, no graph breaks", text,
-                     verdict(not breaks and not failed)])
+    rows = [t.cells() for t in targets(run)]
     if not rows:
         return []
     return ["## Targets", "", *_table(["target", "measured", "verdict"], rows), ""]
@@ -213,16 +341,14 @@ def _comparison_tables(run: BenchRun) -> list[str]:
             for name in members:
                 train = run.find(name, "eager", "train", n)
                 infer = run.find(name, "eager", "infer", n)
-                if train is None or train.status != "ok":
+                if not _ok(train):
                     continue
-                ratio_t = paired_ratio(run, name, comparison.baseline, "eager", "train", n)
-                ratio_i = paired_ratio(run, name, comparison.baseline, "eager", "infer", n)
-                ok_infer = infer is not None and infer.status == "ok"
+                ok_infer = _ok(infer)
                 rows.append([
-                    str(n), f"`{name}`",
-                    _ms(train.median(timer)), "–" if ratio_t is None else ratio_t.text(),
+                    str(n), f"`{name}`{_merge_mark(train, infer)}",
+                    _ms(train.median(timer)), _ratio_cell(run, name, comparison.baseline, "eager", "train", n),
                     _ms(infer.median(timer)) if ok_infer else "–",
-                    "–" if ratio_i is None else ratio_i.text(),
+                    _ratio_cell(run, name, comparison.baseline, "eager", "infer", n),
                     _tokens_per_s(train, timer), _tokens_per_s(infer, timer) if ok_infer else "–",
                     _mib(train.peak_bytes), _mib(infer.peak_bytes) if ok_infer else "–",
                     _throughput(train, timer, run.peak_tflops),
@@ -243,16 +369,16 @@ def _compiled_table(run: BenchRun) -> list[str]:
         if result.mode != "compiled":
             continue
         eager = run.find(result.variant, "eager", result.phase, result.length)
+        name = f"`{result.variant}`{_merge_mark(result, eager)}"
         if result.status != "ok":
-            rows.append([f"`{result.variant}`", str(result.length), PHASE_TITLES[result.phase], "–", "–", "–", "–",
+            rows.append([name, str(result.length), PHASE_TITLES[result.phase], "–", "–", "–", "–",
                          result.reason or result.status])
             continue
-        ratio = paired_ratio(run, result.variant, result.variant, "compiled", result.phase, result.length,
-                             baseline_mode="eager")
         rows.append([
-            f"`{result.variant}`", str(result.length), PHASE_TITLES[result.phase],
-            _ms(eager.median(run.timer)) if eager and eager.status == "ok" else "–",
-            _ms(result.median(run.timer)), "–" if ratio is None else ratio.text(),
+            name, str(result.length), PHASE_TITLES[result.phase],
+            _ms(eager.median(run.timer)) if _ok(eager) else "–",
+            _ms(result.median(run.timer)),
+            _ratio_cell(run, result.variant, result.variant, "compiled", result.phase, result.length, "eager"),
             f"{result.compile_s:.1f}" if result.compile_s is not None else "–",
             f"peak {_mib(result.peak_bytes)} MiB (eager {_mib(eager.peak_bytes) if eager else '–'})",
         ])
@@ -292,35 +418,261 @@ def _skipped(run: BenchRun) -> list[str]:
     return ["## Skipped or failed", "", *_table(["variant", "n", "status", "reason"], rows), ""]
 
 
-def _notes() -> list[str]:
+# ---------------------------------------------------------------------------------------------- notes
+def _before_after(run: BenchRun, before: str, after: str) -> str:
+    """The before/after table of one GAU kernel (``--only gau_optimisation`` rows)."""
+    rows = []
+    for n in run.preset.lengths:
+        cells = [str(n)]
+        results = {(v, phase): run.find(v, "eager", phase, n) for v in (before, after) for phase in ("train", "infer")}
+        if not all(_ok(r) for r in results.values()):
+            continue
+        for phase in ("train", "infer"):
+            b, a = results[before, phase], results[after, phase]
+            faster = speedup(run, after, before, phase, n)
+            factor = "runs differ" if faster is None else f"{faster.median:.2f}×"
+            cells += [f"{_ms(b.median(run.timer))} → {_ms(a.median(run.timer))} ms ({factor}){_merge_mark(a, b)}",
+                      f"{_mib(b.peak_bytes)} → {_mib(a.peak_bytes)} MiB"]
+        rows.append(cells)
+    if not rows:
+        return ("(not measured in this run: `hf-attn-variants bench --only gau_optimisation` measures "
+                f"`{before}` against `{after}`.)")
+    header = ["n", "fwd+bwd before → after", "peak fwd+bwd", "inference before → after", "peak inference"]
+    return "\n".join(_table(header, rows))
+
+
+def _flash_vs_kernels(run: BenchRun) -> str:
+    n = max(run.preset.lengths)
+    old = speedup(run, "gau_flash", "gau_quadratic_reference", "train", n)
+    new = speedup(run, "gau_flash", "gau_quadratic", "train", n)
+    if old is None or new is None:
+        return ""
+    peaks = {v: run.find(v, "eager", "train", n).peak_bytes for v in
+             ("gau_quadratic_reference", "gau_quadratic", "gau_flash")}
+    return (f"What the kernels did to FLASH's lead at n = {n}: its fwd+bwd step is {_faster(old)} than quadratic GAU "
+            f"through the attention-map path and {_faster(new)} than through the new kernel (same rounds); fwd+bwd "
+            f"peaks: attention-map path {_mib(peaks['gau_quadratic_reference'])} MiB, kernel "
+            f"{_mib(peaks['gau_quadratic'])} MiB, FLASH {_mib(peaks['gau_flash'])} MiB.")
+
+
+def _faster(ratio: Ratio) -> str:
+    """A speed-up as "1.23× faster" or, below 1, "1.10× slower"."""
+    return f"{ratio.median:.2f}× faster" if ratio.median >= 1 else f"{1 / ratio.median:.2f}× slower"
+
+
+def _compile_times(run: BenchRun) -> str:
+    parts = []
+    for phase in ("train", "infer"):
+        times = [r.compile_s for r in run.results if r.mode == "compiled" and r.phase == phase and r.compile_s]
+        if times:
+            parts.append(f"{min(times):.1f}–{max(times):.1f} s for {PHASE_TITLES[phase].split(' ')[0]}")
+    if not parts:
+        return "This run timed no compiled model."
+    return f"In this run the first call of a compiled model (compilation included) took {' and '.join(parts)}."
+
+
+NOTE_FIELDS: dict[str, Callable[[BenchRun], str]] = {
+    "gau_optimisation_relu2": lambda run: _before_after(run, "gau_quadratic_reference", "gau_quadratic"),
+    "gau_optimisation_softmax": lambda run: _before_after(run, "gau_softmax_plus_reference", "gau_softmax_plus"),
+    "flash_vs_kernels": _flash_vs_kernels,
+    "compile_times": _compile_times,
+}
+"""The ``{{name}}`` placeholders of notes.md."""
+
+
+def _notes(run: BenchRun) -> list[str]:
     text = resources.files(__package__).joinpath("notes.md").read_text(encoding="utf-8")
+    def fill(match: re.Match[str]) -> str:  # a multi-line value keeps the placeholder's indentation
+        return "\n".join(match[1] + line if line else line for line in NOTE_FIELDS[match[2]](run).split("\n"))
+
+    text = re.sub(r"^([ \t]*)\{\{(\w+)\}\}", fill, text, flags=re.MULTILINE)
+    text = re.sub(r"\{\{(\w+)\}\}", lambda m: NOTE_FIELDS[m[1]](run), text)
     return [text.rstrip(), ""]
 
 
-def write_report(run: BenchRun, path: Path, command: str, plots: list[Path]) -> Path:
-    """Write the Markdown report to ``path`` (plots are linked relative to it) and return it."""
-    lines = _header(run, command)
+# ---------------------------------------------------------------------------------------------- report
+def render_report(run: BenchRun, *, source: str, committed: bool, plots: Iterable[str] = ()) -> str:
+    """The Markdown body of the report (no title): ``source`` names the results file, ``plots`` the PNGs to
+    link (relative to the report), ``committed`` whether it is the committed report or a run of its own."""
+    lines = _header(run, source, committed)
+    lines += _merges(run)
     lines += _targets(run)
     lines += _comparison_tables(run)
+    plots = list(plots)
     if plots:
         lines += ["## Plots", ""]
         for plot in plots:
-            rel = Path(plot).resolve().relative_to(path.parent.resolve()) if _is_relative(plot, path.parent) else plot
-            lines += [f"![{Path(plot).stem}]({rel.as_posix() if isinstance(rel, Path) else rel})", ""]
+            lines += [f"![{Path(plot).stem}]({plot})", ""]
     lines += _compiled_table(run)
     lines += _skipped(run)
-    lines += _notes()
+    lines += _notes(run)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def write_report(run: BenchRun, path: Path, *, source: str, plots: Iterable[Path] = (),
+                 title: str = "# Benchmarks") -> Path:
+    """Write the report of a run of its own (not the committed one) to ``path``; plots are linked relative to it."""
+    links = [_relative(Path(plot), path.parent) for plot in plots]
+    body = render_report(run, source=source, committed=False, plots=links)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.write_text(f"{title}\n\n{body}", encoding="utf-8")
     return path
 
 
-def _is_relative(plot: Path, folder: Path) -> bool:
+def _relative(plot: Path, folder: Path) -> str:
     try:
-        Path(plot).resolve().relative_to(folder.resolve())
+        return plot.resolve().relative_to(folder.resolve()).as_posix()
     except ValueError:
-        return False
-    return True
+        return plot.as_posix()
 
 
-__all__ = ["Ratio", "paired_ratio", "write_report"]
+# ---------------------------------------------------------------------------------------------- other views
+def speed_summary(run: BenchRun, report: str = "docs/benchmarks.md") -> str:
+    """The README's **Speed.** paragraph: the headline figures of the targets table."""
+    parts = []
+    ratios = entropy_invariant_ratios(run)
+    if ratios:
+        medians = [r.median for _, _, r in ratios]
+        lengths = sorted({n for _, n, _ in ratios})
+        met = sum(m <= 1.05 for m in medians)
+        parts.append(f"the entropy-invariant encoder and decoder take {min(medians):.2f}–{max(medians):.2f}× the "
+                     f"fwd+bwd time of stock SDPA models (BERT, Llama) at n = {lengths[0]}–{lengths[-1]} "
+                     f"(target ≤ 1.05×: met at {met} of {len(medians)} lengths)")
+    large = max(run.preset.lengths)
+    faster = speedup(run, "gau_flash", "gau_quadratic", "train", large)
+    growth = per_token_growth(run, "gau_flash", "time")
+    if faster is not None:
+        text = (f"FLASH GAU is {faster.median:.2f}× faster than quadratic GAU at {large} tokens" if faster.median >= 1
+                else f"FLASH GAU is {1 / faster.median:.2f}× slower than quadratic GAU at {large} tokens")
+        if growth is not None:
+            text += (f" with {'flat' if growth[2] <= 1.3 else 'growing'} time per token (×{growth[2]:.2f} from "
+                     f"{growth[0]} to {growth[1]})")
+        parts.append(text)
+    memory = per_token_growth(run, "gau_quadratic", "memory")
+    if memory is not None:
+        parts.append(f"quadratic GAU's activation memory per token {'stays flat' if memory[2] <= 1.3 else 'grows'} "
+                     f"too (×{memory[2]:.2f} from {memory[0]} to {memory[1]} tokens)")
+    small = min(run.preset.lengths)
+    faster = speedup(run, "syn_random", "syn_vanilla", "train", small)
+    if faster is not None:
+        parts.append(f"the Synthesizer's `random` trains {faster.median:.2f}× faster than `vanilla` at n = {small}")
+    prune_n = min(run.preset.prune_lengths)
+    faster = speedup(run, "ei_8h_pruned50", "ei_8h", "infer", prune_n)
+    if faster is not None:
+        parts.append(f"a 50 %-head-pruned model infers {faster.median:.2f}× faster at n = {prune_n}")
+    env = run.environment
+    where = "On CPU" if run.device == "cpu" else f"On {env.get('gpu') or run.device}"
+    merges = f", {len(run.replaced)} partial re-run(s) merged" if run.replaced else ""
+    return (
+        "**Speed.** `make bench` times every family against stock Transformers models in the same run (BERT "
+        f"with SDPA for encoders, Llama with SDPA for decoders), eager and `torch.compile`d. {where} "
+        f"({env['date'][:10]}{merges}): " + "; ".join(parts) + f" ([{report}]({report}))."
+    )
+
+
+def gau_measurements(run: BenchRun) -> str:
+    """docs/gau.md's quadratic-vs-FLASH table: fwd+bwd time, paired ratio and peak memory per length."""
+    p = run.preset
+    env = run.environment
+    rows = []
+    lengths = [n for n in p.lengths if _ok(run.find("gau_quadratic", "eager", "train", n))
+               and _ok(run.find("gau_flash", "eager", "train", n))]
+    for n in lengths:
+        q, f = run.find("gau_quadratic", "eager", "train", n), run.find("gau_flash", "eager", "train", n)
+        faster = speedup(run, "gau_flash", "gau_quadratic", "train", n)
+        rows.append([str(n), _ms(q.median(run.timer)), _ms(f.median(run.timer)),
+                     "runs differ" if faster is None else f"{faster.median:.2f}× ({faster.low:.2f}–{faster.high:.2f})"
+                     + _merge_mark(q, f),
+                     _mib(q.peak_bytes), _mib(f.peak_bytes)])
+    if not rows:
+        return "(no quadratic/FLASH GAU rows in the results file)"
+    clock = "single-threaded process CPU time" if run.timer == "cpu" else "wall-clock time"
+    lines = [
+        (f"`GAUModel` with hidden {p.hidden_size}, {p.gau_layers or p.num_layers} layers, e = {2 * p.hidden_size}, "
+         f"s = {p.gau_key_size}, relu², batch {p.batch_size}, FLASH chunk g = {p.gau_chunk_size}; forward + backward "
+         "of loss = mean of the squared last hidden state. These are the `gau_quadratic` and `gau_flash` rows of "
+         f"[benchmarks.md](benchmarks.md) (`{env.get('command')}`, {env['date']}, {env['cpu']}, torch "
+         f"{env['torch']}, load average {env.get('load_average_start')} → {env.get('load_average_end')}): "
+         f"{clock}, median of {', '.join(f'{p.repeats_at(n)}' for n in lengths)} interleaved rounds at n = "
+         f"{', '.join(map(str, lengths))}; the ratio is the median of the per-round ratios (smallest–largest "
+         "round). Peak: tensor memory allocated during one fwd+bwd step (activations, gradients, temporaries)."),
+        "",
+        *_table(["n", "quadratic fwd+bwd (ms)", "FLASH fwd+bwd (ms)", "quadratic / FLASH", "quadratic peak (MiB)",
+                 "FLASH peak (MiB)"], rows),
+    ]
+    if len(lengths) >= 2:
+        a, b = lengths[-2], lengths[-1]
+        growth = {}
+        for name in ("gau_flash", "gau_quadratic"):
+            x, y = run.find(name, "eager", "train", a), run.find(name, "eager", "train", b)
+            growth[name] = (y.median(run.timer) / x.median(run.timer), y.peak_bytes / x.peak_bytes)
+        linear = growth["gau_quadratic"][1] <= 1.3 * b / a
+        lines += ["", (f"From {a} to {b} tokens ({b / a:g}×) FLASH's time grows {growth['gau_flash'][0]:.1f}× and "
+                       f"its peak {growth['gau_flash'][1]:.1f}×; quadratic GAU's time grows "
+                       f"{growth['gau_quadratic'][0]:.1f}× (its n² terms) and its peak "
+                       f"{growth['gau_quadratic'][1]:.1f}×"
+                       + (" (linear too: above 16 MiB of scores the blocked kernel keeps no n×n tensor for backward)."
+                          if linear else "."))]
+    first = speedup(run, "gau_flash", "gau_quadratic", "train", lengths[0])
+    if first is not None and first.median < 1:
+        lines += ["", (f"At n = {lengths[0]} ({lengths[0] // p.gau_chunk_size} chunks) FLASH has little to skip and "
+                       "its linear-attention summaries cost a little more than they save.")]
+    return "\n".join(lines)
+
+
+SYNTHESIZER_ORDER = ("syn_vanilla", "syn_dense", "syn_random", "syn_factorized_dense", "syn_factorized_random",
+                     "syn_random_vanilla")
+
+
+def synthesizer_measurements(run: BenchRun) -> str:
+    """docs/synthesizer.md's table: fwd+bwd (and inference) time of every component relative to vanilla."""
+    p = run.preset
+    env = run.environment
+    lengths = [n for n in p.lengths if _ok(run.find("syn_vanilla", "eager", "train", n))]
+    if not lengths:
+        return "(no Synthesizer rows in the results file)"
+    header = ["variant"]
+    for n in lengths:
+        header += [f"fwd+bwd ms, n = {n}", "× vanilla", "infer × vanilla"]
+    rows = []
+    for name in SYNTHESIZER_ORDER:
+        if run.variants.get(name) is None:
+            continue
+        cells = [run.variants[name]["description"].split(" ")[1]]
+        for n in lengths:
+            train = run.find(name, "eager", "train", n)
+            if not _ok(train):
+                cells += ["–", "–", "–"]
+                continue
+            cells += [_ms(train.median(run.timer)) + _merge_mark(train),
+                      _ratio_cell(run, name, "syn_vanilla", "eager", "train", n),
+                      _ratio_cell(run, name, "syn_vanilla", "eager", "infer", n)]
+        rows.append(cells)
+    clock = "single-threaded process CPU time" if run.timer == "cpu" else "wall-clock time"
+    return "\n".join([
+        (f"{p.num_layers} layers, hidden {p.hidden_size}, {p.num_heads} heads, FFN {p.intermediate_size}, l = n, "
+         f"batch {p.batch_size}, `SynthesizerModel` in training mode, loss = mean(h²): the Synthesizer rows of "
+         f"[benchmarks.md](benchmarks.md) (`{env.get('command')}`, {env['date']}, {env['cpu']}, torch {env['torch']}, "
+         f"load average {env.get('load_average_start')} → {env.get('load_average_end')}). Times are {clock}, "
+         f"medians of {', '.join(str(p.repeats_at(n)) for n in lengths)} interleaved rounds at n = "
+         f"{', '.join(map(str, lengths))}; a ratio is the median of the per-round ratios to `vanilla` (smallest–"
+         "largest round). Every variant runs eager (the Synthesizer forms its softmax explicitly; vanilla does not "
+         "use SDPA here); \"–\": not timed at that length (see *Skipped or failed* in benchmarks.md)."),
+        "",
+        *_table(header, rows),
+    ])
+
+
+__all__ = [
+    "Ratio",
+    "Target",
+    "gau_measurements",
+    "paired_ratio",
+    "per_token_growth",
+    "render_report",
+    "speed_summary",
+    "speedup",
+    "synthesizer_measurements",
+    "targets",
+    "write_report",
+]

@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,6 +45,9 @@ class Result:
     peak_bytes: int | None = None
     flops: int | None = None
     compile_s: float | None = None
+    merge: int = 0
+    """0: measured by the run that wrote the results file; k > 0: by the k-th partial run merged into it
+    (``--merge``, described in ``BenchRun.replaced[k - 1]``). Ratios pair only rows of the same run."""
 
     def times(self, timer: str) -> list[float]:
         return self.cpu if timer == "cpu" else self.wall
@@ -74,35 +77,14 @@ class BenchRun:
     graph_checks: list[dict[str, Any]] = field(default_factory=list)
     peak_tflops: float | None = None
     elapsed_s: float = 0.0
+    replaced: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per partial run merged in later (``--merge``): its command, date, load and the rows it replaced."""
 
     def find(self, variant: str, mode: str, phase: str, length: int) -> Result | None:
         for result in self.results:
             if result.key == (variant, mode, phase, length):
                 return result
         return None
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BenchRun:
-        """Rebuild a run saved by ``to_json`` (to re-render a report without measuring again)."""
-        preset_fields = {
-            k: tuple(v) if isinstance(v, list) else v for k, v in data["preset"].items()
-        }
-        comparisons = tuple(
-            Comparison(**{k: tuple(v) if isinstance(v, list) else v for k, v in c.items()})
-            for c in data["comparisons"]
-        )
-        skip = {"preset", "comparisons", "results"}
-        run = cls(preset=Preset(**preset_fields), comparisons=comparisons,
-                  **{k: v for k, v in data.items() if k not in skip})
-        run.results = [Result(**r) for r in data["results"]]
-        return run
-
-    def to_json(self) -> dict[str, Any]:
-        data = {k: v for k, v in asdict(self).items() if k not in ("results", "comparisons", "preset")}
-        data["preset"] = asdict(self.preset)
-        data["comparisons"] = [asdict(c) for c in self.comparisons]
-        data["results"] = [asdict(r) for r in self.results]
-        return data
 
 
 def environment(device: torch.device) -> dict[str, Any]:
@@ -123,6 +105,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "hf_attn_variants": _package_version(),
         "platform": platform.platform(),
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
@@ -131,6 +114,12 @@ def environment(device: torch.device) -> dict[str, Any]:
         "cuda": torch.version.cuda if device.type == "cuda" else None,
     }
     return env
+
+
+def _package_version() -> str:
+    from hf_attn_variants import __version__
+
+    return __version__
 
 
 def _load_average() -> list[float] | None:

@@ -3,7 +3,9 @@
 Contents: ``config.json`` with ``auto_map`` for AutoConfig and the six Auto classes, the standalone model
 code (``configuration_<family>.py`` and ``modeling_<family>.py``, written by ``save_pretrained`` through
 ``hf_attn_variants.standalone``; they run on every Transformers release from 5.0.0 on),
-``model.safetensors`` (no pickle files), the tokenizer, and ``README.md`` (the model card, see ``card.py``). The folder is assembled
+``model.safetensors`` (no pickle files), the tokenizer, and ``README.md`` (the model card, see ``card.py``); with
+``--sentence_transformers`` the sentence-transformers files (``sentence_transformers.py``), with ``--onnx``
+``onnx/model.onnx`` (``onnx_export.py``). The folder is assembled
 under a temporary name and renamed into place, so an interrupted export never leaves a half-written folder.
 """
 
@@ -50,6 +52,21 @@ class ExportArguments:
         default=None, metadata={"help": "Jinja template (default: model_cards/<model_type>.md)."}
     )
     overwrite: bool = field(default=False, metadata={"help": "Replace output_dir if it exists."})
+    sentence_transformers: bool = field(
+        default=False,
+        metadata={"help": "Also write modules.json, sentence_bert_config.json and 1_Pooling/ so that "
+                          "SentenceTransformer(folder, trust_remote_code=True) loads the folder (docs/clients.md)."},
+    )
+    pooling: str | None = field(
+        default=None,
+        metadata={"help": "Pooling of --sentence_transformers: mean, cls, max or lasttoken (default: mean for "
+                          "encoders, lasttoken for causal models)."},
+    )
+    onnx: bool = field(
+        default=False,
+        metadata={"help": "Also write onnx/model.onnx (torch.onnx dynamo export, dynamic batch and sequence, without "
+                          "cache; needs onnx and onnxscript)."},
+    )
 
     def __post_init__(self) -> None:
         """Check the values that need no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it."""
@@ -60,6 +77,13 @@ class ExportArguments:
                                        f"got {self.license!r}.")
         if self.tags is not None and any(not tag.strip() for tag in self.tags):
             raise FlagError("tags", f"tags must be non-empty words, got {self.tags}.")
+        if self.pooling is not None:
+            from .sentence_transformers import POOLING_MODES
+
+            if self.pooling not in POOLING_MODES:
+                raise FlagError("pooling", f"pooling must be one of {POOLING_MODES}, got {self.pooling!r}.")
+            if not self.sentence_transformers:
+                raise FlagError("pooling", "pooling applies to --sentence_transformers only; pass that flag too.")
 
 
 def _model_class(config: object) -> type:
@@ -122,6 +146,13 @@ def export(args: ExportArguments) -> Path:
         raise FlagError("model_name_or_path", f"model_name_or_path: {source} holds no usable config.json: "
                                               f"{' '.join(str(error).split())}") from error
     model_class = _model_class(config)
+    if args.onnx:
+        import importlib.util
+
+        absent = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+        if absent:
+            raise FlagError("onnx", f"--onnx needs the {' and '.join(absent)} package(s), not installed here: "
+                                    "pip install onnx onnxscript onnxruntime")
     tokenizer = load_tokenizer(args.tokenizer_name or str(source),
                                flag="tokenizer_name" if args.tokenizer_name else "model_name_or_path")
     with quiet_progress():
@@ -138,6 +169,14 @@ def export(args: ExportArguments) -> Path:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         card.save(staging / "README.md")
+        if args.sentence_transformers:
+            from .sentence_transformers import write_sentence_transformers_files
+
+            write_sentence_transformers_files(staging, model.config, args.pooling)
+        if args.onnx:
+            from .onnx_export import ONNX_PATH, export_onnx
+
+            export_onnx(model, staging / ONNX_PATH)
         check_export(staging)
         if output.exists():
             shutil.rmtree(output)

@@ -66,13 +66,19 @@ class GatherHeads:
         return blocks.index_select(-2, index).flatten(-2)
 
 
+def _given_cache(kwargs: dict[str, Any]) -> Any:
+    """The cache a stock layer passed its attention: ``cache=`` from Transformers 5.24 on, ``past_key_values=`` before."""
+    cache = kwargs.get("cache")
+    return cache if cache is not None else kwargs.get("past_key_values")
+
+
 def _headless_self_attention(module: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple:
     """Forward of a BERT-style self-attention without heads: ``headless_attention_output`` without projection
     (the output dense, another module, adds its bias) on the self-attention half of an encoder-decoder cache.
 
     Returns the empty ``(batch, seq, 0)`` context and an empty ``(batch, 0, q, k)`` attention map.
     """
-    cache = kwargs.get("past_key_values")
+    cache = _given_cache(kwargs)
     cache = getattr(cache, "self_attention_cache", cache)
     return headless_attention_output(hidden_states, None, cache, module.layer_idx)
 
@@ -83,7 +89,7 @@ def _headless_decoder_attention(module: nn.Module, hidden_states: torch.Tensor, 
     Returns o_proj's bias (or zeros) and an empty ``(batch, 0, q, k)`` attention map; a cache gets its
     placeholder through a plain ``cache.update`` (a stock layer passes no query offset).
     """
-    cache = kwargs.get("past_key_values")
+    cache = _given_cache(kwargs)
     return headless_attention_output(hidden_states, module.o_proj, cache, module.layer_idx)
 
 

@@ -1,0 +1,59 @@
+"""Record one timed run of the suite (or the demo) in ``docs/results/suite.json`` and re-render the docs.
+
+Usage: ``python scripts/record_suite.py --label "fresh clone, make test" --command "make test" --minutes 12.3
+[--log pytest.log] [--isa AVX2]``. With ``--log``, pytest's closing line ("N passed, M skipped …") gives the
+counts. Run it from the repository root with the package's environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import sys
+from pathlib import Path
+
+from hf_attn_variants.results import load_results, render_docs, results_path, write_results
+from hf_attn_variants.results._common import machine_description, versions
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "suite"
+COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|warnings?)")
+
+
+def pytest_counts(log: Path) -> dict[str, int]:
+    """The counts of the last pytest summary line in ``log`` (``errors`` for error/errors)."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if " in " in line and COUNT.search(line)]
+    if not lines:
+        raise SystemExit(f"record_suite: --log {log}: no pytest summary line found.")
+    found = {}
+    for number, kind in COUNT.findall(lines[-1]):
+        if not kind.startswith("warning"):
+            found["errors" if kind.startswith("error") else kind] = int(number)
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--label", required=True)
+    parser.add_argument("--command", required=True)
+    parser.add_argument("--minutes", type=float, required=True)
+    parser.add_argument("--log", type=Path, default=None)
+    parser.add_argument("--isa", default=None, help="The ONEDNN_MAX_CPU_ISA the run had, if any.")
+    args = parser.parse_args()
+    data = load_results(ROOT, NAME) if results_path(ROOT, NAME).exists() else {"kind": "suite", "runs": []}
+    run = {"label": args.label, "command": args.command, "machine": machine_description(), "isa": args.isa,
+           "versions": versions(), "minutes": args.minutes, "date": datetime.date.today().isoformat()}
+    if args.log is not None:
+        run["counts"] = pytest_counts(args.log)
+    data["runs"] = [r for r in data["runs"] if r["label"] != args.label] + [run]
+    # The file's own provenance fields are those of its newest run (each run keeps its own too).
+    data.update(command="python scripts/record_suite.py (one entry per timed run)", machine=run["machine"],
+                versions=run["versions"], date=run["date"])
+    write_results(ROOT, NAME, data)
+    print("\n".join(render_docs(ROOT)) or "record_suite: docs unchanged")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

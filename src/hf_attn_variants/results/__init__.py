@@ -1,0 +1,164 @@
+"""Every number in README.md and docs/ comes from a committed results file, rendered here.
+
+A results file is one JSON object under ``docs/results/<name>.json`` written by the command that measured it
+(``bench``, the studies in ``scripts/``, ``lengthgen``…). It names its ``kind`` — the module
+``hf_attn_variants.results.<kind>`` that knows how to render it — and its provenance: ``command``,
+``machine``, ``versions``, ``date``, and ``replaced`` (rows a later partial run merged in, shown by the view).
+
+A Markdown file embeds a rendered view between two comments::
+
+    <!-- results: benchmarks-cpu speed_summary -->
+    …generated text, never edited by hand…
+    <!-- /results -->
+
+``render_markdown`` fills every such region from ``<kind module>.<view>(data) -> str``; ``hf-attn-variants
+render-docs`` rewrites the files, ``--check`` only reports regions that differ (tests/test_docs_results.py
+runs it, so a hand edit or a results file changed without re-rendering fails the suite).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path("docs") / "results"
+"""Where results files live, relative to the repository root."""
+
+REGION = re.compile(
+    r"(?P<open><!-- results: (?P<name>[\w.-]+) (?P<view>\w+) -->\n)(?P<body>.*?)(?P<close><!-- /results -->)",
+    re.DOTALL,
+)
+"""An embedded view: the opening comment names the results file (without ``.json``) and the view."""
+
+
+class ResultsError(ValueError):
+    """A results file or an embedded region that cannot be rendered; the message names the file."""
+
+
+def results_path(root: Path, name: str) -> Path:
+    """``<root>/docs/results/<name>.json``."""
+    return Path(root) / RESULTS_DIR / f"{name}.json"
+
+
+def load_results(root: Path, name: str) -> dict[str, Any]:
+    """The results object ``name``; ``ResultsError`` naming the file when it is missing or not a JSON object
+    with a ``kind``."""
+    path = results_path(root, name)
+    if not path.is_file():
+        raise ResultsError(f"{path}: no such results file (a region of the docs names it).")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ResultsError(f"{path}: not valid JSON ({error}).") from None
+    if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
+        raise ResultsError(f"{path}: a results file is a JSON object with a string 'kind'.")
+    return data
+
+
+def format_results(data: Any, *, inline_depth: int | None = None) -> str:
+    """``data`` as JSON text, keys in order, 2-space indent; with ``inline_depth`` every list or object nested
+    deeper than that many levels is written on one line (e.g. 2: one line per row of a top-level list of rows),
+    which keeps files of many small rows short and their diffs one line per changed row."""
+
+    def encode(value: Any, level: int) -> str:
+        if not isinstance(value, (dict, list)) or not value or (inline_depth is not None and level >= inline_depth):
+            return json.dumps(value, ensure_ascii=False)
+        pad, inner = "  " * level, "  " * (level + 1)
+        if isinstance(value, dict):
+            items = [f"{inner}{json.dumps(str(k), ensure_ascii=False)}: {encode(v, level + 1)}" for k, v in value.items()]
+            return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+        return "[\n" + ",\n".join(f"{inner}{encode(v, level + 1)}" for v in value) + f"\n{pad}]"
+
+    return encode(data, 0) + "\n"
+
+
+def write_results(root: Path, name: str, data: dict[str, Any], *, inline_depth: int | None = None) -> Path:
+    """Write ``data`` (which must name its ``kind``) as ``docs/results/<name>.json`` (``format_results``)."""
+    if not isinstance(data.get("kind"), str):
+        raise ResultsError(f"results {name!r}: data must name its 'kind'.")
+    path = results_path(root, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(format_results(data, inline_depth=inline_depth), encoding="utf-8")
+    return path
+
+
+def view_function(kind: str, view: str) -> Callable[[dict[str, Any]], str]:
+    """``hf_attn_variants.results.<kind>.<view>``; ``ResultsError`` when either does not exist."""
+    module_name = f"{__name__}.{kind.replace('-', '_')}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError:
+        raise ResultsError(f"no renderer module {module_name} for results kind {kind!r}.") from None
+    function = getattr(module, view, None)
+    if not callable(function) or view.startswith("_"):
+        raise ResultsError(f"{module_name} has no view {view!r}.")
+    return function
+
+
+def render_markdown(root: Path, text: str, *, source: str = "<markdown>") -> tuple[str, list[str]]:
+    """``text`` with every results region re-rendered, and the names of the results files it used."""
+    used: list[str] = []
+
+    def fill(match: re.Match[str]) -> str:
+        name, view = match["name"], match["view"]
+        data = load_results(root, name)
+        try:
+            body = view_function(data["kind"], view)(data)
+        except ResultsError:
+            raise
+        except (KeyError, TypeError, ValueError) as error:
+            raise ResultsError(f"{source}: view {view!r} of {name}.json failed: {error!r}") from error
+        used.append(name)
+        return match["open"] + body.rstrip("\n") + "\n" + match["close"]
+
+    return REGION.sub(fill, text), used
+
+
+def markdown_files(root: Path) -> list[Path]:
+    """README.md and every ``docs/*.md`` under ``root``."""
+    root = Path(root)
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def render_docs(root: Path, files: Iterable[Path] | None = None, *, check: bool = False) -> list[str]:
+    """Re-render the regions of ``files`` (default ``markdown_files(root)``).
+
+    Returns one line per file that changed (with ``check``: that would change; nothing is written).
+    """
+    changed = []
+    for path in files if files is not None else markdown_files(root):
+        text = path.read_text(encoding="utf-8")
+        rendered, _ = render_markdown(root, text, source=str(path))
+        if rendered != text:
+            changed.append(f"{path}: results regions are out of date" if check else f"{path}: re-rendered")
+            if not check:
+                path.write_text(rendered, encoding="utf-8")
+    return changed
+
+
+def used_results(root: Path) -> set[str]:
+    """Names of the results files that some region of README.md or docs/ renders."""
+    names: set[str] = set()
+    for path in markdown_files(root):
+        names.update(match["name"] for match in REGION.finditer(path.read_text(encoding="utf-8")))
+    return names
+
+
+__all__ = [
+    "REGION",
+    "RESULTS_DIR",
+    "ResultsError",
+    "format_results",
+    "load_results",
+    "markdown_files",
+    "render_docs",
+    "render_markdown",
+    "results_path",
+    "used_results",
+    "view_function",
+    "write_results",
+]

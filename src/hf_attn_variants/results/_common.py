@@ -1,0 +1,125 @@
+"""Helpers shared by the results kinds of the studies (not a kind itself: its name starts with ``_``).
+
+``run_metadata`` gives the provenance fields a measuring command writes into its results file (``command``,
+``machine``, ``versions``, ``date``); ``source_line`` renders them as the one line under a table. A results file
+whose numbers were copied from an earlier version of the docs (the raw outputs of that run are gone) carries a
+``provenance`` sentence saying so, and ``source_line`` shows that sentence instead.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+PROVENANCE_FIELDS = ("kind", "command", "machine", "versions", "date")
+"""Fields every results file of the studies carries (``provenance`` too when its numbers were transcribed)."""
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()`` or the machine type."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as stream:
+            for line in stream:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_description(extra: str | None = None) -> str:
+    """``"2-core AMD EPYC CPU (x86_64), no GPU"`` and ``extra`` (e.g. the load average), for the ``machine`` field."""
+    text = f"{os.cpu_count()}-core {cpu_name()} CPU ({platform.machine()})"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            text += ", " + ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        else:
+            text += ", no GPU"
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return f"{text}; {extra}" if extra else text
+
+
+def load_average() -> str:
+    """``"load average 1.3 / 1.5 / 1.7"`` (1, 5, 15 minutes), or ``""`` where the OS has none."""
+    if not hasattr(os, "getloadavg"):
+        return ""
+    return "load average " + " / ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def versions(**extra: str) -> dict[str, str]:
+    """Python, torch, transformers and this package's versions (plus ``extra``)."""
+    found = {"python": platform.python_version()}
+    for name in ("torch", "transformers", "hf_attn_variants"):
+        module = sys.modules.get(name)
+        if module is None:
+            try:
+                module = __import__(name)
+            except ImportError:
+                continue
+        found[name] = getattr(module, "__version__", "?")
+    return {**found, **extra}
+
+
+def run_metadata(kind: str, command: str | Sequence[str], *, machine: str | None = None,
+                 **extra_versions: str) -> dict[str, Any]:
+    """The provenance fields of a results file written now by ``command`` (a string, or argv to be quoted)."""
+    if not isinstance(command, str):
+        command = shlex.join(command)
+    return {"kind": kind, "command": command, "machine": machine or machine_description(),
+            "versions": versions(**extra_versions), "date": datetime.date.today().isoformat()}
+
+
+def format_versions(found: dict[str, str]) -> str:
+    """``"torch 2.13.0+cpu, transformers 5.23.0, Python 3.11.7"``."""
+    names = {"python": "Python", "hf_attn_variants": "hf_attn_variants"}
+    return ", ".join(f"{names.get(key, key)} {value}" for key, value in found.items())
+
+
+def source_line(data: dict[str, Any]) -> str:
+    """One italic line naming where the numbers above come from."""
+    if data.get("provenance"):
+        return f"*{data['provenance']}*"
+    return (f"*Measured {data['date']} by `{data['command']}` on {data['machine']} "
+            f"({format_versions(data.get('versions') or {})}).*")
+
+
+def signed(value: float, digits: int = 3) -> str:
+    """``+0.018`` / ``−0.078`` with a real minus sign; an exact integer 0 (bit-identical values) is ``0``."""
+    if isinstance(value, int) and value == 0:
+        return "0"
+    return f"{value:+.{digits}f}".replace("-", "−")
+
+
+def number(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` decimals and a real minus sign."""
+    return f"{value:.{digits}f}".replace("-", "−")
+
+
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]], align: Sequence[str] | None = None) -> str:
+    """A markdown table; ``align`` holds ``"---"`` or ``"---:"`` per column (default left)."""
+    align = align or ["---"] * len(head)
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "PROVENANCE_FIELDS",
+    "format_versions",
+    "load_average",
+    "machine_description",
+    "markdown_table",
+    "number",
+    "run_metadata",
+    "signed",
+    "source_line",
+    "versions",
+]

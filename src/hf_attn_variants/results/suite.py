@@ -1,0 +1,30 @@
+"""Results kind ``suite``: how long ``make test`` / ``make demo`` took and what pytest counted, per run.
+
+``scripts/record_suite.py`` appends one run (its label, the command, machine, versions, ``ONEDNN_MAX_CPU_ISA``,
+pytest's counts, minutes) to ``docs/results/suite.json``; the README's "Tests" section renders the table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._common import format_versions, markdown_table
+
+
+def _counts(run: dict[str, Any]) -> str:
+    counts = run.get("counts") or {}
+    order = ("passed", "failed", "errors", "skipped")
+    return ", ".join(f"{counts[key]} {key}" for key in order if key in counts) or "–"
+
+
+def runs(data: dict[str, Any]) -> str:
+    """One row per recorded run: what, where (CPU and ISA cap), versions, pytest's counts, time."""
+    if not data["runs"]:
+        return "*No run recorded yet.*"
+    rows = []
+    for run in data["runs"]:
+        rows.append([
+            run["label"], f"`{run['command']}`", run["machine"] + (f"; `ONEDNN_MAX_CPU_ISA={run['isa']}`" if run.get("isa") else ""),
+            format_versions(run.get("versions") or {}), _counts(run), f"{run['minutes']:.1f} min", run["date"],
+        ])
+    return markdown_table(["run", "command", "machine", "versions", "result", "time", "date"], rows)

@@ -1,0 +1,227 @@
+"""The results files of the studies (docs/results/*.json) carry their provenance and render, and the writers of the
+measuring scripts produce data their views render (``hf_attn_variants.results.<kind>``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_attn_variants.results import REGION, RESULTS_DIR, load_results, view_function, write_results
+from hf_attn_variants.results._common import PROVENANCE_FIELDS, signed, source_line
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = sorted((ROOT / RESULTS_DIR).glob("*.json"))
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", RESULTS, ids=[p.stem for p in RESULTS])
+def test_every_results_file_names_its_provenance(path):
+    data = json.loads(path.read_text(encoding="utf-8"))
+    missing = [field for field in PROVENANCE_FIELDS if not data.get(field)]
+    assert not missing, f"{path.name} lacks {missing}"
+    assert isinstance(data["versions"], dict) and data["versions"], path.name
+    assert re.match(r"\d{4}-\d{2}-\d{2}\b", data["date"]), data["date"]  # ISO day first (bench adds the time)
+    if "provenance" in data:  # transcribed from the docs: it says from where and how to re-measure
+        assert "Transcribed" in data["provenance"] and "commit" in data["provenance"], path.name
+
+
+def _regions():
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for match in REGION.finditer(path.read_text(encoding="utf-8")):
+            found.append((path.name, match["name"], match["view"]))
+    return found
+
+
+@pytest.mark.parametrize("doc,name,view", _regions(), ids=lambda x: str(x))
+def test_every_embedded_view_renders_text(doc, name, view):
+    if not (ROOT / RESULTS_DIR / f"{name}.json").is_file():
+        pytest.skip(f"{name}.json is not there yet")
+    data = load_results(ROOT, name)
+    text = view_function(data["kind"], view)(data)
+    assert isinstance(text, str) and text.strip(), f"{doc}: {name} {view} rendered nothing"
+
+
+def test_transcribed_files_show_their_provenance_in_the_docs():
+    docs = "\n".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    for path in RESULTS:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if "provenance" in data:
+            assert source_line(data) in docs, f"{path.name}: its provenance line is shown by no document"
+
+
+def test_signed_tells_an_exact_zero_from_a_rounded_one():
+    assert signed(0) == "0"
+    assert signed(0.0) == "+0.000"
+    assert signed(-0.0) == "−0.000"
+    assert signed(-0.0784) == "−0.078"
+    assert signed(0.018) == "+0.018"
+
+
+def _lengthgen_report():
+    """A tiny fake ``results.json`` of a lengthgen study (two MLM series on the same weights, a Llama)."""
+    from hf_attn_variants.lengthgen.results import add_deltas, summarize
+
+    rows = []
+    for seed in (0, 1):
+        for length in (16, 32, 64, 128):
+            base = 5.0 + abs(length - 32) / 100 + seed / 10
+            for series, variant, shift in (("gau_relu2_dynamic", "gau_relu2_dynamic", 0.0),
+                                           ("gau_relu2_fixed", "gau_relu2_fixed", 0.01 * (length - 32) / 32)):
+                rows.append({"series": series, "variant": variant, "model_type": "gau", "mode": "default",
+                             "objective": "mlm", "seed": seed, "length": length, "status": "ok",
+                             "loss": base + shift, "accuracy": 0.2, "blocks": 256 // length, "tokens": 300 + length})
+            for mode, shift in (("sdpa", 0.0), ("entropy_invariant_beyond_L", 0.0 if length <= 32 else 0.002)):
+                loss = 4 + seed / 10 + shift
+                rows.append({"series": f"llama/{mode}", "variant": "llama", "model_type": "llama", "mode": mode,
+                             "objective": "clm", "seed": seed, "length": length, "status": "ok", "loss": loss,
+                             "perplexity": 2.718281828 ** loss, "perplexity_beyond_train": 60.0 if length > 32 else None,
+                             "blocks": 256 // length, "tokens": 1000 + length})
+    rows = add_deltas(rows, 32)
+    runs = [{"variant": v, "seed": s, "train": {"seconds": 30.0 + s}, "rows": [r for r in rows if r["variant"] == v and
+                                                                               r["seed"] == s]}
+            for v in ("gau_relu2_dynamic", "gau_relu2_fixed", "llama") for s in (0, 1)]
+    finetune = {level: {"task": {"train_samples": 100, "validation_samples": 40, "mean_tokens": 20.5,
+                                 "majority_baseline_accuracy": 0.3, "chance_accuracy": 0.125},
+                        "max_seq_length": 32,
+                        "rows": [{"condition": "relu2/dynamic", "seed": s, "train_seconds": 5.0} for s in (0, 1)],
+                        "summary": [{"condition": "relu2/dynamic", "accuracy_mean": 0.5, "accuracy_std": 0.01,
+                                     "accuracy_per_seed": [0.49, 0.51]}]} for level in ("sequence", "token")}
+    return {"args": {"train_length": 32, "max_train_steps": 10, "seeds": [0, 1], "eval_lengths": [16, 32, 64, 128]},
+            "machine": {"torch": "2.x", "transformers": "5.x", "load_average_at_start": [1.0, 1.0, 1.0]},
+            "summary": summarize(rows), "runs": runs, "finetune": finetune,
+            "variants": [{"variant": "gau_relu2_dynamic", "final_train_loss": [5.0, 5.2]}]}
+
+
+def test_lengthgen_writes_what_its_views_render(tmp_path):
+    from hf_attn_variants.lengthgen.results import publish
+    from hf_attn_variants.results import lengthgen
+
+    (tmp_path / "results.json").write_text(json.dumps(_lengthgen_report()))
+    path = publish(tmp_path / "results.json", "length-study", root=tmp_path, command="run it", wall_seconds=75)
+    data = load_results(tmp_path, "length-study")
+    assert path.is_file() and data["kind"] == "lengthgen" and not data.get("provenance")
+    views = [name for name in dir(lengthgen) if not name.startswith("_") and callable(getattr(lengthgen, name))
+             and getattr(lengthgen, name).__module__ == lengthgen.__name__]
+    for view in views:
+        assert view_function("lengthgen", view)(data).strip(), view
+    paired = lengthgen.paired(data)
+    assert "| `gau_relu2_fixed` − `gau_relu2_dynamic` (same weights) | −0.005 (−0.005, −0.005) | 0 |" in paired
+    assert "| `entropy_invariant_beyond_L` | 0, 0 | 0, 0 | +0.002, +0.002 |" in lengthgen.llama_differences(data)
+    assert "1 min 15 s for the whole study" in lengthgen.run(data)
+    assert "| `gau_relu2_dynamic` |" in lengthgen.mlm_loss_delta(data) and " 0 |" in lengthgen.mlm_loss_delta(data)
+
+
+def test_memory_estimates_results_render_without_traces(tmp_path):
+    script = load_script("memory_estimates")
+    report = script.build_report(script.model_specs(), list(script.LAYOUTS), [2048], 1, 76.0, "cmd", trace=False)
+    data = script.results_data(report)
+    write_results(tmp_path, "memory-estimates", data)
+    data = load_results(tmp_path, "memory-estimates")
+    from hf_attn_variants.results import memory_estimates as views
+
+    assert "**96,522,240**" in views.models(data)
+    assert "| 1 GPU | 3.28 / 1.66 | 23.09 / 20.46 |" in views.scaling_summary(data)
+    for view in ("generated_by", "layer_activations", "estimate_tables", "untied_head_cost", "tp_activation_ratio"):
+        assert getattr(views, view)(data).strip(), view
+
+
+def test_tp_bench_keeps_other_runs_and_replaces_its_own(tmp_path):
+    script = load_script("tp_bench")
+    settings = {"hidden": 8, "layers": 1, "batch": 1, "length": 4, "repeats": 1}
+    script.record(tmp_path, "tp", "a", "", settings, [{"family": "gau", "tp": 1, "threads": 2, "step_s": 1.0}], False)
+    script.record(tmp_path, "tp", "a", "", settings, [{"family": "gau", "tp": 2, "threads": 1, "step_s": 1.5}], False)
+    script.record(tmp_path, "tp", "b", "busy", settings, [{"family": "gau", "tp": 1, "threads": 2, "step_s": 2.0},
+                                                          {"family": "gau", "tp": 2, "threads": 1, "step_s": 2.5}], False)
+    script.record(tmp_path, "tp", "a", "", settings, [{"family": "gau", "tp": 2, "threads": 1, "step_s": 1.2}], False)
+    data = load_results(tmp_path, "tp")
+    assert [run["label"] for run in data["runs"]] == ["a", "b"]
+    text = view_function("tp_bench", "table")(data)
+    assert "| 1.00 s / 2.00 s | 1.20 s / 2.50 s | 1.20× / 1.25× slower |" in text and "(busy)" in text
+
+
+def test_serving_publish_turns_the_raw_file_into_the_results_file(tmp_path):
+    script = load_script("serving_bench")
+    env = {"torch": "2.x", "python": "3.11", "cores": 2, "load_average": [1.0, 1.2, 1.4], "prompt_tokens": 64,
+           "new_tokens": 128, "repeats": 3}
+    raw = {"rows": [{"engine": "vllm", "batch": 1, "seconds": 2.0, "tokens_per_s": 64.0},
+                    {"engine": "transformers", "batch": 1, "seconds": 4.0, "tokens_per_s": 32.0}],
+           "environment": {"vllm": env, "transformers": env}, "engine_start_s": 8.0, "torch_threads": 2,
+           "vllm": "0.32.0", "transformers": "5.19.0"}
+    (tmp_path / "cpu.json").write_text(json.dumps(raw))
+    write_results(tmp_path, "serving-cpu", {"kind": "serving", "vllm_environment": {"size_gb": 3.5, "build_seconds": 100,
+                                                                                    "source": "x"}})
+    script.publish(tmp_path / "cpu.json", tmp_path)
+    data = load_results(tmp_path, "serving-cpu")
+    assert data["vllm_environment"]["build_seconds"] == 100 and data["versions"]["vllm"] == "0.32.0"
+    assert "| batch 1: 128 new tokens | 2.00 s = **64 tokens/s** | 4.00 s = **32 tokens/s** | 2.00× |" in (
+        view_function("serving", "table")(data))
+    assert view_function("serving", "earlier_runs")(data) == ""
+
+
+def test_demo_and_gau_init_views_render_fresh_data():
+    from hf_attn_variants.results import demo, gau_init
+
+    report = {"sentence": "the [MASK] statement.", "seconds": 100.4, "args": {"max_seq_length": 64,
+                                                                            "length_multipliers": [1, 2]},
+              "rows": [{"family": "gau", "params": 320_000, "train_seconds": 30.2, "fill_mask": ["of", "in", "a"],
+                        "reload": "ok", "lengths": [{"length": 64, "multiplier": 1, "loss": 4.5, "accuracy": 0.2},
+                                                    {"length": 128, "multiplier": 2, "loss": 4.6, "accuracy": 0.19}]}]}
+    data = demo.from_report(report, kind="demo", command="make demo", machine="m", versions={"torch": "2"},
+                            date="2026-01-01", make_demo={"wall_seconds": 130, "cpu_seconds": 90, "conditions": "c"})
+    assert "| gau | 0.32M | 30 | 4.500 | 4.600 | 0.200 | 0.190 | of, in, a | ok |" in demo.table(data)
+    assert "**2 min 10 s wall**" in demo.timing(data) and demo.stability(data) == ""
+    rows = [{"variant": "softmax", "gau_init": "gau_alpha", "seed": s, "loss_reduction": 98.7,
+             "grad_norm_reduction": 94.5, "generation_matches": True, "passed": True} for s in (42, 1)]
+    text = gau_init.table({"kind": "gau_init", "command": "c", "machine": "m", "versions": {}, "date": "d",
+                           "rows": rows})
+    assert "| softmax | gau_alpha | 2 | 98.7 / 98.7 % | 94.5 / 94.5 % | 2/2 | 2/2 |" in text
+
+
+def test_pruning_study_writes_what_its_views_render(tmp_path):
+    import argparse
+
+    script = load_script("pruning_study")
+    curve = [{"heads_pruned": h, "fraction": h / 32, "accuracy": a} for h, a in ((0, 0.9), (3, 0.88), (6, 0.7))]
+    uniform_curve = [{"heads_pruned": h, "fraction": h / 32, "accuracy": a} for h, a in ((0, 0.9), (4, 0.89), (8, 0.8))]
+    results = {
+        "machine": {"cpu_threads": 2, "load_average_at_start": [1.0, 1.1, 1.2], "load_average_at_end": [2.0, 2.1, 2.2]},
+        "total_seconds": 600.0, "task": {"majority_class_accuracy": 0.18}, "baseline_accuracy": 0.9,
+        "importance_seconds": 5.0,
+        "curves": {"importance, scored once": curve, "importance, re-scored each step": curve,
+                   "random order (mean of 3)": curve, "uniform per layer, scored once": uniform_curve},
+        "stop_rule_90": {"heads_pruned": 3, "accuracy": 0.88, "pruned_heads": {"0": [1, 2], "3": [7]}},
+        "stop_rule_90_uniform": {"heads_pruned": 4, "accuracy": 0.89, "rejected_step": {"heads_pruned": 8, "accuracy": 0.8},
+                                 "pruned_heads": {str(layer): [0] for layer in range(4)}, "restated": True,
+                                 "num_attention_heads": 7, "head_dim": 8, "reloaded_accuracy": 0.89},
+        "half": {"accuracy": 0.6, "pruned_heads": {str(layer): [0, 1, 2, 3] for layer in range(4)},
+                 "parameters": {"unpruned": 1000, "pruned_50": 800},
+                 "timing": {"batch": 4, "length": 512, "repeats": 15, "speedup": 1.5,
+                            "median_seconds": {"unpruned": 0.09, "pruned_50": 0.06}}},
+    }
+    args = argparse.Namespace(steps=1200, quick=False, random_orders=3)
+    train_log = [{"step": 1200, "seconds": 360.0}]
+    write_results(tmp_path, "pruning-study", script.compact_results(results, args, train_log, 32, 2000))
+    data = load_results(tmp_path, "pruning-study")
+    from hf_attn_variants.results import pruning_study as views
+
+    assert "| 6 | 19 | 0.700 | 0.700 | 0.700 |  |" in views.curve_table(data)
+    stop = views.stop_rule(data)
+    assert "**3 of 32 heads (9%) pruned at accuracy 0.88**" in stop and "the next step (6 heads, 0.7)" in stop
+    assert "`restate_uniform_heads` restated it (`num_attention_heads=7`" in stop
+    assert "**1.50× faster**" in views.speedup(data) and views.earlier_timings(data) == ""
+    for view in ("run", "task", "training", "importance", "half_model", "readme"):
+        assert getattr(views, view)(data).strip(), view
