@@ -33,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from hf_attn_variants.results.suite import pytest_counts
 from tests.remote_code import clean_python, installed_transformers
 from tests.test_transformers_floor import MODEL_TEST_FILES
 
@@ -41,9 +42,6 @@ REMOTE_CODE_TEST_FILES = (
     "tests/test_remote_code_gau.py",
     "tests/test_remote_code_synthesizer.py",
 )
-SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")
-
-
 @dataclass
 class SuiteResult:
     """One suite on one release: pytest's counts, seconds, and the tail of its output when it failed."""
@@ -72,11 +70,9 @@ def newest_transformers() -> str:
 
 
 def counts(output: str) -> tuple[int, int, int]:
-    """(passed, failed + errors, skipped) from pytest's last summary line."""
-    lines = [line for line in output.strip().splitlines() if SUMMARY.search(line)]
-    found = {kind: int(number) for number, kind in SUMMARY.findall(lines[-1])} if lines else {}
-    failed = found.get("failed", 0) + found.get("error", 0) + found.get("errors", 0)
-    return found.get("passed", 0), failed, found.get("skipped", 0)
+    """(passed, failed + errors, skipped) from pytest's last summary line (``results.suite.pytest_counts``)."""
+    found = pytest_counts(output)
+    return found.get("passed", 0), found.get("failed", 0) + found.get("errors", 0), found.get("skipped", 0)
 
 
 def run_suite(release: str, suite: str, command: list[str], env: dict[str, str]) -> SuiteResult:

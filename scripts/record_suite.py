@@ -9,30 +9,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import re
 import sys
 from pathlib import Path
 
 from hf_attn_variants.results import load_results, render_docs, results_path, write_results
 from hf_attn_variants.results._common import machine_description, versions
+from hf_attn_variants.results.suite import pytest_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "suite"
-COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|warnings?)")
-
-
-def pytest_counts(log: Path) -> dict[str, int]:
-    """The counts of the last pytest summary line in ``log`` (``errors`` for error/errors)."""
-    lines = [line for line in log.read_text(errors="replace").splitlines() if " in " in line and COUNT.search(line)]
-    if not lines:
-        raise SystemExit(f"record_suite: --log {log}: no pytest summary line found.")
-    found = {}
-    for number, kind in COUNT.findall(lines[-1]):
-        if not kind.startswith("warning"):
-            found["errors" if kind.startswith("error") else kind] = int(number)
-    return found
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", required=True)
@@ -45,7 +30,10 @@ def main() -> int:
     run = {"label": args.label, "command": args.command, "machine": machine_description(), "isa": args.isa,
            "versions": versions(), "minutes": args.minutes, "date": datetime.date.today().isoformat()}
     if args.log is not None:
-        run["counts"] = pytest_counts(args.log)
+        run["counts"] = pytest_counts(args.log.read_text(errors="replace"))
+        if not run["counts"]:
+            print(f"record_suite: --log {args.log}: no pytest summary line found.", file=sys.stderr)
+            return 2
     data["runs"] = [r for r in data["runs"] if r["label"] != args.label] + [run]
     # The file's own provenance fields are those of its newest run (each run keeps its own too).
     data.update(command="python scripts/record_suite.py (one entry per timed run)", machine=run["machine"],

@@ -32,12 +32,10 @@ class _SingleOutput(torch.nn.Module):
         super().__init__()
         self.model = model
         self.output_name = output_name
+        self.options: dict[str, Any] = {"use_cache": False} if getattr(model.config, "is_decoder", False) else {}
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if getattr(self.model.config, "is_decoder", False):
-            kwargs["use_cache"] = False
-        return self.model(**kwargs)[self.output_name]
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **self.options)[self.output_name]
 
 
 def output_name(model: torch.nn.Module) -> str:

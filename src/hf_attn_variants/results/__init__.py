@@ -99,23 +99,20 @@ def view_function(kind: str, view: str) -> Callable[[dict[str, Any]], str]:
     return function
 
 
-def render_markdown(root: Path, text: str, *, source: str = "<markdown>") -> tuple[str, list[str]]:
-    """``text`` with every results region re-rendered, and the names of the results files it used."""
-    used: list[str] = []
+def render_markdown(root: Path, text: str, *, source: str = "<markdown>") -> str:
+    """``text`` with every results region re-rendered from its results file."""
 
     def fill(match: re.Match[str]) -> str:
         name, view = match["name"], match["view"]
         data = load_results(root, name)
+        render = view_function(data["kind"], view)
         try:
-            body = view_function(data["kind"], view)(data)
-        except ResultsError:
-            raise
+            body = render(data)
         except (KeyError, TypeError, ValueError) as error:
             raise ResultsError(f"{source}: view {view!r} of {name}.json failed: {error!r}") from error
-        used.append(name)
         return match["open"] + body.rstrip("\n") + "\n" + match["close"]
 
-    return REGION.sub(fill, text), used
+    return REGION.sub(fill, text)
 
 
 def markdown_files(root: Path) -> list[Path]:
@@ -132,7 +129,7 @@ def render_docs(root: Path, files: Iterable[Path] | None = None, *, check: bool 
     changed = []
     for path in files if files is not None else markdown_files(root):
         text = path.read_text(encoding="utf-8")
-        rendered, _ = render_markdown(root, text, source=str(path))
+        rendered = render_markdown(root, text, source=str(path))
         if rendered != text:
             changed.append(f"{path}: results regions are out of date" if check else f"{path}: re-rendered")
             if not check:

@@ -6,9 +6,22 @@ pytest's counts, minutes) to ``docs/results/suite.json``; the README's "Tests" s
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ._common import format_versions, markdown_table
+
+_COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)\b")
+
+
+def pytest_counts(output: str) -> dict[str, int]:
+    """The counts of pytest's last summary line in ``output`` (``"3 failed, 2320 passed, 5 skipped in 441.4s"`` →
+    ``{"failed": 3, "passed": 2320, "skipped": 5}``; ``error``/``errors`` counted as ``errors``); ``{}`` without one."""
+    lines = [line for line in output.splitlines() if " in " in line and _COUNT.search(line)]
+    found: dict[str, int] = {}
+    for number, kind in _COUNT.findall(lines[-1]) if lines else []:
+        found["errors" if kind.startswith("error") else kind] = int(number)
+    return found
 
 
 def _counts(run: dict[str, Any]) -> str:
