@@ -73,8 +73,8 @@ from hf_attn_variants import (
     GAUForCausalLM,
     GAUForMaskedLM,
 )
-from hf_attn_variants.gau_kernels import ATTENTION_BLOCK_ELEMENTS
-from hf_attn_variants.layers import visible_key_counts
+from hf_attn_variants.models.gau_kernels import ATTENTION_BLOCK_ELEMENTS
+from hf_attn_variants.models.layers import visible_key_counts
 
 GiB = 1024**3
 GB = 1000**3

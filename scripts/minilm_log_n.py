@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoConfig, AutoTokenizer
 
-    from hf_attn_variants.real_models import (
+    from real_models import (
         MINILM_SENTENCES,
         minilm_available,
         minilm_embedding_similarity,

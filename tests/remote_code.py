@@ -41,7 +41,7 @@ OUTPUT_KEYS = ("last_hidden_state", "logits", "start_logits", "end_logits")
 
 TRANSFORMERS_RELEASES = ("5.0.0", "5.5.4", "5.10.4", "5.17.0", "5.23.0", "5.24.0")
 """Releases the exported model code is tested on besides the installed one, oldest first; the first is
-``hf_attn_variants.compat.MIN_TRANSFORMERS_VERSION`` (checked by a test)."""
+``hf_attn_variants.models.compat.MIN_TRANSFORMERS_VERSION`` (checked by a test)."""
 
 GENERATE_TOKENS = 5
 

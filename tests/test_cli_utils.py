@@ -10,12 +10,12 @@ from typing import Literal
 import pytest
 from transformers import HfArgumentParser, TrainingArguments
 
-from hf_attn_variants.training.cli_utils import add_dataclass_arguments
+from hf_attn_variants.cli_utils import add_dataclass_arguments
 
 
 def subcommand_dataclasses() -> dict[str, tuple[type, ...]]:
     """The argument dataclasses of every subcommand that builds its flags with ``add_dataclass_arguments``."""
-    from hf_attn_variants.conversion import ConvertGAUAlphaArguments
+    from hf_attn_variants.hub.conversion import ConvertGAUAlphaArguments
     from hf_attn_variants.demo import DemoArguments
     from hf_attn_variants.hub.export import ExportArguments
     from hf_attn_variants.hub.push import PushArguments

@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoConfig
 
 from hf_attn_variants import EntropyInvariantConfig, GAUConfig, SynthesizerConfig
-from hf_attn_variants.compat import MIN_TRANSFORMERS_VERSION, require_transformers, version_tuple
+from hf_attn_variants.models.compat import MIN_TRANSFORMERS_VERSION, require_transformers, version_tuple
 from tests.remote_code import TRANSFORMERS_RELEASES
 
 TINY = {"vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2}

@@ -23,9 +23,9 @@ from hf_attn_variants import (
     GAUForSequenceClassification,
     GAUModel,
 )
-from hf_attn_variants.gau_cache import GAUChunkCacheLayer
-from hf_attn_variants.gau_kernels import flash_mixed_chunk_attention
-from hf_attn_variants.modeling_gau import GatedAttentionUnit, gau_attention_weights
+from hf_attn_variants.models.gau_cache import GAUChunkCacheLayer
+from hf_attn_variants.models.gau_kernels import flash_mixed_chunk_attention
+from hf_attn_variants.models.modeling_gau import GatedAttentionUnit, gau_attention_weights
 from tests import properties
 from tests.remote_code import assert_standalone_code
 from tests.utils import left_padded, random_ids, right_padded, rounding_tolerance

@@ -32,7 +32,7 @@ from hf_attn_variants import (
     SynthesizerConfig,
     SynthesizerForCausalLM,
 )
-from hf_attn_variants.compat import CACHE_FIELD, version_tuple
+from hf_attn_variants.models.compat import CACHE_FIELD, version_tuple
 from tests import properties
 from tests.utils import left_padded, random_ids
 

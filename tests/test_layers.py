@@ -1,4 +1,4 @@
-"""Unit tests of the shared building blocks in ``hf_attn_variants.layers``."""
+"""Unit tests of the shared building blocks in ``hf_attn_variants.models.layers``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hf_attn_variants.layers import (
+from hf_attn_variants.models.layers import (
     RMSNorm,
     RotaryEmbedding,
     ScaleNorm,

@@ -159,7 +159,7 @@ TENSOR_PARALLEL_PLACEMENTS = tuple((re.compile(pattern), placement) for pattern,
      "Shard(dim=0)"),
 ))
 """Parameter name → its placement on the ``tp`` mesh dimension, as the families' tensor-parallel plans declare it
-(``base_model_tp_plan``, the heads' ``_tp_plan``, hf_attn_variants.tensor_parallel). Every other parameter stays a
+(``base_model_tp_plan``, the heads' ``_tp_plan``, hf_attn_variants.models.tensor_parallel). Every other parameter stays a
 plain tensor under tensor parallelism: norms, and the replicated tensors whose gradients "local_shard" sums (the
 Synthesizer's mixing logits, GAU's q/k scale and offset)."""
 

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from hf_attn_variants.pruning import head_mask, load_pruned, prune_heads
-from hf_attn_variants.real_models import (
+from tests.real_models import (
     MINILM_PACKAGE,
     MINILM_SENTENCES,
     mean_pooled,

@@ -35,7 +35,7 @@ from hf_attn_variants import (
     SynthesizerConfig,
     SynthesizerForCausalLM,
 )
-from hf_attn_variants.modeling_common import SERVING_ENGINE_ATTENTION
+from hf_attn_variants.models.modeling_common import SERVING_ENGINE_ATTENTION
 from hf_attn_variants.pruning import prune_heads, restate_uniform_heads
 from hf_attn_variants.training.corpus import embedded_tokenizer
 from tests.remote_code import cached_venv
@@ -208,8 +208,8 @@ def test_plugin_wrapper_scales_queries_only_for_models_that_ask() -> None:
     config names ``entropy_invariant_formula`` and passes every other call through unchanged."""
     from transformers import LlamaConfig
 
-    from hf_attn_variants.stock_attention import stock_logit_factor
-    from hf_attn_variants.vllm_plugin import log_n_attention
+    from hf_attn_variants.stock.stock_attention import stock_logit_factor
+    from hf_attn_variants.stock.vllm_plugin import log_n_attention
 
     seen = []
     wrapped = log_n_attention(lambda module, query, key, value, mask, **kwargs: seen.append(query) or (query, None))
@@ -393,7 +393,7 @@ def plugin_distribution(root: Path) -> Path:
     record.mkdir(parents=True)
     (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: hf_attn_variants\nVersion: {hf_attn_variants.__version__}\n")
     (record / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nhf_attn_variants_log_n = hf_attn_variants.vllm_plugin:register\n"
+        "[vllm.general_plugins]\nhf_attn_variants_log_n = hf_attn_variants.stock.vllm_plugin:register\n"
     )
     return root
 

@@ -1,4 +1,4 @@
-"""The bundler behind the standalone remote code (``hf_attn_variants.standalone``)."""
+"""The bundler behind the standalone remote code (``hf_attn_variants.models.standalone``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hf_attn_variants import EntropyInvariantConfig, EntropyInvariantForSequenceClassification
-from hf_attn_variants.standalone import bundle_module
+from hf_attn_variants.models.standalone import bundle_module
 from tests.remote_code import assert_standalone_code
 
 PRELUDE = '''"""Prelude."""

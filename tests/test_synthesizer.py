@@ -16,8 +16,8 @@ from hf_attn_variants import (
     SynthesizerForSequenceClassification,
     SynthesizerModel,
 )
-from hf_attn_variants.configuration_synthesizer import SYNTHESIZER_COMPONENTS, balanced_factorization
-from hf_attn_variants.modeling_synthesizer import SynthesizerAttention
+from hf_attn_variants.models.configuration_synthesizer import SYNTHESIZER_COMPONENTS, balanced_factorization
+from hf_attn_variants.models.modeling_synthesizer import SynthesizerAttention
 from tests import properties
 from tests.remote_code import assert_standalone_code
 from tests.test_entropy_invariant import tiny_config as ei_tiny_config
@@ -280,7 +280,7 @@ def test_mixture_logits_are_the_alpha_weighted_sum() -> None:
         q = attention.q_proj(x).view(2, 9, 4, 8).transpose(1, 2)
         k = attention.k_proj(x).view(2, 9, 4, 8).transpose(1, 2)
         cos, sin = mixture.rotary_emb(torch.arange(9)[None].expand(2, -1), x.dtype)
-        from hf_attn_variants.layers import apply_rotary
+        from hf_attn_variants.models.layers import apply_rotary
 
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         vanilla = q @ k.transpose(-1, -2) / 8**0.5

@@ -1,6 +1,6 @@
 """The declared floor is tested: the model tests pass on the oldest Transformers the model code supports.
 
-``pyproject.toml`` asks for ``transformers>=5``; ``hf_attn_variants.compat.MIN_TRANSFORMERS_VERSION`` (5.0.0) is
+``pyproject.toml`` asks for ``transformers>=5``; ``hf_attn_variants.models.compat.MIN_TRANSFORMERS_VERSION`` (5.0.0) is
 what the model code — the same code that ``save_pretrained`` exports — is written for. This test runs the
 model test files with that release: in the cached clean environment of ``tests/remote_code.py`` (torch,
 safetensors, pytest, hypothesis and Transformers 5.0.0, built once in about a minute), with this package
@@ -14,7 +14,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from hf_attn_variants.compat import MIN_TRANSFORMERS_VERSION
+from hf_attn_variants.models.compat import MIN_TRANSFORMERS_VERSION
 from tests.remote_code import clean_python
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,28 +1,23 @@
 """hf_attn_variants: GAU, Synthesizer and entropy-invariant attention as Transformers v5 models.
 
-Importing the package registers every family with ``AutoConfig`` and the six ``AutoModel*`` classes and
-marks each class for ``register_for_auto_class``, so ``save_pretrained`` writes an ``auto_map`` and
-standalone model code (one configuration and one modeling file per family, see ``standalone.py``): the
-saved folder loads with ``trust_remote_code=True`` without this package, on every Transformers 5.x.
+Importing the package registers every family with ``AutoConfig`` and the six ``AutoModel*`` classes
+(``models/__init__.py``), so ``save_pretrained`` writes an ``auto_map`` and standalone model code (one
+configuration and one modeling file per family, see ``models/standalone.py``): the saved folder loads with
+``trust_remote_code=True`` without this package, on every Transformers 5.x. It also registers the
+``entropy_invariant`` attention function for stock models (``stock/stock_attention.py``).
+
+The layout (docs/architecture.md): ``models/`` is the model code that ships to the Hub; everything else
+(``training/``, ``pruning/``, ``hub/``, ``bench/``, ``lengthgen/``, ``stock/``, ``results/``, ``cli.py``,
+``cli_utils.py``, ``demo.py``) is tools around it.
 """
 
 from __future__ import annotations
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForCausalLM,
-    AutoModelForMaskedLM,
-    AutoModelForQuestionAnswering,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-)
-
-from .configuration_common import StandaloneCodeMixin
-from .configuration_entropy_invariant import EntropyInvariantConfig
-from .configuration_gau import GAUConfig
-from .configuration_synthesizer import SynthesizerConfig
-from .modeling_entropy_invariant import (
+from .models import AUTO_CLASSES, FAMILIES, __version__, register_families
+from .models.configuration_entropy_invariant import EntropyInvariantConfig
+from .models.configuration_gau import GAUConfig
+from .models.configuration_synthesizer import SynthesizerConfig
+from .models.modeling_entropy_invariant import (
     EntropyInvariantForCausalLM,
     EntropyInvariantForMaskedLM,
     EntropyInvariantForQuestionAnswering,
@@ -31,7 +26,7 @@ from .modeling_entropy_invariant import (
     EntropyInvariantModel,
     EntropyInvariantPreTrainedModel,
 )
-from .modeling_gau import (
+from .models.modeling_gau import (
     GAUForCausalLM,
     GAUForMaskedLM,
     GAUForQuestionAnswering,
@@ -40,7 +35,7 @@ from .modeling_gau import (
     GAUModel,
     GAUPreTrainedModel,
 )
-from .modeling_synthesizer import (
+from .models.modeling_synthesizer import (
     SynthesizerForCausalLM,
     SynthesizerForMaskedLM,
     SynthesizerForQuestionAnswering,
@@ -49,75 +44,8 @@ from .modeling_synthesizer import (
     SynthesizerModel,
     SynthesizerPreTrainedModel,
 )
-from .standalone import write_standalone_code
-from .stock_attention import ENTROPY_INVARIANT, register_stock_attention
+from .stock.stock_attention import ENTROPY_INVARIANT, register_stock_attention
 
-__version__ = "0.1.0"
-
-AUTO_CLASSES = {
-    "Model": AutoModel,
-    "ForMaskedLM": AutoModelForMaskedLM,
-    "ForCausalLM": AutoModelForCausalLM,
-    "ForSequenceClassification": AutoModelForSequenceClassification,
-    "ForTokenClassification": AutoModelForTokenClassification,
-    "ForQuestionAnswering": AutoModelForQuestionAnswering,
-}
-
-FAMILIES = {
-    "entropy_invariant": (
-        EntropyInvariantConfig,
-        {
-            "Model": EntropyInvariantModel,
-            "ForMaskedLM": EntropyInvariantForMaskedLM,
-            "ForCausalLM": EntropyInvariantForCausalLM,
-            "ForSequenceClassification": EntropyInvariantForSequenceClassification,
-            "ForTokenClassification": EntropyInvariantForTokenClassification,
-            "ForQuestionAnswering": EntropyInvariantForQuestionAnswering,
-        },
-    ),
-    "gau": (
-        GAUConfig,
-        {
-            "Model": GAUModel,
-            "ForMaskedLM": GAUForMaskedLM,
-            "ForCausalLM": GAUForCausalLM,
-            "ForSequenceClassification": GAUForSequenceClassification,
-            "ForTokenClassification": GAUForTokenClassification,
-            "ForQuestionAnswering": GAUForQuestionAnswering,
-        },
-    ),
-    "synthesizer": (
-        SynthesizerConfig,
-        {
-            "Model": SynthesizerModel,
-            "ForMaskedLM": SynthesizerForMaskedLM,
-            "ForCausalLM": SynthesizerForCausalLM,
-            "ForSequenceClassification": SynthesizerForSequenceClassification,
-            "ForTokenClassification": SynthesizerForTokenClassification,
-            "ForQuestionAnswering": SynthesizerForQuestionAnswering,
-        },
-    ),
-}
-"""model_type → (config class, {suffix: model class}) for every family this package provides."""
-
-
-def register_families() -> None:
-    """Register every family with the Auto classes and for remote-code saving (idempotent).
-
-    ``save_pretrained`` of every config and model of the package then writes standalone remote code
-    (``hf_attn_variants.standalone``).
-    """
-    StandaloneCodeMixin.standalone_code_writer = staticmethod(write_standalone_code)
-    for model_type, (config_class, classes) in FAMILIES.items():
-        AutoConfig.register(model_type, config_class, exist_ok=True)
-        config_class.register_for_auto_class("AutoConfig")
-        for suffix, model_class in classes.items():
-            auto_class = AUTO_CLASSES[suffix]
-            auto_class.register(config_class, model_class, exist_ok=True)
-            model_class.register_for_auto_class(auto_class.__name__)
-
-
-register_families()
 register_stock_attention()
 
 __all__ = [

@@ -34,7 +34,7 @@ SUBCOMMANDS["bench"] = (
     "Speed and memory benchmarks vs stock Transformers (eager and torch.compile); writes docs/benchmarks.md.",
 )
 SUBCOMMANDS["convert-gau-alpha"] = (
-    "hf_attn_variants.conversion",
+    "hf_attn_variants.hub.conversion",
     "Convert the GAU-α checkpoint of its PyTorch port (gau-alpha) into a GAUForMaskedLM folder.",
 )
 SUBCOMMANDS["lengthgen"] = (

@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import FAMILIES
-from .training.cli_utils import (
+from .models import FAMILIES
+from .cli_utils import (
     FlagError,
     check_int,
     check_number,
@@ -258,7 +258,7 @@ def _run_demo(args: DemoArguments, started: float) -> dict[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CLI flags: one per ``DemoArguments`` field."""
-    from .training.cli_utils import add_dataclass_arguments
+    from .cli_utils import add_dataclass_arguments
 
     add_dataclass_arguments(parser, DemoArguments)
 
@@ -267,7 +267,7 @@ def run(namespace: argparse.Namespace) -> int:
     """CLI entry: run the demo and print the table."""
     import logging
 
-    from .training.cli_utils import dataclasses_from_namespace, fail_flag
+    from .cli_utils import dataclasses_from_namespace, fail_flag
 
     logging.basicConfig(level=logging.WARNING)
     for name in ("transformers", "accelerate", "datasets"):

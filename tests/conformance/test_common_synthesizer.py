@@ -23,7 +23,7 @@ from hf_attn_variants import (
     SynthesizerForTokenClassification,
     SynthesizerModel,
 )
-from hf_attn_variants.configuration_synthesizer import SYNTHESIZER_COMPONENTS
+from hf_attn_variants.models.configuration_synthesizer import SYNTHESIZER_COMPONENTS
 
 from .harness import make_common_test_case
 

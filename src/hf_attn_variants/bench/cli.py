@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..results import RESULTS_DIR
-from ..training.cli_utils import (
+from ..cli_utils import (
     FlagError,
     argparse_type,
     check_file,

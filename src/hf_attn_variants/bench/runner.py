@@ -117,7 +117,7 @@ def environment(device: torch.device) -> dict[str, Any]:
 
 
 def _package_version() -> str:
-    from hf_attn_variants import __version__
+    from ..models import __version__
 
     return __version__
 

@@ -233,7 +233,7 @@ def build_variants(preset: Preset) -> dict[str, Variant]:
         """The same model computing attention through the attention-map code path (the pre-kernel code)."""
 
         def build(length: int) -> nn.Module:
-            from hf_attn_variants.modeling_gau import GatedAttentionUnit
+            from hf_attn_variants.models.modeling_gau import GatedAttentionUnit
 
             model = base(length)
             for unit in model.modules():

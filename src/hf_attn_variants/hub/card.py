@@ -18,8 +18,8 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from ..compat import MIN_TRANSFORMERS_VERSION
-from ..configuration_common import AttnVariantConfig, MultiHeadAttnVariantConfig
+from ..models.compat import MIN_TRANSFORMERS_VERSION
+from ..models.configuration_common import AttnVariantConfig, MultiHeadAttnVariantConfig
 
 TASKS = {
     # architecture suffix: (pipeline tag, Auto class, task name for model-index)

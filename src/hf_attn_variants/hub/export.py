@@ -2,7 +2,7 @@
 
 Contents: ``config.json`` with ``auto_map`` for AutoConfig and the six Auto classes, the standalone model
 code (``configuration_<family>.py`` and ``modeling_<family>.py``, written by ``save_pretrained`` through
-``hf_attn_variants.standalone``; they run on every Transformers release from 5.0.0 on),
+``hf_attn_variants.models.standalone``; they run on every Transformers release from 5.0.0 on),
 ``model.safetensors`` (no pickle files), the tokenizer, and ``README.md`` (the model card, see ``card.py``); with
 ``--sentence_transformers`` the sentence-transformers files (``sentence_transformers.py``), with ``--onnx``
 ``onnx/model.onnx`` (``onnx_export.py``). The folder is assembled
@@ -19,8 +19,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import FAMILIES
-from ..training.cli_utils import (
+from ..models import FAMILIES
+from ..cli_utils import (
     FlagError,
     check_file,
     check_folder,
@@ -216,14 +216,14 @@ def check_export(folder: str | Path) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CLI flags: one per ``ExportArguments`` field."""
-    from ..training.cli_utils import add_dataclass_arguments
+    from ..cli_utils import add_dataclass_arguments
 
     add_dataclass_arguments(parser, ExportArguments)
 
 
 def run(namespace: argparse.Namespace) -> int:
     """CLI entry: export and print the folder; a bad flag value gives one error line naming it, exit 2."""
-    from ..training.cli_utils import dataclasses_from_namespace, fail_flag
+    from ..cli_utils import dataclasses_from_namespace, fail_flag
 
     try:
         (args,) = dataclasses_from_namespace(namespace, ExportArguments)

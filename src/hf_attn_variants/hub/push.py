@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..training.cli_utils import FlagError, check_folder, check_repo_id
+from ..cli_utils import FlagError, check_folder, check_repo_id
 
 
 class PushError(RuntimeError):
@@ -96,7 +96,7 @@ def push(args: PushArguments) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CLI flags: one per ``PushArguments`` field."""
-    from ..training.cli_utils import add_dataclass_arguments
+    from ..cli_utils import add_dataclass_arguments
 
     add_dataclass_arguments(parser, PushArguments)
 
@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(namespace: argparse.Namespace) -> int:
     """CLI entry: push; a bad flag value gives one error line naming it and returns 2, a push the Hub did
     not take prints one sentence and returns 1."""
-    from ..training.cli_utils import dataclasses_from_namespace, fail_flag
+    from ..cli_utils import dataclasses_from_namespace, fail_flag
 
     try:
         (args,) = dataclasses_from_namespace(namespace, PushArguments)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..training.cli_utils import (
+from ..cli_utils import (
     FlagError,
     check_number,
     check_output_dir,

@@ -17,7 +17,7 @@ import logging
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CLI flags: one per ``LengthGenArguments`` field."""
-    from ..training.cli_utils import add_dataclass_arguments
+    from ..cli_utils import add_dataclass_arguments
     from .arguments import LengthGenArguments
 
     add_dataclass_arguments(parser, LengthGenArguments)
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(namespace: argparse.Namespace) -> int:
     """CLI entry: validate the flags, run the study, print where the results are. A bad flag value
     (``FlagError``, found before anything is written) gives one error line naming it and exit status 2."""
-    from ..training.cli_utils import FlagError, dataclasses_from_namespace, fail_flag
+    from ..cli_utils import FlagError, dataclasses_from_namespace, fail_flag
     from .arguments import LengthGenArguments, check_study_inputs
     from .study import run_study
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..training.cli_utils import FlagError
+from ..cli_utils import FlagError
 
 MIXED_SUFFIX = "+mixed"
 

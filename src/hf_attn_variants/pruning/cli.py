@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ..training.cli_utils import (
+from ..cli_utils import (
     FlagError,
     argparse_type,
     check_int,

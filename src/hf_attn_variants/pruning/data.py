@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..training.cli_utils import FlagError
+from ..cli_utils import FlagError
 from ..training.data import quiet_datasets
 
 TASKS = ("classification", "causal-lm", "masked-lm")

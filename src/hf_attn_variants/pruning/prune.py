@@ -30,9 +30,9 @@ import torch
 import transformers
 from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
 
-from .. import FAMILIES
-from ..configuration_common import MultiHeadAttnVariantConfig
-from ..layers import check_head_indices
+from ..models import FAMILIES
+from ..models.configuration_common import MultiHeadAttnVariantConfig
+from ..models.layers import check_head_indices
 from .adapters import AttnVariantAdapter, DecoderAdapter, GatherHeads, HeadAdapter, get_adapter
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..training.cli_utils import FlagError, fail, fail_flag
+from ..cli_utils import FlagError, fail, fail_flag
 from . import ResultsError, render_docs
 
 

@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import Sampler
 from transformers import PreTrainedTokenizerBase
 
-from .cli_utils import FlagError, check_percentage
+from ..cli_utils import FlagError, check_percentage
 from .corpus import corpus_splits
 
 FILE_BUILDERS = {"txt": "text", "text": "text", "json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet"}

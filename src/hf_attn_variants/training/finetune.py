@@ -54,7 +54,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .cli_utils import (
+from ..cli_utils import (
     FlagError,
     check_folder,
     check_int,
@@ -664,7 +664,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CLI flags: ``FinetuneArguments`` + ``TrainingArguments`` (as run_glue's ``HfArgumentParser``)."""
     from transformers import TrainingArguments
 
-    from .cli_utils import add_dataclass_arguments
+    from ..cli_utils import add_dataclass_arguments
 
     add_dataclass_arguments(parser, FinetuneArguments, TrainingArguments)
 
@@ -674,7 +674,7 @@ def run(namespace: argparse.Namespace) -> int:
     error line naming the flag and exit status 2."""
     from transformers import TrainingArguments
 
-    from .cli_utils import dataclasses_from_namespace, fail_flag
+    from ..cli_utils import dataclasses_from_namespace, fail_flag
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logging.getLogger("hf_attn_variants").setLevel(logging.INFO)

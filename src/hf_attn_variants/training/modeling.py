@@ -24,8 +24,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from .. import FAMILIES
-from .cli_utils import FlagError, check_config_source, check_folder, check_model_folder, names_in_message
+from ..models import FAMILIES
+from ..cli_utils import FlagError, check_config_source, check_folder, check_model_folder, names_in_message
 from .corpus import embedded_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -288,7 +288,7 @@ def load_pretrained(auto_class: Any, model_name_or_path: str, flag: str = "model
 
 def has_target_only_mlm_head(model: torch.nn.Module) -> bool:
     """Whether ``model`` is one of this package's ``*ForMaskedLM`` (base ``model.model`` → ``model.lm_head``)."""
-    from ..modeling_common import MaskedLMHeadMixin
+    from ..models.modeling_common import MaskedLMHeadMixin
 
     return isinstance(model, MaskedLMHeadMixin)
 

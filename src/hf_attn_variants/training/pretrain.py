@@ -61,7 +61,7 @@ from typing import Any, Literal
 import torch
 from transformers import SchedulerType
 
-from .cli_utils import (
+from ..cli_utils import (
     FlagError,
     check_int,
     check_model_folder,
@@ -821,7 +821,7 @@ def pretrain(args: PretrainArguments) -> PretrainResult:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CLI flags: one per ``PretrainArguments`` field."""
-    from .cli_utils import add_dataclass_arguments
+    from ..cli_utils import add_dataclass_arguments
 
     add_dataclass_arguments(parser, PretrainArguments)
 
@@ -829,7 +829,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(namespace: argparse.Namespace) -> int:
     """CLI entry: train; a bad flag value (``FlagError``, raised before anything is written) gives one
     error line naming the flag and exit status 2."""
-    from .cli_utils import dataclasses_from_namespace, fail_flag
+    from ..cli_utils import dataclasses_from_namespace, fail_flag
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logging.getLogger("hf_attn_variants").setLevel(logging.INFO)

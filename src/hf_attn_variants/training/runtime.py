@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .cli_utils import FlagError
+from ..cli_utils import FlagError
 
 
 class TrainingRuntime(Protocol):

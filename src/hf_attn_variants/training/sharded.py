@@ -56,7 +56,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .cli_utils import FlagError
+from ..cli_utils import FlagError
 from .data import DataParallelBatchSampler
 from .runtime import barrier_around
 

@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from .configuration_gau import GAUConfig
-from .modeling_gau import GAUForMaskedLM
-from .training.cli_utils import FlagError, check_folder, check_output_dir
+from ..models.configuration_gau import GAUConfig
+from ..models.modeling_gau import GAUForMaskedLM
+from ..cli_utils import FlagError, check_folder, check_output_dir
 
 PORT_NORMALIZATIONS = {"softmax_plus": "softmax_plus", "softmax": "softmax", "squared_relu": "relu2"}
 """The port's ``normalization`` → ``attention_normalization`` (its squared_relu divides by the row's real keys)."""
@@ -184,14 +184,14 @@ def convert_gau_alpha(args: ConvertGAUAlphaArguments) -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CLI flags: one per ``ConvertGAUAlphaArguments`` field."""
-    from .training.cli_utils import add_dataclass_arguments
+    from ..cli_utils import add_dataclass_arguments
 
     add_dataclass_arguments(parser, ConvertGAUAlphaArguments)
 
 
 def run(namespace: argparse.Namespace) -> int:
     """CLI entry; a bad flag value gives one error line naming it, exit status 2."""
-    from .training.cli_utils import dataclasses_from_namespace, fail_flag
+    from ..cli_utils import dataclasses_from_namespace, fail_flag
 
     try:
         (args,) = dataclasses_from_namespace(namespace, ConvertGAUAlphaArguments)

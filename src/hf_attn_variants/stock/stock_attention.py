@@ -37,7 +37,7 @@ from transformers import AttentionInterface, PreTrainedConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .layers import (
+from ..models.layers import (
     ENTROPY_INVARIANT_SCOPES,
     compute_dtype,
     entropy_invariant_factor,

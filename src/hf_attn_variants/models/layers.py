@@ -5,7 +5,7 @@ Everything here is written once and used by ``modeling_entropy_invariant``, ``mo
 entropy-invariant factor, boolean attention masks, an eager attention kernel that never returns NaN
 and the bookkeeping and slicing of pruned heads.
 
-Model code: imports nothing but ``torch`` and the standard library (``hf_attn_variants.standalone``
+Model code: imports nothing but ``torch`` and the standard library (``hf_attn_variants.models.standalone``
 inlines what a family uses into its exported files).
 
 Precision: computations that must not overflow in fp16/bf16 (norms, logits, softmax, RoPE angles) run in

@@ -19,7 +19,7 @@ each is resolved once at import:
   so the attention module spells out both.
 
 This module also checks the installed version: exported model code starts with it (see
-``hf_attn_variants.standalone``), so a too-old Transformers fails with one sentence naming the
+``hf_attn_variants.models.standalone``), so a too-old Transformers fails with one sentence naming the
 version it needs instead of an ``ImportError`` deep inside the model code. Imports only ``torch``,
 ``transformers`` and the standard library.
 """

@@ -92,7 +92,7 @@ class GAUConfig(AttnVariantConfig):
     model_type = "gau"
     # Tensor parallelism: GAU has one head, so ranks split its expansion width e — each keeps its slice of u and
     # v ("colwise_gather_partial" gathers in_proj's output; z, the shared base of q and k, stays whole on every
-    # rank) and the matching input columns of out_proj. See hf_attn_variants.tensor_parallel and docs/scaling.md.
+    # rank) and the matching input columns of out_proj. See hf_attn_variants.models.tensor_parallel and docs/scaling.md.
     base_model_tp_plan: ClassVar[dict[str, str]] = {
         "layers.*.gau.in_proj": "colwise_gather_partial",
         "layers.*.gau.out_proj": "rowwise",

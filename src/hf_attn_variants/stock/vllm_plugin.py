@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .layers import upcast
+from ..models.layers import upcast
 from .stock_attention import stock_logit_factor
 
 VLLM_ATTENTION = "vllm"

@@ -4,7 +4,7 @@ Field names follow BERT/Llama. Every family config subclasses ``AttnVariantConfi
 two multi-head families (entropy-invariant, Synthesizer) subclass ``MultiHeadAttnVariantConfig``,
 which adds heads, the feed-forward width and the per-layer pruned heads.
 
-Model code: imports only torch, transformers and the standard library (see ``hf_attn_variants.standalone``).
+Model code: imports only torch, transformers and the standard library (see ``hf_attn_variants.models.standalone``).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class StandaloneCodeMixin:
 
     Transformers copies a class's module and every sibling module it imports; the package then replaces
     them by one self-contained ``configuration_<family>.py`` (and ``modeling_<family>.py``) through
-    ``standalone_code_writer``, which ``import hf_attn_variants`` sets (``hf_attn_variants.standalone``).
+    ``standalone_code_writer``, which ``import hf_attn_variants`` sets (``hf_attn_variants.models.standalone``).
     In exported code it stays ``None``: those files are already standalone and are copied as they are.
     """
 
@@ -260,7 +260,7 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
 
     # Tensor parallelism (Megatron-LM's split): each rank owns whole heads — their q/k/v rows, o columns and every
     # per-head tensor (SSMax's scale; the Synthesizer's dense W₁/W₂, R, R₁/R₂) through "local_shard"
-    # (hf_attn_variants.tensor_parallel) — and a slice of the feed-forward.
+    # (hf_attn_variants.models.tensor_parallel) — and a slice of the feed-forward.
     base_model_tp_plan: ClassVar[dict[str, str]] = {
         "layers.*.self_attn.q_proj": "colwise",
         "layers.*.self_attn.k_proj": "colwise",

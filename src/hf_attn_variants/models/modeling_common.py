@@ -15,7 +15,7 @@ Transformers' own ``Generic*`` heads are not used: they build the base model thr
 (which a remote-code folder cannot rely on) and pool the last token, which is wrong for a
 bidirectional encoder; these heads pool the first token ([CLS]) for sequence classification.
 
-Model code: imports only torch, transformers and the standard library (see ``hf_attn_variants.standalone``).
+Model code: imports only torch, transformers and the standard library (see ``hf_attn_variants.models.standalone``).
 """
 
 from __future__ import annotations
