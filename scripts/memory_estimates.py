@@ -73,8 +73,8 @@ from hf_attn_variants import (
     GAUForCausalLM,
     GAUForMaskedLM,
 )
-from hf_attn_variants.models.gau_kernels import ATTENTION_BLOCK_ELEMENTS
 from hf_attn_variants.models.layers import visible_key_counts
+from hf_attn_variants.models.modeling_gau import gau_attention_path
 
 GiB = 1024**3
 GB = 1000**3
@@ -97,6 +97,8 @@ SHARDING_STYLES = {
 }
 ROWWISE_STYLES = {"rowwise", "rowwise_rep", "rowwise_split_input", "packed_rowwise"}
 """Rowwise linears keep their bias whole on every rank."""
+GAU_QUADRATIC_PATHS = ("softmax_sdpa", "softmax", "softmax_blocked", "relu2", "relu2_blocked", "relu2_triton")
+"""The quadratic GAU kernels (``modeling_gau.GAU_ATTENTION_PATHS``) that ``gau_layer_bytes`` has formulas for."""
 
 
 
@@ -344,33 +346,9 @@ def ei_layer_bytes(config: EntropyInvariantConfig) -> LayerBytes:
     return LayerBytes(replicated, sharded, 0.0, "SDPA flash / memory-efficient")
 
 
-def gau_attention_path(config: GAUConfig, n: int, cuda_triton: bool = True) -> str:
-    """Which kernel ``GatedAttentionUnit._quadratic`` runs in training at length n (see modeling_gau.py).
-
-    - softmax / softmax_plus with attention dropout > 0: SDPA; with fp32 q/k (128) and v (1536) on an sm80+ GPU,
-      the memory-efficient kernel (flash needs bf16/fp16 and equal head sizes) → ``"sdpa_efficient"``.
-    - softmax without dropout: ``softmax_attention`` — blocked above 2²² score elements, one expression below.
-    - relu² without dropout: Triton on CUDA (``gau_kernel="auto"``), else ``relu2_attention`` (blocked above
-      2²² elements). relu² with dropout: the generic path materialises A (``"weights_dropout"``).
-    """
-    if config.chunk_size is not None:
-        return "flash_chunked"
-    dropout = config.attention_probs_dropout_prob > 0
-    large = n * n > ATTENTION_BLOCK_ELEMENTS
-    if config.attention_normalization in ("softmax", "softmax_plus"):
-        if dropout:
-            return "sdpa_efficient"
-        return "softmax_blocked" if large else "softmax_unblocked"
-    if config.attention_normalization == "relu2":
-        if dropout:
-            return "weights_dropout"
-        triton = config.gau_kernel == "triton" or (config.gau_kernel == "auto" and cuda_triton)
-        return "relu2_blocked" if (triton or large) else "relu2_unblocked"
-    return "unmodelled"
-
-
-def gau_layer_bytes(config: GAUConfig, n: int, cuda_triton: bool = True) -> LayerBytes:
-    """``GAULayer`` (bf16 compute; the attention runs in fp32), per token, TP split as the GAU plan does it.
+def gau_layer_bytes(config: GAUConfig, n: int) -> LayerBytes:
+    """``GAULayer`` (bf16 compute; the attention runs in fp32) in training on a GPU, per token, TP split as the GAU
+    plan does it. The attention's terms follow the path the unit says it takes (``gau_attention_path``).
 
     The plan (``colwise_gather_partial``) gathers ``in_proj``'s output on every rank, so the SiLU input and output
     (width 2e + s) and z, q, k stay whole; only u, v and what follows are split over e. With d, e, s::
@@ -379,14 +357,18 @@ def gau_layer_bytes(config: GAUConfig, n: int, cuda_triton: bool = True) -> Laye
                      + 4s + 4s (fp32 q with its scale, fp32 k) + 4 (per-row log-n factor or 1/√L)
                      + 1d (residual dropout mask, p > 0) + norm(d)
         sharded    = 4e (fp32 v) + 2e (attention output in bf16) + 2e (u ⊙ A v = out_proj input) + path terms
-        path terms : sdpa_efficient / softmax_blocked: + 4e (fp32 output, saved by the kernel) + 4 (log-sum-exp)
-                     softmax_unblocked: + 4n quadratic (the probabilities); relu2_blocked / Triton: nothing;
-                     relu2_unblocked: + 8n (relu(a) and relu(a)²); weights_dropout: + 9n (relu(a), the dropout
-                     mask, the dropped map), all fp32 n×n per sequence, i.e. per token a multiple of n.
+        path terms : softmax_sdpa / softmax_blocked: + 4e (fp32 output, saved by the kernel) + 4 (log-sum-exp);
+                     with fp32 q/k (s) and v (e ≠ s) CUDA's SDPA takes its memory-efficient kernel (flash needs
+                     bf16/fp16 and equal head sizes), which saves the same;
+                     softmax: + 4n quadratic (the probabilities); relu2_blocked / relu2_triton: nothing;
+                     relu2: + 8n (relu(a) and relu(a)²); attention_map of relu² (attention dropout or
+                     ``gau_kernel="reference"``): + 8n (relu(a), the map) + 1n (the dropout mask, p > 0), all n×n
+                     per sequence, i.e. per token a multiple of n.
     """
     d, e, s = config.hidden_size, config.intermediate_width, config.attention_key_size
-    path = gau_attention_path(config, n, cuda_triton)
-    if path in ("flash_chunked", "unmodelled") or config.norm_type != "rmsnorm":
+    path = gau_attention_path(config, n, n, causal=config.is_decoder, device="cuda", training=True)
+    relu2_map = path == "attention_map" and config.attention_normalization == "relu2"
+    if not (path in GAU_QUADRATIC_PATHS or relu2_map) or config.norm_type != "rmsnorm":
         raise NotImplementedError(f"gau_layer_bytes has no formula for {path!r}; use trace_layer.")
     row_factor = config.attention_normalization in ("softmax_plus", "relu2")  # log-n factor or 1/√L, saved
     replicated = BF16 * d + 2 * BF16 * (2 * e + s) + 2 * FP32 * s + (FP32 if row_factor else 0)
@@ -395,15 +377,15 @@ def gau_layer_bytes(config: GAUConfig, n: int, cuda_triton: bool = True) -> Laye
     )
     sharded = FP32 * e + 2 * BF16 * e
     quadratic = 0.0
-    if path in ("sdpa_efficient", "softmax_blocked"):
+    if path in ("softmax_sdpa", "softmax_blocked"):
         sharded += FP32 * e
         replicated += FP32
-    elif path == "softmax_unblocked":
+    elif path == "softmax":
         quadratic = FP32 * n
-    elif path == "relu2_unblocked":
+    elif path == "relu2":
         quadratic = 2 * FP32 * n
-    elif path == "weights_dropout":
-        quadratic = (2 * FP32 + BOOL) * n
+    elif relu2_map:
+        quadratic = (2 * FP32 + (BOOL if config.attention_probs_dropout_prob > 0 else 0)) * n
     return LayerBytes(replicated, sharded, quadratic, path)
 
 
@@ -776,8 +758,9 @@ GAU_VARIANTS: tuple[tuple[str, dict[str, Any], str], ...] = (
      {"attention_probs_dropout_prob": 0.0}, "trace"),
     ("relu², no attention dropout, torch kernel (`relu2_attention`)",
      {"attention_normalization": "relu2", "attention_probs_dropout_prob": 0.0, "gau_kernel": "torch"}, "trace"),
+    # "triton": the kernel "auto" picks on CUDA where triton is installed, whether or not it is installed here.
     ("relu², no attention dropout, Triton kernel (`gau_kernel=\"auto\"` on CUDA)",
-     {"attention_normalization": "relu2", "attention_probs_dropout_prob": 0.0, "gau_kernel": "auto"}, "formula"),
+     {"attention_normalization": "relu2", "attention_probs_dropout_prob": 0.0, "gau_kernel": "triton"}, "formula"),
     ("relu², attention dropout 0.1 (any kernel: dropout needs the map A)",
      {"attention_normalization": "relu2"}, "trace"),
     ("FLASH mixed-chunk, chunk_size 256, relu², no attention dropout, bidirectional (torch intra-chunk part)",
@@ -804,7 +787,7 @@ def variant_rows(spec: ModelSpec, seq_lens: Sequence[int], kind: str) -> list[di
         for n in seq_lens:
             if source == "formula":
                 config = type(spec.config).from_dict({**spec.config.to_dict(), **overrides})
-                per_token = gau_layer_bytes(config, n, cuda_triton=True).per_token(1)
+                per_token = gau_layer_bytes(config, n).per_token(1)
             else:
                 model_class = GAUForCausalLM if source == "trace-causal" else None
                 per_token = trace_layer(spec, n, model_class, **overrides)

@@ -162,7 +162,7 @@ def test_merge_closure_covers_comparisons_sharing_a_variant() -> None:
 
 def test_committed_report_is_the_rendering_of_the_committed_results() -> None:
     """docs/benchmarks.md, the README's speed summary and the gau/synthesizer tables are views of one file."""
-    from hf_attn_variants.results import bench as views
+    from hf_attn_variants.bench import views
 
     data = load_results(ROOT, "benchmarks-cpu")
     text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
@@ -246,8 +246,8 @@ def test_bad_flags_exit_with_a_message(capsys) -> None:
                                   "syn_random_vanilla", "ei_8h_pruned50"])
 def test_torch_compile_sees_one_graph_without_breaks(name: str, monkeypatch) -> None:
     """``torch._dynamo.explain`` on a tiny model of every family (GAU through its blocked kernels too)."""
-    from hf_attn_variants import gau_kernels
     from hf_attn_variants.bench.measure import graph_breaks
+    from hf_attn_variants.models import gau_kernels
 
     monkeypatch.setattr(gau_kernels, "ATTENTION_BLOCK_ELEMENTS", 256)  # 32×32 scores → 4 blocks
     model = build_variants(PRESETS["quick"])[name].build(32).train()

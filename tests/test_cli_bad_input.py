@@ -149,6 +149,13 @@ CASES: list[Case] = [
         ("--tp_size", ("--tp_size", "two"), "not-int"),
         ("--dp_replicate_size", ("--dp_replicate_size", "-1"), "negative"),
         ("--mixed_precision", ("--fsdp_size", "2", "--mixed_precision", "fp16"), "fp16-sharded"),
+        ("--save_total_limit", ("--save_total_limit", "0"), "zero"),
+        ("--overwrite_output_dir", ("--overwrite_output_dir", "maybe"), "not-bool"),
+        ("--overwrite_output_dir", ("--train_file", "{runs}/pretrain/train.txt", "--output_dir", "{runs}/pretrain",
+                                    "--overwrite_output_dir"), "holds-an-input"),
+        ("--output_dir", ("--output_dir", "{runs}/pretrain"), "other-run"),
+        ("--output_dir", ("--output_dir", "{runs}/finetune"), "other-command"),
+        ("--output_dir", ("--output_dir", "{model}"), "unrecorded-model"),
     ]),
     case("pretrain", ("--output_dir", "{out}"), "--model_type", "no-model"),
     # ------------------------------------------------------------------ finetune: FinetuneArguments
@@ -196,6 +203,8 @@ CASES: list[Case] = [
         ("--tp_size", ("--tp_size", "two"), "not-int"),
         ("--dp_replicate_size", ("--dp_replicate_size", "-1"), "negative"),
         ("--lora_r", ("--lora_r", "4", "--fsdp_size", "2"), "sharded"),
+        ("--overwrite_output_dir", ("--overwrite_output_dir", "maybe"), "not-bool"),
+        ("--output_dir", ("--output_dir", "{runs}/finetune"), "other-run"),
     ]),
     case("finetune", ("--output_dir", "{out}", "--model_name_or_path", "{model}"), "--train_file", "none"),
     case("finetune", ("--output_dir", "{out}", "--train_file", "{csv}"), "--model_name_or_path", "no-model"),
@@ -236,6 +245,7 @@ CASES: list[Case] = [
         ("--resume_from_checkpoint", ("--resume_from_checkpoint", "{missing}"), "missing"),
         ("--load_best_model_at_end", ("--load_best_model_at_end", "true", "--eval_strategy", "epoch"), "strategies"),
         ("--dataloader_prefetch_factor", ("--dataloader_prefetch_factor", "2"), "without-workers"),
+        ("--enable_jit_checkpoint", ("--enable_jit_checkpoint", "true"), "own-preemption"),
     ]),
     # ------------------------------------------------------------------ export
     *cases("export", EXPORT, [
@@ -337,6 +347,7 @@ CASES: list[Case] = [
         ("--mlm_probability", ("--mlm_probability", "0"), "zero"),
         ("--seed", ("--seed", "-1"), "negative"),
         ("--output_dir", ("--output_dir", "{file}"), "file"),
+        ("--output_dir", ("--output_dir", "{runs}/prune"), "other-run"),
     ]),
     # ------------------------------------------------------------------ render-docs
     *cases("render-docs", RENDER_DOCS, [
@@ -415,6 +426,8 @@ CASES: list[Case] = [
         ("--quick", ("--quick", "maybe"), "not-bool"),
         ("--disable_tqdm", ("--disable_tqdm", "maybe"), "not-bool"),
         ("--no_plot", ("--no_plot", "maybe"), "not-bool"),
+        ("--overwrite_output_dir", ("--overwrite_output_dir", "maybe"), "not-bool"),
+        ("--output_dir", ("--output_dir", "{runs}/lengthgen"), "other-run"),
     ]),
 ]
 
@@ -430,6 +443,8 @@ ANY_VALUE: dict[str, dict[str, str]] = {
         "--rescore": "a switch (store_true), takes no value",
         "--no_normalize_per_layer": "a switch (store_true), takes no value",
         "--uniform": "a switch (store_true), takes no value; its bad combinations: tests/test_pruning_cli.py",
+        "--overwrite_output_dir": "a switch (store_true), takes no value; what it refuses to clear: the pretrain "
+                                  "case holds-an-input and tests/test_resume.py",
     },
     "bench": {
         "--quick": "a switch (store_true), takes no value",
@@ -492,6 +507,11 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (root / "results.json").write_text(json.dumps({"not": "a bench run"}))
     (root / "bad_template.md").write_text("{% if %}\n")
     (root / "plain.txt").write_text("a file where a folder is expected\n")
+    for command in ("pretrain", "finetune", "prune", "lengthgen"):  # folders of earlier runs (outputs.py's rule)
+        (root / "runs" / command).mkdir(parents=True)
+        (root / "runs" / command / "run.json").write_text(json.dumps(
+            {"command": command, "arguments": {"seed": 12345}, "finished": True}))
+    (root / "runs" / "pretrain" / "train.txt").write_text("\n".join(paragraphs) + "\n")
     rows = [f'"{paragraphs[i][:80].replace(chr(34), "")}",{"pos" if i % 2 else "neg"}' for i in range(24)]
     (root / "train.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
     (root / "tiny.csv").write_text("text,label\nhello,pos\n")
@@ -507,7 +527,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "badjson": str(root / "bad.jsonl"), "foreignjson": str(root / "results.json"),
         "badtemplate": str(root / "bad_template.md"), "file": str(root / "plain.txt"),
         "csv": str(root / "train.csv"), "othercsv": str(root / "other.csv"), "ner": str(root / "ner.json"),
-        "missing": str(root / "missing"), "root": str(root),
+        "missing": str(root / "missing"), "root": str(root), "runs": str(root / "runs"),
     }
 
 

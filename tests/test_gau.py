@@ -23,9 +23,16 @@ from hf_attn_variants import (
     GAUForSequenceClassification,
     GAUModel,
 )
+from hf_attn_variants.models import gau_kernels
 from hf_attn_variants.models.gau_cache import GAUChunkCacheLayer
 from hf_attn_variants.models.gau_kernels import flash_mixed_chunk_attention
-from hf_attn_variants.models.modeling_gau import GatedAttentionUnit, gau_attention_weights
+from hf_attn_variants.models.gau_triton import TRITON_AVAILABLE
+from hf_attn_variants.models.modeling_gau import (
+    GAU_ATTENTION_PATHS,
+    GatedAttentionUnit,
+    gau_attention_path,
+    gau_attention_weights,
+)
 from tests import properties
 from tests.remote_code import assert_standalone_code
 from tests.utils import left_padded, random_ids, right_padded, rounding_tolerance
@@ -687,6 +694,104 @@ def test_peft_all_linear_finds_the_gau_projections() -> None:
     names = {name for name, _ in wrapped.named_modules() if name.endswith(("in_proj", "out_proj"))}
     assert any(name.endswith("layers.0.gau.in_proj") for name in names)
     assert any("lora_A" in n for n, _ in wrapped.named_parameters() if "gau.out_proj" in n)
+
+
+# -------------------------------------------------------------------------------------- kernels & reference path
+@pytest.mark.parametrize("blocked", [False, True], ids=["one_expression", "blocked"])
+@pytest.mark.parametrize(
+    "overrides",
+    [norm_kwargs(n) for n in NORMALIZATIONS] + [chunked(3), chunked(3, relu2_length="fixed")],
+    ids=NORM_IDS + ["chunked_dynamic", "chunked_fixed"],
+)
+def test_torch_kernels_match_the_reference_path(overrides: dict, blocked: bool, monkeypatch) -> None:
+    """``gau_kernel="torch"`` (softmax/relu² kernels in one expression or in query blocks, FLASH) against
+    ``gau_kernel="reference"`` (the written-out formula with its map): outputs and parameter gradients."""
+    if blocked:
+        monkeypatch.setattr(gau_kernels, "ATTENTION_BLOCK_ELEMENTS", 12)  # 9 keys → blocks of one query row
+    for model_class, padded in ((GAUModel, right_padded), (GAUForCausalLM, left_padded)):
+        ids, mask = padded(random_ids(2, 9), [9, 6])
+        results = []
+        for kernel in ("torch", "reference"):
+            model = tiny(model_class, gau_kernel=kernel, **overrides)
+            out = model(input_ids=ids, attention_mask=mask)
+            value = out.last_hidden_state if model_class is GAUModel else out.logits
+            probe = torch.randn(value.shape, generator=torch.Generator().manual_seed(1))
+            (value * probe)[mask.bool()].sum().backward()
+            results.append((value.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+        (got, got_grads), (expected, expected_grads) = results
+        real = mask.bool()
+        torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
+        assert got_grads.keys() == expected_grads.keys()
+        for name, grad in expected_grads.items():
+            torch.testing.assert_close(got_grads[name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
+
+
+PATH_DEFAULTS = {"query_length": 8, "key_length": 8, "causal": False, "device": "cpu"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "call", "expected"),
+    [
+        ({"attention_normalization": "relu2"}, {}, "relu2"),
+        ({"attention_normalization": "relu2"}, {"query_length": 4096, "key_length": 4096}, "relu2_blocked"),
+        ({"attention_normalization": "relu2", "gau_kernel": "triton"}, {}, "relu2_triton"),
+        ({"attention_normalization": "relu2"}, {"device": "cuda"}, "relu2_triton" if TRITON_AVAILABLE else "relu2"),
+        ({"attention_normalization": "relu2", "gau_kernel": "reference"}, {"device": "cuda"}, "attention_map"),
+        ({"attention_normalization": "relu2"}, {"output_attentions": True}, "attention_map"),
+        ({"attention_normalization": "relu2", "attention_probs_dropout_prob": 0.1}, {"training": True},
+         "attention_map"),
+        ({"attention_normalization": "relu2", "attention_probs_dropout_prob": 0.1}, {}, "relu2"),
+        ({"attention_normalization": "softmax_plus", "attention_probs_dropout_prob": 0.1}, {"training": True},
+         "softmax_sdpa"),
+        ({"attention_normalization": "softmax"}, {"query_length": 1, "key_length": 1 << 23}, "softmax_blocked"),
+        ({"attention_normalization": "softmax"}, {}, "softmax"),
+        ({"attention_normalization": "laplace", "gau_kernel": "triton"}, {}, "attention_map"),
+        ({"attention_normalization": "relu2_normalized"}, {}, "attention_map"),
+        (chunked(4), {}, "flash"),
+        (chunked(4, gau_kernel="triton"), {}, "flash_triton"),
+        (chunked(4, gau_kernel="triton", attention_probs_dropout_prob=0.1), {"training": True}, "flash"),
+        (chunked(4, gau_kernel="reference"), {}, "flash_map"),
+        (chunked(4), {"output_attentions": True}, "flash_map"),
+        (chunked(4), {"causal": True, "cached": True}, "flash_cache"),
+        (chunked(4), {"cached": True}, "flash"),  # a bidirectional unit ignores a cache
+        (chunked(4), {"causal": True, "cached": True, "output_attentions": True}, "flash_cache_map"),
+        (chunked(4), {"causal": True, "cached": True, "output_attentions": True, "query_length": 1}, "flash_cache"),
+    ],
+)
+def test_attention_path_names_the_computation(fields: dict, call: dict, expected: str) -> None:
+    path = gau_attention_path(tiny_config(**fields), **{**PATH_DEFAULTS, **call})
+    assert path == expected and path in GAU_ATTENTION_PATHS
+
+
+def autograd_node_names(tensor: torch.Tensor) -> set[str]:
+    """Names of every autograd node behind ``tensor``."""
+    names, stack, seen = set(), [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(node.name())
+        stack.extend(child for child, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize(
+    ("fields", "path", "node"),
+    [
+        ({"attention_normalization": "relu2"}, "relu2_blocked", "Relu2AttentionBackward"),
+        ({"attention_normalization": "softmax"}, "softmax_blocked", "SoftmaxAttentionBackward"),
+        ({"attention_normalization": "relu2", "gau_kernel": "reference"}, "attention_map", None),
+    ],
+)
+def test_the_unit_runs_the_path_it_names(fields: dict, path: str, node: str | None, monkeypatch) -> None:
+    monkeypatch.setattr(gau_kernels, "ATTENTION_BLOCK_ELEMENTS", 12)
+    model = tiny(num_hidden_layers=1, **fields).train()
+    assert model.layers[0].gau.attention_path(9, 9, "cpu") == path
+    output, _ = run_unit(model, torch.randn(1, 9, 32), torch.ones(1, 9, dtype=torch.bool), False)
+    names = autograd_node_names(output)
+    blocked = {"Relu2AttentionBackward", "SoftmaxAttentionBackward"} & names
+    assert blocked == ({node} if node else set()), names
 
 
 # -------------------------------------------------------------------------------------- errors & HF integration

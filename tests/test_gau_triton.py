@@ -13,7 +13,11 @@ import torch
 
 from hf_attn_variants import GAUConfig, GAUForCausalLM, GAUModel
 from hf_attn_variants.models.gau_kernels import flash_mixed_chunk_attention, relu2_attention
-from hf_attn_variants.models.gau_triton import TRITON_AVAILABLE, triton_flash_intra_chunk, triton_relu2_attention
+from hf_attn_variants.models.gau_triton import (
+    TRITON_AVAILABLE,
+    triton_flash_intra_chunk,
+    triton_relu2_attention,
+)
 from tests.utils import left_padded, random_ids, right_padded
 
 pytestmark = pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed (pip install triton)")
@@ -104,8 +108,24 @@ def test_models_give_the_same_outputs_and_gradients_with_either_kernel(model_cla
         torch.testing.assert_close(got_grads[name], grad, atol=2e-4 * float(grad.abs().max()), rtol=1e-4)
 
 
+@pytest.mark.parametrize("chunk_size", [None, 8], ids=["quadratic", "flash"])
+def test_causal_models_with_triton_match_the_reference_path(chunk_size: int | None) -> None:
+    """``gau_kernel="triton"`` against ``"reference"``, the written-out attention with its n×n map."""
+    config = {"vocab_size": 61, "hidden_size": 32, "num_hidden_layers": 2, "attention_key_size": 16,
+              "base_length": 16, "attention_normalization": "relu2", "chunk_size": chunk_size}
+    ids, mask = left_padded(random_ids(2, 30, vocab=61), [30, 21])
+    logits = []
+    for kernel in ("triton", "reference"):
+        torch.manual_seed(0)
+        model = GAUForCausalLM(GAUConfig(**config, gau_kernel=kernel)).eval()
+        with torch.no_grad():
+            logits.append(model(input_ids=ids, attention_mask=mask).logits)
+    real = mask.bool()
+    torch.testing.assert_close(logits[0][real], logits[1][real], atol=1e-4, rtol=1e-4)
+
+
 def test_triton_kernel_without_triton_is_one_clear_error(monkeypatch) -> None:
-    from hf_attn_variants import modeling_gau
+    from hf_attn_variants.models import modeling_gau
 
     monkeypatch.setattr(modeling_gau, "TRITON_AVAILABLE", False)
     with pytest.raises(ImportError, match=r"gau_kernel='triton' needs the triton package"):

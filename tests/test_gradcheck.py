@@ -18,8 +18,8 @@ from hf_attn_variants import (
     GAUModel,
     SynthesizerConfig,
     SynthesizerModel,
-    gau_kernels,
 )
+from hf_attn_variants.models import gau_kernels
 from tests.utils import left_padded, random_ids
 
 SIZES = {"vocab_size": 11, "hidden_size": 8, "num_hidden_layers": 1, "hidden_dropout_prob": 0.0,

@@ -26,7 +26,8 @@ from hf_attn_variants.lengthgen import (
     na_status,
     summarize,
 )
-from hf_attn_variants.lengthgen.evaluation import blocks_at, evaluate_causal
+from hf_attn_variants.lengthgen.evaluation import blocks_at
+from hf_attn_variants.training import evaluate_lm
 from hf_attn_variants.lengthgen.results import (
     add_deltas,
     atomic_write_json,
@@ -126,11 +127,11 @@ def test_causal_evaluation_counts_predictions_beyond_training_length():
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=8)
     model = LlamaForCausalLM(config)
     blocks = blocks_at(list(range(1, 49)) * 2, 24)
-    result = evaluate_causal(model, blocks, train_length=8)
+    result = evaluate_lm(model, blocks, objective="clm", train_length=8)
     assert result["blocks"] == 4 and result["tokens"] == 4 * 23
     assert result["tokens_beyond_train"] == 4 * (23 - 8)
     assert math.isclose(result["perplexity"], math.exp(result["loss"]), rel_tol=1e-9)
-    short = evaluate_causal(model, blocks_at(list(range(1, 49)), 8), train_length=8)
+    short = evaluate_lm(model, blocks_at(list(range(1, 49)), 8), objective="clm", train_length=8)
     assert short["tokens_beyond_train"] == 0 and short["loss_beyond_train"] is None
 
 

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
 
 import hf_attn_variants  # noqa: F401  (registers the attention implementation)
-from hf_attn_variants import stock_attention
+from hf_attn_variants.stock import stock_attention
 from hf_attn_variants.stock.stock_attention import resolve_base_length
 from tests import properties
 from tests.utils import left_padded, random_ids, right_padded

@@ -50,10 +50,10 @@ def flag_message(error: FlagError) -> str:
     return f"{option}: {message}"
 
 
-def fail(command: str, message: str) -> int:
-    """Print ``hf-attn-variants <command>: error: <message>`` (on one line) on stderr and return exit code 2
+def fail(command: str, message: str, label: str = "error") -> int:
+    """Print ``hf-attn-variants <command>: <label>: <message>`` (on one line) on stderr and return exit code 2
     (argparse's)."""
-    print(f"hf-attn-variants {command}: error: {' '.join(message.split())}", file=sys.stderr)
+    print(f"hf-attn-variants {command}: {label}: {' '.join(message.split())}", file=sys.stderr)
     return 2
 
 
@@ -297,6 +297,12 @@ def check_seed(flag: str, value: Any) -> None:
     check_int(flag, value, 0, MAX_SEED)
 
 
+def check_choice(flag: str, value: Any, allowed: Sequence[Any]) -> None:
+    """``FlagError`` unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise FlagError(flag, f"{flag} must be one of {tuple(allowed)}, got {value!r}.")
+
+
 def check_percentage(flag: str, value: Any) -> None:
     """``FlagError`` unless ``value`` is an integer percentage strictly between 0 and 100."""
     check_int(flag, value)
@@ -331,25 +337,26 @@ def check_output_file(flag: str, path: str | Path) -> None:
     _check_parents(flag, path)
 
 
-def check_file(flag: str, path: str | Path) -> Path:
-    """``path`` as a ``Path``; ``FlagError`` unless it is an existing file."""
+def _check_existing(flag: str, path: str | Path, what: str, is_kind: Callable[[Path], bool], wrong_kind: str) -> Path:
+    """``path`` as a ``Path``; ``FlagError`` when it does not exist (``no such <what>``) or ``is_kind`` is false
+    for it (``<path> <wrong_kind>``)."""
     path = Path(path)
     if not path.exists():
-        raise FlagError(flag, f"{flag}: no such file {str(path)!r}.")
-    if not path.is_file():
-        raise FlagError(flag, f"{flag}: {str(path)!r} is not a file.")
+        raise FlagError(flag, f"{flag}: no such {what} {str(path)!r}.")
+    if not is_kind(path):
+        raise FlagError(flag, f"{flag}: {str(path)!r} {wrong_kind}.")
     return path
+
+
+def check_file(flag: str, path: str | Path) -> Path:
+    """``path`` as a ``Path``; ``FlagError`` unless it is an existing file."""
+    return _check_existing(flag, path, "file", Path.is_file, "is not a file")
 
 
 def check_folder(flag: str, path: str | Path, *, what: str = "folder") -> Path:
     """``path`` as a ``Path``; ``FlagError`` unless it is an existing folder (``what``: the folder's kind in
     the message for a missing one, e.g. ``"model folder"``)."""
-    path = Path(path)
-    if not path.exists():
-        raise FlagError(flag, f"{flag}: no such {what} {str(path)!r}.")
-    if not path.is_dir():
-        raise FlagError(flag, f"{flag}: {str(path)!r} is a file, not a folder.")
-    return path
+    return _check_existing(flag, path, what, Path.is_dir, "is a file, not a folder")
 
 
 def check_model_folder(flag: str, path: str | Path, *, weights: bool = False) -> Path:
@@ -419,6 +426,7 @@ __all__ = [
     "FlagError",
     "add_dataclass_arguments",
     "argparse_type",
+    "check_choice",
     "check_config_source",
     "check_file",
     "check_finite",

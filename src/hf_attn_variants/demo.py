@@ -31,7 +31,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .models import FAMILIES
 from .cli_utils import (
     FlagError,
     check_int,
@@ -41,6 +40,7 @@ from .cli_utils import (
     check_seed,
     names_in_message,
 )
+from .models import FAMILIES
 
 SENTENCE = "the [MASK] statement raises an exception."
 
@@ -226,6 +226,7 @@ def _run_demo(args: DemoArguments, started: float) -> dict[str, Any]:
             per_device_train_batch_size=args.per_device_train_batch_size, learning_rate=args.learning_rate,
             num_warmup_steps=args.num_warmup_steps, max_train_steps=args.max_train_steps,
             logging_steps=max(1, args.max_train_steps // 10), seed=args.seed, disable_tqdm=True,
+            overwrite_output_dir=True,  # the demo retrains every time it runs
         ))
         train_seconds = time.perf_counter() - t0
         lengths = evaluate_lengths(str(train_dir), args)

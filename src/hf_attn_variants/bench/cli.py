@@ -25,7 +25,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..results import RESULTS_DIR
 from ..cli_utils import (
     FlagError,
     argparse_type,
@@ -34,6 +33,7 @@ from ..cli_utils import (
     check_positive,
     fail_flag,
 )
+from ..results import RESULTS_DIR
 from .specs import COMPARISONS, PRESETS, Comparison, Preset, Variant
 
 
@@ -174,18 +174,9 @@ def _committed_paths() -> dict[Path, str]:
     return paths
 
 
-def plan(args: argparse.Namespace) -> BenchPlan:
-    """Resolve and check the flags; ``FlagError`` naming the flag of a bad value (nothing is written)."""
-    from .specs import select
-    from .store import MergeError, check_compatible, merge_closure, results_name
-
-    cuda = str(args.device).startswith("cuda")
-    if cuda:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise FlagError("device", "--device cuda: no CUDA device is available (torch.cuda.is_available() is "
-                                      "False).")
+def _preset(args: argparse.Namespace, cuda: bool) -> Preset:
+    """The preset of ``--quick`` / ``--preset`` (default: by device) with ``--lengths``, ``--repeats`` and
+    ``--compile-lengths`` applied."""
     if args.quick and args.preset is not None and args.preset != "quick":
         raise FlagError("preset", f"--preset {args.preset} contradicts --quick (which runs the preset 'quick').")
     preset = PRESETS["quick" if args.quick else (args.preset or ("gpu" if cuda else "cpu"))]
@@ -195,18 +186,38 @@ def plan(args: argparse.Namespace) -> BenchPlan:
         preset = replace(preset, repeats=args.repeats, long_repeats=args.repeats, short_repeats=args.repeats)
     if args.compile_lengths:
         preset = replace(preset, compile_lengths=tuple(args.compile_lengths))
+    return preset
+
+
+def _selection(args: argparse.Namespace, preset: Preset) -> tuple[dict[str, Variant], tuple[Comparison, ...]]:
+    """The variants and comparisons of ``--only``; with ``--merge`` every comparison sharing a variant with them."""
+    from .specs import select
+    from .store import merge_closure
+
     only = args.only
-    if args.merge and only:
-        try:
-            select(preset, only)
-        except ValueError as error:
-            raise FlagError("only", str(error)) from None
-        chosen = {c.key for c in COMPARISONS if c.key in only or {c.baseline, *c.variants} & set(only)}
-        only = sorted(merge_closure(chosen))
     try:
-        variants, comparisons = select(preset, only)
+        if args.merge and only:
+            select(preset, only)
+            chosen = {c.key for c in COMPARISONS if c.key in only or {c.baseline, *c.variants} & set(only)}
+            only = sorted(merge_closure(chosen))
+        return select(preset, only)
     except ValueError as error:
         raise FlagError("only", str(error)) from None
+
+
+def plan(args: argparse.Namespace) -> BenchPlan:
+    """Resolve and check the flags; ``FlagError`` naming the flag of a bad value (nothing is written)."""
+    from .store import MergeError, check_compatible, results_name
+
+    cuda = str(args.device).startswith("cuda")
+    if cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise FlagError("device", "--device cuda: no CUDA device is available (torch.cuda.is_available() is "
+                                      "False).")
+    preset = _preset(args, cuda)
+    variants, comparisons = _selection(args, preset)
     dtype = args.dtype or ("bfloat16" if cuda else "float32")
     timer = args.timer or ("wall" if cuda else "cpu")
     threads = args.threads if args.threads is not None else (None if cuda else 1)

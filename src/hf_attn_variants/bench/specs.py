@@ -27,6 +27,15 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel
+
+from ..models.configuration_entropy_invariant import EntropyInvariantConfig
+from ..models.configuration_gau import GAUConfig
+from ..models.configuration_synthesizer import SynthesizerConfig
+from ..models.modeling_entropy_invariant import EntropyInvariantModel
+from ..models.modeling_gau import GAUModel
+from ..models.modeling_synthesizer import SynthesizerModel
+from ..pruning import prune_heads
 
 VOCAB_SIZE = 1000
 """Token ids are drawn from [1, VOCAB_SIZE) — valid for every preset's vocabulary."""
@@ -126,186 +135,192 @@ class Comparison:
     default: bool = True  # part of a run without --only
 
 
-def _no_dropout() -> dict[str, float]:
-    return {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+# --------------------------------------------------------------------------------------------------
+# Builders: a bare model of a preset for inputs of ``length`` tokens (``Variant.build`` binds preset and options)
+# --------------------------------------------------------------------------------------------------
+def _longest(p: Preset) -> int:
+    """The longest input of ``p``, which learned position tables must cover."""
+    return max((*p.lengths, *p.prune_lengths))
 
 
-def build_variants(preset: Preset) -> dict[str, Variant]:
-    """Every variant of ``preset``, keyed by name (the baselines included)."""
-    from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel
-
-    from hf_attn_variants import (
-        EntropyInvariantConfig,
-        EntropyInvariantModel,
-        GAUConfig,
-        GAUModel,
-        SynthesizerConfig,
-        SynthesizerModel,
-    )
-
-    p = preset
-    longest = max((*p.lengths, *p.prune_lengths))
-    short = min(p.lengths)
-    mid = sorted(p.lengths)[len(p.lengths) // 2] if len(p.lengths) > 2 else max(p.lengths)
-    multi = {
-        "vocab_size": p.vocab_size,
-        "hidden_size": p.hidden_size,
-        "num_hidden_layers": p.num_layers,
-        "num_attention_heads": p.num_heads,
-        **_no_dropout(),
+def _multi_head_fields(p: Preset, heads: int | None = None) -> dict[str, Any]:
+    """The fields BERT, the entropy-invariant models and the Synthesizer share: sizes of ``p``, dropout off."""
+    return {
+        "vocab_size": p.vocab_size, "hidden_size": p.hidden_size, "num_hidden_layers": p.num_layers,
+        "num_attention_heads": heads or p.num_heads, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
     }
 
-    def bert(_: int) -> nn.Module:
-        config = BertConfig(
-            **multi, intermediate_size=p.intermediate_size, max_position_embeddings=longest,
-            attn_implementation="sdpa",
-        )
-        return BertModel(config, add_pooling_layer=False)
 
-    def entropy_encoder(scale: str, implementation: str = "sdpa", heads: int | None = None,
-                        intermediate: int | None = None) -> Callable[[int], nn.Module]:
-        def build(_: int) -> nn.Module:
-            config = EntropyInvariantConfig(
-                **{**multi, "num_attention_heads": heads or p.num_heads},
-                intermediate_size=intermediate or p.intermediate_size, max_position_embeddings=longest,
-                position_embedding_type="absolute", norm_position="post", norm_type="layernorm",
-                layer_norm_eps=1e-12, hidden_act="gelu", use_bias=True, attention_scale=scale,
-                attn_implementation=implementation,
-            )
-            return EntropyInvariantModel(config)
+def _llama_intermediate(p: Preset) -> int:
+    """Llama's gated MLP width i' with the parameters of a two-matrix FFN of width i: 3·i' ≈ 2·i, a multiple of 8."""
+    return (2 * p.intermediate_size) // 3 // 8 * 8 or 8
 
-        return build
 
-    llama_intermediate = (2 * p.intermediate_size) // 3 // 8 * 8 or 8
+def bert_model(p: Preset, length: int) -> nn.Module:
+    """Stock ``BertModel`` with SDPA and no pooler: the encoder baseline."""
+    config = BertConfig(**_multi_head_fields(p), intermediate_size=p.intermediate_size,
+                        max_position_embeddings=_longest(p), attn_implementation="sdpa")
+    return BertModel(config, add_pooling_layer=False)
 
-    def llama(_: int) -> nn.Module:
-        config = LlamaConfig(
-            vocab_size=p.vocab_size, hidden_size=p.hidden_size, num_hidden_layers=p.num_layers,
-            num_attention_heads=p.num_heads, num_key_value_heads=p.num_heads, intermediate_size=llama_intermediate,
-            max_position_embeddings=longest, attention_dropout=0.0, attn_implementation="sdpa",
-        )
-        return LlamaModel(config)
 
-    def entropy_decoder(_: int) -> nn.Module:
-        config = EntropyInvariantConfig(
-            **multi, intermediate_size=llama_intermediate * 3 // 2, max_position_embeddings=longest,
-            position_embedding_type="rope", norm_position="pre", norm_type="rmsnorm", layer_norm_eps=1e-6,
-            hidden_act="silu", use_bias=False, is_decoder=True, attention_scale="entropy_invariant",
-            attn_implementation="sdpa",
-        )
-        return EntropyInvariantModel(config)
+def entropy_encoder_model(p: Preset, length: int, *, scale: str, heads: int | None = None,
+                          intermediate: int | None = None) -> nn.Module:
+    """``EntropyInvariantModel`` shaped like BERT (learned absolute positions, post-norm LayerNorm, GELU, biases),
+    SDPA, with ``attention_scale=scale`` and optionally other head count / FFN width."""
+    config = EntropyInvariantConfig(
+        **_multi_head_fields(p, heads), intermediate_size=intermediate or p.intermediate_size,
+        max_position_embeddings=_longest(p), position_embedding_type="absolute", norm_position="post",
+        norm_type="layernorm", layer_norm_eps=1e-12, hidden_act="gelu", use_bias=True, attention_scale=scale,
+        attn_implementation="sdpa",
+    )
+    return EntropyInvariantModel(config)
 
-    def gau(normalization: str, chunk: int | None) -> Callable[[int], nn.Module]:
-        def build(_: int) -> nn.Module:
-            config = GAUConfig(
-                vocab_size=p.vocab_size, hidden_size=p.hidden_size, num_hidden_layers=p.gau_layers or p.num_layers,
-                attention_key_size=p.gau_key_size, attention_normalization=normalization, chunk_size=chunk,
-                max_position_embeddings=longest, **_no_dropout(),
-            )
-            return GAUModel(config)
 
-        return build
+def pruned_encoder_model(p: Preset, length: int) -> nn.Module:
+    """The ``prune_heads``-head entropy-invariant encoder with heads 0 … prune_heads/2 − 1 of every layer removed by
+    ``pruning.prune_heads``."""
+    model = entropy_encoder_model(p, length, scale="entropy_invariant", heads=p.prune_heads,
+                                  intermediate=p.prune_intermediate_size)
+    half = list(range(p.prune_heads // 2))
+    return prune_heads(model, {layer: half for layer in range(p.num_layers)})
 
-    def synthesizer(components: list[str]) -> Callable[[int], nn.Module]:
-        def build(length: int) -> nn.Module:
-            config = SynthesizerConfig(
-                **multi, intermediate_size=p.intermediate_size, max_position_embeddings=length,
-                synthesizer_components=components,
-            )
-            return SynthesizerModel(config)
 
-        return build
+def llama_model(p: Preset, length: int) -> nn.Module:
+    """Stock ``LlamaModel`` with SDPA, as many key/value heads as query heads: the decoder baseline."""
+    config = LlamaConfig(
+        vocab_size=p.vocab_size, hidden_size=p.hidden_size, num_hidden_layers=p.num_layers,
+        num_attention_heads=p.num_heads, num_key_value_heads=p.num_heads, intermediate_size=_llama_intermediate(p),
+        max_position_embeddings=_longest(p), attention_dropout=0.0, attn_implementation="sdpa",
+    )
+    return LlamaModel(config)
 
-    def pruned(base: Callable[[int], nn.Module]) -> Callable[[int], nn.Module]:
-        def build(length: int) -> nn.Module:
-            from hf_attn_variants.pruning import prune_heads
 
-            model = base(length)
-            half = list(range(p.prune_heads // 2))
-            return prune_heads(model, {layer: half for layer in range(p.num_layers)})
+def entropy_decoder_model(p: Preset, length: int) -> nn.Module:
+    """``EntropyInvariantModel`` shaped like Llama (RoPE, pre-norm RMSNorm, SiLU, no biases), its two-matrix FFN
+    1.5× Llama's width so parameters and FLOPs are equal."""
+    config = EntropyInvariantConfig(
+        **_multi_head_fields(p), intermediate_size=_llama_intermediate(p) * 3 // 2, max_position_embeddings=_longest(p),
+        position_embedding_type="rope", norm_position="pre", norm_type="rmsnorm", layer_norm_eps=1e-6,
+        hidden_act="silu", use_bias=False, is_decoder=True, attention_scale="entropy_invariant",
+        attn_implementation="sdpa",
+    )
+    return EntropyInvariantModel(config)
 
-        return build
 
-    quadratic_skip = (f"n > {p.quadratic_max_length}: quadratic in time; the longest lengths are for the O(n) paths"
-                      if p.quadratic_max_length else "")
+def gau_model(p: Preset, length: int, *, normalization: str, chunk: int | None = None,
+              kernel: str = "auto") -> nn.Module:
+    """``GAUModel`` with ``attention_normalization=normalization``, ``chunk_size=chunk`` and ``gau_kernel=kernel``
+    (``"reference"``: the written-out attention with its n×n map)."""
+    config = GAUConfig(
+        vocab_size=p.vocab_size, hidden_size=p.hidden_size, num_hidden_layers=p.gau_layers or p.num_layers,
+        attention_key_size=p.gau_key_size, attention_normalization=normalization, chunk_size=chunk, gau_kernel=kernel,
+        max_position_embeddings=_longest(p), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )
+    return GAUModel(config)
 
-    def reference_path(base: Callable[[int], nn.Module]) -> Callable[[int], nn.Module]:
-        """The same model computing attention through the attention-map code path (the pre-kernel code)."""
 
-        def build(length: int) -> nn.Module:
-            from hf_attn_variants.models.modeling_gau import GatedAttentionUnit
+def synthesizer_model(p: Preset, length: int, *, components: tuple[str, ...]) -> nn.Module:
+    """``SynthesizerModel`` mixing ``components``, its synthesized l×l patterns sized l = ``length``."""
+    config = SynthesizerConfig(**_multi_head_fields(p), intermediate_size=p.intermediate_size,
+                               max_position_embeddings=length, synthesizer_components=list(components))
+    return SynthesizerModel(config)
 
-            model = base(length)
-            for unit in model.modules():
-                if isinstance(unit, GatedAttentionUnit):
-                    unit._quadratic = functools.partial(_reference_quadratic, unit)
-            return model
 
-        return build
+# --------------------------------------------------------------------------------------------------
+# The variants of a preset
+# --------------------------------------------------------------------------------------------------
+SYNTHESIZER_VARIANTS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    ("vanilla", ("vanilla",), False),
+    ("random", ("random",), False),
+    ("factorized_random", ("factorized_random",), False),
+    ("dense", ("dense",), True),
+    ("factorized_dense", ("factorized_dense",), True),
+    ("random_vanilla", ("random", "vanilla"), False),
+)
+"""(name after ``syn_``, ``synthesizer_components``, measured at the preset's shortest length only)."""
 
-    syn_skip = (
+
+def _encoder_decoder_variants(p: Preset) -> list[Variant]:
+    """The stock baselines and the entropy-invariant encoder and decoder measured against them."""
+    mid = sorted(p.lengths)[len(p.lengths) // 2] if len(p.lengths) > 2 else max(p.lengths)
+    return [
+        Variant("bert_sdpa", "stock", "BertModel, SDPA (stock baseline, encoder)", functools.partial(bert_model, p)),
+        Variant("ei_sdpa", "entropy_invariant",
+                "EntropyInvariantModel, BERT-shaped, attention_scale=entropy_invariant, SDPA",
+                functools.partial(entropy_encoder_model, p, scale="entropy_invariant"), compile=True),
+        Variant("ei_standard_sdpa", "entropy_invariant",
+                "EntropyInvariantModel, BERT-shaped, attention_scale=standard, SDPA (factor off)",
+                functools.partial(entropy_encoder_model, p, scale="standard"), max_length=mid,
+                skip_reason=f"n > {mid}: only a reference for the factor's cost (time budget)"),
+        Variant("llama_sdpa", "stock", "LlamaModel, SDPA (stock baseline, decoder)", functools.partial(llama_model, p),
+                causal=True),
+        Variant("ei_decoder_sdpa", "entropy_invariant",
+                "EntropyInvariantModel, Llama-shaped decoder, entropy_invariant, SDPA",
+                functools.partial(entropy_decoder_model, p), causal=True),
+    ]
+
+
+def _gau_variants(p: Preset) -> list[Variant]:
+    """Quadratic GAU (relu², softmax_plus) and FLASH, and the quadratic ones through ``gau_kernel="reference"``
+    (the written-out attention with its n×n map) for the before/after of the kernels (``gau_optimisation``)."""
+    quadratic = {
+        "max_length": p.quadratic_max_length,
+        "skip_reason": (f"n > {p.quadratic_max_length}: quadratic in time; the longest lengths are for the O(n) paths"
+                        if p.quadratic_max_length else ""),
+    }
+    return [
+        Variant("gau_quadratic", "gau", "GAUModel relu² (dynamic L), quadratic",
+                functools.partial(gau_model, p, normalization="relu2"), compile=True, **quadratic),
+        Variant("gau_flash", "gau", f"GAUModel relu², FLASH chunks of {p.gau_chunk_size}",
+                functools.partial(gau_model, p, normalization="relu2", chunk=p.gau_chunk_size), compile=True),
+        Variant("gau_softmax_plus", "gau", "GAUModel softmax_plus (GAU-α default), quadratic",
+                functools.partial(gau_model, p, normalization="softmax_plus"), **quadratic),
+        Variant("gau_quadratic_reference", "gau", "GAUModel relu², quadratic, reference path (n×n tensors)",
+                functools.partial(gau_model, p, normalization="relu2", kernel="reference"), **quadratic),
+        Variant("gau_softmax_plus_reference", "gau", "GAUModel softmax_plus, quadratic, reference path",
+                functools.partial(gau_model, p, normalization="softmax_plus", kernel="reference"), **quadratic),
+    ]
+
+
+def _synthesizer_variants(p: Preset) -> list[Variant]:
+    """One Synthesizer per row of ``SYNTHESIZER_VARIANTS``, rebuilt per length (l = n)."""
+    shortest = min(p.lengths)
+    up_to_limit = (
         f"n > {p.synthesizer_max_length}: Synthesizer runs stop where the synthesized components must (their learned "
         "l×l patterns, l = n, hold heads·n² parameters per layer: at n = 8192 with 4 heads 1 GiB of R per layer, "
         "the same again for its gradient)"
     )
-    variants = [
-        Variant("bert_sdpa", "stock", "BertModel, SDPA (stock baseline, encoder)", bert),
-        Variant("ei_sdpa", "entropy_invariant",
-                "EntropyInvariantModel, BERT-shaped, attention_scale=entropy_invariant, SDPA",
-                entropy_encoder("entropy_invariant"), compile=True),
-        Variant("ei_standard_sdpa", "entropy_invariant",
-                "EntropyInvariantModel, BERT-shaped, attention_scale=standard, SDPA (factor off)",
-                entropy_encoder("standard"), max_length=mid,
-                skip_reason=f"n > {mid}: only a reference for the factor's cost (time budget)"),
-        Variant("llama_sdpa", "stock", "LlamaModel, SDPA (stock baseline, decoder)", llama, causal=True),
-        Variant("ei_decoder_sdpa", "entropy_invariant",
-                "EntropyInvariantModel, Llama-shaped decoder, entropy_invariant, SDPA", entropy_decoder,
-                causal=True),
-        Variant("gau_quadratic", "gau", "GAUModel relu² (dynamic L), quadratic", gau("relu2", None), compile=True,
-                max_length=p.quadratic_max_length, skip_reason=quadratic_skip),
-        Variant("gau_flash", "gau", f"GAUModel relu², FLASH chunks of {p.gau_chunk_size}",
-                gau("relu2", p.gau_chunk_size), compile=True),
-        Variant("gau_softmax_plus", "gau", "GAUModel softmax_plus (GAU-α default), quadratic",
-                gau("softmax_plus", None), max_length=p.quadratic_max_length, skip_reason=quadratic_skip),
-        # The attention-map code path, i.e. the computation before the fused/blocked kernels, for the
-        # before/after measurements of those kernels (comparison ``gau_optimisation``).
-        Variant("gau_quadratic_reference", "gau", "GAUModel relu², quadratic, reference path (n×n tensors)",
-                reference_path(gau("relu2", None)), max_length=p.quadratic_max_length, skip_reason=quadratic_skip),
-        Variant("gau_softmax_plus_reference", "gau", "GAUModel softmax_plus, quadratic, reference path",
-                reference_path(gau("softmax_plus", None)), max_length=p.quadratic_max_length,
-                skip_reason=quadratic_skip),
+    shortest_only = f"n > {shortest}: measured at the shortest length only (time budget)"
+    return [
+        Variant(f"syn_{name}", "synthesizer", f"SynthesizerModel {'+'.join(components)} (l = n)",
+                functools.partial(synthesizer_model, p, components=components),
+                max_length=shortest if short else p.synthesizer_max_length,
+                skip_reason=shortest_only if short else up_to_limit, shared_across_lengths=False,
+                compile=name == "random")
+        for name, components, short in SYNTHESIZER_VARIANTS
     ]
-    for name, components, longest_syn in (
-        ("vanilla", ["vanilla"], p.synthesizer_max_length),
-        ("random", ["random"], p.synthesizer_max_length),
-        ("factorized_random", ["factorized_random"], p.synthesizer_max_length),
-        ("dense", ["dense"], short),
-        ("factorized_dense", ["factorized_dense"], short),
-        ("random_vanilla", ["random", "vanilla"], p.synthesizer_max_length),
-    ):
-        reason = syn_skip if longest_syn == p.synthesizer_max_length else (
-            f"n > {short}: measured at the shortest length only (time budget)")
-        variants.append(
-            Variant(f"syn_{name}", "synthesizer", f"SynthesizerModel {'+'.join(components)} (l = n)",
-                    synthesizer(components), max_length=longest_syn, skip_reason=reason,
-                    shared_across_lengths=False, compile=name == "random")
-        )
-    prune_base = entropy_encoder("entropy_invariant", heads=p.prune_heads, intermediate=p.prune_intermediate_size)
-    variants += [
+
+
+def _pruning_variants(p: Preset) -> list[Variant]:
+    """A ``prune_heads``-head entropy-invariant encoder with and without half of its heads."""
+    return [
         Variant("ei_8h", "entropy_invariant",
                 f"EntropyInvariantModel, BERT-shaped, {p.prune_heads} heads, FFN {p.prune_intermediate_size}, SDPA",
-                prune_base, lengths=p.prune_lengths),
+                functools.partial(entropy_encoder_model, p, scale="entropy_invariant", heads=p.prune_heads,
+                                  intermediate=p.prune_intermediate_size), lengths=p.prune_lengths),
         Variant("ei_8h_pruned50", "entropy_invariant",
                 f"the same with heads 0…{p.prune_heads // 2 - 1} of every layer removed by pruning.prune_heads",
-                pruned(prune_base), lengths=p.prune_lengths),
+                functools.partial(pruned_encoder_model, p), lengths=p.prune_lengths),
+    ]
+
+
+def build_variants(preset: Preset) -> dict[str, Variant]:
+    """Every variant of ``preset``, keyed by name (the baselines included)."""
+    variants = [
+        *_encoder_decoder_variants(preset), *_gau_variants(preset), *_synthesizer_variants(preset),
+        *_pruning_variants(preset),
     ]
     return {v.name: v for v in variants}
-
-
-def _reference_quadratic(unit: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """``GatedAttentionUnit._quadratic`` forced through the attention map (``output_attentions``), without it."""
-    attended, _ = type(unit)._quadratic(unit, *args[:6], True)
-    return attended, None
 
 
 COMPARISONS: tuple[Comparison, ...] = (
@@ -321,9 +336,9 @@ COMPARISONS: tuple[Comparison, ...] = (
                ("ei_8h_pruned50",)),
     Comparison("gau_optimisation", "Quadratic GAU kernels vs the attention-map path (before/after)",
                "gau_quadratic_reference", ("gau_quadratic", "gau_softmax_plus_reference", "gau_softmax_plus"),
-               note=("The attention-map code path (`output_attentions=True`'s, the code before the fused and blocked "
-                     "kernels) against the kernels, in the same rounds as every other row: the before/after "
-                     "tables of *Optimisations made for these targets* below.")),
+               note=("The attention-map code path (`gau_kernel=\"reference\"`, also what `output_attentions=True` runs: the "
+                     "code before the fused and blocked kernels) against the kernels, in the same rounds as every "
+                     "other row: the before/after tables of *Optimisations made for these targets* below.")),
 )
 
 

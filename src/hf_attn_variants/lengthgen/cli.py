@@ -6,33 +6,81 @@ Examples::
     hf-attn-variants lengthgen --train_length 64 --max_train_steps 400 --seeds 0 1 2 --finetune
     hf-attn-variants lengthgen --variants gau_relu2_dynamic gau_relu2_fixed --mixed_length
 
-Rerunning the same command resumes: finished variant × seed runs are skipped.
+Rerunning the same command resumes: finished variant × seed runs are skipped. The output folder follows the rule
+of every command with an ``--output_dir`` (``training/outputs.py``, ``LENGTHGEN_RULE``): the study records its flags
+in ``run.json``; more ``--variants``/``--seeds`` (or ``--mixed_length``, ``--finetune``) extend the study in place,
+any other changed flag is refused in one sentence naming it and ``--overwrite_output_dir`` (which clears the folder
+first; not with parallel workers on one folder, whose runs it would delete).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+from pathlib import Path
+from typing import Any
+
+from ..training.outputs import OutputRule
+
+STUDY_EXTENT = frozenset({"variants", "seeds", "mixed_length", "finetune", "finetune_tasks"})
+"""Flags that only add runs to a study (its other runs stay valid): a rerun with more of them extends the folder."""
+
+
+def _legacy_arguments(folder: Path) -> dict[str, Any] | None:
+    """The flags of a study folder written before ``run.json``: the ``args`` of its ``results.json``."""
+    try:
+        report = json.loads((folder / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return report.get("args") if isinstance(report, dict) and isinstance(report.get("args"), dict) else None
+
+
+LENGTHGEN_RULE = OutputRule(
+    command="lengthgen",
+    aside=STUDY_EXTENT | {"checkpointing_steps", "num_threads", "quick", "disable_tqdm", "no_plot", "eval_batch_size"},
+    run_files=("runs", "finetune", "results.json", "results.csv", "summary.csv", "results.md", "lengthgen_*.png"),
+    refuse_finished=False,  # rerunning a finished study reuses its runs
+    legacy_arguments=_legacy_arguments,
+)
+"""``lengthgen``'s output folder (``training/outputs.py``)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """CLI flags: one per ``LengthGenArguments`` field."""
+    """CLI flags: one per ``LengthGenArguments`` field, and ``--overwrite_output_dir``."""
     from ..cli_utils import add_dataclass_arguments
+    from ..training.outputs import OutputDirArguments
     from .arguments import LengthGenArguments
 
-    add_dataclass_arguments(parser, LengthGenArguments)
+    add_dataclass_arguments(parser, LengthGenArguments, OutputDirArguments)
+
+
+def _start(namespace: argparse.Namespace) -> Any:
+    """The study's arguments, every input and the output folder checked (``FlagError``); then the folder is
+    cleared (``--overwrite_output_dir``) and the study recorded in its ``run.json``."""
+    from ..cli_utils import dataclasses_from_namespace
+    from ..training.outputs import OutputDirArguments, check_output_folder, json_arguments, start_run
+    from .arguments import LengthGenArguments, check_study_inputs
+
+    args, output = dataclasses_from_namespace(namespace, LengthGenArguments, OutputDirArguments)
+    check_study_inputs(args)
+    arguments = json_arguments(args)
+    folder = check_output_folder(LENGTHGEN_RULE, args.output_dir, arguments, overwrite=output.overwrite_output_dir,
+                                 inputs={"train_file": args.train_file, "validation_file": args.validation_file})
+    start_run(LENGTHGEN_RULE, folder, arguments)
+    return args
 
 
 def run(namespace: argparse.Namespace) -> int:
-    """CLI entry: validate the flags, run the study, print where the results are. A bad flag value
-    (``FlagError``, found before anything is written) gives one error line naming it and exit status 2."""
-    from ..cli_utils import FlagError, dataclasses_from_namespace, fail_flag
-    from .arguments import LengthGenArguments, check_study_inputs
+    """CLI entry: validate the flags and the output folder, run the study, print where the results are. A bad
+    flag value or output folder (``FlagError``, found before anything is written) gives one error line naming it
+    and exit status 2."""
+    from ..cli_utils import FlagError, fail_flag
+    from ..training.outputs import finish_run
     from .study import run_study
 
     try:
-        (args,) = dataclasses_from_namespace(namespace, LengthGenArguments)
-        check_study_inputs(args)
+        args = _start(namespace)
     except FlagError as error:
         return fail_flag("lengthgen", error)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
@@ -45,9 +93,10 @@ def run(namespace: argparse.Namespace) -> int:
 
     datasets.disable_progress_bars()  # tokenizing the corpus once per run: noise in a long study's log
     report = run_study(args)
+    finish_run(args.output_dir)
     print(f"lengthgen: {len(report['runs'])} runs ({report.get('skipped_runs', 0)} reused); results in "
           f"{args.output_dir}/results.md, results.json, results.csv, summary.csv and lengthgen_*.png")
     return 0
 
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["LENGTHGEN_RULE", "STUDY_EXTENT", "add_arguments", "run"]

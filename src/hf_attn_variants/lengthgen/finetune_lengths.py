@@ -150,7 +150,9 @@ def finetune_one(args: LengthGenArguments, task: dict[str, Any], condition: str,
     finetune_args = FinetuneArguments(
         task="token_classification" if token_level else "sequence_classification",
         train_file=task["train_file"], validation_file=task["validation_file"],
-        max_seq_length=max_seq_length, max_train_samples=args.finetune_max_train_samples, **model_kwargs,
+        max_seq_length=max_seq_length, max_train_samples=args.finetune_max_train_samples,
+        overwrite_output_dir=True,  # finetuned only when missing or stale (fingerprint): replace what is there
+        **model_kwargs,
     )
     steps_per_epoch = -(-min(task["train_samples"], args.finetune_max_train_samples or 10**9)
                         // args.finetune_batch_size)

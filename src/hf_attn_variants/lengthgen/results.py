@@ -210,11 +210,12 @@ def paired_differences(rows: Iterable[dict[str, Any]], pairs: Sequence[tuple[str
 def compact_results(report: dict[str, Any], *, command: str, wall_seconds: float | None = None) -> dict[str, Any]:
     """The compact results data of a study's ``results.json`` report (``write_outputs``), for
     ``hf_attn_variants.results.write_results`` (kind ``lengthgen``, views in ``hf_attn_variants.results.lengthgen``)."""
-    from ..results._common import run_metadata
+    from ..results._common import cpu_name, run_metadata
 
     args, machine = report["args"], report.get("machine", {})
     load = machine.get("load_average_at_start")
     data = run_metadata("lengthgen", command)
+    data["cpu"] = cpu_name()
     if load:
         data["machine"] += f"; load average {' / '.join(f'{x:.1f}' for x in load)} at the start"
     data["versions"].update({k: machine[k] for k in ("torch", "transformers") if k in machine})
@@ -265,17 +266,58 @@ def compact_results(report: dict[str, Any], *, command: str, wall_seconds: float
     return data
 
 
+KEPT_ON_REPUBLISH = ("reruns", "reported")
+"""Entries of a study's results file that a new ``publish`` keeps: re-runs of some of its rows on other machines or
+code (``publish_rerun``) and runs reported by others (transcribed by hand, each naming its source). They are
+evidence about the spread of the study's conclusions and stay valid when the study itself is re-run."""
+
+
 def publish(results_json: str | Path, name: str, *, root: str | Path = ".", command: str,
             wall_seconds: float | None = None) -> Path:
     """Write ``docs/results/<name>.json`` under ``root`` from a study's ``results.json`` (what
-    ``scripts/run_length_study.sh`` calls at the end; then ``hf-attn-variants render-docs``)."""
-    from ..results import write_results
+    ``scripts/run_length_study.sh`` calls at the end; then ``hf-attn-variants render-docs``). The ``reruns`` and
+    ``reported`` entries of an existing file are kept (``KEPT_ON_REPUBLISH``)."""
+    from ..results import load_results, results_path, write_results
 
     report = json.loads(Path(results_json).read_text(encoding="utf-8"))
-    return write_results(Path(root), name, compact_results(report, command=command, wall_seconds=wall_seconds))
+    data = compact_results(report, command=command, wall_seconds=wall_seconds)
+    if results_path(Path(root), name).is_file():
+        previous = load_results(Path(root), name)
+        data.update({key: previous[key] for key in KEPT_ON_REPUBLISH if key in previous})
+    return write_results(Path(root), name, data)
+
+
+def publish_rerun(results_json: str | Path, name: str, *, root: str | Path = ".", command: str,
+                  wall_seconds: float | None = None, code: str | None = None) -> Path:
+    """Add a re-run of some of a study's variants (its own ``results.json``, e.g. the relu² rows on another CPU)
+    to the study's results file ``docs/results/<name>.json`` as an entry of ``reruns``: the compact data of the
+    re-run with its own provenance (``command``, ``machine``, ``cpu``, ``versions``, ``date``, and ``code``, the
+    commit or working tree it ran). A re-run with the same command, date and machine replaces its earlier entry.
+    ``ValueError`` naming ``name`` when the study's file does not exist, or ``results_json`` when the re-run's
+    settings (training length, steps, seeds, evaluation lengths) differ from the study's."""
+    from ..results import load_results, results_path, write_results
+
+    root = Path(root)
+    if not results_path(root, name).is_file():
+        raise ValueError(f"name: no results file {results_path(root, name)} to add the re-run to.")
+    data = load_results(root, name)
+    report = json.loads(Path(results_json).read_text(encoding="utf-8"))
+    rerun = compact_results(report, command=command, wall_seconds=wall_seconds)
+    settings = ("train_length", "steps", "seeds", "eval_lengths")
+    different = [key for key in settings if rerun[key] != data.get(key)]
+    if different:
+        raise ValueError(f"results_json: {results_json} was not run with the study's settings ({', '.join(different)} "
+                         f"differ), so its rows are not a re-run of {name}.")
+    del rerun["kind"]
+    if code:
+        rerun["code"] = code
+    same = (rerun["command"], rerun["date"], rerun["machine"])
+    data["reruns"] = [r for r in data.get("reruns", []) if (r["command"], r["date"], r["machine"]) != same] + [rerun]
+    return write_results(root, name, data)
 
 
 __all__ = [
+    "KEPT_ON_REPUBLISH",
     "METRICS",
     "PAIRS",
     "ROW_FIELDS",
@@ -289,6 +331,7 @@ __all__ = [
     "markdown_table",
     "paired_differences",
     "publish",
+    "publish_rerun",
     "read_json",
     "summarize",
     "to_csv",

@@ -114,6 +114,8 @@ def _pretrain_arguments(plan: RunPlan, args: LengthGenArguments, tokenizer: Any)
     }
     if args.checkpointing_steps and any((plan.model_dir / "checkpoints").glob("*/training_state.json")):
         common["resume_from_checkpoint"] = "latest"
+    else:  # the study trains a run only when its stored model is missing or stale (fingerprint): replace it
+        common["overwrite_output_dir"] = True
     if plan.variant.model_type == "llama":
         from transformers import LlamaConfig
 

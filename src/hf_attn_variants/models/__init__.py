@@ -19,41 +19,13 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
+from . import modeling_entropy_invariant, modeling_gau, modeling_synthesizer
 from .configuration_common import StandaloneCodeMixin
 from .configuration_entropy_invariant import EntropyInvariantConfig
 from .configuration_gau import GAUConfig
 from .configuration_synthesizer import SynthesizerConfig
-from .modeling_entropy_invariant import (
-    EntropyInvariantForCausalLM,
-    EntropyInvariantForMaskedLM,
-    EntropyInvariantForQuestionAnswering,
-    EntropyInvariantForSequenceClassification,
-    EntropyInvariantForTokenClassification,
-    EntropyInvariantModel,
-    EntropyInvariantPreTrainedModel,
-)
-from .modeling_gau import (
-    GAUForCausalLM,
-    GAUForMaskedLM,
-    GAUForQuestionAnswering,
-    GAUForSequenceClassification,
-    GAUForTokenClassification,
-    GAUModel,
-    GAUPreTrainedModel,
-)
-from .modeling_synthesizer import (
-    SynthesizerForCausalLM,
-    SynthesizerForMaskedLM,
-    SynthesizerForQuestionAnswering,
-    SynthesizerForSequenceClassification,
-    SynthesizerForTokenClassification,
-    SynthesizerModel,
-    SynthesizerPreTrainedModel,
-)
 from .standalone import write_standalone_code
-
-__version__ = "0.1.0"
-"""The package version; standalone code names it in its header (``standalone.package_version``)."""
+from .version import __version__
 
 AUTO_CLASSES = {
     "Model": AutoModel,
@@ -63,43 +35,18 @@ AUTO_CLASSES = {
     "ForTokenClassification": AutoModelForTokenClassification,
     "ForQuestionAnswering": AutoModelForQuestionAnswering,
 }
+"""Model-class suffix → the Transformers auto class it registers with."""
 
 FAMILIES = {
-    "entropy_invariant": (
-        EntropyInvariantConfig,
-        {
-            "Model": EntropyInvariantModel,
-            "ForMaskedLM": EntropyInvariantForMaskedLM,
-            "ForCausalLM": EntropyInvariantForCausalLM,
-            "ForSequenceClassification": EntropyInvariantForSequenceClassification,
-            "ForTokenClassification": EntropyInvariantForTokenClassification,
-            "ForQuestionAnswering": EntropyInvariantForQuestionAnswering,
-        },
-    ),
-    "gau": (
-        GAUConfig,
-        {
-            "Model": GAUModel,
-            "ForMaskedLM": GAUForMaskedLM,
-            "ForCausalLM": GAUForCausalLM,
-            "ForSequenceClassification": GAUForSequenceClassification,
-            "ForTokenClassification": GAUForTokenClassification,
-            "ForQuestionAnswering": GAUForQuestionAnswering,
-        },
-    ),
-    "synthesizer": (
-        SynthesizerConfig,
-        {
-            "Model": SynthesizerModel,
-            "ForMaskedLM": SynthesizerForMaskedLM,
-            "ForCausalLM": SynthesizerForCausalLM,
-            "ForSequenceClassification": SynthesizerForSequenceClassification,
-            "ForTokenClassification": SynthesizerForTokenClassification,
-            "ForQuestionAnswering": SynthesizerForQuestionAnswering,
-        },
-    ),
+    model_type: (config_class, {suffix: getattr(module, prefix + suffix) for suffix in AUTO_CLASSES})
+    for model_type, config_class, module, prefix in (
+        ("entropy_invariant", EntropyInvariantConfig, modeling_entropy_invariant, "EntropyInvariant"),
+        ("gau", GAUConfig, modeling_gau, "GAU"),
+        ("synthesizer", SynthesizerConfig, modeling_synthesizer, "Synthesizer"),
+    )
 }
-"""model_type → (config class, {suffix: model class}) for every family this package provides."""
+"""model_type → (config class, {suffix: model class}) for every family this package provides; a family's classes
+are its modeling module's ``<Prefix><suffix>`` (``GAUForMaskedLM``)."""
 
 
 def register_families() -> None:

@@ -13,10 +13,10 @@ each is resolved once at import:
   signatures, model outputs, masks and ``generate``. The model code calls it ``cache`` everywhere; its forwards
   also take ``past_key_values`` (as 5.24's own models do), and outputs carry the cache under the name the
   installed release's output classes declare, so ``generate`` finds it on every release.
-- ``ATTENTION_LOOKUP_BY_KEY``: whether attention kernels are looked up as ``ALL_ATTENTION_FUNCTIONS[name]``
-  (5.0, a plain mapping) instead of ``ALL_ATTENTION_FUNCTIONS.get_interface(name, default)``. Transformers
-  decides whether a model may switch kernels by searching its module's source for exactly that spelling,
-  so the attention module spells out both.
+- ``ALL_ATTENTION_FUNCTIONS``: the attention-kernel registry with one lookup on every release,
+  ``get_interface(name, default)``. Releases before 5.5 have a plain mapping without that method. The attention
+  module makes Llama's one call, spelled exactly so: Transformers decides whether a model may switch kernels
+  (``set_attn_implementation``) by searching the model module's source for ``ALL_ATTENTION_FUNCTIONS.get_interface(``.
 
 This module also checks the installed version: exported model code starts with it (see
 ``hf_attn_variants.models.standalone``), so a too-old Transformers fails with one sentence naming the
@@ -71,9 +71,28 @@ except ImportError:  # transformers 5.0–5.4: one decorator did both
 
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPast
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as TRANSFORMERS_ATTENTION_FUNCTIONS
 
-ATTENTION_LOOKUP_BY_KEY = not hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface")
+
+class AttentionFunctions:
+    """Transformers' registry of attention kernels (``AttentionInterface``) behind one lookup on every release.
+
+    ``get_interface(name, default)`` is ``default`` for ``None`` and ``"eager"``, else the registered kernel
+    ``registry[name]`` (a ``KeyError`` names an unknown one). It reads the live registry, so kernels registered later
+    (``register_stock_attention``, vLLM's) are found. Transformers ≥ 5.5 has the method itself but warns on ``None``,
+    which a module built outside a model has; 5.0–5.4 index a plain mapping.
+    """
+
+    def __init__(self, registry: Any) -> None:
+        self.registry = registry
+
+    def get_interface(self, implementation: str | None, default: Callable[..., Any]) -> Callable[..., Any]:
+        if implementation in (None, "eager"):
+            return default
+        return self.registry[implementation]
+
+
+ALL_ATTENTION_FUNCTIONS = AttentionFunctions(TRANSFORMERS_ATTENTION_FUNCTIONS)
 
 CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(BaseModelOutputWithPast)} else "past_key_values"
 """The name under which the installed release's model outputs hold the cache (and ``generate`` reads it back):
@@ -156,7 +175,8 @@ def prepare_attention_mask(
 
 
 __all__ = [
-    "ATTENTION_LOOKUP_BY_KEY",
+    "ALL_ATTENTION_FUNCTIONS",
+    "AttentionFunctions",
     "CACHE_FIELD",
     "MIN_TRANSFORMERS_VERSION",
     "accepts_cache_alias",

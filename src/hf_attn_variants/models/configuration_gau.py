@@ -8,8 +8,9 @@ from .configuration_common import AttnVariantConfig, check_choice, check_float, 
 
 ATTENTION_NORMALIZATIONS = ("softmax", "softmax_plus", "relu2", "relu2_normalized", "laplace")
 RELU2_LENGTHS = ("dynamic", "fixed")
-GAU_KERNELS = ("auto", "torch", "triton")
-"""Which kernels run relu² attention: ``auto`` = Triton on CUDA when triton is installed, else torch."""
+GAU_KERNELS = ("auto", "torch", "triton", "reference")
+"""Which kernels run the attention: ``auto`` = Triton on CUDA when triton is installed, else torch; ``reference`` =
+the written-out formula with the attention map materialised (``modeling_gau.gau_reference_attention``)."""
 GAU_INITS = ("gau_alpha", "flash")
 """How a GAU unit is initialised: GAU-α's code (the default) or the FLASH paper's pseudocode (see ``gau_init``)."""
 #: Normalisations the FLASH mixed-chunk path (``chunk_size`` set) implements: relu² inside chunks,
@@ -70,7 +71,9 @@ class GAUConfig(AttnVariantConfig):
             ``"auto"`` (default) = Triton on CUDA tensors when ``triton`` is installed
             (``pip install 'hf_attn_variants[gpu]'``), torch otherwise; ``"torch"``; ``"triton"`` (also on CPU
             tensors under ``TRITON_INTERPRET=1``, which the tests use). Dropout on A, ``output_attentions`` and
-            the other normalisations use the torch path.
+            the other normalisations use the torch path. ``"reference"``: the written-out formula A = norm(q kᵀ/√s),
+            out = A v (FLASH: its effective matrix W, out = W v / L) with the n×n map materialised, O(n²) memory —
+            what the kernels are tested and benchmarked against (``modeling_gau.gau_reference_attention``).
 
     Every common field of ``AttnVariantConfig`` applies; here ``hidden_act`` defaults to ``"silu"``
     (the paper's swish), ``use_bias`` to ``False`` (GAU-α has no biases) and ``attention_probs_dropout_prob``

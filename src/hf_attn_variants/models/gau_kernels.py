@@ -19,6 +19,7 @@ Everything runs in at least float32 (float64 stays float64), so fp16/bf16 never 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,6 +45,12 @@ ATTENTION_BLOCK_ELEMENTS = 1 << 22
 """Score elements per query block of ``relu2_attention`` / ``softmax_attention`` (16 MiB of float32)."""
 
 
+def uses_blocks(queries: int, keys: int) -> bool:
+    """Whether ``relu2_attention`` / ``softmax_attention`` (without dropout) run in query blocks at this size:
+    more than ``ATTENTION_BLOCK_ELEMENTS`` scores. ``modeling_gau.gau_attention_path`` names the path with it."""
+    return queries * keys > ATTENTION_BLOCK_ELEMENTS
+
+
 def _query_blocks(queries: int, keys: int, causal_offset: int | None) -> list[tuple[int, int, int]]:
     """(start, stop, key limit) of each query block; a causal block needs no key after its last query."""
     rows = max(1, min(queries, ATTENTION_BLOCK_ELEMENTS // max(keys, 1)))
@@ -54,14 +61,69 @@ def _query_blocks(queries: int, keys: int, causal_offset: int | None) -> list[tu
     return blocks
 
 
-def _relu2_block_weights(
-    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None
-) -> torch.Tensor:
+def _forward_in_blocks(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal_offset: int | None,
+    block: Callable[..., tuple[torch.Tensor, ...]],
+) -> list[torch.Tensor]:
+    """``block(query rows, keys, values, mask)`` over the query blocks (each with the keys it may see), every
+    output of ``block`` concatenated along the query rows."""
+    parts = []
+    for start, stop, limit in _query_blocks(query.shape[-2], key.shape[-2], causal_offset):
+        block_mask = None if mask is None else mask[..., start:stop, :limit]
+        parts.append(block(query[..., start:stop, :], key[..., :limit, :], value[..., :limit, :], block_mask))
+    return [torch.cat(outputs, dim=-2) if len(outputs) > 1 else outputs[0] for outputs in zip(*parts)]
+
+
+def _backward_in_blocks(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    grad_output: torch.Tensor,
+    causal_offset: int | None,
+    block: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    *row_stats: torch.Tensor,
+) -> tuple[torch.Tensor | None, ...]:
+    """Gradients of out = P v with P = f(q kᵀ) from one block at a time: ``block(query rows, keys, values, mask,
+    dO rows, *row_stats rows)`` recomputes the block's weights P and returns them with dS = ∂L/∂(q kᵀ); then
+    dV += Pᵀ dO, dQ = dS K, dK += dSᵀ Q. Returns the gradients of ``Function.forward``'s five inputs."""
+    grad_query = torch.empty_like(query)
+    grad_key = torch.zeros_like(key)
+    grad_value = torch.zeros_like(value)
+    for start, stop, limit in _query_blocks(query.shape[-2], key.shape[-2], causal_offset):
+        block_mask = None if mask is None else mask[..., start:stop, :limit]
+        block_query, block_grad = query[..., start:stop, :], grad_output[..., start:stop, :]
+        weights, grad_scores = block(
+            block_query, key[..., :limit, :], value[..., :limit, :], block_mask, block_grad,
+            *(stat[..., start:stop, :] for stat in row_stats),
+        )
+        grad_value[..., :limit, :] += torch.matmul(weights.transpose(-1, -2), block_grad)
+        grad_query[..., start:stop, :] = torch.matmul(grad_scores, key[..., :limit, :])
+        grad_key[..., :limit, :] += torch.matmul(grad_scores.transpose(-1, -2), block_query)
+    return grad_query, grad_key, grad_value, None, None
+
+
+def _relu2_block_weights(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """relu(q kᵀ) of one query block with hidden keys set to 0 (in place on the fresh score buffer)."""
     scores = torch.matmul(query, key.transpose(-1, -2))
     if mask is not None:
         scores.masked_fill_(~mask, 0.0)
     return scores.relu_()
+
+
+def _relu2_block_output(query, key, value, mask) -> tuple[torch.Tensor]:
+    return (torch.matmul(_relu2_block_weights(query, key, mask).square_(), value),)
+
+
+def _relu2_block_gradients(query, key, value, mask, grad) -> tuple[torch.Tensor, torch.Tensor]:
+    """d relu(a)²/da = 2 relu(a), 0 wherever the key is hidden or a ≤ 0 (no separate activation mask)."""
+    activation = _relu2_block_weights(query, key, mask)
+    grad_scores = torch.matmul(grad, value.transpose(-1, -2)).mul_(activation).mul_(2.0)
+    return activation.square_(), grad_scores
 
 
 class Relu2Attention(torch.autograd.Function):
@@ -78,39 +140,17 @@ class Relu2Attention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(
-        ctx: Any,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask: torch.Tensor | None,
-        causal_offset: int | None,
-    ) -> torch.Tensor:
-        outputs = []
-        for start, stop, limit in _query_blocks(query.shape[-2], key.shape[-2], causal_offset):
-            block_mask = None if mask is None else mask[..., start:stop, :limit]
-            weights = _relu2_block_weights(query[..., start:stop, :], key[..., :limit, :], block_mask).square_()
-            outputs.append(torch.matmul(weights, value[..., :limit, :]))
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                causal_offset: int | None) -> torch.Tensor:
+        (output,) = _forward_in_blocks(query, key, value, mask, causal_offset, _relu2_block_output)
         ctx.save_for_backward(query, key, value, mask)
         ctx.causal_offset = causal_offset
-        return torch.cat(outputs, dim=-2) if len(outputs) > 1 else outputs[0]
+        return output
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         query, key, value, mask = ctx.saved_tensors
-        grad_query = torch.empty_like(query)
-        grad_key = torch.zeros_like(key)
-        grad_value = torch.zeros_like(value)
-        for start, stop, limit in _query_blocks(query.shape[-2], key.shape[-2], ctx.causal_offset):
-            block_mask = None if mask is None else mask[..., start:stop, :limit]
-            block_query, block_grad = query[..., start:stop, :], grad_output[..., start:stop, :]
-            activation = _relu2_block_weights(block_query, key[..., :limit, :], block_mask)
-            grad_scores = torch.matmul(block_grad, value[..., :limit, :].transpose(-1, -2))
-            grad_scores.mul_(activation).mul_(2.0)
-            grad_value[..., :limit, :] += torch.matmul(activation.square_().transpose(-1, -2), block_grad)
-            grad_query[..., start:stop, :] = torch.matmul(grad_scores, key[..., :limit, :])
-            grad_key[..., :limit, :] += torch.matmul(grad_scores.transpose(-1, -2), block_query)
-        return grad_query, grad_key, grad_value, None, None
+        return _backward_in_blocks(query, key, value, mask, grad_output, ctx.causal_offset, _relu2_block_gradients)
 
 
 def relu2_attention(
@@ -130,19 +170,40 @@ def relu2_attention(
     A score matrix of at most ``ATTENTION_BLOCK_ELEMENTS`` (16 MiB) is one fused expression — scale folded
     into q, mask and relu in place on the score buffer, then the square: autograd keeps two n×n tensors
     (relu's output and the weights), the minimum for its backward, and no-grad inference one. Larger
-    ones go through ``Relu2Attention``: blocks of query rows, nothing n×n kept, scores recomputed in
-    the backward pass, so activation memory is linear in n.
+    ones (``uses_blocks``) go through ``Relu2Attention``: blocks of query rows, nothing n×n kept, scores
+    recomputed in the backward pass, so activation memory is linear in n.
     """
     if isinstance(row_scale, torch.Tensor):
         query = query * row_scale[..., None]
     else:
         query = query * row_scale
-    if query.shape[-2] * key.shape[-2] > ATTENTION_BLOCK_ELEMENTS:
+    if uses_blocks(query.shape[-2], key.shape[-2]):
         return Relu2Attention.apply(query, key, value, mask, causal_offset)
     weights = _relu2_block_weights(query, key, mask)
     tracked = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
     weights = weights.square() if tracked else weights.square_()
     return torch.matmul(weights, value)
+
+
+def _masked_scores(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """q kᵀ with hidden keys at the most negative logit (in place on the fresh score buffer)."""
+    scores = torch.matmul(query, key.transpose(-1, -2))
+    if mask is not None:
+        scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
+    return scores
+
+
+def _softmax_block_output(query, key, value, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = _masked_scores(query, key, mask)
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    return torch.matmul(scores.sub_(lse).exp_(), value), lse
+
+
+def _softmax_block_gradients(query, key, value, mask, grad, lse, delta) -> tuple[torch.Tensor, torch.Tensor]:
+    """P = exp(S − lse), dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)) with ``delta`` = rowsum(dO ⊙ O)."""
+    probs = _masked_scores(query, key, mask).sub_(lse).exp_()
+    grad_scores = torch.matmul(grad, value.transpose(-1, -2)).sub_(delta).mul_(probs)
+    return probs, grad_scores
 
 
 class SoftmaxAttention(torch.autograd.Function):
@@ -155,51 +216,20 @@ class SoftmaxAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(
-        ctx: Any,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask: torch.Tensor | None,
-        causal_offset: int | None,
-    ) -> torch.Tensor:
-        outputs, lses = [], []
-        for start, stop, limit in _query_blocks(query.shape[-2], key.shape[-2], causal_offset):
-            scores = _masked_block_scores(query[..., start:stop, :], key[..., :limit, :], mask, start, stop, limit)
-            lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-            outputs.append(torch.matmul(scores.sub_(lse).exp_(), value[..., :limit, :]))
-            lses.append(lse)
-        output = torch.cat(outputs, dim=-2) if len(outputs) > 1 else outputs[0]
-        ctx.save_for_backward(query, key, value, mask, output, torch.cat(lses, dim=-2))
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                causal_offset: int | None) -> torch.Tensor:
+        output, lse = _forward_in_blocks(query, key, value, mask, causal_offset, _softmax_block_output)
+        ctx.save_for_backward(query, key, value, mask, output, lse)
         ctx.causal_offset = causal_offset
         return output
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         query, key, value, mask, output, lse = ctx.saved_tensors
-        grad_query = torch.empty_like(query)
-        grad_key = torch.zeros_like(key)
-        grad_value = torch.zeros_like(value)
         delta = (grad_output * output).sum(-1, keepdim=True)
-        for start, stop, limit in _query_blocks(query.shape[-2], key.shape[-2], ctx.causal_offset):
-            block_query, block_grad = query[..., start:stop, :], grad_output[..., start:stop, :]
-            probs = _masked_block_scores(block_query, key[..., :limit, :], mask, start, stop, limit)
-            probs.sub_(lse[..., start:stop, :]).exp_()
-            grad_value[..., :limit, :] += torch.matmul(probs.transpose(-1, -2), block_grad)
-            grad_scores = torch.matmul(block_grad, value[..., :limit, :].transpose(-1, -2))
-            grad_scores.sub_(delta[..., start:stop, :]).mul_(probs)
-            grad_query[..., start:stop, :] = torch.matmul(grad_scores, key[..., :limit, :])
-            grad_key[..., :limit, :] += torch.matmul(grad_scores.transpose(-1, -2), block_query)
-        return grad_query, grad_key, grad_value, None, None
-
-
-def _masked_block_scores(
-    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, start: int, stop: int, limit: int
-) -> torch.Tensor:
-    scores = torch.matmul(query, key.transpose(-1, -2))
-    if mask is not None:
-        scores.masked_fill_(~mask[..., start:stop, :limit], torch.finfo(scores.dtype).min)
-    return scores
+        return _backward_in_blocks(
+            query, key, value, mask, grad_output, ctx.causal_offset, _softmax_block_gradients, lse, delta
+        )
 
 
 def softmax_attention(
@@ -215,17 +245,13 @@ def softmax_attention(
 
     Shapes as ``relu2_attention``; rows without a visible key give zeros. A score matrix of at most
     ``ATTENTION_BLOCK_ELEMENTS`` elements (or any, with attention dropout, which needs the probabilities) is one
-    expression keeping a single n×n tensor (the probabilities) for backward; larger ones use
+    expression keeping a single n×n tensor (the probabilities) for backward; larger ones (``uses_blocks``) use
     ``SoftmaxAttention`` (blocked, recomputed, activation memory linear in n).
     """
-    blocked = query.shape[-2] * key.shape[-2] > ATTENTION_BLOCK_ELEMENTS and not (training and dropout > 0)
-    if blocked:
+    if uses_blocks(query.shape[-2], key.shape[-2]) and not (training and dropout > 0):
         attended = SoftmaxAttention.apply(query, key, value, mask, causal_offset)
     else:
-        scores = torch.matmul(query, key.transpose(-1, -2))
-        if mask is not None:
-            scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
-        probs = F.dropout(scores.softmax(-1), p=dropout, training=training)
+        probs = F.dropout(_masked_scores(query, key, mask).softmax(-1), p=dropout, training=training)
         attended = torch.matmul(probs, value)
     return attended if mask is None else attended * mask.any(-1, keepdim=True)
 
@@ -348,4 +374,5 @@ __all__ = [
     "laplace_attention",
     "relu2_attention",
     "softmax_attention",
+    "uses_blocks",
 ]

@@ -52,14 +52,19 @@ if TRITON_AVAILABLE:
                  mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
 
     @triton.jit
-    def _relu_scores(q, k):
-        """relu(q kᵀ) for a (query block, key block) tile, in full float32 precision."""
-        return tl.maximum(tl.dot(q, tl.trans(k), input_precision="ieee"), 0.0)
+    def _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, n_k, offset, chunk,
+                      HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
+                      CHUNKED: tl.constexpr):
+        """r = relu(q kᵀ) of a (query block, key block) tile in full float32 precision, 0 where the pair may not
+        attend (so r² and dS = 2 r ⊙ dP vanish there)."""
+        visible = _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, n_k, offset, chunk,
+                           HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
+        return tl.where(visible, tl.maximum(tl.dot(q, tl.trans(k), input_precision="ieee"), 0.0), 0.0)
 
     @triton.jit
     def _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, n_k, offset, chunk,
                  HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr, CHUNKED: tl.constexpr):
-        """Which (query, key) pairs of a tile may attend."""
+        """Which (query, key) pairs of a tile may attend: in range, causal, same chunk, not masked."""
         visible = (offs_m[:, None] < n_q) & (offs_n[None, :] < n_k)
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= offs_m[:, None] + offset)
@@ -114,10 +119,9 @@ if TRITON_AVAILABLE:
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             k = _load_tile(K, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
-            r = _relu_scores(q, k)
-            visible = _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, hi, offset, chunk,
-                               HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
-            w = tl.where(visible, r * r, 0.0).to(V.dtype.element_ty)
+            r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, hi, offset,
+                              chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
+            w = (r * r).to(V.dtype.element_ty)
             v = _load_tile(V, b, stride_vb, stride_vn, offs_n, offs_e, n_k, E)
             acc += tl.dot(w, v, input_precision="ieee")
         _store_tile(O, acc, b, stride_ob, stride_on, offs_m, offs_e, n_q, E)
@@ -150,12 +154,11 @@ if TRITON_AVAILABLE:
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             k = _load_tile(K, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
-            r = _relu_scores(q, k)
-            visible = _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, hi, offset, chunk,
-                               HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
+            r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, hi, offset,
+                              chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
             dp = _dp_tile(DO, V, b, offs_m, offs_n, stride_ob, stride_on, stride_vb, stride_vn, n_q, n_k, E,
                           BLOCK_M, BLOCK_N, BLOCK_E)
-            ds = tl.where(visible, 2.0 * r * dp, 0.0).to(K.dtype.element_ty)
+            ds = (2.0 * r * dp).to(K.dtype.element_ty)
             dq += tl.dot(ds, k, input_precision="ieee")
         _store_tile(DQ, dq, b, stride_qb, stride_qn, offs_m, offs_s, n_q, S)
 
@@ -175,12 +178,11 @@ if TRITON_AVAILABLE:
         for start in range(lo, hi, BLOCK_M):
             offs_m = start + tl.arange(0, BLOCK_M)
             q = _load_tile(Q, b, stride_qb, stride_qn, offs_m, offs_s, hi, S)
-            r = _relu_scores(q, k)
-            visible = _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, hi, n_k, offset, chunk,
-                               HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
+            r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, hi, n_k, offset,
+                              chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
             dp = _dp_tile(DO, V, b, offs_m, offs_n, stride_ob, stride_on, stride_vb, stride_vn, hi, n_k, E,
                           BLOCK_M, BLOCK_N, BLOCK_E)
-            ds = tl.where(visible, 2.0 * r * dp, 0.0).to(Q.dtype.element_ty)
+            ds = (2.0 * r * dp).to(Q.dtype.element_ty)
             dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
         _store_tile(DK, dk, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
 
@@ -201,23 +203,17 @@ if TRITON_AVAILABLE:
         for start in range(lo, hi, BLOCK_M):
             offs_m = start + tl.arange(0, BLOCK_M)
             q = _load_tile(Q, b, stride_qb, stride_qn, offs_m, offs_s, hi, S)
-            r = _relu_scores(q, k)
-            visible = _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, hi, n_k, offset, chunk,
-                               HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
-            w = tl.where(visible, r * r, 0.0).to(DO.dtype.element_ty)
+            r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, hi, n_k, offset,
+                              chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
+            w = (r * r).to(DO.dtype.element_ty)
             do = _load_tile(DO, b, stride_ob, stride_on, offs_m, offs_e, hi, E)
             dv += tl.dot(tl.trans(w), do, input_precision="ieee")
         _store_tile(DV, dv, b, stride_vb, stride_vn, offs_n, offs_e, n_k, E)
 
 
 def _launch_arguments(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    key_mask: torch.Tensor | None,
-    causal_offset: int | None,
-    chunk: int | None,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+    key_mask: torch.Tensor | None, causal_offset: int | None, chunk: int | None,
 ) -> tuple[list[Any], dict[str, Any]]:
     """The shape/stride arguments and the constexpr switches shared by the four kernels."""
     dense = mask if mask is not None else query.new_zeros(1, 1, dtype=torch.int8)
@@ -237,16 +233,8 @@ class TritonRelu2Attention(torch.autograd.Function):
     """Σⱼ relu(qᵢ·kⱼ)² vⱼ over the visible pairs with Triton kernels (see the module docstring)."""
 
     @staticmethod
-    def forward(
-        ctx: Any,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask: torch.Tensor | None,
-        key_mask: torch.Tensor | None,
-        causal_offset: int | None,
-        chunk: int | None,
-    ) -> torch.Tensor:
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                key_mask: torch.Tensor | None, causal_offset: int | None, chunk: int | None) -> torch.Tensor:
         query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
         mask = None if mask is None else mask.to(torch.int8).contiguous()
         key_mask = None if key_mask is None else key_mask.to(torch.int8).contiguous()

@@ -31,6 +31,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
@@ -93,6 +94,35 @@ def residual_block(
     if norm_position == "pre":
         return hidden_states + dropout(sublayer_output(norm(hidden_states)))
     return norm(hidden_states + dropout(sublayer_output(hidden_states)))
+
+
+class AttentionMLPLayer(GradientCheckpointingLayer):
+    """One transformer block: attention, then the feed-forward network, each inside ``residual_block`` (pre- or
+    post-norm, ``config.norm_position``). A family subclasses it and names its ``attention_class``, which takes
+    ``(config, layer_idx)``; the layer passes its keyword arguments (position embeddings, mask, the family's
+    extras, cache, query offset) through to the attention unchanged."""
+
+    attention_class: ClassVar[type[nn.Module]]
+
+    def __init__(self, config: AttnVariantConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.norm_position = config.norm_position
+        self.self_attn = self.attention_class(config, layer_idx)
+        self.mlp = FeedForward(config)
+        self.attention_norm = build_norm(
+            config.norm_type, config.hidden_size, config.layer_norm_eps, config.norm_elementwise_affine
+        )
+        self.mlp_norm = build_norm(
+            config.norm_type, config.hidden_size, config.layer_norm_eps, config.norm_elementwise_affine
+        )
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: torch.Tensor, **attention_kwargs: Any) -> torch.Tensor:
+        def attend(x: torch.Tensor) -> torch.Tensor:
+            return self.self_attn(x, **attention_kwargs)[0]
+
+        hidden_states = residual_block(hidden_states, attend, self.attention_norm, self.dropout, self.norm_position)
+        return residual_block(hidden_states, self.mlp, self.mlp_norm, self.dropout, self.norm_position)
 
 
 SERVING_ENGINE_ATTENTION = "vllm"
@@ -642,6 +672,7 @@ class QuestionAnsweringHeadMixin(_HeadMixin):
 
 __all__ = [
     "AUTO_CLASS_SUFFIXES",
+    "AttentionMLPLayer",
     "AttnVariantBackbone",
     "AttnVariantPreTrainedModel",
     "CausalLMHeadMixin",

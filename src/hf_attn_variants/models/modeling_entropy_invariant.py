@@ -21,15 +21,12 @@ from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
-from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .compat import ATTENTION_LOOKUP_BY_KEY, prepare_attention_mask
+from .compat import ALL_ATTENTION_FUNCTIONS, prepare_attention_mask
 from .configuration_entropy_invariant import EntropyInvariantConfig
 from .layers import (
     apply_rotary,
     boolean_attention_mask,
-    build_norm,
     check_head_indices,
     compute_dtype,
     eager_attention_forward,
@@ -44,15 +41,14 @@ from .layers import (
     visible_key_counts,
 )
 from .modeling_common import (
+    AttentionMLPLayer,
     AttnVariantBackbone,
     AttnVariantPreTrainedModel,
     CausalLMHeadMixin,
-    FeedForward,
     MaskedLMHeadMixin,
     QuestionAnsweringHeadMixin,
     SequenceClassificationHeadMixin,
     TokenClassificationHeadMixin,
-    residual_block,
 )
 from .tensor_parallel import ShardedUnits, register_parallel_styles
 
@@ -143,12 +139,7 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         if factor is not None:
             query = (upcast(query) * factor).to(query.dtype)
 
-        if self.config._attn_implementation in (None, "eager"):
-            attention_fn = eager_attention_forward
-        elif ATTENTION_LOOKUP_BY_KEY:  # transformers < 5.5
-            attention_fn = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
-        else:
-            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         if attention_fn is eager_attention_forward and attention_mask is None and self.is_causal:
             attention_mask = boolean_attention_mask(
                 None,
@@ -191,45 +182,10 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         self.num_heads = len(keep)
 
 
-class EntropyInvariantLayer(GradientCheckpointingLayer):
-    """Attention + feed-forward block with pre- or post-norm residuals."""
+class EntropyInvariantLayer(AttentionMLPLayer):
+    """Entropy-invariant attention + feed-forward block with pre- or post-norm residuals."""
 
-    def __init__(self, config: EntropyInvariantConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.norm_position = config.norm_position
-        self.self_attn = EntropyInvariantAttention(config, layer_idx)
-        self.mlp = FeedForward(config)
-        self.attention_norm = build_norm(
-            config.norm_type, config.hidden_size, config.layer_norm_eps, config.norm_elementwise_affine
-        )
-        self.mlp_norm = build_norm(
-            config.norm_type, config.hidden_size, config.layer_norm_eps, config.norm_elementwise_affine
-        )
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        key_counts: torch.Tensor | None = None,
-        cache: Cache | None = None,
-        query_offset: int = 0,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        def attend(x: torch.Tensor) -> torch.Tensor:
-            return self.self_attn(
-                x,
-                position_embeddings=position_embeddings,
-                attention_mask=attention_mask,
-                key_counts=key_counts,
-                cache=cache,
-                query_offset=query_offset,
-                **kwargs,
-            )[0]
-
-        hidden_states = residual_block(hidden_states, attend, self.attention_norm, self.dropout, self.norm_position)
-        return residual_block(hidden_states, self.mlp, self.mlp_norm, self.dropout, self.norm_position)
+    attention_class = EntropyInvariantAttention
 
 
 class EntropyInvariantPreTrainedModel(AttnVariantPreTrainedModel):

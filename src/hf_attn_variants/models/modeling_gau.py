@@ -54,6 +54,7 @@ from .gau_kernels import (
     laplace_attention,
     relu2_attention,
     softmax_attention,
+    uses_blocks,
 )
 from .gau_triton import TRITON_AVAILABLE, triton_flash_intra_chunk, triton_relu2_attention
 from .layers import (
@@ -90,7 +91,7 @@ TRUNCATED_NORMAL_GAIN = 1.13684723
 # Normalisations: how A is computed from the scaled logits a = q·kᵀ/√s, chosen once per unit
 # --------------------------------------------------------------------------------------------------
 class GAUNormalization:
-    """One ``attention_normalization``: ``weights`` gives A (the map), ``attend`` A·v without building A.
+    """One ``attention_normalization``: ``weights`` gives A (the map), ``attend`` A·v through a kernel.
 
     ``weights(scores, mask, key_counts)``: ``scores`` a = q·kᵀ/√s ``(batch, 1, q, k)`` (≥ float32), ``mask``
     boolean ``(batch, 1, q, k)`` (``True`` = visible) or ``None``, ``key_counts`` nᵢ ``(batch, q)``. Hidden keys
@@ -106,24 +107,23 @@ class GAUNormalization:
         """Whether this normalisation reads nᵢ for ``config`` (the backbone computes them only then)."""
         return False
 
+    @staticmethod
+    def kernel_path(dropout: bool, triton: bool, blocked: bool) -> str | None:
+        """The ``GAU_ATTENTION_PATHS`` key of this normalisation's kernel for quadratic attention, or ``None`` where
+        it has none (the unit then materialises A). ``dropout``: attention dropout is active; ``triton``: the Triton
+        kernels are chosen; ``blocked``: the score matrix is large enough for the blocked torch kernels."""
+        return None
+
     def weights(self, scores: torch.Tensor, mask: torch.Tensor | None, key_counts: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
     def attend(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask: torch.Tensor | None,
-        key_counts: torch.Tensor | None,
-        causal_offset: int | None,
-        dropout: float,
-        use_triton: bool,
-    ) -> torch.Tensor | None:
-        """Σⱼ Aᵢⱼ vⱼ for ``(batch, n, ·)`` q, k, v and a ``(batch, q, k)`` mask without an n×n map kept for
-        backward, or ``None`` when this normalisation has no such kernel (then the unit goes through
-        ``weights``)."""
-        return None
+        self, path: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+        key_counts: torch.Tensor | None, causal_offset: int | None, dropout: float,
+    ) -> torch.Tensor:
+        """Σⱼ Aᵢⱼ vⱼ through the kernel of ``path`` (one of ``kernel_path``'s) for ``(batch, n, ·)`` q, k, v and a
+        ``(batch, q, k)`` mask, without an n×n map kept for backward."""
+        raise NotImplementedError(f"attention_normalization={self.config.attention_normalization!r} has no kernel.")
 
 
 class SoftmaxNormalization(GAUNormalization):
@@ -137,6 +137,12 @@ class SoftmaxNormalization(GAUNormalization):
     def counts_needed(config: GAUConfig) -> bool:
         return config.attention_normalization == "softmax_plus"
 
+    @staticmethod
+    def kernel_path(dropout: bool, triton: bool, blocked: bool) -> str | None:
+        if dropout:
+            return "softmax_sdpa"
+        return "softmax_blocked" if blocked else "softmax"
+
     def logit_factor(self, key_counts: torch.Tensor | None) -> torch.Tensor | None:
         """The per-row factor ``(batch, q)`` of softmax_plus, or ``None`` for softmax."""
         if not self.plus:
@@ -147,14 +153,14 @@ class SoftmaxNormalization(GAUNormalization):
         factor = self.logit_factor(key_counts)
         return masked_softmax(scores if factor is None else scores * factor[:, None, :, None], mask)
 
-    def attend(self, query, key, value, mask, key_counts, causal_offset, dropout, use_triton):
+    def attend(self, path, query, key, value, mask, key_counts, causal_offset, dropout):
         """The logit scale multiplies q (O(n·s), not the n×n logits); then the blocked ``softmax_attention``
         (activation memory linear in n). Under attention dropout, which needs the probabilities, SDPA applies it
         without returning them. Measured on the 2-core CPU, SDPA was no faster in the model (e ≠ s takes its math
         path) and kept several n×n buffers: docs/gau.md."""
         factor = self.logit_factor(key_counts)
         query = query * (self.scaling if factor is None else (factor * self.scaling)[:, :, None])
-        if dropout > 0:
+        if path == "softmax_sdpa":
             attended = F.scaled_dot_product_attention(
                 query[:, None], key[:, None], value[:, None], attn_mask=None if mask is None else mask[:, None],
                 dropout_p=dropout, scale=1.0,
@@ -195,13 +201,20 @@ class Relu2Normalization(LengthNormalization):
     def function(self, scores: torch.Tensor) -> torch.Tensor:
         return F.relu(scores).square()
 
-    def attend(self, query, key, value, mask, key_counts, causal_offset, dropout, use_triton):
-        """relu(a·scaling)²/L = relu((q·scaling/√L)·k)²: every factor folded into q, no n×n tensor kept
-        (``relu2_attention``, or its Triton kernel). Dropout on A needs the map: ``None`` then."""
-        if dropout > 0:
+    @staticmethod
+    def kernel_path(dropout: bool, triton: bool, blocked: bool) -> str | None:
+        """Dropout on A needs the map: no kernel then."""
+        if dropout:
             return None
+        if triton:
+            return "relu2_triton"
+        return "relu2_blocked" if blocked else "relu2"
+
+    def attend(self, path, query, key, value, mask, key_counts, causal_offset, dropout):
+        """relu(a·scaling)²/L = relu((q·scaling/√L)·k)²: every factor folded into q, no n×n tensor kept
+        (``relu2_attention``, or its Triton kernel)."""
         query = query * (self.scaling * self.lengths(key_counts, query).rsqrt())[..., None]
-        if use_triton:
+        if path == "relu2_triton":
             return triton_relu2_attention(query, key, value, mask, causal_offset)
         return relu2_attention(query, key, value, mask, 1.0, causal_offset=causal_offset)
 
@@ -240,9 +253,89 @@ def gau_attention_weights(
     return GAU_NORMALIZATIONS[config.attention_normalization](config).weights(scores, mask, key_counts)
 
 
-def use_triton_kernel(config: GAUConfig, tensor: torch.Tensor) -> bool:
-    """``gau_kernel``: ``"triton"`` always, ``"auto"`` on CUDA when triton is installed, ``"torch"`` never."""
-    return config.gau_kernel == "triton" or (config.gau_kernel == "auto" and tensor.is_cuda and TRITON_AVAILABLE)
+def gau_reference_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+    key_counts: torch.Tensor | None, config: GAUConfig, dropout: float = 0.0, training: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAU's attention written out, the reference every kernel is compared against (``gau_kernel="reference"``):
+
+        a = q kᵀ / √s,   A = norm(a),   out = A v
+
+    with norm the ``attention_normalization`` of ``config`` (``gau_attention_weights``: softmax, softmax_plus,
+    relu²/L, relu²/row sum, laplace/L) — Hua, Dai, Liu & Le (2022), "Transformer Quality in Linear Time", §2.1
+    (GAU: relu² over n) and GAU-α's softmax_plus. The (batch, 1, q, k) map A is materialised in at least float32
+    and kept for backward (O(n²) memory), dropout (``dropout`` with ``training``) applies to A.
+
+    ``query`` ``(batch, q, s)``, ``key`` ``(batch, k, s)``, ``value`` ``(batch, k, e)``, ``mask`` ``(batch, q, k)``
+    bool (``True`` = visible) or ``None``, ``key_counts`` nᵢ ``(batch, q)`` (see ``GAUNormalization``).
+    Returns ``(A v, A)``: ``(batch, q, e)`` and ``(batch, 1, q, k)``.
+    """
+    scores = torch.matmul(upcast(query), upcast(key).transpose(-1, -2)).unsqueeze(1) * config.attention_key_size**-0.5
+    weights = gau_attention_weights(scores, None if mask is None else mask[:, None], key_counts, config)
+    weights = F.dropout(weights, p=dropout, training=training)
+    return torch.matmul(weights[:, 0], upcast(value)), weights
+
+
+# --------------------------------------------------------------------------------------------------
+# Which computation a unit runs: decided once per call, from the input's shape and the settings
+# --------------------------------------------------------------------------------------------------
+GAU_ATTENTION_PATHS: dict[str, str] = {
+    "attention_map": "A materialised (gau_reference_attention): gau_kernel='reference', output_attentions, relu² "
+    "under attention dropout, and the normalisations without a kernel (relu2_normalized, laplace)",
+    "softmax_sdpa": "softmax / softmax_plus under attention dropout: SDPA with dropout, no map returned",
+    "softmax": "softmax_attention in one expression (≤ ATTENTION_BLOCK_ELEMENTS scores): one n×n tensor saved",
+    "softmax_blocked": "softmax_attention in query blocks (SoftmaxAttention): nothing n×n saved",
+    "relu2": "relu2_attention in one expression (≤ ATTENTION_BLOCK_ELEMENTS scores): two n×n tensors saved",
+    "relu2_blocked": "relu2_attention in query blocks (Relu2Attention): nothing n×n saved",
+    "relu2_triton": "triton_relu2_attention: nothing n×n saved",
+    "flash": "FLASH mixed-chunk attention in torch (flash_mixed_chunk_attention)",
+    "flash_triton": "FLASH with its part inside the chunks in Triton (triton_flash_intra_chunk)",
+    "flash_map": "FLASH's effective n×n matrix W materialised (flash_effective_weights), out = W v / L",
+    "flash_cache": "causal FLASH over new tokens from the cached open chunk and cross-chunk state",
+    "flash_cache_map": "flash_cache to advance the cache, and the output from W (a cache with no earlier tokens)",
+}
+"""What each path of ``gau_attention_path`` computes."""
+
+
+def use_triton_kernel(config: GAUConfig, device: torch.device | str) -> bool:
+    """``gau_kernel``: ``"triton"`` always, ``"auto"`` on CUDA when triton is installed, ``"torch"`` and
+    ``"reference"`` never."""
+    auto = config.gau_kernel == "auto" and torch.device(device).type == "cuda" and TRITON_AVAILABLE
+    return config.gau_kernel == "triton" or auto
+
+
+def gau_attention_path(
+    config: GAUConfig,
+    query_length: int,
+    key_length: int,
+    *,
+    causal: bool,
+    device: torch.device | str,
+    training: bool = False,
+    cached: bool = False,
+    output_attentions: bool = False,
+) -> str:
+    """The ``GAU_ATTENTION_PATHS`` key of the computation a GAU unit of ``config`` runs.
+
+    For ``query_length`` queries over ``key_length`` keys (earlier cached tokens included), ``causal`` or not, on
+    ``device``, in training mode (attention dropout active) or not, with a cache (``cached``) or not. The map is
+    materialised for ``gau_kernel="reference"`` and ``output_attentions``; otherwise each normalisation names its
+    kernel (``GAUNormalization.kernel_path``) or has none. FLASH (``chunk_size``) with a causal cache always
+    advances the chunk state; its map exists only while no earlier token is folded into that state.
+    """
+    dropout = training and config.attention_probs_dropout_prob > 0
+    reference = output_attentions or config.gau_kernel == "reference"
+    triton = use_triton_kernel(config, device)
+    if config.chunk_size is not None:
+        if cached and causal:
+            return "flash_cache_map" if reference and key_length == query_length else "flash_cache"
+        if reference:
+            return "flash_map"
+        return "flash_triton" if triton and not dropout else "flash"
+    if reference:
+        return "attention_map"
+    normalization = GAU_NORMALIZATIONS[config.attention_normalization]
+    return normalization.kernel_path(dropout, triton, uses_blocks(query_length, key_length)) or "attention_map"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -258,7 +351,8 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
     Returns ``(output, weights)``: ``weights`` is ``None`` unless ``output_attentions``; then ``(batch, 1, q, k)``
     — for FLASH the effective matrix W / L of ``flash_effective_weights``, materialised (O(n²)) and used for the
     output (the same value, with gradients flowing through the returned map), and ``None`` while decoding from a
-    non-empty cache (old keys are folded into the chunk state and no longer exist).
+    non-empty cache (old keys are folded into the chunk state and no longer exist). ``attention_path`` says which
+    computation a call runs.
 
     Tensor parallelism splits the expansion width e: each rank keeps its slice ``tp_slice(e)`` of u and v (and
     out_proj's matching input columns) and all of z, so the n×n attention is computed on every rank and only
@@ -288,6 +382,22 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
 
     def tp_units(self) -> tuple[int, str]:
         return self.width, "expansion units (intermediate_width)"
+
+    def attention_path(
+        self,
+        query_length: int,
+        key_length: int,
+        device: torch.device | str,
+        *,
+        cached: bool = False,
+        output_attentions: bool = False,
+    ) -> str:
+        """Which computation (a ``GAU_ATTENTION_PATHS`` key) this unit runs for ``query_length`` queries over
+        ``key_length`` keys on ``device``: ``gau_attention_path`` with this unit's config, direction and mode."""
+        return gau_attention_path(
+            self.config, query_length, key_length, causal=self.is_causal, device=device, training=self.training,
+            cached=cached, output_attentions=output_attentions,
+        )
 
     def forward(
         self,
@@ -320,75 +430,61 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         return output, weights
 
     def _quadratic(
-        self,
-        qk: torch.Tensor,
-        v: torch.Tensor,
-        mask: torch.Tensor | None,
-        key_counts: torch.Tensor | None,
-        cache: Cache | None,
-        query_offset: int,
-        output_attentions: bool,
+        self, qk: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, key_counts: torch.Tensor | None,
+        cache: Cache | None, query_offset: int, output_attentions: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Quadratic GAU on the rows q, k of ``qk`` and values ``v``, after the cache (if any) has the new keys."""
         query, key, value = qk[:, :1], qk[:, 1:2], v.unsqueeze(1)
         if cache is not None:
             key, value = update_cache(cache, key, value, self.layer_idx, query_offset)
+        query, key, value = upcast(query[:, 0]), upcast(key[:, 0]), upcast(value[:, 0])
+        mask = None if mask is None else mask[:, 0]
+        path = self.attention_path(
+            query.shape[-2], key.shape[-2], query.device, cached=cache is not None, output_attentions=output_attentions
+        )
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
-        if not output_attentions:
-            attended = self.normalization.attend(
-                upcast(query[:, 0]),
-                upcast(key[:, 0]),
-                upcast(value[:, 0]),
-                None if mask is None else mask[:, 0],
-                key_counts,
-                query_offset if self.is_causal else None,
-                dropout,
-                use_triton_kernel(self.config, query),
+        if path == "attention_map":
+            attended, weights = gau_reference_attention(
+                query, key, value, mask, key_counts, self.config, dropout, self.training
             )
-            if attended is not None:
-                return attended, None
-        scores = torch.matmul(upcast(query), upcast(key).transpose(-1, -2)) * self.scaling
-        weights = F.dropout(self.normalization.weights(scores, mask, key_counts), p=dropout, training=self.training)
-        attended = torch.matmul(weights, upcast(value)).squeeze(1)
-        return attended, weights.to(value.dtype) if output_attentions else None
+            return attended, weights.to(v.dtype) if output_attentions else None
+        causal_offset = query_offset if self.is_causal else None
+        return self.normalization.attend(path, query, key, value, mask, key_counts, causal_offset, dropout), None
 
     def _chunked(
-        self,
-        qk: torch.Tensor,
-        v: torch.Tensor,
-        key_mask: torch.Tensor | None,
-        key_counts: torch.Tensor | None,
-        cache: Cache | None,
-        output_attentions: bool,
+        self, qk: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, key_counts: torch.Tensor | None,
+        cache: Cache | None, output_attentions: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """FLASH on the rows q, k, q', k' of ``qk`` and values ``v`` (module docstring), through ``attention_path``."""
         quad_q, quad_k, lin_q, lin_k = qk.unbind(1)  # each (batch, n, s)
+        length = quad_q.shape[1]
+        layer = chunk_cache_layer(cache, self.layer_idx) if cache is not None and self.is_causal else None
+        past = 0 if layer is None else layer.get_seq_length()
+        path = self.attention_path(
+            length, past + length, quad_q.device, cached=layer is not None, output_attentions=output_attentions
+        )
         lengths = self.normalization.lengths(key_counts, quad_q)[..., None]
         options = {"chunk_size": self.chunk_size, "causal": self.is_causal, "scaling": self.scaling}
         dropout = {"dropout": self.config.attention_probs_dropout_prob, "training": self.training}
-        past = 0
-        if cache is None or not self.is_causal:
-            triton = use_triton_kernel(self.config, quad_q) and not (self.training and dropout["dropout"] > 0)
-            numerator, _ = flash_mixed_chunk_attention(
-                quad_q, quad_k, lin_q, lin_k, v, key_mask=key_mask, **options, **dropout, intra_chunk=not triton
+        if path in ("flash_cache", "flash_cache_map"):
+            numerator = self._chunked_with_cache(layer, quad_q, quad_k, lin_q, lin_k, v, key_mask, options, dropout)
+        elif path == "flash":
+            numerator, _ = flash_mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, key_mask=key_mask, **options,
+                                                       **dropout)
+        elif path == "flash_triton":  # the relu² part inside the chunks, fused; the linear state across chunks
+            numerator, _ = flash_mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, key_mask=key_mask, **options,
+                                                       **dropout, intra_chunk=False)
+            numerator = numerator + triton_flash_intra_chunk(
+                upcast(quad_q) * self.scaling, upcast(quad_k), upcast(v), key_mask, self.chunk_size, self.is_causal
             )
-            if triton:  # the relu² part inside the chunks, fused; the linear state across chunks stays above
-                numerator = numerator + triton_flash_intra_chunk(
-                    upcast(quad_q) * self.scaling, upcast(quad_k), upcast(v), key_mask, self.chunk_size, self.is_causal
-                )
-        else:
-            layer = chunk_cache_layer(cache, self.layer_idx)
-            past = layer.get_seq_length()
-            numerator = self._chunked_with_cache(
-                layer, quad_q, quad_k, lin_q, lin_k, v, key_mask, options, dropout
-            )
-        if not output_attentions or past > 0:
+        if path not in ("flash_map", "flash_cache_map"):
             return numerator / lengths, None
-        # Inspection mode: materialise the effective (batch, n, n) matrix W and use it for the output, so
-        # the returned weights are the ones the output depends on (O(n²), like any attention map).
-        weights = flash_effective_weights(
-            quad_q, quad_k, lin_q, lin_k, key_mask=key_mask, **options, **dropout
-        )
+        # The reference: the effective (batch, n, n) matrix W, used for the output so the returned weights are the
+        # ones the output depends on (O(n²), like any attention map).
+        weights = flash_effective_weights(quad_q, quad_k, lin_q, lin_k, key_mask=key_mask, **options, **dropout)
         weights = (weights / lengths).unsqueeze(1)
-        return torch.matmul(weights, upcast(v).unsqueeze(1)).squeeze(1), weights.to(v.dtype)
+        attended = torch.matmul(weights, upcast(v).unsqueeze(1)).squeeze(1)
+        return attended, weights.to(v.dtype) if output_attentions else None
 
     def _chunked_with_cache(
         self,
@@ -446,30 +542,15 @@ class GAULayer(GradientCheckpointingLayer):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        key_mask: torch.Tensor | None = None,
-        key_counts: torch.Tensor | None = None,
-        cache: Cache | None = None,
-        output_attentions: bool | None = None,
-        **kwargs: Any,
+        self, hidden_states: torch.Tensor, output_attentions: bool | None = None, **unit_inputs: Any
     ) -> torch.Tensor:
+        """``unit_inputs``: the keyword inputs of ``GatedAttentionUnit.forward`` (RoPE tables, masks, nᵢ, cache,
+        query offset), passed through unchanged."""
         if output_attentions is None:
             output_attentions = self.gau.config.output_attentions
 
         def unit(x: torch.Tensor) -> torch.Tensor:
-            return self.gau(
-                x,
-                position_embeddings=position_embeddings,
-                attention_mask=attention_mask,
-                key_mask=key_mask,
-                key_counts=key_counts,
-                cache=cache,
-                output_attentions=bool(output_attentions),
-                **kwargs,
-            )[0]
+            return self.gau(x, output_attentions=bool(output_attentions), **unit_inputs)[0]
 
         return residual_block(hidden_states, unit, self.norm, self.dropout, self.norm_position)
 
@@ -604,6 +685,7 @@ class GAUForQuestionAnswering(QuestionAnsweringHeadMixin, GAUPreTrainedModel):
 
 
 __all__ = [
+    "GAU_ATTENTION_PATHS",
     "GAU_NORMALIZATIONS",
     "GAUChunkCacheLayer",
     "GAUForCausalLM",
@@ -616,6 +698,8 @@ __all__ = [
     "GAUNormalization",
     "GAUPreTrainedModel",
     "GatedAttentionUnit",
+    "gau_attention_path",
     "gau_attention_weights",
+    "gau_reference_attention",
     "use_triton_kernel",
 ]

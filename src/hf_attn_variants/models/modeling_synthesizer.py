@@ -31,14 +31,12 @@ from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .configuration_synthesizer import SynthesizerConfig
 from .layers import (
     apply_rotary,
     boolean_attention_mask,
-    build_norm,
     check_head_indices,
     head_rows,
     headless_attention_output,
@@ -49,15 +47,14 @@ from .layers import (
     update_cache,
 )
 from .modeling_common import (
+    AttentionMLPLayer,
     AttnVariantBackbone,
     AttnVariantPreTrainedModel,
     CausalLMHeadMixin,
-    FeedForward,
     MaskedLMHeadMixin,
     QuestionAnsweringHeadMixin,
     SequenceClassificationHeadMixin,
     TokenClassificationHeadMixin,
-    residual_block,
 )
 from .tensor_parallel import ShardedUnits, register_parallel_styles
 
@@ -353,47 +350,10 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         return f"components={self.components}, heads={self.num_heads}, head_dim={self.head_dim}, l={self.max_length}"
 
 
-class SynthesizerLayer(GradientCheckpointingLayer):
+class SynthesizerLayer(AttentionMLPLayer):
     """Synthesizer attention + feed-forward block with pre- or post-norm residuals."""
 
-    def __init__(self, config: SynthesizerConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.norm_position = config.norm_position
-        self.self_attn = SynthesizerAttention(config, layer_idx)
-        self.mlp = FeedForward(config)
-        self.attention_norm = build_norm(
-            config.norm_type, config.hidden_size, config.layer_norm_eps, config.norm_elementwise_affine
-        )
-        self.mlp_norm = build_norm(
-            config.norm_type, config.hidden_size, config.layer_norm_eps, config.norm_elementwise_affine
-        )
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        synthesizer_positions: Positions | None = None,
-        cache: Cache | None = None,
-        query_offset: int = 0,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        def attend(x: torch.Tensor) -> torch.Tensor:
-            return self.self_attn(
-                x,
-                position_embeddings=position_embeddings,
-                attention_mask=attention_mask,
-                synthesizer_positions=synthesizer_positions,
-                cache=cache,
-                query_offset=query_offset,
-                **kwargs,
-            )[0]
-
-        hidden_states = residual_block(
-            hidden_states, attend, self.attention_norm, self.dropout, self.norm_position
-        )
-        return residual_block(hidden_states, self.mlp, self.mlp_norm, self.dropout, self.norm_position)
+    attention_class = SynthesizerAttention
 
 
 class SynthesizerPreTrainedModel(AttnVariantPreTrainedModel):

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .compat import MIN_TRANSFORMERS_VERSION
+from .version import __version__
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PACKAGE_NAME = "hf_attn_variants"
@@ -288,8 +289,6 @@ def _from_import(module: str, names: list[str], width: int = 110) -> str:
 
 def package_version() -> str:
     """This package's version (``hf_attn_variants.__version__``, also when it runs from a source tree)."""
-    from . import __version__
-
     return __version__
 
 

@@ -202,7 +202,18 @@ class HeadAdapter:
                 config.pruned_heads = {layer: list(heads) for layer, heads in pruned.items()}
 
 
-class AttnVariantAdapter(HeadAdapter):
+class SelfAttnLayersAdapter(HeadAdapter):
+    """Models whose layers are ``base.layers[i].self_attn`` with an output projection ``o_proj`` (this project's
+    families and Llama-style decoders)."""
+
+    def attention_modules(self) -> list[nn.Module]:
+        return [layer.self_attn for layer in self.base.layers]
+
+    def output_projection(self, layer: int) -> nn.Linear:
+        return self.attentions[layer].o_proj
+
+
+class AttnVariantAdapter(SelfAttnLayersAdapter):
     """This project's multi-head families: ``self_attn.prune_heads_(keep)`` does the slicing."""
 
     kind = "hf_attn_variants multi-head family"
@@ -210,12 +221,6 @@ class AttnVariantAdapter(HeadAdapter):
     @classmethod
     def matches(cls, model: PreTrainedModel) -> bool:
         return isinstance(model.config, MultiHeadAttnVariantConfig)
-
-    def attention_modules(self) -> list[nn.Module]:
-        return [layer.self_attn for layer in self.base.layers]
-
-    def output_projection(self, layer: int) -> nn.Linear:
-        return self.attentions[layer].o_proj
 
     @property
     def head_dim(self) -> int:
@@ -273,7 +278,7 @@ class EncoderAdapter(HeadAdapter):
             self_attention.forward = functools.partial(_headless_self_attention, self_attention)
 
 
-class DecoderAdapter(HeadAdapter):
+class DecoderAdapter(SelfAttnLayersAdapter):
     """Llama/Qwen2/Mistral-style decoders with (grouped-query) attention ``layers[i].self_attn.{q,k,v,o}_proj``."""
 
     kind = "Llama-style decoder"
@@ -295,12 +300,6 @@ class DecoderAdapter(HeadAdapter):
             return False
         attention = getattr(layers[0], "self_attn", None)
         return all(hasattr(attention, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim"))
-
-    def attention_modules(self) -> list[nn.Module]:
-        return [layer.self_attn for layer in self.base.layers]
-
-    def output_projection(self, layer: int) -> nn.Linear:
-        return self.attentions[layer].o_proj
 
     @property
     def head_dim(self) -> int:

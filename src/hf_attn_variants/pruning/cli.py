@@ -18,8 +18,13 @@ config cannot state it (BERT-style, some grouped-query layouts) ``pruned_heads``
 so. Without ``--uniform`` the config is never rewritten, even when the global ranking happens to leave
 every layer the same count: the saved ``pruned_heads`` then keeps the original head numbers.
 
-Numbers are checked by argparse (``type=``); the model, tokenizer, data and columns by ``prepare`` before
-anything is written. A bad value gives one error line naming its flag and exit status 2.
+Numbers are checked by argparse (``type=``); the output folder, model, tokenizer, data and columns by
+``prepare`` before anything is written. A bad value gives one error line naming its flag and exit status 2.
+
+The output folder follows the rule of every command with an ``--output_dir`` (``training/outputs.py``): the run
+records its flags in ``run.json``; a folder holding a finished pruning run, or one with other flags, is refused in
+one sentence naming them and ``--overwrite_output_dir`` (which clears the folder first); the unfinished run of the
+same flags (a crash) is redone in place.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -47,6 +52,8 @@ from ..cli_utils import (
     fail_flag,
     quiet_progress,
 )
+from ..training.checkpoints import read_json_file
+from ..training.outputs import OutputRule, check_output_folder, finish_run, json_arguments, start_run
 from .adapters import get_adapter
 from .data import TASKS, accuracy_metric, build_batches, infer_task, load_rows, perplexity_metric
 from .importance import compute_head_importance
@@ -54,7 +61,25 @@ from .iterative import head_budget, iterative_head_pruning, write_curve
 from .plotting import plot_head_importance, plot_pruning_curve
 from .prune import count_heads, load_pruned, restate_uniform_heads
 
+if TYPE_CHECKING:
+    from ..training.outputs import FolderState
+
 logger = logging.getLogger(__name__)
+
+
+def _legacy_settings(folder: Path) -> dict[str, Any] | None:
+    """The flags of a finished pruning folder written before ``run.json``: the settings in its ``curve.json``."""
+    settings = (read_json_file(folder / "curve.json") or {}).get("settings")
+    return json_arguments(argparse.Namespace(**settings)) if isinstance(settings, dict) else None
+
+
+PRUNE_RULE = OutputRule(
+    command="prune",
+    run_files=("curve.csv", "curve.json", "pruning_curve.png", "head_importance.png", "model"),
+    legacy_arguments=_legacy_settings,
+)
+"""``prune``'s output folder (``training/outputs.py``): every flag but ``--output_dir`` and
+``--overwrite_output_dir`` makes another run."""
 
 
 def _threshold(text: str) -> float | None:
@@ -139,6 +164,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=0.15)
     parser.add_argument("--seed", type=argparse_type(check_seed, int, "seed"), default=0)
     parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--overwrite_output_dir", action="store_true",
+                        help="clear output_dir first (it may hold a finished pruning run or another run's files)")
 
 
 @dataclass
@@ -150,6 +177,8 @@ class PruneInputs:
     task: str
     importance_batches: list[dict[str, torch.Tensor]]
     eval_batches: list[dict[str, torch.Tensor]]
+    folder: FolderState
+    arguments: dict[str, Any]
 
 
 def _split(rows: Any, args: argparse.Namespace) -> tuple[Any, Any]:
@@ -225,6 +254,10 @@ def prepare(args: argparse.Namespace) -> PruneInputs:
     """Check every flag that needs a file and load model, tokenizer and batches; nothing is written.
     A bad value raises ``FlagError`` naming its flag."""
     check_output_dir("output_dir", args.output_dir)
+    arguments = json_arguments(args)
+    folder = check_output_folder(PRUNE_RULE, args.output_dir, arguments, overwrite=args.overwrite_output_dir,
+                                 inputs={name: getattr(args, name) for name in (
+                                     "model_name_or_path", "tokenizer_name", "train_file", "validation_file")})
     check_model_folder("model_name_or_path", args.model_name_or_path, weights=True)
     tokenizer = _load_tokenizer(args)
     rows = load_rows(args.train_file, "train_file")
@@ -244,7 +277,7 @@ def prepare(args: argparse.Namespace) -> PruneInputs:
                "batch_size": args.batch_size, "mlm_probability": args.mlm_probability}
     importance_batches = build_batches(train_rows, tokenizer, model, task, seed=args.seed, **options)
     eval_batches = build_batches(eval_rows, tokenizer, model, task, seed=args.seed + 1, **options)
-    return PruneInputs(model, tokenizer, task, importance_batches, eval_batches)
+    return PruneInputs(model, tokenizer, task, importance_batches, eval_batches, folder, arguments)
 
 
 def _as_json(importance: torch.Tensor) -> list[list[float | None]]:
@@ -275,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer, task = inputs.model, inputs.tokenizer, inputs.task
     importance_batches, eval_batches = inputs.importance_batches, inputs.eval_batches
     output = Path(args.output_dir)
-    output.mkdir(parents=True, exist_ok=True)
+    start_run(PRUNE_RULE, inputs.folder, inputs.arguments)  # every input is valid: from here on the run writes
     if task == "classification":
         metric, metric_name, higher_is_better = accuracy_metric(eval_batches), "accuracy", True
     else:
@@ -312,8 +345,9 @@ def run(args: argparse.Namespace) -> int:
     for row in curve:
         logger.info("%5d %8d %10.4f %12.3f%s", row.step, row.heads_pruned, row.metric, row.relative_metric,
                     "" if row.accepted else "  (below threshold, not applied)")
+    finish_run(output)
     logger.info("wrote %s", json.dumps(sorted(p.name for p in output.iterdir())))
     return 0
 
 
-__all__ = ["PruneInputs", "add_arguments", "prepare", "run"]
+__all__ = ["PRUNE_RULE", "PruneInputs", "add_arguments", "prepare", "run"]

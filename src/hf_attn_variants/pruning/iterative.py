@@ -224,27 +224,12 @@ def iterative_head_pruning(
             fits any more, the loop stops rather than go non-uniform. The model must have the same number of
             heads in every layer (``ValueError`` naming ``uniform`` otherwise).
     """
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction}.")
-    if threshold is not None and not threshold > 0:
-        raise ValueError(f"threshold must be > 0 or None, got {threshold}.")
-    if (importance is None or rescore) and importance_data is None:
-        raise ValueError("importance_data is required unless importance is given and rescore is False.")
-    if rescore and iter(importance_data) is importance_data:
-        raise TypeError("with rescore=True, importance_data must be re-iterable (a list or a DataLoader).")
-    if not isinstance(uniform, bool):
-        raise TypeError(f"uniform must be a bool, got {uniform!r}.")
+    _check_arguments(importance_data, fraction, threshold, rescore, importance, uniform)
     adapter = get_adapter(model)
     total = adapter.num_layers * adapter.num_heads
     budget = head_budget(max_heads_pruned, total)
     if uniform:
         uniform_head_count(adapter.alive())
-
-    def relative(value: float) -> float:
-        if higher_is_better:
-            return value / baseline if baseline != 0 else float("nan")
-        return baseline / value if value != 0 else float("nan")
-
     was_training = model.training
     model.eval()
     start = time.perf_counter()
@@ -259,29 +244,19 @@ def iterative_head_pruning(
         while True:
             start = time.perf_counter()
             alive = adapter.alive()
-            remaining = int(alive.sum())
-            if remaining == 0 or pruned_now >= budget:
+            if int(alive.sum()) == 0 or pruned_now >= budget:
                 break
             if scores is None:
                 scores = compute_head_importance(model, importance_data, normalize_per_layer=normalize_per_layer)
             scores = scores.clone()
             scores[~alive] = float("nan")
-            if uniform:
-                count = uniform_step_size(uniform_head_count(alive), fraction, budget - pruned_now,
-                                          adapter.num_layers, min_heads_per_layer)
-            else:
-                count = min(max(1, round(fraction * remaining)), budget - pruned_now, remaining)
-            chosen = select_heads(scores, count, min_heads_per_layer, uniform=uniform)
+            chosen = _heads_to_try(scores, alive, fraction, budget - pruned_now, min_heads_per_layer, uniform)
             if not chosen:
                 break
-            mask = alive.float()
-            for layer, heads in chosen.items():
-                mask[layer, heads] = 0.0
-            with torch.no_grad(), head_mask(model, mask):
-                value = float(metric(model))
+            value = _metric_without(model, metric, alive, chosen)
             step += 1
             newly = sum(len(h) for h in chosen.values())
-            rel = relative(value)
+            rel = relative_metric(value, baseline, higher_is_better)
             accepted = threshold is None or (not math.isnan(rel) and rel >= threshold)
             if accepted:
                 prune_heads(model, chosen)
@@ -302,11 +277,57 @@ def iterative_head_pruning(
     return curve
 
 
+def _check_arguments(importance_data: Iterable[Mapping[str, Any]] | None, fraction: float, threshold: float | None,
+                     rescore: bool, importance: torch.Tensor | None, uniform: bool) -> None:
+    """One error naming the argument for every inconsistent choice of ``iterative_head_pruning``."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}.")
+    if threshold is not None and not threshold > 0:
+        raise ValueError(f"threshold must be > 0 or None, got {threshold}.")
+    if (importance is None or rescore) and importance_data is None:
+        raise ValueError("importance_data is required unless importance is given and rescore is False.")
+    if rescore and iter(importance_data) is importance_data:
+        raise TypeError("with rescore=True, importance_data must be re-iterable (a list or a DataLoader).")
+    if not isinstance(uniform, bool):
+        raise TypeError(f"uniform must be a bool, got {uniform!r}.")
+
+
+def relative_metric(value: float, baseline: float, higher_is_better: bool) -> float:
+    """The metric relative to the unpruned model: value / baseline, or baseline / value when lower is better
+    (so 1.0 is unchanged and smaller is worse either way); NaN where the divisor is 0."""
+    numerator, denominator = (value, baseline) if higher_is_better else (baseline, value)
+    return numerator / denominator if denominator != 0 else float("nan")
+
+
+def _heads_to_try(scores: torch.Tensor, alive: torch.Tensor, fraction: float, budget_left: int,
+                  min_heads_per_layer: int, uniform: bool) -> dict[int, list[int]]:
+    """The heads one step would remove: ``fraction`` of the remaining ones (at least one, within the budget),
+    lowest ``scores`` first, globally ranked or the same number per layer (``uniform``)."""
+    if uniform:
+        count = uniform_step_size(uniform_head_count(alive), fraction, budget_left, alive.shape[0],
+                                  min_heads_per_layer)
+    else:
+        remaining = int(alive.sum())
+        count = min(max(1, round(fraction * remaining)), budget_left, remaining)
+    return select_heads(scores, count, min_heads_per_layer, uniform=uniform)
+
+
+def _metric_without(model: PreTrainedModel, metric: Callable[[PreTrainedModel], float], alive: torch.Tensor,
+                    chosen: dict[int, list[int]]) -> float:
+    """``metric(model)`` with the ``chosen`` heads masked out as well (``head_mask``: the pruned model's outputs)."""
+    mask = alive.float()
+    for layer, heads in chosen.items():
+        mask[layer, heads] = 0.0
+    with torch.no_grad(), head_mask(model, mask):
+        return float(metric(model))
+
+
 __all__ = [
     "PruningStep",
     "head_budget",
     "iterative_head_pruning",
     "read_curve",
+    "relative_metric",
     "select_heads",
     "uniform_head_count",
     "uniform_step_size",

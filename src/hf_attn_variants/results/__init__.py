@@ -2,7 +2,7 @@
 
 A results file is one JSON object under ``docs/results/<name>.json`` written by the command that measured it
 (``bench``, the studies in ``scripts/``, ``lengthgen``…). It names its ``kind`` — the module
-``hf_attn_variants.results.<kind>`` that knows how to render it — and its provenance: ``command``,
+``hf_attn_variants.results.<kind>`` (or the tool's module in ``TOOL_VIEWS``) that knows how to render it — and its provenance: ``command``,
 ``machine``, ``versions``, ``date``, and ``replaced`` (rows a later partial run merged in, shown by the view).
 
 A Markdown file embeds a rendered view between two comments::
@@ -86,9 +86,15 @@ def write_results(root: Path, name: str, data: dict[str, Any], *, inline_depth: 
     return path
 
 
+TOOL_VIEWS = {"bench": "hf_attn_variants.bench.views"}
+"""Kinds whose views live with the tool that owns their file format (imported by name, so this renderer imports
+no tool and every tool may import it)."""
+
+
 def view_function(kind: str, view: str) -> Callable[[dict[str, Any]], str]:
-    """``hf_attn_variants.results.<kind>.<view>``; ``ResultsError`` when either does not exist."""
-    module_name = f"{__name__}.{kind.replace('-', '_')}"
+    """``<kind module>.<view>``: the module is ``TOOL_VIEWS[kind]`` or ``hf_attn_variants.results.<kind>``;
+    ``ResultsError`` when either does not exist."""
+    module_name = TOOL_VIEWS.get(kind, f"{__name__}.{kind.replace('-', '_')}")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError:

@@ -5,15 +5,27 @@ Data: ``train_length``, ``seeds``, ``eval_lengths``; ``series`` (per series: ``o
 ``{length, status, loss: [mean, std], loss_delta, accuracy, perplexity, perplexity_beyond_train, blocks, tokens}``);
 ``pairs`` (loss of series a − series b per seed and length, ``table`` "mlm" or "llama"); ``final_train_loss``;
 ``run`` (wall time and run counts); ``finetune`` (per task form: ``task`` sizes and ``conditions`` with mean, std and
-per-seed accuracy). An exact 0 is stored as the integer 0 and shown as ``0`` (bit-identical values), a rounded one
-as ``+0.000``.
+per-seed accuracy); ``cpu`` (the CPU's name). An exact 0 is stored as the integer 0 and shown as ``0`` (bit-identical
+values), a rounded one as ``+0.000``.
+
+Spread: every table says what its ± is (the sample standard deviation over seeds, one training run per seed) and on
+which CPU it was measured. ``reruns`` (``lengthgen.results.publish_rerun``: some variants of the study run again,
+e.g. on another CPU or after a kernel change, each with its own provenance) and ``reported`` (runs reported by
+others, transcribed, each naming its ``source``) feed the ``relu2_*`` views, which state the relu² `fixed` vs
+`dynamic` comparison over every seed of every run; a comparison whose sign differs between seeds or runs is worded
+"not resolved at this scale".
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._common import markdown_table, number, signed, source_line
+from ._common import format_versions, markdown_table, number, signed, source_line
+
+RELU2_FIXED, RELU2_DYNAMIC = "relu2/fixed", "relu2/dynamic"
+"""The finetune conditions of Su's comparison (same pretrained weights, two choices of n)."""
+RELU2_PAIR = ("gau_relu2_fixed", "gau_relu2_dynamic")
+"""The zero-shot pair of the same comparison (same weights, MLM loss)."""
 
 
 def _lengths(data: dict[str, Any], beyond: bool = False) -> list[int]:
@@ -53,14 +65,34 @@ def _series_table(data: dict[str, Any], objective: str, metric: str, first: str,
     return markdown_table(_head(data, first, lengths), rows)
 
 
+def _cpu(data: dict[str, Any]) -> str:
+    """The CPU of a run (``cpu``, else its ``machine`` description)."""
+    return data.get("cpu") or data.get("machine") or "an unrecorded machine"
+
+
+def _seeds(data: dict[str, Any]) -> str:
+    return ", ".join(str(s) for s in data["seeds"])
+
+
+def _spread(data: dict[str, Any]) -> str:
+    """The line under a mean ± std table: what the spread is, and where it was measured."""
+    return (f"*Mean ± sample standard deviation over seeds {_seeds(data)} (one training run per seed), on "
+            f"{_cpu(data)}, {data['date']}.*")
+
+
+def _paired_spread(data: dict[str, Any]) -> str:
+    """The line under a table of paired differences."""
+    return f"*Mean over seeds {_seeds(data)} (the seeds' own values in brackets), on {_cpu(data)}, {data['date']}.*"
+
+
 def mlm_loss(data: dict[str, Any]) -> str:
     """MLM validation loss, mean ± std over seeds, per variant and evaluation length."""
-    return _series_table(data, "mlm", "loss", "variant")
+    return _series_table(data, "mlm", "loss", "variant") + f"\n\n{_spread(data)}"
 
 
 def mlm_loss_delta(data: dict[str, Any]) -> str:
     """Loss minus the same run's loss at L (paired per seed)."""
-    return _series_table(data, "mlm", "loss_delta", "variant", short_status=True)
+    return _series_table(data, "mlm", "loss_delta", "variant", short_status=True) + f"\n\n{_spread(data)}"
 
 
 def mlm_accuracy(data: dict[str, Any]) -> str:
@@ -105,7 +137,7 @@ def _pair_table(data: dict[str, Any], table: str, first: str, with_mean: bool, s
 
 def paired(data: dict[str, Any]) -> str:
     """Paired loss differences of the MLM variants: mean (per seed)."""
-    return _pair_table(data, "mlm", "pair", with_mean=True, short=False)
+    return _pair_table(data, "mlm", "pair", with_mean=True, short=False) + f"\n\n{_paired_spread(data)}"
 
 
 def paired_seeds(data: dict[str, Any]) -> str:
@@ -115,18 +147,20 @@ def paired_seeds(data: dict[str, Any]) -> str:
 
 def llama_perplexity(data: dict[str, Any]) -> str:
     """The stock Llama's perplexity over whole blocks, per evaluation mode (same weights)."""
-    return _series_table(data, "clm", "perplexity", "perplexity (whole block)", digits=2)
+    return (_series_table(data, "clm", "perplexity", "perplexity (whole block)", digits=2)
+            + f"\n\n{_spread(data)}")
 
 
 def llama_perplexity_beyond(data: dict[str, Any]) -> str:
     """Perplexity of the predictions made from positions ≥ L only."""
-    return _series_table(data, "clm", "perplexity_beyond_train", "perplexity of predictions from positions ≥ L",
-                         digits=2, beyond=True)
+    return (_series_table(data, "clm", "perplexity_beyond_train", "perplexity of predictions from positions ≥ L",
+                          digits=2, beyond=True) + f"\n\n{_spread(data)}")
 
 
 def llama_differences(data: dict[str, Any]) -> str:
     """Loss of each log-n mode minus SDPA's, per seed."""
-    return _pair_table(data, "llama", "", with_mean=False, short=True)
+    return (_pair_table(data, "llama", "", with_mean=False, short=True)
+            + f"\n\n*Per seed {_seeds(data)}, on {_cpu(data)}, {data['date']}.*")
 
 
 def train_losses(data: dict[str, Any]) -> str:
@@ -190,7 +224,7 @@ def finetune(data: dict[str, Any]) -> str:
             c = next((c for c in data["finetune"][t]["conditions"] if c["condition"] == condition), None)
             cells.append(f"{c['mean']:.3f} ± {c['std']:.3f} ({', '.join(f'{v:.3f}' for v in c['seeds'])})" if c else "–")
         rows.append([condition, *cells])
-    return markdown_table(["condition", *tasks], rows)
+    return markdown_table(["condition", *tasks], rows) + f"\n\n{_spread(data)}"
 
 
 def finetune_task(data: dict[str, Any]) -> str:
@@ -199,3 +233,187 @@ def finetune_task(data: dict[str, Any]) -> str:
     return (f"Task size: {task['train_samples']:,} train / {task['validation_samples']:,} validation snippets of "
             f"{task['mean_tokens']:.1f} tokens on average (inputs truncated at {task['max_seq_length']}); majority "
             f"class {task['majority']:.3f}, chance {task['chance']:.3f}.")
+
+
+# --------------------------------------------------------------------------------------------------
+# relu² `fixed` vs `dynamic` over every run: the study, its re-runs and the runs others reported
+# --------------------------------------------------------------------------------------------------
+def _runs(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The study, then its ``reruns``, then the ``reported`` runs, each with a ``label`` naming its CPU and date."""
+    runs = [{**data, "label": f"{_cpu(data)}, {data['date']} (the study)"}]
+    runs += [{**r, "label": f"{_cpu(r)}, {r['date']} (re-run)"} for r in data.get("reruns", [])]
+    runs += [{**r, "label": f"{_cpu(r)}, {r['date']} (reported)"} for r in data.get("reported", [])]
+    return runs
+
+
+def _condition(run: dict[str, Any], task: str, condition: str) -> dict[str, Any] | None:
+    conditions = ((run.get("finetune") or {}).get(task) or {}).get("conditions", [])
+    return next((c for c in conditions if c["condition"] == condition), None)
+
+
+def _finetune_differences(run: dict[str, Any], task: str) -> list[float] | None:
+    """Per seed, finetune accuracy of relu² `fixed` minus `dynamic` (same pretrained weights) on ``task``."""
+    reported = (run.get("finetune_fixed_minus_dynamic") or {}).get(task)
+    if reported is not None:
+        return list(reported)
+    fixed, dynamic = _condition(run, task, RELU2_FIXED), _condition(run, task, RELU2_DYNAMIC)
+    if fixed is None or dynamic is None:
+        return None
+    return [a - b for a, b in zip(fixed["seeds"], dynamic["seeds"])]
+
+
+def _zero_shot_differences(run: dict[str, Any], shorter: bool) -> list[float] | None:
+    """Per seed and evaluation length shorter (or longer) than L, MLM loss of `fixed` minus `dynamic`."""
+    pair = next((p for p in run.get("pairs", []) if (p["a"], p["b"]) == RELU2_PAIR), None)
+    if pair is None:
+        return None
+    train_length = run.get("train_length")
+    return [v for point in pair["points"] if (point["length"] < train_length) == shorter
+            and point["length"] != train_length for v in point["seeds"]]
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+    return mean, std
+
+
+def _difference_cell(values: list[float] | None) -> str:
+    if not values:
+        return "–"
+    mean, std = _mean_std(values)
+    return f"{signed(mean)} ± {std:.3f} ({', '.join(signed(v) for v in values)})"
+
+
+def relu2_finetune_runs(data: dict[str, Any]) -> str:
+    """Finetune accuracy of the relu² conditions in every run that has them: mean ± std (per seed)."""
+    tasks = list(data.get("finetune") or {})
+    conditions = [c["condition"] for c in (data.get("finetune") or {}).get(tasks[0], {}).get("conditions", [])
+                  if c["condition"].startswith("relu2")] if tasks else []
+    rows = []
+    for condition in conditions:
+        for run in _runs(data):
+            cells = []
+            for task in tasks:
+                c = _condition(run, task, condition)
+                cells.append(f"{c['mean']:.3f} ± {c['std']:.3f} ({', '.join(f'{v:.3f}' for v in c['seeds'])})"
+                             if c else "–")
+            if any(cell != "–" for cell in cells):
+                rows.append([condition, run["label"], *cells])
+    return (markdown_table(["condition", "run", *tasks], rows)
+            + f"\n\n*Mean ± sample standard deviation over seeds {_seeds(data)}, per run (the runs are listed "
+            "under the table above).*")
+
+
+def relu2_fixed_minus_dynamic(data: dict[str, Any]) -> str:
+    """relu² `fixed` − `dynamic` on the same weights, every run: zero-shot MLM loss below and beyond L (negative =
+    `fixed` better) and finetune accuracy after finetuning at shorter lengths (positive = `fixed` better)."""
+    tasks = list(data.get("finetune") or {})
+    rows = []
+    for run in _runs(data):
+        rows.append([run["label"], _difference_cell(_zero_shot_differences(run, shorter=True)),
+                     _difference_cell(_zero_shot_differences(run, shorter=False)),
+                     *[_difference_cell(_finetune_differences(run, task)) for task in tasks]])
+    head = ["run", "zero-shot loss, lengths < L", "zero-shot loss, lengths > L",
+            *[f"finetune accuracy, {task}" for task in tasks]]
+    return (markdown_table(head, rows) + "\n\n*Mean ± sample standard deviation (the values: per seed, and per "
+            "length for the zero-shot columns).*\n\n" + relu2_sources(data))
+
+
+def relu2_sources(data: dict[str, Any]) -> str:
+    """Where each run of the relu² comparison comes from."""
+    lines = []
+    for index, run in enumerate(_runs(data)):
+        if index == 0:
+            how = f"the study on this page ({format_versions(run.get('versions') or {})}; source under its run time)"
+        elif run.get("source"):
+            how = run["source"] + (f"; {format_versions(run['versions'])}" if run.get("versions") else "")
+        else:
+            how = (f"`{run['command']}` on {run['machine']} ({format_versions(run.get('versions') or {})})"
+                   + (f", {run['code']}" if run.get("code") else ""))
+        lines.append(f"- {run['label']}: {how}.")
+    return "Runs:\n\n" + "\n".join(lines)
+
+
+def _sign_summary(values: list[float], negative: str, positive: str, noun: str) -> str:
+    """``"<negative> in all 9 <noun>"`` when every value is below 0, the same with ``positive`` when every value is
+    above 0, else ``""`` (the sign differs between seeds or runs, or a value is 0)."""
+    if values and all(v < 0 for v in values):
+        return f"{negative} in all {len(values)} {noun}"
+    if values and all(v > 0 for v in values):
+        return f"{positive} in all {len(values)} {noun}"
+    return ""
+
+
+def relu2_verdict(data: dict[str, Any]) -> str:
+    """One paragraph: Su's relu² claim (`fixed` n transfers better than `dynamic` n) over every seed of every run,
+    zero-shot below and beyond L and after finetuning; a comparison whose sign differs between seeds or runs is
+    "not resolved at this scale"."""
+    runs = _runs(data)
+    shorter = [v for r in runs for v in (_zero_shot_differences(r, True) or [])]
+    longer = [v for r in runs for v in (_zero_shot_differences(r, False) or [])]
+    zero_shot_runs = sum(1 for r in runs if _zero_shot_differences(r, True))
+    parts = []
+    if shorter and longer:
+        noun = f"seed × length cells of {zero_shot_runs} run{'s' if zero_shot_runs != 1 else ''}"
+        below = _sign_summary(shorter, "lower", "higher", noun)
+        beyond = _sign_summary(longer, "lower", "higher", noun)
+        below_text = (f"a {below.split(' in all ')[0]} MLM loss than the dynamic one (n = the keys a row sees) below L "
+                      f"in all {below.split(' in all ')[1]}" if below else
+                      "an MLM loss neither consistently lower nor higher than the dynamic one below L "
+                      f"({signed(min(shorter))} to {signed(max(shorter))}: not resolved at this scale)")
+        beyond_text = (f"a {beyond.split(' in all ')[0]} one beyond L in all {beyond.split(' in all ')[1]}" if beyond
+                       else f"neither consistently beyond L ({signed(min(longer))} to {signed(max(longer))}: not "
+                       "resolved at this scale)")
+        parts.append(f"Zero-shot, on the same weights, a fixed relu² normaliser (n = L) gave {below_text}, and "
+                     f"{beyond_text}.")
+    finetune = []
+    for task in data.get("finetune") or {}:
+        per_run = [(r, d) for r in runs if (d := _finetune_differences(r, task))]
+        values = [v for _, d in per_run for v in d]
+        if not values:
+            continue
+        cpus = sorted({_cpu(r) for r, _ in per_run})
+        means = [_mean_std(d)[0] for _, d in per_run]
+        consistent = _sign_summary([-v for v in values], "better", "worse", f"seeds of {len(per_run)} runs")
+        where = f"{len(per_run)} run{'s' if len(per_run) != 1 else ''} on {' and '.join(cpus)}"
+        if consistent:
+            finetune.append(f"on the {task} task `fixed` was {consistent} ({signed(min(values))} to "
+                            f"{signed(max(values))} accuracy; {where})")
+        else:
+            finetune.append(f"on the {task} task the accuracy of `fixed` minus `dynamic` ranged from "
+                            f"{signed(min(values))} to {signed(max(values))} per seed (run means "
+                            f"{signed(min(means))} to {signed(max(means))}; {where})")
+    if finetune:
+        resolved = all(" was " in text for text in finetune)
+        parts.append("After finetuning on inputs shorter than L, "
+                     + ("" if resolved else "whether `fixed` is better is **not resolved at this scale**: ")
+                     + "; ".join(finetune) + ".")
+    return " ".join(parts)
+
+
+def relu2_readme(data: dict[str, Any]) -> str:
+    """The README's sentence on relu² `fixed` vs `dynamic`: zero-shot and after finetuning, over every run."""
+    runs = _runs(data)
+    shorter = [v for r in runs for v in (_zero_shot_differences(r, True) or [])]
+    longer = [v for r in runs for v in (_zero_shot_differences(r, False) or [])]
+    finetuned = [(r, d) for task in data.get("finetune") or {} for r in runs if (d := _finetune_differences(r, task))]
+    values = [v for _, d in finetuned for v in d]
+    cpus = sorted({_cpu(r) for r, _ in finetuned})
+    zero_shot_runs = sum(1 for r in runs if _zero_shot_differences(r, True))
+    if shorter and all(v < 0 for v in shorter) and longer and all(v > 0 for v in longer):
+        text = (f"a fixed relu² normaliser (n = L) beat the dynamic one zero-shot at shorter lengths (as Su reports) "
+                f"but was worse beyond L, in every seed of {zero_shot_runs} run{'s' if zero_shot_runs != 1 else ''}")
+    else:
+        text = ("zero-shot, a fixed relu² normaliser (n = L) against the dynamic one is not resolved at this scale "
+                "(the sign of the difference changes between seeds or runs)")
+    if values:
+        runs_count = len({id(r) for r, _ in finetuned})
+        spread = (f"accuracy of `fixed` − `dynamic` from {signed(min(values))} to {signed(max(values))} per seed over "
+                  f"{runs_count} run{'s' if runs_count != 1 else ''} on {' and '.join(cpus)}")
+        if all(v > 0 for v in values) or all(v < 0 for v in values):
+            verdict = "better" if values[0] > 0 else "worse"
+            text += f"; after finetuning on short inputs it was {verdict} in every seed ({spread})"
+        else:
+            text += f"; whether it finetunes better on short inputs is **not resolved at this scale** ({spread})"
+    return text[0].upper() + text[1:] + "."

@@ -46,18 +46,28 @@ def evaluate_lm(
     seed: int = 0,
     accelerator: Any = None,
     max_blocks: int | None = None,
-) -> dict[str, float]:
+    mask_repeats: int = 1,
+    train_length: int | None = None,
+) -> dict[str, Any]:
     """Evaluate ``model`` on ``blocks`` (tensor ``(n, L)``, list of lists or a dataset with ``input_ids``).
 
     Returns ``{"loss", "perplexity", "accuracy", "tokens", "blocks"}``. ``tokenizer`` is required for MLM
     (mask id, special ids). ``accelerator``: shard across processes and use its autocast — an ``Accelerator``
     or a ``runtime.TrainingRuntime`` (``process_index``/``num_processes`` are then the data-parallel rank and
     size, and ``reduce`` sums over the data-parallel ranks).
+
+    ``mask_repeats`` (MLM): pool the targets of that many maskings, seeds ``seed``, ``seed + 1``, … (the same
+    for every model, so differences between models are paired). ``train_length`` (the length study): the result
+    also has ``tokens_beyond_train``, ``loss_beyond_train`` and ``perplexity_beyond_train``, pooled over the CLM
+    targets predicted from query positions ≥ ``train_length`` (position ids the model never trained at); they are
+    ``None`` for MLM and where no such target exists.
     """
     if objective not in ("mlm", "clm"):
         raise ValueError(f"objective must be one of ('mlm', 'clm'), got {objective!r}.")
     if objective == "mlm" and tokenizer is None:
         raise ValueError("evaluate_lm(objective='mlm') needs the tokenizer (mask and special token ids).")
+    if mask_repeats < 1:
+        raise ValueError(f"mask_repeats must be >= 1, got {mask_repeats}.")
     data = _as_tensor(blocks)
     if max_blocks is not None:
         data = data[:max_blocks]
@@ -68,54 +78,83 @@ def evaluate_lm(
     indices = list(range(rank, len(data), world))
     was_training = model.training
     model.eval()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    correct = torch.zeros((), dtype=torch.float64, device=device)
-    count = torch.zeros((), dtype=torch.float64, device=device)
-    vocab_size = model.config.vocab_size if hasattr(model, "config") else None
+    # loss, correct, targets, loss beyond train_length, targets beyond it
+    sums = torch.zeros(5, dtype=torch.float64, device=device)
+    beyond = train_length if objective == "clm" else None
     # Every rank runs the same number of forward passes (sharded models gather parameters collectively);
     # a rank whose share is exhausted runs a dummy batch whose results are discarded.
     per_rank = math.ceil(len(data) / world)
     for start in range(0, per_rank, batch_size):
         chunk = indices[start : start + batch_size]
-        dummy = not chunk
-        chunk = chunk or [0]
-        input_ids = data[chunk].to(device)
-        if objective == "mlm":
-            inputs, labels = mask_tokens(
-                input_ids,
-                [mix_seed(seed, "eval", i) for i in chunk],
-                mask_token_id=tokenizer.mask_token_id,
-                vocab_size=vocab_size or len(tokenizer),
-                special_ids=special_token_ids(tokenizer),
-                probability=mlm_probability,
+        input_ids = data[chunk or [0]].to(device)
+        for repeat in range(mask_repeats if objective == "mlm" else 1):
+            logits, targets = _logits_and_targets(
+                model, input_ids, chunk or [0], objective, tokenizer, mlm_probability, seed + repeat, accelerator
             )
-        else:
-            inputs, labels = input_ids, input_ids
-        context = accelerator.autocast() if accelerator is not None else torch.autocast("cpu", enabled=False)
-        with context:
-            if objective == "mlm":  # the MLM head only at the targets (same values, less compute)
-                keep = labels != -100
-                logits, targets = masked_lm_target_logits(model, inputs, keep).float(), labels[keep]
-            else:
-                logits, targets = model(input_ids=inputs).logits[:, :-1].float(), labels[:, 1:]
-                logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
-        if dummy:
-            continue
-        loss_sum += F.cross_entropy(logits, targets, reduction="sum").double()
-        correct += (logits.argmax(-1) == targets).sum().double()
-        count += targets.numel()
+            if chunk:
+                sums += _target_sums(logits, targets, beyond)
     if accelerator is not None and world > 1:
-        loss_sum, correct, count = (accelerator.reduce(t, reduction="sum") for t in (loss_sum, correct, count))
+        sums = accelerator.reduce(sums, reduction="sum")
     model.train(was_training)
-    total = max(float(count), 1.0)
-    loss = float(loss_sum) / total
-    return {
-        "loss": loss,
-        "perplexity": math.exp(loss) if loss < 700 else float("inf"),
-        "accuracy": float(correct) / total,
-        "tokens": float(count),
-        "blocks": float(len(data)),
+    return _metrics(sums, len(data), train_length, clm=objective == "clm")
+
+
+def _logits_and_targets(
+    model: Any, input_ids: torch.Tensor, block_indices: list[int], objective: str, tokenizer: Any,
+    mlm_probability: float, seed: int, accelerator: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 logits and their target ids: ``(targets, vocab)`` / ``(targets,)`` at the masked positions (MLM,
+    masks seeded per block by ``mix_seed(seed, "eval", i)``), ``(batch, L - 1, vocab)`` / ``(batch, L - 1)`` for
+    every next token (CLM)."""
+    context = accelerator.autocast() if accelerator is not None else torch.autocast("cpu", enabled=False)
+    if objective == "clm":
+        with context:
+            logits = model(input_ids=input_ids).logits[:, :-1].float()
+        return logits, input_ids[:, 1:]
+    vocab_size = (model.config.vocab_size if hasattr(model, "config") else None) or len(tokenizer)
+    inputs, labels = mask_tokens(
+        input_ids,
+        [mix_seed(seed, "eval", i) for i in block_indices],
+        mask_token_id=tokenizer.mask_token_id,
+        vocab_size=vocab_size,
+        special_ids=special_token_ids(tokenizer),
+        probability=mlm_probability,
+    )
+    keep = labels != -100
+    with context:  # the MLM head only at the targets (same values, less compute)
+        logits = masked_lm_target_logits(model, inputs, keep).float()
+    return logits, labels[keep]
+
+
+def _target_sums(logits: torch.Tensor, targets: torch.Tensor, beyond: int | None) -> torch.Tensor:
+    """[Σ CE, #correct, #targets, Σ CE beyond, #targets beyond] of one batch, in float64. "Beyond": CLM targets
+    predicted from query positions ≥ ``beyond`` (dimension 1 of ``targets``)."""
+    losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none").double()
+    correct = (logits.argmax(-1) == targets).sum().double()
+    beyond_losses = losses.view_as(targets)[:, beyond:] if beyond is not None else losses[:0]
+    return torch.stack([losses.sum(), correct, losses.new_tensor(losses.numel()), beyond_losses.sum(),
+                        losses.new_tensor(beyond_losses.numel())])
+
+
+def _metrics(sums: torch.Tensor, num_blocks: int, train_length: int | None, clm: bool) -> dict[str, Any]:
+    """loss = Σ CE / #targets, perplexity = exp(loss), accuracy = #correct / #targets (and the same beyond
+    ``train_length`` where asked: CLM only)."""
+    loss_sum, correct, count, beyond_sum, beyond_count = (float(value) for value in sums)
+    loss = loss_sum / max(count, 1.0)
+    result: dict[str, Any] = {
+        "loss": loss, "perplexity": _perplexity(loss), "accuracy": correct / max(count, 1.0), "tokens": int(count),
+        "blocks": num_blocks,
     }
+    if train_length is not None:
+        beyond_loss = beyond_sum / beyond_count if beyond_count else None
+        result.update(tokens_beyond_train=int(beyond_count) if clm else None, loss_beyond_train=beyond_loss,
+                      perplexity_beyond_train=None if beyond_loss is None else _perplexity(beyond_loss))
+    return result
+
+
+def _perplexity(loss: float) -> float:
+    """exp(loss), ``inf`` where that overflows a float."""
+    return math.exp(loss) if loss < 700 else float("inf")
 
 
 __all__ = ["evaluate_lm", "special_token_ids"]

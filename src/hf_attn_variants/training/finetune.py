@@ -1,17 +1,9 @@
 """``hf-attn-variants finetune``: sequence or token classification with ``Trainer`` (+ optional LoRA).
 
 Flags follow transformers' ``run_glue.py`` / ``run_ner.py`` (``HfArgumentParser`` over
-``FinetuneArguments`` and ``TrainingArguments``). Data: local csv/json/jsonl/parquet.
-
-- ``--task sequence_classification``: a text column (``sentence``/``text``/``sentence1``, or
-  ``--text_column_name``), optionally a second one (``sentence2``/``--text_pair_column_name``), and a
-  ``label`` column of strings or ints (floats → regression, as run_glue). Metrics: accuracy and macro-F1
-  (regression: mse).
-- ``--task token_classification``: a ``tokens`` column (lists of words, or a whitespace-separated string
-  in csv) and a ``ner_tags`` column (lists of tag strings or ints; or a whitespace-separated string). Only
-  the first sub-word of each word is labelled (``--label_all_tokens`` labels all, ``B-`` → ``I-`` after the
-  first). Metrics: entity-level precision/recall/F1 (conlleval rules, ``metrics.entity_scores``) and
-  token accuracy.
+``arguments.FinetuneArguments`` and ``TrainingArguments``). Data: local csv/json/jsonl/parquet; the two tasks
+(``--task sequence_classification`` / ``token_classification``), their columns, labels and metrics:
+``tasks.py``.
 
 ``eval_results.json`` / ``train_results.json`` / ``all_results.json`` are written by
 ``Trainer.save_metrics`` exactly as run_glue does (``eval_accuracy``, ``eval_f1``, …).
@@ -24,6 +16,12 @@ model is wrapped by ``peft`` with W + (α/r)·B·A on ``--lora_target_modules`` 
 then holds the adapter (``adapter_config.json`` + ``adapter_model.safetensors``), the tokenizer and
 ``task_config.json`` (labels), and ``load_finetuned`` / ``PeftModel.from_pretrained`` reload it;
 ``--lora_merge`` also writes the merged full model to ``output_dir/merged``.
+
+Output folder, resuming and preemption (``outputs.py``, ``trainer_hooks.py``): a rerun into the same
+``--output_dir`` with the same flags resumes from the newest complete ``checkpoint-<step>`` (each carries a
+manifest of its files' sizes and sha256); a folder holding a finished model or another run is refused before
+anything is written unless ``--overwrite_output_dir``. SIGTERM/SIGUSR1: every rank finishes the same optimizer
+step, ``Trainer`` saves that step's checkpoint, and the command exits with ``PREEMPTED_EXIT_CODE`` (75).
 
 Sharded (``torchrun --nproc_per_node N -m hf_attn_variants finetune ... --fsdp_size F``; ``--dp_replicate_size``
 for HSDP): rank 0 builds the single-process run's model (same seed, same new head) into
@@ -38,7 +36,8 @@ CPU (Trainer hands a tensor-parallel model to accelerate's ``ParallelismConfig``
 (``Trainer`` refuses them for a model sharded at load time); ``--load_best_model_at_end``, hence
 ``--early_stopping_patience``, and ``--resume_from_checkpoint`` (``Trainer`` loads a checkpoint into the
 sharded model with ``load_state_dict`` of plain tensors, which fails on its DTensor parameters); LoRA
-(peft's ``modules_to_save`` copy of the sharded classifier fails).
+(peft's ``modules_to_save`` copy of the sharded classifier fails). For the same reason a sharded finetune
+stops on SIGTERM without a checkpoint, and a folder of its unfinished run is refused rather than resumed.
 """
 
 from __future__ import annotations
@@ -48,11 +47,9 @@ import dataclasses
 import json
 import logging
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import numpy as np
+from typing import Any
 
 from ..cli_utils import (
     FlagError,
@@ -61,27 +58,28 @@ from ..cli_utils import (
     check_model_folder,
     check_number,
     check_output_dir,
-    check_percentage,
     check_positive,
     check_seed,
     quiet_progress,
 )
-from .data import file_builder, read_data_file, split_data_file
-from .metrics import accuracy, entity_scores, macro_f1
-from .modeling import build_config, check_model_type, load_pretrained, load_tokenizer
-from .sharded import (
-    INITIAL_MODEL_DIR,
-    SIZE_FLAGS,
-    ParallelLayout,
-    check_layout,
-    check_parallel_plans,
-    load_sharded,
-    model_class_for,
+from .arguments import TASKS, FinetuneArguments, check_adamw
+from .checkpoints import announce_resume, broken_checkpoint_error, newest_resumable
+from .modeling import build_config, load_pretrained, load_tokenizer
+from .outputs import FolderState, OutputRule, check_output_folder, finish_run, json_arguments, start_run
+from .preemption import StopSignals, TrainingPreempted, run_training_command, stop_signals
+from .sharded import INITIAL_MODEL_DIR, check_layout, check_parallel_plans, load_sharded, model_class_for
+from .tasks import (
+    compute_metrics,
+    label_kwargs,
+    load_splits,
+    sequence_features,
+    task_auto_class,
+    token_features,
 )
+from .trainer_hooks import CheckpointGuard, read_trainer_checkpoint, trainer_checkpoints
 
 logger = logging.getLogger(__name__)
 
-TASKS = ("sequence_classification", "token_classification")
 LORA_TARGETS = {
     "entropy_invariant": ["q_proj", "k_proj", "v_proj", "o_proj"],
     "synthesizer": ["q_proj", "k_proj", "v_proj", "o_proj"],
@@ -89,105 +87,21 @@ LORA_TARGETS = {
 }
 """Default LoRA targets: the attention projections (GAU: its fused u/v/z projection and output)."""
 TASK_CONFIG_FILE = "task_config.json"
-
-
-@dataclass
-class FinetuneArguments:
-    """Model, data, LoRA and early-stopping flags of ``finetune`` (``TrainingArguments`` hold the rest)."""
-
-    task: Literal["sequence_classification", "token_classification"] = field(
-        default="sequence_classification", metadata={"help": "sequence_classification or token_classification."}
-    )
-    train_file: str | None = field(default=None, metadata={"help": "Local csv/json/jsonl/parquet training file."})
-    validation_file: str | None = field(default=None, metadata={"help": "Local validation file (same format)."})
-    validation_split_percentage: int = field(
-        default=10, metadata={"help": "Held-out %% of train_file when there is no validation_file."}
-    )
-    model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Pretrained folder (e.g. a pretrain output_dir)."}
-    )
-    model_type: str | None = field(default=None, metadata={"help": "Family to build from scratch instead."})
-    config_overrides: dict[str, Any] | str | None = field(
-        default=None, metadata={"help": 'Config fields as "k=v,k=v" (from Python also a dict).'})
-    config_name: str | None = field(default=None, metadata={"help": "Config folder to start from."})
-    tokenizer_name: str | None = field(
-        default=None, metadata={"help": "Tokenizer folder (default: the model's, else the embedded one)."}
-    )
-    text_column_name: str | None = field(default=None, metadata={"help": "Text (or tokens) column."})
-    text_pair_column_name: str | None = field(default=None, metadata={"help": "Second text column (pairs)."})
-    label_column_name: str | None = field(default=None, metadata={"help": "Label column (label / ner_tags)."})
-    max_seq_length: int = field(default=128, metadata={"help": "Truncate inputs to this many tokens."})
-    pad_to_max_length: bool = field(default=False, metadata={"help": "Pad to max_seq_length (else per batch)."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N train rows."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Use only the first N eval rows."})
-    label_all_tokens: bool = field(default=False, metadata={"help": "Label every sub-word, not only the first."})
-    return_entity_level_metrics: bool = field(default=False, metadata={"help": "Per-entity-type metrics."})
-    lora_r: int = field(default=0, metadata={"help": "LoRA rank; 0 = full finetuning."})
-    lora_alpha: int = field(default=16, metadata={"help": "LoRA α (update scale α / r)."})
-    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA branch."})
-    lora_target_modules: list[str] | None = field(
-        default=None, metadata={"help": "Module names to adapt (default per family; 'all-linear' allowed)."}
-    )
-    lora_merge: bool = field(default=False, metadata={"help": "Also save the merged model to output_dir/merged."})
-    early_stopping_patience: int | None = field(
-        default=None, metadata={"help": "Stop after N evaluations without improvement."}
-    )
-    early_stopping_threshold: float = field(default=0.0, metadata={"help": "Minimum improvement that counts."})
-    fsdp_size: int = field(
-        default=1,
-        metadata={"help": "Sharded run (torchrun, Transformers' DistributedConfig; docs/training.md): ranks every "
-                  "parameter is FSDP2-sharded over. dp_replicate_size × fsdp_size × tp_size = WORLD_SIZE."},
-    )
-    tp_size: int = field(
-        default=1, metadata={"help": "Sharded run: tensor-parallel ranks (GPUs only: accelerate refuses it on CPU)."}
-    )
-    dp_replicate_size: int = field(
-        default=1, metadata={"help": "Sharded run: replicas of the FSDP shards (HSDP; e.g. the number of nodes)."}
-    )
-
-    def __post_init__(self) -> None:
-        """Check every value that needs no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it.
-        Paths, data, config and model are checked by ``finetune`` before it writes anything."""
-        if self.task not in TASKS:
-            raise FlagError("task", f"task must be one of {TASKS}, got {self.task!r}.")
-        if self.train_file is None:
-            raise FlagError("train_file", "train_file is required (a local csv/json/jsonl/parquet file).")
-        if self.model_name_or_path is None and self.model_type is None and self.config_name is None:
-            raise FlagError("model_name_or_path", "Pass --model_name_or_path (a pretrained folder) or --model_type "
-                                                  "to start from scratch.")
-        if self.model_type is not None:
-            check_model_type(self.model_type)
-        check_percentage("validation_split_percentage", self.validation_split_percentage)
-        check_positive("max_seq_length", self.max_seq_length)
-        for name in ("max_train_samples", "max_eval_samples", "early_stopping_patience"):
-            if getattr(self, name) is not None:
-                check_positive(name, getattr(self, name))
-        check_number("early_stopping_threshold", self.early_stopping_threshold, 0)
-        check_int("lora_r", self.lora_r, 0)
-        check_positive("lora_alpha", self.lora_alpha)
-        check_number("lora_dropout", self.lora_dropout, 0, 1, open_high=True)
-        if self.lora_r == 0:
-            for name in ("lora_merge", "lora_target_modules"):
-                if getattr(self, name):
-                    raise FlagError(name, f"{name} needs LoRA: pass --lora_r > 0 too.")
-        if self.task == "sequence_classification":
-            for name in ("label_all_tokens", "return_entity_level_metrics"):
-                if getattr(self, name):
-                    raise FlagError(name, f"{name} applies to --task token_classification only.")
-        if isinstance(self.lora_target_modules, list) and self.lora_target_modules == ["all-linear"]:
-            self.lora_target_modules = "all-linear"
-        for name in SIZE_FLAGS:
-            check_positive(name, getattr(self, name))
-        if self.layout.sharded and self.lora_r > 0:
-            raise FlagError("lora_r", f"lora_r: LoRA is not supported on a sharded model "
-                                      f"({self.layout.flag()}={getattr(self.layout, self.layout.flag())}): peft's "
-                                      "modules_to_save copies the sharded classifier head, which fails with "
-                                      "\"RuntimeError: Attempted to call copy_() on an invalid python storage.\"")
-
-    @property
-    def layout(self) -> ParallelLayout:
-        """The process mesh of ``--dp_replicate_size``/``--fsdp_size``/``--tp_size`` (sharded iff one is > 1)."""
-        return ParallelLayout(tp_size=self.tp_size, fsdp_size=self.fsdp_size, dp_replicate_size=self.dp_replicate_size)
+FINETUNE_RULE = OutputRule(
+    command="finetune",
+    aside=frozenset({
+        "max_steps", "num_train_epochs",  # the step budget
+        "logging_strategy", "logging_steps", "logging_first_step", "log_on_each_node", "logging_nan_inf_filter",
+        "log_level", "log_level_replica", "disable_tqdm", "report_to", "run_name", "project", "trackio_space_id",
+        "trackio_bucket_id", "trackio_static_space_id", "include_num_input_tokens_seen", "skip_memory_metrics",
+        "save_strategy", "save_steps", "save_total_limit", "save_on_each_node", "enable_jit_checkpoint",
+        "push_to_hub", "hub_token", "hub_private_repo", "hub_model_id", "hub_strategy", "hub_always_push",
+        "hub_revision", "dataloader_num_workers", "local_rank",
+    }),
+    run_files=("checkpoint-*", "trainer_state.json", "all_results.json", "train_results.json", "eval_results.json",
+               TASK_CONFIG_FILE, "base_model", "merged", INITIAL_MODEL_DIR),
+)
+"""``finetune``'s output folder (``outputs.py``): what may differ within one run, what its files are."""
 
 
 @dataclass
@@ -199,110 +113,6 @@ class FinetuneResult:
     model: Any
     trainer: Any
     label_list: list[Any] | None
-
-
-# ---------------------------------------------------------------- data
-def _load_splits(args: FinetuneArguments) -> Any:
-    from datasets import DatasetDict
-
-    if args.validation_file:
-        if file_builder(args.train_file, "train_file") != file_builder(args.validation_file, "validation_file"):
-            raise FlagError("validation_file", "train_file and validation_file must have the same format.")
-        raw = DatasetDict(train=read_data_file(args.train_file, "train_file"),
-                          validation=read_data_file(args.validation_file, "validation_file"))
-        if raw["validation"].column_names != raw["train"].column_names:
-            raise FlagError("validation_file", f"validation_file has the columns {raw['validation'].column_names}, "
-                                               f"train_file {raw['train'].column_names}.")
-        return raw
-    return split_data_file(args.train_file, args.validation_split_percentage)
-
-
-def _pick(columns: list[str], explicit: str | None, candidates: tuple[str, ...], what: str) -> str | None:
-    if explicit is not None:
-        if explicit not in columns:
-            raise FlagError(what, f"{what} {explicit!r} is not a column of the data; columns: {columns}.")
-        return explicit
-    return next((c for c in candidates if c in columns), None)
-
-
-def _as_list(value: Any) -> list:
-    return value.split() if isinstance(value, str) else list(value)
-
-
-def _label_names(dataset: Any, column: str, token_level: bool) -> list[Any]:
-    feature = dataset["train"].features[column]
-    inner = getattr(feature, "feature", feature)
-    if hasattr(inner, "names"):  # ClassLabel
-        return list(inner.names)
-    values = set()
-    for split in dataset.values():
-        for value in split[column]:
-            values.update(_as_list(value) if token_level else [value])
-    return sorted(values, key=lambda v: (str(type(v)), v))
-
-
-def _sequence_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tuple[Any, list | None, bool]:
-    columns = raw["train"].column_names
-    label_col = _pick(columns, args.label_column_name, ("label", "labels"), "label_column_name")
-    if label_col is None:
-        raise FlagError("label_column_name", f"No label column (label/labels) in {columns}; pass --label_column_name.")
-    text_col = _pick(columns, args.text_column_name, ("sentence", "text", "sentence1", "question"), "text_column_name")
-    text_col = text_col or next(c for c in columns if c != label_col)
-    pair_col = _pick(columns, args.text_pair_column_name, ("sentence2",), "text_pair_column_name")
-    regression = raw["train"].features[label_col].dtype in ("float32", "float64")
-    label_list = None if regression else _label_names(raw, label_col, token_level=False)
-    label_to_id = None if regression else {label: i for i, label in enumerate(label_list)}
-
-    def encode(batch: dict[str, list]) -> dict[str, list]:
-        texts = (batch[text_col],) if pair_col is None else (batch[text_col], batch[pair_col])
-        enc = tokenizer(*texts, truncation=True, max_length=args.max_seq_length,
-                        padding="max_length" if args.pad_to_max_length else False)
-        enc["labels"] = [float(v) if regression else label_to_id[v] for v in batch[label_col]]
-        return enc
-
-    return raw.map(encode, batched=True, remove_columns=columns), label_list, regression
-
-
-def _token_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tuple[Any, list]:
-    columns = raw["train"].column_names
-    tokens_col = _pick(columns, args.text_column_name, ("tokens", "words"), "text_column_name") or columns[0]
-    label_col = _pick(columns, args.label_column_name, ("ner_tags", "tags", "labels", "label"), "label_column_name")
-    if label_col is None:
-        raise FlagError("label_column_name",
-                        f"No tag column (ner_tags/tags/labels) in {columns}; pass --label_column_name.")
-    names = _label_names(raw, label_col, token_level=True)
-    feature = raw["train"].features[label_col]
-    has_class_names = hasattr(getattr(feature, "feature", feature), "names")
-    label_list = [str(n) for n in names]
-    label_to_id = {label: i for i, label in enumerate(label_list)}
-    inside = {i: label_to_id.get("I-" + label[2:], i) if label.startswith("B-") else i
-              for i, label in enumerate(label_list)}
-
-    def encode(batch: dict[str, list]) -> dict[str, list]:
-        words = [_as_list(w) for w in batch[tokens_col]]
-        enc = tokenizer(words, is_split_into_words=True, truncation=True, max_length=args.max_seq_length,
-                        padding="max_length" if args.pad_to_max_length else False)
-        all_labels = []
-        for row, tags in enumerate(batch[label_col]):
-            tags = _as_list(tags)
-            ids = [t if has_class_names else label_to_id[str(t)] for t in tags]
-            if len(ids) != len(words[row]):
-                raise FlagError("train_file", f"A row of the data has {len(words[row])} tokens (column "
-                                              f"{tokens_col!r}) but {len(ids)} tags (column {label_col!r}).")
-            labels, previous = [], None
-            for word in enc.word_ids(row):
-                if word is None:
-                    labels.append(-100)
-                elif word != previous:
-                    labels.append(ids[word])
-                else:
-                    labels.append(inside[ids[word]] if args.label_all_tokens else -100)
-                previous = word
-            all_labels.append(labels)
-        enc["labels"] = all_labels
-        return enc
-
-    return raw.map(encode, batched=True, remove_columns=columns), label_list
 
 
 # ---------------------------------------------------------------- checks
@@ -325,17 +135,15 @@ def check_training_arguments(training_args: Any) -> None:
     check_seed("seed", training_args.seed)
     if training_args.data_seed is not None:
         check_seed("data_seed", training_args.data_seed)
-    check_number("learning_rate", training_args.learning_rate, 0, open_low=True)
+    check_adamw(training_args)
     if training_args.max_steps <= 0:
         check_number("num_train_epochs", training_args.num_train_epochs, 0, open_low=True)
-    check_number("weight_decay", training_args.weight_decay, 0)
-    check_number("adam_beta1", training_args.adam_beta1, 0, 1, open_high=True)
-    check_number("adam_beta2", training_args.adam_beta2, 0, 1, open_high=True)
-    check_number("adam_epsilon", training_args.adam_epsilon, 0, open_low=True)
-    check_number("max_grad_norm", training_args.max_grad_norm, 0)
     check_number("label_smoothing_factor", training_args.label_smoothing_factor, 0, 1, open_high=True)
     if training_args.resume_from_checkpoint:
         check_folder("resume_from_checkpoint", training_args.resume_from_checkpoint, what="checkpoint folder")
+    if training_args.enable_jit_checkpoint:
+        raise FlagError("enable_jit_checkpoint", "enable_jit_checkpoint: finetune checkpoints on SIGTERM and SIGUSR1 "
+                                                 "itself, at the same step on every rank; drop the flag.")
     unknown = [name for name in training_args.include_for_metrics or () if name not in TRAINER_METRIC_INPUTS]
     if unknown:
         raise FlagError("include_for_metrics",
@@ -359,7 +167,6 @@ def check_lora_targets(model: Any, targets: list[str] | str) -> None:
                                                f"{LORA_TARGETS.get(model.config.model_type, 'all-linear')}).")
 
 
-# ---------------------------------------------------------------- model
 def lora_targets(model_type: str, requested: list[str] | str | None) -> list[str] | str:
     """``requested`` or the family default (``LORA_TARGETS``; ``"all-linear"`` for other model types)."""
     if requested:
@@ -382,26 +189,12 @@ def apply_lora(model: Any, task: str, args: FinetuneArguments) -> Any:
     return get_peft_model(model, config)
 
 
-def _auto_class(task: str) -> Any:
-    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
-
-    return AutoModelForSequenceClassification if task == "sequence_classification" else AutoModelForTokenClassification
-
-
-def _label_kwargs(label_list: list | None, regression: bool) -> dict[str, Any]:
-    if regression:
-        return {"num_labels": 1, "problem_type": "regression"}
-    names = [str(label) for label in label_list]
-    return {"num_labels": len(names), "id2label": dict(enumerate(names)),
-            "label2id": {name: i for i, name in enumerate(names)}}
-
-
 def load_finetuned(path: str) -> Any:
     """Reload a ``finetune`` output: a full model folder, or a LoRA adapter (base from its
     ``adapter_config.json``, labels from ``task_config.json``) as a ``PeftModel``."""
     folder = Path(path)
     task_info = json.loads((folder / TASK_CONFIG_FILE).read_text())
-    auto_class = _auto_class(task_info["task"])
+    auto_class = task_auto_class(task_info["task"])
     if not (folder / "adapter_config.json").exists():
         return auto_class.from_pretrained(folder)
     from peft import PeftConfig, PeftModel
@@ -409,27 +202,6 @@ def load_finetuned(path: str) -> Any:
     base_path = PeftConfig.from_pretrained(folder).base_model_name_or_path
     base = auto_class.from_pretrained(base_path, **task_info["label_kwargs"])
     return PeftModel.from_pretrained(base, folder)
-
-
-# ---------------------------------------------------------------- metrics
-def _compute_metrics(task: str, label_list: list | None, regression: bool, per_type: bool) -> Any:
-    def compute(prediction: Any) -> dict[str, float]:
-        logits, labels = prediction.predictions, prediction.label_ids
-        logits = logits[0] if isinstance(logits, tuple) else logits
-        if regression:
-            return {"mse": float(np.mean((np.squeeze(logits, -1) - labels) ** 2))}
-        predicted = np.argmax(logits, axis=-1)
-        if task == "sequence_classification":
-            return {"accuracy": accuracy(predicted.tolist(), labels.tolist()),
-                    "f1": macro_f1(predicted.tolist(), labels.tolist())}
-        pred_tags, gold_tags = [], []
-        for pred_row, gold_row in zip(predicted, labels):
-            keep = gold_row != -100
-            pred_tags.append([label_list[i] for i in pred_row[keep]])
-            gold_tags.append([label_list[i] for i in gold_row[keep]])
-        return entity_scores(pred_tags, gold_tags, per_type=per_type)
-
-    return compute
 
 
 def _with_early_stopping(training_args: Any, args: FinetuneArguments, regression: bool) -> Any:
@@ -474,6 +246,11 @@ class _Prepared:
     config: Any
     model: Any
     """The model; ``None`` for a sharded run, whose ranks build it in ``finetune`` (``_sharded_model``)."""
+    folder: FolderState
+    arguments: dict[str, Any]
+    """The run's arguments as ``run.json`` records them."""
+    resume_from: str | None = None
+    """The checkpoint ``Trainer`` resumes from: ``--resume_from_checkpoint``, or this run's newest complete one."""
 
 
 SHARDED_CHECKPOINT_ERROR = ("Resuming is not supported for models sharded at load time (`DistributedConfig`), so their "
@@ -530,7 +307,7 @@ def _unsharded_model(args: FinetuneArguments, training_args: Any, config: Any) -
     new model; the seed is set first, so that the initialisation depends on it only."""
     from transformers import set_seed
 
-    auto_class = _auto_class(args.task)
+    auto_class = task_auto_class(args.task)
     set_seed(training_args.seed)
     if args.model_name_or_path:
         return load_pretrained(auto_class, args.model_name_or_path, config=config)
@@ -541,7 +318,7 @@ def _sharded_model(args: FinetuneArguments, training_args: Any, config: Any) -> 
     """The model of a sharded run: rank 0 builds the single-process run's model
     (``_unsharded_model``: the same initial weights) into ``output_dir/.initial_model``, then every rank loads
     it sharded by ``DistributedConfig``."""
-    model_class = model_class_for(config, _auto_class(args.task))[0]
+    model_class = model_class_for(config, task_auto_class(args.task))[0]
     folder = Path(training_args.output_dir) / INITIAL_MODEL_DIR
     with training_args.main_process_first(local=False, desc="initial model"):
         if training_args.process_index == 0:
@@ -550,14 +327,72 @@ def _sharded_model(args: FinetuneArguments, training_args: Any, config: Any) -> 
     return load_sharded(model_class, config, folder, args.layout)
 
 
+def _resume_explicit(path: str) -> str:
+    """``--resume_from_checkpoint``: the named checkpoint when it is complete, else the one sentence naming its
+    broken file and the newest complete checkpoint before it."""
+    checkpoint = read_trainer_checkpoint(Path(path), require_manifest=False)
+    if checkpoint is not None and (problem := checkpoint.problem()) is not None:
+        raise broken_checkpoint_error("resume_from_checkpoint", checkpoint, problem,
+                                      trainer_checkpoints(Path(path).parent))
+    return path
+
+
+def checkpoint_to_resume(args: FinetuneArguments, training_args: Any, folder: FolderState) -> str | None:
+    """The checkpoint to resume: ``--resume_from_checkpoint``; else, in a folder holding this run unfinished,
+    its newest complete ``checkpoint-<step>`` (broken newer ones skipped with a warning; one line says which);
+    else ``None``. A sharded run's unfinished folder is refused: ``Trainer`` cannot resume it."""
+    if training_args.resume_from_checkpoint:
+        return _resume_explicit(training_args.resume_from_checkpoint)
+    chosen = newest_resumable("finetune", trainer_checkpoints(folder.folder)) if folder.same_run else None
+    if chosen is None:
+        return None
+    if args.layout.sharded:
+        raise FlagError("output_dir", f"--output_dir {str(folder.folder)!r} holds checkpoints of this sharded run "
+                                      f"({args.sizes_text()}), which Trainer cannot resume (a model sharded at load "
+                                      "time); pass --overwrite_output_dir to start over.")
+    announce_resume("finetune", chosen)
+    return str(chosen.path)
+
+
+def _check_output_folder(args: FinetuneArguments, training_args: Any) -> tuple[FolderState, dict[str, Any]]:
+    """The output-folder rule (``outputs.py``) for this run; reads only."""
+    arguments = json_arguments(args, training_args)
+    inputs = {"train_file": args.train_file, "validation_file": args.validation_file,
+              "model_name_or_path": args.model_name_or_path, "config_name": args.config_name,
+              "tokenizer_name": args.tokenizer_name, "resume_from_checkpoint": training_args.resume_from_checkpoint}
+    folder = check_output_folder(FINETUNE_RULE, training_args.output_dir, arguments,
+                                 overwrite=args.overwrite_output_dir,
+                                 explicit_resume=bool(training_args.resume_from_checkpoint), inputs=inputs)
+    return folder, arguments
+
+
+def _features(args: FinetuneArguments, tokenizer: Any) -> tuple[Any, Any, list[Any] | None, bool]:
+    """Tokenized splits (cut to ``--max_train_samples`` / ``--max_eval_samples``), collator, labels, regression."""
+    from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding
+
+    raw = load_splits(args)
+    regression = False
+    if args.task == "sequence_classification":
+        data, label_list, regression = sequence_features(args, raw, tokenizer)
+        collator = DataCollatorWithPadding(tokenizer)
+    else:
+        data, label_list = token_features(args, raw, tokenizer)
+        collator = DataCollatorForTokenClassification(tokenizer)
+    for split, limit in (("train", args.max_train_samples), ("validation", args.max_eval_samples)):
+        if limit is not None and len(data[split]) > limit:
+            data[split] = data[split].select(range(limit))
+    return data, collator, label_list, regression
+
+
 def _prepare(args: FinetuneArguments, training_args: Any) -> _Prepared:
-    """Check every input and build tokenizer, data, config and model; nothing is written. A bad value raises
-    ``FlagError`` naming its flag."""
-    from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding, set_seed
+    """Check every input and the output folder (``outputs.py``) and build tokenizer, data, config and model;
+    nothing is written. A bad value raises ``FlagError`` naming its flag."""
+    from transformers import set_seed
 
     check_training_arguments(training_args)
     if args.model_name_or_path is not None:
         check_model_folder("model_name_or_path", args.model_name_or_path, weights=True)
+    folder, arguments = _check_output_folder(args, training_args)
     if not training_args.do_train and not training_args.do_eval:
         training_args = dataclasses.replace(training_args, do_train=True, do_eval=True)
     set_seed(training_args.seed)
@@ -567,97 +402,150 @@ def _prepare(args: FinetuneArguments, training_args: Any) -> _Prepared:
         args.model_type, config_name=args.config_name, model_name_or_path=args.model_name_or_path,
         config_overrides=args.config_overrides, tokenizer=tokenizer, max_seq_length=args.max_seq_length,
     )
-    raw = _load_splits(args)
-    regression = False
-    if args.task == "sequence_classification":
-        data, label_list, regression = _sequence_features(args, raw, tokenizer)
-        collator = DataCollatorWithPadding(tokenizer)
-    else:
-        data, label_list = _token_features(args, raw, tokenizer)
-        collator = DataCollatorForTokenClassification(tokenizer)
-    for split, limit in (("train", args.max_train_samples), ("validation", args.max_eval_samples)):
-        if limit is not None and len(data[split]) > limit:
-            data[split] = data[split].select(range(limit))
+    data, collator, label_list, regression = _features(args, tokenizer)
     training_args = _with_early_stopping(training_args, args, regression)
-
-    label_kwargs = _label_kwargs(label_list, regression)
-    for key, value in label_kwargs.items():
+    labels = label_kwargs(label_list, regression)
+    for key, value in labels.items():
         setattr(config, key, value)
+    model = _checked_model(args, training_args, config)
+    resume_from = checkpoint_to_resume(args, training_args, folder)
+    return _Prepared(training_args, tokenizer, data, collator, label_list, labels, regression, config, model,
+                     folder, arguments, resume_from)
+
+
+def _checked_model(args: FinetuneArguments, training_args: Any, config: Any) -> Any:
+    """The single-process run's model, or ``None`` for a sharded run (checked on the meta device: layout, plans);
+    the LoRA targets are checked on it."""
     if args.layout.sharded:
         check_sharded_finetune(args, training_args)
-        checked = model_class_for(config, _auto_class(args.task))[1]  # on the meta device
+        checked = model_class_for(config, task_auto_class(args.task))[1]  # on the meta device
         check_parallel_plans(checked, args.layout)
         model = None  # every rank builds it in finetune(), where the run may write
     else:
         checked = model = _unsharded_model(args, training_args, config)
     if args.lora_r > 0:
         check_lora_targets(checked, lora_targets(checked.config.model_type, args.lora_target_modules))
-    return _Prepared(training_args, tokenizer, data, collator, label_list, label_kwargs, regression, config, model)
+    return model
 
 
-def finetune(args: FinetuneArguments, training_args: Any) -> FinetuneResult:
-    """Finetune (see module docstring); ``training_args`` is a ``transformers.TrainingArguments``.
+def _barrier(training_args: Any) -> None:
+    if training_args.world_size > 1:
+        import torch.distributed as dist
 
-    With neither ``do_train`` nor ``do_eval`` set, both are done. Every input is checked before anything is
-    written (without progress bars, so that a bad value prints its one error line alone): a bad one raises
-    ``FlagError`` naming its flag.
-    """
-    from transformers import EarlyStoppingCallback, Trainer
+        dist.barrier()
 
-    with quiet_progress():
-        prepared = _prepare(args, training_args)
-    training_args, tokenizer, data, model = (prepared.training_args, prepared.tokenizer, prepared.data,
-                                             prepared.model)
-    label_list, label_kwargs, regression = prepared.label_list, prepared.label_kwargs, prepared.regression
-    collator = prepared.collator
-    output_dir = Path(training_args.output_dir)  # every input is valid: from here on the run writes
+
+def _start_writing(prepared: _Prepared) -> None:
+    """Every rank has checked the folder; the main process clears it (``--overwrite_output_dir``) and records the
+    run in ``run.json``; then every rank goes on."""
+    training_args = prepared.training_args
+    _barrier(training_args)
+    if training_args.process_index == 0:
+        start_run(FINETUNE_RULE, prepared.folder, prepared.arguments)
+    _barrier(training_args)
+
+
+def _final_model(args: FinetuneArguments, prepared: _Prepared) -> Any:
+    """The model ``Trainer`` trains: the prepared one, or (sharded) every rank's shard; wrapped by LoRA."""
+    model = prepared.model
+    output_dir = Path(prepared.training_args.output_dir)
     if model is None:
-        model = _sharded_model(args, training_args, prepared.config)
+        model = _sharded_model(args, prepared.training_args, prepared.config)
     if args.lora_r > 0:
         if args.model_name_or_path is None:  # a random base must be saved for the adapter to be reloadable
             model.save_pretrained(output_dir / "base_model")
             model.config._name_or_path = str(output_dir / "base_model")
         model = apply_lora(model, args.task, args)
+    return model
 
-    callbacks = []
+
+def _trainer(args: FinetuneArguments, prepared: _Prepared, model: Any, guard: CheckpointGuard) -> Any:
+    """The ``Trainer`` of the run (with early stopping and the checkpoint guard as callbacks)."""
+    from transformers import EarlyStoppingCallback, Trainer
+
+    training_args, data = prepared.training_args, prepared.data
+    callbacks = [guard]
     if args.early_stopping_patience is not None:
         callbacks.append(EarlyStoppingCallback(args.early_stopping_patience, args.early_stopping_threshold))
-    trainer = Trainer(
+    return Trainer(
         model=model,
         args=training_args,
         train_dataset=data["train"] if training_args.do_train else None,
         eval_dataset=data["validation"] if training_args.do_eval else None,
-        processing_class=tokenizer,
-        data_collator=collator,
-        compute_metrics=_compute_metrics(args.task, label_list, regression, args.return_entity_level_metrics),
+        processing_class=prepared.tokenizer,
+        data_collator=prepared.collator,
+        compute_metrics=compute_metrics(args.task, prepared.label_list, prepared.regression,
+                                        args.return_entity_level_metrics),
         callbacks=callbacks,
     )
+
+
+def _train(trainer: Any, prepared: _Prepared, guard: CheckpointGuard) -> dict[str, float]:
+    """``trainer.train`` (resuming ``prepared.resume_from``), then the model, metrics and state as run_glue writes
+    them; ``TrainingPreempted`` when a stop signal ended it early."""
+    train_result = trainer.train(resume_from_checkpoint=prepared.resume_from)
+    if guard.stopped_step is not None:
+        step = guard.stopped_step
+        checkpoint = Path(prepared.training_args.output_dir) / f"checkpoint-{step}" if guard.can_checkpoint else None
+        note = "" if guard.can_checkpoint else "a sharded finetune cannot be resumed by Trainer"
+        raise TrainingPreempted("finetune", guard.stop.signal_name, step, checkpoint, note)
+    trainer.save_model()  # sharded: every rank calls save_pretrained, rank 0 writes the gathered weights
+    metrics = {**train_result.metrics, "train_samples": len(prepared.data["train"])}
+    trainer.log_metrics("train", metrics)
+    trainer.save_metrics("train", metrics)
+    trainer.save_state()
+    return metrics
+
+
+def _evaluate(trainer: Any, prepared: _Prepared) -> dict[str, float]:
+    """``trainer.evaluate`` on the validation split, logged and saved as run_glue does."""
+    metrics = {**trainer.evaluate(), "eval_samples": len(prepared.data["validation"])}
+    trainer.log_metrics("eval", metrics)
+    trainer.save_metrics("eval", metrics)
+    return metrics
+
+
+def _write_task_outputs(args: FinetuneArguments, prepared: _Prepared, trainer: Any) -> None:
+    """Tokenizer, ``task_config.json``, the merged model (``--lora_merge``); the run is then finished."""
+    if not trainer.is_world_process_zero():
+        return
+    output_dir, tokenizer = Path(prepared.training_args.output_dir), prepared.tokenizer
+    tokenizer.save_pretrained(output_dir)
+    info = {"task": args.task, "label_list": prepared.label_list, "label_kwargs": prepared.label_kwargs,
+            "base_model": args.model_name_or_path, "lora": args.lora_r > 0,
+            "train_file": args.train_file, "validation_file": args.validation_file}
+    (output_dir / TASK_CONFIG_FILE).write_text(json.dumps(info, indent=2))
+    shutil.rmtree(output_dir / INITIAL_MODEL_DIR, ignore_errors=True)
+    if args.lora_r > 0 and args.lora_merge:
+        merged = trainer.model.merge_and_unload()
+        merged.save_pretrained(output_dir / "merged")
+        tokenizer.save_pretrained(output_dir / "merged")
+    finish_run(output_dir)
+
+
+def finetune(args: FinetuneArguments, training_args: Any, stop: StopSignals | None = None) -> FinetuneResult:
+    """Finetune (see module docstring); ``training_args`` is a ``transformers.TrainingArguments``.
+
+    With neither ``do_train`` nor ``do_eval`` set, both are done. Every input and the output folder are checked
+    before anything is written (without progress bars, so that a bad value prints its one error line alone): a
+    bad one raises ``FlagError`` naming its flag. A stop signal during training raises ``TrainingPreempted``
+    after the checkpoint of the last finished step is written (caught during training, or by ``stop`` when the
+    caller installed the handlers).
+    """
+    with quiet_progress():
+        prepared = _prepare(args, training_args)
+    _start_writing(prepared)  # every input is valid: from here on the run writes
+    model = _final_model(args, prepared)
     metrics: dict[str, float] = {}
-    if training_args.do_train:
-        train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-        trainer.save_model()  # sharded: every rank calls save_pretrained, rank 0 writes the gathered weights
-        train_metrics = {**train_result.metrics, "train_samples": len(data["train"])}
-        trainer.log_metrics("train", train_metrics)
-        trainer.save_metrics("train", train_metrics)
-        trainer.save_state()
-        metrics.update(train_metrics)
-    if training_args.do_eval:
-        eval_metrics = {**trainer.evaluate(), "eval_samples": len(data["validation"])}
-        trainer.log_metrics("eval", eval_metrics)
-        trainer.save_metrics("eval", eval_metrics)
-        metrics.update(eval_metrics)
-    if trainer.is_world_process_zero():
-        tokenizer.save_pretrained(output_dir)
-        info = {"task": args.task, "label_list": label_list, "label_kwargs": label_kwargs,
-                "base_model": args.model_name_or_path, "lora": args.lora_r > 0,
-                "train_file": args.train_file, "validation_file": args.validation_file}
-        (output_dir / TASK_CONFIG_FILE).write_text(json.dumps(info, indent=2))
-        shutil.rmtree(output_dir / INITIAL_MODEL_DIR, ignore_errors=True)
-        if args.lora_r > 0 and args.lora_merge:
-            merged = trainer.model.merge_and_unload()
-            merged.save_pretrained(output_dir / "merged")
-            tokenizer.save_pretrained(output_dir / "merged")
-    return FinetuneResult(str(output_dir), metrics, trainer.model, trainer, label_list)
+    with stop_signals(stop) as active:
+        guard = CheckpointGuard(active, can_checkpoint=not args.layout.sharded)
+        trainer = _trainer(args, prepared, model, guard)
+        if prepared.training_args.do_train:
+            metrics.update(_train(trainer, prepared, guard))
+    if prepared.training_args.do_eval:
+        metrics.update(_evaluate(trainer, prepared))
+    _write_task_outputs(args, prepared, trainer)
+    return FinetuneResult(str(prepared.training_args.output_dir), metrics, trainer.model, trainer, prepared.label_list)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -670,26 +558,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
-    """CLI entry: finetune; a bad flag value (``FlagError``, raised before anything is written) gives one
-    error line naming the flag and exit status 2."""
+    """CLI entry: finetune (``preemption.run_training_command``: a bad flag value or output folder gives one error
+    line naming the flag and exit status 2; a stop signal, after its checkpoint, one line and exit status 75)."""
     from transformers import TrainingArguments
 
-    from ..cli_utils import dataclasses_from_namespace, fail_flag
-
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
-    logging.getLogger("hf_attn_variants").setLevel(logging.INFO)
-    try:
-        args, training_args = dataclasses_from_namespace(namespace, FinetuneArguments, TrainingArguments)
-        finetune(args, training_args)
-    except FlagError as error:
-        return fail_flag("finetune", error)
-    return 0
+    return run_training_command("finetune", finetune, namespace, FinetuneArguments, TrainingArguments)
 
 
 __all__ = [
+    "FINETUNE_RULE",
     "LORA_TARGETS",
     "SHARDED_CHECKPOINT_ERROR",
     "SHARDED_LOAD_ERROR",
+    "TASKS",
     "FinetuneArguments",
     "FinetuneResult",
     "add_arguments",
@@ -697,6 +578,7 @@ __all__ = [
     "check_lora_targets",
     "check_sharded_finetune",
     "check_training_arguments",
+    "checkpoint_to_resume",
     "finetune",
     "load_finetuned",
     "lora_targets",

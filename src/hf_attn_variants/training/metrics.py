@@ -50,22 +50,25 @@ def _split_tag(tag: str) -> tuple[str, str]:
     return "I", tag  # a bare type name is treated as inside that type (IO scheme)
 
 
+def _boundary(own: str, other: str, type_changes: bool, always: tuple[str, ...], inside: tuple[str, ...],
+              breaking: tuple[str, ...]) -> bool:
+    """conlleval's rule for a chunk boundary, seen from one tag's prefix ``own``: always after/at ``always``
+    prefixes; for ``inside`` prefixes when the ``other`` tag's prefix is ``breaking`` or the type changes."""
+    if own in always:
+        return True
+    return own in inside and (other in breaking or type_changes)
+
+
 def _chunk_end(prev_prefix: str, prev_type: str, prefix: str, type_: str) -> bool:
     """conlleval's endOfChunk: does a chunk end between the previous tag and this one?"""
-    if prev_prefix in ("E", "S"):
-        return True
-    if prev_prefix in ("B", "I"):
-        return prefix in ("B", "S", "O") or type_ != prev_type
-    return False
+    return _boundary(prev_prefix, prefix, type_ != prev_type, always=("E", "S"), inside=("B", "I"),
+                     breaking=("B", "S", "O"))
 
 
 def _chunk_start(prev_prefix: str, prev_type: str, prefix: str, type_: str) -> bool:
     """conlleval's startOfChunk: does a chunk start at this tag?"""
-    if prefix in ("B", "S"):
-        return True
-    if prefix in ("I", "E"):
-        return prev_prefix in ("E", "S", "O") or type_ != prev_type
-    return False
+    return _boundary(prefix, prev_prefix, type_ != prev_type, always=("B", "S"), inside=("I", "E"),
+                     breaking=("E", "S", "O"))
 
 
 def get_entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:

@@ -24,8 +24,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from ..models import FAMILIES
 from ..cli_utils import FlagError, check_config_source, check_folder, check_model_folder, names_in_message
+from ..models import FAMILIES
 from .corpus import embedded_tokenizer
 
 logger = logging.getLogger(__name__)

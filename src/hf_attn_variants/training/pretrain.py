@@ -1,17 +1,17 @@
 """``hf-attn-variants pretrain``: MLM or CLM pretraining of any family, with ``accelerate`` or sharded.
 
-Flags follow transformers' ``examples/pytorch/language-modeling/run_mlm_no_trainer.py``. The same loop
-runs in one process, under ``accelerate launch`` / ``torchrun`` (DDP, accelerate's FSDP; see
-``scripts/accelerate/``), in-process through the Python API ``pretrain(PretrainArguments(...))``, or — with
-``--fsdp_size`` / ``--tp_size`` / ``--dp_replicate_size`` under ``torchrun`` — on a model sharded by
-Transformers' ``DistributedConfig`` (FSDP2, tensor parallelism, HSDP; CPU and GPU; ``sharded.py``). The loop
-talks to a ``runtime.TrainingRuntime`` (``AccelerateRuntime`` or ``ShardedRuntime``) for everything that
-differs between the two.
+Flags follow transformers' ``examples/pytorch/language-modeling/run_mlm_no_trainer.py``
+(``arguments.PretrainArguments``). The same loop runs in one process, under ``accelerate launch`` / ``torchrun``
+(DDP, accelerate's FSDP; see ``scripts/accelerate/``), in-process through the Python API
+``pretrain(PretrainArguments(...))``, or — with ``--fsdp_size`` / ``--tp_size`` / ``--dp_replicate_size`` under
+``torchrun`` — on a model sharded by Transformers' ``DistributedConfig`` (FSDP2, tensor parallelism, HSDP; CPU
+and GPU; ``sharded.py``). The loop talks to a ``runtime.TrainingRuntime`` (``AccelerateRuntime`` or
+``ShardedRuntime``) for everything that differs between the two.
 
-Structure: ``check_arguments`` → ``make_runtime`` → ``setup`` (tokenizer, config, data, model, optimizer,
-scheduler → ``TrainingSetup``) → ``restore`` (checkpoint) → ``train`` (``train_epoch`` → per micro-batch
-``micro_batch_inputs`` and ``forward_backward``, per update ``optimizer_step`` and ``after_update``:
-``log_row``, ``evaluate``, ``save_checkpoint``) → ``save_outputs``.
+Structure: ``check_arguments`` → ``make_runtime`` → ``setup`` (the output folder and the checkpoint to resume,
+tokenizer, config, data, model, optimizer, scheduler → ``TrainingSetup``) → ``restore`` (checkpoint) → ``train``
+(``train_epoch`` → per micro-batch ``micro_batch_inputs`` and ``forward_backward``, per update ``optimizer_step``
+and ``after_update``: ``log_row``, ``evaluate``, ``save_checkpoint``) → ``save_outputs``.
 
 Exact resume. Every source of randomness in a training step is a pure function of the run's seed and the
 position in the data, never of what ran before in the process:
@@ -21,12 +21,18 @@ position in the data, never of what ran before in the process:
 - dropout: the global torch RNG is reseeded before every micro-batch with
   ``mix_seed(seed, "step", global micro-batch index, data-parallel rank)``.
 Checkpoints (``accelerator.save_state`` into ``output_dir/checkpoints/step_<k>``: model safetensors, AdamW
-state, scheduler, RNG states, plus ``training_state.json``; sharded: DCP shards of model and AdamW state,
-scheduler, RNG states) are written to a temporary folder and renamed,
-so a killed run never leaves a partial checkpoint. Resuming from step k therefore reproduces the losses of
-an uninterrupted run bit for bit (same process count and batch sizes), and ``train_log.jsonl`` is cut back
-to the rows with step ≤ k first. The log is also flushed at each checkpoint step so that logging windows
-never straddle a checkpoint.
+state, scheduler, RNG states, plus ``training_state.json`` with the size and sha256 of every file; sharded: DCP
+shards of model and AdamW state, scheduler, RNG states; ``checkpoints.py``) are written to a temporary folder
+and renamed, so a killed run never leaves a partial checkpoint, and a checkpoint damaged later is named by its
+bad file. Resuming from step k therefore reproduces the losses of an uninterrupted run bit for bit (same
+process count and batch sizes), and ``train_log.jsonl`` is cut back to the rows with step ≤ k first. The log is
+also flushed at each checkpoint step so that logging windows never straddle a checkpoint.
+
+Re-runs and preemption (``outputs.py``, ``preemption.py``). Rerunning the same command resumes from the newest
+complete checkpoint in ``--output_dir`` (one line says which); a folder holding a finished model or another
+run's files is refused before anything is written, unless ``--overwrite_output_dir``. On SIGTERM/SIGUSR1 every
+rank finishes the same optimizer step, writes its checkpoint, and the command exits with
+``PREEMPTED_EXIT_CODE`` (75). ``--save_total_limit N`` keeps the newest N checkpoints and the one resumed from.
 
 Mixed-length pretraining (``mixed_length_splits``; Su 2022, "听说Attention与Softmax更配哦~", the second
 remedy for key-count-normalised attention): each micro-batch's blocks are cut into k equal pieces, k drawn
@@ -51,26 +57,26 @@ import argparse
 import json
 import logging
 import math
-import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from transformers import SchedulerType
 
-from ..cli_utils import (
-    FlagError,
-    check_int,
-    check_model_folder,
-    check_number,
-    check_output_dir,
-    check_percentage,
-    check_positive,
-    check_seed,
-    quiet_progress,
+from ..cli_utils import FlagError, check_model_folder, check_output_dir, quiet_progress
+from .arguments import SCHEDULER_TYPES, PretrainArguments
+from .checkpoints import (
+    CHECKPOINT_DIR,
+    STATE_FILE,
+    announce_resume,
+    check_checkpoint_kind,
+    find_checkpoint,
+    newest_resumable,
+    pretrain_checkpoints,
+    read_json_file,
+    save_checkpoint,
 )
 from .corpus import CORPUS_DESCRIPTION, CORPUS_NAME, causal_tokenizer
 from .data import (
@@ -89,178 +95,45 @@ from .modeling import (
     TargetOnlyMLMLoss,
     build_config,
     build_lm_model,
-    check_model_type,
     has_target_only_mlm_head,
     load_tokenizer,
 )
-from .runtime import AccelerateRuntime, TrainingRuntime, language_model
-from .sharded import (
-    INITIAL_MODEL_DIR,
-    SIZE_FLAGS,
-    ParallelLayout,
-    ShardedRuntime,
-    check_layout,
-    check_parallel_plans,
-    model_class_for,
+from .outputs import FolderState, OutputRule, check_output_folder, finish_run, json_arguments, start_run
+from .preemption import (
+    PREEMPTED_EXIT_CODE,
+    StopSignals,
+    TrainingPreempted,
+    run_training_command,
+    stop_signals,
 )
+from .runtime import AccelerateRuntime, TrainingRuntime, language_model
+from .sharded import INITIAL_MODEL_DIR, ShardedRuntime, check_layout, check_parallel_plans, model_class_for
 
 logger = logging.getLogger(__name__)
 
-SCHEDULER_TYPES = tuple(s.value for s in SchedulerType if s.value not in ("reduce_lr_on_plateau", "greedy"))
 LOG_FILE = "train_log.jsonl"
-CHECKPOINT_DIR = "checkpoints"
-STATE_FILE = "training_state.json"
+ARGS_FILE = "pretrain_args.json"
 
 
-@dataclass
-class PretrainArguments:
-    """Arguments of ``pretrain`` (each field is also a ``--flag``; names follow run_mlm_no_trainer.py)."""
-
-    output_dir: str = field(metadata={"help": "Where the final model, train_log.jsonl and checkpoints go."})
-    model_type: str | None = field(
-        default=None, metadata={"help": "Family to train from scratch: entropy_invariant, gau or synthesizer."}
-    )
-    config_overrides: dict[str, Any] | str | None = field(
-        default=None,
-        metadata={"help": 'Config fields as "k=v,k=v", e.g. "hidden_size=64,num_hidden_layers=2" '
-                  '(lists in brackets: "synthesizer_components=[random,vanilla]"). From Python also a dict.'},
-    )
-    config_name: str | None = field(default=None, metadata={"help": "Config folder/file to start from."})
-    model_name_or_path: str | None = field(
-        default=None, metadata={"help": "A pretrained model folder to continue training (else from scratch)."}
-    )
-    tokenizer_name: str | None = field(
-        default=None, metadata={"help": "Tokenizer folder; default: the embedded pydoc WordPiece tokenizer."}
-    )
-    objective: Literal["mlm", "clm"] = field(
-        default="mlm", metadata={"help": "mlm (masked LM, bidirectional) or clm (causal LM)."}
-    )
-    train_file: str | None = field(
-        default=None, metadata={"help": "Local .txt/.json/.jsonl/.csv/.parquet; default: the embedded corpus."}
-    )
-    validation_file: str | None = field(default=None, metadata={"help": "Local validation file (same format)."})
-    text_column_name: str | None = field(default=None, metadata={"help": "Text column (default: text / first)."})
-    validation_split_percentage: int = field(
-        default=5, metadata={"help": "Held-out %% of train_file when there is no validation_file."}
-    )
-    max_seq_length: int = field(default=128, metadata={"help": "Block length the texts are grouped into."})
-    per_device_train_batch_size: int = field(default=8, metadata={"help": "Batch size per process."})
-    per_device_eval_batch_size: int = field(default=8, metadata={"help": "Evaluation batch size per process."})
-    learning_rate: float = field(default=5e-4, metadata={"help": "Peak AdamW learning rate."})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (not on biases/norms/gains)."})
-    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW β1."})
-    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW β2."})
-    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW ε."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 = off)."})
-    num_warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps."})
-    lr_scheduler_type: str = field(
-        default="linear", metadata={"help": "Learning-rate schedule after warm-up.", "choices": SCHEDULER_TYPES}
-    )
-    max_train_steps: int | None = field(
-        default=None, metadata={"help": "Optimizer steps in total; overrides num_train_epochs."}
-    )
-    num_train_epochs: int = field(default=3, metadata={"help": "Epochs when max_train_steps is not set."})
-    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
-    checkpointing_steps: str | None = field(
-        default=None, metadata={"help": 'Save a checkpoint every N optimizer steps, or "epoch".'}
-    )
-    resume_from_checkpoint: str | None = field(
-        default=None, metadata={"help": 'A checkpoint folder, or "latest" (newest under output_dir/checkpoints).'}
-    )
-    seed: int = field(default=42, metadata={"help": "Seed of initialisation, data order, masks and dropout."})
-    with_tracking: bool = field(default=False, metadata={"help": "Log to TensorBoard under output_dir/tensorboard."})
-    mixed_precision: Literal["no", "fp16", "bf16"] = field(
-        default="no", metadata={"help": "Autocast precision (fp16 needs a GPU; bf16 works on recent CPUs)."}
-    )
-    mlm_probability: float = field(default=0.15, metadata={"help": "Share of tokens selected for MLM."})
-    mixed_length_splits: list[int] | None = field(
-        default=None,
-        metadata={"help": "Mixed-length pretraining (Su 2022's second remedy for relu² GAU): each micro-batch's "
-                  "blocks are cut into k equal shorter blocks, k drawn per micro-batch from this list "
-                  "(deterministic in seed and step; each k must divide max_seq_length; tokens per step unchanged)."},
-    )
-    logging_steps: int = field(default=10, metadata={"help": "Write a train_log.jsonl row every N steps."})
-    eval_steps: int | None = field(
-        default=None, metadata={"help": "Also evaluate every N steps (always: each epoch end and the last step)."}
-    )
-    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N train blocks."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Use only the first N validation blocks."})
-    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for datasets.map."})
-    disable_tqdm: bool = field(default=False, metadata={"help": "No progress bars (training and datasets.map)."})
-    fsdp_size: int = field(
-        default=1,
-        metadata={"help": "Sharded run (torchrun, Transformers' DistributedConfig; docs/training.md): ranks every "
-                  "parameter is FSDP2-sharded over. dp_replicate_size × fsdp_size × tp_size = WORLD_SIZE."},
-    )
-    tp_size: int = field(
-        default=1, metadata={"help": "Sharded run: tensor-parallel ranks (the family's base_model_tp_plan)."}
-    )
-    dp_replicate_size: int = field(
-        default=1, metadata={"help": "Sharded run: replicas of the FSDP shards (HSDP; e.g. the number of nodes)."}
-    )
-
-    def __post_init__(self) -> None:
-        """Check every value that needs no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it.
-        Paths, data and the model config are checked by ``pretrain`` before it writes anything."""
-        if self.model_type is None and self.config_name is None and self.model_name_or_path is None:
-            raise FlagError("model_type", "Pass --model_type (entropy_invariant, gau, synthesizer, …), "
-                                          "--config_name or --model_name_or_path.")
-        if self.model_type is not None:
-            check_model_type(self.model_type)
-        _choice("objective", self.objective, ("mlm", "clm"))
-        _choice("mixed_precision", self.mixed_precision, ("no", "fp16", "bf16"))
-        _choice("lr_scheduler_type", self.lr_scheduler_type, SCHEDULER_TYPES)
-        for name in ("max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size",
-                     "num_train_epochs", "gradient_accumulation_steps", "logging_steps"):
-            check_positive(name, getattr(self, name))
-        for name in ("max_train_steps", "eval_steps", "max_train_samples", "max_eval_samples",
-                     "preprocessing_num_workers"):
-            if getattr(self, name) is not None:
-                check_positive(name, getattr(self, name))
-        check_int("num_warmup_steps", self.num_warmup_steps, 0)
-        check_percentage("validation_split_percentage", self.validation_split_percentage)
-        check_seed("seed", self.seed)
-        check_number("mlm_probability", self.mlm_probability, 0, 1, open_low=True, open_high=True)
-        check_number("learning_rate", self.learning_rate, 0, open_low=True)
-        check_number("weight_decay", self.weight_decay, 0)
-        check_number("adam_beta1", self.adam_beta1, 0, 1, open_high=True)
-        check_number("adam_beta2", self.adam_beta2, 0, 1, open_high=True)
-        check_number("adam_epsilon", self.adam_epsilon, 0, open_low=True)
-        check_number("max_grad_norm", self.max_grad_norm, 0)
-        for name in SIZE_FLAGS:
-            check_positive(name, getattr(self, name))
-        if self.layout.sharded and self.mixed_precision == "fp16":
-            raise FlagError("mixed_precision", "mixed_precision='fp16' needs a loss scaler, which a sharded run "
-                                               f"({self.layout.flag()}={getattr(self.layout, self.layout.flag())}) "
-                                               "has not; use bf16.")
-        for name in ("validation_file", "text_column_name"):
-            if getattr(self, name) is not None and self.train_file is None:
-                raise FlagError(name, f"{name} needs a train_file (the embedded corpus is one text column).")
-        if self.mixed_length_splits is not None:
-            splits = list(self.mixed_length_splits)
-            if not splits or any(isinstance(k, bool) or not isinstance(k, int) or k < 1
-                                 or self.max_seq_length % k for k in splits):
-                raise FlagError("mixed_length_splits",
-                                f"mixed_length_splits must be positive integers dividing max_seq_length="
-                                f"{self.max_seq_length}, got {self.mixed_length_splits}.")
-            self.mixed_length_splits = splits
-        if self.checkpointing_steps is not None:
-            value = str(self.checkpointing_steps)
-            if value != "epoch" and not (value.isdigit() and int(value) > 0):
-                raise FlagError("checkpointing_steps",
-                                f'checkpointing_steps must be a positive integer or "epoch", got {value!r}.')
-            self.checkpointing_steps = value
+def _legacy_arguments(folder: Path) -> dict[str, Any] | None:
+    """The arguments of a finished pretrain folder written before ``run.json``: its ``pretrain_args.json``."""
+    info = read_json_file(folder / ARGS_FILE)
+    if info is None:
+        return None
+    names = {f.name for f in fields(PretrainArguments)}
+    return {key: value for key, value in info.items() if key in names}
 
 
-    @property
-    def layout(self) -> ParallelLayout:
-        """The process mesh of ``--dp_replicate_size``/``--fsdp_size``/``--tp_size`` (sharded iff one is > 1)."""
-        return ParallelLayout(tp_size=self.tp_size, fsdp_size=self.fsdp_size, dp_replicate_size=self.dp_replicate_size)
-
-
-def _choice(name: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
-        raise FlagError(name, f"{name} must be one of {allowed}, got {value!r}.")
+PRETRAIN_RULE = OutputRule(
+    command="pretrain",
+    aside=frozenset({"max_train_steps", "num_train_epochs", "logging_steps", "eval_steps", "with_tracking",
+                     "disable_tqdm", "checkpointing_steps", "save_total_limit", "preprocessing_num_workers"}),
+    run_files=(CHECKPOINT_DIR, LOG_FILE, ARGS_FILE, "all_results.json", "tensorboard"),
+    continue_hint="with checkpoints, --resume_from_checkpoint latest trains it further",
+    legacy_arguments=_legacy_arguments,
+)
+"""``pretrain``'s output folder (``outputs.py``): the step budget, logging and checkpoint cadence may differ
+within one run; every other flag makes another run."""
 
 
 @dataclass
@@ -290,6 +163,7 @@ class TrainingSetup:
     num_epochs: int
     special_ids: list[int]
     checkpoint: Path | None
+    """The checkpoint the run resumes from (``--resume_from_checkpoint``, or its folder's newest complete one)."""
 
     @property
     def output_dir(self) -> Path:
@@ -323,6 +197,8 @@ class LoopState:
     metrics: dict[str, float] = field(default_factory=dict)
     last_row: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
+    stop: StopSignals | None = None
+    """SIGTERM/SIGUSR1 (``preemption.py``): after the step they arrive in, every rank checkpoints and stops."""
 
 
 # ---------------------------------------------------------------- small pieces
@@ -331,62 +207,6 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[s
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def find_checkpoint(output_dir: str, name: str) -> Path:
-    """Resolve ``--resume_from_checkpoint``: a folder, or ``latest`` = the highest step under output_dir."""
-    if name != "latest":
-        path = Path(name)
-        if not (path / STATE_FILE).exists():
-            raise FlagError("resume_from_checkpoint",
-                            f"resume_from_checkpoint: {name!r} is not a checkpoint folder (no {STATE_FILE}).")
-        return path
-    root = Path(output_dir) / CHECKPOINT_DIR
-    found = [p for p in root.glob("*") if (p / STATE_FILE).exists()] if root.exists() else []
-    if not found:
-        raise FlagError("resume_from_checkpoint",
-                        f"resume_from_checkpoint='latest' but there is no checkpoint under {root}.")
-    return max(found, key=lambda p: json.loads((p / STATE_FILE).read_text())["completed_steps"])
-
-
-def check_checkpoint_kind(checkpoint: Path, args: PretrainArguments) -> None:
-    """``FlagError`` naming ``resume_from_checkpoint`` when the checkpoint was written by the other path (a
-    sharded run writes DCP folders, the accelerate path ``save_state`` folders) or, for a sharded one, with
-    another global batch size (the data position would not match)."""
-    state = json.loads((checkpoint / STATE_FILE).read_text())
-    written_sharded = state.get("format") == "dcp"
-    if written_sharded != args.layout.sharded:
-        kind = "a sharded (DistributedConfig, DCP)" if written_sharded else "an accelerate"
-        raise FlagError("resume_from_checkpoint",
-                        f"resume_from_checkpoint: {str(checkpoint)!r} was written by {kind} run; resume it "
-                        f"with the same kind of launch ({'the same' if written_sharded else 'no'} "
-                        "--fsdp_size/--tp_size/--dp_replicate_size).")
-    if written_sharded:
-        batch = args.per_device_train_batch_size * args.layout.dp_size
-        if state["global_batch_size"] != batch:
-            raise FlagError("resume_from_checkpoint",
-                            f"resume_from_checkpoint: {str(checkpoint)!r} was trained with a global batch of "
-                            f"{state['global_batch_size']} blocks, this run has per_device_train_batch_size × "
-                            f"dp_size = {batch}.")
-
-
-def save_checkpoint(runtime: TrainingRuntime, output_dir: str, name: str, state: dict[str, Any]) -> Path:
-    """``runtime.save_state`` into ``checkpoints/.<name>.tmp``, then an atomic rename to ``<name>``."""
-    root = Path(output_dir) / CHECKPOINT_DIR
-    final, staging = root / name, root / f".{name}.tmp"
-    if runtime.is_main_process:
-        shutil.rmtree(staging, ignore_errors=True)
-        root.mkdir(parents=True, exist_ok=True)
-    runtime.wait_for_everyone()
-    runtime.save_state(staging)
-    runtime.wait_for_everyone()
-    if runtime.is_main_process:
-        (staging / STATE_FILE).write_text(json.dumps(state))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(staging, final)
-    runtime.wait_for_everyone()
-    return final
 
 
 def truncate_log(path: Path, last_step: int) -> None:
@@ -399,6 +219,7 @@ def truncate_log(path: Path, last_step: int) -> None:
 
 
 def _training_blocks(args: PretrainArguments, tokenizer: Any, runtime: TrainingRuntime) -> dict[str, Any]:
+    """``_load_blocks`` without ``datasets``' progress bars under ``--disable_tqdm``."""
     from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
 
     bars = is_progress_bar_enabled()
@@ -412,6 +233,8 @@ def _training_blocks(args: PretrainArguments, tokenizer: Any, runtime: TrainingR
 
 
 def _load_blocks(args: PretrainArguments, tokenizer: Any, runtime: TrainingRuntime) -> dict[str, Any]:
+    """The train and validation texts as blocks of ``--max_seq_length`` tokens (``FlagError`` when the training
+    data holds fewer), cut to ``--max_train_samples`` / ``--max_eval_samples``."""
     with runtime.main_process_first():
         eos = tokenizer.eos_token_id if args.objective == "clm" else None
         with quiet_progress():  # the checks: a bad file prints its one error line alone
@@ -472,25 +295,31 @@ def make_runtime(args: PretrainArguments) -> TrainingRuntime:
     return runtime
 
 
-def build_model(args: PretrainArguments, config: Any, runtime: TrainingRuntime) -> torch.nn.Module:
-    """The training module, with initial weights that depend on the seed only.
-
-    accelerate path: the model (``TargetOnlyMLMLoss``-wrapped for this package's MLMs). Sharded path: rank 0
-    builds the model with the seed into ``checkpoints/.initial_model`` (or ``--model_name_or_path`` is used),
-    then every rank loads it sharded (``ShardedRuntime.load_model``); the MLM head runs on every position there
-    (FSDP2 gathers parameters in the root module's forward, which calling ``model.lm_head`` alone would skip).
-    """
+def build_or_check_model(args: PretrainArguments, config: Any) -> torch.nn.Module | None:
+    """The training module of the accelerate path, with initial weights that depend on the seed only (this
+    package's MLMs wrapped in ``TargetOnlyMLMLoss``); for a sharded run ``None``, after checking the family's
+    parallel plans on a model on the meta device (the last check: from here on the run writes)."""
     from accelerate.utils import set_seed
 
-    if not args.layout.sharded:
-        set_seed(args.seed)  # (again) so that the initialisation depends on the seed only
-        with quiet_progress():
-            model = build_lm_model(config, args.objective, args.model_name_or_path)
-        if args.objective == "mlm" and has_target_only_mlm_head(model):
-            model = TargetOnlyMLMLoss(model)  # the MLM head runs on the masked positions only
-        return model
-    model_class, meta_model = model_class_for(config, LM_AUTO_CLASSES[args.objective])
-    check_parallel_plans(meta_model, args.layout)  # the last check: from here on the run writes
+    if args.layout.sharded:
+        check_parallel_plans(model_class_for(config, LM_AUTO_CLASSES[args.objective])[1], args.layout)
+        return None
+    set_seed(args.seed)  # (again) so that the initialisation depends on the seed only
+    with quiet_progress():
+        model = build_lm_model(config, args.objective, args.model_name_or_path)
+    if args.objective == "mlm" and has_target_only_mlm_head(model):
+        model = TargetOnlyMLMLoss(model)  # the MLM head runs on the masked positions only
+    return model
+
+
+def sharded_model(args: PretrainArguments, config: Any, runtime: TrainingRuntime) -> torch.nn.Module:
+    """The model of a sharded run: rank 0 builds the model with the seed into ``checkpoints/.initial_model`` (or
+    ``--model_name_or_path`` is used), then every rank loads it sharded (``ShardedRuntime.load_model``); the MLM
+    head runs on every position there (FSDP2 gathers parameters in the root module's forward, which calling
+    ``model.lm_head`` alone would skip)."""
+    from accelerate.utils import set_seed
+
+    model_class = model_class_for(config, LM_AUTO_CLASSES[args.objective])[0]
     source = Path(args.model_name_or_path) if args.model_name_or_path else initial_model_dir(args)
     if args.model_name_or_path is None and runtime.is_main_process:
         shutil.rmtree(source, ignore_errors=True)
@@ -525,13 +354,42 @@ def make_optimizer(args: PretrainArguments, model: torch.nn.Module) -> torch.opt
     )
 
 
-def setup(args: PretrainArguments, runtime: TrainingRuntime) -> TrainingSetup:
-    """Tokenizer, config, checkpoint to resume, data, model, optimizer, scheduler — every input is checked
-    (``FlagError``) before the output folder is created."""
-    from accelerate.utils import set_seed
-    from transformers import get_scheduler
+def check_output_folder_of(args: PretrainArguments) -> FolderState:
+    """The output-folder rule (``outputs.py``) for this run; reads only (every rank calls it)."""
+    inputs = {"train_file": args.train_file, "validation_file": args.validation_file,
+              "model_name_or_path": args.model_name_or_path, "config_name": args.config_name,
+              "tokenizer_name": args.tokenizer_name, "resume_from_checkpoint": args.resume_from_checkpoint}
+    return check_output_folder(PRETRAIN_RULE, args.output_dir, json_arguments(args),
+                               overwrite=args.overwrite_output_dir, explicit_resume=bool(args.resume_from_checkpoint),
+                               inputs=inputs)
 
-    set_seed(args.seed)
+
+def checkpoint_to_resume(args: PretrainArguments, folder: FolderState) -> Path | None:
+    """``--resume_from_checkpoint``'s checkpoint; else, in a folder holding this run unfinished, its newest
+    complete checkpoint (broken newer ones skipped with a warning; one line says which); else ``None``. A
+    checkpoint of the other kind of launch (sharded or not) is refused (``check_checkpoint_kind``)."""
+    if args.resume_from_checkpoint:
+        explicit = find_checkpoint(args.output_dir, args.resume_from_checkpoint)
+        check_checkpoint_kind(explicit, args)
+        return explicit
+    chosen = newest_resumable("pretrain", pretrain_checkpoints(args.output_dir)) if folder.same_run else None
+    if chosen is None:
+        return None
+    check_checkpoint_kind(chosen.path, args)
+    announce_resume("pretrain", chosen)
+    return chosen.path
+
+
+def start_writing(args: PretrainArguments, runtime: TrainingRuntime, folder: FolderState) -> None:
+    """Every rank has checked everything; the main process clears the folder (``--overwrite_output_dir``) and
+    records the run in ``run.json``; then every rank goes on."""
+    runtime.wait_for_everyone()
+    if runtime.is_main_process:
+        start_run(PRETRAIN_RULE, folder, json_arguments(args))
+    runtime.wait_for_everyone()
+
+
+def _tokenizer_and_config(args: PretrainArguments) -> tuple[Any, Any]:
     tokenizer = load_tokenizer(args.tokenizer_name)
     if args.objective == "clm":  # prompts must not end with EOS: the saved tokenizer adds BOS only
         tokenizer = causal_tokenizer(tokenizer)
@@ -543,14 +401,24 @@ def setup(args: PretrainArguments, runtime: TrainingRuntime) -> TrainingSetup:
         tokenizer=tokenizer,
         max_seq_length=args.max_seq_length,
     )
-    checkpoint = find_checkpoint(args.output_dir, args.resume_from_checkpoint) if args.resume_from_checkpoint else None
-    if checkpoint is not None:
-        check_checkpoint_kind(checkpoint, args)
+    return tokenizer, config
+
+
+def setup(args: PretrainArguments, runtime: TrainingRuntime) -> TrainingSetup:
+    """Output folder, checkpoint to resume, tokenizer, config, data, model, optimizer, scheduler — every input
+    and the output folder are checked (``FlagError``) before anything is written."""
+    from accelerate.utils import set_seed
+    from transformers import get_scheduler
+
+    set_seed(args.seed)
+    folder = check_output_folder_of(args)
+    checkpoint = checkpoint_to_resume(args, folder)
+    tokenizer, config = _tokenizer_and_config(args)
     blocks = _training_blocks(args, tokenizer, runtime)
-    model = build_model(args, config, runtime)
-    if runtime.is_main_process:  # every input is valid: from here on the run writes
-        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-    runtime.wait_for_everyone()
+    model = build_or_check_model(args, config)
+    start_writing(args, runtime, folder)  # every input is valid: from here on the run writes
+    if model is None:
+        model = sharded_model(args, config, runtime)
 
     sampler = EpochShuffleSampler(len(blocks["train"]), args.seed)
     model, optimizer = runtime.prepare(model, make_optimizer(args, model), IndexedBlocks(blocks["train"]), sampler,
@@ -698,24 +566,35 @@ def log_row(run: TrainingSetup, state: LoopState, grad_norm: torch.Tensor | None
 
 
 # ---------------------------------------------------------------- the loop
+def stop_requested(run: TrainingSetup, state: LoopState) -> bool:
+    """Whether any rank received SIGTERM/SIGUSR1 (one all-reduce: every rank answers the same after the same
+    step), and the run still has steps to do (a signal during the last one lets it finish normally)."""
+    return state.stop is not None and state.stop.agreed(run.runtime.device) and state.completed < run.max_steps
+
+
 def after_update(run: TrainingSetup, state: LoopState, epoch: int, epoch_end: bool,
                  grad_norm: torch.Tensor | None, progress: Any) -> None:
     """Book-keeping after an optimizer step: progress, logging (every ``--logging_steps``, at evaluations and
-    checkpoints), evaluation (``--eval_steps``, epoch ends, the last step), checkpoints."""
+    checkpoints), evaluation (``--eval_steps``, epoch ends, the last step), checkpoints; after a stop signal, the
+    checkpoint of this step (no evaluation: the time before the kill is short) and ``TrainingPreempted``."""
     args = run.args
     state.completed += 1
     progress.update(1)
     state.log_loss += state.window_loss
     state.log_updates += 1
     state.window_loss.zero_()
-    name = checkpoint_name(run, state.completed, epoch, epoch_end)
-    eval_due = bool(state.completed == run.max_steps or epoch_end
-                    or (args.eval_steps and state.completed % args.eval_steps == 0))
+    stopping = stop_requested(run, state)
+    name = checkpoint_name(run, state.completed, epoch, epoch_end) or (f"step_{state.completed}" if stopping else None)
+    eval_due = not stopping and bool(state.completed == run.max_steps or epoch_end
+                                     or (args.eval_steps and state.completed % args.eval_steps == 0))
     if eval_due or name or state.completed % args.logging_steps == 0:
         row = log_row(run, state, grad_norm, eval_due)
         progress.set_postfix(loss=f"{row['loss']:.4f}")
     if name:
-        save_checkpoint(run.runtime, args.output_dir, name, checkpoint_state(run, state.completed, epoch))
+        saved = save_checkpoint(run.runtime, args.output_dir, name, checkpoint_state(run, state.completed, epoch),
+                                limit=args.save_total_limit, keep=run.checkpoint)
+        if stopping:
+            raise TrainingPreempted("pretrain", state.stop.signal_name, state.completed, saved)
 
 
 def train_epoch(run: TrainingSetup, state: LoopState, epoch: int, progress: Any) -> None:
@@ -741,8 +620,9 @@ def train_epoch(run: TrainingSetup, state: LoopState, epoch: int, progress: Any)
             break
 
 
-def train(run: TrainingSetup, completed: int) -> LoopState:
-    """Train from step ``completed`` to ``max_steps`` (with a ``tqdm`` bar on each node's main process)."""
+def train(run: TrainingSetup, completed: int, stop: StopSignals | None = None) -> LoopState:
+    """Train from step ``completed`` to ``max_steps`` (with a ``tqdm`` bar on each node's main process); a stop
+    signal in ``stop`` ends it early with ``TrainingPreempted`` after a checkpoint."""
     from tqdm.auto import tqdm
 
     args, runtime = run.args, run.runtime
@@ -750,15 +630,17 @@ def train(run: TrainingSetup, completed: int) -> LoopState:
         runtime.init_trackers({k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))})
     device = runtime.device
     state = LoopState(completed=completed, window_loss=torch.zeros((), device=device),
-                      log_loss=torch.zeros((), device=device))
+                      log_loss=torch.zeros((), device=device), stop=stop)
     progress = tqdm(total=run.max_steps, initial=completed,
                     disable=args.disable_tqdm or not runtime.is_local_main_process,
                     desc=f"pretrain {run.config.model_type} ({args.objective})")
-    for epoch in range(completed // run.updates_per_epoch, run.num_epochs):
-        if state.completed >= run.max_steps:
-            break
-        train_epoch(run, state, epoch, progress)
-    progress.close()
+    try:
+        for epoch in range(completed // run.updates_per_epoch, run.num_epochs):
+            if state.completed >= run.max_steps:
+                break
+            train_epoch(run, state, epoch, progress)
+    finally:
+        progress.close()
     if not state.metrics and state.completed > 0:
         state.metrics = evaluate(run)
     return state
@@ -790,29 +672,37 @@ def save_outputs(run: TrainingSetup, state: LoopState) -> None:
             "validation_blocks": len(run.blocks["validation"]),
             **runtime.describe(),
         }
-        (run.output_dir / "pretrain_args.json").write_text(json.dumps(info, indent=2))
+        (run.output_dir / ARGS_FILE).write_text(json.dumps(info, indent=2))
         if args.layout.sharded:
             remove_initial_model(args)
     if args.with_tracking:
         runtime.end_training()
     runtime.wait_for_everyone()
+    if runtime.is_main_process:
+        finish_run(args.output_dir)
 
 
-def pretrain(args: PretrainArguments) -> PretrainResult:
+def pretrain(args: PretrainArguments, stop: StopSignals | None = None) -> PretrainResult:
     """Run MLM/CLM pretraining as described in the module docstring; returns a ``PretrainResult``.
 
-    Writes to ``args.output_dir``: the model (safetensors + remote code + config), the tokenizer,
+    Writes to ``args.output_dir``: ``run.json``, the model (safetensors + remote code + config), the tokenizer,
     ``train_log.jsonl`` (step, epoch, loss, lr, grad_norm, eval_* when evaluated), ``all_results.json``,
     ``pretrain_args.json`` and ``checkpoints/``. Nothing is written before the output folder, tokenizer,
     config, checkpoint, data, model and (sharded) process layout are checked: a bad one raises ``FlagError``
-    naming its argument.
+    naming its argument. SIGTERM/SIGUSR1 end the run after the current optimizer step and its checkpoint with
+    ``TrainingPreempted`` (caught during training, or by ``stop`` when the caller installed the handlers).
     """
     check_arguments(args)
     runtime = make_runtime(args)
     try:
         run = setup(args, runtime)
-        state = train(run, restore(run))
+        with stop_signals(stop) as active:
+            state = train(run, restore(run), active)
         save_outputs(run, state)
+    except TrainingPreempted:
+        if args.with_tracking:
+            runtime.end_training()
+        raise
     finally:
         if isinstance(runtime, ShardedRuntime):
             runtime.close()
@@ -827,26 +717,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
-    """CLI entry: train; a bad flag value (``FlagError``, raised before anything is written) gives one
-    error line naming the flag and exit status 2."""
-    from ..cli_utils import dataclasses_from_namespace, fail_flag
-
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
-    logging.getLogger("hf_attn_variants").setLevel(logging.INFO)
-    try:
-        (args,) = dataclasses_from_namespace(namespace, PretrainArguments)
-        pretrain(args)
-    except FlagError as error:
-        return fail_flag("pretrain", error)
-    return 0
+    """CLI entry: train (``preemption.run_training_command``: a bad flag value or output folder gives one error
+    line naming the flag and exit status 2; a stop signal, after its checkpoint, one line and exit status 75)."""
+    return run_training_command("pretrain", pretrain, namespace, PretrainArguments)
 
 
 __all__ = [
+    "PREEMPTED_EXIT_CODE",
+    "PRETRAIN_RULE",
+    "SCHEDULER_TYPES",
+    "STATE_FILE",
     "LoopState",
     "PretrainArguments",
     "PretrainResult",
+    "TrainingPreempted",
     "TrainingSetup",
     "add_arguments",
+    "check_checkpoint_kind",
     "find_checkpoint",
     "pretrain",
     "run",

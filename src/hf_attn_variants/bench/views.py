@@ -7,16 +7,17 @@
 - ``synthesizer_table``: docs/synthesizer.md's component timings.
 
 All of them compute their figures with the same functions (``hf_attn_variants.bench.report``), so a
-figure has one value wherever it is quoted.
+figure has one value wherever it is quoted. They live with the benchmark, which owns the file format;
+``hf_attn_variants.results`` finds them through ``TOOL_VIEWS`` (the renderer imports no tool).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..bench import report as _report
-from ..bench import store as _store
-from ..bench.plots import plot_names as _plot_names
+from . import report as _report
+from . import store as _store
+from .plots import plot_names as _plot_names
 
 
 def report(data: dict[str, Any]) -> str:

@@ -1,0 +1,299 @@
+"""Checkpoints that say whether they are whole: a manifest of every file, the newest complete one, rotation.
+
+At save, every file of a checkpoint gets its size and sha256 in a manifest (``pretrain``: the ``"files"`` entry
+of its ``training_state.json``, written last, after every rank's files and before the atomic rename;
+``finetune``: ``checkpoint_manifest.json`` next to Trainer's files, written by the main process once every rank
+has saved). A checkpoint is *complete* when its manifest is there and every listed file has its recorded size
+and digest (``checkpoint_problem``); one cut short (a disk that filled, a copy that stopped, a save killed
+half-way) is named by its first bad file.
+
+- ``newest_complete``: the newest complete checkpoint among candidates (newest first), with the broken ones it
+  passed over — automatic resume warns about each and uses the earlier one.
+- ``broken_checkpoint_error``: the one sentence for an explicitly named broken checkpoint (the file, and the
+  newest complete checkpoint before it).
+- ``rotate``: ``--save_total_limit N`` keeps the newest N checkpoints and never the one the run resumed from.
+- ``pretrain``'s checkpoints (``output_dir/checkpoints/<name>/``): ``save_checkpoint`` (staging folder, manifest,
+  atomic rename, rotation), ``find_checkpoint`` (``--resume_from_checkpoint``), ``check_checkpoint_kind``.
+
+Checkpoints written before manifests existed have none; they are probed instead (``probe_files``: every
+safetensors header and every ``torch.load``-able file read), so a truncated one is named too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..cli_utils import FlagError
+
+if TYPE_CHECKING:
+    from .arguments import PretrainArguments
+    from .runtime import TrainingRuntime
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_KEY = "files"
+"""The manifest's key in a checkpoint's state file."""
+HASH_CHUNK = 1 << 20
+CHECKPOINT_DIR = "checkpoints"
+STATE_FILE = "training_state.json"
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of ``path`` (hex), read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(HASH_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_manifest(folder: Path, exclude: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"size", "sha256"}}`` of every file under ``folder`` except ``exclude`` (names)."""
+    return {
+        path.relative_to(folder).as_posix(): {"size": path.stat().st_size, "sha256": file_digest(path)}
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name not in exclude
+    }
+
+
+def manifest_problem(folder: Path, manifest: dict[str, dict[str, Any]]) -> str | None:
+    """``None`` when every file of ``manifest`` is in ``folder`` with its recorded size and sha256, else what is
+    wrong with the first one that is not (``"<folder>/model.safetensors is 1024 bytes, 40960 recorded at save"``)."""
+    for name, recorded in manifest.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        size = path.stat().st_size
+        if size != recorded["size"]:
+            return f"{path} is {size} bytes, {recorded['size']} recorded at save"
+        if file_digest(path) != recorded["sha256"]:
+            return f"{path} does not match the sha256 recorded at save"
+    return None
+
+
+def probe_files(folder: Path) -> str | None:
+    """For a checkpoint without a manifest: ``None`` when every safetensors file opens and every ``.bin``/``.pt``/
+    ``.pth``/``.pkl`` file loads, else which one fails and how."""
+    import torch
+    from safetensors import safe_open
+
+    for path in sorted(folder.rglob("*")):
+        try:
+            if path.suffix == ".safetensors":
+                with safe_open(str(path), framework="pt") as handle:
+                    names = handle.keys()
+                    for name in names:
+                        handle.get_slice(name)
+            elif path.suffix in (".bin", ".pt", ".pth", ".pkl"):
+                torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as error:  # noqa: BLE001 - any failure to read the file is what we report
+            reason = " ".join(str(error).split()) or type(error).__name__
+            return f"{path} cannot be read ({type(error).__name__}: {reason})"
+    return None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint folder, its step, and how its completeness is checked."""
+
+    path: Path
+    step: int
+    manifest: dict[str, dict[str, Any]] | None
+    """The recorded files; ``None``: no manifest (written before manifests: probed instead)."""
+    manifest_file: str | None = None
+    """Set when a missing manifest means the save did not finish: the manifest's file name, for the message."""
+
+    def problem(self) -> str | None:
+        """``None`` when the checkpoint is complete, else its first bad file and what is wrong with it."""
+        if self.manifest is not None:
+            return manifest_problem(self.path, self.manifest)
+        if self.manifest_file is not None:
+            return f"{self.path / self.manifest_file} is missing (its save did not finish)"
+        return probe_files(self.path)
+
+
+def newest_complete(checkpoints: Sequence[Checkpoint]) -> tuple[Checkpoint | None, list[tuple[Checkpoint, str]]]:
+    """The newest complete checkpoint (highest step) and the newer broken ones passed over with their problems."""
+    skipped = []
+    for checkpoint in sorted(checkpoints, key=lambda c: c.step, reverse=True):
+        problem = checkpoint.problem()
+        if problem is None:
+            return checkpoint, skipped
+        skipped.append((checkpoint, problem))
+    return None, skipped
+
+
+def warn_skipped(command: str, skipped: list[tuple[Checkpoint, str]], chosen: Checkpoint | None) -> None:
+    """One warning per broken checkpoint that automatic resume passed over."""
+    for checkpoint, problem in skipped:
+        instead = f"resuming from {chosen.path} instead" if chosen else "no complete checkpoint before it"
+        logger.warning("%s: skipping the broken checkpoint %s (%s); %s", command, checkpoint.path, problem, instead)
+
+
+def newest_resumable(command: str, checkpoints: Sequence[Checkpoint]) -> Checkpoint | None:
+    """Automatic resume's choice: the newest complete checkpoint, with a warning for each broken newer one."""
+    chosen, skipped = newest_complete(checkpoints)
+    warn_skipped(command, skipped, chosen)
+    return chosen
+
+
+def announce_resume(command: str, checkpoint: Checkpoint) -> None:
+    """The one line saying which checkpoint an automatic resume continues from."""
+    logger.info("%s: resuming from %s (step %d), the newest complete checkpoint of this run in --output_dir",
+                command, checkpoint.path, checkpoint.step)
+
+
+def broken_checkpoint_error(flag: str, checkpoint: Checkpoint, problem: str,
+                            earlier: Sequence[Checkpoint]) -> FlagError:
+    """The one-sentence ``FlagError`` for a named checkpoint that is broken: the bad file and the newest complete
+    checkpoint before it (among ``earlier``)."""
+    before, _ = newest_complete([c for c in earlier if c.step < checkpoint.step])
+    fallback = (f"the newest complete checkpoint before it is {str(before.path)!r}" if before
+                else "there is no complete checkpoint before it")
+    return FlagError(flag, f"{flag}: checkpoint {str(checkpoint.path)!r} is broken: {problem}; {fallback}.")
+
+
+def rotate(checkpoints: Sequence[Checkpoint], limit: int | None, keep: Path | None) -> list[Path]:
+    """Delete all but the newest ``limit`` checkpoints (never ``keep``, the one the run resumed from); returns
+    the deleted folders. ``limit=None`` keeps everything."""
+    if limit is None:
+        return []
+    ordered = sorted(checkpoints, key=lambda c: c.step, reverse=True)
+    keep_resolved = keep.resolve() if keep is not None else None
+    doomed = [c.path for c in ordered[limit:] if c.path.resolve() != keep_resolved]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def read_json_file(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or ``None`` when it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def list_checkpoints(root: Path, pattern: str, read: Callable[[Path], Checkpoint | None]) -> list[Checkpoint]:
+    """The checkpoints ``read`` recognises among the folders of ``root`` matching ``pattern``."""
+    if not root.is_dir():
+        return []
+    found = (read(path) for path in sorted(root.glob(pattern)) if path.is_dir())
+    return [checkpoint for checkpoint in found if checkpoint is not None]
+
+
+# ---------------------------------------------------------------- pretrain's checkpoint folders
+def read_pretrain_checkpoint(path: Path) -> Checkpoint | None:
+    """A ``pretrain`` checkpoint folder (it has ``training_state.json``) as a ``Checkpoint``, else ``None``."""
+    state = read_json_file(path / STATE_FILE)
+    if state is None or "completed_steps" not in state:
+        return None
+    return Checkpoint(path, int(state["completed_steps"]), state.get(MANIFEST_KEY))
+
+
+def pretrain_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
+    """The checkpoints under ``output_dir/checkpoints``."""
+    return list_checkpoints(Path(output_dir) / CHECKPOINT_DIR, "*", read_pretrain_checkpoint)
+
+
+def find_checkpoint(output_dir: str, name: str) -> Path:
+    """Resolve ``--resume_from_checkpoint``: a complete checkpoint folder, or ``latest`` = the newest complete one
+    under ``output_dir/checkpoints`` (broken newer ones skipped with a warning). A named broken checkpoint gives
+    one sentence naming its bad file and the newest complete checkpoint before it."""
+    flag = "resume_from_checkpoint"
+    if name != "latest":
+        checkpoint = read_pretrain_checkpoint(Path(name))
+        if checkpoint is None:
+            raise FlagError(flag, f"resume_from_checkpoint: {name!r} is not a checkpoint folder (no {STATE_FILE}).")
+        if (problem := checkpoint.problem()) is not None:
+            raise broken_checkpoint_error(flag, checkpoint, problem, pretrain_checkpoints(Path(name).parent.parent))
+        return checkpoint.path
+    root = Path(output_dir) / CHECKPOINT_DIR
+    found = pretrain_checkpoints(output_dir)
+    if not found:
+        raise FlagError(flag, f"resume_from_checkpoint='latest' but there is no checkpoint under {root}.")
+    chosen, skipped = newest_complete(found)
+    warn_skipped("pretrain", skipped, chosen)
+    if chosen is None:
+        raise FlagError(flag, f"resume_from_checkpoint='latest' but every checkpoint under {root} is broken "
+                              f"({skipped[0][1]}).")
+    return chosen.path
+
+
+def check_checkpoint_kind(checkpoint: Path, args: PretrainArguments) -> None:
+    """``FlagError`` naming ``resume_from_checkpoint`` when the checkpoint was written by the other path (a
+    sharded run writes DCP folders, the accelerate path ``save_state`` folders) or, for a sharded one, with
+    another global batch size (the data position would not match)."""
+    state = json.loads((checkpoint / STATE_FILE).read_text())
+    written_sharded = state.get("format") == "dcp"
+    if written_sharded != args.layout.sharded:
+        kind = "a sharded (DistributedConfig, DCP)" if written_sharded else "an accelerate"
+        raise FlagError("resume_from_checkpoint",
+                        f"resume_from_checkpoint: {str(checkpoint)!r} was written by {kind} run; resume it "
+                        f"with the same kind of launch ({'the same' if written_sharded else 'no'} "
+                        "--fsdp_size/--tp_size/--dp_replicate_size).")
+    if written_sharded:
+        batch = args.per_device_train_batch_size * args.layout.dp_size
+        if state["global_batch_size"] != batch:
+            raise FlagError("resume_from_checkpoint",
+                            f"resume_from_checkpoint: {str(checkpoint)!r} was trained with a global batch of "
+                            f"{state['global_batch_size']} blocks, this run has per_device_train_batch_size × "
+                            f"dp_size = {batch}.")
+
+
+def save_checkpoint(runtime: TrainingRuntime, output_dir: str, name: str, state: dict[str, Any], *,
+                    limit: int | None = None, keep: Path | None = None) -> Path:
+    """``runtime.save_state`` into ``checkpoints/.<name>.tmp``; then the main process records the manifest of every
+    rank's files in ``training_state.json`` (last), renames the folder to ``<name>`` atomically, and deletes all
+    but the newest ``limit`` checkpoints (never ``keep``)."""
+    root = Path(output_dir) / CHECKPOINT_DIR
+    final, staging = root / name, root / f".{name}.tmp"
+    if runtime.is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+    runtime.wait_for_everyone()
+    runtime.save_state(staging)
+    runtime.wait_for_everyone()
+    if runtime.is_main_process:
+        state = {**state, MANIFEST_KEY: file_manifest(staging, exclude=(STATE_FILE,))}
+        (staging / STATE_FILE).write_text(json.dumps(state))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        rotate(pretrain_checkpoints(output_dir), limit, keep)
+    runtime.wait_for_everyone()
+    return final
+
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "MANIFEST_KEY",
+    "STATE_FILE",
+    "Checkpoint",
+    "announce_resume",
+    "broken_checkpoint_error",
+    "check_checkpoint_kind",
+    "file_digest",
+    "file_manifest",
+    "find_checkpoint",
+    "list_checkpoints",
+    "manifest_problem",
+    "newest_complete",
+    "newest_resumable",
+    "pretrain_checkpoints",
+    "probe_files",
+    "read_json_file",
+    "read_pretrain_checkpoint",
+    "rotate",
+    "save_checkpoint",
+    "warn_skipped",
+]

@@ -1,0 +1,194 @@
+"""Preemption: SIGTERM or SIGUSR1 → finish the optimizer step, write a checkpoint, exit with ``PREEMPTED_EXIT_CODE``.
+
+Spot instances, Kubernetes and SLURM send SIGTERM (SLURM with ``--signal=USR1@<s>``: SIGUSR1) some seconds
+before they kill a job; ``torchrun`` leaves 30 s between forwarding SIGTERM to its workers and SIGKILL.
+``StopSignals`` turns the first such signal into a request (``requested``) instead of an exit; the training
+loops (``pretrain``'s, and ``finetune``'s ``Trainer`` through a callback) look at it after every optimizer step.
+
+- Every rank stops at the same step: after each step the ranks agree with one all-reduce (``StopSignals.agreed``:
+  MAX of the signal numbers), so a signal that reached one rank only, or the ranks at different steps, stops all of them after
+  the same step; they write that step's checkpoint together and exit with ``PREEMPTED_EXIT_CODE``.
+- A second signal ends the process at once, with the signal's default action (status 128 + signal number in a
+  shell), as if no handler were installed. A repeat within ``REPEAT_WINDOW_S`` of the first is taken as the same
+  notice delivered twice (a scheduler signals every process of a job, and ``torchrun`` forwards its own copy to
+  the workers), not as a second request.
+- Under ``torchrun``, its agent forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to the workers; to have it forward
+  SIGUSR1 too, set ``TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1``.
+
+Global state: Python's signal handlers are process-wide by nature. ``StopSignals`` installs its handlers only
+inside its ``with`` block, only from the main thread (the only one Python lets install them), and restores the
+previous handlers when the block ends; nothing else here is global.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+PREEMPTED_EXIT_CODE = 75
+"""Exit status of a run stopped by SIGTERM/SIGUSR1 after writing its checkpoint: ``EX_TEMPFAIL`` of sysexits.h
+("temporary failure; the user is invited to retry"): run the same command again and it resumes."""
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
+REPEAT_WINDOW_S = 1.0
+"""A repeat of the signal within this many seconds of the first is the same notice, not a second request."""
+
+
+class TrainingPreempted(Exception):
+    """A run stopped by a signal after writing the checkpoint of its last finished step; rerun to resume."""
+
+    def __init__(self, command: str, signal_name: str, step: int, checkpoint: Path | None, note: str = "") -> None:
+        if checkpoint is not None:
+            outcome = (f"wrote the checkpoint {str(checkpoint)!r}; run the same command again to resume (exit status "
+                       f"{PREEMPTED_EXIT_CODE})")
+        else:
+            outcome = f"wrote no checkpoint ({note or 'none could be written'}; exit status {PREEMPTED_EXIT_CODE})"
+        super().__init__(f"stopped by {signal_name} after step {step} and {outcome}.")
+        self.command, self.signal_name, self.step, self.checkpoint = command, signal_name, step, checkpoint
+
+
+class StopSignals:
+    """``with StopSignals() as stop:`` — SIGTERM/SIGUSR1 set ``stop.requested`` (see the module docstring)."""
+
+    def __init__(self, signals: Sequence[signal.Signals] = STOP_SIGNALS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.signals = tuple(signals)
+        self.clock = clock
+        self.received: int | None = None
+        self._agreed = 0
+        self._first_at = 0.0
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        """Whether a stop signal arrived in this process."""
+        return self.received is not None
+
+    @property
+    def signal_name(self) -> str:
+        """The name of the signal that stopped the run (``"SIGTERM"``; in this process or, after ``agreed``, in
+        another rank), or ``""``."""
+        number = self.received or self._agreed
+        return signal.Signals(number).name if number else ""
+
+    def agreed(self, device: object = None) -> bool:
+        """Whether a stop signal arrived in any process of the launch (one all-reduce of the signal numbers when
+        ``torch.distributed`` runs several; every rank must call it at the same point of the loop)."""
+        self._agreed = max_over_ranks(self.received or 0, device)
+        return self._agreed > 0
+
+    def __enter__(self) -> StopSignals:  # noqa: PYI034 - Self needs Python 3.11
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {int(s): signal.signal(s, self._handle) for s in self.signals}
+        else:
+            logger.warning("not in the main thread: SIGTERM/SIGUSR1 cannot be caught; a signal ends the run")
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous = {}
+
+    def ignore_after_exit(self) -> None:
+        """The checkpoint is written and this process only has to exit: from now on, and after the block, the stop
+        signals are ignored. For a ``torchrun`` worker: its agent sends SIGTERM to the ranks still running once the
+        first one has exited, which would otherwise replace their ``PREEMPTED_EXIT_CODE`` by a death by signal."""
+        self._first_at = float("inf")  # every further signal counts as a repeat of the first
+        self._previous = {number: signal.SIG_IGN for number in self._previous}
+
+    def _handle(self, number: int, frame: FrameType | None) -> None:
+        now = self.clock()
+        if self.received is None:
+            self.received, self._first_at = number, now
+            logger.warning("%s received: finishing this optimizer step, then writing a checkpoint (a second signal "
+                           "ends the process at once)", signal.Signals(number).name)
+            return
+        if now - self._first_at < REPEAT_WINDOW_S:  # (always after ignore_after_exit)
+            return
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+
+
+def launched_by_torchrun() -> bool:
+    """Whether this process is a worker of ``torchrun`` / ``accelerate launch`` (torch elastic's agent)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+@contextlib.contextmanager
+def stop_signals(stop: StopSignals | None) -> Iterator[StopSignals]:
+    """``stop`` itself when the caller already handles the stop signals, else a ``StopSignals`` block."""
+    if stop is not None:
+        yield stop
+        return
+    with StopSignals() as own:
+        yield own
+
+
+def preempted_exit(command: str, stopped: TrainingPreempted, stop: StopSignals) -> int:
+    """The CLI's end of a preempted run: its one line (from the main process), the stop signals ignored from now
+    on in a ``torchrun`` worker (``StopSignals.ignore_after_exit``), and ``PREEMPTED_EXIT_CODE``."""
+    from ..cli_utils import fail
+
+    if launched_by_torchrun():
+        stop.ignore_after_exit()
+    if int(os.environ.get("RANK", "0")) == 0:
+        fail(command, str(stopped), label="preempted")
+    return PREEMPTED_EXIT_CODE
+
+
+def run_training_command(command: str, train: Callable[..., Any], namespace: argparse.Namespace,
+                         *dataclass_types: type) -> int:
+    """The CLI entry of ``pretrain`` and ``finetune``: the stop signals are caught from the start (a signal during
+    setup stops the run after its first step); ``train(*arguments, stop)`` runs with the flags parsed into
+    ``dataclass_types``. Returns 0; 2 after one error line for a bad flag value or output folder (``FlagError``,
+    raised before anything is written); ``PREEMPTED_EXIT_CODE`` after a stop signal (``preempted_exit``)."""
+    from ..cli_utils import FlagError, dataclasses_from_namespace, fail_flag
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    logging.getLogger("hf_attn_variants").setLevel(logging.INFO)
+    with StopSignals() as stop:
+        try:
+            train(*dataclasses_from_namespace(namespace, *dataclass_types), stop)
+        except FlagError as error:
+            return fail_flag(command, error)
+        except TrainingPreempted as stopped:
+            return preempted_exit(command, stopped, stop)
+    return 0
+
+
+def max_over_ranks(value: int, device: object = None) -> int:
+    """The largest ``value`` over every process of the launch (one all-reduce when ``torch.distributed`` runs
+    several, ``value`` itself otherwise); all ranks must call it at the same point."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+__all__ = [
+    "PREEMPTED_EXIT_CODE",
+    "REPEAT_WINDOW_S",
+    "STOP_SIGNALS",
+    "StopSignals",
+    "TrainingPreempted",
+    "launched_by_torchrun",
+    "max_over_ranks",
+    "preempted_exit",
+    "run_training_command",
+    "stop_signals",
+]

@@ -1,0 +1,92 @@
+"""What ``finetune`` adds to ``Trainer``'s checkpoints: a manifest per checkpoint, a stop on SIGTERM/SIGUSR1.
+
+``Trainer`` writes ``<output_dir>/checkpoint-<step>/`` (weights, optimizer, scheduler, RNG states,
+``trainer_state.json``) without saying when a folder is whole. ``CheckpointGuard`` (a ``TrainerCallback``):
+
+- ``on_save``: once every rank has saved, the main process writes ``checkpoint_manifest.json`` (size and sha256
+  of every file, atomically, last); ``trainer_checkpoints`` reads a folder without one as a save that did not
+  finish, and ``checkpoints.newest_complete`` checks the rest;
+- ``on_step_end``: the ranks agree (``StopSignals.agreed``) whether a stop signal arrived anywhere; if so every
+  rank asks ``Trainer`` to save this step's checkpoint and stop (``stopped_step``), unless this was the last
+  step anyway. A sharded finetune (``DistributedConfig``) stops without a checkpoint: ``Trainer`` can neither
+  checkpoint nor resume the optimizer of a model sharded at load time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from .checkpoints import Checkpoint, file_manifest, list_checkpoints, read_json_file
+from .preemption import StopSignals
+
+MANIFEST_FILE = "checkpoint_manifest.json"
+CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
+
+
+def read_trainer_checkpoint(path: Path, *, require_manifest: bool = True) -> Checkpoint | None:
+    """A ``Trainer`` checkpoint folder (``checkpoint-<step>``, or any folder with a ``trainer_state.json``) as a
+    ``Checkpoint``; ``None`` for other folders. Without a manifest it counts as unfinished when
+    ``require_manifest`` (a run that writes manifests), else it is probed (a checkpoint from before them)."""
+    match = CHECKPOINT_NAME.fullmatch(path.name)
+    trainer_state = read_json_file(path / "trainer_state.json") or {}
+    if match is None and "global_step" not in trainer_state:
+        return None
+    step = int(match.group(1)) if match else int(trainer_state["global_step"])
+    manifest = read_json_file(path / MANIFEST_FILE)
+    files = manifest.get("files") if manifest else None
+    return Checkpoint(path, step, files, MANIFEST_FILE if require_manifest else None)
+
+
+def trainer_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
+    """The ``checkpoint-<step>`` folders of ``output_dir``."""
+    return list_checkpoints(Path(output_dir), "checkpoint-*", read_trainer_checkpoint)
+
+
+def write_manifest(folder: Path, step: int) -> None:
+    """``checkpoint_manifest.json`` of ``folder`` (every other file's size and sha256), written atomically."""
+    staging = folder / f".{MANIFEST_FILE}.tmp"
+    staging.write_text(json.dumps({"step": step, "files": file_manifest(folder, exclude=(MANIFEST_FILE, staging.name))}))
+    os.replace(staging, folder / MANIFEST_FILE)
+
+
+def _barrier(args: Any) -> None:
+    if args.world_size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+class CheckpointGuard(TrainerCallback):
+    """Manifests for ``Trainer``'s checkpoints and a stop at the same step on every rank (module docstring)."""
+
+    def __init__(self, stop: StopSignals, *, can_checkpoint: bool = True) -> None:
+        self.stop = stop
+        self.can_checkpoint = can_checkpoint
+        self.stopped_step: int | None = None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        """Stop (and checkpoint) after this step when any rank received a stop signal."""
+        if self.stop.agreed(args.device) and state.global_step < state.max_steps:
+            control.should_save = self.can_checkpoint
+            control.should_evaluate = False  # the time before the kill is short
+            control.should_training_stop = True
+            self.stopped_step = state.global_step
+        return control
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        """Write the manifest of the checkpoint ``Trainer`` just saved (main process, after every rank saved)."""
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        _barrier(args)
+        if state.is_world_process_zero and folder.is_dir():
+            write_manifest(folder, state.global_step)
+        _barrier(args)
+        return control
+
+
+__all__ = ["MANIFEST_FILE", "CheckpointGuard", "read_trainer_checkpoint", "trainer_checkpoints", "write_manifest"]

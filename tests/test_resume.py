@@ -1,0 +1,402 @@
+"""Nothing lost (issue 27): a rerun resumes or refuses, a preempted run checkpoints, a broken checkpoint is named.
+
+The pretrain runs here are in-process (6 optimizer steps of a tiny model with dropout, a checkpoint every step,
+``--save_total_limit 2``), so that a resumed run can be compared with an uninterrupted one bit for bit (|Δw| = 0:
+same process, same threads, same kernels). SIGTERM is a real signal: the test's own process sends it to itself
+right after the optimizer step of step 3, exactly as a scheduler's signal would arrive during a step.
+``test_sigterm_with_two_processes_*`` does the same under ``torchrun`` with two gloo processes (accelerate DDP),
+the signal sent to one worker only. ``finetune`` gets the same checks through ``Trainer``; ``prune`` and
+``lengthgen`` the folder rule (``training/outputs.py``). About 15 s without the two-process test, which takes
+about 25-45 s (three launches of two processes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_attn_variants.cli import main
+from hf_attn_variants.training import PREEMPTED_EXIT_CODE, PretrainArguments, pretrain
+from hf_attn_variants.training.outputs import RunRecord
+from tests.test_finetune import base_models, data
+from tests.test_pretrain import cli_flags, read_log, tiny_args, tiny_overrides, train_file, weights
+
+__all__ = ["base_models", "data", "train_file"]  # module-scoped fixtures of test_pretrain.py, test_finetune.py
+
+pretrain_module = importlib.import_module("hf_attn_variants.training.pretrain")
+STEPS, STOP_AT = 6, 3
+
+
+def run_args(folder: Path, train_file: str, **kwargs: object) -> PretrainArguments:
+    """6 steps of a tiny entropy-invariant MLM with dropout, a checkpoint every step, the newest 2 kept."""
+    defaults = {"train_file": train_file, "max_train_steps": STEPS, "checkpointing_steps": "1", "save_total_limit": 2,
+                "num_warmup_steps": 1, "config_overrides": tiny_overrides("entropy_invariant", hidden_dropout_prob=0.1)}
+    return tiny_args(folder, **{**defaults, **kwargs})
+
+
+def pretrain_cli(args: PretrainArguments, *extra: str) -> int:
+    """``hf-attn-variants pretrain`` in this process with the flags of ``args``; its exit status."""
+    return main(["pretrain", *cli_flags(args), *extra])
+
+
+def sigterm_after_step(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
+    """Send this process SIGTERM right after the ``step``-th optimizer step of the next run."""
+    optimizer_step, calls = pretrain_module.optimizer_step, []
+
+    def step_then_signal(run: object) -> object:
+        norm = optimizer_step(run)
+        calls.append(1)
+        if len(calls) == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return norm
+
+    monkeypatch.setattr(pretrain_module, "optimizer_step", step_then_signal)
+
+
+def checkpoint_names(folder: Path) -> list[str]:
+    return sorted(p.name for p in (folder / "checkpoints").iterdir())
+
+
+def snapshot(folder: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+def max_weight_difference(a: Path, b: Path) -> float:
+    first, second = weights(a), weights(b)
+    assert sorted(first) == sorted(second)
+    return max((first[k] - second[k]).abs().max().item() for k in first)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, train_file: str) -> dict[str, Path]:
+    """``reference``: the uninterrupted run; ``preempted``: the same run stopped by SIGTERM after step 3 (``code``:
+    its exit status, ``stderr``: what it printed)."""
+    root = tmp_path_factory.mktemp("resume")
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    stderr = io.StringIO()
+    try:
+        pretrain(run_args(root / "reference", train_file))
+        with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(stderr):
+            sigterm_after_step(patch, STOP_AT)
+            code = pretrain_cli(run_args(root / "preempted", train_file))
+    finally:
+        torch.set_num_threads(torch_threads)
+    return {"reference": root / "reference", "preempted": root / "preempted", "code": code, "stderr": stderr.getvalue()}
+
+
+def copy_of(runs: dict[str, Path], tmp_path: Path) -> Path:
+    folder = tmp_path / "run"
+    shutil.copytree(runs["preempted"], folder)
+    return folder
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_sigterm_checkpoints_the_current_step_and_exits_with_the_documented_code(runs) -> None:
+    folder = runs["preempted"]
+    assert runs["code"] == PREEMPTED_EXIT_CODE == 75
+    line = f"hf-attn-variants pretrain: preempted: stopped by SIGTERM after step 3 and wrote the checkpoint " \
+           f"'{folder / 'checkpoints' / 'step_3'}'; run the same command again to resume (exit status 75)."
+    assert runs["stderr"].strip().splitlines() == [line], runs["stderr"]
+    assert checkpoint_names(folder) == ["step_2", "step_3"]  # --save_total_limit 2
+    assert not (folder / "model.safetensors").exists()
+    assert [row["step"] for row in read_log(folder)] == [1, 2, 3]
+    record = RunRecord.read(folder)
+    assert record is not None and record.command == "pretrain" and not record.finished
+    state = json.loads((folder / "checkpoints" / "step_3" / "training_state.json").read_text())
+    assert state["completed_steps"] == 3 and "model.safetensors" in state["files"]
+    assert len(state["files"]["model.safetensors"]["sha256"]) == 64
+
+
+def test_a_rerun_with_other_arguments_is_refused_and_the_same_command_resumes(runs, train_file, tmp_path, capsys,
+                                                                             caplog, one_thread) -> None:
+    folder = copy_of(runs, tmp_path)
+    before = snapshot(folder)
+    assert pretrain_cli(run_args(folder, train_file, seed=4, learning_rate=2e-3)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "--seed 3 there, 4 here" in err and "--learning_rate 0.001 there, 0.002 here" in err, err
+    assert "--overwrite_output_dir" in err
+    assert snapshot(folder) == before, "a refused run wrote into the folder"
+
+    with caplog.at_level(logging.INFO, logger="hf_attn_variants"):
+        assert pretrain_cli(run_args(folder, train_file)) == 0
+    resumed = [r.getMessage() for r in caplog.records if "resuming from" in r.getMessage()]
+    assert len(resumed) == 1 and str(folder / "checkpoints" / "step_3") in resumed[0], resumed
+    assert max_weight_difference(folder, runs["reference"]) == 0.0
+    assert [r["loss"] for r in read_log(folder)] == [r["loss"] for r in read_log(runs["reference"])]
+    assert checkpoint_names(folder) == ["step_3", "step_5", "step_6"]  # the newest 2 and the one resumed from
+    assert RunRecord.read(folder).finished
+
+    capsys.readouterr()
+    assert pretrain_cli(run_args(folder, train_file)) == 2  # finished: refused
+    assert "holds the finished model of this same pretrain run" in capsys.readouterr().err
+
+
+def test_overwrite_output_dir_clears_the_folder_first(runs, train_file, tmp_path, capsys) -> None:
+    folder = copy_of(runs, tmp_path)
+    (folder / "notes.txt").write_text("from the earlier run\n")
+    assert pretrain_cli(run_args(folder, train_file, seed=4, max_train_steps=2, checkpointing_steps=None),
+                        "--overwrite_output_dir") == 0
+    assert not (folder / "checkpoints").exists() and not (folder / "notes.txt").exists()
+    assert [r["step"] for r in read_log(folder)] == [1, 2]
+    assert RunRecord.read(folder).arguments["seed"] == 4
+
+    inside = folder / "data.txt"
+    shutil.copy(train_file, inside)
+    assert pretrain_cli(run_args(folder, str(inside)), "--overwrite_output_dir") == 2
+    assert "--overwrite_output_dir would clear" in capsys.readouterr().err and inside.exists()
+
+
+def test_a_truncated_checkpoint_is_named_and_automatic_resume_skips_it(runs, train_file, tmp_path, capsys, caplog,
+                                                                       one_thread) -> None:
+    folder = copy_of(runs, tmp_path)
+    broken = folder / "checkpoints" / "step_3" / "model.safetensors"
+    broken.write_bytes(broken.read_bytes()[: broken.stat().st_size // 2])  # a copy that stopped half-way
+    staging = folder / "checkpoints" / ".step_4.tmp"  # what kill -9 leaves when it hits a save: never resumed
+    shutil.copytree(folder / "checkpoints" / "step_2", staging)
+    (staging / "training_state.json").unlink()
+
+    assert pretrain_cli(run_args(folder, train_file), "--resume_from_checkpoint", str(broken.parent)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert str(broken) in err and "recorded at save" in err and str(folder / "checkpoints" / "step_2") in err, err
+
+    with caplog.at_level(logging.INFO, logger="hf_attn_variants"):
+        assert pretrain_cli(run_args(folder, train_file)) == 0
+    messages = [r.getMessage() for r in caplog.records]
+    skipped = [m for m in messages if "skipping the broken checkpoint" in m]
+    assert len(skipped) == 1 and str(broken) in skipped[0], messages
+    assert any("resuming from" in m and m.split("resuming from ")[1].startswith(str(folder / "checkpoints" / "step_2"))
+               for m in messages), messages
+    assert max_weight_difference(folder, runs["reference"]) == 0.0
+
+
+def test_a_checkpoint_without_a_manifest_is_probed(runs, tmp_path) -> None:
+    """Checkpoints written before manifests: a truncated safetensors file is still named, not a traceback."""
+    from hf_attn_variants.training.checkpoints import read_pretrain_checkpoint
+
+    folder = copy_of(runs, tmp_path) / "checkpoints" / "step_3"
+    state = json.loads((folder / "training_state.json").read_text())
+    del state["files"]
+    (folder / "training_state.json").write_text(json.dumps(state))
+    checkpoint = read_pretrain_checkpoint(folder)
+    assert checkpoint.problem() is None
+    weights_file = folder / "model.safetensors"
+    weights_file.write_bytes(weights_file.read_bytes()[:-100])
+    assert str(weights_file) in checkpoint.problem()
+
+
+# ---------------------------------------------------------------- finetune
+hooks_module = importlib.import_module("hf_attn_variants.training.trainer_hooks")
+
+
+def finetune_cli(folder: Path, data: dict[str, str], base: str, *extra: str) -> int:
+    """``hf-attn-variants finetune`` in this process: 6 steps of sequence classification, no periodic checkpoint."""
+    return main(["finetune", "--model_name_or_path", base, "--train_file", data["train"], "--validation_file",
+                 data["dev"], "--max_seq_length", "16", "--output_dir", str(folder), "--max_steps", str(STEPS),
+                 "--per_device_train_batch_size", "16", "--learning_rate", "3e-3", "--save_strategy", "no",
+                 "--report_to", "none", "--disable_tqdm", "true", "--seed", "0", "--use_cpu", "true", *extra])
+
+
+def test_finetune_sigterm_checkpoints_refuses_other_arguments_and_resumes(data, base_models, tmp_path, capsys,
+                                                                          caplog, monkeypatch, one_thread) -> None:
+    base = base_models["entropy_invariant"]
+    reference, folder = tmp_path / "reference", tmp_path / "run"
+    assert finetune_cli(reference, data, base) == 0
+
+    on_step_end = hooks_module.CheckpointGuard.on_step_end
+
+    def signal_at_step_3(self, args, state, control, **kwargs):
+        if state.global_step == STOP_AT:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return on_step_end(self, args, state, control, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(hooks_module.CheckpointGuard, "on_step_end", signal_at_step_3)
+        capsys.readouterr()
+        assert finetune_cli(folder, data, base) == PREEMPTED_EXIT_CODE
+    err = capsys.readouterr().err
+    assert f"stopped by SIGTERM after step 3 and wrote the checkpoint '{folder / 'checkpoint-3'}'" in err, err
+    assert sorted(p.name for p in folder.glob("checkpoint-*")) == ["checkpoint-3"]
+    assert "model.safetensors" in json.loads((folder / "checkpoint-3" / "checkpoint_manifest.json").read_text())["files"]
+    assert not (folder / "model.safetensors").exists()
+
+    before = snapshot(folder)
+    assert finetune_cli(folder, data, base, "--learning_rate", "1e-3") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--learning_rate 0.003 there, 0.001 here" in err, err
+    assert snapshot(folder) == before
+
+    with caplog.at_level(logging.INFO, logger="hf_attn_variants"):
+        assert finetune_cli(folder, data, base) == 0
+    assert any("resuming from" in r.getMessage() and str(folder / "checkpoint-3") in r.getMessage()
+               for r in caplog.records)
+    assert max_weight_difference(folder, reference) == 0.0
+    assert finetune_cli(folder, data, base) == 2
+    assert "holds the finished model of this same finetune run" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- signals in other processes
+SECOND_SIGNAL_CHILD = r"""
+import os, signal, time
+from hf_attn_variants.training.preemption import REPEAT_WINDOW_S, StopSignals
+with StopSignals() as stop:
+    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGTERM)  # the same notice twice (a scheduler and torchrun's agent): one request
+    time.sleep(0.05)
+    print("requested" if stop.requested else "missed", flush=True)
+    time.sleep(REPEAT_WINDOW_S + 0.1)
+    os.kill(os.getpid(), signal.SIGUSR1)  # a second request: the process ends at once
+    time.sleep(60)
+    print("still running", flush=True)
+"""
+
+
+def test_a_second_signal_ends_the_process_at_once() -> None:
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", SECOND_SIGNAL_CHILD], capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == -signal.SIGUSR1, result.stderr[-2000:]
+    assert result.stdout.split() == ["requested"]
+    assert time.monotonic() - started < 50
+
+
+WORKER_PID_AND_SLOW_STEPS = r"""
+import importlib, os, pathlib, sys, time
+pathlib.Path(os.environ["PID_DIR"], os.environ["RANK"] + ".pid").write_text(str(os.getpid()))
+pretrain_module = importlib.import_module("hf_attn_variants.training.pretrain")
+collate = pretrain_module.collate_blocks
+def slow_collate(items):  # about 0.3 s per step: the test signals one worker in the middle of a step
+    time.sleep(0.3)
+    return collate(items)
+pretrain_module.collate_blocks = slow_collate
+from hf_attn_variants.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def torchrun(args: PretrainArguments, cwd: Path, script: Path | None = None, **env: str) -> subprocess.Popen:
+    """Start ``torchrun --standalone --nproc_per_node 2`` of ``pretrain`` (accelerate DDP on gloo) with ``args``."""
+    target = [str(script)] if script else ["-m", "hf_attn_variants"]
+    environ = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")}
+    environ.update(OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", **env)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *target,
+               "pretrain", *cli_flags(args)]
+    return subprocess.Popen(command, env=environ, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    try:
+        _, err = process.communicate(timeout=timeout)
+    finally:
+        process.kill()
+    return process.returncode, err
+
+
+@pytest.mark.slow
+def test_sigterm_with_two_processes_stops_both_at_one_step_and_the_rerun_resumes_exactly(train_file, tmp_path) -> None:
+    """torchrun, 2 gloo processes (DDP): SIGTERM reaches rank 1 only, in the middle of a step; both ranks finish
+    that step, write its checkpoint and exit 75; the same command then resumes to the uninterrupted run's weights."""
+    common = {"max_train_steps": STEPS, "checkpointing_steps": None, "save_total_limit": None}
+    reference, folder = tmp_path / "reference", tmp_path / "run"
+    code, err = finish(torchrun(run_args(reference, train_file, **common), tmp_path))
+    assert code == 0, err[-4000:]
+
+    script, pid_dir = tmp_path / "slow_pretrain.py", tmp_path / "pids"
+    script.write_text(WORKER_PID_AND_SLOW_STEPS)
+    pid_dir.mkdir()
+    process = torchrun(run_args(folder, train_file, **common), tmp_path, script, PID_DIR=str(pid_dir))
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        log = folder / "train_log.jsonl"
+        if log.exists() and len(log.read_text().splitlines()) >= 2 and (pid_dir / "1.pid").exists():
+            time.sleep(0.1)  # into the next step
+            os.kill(int((pid_dir / "1.pid").read_text()), signal.SIGTERM)
+            break
+        time.sleep(0.02)
+    code, err = finish(process)
+    assert code != 0 and "exitcode  : 75" in err and "exitcode  : -" not in err, err[-4000:]
+    stopped = [line for line in err.splitlines() if "preempted: stopped by SIGTERM" in line]
+    assert len(stopped) == 1, err[:6000]  # one line, from the main process
+    names = [p.name for p in (folder / "checkpoints").iterdir()]
+    assert len(names) == 1 and names[0].startswith("step_"), names
+    step = int(names[0].removeprefix("step_"))
+    assert 2 <= step < STEPS and read_log(folder)[-1]["step"] == step
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in (folder / "checkpoints" / names[0]).iterdir()}
+
+    code, err = finish(torchrun(run_args(folder, train_file, **common), tmp_path))
+    assert code == 0, err[-4000:]
+    assert f"resuming from {folder / 'checkpoints' / names[0]} (step {step})" in err
+    assert max_weight_difference(folder, reference) == 0.0
+
+
+# ---------------------------------------------------------------- the rule for prune and lengthgen
+def test_lengthgen_extends_a_study_with_more_runs_and_refuses_other_settings(tmp_path) -> None:
+    from hf_attn_variants.cli_utils import FlagError
+    from hf_attn_variants.lengthgen.arguments import LengthGenArguments
+    from hf_attn_variants.lengthgen.cli import LENGTHGEN_RULE
+    from hf_attn_variants.training.outputs import check_output_folder, finish_run, json_arguments, start_run
+
+    def arguments(**kwargs: object) -> dict:
+        return json_arguments(LengthGenArguments(output_dir=str(tmp_path), quick=True, **kwargs))
+
+    first = arguments(seeds=[0])
+    start_run(LENGTHGEN_RULE, check_output_folder(LENGTHGEN_RULE, tmp_path, first), first)
+    finish_run(tmp_path)
+    assert check_output_folder(LENGTHGEN_RULE, tmp_path, first).same_run  # a finished study is reused
+    more = arguments(seeds=[0, 1], variants=["ei_standard", "gau_softmax"], finetune=True)
+    assert check_output_folder(LENGTHGEN_RULE, tmp_path, more).same_run
+    with pytest.raises(FlagError, match=r"--learning_rate 0\.002 there, 0\.01 here") as refused:
+        check_output_folder(LENGTHGEN_RULE, tmp_path, arguments(seeds=[0], learning_rate=0.01))
+    assert refused.value.flag == "output_dir" and "--overwrite_output_dir" in str(refused.value)
+
+
+def test_prune_refuses_its_own_finished_run_and_redoes_an_unfinished_one(tmp_path) -> None:
+    from hf_attn_variants.cli_utils import FlagError
+    from hf_attn_variants.pruning.cli import PRUNE_RULE
+    from hf_attn_variants.training.outputs import check_output_folder, finish_run, start_run
+
+    arguments = {"model_name_or_path": "runs/clf", "fraction": 0.1, "output_dir": str(tmp_path)}
+    start_run(PRUNE_RULE, check_output_folder(PRUNE_RULE, tmp_path, arguments), arguments)
+    (tmp_path / "curve.json").write_text("{}")
+    assert check_output_folder(PRUNE_RULE, tmp_path, arguments).same_run  # crashed before the end: redone
+    finish_run(tmp_path)
+    with pytest.raises(FlagError, match="holds the finished model of this same prune run"):
+        check_output_folder(PRUNE_RULE, tmp_path, arguments)
+    with pytest.raises(FlagError, match="--fraction 0.1 there, 0.2 here"):
+        check_output_folder(PRUNE_RULE, tmp_path, {**arguments, "fraction": 0.2})
+    assert check_output_folder(PRUNE_RULE, tmp_path, arguments, overwrite=True).clear
+
+
+def test_overwrite_refuses_to_clear_the_working_directory(tmp_path, monkeypatch) -> None:
+    from hf_attn_variants.cli_utils import FlagError
+    from hf_attn_variants.training.outputs import OutputRule, check_output_folder
+
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "notes.txt").write_text("mine\n")
+    monkeypatch.chdir(tmp_path / "work")
+    with pytest.raises(FlagError, match="holds the working directory") as refused:
+        check_output_folder(OutputRule("pretrain"), tmp_path, {}, overwrite=True)
+    assert refused.value.flag == "overwrite_output_dir"
