@@ -27,14 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default="minilm-log-n", help="docs/results/<RESULTS>.json")
     args = parser.parse_args(argv)
 
-    from transformers import AutoConfig, AutoTokenizer
-
     from real_models import (
         MINILM_SENTENCES,
         minilm_available,
         minilm_embedding_similarity,
         minilm_folder,
     )
+    from transformers import AutoConfig, AutoTokenizer
+
     from hf_attn_variants.results import write_results
     from hf_attn_variants.results._common import run_metadata
 

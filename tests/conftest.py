@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,71 @@ def pytest_configure(config: pytest.Config) -> None:
     """Register the markers used by the upstream common tests."""
     for name in TRANSFORMERS_COMMON_TEST_MARKERS:
         config.addinivalue_line("markers", f"{name}: used by transformers' common model tests")
+
+
+def _docs_collectors():  # type: ignore[no-untyped-def]
+    """Sybil's pytest collector and item for the docs, with skips reported at the block they skip."""
+    import unittest
+
+    from sybil.integration.pytest import SybilFile, SybilItem
+
+    class DocsItem(SybilItem):
+        """One block of a document; a skip directive's reason is reported with the block's file and line."""
+
+        def runtest(self) -> None:
+            try:
+                super().runtest()
+            except unittest.SkipTest as skip:
+                document = Path(self.example.path).relative_to(self.config.rootpath).as_posix()
+                pytest.skip(f"{document}:{self.example.line}: {skip}")
+
+    class DocsFile(SybilFile):
+        """One document: its blocks in order (Sybil's ``SybilFile.collect`` with ``DocsItem``)."""
+
+        def collect(self):  # type: ignore[no-untyped-def]
+            for sybil in self.sybils:
+                document = sybil.parse(self.path)
+                self.documents.append(document)
+                for example in document.examples():
+                    yield DocsItem.from_parent(self, sybil=sybil, example=example)
+
+    return DocsFile
+
+
+class _DocsModule(pytest.Module):
+    """tests/test_docs.py: its own tests, then one Sybil file collector per document of its ``DOCUMENTS``, so the
+    blocks of README.md and docs/*.md run under ``pytest tests`` (``make test``); their node ids start with the
+    document's path (``docs/gau.md::line:31,column:1``)."""
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        docs_file = _docs_collectors()
+        yield from super().collect()
+        docs = self.obj  # the imported tests/test_docs.py
+        for path in docs.DOCUMENTS:
+            yield docs_file.from_parent(self, path=path, sybils=[docs.SYBIL])
+
+
+def pytest_pycollect_makemodule(module_path, parent):  # type: ignore[no-untyped-def]
+    """Collect tests/test_docs.py with the documents' blocks (``_DocsModule``)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if module_path.name == "test_docs.py" and str(module_path.parent) == here:
+        return _DocsModule.from_parent(parent, path=module_path)
+    return None
+
+
+def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
+    """Under ``-n`` with the default ``--dist load``: every test is scheduled on its own, as with ``load``, except
+    that the blocks of one document (node ids ``<file>.md::…``) go to one worker together, in order, because they
+    share a namespace and a working folder. (``--dist loadgroup`` with ``xdist_group`` marks would say the same,
+    but pytest-xdist 3.8 cannot rename pytest 9's node ids, so its groups are ignored.) Other ``--dist`` modes are
+    left to xdist."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class DocumentScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path.endswith(".md") else nodeid
+
+    return DocumentScheduling(config, log)

@@ -15,8 +15,8 @@ from hf_attn_variants.cli_utils import add_dataclass_arguments
 
 def subcommand_dataclasses() -> dict[str, tuple[type, ...]]:
     """The argument dataclasses of every subcommand that builds its flags with ``add_dataclass_arguments``."""
-    from hf_attn_variants.hub.conversion import ConvertGAUAlphaArguments
     from hf_attn_variants.demo import DemoArguments
+    from hf_attn_variants.hub.conversion import ConvertGAUAlphaArguments
     from hf_attn_variants.hub.export import ExportArguments
     from hf_attn_variants.hub.push import PushArguments
     from hf_attn_variants.lengthgen.arguments import LengthGenArguments

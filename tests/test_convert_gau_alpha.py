@@ -20,13 +20,13 @@ from torch import nn
 
 from hf_attn_variants import GAUForMaskedLM
 from hf_attn_variants.cli import main
+from hf_attn_variants.cli_utils import FlagError
 from hf_attn_variants.hub.conversion import (
     PORT_NORMALIZATIONS,
     ConvertGAUAlphaArguments,
     convert_gau_alpha,
     interleaved_to_half_split,
 )
-from hf_attn_variants.cli_utils import FlagError
 from tests.remote_code import assert_standalone_code
 from tests.utils import left_padded, random_ids, require_test_package, right_padded
 

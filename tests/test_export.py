@@ -16,8 +16,8 @@ from transformers import AutoModelForMaskedLM
 
 from hf_attn_variants import FAMILIES
 from hf_attn_variants.cli import main
-from hf_attn_variants.models.compat import MIN_TRANSFORMERS_VERSION
 from hf_attn_variants.hub import ExportArguments, PushArguments, PushError, check_export, export, push
+from hf_attn_variants.models.compat import MIN_TRANSFORMERS_VERSION
 from hf_attn_variants.training import build_config, embedded_tokenizer
 from tests.remote_code import assert_standalone_code, clean_python
 from tests.test_pretrain import tiny_overrides

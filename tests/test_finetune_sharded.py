@@ -25,8 +25,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
 
 from hf_attn_variants.cli import main
-from hf_attn_variants.training import build_config, embedded_tokenizer
 from hf_attn_variants.cli_utils import FlagError
+from hf_attn_variants.training import build_config, embedded_tokenizer
 from hf_attn_variants.training.finetune import FinetuneArguments, check_sharded_finetune, finetune
 from tests.parallel_child import placement_recording_env, recorded_placements
 from tests.remote_code import assert_standalone_code

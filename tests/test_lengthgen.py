@@ -27,7 +27,6 @@ from hf_attn_variants.lengthgen import (
     summarize,
 )
 from hf_attn_variants.lengthgen.evaluation import blocks_at
-from hf_attn_variants.training import evaluate_lm
 from hf_attn_variants.lengthgen.results import (
     add_deltas,
     atomic_write_json,
@@ -38,6 +37,7 @@ from hf_attn_variants.lengthgen.results import (
 from hf_attn_variants.lengthgen.runfolders import claim
 from hf_attn_variants.lengthgen.study import load_for_eval, parameter_counts, plan_run
 from hf_attn_variants.lengthgen.variants import LLAMA_EVAL_MODES, ModelSize
+from hf_attn_variants.training import evaluate_lm
 
 
 @pytest.fixture(scope="module")

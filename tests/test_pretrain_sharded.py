@@ -26,8 +26,8 @@ from transformers import AutoModelForCausalLM
 
 from hf_attn_variants import FAMILIES
 from hf_attn_variants.cli import main
-from hf_attn_variants.training import PretrainArguments, build_config, pretrain
 from hf_attn_variants.cli_utils import FlagError
+from hf_attn_variants.training import PretrainArguments, build_config, pretrain
 from hf_attn_variants.training.pretrain import STATE_FILE, check_checkpoint_kind
 from hf_attn_variants.training.sharded import ParallelLayout, check_parallel_plans, model_class_for
 from tests.parallel_child import placement_recording_env, recorded_placements

@@ -225,3 +225,50 @@ def test_pruning_study_writes_what_its_views_render(tmp_path):
     assert "**1.50× faster**" in views.speedup(data) and views.earlier_timings(data) == ""
     for view in ("run", "task", "training", "importance", "half_model", "readme"):
         assert getattr(views, view)(data).strip(), view
+
+
+def _with_fixed(report, fixed_per_seed):
+    """``report`` with a relu2/fixed finetune condition of the given per-seed accuracies on both task forms."""
+    report = json.loads(json.dumps(report))
+    for task in report["finetune"].values():
+        task["summary"].append({"condition": "relu2/fixed", "accuracy_mean": sum(fixed_per_seed) / 2,
+                                "accuracy_std": 0.01, "accuracy_per_seed": list(fixed_per_seed)})
+    return report
+
+
+def test_lengthgen_reruns_state_the_spread_and_say_when_a_sign_is_not_resolved(tmp_path):
+    """A re-run of the relu² rows (``publish_rerun``) and a reported run join the study's comparison; a finetune
+    difference whose sign changes between seeds or runs is "not resolved at this scale"; a republished study keeps
+    them; a re-run with other settings is refused naming ``results_json``."""
+    from hf_attn_variants.lengthgen.results import publish, publish_rerun
+    from hf_attn_variants.results import lengthgen
+
+    study, rerun = tmp_path / "study.json", tmp_path / "rerun.json"
+    study.write_text(json.dumps(_with_fixed(_lengthgen_report(), [0.52, 0.53])))  # +0.03, +0.02: fixed better
+    rerun.write_text(json.dumps(_with_fixed(_lengthgen_report(), [0.54, 0.515])))  # +0.05, +0.005
+    publish(study, "length-study", root=tmp_path, command="run it")
+    publish_rerun(rerun, "length-study", root=tmp_path, command="run the relu² rows", code="commit abc")
+    data = load_results(tmp_path, "length-study")
+    assert [r["code"] for r in data["reruns"]] == ["commit abc"] and data["cpu"]
+    readme = lengthgen.relu2_readme(data)
+    assert "beat the dynamic one zero-shot at shorter lengths" in readme and "better in every seed" in readme
+    assert "not resolved" not in lengthgen.relu2_verdict(data)
+    assert "(re-run)" in lengthgen.relu2_fixed_minus_dynamic(data) and "commit abc" in lengthgen.relu2_sources(data)
+    assert "Mean ± sample standard deviation over seeds 0, 1" in lengthgen.mlm_loss(data)
+
+    data["reported"] = [{"cpu": "Other CPU", "date": "2026-01-01", "source": "an issue",
+                         "finetune_fixed_minus_dynamic": {"sequence": [-0.01, 0.02]}}]
+    write_results(tmp_path, "length-study", data)
+    data = load_results(tmp_path, "length-study")
+    assert "**not resolved at this scale**" in lengthgen.relu2_readme(data)
+    verdict = lengthgen.relu2_verdict(data)
+    assert "not resolved at this scale" in verdict and "3 runs on" in verdict and "Other CPU" in verdict
+
+    publish(study, "length-study", root=tmp_path, command="run it again")
+    again = load_results(tmp_path, "length-study")
+    assert again["command"] == "run it again" and again["reruns"] == data["reruns"] and again["reported"]
+    other = _with_fixed(_lengthgen_report(), [0.5, 0.5])
+    other["args"]["max_train_steps"] = 11
+    rerun.write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="results_json: .*steps"):
+        publish_rerun(rerun, "length-study", root=tmp_path, command="x")

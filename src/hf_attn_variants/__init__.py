@@ -76,6 +76,7 @@ __all__ = [
     "SynthesizerForTokenClassification",
     "SynthesizerModel",
     "SynthesizerPreTrainedModel",
+    "__version__",
     "register_families",
     "register_stock_attention",
 ]

@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
+from ..cli_utils import FlagError, check_folder, check_output_dir
 from ..models.configuration_gau import GAUConfig
 from ..models.modeling_gau import GAUForMaskedLM
-from ..cli_utils import FlagError, check_folder, check_output_dir
 
 PORT_NORMALIZATIONS = {"softmax_plus": "softmax_plus", "softmax": "softmax", "squared_relu": "relu2"}
 """The port's ``normalization`` → ``attention_normalization`` (its squared_relu divides by the row's real keys)."""

@@ -19,7 +19,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..models import FAMILIES
 from ..cli_utils import (
     FlagError,
     check_file,
@@ -29,6 +28,7 @@ from ..cli_utils import (
     check_repo_id,
     quiet_progress,
 )
+from ..models import FAMILIES
 from .card import render_model_card
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")

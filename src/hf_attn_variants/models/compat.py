@@ -176,9 +176,9 @@ def prepare_attention_mask(
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
-    "AttentionFunctions",
     "CACHE_FIELD",
     "MIN_TRANSFORMERS_VERSION",
+    "AttentionFunctions",
     "accepts_cache_alias",
     "output_cache",
     "prepare_attention_mask",

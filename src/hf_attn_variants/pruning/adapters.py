@@ -40,7 +40,13 @@ from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from ..models.configuration_common import MultiHeadAttnVariantConfig
-from ..models.layers import head_rows, headless_attention_output, kept_heads, normalize_pruned_heads, slice_linear
+from ..models.layers import (
+    head_rows,
+    headless_attention_output,
+    kept_heads,
+    normalize_pruned_heads,
+    slice_linear,
+)
 
 NO_HEAD_MODEL_TYPES = ("gau",)
 
