@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default="minilm-log-n", help="docs/results/<RESULTS>.json")
     args = parser.parse_args(argv)
 
-    from real_models import (
+    sys.path.insert(0, str(args.root))  # tests/real_models.py: the real checkpoint's helpers live with the tests
+    from tests.real_models import (
         MINILM_SENTENCES,
         minilm_available,
         minilm_embedding_similarity,

@@ -121,6 +121,7 @@ def pytest_pycollect_makemodule(module_path, parent):  # type: ignore[no-untyped
     return None
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent from the clean environments of the floor tests
 def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
     """Under ``-n`` with the default ``--dist load``: every test is scheduled on its own, as with ``load``, except
     that the blocks of one document (node ids ``<file>.md::…``) go to one worker together, in order, because they

@@ -26,6 +26,7 @@ A block that takes more than a few seconds states a smaller size that runs here 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shlex
 import shutil
@@ -129,6 +130,31 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+@contextmanager
+def _process_wide_settings() -> Iterator[None]:
+    """Restore what a command changes for the whole process: the commands set Transformers' and datasets' verbosity
+    and progress bars and configure logging, as a command line should; in this test process that would leak into
+    every later test of the worker (Transformers' common tests read its warnings)."""
+    import datasets
+    import transformers
+
+    hf_logging = transformers.utils.logging
+    saved = (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(), datasets.utils.logging.get_verbosity(),
+             datasets.is_progress_bar_enabled())
+    root = logging.getLogger()
+    root_state = (list(root.handlers), root.level)
+    package_level = logging.getLogger("hf_attn_variants").level
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(saved[0])
+        (hf_logging.enable_progress_bar if saved[1] else hf_logging.disable_progress_bar)()
+        datasets.utils.logging.set_verbosity(saved[2])
+        (datasets.enable_progress_bars if saved[3] else datasets.disable_progress_bars)()
+        root.handlers[:], root.level = root_state[0], root_state[1]
+        logging.getLogger("hf_attn_variants").setLevel(package_level)
+
+
 def run_cli_block(example: Example) -> None:
     """Run every command of a ```bash block in-process with ``hf_attn_variants.cli.main``, in order; the
     block fails on the first command that exits with a non-zero status."""
@@ -136,7 +162,7 @@ def run_cli_block(example: Example) -> None:
 
     for words in shell_commands(str(example.parsed)):
         environment, arguments = _cli_arguments(words)
-        with _environment(environment):
+        with _environment(environment), _process_wide_settings():
             try:
                 status = main(arguments)
             except SystemExit as stop:  # argparse's errors and --help

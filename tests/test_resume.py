@@ -400,3 +400,28 @@ def test_overwrite_refuses_to_clear_the_working_directory(tmp_path, monkeypatch)
     with pytest.raises(FlagError, match="holds the working directory") as refused:
         check_output_folder(OutputRule("pretrain"), tmp_path, {}, overwrite=True)
     assert refused.value.flag == "overwrite_output_dir"
+
+
+def test_overwrite_refuses_to_clear_the_checkpoint_it_would_resume_from(runs, train_file, tmp_path, capsys) -> None:
+    """--overwrite_output_dir with --resume_from_checkpoint latest would delete the checkpoint before loading it:
+    refused in one sentence, every byte of the folder as it was."""
+    folder = copy_of(runs, tmp_path)
+    before = snapshot(folder)
+    assert pretrain_cli(run_args(folder, train_file), "--overwrite_output_dir", "--resume_from_checkpoint",
+                        "latest") == 2
+    assert "--overwrite_output_dir would clear" in capsys.readouterr().err
+    assert snapshot(folder) == before
+
+
+def test_rotation_keeps_the_checkpoint_just_saved_and_leaves_later_leftovers(tmp_path) -> None:
+    """Resumed from step_2 after a broken step_4 was skipped: saving step_3 with a limit of 1 keeps step_3 (and
+    step_2, resumed from); the broken step_4, a leftover of the interrupted attempt, is neither counted nor deleted."""
+    from hf_attn_variants.training.checkpoints import Checkpoint, rotate
+
+    folders = {step: tmp_path / f"step_{step}" for step in (1, 2, 3, 4)}
+    for path in folders.values():
+        path.mkdir()
+    checkpoints = [Checkpoint(path, step, {}) for step, path in folders.items()]
+    deleted = rotate(checkpoints, 1, keep=(folders[2],), saved=folders[3])
+    assert deleted == [folders[1]]
+    assert all(folders[step].exists() for step in (2, 3, 4)) and not folders[1].exists()

@@ -268,7 +268,8 @@ def run(namespace: argparse.Namespace) -> int:
     """CLI entry: run the demo and print the table."""
     import logging
 
-    from .cli_utils import dataclasses_from_namespace, fail_flag
+    from .cli_utils import dataclasses_from_namespace, fail, fail_flag
+    from .training.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
 
     logging.basicConfig(level=logging.WARNING)
     for name in ("transformers", "accelerate", "datasets"):
@@ -281,7 +282,11 @@ def run(namespace: argparse.Namespace) -> int:
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    report = demo(args)
+    try:
+        report = demo(args)
+    except TrainingPreempted as stopped:  # the family in training wrote its checkpoint; the same command resumes it
+        fail("demo", str(stopped), label="preempted")
+        return PREEMPTED_EXIT_CODE
     bad = [row["family"] for row in report["rows"] if row["reload"] != "ok"]
     print(f"\nfill-mask sentence: {args.sentence!r}\n")
     print(report["table"])

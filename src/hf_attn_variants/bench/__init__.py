@@ -4,7 +4,7 @@
 - ``measure``: timing (wall and CPU clocks), peak step memory (CUDA allocator or torch.profiler replay), FLOPs.
 - ``runner``: interleaved warm-up + repeated rounds per length, eager and ``torch.compile``d.
 - ``store``: the results file (docs/results/benchmarks-cpu.json) a run writes, and ``--merge`` of a partial run.
-- ``report`` / ``plots``: docs/benchmarks.md (a view of the results file, ``hf_attn_variants.results.bench``)
+- ``report`` / ``plots``: docs/benchmarks.md (a view of the results file, ``hf_attn_variants.bench.views``)
   and the log-log PNGs.
 
 ``python -m hf_attn_variants bench --quick`` is the CI smoke test; ``make bench`` the full CPU run.

@@ -4,7 +4,7 @@ Every number is computed here from the per-round times, peaks and FLOPs of the r
 (``store.py``); nothing is typed in by hand. ``notes.md`` next to this module holds the static notes
 (design choices, how to read the numbers); its ``{{name}}`` placeholders are filled from the run (the
 before/after tables of the GAU kernels, compile times). The same figures feed the other views of the
-results file (``hf_attn_variants.results.bench``): the README's speed summary and the tables of
+results file (``hf_attn_variants.bench.views``): the README's speed summary and the tables of
 docs/gau.md and docs/synthesizer.md, so a figure is quoted with one value everywhere.
 """
 

@@ -2,7 +2,7 @@
 
 A full ``hf-attn-variants bench`` writes ``docs/results/benchmarks-cpu.json`` (``benchmarks-gpu.json`` on
 CUDA); docs/benchmarks.md, the README's speed summary and the tables of docs/gau.md and docs/synthesizer.md
-are views of it (``hf_attn_variants.results.bench``). A partial run (``--only``, ``--lengths``,
+are views of it (``hf_attn_variants.bench.views``). A partial run (``--only``, ``--lengths``,
 ``--repeats``…) writes the same format under ``runs/``, or with ``--merge`` replaces the rows it measured
 in the committed file: ``merge_results`` records in ``replaced`` which rows, by which command, when and
 under what load, and tags every row it brought with ``"merge": k``, which the report shows.
@@ -23,7 +23,7 @@ from .runner import BenchRun, Result
 from .specs import COMPARISONS, Comparison, Preset
 
 KIND = "bench"
-"""``hf_attn_variants.results.bench`` renders these files."""
+"""``hf_attn_variants.bench.views`` renders these files."""
 
 SCHEMA = 1
 

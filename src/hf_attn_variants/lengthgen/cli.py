@@ -74,9 +74,10 @@ def _start(namespace: argparse.Namespace) -> Any:
 def run(namespace: argparse.Namespace) -> int:
     """CLI entry: validate the flags and the output folder, run the study, print where the results are. A bad
     flag value or output folder (``FlagError``, found before anything is written) gives one error line naming it
-    and exit status 2."""
-    from ..cli_utils import FlagError, fail_flag
+    and exit status 2; SIGTERM/SIGUSR1 during a run's training, its checkpoint and ``PREEMPTED_EXIT_CODE`` (75)."""
+    from ..cli_utils import FlagError, fail, fail_flag
     from ..training.outputs import finish_run
+    from ..training.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
     from .study import run_study
 
     try:
@@ -92,7 +93,11 @@ def run(namespace: argparse.Namespace) -> int:
     import datasets
 
     datasets.disable_progress_bars()  # tokenizing the corpus once per run: noise in a long study's log
-    report = run_study(args)
+    try:
+        report = run_study(args)
+    except TrainingPreempted as stopped:  # the run in training wrote its checkpoint; the same command resumes it
+        fail("lengthgen", str(stopped), label="preempted")
+        return PREEMPTED_EXIT_CODE
     finish_run(args.output_dir)
     print(f"lengthgen: {len(report['runs'])} runs ({report.get('skipped_runs', 0)} reused); results in "
           f"{args.output_dir}/results.md, results.json, results.csv, summary.csv and lengthgen_*.png")

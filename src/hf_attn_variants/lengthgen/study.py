@@ -112,7 +112,7 @@ def _pretrain_arguments(plan: RunPlan, args: LengthGenArguments, tokenizer: Any)
         "mixed_length_splits": list(args.mixed_length_splits) if plan.variant.mixed_length else None,
         "checkpointing_steps": str(args.checkpointing_steps) if args.checkpointing_steps else None,
     }
-    if args.checkpointing_steps and any((plan.model_dir / "checkpoints").glob("*/training_state.json")):
+    if any((plan.model_dir / "checkpoints").glob("*/training_state.json")):  # periodic, or written on SIGTERM
         common["resume_from_checkpoint"] = "latest"
     else:  # the study trains a run only when its stored model is missing or stale (fingerprint): replace it
         common["overwrite_output_dir"] = True

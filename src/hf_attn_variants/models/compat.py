@@ -77,18 +77,22 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as TRANSFORMERS_
 class AttentionFunctions:
     """Transformers' registry of attention kernels (``AttentionInterface``) behind one lookup on every release.
 
-    ``get_interface(name, default)`` is ``default`` for ``None`` and ``"eager"``, else the registered kernel
-    ``registry[name]`` (a ``KeyError`` names an unknown one). It reads the live registry, so kernels registered later
-    (``register_stock_attention``, vLLM's) are found. Transformers ≥ 5.5 has the method itself but warns on ``None``,
-    which a module built outside a model has; 5.0–5.4 index a plain mapping.
+    ``get_interface(name, default)`` is ``default`` for ``None`` and ``"eager"``; any other name goes to the
+    registry's own ``get_interface`` where the release has it (≥ 5.5: its ``paged|`` handling and its error for an
+    unknown name), else to ``registry[name]`` (5.0–5.4, a plain mapping). It reads the live registry, so kernels
+    registered later (``register_stock_attention``, vLLM's) are found. ``None`` is answered here because
+    Transformers warns on it, and a module built outside a model has it.
     """
 
     def __init__(self, registry: Any) -> None:
         self.registry = registry
+        self.lookup = getattr(registry, "get_interface", None)
 
     def get_interface(self, implementation: str | None, default: Callable[..., Any]) -> Callable[..., Any]:
         if implementation in (None, "eager"):
             return default
+        if self.lookup is not None:
+            return self.lookup(implementation, default)
         return self.registry[implementation]
 
 

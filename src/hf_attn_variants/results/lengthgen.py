@@ -399,7 +399,6 @@ def relu2_readme(data: dict[str, Any]) -> str:
     longer = [v for r in runs for v in (_zero_shot_differences(r, False) or [])]
     finetuned = [(r, d) for task in data.get("finetune") or {} for r in runs if (d := _finetune_differences(r, task))]
     values = [v for _, d in finetuned for v in d]
-    cpus = sorted({_cpu(r) for r, _ in finetuned})
     zero_shot_runs = sum(1 for r in runs if _zero_shot_differences(r, True))
     if shorter and all(v < 0 for v in shorter) and longer and all(v > 0 for v in longer):
         text = (f"a fixed relu² normaliser (n = L) beat the dynamic one zero-shot at shorter lengths (as Su reports) "
@@ -408,9 +407,15 @@ def relu2_readme(data: dict[str, Any]) -> str:
         text = ("zero-shot, a fixed relu² normaliser (n = L) against the dynamic one is not resolved at this scale "
                 "(the sign of the difference changes between seeds or runs)")
     if values:
-        runs_count = len({id(r) for r, _ in finetuned})
-        spread = (f"accuracy of `fixed` − `dynamic` from {signed(min(values))} to {signed(max(values))} per seed over "
-                  f"{runs_count} run{'s' if runs_count != 1 else ''} on {' and '.join(cpus)}")
+        spreads = []
+        for task in data.get("finetune") or {}:
+            pairs = [(r, d) for r, d in ((r, _finetune_differences(r, task)) for r in runs) if d]
+            if pairs:
+                task_values = [v for _, d in pairs for v in d]
+                task_cpus = " and ".join(sorted({_cpu(r) for r, _ in pairs}))
+                spreads.append(f"{task}: {signed(min(task_values))} to {signed(max(task_values))} per seed over "
+                               f"{len(pairs)} run{'s' if len(pairs) != 1 else ''} on {task_cpus}")
+        spread = "accuracy of `fixed` − `dynamic`, " + "; ".join(spreads)
         if all(v > 0 for v in values) or all(v < 0 for v in values):
             verdict = "better" if values[0] > 0 else "worse"
             text += f"; after finetuning on short inputs it was {verdict} in every seed ({spread})"

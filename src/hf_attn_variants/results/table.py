@@ -18,6 +18,11 @@ def table(data: dict[str, Any]) -> str:
     return markdown_table(data["head"], data["rows"], data.get("align")) + f"\n\n{source_line(data)}"
 
 
+def source(data: dict[str, Any]) -> str:
+    """Only the line naming where the numbers come from (for a file whose numbers the docs quote in sentences)."""
+    return source_line(data)
+
+
 def sentence(data: dict[str, Any]) -> str:
     """The ``sentences["main"]`` template filled from ``values``."""
     return data["sentences"]["main"].format(**data.get("values", {}))

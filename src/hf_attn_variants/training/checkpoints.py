@@ -161,14 +161,18 @@ def broken_checkpoint_error(flag: str, checkpoint: Checkpoint, problem: str,
     return FlagError(flag, f"{flag}: checkpoint {str(checkpoint.path)!r} is broken: {problem}; {fallback}.")
 
 
-def rotate(checkpoints: Sequence[Checkpoint], limit: int | None, keep: Path | None) -> list[Path]:
-    """Delete all but the newest ``limit`` checkpoints (never ``keep``, the one the run resumed from); returns
-    the deleted folders. ``limit=None`` keeps everything."""
+def rotate(checkpoints: Sequence[Checkpoint], limit: int | None, keep: Sequence[Path | None] = (),
+           saved: Path | None = None) -> list[Path]:
+    """Delete all but the newest ``limit`` checkpoints, never one in ``keep`` (the one the run resumed from, the one
+    just ``saved``); returns the deleted folders. ``limit=None`` keeps everything. Checkpoints at later steps than
+    ``saved`` are left alone and not counted: they are what an interrupted attempt left (a broken one automatic
+    resume skipped, say), which this run replaces when it saves that step again."""
     if limit is None:
         return []
-    ordered = sorted(checkpoints, key=lambda c: c.step, reverse=True)
-    keep_resolved = keep.resolve() if keep is not None else None
-    doomed = [c.path for c in ordered[limit:] if c.path.resolve() != keep_resolved]
+    protected = {path.resolve() for path in (*keep, saved) if path is not None}
+    upto = next((c.step for c in checkpoints if saved is not None and c.path.resolve() == saved.resolve()), None)
+    ordered = sorted((c for c in checkpoints if upto is None or c.step <= upto), key=lambda c: c.step, reverse=True)
+    doomed = [c.path for c in ordered[limit:] if c.path.resolve() not in protected]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
@@ -269,7 +273,7 @@ def save_checkpoint(runtime: TrainingRuntime, output_dir: str, name: str, state:
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging, final)
-        rotate(pretrain_checkpoints(output_dir), limit, keep)
+        rotate(pretrain_checkpoints(output_dir), limit, keep=(keep,), saved=final)
     runtime.wait_for_everyone()
     return final
 

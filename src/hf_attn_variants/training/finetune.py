@@ -359,10 +359,10 @@ def _check_output_folder(args: FinetuneArguments, training_args: Any) -> tuple[F
     arguments = json_arguments(args, training_args)
     inputs = {"train_file": args.train_file, "validation_file": args.validation_file,
               "model_name_or_path": args.model_name_or_path, "config_name": args.config_name,
-              "tokenizer_name": args.tokenizer_name, "resume_from_checkpoint": training_args.resume_from_checkpoint}
+              "tokenizer_name": args.tokenizer_name}
     folder = check_output_folder(FINETUNE_RULE, training_args.output_dir, arguments,
-                                 overwrite=args.overwrite_output_dir,
-                                 explicit_resume=bool(training_args.resume_from_checkpoint), inputs=inputs)
+                                 overwrite=args.overwrite_output_dir, resume=training_args.resume_from_checkpoint,
+                                 inputs=inputs)
     return folder, arguments
 
 

@@ -173,17 +173,24 @@ def _record_of(folder: Path, rule: OutputRule) -> RunRecord | None:
 
 
 def check_output_folder(rule: OutputRule, output_dir: str | Path, arguments: Mapping[str, Any], *,
-                        overwrite: bool = False, explicit_resume: bool = False,
+                        overwrite: bool = False, resume: str | None = None,
                         inputs: Mapping[str, str | None] | None = None) -> FolderState:
     """Apply the rule (module docstring) to ``output_dir`` for a run of ``rule.command`` with ``arguments``
     (``json_arguments``); reads only. Returns the ``FolderState``; raises ``FlagError`` naming ``output_dir``
-    (or ``overwrite_output_dir`` for a folder it must not clear) in one sentence."""
+    (or ``overwrite_output_dir`` for a folder it must not clear) in one sentence.
+
+    ``resume``: ``--resume_from_checkpoint``. A checkpoint of this folder (``latest``, or one inside it) continues
+    its run, so the folder may hold that run's files, and ``--overwrite_output_dir`` may not clear it; a checkpoint
+    elsewhere starts a run here under the usual rule. ``inputs``: the run's other input paths (flag → path), which
+    ``--overwrite_output_dir`` must not clear either."""
     folder = Path(output_dir)
+    inputs = {**(inputs or {}), "resume_from_checkpoint": resume_location(folder, resume)}
+    explicit_resume = resumes_inside(folder, resume)
     found = run_files_in(folder, rule)
     has_content = folder.is_dir() and any(folder.iterdir())
     if overwrite:
         if has_content:
-            check_clearable(folder, inputs or {})
+            check_clearable(folder, inputs)
         return FolderState(folder, clear=has_content)
     if not found:
         return FolderState(folder)
@@ -215,6 +222,21 @@ def _refuse_unrecorded(folder: Path, found: list[str]) -> FolderState:
 
 def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
+
+
+def resume_location(folder: str | Path, checkpoint: str | None) -> str | None:
+    """Where ``--resume_from_checkpoint`` reads: the named checkpoint folder, or ``folder`` itself for ``latest``
+    (the newest checkpoint in the output folder); ``None`` when the run does not resume explicitly."""
+    if not checkpoint:
+        return None
+    return str(folder) if checkpoint == "latest" else str(checkpoint)
+
+
+def resumes_inside(folder: str | Path, checkpoint: str | None) -> bool:
+    """Whether ``--resume_from_checkpoint`` continues a run of ``folder`` (``latest``, or a checkpoint inside it).
+    Only then may the folder hold that run's files; a checkpoint elsewhere starts a run here under the usual rule."""
+    location = resume_location(folder, checkpoint)
+    return location is not None and _inside(Path(location).resolve(), Path(folder).resolve())
 
 
 def check_clearable(folder: Path, inputs: Mapping[str, str | None]) -> None:
@@ -275,6 +297,8 @@ __all__ = [
     "differing_flags",
     "finish_run",
     "json_arguments",
+    "resume_location",
+    "resumes_inside",
     "run_files_in",
     "start_run",
 ]

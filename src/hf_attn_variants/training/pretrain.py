@@ -358,10 +358,9 @@ def check_output_folder_of(args: PretrainArguments) -> FolderState:
     """The output-folder rule (``outputs.py``) for this run; reads only (every rank calls it)."""
     inputs = {"train_file": args.train_file, "validation_file": args.validation_file,
               "model_name_or_path": args.model_name_or_path, "config_name": args.config_name,
-              "tokenizer_name": args.tokenizer_name, "resume_from_checkpoint": args.resume_from_checkpoint}
+              "tokenizer_name": args.tokenizer_name}
     return check_output_folder(PRETRAIN_RULE, args.output_dir, json_arguments(args),
-                               overwrite=args.overwrite_output_dir, explicit_resume=bool(args.resume_from_checkpoint),
-                               inputs=inputs)
+                               overwrite=args.overwrite_output_dir, resume=args.resume_from_checkpoint, inputs=inputs)
 
 
 def checkpoint_to_resume(args: PretrainArguments, folder: FolderState) -> Path | None:
