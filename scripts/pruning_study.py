@@ -132,6 +132,13 @@ def kept_heads(pruned: dict, layers: int, heads: int) -> dict[str, list[int]]:
     return {str(layer): [h for h in range(heads) if h not in set(pruned.get(str(layer), []))] for layer in range(layers)}
 
 
+def random_spread(results: dict, orders: int) -> dict:
+    """The random baseline's number of orders and, per step, the sample standard deviation of the accuracy over
+    them (the column shows mean ± sd)."""
+    columns = list(zip(*results["random_order_accuracies"]))
+    return {"orders": orders, "stdev": [statistics.stdev(c) if len(c) > 1 else 0.0 for c in columns]}
+
+
 def compact_results(results: dict, args: argparse.Namespace, train_log: list[dict], total: int, eval_examples: int) -> dict:
     """The results file docs/pruning.md renders (``hf_attn_variants.results.pruning_study``)."""
     layers, heads = 4, total // 4
@@ -153,7 +160,8 @@ def compact_results(results: dict, args: argparse.Namespace, train_log: list[dic
         "importance": {"examples": 128 if args.quick else 512, "seconds": results["importance_seconds"]},
         "total_heads": total, "heads_per_layer": heads,
         "curves": {curve_keys[label]: {"title": label, "points": [[r["heads_pruned"], r["accuracy"]] for r in rows],
-                                       **({"orders": args.random_orders} if curve_keys[label] == "random_mean" else {})}
+                                       **(random_spread(results, args.random_orders)
+                                          if curve_keys[label] == "random_mean" else {})}
                    for label, rows in results["curves"].items()},
         "stop_rule": {"heads_pruned": stop["heads_pruned"], "accuracy": stop["accuracy"],
                       "rejected_step": ({"heads_pruned": rejected["heads_pruned"], "accuracy": rejected["accuracy"]}

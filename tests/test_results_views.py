@@ -211,6 +211,7 @@ def test_pruning_study_writes_what_its_views_render(tmp_path):
                  "parameters": {"unpruned": 1000, "pruned_50": 800},
                  "timing": {"batch": 4, "length": 512, "repeats": 15, "speedup": 1.5,
                             "median_seconds": {"unpruned": 0.09, "pruned_50": 0.06}}},
+        "random_order_accuracies": [[0.9, 0.88, 0.68], [0.9, 0.88, 0.70], [0.9, 0.88, 0.72]],
     }
     args = argparse.Namespace(steps=1200, quick=False, random_orders=3)
     train_log = [{"step": 1200, "seconds": 360.0}]
@@ -218,7 +219,8 @@ def test_pruning_study_writes_what_its_views_render(tmp_path):
     data = load_results(tmp_path, "pruning-study")
     from hf_attn_variants.results import pruning_study as views
 
-    assert "| 6 | 19 | 0.700 | 0.700 | 0.700 |  |" in views.curve_table(data)
+    assert "| 6 | 19 | 0.700 | 0.700 | 0.700 ± 0.020 |  |" in views.curve_table(data)
+    assert "random order (mean ± sd of 3)" in views.curve_table(data)
     stop = views.stop_rule(data)
     assert "**3 of 32 heads (9%) pruned at accuracy 0.88**" in stop and "the next step (6 heads, 0.7)" in stop
     assert "`restate_uniform_heads` restated it (`num_attention_heads=7`" in stop
