@@ -131,8 +131,16 @@ def newest_complete(checkpoints: Sequence[Checkpoint]) -> tuple[Checkpoint | Non
     return None, skipped
 
 
+def _is_first_rank() -> bool:
+    """Whether this process is rank 0 of the launch (or the only one): every rank makes the same choice of
+    checkpoint, and only the first says so, so a launch of N processes prints one line, not N."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def warn_skipped(command: str, skipped: list[tuple[Checkpoint, str]], chosen: Checkpoint | None) -> None:
-    """One warning per broken checkpoint that automatic resume passed over."""
+    """One warning per broken checkpoint that automatic resume passed over (from the first rank)."""
+    if not _is_first_rank():
+        return
     for checkpoint, problem in skipped:
         instead = f"resuming from {chosen.path} instead" if chosen else "no complete checkpoint before it"
         logger.warning("%s: skipping the broken checkpoint %s (%s); %s", command, checkpoint.path, problem, instead)
@@ -146,7 +154,9 @@ def newest_resumable(command: str, checkpoints: Sequence[Checkpoint]) -> Checkpo
 
 
 def announce_resume(command: str, checkpoint: Checkpoint) -> None:
-    """The one line saying which checkpoint an automatic resume continues from."""
+    """The one line saying which checkpoint an automatic resume continues from (from the first rank)."""
+    if not _is_first_rank():
+        return
     logger.info("%s: resuming from %s (step %d), the newest complete checkpoint of this run in --output_dir",
                 command, checkpoint.path, checkpoint.step)
 
