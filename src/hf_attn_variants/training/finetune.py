@@ -95,6 +95,7 @@ FINETUNE_RULE = OutputRule(
         "log_level", "log_level_replica", "disable_tqdm", "report_to", "run_name", "project", "trackio_space_id",
         "trackio_bucket_id", "trackio_static_space_id", "include_num_input_tokens_seen", "skip_memory_metrics",
         "save_strategy", "save_steps", "save_total_limit", "save_on_each_node", "enable_jit_checkpoint",
+        "eval_strategy", "eval_steps", "per_device_eval_batch_size",  # evaluation cadence (pretrain: eval_steps)
         "push_to_hub", "hub_token", "hub_private_repo", "hub_model_id", "hub_strategy", "hub_always_push",
         "hub_revision", "dataloader_num_workers", "local_rank",
     }),

@@ -243,10 +243,10 @@ def check_clearable(folder: Path, inputs: Mapping[str, str | None]) -> None:
     """``FlagError`` naming ``overwrite_output_dir`` when clearing ``folder`` would delete the working directory,
     the home folder, the filesystem root, or one of the run's ``inputs`` (flag → path)."""
     resolved = folder.resolve()
-    if resolved == Path(resolved.anchor) or resolved == Path.home().resolve() or _inside(Path.cwd().resolve(),
-                                                                                        resolved):
+    if resolved == Path(resolved.anchor) or _inside(Path.home().resolve(), resolved) or _inside(Path.cwd().resolve(),
+                                                                                               resolved):
         raise FlagError("overwrite_output_dir", f"--overwrite_output_dir would clear {str(folder)!r}, which holds "
-                                                "the working directory (or is the home folder or the root); choose "
+                                                "the working directory or the home folder (or is the root); choose "
                                                 "a dedicated --output_dir.")
     for flag, path in inputs.items():
         if path and _inside(Path(path).resolve(), resolved):
