@@ -220,10 +220,6 @@ def _refuse_unrecorded(folder: Path, found: list[str]) -> FolderState:
     raise _refusal(folder, f"files of an earlier run ({shown}) but no {RUN_FILE} recording its arguments")
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
-
-
 def resume_location(folder: str | Path, checkpoint: str | None) -> str | None:
     """Where ``--resume_from_checkpoint`` reads: the named checkpoint folder, or ``folder`` itself for ``latest``
     (the newest checkpoint in the output folder); ``None`` when the run does not resume explicitly."""
@@ -236,20 +232,20 @@ def resumes_inside(folder: str | Path, checkpoint: str | None) -> bool:
     """Whether ``--resume_from_checkpoint`` continues a run of ``folder`` (``latest``, or a checkpoint inside it).
     Only then may the folder hold that run's files; a checkpoint elsewhere starts a run here under the usual rule."""
     location = resume_location(folder, checkpoint)
-    return location is not None and _inside(Path(location).resolve(), Path(folder).resolve())
+    return location is not None and Path(location).resolve().is_relative_to(Path(folder).resolve())
 
 
 def check_clearable(folder: Path, inputs: Mapping[str, str | None]) -> None:
     """``FlagError`` naming ``overwrite_output_dir`` when clearing ``folder`` would delete the working directory,
     the home folder, the filesystem root, or one of the run's ``inputs`` (flag → path)."""
     resolved = folder.resolve()
-    if resolved == Path(resolved.anchor) or _inside(Path.home().resolve(), resolved) or _inside(Path.cwd().resolve(),
-                                                                                               resolved):
+    if (resolved == Path(resolved.anchor) or Path.home().resolve().is_relative_to(resolved)
+            or Path.cwd().resolve().is_relative_to(resolved)):
         raise FlagError("overwrite_output_dir", f"--overwrite_output_dir would clear {str(folder)!r}, which holds "
                                                 "the working directory or the home folder (or is the root); choose "
                                                 "a dedicated --output_dir.")
     for flag, path in inputs.items():
-        if path and _inside(Path(path).resolve(), resolved):
+        if path and Path(path).resolve().is_relative_to(resolved):
             raise FlagError("overwrite_output_dir", f"--overwrite_output_dir would clear {str(folder)!r}, which holds "
                                                     f"--{flag} {path!r}; choose another --output_dir.")
 
