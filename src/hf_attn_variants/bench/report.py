@@ -570,10 +570,25 @@ def speed_summary(run: BenchRun, report: str = "docs/benchmarks.md") -> str:
     )
 
 
+def _measured_by(run: BenchRun, results: list[Result]) -> str:
+    """Which run measured ``results``: the full run's command, date, CPU, torch and load, or those of the partial
+    run(s) merged into it (``[merge k]``) when rows come from them."""
+    env = run.environment
+    full = (f"`{env.get('command')}`, {env['date']}, {env['cpu']}, torch {env['torch']}, load average "
+            f"{env.get('load_average_start')} → {env.get('load_average_end')}")
+    merges = sorted({r.merge for r in results if r.merge})
+    parts = [] if merges and all(r.merge for r in results) else [full]
+    for entry in run.replaced:
+        if entry["merge"] in merges:
+            parts.append(f"[merge {entry['merge']}]: `{entry['command']}`, {entry['date']}, {entry['machine']['cpu']}, "
+                         f"torch {entry['versions']['torch']}, load average {entry.get('load_average_start')} → "
+                         f"{entry.get('load_average_end')}")
+    return "; ".join(parts)
+
+
 def gau_measurements(run: BenchRun) -> str:
     """docs/gau.md's quadratic-vs-FLASH table: fwd+bwd time, paired ratio and peak memory per length."""
     p = run.preset
-    env = run.environment
     rows = []
     lengths = [n for n in p.lengths if _ok(run.find("gau_quadratic", "eager", "train", n))
                and _ok(run.find("gau_flash", "eager", "train", n))]
@@ -587,12 +602,13 @@ def gau_measurements(run: BenchRun) -> str:
     if not rows:
         return "(no quadratic/FLASH GAU rows in the results file)"
     clock = "single-threaded process CPU time" if run.timer == "cpu" else "wall-clock time"
+    measured = [r for n in lengths for r in (run.find("gau_quadratic", "eager", "train", n),
+                                             run.find("gau_flash", "eager", "train", n))]
     lines = [
         (f"`GAUModel` with hidden {p.hidden_size}, {p.gau_layers or p.num_layers} layers, e = {2 * p.hidden_size}, "
          f"s = {p.gau_key_size}, relu², batch {p.batch_size}, FLASH chunk g = {p.gau_chunk_size}; forward + backward "
          "of loss = mean of the squared last hidden state. These are the `gau_quadratic` and `gau_flash` rows of "
-         f"[benchmarks.md](benchmarks.md) (`{env.get('command')}`, {env['date']}, {env['cpu']}, torch "
-         f"{env['torch']}, load average {env.get('load_average_start')} → {env.get('load_average_end')}): "
+         f"[benchmarks.md](benchmarks.md) ({_measured_by(run, measured)}): "
          f"{clock}, median of {', '.join(f'{p.repeats_at(n)}' for n in lengths)} interleaved rounds at n = "
          f"{', '.join(map(str, lengths))}; the ratio is the median of the per-round ratios (smallest–largest "
          "round). Peak: tensor memory allocated during one fwd+bwd step (activations, gradients, temporaries)."),
