@@ -199,7 +199,9 @@ SYBIL = Sybil(
 
 
 def test_every_code_block_has_a_known_language() -> None:
-    """No fenced block escapes the runner under another spelling (``py``, ``sh``, ``console``…)."""
+    """No fenced block escapes the runner under another spelling (``py``, ``sh``, ``console``…) or without a
+    language: a bare fence is refused too, so code cannot slip past as an unlabelled block (prose and output say
+    ``text``)."""
     from sybil import Document
 
     lexer = FencedCodeBlockLexer(language=r"[^\n]*")
@@ -208,8 +210,8 @@ def test_every_code_block_has_a_known_language() -> None:
         document = Document(path.read_text(encoding="utf-8"), str(path))
         for region in lexer(document):
             language = region.lexemes["language"].strip()
-            if language and language not in KNOWN_LANGUAGES:
-                unknown.append(f"{path.relative_to(ROOT)}:{document.line_column(region.start)}: {language!r}")
+            if language not in KNOWN_LANGUAGES:
+                unknown.append(f"{path.relative_to(ROOT)}:{document.line_column(region.start)}: {language or '(none)'!r}")
     assert not unknown, f"fences the docs runner does not know (use python, bash or text): {unknown}"
 
 
