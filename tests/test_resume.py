@@ -5,9 +5,11 @@ The pretrain runs here are in-process (6 optimizer steps of a tiny model with dr
 same process, same threads, same kernels). SIGTERM is a real signal: the test's own process sends it to itself
 right after the optimizer step of step 3, exactly as a scheduler's signal would arrive during a step.
 ``test_sigterm_with_two_processes_*`` does the same under ``torchrun`` with two gloo processes (accelerate DDP),
-the signal sent to one worker only. ``finetune`` gets the same checks through ``Trainer``; ``prune`` and
-``lengthgen`` the folder rule (``training/outputs.py``). About 15 s without the two-process test, which takes
-about 25-45 s (three launches of two processes).
+the signal sent to one worker only. ``test_kill_9_*`` kills a ``pretrain`` process for real (SIGKILL, nothing
+caught) right after a checkpoint and runs the same command again (two launches, about 10-20 s). ``finetune`` gets
+the same checks through ``Trainer``; ``prune`` and ``lengthgen`` the folder rule (``training/outputs.py``), through
+their command lines. About 20 s without the two slow tests; the two-process one takes about 25-45 s (three
+launches of two processes).
 """
 
 from __future__ import annotations
@@ -32,7 +34,15 @@ from hf_attn_variants.cli import main
 from hf_attn_variants.training import PREEMPTED_EXIT_CODE, PretrainArguments, pretrain
 from hf_attn_variants.training.outputs import RunRecord
 from tests.test_finetune import base_models, data
-from tests.test_pretrain import cli_flags, read_log, tiny_args, tiny_overrides, train_file, weights
+from tests.test_pretrain import (
+    KILL_CHILD,
+    cli_flags,
+    read_log,
+    tiny_args,
+    tiny_overrides,
+    train_file,
+    weights,
+)
 
 __all__ = ["base_models", "data", "train_file"]  # module-scoped fixtures of test_pretrain.py, test_finetune.py
 
@@ -192,6 +202,88 @@ def test_a_truncated_checkpoint_is_named_and_automatic_resume_skips_it(runs, tra
     assert max_weight_difference(folder, runs["reference"]) == 0.0
 
 
+def test_a_truncated_training_state_is_named_and_automatic_resume_skips_it(runs, train_file, tmp_path, capsys,
+                                                                          caplog, one_thread) -> None:
+    """``training_state.json`` cut to 20 bytes: named explicitly, one sentence naming that file and the newest
+    complete checkpoint before it; ``latest`` and the automatic resume of a rerun warn and use that one."""
+    folder = copy_of(runs, tmp_path)
+    state_file = folder / "checkpoints" / "step_3" / "training_state.json"
+    state_file.write_bytes(state_file.read_bytes()[:20])
+    latest = tmp_path / "latest"
+    shutil.copytree(folder, latest)
+    before = snapshot(folder)
+
+    assert pretrain_cli(run_args(folder, train_file), "--resume_from_checkpoint", str(state_file.parent)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{state_file} is not valid JSON (20 bytes; cut short?)" in err, err
+    assert f"the newest complete checkpoint before it is '{folder / 'checkpoints' / 'step_2'}'" in err, err
+    assert "not a checkpoint folder" not in err
+    assert snapshot(folder) == before
+
+    for output_dir, extra in ((folder, ()), (latest, ("--resume_from_checkpoint", "latest"))):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="hf_attn_variants"):
+            assert pretrain_cli(run_args(output_dir, train_file), *extra) == 0
+        messages = [r.getMessage() for r in caplog.records]
+        skipped = [m for m in messages if "skipping the broken checkpoint" in m]
+        broken_state = output_dir / "checkpoints" / "step_3" / "training_state.json"
+        assert len(skipped) == 1 and f"{broken_state} is not valid JSON" in skipped[0], messages
+        resumed = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "esum" in r.getMessage()]
+        assert len(resumed) == 1 and f"resuming from {output_dir / 'checkpoints' / 'step_2'} (step 2)" in resumed[0]
+        assert max_weight_difference(output_dir, runs["reference"]) == 0.0
+
+
+KILL_WAIT_S = 180
+
+
+def one_process_environment() -> dict[str, str]:
+    """This environment for a single-process ``pretrain`` child: one thread (as ``runs``), no launcher variables."""
+    launcher = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")
+    return {**{k: v for k, v in os.environ.items() if k not in launcher}, "OMP_NUM_THREADS": "1"}
+
+
+def kill_9_after_checkpoint(command: list[str], folder: Path, step: int, cwd: Path) -> None:
+    """Start ``command``; as soon as ``checkpoints/step_<step>/training_state.json`` is there, SIGKILL it."""
+    written = folder / "checkpoints" / f"step_{step}" / "training_state.json"
+    with (cwd / "killed.stderr").open("w") as stderr:
+        process = subprocess.Popen(command, env=one_process_environment(), cwd=cwd, stdout=subprocess.DEVNULL,
+                                   stderr=stderr)
+        deadline = time.time() + KILL_WAIT_S
+        try:
+            while time.time() < deadline and process.poll() is None and not written.exists():
+                time.sleep(0.01)
+            process.send_signal(signal.SIGKILL)
+        finally:
+            process.kill()
+            process.wait()
+    assert process.returncode == -signal.SIGKILL, (cwd / "killed.stderr").read_text()[-3000:]
+
+
+@pytest.mark.slow
+def test_kill_9_after_a_checkpoint_and_the_same_command_resumes_exactly(runs, train_file, tmp_path) -> None:
+    """A real ``kill -9`` (nothing caught, nothing flushed) right after step 2's checkpoint; the same command again,
+    without ``--resume_from_checkpoint``: one line names the newest complete checkpoint, and the final weights are
+    the uninterrupted run's (``runs["reference"]``, one thread as here) exactly."""
+    folder = tmp_path / "run"
+    command = [sys.executable, "-c", KILL_CHILD, "pretrain", *cli_flags(run_args(folder, train_file))]
+    kill_9_after_checkpoint(command, folder, 2, tmp_path)
+    assert not (folder / "model.safetensors").exists()
+    complete = [p for p in (folder / "checkpoints").glob("step_*") if (p / "training_state.json").exists()]
+    newest = max(complete, key=lambda p: int(p.name.removeprefix("step_")))
+    step = int(newest.name.removeprefix("step_"))
+    assert 2 <= step < STEPS
+
+    rerun = subprocess.run(command, env=one_process_environment(), cwd=tmp_path, capture_output=True, text=True,
+                           timeout=KILL_WAIT_S, check=False)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    said = [line for line in rerun.stderr.splitlines() if " INFO " in line and "esum" in line]  # [Rr]esum…
+    assert len(said) == 1, rerun.stderr[-3000:]
+    assert f"pretrain: resuming from {newest} (step {step}), the newest complete checkpoint" in said[0], said
+    assert max_weight_difference(folder, runs["reference"]) == 0.0
+    assert [r["loss"] for r in read_log(folder)] == [r["loss"] for r in read_log(runs["reference"])]
+
+
 def test_a_checkpoint_without_a_manifest_is_probed(runs, tmp_path) -> None:
     """Checkpoints written before manifests: a truncated safetensors file is still named, not a traceback."""
     from hf_attn_variants.training.checkpoints import read_pretrain_checkpoint
@@ -255,6 +347,56 @@ def test_finetune_sigterm_checkpoints_refuses_other_arguments_and_resumes(data, 
     assert max_weight_difference(folder, reference) == 0.0
     assert finetune_cli(folder, data, base) == 2
     assert "holds the finished model of this same finetune run" in capsys.readouterr().err
+
+
+def test_finetune_names_a_broken_checkpoint_file_and_automatic_resume_skips_it(data, base_models, tmp_path, capsys,
+                                                                              caplog, monkeypatch, one_thread) -> None:
+    """``checkpoint-2`` (``--save_steps 2``) and ``checkpoint-3`` (SIGTERM after step 3). A truncated file of
+    ``checkpoint-3``, or its manifest cut short, named explicitly: one sentence naming that file and
+    ``checkpoint-2``; the automatic resume of the same command warns and continues from ``checkpoint-2``."""
+    base = base_models["entropy_invariant"]
+    saves = ("--save_strategy", "steps", "--save_steps", "2")
+    reference, folder = tmp_path / "reference", tmp_path / "run"
+    assert finetune_cli(reference, data, base, *saves) == 0
+
+    on_step_end = hooks_module.CheckpointGuard.on_step_end
+
+    def signal_at_step_3(self, args, state, control, **kwargs):
+        if state.global_step == STOP_AT:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return on_step_end(self, args, state, control, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(hooks_module.CheckpointGuard, "on_step_end", signal_at_step_3)
+        assert finetune_cli(folder, data, base, *saves) == PREEMPTED_EXIT_CODE
+    assert sorted(p.name for p in folder.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    manifest_cut = tmp_path / "manifest-cut"
+    shutil.copytree(folder, manifest_cut)
+    broken = folder / "checkpoint-3" / "model.safetensors"
+    broken.write_bytes(broken.read_bytes()[: broken.stat().st_size // 2])
+    manifest = manifest_cut / "checkpoint-3" / "checkpoint_manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:20])
+
+    for output_dir, bad_file, problem in ((folder, broken, "recorded at save"),
+                                          (manifest_cut, manifest, "is not valid JSON (20 bytes; cut short?)")):
+        capsys.readouterr()
+        before = snapshot(output_dir)
+        assert finetune_cli(output_dir, data, base, *saves, "--resume_from_checkpoint",
+                            str(output_dir / "checkpoint-3")) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert str(bad_file) in err and problem in err, err
+        assert f"the newest complete checkpoint before it is '{output_dir / 'checkpoint-2'}'" in err, err
+        assert snapshot(output_dir) == before
+
+    with caplog.at_level(logging.INFO, logger="hf_attn_variants"):
+        assert finetune_cli(folder, data, base, *saves) == 0
+    messages = [r.getMessage() for r in caplog.records]
+    skipped = [m for m in messages if "skipping the broken checkpoint" in m]
+    assert len(skipped) == 1 and str(broken) in skipped[0], messages
+    resumed = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "resuming from" in r.getMessage()]
+    assert len(resumed) == 1 and f"resuming from {folder / 'checkpoint-2'} (step 2)" in resumed[0], messages
+    assert max_weight_difference(folder, reference) == 0.0
 
 
 # ---------------------------------------------------------------- signals in other processes
@@ -371,6 +513,50 @@ def test_lengthgen_extends_a_study_with_more_runs_and_refuses_other_settings(tmp
     with pytest.raises(FlagError, match=r"--learning_rate 0\.002 there, 0\.01 here") as refused:
         check_output_folder(LENGTHGEN_RULE, tmp_path, arguments(seeds=[0], learning_rate=0.01))
     assert refused.value.flag == "output_dir" and "--overwrite_output_dir" in str(refused.value)
+
+
+def assert_refused_in_one_line(code: int, err: str, flag_text: str) -> None:
+    """Exit status 2 and one line naming the differing flag and ``--overwrite_output_dir``, no traceback."""
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert flag_text in lines[0] and "--overwrite_output_dir" in lines[0], err
+
+
+def test_lengthgen_command_refuses_a_study_folder_with_other_arguments_and_writes_nothing(tmp_path, capsys,
+                                                                                           one_thread) -> None:
+    """A real ``lengthgen --quick`` study (one variant, seconds), then the same command with another
+    ``--learning_rate``: refused before anything is written, every byte of the folder as it was."""
+    out = tmp_path / "study"
+    argv = ["lengthgen", "--quick", "--output_dir", str(out), "--num_threads", "1", "--disable_tqdm", "--no_plot",
+            "--variants", "synthesizer_random_vanilla"]
+    assert main(argv) == 0
+    before = snapshot(out)
+    capsys.readouterr()
+    code = main([*argv, "--learning_rate", "0.01"])
+    recorded = RunRecord.read(out).arguments["learning_rate"]
+    assert_refused_in_one_line(code, capsys.readouterr().err, f"--learning_rate {json.dumps(recorded)} there, 0.01 here")
+    assert snapshot(out) == before
+
+
+def test_prune_command_refuses_a_folder_with_other_arguments_and_writes_nothing(tmp_path, capsys,
+                                                                                one_thread) -> None:
+    """A real ``prune`` run of a tiny classifier, then the same command with another ``--fraction``: refused
+    before anything is written, every byte of the folder as it was."""
+    from tests.test_pruning_cli import make_model, sentences, write_csv
+    from tests.test_pruning_cli import tokenizer as word_tokenizer
+
+    model_dir, out, train = tmp_path / "model", tmp_path / "out", tmp_path / "train.csv"
+    make_model("entropy_invariant").save_pretrained(model_dir)
+    word_tokenizer().save_pretrained(model_dir)
+    write_csv(train, sentences(24))
+    argv = ["prune", "--model_name_or_path", str(model_dir), "--train_file", str(train), "--output_dir", str(out),
+            "--threshold", "none", "--max_heads_pruned", "0.5", "--batch_size", "8", "--num_importance_examples", "8"]
+    assert main([*argv, "--fraction", "0.25"]) == 0
+    before = snapshot(out)
+    capsys.readouterr()
+    code = main([*argv, "--fraction", "0.5"])
+    assert_refused_in_one_line(code, capsys.readouterr().err, "--fraction 0.25 there, 0.5 here")
+    assert snapshot(out) == before
 
 
 def test_prune_refuses_its_own_finished_run_and_redoes_an_unfinished_one(tmp_path) -> None:

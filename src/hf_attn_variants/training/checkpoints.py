@@ -13,10 +13,12 @@ half-way) is named by its first bad file.
   newest complete checkpoint before it).
 - ``rotate``: ``--save_total_limit N`` keeps the newest N checkpoints and never the one the run resumed from.
 - ``pretrain``'s checkpoints (``output_dir/checkpoints/<name>/``): ``save_checkpoint`` (staging folder, manifest,
-  atomic rename, rotation), ``find_checkpoint`` (``--resume_from_checkpoint``), ``check_checkpoint_kind``.
+  atomic rename, rotation), ``named_checkpoint`` (``--resume_from_checkpoint``), ``check_checkpoint_kind``.
 
 Checkpoints written before manifests existed have none; they are probed instead (``probe_files``: every
-safetensors header and every ``torch.load``-able file read), so a truncated one is named too.
+safetensors header and every ``torch.load``-able file read), so a truncated one is named too. A state file or
+manifest that is there but cut short (not valid JSON) makes its checkpoint broken, named by that file
+(``json_problem``), never "not a checkpoint".
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +48,10 @@ MANIFEST_KEY = "files"
 HASH_CHUNK = 1 << 20
 CHECKPOINT_DIR = "checkpoints"
 STATE_FILE = "training_state.json"
+STEP_NAME = re.compile(r"step_(\d+)")
+UNKNOWN_STEP = sys.maxsize
+"""The step of a checkpoint whose state file cannot be read and whose name (``epoch_<e>``) does not say: it sorts
+as the newest, so that automatic resume always names it in a warning, and rotation leaves it alone."""
 
 
 def file_digest(path: Path) -> str:
@@ -80,8 +88,8 @@ def manifest_problem(folder: Path, manifest: dict[str, dict[str, Any]]) -> str |
 
 
 def probe_files(folder: Path) -> str | None:
-    """For a checkpoint without a manifest: ``None`` when every safetensors file opens and every ``.bin``/``.pt``/
-    ``.pth``/``.pkl`` file loads, else which one fails and how."""
+    """For a checkpoint without a manifest: ``None`` when every safetensors file opens, every ``.bin``/``.pt``/
+    ``.pth``/``.pkl`` file loads and every ``.json`` file parses, else which one fails and how."""
     import torch
     from safetensors import safe_open
 
@@ -94,6 +102,8 @@ def probe_files(folder: Path) -> str | None:
                         handle.get_slice(name)
             elif path.suffix in (".bin", ".pt", ".pth", ".pkl"):
                 torch.load(path, map_location="cpu", weights_only=False)
+            elif path.suffix == ".json":
+                json.loads(path.read_bytes())
         except Exception as error:  # noqa: BLE001 - any failure to read the file is what we report
             reason = " ".join(str(error).split()) or type(error).__name__
             return f"{path} cannot be read ({type(error).__name__}: {reason})"
@@ -110,14 +120,26 @@ class Checkpoint:
     """The recorded files; ``None``: no manifest (written before manifests: probed instead)."""
     manifest_file: str | None = None
     """Set when a missing manifest means the save did not finish: the manifest's file name, for the message."""
+    unreadable: str | None = None
+    """What is wrong with the folder's state file when it cannot be read (``json_problem``): then it is broken."""
 
     def problem(self) -> str | None:
         """``None`` when the checkpoint is complete, else its first bad file and what is wrong with it."""
+        if self.unreadable is not None:
+            return self.unreadable
         if self.manifest is not None:
             return manifest_problem(self.path, self.manifest)
         if self.manifest_file is not None:
-            return f"{self.path / self.manifest_file} is missing (its save did not finish)"
+            return missing_manifest_problem(self.path / self.manifest_file)
         return probe_files(self.path)
+
+
+def missing_manifest_problem(path: Path) -> str:
+    """Why the required manifest ``path`` gave no list of files: missing (the save did not finish), cut short,
+    or without its ``"files"``."""
+    if not path.exists():
+        return f"{path} is missing (its save did not finish)"
+    return json_problem(path) or f"{path} lists no files"
 
 
 def newest_complete(checkpoints: Sequence[Checkpoint]) -> tuple[Checkpoint | None, list[tuple[Checkpoint, str]]]:
@@ -153,12 +175,16 @@ def newest_resumable(command: str, checkpoints: Sequence[Checkpoint]) -> Checkpo
     return chosen
 
 
-def announce_resume(command: str, checkpoint: Checkpoint) -> None:
-    """The one line saying which checkpoint an automatic resume continues from (from the first rank)."""
+AUTOMATIC = "the newest complete checkpoint of this run in --output_dir"
+"""Why ``announce_resume`` continues from a checkpoint, for an automatic resume."""
+
+
+def announce_resume(command: str, checkpoint: Checkpoint, reason: str = AUTOMATIC) -> None:
+    """The one line saying which checkpoint the run continues from, and why (``AUTOMATIC``, or the flag that named
+    it); from the first rank only."""
     if not _is_first_rank():
         return
-    logger.info("%s: resuming from %s (step %d), the newest complete checkpoint of this run in --output_dir",
-                command, checkpoint.path, checkpoint.step)
+    logger.info("%s: resuming from %s (step %d), %s", command, checkpoint.path, checkpoint.step, reason)
 
 
 def broken_checkpoint_error(flag: str, checkpoint: Checkpoint, problem: str,
@@ -197,6 +223,23 @@ def read_json_file(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def json_problem(path: Path) -> str | None:
+    """What is wrong with ``path`` when it is there but holds no JSON object (cut short by a full disk or a copy
+    that stopped: ``"<path> is not valid JSON (20 bytes; cut short?)"``); ``None`` when it holds one or is
+    missing."""
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        return f"{path} cannot be read ({error.strerror or type(error).__name__})"
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return f"{path} is not valid JSON ({len(text)} bytes; cut short?)"
+    return None if isinstance(data, dict) else f"{path} holds no JSON object"
+
+
 def list_checkpoints(root: Path, pattern: str, read: Callable[[Path], Checkpoint | None]) -> list[Checkpoint]:
     """The checkpoints ``read`` recognises among the folders of ``root`` matching ``pattern``."""
     if not root.is_dir():
@@ -207,22 +250,36 @@ def list_checkpoints(root: Path, pattern: str, read: Callable[[Path], Checkpoint
 
 # ---------------------------------------------------------------- pretrain's checkpoint folders
 def read_pretrain_checkpoint(path: Path) -> Checkpoint | None:
-    """A ``pretrain`` checkpoint folder (it has ``training_state.json``) as a ``Checkpoint``, else ``None``."""
-    state = read_json_file(path / STATE_FILE)
-    if state is None or "completed_steps" not in state:
+    """A ``pretrain`` checkpoint folder (it has ``training_state.json``) as a ``Checkpoint``, else ``None``. A state
+    file that cannot be read, or records no step, makes a broken checkpoint (``Checkpoint.unreadable``) at the
+    step its name says (``step_<k>``; else ``UNKNOWN_STEP``)."""
+    state_file = path / STATE_FILE
+    if not state_file.is_file():
         return None
+    state = read_json_file(state_file)
+    if state is None or not isinstance(state.get("completed_steps"), int):
+        problem = json_problem(state_file) or f"{state_file} records no completed_steps"
+        return Checkpoint(path, step_in_name(path), None, unreadable=problem)
     return Checkpoint(path, int(state["completed_steps"]), state.get(MANIFEST_KEY))
 
 
+def step_in_name(path: Path) -> int:
+    """The step a checkpoint folder's name says (``step_<k>``), else ``UNKNOWN_STEP``."""
+    match = STEP_NAME.fullmatch(path.name)
+    return int(match.group(1)) if match else UNKNOWN_STEP
+
+
 def pretrain_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
-    """The checkpoints under ``output_dir/checkpoints``."""
-    return list_checkpoints(Path(output_dir) / CHECKPOINT_DIR, "*", read_pretrain_checkpoint)
+    """The checkpoints under ``output_dir/checkpoints`` (not the hidden staging folders of saves in progress or
+    killed, ``.<name>.tmp``, nor a sharded run's ``.initial_model``)."""
+    return list_checkpoints(Path(output_dir) / CHECKPOINT_DIR, "[!.]*", read_pretrain_checkpoint)
 
 
-def find_checkpoint(output_dir: str, name: str) -> Path:
+def named_checkpoint(output_dir: str, name: str) -> Checkpoint:
     """Resolve ``--resume_from_checkpoint``: a complete checkpoint folder, or ``latest`` = the newest complete one
-    under ``output_dir/checkpoints`` (broken newer ones skipped with a warning). A named broken checkpoint gives
-    one sentence naming its bad file and the newest complete checkpoint before it."""
+    under ``output_dir/checkpoints`` (broken newer ones skipped with a warning). A named broken checkpoint (a file
+    cut short, its ``training_state.json`` unreadable) gives one sentence naming its bad file and the newest
+    complete checkpoint before it."""
     flag = "resume_from_checkpoint"
     if name != "latest":
         checkpoint = read_pretrain_checkpoint(Path(name))
@@ -230,7 +287,7 @@ def find_checkpoint(output_dir: str, name: str) -> Path:
             raise FlagError(flag, f"resume_from_checkpoint: {name!r} is not a checkpoint folder (no {STATE_FILE}).")
         if (problem := checkpoint.problem()) is not None:
             raise broken_checkpoint_error(flag, checkpoint, problem, pretrain_checkpoints(Path(name).parent.parent))
-        return checkpoint.path
+        return checkpoint
     root = Path(output_dir) / CHECKPOINT_DIR
     found = pretrain_checkpoints(output_dir)
     if not found:
@@ -240,7 +297,12 @@ def find_checkpoint(output_dir: str, name: str) -> Path:
     if chosen is None:
         raise FlagError(flag, f"resume_from_checkpoint='latest' but every checkpoint under {root} is broken "
                               f"({skipped[0][1]}).")
-    return chosen.path
+    return chosen
+
+
+def find_checkpoint(output_dir: str, name: str) -> Path:
+    """The folder of ``named_checkpoint``."""
+    return named_checkpoint(output_dir, name).path
 
 
 def check_checkpoint_kind(checkpoint: Path, args: PretrainArguments) -> None:
@@ -289,9 +351,11 @@ def save_checkpoint(runtime: TrainingRuntime, output_dir: str, name: str, state:
 
 
 __all__ = [
+    "AUTOMATIC",
     "CHECKPOINT_DIR",
     "MANIFEST_KEY",
     "STATE_FILE",
+    "UNKNOWN_STEP",
     "Checkpoint",
     "announce_resume",
     "broken_checkpoint_error",
@@ -299,8 +363,11 @@ __all__ = [
     "file_digest",
     "file_manifest",
     "find_checkpoint",
+    "json_problem",
     "list_checkpoints",
     "manifest_problem",
+    "missing_manifest_problem",
+    "named_checkpoint",
     "newest_complete",
     "newest_resumable",
     "pretrain_checkpoints",
@@ -309,5 +376,6 @@ __all__ = [
     "read_pretrain_checkpoint",
     "rotate",
     "save_checkpoint",
+    "step_in_name",
     "warn_skipped",
 ]

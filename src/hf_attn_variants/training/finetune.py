@@ -76,7 +76,7 @@ from .tasks import (
     task_auto_class,
     token_features,
 )
-from .trainer_hooks import CheckpointGuard, read_trainer_checkpoint, trainer_checkpoints
+from .trainer_hooks import MANIFEST_FILE, CheckpointGuard, read_trainer_checkpoint, trainer_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -330,8 +330,10 @@ def _sharded_model(args: FinetuneArguments, training_args: Any, config: Any) -> 
 
 def _resume_explicit(path: str) -> str:
     """``--resume_from_checkpoint``: the named checkpoint when it is complete, else the one sentence naming its
-    broken file and the newest complete checkpoint before it."""
-    checkpoint = read_trainer_checkpoint(Path(path), require_manifest=False)
+    broken file (one cut short, or its ``checkpoint_manifest.json`` itself) and the newest complete checkpoint
+    before it. A checkpoint without a manifest (written before them) is probed."""
+    folder = Path(path)
+    checkpoint = read_trainer_checkpoint(folder, require_manifest=(folder / MANIFEST_FILE).exists())
     if checkpoint is not None and (problem := checkpoint.problem()) is not None:
         raise broken_checkpoint_error("resume_from_checkpoint", checkpoint, problem,
                                       trainer_checkpoints(Path(path).parent))

@@ -68,11 +68,13 @@ import torch
 from ..cli_utils import FlagError, check_model_folder, check_output_dir, quiet_progress
 from .arguments import SCHEDULER_TYPES, PretrainArguments
 from .checkpoints import (
+    AUTOMATIC,
     CHECKPOINT_DIR,
     STATE_FILE,
     announce_resume,
     check_checkpoint_kind,
     find_checkpoint,
+    named_checkpoint,
     newest_resumable,
     pretrain_checkpoints,
     read_json_file,
@@ -365,17 +367,20 @@ def check_output_folder_of(args: PretrainArguments) -> FolderState:
 
 def checkpoint_to_resume(args: PretrainArguments, folder: FolderState) -> Path | None:
     """``--resume_from_checkpoint``'s checkpoint; else, in a folder holding this run unfinished, its newest
-    complete checkpoint (broken newer ones skipped with a warning; one line says which); else ``None``. A
-    checkpoint of the other kind of launch (sharded or not) is refused (``check_checkpoint_kind``)."""
+    complete checkpoint (broken newer ones skipped with a warning); else ``None``. One line says which checkpoint
+    the run continues from. A checkpoint of the other kind of launch (sharded or not) is refused
+    (``check_checkpoint_kind``)."""
     if args.resume_from_checkpoint:
-        explicit = find_checkpoint(args.output_dir, args.resume_from_checkpoint)
-        check_checkpoint_kind(explicit, args)
-        return explicit
-    chosen = newest_resumable("pretrain", pretrain_checkpoints(args.output_dir)) if folder.same_run else None
+        chosen = named_checkpoint(args.output_dir, args.resume_from_checkpoint)
+        reason = ("the newest complete checkpoint in --output_dir (--resume_from_checkpoint latest)"
+                  if args.resume_from_checkpoint == "latest" else "as --resume_from_checkpoint names it")
+    else:
+        chosen = newest_resumable("pretrain", pretrain_checkpoints(args.output_dir)) if folder.same_run else None
+        reason = AUTOMATIC
     if chosen is None:
         return None
     check_checkpoint_kind(chosen.path, args)
-    announce_resume("pretrain", chosen)
+    announce_resume("pretrain", chosen, reason)
     return chosen.path
 
 
@@ -442,14 +447,13 @@ def setup(args: PretrainArguments, runtime: TrainingRuntime) -> TrainingSetup:
 
 def restore(run: TrainingSetup) -> int:
     """Load the checkpoint to resume (if any) and cut ``train_log.jsonl`` back to its step, else remove an old
-    log; returns the optimizer steps already done."""
+    log; returns the optimizer steps already done. (``checkpoint_to_resume`` has said which checkpoint: one line.)"""
     completed = 0
     if run.checkpoint is not None:
         run.runtime.load_state(run.checkpoint)
         completed = json.loads((run.checkpoint / STATE_FILE).read_text())["completed_steps"]
         if run.runtime.is_main_process:
             truncate_log(run.log_path, completed)
-            logger.info("Resumed from %s at step %d", run.checkpoint, completed)
     elif run.runtime.is_main_process and run.log_path.exists():
         run.log_path.unlink()
     run.runtime.wait_for_everyone()
