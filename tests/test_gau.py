@@ -752,7 +752,9 @@ PATH_DEFAULTS = {"query_length": 8, "key_length": 8, "causal": False, "device": 
         (chunked(4, gau_kernel="triton", attention_probs_dropout_prob=0.1), {"training": True}, "flash"),
         (chunked(4, gau_kernel="reference"), {}, "flash_map"),
         (chunked(4), {"output_attentions": True}, "flash_map"),
-        (chunked(4), {"causal": True, "cached": True}, "flash_cache"),
+        (chunked(4), {"causal": True, "cached": True, "key_length": 12}, "flash_cache"),  # 4 earlier tokens
+        (chunked(4), {"causal": True, "cached": True}, "flash"),  # a prefill: parallel, then it starts the cache
+        (chunked(4, gau_kernel="triton"), {"causal": True, "cached": True}, "flash_triton"),
         (chunked(4), {"cached": True}, "flash"),  # a bidirectional unit ignores a cache
         (chunked(4), {"causal": True, "cached": True, "output_attentions": True}, "flash_cache_map"),
         (chunked(4), {"causal": True, "cached": True, "output_attentions": True, "query_length": 1}, "flash_cache"),

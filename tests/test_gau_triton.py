@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hf_attn_variants import GAUConfig, GAUForCausalLM, GAUModel
+from hf_attn_variants.models import gau_triton
 from hf_attn_variants.models.gau_kernels import flash_mixed_chunk_attention, relu2_attention
 from hf_attn_variants.models.gau_triton import (
     TRITON_AVAILABLE,
@@ -131,3 +132,56 @@ def test_triton_kernel_without_triton_is_one_clear_error(monkeypatch) -> None:
     with pytest.raises(ImportError, match=r"gau_kernel='triton' needs the triton package"):
         GAUModel(GAUConfig(vocab_size=61, hidden_size=32, num_hidden_layers=1, attention_key_size=16,
                            gau_kernel="triton"))
+
+
+LAUNCHED_KERNELS = ("_forward_kernel", "_grad_query_kernel", "_grad_key_kernel", "_grad_value_kernel")
+
+
+def count_launches(monkeypatch) -> dict[str, int]:
+    """Wrap the four launched kernels of ``gau_triton`` so that every ``kernel[grid](…)`` launch is counted."""
+    counts = dict.fromkeys(LAUNCHED_KERNELS, 0)
+
+    class Counted:
+        def __init__(self, name: str, kernel) -> None:
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launch = self.kernel[grid]
+
+            def counted(*args, **kwargs):
+                counts[self.name] += 1
+                return launch(*args, **kwargs)
+
+            return counted
+
+    for name in LAUNCHED_KERNELS:
+        monkeypatch.setattr(gau_triton, name, Counted(name, getattr(gau_triton, name)))
+    return counts
+
+
+def test_causal_flash_training_and_prefill_launch_the_triton_kernels(monkeypatch) -> None:
+    """Causal FLASH training takes the parallel branch (no cache is built in training, though ``use_cache`` is on
+    by default), so ``gau_kernel="triton"`` runs: one forward launch per layer and one of each gradient kernel. A
+    prefill with a cache takes it too, and the cache it starts decodes exactly as the torch kernels' does."""
+    counts = count_launches(monkeypatch)
+    config = GAUConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2, attention_key_size=16, base_length=16,
+                       attention_normalization="relu2", chunk_size=16, gau_kernel="triton")
+    assert config.use_cache
+    torch.manual_seed(0)
+    model = GAUForCausalLM(config).train()
+    ids = random_ids(2, 40, vocab=61)
+    out = model(input_ids=ids, labels=ids)
+    assert getattr(out, "cache", None) is None and getattr(out, "past_key_values", None) is None
+    out.loss.backward()
+    assert counts == dict.fromkeys(LAUNCHED_KERNELS, 2), counts
+
+    model.eval()
+    counts.update(dict.fromkeys(LAUNCHED_KERNELS, 0))
+    with torch.no_grad():
+        generated = model.generate(ids, max_new_tokens=5, do_sample=False, min_new_tokens=5)
+    assert counts["_forward_kernel"] == 2, counts  # the prefill; decoding steps continue from the cached chunk
+    torch.manual_seed(0)
+    reference = GAUForCausalLM(GAUConfig(**{**config.to_dict(), "gau_kernel": "torch"})).eval()
+    reference.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert torch.equal(generated, reference.generate(ids, max_new_tokens=5, do_sample=False, min_new_tokens=5))

@@ -367,7 +367,10 @@ class AttnVariantBackbone:
             # it there too, but under the name of their release (`past_key_values` before 5.24), not ours.
             use_cache, cache = False, None
         if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
+            if self.training:  # a cache is for decoding: training builds none (config.use_cache is on by default)
+                use_cache = False
+            else:
+                cache = DynamicCache(config=self.config)
         past_length = cache.get_seq_length() if cache is not None else 0
         if isinstance(past_length, torch.Tensor):  # a static cache's counter, which each layer's update advances
             past_length = past_length.clone()

@@ -288,8 +288,10 @@ GAU_ATTENTION_PATHS: dict[str, str] = {
     "relu2": "relu2_attention in one expression (≤ ATTENTION_BLOCK_ELEMENTS scores): two n×n tensors saved",
     "relu2_blocked": "relu2_attention in query blocks (Relu2Attention): nothing n×n saved",
     "relu2_triton": "triton_relu2_attention: nothing n×n saved",
-    "flash": "FLASH mixed-chunk attention in torch (flash_mixed_chunk_attention)",
-    "flash_triton": "FLASH with its part inside the chunks in Triton (triton_flash_intra_chunk)",
+    "flash": "FLASH mixed-chunk attention in torch (flash_mixed_chunk_attention); a causal prefill's final state "
+    "and open chunk then start the cache",
+    "flash_triton": "FLASH with its part inside the chunks in Triton (triton_flash_intra_chunk); a causal prefill "
+    "starts the cache as flash does",
     "flash_map": "FLASH's effective n×n matrix W materialised (flash_effective_weights), out = W v / L",
     "flash_cache": "causal FLASH over new tokens from the cached open chunk and cross-chunk state",
     "flash_cache_map": "flash_cache to advance the cache, and the output from W (a cache with no earlier tokens)",
@@ -320,15 +322,19 @@ def gau_attention_path(
     For ``query_length`` queries over ``key_length`` keys (earlier cached tokens included), ``causal`` or not, on
     ``device``, in training mode (attention dropout active) or not, with a cache (``cached``) or not. The map is
     materialised for ``gau_kernel="reference"`` and ``output_attentions``; otherwise each normalisation names its
-    kernel (``GAUNormalization.kernel_path``) or has none. FLASH (``chunk_size``) with a causal cache always
-    advances the chunk state; its map exists only while no earlier token is folded into that state.
+    kernel (``GAUNormalization.kernel_path``) or has none. FLASH (``chunk_size``) with a causal cache advances the
+    chunk state: from earlier tokens (``key_length > query_length``) through the cached branch; on a prefill (an
+    empty cache) through the parallel path (Triton's when asked for), whose final state and open chunk then start
+    the cache. Its map exists only while no earlier token is folded into that state.
     """
     dropout = training and config.attention_probs_dropout_prob > 0
     reference = output_attentions or config.gau_kernel == "reference"
     triton = use_triton_kernel(config, device)
     if config.chunk_size is not None:
-        if cached and causal:
-            return "flash_cache_map" if reference and key_length == query_length else "flash_cache"
+        if cached and causal and key_length > query_length:
+            return "flash_cache"
+        if cached and causal and reference:
+            return "flash_cache_map"
         if reference:
             return "flash_map"
         return "flash_triton" if triton and not dropout else "flash"
@@ -468,15 +474,15 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         dropout = {"dropout": self.config.attention_probs_dropout_prob, "training": self.training}
         if path in ("flash_cache", "flash_cache_map"):
             numerator = self._chunked_with_cache(layer, quad_q, quad_k, lin_q, lin_k, v, key_mask, options, dropout)
-        elif path == "flash":
-            numerator, _ = flash_mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, key_mask=key_mask, **options,
-                                                       **dropout)
-        elif path == "flash_triton":  # the relu² part inside the chunks, fused; the linear state across chunks
-            numerator, _ = flash_mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, key_mask=key_mask, **options,
-                                                       **dropout, intra_chunk=False)
-            numerator = numerator + triton_flash_intra_chunk(
-                upcast(quad_q) * self.scaling, upcast(quad_k), upcast(v), key_mask, self.chunk_size, self.is_causal
-            )
+        elif path in ("flash", "flash_triton"):  # flash_triton: the relu² part inside the chunks fused by Triton
+            numerator, state = flash_mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, key_mask=key_mask,
+                                                           **options, **dropout, intra_chunk=path == "flash")
+            if path == "flash_triton":
+                numerator = numerator + triton_flash_intra_chunk(
+                    upcast(quad_q) * self.scaling, upcast(quad_k), upcast(v), key_mask, self.chunk_size, self.is_causal
+                )
+            if layer is not None:  # a prefill: the cache starts from this segment's state and open chunk
+                self._start_cache(layer, quad_k, lin_k, v, key_mask, state)
         if path not in ("flash_map", "flash_cache_map"):
             return numerator / lengths, None
         # The reference: the effective (batch, n, n) matrix W, used for the output so the returned weights are the
@@ -485,6 +491,17 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         weights = (weights / lengths).unsqueeze(1)
         attended = torch.matmul(weights, upcast(v).unsqueeze(1)).squeeze(1)
         return attended, weights.to(v.dtype) if output_attentions else None
+
+    def _start_cache(
+        self, layer: GAUChunkCacheLayer, quad_k: torch.Tensor, lin_k: torch.Tensor, v: torch.Tensor,
+        key_mask: torch.Tensor | None, state: torch.Tensor,
+    ) -> None:
+        """Fill an empty chunk cache from a prefill computed in parallel: Σ k'ᵀv of its complete chunks (``state``,
+        padding keys left out) and its trailing open chunk, as ``_chunked_with_cache`` would have stored them."""
+        if key_mask is not None:
+            lin_k = lin_k * key_mask[:, :, None].to(lin_k.dtype)
+        keys = torch.cat([quad_k, lin_k], dim=-1).unsqueeze(1)
+        layer.store(keys, v.unsqueeze(1), state, added=quad_k.shape[1], chunk_size=self.chunk_size)
 
     def _chunked_with_cache(
         self,
