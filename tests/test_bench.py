@@ -157,7 +157,7 @@ def test_merge_without_committed_results_is_refused(tmp_path, monkeypatch, capsy
 
 def test_merge_closure_covers_comparisons_sharing_a_variant() -> None:
     assert merge_closure({"decoder"}) == {"decoder"}
-    assert merge_closure({"gau"}) == {"gau", "gau_optimisation"}
+    assert merge_closure({"gau"}) == {"gau", "gau_optimisation", "peers", "peers_quadratic"}
 
 
 def test_committed_report_is_the_rendering_of_the_committed_results() -> None:
@@ -233,7 +233,8 @@ def test_select_rejects_unknown_names() -> None:
     with pytest.raises(ValueError, match="--only"):
         select(PRESETS["quick"], ["no_such_variant"])
     variants, comparisons = select(PRESETS["quick"], ["gau_flash"])
-    assert set(variants) == {"gau_quadratic", "gau_flash"} and [c.key for c in comparisons] == ["gau"]
+    assert set(variants) == {"gau_quadratic", "gau_flash", "flash_pytorch"}
+    assert [c.key for c in comparisons] == ["gau", "peers"]
 
 
 def test_bad_flags_exit_with_a_message(capsys) -> None:

@@ -200,14 +200,49 @@ def targets(run: BenchRun) -> list[Target]:
             out.append(Target(f"50 %-head-pruned model ≥ 1.3× faster than unpruned, {label}, n = {n}",
                               f"{faster.median:.2f}×", faster.median >= 1.3 if phase == "infer" else None,
                               [run.find(v, "eager", phase, n) for v in ("ei_8h_pruned50", "ei_8h")]))
-    if run.graph_checks:
-        breaks = [c for c in run.graph_checks if c["breaks"] != 0]
-        compiled = [r for r in run.results if r.mode == "compiled"]
-        failed = [r for r in compiled if r.status == "failed"]
-        text = (f"{len(run.graph_checks)} models, {sum(c['breaks'] or 0 for c in run.graph_checks)} graph breaks; "
-                f"{len(compiled) - len(failed)}/{len(compiled)} compiled measurements ran")
-        out.append(Target("`torch.compile(model)` works for every family, no graph breaks", text,
-                          not breaks and not failed, compiled))
+    out += _peer_targets(run)
+    out += _compile_targets(run)
+    return out
+
+
+PEER_PAIRS = (("gau_flash", "flash_pytorch", "bidirectional"), ("gau_flash_causal", "flash_pytorch_causal", "causal"))
+"""(ours, the peer, direction) of the peer targets."""
+
+
+def _peer_targets(run: BenchRun) -> list[Target]:
+    """Our FLASH ≤ 0.85× FLASH-pytorch's fwd+bwd time at n ≥ 2048, at no more peak memory (paired, same run)."""
+    out = []
+    for ours, peer, direction in PEER_PAIRS:
+        for n in (n for n in run.preset.lengths if n >= 2048):
+            rows = [run.find(ours, "eager", "train", n), run.find(peer, "eager", "train", n)]
+            ratio = paired_ratio(run, ours, peer, "eager", "train", n)
+            if ratio is None or not all(_ok(r) for r in rows):
+                continue
+            mine, theirs = rows[0].peak_bytes, rows[1].peak_bytes
+            out.append(Target(f"our FLASH ({direction}) fwd+bwd ≤ 0.85× FLASH-pytorch's time at no more peak "
+                              f"memory, n = {n}", f"{ratio.text()}×; peak {_mib(mine)} vs {_mib(theirs)} MiB",
+                              ratio.median <= 0.85 and mine <= theirs, rows))
+    return out
+
+
+def _compile_targets(run: BenchRun) -> list[Target]:
+    """``torch.compile`` of our families (no graph break, every compiled measurement ran); the peers' graph breaks
+    as a reference row."""
+    if not run.graph_checks:
+        return []
+    families = {name: info.get("family") for name, info in run.variants.items()}
+    ours = [c for c in run.graph_checks if families.get(c["variant"]) != "peer"]
+    peers = [c for c in run.graph_checks if families.get(c["variant"]) == "peer"]
+    compiled = [r for r in run.results if r.mode == "compiled" and families.get(r.variant) != "peer"]
+    failed = [r for r in compiled if r.status == "failed"]
+    text = (f"{len(ours)} models, {sum(c['breaks'] or 0 for c in ours)} graph breaks; "
+            f"{len(compiled) - len(failed)}/{len(compiled)} compiled measurements ran")
+    out = [Target("`torch.compile(model)` works for every family, no graph breaks", text,
+                  not [c for c in ours if c["breaks"] != 0] and not failed, compiled)]
+    if peers:
+        text = "; ".join(f"`{c['variant']}`: {c['breaks'] if c['breaks'] is not None else 'failed'} graph breaks"
+                         for c in peers)
+        out.append(Target("the peers under `torch.compile` (reference, no target)", text, None))
     return out
 
 

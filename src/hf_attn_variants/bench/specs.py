@@ -16,6 +16,8 @@ Fairness choices (see docs/benchmarks.md):
   two-matrix ``FeedForward`` instead of Llama's gated three-matrix MLP; its intermediate size is 1.5× the
   Llama one so parameters and FLOPs are equal.
 - GAU, Synthesizer: compared within the family (quadratic vs FLASH; ``random`` vs ``vanilla``).
+- Peers: our GAU (FLASH and quadratic, bidirectional and causal) against lucidrains' FLASH-pytorch at the same shapes
+  (``bench/peers.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..models.modeling_entropy_invariant import EntropyInvariantModel
 from ..models.modeling_gau import GAUModel
 from ..models.modeling_synthesizer import SynthesizerModel
 from ..pruning import prune_heads
+from .peers import flash_pytorch_model, gau_pytorch_model
 
 VOCAB_SIZE = 1000
 """Token ids are drawn from [1, VOCAB_SIZE) — valid for every preset's vocabulary."""
@@ -208,13 +211,14 @@ def entropy_decoder_model(p: Preset, length: int) -> nn.Module:
 
 
 def gau_model(p: Preset, length: int, *, normalization: str, chunk: int | None = None,
-              kernel: str = "auto") -> nn.Module:
+              kernel: str = "auto", causal: bool = False) -> nn.Module:
     """``GAUModel`` with ``attention_normalization=normalization``, ``chunk_size=chunk`` and ``gau_kernel=kernel``
-    (``"reference"``: the written-out attention with its n×n map)."""
+    (``"reference"``: the written-out attention with its n×n map), bidirectional or ``causal``."""
     config = GAUConfig(
         vocab_size=p.vocab_size, hidden_size=p.hidden_size, num_hidden_layers=p.gau_layers or p.num_layers,
         attention_key_size=p.gau_key_size, attention_normalization=normalization, chunk_size=chunk, gau_kernel=kernel,
         max_position_embeddings=_longest(p), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        is_decoder=causal,
     )
     return GAUModel(config)
 
@@ -282,6 +286,34 @@ def _gau_variants(p: Preset) -> list[Variant]:
     ]
 
 
+PEER_VARIANTS: tuple[tuple[str, Callable[..., nn.Module], str, bool], ...] = (
+    ("flash_pytorch", flash_pytorch_model, "FLASH-pytorch 0.1.9 FLASHTransformer (peer), bidirectional", False),
+    ("flash_pytorch_causal", flash_pytorch_model, "FLASH-pytorch 0.1.9 FLASHTransformer (peer), causal", True),
+    ("gau_pytorch", gau_pytorch_model, "FLASH-pytorch 0.1.9 quadratic GAU (peer), bidirectional", False),
+    ("gau_pytorch_causal", gau_pytorch_model, "FLASH-pytorch 0.1.9 quadratic GAU (peer), causal", True),
+)
+"""(name, builder, description, causal) of the peers (``bench/peers.py``)."""
+
+
+def _peer_variants(p: Preset) -> list[Variant]:
+    """lucidrains' FLASH-pytorch, FLASH and quadratic, causal and bidirectional, at our GAU's shapes; and the causal
+    GAUs of ours they are compared with (the bidirectional ones are ``_gau_variants``'s)."""
+    quadratic = {"max_length": p.quadratic_max_length,
+                 "skip_reason": f"n > {p.quadratic_max_length}: quadratic in time" if p.quadratic_max_length else ""}
+    peers = [Variant(name, "peer", description, functools.partial(build, p, causal=causal), causal=causal,
+                     compile=True, **({} if name.startswith("flash") else quadratic))
+             for name, build, description, causal in PEER_VARIANTS]
+    return [
+        *peers,
+        Variant("gau_flash_causal", "gau", f"GAUModel relu², FLASH chunks of {p.gau_chunk_size}, causal",
+                functools.partial(gau_model, p, normalization="relu2", chunk=p.gau_chunk_size, causal=True),
+                causal=True, compile=True),
+        Variant("gau_quadratic_causal", "gau", "GAUModel relu² (dynamic L), quadratic, causal",
+                functools.partial(gau_model, p, normalization="relu2", causal=True), causal=True, compile=True,
+                **quadratic),
+    ]
+
+
 def _synthesizer_variants(p: Preset) -> list[Variant]:
     """One Synthesizer per row of ``SYNTHESIZER_VARIANTS``, rebuilt per length (l = n)."""
     shortest = min(p.lengths)
@@ -317,11 +349,16 @@ def _pruning_variants(p: Preset) -> list[Variant]:
 def build_variants(preset: Preset) -> dict[str, Variant]:
     """Every variant of ``preset``, keyed by name (the baselines included)."""
     variants = [
-        *_encoder_decoder_variants(preset), *_gau_variants(preset), *_synthesizer_variants(preset),
-        *_pruning_variants(preset),
+        *_encoder_decoder_variants(preset), *_gau_variants(preset), *_peer_variants(preset),
+        *_synthesizer_variants(preset), *_pruning_variants(preset),
     ]
     return {v.name: v for v in variants}
 
+
+PEER_NOTE = ("lucidrains' FLASH-pytorch 0.1.9 (`bench/peers.py`) at our GAU's shapes (width, layers, key size s, "
+             "e = 2d, chunk g; token shift off), its own conventions kept: scale-norm (FLASH) or LayerNorm (GAU), a "
+             "T5 relative-position bias, partial rotary embeddings. Both compute the same layer once those are "
+             "aligned (tests/test_peers.py).")
 
 COMPARISONS: tuple[Comparison, ...] = (
     Comparison("encoder", "Encoder: entropy-invariant (SDPA) vs stock BERT (SDPA)", "bert_sdpa",
@@ -330,6 +367,14 @@ COMPARISONS: tuple[Comparison, ...] = (
                ("ei_decoder_sdpa",)),
     Comparison("gau", "GAU: FLASH (chunked) and softmax_plus vs quadratic relu² GAU", "gau_quadratic",
                ("gau_flash", "gau_softmax_plus")),
+    Comparison("peers", "Peer: our FLASH vs FLASH-pytorch's FLASHTransformer, bidirectional", "flash_pytorch",
+               ("gau_flash",), note=PEER_NOTE),
+    Comparison("peers_causal", "Peer: our FLASH vs FLASH-pytorch's FLASHTransformer, causal", "flash_pytorch_causal",
+               ("gau_flash_causal",), note=PEER_NOTE),
+    Comparison("peers_quadratic", "Peer: our quadratic GAU vs FLASH-pytorch's GAU, bidirectional", "gau_pytorch",
+               ("gau_quadratic",), note=PEER_NOTE),
+    Comparison("peers_quadratic_causal", "Peer: our quadratic GAU vs FLASH-pytorch's GAU, causal",
+               "gau_pytorch_causal", ("gau_quadratic_causal",), note=PEER_NOTE),
     Comparison("synthesizer", "Synthesizer components vs vanilla (q·kᵀ) Synthesizer", "syn_vanilla",
                ("syn_random", "syn_factorized_random", "syn_dense", "syn_factorized_dense", "syn_random_vanilla")),
     Comparison("pruning", "50 % head pruning (pruning.prune_heads) vs the unpruned model", "ei_8h",
