@@ -1,0 +1,58 @@
+"""Decoding speed for docs/benchmarks.md: ``generate`` tokens/s of each family against a stock Llama of equal
+parameters (``hf_attn_variants.bench.decoding``), written to ``docs/results/decoding-cpu.json``.
+
+Usage (from the repository root, on an otherwise idle machine; a few minutes on 2 cores)::
+
+    .venv/bin/python scripts/decoding_bench.py                 # batch 1 and 16, contexts 512 and 4096, 32 new tokens
+    .venv/bin/hf-attn-variants render-docs                     # docs/benchmarks.md's decoding table
+
+``--out`` writes elsewhere (e.g. ``runs/decoding.json`` for a trial run that leaves the docs as they are).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from hf_attn_variants.bench.decoding import DECODERS, DecodingSize, measure
+from hf_attn_variants.results import format_results
+from hf_attn_variants.results._common import load_average, machine_description, run_metadata
+
+RESULTS = Path("docs/results/decoding-cpu.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(DECODERS), choices=list(DECODERS))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 16])
+    parser.add_argument("--contexts", nargs="+", type=int, default=[512, 4096])
+    parser.add_argument("--new_tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if min(args.batches) < 1 or min(args.contexts) < 1 or args.new_tokens < 3 or args.threads < 1:
+        parser.error("--batches and --contexts must be >= 1, --new_tokens >= 3, --threads >= 1")
+    torch.set_num_threads(args.threads)
+    size = DecodingSize()
+    start_load = load_average()
+    rows = measure(args.models, args.batches, args.contexts, args.new_tokens, size)
+    data = {
+        **run_metadata("decoding", ["scripts/decoding_bench.py", *(argv if argv is not None else sys.argv[1:])],
+                       machine=machine_description(f"{start_load} at the start, {load_average()} at the end")),
+        "settings": {"batches": args.batches, "contexts": args.contexts, "new_tokens": args.new_tokens,
+                     "threads": args.threads, "size": asdict(size)},
+        "models": {name: DECODERS[name][0] for name in args.models},
+        "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()} for row in rows],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(format_results(data, inline_depth=2), encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""Views of ``docs/results/decoding-cpu.json``, written by ``scripts/decoding_bench.py`` (``bench/decoding.py``):
+``generate`` tokens per second of each family's causal LM against a stock Llama of equal parameters.
+
+Data: ``settings`` (``batches``, ``contexts``, ``new_tokens``, ``size``, ``threads``), ``models`` (name →
+description), ``rows`` of ``{model, batch, context, parameters, prefill_s, step_ms, steps, tokens_per_s}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._common import markdown_table, source_line
+
+BASELINE = "llama"
+
+
+def _row(data: dict[str, Any], model: str, batch: int, context: int) -> dict[str, Any] | None:
+    return next((r for r in data["rows"] if (r["model"], r["batch"], r["context"]) == (model, batch, context)), None)
+
+
+def table(data: dict[str, Any]) -> str:
+    """Tokens/s and median decoding step per model × batch × context, the ratio to the Llama's tokens/s, and each
+    model's growth of the step from the shortest to the longest context."""
+    settings = data["settings"]
+    batches, contexts = settings["batches"], settings["contexts"]
+    head = ["model", "non-embedding parameters",
+            *[f"batch {b}, context {c}" for b in batches for c in contexts],
+            f"step growth {min(contexts)} → {max(contexts)} (batch {', '.join(map(str, batches))})"]
+    rows = []
+    for model, description in data["models"].items():
+        cells, growth = [], []
+        for batch in batches:
+            for context in contexts:
+                row, base = _row(data, model, batch, context), _row(data, BASELINE, batch, context)
+                if row is None:
+                    cells.append("–")
+                    continue
+                ratio = "" if model == BASELINE or base is None else f" ({row['tokens_per_s'] / base['tokens_per_s']:.2f}×)"
+                cells.append(f"{row['tokens_per_s']:.0f} tok/s{ratio}, {row['step_ms']:.1f} ms")
+            short, long = _row(data, model, batch, min(contexts)), _row(data, model, batch, max(contexts))
+            if short and long:
+                growth.append(f"{long['step_ms'] / short['step_ms']:.2f}×")
+        parameters = next((r["parameters"] for r in data["rows"] if r["model"] == model), 0)
+        rows.append([f"`{model}`: {description}", f"{parameters / 1e6:.2f}M", *cells, ", ".join(growth) or "–"])
+    body = markdown_table(head, rows, ["---", "---:", *["---:"] * (len(head) - 2)])
+    note = (f"Greedy `generate` of {settings['new_tokens']} new tokens after a random prompt of the context's length, "
+            f"float32, {settings['threads']} thread(s); a cell is tokens per second (batch ÷ the median decoding step; "
+            "in brackets ÷ the Llama's) and that median step. The prefill is not in it.")
+    return f"{note}\n\n{body}\n\n{source_line(data)}"
+
+
+__all__ = ["table"]
