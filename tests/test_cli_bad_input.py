@@ -428,6 +428,16 @@ CASES: list[Case] = [
         ("--no_plot", ("--no_plot", "maybe"), "not-bool"),
         ("--overwrite_output_dir", ("--overwrite_output_dir", "maybe"), "not-bool"),
         ("--output_dir", ("--output_dir", "{runs}/lengthgen"), "other-run"),
+        ("--task", ("--task", "sorting"), "choice"),
+        ("--position_embedding_types", ("--position_embedding_types", "alibi"), "choice"),
+        ("--position_embedding_types", ("--position_embedding_types", "none"), "lm-is-rope-only"),
+        ("--num_kv_pairs", ("--task", "mqar", "--num_kv_pairs", "0"), "zero"),
+        ("--num_kv_pairs", ("--task", "mqar", "--num_kv_pairs", "20"), "does-not-fit"),
+        ("--passkey_digits", ("--task", "passkey", "--passkey_digits", "0"), "zero"),
+        ("--task_vocab_size", ("--task", "passkey", "--task_vocab_size", "1"), "too-small"),
+        ("--eval_samples", ("--task", "passkey", "--eval_samples", "0"), "zero"),
+        ("--eval_memory_gib", ("--task", "passkey", "--eval_memory_gib", "0"), "zero"),
+        ("--mixed_length", ("--task", "passkey", "--mixed_length", "true"), "lm-only"),
     ]),
 ]
 

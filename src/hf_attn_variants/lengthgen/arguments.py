@@ -18,7 +18,16 @@ from ..cli_utils import (
     names_in_message,
     quiet_progress,
 )
-from .variants import DEFAULT_VARIANTS, QUICK_VARIANTS, ModelSize, config_fields, get_variant
+from .tasks import TASKS, min_length, vocabulary
+from .variants import (
+    DEFAULT_VARIANTS,
+    QUICK_VARIANTS,
+    TASK_VARIANTS,
+    ModelSize,
+    config_fields,
+    get_variant,
+    with_position,
+)
 
 QUICK_SETTINGS: dict[str, Any] = {
     "train_length": 16, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -26,6 +35,32 @@ QUICK_SETTINGS: dict[str, Any] = {
     "eval_mask_repeats": 1, "max_eval_tokens": 512, "finetune_epochs": 1.0, "finetune_max_train_samples": 64,
 }
 """What ``--quick`` sets (a smoke test in seconds, not a measurement)."""
+
+LM_DEFAULTS: dict[str, Any] = {
+    "train_length": 64, "max_train_steps": 400, "per_device_train_batch_size": 16, "learning_rate": 2e-3,
+    "num_warmup_steps": 30, "hidden_dropout_prob": 0.1,
+}
+"""The language-model study's defaults of the flags whose default depends on ``--task``."""
+TASK_DEFAULTS: dict[str, Any] = {
+    "train_length": 32, "per_device_train_batch_size": 64, "learning_rate": 3e-3, "num_warmup_steps": 50,
+    "hidden_dropout_prob": 0.0,
+}
+"""The retrieval tasks' defaults of the same flags (calibrated in docs/length_generalization.md: ``ei_standard`` with
+RoPE learns each task at L within this budget, and the whole study fits about 30 minutes on 2 shared cores)."""
+TASK_STEPS = {"passkey": 400, "mqar": 500}
+"""The retrieval tasks' default ``max_train_steps``."""
+TASK_EVAL_RATIOS = (1, 2, 4, 8, 16, 32, 64)
+"""The retrieval tasks' default evaluation lengths, in multiples of L (L … 64L)."""
+QUICK_TASK_SETTINGS: dict[str, Any] = {
+    "train_length": 16, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "max_train_steps": 3,
+    "per_device_train_batch_size": 4, "num_warmup_steps": 0, "num_kv_pairs": 2, "eval_samples": 4,
+}
+"""What ``--quick`` sets for ``--task passkey|mqar`` (eval lengths L, 2L, 4L; variants as for lm)."""
+TASK_ONLY_FIELDS = ("task", "position_embedding_types", "num_kv_pairs", "passkey_digits", "task_vocab_size",
+                    "eval_samples", "eval_memory_gib")
+"""Flags of the retrieval tasks only: ``--task lm`` leaves them out of ``run.json`` (as before they existed)."""
+LM_ONLY_FLAGS = {"mixed_length": False, "finetune": False, "train_file": None, "validation_file": None}
+"""Flags of the language-model study that the retrieval tasks refuse (their value there must be this)."""
 
 
 @dataclass
@@ -36,10 +71,17 @@ class LengthGenArguments:
     variants: list[str] | None = field(
         default=None, metadata={"help": f"Variant names (default: all of {list(DEFAULT_VARIANTS)}); append "
                                 "'+mixed' to a name for its mixed-length-pretrained copy."})
-    train_length: int = field(default=64, metadata={"help": "Training length L (tokens per block)."})
+    task: Literal["lm", "passkey", "mqar"] = field(
+        default="lm", metadata={"help": "lm: language modelling on the corpus (MLM/CLM loss by length); passkey: "
+                                "passkey retrieval; mqar: multi-query associative recall (exact-match accuracy by "
+                                "length; generated from the seed, loss on the answers only, causal LMs)."})
+    train_length: int | None = field(default=None, metadata={"help": "Training length L (tokens per block; "
+                                                               "default lm 64, tasks 32)."})
     eval_lengths: list[int] | None = field(
-        default=None, metadata={"help": "Evaluation lengths (default: L/4, L/2, L, 2L, 4L, 8L)."})
-    max_train_steps: int = field(default=400, metadata={"help": "Optimizer steps of every run."})
+        default=None, metadata={"help": "Evaluation lengths (default lm: L/4, L/2, L, 2L, 4L, 8L; tasks: L, 2L … 64L)."})
+    max_train_steps: int | None = field(default=None, metadata={"help": "Optimizer steps of every run (default lm "
+                                                                   f"{LM_DEFAULTS['max_train_steps']}, tasks "
+                                                                   f"{TASK_STEPS})."})
     seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "Seeds; several → mean ± std."})
     mixed_length: bool = field(
         default=False, metadata={"help": "Also train a mixed-length copy ('+mixed') of every selected variant."})
@@ -57,13 +99,31 @@ class LengthGenArguments:
     gau_layer_factor: int = field(default=2, metadata={"help": "GAU layers per attention+FFN layer (FLASH: 2)."})
     synthesizer_length_factor: int = field(
         default=2, metadata={"help": "Synthesizer max_position_embeddings = this × L (longer: n/a)."})
-    hidden_dropout_prob: float = field(default=0.1, metadata={"help": "Dropout of the family variants."})
+    hidden_dropout_prob: float | None = field(
+        default=None, metadata={"help": "Dropout of the family variants (default lm 0.1, tasks 0)."})
     initializer_range: float | None = field(
         default=None, metadata={"help": "Init std of every variant (default: each config's own, 0.02; GAU's "
                                 "projections then follow its gau_init, GAU-α's by default)."})
-    per_device_train_batch_size: int = field(default=16, metadata={"help": "Training batch size."})
-    learning_rate: float = field(default=2e-3, metadata={"help": "Peak AdamW learning rate (linear decay)."})
-    num_warmup_steps: int = field(default=30, metadata={"help": "Warm-up steps."})
+    per_device_train_batch_size: int | None = field(
+        default=None, metadata={"help": f"Training batch size (default lm {LM_DEFAULTS['per_device_train_batch_size']}, "
+                                f"tasks {TASK_DEFAULTS['per_device_train_batch_size']})."})
+    learning_rate: float | None = field(
+        default=None, metadata={"help": f"Peak AdamW learning rate, linear decay (default lm {LM_DEFAULTS['learning_rate']}, "
+                                f"tasks {TASK_DEFAULTS['learning_rate']})."})
+    num_warmup_steps: int | None = field(
+        default=None, metadata={"help": f"Warm-up steps (default lm {LM_DEFAULTS['num_warmup_steps']}, tasks "
+                                f"{TASK_DEFAULTS['num_warmup_steps']})."})
+    position_embedding_types: list[str] | None = field(
+        default=None, metadata={"help": "Position schemes, a study axis of the tasks: rope and/or none (series "
+                                "'<variant>+nope'; the stock Llama is RoPE only). Default lm: rope; tasks: rope none."})
+    num_kv_pairs: int = field(default=2, metadata={"help": "mqar: key-value pairs per example (all queried)."})
+    passkey_digits: int = field(default=3, metadata={"help": "passkey: digits of the passkey."})
+    task_vocab_size: int = field(default=64, metadata={"help": "Tasks: vocabulary size (4 special tokens, digits or "
+                                                       "keys and values, filler)."})
+    eval_samples: int = field(default=32, metadata={"help": "Tasks: evaluation sequences per length (the same for "
+                                                    "every run: seeded by eval_seed)."})
+    eval_memory_gib: float = field(default=24.0, metadata={"help": "Tasks: evaluation batches at each length sized "
+                                                           "to fit this much memory (attention maps)."})
     train_file: str | None = field(default=None, metadata={"help": "Local text file (default: embedded corpus)."})
     validation_file: str | None = field(default=None, metadata={"help": "Local validation text file."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N train blocks."})
@@ -91,16 +151,16 @@ class LengthGenArguments:
     disable_tqdm: bool = field(default=False, metadata={"help": "No progress bars."})
     no_plot: bool = field(default=False, metadata={"help": "Skip the PNG plots."})
 
+    @property
+    def is_task(self) -> bool:
+        """Whether the study is a retrieval task (passkey, mqar) rather than language modelling."""
+        return self.task != "lm"
+
     def __post_init__(self) -> None:
-        if self.quick:
-            for key, value in QUICK_SETTINGS.items():
-                setattr(self, key, value)
-            if self.variants is None:
-                self.variants = list(QUICK_VARIANTS)
-            if self.eval_lengths is None:
-                length = self.train_length
-                self.eval_lengths = [length // 2, length, 2 * length, 4 * length]
-        names = list(self.variants or DEFAULT_VARIANTS)
+        if self.task not in ("lm", *TASKS):
+            raise FlagError("task", f"task must be one of ('lm', 'passkey', 'mqar'), got {self.task!r}.")
+        self._apply_defaults()
+        names = list(self.variants or (TASK_VARIANTS if self.is_task else DEFAULT_VARIANTS))
         for name in names:
             get_variant(name)
         if self.mixed_length:
@@ -109,8 +169,8 @@ class LengthGenArguments:
         _positive("train_length", self.train_length, 4)
         if self.eval_lengths is None:
             length = self.train_length
-            self.eval_lengths = [n for n in (length // 4, length // 2, length, 2 * length, 4 * length, 8 * length)
-                                 if n >= 2]
+            ratios = TASK_EVAL_RATIOS if self.is_task else (0.25, 0.5, 1, 2, 4, 8)
+            self.eval_lengths = [int(length * r) for r in ratios if length * r >= 2]
         if not self.eval_lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 2
                                         for n in self.eval_lengths):
             raise FlagError("eval_lengths",
@@ -152,6 +212,61 @@ class LengthGenArguments:
         if self.validation_file is not None and self.train_file is None:
             raise FlagError("validation_file", "validation_file needs a train_file (without either, the embedded "
                                                "corpus is used).")
+        self._check_task()
+
+    def _apply_defaults(self) -> None:
+        """``--quick``'s settings, then the defaults of the flags that depend on ``--task`` where none was given."""
+        if self.quick:
+            settings = QUICK_TASK_SETTINGS if self.is_task else QUICK_SETTINGS
+            for key, value in settings.items():
+                setattr(self, key, value)
+            if self.variants is None:
+                self.variants = list(QUICK_VARIANTS)
+            if self.eval_lengths is None:
+                length = self.train_length
+                self.eval_lengths = ([length, 2 * length, 4 * length] if self.is_task
+                                     else [length // 2, length, 2 * length, 4 * length])
+        defaults = {**TASK_DEFAULTS, "max_train_steps": TASK_STEPS[self.task]} if self.is_task else LM_DEFAULTS
+        for key, value in defaults.items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
+        if self.position_embedding_types is None:
+            self.position_embedding_types = ["rope", "none"] if self.is_task else ["rope"]
+
+    def _check_task(self) -> None:
+        """The task flags: positive sizes, an example that fits in L, position schemes, no lm-only flag."""
+        types = self.position_embedding_types
+        if (not types or len(set(types)) != len(types) or any(t not in ("rope", "none") for t in types)
+                or (not self.is_task and types != ["rope"])):
+            allowed = "distinct values of 'rope', 'none'" if self.is_task else "['rope'] for --task lm"
+            raise FlagError("position_embedding_types", f"position_embedding_types must be {allowed}, got {types}.")
+        for name in ("num_kv_pairs", "passkey_digits", "eval_samples"):
+            _positive(name, getattr(self, name))
+        _positive("task_vocab_size", self.task_vocab_size, 2)
+        check_number("eval_memory_gib", self.eval_memory_gib, 0, open_low=True)
+        if not self.is_task:
+            return
+        for name, default in LM_ONLY_FLAGS.items():
+            if getattr(self, name) != default:
+                raise FlagError(name, f"{name} applies to --task lm only, not to --task {self.task}.")
+        if any(get_variant(name).mixed_length for name in self.variants):
+            raise FlagError("variants", f"variants: '+mixed' copies apply to --task lm only, not to --task {self.task}.")
+        for name in self.variants:  # the stock Llama is RoPE only: it runs once, without a '+nope' copy
+            if get_variant(name).model_type != "llama":
+                for position in self.position_embedding_types:
+                    with_position(get_variant(name), position)
+        try:
+            vocabulary(self.task, self.task_vocab_size, self.num_kv_pairs)
+        except ValueError as error:
+            raise FlagError("task_vocab_size", str(error)) from None
+        need = min_length(self.task, digits=self.passkey_digits, num_kv_pairs=self.num_kv_pairs)
+        if self.train_length < need:
+            flag = "passkey_digits" if self.task == "passkey" else "num_kv_pairs"
+            raise FlagError(flag, f"{flag}: one {self.task} example needs {need} tokens, more than train_length="
+                                  f"{self.train_length}; lower --{flag} or raise --train_length.")
+        if min(self.eval_lengths) < need:
+            raise FlagError("eval_lengths", f"eval_lengths: {min(self.eval_lengths)} is shorter than one {self.task} "
+                                            f"example ({need} tokens).")
 
     @property
     def size(self) -> ModelSize:
@@ -176,6 +291,25 @@ STUDY_FLAG_OF_CONFIG_FIELD = {
 """Which study flag sets each config field ``config_fields`` derives from the study's flags."""
 
 
+def _config_error(name: str, error: Exception) -> FlagError:
+    """The ``FlagError`` of a config class's ``ValueError`` for variant ``name``: the study flag that set the field."""
+    named = names_in_message(str(error), list(STUDY_FLAG_OF_CONFIG_FIELD))
+    flag = STUDY_FLAG_OF_CONFIG_FIELD[named[0]] if named else "variants"
+    reason = str(error).removeprefix("config_overrides: ")
+    return FlagError(flag, f"{flag}: variant {name!r} at this size: {reason}")
+
+
+def _check_task_configs(args: LengthGenArguments) -> None:
+    """Every variant × position scheme of a retrieval study builds its config at the study's size."""
+    from .retrieval import study_variants, task_config
+
+    for variant in study_variants(args):
+        try:
+            task_config(variant, config_fields(variant, args.size, args.train_length), args.task_vocab_size)
+        except (ValueError, TypeError) as error:
+            raise _config_error(variant.name, error) from error
+
+
 def check_study_inputs(args: LengthGenArguments) -> None:
     """Check what ``LengthGenArguments`` cannot check without files or configs, before anything is written:
     the output folder, the data files (readable, with at least ``train_length`` tokens) and every
@@ -186,6 +320,9 @@ def check_study_inputs(args: LengthGenArguments) -> None:
     from ..training.data import holds_tokens
 
     check_output_dir("output_dir", args.output_dir)
+    if args.is_task:
+        _check_task_configs(args)
+        return
     tokenizer = load_tokenizer(None)
     for name in args.variants:
         variant = get_variant(name)
@@ -197,10 +334,7 @@ def check_study_inputs(args: LengthGenArguments) -> None:
                 build_config(variant.model_type, config_overrides=fields, tokenizer=tokenizer,
                              max_seq_length=args.train_length)
         except (ValueError, TypeError) as error:  # the config class's own validation, naming the field
-            named = names_in_message(str(error), list(STUDY_FLAG_OF_CONFIG_FIELD))
-            flag = STUDY_FLAG_OF_CONFIG_FIELD[named[0]] if named else "variants"
-            reason = str(error).removeprefix("config_overrides: ")
-            raise FlagError(flag, f"{flag}: variant {name!r} at this size: {reason}") from error
+            raise _config_error(name, error) from error
     if args.train_file is not None:
         with quiet_progress():
             raw = load_text_datasets(args.train_file, args.validation_file)
@@ -208,4 +342,14 @@ def check_study_inputs(args: LengthGenArguments) -> None:
             raise FlagError("train_file", f"train_file holds fewer than train_length={args.train_length} tokens.")
 
 
-__all__ = ["QUICK_SETTINGS", "STUDY_FLAG_OF_CONFIG_FIELD", "LengthGenArguments", "check_study_inputs"]
+__all__ = [
+    "LM_DEFAULTS",
+    "QUICK_SETTINGS",
+    "QUICK_TASK_SETTINGS",
+    "STUDY_FLAG_OF_CONFIG_FIELD",
+    "TASK_DEFAULTS",
+    "TASK_ONLY_FIELDS",
+    "TASK_STEPS",
+    "LengthGenArguments",
+    "check_study_inputs",
+]

@@ -5,6 +5,8 @@ Examples::
     hf-attn-variants lengthgen --quick --output_dir runs/lg-smoke          # seconds: two variants
     hf-attn-variants lengthgen --train_length 64 --max_train_steps 400 --seeds 0 1 2 --finetune
     hf-attn-variants lengthgen --variants gau_relu2_dynamic gau_relu2_fixed --mixed_length
+    hf-attn-variants lengthgen --task passkey --quick --output_dir runs/passkey-smoke     # retrieval, seconds
+    hf-attn-variants lengthgen --task mqar --seeds 0 1 2 --output_dir runs/retrieval_study/mqar
 
 Rerunning the same command resumes: finished variant × seed runs are skipped. The output folder follows the rule
 of every command with an ``--output_dir`` (``training/outputs.py``, ``LENGTHGEN_RULE``): the study records its flags
@@ -23,7 +25,7 @@ from typing import Any
 
 from ..training.outputs import OutputRule
 
-STUDY_EXTENT = frozenset({"variants", "seeds", "mixed_length", "finetune", "finetune_tasks"})
+STUDY_EXTENT = frozenset({"variants", "seeds", "mixed_length", "finetune", "finetune_tasks", "position_embedding_types"})
 """Flags that only add runs to a study (its other runs stay valid): a rerun with more of them extends the folder."""
 
 
@@ -38,7 +40,8 @@ def _legacy_arguments(folder: Path) -> dict[str, Any] | None:
 
 LENGTHGEN_RULE = OutputRule(
     command="lengthgen",
-    aside=STUDY_EXTENT | {"checkpointing_steps", "num_threads", "quick", "disable_tqdm", "no_plot", "eval_batch_size"},
+    aside=STUDY_EXTENT | {"checkpointing_steps", "num_threads", "quick", "disable_tqdm", "no_plot", "eval_batch_size",
+                          "eval_memory_gib"},
     run_files=("runs", "finetune", "results.json", "results.csv", "summary.csv", "results.md", "lengthgen_*.png"),
     refuse_finished=False,  # rerunning a finished study reuses its runs
     legacy_arguments=_legacy_arguments,
@@ -60,11 +63,14 @@ def _start(namespace: argparse.Namespace) -> Any:
     cleared (``--overwrite_output_dir``) and the study recorded in its ``run.json``."""
     from ..cli_utils import dataclasses_from_namespace
     from ..training.outputs import OutputDirArguments, check_output_folder, json_arguments, start_run
-    from .arguments import LengthGenArguments, check_study_inputs
+    from .arguments import TASK_ONLY_FIELDS, LengthGenArguments, check_study_inputs
 
     args, output = dataclasses_from_namespace(namespace, LengthGenArguments, OutputDirArguments)
     check_study_inputs(args)
     arguments = json_arguments(args)
+    if args.task == "lm":  # recorded as before the tasks existed, so earlier lm study folders stay valid
+        for name in TASK_ONLY_FIELDS:
+            arguments.pop(name, None)
     folder = check_output_folder(LENGTHGEN_RULE, args.output_dir, arguments, overwrite=output.overwrite_output_dir,
                                  inputs={"train_file": args.train_file, "validation_file": args.validation_file})
     start_run(LENGTHGEN_RULE, folder, arguments)
@@ -78,6 +84,7 @@ def run(namespace: argparse.Namespace) -> int:
     from ..cli_utils import FlagError, fail, fail_flag
     from ..training.outputs import finish_run
     from ..training.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
+    from .retrieval_study import run_retrieval_study
     from .study import run_study
 
     try:
@@ -94,13 +101,15 @@ def run(namespace: argparse.Namespace) -> int:
 
     datasets.disable_progress_bars()  # tokenizing the corpus once per run: noise in a long study's log
     try:
-        report = run_study(args)
+        report = run_retrieval_study(args) if args.is_task else run_study(args)
     except TrainingPreempted as stopped:  # the run in training wrote its checkpoint; the same command resumes it
         fail("lengthgen", str(stopped), label="preempted")
         return PREEMPTED_EXIT_CODE
     finish_run(args.output_dir)
     print(f"lengthgen: {len(report['runs'])} runs ({report.get('skipped_runs', 0)} reused); results in "
           f"{args.output_dir}/results.md, results.json, results.csv, summary.csv and lengthgen_*.png")
+    if report.get("runs_held_elsewhere"):
+        print(f"lengthgen: {report['runs_held_elsewhere']} run(s) held by other processes; rerun when they finish")
     return 0
 
 

@@ -1,5 +1,8 @@
 """PNG plots of a study: metric vs evaluation length (log₂ x axis), one line per series, ± seed std.
 
+The retrieval tasks (``plot_accuracy``): exact-match accuracy vs length, one panel per task × position scheme,
+one line per series, a band for the min–max over seeds.
+
 matplotlib with the non-interactive Agg backend (no display needed). One figure per objective: columns
 are the families present, rows the metrics (MLM: loss, loss minus the same run's loss at L (paired per
 seed, so differences in level at L cancel) and masked-token accuracy; CLM: perplexity over
@@ -87,4 +90,77 @@ def plot_summary(summary: Sequence[dict[str, Any]], path: str | Path, *, objecti
     return path
 
 
-__all__ = ["plot_summary"]
+def _save(fig: Any, path: str | Path) -> Path:
+    """Save ``fig`` to ``path`` through a unique staging name (several workers may write one plot at once)."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp.png", dir=path.parent)
+    os.close(handle)
+    try:
+        fig.savefig(name, dpi=110)
+        os.replace(name, path)
+    finally:
+        plt.close(fig)
+        Path(name).unlink(missing_ok=True)
+    return path
+
+
+def _accuracy_panel(ax: Any, rows: Sequence[dict[str, Any]], names: Sequence[str]) -> None:
+    """One line per series (mean over seeds) with a min–max band over seeds."""
+    import matplotlib.pyplot as plt
+
+    colors = plt.get_cmap("tab20").colors
+    for i, name in enumerate(names):
+        points = sorted((r for r in rows if r["series"] == name and r["status"] == "ok"), key=lambda r: r["length"])
+        if not points:
+            continue
+        xs = [p["length"] for p in points]
+        color = colors[i % len(colors)]
+        ax.plot(xs, [p["accuracy_mean"] for p in points], marker="os^Dv"[i % 5], markersize=3.5, linewidth=1.3,
+                color=color, linestyle="--" if "llama" in name else "-", label=name)
+        ax.fill_between(xs, [p["accuracy_min"] for p in points], [p["accuracy_max"] for p in points],
+                        color=color, alpha=0.15, linewidth=0)
+
+
+def plot_accuracy(summaries: dict[str, Sequence[dict[str, Any]]], path: str | Path, *, train_length: int,
+                  title: str | None = None) -> Path | None:
+    """Accuracy against evaluation length (log₂ x) of the retrieval tasks: one row of panels per task (key of
+    ``summaries``), one column per position scheme (RoPE, none), one line per series, band = min–max over seeds.
+    ``None`` when there is nothing to plot."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    tasks = [task for task, rows in summaries.items() if rows]
+    if not tasks:
+        return None
+    positions = list(dict.fromkeys(r.get("position_embedding_type", "rope") for t in tasks for r in summaries[t]))
+    fig, axes = plt.subplots(len(tasks), len(positions), figsize=(6.4 * len(positions), 4.4 * len(tasks)),
+                             squeeze=False, sharey=True)
+    for row_index, task in enumerate(tasks):
+        for col, position in enumerate(positions):
+            ax = axes[row_index][col]
+            rows = [r for r in summaries[task] if r.get("position_embedding_type", "rope") == position]
+            _accuracy_panel(ax, rows, list(dict.fromkeys(r["series"] for r in rows)))
+            lengths = sorted({r["length"] for r in summaries[task]})
+            ax.axvline(train_length, color="0.5", linestyle=":", linewidth=1)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(lengths, [str(n) for n in lengths])
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_ylim(-0.03, 1.03)
+            ax.grid(True, alpha=0.3)
+            ax.set_title(f"{task}, {'RoPE' if position == 'rope' else 'no position embedding'}")
+            ax.set_ylabel("exact-match accuracy" if col == 0 else "")
+            ax.set_xlabel(f"evaluation length (dotted: L = {train_length})")
+            ax.legend(fontsize=6.5, loc="best", ncol=2)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+__all__ = ["plot_accuracy", "plot_summary"]

@@ -12,6 +12,10 @@ the architectures allow:
   row) or ``fixed`` (n = ``base_length`` = L), or ``relu2_normalized`` (explicit row normaliser). One GAU
   layer holds about half the parameters of an attention + FFN layer, so GAU gets ``gau_layer_factor`` (2)
   times as many layers, as the FLASH paper compares them.
+- ``gau_flash``: FLASH (Hua et al. 2022): GAU with ``chunk_size`` = 16, relu² inside the chunks (``fixed``
+  n = L, the only normalisation chunked attention implements: ``CHUNKED_NORMALIZATIONS``) plus linear
+  attention across chunks. Not in the language-model study's defaults (``DEFAULT_VARIANTS``, as before it
+  existed); in the retrieval tasks' (``TASK_VARIANTS``).
 - ``synthesizer_random_vanilla``: Synthesizer (Tay et al. 2021) mixing a learned random matrix and
   ordinary q·k attention. Its random matrix has one row/column per position up to
   ``max_position_embeddings`` = ``synthesizer_length_factor``·L, so it cannot run on longer inputs
@@ -112,6 +116,8 @@ VARIANTS: dict[str, Variant] = {
                 {"attention_normalization": "relu2", "relu2_length": "fixed"}),
         Variant("gau_relu2_normalized", "gau", "GAU, relu(q·k/√s)² / its row sum",
                 {"attention_normalization": "relu2_normalized"}),
+        Variant("gau_flash", "gau", "FLASH: GAU with mixed-chunk attention (relu²/L inside chunks of 16, linear across)",
+                {"attention_normalization": "relu2", "relu2_length": "fixed", "chunk_size": 16}),
         Variant("synthesizer_random_vanilla", "synthesizer", "Synthesizer, softmax(α·R + (1-α)·q·k/√d)",
                 {"synthesizer_components": ["random", "vanilla"]}),
         Variant("llama", "llama", "stock LlamaForCausalLM (RoPE, SwiGLU), same weights evaluated with sdpa, "
@@ -121,8 +127,26 @@ VARIANTS: dict[str, Variant] = {
 }
 """The registry, in the order studies report them."""
 
-DEFAULT_VARIANTS = tuple(VARIANTS)
+DEFAULT_VARIANTS = tuple(name for name in VARIANTS if name != "gau_flash")
+"""The language-model study's default variants (as before ``gau_flash`` existed; name it to add it)."""
+TASK_VARIANTS = tuple(VARIANTS)
+"""The retrieval tasks' default variants: every one."""
+NOPE_SUFFIX = "+nope"
+"""Series suffix of a variant trained and evaluated without position embedding (``position_embedding_type="none"``)."""
 QUICK_VARIANTS = ("ei_entropy_invariant", "synthesizer_random_vanilla")
+
+
+def with_position(variant: Variant, position_embedding_type: str) -> Variant:
+    """``variant`` with ``position_embedding_type`` (``"rope"``: unchanged; ``"none"``: name + ``"+nope"``).
+    ``FlagError`` naming ``position_embedding_types`` for the stock Llama without RoPE (it has no NoPE option)."""
+    if position_embedding_type == "rope":
+        return variant
+    if variant.model_type == "llama":
+        raise FlagError("position_embedding_types", f"position_embedding_types: the stock Llama has no "
+                        f"position_embedding_type {position_embedding_type!r} (RoPE only).")
+    return Variant(variant.name + NOPE_SUFFIX, variant.model_type, variant.description + "; no position embedding",
+                   {**variant.fields, "position_embedding_type": position_embedding_type}, variant.objective,
+                   variant.eval_modes, variant.mixed_length)
 
 
 def get_variant(name: str) -> Variant:
@@ -213,7 +237,9 @@ __all__ = [
     "DEFAULT_VARIANTS",
     "LLAMA_EVAL_MODES",
     "MIXED_SUFFIX",
+    "NOPE_SUFFIX",
     "QUICK_VARIANTS",
+    "TASK_VARIANTS",
     "VARIANTS",
     "EvalMode",
     "ModelSize",
@@ -222,4 +248,5 @@ __all__ = [
     "get_variant",
     "max_length_of",
     "resolved_config",
+    "with_position",
 ]

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Re-run the retrieval study (passkey and MQAR) published in docs/length_generalization.md ("Retrieval tasks").
+#
+# Every applicable variant (the ei_* scales, the gau_* normalisations, FLASH chunked relu², the Synthesizer and the
+# stock Llama with its three evaluation modes) x position scheme (RoPE, none; the Llama is RoPE only) x seed, trained
+# at L on the task and scored by exact-match accuracy at L, 2L ... 64L. CPU-sized: about 30 minutes with WORKERS=2 on
+# a shared 2-core CPU. Resumable: rerunning skips finished runs (runs/<series>/seed_<s>/result.json).
+# Results: $OUT/{passkey,mqar}/results.md, results.json, results.csv, summary.csv, lengthgen_<task>.png; the
+# combined plot goes to docs/length_generalization_retrieval.png and the numbers the docs show to
+# docs/results/$RESULTS.json (default retrieval-study; RESULTS= to skip), rendered by `hf-attn-variants render-docs`.
+#
+#   scripts/run_retrieval_study.sh                  # defaults below (seeds 0 1 2)
+#   WORKERS=2 scripts/run_retrieval_study.sh        # two processes share the runs (run folders are locked)
+#   TASKS=passkey SEEDS="0 1" scripts/run_retrieval_study.sh --variants ei_standard ei_entropy_invariant
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/retrieval_study}
+SEEDS=${SEEDS:-"0 1 2"}
+TASKS=${TASKS:-"passkey mqar"}
+L=${L:-32}
+STEPS=${STEPS:-}
+MEMORY=${MEMORY:-3}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
+study() {
+  local task=$1
+  shift
+  # shellcheck disable=SC2086
+  "$PY" -m hf_attn_variants lengthgen --task "$task" \
+    --output_dir "$OUT/$task" --train_length "$L" --seeds $SEEDS ${STEPS:+--max_train_steps $STEPS} \
+    --eval_memory_gib "$MEMORY" --num_threads "${THREADS:-1}" --disable_tqdm "$@"
+}
+all_tasks() {
+  for task in $TASKS; do
+    study "$task" "$@"
+  done
+}
+WORKERS=${WORKERS:-1}
+RESULTS=${RESULTS-retrieval-study}
+mkdir -p "$OUT"
+STARTED=$SECONDS
+for i in $(seq 2 "$WORKERS"); do
+  all_tasks "$@" > "$OUT/worker_$i.log" 2>&1 &
+done
+all_tasks "$@"
+wait
+if [ "$WORKERS" -gt 1 ]; then
+  all_tasks "$@"  # every run is finished now: reuse them all and write the complete outputs
+fi
+if [ -n "$RESULTS" ]; then
+  COMMAND="WORKERS=$WORKERS SEEDS=\"$SEEDS\" L=$L${STEPS:+ STEPS=$STEPS} scripts/run_retrieval_study.sh${*:+ $*}"
+  FILES=()
+  for task in $TASKS; do FILES+=("$OUT/$task/results.json"); done
+  "$PY" -c 'import sys; from hf_attn_variants.lengthgen.retrieval_study import publish_retrieval
+print("wrote", publish_retrieval(sys.argv[4:], sys.argv[1], command=sys.argv[2], wall_seconds=float(sys.argv[3]),
+                                 plot="docs/length_generalization_retrieval.png"))' \
+    "$RESULTS" "$COMMAND" "$((SECONDS - STARTED))" "${FILES[@]}"
+  "$PY" -m hf_attn_variants render-docs || true
+fi
+echo "done: $OUT/<task>/results.md"

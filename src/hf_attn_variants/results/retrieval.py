@@ -1,0 +1,217 @@
+"""Views of the retrieval study's results file (``docs/results/retrieval-study.json``), written by
+``scripts/run_retrieval_study.sh`` through ``hf_attn_variants.lengthgen.retrieval_study.publish_retrieval``
+(docs/length_generalization.md, "Retrieval tasks").
+
+Data: ``tasks`` (per task, ``passkey`` and ``mqar``: ``settings`` — the study's flags —, ``runs``, ``run_seconds``
+and ``series``: per series its ``variant``, ``model_type``, ``position`` (``rope``/``none``) and ``points`` of
+``{length, status, accuracy: [mean, std], seeds: [accuracy per seed]}``); ``reported`` (the issue author's passkey
+table, transcribed, with its ``source``); ``wall_seconds``; the provenance fields (``command``, ``machine``, ``cpu``,
+``versions``, ``date``).
+
+Verdicts (``claims``): a claim "a extrapolates better than b" is compared per seed on the mean, over the evaluation
+lengths beyond L, of accuracy(a) − accuracy(b): **holds** when its mean over seeds is at least ``MARGIN`` (0.05) and no
+seed is negative, **fails** when the mean is at most −0.05 and no seed is positive, **not resolved** when the sign
+differs between seeds, when the mean is smaller than 0.05 in size, or when
+either model did not learn the task at L (``learned_threshold``: mean accuracy below 0.5 on passkey; on MQAR with P
+pairs below (1 + 1/P)/2). The models of a pair are trained separately (the
+same seeds), except the stock Llama's modes (the same weights).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._common import markdown_table
+
+CLAIMS: tuple[tuple[str, str, str], ...] = (
+    ("log-n scale (entropy-invariant attention), multi-head family", "ei_entropy_invariant", "ei_standard"),
+    ("SSMax (learned log-n scale), multi-head family", "ei_ssmax", "ei_standard"),
+    ("GAU-α `softmax_plus` (log-n softmax)", "gau_softmax_plus", "gau_softmax"),
+    ("stock log-n, scope `beyond` (same weights)", "llama/entropy_invariant_beyond_L", "llama/sdpa"),
+    ("stock log-n, scope `all` (same weights)", "llama/entropy_invariant_all", "llama/sdpa"),
+    ("relu² `fixed` n transfers better than `dynamic`", "gau_relu2_fixed", "gau_relu2_dynamic"),
+    ("softmax transfers better than relu²", "gau_softmax", "gau_relu2_dynamic"),
+)
+"""(claim, series a, series b): "a extrapolates better than b" (RoPE names; ``+nope`` is added for no position embedding)."""
+LEARNED = 0.5
+"""Passkey: mean accuracy at L below which a model counts as not having learned the task (no verdict on it)."""
+
+
+def learned_threshold(task: dict[str, Any]) -> float:
+    """The accuracy at L that counts as having learned the task: ``LEARNED`` for passkey; for MQAR with P pairs
+    halfway between guessing among the context's P values (1/P) and 1, i.e. (1 + 1/P) / 2."""
+    settings = task["settings"]
+    if settings.get("task") == "mqar":
+        return (1 + 1 / settings["num_kv_pairs"]) / 2
+    return LEARNED
+MARGIN = 0.05
+"""A mean difference over seeds smaller than this is no difference (not resolved): with 32 sequences per length and
+seed, one sequence is 0.03."""
+POSITIONS = {"rope": "RoPE", "none": "no position embedding"}
+
+
+def _points(task: dict[str, Any], series: str) -> dict[int, dict[str, Any]] | None:
+    entry = task["series"].get(series)
+    return None if entry is None else {p["length"]: p for p in entry["points"]}
+
+
+def _cell(point: dict[str, Any] | None) -> str:
+    if point is None:
+        return "–"
+    if point["status"] != "ok":
+        return "n/a"
+    mean, std = point["accuracy"]
+    return f"{mean:.2f} ± {std:.2f}"
+
+
+def _accuracy_table(data: dict[str, Any], name: str) -> str:
+    task = data["tasks"][name]
+    settings = task["settings"]
+    lengths, train = settings["eval_lengths"], settings["train_length"]
+    head = ["series", *[f"{n} (L)" if n == train else f"{n} ({n // train}L)" for n in lengths]]
+    rows = [[f"`{series}`", *[_cell(_points(task, series).get(n)) for n in lengths]] for series in task["series"]]
+    return (markdown_table(head, rows) + f"\n\n*Exact-match accuracy, mean ± sample std over seeds "
+            f"{', '.join(str(s) for s in settings['seeds'])} ({settings['eval_samples']} sequences per length and "
+            f"seed); n/a: longer than the Synthesizer's max_position_embeddings. {_where(data)}*")
+
+
+def _where(data: dict[str, Any]) -> str:
+    return f"On {data.get('cpu') or data['machine']}, {data['date']}."
+
+
+def passkey(data: dict[str, Any]) -> str:
+    """Passkey accuracy per series and length."""
+    return _accuracy_table(data, "passkey")
+
+
+def mqar(data: dict[str, Any]) -> str:
+    """MQAR accuracy (per query) per series and length."""
+    return _accuracy_table(data, "mqar")
+
+
+def setup(data: dict[str, Any]) -> str:
+    """The study's settings and cost, one paragraph."""
+    parts = []
+    for name, task in data["tasks"].items():
+        s = task["settings"]
+        detail = (f"{s['passkey_digits']} digits" if name == "passkey" else f"{s['num_kv_pairs']} key-value pairs")
+        parts.append(f"**{name}** ({detail}, vocabulary {s['task_vocab_size']}): trained at L = {s['train_length']} for "
+                     f"{s['max_train_steps']} steps × batch {s['per_device_train_batch_size']} (AdamW, lr "
+                     f"{s['learning_rate']}, {s['num_warmup_steps']} warm-up steps, linear decay), seeds "
+                     f"{', '.join(str(x) for x in s['seeds'])}, evaluated at {', '.join(str(n) for n in s['eval_lengths'])} "
+                     f"on {s['eval_samples']} sequences each; {task['runs']} runs of {task['run_seconds'][0]:.0f}–"
+                     f"{task['run_seconds'][1]:.0f} s (training + evaluation)")
+    first = next(iter(data["tasks"].values()))["settings"]
+    wall = data.get("wall_seconds")
+    return ("; ".join(parts) + f". Models: hidden {first['hidden_size']}, {first['num_hidden_layers']} layers of "
+            f"attention + FFN with {first['num_attention_heads']} heads (GAU: {first['gau_layer_factor']}× as many "
+            f"layers), dropout 0. " + (f"Wall time of the whole study: {wall / 60:.0f} min. " if wall else "")
+            + f"{_where(data)} Command: `{data['command']}`.")
+
+
+def _per_seed_difference(task: dict[str, Any], a: str, b: str) -> list[float] | None:
+    """Per seed, the mean over lengths beyond L (where both ran) of accuracy(a) − accuracy(b)."""
+    pa, pb = _points(task, a), _points(task, b)
+    train = task["settings"]["train_length"]
+    if pa is None or pb is None:
+        return None
+    lengths = [n for n in pa if n > train and n in pb and pa[n]["status"] == "ok" and pb[n]["status"] == "ok"]
+    if not lengths:
+        return None
+    seeds = len(pa[lengths[0]]["seeds"])
+    return [sum(pa[n]["seeds"][i] - pb[n]["seeds"][i] for n in lengths) / len(lengths) for i in range(seeds)]
+
+
+def verdict(task: dict[str, Any], a: str, b: str) -> tuple[str, list[float] | None, tuple[float, float] | None]:
+    """``(verdict, per-seed differences, (accuracy of a at L, of b at L))`` of "a extrapolates better than b"."""
+    diffs = _per_seed_difference(task, a, b)
+    if diffs is None:
+        return "not run", None, None
+    train = task["settings"]["train_length"]
+    at_l = (_points(task, a)[train]["accuracy"][0], _points(task, b)[train]["accuracy"][0])
+    if min(at_l) < learned_threshold(task):
+        return "not resolved (not learned at L)", diffs, at_l
+    mean = sum(diffs) / len(diffs)
+    if abs(mean) < MARGIN:
+        return f"not resolved (mean difference below {MARGIN})", diffs, at_l
+    sign = 1 if mean > 0 else -1
+    if any(d * sign < 0 for d in diffs):
+        return "not resolved (sign differs between seeds)", diffs, at_l
+    equal = sum(d == 0 for d in diffs)
+    word = "**holds**" if sign > 0 else "**fails**"
+    return (f"{word} ({len(diffs) - equal} of {len(diffs)} seeds; equal in the other)" if equal else word), diffs, at_l
+
+
+def claim_rows(data: dict[str, Any]) -> list[list[str]]:
+    """One row per claim × task × position scheme that ran."""
+    rows = []
+    for claim, a, b in CLAIMS:
+        for name, task in data["tasks"].items():
+            for position in task["settings"]["position_embedding_types"]:
+                suffix = "" if position == "rope" else "+nope"
+                result, diffs, at_l = verdict(task, a + suffix, b + suffix)
+                if diffs is None:
+                    continue
+                rows.append([claim, name, POSITIONS[position], f"`{a + suffix}` − `{b + suffix}`",
+                             f"{at_l[0]:.2f} / {at_l[1]:.2f}", ", ".join(f"{d:+.2f}" for d in diffs), result])
+    return rows
+
+
+def claims(data: dict[str, Any]) -> str:
+    """The verdict of every claim on every task and position scheme."""
+    head = ["claim", "task", "position", "a − b", "accuracy at L (a / b)", "a − b beyond L, per seed", "verdict"]
+    return (markdown_table(head, claim_rows(data)) + "\n\n*Per seed: mean over the lengths 2L … 64L (where both ran) "
+            f"of the accuracy difference. Holds / fails: the mean over seeds at least {MARGIN} in size and no seed of "
+            f"the opposite sign; "
+            f"not resolved otherwise, or when a model has not learned the task at L (accuracy below {LEARNED} on passkey; "
+            f"on MQAR with P pairs below (1 + 1/P)/2, halfway between guessing among the P values in context and "
+            f"perfect). {_where(data)}*")
+
+
+def reported(data: dict[str, Any]) -> str:
+    """The issue author's passkey table next to this study's same series at the same multiples of L."""
+    report = data.get("reported")
+    task = data["tasks"].get("passkey")
+    if not report or task is None:
+        return "*No reported table.*"
+    train = task["settings"]["train_length"]
+    ratios = report["ratios"]
+    head = ["model", *[f"{r}×: reported / here" for r in ratios]]
+    rows = []
+    for entry in report["rows"]:
+        points = _points(task, entry["series"]) or {}
+        cells = []
+        for ratio, theirs in zip(ratios, entry["accuracy"]):
+            ours = points.get(ratio * train)
+            cells.append(f"{theirs:.2f} / " + (_cell(ours) if ours else "–"))
+        rows.append([f"{entry['label']} (`{entry['series']}`)", *cells])
+    return markdown_table(head, rows) + (f"\n\n*Columns: evaluation length / training length (reported: L = 64; here: L = "
+                                         f"{train}). Reported: {report['source']}. Here: mean ± std over seeds; "
+                                         f"{_where(data)}*")
+
+
+def replication(data: dict[str, Any]) -> str:
+    """The issue author's passkey table beside this package's run of the same models at the author's setting
+    (``replication``: L, steps and evaluation lengths as reported), with the difference of the log-n rows at 4×."""
+    report, rerun = data.get("replication"), data.get("reported")
+    if not report or not rerun:
+        return "*No replication.*"
+    settings = report["settings"]
+    train, ratios = settings["train_length"], rerun["ratios"]
+    head = ["model", *[f"{r}× ({r * train}): reported / re-run" for r in ratios]]
+    rows = []
+    for entry in rerun["rows"]:
+        points = _points({"series": report["series"]}, entry["series"])
+        if points is None:
+            continue
+        cells = [f"{theirs:.2f} / " + _cell(points.get(ratio * train)) for ratio, theirs in zip(ratios, entry["accuracy"])]
+        rows.append([f"{entry['label']} (`{entry['series']}`)", *cells])
+    return markdown_table(head, rows) + (
+        f"\n\n*Re-run: L = {train}, {settings['max_train_steps']} steps × batch {settings['per_device_train_batch_size']}, "
+        f"lr {settings['learning_rate']}, seeds {', '.join(map(str, settings['seeds']))}, {settings['eval_samples']} "
+        f"sequences per length, mean ± std over seeds (`{report['command']}`). Reported: {rerun['source']}. "
+        f"{_where(data)}*")
+
+
+__all__ = ["CLAIMS", "claim_rows", "claims", "learned_threshold", "mqar", "passkey", "replication", "reported",
+           "setup", "verdict"]

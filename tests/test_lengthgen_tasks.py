@@ -1,0 +1,226 @@
+"""Tests of the length study's retrieval tasks (``lengthgen --task passkey|mqar``): the generators, the metric, the
+flags, the claim verdicts and a ``--quick`` run of each task (seconds)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_attn_variants.cli import main
+from hf_attn_variants.cli_utils import FlagError
+from hf_attn_variants.lengthgen.arguments import LengthGenArguments
+from hf_attn_variants.lengthgen.retrieval import eval_batch_size, study_variants, task_config
+from hf_attn_variants.lengthgen.retrieval_study import publish_replication, publish_retrieval
+from hf_attn_variants.lengthgen.tasks import (
+    BOS,
+    IGNORE_INDEX,
+    KEY,
+    QUERY,
+    TaskSpec,
+    answer_hits,
+    make_batch,
+    score,
+)
+from hf_attn_variants.lengthgen.variants import get_variant
+from hf_attn_variants.results import load_results, render_markdown
+from hf_attn_variants.results.retrieval import verdict
+
+
+def test_passkey_layout_labels_and_determinism():
+    spec = TaskSpec("passkey", vocab_size=32, digits=3)
+    batch = make_batch(spec, 20, seed=5, start=0, count=16)
+    ids, labels, positions = batch["input_ids"], batch["labels"], batch["answer_positions"]
+    assert ids.shape == (16, 20) and positions.tolist() == [[17, 18, 19]] * 16
+    for row, label in zip(ids, labels):
+        assert row[0] == BOS and (row == KEY).sum() == 1 and row[16] == QUERY and (row == QUERY).sum() == 1
+        at = int((row == KEY).nonzero())
+        assert row[at + 1: at + 4].tolist() == row[17:].tolist()  # the answer is the passkey
+        assert all(4 <= d < 14 for d in row[17:].tolist())  # digits
+        filler = [t for i, t in enumerate(row.tolist()) if i not in (0, at, at + 1, at + 2, at + 3, 16, 17, 18, 19)]
+        assert all(14 <= t < 32 for t in filler)
+        assert label[:17].eq(IGNORE_INDEX).all() and label[17:].tolist() == row[17:].tolist()
+    key_positions = {int((row == KEY).nonzero()) for row in ids}
+    assert len(key_positions) > 3  # the KEY block moves
+    again = make_batch(spec, 20, seed=5, start=4, count=2)["input_ids"]
+    assert torch.equal(again, ids[4:6])  # example i depends on (seed, i) only
+    assert not torch.equal(make_batch(spec, 20, seed=6, start=4, count=2)["input_ids"], again)
+    assert make_batch(spec, 9, 0, 0, 1)["input_ids"].shape == (1, 9)  # no filler at all
+    with pytest.raises(ValueError, match="length 8 is shorter than one passkey example"):
+        make_batch(spec, 8, 0, 0, 1)
+
+
+def test_mqar_keys_are_distinct_and_answers_are_their_values():
+    spec = TaskSpec("mqar", vocab_size=64, num_kv_pairs=4)
+    vocab = spec.vocab
+    batch = make_batch(spec, 40, seed=1, start=0, count=32)
+    for row, label, answers in zip(batch["input_ids"], batch["labels"], batch["answer_positions"]):
+        tokens = row.tolist()
+        assert len(tokens) == 40 and tokens[0] == BOS and tokens[31] == QUERY
+        assert answers.tolist() == [33, 35, 37, 39]
+        queries = tokens[32::2]
+        assert len(set(queries)) == 4 and all(vocab.keys[0] <= k < vocab.keys[1] for k in queries)
+        context = tokens[1:31]
+        start = next(i for i, t in enumerate(context) if vocab.keys[0] <= t < vocab.keys[1])
+        pairs = dict(zip(context[start:start + 8:2], context[start + 1:start + 8:2]))
+        assert sorted(pairs) == sorted(queries)  # the queries are the context's keys, in another order
+        assert [pairs[k] for k in queries] == tokens[33::2]  # each answer is its key's value
+        assert all(vocab.answers[0] <= v < vocab.answers[1] for v in pairs.values())
+        rest = context[:start] + context[start + 8:]
+        assert all(vocab.filler[0] <= t < vocab.filler[1] for t in rest)
+        assert [i for i, x in enumerate(label.tolist()) if x != IGNORE_INDEX] == [33, 35, 37, 39]
+
+
+def test_metric_from_hand_made_logits():
+    ids = torch.tensor([[1, 9, 9, 3, 5, 6, 7], [1, 9, 9, 3, 5, 6, 7]])
+    positions = torch.tensor([[4, 5, 6], [4, 5, 6]])
+    logits = torch.zeros(2, 7, 16)
+    for answer in (4, 5, 6):  # the logits at position p − 1 predict the token at p
+        logits[:, answer - 1, ids[0, answer]] = 5.0
+    logits[1, 4, 12] = 9.0  # sequence 1 gets its second digit wrong
+    hits = answer_hits(logits, ids, positions)
+    assert hits.tolist() == [[True, True, True], [True, False, True]]
+    passkey = score("passkey", hits)
+    assert passkey["accuracy"] == 0.5 and passkey["exact_match"] == 0.5
+    assert passkey["answer_accuracy"] == pytest.approx(5 / 6) and passkey["answers"] == 6
+    mqar = score("mqar", hits)  # per query
+    assert mqar["accuracy"] == pytest.approx(5 / 6) and mqar["exact_match"] == 0.5
+
+
+@pytest.mark.parametrize(("kwargs", "flag"), [
+    ({"task": "mqar", "num_kv_pairs": 0}, "num_kv_pairs"),
+    ({"task": "passkey", "train_length": 16, "passkey_digits": 7}, "passkey_digits"),
+    ({"task": "mqar", "train_length": 16, "num_kv_pairs": 4}, "num_kv_pairs"),
+    ({"task": "mqar", "num_kv_pairs": 40}, "task_vocab_size"),
+    ({"task": "passkey", "position_embedding_types": ["alibi"]}, "position_embedding_types"),
+    ({"task": "lm", "position_embedding_types": ["none"]}, "position_embedding_types"),
+    ({"task": "passkey", "mixed_length": True}, "mixed_length"),
+    ({"task": "passkey", "finetune": True}, "finetune"),
+    ({"task": "passkey", "eval_samples": 0}, "eval_samples"),
+    ({"task": "passkey", "eval_lengths": [4, 64]}, "eval_lengths"),
+    ({"task": "sorting"}, "task"),
+])
+def test_bad_task_flags_name_the_flag(kwargs, flag):
+    with pytest.raises(FlagError) as caught:
+        LengthGenArguments(**kwargs)
+    assert caught.value.flag == flag
+
+
+def test_task_defaults_and_axes():
+    lm = LengthGenArguments()
+    assert (lm.train_length, lm.max_train_steps, lm.hidden_dropout_prob, lm.position_embedding_types) == (
+        64, 400, 0.1, ["rope"])
+    assert "gau_flash" not in lm.variants and lm.eval_lengths == [16, 32, 64, 128, 256, 512]
+    task = LengthGenArguments(task="passkey")
+    assert task.eval_lengths == [task.train_length * r for r in (1, 2, 4, 8, 16, 32, 64)]
+    assert task.hidden_dropout_prob == 0.0 and task.position_embedding_types == ["rope", "none"]
+    names = [v.name for v in study_variants(task)]
+    assert "gau_flash" in names and "gau_flash+nope" in names and "llama" in names and "llama+nope" not in names
+    assert len(names) == 2 * len(task.variants) - 1
+    assert LengthGenArguments(task="passkey", max_train_steps=7).max_train_steps == 7  # an explicit value stays
+    config = task_config(get_variant("gau_flash"), {"chunk_size": 16, "attention_normalization": "relu2"}, 64)
+    assert config.chunk_size == 16 and config.vocab_size == 64
+    with pytest.raises(FlagError, match="stock Llama"):
+        from hf_attn_variants.lengthgen.variants import with_position
+
+        with_position(get_variant("llama"), "none")
+
+
+def test_eval_batches_fit_the_memory_budget():
+    class Config:
+        model_type, num_attention_heads, hidden_size = "entropy_invariant", 4, 64
+
+    class Model:
+        config = Config()
+
+    assert eval_batch_size(64, Model(), 24, 64) == 64
+    big = eval_batch_size(4096, Model(), 24, 1000)
+    attention = 4 * 3 * 4 * 4096**2  # bytes: float32 × 3 live copies × 4 heads × n²
+    assert attention * big <= 24 * 2**30 and 24 <= big <= 32
+    assert eval_batch_size(1 << 16, Model(), 1, 64) == 1
+
+
+def _task(accuracies: dict[str, list[list[float]]]) -> dict:
+    """A task entry of the results file with per-seed accuracies at L, 2L, 4L (L = 8)."""
+    series = {name: {"points": [{"length": n, "status": "ok", "seeds": seeds,
+                                 "accuracy": [sum(seeds) / len(seeds), 0.0]} for n, seeds in zip((8, 16, 32), rows)]}
+              for name, rows in accuracies.items()}
+    return {"settings": {"train_length": 8}, "series": series}
+
+
+def test_claim_verdicts():
+    learned = [[1.0, 0.9]]
+    task = _task({"a": learned + [[0.5, 0.4], [0.2, 0.1]], "b": learned + [[0.1, 0.1], [0.0, 0.0]],
+                  "f": learned + [[0.1, 0.3], [0.0, 0.1]],
+                  "c": learned + [[0.0, 0.5], [0.0, 0.1]], "d": [[0.2, 0.3], [0.0, 0.0], [0.0, 0.0]]})
+    result, diffs, at_l = verdict(task, "a", "b")
+    assert result == "**holds**" and diffs == pytest.approx([0.3, 0.2]) and at_l == (0.95, 0.95)
+    assert verdict(task, "b", "a")[0] == "**fails**"
+    assert verdict(task, "c", "b")[0] == "not resolved (sign differs between seeds)"
+    assert verdict(task, "b", "b")[0] == "not resolved (mean difference below 0.05)"
+    assert verdict(task, "d", "b")[0] == "not resolved (not learned at L)"
+    assert verdict(task, "f", "b")[0] == "**holds** (1 of 2 seeds; equal in the other)"
+    task["settings"].update(task="mqar", num_kv_pairs=2)  # MQAR: learned means halfway above guessing, 0.75
+    task["series"]["e"] = _task({"e": [[0.7, 0.7], [0.0, 0.0], [0.0, 0.0]]})["series"]["e"]
+    assert verdict(task, "a", "b")[0] == "**holds**"
+    assert verdict(task, "e", "b")[0] == "not resolved (not learned at L)"
+
+
+@pytest.mark.parametrize("task", ["passkey", "mqar"])
+def test_quick_task_study_writes_results_and_plot(tmp_path, task):
+    out = tmp_path / task
+    argv = ["lengthgen", "--task", task, "--quick", "--output_dir", str(out), "--num_threads", "1", "--disable_tqdm"]
+    assert main(argv) == 0
+    report = json.loads((out / "results.json").read_text())
+    assert report["args"]["eval_lengths"] == [16, 32, 64]
+    summary = {(r["series"], r["length"]): r for r in report["summary"]}
+    assert {s for s, _ in summary} == {"ei_entropy_invariant", "synthesizer_random_vanilla",
+                                        "ei_entropy_invariant+nope", "synthesizer_random_vanilla+nope"}
+    assert summary[("synthesizer_random_vanilla", 64)]["status"] == "n/a (> max_position_embeddings = 32)"
+    for row in summary.values():
+        if row["status"] == "ok":
+            assert 0.0 <= row["accuracy_mean"] <= 1.0 and row["sequences"] == 4 and row["n_seeds"] == 1
+    assert json.loads((out / "runs/ei_entropy_invariant+nope/seed_0/result.json").read_text())[
+        "config_fields"]["position_embedding_type"] == "none"
+    assert (out / "lengthgen_" f"{task}.png").stat().st_size > 10_000
+    assert (out / "results.md").read_text().count("\n| `") == 4
+    assert main(argv) == 0  # rerun: every run reused
+    assert json.loads((out / "results.json").read_text())["skipped_runs"] == 4
+    path = publish_retrieval([out / "results.json"], "retrieval-test", root=tmp_path, command="test",
+                             plot=tmp_path / "plot.png")
+    data = load_results(tmp_path, "retrieval-test")
+    assert path.is_file() and data["kind"] == "retrieval" and (tmp_path / "plot.png").stat().st_size > 10_000
+    text = render_markdown(tmp_path, f"<!-- results: retrieval-test {task} -->\n<!-- /results -->\n"
+                                     "<!-- results: retrieval-test claims -->\n<!-- /results -->\n")
+    assert "`ei_entropy_invariant+nope`" in text and "| claim | task |" in text
+    if task == "passkey":  # the author's table beside a re-run (here: this quick study, L = 16)
+        publish_replication(out / "results.json", "retrieval-test", root=tmp_path, command="quick")
+        text = render_markdown(tmp_path, "<!-- results: retrieval-test replication -->\n<!-- /results -->\n")
+        row = next(line for line in text.splitlines() if "`ei_entropy_invariant+nope`" in line)
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        point = summary[("ei_entropy_invariant+nope", 16)]
+        assert cells[1] == f"0.83 / {point['accuracy_mean']:.2f} ± {point['accuracy_std']:.2f}"
+        assert cells[3:] == ["0.78 / –", "0.78 / –"]  # 16× and 64× (256, 1024 tokens) were not run
+        assert "Re-run: L = 16, 3 steps × batch 4" in text
+
+
+def test_llama_modes_rescale_the_same_weights():
+    """The stock Llama is trained once and evaluated three ways on the same weights: scope ``beyond`` equals SDPA up
+    to L and differs beyond it; scope ``all`` differs already at L (rows that see fewer than L keys)."""
+    from hf_attn_variants.lengthgen.retrieval import build_model, load_mode, plan_task_run, task_spec
+    from hf_attn_variants.lengthgen.variants import LLAMA_EVAL_MODES
+
+    args = LengthGenArguments(task="passkey", output_dir="unused", train_length=32, hidden_size=32,
+                              num_attention_heads=2, num_hidden_layers=1)
+    plan = plan_task_run(get_variant("llama"), 0, args)
+    model = build_model(plan, task_spec(args)).eval()
+    logits = {}
+    for mode in LLAMA_EVAL_MODES:
+        model = load_mode(model, plan, mode)
+        with torch.no_grad():
+            for n in (32, 128):
+                logits[mode.name, n] = model(input_ids=make_batch(task_spec(args), n, 0, 0, 2)["input_ids"]).logits
+    assert torch.equal(logits["entropy_invariant_beyond_L", 32], logits["sdpa", 32])
+    assert not torch.allclose(logits["entropy_invariant_beyond_L", 128], logits["sdpa", 128])
+    assert not torch.allclose(logits["entropy_invariant_all", 32], logits["sdpa", 32])
