@@ -77,17 +77,7 @@ def plot_summary(summary: Sequence[dict[str, Any]], path: str | Path, *, objecti
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp.png", dir=path.parent)
-    os.close(handle)
-    try:  # unique staging name: several workers may write the same plot at once
-        fig.savefig(name, dpi=110)
-        os.replace(name, path)
-    finally:
-        plt.close(fig)
-        Path(name).unlink(missing_ok=True)
-    return path
+    return _save(fig, path)
 
 
 def _save(fig: Any, path: str | Path) -> Path:
