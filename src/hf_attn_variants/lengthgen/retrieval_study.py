@@ -12,6 +12,7 @@ results file the docs render (``docs/results/retrieval-study.json``, kind ``retr
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 from dataclasses import asdict
@@ -151,7 +152,7 @@ def publish_replication(results_json: str | Path, name: str, *, root: str | Path
 
     report = json.loads(Path(results_json).read_text(encoding="utf-8"))
     data = load_results(Path(root), name)
-    data["replication"] = {"command": command, **compact_task(report)}
+    data["replication"] = {"command": command, "date": datetime.date.today().isoformat(), **compact_task(report)}
     return write_results(Path(root), name, data, inline_depth=4)
 
 

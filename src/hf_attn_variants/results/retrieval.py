@@ -209,8 +209,8 @@ def replication(data: dict[str, Any]) -> str:
     return markdown_table(head, rows) + (
         f"\n\n*Re-run: L = {train}, {settings['max_train_steps']} steps × batch {settings['per_device_train_batch_size']}, "
         f"lr {settings['learning_rate']}, seeds {', '.join(map(str, settings['seeds']))}, {settings['eval_samples']} "
-        f"sequences per length, mean ± std over seeds (`{report['command']}`). Reported: {rerun['source']}. "
-        f"{_where(data)}*")
+        f"sequences per length, mean ± std over seeds (`{report['command']}`, {report.get('date', data['date'])}, on "
+        f"{data.get('cpu') or data['machine']}). Reported: {rerun['source']}.*")
 
 
 __all__ = ["CLAIMS", "claim_rows", "claims", "learned_threshold", "mqar", "passkey", "replication", "reported",
