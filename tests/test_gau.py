@@ -822,3 +822,29 @@ def test_registered_in_families_and_auto_classes(tmp_path) -> None:
     assert type(AutoModel.from_pretrained(tmp_path)) is GAUModel
     causal = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert causal.config.is_decoder and causal.model.is_causal
+
+
+def test_one_token_decoding_steps_skip_the_open_chunks_recomputation(monkeypatch) -> None:
+    """A decoding step of one token per row takes ``_decode_step`` (its own row only, O(g)), never the general cached
+    branch, and still equals the full forward across chunk boundaries with left padding."""
+    from hf_attn_variants.models.modeling_gau import GatedAttentionUnit
+
+    general = GatedAttentionUnit._chunked_with_cache
+    segments: list[int] = []
+
+    def counted(self, layer, quad_q, *args, **kwargs):
+        segments.append(quad_q.shape[1])
+        return general(self, layer, quad_q, *args, **kwargs)
+
+    monkeypatch.setattr(GatedAttentionUnit, "_chunked_with_cache", counted)
+    model = tiny(GAUForCausalLM, **chunked(3))
+    ids, mask = left_padded(random_ids(2, 11), [11, 8])
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask).logits
+        cache, pieces = DynamicCache(config=model.config), []
+        for start, stop in [(0, 4), *[(n, n + 1) for n in range(4, 9)], (9, 11)]:
+            out = model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop], cache=cache, use_cache=True)
+            pieces.append(out.logits)
+    assert segments == [2, 2]  # only the two-token step, once per layer; the prefill is parallel, the rest one row
+    diff = (torch.cat(pieces, dim=1) - full).abs().amax(-1)[mask.bool()]
+    assert diff.max() < 1e-5, f"max diff {diff.max():.3g}"

@@ -472,7 +472,9 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         lengths = self.normalization.lengths(key_counts, quad_q)[..., None]
         options = {"chunk_size": self.chunk_size, "causal": self.is_causal, "scaling": self.scaling}
         dropout = {"dropout": self.config.attention_probs_dropout_prob, "training": self.training}
-        if path in ("flash_cache", "flash_cache_map"):
+        if path == "flash_cache" and length == 1 and not (self.training and dropout["dropout"] > 0):
+            numerator = self._decode_step(layer, quad_q, quad_k, lin_q, lin_k, v, key_mask)
+        elif path in ("flash_cache", "flash_cache_map"):
             numerator = self._chunked_with_cache(layer, quad_q, quad_k, lin_q, lin_k, v, key_mask, options, dropout)
         elif path in ("flash", "flash_triton"):  # flash_triton: the relu² part inside the chunks fused by Triton
             numerator, state = flash_mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, key_mask=key_mask,
@@ -502,6 +504,39 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
             lin_k = lin_k * key_mask[:, :, None].to(lin_k.dtype)
         keys = torch.cat([quad_k, lin_k], dim=-1).unsqueeze(1)
         layer.store(keys, v.unsqueeze(1), state, added=quad_k.shape[1], chunk_size=self.chunk_size)
+
+    def _decode_step(
+        self, layer: GAUChunkCacheLayer, quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor,
+        lin_k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """One new token per row after the cache: its row of ``_chunked_with_cache`` in O(g·(s + e) + s·e).
+
+        numerator = Σ_{j ∈ open chunk ‖ itself, visible} relu(q·k_j·scaling)² v_j + (q'·scaling) S, with S the
+        closed chunks' Σ k'ᵀv; the token joins the open chunk, and a chunk it completes is folded into S. The
+        general path would recompute the relu² rows of the whole open chunk and drop all but this one.
+        """
+        past = layer.get_seq_length()
+        if key_mask is not None:
+            lin_k = lin_k * key_mask[:, past:, None].to(lin_k.dtype)
+        keys, values = torch.cat([quad_k, lin_k], dim=-1).unsqueeze(1), v.unsqueeze(1)
+        open_keys, open_values, state = layer.open_chunk()
+        if open_keys is not None:
+            keys, values = torch.cat([open_keys, keys], dim=-2), torch.cat([open_values, values], dim=-2)
+        seg_quad_k, seg_lin_k = upcast(keys.squeeze(1)).split(self.key_size, dim=-1)
+        seg_values = upcast(values.squeeze(1))
+        weights = F.relu(torch.matmul(upcast(quad_q), seg_quad_k.transpose(-1, -2)) * self.scaling).square()
+        if key_mask is not None:
+            weights = weights.masked_fill(~key_mask[:, None, past + 1 - keys.shape[-2]:].bool(), 0.0)
+        numerator = torch.matmul(weights, seg_values)
+        if state is not None:
+            numerator = numerator + torch.matmul(upcast(lin_q) * self.scaling, state.to(numerator.dtype))
+        if keys.shape[-2] == self.chunk_size:  # the token closes its chunk: fold the chunk into the state
+            closed = torch.matmul(seg_lin_k.transpose(-1, -2), seg_values)
+            state = closed if state is None else state.to(closed.dtype) + closed
+        elif state is None:
+            state = seg_values.new_zeros(seg_values.shape[0], self.key_size, seg_values.shape[-1])
+        layer.store(keys, values, state, added=1, chunk_size=self.chunk_size)
+        return numerator
 
     def _chunked_with_cache(
         self,
