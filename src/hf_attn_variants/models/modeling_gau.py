@@ -500,10 +500,24 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
     ) -> None:
         """Fill an empty chunk cache from a prefill computed in parallel: Σ k'ᵀv of its complete chunks (``state``,
         padding keys left out) and its trailing open chunk, as ``_chunked_with_cache`` would have stored them."""
+        keys, values, _, _ = self._segment(layer, quad_k, lin_k, v, key_mask)
+        layer.store(keys, values, state, added=quad_k.shape[1], chunk_size=self.chunk_size)
+
+    def _segment(
+        self, layer: GAUChunkCacheLayer, quad_k: torch.Tensor, lin_k: torch.Tensor, v: torch.Tensor,
+        key_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
+        """[cached open chunk ‖ new tokens]: keys [k ‖ k'] (k' of padding zeroed) and values, each
+        ``(batch, 1, opened + new, ·)``; the open chunk's length; the closed chunks' state Σ k'ᵀv (``None`` before
+        the first chunk closes). The segment starts on a chunk boundary."""
         if key_mask is not None:
-            lin_k = lin_k * key_mask[:, :, None].to(lin_k.dtype)
-        keys = torch.cat([quad_k, lin_k], dim=-1).unsqueeze(1)
-        layer.store(keys, v.unsqueeze(1), state, added=quad_k.shape[1], chunk_size=self.chunk_size)
+            lin_k = lin_k * key_mask[:, layer.get_seq_length():, None].to(lin_k.dtype)
+        keys, values = torch.cat([quad_k, lin_k], dim=-1).unsqueeze(1), v.unsqueeze(1)
+        open_keys, open_values, state = layer.open_chunk()
+        opened = 0 if open_keys is None else open_keys.shape[-2]
+        if opened:
+            keys, values = torch.cat([open_keys, keys], dim=-2), torch.cat([open_values, values], dim=-2)
+        return keys, values, opened, state
 
     def _decode_step(
         self, layer: GAUChunkCacheLayer, quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor,
@@ -515,18 +529,12 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         closed chunks' Σ k'ᵀv; the token joins the open chunk, and a chunk it completes is folded into S. The
         general path would recompute the relu² rows of the whole open chunk and drop all but this one.
         """
-        past = layer.get_seq_length()
-        if key_mask is not None:
-            lin_k = lin_k * key_mask[:, past:, None].to(lin_k.dtype)
-        keys, values = torch.cat([quad_k, lin_k], dim=-1).unsqueeze(1), v.unsqueeze(1)
-        open_keys, open_values, state = layer.open_chunk()
-        if open_keys is not None:
-            keys, values = torch.cat([open_keys, keys], dim=-2), torch.cat([open_values, values], dim=-2)
+        keys, values, opened, state = self._segment(layer, quad_k, lin_k, v, key_mask)
         seg_quad_k, seg_lin_k = upcast(keys.squeeze(1)).split(self.key_size, dim=-1)
         seg_values = upcast(values.squeeze(1))
         weights = F.relu(torch.matmul(upcast(quad_q), seg_quad_k.transpose(-1, -2)) * self.scaling).square()
         if key_mask is not None:
-            weights = weights.masked_fill(~key_mask[:, None, past + 1 - keys.shape[-2]:].bool(), 0.0)
+            weights = weights.masked_fill(~key_mask[:, None, -(opened + 1):].bool(), 0.0)
         numerator = torch.matmul(weights, seg_values)
         if state is not None:
             numerator = numerator + torch.matmul(upcast(lin_q) * self.scaling, state.to(numerator.dtype))
@@ -556,14 +564,7 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         full sequence would be; the open chunk's rows get zero queries and are dropped.
         """
         batch, length = quad_q.shape[:2]
-        past = layer.get_seq_length()
-        if key_mask is not None:
-            lin_k = lin_k * key_mask[:, past:, None].to(lin_k.dtype)
-        keys, values = torch.cat([quad_k, lin_k], dim=-1).unsqueeze(1), v.unsqueeze(1)
-        open_keys, open_values, state = layer.open_chunk()
-        opened = 0 if open_keys is None else open_keys.shape[-2]
-        if opened:
-            keys, values = torch.cat([open_keys, keys], dim=-2), torch.cat([open_values, values], dim=-2)
+        keys, values, opened, state = self._segment(layer, quad_k, lin_k, v, key_mask)
         seg_quad_k, seg_lin_k = keys.squeeze(1).split(self.key_size, dim=-1)
         no_queries = quad_q.new_zeros(batch, opened, self.key_size)
         numerator, new_state = flash_mixed_chunk_attention(
@@ -572,7 +573,7 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
             torch.cat([no_queries, lin_q], dim=1),
             seg_lin_k,
             values.squeeze(1),
-            key_mask=None if key_mask is None else key_mask[:, past - opened :],
+            key_mask=None if key_mask is None else key_mask[:, -(opened + length):],
             initial_state=state,
             **options,
             **dropout,
