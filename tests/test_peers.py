@@ -17,14 +17,12 @@ import torch
 from torch import nn
 
 from hf_attn_variants import GAUConfig, GAUModel
+from hf_attn_variants.bench.peers import INSTALL
 
 try:
     from flash_pytorch.flash_pytorch import FLASH
 except ModuleNotFoundError as error:  # a peer from the lock: missing means the install is incomplete, not a skip
-    raise ModuleNotFoundError(
-        "flash-pytorch is not installed: `make install` (it is in locks/requirements.txt, with einops and "
-        "rotary-embedding-torch, installed --no-deps)"
-    ) from error
+    raise ModuleNotFoundError(INSTALL) from error
 
 DIM, KEY, G, L = 32, 16, 8, 8
 
