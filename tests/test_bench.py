@@ -53,7 +53,8 @@ def test_quick_run_writes_results_report_and_plots(quick_run) -> None:
     folder = quick_run.parent
     text = (folder / "benchmarks.md").read_text()
     for heading in ("## Setup", "## Targets", "## Results", "Encoder:", "Decoder:", "GAU:", "Synthesizer", "head pruning",
-                    "before/after", "## GPU", "A run of its own"):
+                    "before/after", "Training loop: `pretrain` vs transformers' `Trainer`, CLM", "## GPU",
+                    "A run of its own"):
         assert heading in text, heading
     assert "torch " + torch.__version__ in text and "{{" not in text
     assert (folder / "benchmarks_time.png").stat().st_size > 0
@@ -68,7 +69,11 @@ def test_quick_run_writes_results_report_and_plots(quick_run) -> None:
                                           "gau_quadratic_reference"}
     for result in ok:
         assert len(result["cpu_ms"]) == len(result["wall_ms"]) >= 1
-        assert result["peak_bytes"] > 0 and result["flops"] > 0
+        if "loop" in result:  # a training loop's row (tests/test_bench_loops.py): times per optimizer step, no peak
+            assert result["loop"]["steps_done"] == [result["loop"]["steps"]] and len(result["loop"]["train_loss"]) == 1
+        else:
+            assert result["peak_bytes"] > 0 and result["flops"] > 0
+    assert {r["variant"] for r in ok if "loop" in r} == {"pretrain_clm", "trainer_clm", "pretrain_mlm", "trainer_mlm"}
     # the file holds everything the report is computed from: a round trip changes nothing
     assert to_results(from_results(data)) == data
 
@@ -158,6 +163,7 @@ def test_merge_without_committed_results_is_refused(tmp_path, monkeypatch, capsy
 def test_merge_closure_covers_comparisons_sharing_a_variant() -> None:
     assert merge_closure({"decoder"}) == {"decoder"}
     assert merge_closure({"gau"}) == {"gau", "gau_optimisation", "peers", "peers_quadratic"}
+    assert merge_closure({"loop_clm"}) == {"loop_clm"}
 
 
 def test_committed_report_is_the_rendering_of_the_committed_results() -> None:

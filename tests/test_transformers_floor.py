@@ -27,6 +27,7 @@ MODEL_TEST_FILES = (
     "tests/test_generation_caches.py",
     "tests/test_gradcheck.py",
     "tests/test_stock_attention.py",
+    "tests/test_packed_documents.py",
 )
 
 

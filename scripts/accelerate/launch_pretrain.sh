@@ -4,7 +4,13 @@
 #   scripts/accelerate/launch_pretrain.sh ddp     <model_type> [pretrain flags...]   # all GPUs
 #   scripts/accelerate/launch_pretrain.sh fsdp    <model_type> [pretrain flags...]   # FSDP, one unit per layer
 # NUM_PROCESSES=N overrides the process count; PYTHON picks the interpreter (default: python).
+# One node only. Several nodes: scripts/accelerate/launch_sharded.sh (torchrun, c10d rendezvous; without
+# sharding flags it is this DDP), e.g. NNODES=2 NODE_RANK=R RDZV_ENDPOINT=node0:29500 launch_sharded.sh 8 ...
 set -euo pipefail
+if [[ "${NNODES:-1}" != 1 ]]; then
+  echo "launch_pretrain.sh runs on one node (NNODES=$NNODES); for several nodes use scripts/accelerate/launch_sharded.sh" >&2
+  exit 2
+fi
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mode="${1:?mode: ddp-cpu | ddp | fsdp}"; model_type="${2:?model_type: entropy_invariant | gau | synthesizer}"
 shift 2

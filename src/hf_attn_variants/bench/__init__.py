@@ -3,6 +3,7 @@
 - ``specs``: the variants (this package's models and the stock Transformers baselines) and presets.
 - ``measure``: timing (wall and CPU clocks), peak step memory (CUDA allocator or torch.profiler replay), FLOPs.
 - ``runner``: interleaved warm-up + repeated rounds per length, eager and ``torch.compile``d.
+- ``loops``: ``pretrain``'s training loop against transformers' ``Trainer`` (same model, data, batch), tokens/s.
 - ``store``: the results file (docs/results/benchmarks-cpu.json) a run writes, and ``--merge`` of a partial run.
 - ``report`` / ``plots``: docs/benchmarks.md (a view of the results file, ``hf_attn_variants.bench.views``)
   and the log-log PNGs.

@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 
 from .runner import BenchRun, Result
+from .specs import LOOP_FAMILY, Comparison
 
 PHASE_TITLES = {"train": "forward+backward", "infer": "inference (no_grad forward)"}
 
@@ -133,6 +134,25 @@ def entropy_invariant_ratios(run: BenchRun) -> list[tuple[str, int, Ratio]]:
     return out
 
 
+def is_loop(run: BenchRun, comparison: Comparison) -> bool:
+    """Whether ``comparison`` sets training loops side by side (``bench/loops.py``) rather than models."""
+    return run.variants.get(comparison.baseline, {}).get("family") == LOOP_FAMILY
+
+
+def loop_row(run: BenchRun, name: str) -> Result | None:
+    """The row of the training loop ``name`` (``None`` when the run has none)."""
+    return next((r for r in run.results if r.variant == name and r.loop is not None), None)
+
+
+def loop_ratio(run: BenchRun, loop: str, baseline: str) -> Ratio | None:
+    """``loop``'s tokens/s ÷ ``baseline``'s: the median over rounds of (baseline's step time ÷ ``loop``'s), with the
+    smallest and largest round; ``None`` unless both ran, in one run, with the same tokens per step."""
+    a, b = loop_row(run, loop), loop_row(run, baseline)
+    if not (_ok(a) and _ok(b)) or a.length != b.length or a.batch_size != b.batch_size:
+        return None
+    return paired_ratio(run, baseline, loop, "eager", "train", a.length)
+
+
 @dataclass
 class Target:
     label: str
@@ -202,6 +222,7 @@ def targets(run: BenchRun) -> list[Target]:
                               [run.find(v, "eager", phase, n) for v in ("ei_8h_pruned50", "ei_8h")]))
     out += _peer_targets(run)
     out += _compile_targets(run)
+    out += _loop_targets(run)
     return out
 
 
@@ -222,6 +243,30 @@ def _peer_targets(run: BenchRun) -> list[Target]:
             out.append(Target(f"our FLASH ({direction}) fwd+bwd ≤ 0.85× FLASH-pytorch's time at no more peak "
                               f"memory, n = {n}", f"{ratio.text()}×; peak {_mib(mine)} vs {_mib(theirs)} MiB",
                               ratio.median <= 0.85 and mine <= theirs, rows))
+    return out
+
+
+LOOP_TARGET = 0.95
+"""``pretrain``'s tokens/s ÷ ``Trainer``'s on the same model, data and batch (issue 23)."""
+
+
+def _loop_targets(run: BenchRun) -> list[Target]:
+    """``pretrain``'s loop ≥ 0.95× the ``Trainer``'s tokens/s, per objective; the mean training losses beside it
+    show that both trained the same."""
+    out = []
+    for comparison in (c for c in run.comparisons if is_loop(run, c)):
+        for name in comparison.variants:
+            rows = [loop_row(run, name), loop_row(run, comparison.baseline)]
+            if not all(_ok(r) for r in rows):
+                continue
+            ratio = loop_ratio(run, name, comparison.baseline)
+            loop = rows[0].loop
+            losses = " vs ".join(f"{statistics.median(r.loop['train_loss']):.4f}" for r in rows)
+            out.append(Target(
+                f"`pretrain` loop ≥ {LOOP_TARGET}× `Trainer`'s tokens/s, {loop['objective'].upper()}, "
+                f"{loop['batch_size']} × {rows[0].length} tokens per step (mean training loss: ours vs Trainer's)",
+                "runs differ" if ratio is None else f"{ratio.text()}×; loss {losses}",
+                None if ratio is None else ratio.median >= LOOP_TARGET, rows))
     return out
 
 
@@ -360,7 +405,6 @@ def _targets(run: BenchRun) -> list[str]:
 
 def _comparison_tables(run: BenchRun) -> list[str]:
     lines = ["## Results", ""]
-    timer = run.timer
     for comparison in run.comparisons:
         members = (comparison.baseline, *comparison.variants)
         lines += [f"### {comparison.title}", ""]
@@ -370,32 +414,62 @@ def _comparison_tables(run: BenchRun) -> list[str]:
                   + "; ".join(f"`{m}`: {run.variants[m]['description']}{_parameters(run.variants[m])}"
                               for m in members if m in run.variants)
                   + ".", ""]
-        rows = []
-        lengths = sorted({r.length for r in run.results if r.variant in members})
-        for n in lengths:
-            for name in members:
-                train = run.find(name, "eager", "train", n)
-                infer = run.find(name, "eager", "infer", n)
-                if not _ok(train):
-                    continue
-                ok_infer = _ok(infer)
-                rows.append([
-                    str(n), f"`{name}`{_merge_mark(train, infer)}",
-                    _ms(train.median(timer)), _ratio_cell(run, name, comparison.baseline, "eager", "train", n),
-                    _ms(infer.median(timer)) if ok_infer else "–",
-                    _ratio_cell(run, name, comparison.baseline, "eager", "infer", n),
-                    _tokens_per_s(train, timer), _tokens_per_s(infer, timer) if ok_infer else "–",
-                    _mib(train.peak_bytes), _mib(infer.peak_bytes) if ok_infer else "–",
-                    _throughput(train, timer, run.peak_tflops),
-                    _ms(train.median("wall")),
-                ])
-        lines += _table(
-            ["n", "variant", "fwd+bwd ms", "× baseline", "infer ms", "× baseline", "tok/s fwd+bwd",
-             "tok/s infer", "peak MiB fwd+bwd", "peak MiB infer", "GFLOP/s fwd+bwd", "wall ms fwd+bwd"],
-            rows,
-        )
+        lines += _loop_table(run, comparison) if is_loop(run, comparison) else _model_table(run, comparison)
         lines.append("")
     return lines
+
+
+def _model_table(run: BenchRun, comparison: Comparison) -> list[str]:
+    """Per length and model: step times, ratios to the baseline, tokens/s, peaks, GFLOP/s."""
+    timer = run.timer
+    members = (comparison.baseline, *comparison.variants)
+    rows = []
+    lengths = sorted({r.length for r in run.results if r.variant in members})
+    for n in lengths:
+        for name in members:
+            train = run.find(name, "eager", "train", n)
+            infer = run.find(name, "eager", "infer", n)
+            if not _ok(train):
+                continue
+            ok_infer = _ok(infer)
+            rows.append([
+                str(n), f"`{name}`{_merge_mark(train, infer)}",
+                _ms(train.median(timer)), _ratio_cell(run, name, comparison.baseline, "eager", "train", n),
+                _ms(infer.median(timer)) if ok_infer else "–",
+                _ratio_cell(run, name, comparison.baseline, "eager", "infer", n),
+                _tokens_per_s(train, timer), _tokens_per_s(infer, timer) if ok_infer else "–",
+                _mib(train.peak_bytes), _mib(infer.peak_bytes) if ok_infer else "–",
+                _throughput(train, timer, run.peak_tflops),
+                _ms(train.median("wall")),
+            ])
+    return _table(
+        ["n", "variant", "fwd+bwd ms", "× baseline", "infer ms", "× baseline", "tok/s fwd+bwd",
+         "tok/s infer", "peak MiB fwd+bwd", "peak MiB infer", "GFLOP/s fwd+bwd", "wall ms fwd+bwd"],
+        rows,
+    )
+
+
+def _loop_table(run: BenchRun, comparison: Comparison) -> list[str]:
+    """Per training loop: time per optimizer step, tokens/s, its ratio to the baseline loop's, the mean loss."""
+    rows = []
+    for name in (comparison.baseline, *comparison.variants):
+        result = loop_row(run, name)
+        if not _ok(result):
+            continue
+        loop = result.loop
+        if name == comparison.baseline:
+            ratio = "1.00"
+        else:
+            paired = loop_ratio(run, name, comparison.baseline)
+            ratio = "runs differ" if paired is None else paired.text()
+        rows.append([
+            f"`{name}`{_merge_mark(result)}", f"{loop['batch_size']} × {result.length}",
+            f"{len(result.times(run.timer))} × {loop['steps'] - loop['warmup_steps']}",
+            _ms(result.median(run.timer)), _tokens_per_s(result, run.timer), ratio,
+            f"{statistics.median(loop['train_loss']):.4f}", _ms(result.median("wall")),
+        ])
+    return _table(["loop", "blocks × tokens per step", "rounds × timed steps", "ms per step", "tokens/s",
+                   "tokens/s ÷ baseline's", "mean training loss", "wall ms per step"], rows)
 
 
 def _compiled_table(run: BenchRun) -> list[str]:
@@ -715,9 +789,13 @@ def synthesizer_measurements(run: BenchRun) -> str:
 
 
 __all__ = [
+    "LOOP_TARGET",
     "Ratio",
     "Target",
     "gau_measurements",
+    "is_loop",
+    "loop_ratio",
+    "loop_row",
     "paired_ratio",
     "per_token_growth",
     "render_report",

@@ -22,7 +22,16 @@ import torch
 from torch import nn
 
 from .measure import graph_breaks, make_step, peak_step_memory, time_step, warmup_with_memory_and_flops
-from .specs import Comparison, Preset, Variant, random_input_ids
+from .specs import (
+    LOOP_FAMILY,
+    LOOP_MODEL_TYPE,
+    Comparison,
+    Preset,
+    Variant,
+    loop_model,
+    loop_size,
+    random_input_ids,
+)
 
 PHASES = ("train", "infer")
 """``train`` = forward + backward; ``infer`` = forward under ``torch.no_grad``."""
@@ -48,6 +57,9 @@ class Result:
     merge: int = 0
     """0: measured by the run that wrote the results file; k > 0: by the k-th partial run merged into it
     (``--merge``, described in ``BenchRun.replaced[k - 1]``). Ratios pair only rows of the same run."""
+    loop: dict[str, Any] | None = None
+    """A training loop's row (``bench/loops.py``): loop, objective, sizes and each round's mean training loss; its
+    times are each round's mean time per optimizer step."""
 
     def times(self, timer: str) -> list[float]:
         return self.cpu if timer == "cpu" else self.wall
@@ -298,6 +310,7 @@ class Runner:
                 self._measure_phase(entries, phase, input_ids)
             del entries
             self._drop_per_length_models()
+        self._loops()
         self.run.elapsed_s = time.perf_counter() - start
         self.run.environment["load_average_end"] = _load_average()
         return self.run
@@ -306,6 +319,40 @@ class Runner:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------------------------------ loops
+    def _loops(self) -> None:
+        """The training loops (family ``loop``) side by side, ``preset.repeats`` rounds (``bench/loops.py``); on
+        another device than the CPU their rows are skipped."""
+        sides = {name: v for name, v in self.variants.items() if v.family == LOOP_FAMILY}
+        if not sides:
+            return
+        size = loop_size(self.preset)
+        details = {name: {"loop": v.extra["loop"], "objective": v.extra["objective"], "model": LOOP_MODEL_TYPE,
+                          "batch_size": size.batch_size, "steps": size.steps, "warmup_steps": size.warmup_steps,
+                          "tokens_per_step": size.tokens_per_step} for name, v in sides.items()}
+        if self.device.type != "cpu":
+            for name, v in sides.items():
+                self.run.results.append(Result(name, v.family, "eager", "train", size.length, size.batch_size,
+                                               "skipped", "the loop comparison runs on CPU, in one process",
+                                               loop=details[name]))
+            return
+        from .loops import LoopJob, measure_loops
+
+        model = tuple(loop_model(self.preset).items())
+        jobs = {name: LoopJob(v.extra["loop"], v.extra["objective"], model, size) for name, v in sides.items()}
+        self.log(f"training loops: {', '.join(jobs)}; {self.preset.repeats} round(s) of {size.steps} steps "
+                 f"({size.warmup_steps} untimed) of {size.batch_size} × {size.length} tokens")
+        for name, outcome in measure_loops(jobs, self.preset.repeats, log=self.log).items():
+            result = Result(name, LOOP_FAMILY, "eager", "train", size.length, size.batch_size,
+                            loop={**details[name], "train_loss": [round(r.train_loss, 6) for r in outcome.runs]})
+            result.wall, result.cpu = [r.wall for r in outcome.runs], [r.cpu for r in outcome.runs]
+            if outcome.error is not None:
+                result.status, result.reason = "failed", outcome.error
+            if outcome.runs:
+                self.run.variants[name]["parameters"] = outcome.runs[0].parameters
+                result.loop["steps_done"] = [r.steps for r in outcome.runs]
+            self.run.results.append(result)
 
     def _graph_checks(self) -> None:
         """``torch._dynamo.explain`` on every variant (forward, shortest length): one graph, no break?"""

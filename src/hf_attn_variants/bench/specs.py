@@ -18,6 +18,9 @@ Fairness choices (see docs/benchmarks.md):
 - GAU, Synthesizer: compared within the family (quadratic vs FLASH; ``random`` vs ``vanilla``).
 - Peers: our GAU (FLASH and quadratic, bidirectional and causal) against lucidrains' FLASH-pytorch at the same shapes
   (``bench/peers.py``).
+- Training loops: ``pretrain``'s loop against transformers' ``Trainer`` on the same model, data, batch and AdamW
+  (``bench/loops.py``). Their "variants" are the two loops (family ``loop``): no model of their own, they run on
+  no length of the preset; ``Runner`` times them after the models, ``LOOP_SIZES`` gives their sizes.
 """
 
 from __future__ import annotations
@@ -124,6 +127,53 @@ class Variant:
         if self.lengths is not None and length not in self.lengths:
             return False
         return self.max_length is None or length <= self.max_length
+
+
+@dataclass(frozen=True)
+class LoopSize:
+    """One run of a training loop in the loop comparison: ``steps`` optimizer steps of ``batch_size`` blocks of
+    ``length`` tokens, the first ``warmup_steps`` untimed (at least one: a step is timed from the end of the one
+    before it)."""
+
+    length: int = 128
+    batch_size: int = 8
+    steps: int = 20
+    warmup_steps: int = 4
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.warmup_steps < self.steps:
+            raise ValueError(f"LoopSize: need 1 <= warmup_steps < steps, got {self.warmup_steps} and {self.steps}.")
+
+    @property
+    def timed_steps(self) -> int:
+        """Steps whose time is measured."""
+        return self.steps - self.warmup_steps
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens of one optimizer step (one process, no accumulation)."""
+        return self.batch_size * self.length
+
+
+LOOP_SIZES: dict[str, LoopSize] = {
+    "cpu": LoopSize(),  # ~0.2 s per step on one core: ~5 s per loop and round
+    "quick": LoopSize(length=32, batch_size=2, steps=4, warmup_steps=1),
+}
+"""Sizes of the loop comparison per preset (another preset: ``LoopSize()``); its rounds are the preset's
+``repeats``."""
+
+
+def loop_size(preset: Preset) -> LoopSize:
+    """The loop comparison's sizes for ``preset``."""
+    return LOOP_SIZES.get(preset.name, LoopSize())
+
+
+def loop_model(preset: Preset) -> dict[str, Any]:
+    """Config overrides of the loop comparison's model: the preset's widths, dropout off (the loops draw dropout
+    masks from different generators; without dropout both compute the same losses)."""
+    return {"hidden_size": preset.hidden_size, "num_hidden_layers": preset.num_layers,
+            "num_attention_heads": preset.num_heads, "intermediate_size": preset.intermediate_size,
+            "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 
 @dataclass(frozen=True)
@@ -346,11 +396,41 @@ def _pruning_variants(p: Preset) -> list[Variant]:
     ]
 
 
+LOOP_FAMILY = "loop"
+"""The family of the loop comparison's two sides (``Variant.extra``: ``loop`` and ``objective``)."""
+
+LOOP_MODEL_TYPE = "entropy_invariant"
+"""The family both loops train (its causal LM for CLM, its masked LM for MLM)."""
+
+LOOP_VARIANTS: tuple[tuple[str, str, str, str], ...] = (
+    ("pretrain_clm", "pretrain", "clm", "`hf-attn-variants pretrain`'s loop (accelerate), CLM"),
+    ("trainer_clm", "trainer", "clm", "transformers' `Trainer`, CLM (baseline)"),
+    ("pretrain_mlm", "pretrain", "mlm", "`hf-attn-variants pretrain`'s loop (accelerate), MLM (head on masked rows)"),
+    ("trainer_mlm", "trainer", "mlm", "transformers' `Trainer`, MLM, the model's full LM head (baseline)"),
+)
+"""(name, loop, objective, description) of the loop comparison's sides (``bench/loops.py``)."""
+
+
+def _not_a_model(name: str, length: int) -> nn.Module:
+    raise TypeError(f"{name} is a training loop (bench/loops.py), not a model to build.")
+
+
+def _loop_variants(p: Preset) -> list[Variant]:
+    """Both loops, CLM and MLM: no model to build and no length of the preset (``Runner`` times them apart)."""
+    model = f"{LOOP_MODEL_TYPE} {{}} LM, hidden {p.hidden_size}, {p.num_layers} layers, dropout 0"
+    return [
+        Variant(name, LOOP_FAMILY, f"{description}; {model.format(objective.upper())}",
+                functools.partial(_not_a_model, name), causal=objective == "clm", lengths=(),
+                extra={"loop": loop, "objective": objective})
+        for name, loop, objective, description in LOOP_VARIANTS
+    ]
+
+
 def build_variants(preset: Preset) -> dict[str, Variant]:
     """Every variant of ``preset``, keyed by name (the baselines included)."""
     variants = [
         *_encoder_decoder_variants(preset), *_gau_variants(preset), *_peer_variants(preset),
-        *_synthesizer_variants(preset), *_pruning_variants(preset),
+        *_synthesizer_variants(preset), *_pruning_variants(preset), *_loop_variants(preset),
     ]
     return {v.name: v for v in variants}
 
@@ -359,6 +439,20 @@ PEER_NOTE = ("lucidrains' FLASH-pytorch 0.1.9 (`bench/peers.py`) at our GAU's sh
              "e = 2d, chunk g; token shift off), its own conventions kept: scale-norm (FLASH) or LayerNorm (GAU), a "
              "T5 relative-position bias, partial rotary embeddings. Both compute the same layer once those are "
              "aligned (tests/test_peers.py).")
+
+LOOP_NOTE = (
+    "`pretrain` (`pretrain(PretrainArguments(...))`, in process) against transformers' `Trainer` on the same model "
+    "(same config and seed: the same initial weights), the same blocks of the embedded corpus in the same order "
+    "(`EpochShuffleSampler`; CLM labels = input ids), batch, AdamW settings (decay on matrices only in both), "
+    "clipping 1.0, linear schedule and number of steps; no evaluation, checkpoint, log row or progress bar within "
+    "the timed steps; one process, one thread. The `Trainer` keeps its own optimizer choice (`adamw_torch_fused` "
+    "with torch ≥ 2.8), loop and callbacks. A step is timed from the end of one optimizer step to the end of the "
+    "next (a global optimizer post-step hook, the same in both loops: book-keeping, data, forward, backward, "
+    "clipping, AdamW); setup, tokenization and the first steps are not. A round runs each loop once (new model and "
+    "loop; order rotated per round); a round's value is its mean step time, tokens/s = tokens per step ÷ that; the "
+    "ratio is the median of the per-round ratios of the Trainer's step time to ours, i.e. our tokens/s ÷ the "
+    "Trainer's (smallest–largest round). The mean training loss over all steps shows that both trained the same: "
+    "it should agree to float rounding (`bench/loops.py`).")
 
 COMPARISONS: tuple[Comparison, ...] = (
     Comparison("encoder", "Encoder: entropy-invariant (SDPA) vs stock BERT (SDPA)", "bert_sdpa",
@@ -384,6 +478,14 @@ COMPARISONS: tuple[Comparison, ...] = (
                note=("The attention-map code path (`gau_kernel=\"reference\"`, also what `output_attentions=True` runs: the "
                      "code before the fused and blocked kernels) against the kernels, in the same rounds as every "
                      "other row: the before/after tables of *Optimisations made for these targets* below.")),
+    Comparison("loop_clm", "Training loop: `pretrain` vs transformers' `Trainer`, CLM", "trainer_clm",
+               ("pretrain_clm",), note=LOOP_NOTE),
+    Comparison("loop_mlm", "Training loop: `pretrain` vs transformers' `Trainer`, MLM", "trainer_mlm",
+               ("pretrain_mlm",),
+               note=LOOP_NOTE + (" MLM: both draw the same masks (`mask_tokens`, seeded per block as `pretrain` "
+                                 "seeds them); `pretrain` applies the LM head to the masked positions only "
+                                 "(`TargetOnlyMLMLoss`: the same loss and gradients), the `Trainer` to every "
+                                 "position, so this ratio includes that saving; the CLM one is the loop alone.")),
 )
 
 
@@ -420,11 +522,17 @@ def random_input_ids(batch_size: int, length: int, device: torch.device, seed: i
 
 __all__ = [
     "COMPARISONS",
+    "LOOP_FAMILY",
+    "LOOP_MODEL_TYPE",
+    "LOOP_SIZES",
     "PRESETS",
     "Comparison",
+    "LoopSize",
     "Preset",
     "Variant",
     "build_variants",
+    "loop_model",
+    "loop_size",
     "random_input_ids",
     "select",
 ]

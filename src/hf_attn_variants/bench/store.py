@@ -9,7 +9,8 @@ under what load, and tags every row it brought with ``"merge": k``, which the re
 
 One row per (variant, mode, phase, n): the per-round times of both clocks (ms), the peak step memory
 (bytes) and the FLOPs of one step — everything a ratio, a throughput or a target of the report is computed
-from.
+from. A training loop's row (``bench/loops.py``; n = its block length) holds each round's mean time per
+optimizer step and, under ``loop``, the loop, objective, batch, steps and each round's mean training loss.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def _row(result: Result) -> dict[str, Any]:
         row["compile_s"] = round(result.compile_s, 2)
     if result.merge:
         row["merge"] = result.merge
+    if result.loop is not None:
+        row["loop"] = result.loop
     return row
 
 
@@ -130,10 +133,10 @@ def from_results(data: dict[str, Any]) -> BenchRun:
         variant = row["variant"]
         run.results.append(Result(
             variant, data["variants"].get(variant, {}).get("family", ""), row["mode"], row["phase"], row["n"],
-            preset.batch_size, row["status"], row.get("reason", ""),
+            (row.get("loop") or {}).get("batch_size", preset.batch_size), row["status"], row.get("reason", ""),
             wall=[t / 1e3 for t in row.get("wall_ms", [])], cpu=[t / 1e3 for t in row.get("cpu_ms", [])],
             peak_bytes=row.get("peak_bytes"), flops=row.get("flops"), compile_s=row.get("compile_s"),
-            merge=row.get("merge", 0),
+            merge=row.get("merge", 0), loop=row.get("loop"),
         ))
     return run
 

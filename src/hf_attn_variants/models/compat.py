@@ -69,7 +69,11 @@ try:  # transformers >= 5.5
 except ImportError:  # transformers 5.0–5.4: one decorator did both
     from transformers.utils.generic import check_model_inputs as record_outputs
 
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_causal_mask,
+    packed_sequence_mask_function,
+)
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as TRANSFORMERS_ATTENTION_FUNCTIONS
 
@@ -156,12 +160,18 @@ def prepare_attention_mask(
     cache: Any,
     position_ids: torch.Tensor,
     past_length: int,
+    document_ids: torch.Tensor | None = None,
 ) -> Any:
     """The mask ``config._attn_implementation`` expects, from Transformers' masking utilities.
 
     ``create_causal_mask`` when ``causal``, else ``create_bidirectional_mask``, called with the
     arguments the installed release declares (``input_embeds``/``inputs_embeds``; ``past_key_values``/``cache``;
     the cache positions past_length … past_length + seq − 1 where 5.0 requires them).
+
+    Packed documents (``document_ids``, rows that pack several documents, no mask, no cache): the causal mask finds
+    them itself from ``position_ids`` (Transformers' ``find_packed_sequence_indices``, 5.0 on); the bidirectional one
+    reads no positions, so it gets Transformers' ``packed_sequence_mask_function`` of ``document_ids`` as its
+    ``and_mask_function`` — block-diagonal in every kernel's format (a boolean or additive tensor, a flex BlockMask).
     """
     parameters = _MASK_PARAMETERS[causal]
     values: dict[str, Any] = {
@@ -174,6 +184,11 @@ def prepare_attention_mask(
     if "cache_position" in parameters:
         length = inputs_embeds.shape[1]
         values["cache_position"] = torch.arange(past_length, past_length + length, device=inputs_embeds.device)
+    if document_ids is not None and not causal:
+        if "and_mask_function" not in parameters:  # never silently: every release from 5.0 to 5.24 has it
+            raise NotImplementedError("This Transformers release's create_bidirectional_mask takes no "
+                                      "and_mask_function, so packed documents cannot be kept apart.")
+        values["and_mask_function"] = packed_sequence_mask_function(document_ids)
     make_mask = create_causal_mask if causal else create_bidirectional_mask
     return make_mask(**{name: value for name, value in values.items() if name in parameters})
 

@@ -10,7 +10,8 @@ Everything runs in at least float32 (float64 stays float64), so fp16/bf16 never 
   SDPA for long causal rows because it skips the keys after each block's last query.
 - ``laplace_attention``: Mega's Laplace function, the bounded relu² substitute.
 - ``flash_mixed_chunk_attention`` / ``flash_effective_weights``: FLASH's mixed-chunk attention (exact relu²
-  inside chunks of g tokens, linear attention across chunks) and its dense effective matrix.
+  inside chunks of g tokens, linear attention across chunks) and its dense effective matrix, which with
+  ``flash_visibility`` per document also computes rows that pack several documents.
 
 ``gau_triton.py`` holds the Triton versions of ``relu2_attention`` and of FLASH's intra-chunk part; the unit in
 ``modeling_gau.py`` picks one per call (``GAUConfig.gau_kernel``).
@@ -327,6 +328,29 @@ def flash_mixed_chunk_attention(
     return numerator.reshape(batch, chunks * chunk_size, width)[:, :length], state
 
 
+def flash_visibility(
+    positions: torch.Tensor, chunk_size: int, causal: bool, document_ids: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Which keys the two parts of FLASH give each query: boolean ``(quadratic, linear)`` of shape ``(…, T, T)``.
+
+    With the chunk c(t) = ⌊p_t / g⌋ of position p_t (Hua et al. 2022, §3.2): quadratic_ij = [c(j) = c(i)] (∧ p_j ≤ p_i
+    if ``causal``); linear_ij = [c(j) < c(i)] if ``causal``, else every key (``None``). ``positions`` ``(T,)`` are the
+    tensor columns 0 … T − 1 of an ordinary row. For rows packing documents, ``positions`` ``(batch, T)`` are each
+    token's index within its document (``layers.document_positions``) and ``document_ids`` add [d(j) = d(i)] to both,
+    so every document is chunked from its own start and its linear state starts empty — exactly its lone run.
+    """
+    chunk = positions // chunk_size
+    quadratic = chunk[..., :, None] == chunk[..., None, :]
+    linear = None
+    if causal:
+        quadratic = quadratic & (positions[..., None, :] <= positions[..., :, None])
+        linear = chunk[..., None, :] < chunk[..., :, None]
+    if document_ids is not None:
+        same = document_ids[..., :, None] == document_ids[..., None, :]
+        quadratic, linear = quadratic & same, same if linear is None else linear & same
+    return quadratic, linear
+
+
 def flash_effective_weights(
     quad_q: torch.Tensor,
     quad_k: torch.Tensor,
@@ -339,22 +363,22 @@ def flash_effective_weights(
     key_mask: torch.Tensor | None = None,
     dropout: float = 0.0,
     training: bool = False,
+    visibility: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """The dense (batch, T, T) matrix W with numerator = W v for ``flash_mixed_chunk_attention``.
 
     W_ij = relu(q_i·k_j·scaling)² [same chunk, visible] + (q'_i·k'_j·scaling) [j ∈ lin(i)], dropout on the
-    quadratic part as in the chunked kernel. O(T²): only built when ``output_attentions`` is requested.
+    quadratic part as in the chunked kernel; the two brackets are ``visibility`` (``flash_visibility``: of the
+    tensor columns when ``None``, per document for packed rows). O(T²): built for ``output_attentions`` and for
+    packed documents.
     """
-    length = quad_q.shape[1]
-    chunk = torch.arange(length, device=quad_q.device) // chunk_size
-    same = chunk[:, None] == chunk[None, :]
-    quad = F.relu(torch.matmul(upcast(quad_q), upcast(quad_k).transpose(-1, -2)) * scaling).square()
+    if visibility is None:
+        visibility = flash_visibility(torch.arange(quad_q.shape[1], device=quad_q.device), chunk_size, causal)
+    quadratic, linear = visibility
+    quad = F.relu(torch.matmul(upcast(quad_q), upcast(quad_k).transpose(-1, -2)) * scaling).square() * quadratic
     lin = torch.matmul(upcast(lin_q), upcast(lin_k).transpose(-1, -2)) * scaling
-    if causal:
-        quad = quad * (same & torch.ones_like(same).tril())
-        lin = lin * (chunk[None, :] < chunk[:, None])
-    else:
-        quad = quad * same
+    if linear is not None:
+        lin = lin * linear
     if dropout > 0.0 and training:
         quad = F.dropout(quad, p=dropout, training=True)
     weights = quad + lin
@@ -371,6 +395,7 @@ __all__ = [
     "SoftmaxAttention",
     "flash_effective_weights",
     "flash_mixed_chunk_attention",
+    "flash_visibility",
     "laplace_attention",
     "relu2_attention",
     "softmax_attention",

@@ -175,6 +175,41 @@ def _query_positions(query_length: int, query_offset: int | torch.Tensor, device
     return torch.arange(query_length, device=device) + query_offset
 
 
+def packed_document_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """dₜ: the index of the document token t belongs to in rows that pack several documents, ``(batch, n)`` long.
+
+    A packing data pipeline numbers every document from 0 and writes no mask, so a document starts at column 0 and
+    wherever the position does not increase: dₜ = Σ_{t′ ≤ t} [p_{t′} ≤ p_{t′−1}] (0 for a row holding one sequence).
+    Transformers' ``find_packed_sequence_indices`` (masking_utils) splits at every step ≠ 1; for documents whose
+    positions step by 1 (the packed format) both give the same documents. O(n), no n×n tensor.
+    """
+    restarts = (position_ids[:, 1:] <= position_ids[:, :-1]).long()
+    return F.pad(restarts.cumsum(-1), (1, 0))
+
+
+def document_lengths(document_ids: torch.Tensor) -> torch.Tensor:
+    """|d(t)|: the number of tokens of token t's document, ``(batch, n)`` long, for ``packed_document_ids``'s dₜ.
+
+    Counts per document with one ``scatter_add`` (document indices are < n), read back per token: O(n)."""
+    sizes = torch.zeros_like(document_ids).scatter_add_(-1, document_ids, torch.ones_like(document_ids))
+    return sizes.gather(-1, document_ids)
+
+
+def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
+    """t − s(t): token t's index within its document (s(t) = the column where that document starts), ``(batch, n)``.
+
+    What the same token's column is when its document is run alone, whatever the positions say; O(n)."""
+    columns = torch.arange(document_ids.shape[-1], device=document_ids.device)
+    starts = F.pad(document_ids[:, 1:] != document_ids[:, :-1], (1, 0), value=True)
+    return columns - torch.where(starts, columns, 0).cummax(-1).values
+
+
+def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
+    """[d(i) = d(j)]: boolean ``(batch, 1, n, n)``, ``True`` where query i and key j are in the same document — the
+    block-diagonal mask of packed rows (Transformers' ``packed_sequence_mask_function``, materialised)."""
+    return (document_ids[:, :, None] == document_ids[:, None, :]).unsqueeze(1)
+
+
 def visible_key_counts(
     attention_mask: torch.Tensor | None,
     *,
@@ -186,6 +221,7 @@ def visible_key_counts(
     device: torch.device,
     dtype: torch.dtype = torch.float32,
     position_ids: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """nᵢ: how many keys query i may attend to in its own row, shape ``(batch, query_length)``, in ``dtype``.
 
@@ -202,10 +238,17 @@ def visible_key_counts(
     packed with their positions but no mask, and packed sequences restart them. Only padding rows differ
     (their outputs are discarded). Callers pass positions only when they are the caller's own: a stock model
     fills in 0, 1, … whatever the padding, so ``stock_attention`` passes them only where there is no mask.
+
+    ``document_ids`` ``(batch, query_length)`` (``packed_document_ids``, rows packing several documents, no mask, no
+    cache): a bidirectional row sees the keys of its own document, nᵢ = its length (``document_lengths``); a causal
+    row without positions sees its document up to itself, nᵢ = ``document_positions`` + 1.
     """
     if causal and position_ids is not None:
         counts = position_ids.to(device=device, dtype=dtype) + 1
         return counts.expand(batch_size, query_length) if counts.shape[0] == 1 else counts
+    if document_ids is not None:
+        counts = document_positions(document_ids) + 1 if causal else document_lengths(document_ids)
+        return counts.to(device=device, dtype=dtype)
     if attention_mask is not None and attention_mask.dim() == 4:
         visible = attention_mask if attention_mask.dtype == torch.bool else attention_mask > torch.finfo(attention_mask.dtype).min / 2
         return visible[:, 0].sum(-1).to(dtype)
@@ -275,11 +318,13 @@ def boolean_attention_mask(
     query_offset: int | torch.Tensor = 0,
     causal: bool,
     device: torch.device,
+    document_ids: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """A boolean mask ``(batch, 1, query_length, key_length)``, ``True`` where query i may see key j.
 
-    Combines the 2D padding mask (or takes a prepared 4D mask as is) with causality. Returns ``None``
-    when every key is visible to every query (bidirectional, no padding).
+    Combines the 2D padding mask (or takes a prepared 4D mask as is) with causality, and with ``document_ids``
+    (packed rows: no mask, no cache, so queries are the keys) with ``document_mask``. Returns ``None``
+    when every key is visible to every query (bidirectional, no padding, one document per row).
     """
     if attention_mask is not None and attention_mask.dim() == 4:
         if attention_mask.dtype == torch.bool:
@@ -293,6 +338,9 @@ def boolean_attention_mask(
     if attention_mask is not None:
         keep = attention_mask[:, -key_length:].to(device=device, dtype=torch.bool)[:, None, None, :]
         mask = keep.expand(batch_size, 1, query_length, key_length) if mask is None else mask & keep
+    if document_ids is not None:
+        same = document_mask(document_ids.to(device))
+        mask = same if mask is None else mask & same
     return mask
 
 
@@ -494,6 +542,9 @@ __all__ = [
     "check_head_indices",
     "compute_dtype",
     "default_position_ids",
+    "document_lengths",
+    "document_mask",
+    "document_positions",
     "eager_attention_forward",
     "entropy_invariant_factor",
     "head_rows",
@@ -503,6 +554,7 @@ __all__ = [
     "log_key_counts",
     "masked_softmax",
     "normalize_pruned_heads",
+    "packed_document_ids",
     "rotate_half",
     "slice_head_tensor",
     "slice_linear",

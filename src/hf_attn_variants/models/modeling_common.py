@@ -46,7 +46,15 @@ from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .compat import CACHE_FIELD, accepts_cache_alias, output_cache, record_outputs
 from .configuration_common import AttnVariantConfig, StandaloneCodeMixin
-from .layers import LayerNorm, RMSNorm, RotaryEmbedding, ScaleNorm, build_norm, default_position_ids
+from .layers import (
+    LayerNorm,
+    RMSNorm,
+    RotaryEmbedding,
+    ScaleNorm,
+    build_norm,
+    default_position_ids,
+    packed_document_ids,
+)
 
 AUTO_CLASS_SUFFIXES = {
     "AutoModel": "Model",
@@ -314,10 +322,40 @@ class AttnVariantBackbone:
         position_ids: torch.Tensor,
         past_length: int,
         given_position_ids: torch.Tensor | None,
+        document_ids: torch.Tensor | None = None,
     ) -> dict[str, Any]:
         """Keyword arguments for every layer. ``position_ids``: the positions in use (defaults filled in);
-        ``given_position_ids``: the caller's, or ``None`` — only those may decide nᵢ (``visible_key_counts``)."""
+        ``given_position_ids``: the caller's, or ``None`` — only those may decide nᵢ (``visible_key_counts``);
+        ``document_ids``: the document of every token of packed rows (``_packed_documents``), or ``None``."""
         raise NotImplementedError
+
+    @staticmethod
+    def _packed_documents(
+        position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, cache: Cache | None
+    ) -> torch.Tensor | None:
+        """dₜ of ``packed_document_ids`` when the rows pack several documents, else ``None``; decided once per forward.
+
+        Packed rows are the caller's ``position_ids`` restarting inside a row without an ``attention_mask`` (a packing
+        data pipeline's format; Transformers' ``find_packed_sequence_indices`` reads the same). Every family then
+        keeps attention inside each document and counts nᵢ per document, so each document is computed as if alone.
+        An ordinary input pays one O(n) pass over its positions (nothing without positions or with a mask). While
+        compiling, data cannot decide a branch: rows with positions and no cache count as packed there (a row of
+        one document gives the ordinary result through the masked path), as Transformers does.
+        """
+        if attention_mask is not None or position_ids is None or position_ids.shape[-1] < 2:
+            return None
+        document_ids = packed_document_ids(position_ids)
+        if is_torchdynamo_compiling():
+            return document_ids if cache is None else None
+        if not bool(document_ids[:, -1].any()):
+            return None
+        if cache is not None:
+            raise ValueError(
+                "position_ids restart inside a row without an attention_mask (packed documents), but a cache was "
+                "passed: a cache continues one sequence per row. Score packed documents without a cache "
+                "(use_cache=False), or decode one document per row."
+            )
+        return document_ids
 
     def _check_inputs(self, input_ids: torch.Tensor | None, total_length: int, attention_mask: torch.Tensor | None) -> None:
         """Clear errors for inputs that would otherwise fail deep inside torch."""
@@ -362,12 +400,19 @@ class AttnVariantBackbone:
         if batch_size == 0 or seq_length == 0:
             raise ValueError(f"Empty input: batch size {batch_size}, sequence length {seq_length}.")
 
+        if position_ids is not None and position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0)
+        if position_ids is not None and position_ids.shape[0] != batch_size:
+            position_ids = position_ids.expand(batch_size, -1)
         if not self.is_causal or (self.gradient_checkpointing and self.training and torch.is_grad_enabled()):
             # Under gradient checkpointing the backward replay would update a cache twice; Transformers' layers drop
             # it there too, but under the name of their release (`past_key_values` before 5.24), not ours.
             use_cache, cache = False, None
+        document_ids = self._packed_documents(position_ids, attention_mask, cache)
         if use_cache and cache is None:
-            if self.training:  # a cache is for decoding: training builds none (config.use_cache is on by default)
+            # A cache is for decoding one sequence per row: training and packed documents build none
+            # (config.use_cache is on by default).
+            if self.training or document_ids is not None:
                 use_cache = False
             else:
                 cache = DynamicCache(config=self.config)
@@ -378,8 +423,6 @@ class AttnVariantBackbone:
 
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        if position_ids is not None and position_ids.dim() == 1:
-            position_ids = position_ids.unsqueeze(0).expand(batch_size, -1)
         given_position_ids = position_ids
         if position_ids is None:
             position_ids = default_position_ids(batch_size, seq_length, past_length, inputs_embeds.device)
@@ -393,7 +436,7 @@ class AttnVariantBackbone:
             self.rotary_emb(position_ids, hidden_states.dtype) if self.rotary_emb is not None else None
         )
         layer_inputs = self._attention_inputs(
-            hidden_states, attention_mask, cache, position_ids, past_length, given_position_ids
+            hidden_states, attention_mask, cache, position_ids, past_length, given_position_ids, document_ids
         )
 
         for layer in self.layers:

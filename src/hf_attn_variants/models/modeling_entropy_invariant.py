@@ -21,6 +21,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
+from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .compat import ALL_ATTENTION_FUNCTIONS, prepare_attention_mask
 from .configuration_entropy_invariant import EntropyInvariantConfig
@@ -219,7 +220,10 @@ class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel
         position_ids: torch.Tensor,
         past_length: int,
         given_position_ids: torch.Tensor | None,
+        document_ids: torch.Tensor | None = None,
     ) -> dict[str, Any]:
+        """The mask of ``config._attn_implementation`` (``prepare_attention_mask``; block-diagonal for packed
+        documents) and nᵢ (``visible_key_counts``: per document for packed rows), once for every layer."""
         batch_size, seq_length = hidden_states.shape[:2]
         key_counts = None
         if self.config.attention_scale != "standard":
@@ -233,6 +237,7 @@ class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel
                 device=hidden_states.device,
                 dtype=compute_dtype(hidden_states.dtype),
                 position_ids=given_position_ids,
+                document_ids=document_ids,
             )
         mask = prepare_attention_mask(
             causal=self.is_causal,
@@ -242,8 +247,29 @@ class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel
             cache=cache,
             position_ids=position_ids,
             past_length=past_length,
+            document_ids=document_ids,
         )
-        return {"attention_mask": mask, "key_counts": key_counts}
+        inputs = {"attention_mask": mask, "key_counts": key_counts}
+        if document_ids is not None and mask is None:
+            inputs["position_ids"] = self._padding_free_positions(position_ids)
+        return inputs
+
+    def _padding_free_positions(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """``position_ids`` for a kernel that takes no mask (flash attention; a serving engine's own) on packed rows.
+
+        Such kernels find the documents from the positions themselves — Transformers' padding-free format
+        (``modeling_flash_attention_utils._is_packed_sequence``: varlen attention over the runs of increasing
+        positions) — and only in a batch of one row; with more rows they would attend across documents, so that
+        is refused, naming the setting. While compiling the rows may not be packed at all, and nothing is refused.
+        """
+        if position_ids.shape[0] > 1 and not is_torchdynamo_compiling():
+            raise ValueError(
+                f"attn_implementation={self.config._attn_implementation!r} takes no attention mask, so it keeps packed "
+                f"documents apart only in a batch of one row (Transformers' padding-free format), got "
+                f"{position_ids.shape[0]} rows. Flatten the rows into one (input_ids and position_ids of shape "
+                "(1, batch · n)), or use attn_implementation='sdpa', 'eager' or 'flex_attention'."
+            )
+        return position_ids
 
 
 class EntropyInvariantForMaskedLM(MaskedLMHeadMixin, EntropyInvariantPreTrainedModel):

@@ -30,6 +30,11 @@ c(i) (causal: exclusive cumulative sum of the per-chunk k'ᵀv). L_i is the relu
 the keys row i sees; fixed: ``base_length``), i.e. both parts share the quadratic GAU's normaliser, so
 one chunk covering a causal sequence *is* quadratic relu² GAU and the length-transfer choice above
 carries over unchanged. Cost O(n·g·(s + e) + n·s·e): linear in n.
+
+Packed documents (rows holding several documents, ``position_ids`` restarting at each, no mask): quadratic GAU
+masks block-diagonally; FLASH chunks each document from its own start and keeps its cross-chunk sum inside the
+document, as in the document's lone run — through the effective matrix W (``flash_documents``), O(n²) like
+quadratic GAU, because the linear-time kernels' chunks and running state follow the row.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from .gau_cache import GAUChunkCacheLayer, check_chunk_cache, chunk_cache_layer
 from .gau_kernels import (
     flash_effective_weights,
     flash_mixed_chunk_attention,
+    flash_visibility,
     laplace_attention,
     relu2_attention,
     softmax_attention,
@@ -62,6 +68,7 @@ from .layers import (
     boolean_attention_mask,
     build_norm,
     compute_dtype,
+    document_positions,
     entropy_invariant_factor,
     masked_softmax,
     upcast,
@@ -293,6 +300,8 @@ GAU_ATTENTION_PATHS: dict[str, str] = {
     "flash_triton": "FLASH with its part inside the chunks in Triton (triton_flash_intra_chunk); a causal prefill "
     "starts the cache as flash does",
     "flash_map": "FLASH's effective n×n matrix W materialised (flash_effective_weights), out = W v / L",
+    "flash_documents": "rows packing several documents: W restricted to each document, chunked from its start "
+    "(flash_visibility), out = W v / L; O(n²) like quadratic GAU",
     "flash_cache": "causal FLASH over new tokens from the cached open chunk and cross-chunk state",
     "flash_cache_map": "flash_cache to advance the cache, and the output from W (a cache with no earlier tokens)",
 }
@@ -316,6 +325,7 @@ def gau_attention_path(
     training: bool = False,
     cached: bool = False,
     output_attentions: bool = False,
+    packed: bool = False,
 ) -> str:
     """The ``GAU_ATTENTION_PATHS`` key of the computation a GAU unit of ``config`` runs.
 
@@ -325,12 +335,16 @@ def gau_attention_path(
     kernel (``GAUNormalization.kernel_path``) or has none. FLASH (``chunk_size``) with a causal cache advances the
     chunk state: from earlier tokens (``key_length > query_length``) through the cached branch; on a prefill (an
     empty cache) through the parallel path (Triton's when asked for), whose final state and open chunk then start
-    the cache. Its map exists only while no earlier token is folded into that state.
+    the cache. Its map exists only while no earlier token is folded into that state. Rows packing several documents
+    (``packed``; never cached) run FLASH's map per document: the chunked kernels' chunks and cross-chunk state run
+    along the whole row, across documents. Quadratic GAU takes packed rows through its usual kernels, with the mask.
     """
     dropout = training and config.attention_probs_dropout_prob > 0
     reference = output_attentions or config.gau_kernel == "reference"
     triton = use_triton_kernel(config, device)
     if config.chunk_size is not None:
+        if packed:
+            return "flash_documents"
         if cached and causal and key_length > query_length:
             return "flash_cache"
         if cached and causal and reference:
@@ -397,12 +411,13 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         *,
         cached: bool = False,
         output_attentions: bool = False,
+        packed: bool = False,
     ) -> str:
         """Which computation (a ``GAU_ATTENTION_PATHS`` key) this unit runs for ``query_length`` queries over
         ``key_length`` keys on ``device``: ``gau_attention_path`` with this unit's config, direction and mode."""
         return gau_attention_path(
             self.config, query_length, key_length, causal=self.is_causal, device=device, training=self.training,
-            cached=cached, output_attentions=output_attentions,
+            cached=cached, output_attentions=output_attentions, packed=packed,
         )
 
     def forward(
@@ -415,9 +430,12 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         cache: Cache | None = None,
         query_offset: int = 0,
         output_attentions: bool = False,
+        document_visibility: tuple[torch.Tensor, torch.Tensor | None] | None = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``output_attentions``: also return the attention map (see the class docstring)."""
+        """``output_attentions``: also return the attention map (see the class docstring). ``document_visibility``:
+        FLASH's per-document ``flash_visibility`` for rows packing several documents (the quadratic unit gets their
+        block-diagonal ``attention_mask`` instead)."""
         u, v, z = self.act_fn(self.in_proj(hidden_states)).split(
             [self.width, self.width, self.key_size], dim=-1
         )
@@ -431,7 +449,7 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
                 qk, v, attention_mask, key_counts, cache, int(query_offset), output_attentions
             )
         else:
-            attended, weights = self._chunked(qk, v, key_mask, key_counts, cache, output_attentions)
+            attended, weights = self._chunked(qk, v, key_mask, key_counts, cache, output_attentions, document_visibility)
         output = self.out_proj(u * attended.to(u.dtype))
         return output, weights
 
@@ -460,14 +478,17 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
     def _chunked(
         self, qk: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, key_counts: torch.Tensor | None,
         cache: Cache | None, output_attentions: bool,
+        visibility: tuple[torch.Tensor, torch.Tensor | None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """FLASH on the rows q, k, q', k' of ``qk`` and values ``v`` (module docstring), through ``attention_path``."""
+        """FLASH on the rows q, k, q', k' of ``qk`` and values ``v`` (module docstring), through ``attention_path``;
+        ``visibility``: per document, for packed rows (then through W, ``flash_documents``)."""
         quad_q, quad_k, lin_q, lin_k = qk.unbind(1)  # each (batch, n, s)
         length = quad_q.shape[1]
         layer = chunk_cache_layer(cache, self.layer_idx) if cache is not None and self.is_causal else None
         past = 0 if layer is None else layer.get_seq_length()
         path = self.attention_path(
-            length, past + length, quad_q.device, cached=layer is not None, output_attentions=output_attentions
+            length, past + length, quad_q.device, cached=layer is not None, output_attentions=output_attentions,
+            packed=visibility is not None,
         )
         lengths = self.normalization.lengths(key_counts, quad_q)[..., None]
         options = {"chunk_size": self.chunk_size, "causal": self.is_causal, "scaling": self.scaling}
@@ -485,11 +506,13 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
                 )
             if layer is not None:  # a prefill: the cache starts from this segment's state and open chunk
                 self._start_cache(layer, quad_k, lin_k, v, key_mask, state)
-        if path not in ("flash_map", "flash_cache_map"):
+        if path not in ("flash_map", "flash_cache_map", "flash_documents"):
             return numerator / lengths, None
         # The reference: the effective (batch, n, n) matrix W, used for the output so the returned weights are the
         # ones the output depends on (O(n²), like any attention map).
-        weights = flash_effective_weights(quad_q, quad_k, lin_q, lin_k, key_mask=key_mask, **options, **dropout)
+        weights = flash_effective_weights(
+            quad_q, quad_k, lin_q, lin_k, key_mask=key_mask, visibility=visibility, **options, **dropout
+        )
         weights = (weights / lengths).unsqueeze(1)
         attended = torch.matmul(weights, upcast(v).unsqueeze(1)).squeeze(1)
         return attended, weights.to(v.dtype) if output_attentions else None
@@ -673,7 +696,11 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
         position_ids: torch.Tensor,
         past_length: int,
         given_position_ids: torch.Tensor | None,
+        document_ids: torch.Tensor | None = None,
     ) -> dict[str, Any]:
+        """nᵢ where the normalisation reads it (per document for packed rows), and the masks: quadratic GAU a boolean
+        ``attention_mask`` (block-diagonal for packed rows), FLASH the 2D ``key_mask`` and, for packed rows, its
+        ``document_visibility`` (``flash_visibility`` per document), each built once for every layer."""
         batch_size, seq_length = hidden_states.shape[:2]
         geometry = {
             "batch_size": batch_size,
@@ -687,7 +714,8 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
         needs_counts = GAU_NORMALIZATIONS[config.attention_normalization].counts_needed(config)
         key_counts = (
             visible_key_counts(
-                attention_mask, **geometry, dtype=compute_dtype(hidden_states.dtype), position_ids=given_position_ids
+                attention_mask, **geometry, dtype=compute_dtype(hidden_states.dtype), position_ids=given_position_ids,
+                document_ids=document_ids,
             )
             if needs_counts
             else None
@@ -700,9 +728,15 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
                     f"shape {tuple(attention_mask.shape)}."
                 )
             key_mask = attention_mask.to(hidden_states.device).bool() if attention_mask is not None else None
-            return {"key_mask": key_mask, "key_counts": key_counts}
+            visibility = None
+            if document_ids is not None:
+                document_ids = document_ids.to(hidden_states.device)
+                visibility = flash_visibility(
+                    document_positions(document_ids), config.chunk_size, self.is_causal, document_ids
+                )
+            return {"key_mask": key_mask, "key_counts": key_counts, "document_visibility": visibility}
         return {
-            "attention_mask": boolean_attention_mask(attention_mask, **geometry),
+            "attention_mask": boolean_attention_mask(attention_mask, **geometry, document_ids=document_ids),
             "key_counts": key_counts,
         }
 

@@ -14,7 +14,10 @@ left-padded batches. Without leading padding this is the absolute index, as in t
 mesh-tensorflow code (R[:Lq, :Lk]; during incremental decoding the current row is gathered). So
 left padding does not shift the synthesized pattern, and incremental decoding (the 2D mask covers
 past + current tokens) gathers exactly the row the full forward pass uses. ``position_ids`` only
-drive RoPE / absolute position embeddings.
+drive RoPE / absolute position embeddings — except that positions restarting inside a row without a mask mark
+packed documents (``AttnVariantBackbone._packed_documents``): then each token's position is its index within
+its document, and the mask keeps each document to itself, so every document gets the block of R (and of
+dense(X)) that it gets alone.
 
 Cost. ``dense``, ``factorized_dense``, ``random`` and ``factorized_random`` never compute q·kᵀ and
 have no q/k projections; only ``vanilla`` does. See docs/synthesizer.md for the parameter counts.
@@ -38,6 +41,7 @@ from .layers import (
     apply_rotary,
     boolean_attention_mask,
     check_head_indices,
+    document_positions,
     head_rows,
     headless_attention_output,
     masked_softmax,
@@ -434,7 +438,11 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
         position_ids: torch.Tensor,
         past_length: int,
         given_position_ids: torch.Tensor | None,
+        document_ids: torch.Tensor | None = None,
     ) -> dict[str, Any]:
+        """The boolean mask (padding ∧ causality, ∧ same document for packed rows) and the positions that index the
+        synthesized patterns. A packed document's tokens take the rows and columns of their index within the document
+        (``document_positions``), which is where a lone run of the document slices R[:n, :n] and dense(X)[:, :n]."""
         batch_size, seq_length = hidden_states.shape[:2]
         key_length = past_length + seq_length
         mask = boolean_attention_mask(
@@ -445,11 +453,14 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
             query_offset=past_length,
             causal=self.is_causal,
             device=hidden_states.device,
+            document_ids=document_ids,
         )
-        return {
-            "attention_mask": mask,
-            "synthesizer_positions": self._positions(attention_mask, past_length, seq_length, key_length),
-        }
+        if document_ids is not None:
+            within = document_positions(document_ids.to(hidden_states.device))
+            positions = (within, within)
+        else:
+            positions = self._positions(attention_mask, past_length, seq_length, key_length)
+        return {"attention_mask": mask, "synthesizer_positions": positions}
 
     @staticmethod
     def _positions(

@@ -99,11 +99,31 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
     objective: Literal["mlm", "clm"] = field(
         default="mlm", metadata={"help": "mlm (masked LM, bidirectional) or clm (causal LM)."}
     )
-    train_file: str | None = field(
-        default=None, metadata={"help": "Local .txt/.json/.jsonl/.csv/.parquet; default: the embedded corpus."}
+    train_file: str | list[str] | None = field(
+        default=None,
+        metadata={"help": "Local .txt/.json/.jsonl/.csv/.parquet: one file, a glob ('corpus/part-*.jsonl') or several; "
+                  "default: the embedded corpus."},
     )
-    validation_file: str | None = field(default=None, metadata={"help": "Local validation file (same format)."})
+    validation_file: str | list[str] | None = field(
+        default=None, metadata={"help": "Local validation file(s) or glob (same format)."}
+    )
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "A datasets dataset instead of files: a Hub name or a local dataset folder "
+                  "(datasets.load_dataset); its validation split is used when it has one."},
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "The configuration of dataset_name."})
     text_column_name: str | None = field(default=None, metadata={"help": "Text column (default: text / first)."})
+    streaming: bool = field(
+        default=False,
+        metadata={"help": "Read the data as training goes (datasets IterableDataset, tokenized and packed on the fly, "
+                  "each data-parallel rank its own part); needs max_train_steps."},
+    )
+    packing: Literal["concat", "documents"] = field(
+        default="concat",
+        metadata={"help": "concat: one token stream cut into blocks (run_mlm's group_texts); documents: also "
+                  "position_ids restarting at every document, so attention stays within documents."},
+    )
     validation_split_percentage: int = field(
         default=5, metadata={"help": "Held-out %% of train_file when there is no validation_file."}
     )
@@ -153,7 +173,11 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
         default=None, metadata={"help": "Also evaluate every N steps (always: each epoch end and the last step)."}
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N train blocks."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Use only the first N validation blocks."})
+    max_eval_samples: int | None = field(
+        default=None,
+        metadata={"help": "Use only the first N validation blocks; with --streaming: the first N validation examples, "
+                  "held out of the training stream when there is no validation file or split."},
+    )
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for datasets.map."})
     disable_tqdm: bool = field(default=False, metadata={"help": "No progress bars (training and datasets.map)."})
 
@@ -173,10 +197,49 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
         if self.layout.sharded and self.mixed_precision == "fp16":
             raise FlagError("mixed_precision", "mixed_precision='fp16' needs a loss scaler, which a sharded run "
                                                f"({self.sizes_text()}) has not; use bf16.")
-        for name in ("validation_file", "text_column_name"):
-            if getattr(self, name) is not None and self.train_file is None:
-                raise FlagError(name, f"{name} needs a train_file (the embedded corpus is one text column).")
+        self._check_data()
         self._check_schedules()
+
+    def _check_data(self) -> None:
+        """The data source and how it is read: files or a dataset (not both), and what ``--streaming`` needs."""
+        check_choice("packing", self.packing, ("concat", "documents"))
+        for name in ("train_file", "validation_file"):
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):  # the command line's several files: one comma-joined value
+                if not value or not all(isinstance(item, str) and item for item in value):
+                    raise FlagError(name, f"{name} must be file names or globs, got {value!r}.")
+                setattr(self, name, ",".join(value))
+        if self.dataset_name is not None:
+            for name in ("train_file", "validation_file"):
+                if getattr(self, name) is not None:
+                    raise FlagError(name, f"{name} and dataset_name are two sources; pass one of them.")
+        elif self.dataset_config_name is not None:
+            raise FlagError("dataset_config_name", "dataset_config_name needs a dataset_name.")
+        for name in ("validation_file", "text_column_name"):
+            if getattr(self, name) is not None and self.train_file is None and self.dataset_name is None:
+                raise FlagError(name, f"{name} needs a train_file or dataset_name (the embedded corpus is one text "
+                                      "column).")
+        if self.packing == "documents" and self.mixed_length_splits is not None:
+            raise FlagError("mixed_length_splits", "mixed_length_splits cuts blocks into pieces, which would cut "
+                                                   "documents without restarting their positions; use --packing concat.")
+        if self.streaming:
+            self._check_streaming()
+
+    def _check_streaming(self) -> None:
+        """``--streaming`` reads until ``--max_train_steps``; flags about a whole, indexed dataset do not apply."""
+        if self.max_train_steps is None:
+            raise FlagError("max_train_steps", "max_train_steps is required with --streaming (a stream has no "
+                                               "length to count epochs in).")
+        if self.train_file is None and self.dataset_name is None:
+            raise FlagError("streaming", "streaming needs a train_file or dataset_name (the embedded corpus is small "
+                                         "and read whole).")
+        if self.checkpointing_steps == "epoch":
+            raise FlagError("checkpointing_steps", 'checkpointing_steps="epoch" has no meaning with --streaming '
+                                                   "(no epochs); pass a number of steps.")
+        for name, reason in (("max_train_samples", "the stream is read until max_train_steps"),
+                             ("preprocessing_num_workers", "the stream is tokenized as it is read")):
+            if getattr(self, name) is not None:
+                raise FlagError(name, f"{name} does not apply with --streaming ({reason}).")
 
     def _check_numbers(self) -> None:
         """Sizes, counts, rates and probabilities."""

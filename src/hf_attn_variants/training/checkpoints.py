@@ -327,10 +327,12 @@ def check_checkpoint_kind(checkpoint: Path, args: PretrainArguments) -> None:
 
 
 def save_checkpoint(runtime: TrainingRuntime, output_dir: str, name: str, state: dict[str, Any], *,
-                    limit: int | None = None, keep: Path | None = None) -> Path:
-    """``runtime.save_state`` into ``checkpoints/.<name>.tmp``; then the main process records the manifest of every
-    rank's files in ``training_state.json`` (last), renames the folder to ``<name>`` atomically, and deletes all
-    but the newest ``limit`` checkpoints (never ``keep``)."""
+                    limit: int | None = None, keep: Path | None = None,
+                    write_extra: Callable[[Path], None] | None = None) -> Path:
+    """``runtime.save_state`` (and ``write_extra(folder)`` on every rank: a streamed run's data position) into
+    ``checkpoints/.<name>.tmp``; then the main process records the manifest of every rank's files in
+    ``training_state.json`` (last), renames the folder to ``<name>`` atomically, and deletes all but the newest
+    ``limit`` checkpoints (never ``keep``)."""
     root = Path(output_dir) / CHECKPOINT_DIR
     final, staging = root / name, root / f".{name}.tmp"
     if runtime.is_main_process:
@@ -338,6 +340,8 @@ def save_checkpoint(runtime: TrainingRuntime, output_dir: str, name: str, state:
         root.mkdir(parents=True, exist_ok=True)
     runtime.wait_for_everyone()
     runtime.save_state(staging)
+    if write_extra is not None:
+        write_extra(staging)
     runtime.wait_for_everyone()
     if runtime.is_main_process:
         state = {**state, MANIFEST_KEY: file_manifest(staging, exclude=(STATE_FILE,))}

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 from collections.abc import Iterator, Sequence
 from itertools import chain
@@ -30,6 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..cli_utils import FlagError, check_percentage
 from .corpus import corpus_splits
+from .streaming import pack_token_lists
 
 FILE_BUILDERS = {"txt": "text", "text": "text", "json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet"}
 
@@ -41,8 +43,17 @@ def mix_seed(*parts: int | str) -> int:
 
 
 def file_builder(path: str, argument: str) -> str:
-    """The ``datasets`` builder for a local file, by extension; ``FlagError`` naming ``argument`` for another
-    extension or a path that is not an existing file."""
+    """The ``datasets`` builder of a local data file (``--train_file``), by extension, or the one builder of
+    several (``expand_data_files``); ``FlagError`` naming ``argument`` for another extension, a pattern matching
+    no file, files of different formats, or a path that is not an existing file."""
+    builders = {_one_file_builder(name, argument) for name in expand_data_files(path, argument)}
+    if len(builders) > 1:
+        raise FlagError(argument, f"{argument}: {path!r} mixes formats ({', '.join(sorted(builders))}); "
+                                  "pass files of one format.")
+    return builders.pop()
+
+
+def _one_file_builder(path: str, argument: str) -> str:
     extension = Path(path).suffix.lstrip(".").lower()
     if extension not in FILE_BUILDERS:
         raise FlagError(argument, f"{argument} must be a file ending in one of {tuple(FILE_BUILDERS)}, got {path!r}.")
@@ -51,6 +62,24 @@ def file_builder(path: str, argument: str) -> str:
     if not Path(path).is_file():
         raise FlagError(argument, f"{argument}: {path!r} is not a file.")
     return FILE_BUILDERS[extension]
+
+
+def expand_data_files(value: str, argument: str) -> list[str]:
+    """The files of a ``--train_file`` value: one path, a glob (``'corpus/part-*.jsonl'``, sorted matches), or
+    several of either joined by commas (the command line's space-separated list). ``FlagError`` naming
+    ``argument`` for a pattern that matches no file."""
+    files: list[str] = []
+    for item in (part.strip() for part in str(value).split(",")):
+        if not item:
+            raise FlagError(argument, f"{argument}: empty file name in {value!r}.")
+        if glob.has_magic(item):
+            matches = sorted(name for name in glob.glob(item, recursive=True) if Path(name).is_file())
+            if not matches:
+                raise FlagError(argument, f"{argument}: the pattern {item!r} matches no file.")
+            files.extend(matches)
+        else:
+            files.append(item)
+    return list(dict.fromkeys(files))
 
 
 @contextlib.contextmanager
@@ -72,7 +101,7 @@ def quiet_datasets() -> Iterator[None]:
 
 
 def read_data_file(path: str, argument: str, split: str = "train") -> Any:
-    """``load_dataset(<builder>, data_files=path, split=split)`` of one local file; ``FlagError`` naming
+    """``load_dataset(<builder>, data_files=<the files of path>, split=split)`` of local files (``expand_data_files``); ``FlagError`` naming
     ``argument`` when the file cannot be read with the builder of its extension (malformed content)."""
     from datasets import load_dataset
     from datasets.exceptions import DatasetGenerationError
@@ -80,7 +109,7 @@ def read_data_file(path: str, argument: str, split: str = "train") -> Any:
     builder = file_builder(path, argument)
     try:
         with quiet_datasets():
-            return load_dataset(builder, data_files={"train": path}, split=split)
+            return load_dataset(builder, data_files={"train": expand_data_files(path, argument)}, split=split)
     except (DatasetGenerationError, ValueError, OSError) as error:
         cause = error.__cause__ or error
         reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
@@ -161,7 +190,8 @@ def group_token_lists(token_lists: Sequence[Sequence[int]], block_size: int) -> 
     return [flat[i : i + block_size] for i in range(0, usable, block_size)]
 
 
-def _tokenize(tokenizer: PreTrainedTokenizerBase, texts: list[str], append_eos_id: int | None) -> list[list[int]]:
+def tokenize_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str], append_eos_id: int | None) -> list[list[int]]:
+    """The token ids of each text (the tokenizer's special tokens; ``append_eos_id`` ends each with it once)."""
     ids = tokenizer(texts, return_attention_mask=False)["input_ids"]
     if append_eos_id is None:
         return ids
@@ -174,17 +204,21 @@ def group_into_blocks(
     block_size: int,
     num_proc: int | None = None,
     append_eos_id: int | None = None,
+    documents: bool = False,
 ) -> Any:
-    """Tokenize a ``text`` dataset and regroup it into ``input_ids`` blocks of ``block_size`` tokens.
+    """Tokenize a ``text`` dataset and regroup it into ``input_ids`` blocks of ``block_size`` tokens (with
+    ``documents``: also ``position_ids`` restarting at every text, ``streaming.pack_token_lists``).
 
     ``append_eos_id``: end every text with this id (CLM, whose prompt tokenizer adds BOS only). Grouping runs
     over map batches of 1000 texts, as run_mlm does, so huge files never sit in one list.
     """
 
     def tokenize(batch: dict[str, list]) -> dict[str, list]:
-        return {"input_ids": _tokenize(tokenizer, batch["text"], append_eos_id)}
+        return {"input_ids": tokenize_texts(tokenizer, batch["text"], append_eos_id)}
 
     def group(batch: dict[str, list]) -> dict[str, list]:
+        if documents:
+            return pack_token_lists(batch["input_ids"], block_size, documents=True)
         return {"input_ids": group_token_lists(batch["input_ids"], block_size)}
 
     tokenized = dataset.map(tokenize, batched=True, remove_columns=dataset.column_names, num_proc=num_proc)
@@ -198,7 +232,9 @@ def holds_tokens(dataset: Any, tokenizer: PreTrainedTokenizerBase, count: int, a
     total = 0
     for start in range(0, len(dataset), batch_size):
         texts = dataset[start : start + batch_size]["text"]
-        total += sum(len(ids) for ids in _tokenize(tokenizer, texts, append_eos_id))
+        if not texts:  # a stream's prefix (``pretrain._TextPrefix``) that ended early
+            return False
+        total += sum(len(ids) for ids in tokenize_texts(tokenizer, texts, append_eos_id))
         if total >= count:
             return True
     return False
@@ -208,7 +244,7 @@ def text_blocks(
     texts: Sequence[str], tokenizer: PreTrainedTokenizerBase, block_size: int, append_eos_id: int | None = None
 ) -> torch.Tensor:
     """``(num_blocks, block_size)`` LongTensor of the texts' tokens (for in-process evaluation at any length)."""
-    blocks = group_token_lists(_tokenize(tokenizer, list(texts), append_eos_id), block_size)
+    blocks = group_token_lists(tokenize_texts(tokenizer, list(texts), append_eos_id), block_size)
     if not blocks:
         raise ValueError(f"The texts hold fewer than block_size={block_size} tokens.")
     return torch.tensor(blocks, dtype=torch.long)
@@ -281,15 +317,16 @@ class IndexedBlocks(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         block = self.blocks[index]
-        return {"input_ids": block["input_ids"] if isinstance(block, dict) else block, "index": index}
+        if not isinstance(block, dict):
+            return {"input_ids": block, "index": index}
+        return {**{name: block[name] for name in ("input_ids", "position_ids") if name in block}, "index": index}
 
 
 def collate_blocks(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Stack equal-length blocks into ``input_ids`` ``(batch, block)`` and ``index`` ``(batch,)``."""
-    return {
-        "input_ids": torch.tensor([list(item["input_ids"]) for item in items], dtype=torch.long),
-        "index": torch.tensor([item["index"] for item in items], dtype=torch.long),
-    }
+    """Stack equal-length blocks into ``input_ids`` (and ``position_ids``) ``(batch, block)`` and ``index``
+    ``(batch,)``."""
+    return {name: torch.tensor([item[name] if name == "index" else list(item[name]) for item in items],
+                               dtype=torch.long) for name in items[0]}
 
 
 def mask_tokens(
@@ -335,6 +372,7 @@ __all__ = [
     "EpochShuffleSampler",
     "IndexedBlocks",
     "collate_blocks",
+    "expand_data_files",
     "file_builder",
     "group_into_blocks",
     "group_token_lists",
@@ -346,4 +384,5 @@ __all__ = [
     "read_data_file",
     "split_data_file",
     "text_blocks",
+    "tokenize_texts",
 ]

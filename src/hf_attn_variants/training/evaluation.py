@@ -34,6 +34,13 @@ def _as_tensor(blocks: Any) -> torch.Tensor:
     return torch.tensor([list(b) for b in blocks], dtype=torch.long)
 
 
+def _positions(blocks: Any) -> torch.Tensor | None:
+    """The ``position_ids`` of packed documents (``--packing documents``: a dataset column), else ``None``."""
+    if hasattr(blocks, "column_names") and "position_ids" in blocks.column_names:
+        return torch.tensor([list(b) for b in blocks["position_ids"]], dtype=torch.long)
+    return None
+
+
 @torch.no_grad()
 def evaluate_lm(
     model: PreTrainedModel | torch.nn.Module,
@@ -68,7 +75,7 @@ def evaluate_lm(
         raise ValueError("evaluate_lm(objective='mlm') needs the tokenizer (mask and special token ids).")
     if mask_repeats < 1:
         raise ValueError(f"mask_repeats must be >= 1, got {mask_repeats}.")
-    data = _as_tensor(blocks)
+    data, positions = _as_tensor(blocks), _positions(blocks)
     if max_blocks is not None:
         data = data[:max_blocks]
     if data.dim() != 2 or len(data) == 0:
@@ -87,9 +94,11 @@ def evaluate_lm(
     for start in range(0, per_rank, batch_size):
         chunk = indices[start : start + batch_size]
         input_ids = data[chunk or [0]].to(device)
+        position_ids = positions[chunk or [0]].to(device) if positions is not None else None
         for repeat in range(mask_repeats if objective == "mlm" else 1):
             logits, targets = _logits_and_targets(
-                model, input_ids, chunk or [0], objective, tokenizer, mlm_probability, seed + repeat, accelerator
+                model, input_ids, chunk or [0], objective, tokenizer, mlm_probability, seed + repeat, accelerator,
+                position_ids,
             )
             if chunk:
                 sums += _target_sums(logits, targets, beyond)
@@ -101,16 +110,17 @@ def evaluate_lm(
 
 def _logits_and_targets(
     model: Any, input_ids: torch.Tensor, block_indices: list[int], objective: str, tokenizer: Any,
-    mlm_probability: float, seed: int, accelerator: Any,
+    mlm_probability: float, seed: int, accelerator: Any, position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 logits and their target ids: ``(targets, vocab)`` / ``(targets,)`` at the masked positions (MLM,
     masks seeded per block by ``mix_seed(seed, "eval", i)``), ``(batch, L - 1, vocab)`` / ``(batch, L - 1)`` for
-    every next token (CLM)."""
+    every next token (CLM; packed documents' first tokens are no target: -100)."""
     context = accelerator.autocast() if accelerator is not None else torch.autocast("cpu", enabled=False)
     if objective == "clm":
         with context:
-            logits = model(input_ids=input_ids).logits[:, :-1].float()
-        return logits, input_ids[:, 1:]
+            logits = model(input_ids=input_ids, position_ids=position_ids).logits[:, :-1].float()
+        targets = input_ids[:, 1:]
+        return logits, targets if position_ids is None else targets.masked_fill(position_ids[:, 1:] == 0, -100)
     vocab_size = (model.config.vocab_size if hasattr(model, "config") else None) or len(tokenizer)
     inputs, labels = mask_tokens(
         input_ids,
@@ -122,18 +132,21 @@ def _logits_and_targets(
     )
     keep = labels != -100
     with context:  # the MLM head only at the targets (same values, less compute)
-        logits = masked_lm_target_logits(model, inputs, keep).float()
+        logits = masked_lm_target_logits(model, inputs, keep, position_ids).float()
     return logits, labels[keep]
 
 
 def _target_sums(logits: torch.Tensor, targets: torch.Tensor, beyond: int | None) -> torch.Tensor:
-    """[Σ CE, #correct, #targets, Σ CE beyond, #targets beyond] of one batch, in float64. "Beyond": CLM targets
-    predicted from query positions ≥ ``beyond`` (dimension 1 of ``targets``)."""
+    """[Σ CE, #correct, #targets, Σ CE beyond, #targets beyond] of one batch, in float64 (targets -100 are none).
+    "Beyond": CLM targets predicted from query positions ≥ ``beyond`` (dimension 1 of ``targets``)."""
     losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none").double()
-    correct = (logits.argmax(-1) == targets).sum().double()
-    beyond_losses = losses.view_as(targets)[:, beyond:] if beyond is not None else losses[:0]
-    return torch.stack([losses.sum(), correct, losses.new_tensor(losses.numel()), beyond_losses.sum(),
-                        losses.new_tensor(beyond_losses.numel())])
+    losses = losses.view_as(targets)
+    keep = targets != -100
+    correct = ((logits.argmax(-1) == targets) & keep).sum().double()
+    beyond_losses = losses[:, beyond:] if beyond is not None else losses[:0]
+    beyond_count = keep[:, beyond:].sum() if beyond is not None else 0
+    return torch.stack([losses.sum(), correct, losses.new_tensor(float(keep.sum())), beyond_losses.sum(),
+                        losses.new_tensor(float(beyond_count))])
 
 
 def _metrics(sums: torch.Tensor, num_blocks: int, train_length: int | None, clm: bool) -> dict[str, Any]:

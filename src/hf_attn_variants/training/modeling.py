@@ -293,8 +293,9 @@ def has_target_only_mlm_head(model: torch.nn.Module) -> bool:
     return isinstance(model, MaskedLMHeadMixin)
 
 
-def masked_lm_target_logits(model: torch.nn.Module, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """MLM logits at the ``targets`` positions only, ``(num_targets, vocab)``.
+def masked_lm_target_logits(model: torch.nn.Module, input_ids: torch.Tensor, targets: torch.Tensor,
+                            position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """MLM logits at the ``targets`` positions only, ``(num_targets, vocab)`` (``position_ids``: packed documents').
 
     For this package's MLM heads logits = lm_head(h) position-wise, so the head (hidden × vocab per token, the
     bulk of a small model's compute) is applied to the ~15% target rows instead of every position; the loss
@@ -303,9 +304,9 @@ def masked_lm_target_logits(model: torch.nn.Module, input_ids: torch.Tensor, tar
     ``model.lm_head`` alone would skip): the full forward, then selected.
     """
     if has_target_only_mlm_head(model) and not getattr(model, "is_distributed_loading_by_transformers", False):
-        hidden = model.model(input_ids=input_ids).last_hidden_state
+        hidden = model.model(input_ids=input_ids, position_ids=position_ids).last_hidden_state
         return model.lm_head(hidden[targets])
-    return model(input_ids=input_ids).logits[targets]
+    return model(input_ids=input_ids, position_ids=position_ids).logits[targets]
 
 
 class TargetOnlyMLMLoss(torch.nn.Module):
@@ -321,11 +322,11 @@ class TargetOnlyMLMLoss(torch.nn.Module):
         self.model = model
         self._no_split_modules = getattr(model, "_no_split_modules", None)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor | None = None) -> Any:
         from transformers.modeling_outputs import MaskedLMOutput
 
         targets = labels != -100
-        logits = masked_lm_target_logits(self.model, input_ids, targets)
+        logits = masked_lm_target_logits(self.model, input_ids, targets, position_ids)
         return MaskedLMOutput(loss=torch.nn.functional.cross_entropy(logits.float(), labels[targets]))
 
 

@@ -28,6 +28,15 @@ bad file. Resuming from step k therefore reproduces the losses of an uninterrupt
 process count and batch sizes), and ``train_log.jsonl`` is cut back to the rows with step ≤ k first. The log is
 also flushed at each checkpoint step so that logging windows never straddle a checkpoint.
 
+Streaming (``--streaming``; ``sources.py``, ``streaming.py``). The data is a ``datasets.IterableDataset`` read as
+training goes: each data-parallel rank tokenizes and packs its own part of the stream (``TrainStream``), the run
+is one "epoch" of ``--max_train_steps`` updates (the stream starts its next pass by itself), MLM masks are seeded
+per block by the block's run-wide number, and every checkpoint also holds each rank's stream position and packer
+buffer (``data_state/``), so a resume continues on exactly the next block. ``--packing documents`` (either way of
+reading) gives the blocks ``position_ids`` restarting at every document; they go to the model with the inputs.
+Every ``train_log.jsonl`` row has ``tokens`` and ``tokens_per_second`` (and ``mfu`` where the peak is known;
+``throughput.py``).
+
 Re-runs and preemption (``outputs.py``, ``preemption.py``). Rerunning the same command resumes from the newest
 complete checkpoint in ``--output_dir`` (one line says which); a folder holding a finished model or another
 run's files is refused before anything is written, unless ``--overwrite_output_dir``. On SIGTERM/SIGUSR1 every
@@ -110,6 +119,9 @@ from .preemption import (
 )
 from .runtime import AccelerateRuntime, TrainingRuntime, language_model
 from .sharded import INITIAL_MODEL_DIR, ShardedRuntime, check_layout, check_parallel_plans, model_class_for
+from .sources import load_named_dataset, open_stream, rank_token_stream, stream_validation_texts
+from .streaming import DATA_STATE_DIR, PackedStream, TrainStream
+from .throughput import device_peak_flops, mfu, model_flops_per_token
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +178,11 @@ class TrainingSetup:
     special_ids: list[int]
     checkpoint: Path | None
     """The checkpoint the run resumes from (``--resume_from_checkpoint``, or its folder's newest complete one)."""
+    stream: TrainStream | None = None
+    """``--streaming``: this rank's batches, read as training goes (``blocks["train"]`` is then ``None``)."""
+    flops_per_token: float = 0.0
+    peak_flops: float | None = None
+    """The device's peak FLOP/s (``throughput.device_peak_flops``), ``None`` where unknown: no ``mfu`` then."""
 
     @property
     def output_dir(self) -> Path:
@@ -185,7 +202,8 @@ class TrainingSetup:
     @property
     def eval_blocks(self) -> Any:
         """The validation blocks, or ``None`` when there are none."""
-        return self.blocks["validation"] if len(self.blocks["validation"]) > 0 else None
+        validation = self.blocks["validation"]
+        return validation if validation is not None and len(validation) > 0 else None
 
 
 @dataclass
@@ -199,6 +217,11 @@ class LoopState:
     metrics: dict[str, float] = field(default_factory=dict)
     last_row: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
+    tokens: int = 0
+    """Tokens trained on so far, over every data-parallel rank (kept in the checkpoints)."""
+    window_tokens: int = 0
+    window_started: float = field(default_factory=time.perf_counter)
+    """Tokens trained on since the last ``train_log.jsonl`` row, and when that window began."""
     stop: StopSignals | None = None
     """SIGTERM/SIGUSR1 (``preemption.py``): after the step they arrive in, every rank checkpoints and stops."""
 
@@ -240,26 +263,78 @@ def _load_blocks(args: PretrainArguments, tokenizer: Any, runtime: TrainingRunti
     with runtime.main_process_first():
         eos = tokenizer.eos_token_id if args.objective == "clm" else None
         with quiet_progress():  # the checks: a bad file prints its one error line alone
-            raw = load_text_datasets(
-                args.train_file,
-                args.validation_file,
-                text_column_name=args.text_column_name,
-                validation_split_percentage=args.validation_split_percentage,
-            )
+            raw = _raw_texts(args)
             if not holds_tokens(raw["train"], tokenizer, args.max_seq_length, eos):
-                raise FlagError("train_file" if args.train_file else "max_seq_length",
+                raise FlagError(_source_flag(args),
                                 f"The training data holds fewer than max_seq_length={args.max_seq_length} tokens.")
         blocks = {
-            split: group_into_blocks(raw[split], tokenizer, args.max_seq_length, args.preprocessing_num_workers, eos)
+            split: group_into_blocks(raw[split], tokenizer, args.max_seq_length, args.preprocessing_num_workers, eos,
+                                     documents=args.packing == "documents")
             for split in ("train", "validation")
         }
     for split, limit in (("train", args.max_train_samples), ("validation", args.max_eval_samples)):
         if limit is not None and len(blocks[split]) > limit:
             blocks[split] = blocks[split].select(range(limit))
     if len(blocks["train"]) == 0:
-        raise FlagError("train_file" if args.train_file else "max_seq_length",
+        raise FlagError(_source_flag(args),
                         f"The training data holds fewer than max_seq_length={args.max_seq_length} tokens.")
     return blocks
+
+
+def _source_flag(args: PretrainArguments) -> str:
+    """The flag an error about the training data names."""
+    return "dataset_name" if args.dataset_name else "train_file" if args.train_file else "max_seq_length"
+
+
+def _raw_texts(args: PretrainArguments) -> Any:
+    """The ``text`` ``DatasetDict`` of ``--dataset_name``, ``--train_file`` or the embedded corpus."""
+    if args.dataset_name is not None:
+        return load_named_dataset(args.dataset_name, args.dataset_config_name, text_column_name=args.text_column_name,
+                                  validation_split_percentage=args.validation_split_percentage)
+    return load_text_datasets(args.train_file, args.validation_file, text_column_name=args.text_column_name,
+                              validation_split_percentage=args.validation_split_percentage)
+
+
+def _stream_data(args: PretrainArguments, tokenizer: Any, runtime: TrainingRuntime) -> tuple[TrainStream, Any]:
+    """``--streaming``: this rank's ``TrainStream`` and the validation blocks (``sources.py``); ``FlagError``
+    when the start of the stream holds fewer than ``--max_seq_length`` tokens. Reads only the examples it needs."""
+    from datasets import Dataset
+
+    eos = tokenizer.eos_token_id if args.objective == "clm" else None
+    with runtime.main_process_first(), quiet_progress():
+        train = open_stream(args)
+        texts, held_out = stream_validation_texts(args, train)
+        if not holds_tokens(_TextPrefix(train, held_out), tokenizer, args.max_seq_length, eos):
+            raise FlagError(_source_flag(args),
+                            f"The training data holds fewer than max_seq_length={args.max_seq_length} tokens.")
+        validation = group_into_blocks(Dataset.from_dict({"text": texts}), tokenizer, args.max_seq_length,
+                                       append_eos_id=eos, documents=args.packing == "documents") if texts else None
+    source = rank_token_stream(args, train, held_out, tokenizer, eos, runtime.process_index, runtime.num_processes)
+    packed = PackedStream(source, args.max_seq_length, documents=args.packing == "documents",
+                          rank=runtime.process_index, world=runtime.num_processes, name=_source_flag(args))
+    return TrainStream(packed, args.per_device_train_batch_size, runtime.process_index), validation
+
+
+class _TextPrefix:
+    """The first texts of a stream (held-out ones skipped) as ``holds_tokens`` reads a dataset: ``len`` and
+    slices of ``{"text": [...]}``, read lazily, at most ``limit`` texts."""
+
+    def __init__(self, stream: Any, skip: frozenset[str], limit: int = 100_000) -> None:
+        self._rows = (row["text"] for row in stream if row["text"] not in skip)
+        self._texts: list[str] = []
+        self._limit = limit
+
+    def __len__(self) -> int:
+        return self._limit
+
+    def __getitem__(self, index: slice) -> dict[str, list[str]]:
+        while len(self._texts) < min(index.stop, self._limit):
+            text = next(self._rows, None)
+            if text is None:
+                self._limit = len(self._texts)
+                break
+            self._texts.append(text)
+        return {"text": self._texts[index]}
 
 
 # ---------------------------------------------------------------- setup
@@ -347,12 +422,14 @@ def remove_initial_model(args: PretrainArguments) -> None:
 
 
 def make_optimizer(args: PretrainArguments, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """AdamW over ``parameter_groups``."""
+    """AdamW over ``parameter_groups``; the fused implementation (one kernel for all tensors, as ``Trainer``'s
+    default ``adamw_torch_fused``) except on a sharded model, whose DTensor parameters keep the default one."""
     return torch.optim.AdamW(
         parameter_groups(model, args.weight_decay),
         lr=args.learning_rate,
         betas=(args.adam_beta1, args.adam_beta2),
         eps=args.adam_epsilon,
+        fused=not args.layout.sharded,
     )
 
 
@@ -380,8 +457,23 @@ def checkpoint_to_resume(args: PretrainArguments, folder: FolderState) -> Path |
     if chosen is None:
         return None
     check_checkpoint_kind(chosen.path, args)
+    check_stream_position(chosen.path, args)
     announce_resume("pretrain", chosen, reason)
     return chosen.path
+
+
+def check_stream_position(checkpoint: Path, args: PretrainArguments) -> None:
+    """``FlagError`` naming ``resume_from_checkpoint`` when ``--streaming`` and the checkpoint disagree: a streamed run
+    needs the stream position the checkpoint of a streamed run holds (``data_state/``), a whole-data run cannot use
+    one (its data order is the epoch permutation's)."""
+    held = (checkpoint / DATA_STATE_DIR).is_dir()
+    if held == args.streaming:
+        return
+    if args.streaming:
+        raise FlagError("resume_from_checkpoint", f"resume_from_checkpoint: {checkpoint} holds no stream position "
+                                                  f"({DATA_STATE_DIR}/): it was written by a run without --streaming.")
+    raise FlagError("resume_from_checkpoint", f"resume_from_checkpoint: {checkpoint} holds a stream position "
+                                              f"({DATA_STATE_DIR}/): it was written with --streaming; pass it again.")
 
 
 def start_writing(args: PretrainArguments, runtime: TrainingRuntime, folder: FolderState) -> None:
@@ -418,16 +510,26 @@ def setup(args: PretrainArguments, runtime: TrainingRuntime) -> TrainingSetup:
     folder = check_output_folder_of(args)
     checkpoint = checkpoint_to_resume(args, folder)
     tokenizer, config = _tokenizer_and_config(args)
-    blocks = _training_blocks(args, tokenizer, runtime)
+    stream = None
+    if args.streaming:
+        stream, validation = _stream_data(args, tokenizer, runtime)
+        blocks = {"train": None, "validation": validation}
+    else:
+        blocks = _training_blocks(args, tokenizer, runtime)
     model = build_or_check_model(args, config)
     start_writing(args, runtime, folder)  # every input is valid: from here on the run writes
     if model is None:
         model = sharded_model(args, config, runtime)
 
-    sampler = EpochShuffleSampler(len(blocks["train"]), args.seed)
-    model, optimizer = runtime.prepare(model, make_optimizer(args, model), IndexedBlocks(blocks["train"]), sampler,
-                                       args.per_device_train_batch_size, collate_blocks)
-    batches_per_epoch = runtime.batches_per_epoch()
+    if stream is None:
+        sampler = EpochShuffleSampler(len(blocks["train"]), args.seed)
+        model, optimizer = runtime.prepare(model, make_optimizer(args, model), IndexedBlocks(blocks["train"]),
+                                           sampler, args.per_device_train_batch_size, collate_blocks)
+        batches_per_epoch = runtime.batches_per_epoch()
+    else:  # one "epoch" of max_train_steps updates; the stream starts its next pass by itself
+        model, optimizer = runtime.prepare(model, make_optimizer(args, model), None, None,
+                                           args.per_device_train_batch_size, None)
+        batches_per_epoch = args.max_train_steps * args.gradient_accumulation_steps
     updates_per_epoch = math.ceil(batches_per_epoch / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
     scheduler = get_scheduler(
@@ -441,30 +543,39 @@ def setup(args: PretrainArguments, runtime: TrainingRuntime) -> TrainingSetup:
         args=args, runtime=runtime, tokenizer=tokenizer, config=config, blocks=blocks, model=model,
         optimizer=optimizer, scheduler=scheduler, batches_per_epoch=batches_per_epoch, max_steps=max_steps,
         num_epochs=math.ceil(max_steps / updates_per_epoch), special_ids=special_token_ids(tokenizer),
-        checkpoint=checkpoint,
+        checkpoint=checkpoint, stream=stream,
+        flops_per_token=model_flops_per_token(language_model(runtime.unwrap_model(model)), config,
+                                              args.max_seq_length),
+        peak_flops=device_peak_flops(runtime.device, args.mixed_precision),
     )
 
 
-def restore(run: TrainingSetup) -> int:
-    """Load the checkpoint to resume (if any) and cut ``train_log.jsonl`` back to its step, else remove an old
-    log; returns the optimizer steps already done. (``checkpoint_to_resume`` has said which checkpoint: one line.)"""
-    completed = 0
+def restore(run: TrainingSetup) -> tuple[int, int]:
+    """Load the checkpoint to resume (if any; with ``--streaming`` also the stream's position) and cut
+    ``train_log.jsonl`` back to its step, else remove an old log; returns the optimizer steps and the tokens
+    already done. (``checkpoint_to_resume`` has said which checkpoint: one line.)"""
+    completed = tokens = 0
     if run.checkpoint is not None:
         run.runtime.load_state(run.checkpoint)
-        completed = json.loads((run.checkpoint / STATE_FILE).read_text())["completed_steps"]
+        if run.stream is not None:
+            run.stream.load(run.checkpoint)
+        state = json.loads((run.checkpoint / STATE_FILE).read_text())
+        completed, tokens = state["completed_steps"], state.get("tokens", 0)
         if run.runtime.is_main_process:
             truncate_log(run.log_path, completed)
     elif run.runtime.is_main_process and run.log_path.exists():
         run.log_path.unlink()
     run.runtime.wait_for_everyone()
-    return completed
+    return completed, tokens
 
 
 # ---------------------------------------------------------------- one step
 def micro_batch_inputs(run: TrainingSetup, batch: dict[str, torch.Tensor], epoch: int,
                        micro: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_ids, labels)`` of the ``micro``-th (1-based) micro-batch of ``epoch``: MLM masks seeded per
-    block; mixed-length pretraining cuts the blocks into k pieces (k seeded per micro-batch)."""
+    block; CLM labels are the inputs, except at the first token of each packed document (``--packing
+    documents``: nothing predicts it across the boundary); mixed-length pretraining cuts the blocks into k pieces
+    (k seeded per micro-batch)."""
     args = run.args
     input_ids = batch["input_ids"]
     if args.objective == "mlm":
@@ -473,6 +584,8 @@ def micro_batch_inputs(run: TrainingSetup, batch: dict[str, torch.Tensor], epoch
             input_ids, seeds, mask_token_id=run.tokenizer.mask_token_id, vocab_size=run.config.vocab_size,
             special_ids=run.special_ids, probability=args.mlm_probability,
         )
+    elif "position_ids" in batch:
+        labels = input_ids.masked_fill(batch["position_ids"] == 0, -100)
     else:
         labels = input_ids
     if args.mixed_length_splits:  # cut each block into k shorter ones (masks drawn on the full block)
@@ -483,12 +596,15 @@ def micro_batch_inputs(run: TrainingSetup, batch: dict[str, torch.Tensor], epoch
 
 
 def forward_backward(run: TrainingSetup, input_ids: torch.Tensor, labels: torch.Tensor, window: int,
-                     sync: bool) -> torch.Tensor:
-    """Loss of one micro-batch and its gradients (scaled by 1/window), reduced across ranks only if ``sync``."""
+                     sync: bool, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Loss of one micro-batch and its gradients (scaled by 1/window), reduced across ranks only if ``sync``.
+    ``position_ids``: packed documents' positions (restarting at each document), else none."""
     runtime = run.runtime
+    inputs = {"input_ids": input_ids, "labels": labels} | ({"position_ids": position_ids} if position_ids is not None
+                                                           else {})
     with runtime.accumulate(run.model, sync):
         with runtime.forward_context():
-            loss = run.model(input_ids=input_ids, labels=labels).loss
+            loss = run.model(**inputs).loss
         runtime.backward(loss / window)
     return loss.detach().float()
 
@@ -515,9 +631,10 @@ def checkpoint_name(run: TrainingSetup, completed: int, epoch: int, epoch_end: b
     return None
 
 
-def checkpoint_state(run: TrainingSetup, completed: int, epoch: int) -> dict[str, Any]:
-    """``training_state.json``: the step and epoch (and, for a sharded run, its format and global batch)."""
-    state: dict[str, Any] = {"completed_steps": completed, "epoch": epoch}
+def checkpoint_state(run: TrainingSetup, state_of_loop: LoopState, epoch: int) -> dict[str, Any]:
+    """``training_state.json``: the step, epoch and tokens trained on (and, for a sharded run, its format and
+    global batch)."""
+    state: dict[str, Any] = {"completed_steps": state_of_loop.completed, "epoch": epoch, "tokens": state_of_loop.tokens}
     if run.args.layout.sharded:
         state.update(format="dcp", global_batch_size=run.args.per_device_train_batch_size * run.args.layout.dp_size,
                      layout=asdict(run.args.layout))
@@ -525,6 +642,18 @@ def checkpoint_state(run: TrainingSetup, completed: int, epoch: int) -> dict[str
 
 
 # ---------------------------------------------------------------- logging
+def throughput_fields(run: TrainingSetup, state: LoopState) -> dict[str, float | int]:
+    """``tokens`` (trained on so far, every rank), ``tokens_per_second`` over the window since the last row, and
+    ``mfu`` where the device's peak is known (``throughput.py``)."""
+    seconds = max(time.perf_counter() - state.window_started, 1e-9)
+    rate = state.window_tokens / seconds
+    fields_ = {"tokens": state.tokens, "tokens_per_second": round(rate, 1)}
+    utilisation = mfu(rate, run.flops_per_token, run.peak_flops, run.runtime.num_processes)
+    if utilisation is not None:
+        fields_["mfu"] = round(utilisation, 4)
+    return fields_
+
+
 def evaluate(run: TrainingSetup) -> dict[str, float]:
     """``eval_loss``, ``eval_perplexity`` (and ``eval_accuracy`` for MLM) on the validation blocks, sharded
     over the data-parallel ranks; ``{}`` without validation blocks."""
@@ -553,12 +682,14 @@ def log_row(run: TrainingSetup, state: LoopState, grad_norm: torch.Tensor | None
     }
     if grad_norm is not None:
         row["grad_norm"] = float(grad_norm)
+    row.update(throughput_fields(run, state))
     if eval_due:
         state.metrics = evaluate(run)
         row.update(state.metrics)
     row["elapsed_s"] = round(time.perf_counter() - state.started, 3)
     state.log_loss.zero_()
     state.log_updates = 0
+    state.window_tokens = 0
     state.last_row = row
     if run.runtime.is_main_process:
         with run.log_path.open("a") as handle:
@@ -592,12 +723,16 @@ def after_update(run: TrainingSetup, state: LoopState, epoch: int, epoch_end: bo
                                      or (args.eval_steps and state.completed % args.eval_steps == 0))
     if eval_due or name or state.completed % args.logging_steps == 0:
         row = log_row(run, state, grad_norm, eval_due)
-        progress.set_postfix(loss=f"{row['loss']:.4f}")
+        progress.set_postfix(loss=f"{row['loss']:.4f}", tokens=f"{row['tokens']:.3g}",
+                             tok_s=f"{row['tokens_per_second']:.4g}")
     if name:
-        saved = save_checkpoint(run.runtime, args.output_dir, name, checkpoint_state(run, state.completed, epoch),
-                                limit=args.save_total_limit, keep=run.checkpoint)
+        saved = save_checkpoint(run.runtime, args.output_dir, name, checkpoint_state(run, state, epoch),
+                                limit=args.save_total_limit, keep=run.checkpoint,
+                                write_extra=run.stream.save if run.stream is not None else None)
         if stopping:
             raise TrainingPreempted("pretrain", state.stop.signal_name, state.completed, saved)
+    if state.window_tokens == 0:  # a row was written: the next window starts now (evaluation, checkpoint excluded)
+        state.window_started = time.perf_counter()
 
 
 def train_epoch(run: TrainingSetup, state: LoopState, epoch: int, progress: Any) -> None:
@@ -607,14 +742,19 @@ def train_epoch(run: TrainingSetup, state: LoopState, epoch: int, progress: Any)
     run.model.train()
     skip = (state.completed - epoch * run.updates_per_epoch) * ga
     micro = skip
-    for batch in runtime.epoch_batches(epoch, skip):
+    source = run.stream.batches(runtime.device) if run.stream is not None else runtime.epoch_batches(epoch, skip)
+    for batch in source:
         torch.manual_seed(mix_seed(args.seed, "step", epoch * batches + micro, runtime.process_index))
         window_start = micro // ga * ga
         window = min(ga, batches - window_start)
         micro += 1
         sync = micro - window_start == window
         input_ids, labels = micro_batch_inputs(run, batch, epoch, micro)
-        state.window_loss += forward_backward(run, input_ids, labels, window, sync) / window
+        positions = batch.get("position_ids")
+        state.window_loss += forward_backward(run, input_ids, labels, window, sync, positions) / window
+        trained = input_ids.numel() * runtime.num_processes
+        state.tokens += trained
+        state.window_tokens += trained
         if not sync:
             continue
         grad_norm = optimizer_step(run)
@@ -623,22 +763,23 @@ def train_epoch(run: TrainingSetup, state: LoopState, epoch: int, progress: Any)
             break
 
 
-def train(run: TrainingSetup, completed: int, stop: StopSignals | None = None) -> LoopState:
-    """Train from step ``completed`` to ``max_steps`` (with a ``tqdm`` bar on each node's main process); a stop
-    signal in ``stop`` ends it early with ``TrainingPreempted`` after a checkpoint."""
+def train(run: TrainingSetup, completed: tuple[int, int], stop: StopSignals | None = None) -> LoopState:
+    """Train from ``completed`` = (optimizer steps, tokens) done to ``max_steps`` (with a ``tqdm`` bar on each node's
+    main process); a stop signal in ``stop`` ends it early with ``TrainingPreempted`` after a checkpoint."""
     from tqdm.auto import tqdm
 
     args, runtime = run.args, run.runtime
     if args.with_tracking:
         runtime.init_trackers({k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))})
     device = runtime.device
+    completed, tokens = completed
     state = LoopState(completed=completed, window_loss=torch.zeros((), device=device),
-                      log_loss=torch.zeros((), device=device), stop=stop)
-    progress = tqdm(total=run.max_steps, initial=completed,
+                      log_loss=torch.zeros((), device=device), stop=stop, tokens=tokens)
+    progress = tqdm(total=run.max_steps, initial=state.completed,
                     disable=args.disable_tqdm or not runtime.is_local_main_process,
                     desc=f"pretrain {run.config.model_type} ({args.objective})")
     try:
-        for epoch in range(completed // run.updates_per_epoch, run.num_epochs):
+        for epoch in range(state.completed // run.updates_per_epoch, run.num_epochs):
             if state.completed >= run.max_steps:
                 break
             train_epoch(run, state, epoch, progress)
@@ -650,6 +791,20 @@ def train(run: TrainingSetup, completed: int, stop: StopSignals | None = None) -
 
 
 # ---------------------------------------------------------------- outputs
+def dataset_info(args: PretrainArguments) -> dict[str, str]:
+    """``dataset``, ``dataset_name`` and ``dataset_description`` of ``pretrain_args.json`` (the model card's)."""
+    if args.dataset_name is not None:
+        config = f" ({args.dataset_config_name})" if args.dataset_config_name else ""
+        return {"dataset": args.dataset_name, "dataset_name": Path(args.dataset_name).name + config,
+                "dataset_description": f"datasets.load_dataset({args.dataset_name!r}){config}"}
+    if args.train_file is None:
+        return {"dataset": CORPUS_NAME, "dataset_name": "pydoc_data.topics (Python Language Reference)",
+                "dataset_description": CORPUS_DESCRIPTION}
+    files = args.train_file.split(",")
+    return {"dataset": args.train_file, "dataset_name": Path(files[0]).name + (f" (+{len(files) - 1})" * (len(files) > 1)),
+            "dataset_description": f"local file(s) {args.train_file}"}
+
+
 def save_outputs(run: TrainingSetup, state: LoopState) -> None:
     """The final folder: model (safetensors, config, remote code), tokenizer, ``all_results.json``,
     ``pretrain_args.json`` (``train_log.jsonl`` and ``checkpoints/`` are already there)."""
@@ -667,12 +822,10 @@ def save_outputs(run: TrainingSetup, state: LoopState) -> None:
             **asdict(args),
             "model_type": model.config.model_type,
             "num_parameters": sum(p.numel() for p in model.parameters()),
-            "dataset": CORPUS_NAME if args.train_file is None else args.train_file,
-            "dataset_name": "pydoc_data.topics (Python Language Reference)" if args.train_file is None
-            else Path(args.train_file).name,
-            "dataset_description": CORPUS_DESCRIPTION if args.train_file is None else f"local file {args.train_file}",
-            "train_blocks": len(run.blocks["train"]),
-            "validation_blocks": len(run.blocks["validation"]),
+            **dataset_info(args),
+            "train_blocks": len(run.blocks["train"]) if run.blocks["train"] is not None else None,
+            "validation_blocks": len(run.eval_blocks) if run.eval_blocks is not None else 0,
+            "tokens": state.tokens,
             **runtime.describe(),
         }
         (run.output_dir / ARGS_FILE).write_text(json.dumps(info, indent=2))

@@ -143,9 +143,11 @@ class AccelerateRuntime:
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset: Any, sampler: Any,
                 batch_size: int, collate_fn: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """``accelerator.prepare`` of model, optimizer and a data loader over ``sampler``'s order (accelerate
-        shards its batches across the processes)."""
+        shards its batches across the processes); of model and optimizer only when ``dataset`` is ``None``."""
         from torch.utils.data import DataLoader
 
+        if dataset is None:  # a streamed run reads its own rank's part (streaming.TrainStream)
+            return self.accelerator.prepare(model, optimizer)
         loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn)
         model, optimizer, self._loader = self.accelerator.prepare(model, optimizer, loader)
         self._sampler = sampler

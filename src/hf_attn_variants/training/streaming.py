@@ -1,0 +1,214 @@
+"""Pretraining data that is read as it is trained on: packing, the stream of one rank, and its saved position.
+
+- ``Packer``: token lists in, blocks of exactly ``block_size`` tokens out; the tokens that do not fill a block
+  wait in its buffer for the next list. ``concat`` packing is run_mlm's ``group_texts`` (one token stream cut
+  into blocks); ``documents`` packing also gives every block its ``position_ids``, restarting at 0 at every
+  document, so the models keep the documents of a block apart (attention and the entropy-invariant nᵢ, through
+  Transformers' packed-sequence convention: positions that restart inside a row). A document cut by the end of
+  a block goes on in the next one as a document of its own (positions from 0 again).
+- ``PackedStream``: the blocks of one data-parallel rank, from a ``datasets.IterableDataset`` that is tokenized
+  on the fly and split across ranks by ``datasets.distributed.split_dataset_by_node`` (whole shards per rank
+  when the shard count divides by the world size, else every rank reads all and keeps every world-th example:
+  in both cases each example of a pass goes to exactly one rank). When the stream ends, the next pass starts.
+  ``state_dict`` is the stream's position (``IterableDataset.state_dict``), the packer's buffer and the counts.
+- ``TrainStream``: torchdata's ``StatefulDataLoader`` over a ``PackedStream``; ``save``/``load`` put its state in a
+  checkpoint folder (``data_state/rank_<r>.json``), so a resumed run trains on exactly the blocks an
+  uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..cli_utils import FlagError
+
+PACKING_MODES = ("concat", "documents")
+DATA_STATE_DIR = "data_state"
+
+
+@dataclass
+class Packer:
+    """Blocks of ``block_size`` tokens from token lists added one by one (see the module docstring).
+
+    ``documents``: each block also has ``position_ids``: the position of each token in its document, so a block
+    holding documents of 3 and 5 tokens has ``[0, 1, 2, 0, 1, 2, 3, 4]``.
+    """
+
+    block_size: int
+    documents: bool = False
+    tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+
+    def add(self, ids: list[int]) -> None:
+        """Append one document's tokens to the buffer."""
+        self.tokens.extend(ids)
+        if self.documents:
+            self.positions.extend(range(len(ids)))
+
+    def blocks(self) -> Iterator[dict[str, list[int]]]:
+        """Every full block the buffer holds (removed from it before it is yielded)."""
+        size = self.block_size
+        while len(self.tokens) >= size:
+            block = {"input_ids": self.tokens[:size]}
+            self.tokens = self.tokens[size:]
+            if self.documents:
+                block["position_ids"] = self.positions[:size]
+                self.positions = restart_first_document(self.positions[size:])
+            yield block
+
+    def state_dict(self) -> dict[str, list[int]]:
+        """The buffer (tokens not yet in a block, and their positions)."""
+        return {"tokens": list(self.tokens), "positions": list(self.positions)}
+
+    def load_state_dict(self, state: dict[str, list[int]]) -> None:
+        """Restore the buffer of ``state_dict``."""
+        self.tokens, self.positions = list(state["tokens"]), list(state["positions"])
+
+
+def restart_first_document(positions: list[int]) -> list[int]:
+    """``positions`` with the leading run (the rest of a document cut by a block end) renumbered from 0:
+    ``[7, 8, 0, 1]`` → ``[0, 1, 0, 1]``."""
+    cut = positions.index(0) if 0 in positions else len(positions)
+    return list(range(cut)) + positions[cut:]
+
+
+def pack_token_lists(token_lists: list[list[int]], block_size: int, documents: bool) -> dict[str, list[list[int]]]:
+    """The full blocks of ``token_lists`` packed in order (the remainder dropped), as columns: ``input_ids`` and,
+    with ``documents``, ``position_ids``. ``datasets.map`` of a non-streamed corpus calls it per batch."""
+    packer = Packer(block_size, documents)
+    columns: dict[str, list[list[int]]] = {"input_ids": []} | ({"position_ids": []} if documents else {})
+    for ids in token_lists:
+        packer.add(ids)
+        for block in packer.blocks():
+            for name, values in block.items():
+                columns[name].append(values)
+    return columns
+
+
+class PackedStream(torch.utils.data.IterableDataset):
+    """Packed blocks of one rank's share of a token stream, pass after pass (see the module docstring).
+
+    ``make_source()`` builds the rank's tokenized ``datasets.IterableDataset`` (a column ``input_ids``); it is
+    called for every pass and after a restore. Each item: ``input_ids``, ``position_ids`` (``documents``) and
+    ``index``, a number no other block of the run has (``blocks * world + rank``; it seeds the block's MLM mask).
+    """
+
+    def __init__(self, make_source: Callable[[], Any], block_size: int, *, documents: bool, rank: int,
+                 world: int, name: str = "train_file") -> None:
+        super().__init__()
+        self.make_source = make_source
+        self.packer = Packer(block_size, documents)
+        self.rank, self.world, self.name = rank, world, name
+        self.passes = 0
+        self.blocks = 0
+        self._source: Any = None
+        self._source_state: dict[str, Any] | None = None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        while True:
+            self._source = self.make_source()
+            if self._source_state is not None:
+                self._source.load_state_dict(self._source_state)
+            examples = 0
+            for example in self._source:
+                examples += 1
+                self.packer.add(example["input_ids"])
+                for block in self.packer.blocks():
+                    self.blocks += 1
+                    yield {**block, "index": (self.blocks - 1) * self.world + self.rank}
+            if examples == 0 and self._source_state is None:
+                raise FlagError(self.name, f"{self.name}: data-parallel rank {self.rank} of {self.world} got no "
+                                           "text from the stream (fewer examples than ranks?).")
+            self.passes += 1
+            self._source_state = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Passes done, blocks yielded, the stream's position in this pass and the packer's buffer."""
+        source = self._source.state_dict() if self._source is not None else self._source_state
+        return {"passes": self.passes, "blocks": self.blocks, "source": source, "packer": self.packer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state_dict`` was taken (the next iteration starts there)."""
+        self.passes, self.blocks = state["passes"], state["blocks"]
+        self._source, self._source_state = None, state["source"]
+        self.packer.load_state_dict(state["packer"])
+
+
+def collate_stream_blocks(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Stack equal-length blocks: ``input_ids`` (and ``position_ids``) ``(batch, block)``, ``index`` ``(batch,)``."""
+    return {name: torch.tensor([item[name] for item in items], dtype=torch.long) for name in items[0]}
+
+
+@contextlib.contextmanager
+def _quiet_loader() -> Iterator[None]:
+    # torchdata 0.11 calls torch.set_vital, which torch 2.13 deprecates with a UserWarning on every loader.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*set_vital.*")
+        yield
+
+
+class TrainStream:
+    """The training batches of one data-parallel rank: a ``StatefulDataLoader`` over a ``PackedStream``."""
+
+    def __init__(self, dataset: PackedStream, batch_size: int, rank: int) -> None:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        self.rank = rank
+        with _quiet_loader():
+            self.loader = StatefulDataLoader(dataset, batch_size=batch_size, collate_fn=collate_stream_blocks)
+        self._iterator: Iterator[dict[str, torch.Tensor]] | None = None
+
+    def batches(self, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
+        """The next batches on ``device``, without end (one iterator for the whole run: a resumed loader goes on
+        from its loaded state)."""
+        if self._iterator is None:
+            with _quiet_loader():
+                self._iterator = iter(self.loader)
+        for batch in self._iterator:
+            yield {name: value.to(device) for name, value in batch.items()}
+
+    def state_file(self, folder: Path) -> Path:
+        """``folder/data_state/rank_<r>.json``."""
+        return Path(folder) / DATA_STATE_DIR / f"rank_{self.rank}.json"
+
+    def save(self, folder: Path) -> None:
+        """Write the loader's state (stream position, packer buffer) into checkpoint ``folder`` (atomically: ranks
+        that share a data-parallel rank write the same content)."""
+        path = self.state_file(folder)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        staging.write_text(json.dumps(self.loader.state_dict()))
+        os.replace(staging, path)
+
+    def load(self, folder: Path) -> None:
+        """Restore the state ``save`` wrote into ``folder``; ``FlagError`` naming ``resume_from_checkpoint`` when the
+        checkpoint has none for this rank (written by a run without ``--streaming`` or with fewer ranks)."""
+        path = self.state_file(folder)
+        if not path.is_file():
+            raise FlagError("resume_from_checkpoint",
+                            f"resume_from_checkpoint: {folder} holds no stream position for data-parallel rank "
+                            f"{self.rank} ({path.relative_to(folder)}); it was written by a run without --streaming "
+                            "or with fewer data-parallel ranks.")
+        self.loader.load_state_dict(json.loads(path.read_text()))
+        self._iterator = None
+
+
+__all__ = [
+    "DATA_STATE_DIR",
+    "PACKING_MODES",
+    "PackedStream",
+    "Packer",
+    "TrainStream",
+    "collate_stream_blocks",
+    "pack_token_lists",
+    "restart_first_document",
+]
