@@ -112,7 +112,7 @@ CASES: list[Case] = [
         ("--text_column_name", ("--text_column_name", "body"), "without-train-file"),
         ("--text_column_name", ("--train_file", "{txt}", "--text_column_name", "body"), "not-a-column"),
         ("--train_file", ("--train_file", "{missing}-*.txt"), "glob-matches-nothing"),
-        ("--train_file", ("--train_file", "{txt}", "{csv}"), "mixed-formats"),
+        ("--train_file", ("--train_file", "{txt},{csv}"), "mixed-formats"),
         ("--train_file", ("--train_file", "{txt}", "--dataset_name", "{txt}"), "with-dataset-name"),
         ("--dataset_name", ("--dataset_name", "{missing}"), "missing"),
         ("--dataset_config_name", ("--dataset_config_name", "en"), "without-dataset-name"),

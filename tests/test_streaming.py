@@ -277,12 +277,14 @@ def launch(command: list[str], cwd: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", ["one", "ddp", "fsdp2"])
-def test_kill_9_after_a_checkpoint_loses_nothing(tmp_path, shards, processes: str) -> None:
+def test_kill_9_after_a_checkpoint_loses_nothing(tmp_path, shards, dataset_folder, processes: str) -> None:
     """kill -9 after step 3's checkpoint (a later step already ran); the same command resumes from it (mid-stream:
     stream position and packer buffer) and ends with the uninterrupted run's weights, under one process and two
-    (torchrun: DDP through accelerate, FSDP2 through ``--fsdp_size 2``)."""
+    (torchrun: DDP through accelerate, FSDP2 through ``--fsdp_size 2``); DDP reads the dataset folder (one parquet
+    shard per rank), the others the glob of jsonl shards."""
     sizes = {"fsdp_size": 2} if processes == "fsdp2" else {}
-    source = {"train_file": str(shards / "part-*.jsonl")}
+    source = ({"dataset_name": str(dataset_folder), "max_eval_samples": 1} if processes == "ddp"
+              else {"train_file": str(shards / "part-*.jsonl")})
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     script = tmp_path / "slow_pretrain.py"
     script.write_text(SLOW_STREAM)
@@ -345,3 +347,30 @@ def test_mfu_is_tokens_per_second_times_flops_per_token_over_the_peak() -> None:
     assert mfu(1000.0, 2e9, 1e15, 2) == pytest.approx(1000 * 2e9 / 2e15)
     assert mfu(1000.0, 2e9, None, 1) is None
     assert device_peak_flops(torch.device("cpu"), "bf16") is None
+
+
+def test_streamed_validation_comes_from_the_validation_file(tmp_path, shards) -> None:
+    """``--validation_file`` (a glob too) under ``--streaming``: at most ``--max_eval_samples`` of its examples; the
+    training stream keeps all of its own."""
+    args = stream_args(tmp_path / "out", {"train_file": str(shards / "part-[012].jsonl"),
+                                          "validation_file": str(shards / "part-3*.jsonl")}, max_eval_samples=2)
+    train = open_stream(args)
+    texts, held_out = stream_validation_texts(args, train)
+    expected = [json.loads(line)["text"] for line in (shards / "part-3.jsonl").read_text().splitlines()[:2]]
+    assert texts == expected and held_out == frozenset()
+    result = pretrain(args)
+    assert result.metrics["eval_loss"] > 0
+
+
+def test_a_rank_left_without_examples_is_refused_on_every_rank_before_writing(tmp_path, dataset_folder) -> None:
+    """Two ranks over the 2-shard dataset folder, the 2 first examples held out: rank 0's whole shard is validation.
+    Both processes stop with the one line naming the flag, and nothing is written."""
+    args = stream_args(tmp_path / "out", {"dataset_name": str(dataset_folder)}, max_eval_samples=2)
+    command = torchrun_command(args)
+    command = [*command[:5], "2", *command[6:]]
+    result = subprocess.run(command, env={**launch_env(), "ACCELERATE_USE_CPU": "1"}, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, check=False)
+    said = [line for line in result.stderr.splitlines() if line.startswith("hf-attn-variants pretrain: error:")]
+    assert result.returncode != 0 and len(said) >= 1, result.stderr[-3000:]
+    assert "1 of 2 data-parallel rank(s) get no training example" in said[0] and "--dataset_name" in said[0]
+    assert "Connection closed" not in result.stderr and not (tmp_path / "out").exists()

@@ -213,7 +213,9 @@ def merge_results(committed: dict[str, Any], partial: dict[str, Any]) -> dict[st
     merged["results"] = results
     merged["variants"] = {**committed["variants"], **partial["variants"]}
     known = {c["key"] for c in committed["comparisons"]}
-    merged["comparisons"] = committed["comparisons"] + [c for c in partial["comparisons"] if c["key"] not in known]
+    remeasured = {c["key"]: c for c in partial["comparisons"]}  # their notes say how the new rows were made
+    merged["comparisons"] = [remeasured.get(c["key"], c) for c in committed["comparisons"]]
+    merged["comparisons"] += [c for c in partial["comparisons"] if c["key"] not in known]
     checked = {c["variant"] for c in partial.get("graph_checks", [])}
     merged["graph_checks"] = [c for c in committed.get("graph_checks", []) if c["variant"] not in checked]
     merged["graph_checks"] += partial.get("graph_checks", [])

@@ -99,13 +99,13 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
     objective: Literal["mlm", "clm"] = field(
         default="mlm", metadata={"help": "mlm (masked LM, bidirectional) or clm (causal LM)."}
     )
-    train_file: str | list[str] | None = field(
+    train_file: str | None = field(
         default=None,
-        metadata={"help": "Local .txt/.json/.jsonl/.csv/.parquet: one file, a glob ('corpus/part-*.jsonl') or several; "
-                  "default: the embedded corpus."},
+        metadata={"help": "Local .txt/.json/.jsonl/.csv/.parquet: one file, a glob ('corpus/part-*.jsonl') or several, "
+                  "comma-separated (from Python also a list); default: the embedded corpus."},
     )
-    validation_file: str | list[str] | None = field(
-        default=None, metadata={"help": "Local validation file(s) or glob (same format)."}
+    validation_file: str | None = field(
+        default=None, metadata={"help": "Local validation file(s) or glob (same format; several comma-separated)."}
     )
     dataset_name: str | None = field(
         default=None,
@@ -205,7 +205,7 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
         check_choice("packing", self.packing, ("concat", "documents"))
         for name in ("train_file", "validation_file"):
             value = getattr(self, name)
-            if isinstance(value, (list, tuple)):  # the command line's several files: one comma-joined value
+            if isinstance(value, (list, tuple)):  # several files from Python: one comma-joined value
                 if not value or not all(isinstance(item, str) and item for item in value):
                     raise FlagError(name, f"{name} must be file names or globs, got {value!r}.")
                 setattr(self, name, ",".join(value))

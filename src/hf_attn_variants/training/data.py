@@ -66,7 +66,7 @@ def _one_file_builder(path: str, argument: str) -> str:
 
 def expand_data_files(value: str, argument: str) -> list[str]:
     """The files of a ``--train_file`` value: one path, a glob (``'corpus/part-*.jsonl'``, sorted matches), or
-    several of either joined by commas (the command line's space-separated list). ``FlagError`` naming
+    several of either joined by commas (from Python a list, which ``PretrainArguments`` joins). ``FlagError`` naming
     ``argument`` for a pattern that matches no file."""
     files: list[str] = []
     for item in (part.strip() for part in str(value).split(",")):

@@ -310,9 +310,23 @@ def _stream_data(args: PretrainArguments, tokenizer: Any, runtime: TrainingRunti
         validation = group_into_blocks(Dataset.from_dict({"text": texts}), tokenizer, args.max_seq_length,
                                        append_eos_id=eos, documents=args.packing == "documents") if texts else None
     source = rank_token_stream(args, train, held_out, tokenizer, eos, runtime.process_index, runtime.num_processes)
+    check_every_rank_reads(args, source, runtime, len(held_out))
     packed = PackedStream(source, args.max_seq_length, documents=args.packing == "documents",
                           rank=runtime.process_index, world=runtime.num_processes, name=_source_flag(args))
     return TrainStream(packed, args.per_device_train_batch_size, runtime.process_index), validation
+
+
+def check_every_rank_reads(args: PretrainArguments, source: Any, runtime: TrainingRuntime, held_out: int) -> None:
+    """``FlagError`` on every rank (one all-reduce) when some data-parallel rank's part of the stream is empty: too
+    few shards or examples for the ranks, or all of a rank's examples held out for validation."""
+    empty = torch.tensor(float(next(iter(source()), None) is None), device=runtime.device)
+    ranks = int(runtime.reduce(empty, reduction="sum")) if runtime.num_processes > 1 else int(empty)
+    if ranks:
+        held = f" after the {held_out} example(s) held out for validation (--max_eval_samples)" if held_out else ""
+        raise FlagError(_source_flag(args),
+                        f"{_source_flag(args)}: {ranks} of {runtime.num_processes} data-parallel rank(s) get no "
+                        f"training example from the stream{held}; give the corpus more examples or shards (at least "
+                        "one per rank), or pass --validation_file.")
 
 
 class _TextPrefix:
