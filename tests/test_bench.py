@@ -260,3 +260,33 @@ def test_torch_compile_sees_one_graph_without_breaks(name: str, monkeypatch) -> 
     model = build_variants(PRESETS["quick"])[name].build(32).train()
     graphs, breaks, reasons = graph_breaks(model, torch.randint(1, 100, (1, 32)))
     assert (graphs, breaks) == (1, 0), reasons
+
+
+@pytest.mark.parametrize("preset", ["cpu", "gpu"])
+def test_llama_at_equal_parameters_has_flash_gau_parameter_count(preset: str) -> None:
+    """One Llama layer per two GAU layers, the MLP width solved for FLASH's parameters outside the embeddings:
+    equal to 0.1 % (the width is an integer); built on the meta device (the GPU preset is ~100M parameters)."""
+    from hf_attn_variants.bench.specs import PRESETS, gau_model, llama_equal_model
+
+    p = PRESETS[preset]
+    with torch.device("meta"):
+        llama, gau = llama_equal_model(p, 0), gau_model(p, 0, normalization="relu2", chunk=p.gau_chunk_size, causal=True)
+    inside = [sum(w.numel() for w in m.parameters()) - m.get_input_embeddings().weight.numel() for m in (llama, gau)]
+    assert llama.config.num_hidden_layers == (p.gau_layers or p.num_layers) // 2
+    assert abs(inside[0] - inside[1]) / inside[1] < 1e-3, inside
+
+
+def test_equal_parameter_lengths_run_flash_and_llama_only_and_follow_lengths() -> None:
+    """The CPU preset's 4096 and 32768 hold FLASH and Llama at equal parameters only; ``--lengths`` picks them like
+    any other length."""
+    import argparse
+
+    from hf_attn_variants.bench.cli import _preset, add_arguments
+    from hf_attn_variants.bench.specs import PRESETS, build_variants
+
+    extra = {v.name for v in build_variants(PRESETS["cpu"]).values() if 32768 in v.extra_lengths}
+    assert extra == {"gau_flash_causal", "llama_equal_sdpa"}
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    preset = _preset(parser.parse_args(["--lengths", "512", "32768"]), cuda=False)
+    assert preset.lengths == (512,) and preset.equal_parameter_lengths == (32768,)

@@ -180,8 +180,11 @@ def _preset(args: argparse.Namespace, cuda: bool) -> Preset:
     if args.quick and args.preset is not None and args.preset != "quick":
         raise FlagError("preset", f"--preset {args.preset} contradicts --quick (which runs the preset 'quick').")
     preset = PRESETS["quick" if args.quick else (args.preset or ("gpu" if cuda else "cpu"))]
-    if args.lengths:
-        preset = replace(preset, lengths=tuple(sorted(set(args.lengths))))
+    if args.lengths:  # exactly these lengths: FLASH vs Llama's own lengths too, where listed
+        chosen = set(args.lengths)
+        preset = replace(preset, lengths=tuple(sorted(chosen - set(preset.equal_parameter_lengths))) or
+                         tuple(sorted(chosen)),
+                         equal_parameter_lengths=tuple(n for n in preset.equal_parameter_lengths if n in chosen))
     if args.repeats:
         preset = replace(preset, repeats=args.repeats, long_repeats=args.repeats, short_repeats=args.repeats)
     if args.compile_lengths:

@@ -221,6 +221,7 @@ def targets(run: BenchRun) -> list[Target]:
                               f"{faster.median:.2f}×", faster.median >= 1.3 if phase == "infer" else None,
                               [run.find(v, "eager", phase, n) for v in ("ei_8h_pruned50", "ei_8h")]))
     out += _peer_targets(run)
+    out += _equal_parameter_targets(run)
     out += _compile_targets(run)
     out += _loop_targets(run)
     return out
@@ -243,6 +244,23 @@ def _peer_targets(run: BenchRun) -> list[Target]:
             out.append(Target(f"our FLASH ({direction}) fwd+bwd ≤ 0.85× FLASH-pytorch's time at no more peak "
                               f"memory, n = {n}", f"{ratio.text()}×; peak {_mib(mine)} vs {_mib(theirs)} MiB",
                               ratio.median <= 0.85 and mine <= theirs, rows))
+    return out
+
+
+def _equal_parameter_targets(run: BenchRun) -> list[Target]:
+    """FLASH faster than Llama (SDPA) at equal parameters from n = 4096 (fwd+bwd time ratio < 1), and ≥ 2× faster
+    at n = 32768 (ratio ≤ 0.5); paired, same run (issue 24)."""
+    out = []
+    lengths = sorted({r.length for r in run.results if r.variant == "llama_equal_sdpa" and r.length >= 4096})
+    for n in lengths:
+        rows = [run.find("gau_flash_causal", "eager", "train", n), run.find("llama_equal_sdpa", "eager", "train", n)]
+        ratio = paired_ratio(run, "gau_flash_causal", "llama_equal_sdpa", "eager", "train", n)
+        if ratio is None or not all(_ok(r) for r in rows):
+            continue
+        bound, wording = (0.5, "≥ 2× faster than") if n >= 32768 else (1.0, "faster than")
+        out.append(Target(f"FLASH (causal) fwd+bwd {wording} Llama (SDPA) at equal parameters, n = {n}",
+                          f"{ratio.text()}× Llama's time", ratio.median < bound if bound == 1.0 else ratio.median <= bound,
+                          rows))
     return out
 
 
@@ -657,6 +675,11 @@ def speed_summary(run: BenchRun, report: str = "docs/benchmarks.md") -> str:
             text += (f" with {'flat' if growth[2] <= 1.3 else 'growing'} time per token (×{growth[2]:.2f} from "
                      f"{growth[0]} to {growth[1]})")
         parts.append(text)
+    longest = max((r.length for r in run.results if r.variant == "llama_equal_sdpa" and _ok(r)), default=None)
+    faster = speedup(run, "gau_flash_causal", "llama_equal_sdpa", "train", longest) if longest else None
+    if faster is not None:
+        parts.append(f"causal FLASH trains {faster.median:.2f}× as fast as Llama (SDPA) at equal parameters at "
+                     f"{longest} tokens")
     memory = per_token_growth(run, "gau_quadratic", "memory")
     if memory is not None:
         parts.append(f"quadratic GAU's activation memory per token {'stays flat' if memory[2] <= 1.3 else 'grows'} "

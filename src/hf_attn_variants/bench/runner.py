@@ -210,7 +210,10 @@ class Runner:
     def _entries(self, length: int) -> list[_Entry]:
         entries = []
         batch = self.preset.batch_size
+        extra = length not in self.preset.lengths
         for variant in self.variants.values():
+            if extra and length not in variant.extra_lengths:
+                continue
             modes = ["eager"]
             if self.compile and variant.compile and length in self.preset.compile_lengths:
                 modes.append("compiled")
@@ -300,7 +303,8 @@ class Runner:
         start = time.perf_counter()
         if self.check_graph_breaks:
             self._graph_checks()
-        for length in self.preset.lengths:
+        extra = {n for variant in self.variants.values() for n in variant.extra_lengths}
+        for length in sorted({*self.preset.lengths, *extra}):
             entries = self._entries(length)
             if not entries:
                 continue

@@ -68,6 +68,8 @@ class Preset:
     prune_intermediate_size: int = 512
     prune_lengths: tuple[int, ...] = (512,)
     compile_lengths: tuple[int, ...] = (512,)
+    equal_parameter_lengths: tuple[int, ...] = ()
+    """Lengths beyond ``lengths`` at which only FLASH and Llama at equal parameters run (``flash_vs_llama``)."""
     repeats: int = 5
     long_repeats: int = 3
     long_from: int = 8192
@@ -83,14 +85,14 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     # The CPU run of `make bench`: small enough for ~10-15 minutes on 2 cores, long enough for n² to matter.
-    "cpu": Preset("cpu", 256, 2, 4, 1024, (512, 2048, 8192)),
+    "cpu": Preset("cpu", 256, 2, 4, 1024, (512, 2048, 8192), equal_parameter_lengths=(4096, 32768)),
     # ~110M-parameter models (BERT-base widths) for a GPU; n up to 32k for the O(n)-memory paths.
     "gpu": Preset(
         "gpu", 768, 12, 12, 3072, (512, 2048, 8192, 32768), vocab_size=30522, gau_layers=24,
         gau_chunk_size=256, synthesizer_max_length=2048,
         quadratic_max_length=8192,
         prune_heads=12, prune_intermediate_size=3072, prune_lengths=(512, 2048), compile_lengths=(512, 2048, 8192),
-        repeats=10, long_repeats=5, long_from=32768, short_repeats=20,
+        repeats=10, long_repeats=5, long_from=32768, short_repeats=20, equal_parameter_lengths=(4096,),
     ),
     # CI smoke test: tiny models and lengths, one repeat, seconds.
     "quick": Preset(
@@ -121,6 +123,8 @@ class Variant:
     shared_across_lengths: bool = True
     compile: bool = False
     lengths: tuple[int, ...] | None = None
+    extra_lengths: tuple[int, ...] = ()
+    """Lengths outside the preset's at which this variant runs too (with the others that list them)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def runs_at(self, length: int) -> bool:
@@ -248,6 +252,29 @@ def llama_model(p: Preset, length: int) -> nn.Module:
     return LlamaModel(config)
 
 
+def equal_parameter_intermediate(p: Preset) -> int:
+    """The MLP width i that gives ``llama_equal_model`` (L/2 Llama layers: 4d² + 3di + 2d each, a final norm d) the
+    parameters outside the embeddings of the causal FLASH GAU of ``p`` (L GAU layers)."""
+    gau = gau_model(p, 0, normalization="relu2", chunk=p.gau_chunk_size, causal=True)
+    target = sum(w.numel() for w in gau.parameters()) - gau.get_input_embeddings().weight.numel()
+    d, layers = p.hidden_size, max(1, (p.gau_layers or p.num_layers) // 2)
+    return round((target - d - layers * (4 * d * d + 2 * d)) / (3 * d * layers))
+
+
+def llama_equal_model(p: Preset, length: int) -> nn.Module:
+    """Stock ``LlamaModel`` (SDPA) with the parameters of the causal FLASH GAU of ``p``: one Llama layer per two GAU
+    layers, as in Hua et al. 2022 (FLASH's Transformer++ baseline), the MLP width from
+    ``equal_parameter_intermediate``."""
+    config = LlamaConfig(
+        vocab_size=p.vocab_size, hidden_size=p.hidden_size,
+        num_hidden_layers=max(1, (p.gau_layers or p.num_layers) // 2), num_attention_heads=p.num_heads,
+        num_key_value_heads=p.num_heads, intermediate_size=equal_parameter_intermediate(p),
+        max_position_embeddings=max(_longest(p), *p.equal_parameter_lengths), attention_dropout=0.0,
+        attn_implementation="sdpa",
+    )
+    return LlamaModel(config)
+
+
 def entropy_decoder_model(p: Preset, length: int) -> nn.Module:
     """``EntropyInvariantModel`` shaped like Llama (RoPE, pre-norm RMSNorm, SiLU, no biases), its two-matrix FFN
     1.5× Llama's width so parameters and FLOPs are equal."""
@@ -357,7 +384,10 @@ def _peer_variants(p: Preset) -> list[Variant]:
         *peers,
         Variant("gau_flash_causal", "gau", f"GAUModel relu², FLASH chunks of {p.gau_chunk_size}, causal",
                 functools.partial(gau_model, p, normalization="relu2", chunk=p.gau_chunk_size, causal=True),
-                causal=True, compile=True),
+                causal=True, compile=True, extra_lengths=p.equal_parameter_lengths),
+        Variant("llama_equal_sdpa", "stock",
+                "LlamaModel, SDPA, one layer per two GAU layers, MLP width for FLASH's parameter count",
+                functools.partial(llama_equal_model, p), causal=True, extra_lengths=p.equal_parameter_lengths),
         Variant("gau_quadratic_causal", "gau", "GAUModel relu² (dynamic L), quadratic, causal",
                 functools.partial(gau_model, p, normalization="relu2", causal=True), causal=True, compile=True,
                 **quadratic),
@@ -440,6 +470,13 @@ PEER_NOTE = ("lucidrains' FLASH-pytorch 0.1.9 (`bench/peers.py`) at our GAU's sh
              "T5 relative-position bias, partial rotary embeddings. Both compute the same layer once those are "
              "aligned (tests/test_peers.py).")
 
+EQUAL_PARAMETER_NOTE = (
+    "FLASH's training-speed claim (Hua et al. 2022) is against Transformer++ at equal parameters: a stock `LlamaModel` "
+    "(SDPA, RoPE, gated SiLU MLP) with one layer per two GAU layers and the MLP width that makes its parameters "
+    "outside the embeddings those of our causal FLASH GAU (relu², chunks as in the GAU rows; "
+    "`bench/specs.py:equal_parameter_intermediate`). Besides the preset's lengths, both run at its "
+    "`equal_parameter_lengths` (CPU: 4096 and 32768), where nothing else runs.")
+
 LOOP_NOTE = (
     "`pretrain` (`pretrain(PretrainArguments(...))`, in process) against transformers' `Trainer` on the same model "
     "(same config and seed: the same initial weights), the same blocks of the embedded corpus in the same order "
@@ -466,6 +503,8 @@ COMPARISONS: tuple[Comparison, ...] = (
                ("gau_flash",), note=PEER_NOTE),
     Comparison("peers_causal", "Peer: our FLASH vs FLASH-pytorch's FLASHTransformer, causal", "flash_pytorch_causal",
                ("gau_flash_causal",), note=PEER_NOTE),
+    Comparison("flash_vs_llama", "FLASH GAU vs Llama (SDPA) at equal parameters, causal", "llama_equal_sdpa",
+               ("gau_flash_causal",), note=EQUAL_PARAMETER_NOTE),
     Comparison("peers_quadratic", "Peer: our quadratic GAU vs FLASH-pytorch's GAU, bidirectional", "gau_pytorch",
                ("gau_quadratic",), note=PEER_NOTE),
     Comparison("peers_quadratic_causal", "Peer: our quadratic GAU vs FLASH-pytorch's GAU, causal",

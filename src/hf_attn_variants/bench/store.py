@@ -212,6 +212,9 @@ def merge_results(committed: dict[str, Any], partial: dict[str, Any]) -> dict[st
     results += new_rows.values()
     merged["results"] = results
     merged["variants"] = {**committed["variants"], **partial["variants"]}
+    # Preset fields newer than the committed run (e.g. equal_parameter_lengths) come from the partial run.
+    merged["settings"] = {**committed["settings"],
+                          "preset": {**partial["settings"]["preset"], **committed["settings"]["preset"]}}
     known = {c["key"] for c in committed["comparisons"]}
     remeasured = {c["key"]: c for c in partial["comparisons"]}  # their notes say how the new rows were made
     merged["comparisons"] = [remeasured.get(c["key"], c) for c in committed["comparisons"]]
