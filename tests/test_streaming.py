@@ -21,7 +21,7 @@ from hf_attn_variants.training.data import group_token_lists
 from hf_attn_variants.training.sources import open_stream, rank_token_stream, stream_validation_texts
 from hf_attn_variants.training.streaming import PackedStream, Packer, TrainStream, pack_token_lists
 from tests.test_pretrain import cli_flags, read_log, tiny_args, tiny_overrides, weights
-from tests.test_pretrain_sharded import LAUNCH_TIMEOUT, kill_job, launch_env, torchrun_command
+from tests.test_pretrain_sharded import LAUNCH_TIMEOUT, kill_job, launch_env
 
 STEPS, CHECKPOINT = 6, 3
 
@@ -269,6 +269,16 @@ def kill_after_checkpoint(command: list[str], folder: Path, cwd: Path, pid_dir: 
     assert not (folder / "model.safetensors").exists()
 
 
+def pretrain_command(args: PretrainArguments, processes: int, script: Path | None = None) -> list[str]:
+    """``hf-attn-variants pretrain`` with ``args`` (through ``script``, a wrapper of the CLI, if given): in this
+    interpreter for one process, else under ``torchrun --standalone --nproc_per_node <processes>``."""
+    target = [str(script)] if script else ["-m", "hf_attn_variants"]
+    if processes == 1:
+        return [sys.executable, *target, "pretrain", *cli_flags(args)]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+            *target, "pretrain", *cli_flags(args)]
+
+
 def launch(command: list[str], cwd: Path) -> None:
     result = subprocess.run(command, env={**launch_env(), "ACCELERATE_USE_CPU": "1"}, cwd=cwd, capture_output=True, text=True,
                             timeout=LAUNCH_TIMEOUT, check=False)
@@ -291,11 +301,7 @@ def test_kill_9_after_a_checkpoint_loses_nothing(tmp_path, shards, dataset_folde
 
     def command(folder: Path, slow: bool) -> list[str]:
         args = stream_args(folder, source, packing="documents", **sizes)
-        if processes == "one":
-            return [sys.executable, str(script) if slow else "-m", *([] if slow else ["hf_attn_variants"]), "pretrain",
-                    *cli_flags(args)]
-        base = torchrun_command(args, script if slow else None)
-        return base if processes == "fsdp2" else [*base[:5], "2", *base[6:]]
+        return pretrain_command(args, 1 if processes == "one" else 2, script if slow else None)
 
     launch(command(reference, False), tmp_path)
     pid_dir = tmp_path / "pids"
@@ -366,9 +372,7 @@ def test_a_rank_left_without_examples_is_refused_on_every_rank_before_writing(tm
     """Two ranks over the 2-shard dataset folder, the 2 first examples held out: rank 0's whole shard is validation.
     Both processes stop with the one line naming the flag, and nothing is written."""
     args = stream_args(tmp_path / "out", {"dataset_name": str(dataset_folder)}, max_eval_samples=2)
-    command = torchrun_command(args)
-    command = [*command[:5], "2", *command[6:]]
-    result = subprocess.run(command, env={**launch_env(), "ACCELERATE_USE_CPU": "1"}, cwd=tmp_path,
+    result = subprocess.run(pretrain_command(args, 2), env={**launch_env(), "ACCELERATE_USE_CPU": "1"}, cwd=tmp_path,
                             capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, check=False)
     said = [line for line in result.stderr.splitlines() if line.startswith("hf-attn-variants pretrain: error:")]
     assert result.returncode != 0 and len(said) >= 1, result.stderr[-3000:]
