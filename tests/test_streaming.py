@@ -17,9 +17,9 @@ import torch
 from hf_attn_variants.cli_utils import FlagError
 from hf_attn_variants.training import PretrainArguments, pretrain
 from hf_attn_variants.training.corpus import corpus_splits
-from hf_attn_variants.training.data import group_token_lists
+from hf_attn_variants.training.data import Packer, group_token_lists, pack_token_lists
 from hf_attn_variants.training.sources import open_stream, rank_token_stream, stream_validation_texts
-from hf_attn_variants.training.streaming import PackedStream, Packer, TrainStream, pack_token_lists
+from hf_attn_variants.training.streaming import PackedStream, TrainStream
 from tests.test_pretrain import cli_flags, read_log, tiny_args, tiny_overrides, weights
 from tests.test_pretrain_sharded import LAUNCH_TIMEOUT, kill_job, launch_env
 
@@ -136,7 +136,7 @@ def test_each_rank_reads_its_own_part_and_together_they_read_everything_once(tmp
     assert texts == [str(i) for i in range(held)]
     seen = []
     for rank in range(world):
-        ids = [row["input_ids"][0] for row in rank_token_stream(args, train, held_out, IdTokenizer(), None, rank, world)()]
+        ids = [row["input_ids"][0] for row in rank_token_stream(train, held_out, IdTokenizer(), None, rank, world)()]
         assert ids, rank
         seen.append(ids)
     flat = [i for ids in seen for i in ids]
@@ -147,7 +147,7 @@ def test_packed_stream_resumes_mid_pass_and_across_passes(tmp_path) -> None:
     folder = id_shards(tmp_path / "ids", 2, 5)
     args = PretrainArguments(output_dir=str(tmp_path / "out"), model_type="gau", train_file=str(folder / "*.jsonl"),
                              streaming=True, max_train_steps=1)
-    source = rank_token_stream(args, open_stream(args), frozenset(), IdTokenizer(), None, 0, 1)
+    source = rank_token_stream(open_stream(args), frozenset(), IdTokenizer(), None, 0, 1)
 
     def stream() -> TrainStream:
         return TrainStream(PackedStream(source, 3, documents=False, rank=0, world=1), 2, 0)
@@ -238,11 +238,11 @@ import importlib, os, pathlib, sys, time
 if "PID_DIR" in os.environ:
     pathlib.Path(os.environ["PID_DIR"], os.environ.get("RANK", "0") + ".pid").write_text(str(os.getpid()))
 streaming = importlib.import_module("hf_attn_variants.training.streaming")
-collate = streaming.collate_stream_blocks
+collate = streaming.collate_blocks
 def slow_collate(items):  # slow the run down so that the parent can kill it after the checkpoint
     time.sleep(0.4)
     return collate(items)
-streaming.collate_stream_blocks = slow_collate
+streaming.collate_blocks = slow_collate
 from hf_attn_variants.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -20,8 +20,9 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
-from collections.abc import Iterator, Sequence
-from itertools import chain
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,6 @@ from transformers import PreTrainedTokenizerBase
 
 from ..cli_utils import FlagError, check_percentage
 from .corpus import corpus_splits
-from .streaming import pack_token_lists
 
 FILE_BUILDERS = {"txt": "text", "text": "text", "json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet"}
 
@@ -190,6 +190,73 @@ def group_token_lists(token_lists: Sequence[Sequence[int]], block_size: int) -> 
     return [flat[i : i + block_size] for i in range(0, usable, block_size)]
 
 
+@dataclass
+class Packer:
+    """Blocks of exactly ``block_size`` tokens from token lists (documents) added one by one; the tokens that do not
+    fill a block wait in the buffer for the next document.
+
+    ``concat`` (``documents=False``) is run_mlm's ``group_texts``: one token stream cut into blocks. With
+    ``documents`` each block also has ``position_ids``, each token's position in its document, restarting at 0 at
+    every document: a block holding documents of 3 and 5 tokens has ``[0, 1, 2, 0, 1, 2, 3, 4]``. The models read
+    that as packed documents (Transformers' convention: positions restarting inside a row, no mask) and keep them
+    apart. A document cut by a block's end goes on in the next block as a document of its own (from 0 again).
+    ``starts``: where documents begin in the buffer, from which the positions are derived.
+    """
+
+    block_size: int
+    documents: bool = False
+    tokens: list[int] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+
+    def add(self, ids: list[int]) -> None:
+        """Append one document's tokens to the buffer."""
+        if self.documents:
+            self.starts.append(len(self.tokens))
+        self.tokens.extend(ids)
+
+    def blocks(self) -> Iterator[dict[str, list[int]]]:
+        """Every full block the buffer holds (removed from it before it is yielded)."""
+        size = self.block_size
+        while len(self.tokens) >= size:
+            block = {"input_ids": self.tokens[:size]}
+            del self.tokens[:size]
+            if self.documents:
+                block["position_ids"] = self._positions(size)
+                self.starts = [start - size for start in self.starts if start >= size]
+            yield block
+
+    def _positions(self, size: int) -> list[int]:
+        """Positions of the buffer's first ``size`` tokens: 0 at the block's start and at every document start."""
+        restarts = {0, *(start for start in self.starts if start < size)}
+        positions, position = [], 0
+        for column in range(size):
+            position = 0 if column in restarts else position + 1
+            positions.append(position)
+        return positions
+
+    def state_dict(self) -> dict[str, list[int]]:
+        """The buffer: tokens not yet in a block, and where documents start among them."""
+        return {"tokens": list(self.tokens), "starts": list(self.starts)}
+
+    def load_state_dict(self, state: dict[str, list[int]]) -> None:
+        """Restore the buffer of ``state_dict``."""
+        self.tokens, self.starts = list(state["tokens"]), list(state["starts"])
+
+
+def pack_token_lists(token_lists: list[list[int]], block_size: int, documents: bool) -> dict[str, list[list[int]]]:
+    """The full blocks of ``token_lists`` packed in order by a ``Packer`` (the remainder dropped), as columns:
+    ``input_ids`` and, with ``documents``, ``position_ids``. ``datasets.map`` of a corpus read whole calls it per
+    batch; a streamed one keeps its ``Packer`` (``streaming.PackedStream``)."""
+    packer = Packer(block_size, documents)
+    columns: dict[str, list[list[int]]] = {"input_ids": []} | ({"position_ids": []} if documents else {})
+    for ids in token_lists:
+        packer.add(ids)
+        for block in packer.blocks():
+            for name, values in block.items():
+                columns[name].append(values)
+    return columns
+
+
 def tokenize_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str], append_eos_id: int | None) -> list[list[int]]:
     """The token ids of each text (the tokenizer's special tokens; ``append_eos_id`` ends each with it once)."""
     ids = tokenizer(texts, return_attention_mask=False)["input_ids"]
@@ -207,7 +274,7 @@ def group_into_blocks(
     documents: bool = False,
 ) -> Any:
     """Tokenize a ``text`` dataset and regroup it into ``input_ids`` blocks of ``block_size`` tokens (with
-    ``documents``: also ``position_ids`` restarting at every text, ``streaming.pack_token_lists``).
+    ``documents``: also ``position_ids`` restarting at every text; ``pack_token_lists``).
 
     ``append_eos_id``: end every text with this id (CLM, whose prompt tokenizer adds BOS only). Grouping runs
     over map batches of 1000 texts, as run_mlm does, so huge files never sit in one list.
@@ -217,23 +284,20 @@ def group_into_blocks(
         return {"input_ids": tokenize_texts(tokenizer, batch["text"], append_eos_id)}
 
     def group(batch: dict[str, list]) -> dict[str, list]:
-        if documents:
-            return pack_token_lists(batch["input_ids"], block_size, documents=True)
-        return {"input_ids": group_token_lists(batch["input_ids"], block_size)}
+        return pack_token_lists(batch["input_ids"], block_size, documents)
 
     tokenized = dataset.map(tokenize, batched=True, remove_columns=dataset.column_names, num_proc=num_proc)
     return tokenized.map(group, batched=True, batch_size=1000, num_proc=num_proc)
 
 
-def holds_tokens(dataset: Any, tokenizer: PreTrainedTokenizerBase, count: int, append_eos_id: int | None = None,
-                 batch_size: int = 256) -> bool:
-    """Whether the ``text`` column of ``dataset`` holds at least ``count`` tokens (as ``group_into_blocks``
-    counts them), tokenizing only as many texts as needed: a cheap check before the full tokenization."""
+def holds_tokens(rows: Iterable[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, count: int,
+                 append_eos_id: int | None = None, batch_size: int = 256) -> bool:
+    """Whether the ``text`` of ``rows`` (a ``Dataset`` or a streamed ``IterableDataset``) holds at least ``count``
+    tokens (as ``group_into_blocks`` counts them), tokenizing only as many texts as needed: a cheap check before the
+    full tokenization, or before a stream is read."""
+    rows = iter(rows)
     total = 0
-    for start in range(0, len(dataset), batch_size):
-        texts = dataset[start : start + batch_size]["text"]
-        if not texts:  # a stream's prefix (``pretrain._TextPrefix``) that ended early
-            return False
+    while texts := [row["text"] for row in islice(rows, batch_size)]:
         total += sum(len(ids) for ids in tokenize_texts(tokenizer, texts, append_eos_id))
         if total >= count:
             return True
@@ -371,6 +435,7 @@ __all__ = [
     "DataParallelBatchSampler",
     "EpochShuffleSampler",
     "IndexedBlocks",
+    "Packer",
     "collate_blocks",
     "expand_data_files",
     "file_builder",
@@ -380,6 +445,7 @@ __all__ = [
     "load_text_datasets",
     "mask_tokens",
     "mix_seed",
+    "pack_token_lists",
     "quiet_datasets",
     "read_data_file",
     "split_data_file",

@@ -119,7 +119,14 @@ from .preemption import (
 )
 from .runtime import AccelerateRuntime, TrainingRuntime, language_model
 from .sharded import INITIAL_MODEL_DIR, ShardedRuntime, check_layout, check_parallel_plans, model_class_for
-from .sources import load_named_dataset, open_stream, rank_token_stream, stream_validation_texts
+from .sources import (
+    load_named_dataset,
+    open_stream,
+    rank_share,
+    rank_token_stream,
+    stream_validation_texts,
+    training_stream,
+)
 from .streaming import DATA_STATE_DIR, PackedStream, TrainStream
 from .throughput import device_peak_flops, mfu, model_flops_per_token
 
@@ -304,22 +311,23 @@ def _stream_data(args: PretrainArguments, tokenizer: Any, runtime: TrainingRunti
     with runtime.main_process_first(), quiet_progress():
         train = open_stream(args)
         texts, held_out = stream_validation_texts(args, train)
-        if not holds_tokens(_TextPrefix(train, held_out), tokenizer, args.max_seq_length, eos):
+        if not holds_tokens(training_stream(train, held_out), tokenizer, args.max_seq_length, eos):
             raise FlagError(_source_flag(args),
                             f"The training data holds fewer than max_seq_length={args.max_seq_length} tokens.")
         validation = group_into_blocks(Dataset.from_dict({"text": texts}), tokenizer, args.max_seq_length,
                                        append_eos_id=eos, documents=args.packing == "documents") if texts else None
-    source = rank_token_stream(args, train, held_out, tokenizer, eos, runtime.process_index, runtime.num_processes)
-    check_every_rank_reads(args, source, runtime, len(held_out))
-    packed = PackedStream(source, args.max_seq_length, documents=args.packing == "documents",
-                          rank=runtime.process_index, world=runtime.num_processes, name=_source_flag(args))
-    return TrainStream(packed, args.per_device_train_batch_size, runtime.process_index), validation
+    rank, world = runtime.process_index, runtime.num_processes
+    check_every_rank_reads(args, rank_share(train, held_out, rank, world), runtime, len(held_out))
+    packed = PackedStream(rank_token_stream(train, held_out, tokenizer, eos, rank, world), args.max_seq_length,
+                          documents=args.packing == "documents", rank=rank, world=world, name=_source_flag(args))
+    return TrainStream(packed, args.per_device_train_batch_size, rank), validation
 
 
-def check_every_rank_reads(args: PretrainArguments, source: Any, runtime: TrainingRuntime, held_out: int) -> None:
-    """``FlagError`` on every rank (one all-reduce) when some data-parallel rank's part of the stream is empty: too
-    few shards or examples for the ranks, or all of a rank's examples held out for validation."""
-    empty = torch.tensor(float(next(iter(source()), None) is None), device=runtime.device)
+def check_every_rank_reads(args: PretrainArguments, share: Any, runtime: TrainingRuntime, held_out: int) -> None:
+    """``FlagError`` on every rank (one all-reduce) when some data-parallel rank's ``share`` of the stream (its text,
+    ``sources.rank_share``) is empty: too few shards or examples for the ranks, or all of a rank's examples held
+    out for validation."""
+    empty = torch.tensor(float(next(iter(share), None) is None), device=runtime.device)
     ranks = int(runtime.reduce(empty, reduction="sum")) if runtime.num_processes > 1 else int(empty)
     if ranks:
         held = f" after the {held_out} example(s) held out for validation (--max_eval_samples)" if held_out else ""
@@ -327,28 +335,6 @@ def check_every_rank_reads(args: PretrainArguments, source: Any, runtime: Traini
                         f"{_source_flag(args)}: {ranks} of {runtime.num_processes} data-parallel rank(s) get no "
                         f"training example from the stream{held}; give the corpus more examples or shards (at least "
                         "one per rank), or pass --validation_file.")
-
-
-class _TextPrefix:
-    """The first texts of a stream (held-out ones skipped) as ``holds_tokens`` reads a dataset: ``len`` and
-    slices of ``{"text": [...]}``, read lazily, at most ``limit`` texts."""
-
-    def __init__(self, stream: Any, skip: frozenset[str], limit: int = 100_000) -> None:
-        self._rows = (row["text"] for row in stream if row["text"] not in skip)
-        self._texts: list[str] = []
-        self._limit = limit
-
-    def __len__(self) -> int:
-        return self._limit
-
-    def __getitem__(self, index: slice) -> dict[str, list[str]]:
-        while len(self._texts) < min(index.stop, self._limit):
-            text = next(self._rows, None)
-            if text is None:
-                self._limit = len(self._texts)
-                break
-            self._texts.append(text)
-        return {"text": self._texts[index]}
 
 
 # ---------------------------------------------------------------- setup

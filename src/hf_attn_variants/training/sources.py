@@ -42,12 +42,8 @@ def _load(source_flag: str, *args: Any, **kwargs: Any) -> Any:
     try:
         with quiet_datasets():
             return load_dataset(*args, **kwargs)
-    except (FileNotFoundError, ValueError, OSError, ConnectionError) as error:
-        lines = str(error).strip().splitlines()
-        raise FlagError(source_flag, f"{source_flag} {args[0]!r} cannot be loaded "
-                                     f"({lines[0] if lines else type(error).__name__}).") from error
-    except Exception as error:  # datasets' own exceptions (DatasetNotFoundError, DatasetGenerationError, …)
-        if type(error).__module__.split(".")[0] != "datasets":
+    except Exception as error:  # OSError, ValueError, datasets' own (DatasetNotFoundError, DatasetGenerationError, …)
+        if not isinstance(error, (OSError, ValueError)) and type(error).__module__.split(".")[0] != "datasets":
             raise
         lines = str(error).strip().splitlines()
         raise FlagError(source_flag, f"{source_flag} {args[0]!r} cannot be loaded "
@@ -129,19 +125,30 @@ def stream_validation_texts(args: PretrainArguments, train: Any) -> tuple[list[s
     return texts, frozenset(texts)
 
 
-def rank_token_stream(args: PretrainArguments, train: Any, held_out: frozenset[str], tokenizer: Any,
-                      append_eos_id: int | None, rank: int, world: int) -> Callable[[], Any]:
-    """``make_source`` of ``streaming.PackedStream``: the tokenized share of data-parallel rank ``rank`` of
-    ``world`` of the ``train`` stream (``split_dataset_by_node``), held-out texts skipped."""
+def training_stream(train: Any, held_out: frozenset[str]) -> Any:
+    """The ``train`` stream without the held-out texts (``stream_validation_texts``)."""
+    return train.filter(lambda row: row["text"] not in held_out) if held_out else train
+
+
+def rank_share(train: Any, held_out: frozenset[str], rank: int, world: int) -> Any:
+    """The ``text`` stream data-parallel rank ``rank`` of ``world`` reads (``split_dataset_by_node``), held-out texts
+    skipped; a new object on every call."""
     from datasets.distributed import split_dataset_by_node
 
+    return split_dataset_by_node(training_stream(train, held_out), rank=rank, world_size=world)
+
+
+def rank_token_stream(train: Any, held_out: frozenset[str], tokenizer: Any, append_eos_id: int | None, rank: int,
+                      world: int) -> Callable[[], Any]:
+    """``make_source`` of ``streaming.PackedStream``: ``rank_share`` tokenized (a column ``input_ids``)."""
+
     def make_source() -> Any:  # a new object each time: a loaded starting position must not outlive its pass
-        kept = train.filter(lambda row: row["text"] not in held_out) if held_out else train
-        share = split_dataset_by_node(kept, rank=rank, world_size=world)
-        return share.map(lambda batch: {"input_ids": tokenize_texts(tokenizer, batch["text"], append_eos_id)},
-                         batched=True, remove_columns=["text"])
+        return rank_share(train, held_out, rank, world).map(
+            lambda batch: {"input_ids": tokenize_texts(tokenizer, batch["text"], append_eos_id)},
+            batched=True, remove_columns=["text"])
 
     return make_source
 
 
-__all__ = ["load_named_dataset", "open_stream", "rank_token_stream", "stream_validation_texts", "text_column"]
+__all__ = ["load_named_dataset", "open_stream", "rank_share", "rank_token_stream", "stream_validation_texts",
+           "text_column", "training_stream"]

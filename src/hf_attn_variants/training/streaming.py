@@ -1,17 +1,12 @@
 """Pretraining data that is read as it is trained on: packing, the stream of one rank, and its saved position.
 
-- ``Packer``: token lists in, blocks of exactly ``block_size`` tokens out; the tokens that do not fill a block
-  wait in its buffer for the next list. ``concat`` packing is run_mlm's ``group_texts`` (one token stream cut
-  into blocks); ``documents`` packing also gives every block its ``position_ids``, restarting at 0 at every
-  document, so the models keep the documents of a block apart (attention and the entropy-invariant nᵢ, through
-  Transformers' packed-sequence convention: positions that restart inside a row). A document cut by the end of
-  a block goes on in the next one as a document of its own (positions from 0 again).
+Packing itself (``concat`` or ``documents``) is ``data.Packer``'s, the same for a corpus read whole.
 - ``PackedStream``: the blocks of one data-parallel rank, from a ``datasets.IterableDataset`` that is tokenized
   on the fly and split across ranks by ``datasets.distributed.split_dataset_by_node`` (whole shards per rank
   when the shard count divides by the world size, else every rank reads all and keeps every world-th example:
   in both cases each example of a pass goes to exactly one rank). When the stream ends, the next pass starts.
   ``state_dict`` is the stream's position (``IterableDataset.state_dict``), the packer's buffer and the counts.
-- ``TrainStream``: torchdata's ``StatefulDataLoader`` over a ``PackedStream``; ``save``/``load`` put its state in a
+- ``TrainStream``: torchdata's ``StatefulDataLoader`` over a ``PackedStream`` (batches by ``data.collate_blocks``); ``save``/``load`` put its state in a
   checkpoint folder (``data_state/rank_<r>.json``), so a resumed run trains on exactly the blocks an
   uninterrupted one would have.
 """
@@ -23,75 +18,16 @@ import json
 import os
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..cli_utils import FlagError
+from .data import Packer, collate_blocks
 
 PACKING_MODES = ("concat", "documents")
 DATA_STATE_DIR = "data_state"
-
-
-@dataclass
-class Packer:
-    """Blocks of ``block_size`` tokens from token lists added one by one (see the module docstring).
-
-    ``documents``: each block also has ``position_ids``: the position of each token in its document, so a block
-    holding documents of 3 and 5 tokens has ``[0, 1, 2, 0, 1, 2, 3, 4]``.
-    """
-
-    block_size: int
-    documents: bool = False
-    tokens: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-
-    def add(self, ids: list[int]) -> None:
-        """Append one document's tokens to the buffer."""
-        self.tokens.extend(ids)
-        if self.documents:
-            self.positions.extend(range(len(ids)))
-
-    def blocks(self) -> Iterator[dict[str, list[int]]]:
-        """Every full block the buffer holds (removed from it before it is yielded)."""
-        size = self.block_size
-        while len(self.tokens) >= size:
-            block = {"input_ids": self.tokens[:size]}
-            self.tokens = self.tokens[size:]
-            if self.documents:
-                block["position_ids"] = self.positions[:size]
-                self.positions = restart_first_document(self.positions[size:])
-            yield block
-
-    def state_dict(self) -> dict[str, list[int]]:
-        """The buffer (tokens not yet in a block, and their positions)."""
-        return {"tokens": list(self.tokens), "positions": list(self.positions)}
-
-    def load_state_dict(self, state: dict[str, list[int]]) -> None:
-        """Restore the buffer of ``state_dict``."""
-        self.tokens, self.positions = list(state["tokens"]), list(state["positions"])
-
-
-def restart_first_document(positions: list[int]) -> list[int]:
-    """``positions`` with the leading run (the rest of a document cut by a block end) renumbered from 0:
-    ``[7, 8, 0, 1]`` → ``[0, 1, 0, 1]``."""
-    cut = positions.index(0) if 0 in positions else len(positions)
-    return list(range(cut)) + positions[cut:]
-
-
-def pack_token_lists(token_lists: list[list[int]], block_size: int, documents: bool) -> dict[str, list[list[int]]]:
-    """The full blocks of ``token_lists`` packed in order (the remainder dropped), as columns: ``input_ids`` and,
-    with ``documents``, ``position_ids``. ``datasets.map`` of a non-streamed corpus calls it per batch."""
-    packer = Packer(block_size, documents)
-    columns: dict[str, list[list[int]]] = {"input_ids": []} | ({"position_ids": []} if documents else {})
-    for ids in token_lists:
-        packer.add(ids)
-        for block in packer.blocks():
-            for name, values in block.items():
-                columns[name].append(values)
-    return columns
 
 
 class PackedStream(torch.utils.data.IterableDataset):
@@ -143,11 +79,6 @@ class PackedStream(torch.utils.data.IterableDataset):
         self.packer.load_state_dict(state["packer"])
 
 
-def collate_stream_blocks(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Stack equal-length blocks: ``input_ids`` (and ``position_ids``) ``(batch, block)``, ``index`` ``(batch,)``."""
-    return {name: torch.tensor([item[name] for item in items], dtype=torch.long) for name in items[0]}
-
-
 @contextlib.contextmanager
 def _quiet_loader() -> Iterator[None]:
     # torchdata 0.11 calls torch.set_vital, which torch 2.13 deprecates with a UserWarning on every loader.
@@ -164,7 +95,7 @@ class TrainStream:
 
         self.rank = rank
         with _quiet_loader():
-            self.loader = StatefulDataLoader(dataset, batch_size=batch_size, collate_fn=collate_stream_blocks)
+            self.loader = StatefulDataLoader(dataset, batch_size=batch_size, collate_fn=collate_blocks)
         self._iterator: Iterator[dict[str, torch.Tensor]] | None = None
 
     def batches(self, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
@@ -206,9 +137,5 @@ __all__ = [
     "DATA_STATE_DIR",
     "PACKING_MODES",
     "PackedStream",
-    "Packer",
     "TrainStream",
-    "collate_stream_blocks",
-    "pack_token_lists",
-    "restart_first_document",
 ]
