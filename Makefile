@@ -13,6 +13,13 @@ TORCH_VERSION ?= 2.13.0
 TORCH_PIP_ARGS ?=
 PYTEST_WORKERS ?= 2
 LOCK ?= locks/requirements.txt
+# MKL_VENDOR=intel|other: run under oneMKL's code path for that CPU vendor (tests/mkl_dispatch.py), e.g.
+# `make test MKL_VENDOR=intel` on an AMD CPU runs the suite with an Intel Xeon's float32 products.
+MKL_VENDOR ?=
+ifneq ($(filter-out intel other,$(MKL_VENDOR)),)
+$(error MKL_VENDOR: expected intel or other, got '$(MKL_VENDOR)')
+endif
+MKL_PRELOAD = $(if $(MKL_VENDOR),MKL_VENDOR=$(MKL_VENDOR) LD_PRELOAD="$$($(BIN)/python -m tests.mkl_dispatch $(MKL_VENDOR))")
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1 && echo yes)
 
 .PHONY: install test demo bench lint lock compat clean
@@ -35,7 +42,8 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml $(LOCK)
 install: $(VENV)/.installed
 
 test: install
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --durations=15 tests
+	$(if $(MKL_VENDOR),$(BIN)/python -m tests.mkl_dispatch $(MKL_VENDOR))
+	$(MKL_PRELOAD) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --durations=15 tests
 
 demo: install
 	$(BIN)/python -m hf_attn_variants demo

@@ -1,7 +1,7 @@
 """Record one timed run of the suite (or the demo) in ``docs/results/suite.json`` and re-render the docs.
 
 Usage: ``python scripts/record_suite.py --label "fresh clone, make test" --command "make test" --minutes 12.3
-[--log pytest.log] [--isa AVX2]``. With ``--log``, pytest's closing line ("N passed, M skipped …") gives the
+[--log pytest.log] [--isa AVX2] [--mkl-vendor intel]``. With ``--log``, pytest's closing line ("N passed, M skipped …") gives the
 counts. Run it from the repository root with the package's environment.
 """
 
@@ -25,10 +25,12 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, required=True)
     parser.add_argument("--log", type=Path, default=None)
     parser.add_argument("--isa", default=None, help="The ONEDNN_MAX_CPU_ISA the run had, if any.")
+    parser.add_argument("--mkl-vendor", choices=("intel", "other"), default=None,
+                        help="The MKL_VENDOR the run had (make test MKL_VENDOR=...; tests/mkl_dispatch.py), if any.")
     args = parser.parse_args()
     data = load_results(ROOT, NAME) if results_path(ROOT, NAME).exists() else {"kind": "suite", "runs": []}
     run = {"label": args.label, "command": args.command, "machine": machine_description(), "isa": args.isa,
-           "versions": versions(), "minutes": args.minutes, "date": datetime.date.today().isoformat()}
+           "mkl_vendor": args.mkl_vendor, "versions": versions(), "minutes": args.minutes, "date": datetime.date.today().isoformat()}
     if args.log is not None:
         run["counts"] = pytest_counts(args.log.read_text(errors="replace"))
         if not run["counts"]:

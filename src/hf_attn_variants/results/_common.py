@@ -20,21 +20,42 @@ PROVENANCE_FIELDS = ("kind", "command", "machine", "versions", "date")
 """Fields every results file of the studies carries (``provenance`` too when its numbers were transcribed)."""
 
 
-def cpu_name() -> str:
+def forced_mkl_path() -> str | None:
+    """``"Intel"`` or ``"non-Intel"`` when this process runs under oneMKL's code path of the other CPU vendor
+    (``MKL_VENDOR`` set and its vendor shim in ``LD_PRELOAD``: ``make test MKL_VENDOR=…``, ``tests/mkl_dispatch.py``),
+    else ``None``. Float32 products follow that vendor's rounding, so results record it beside the CPU."""
+    vendor = os.environ.get("MKL_VENDOR")
+    preloaded = [os.path.basename(entry) for entry in os.environ.get("LD_PRELOAD", "").split()]
+    if vendor not in ("intel", "other") or not any(name.startswith(f"mkl-{vendor}-") for name in preloaded):
+        return None
+    return "Intel" if vendor == "intel" else "non-Intel"
+
+
+def _cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()`` or the machine type."""
+    name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as stream:
-            for line in stream:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            name = next((line.split(":", 1)[1].strip() for line in stream if line.startswith("model name")), name)
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return name
+
+
+def _forced_path_note() -> str:
+    forced = forced_mkl_path()
+    return f" on oneMKL's {forced} code path" if forced else ""
+
+
+def cpu_name() -> str:
+    """The CPU's model name, followed by ``"on oneMKL's Intel code path"`` when ``forced_mkl_path`` says the run
+    imitates the other vendor's float32 products."""
+    return _cpu_model() + _forced_path_note()
 
 
 def machine_description(extra: str | None = None) -> str:
     """``"2-core AMD EPYC CPU (x86_64), no GPU"`` and ``extra`` (e.g. the load average), for the ``machine`` field."""
-    text = f"{os.cpu_count()}-core {cpu_name()} CPU ({platform.machine()})"
+    text = f"{os.cpu_count()}-core {_cpu_model()} CPU ({platform.machine()}){_forced_path_note()}"
     try:
         import torch
 

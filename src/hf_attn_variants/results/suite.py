@@ -1,7 +1,7 @@
 """Results kind ``suite``: how long ``make test`` / ``make demo`` took and what pytest counted, per run.
 
 ``scripts/record_suite.py`` appends one run (its label, the command, machine, versions, ``ONEDNN_MAX_CPU_ISA``,
-pytest's counts, minutes) to ``docs/results/suite.json``; the README's "Tests" section renders the table.
+the oneMKL vendor path forced with ``MKL_VENDOR``, pytest's counts, minutes) to ``docs/results/suite.json``; the README's "Tests" section renders the table.
 """
 
 from __future__ import annotations
@@ -30,14 +30,25 @@ def _counts(run: dict[str, Any]) -> str:
     return ", ".join(f"{counts[key]} {key}" for key in order if key in counts) or "–"
 
 
+_MKL_PATHS = {"intel": "oneMKL's Intel code path (`MKL_VENDOR=intel`)",
+              "other": "oneMKL's non-Intel code path (`MKL_VENDOR=other`)"}
+
+
+def _where(run: dict[str, Any]) -> str:
+    """The machine, with the ISA cap and the forced oneMKL vendor path the run had."""
+    notes = [f"`ONEDNN_MAX_CPU_ISA={run['isa']}`"] if run.get("isa") else []
+    notes += [_MKL_PATHS[run["mkl_vendor"]]] if run.get("mkl_vendor") else []
+    return "; ".join([run["machine"], *notes])
+
+
 def runs(data: dict[str, Any]) -> str:
-    """One row per recorded run: what, where (CPU and ISA cap), versions, pytest's counts, time."""
+    """One row per recorded run: what, where (CPU, ISA cap, oneMKL path), versions, pytest's counts, time."""
     if not data["runs"]:
         return "*No run recorded yet.*"
     rows = []
     for run in data["runs"]:
         rows.append([
-            run["label"], f"`{run['command']}`", run["machine"] + (f"; `ONEDNN_MAX_CPU_ISA={run['isa']}`" if run.get("isa") else ""),
+            run["label"], f"`{run['command']}`", _where(run),
             format_versions(run.get("versions") or {}), _counts(run), f"{run['minutes']:.1f} min", run["date"],
         ])
     return markdown_table(["run", "command", "machine", "versions", "result", "time", "date"], rows)

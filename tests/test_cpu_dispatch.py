@@ -1,0 +1,60 @@
+"""Both CPU vendors' oneMKL code paths on every machine: a tolerance tuned on one CPU fails here, not on the other.
+
+CI lands on an Intel Xeon one day and an AMD EPYC the next, and oneMKL sums float32 products in a different order
+on each (``tests/mkl_dispatch.py``). The suite itself runs on this CPU's own path; this file runs the numerics
+tests again on the other vendor's path, so both are checked on every run whichever CPU it gets.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from hf_attn_variants.results.suite import pytest_counts
+from tests.mkl_dispatch import mkl_code_path, native_env, native_vendor, other_vendor, vendor_env
+from tests.test_transformers_floor import MODEL_TEST_FILES
+
+REPO = Path(__file__).resolve().parents[1]
+# The model tests plus the files that compare our kernels and peers against references in float32.
+NUMERICS_TEST_FILES = (*MODEL_TEST_FILES, "tests/test_peers.py", "tests/test_flex_attention.py",
+                       "tests/test_gau_triton.py")
+
+
+def test_the_shim_switches_onemkl_to_the_other_vendors_code_path() -> None:
+    own_path = mkl_code_path(native_env())
+    assert mkl_code_path(vendor_env(native_vendor())) == own_path
+    other_path = mkl_code_path(vendor_env(other_vendor()))
+    assert other_path != own_path, f"the {other_vendor()!r} shim left oneMKL on its own path: {own_path}"
+
+
+def test_the_numerics_tests_pass_on_the_other_vendors_onemkl_path() -> None:
+    env = vendor_env(other_vendor())
+    env = {k: v for k, v in env.items() if k != "PYTEST_XDIST_WORKER"}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *NUMERICS_TEST_FILES],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=1200, check=False,
+    )
+    counts = pytest_counts(result.stdout)
+    path = mkl_code_path(env)
+    assert result.returncode == 0, f"on oneMKL's path {path!r}:\n{result.stdout[-6000:]}\n{result.stderr[-2000:]}"
+    assert counts.get("passed", 0) > 500 and not counts.get("failed") and not counts.get("errors"), counts
+
+
+def test_results_name_the_forced_path_only_when_the_shim_is_really_preloaded(monkeypatch) -> None:
+    from hf_attn_variants.results import _common, suite
+
+    monkeypatch.delenv("MKL_VENDOR", raising=False)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    assert _common.forced_mkl_path() is None and "oneMKL" not in _common.machine_description()
+    monkeypatch.setenv("MKL_VENDOR", "intel")
+    assert _common.forced_mkl_path() is None  # the variable alone forces nothing
+    for key, value in vendor_env("intel", {}).items():
+        monkeypatch.setenv(key, value)
+    assert _common.forced_mkl_path() == "Intel"
+    assert _common.cpu_name().endswith("on oneMKL's Intel code path")
+    assert "on oneMKL's Intel code path, no GPU" in _common.machine_description()
+    run = {"label": "x", "command": "make test MKL_VENDOR=intel", "machine": "2-core AMD EPYC CPU (x86_64), no GPU",
+           "isa": "AVX2", "mkl_vendor": "intel", "versions": {}, "minutes": 1.0, "date": "2026-11-26"}
+    assert "`ONEDNN_MAX_CPU_ISA=AVX2`; oneMKL's Intel code path (`MKL_VENDOR=intel`)" in suite.runs({"runs": [run]})
