@@ -48,13 +48,15 @@ def test_results_name_the_forced_path_only_when_the_shim_is_really_preloaded(mon
     monkeypatch.delenv("MKL_VENDOR", raising=False)
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     assert _common.forced_mkl_path() is None and "oneMKL" not in _common.machine_description()
+    assert _common.forced_mkl_command_prefix() == ""
     monkeypatch.setenv("MKL_VENDOR", "intel")
     assert _common.forced_mkl_path() is None  # the variable alone forces nothing
     for key, value in vendor_env("intel", {}).items():
         monkeypatch.setenv(key, value)
     assert _common.forced_mkl_path() == "Intel"
-    assert _common.cpu_name().endswith("on oneMKL's Intel code path")
-    assert "on oneMKL's Intel code path, no GPU" in _common.machine_description()
+    assert _common.forced_mkl_command_prefix() == "MKL_VENDOR=intel LD_PRELOAD=$(python -m tests.mkl_dispatch intel) "
+    assert _common.cpu_name().endswith(" (oneMKL's Intel path)")
+    assert "(x86_64), oneMKL on its Intel code path" in _common.machine_description()
     run = {"label": "x", "command": "make test MKL_VENDOR=intel", "machine": "2-core AMD EPYC CPU (x86_64), no GPU",
            "isa": "AVX2", "mkl_vendor": "intel", "versions": {}, "minutes": 1.0, "date": "2026-11-26"}
     assert "`ONEDNN_MAX_CPU_ISA=AVX2`; oneMKL's Intel code path (`MKL_VENDOR=intel`)" in suite.runs({"runs": [run]})

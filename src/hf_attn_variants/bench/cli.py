@@ -34,6 +34,7 @@ from ..cli_utils import (
     fail_flag,
 )
 from ..results import RESULTS_DIR
+from ..results._common import forced_mkl_command_prefix
 from .specs import COMPARISONS, PRESETS, Comparison, Preset, Variant
 
 
@@ -372,7 +373,7 @@ def run(args: argparse.Namespace) -> int:
         print("--merge: measuring whole comparisons " + ", ".join(c.key for c in bench_plan.comparisons)
               + " (every ratio of the results file pairs rows of one run)", flush=True)
     bench = runner.run_all()
-    bench.environment["command"] = command.strip()
+    bench.environment["command"] = (forced_mkl_command_prefix() + command).strip()
     data = to_results(bench)
     if bench_plan.target == "own":
         written = _write_own(data, bench_plan.json_path, bench_plan.output, args)

@@ -657,6 +657,16 @@ def _relative(plot: Path, folder: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- other views
+def targets_of_run(run: BenchRun) -> str:
+    """The targets table of one (partial) run, under a line saying where, when and by what command it was measured:
+    for a run kept beside the committed report, e.g. on another CPU or oneMKL code path."""
+    env = run.environment
+    where = f"{env['cpu']}, {env['cpu_count']} logical CPUs, {run.threads} thread(s)"
+    versions = ", ".join(f"{name} {env[name]}" for name in ("python", "torch", "transformers") if env.get(name))
+    body = _targets(run)[2:] or ["*No target was measured in this run.*", ""]
+    return "\n".join([f"*Measured by `{env['command']}` on {env['date']}, on {where} ({versions}).*", "", *body]).rstrip("\n") + "\n"
+
+
 def speed_summary(run: BenchRun, report: str = "docs/benchmarks.md") -> str:
     """The README's **Speed.** paragraph: the headline figures of the targets table."""
     parts = []

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..results._common import cpu_name
 from .measure import graph_breaks, make_step, peak_step_memory, time_step, warmup_with_memory_and_flops
 from .specs import (
     LOOP_FAMILY,
@@ -103,15 +104,6 @@ def environment(device: torch.device) -> dict[str, Any]:
     """Machine and library versions for the report."""
     import transformers
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     env: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "python": sys.version.split()[0],
@@ -119,7 +111,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "hf_attn_variants": _package_version(),
         "platform": platform.platform(),
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "load_average_start": _load_average(),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,

@@ -5,6 +5,8 @@
 - ``speed_summary``: the README's **Speed.** paragraph.
 - ``gau_table``: docs/gau.md's quadratic-vs-FLASH measurements.
 - ``synthesizer_table``: docs/synthesizer.md's component timings.
+- ``targets``: the targets table of a run of its own kept beside the report (docs/benchmarks.md's run on oneMKL's
+  Intel code path).
 
 All of them compute their figures with the same functions (``hf_attn_variants.bench.report``), so a
 figure has one value wherever it is quoted. They live with the benchmark, which owns the file format;
@@ -42,3 +44,8 @@ def gau_table(data: dict[str, Any]) -> str:
 def synthesizer_table(data: dict[str, Any]) -> str:
     """Every Synthesizer component's time relative to vanilla (docs/synthesizer.md)."""
     return _report.synthesizer_measurements(_store.from_results(data))
+
+
+def targets(data: dict[str, Any]) -> str:
+    """The targets of a results file of its own, with its provenance line."""
+    return _report.targets_of_run(_store.from_results(data))

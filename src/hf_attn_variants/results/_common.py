@@ -31,6 +31,13 @@ def forced_mkl_path() -> str | None:
     return "Intel" if vendor == "intel" else "non-Intel"
 
 
+def forced_mkl_command_prefix() -> str:
+    """The environment that reproduces a forced oneMKL path, put before a recorded command (``"MKL_VENDOR=intel
+    LD_PRELOAD=$(python -m tests.mkl_dispatch intel) "``), or ``""`` on the CPU's own path."""
+    vendor = os.environ.get("MKL_VENDOR") if forced_mkl_path() else None
+    return f"MKL_VENDOR={vendor} LD_PRELOAD=$(python -m tests.mkl_dispatch {vendor}) " if vendor else ""
+
+
 def _cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()`` or the machine type."""
     name = platform.processor() or platform.machine()
@@ -42,20 +49,18 @@ def _cpu_model() -> str:
     return name
 
 
-def _forced_path_note() -> str:
-    forced = forced_mkl_path()
-    return f" on oneMKL's {forced} code path" if forced else ""
-
-
 def cpu_name() -> str:
-    """The CPU's model name, followed by ``"on oneMKL's Intel code path"`` when ``forced_mkl_path`` says the run
+    """The CPU's model name, followed by ``"(oneMKL's Intel path)"`` when ``forced_mkl_path`` says the run
     imitates the other vendor's float32 products."""
-    return _cpu_model() + _forced_path_note()
+    forced = forced_mkl_path()
+    return _cpu_model() + (f" (oneMKL's {forced} path)" if forced else "")
 
 
 def machine_description(extra: str | None = None) -> str:
     """``"2-core AMD EPYC CPU (x86_64), no GPU"`` and ``extra`` (e.g. the load average), for the ``machine`` field."""
-    text = f"{os.cpu_count()}-core {_cpu_model()} CPU ({platform.machine()}){_forced_path_note()}"
+    forced = forced_mkl_path()
+    text = f"{os.cpu_count()}-core {_cpu_model()} CPU ({platform.machine()})"
+    text += f", oneMKL on its {forced} code path" if forced else ""
     try:
         import torch
 

@@ -70,6 +70,11 @@ def _cpu(data: dict[str, Any]) -> str:
     return data.get("cpu") or data.get("machine") or "an unrecorded machine"
 
 
+def _listed(names: list[str]) -> str:
+    """``"a"``, ``"a and b"``, ``"a, b and c"``."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def _seeds(data: dict[str, Any]) -> str:
     return ", ".join(str(s) for s in data["seeds"])
 
@@ -376,7 +381,7 @@ def relu2_verdict(data: dict[str, Any]) -> str:
         cpus = sorted({_cpu(r) for r, _ in per_run})
         means = [_mean_std(d)[0] for _, d in per_run]
         consistent = _sign_summary([-v for v in values], "better", "worse", f"seeds of {len(per_run)} runs")
-        where = f"{len(per_run)} run{'s' if len(per_run) != 1 else ''} on {' and '.join(cpus)}"
+        where = f"{len(per_run)} run{'s' if len(per_run) != 1 else ''} on {_listed(cpus)}"
         if consistent:
             finetune.append(f"on the {task} task `fixed` was {consistent} ({signed(min(values))} to "
                             f"{signed(max(values))} accuracy; {where})")
@@ -412,7 +417,7 @@ def relu2_readme(data: dict[str, Any]) -> str:
             pairs = [(r, d) for r, d in ((r, _finetune_differences(r, task)) for r in runs) if d]
             if pairs:
                 task_values = [v for _, d in pairs for v in d]
-                task_cpus = " and ".join(sorted({_cpu(r) for r, _ in pairs}))
+                task_cpus = _listed(sorted({_cpu(r) for r, _ in pairs}))
                 spreads.append(f"{task}: {signed(min(task_values))} to {signed(max(task_values))} per seed over "
                                f"{len(pairs)} run{'s' if len(pairs) != 1 else ''} on {task_cpus}")
         spread = "accuracy of `fixed` − `dynamic`, " + "; ".join(spreads)
