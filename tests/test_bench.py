@@ -19,6 +19,10 @@ from hf_attn_variants.bench.specs import COMPARISONS, PRESETS, build_variants, s
 from hf_attn_variants.bench.store import from_results, merge_closure, to_results
 from hf_attn_variants.cli import SUBCOMMANDS, main
 from hf_attn_variants.results import REGION, load_results, render_docs
+from hf_attn_variants.results._common import forced_mkl_command_prefix
+
+# What a run from Python records as its command (with the oneMKL path it was forced onto, under MKL_VENDOR).
+CALLED_FROM_PYTHON = forced_mkl_command_prefix() + "hf-attn-variants bench (called from Python)"
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +64,7 @@ def test_quick_run_writes_results_report_and_plots(quick_run) -> None:
     assert (folder / "benchmarks_time.png").stat().st_size > 0
     assert (folder / "benchmarks_memory.png").stat().st_size > 0
     data = json.loads(quick_run.read_text())
-    assert data["kind"] == "bench" and data["command"] == "hf-attn-variants bench (called from Python)"
+    assert data["kind"] == "bench" and data["command"] == CALLED_FROM_PYTHON
     assert data["machine"]["load_average_start"] and data["versions"]["torch"] == torch.__version__
     ok = [r for r in data["results"] if r["status"] == "ok"]
     assert {r["phase"] for r in ok} == {"train", "infer"}
@@ -123,7 +127,7 @@ def test_merge_replaces_rows_and_marks_them(quick_run, tmp_path, monkeypatch) ->
     assert main(["bench", "--quick", "--only", "ei_decoder_sdpa", "--merge", "--no-plots"]) == 0
     after = load_results(tmp_path, "benchmarks-cpu")
     (entry,) = after["replaced"]
-    assert entry["merge"] == 1 and entry["command"] == "hf-attn-variants bench (called from Python)"
+    assert entry["merge"] == 1 and entry["command"] == CALLED_FROM_PYTHON
     assert entry["date"] and entry["load_average_start"] and entry["rows_added"] == []
     # --only ei_decoder_sdpa re-measured its whole comparison, baseline included, so ratios pair one run
     replaced = {(v, m, p, n) for v, m, p, n, _ in entry["rows_replaced"]}
@@ -134,7 +138,7 @@ def test_merge_replaces_rows_and_marks_them(quick_run, tmp_path, monkeypatch) ->
     untouched = [r for r in after["results"] if r.get("merge") != 1]
     assert untouched == [r for r in before["results"] if (r["variant"], r["mode"], r["phase"], r["n"]) not in replaced]
     report = (tmp_path / "docs" / "benchmarks.md").read_text()
-    assert "`ei_decoder_sdpa` [merge 1]" in report and "**merge 1**: `hf-attn-variants bench" in report
+    assert "`ei_decoder_sdpa` [merge 1]" in report and f"**merge 1**: `{CALLED_FROM_PYTHON}" in report
     assert "`bert_sdpa` [merge" not in report
     assert "1 partial re-run(s) merged" in (tmp_path / "README.md").read_text()
     assert render_docs(tmp_path, check=True) == []

@@ -229,6 +229,8 @@ def targets(run: BenchRun) -> list[Target]:
 
 PEER_PAIRS = (("gau_flash", "flash_pytorch", "bidirectional"), ("gau_flash_causal", "flash_pytorch_causal", "causal"))
 """(ours, the peer, direction) of the peer targets."""
+PEER_TARGET = 0.85
+"""The most our FLASH's fwd+bwd time may be of FLASH-pytorch's at equal shapes (issue 24)."""
 
 
 def _peer_targets(run: BenchRun) -> list[Target]:
@@ -244,9 +246,13 @@ def _peer_targets(run: BenchRun) -> list[Target]:
                     continue
                 mine, theirs = rows[0].peak_bytes, rows[1].peak_bytes
                 how = ", both `torch.compile`d" if mode == "compiled" else ""
-                out.append(Target(f"our FLASH ({direction}{how}) fwd+bwd ≤ 0.85× FLASH-pytorch's time at no more "
-                                  f"peak memory, n = {n}", f"{ratio.text()}×; peak {_mib(mine)} vs {_mib(theirs)} MiB",
-                                  ratio.median <= 0.85 and mine <= theirs, rows))
+                met = ratio.median <= PEER_TARGET and mine <= theirs
+                measured = f"{ratio.text()}×; peak {_mib(mine)} vs {_mib(theirs)} MiB"
+                if ratio.median > PEER_TARGET:
+                    measured += (f"; {ratio.median / PEER_TARGET - 1:.0%} above the target time (why: the profile "
+                                 "under \"Where the time goes\" in docs/benchmarks.md)")
+                out.append(Target(f"our FLASH ({direction}{how}) fwd+bwd ≤ {PEER_TARGET}× FLASH-pytorch's time at no "
+                                  f"more peak memory, n = {n}", measured, met, rows))
     return out
 
 
