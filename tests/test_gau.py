@@ -25,7 +25,7 @@ from hf_attn_variants import (
 )
 from hf_attn_variants.models import gau_kernels
 from hf_attn_variants.models.gau_cache import GAUChunkCacheLayer
-from hf_attn_variants.models.gau_kernels import flash_mixed_chunk_attention
+from hf_attn_variants.models.gau_kernels import flash_effective_weights, flash_mixed_chunk_attention
 from hf_attn_variants.models.gau_triton import TRITON_AVAILABLE
 from hf_attn_variants.models.modeling_gau import (
     GAU_ATTENTION_PATHS,
@@ -418,10 +418,25 @@ def test_flash_kernel_state_is_the_sum_over_complete_chunks() -> None:
     torch.manual_seed(0)
     q, k, ql, kl = (torch.randn(1, 10, 4) for _ in range(4))
     v = torch.randn(1, 10, 6)
-    _, state = flash_mixed_chunk_attention(q, k, ql, kl, v, chunk_size=4, causal=True, scaling=0.5)
+    _, state = flash_mixed_chunk_attention(q, k, ql, kl, v, chunk_size=4, causal=True)
     assert torch.allclose(state, kl[:, :8].transpose(1, 2) @ v[:, :8], atol=1e-5)
-    _, total = flash_mixed_chunk_attention(q, k, ql, kl, v, chunk_size=4, causal=False, scaling=0.5)
+    _, total = flash_mixed_chunk_attention(q, k, ql, kl, v, chunk_size=4, causal=False)
     assert torch.allclose(total, kl.transpose(1, 2) @ v, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length", [12, 10])  # a multiple of the chunk size and not
+def test_flash_kernel_without_a_mask_is_the_dense_matrix_times_v(causal: bool, length: int) -> None:
+    """No key mask takes the path that masks nothing (zero-padded keys are invisible by themselves): it must equal
+    W v of ``flash_effective_weights``, and the kernel given an all-true mask."""
+    torch.manual_seed(0)
+    q, k, ql, kl = (torch.randn(2, length, 4, dtype=torch.float64) for _ in range(4))
+    v = torch.randn(2, length, 6, dtype=torch.float64)
+    numerator, _ = flash_mixed_chunk_attention(q, k, ql, kl, v, chunk_size=4, causal=causal)
+    dense = flash_effective_weights(q, k, ql, kl, chunk_size=4, causal=causal) @ v
+    masked, _ = flash_mixed_chunk_attention(q, k, ql, kl, v, chunk_size=4, causal=causal,
+                                            key_mask=torch.ones(2, length, dtype=torch.bool))
+    assert torch.allclose(numerator, dense, atol=1e-12) and torch.allclose(numerator, masked, atol=1e-12)
 
 
 # -------------------------------------------------------------------------------------- masks & padding

@@ -70,7 +70,7 @@ def test_intra_chunk_kernel_matches_flash(causal: bool, chunk: int) -> None:
     zeros = torch.zeros(2, n, 16)
 
     def torch_intra(q, k, v):
-        return flash_mixed_chunk_attention(q, k, zeros, zeros, v, chunk_size=chunk, causal=causal, scaling=1.0,
+        return flash_mixed_chunk_attention(q, k, zeros, zeros, v, chunk_size=chunk, causal=causal,
                                            key_mask=keep.bool())[0]
 
     assert_same(lambda q, k, v: triton_flash_intra_chunk(q, k, v, keep.bool(), chunk, causal), torch_intra,

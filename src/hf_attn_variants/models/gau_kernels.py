@@ -266,65 +266,67 @@ def flash_mixed_chunk_attention(
     *,
     chunk_size: int,
     causal: bool,
-    scaling: float,
     key_mask: torch.Tensor | None = None,
     initial_state: torch.Tensor | None = None,
     dropout: float = 0.0,
     training: bool = False,
     intra_chunk: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FLASH mixed-chunk attention (Hua et al. 2022, §3.2), unnormalised: returns ``(numerator, state)``.
+    """FLASH mixed-chunk attention (Hua et al. 2022, §3.2) with every factor in the queries: ``(numerator, state)``.
 
     Inputs are ``(batch, T, s)`` (``value``: ``(batch, T, e)``), ``key_mask`` ``(batch, T)`` bool
     (``True`` = real token). Position t belongs to chunk ⌊t / g⌋; T is padded internally to a multiple
-    of g with masked keys. numerator_i = Σ_{j same chunk, visible} relu(q_i·k_j·scaling)² v_j +
-    Σ_{j ∈ lin(i)} (q'_i·k'_j·scaling) v_j, where lin(i) is every valid key (non-causal) or the valid keys
-    of earlier chunks plus ``initial_state`` = Σ k'ᵀv of chunks before this segment (causal). ``state``
-    is ``initial_state`` + Σ k'ᵀv over the *complete* chunks of the segment (causal), or the total
-    (non-causal). Everything is computed in at least float32; cost and memory are O(T·g + T/g·s·e).
-    ``intra_chunk=False`` leaves out the relu² part inside the chunks (the caller adds it: the Triton kernel).
+    of g with zero keys, which no query can see. numerator_i = Σ_{j same chunk, visible} relu(q_i·k_j)² v_j +
+    Σ_{j ∈ lin(i)} (q'_i·k'_j) v_j, where lin(i) is every valid key (non-causal) or the valid keys of earlier chunks
+    plus ``initial_state`` = Σ k'ᵀv of chunks before this segment (causal). The caller folds the positive factors
+    into the queries (relu(a·q·k)²/L = relu((q·a/√L)·k)², (a·q'·k')/L = (q'·a/L)·k'), where they cost O(T·s)
+    instead of O(T·g) on the scores and O(T·e) on the output. ``state`` is ``initial_state`` + Σ k'ᵀv over the
+    *complete* chunks of the segment (causal), or the total (non-causal). Everything is computed in at least
+    float32; cost and memory are O(T·g + T/g·s·e). ``intra_chunk=False`` leaves out the relu² part inside the
+    chunks (the caller adds it: the Triton kernel).
     """
     batch, length, key_size = quad_q.shape
     width = value.shape[-1]
     pad = (-length) % chunk_size
     chunks = (length + pad) // chunk_size
+    lin_k, v = upcast(lin_k), upcast(value)
+    valid = None if key_mask is None else key_mask.bool()
+    if valid is not None:
+        lin_k = lin_k * valid[..., None]
 
     def blocks(x: torch.Tensor) -> torch.Tensor:
-        return F.pad(upcast(x), (0, 0, 0, pad)).view(batch, chunks, chunk_size, x.shape[-1])
+        x = F.pad(upcast(x), (0, 0, 0, pad)) if pad else upcast(x)
+        return x.view(batch, chunks, chunk_size, x.shape[-1])
 
-    valid = key_mask.bool() if key_mask is not None else quad_q.new_ones(batch, length, dtype=torch.bool)
-    valid = F.pad(valid, (0, pad), value=False).view(batch, chunks, chunk_size)
-    quad_q, quad_k, v = blocks(quad_q), blocks(quad_k), blocks(value)
-    lin_q = blocks(lin_q) * scaling
-    lin_k = blocks(lin_k) * valid[..., None]
-
-    numerator = v.new_zeros(batch, chunks, chunk_size, width)
+    numerator = None
     if intra_chunk:  # exact relu² attention inside each chunk; mask after the activation
-        weights = F.relu(torch.matmul(quad_q, quad_k.transpose(-1, -2)) * scaling).square()
-        visible = valid[:, :, None, :]
+        weights = F.relu(torch.matmul(blocks(quad_q), blocks(quad_k).transpose(-1, -2))).square()
+        visible = None if valid is None else F.pad(valid, (0, pad)).view(batch, chunks, 1, chunk_size)
         if causal:
-            visible = visible & torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=valid.device).tril()
-        weights = weights.masked_fill(~visible, 0.0)
+            tril = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=weights.device).tril()
+            visible = tril if visible is None else visible & tril
+        if visible is not None:
+            weights = weights.masked_fill(~visible, 0.0)
         if dropout > 0.0 and training:
             weights = F.dropout(weights, p=dropout, training=True)
-        numerator = torch.matmul(weights, v)
+        numerator = torch.matmul(weights, blocks(v))
 
-    # Linear attention across chunks through per-chunk k'ᵀv summaries (s × e each).
-    summaries = torch.einsum("bgcs,bgce->bgse", lin_k, v)
+    # Linear attention across chunks through k'ᵀv summaries (s × e each).
     if causal:
+        summaries = torch.einsum("bgcs,bgce->bgse", blocks(lin_k), blocks(v))
         earlier = torch.cat(
             [summaries.new_zeros(batch, 1, key_size, width), summaries[:, :-1]], dim=1
         ).cumsum(1)
         if initial_state is not None:
             earlier = earlier + initial_state.to(earlier.dtype)[:, None]
-        numerator = numerator + torch.einsum("bgcs,bgse->bgce", lin_q, earlier)
-        complete = length // chunk_size
-        state = summaries[:, :complete].sum(1)
+        linear = torch.einsum("bgcs,bgse->bgce", blocks(lin_q), earlier)
+        state = summaries[:, : length // chunk_size].sum(1)
         if initial_state is not None:
             state = state + initial_state.to(state.dtype)
-    else:
-        state = summaries.sum(1)
-        numerator = numerator + torch.matmul(lin_q, state[:, None])
+    else:  # every query sees the same total: one product over all positions, no per-chunk summaries
+        state = torch.matmul(lin_k.transpose(-1, -2), v)
+        linear = torch.matmul(blocks(lin_q), state[:, None])
+    numerator = linear if numerator is None else numerator + linear
     return numerator.reshape(batch, chunks * chunk_size, width)[:, :length], state
 
 
@@ -359,15 +361,15 @@ def flash_effective_weights(
     *,
     chunk_size: int,
     causal: bool,
-    scaling: float,
     key_mask: torch.Tensor | None = None,
     dropout: float = 0.0,
     training: bool = False,
     visibility: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
-    """The dense (batch, T, T) matrix W with numerator = W v for ``flash_mixed_chunk_attention``.
+    """The dense (batch, T, T) matrix W with numerator = W v for ``flash_mixed_chunk_attention`` (factors in the
+    queries, as there).
 
-    W_ij = relu(q_i·k_j·scaling)² [same chunk, visible] + (q'_i·k'_j·scaling) [j ∈ lin(i)], dropout on the
+    W_ij = relu(q_i·k_j)² [same chunk, visible] + (q'_i·k'_j) [j ∈ lin(i)], dropout on the
     quadratic part as in the chunked kernel; the two brackets are ``visibility`` (``flash_visibility``: of the
     tensor columns when ``None``, per document for packed rows). O(T²): built for ``output_attentions`` and for
     packed documents.
@@ -375,8 +377,8 @@ def flash_effective_weights(
     if visibility is None:
         visibility = flash_visibility(torch.arange(quad_q.shape[1], device=quad_q.device), chunk_size, causal)
     quadratic, linear = visibility
-    quad = F.relu(torch.matmul(upcast(quad_q), upcast(quad_k).transpose(-1, -2)) * scaling).square() * quadratic
-    lin = torch.matmul(upcast(lin_q), upcast(lin_k).transpose(-1, -2)) * scaling
+    quad = F.relu(torch.matmul(upcast(quad_q), upcast(quad_k).transpose(-1, -2))).square() * quadratic
+    lin = torch.matmul(upcast(lin_q), upcast(lin_k).transpose(-1, -2))
     if linear is not None:
         lin = lin * linear
     if dropout > 0.0 and training:

@@ -490,8 +490,11 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
             length, past + length, quad_q.device, cached=layer is not None, output_attentions=output_attentions,
             packed=visibility is not None,
         )
-        lengths = self.normalization.lengths(key_counts, quad_q)[..., None]
-        options = {"chunk_size": self.chunk_size, "causal": self.is_causal, "scaling": self.scaling}
+        # relu(a·q·k)²/L + (a·q'·k')/L with a = 1/√s: every factor folded into the queries (O(n·s) work).
+        lengths = self.normalization.lengths(key_counts, quad_q)
+        quad_q = upcast(quad_q) * (self.scaling * lengths.rsqrt())[..., None]
+        lin_q = upcast(lin_q) * (self.scaling / lengths)[..., None]
+        options = {"chunk_size": self.chunk_size, "causal": self.is_causal}
         dropout = {"dropout": self.config.attention_probs_dropout_prob, "training": self.training}
         if path == "flash_cache" and length == 1 and not (self.training and dropout["dropout"] > 0):
             numerator = self._decode_step(layer, quad_q, quad_k, lin_q, lin_k, v, key_mask)
@@ -502,18 +505,18 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
                                                            **options, **dropout, intra_chunk=path == "flash")
             if path == "flash_triton":
                 numerator = numerator + triton_flash_intra_chunk(
-                    upcast(quad_q) * self.scaling, upcast(quad_k), upcast(v), key_mask, self.chunk_size, self.is_causal
+                    quad_q, upcast(quad_k), upcast(v), key_mask, self.chunk_size, self.is_causal
                 )
             if layer is not None:  # a prefill: the cache starts from this segment's state and open chunk
                 self._start_cache(layer, quad_k, lin_k, v, key_mask, state)
         if path not in ("flash_map", "flash_cache_map", "flash_documents"):
-            return numerator / lengths, None
+            return numerator, None
         # The reference: the effective (batch, n, n) matrix W, used for the output so the returned weights are the
         # ones the output depends on (O(n²), like any attention map).
         weights = flash_effective_weights(
             quad_q, quad_k, lin_q, lin_k, key_mask=key_mask, visibility=visibility, **options, **dropout
         )
-        weights = (weights / lengths).unsqueeze(1)
+        weights = weights.unsqueeze(1)
         attended = torch.matmul(weights, upcast(v).unsqueeze(1)).squeeze(1)
         return attended, weights.to(v.dtype) if output_attentions else None
 
@@ -548,19 +551,19 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
     ) -> torch.Tensor:
         """One new token per row after the cache: its row of ``_chunked_with_cache`` in O(g·(s + e) + s·e).
 
-        numerator = Σ_{j ∈ open chunk ‖ itself, visible} relu(q·k_j·scaling)² v_j + (q'·scaling) S, with S the
-        closed chunks' Σ k'ᵀv; the token joins the open chunk, and a chunk it completes is folded into S. The
-        general path would recompute the relu² rows of the whole open chunk and drop all but this one.
+        numerator = Σ_{j ∈ open chunk ‖ itself, visible} relu(q·k_j)² v_j + q' S (the queries carry their factors),
+        with S the closed chunks' Σ k'ᵀv; the token joins the open chunk, and a chunk it completes is folded into S.
+        The general path would recompute the relu² rows of the whole open chunk and drop all but this one.
         """
         keys, values, opened, state = self._segment(layer, quad_k, lin_k, v, key_mask)
         seg_quad_k, seg_lin_k = upcast(keys.squeeze(1)).split(self.key_size, dim=-1)
         seg_values = upcast(values.squeeze(1))
-        weights = F.relu(torch.matmul(upcast(quad_q), seg_quad_k.transpose(-1, -2)) * self.scaling).square()
+        weights = F.relu(torch.matmul(quad_q, seg_quad_k.transpose(-1, -2))).square()
         if key_mask is not None:
             weights = weights.masked_fill(~key_mask[:, None, -(opened + 1):].bool(), 0.0)
         numerator = torch.matmul(weights, seg_values)
         if state is not None:
-            numerator = numerator + torch.matmul(upcast(lin_q) * self.scaling, state.to(numerator.dtype))
+            numerator = numerator + torch.matmul(lin_q, state.to(numerator.dtype))
         if keys.shape[-2] == self.chunk_size:  # the token closes its chunk: fold the chunk into the state
             closed = torch.matmul(seg_lin_k.transpose(-1, -2), seg_values)
             state = closed if state is None else state.to(closed.dtype) + closed
