@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from hf_attn_variants.results import load_results, render_docs, results_path, write_results
-from hf_attn_variants.results._common import machine_description, versions
+from hf_attn_variants.results._common import MKL_PATH_NAMES, machine_description, versions
 from hf_attn_variants.results.suite import pytest_counts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, required=True)
     parser.add_argument("--log", type=Path, default=None)
     parser.add_argument("--isa", default=None, help="The ONEDNN_MAX_CPU_ISA the run had, if any.")
-    parser.add_argument("--mkl-vendor", choices=("intel", "other"), default=None,
+    parser.add_argument("--mkl-vendor", choices=tuple(MKL_PATH_NAMES), default=None,
                         help="The MKL_VENDOR the run had (make test MKL_VENDOR=...; tests/mkl_dispatch.py), if any.")
     args = parser.parse_args()
     data = load_results(ROOT, NAME) if results_path(ROOT, NAME).exists() else {"kind": "suite", "runs": []}

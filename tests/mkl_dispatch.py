@@ -36,9 +36,10 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from hf_attn_variants.results._common import MKL_PATH_NAMES
 from tests.remote_code import cache_root
 
-VENDORS = ("intel", "other")
+VENDORS = tuple(MKL_PATH_NAMES)
 SOURCE = """\
 /* oneMKL's CPU-vendor check, answered as {vendor}'s CPU (tests/mkl_dispatch.py). */
 int mkl_serv_intel_cpu(void) {{ return {answer}; }}

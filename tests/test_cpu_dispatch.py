@@ -37,8 +37,9 @@ def test_the_numerics_tests_pass_on_the_other_vendors_onemkl_path() -> None:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1200, check=False,
     )
     counts = pytest_counts(result.stdout)
-    path = mkl_code_path(env)
-    assert result.returncode == 0, f"on oneMKL's path {path!r}:\n{result.stdout[-6000:]}\n{result.stderr[-2000:]}"
+    assert result.returncode == 0, (
+        f"on oneMKL's path {mkl_code_path(env)!r}:\n{result.stdout[-6000:]}\n{result.stderr[-2000:]}"
+    )
     assert counts.get("passed", 0) > 500 and not counts.get("failed") and not counts.get("errors"), counts
 
 

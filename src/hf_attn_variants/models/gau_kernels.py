@@ -298,6 +298,7 @@ def flash_mixed_chunk_attention(
         x = F.pad(upcast(x), (0, 0, 0, pad)) if pad else upcast(x)
         return x.view(batch, chunks, chunk_size, x.shape[-1])
 
+    v_blocks = blocks(v)
     numerator = None
     if intra_chunk:  # exact relu² attention inside each chunk; mask after the activation
         weights = F.relu(torch.matmul(blocks(quad_q), blocks(quad_k).transpose(-1, -2))).square()
@@ -309,11 +310,11 @@ def flash_mixed_chunk_attention(
             weights = weights.masked_fill(~visible, 0.0)
         if dropout > 0.0 and training:
             weights = F.dropout(weights, p=dropout, training=True)
-        numerator = torch.matmul(weights, blocks(v))
+        numerator = torch.matmul(weights, v_blocks)
 
     # Linear attention across chunks through k'ᵀv summaries (s × e each).
     if causal:
-        summaries = torch.einsum("bgcs,bgce->bgse", blocks(lin_k), blocks(v))
+        summaries = torch.einsum("bgcs,bgce->bgse", blocks(lin_k), v_blocks)
         earlier = torch.cat(
             [summaries.new_zeros(batch, 1, key_size, width), summaries[:, :-1]], dim=1
         ).cumsum(1)

@@ -20,15 +20,19 @@ PROVENANCE_FIELDS = ("kind", "command", "machine", "versions", "date")
 """Fields every results file of the studies carries (``provenance`` too when its numbers were transcribed)."""
 
 
+MKL_PATH_NAMES = {"intel": "Intel", "other": "non-Intel"}
+"""``MKL_VENDOR`` values (``tests/mkl_dispatch.py``) and the oneMKL code path each forces, as results name it."""
+
+
 def forced_mkl_path() -> str | None:
     """``"Intel"`` or ``"non-Intel"`` when this process runs under oneMKL's code path of the other CPU vendor
     (``MKL_VENDOR`` set and its vendor shim in ``LD_PRELOAD``: ``make test MKL_VENDOR=…``, ``tests/mkl_dispatch.py``),
     else ``None``. Float32 products follow that vendor's rounding, so results record it beside the CPU."""
     vendor = os.environ.get("MKL_VENDOR")
     preloaded = [os.path.basename(entry) for entry in os.environ.get("LD_PRELOAD", "").split()]
-    if vendor not in ("intel", "other") or not any(name.startswith(f"mkl-{vendor}-") for name in preloaded):
+    if vendor not in MKL_PATH_NAMES or not any(name.startswith(f"mkl-{vendor}-") for name in preloaded):
         return None
-    return "Intel" if vendor == "intel" else "non-Intel"
+    return MKL_PATH_NAMES[vendor]
 
 
 def forced_mkl_command_prefix() -> str:

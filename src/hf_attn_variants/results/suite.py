@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ._common import format_versions, markdown_table
+from ._common import MKL_PATH_NAMES, format_versions, markdown_table
 
 _COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)\b")
 
@@ -30,14 +30,11 @@ def _counts(run: dict[str, Any]) -> str:
     return ", ".join(f"{counts[key]} {key}" for key in order if key in counts) or "–"
 
 
-_MKL_PATHS = {"intel": "oneMKL's Intel code path (`MKL_VENDOR=intel`)",
-              "other": "oneMKL's non-Intel code path (`MKL_VENDOR=other`)"}
-
-
 def _where(run: dict[str, Any]) -> str:
     """The machine, with the ISA cap and the forced oneMKL vendor path the run had."""
     notes = [f"`ONEDNN_MAX_CPU_ISA={run['isa']}`"] if run.get("isa") else []
-    notes += [_MKL_PATHS[run["mkl_vendor"]]] if run.get("mkl_vendor") else []
+    vendor = run.get("mkl_vendor")
+    notes += [f"oneMKL's {MKL_PATH_NAMES[vendor]} code path (`MKL_VENDOR={vendor}`)"] if vendor else []
     return "; ".join([run["machine"], *notes])
 
 
