@@ -4,7 +4,7 @@ parameters (``hf_attn_variants.bench.decoding``), written to ``docs/results/deco
 Usage (from the repository root, on an otherwise idle machine; a few minutes on 2 cores)::
 
     .venv/bin/python scripts/decoding_bench.py                 # batch 1 and 16, contexts 512 and 4096, 32 new tokens
-    .venv/bin/hf-attn-variants render-docs                     # docs/benchmarks.md's decoding table
+    .venv/bin/python scripts/render_docs.py                     # docs/benchmarks.md's decoding table
 
 ``--out`` writes elsewhere (e.g. ``runs/decoding.json`` for a trial run that leaves the docs as they are).
 """

@@ -9,7 +9,7 @@ mixin's ``set_seed`` argument), and prints the markdown table of docs/gau.md.
 
 ``--results NAME`` also writes the results file ``docs/results/NAME.json`` (kind ``gau_init``), whose ``table`` view
 (``hf_attn_variants.results.gau_init``) renders the same table into a document that embeds
-``<!-- results: NAME table -->`` (then run ``hf-attn-variants render-docs``).
+``<!-- results: NAME table -->`` (then run ``python scripts/render_docs.py``).
 
 About 10 s per run on a 2-core CPU (14 runs per seed).
 """

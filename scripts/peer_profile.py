@@ -8,7 +8,7 @@ activations, layout (concatenations, copies, padding, views that copy), reductio
 
 Usage (from the repository root, on an otherwise idle machine; about a minute)::
 
-    .venv/bin/python scripts/peer_profile.py && .venv/bin/hf-attn-variants render-docs
+    .venv/bin/python scripts/peer_profile.py && .venv/bin/python scripts/render_docs.py
 """
 
 from __future__ import annotations

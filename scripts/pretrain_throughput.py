@@ -8,7 +8,7 @@ warm-up), median and range.
 
 Usage (from the repository root, on an otherwise idle machine; a few minutes)::
 
-    .venv/bin/python scripts/pretrain_throughput.py && .venv/bin/hf-attn-variants render-docs
+    .venv/bin/python scripts/pretrain_throughput.py && .venv/bin/python scripts/render_docs.py
 """
 
 from __future__ import annotations

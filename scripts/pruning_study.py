@@ -20,7 +20,7 @@ interleaved repetitions).
 
 Writes runs/pruning_study/{trained/, uniform_stop_rule/, results.json}, docs/pruning_curve.png,
 docs/pruning_importance.png and the results file docs/results/pruning-study.json (kind ``pruning_study``), which
-``hf-attn-variants render-docs`` renders into docs/pruning.md and README.md.
+``python scripts/render_docs.py`` renders into docs/pruning.md and README.md.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 # Results: $OUT/results.md, results.json, results.csv, summary.csv, lengthgen_{mlm,clm}.png and
 # finetune/{sequence,token}/finetune.json; the plots are copied to docs/length_generalization_{mlm,clm}.png,
 # and the numbers docs/length_generalization.md shows go to docs/results/$RESULTS.json (default length-study;
-# RESULTS= to skip), which `hf-attn-variants render-docs` renders into the page.
+# RESULTS= to skip), which `python scripts/render_docs.py` renders into the page.
 #
 #   scripts/run_length_study.sh                    # defaults below (seeds 0 1 2)
 #   SEEDS="0 1 2 3" scripts/run_length_study.sh    # one more seed
@@ -56,6 +56,6 @@ if [ -n "$RESULTS" ]; then
   "$PY" -c 'import sys; from hf_attn_variants.lengthgen.results import publish
 print("wrote", publish(sys.argv[1], sys.argv[2], command=sys.argv[3], wall_seconds=float(sys.argv[4])))' \
     "$OUT/results.json" "$RESULTS" "$COMMAND" "$((SECONDS - STARTED))"
-  "$PY" -m hf_attn_variants render-docs || true
+  "$PY" scripts/render_docs.py  # fails the script when the docs cannot be rendered
 fi
 echo "done: $OUT/results.md"

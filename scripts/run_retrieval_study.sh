@@ -7,7 +7,7 @@
 # a shared 2-core CPU. Resumable: rerunning skips finished runs (runs/<series>/seed_<s>/result.json).
 # Results: $OUT/{passkey,mqar}/results.md, results.json, results.csv, summary.csv, lengthgen_<task>.png; the
 # combined plot goes to docs/length_generalization_retrieval.png and the numbers the docs show to
-# docs/results/$RESULTS.json (default retrieval-study; RESULTS= to skip), rendered by `hf-attn-variants render-docs`.
+# docs/results/$RESULTS.json (default retrieval-study; RESULTS= to skip), rendered by `python scripts/render_docs.py`.
 #
 #   scripts/run_retrieval_study.sh                  # defaults below (seeds 0 1 2)
 #   WORKERS=2 scripts/run_retrieval_study.sh        # two processes share the runs (run folders are locked)
@@ -55,6 +55,6 @@ if [ -n "$RESULTS" ]; then
 print("wrote", publish_retrieval(sys.argv[4:], sys.argv[1], command=sys.argv[2], wall_seconds=float(sys.argv[3]),
                                  plot="docs/length_generalization_retrieval.png"))' \
     "$RESULTS" "$COMMAND" "$((SECONDS - STARTED))" "${FILES[@]}"
-  "$PY" -m hf_attn_variants render-docs || true
+  "$PY" scripts/render_docs.py  # fails the script when the docs cannot be rendered
 fi
 echo "done: $OUT/<task>/results.md"

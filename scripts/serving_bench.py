@@ -7,7 +7,7 @@ Two steps, because vLLM needs its own environment (it pins Transformers < 5.20; 
     $VLLM_PYTHON scripts/serving_bench.py vllm runs/serving/model              # vLLM's numbers
     $VLLM_PYTHON scripts/serving_bench.py transformers runs/serving/model      # generate's, in another process
     .venv/bin/python scripts/serving_bench.py publish                          # docs/results/serving-cpu.json
-    .venv/bin/hf-attn-variants render-docs                                     # docs/serving.md's table
+    .venv/bin/python scripts/render_docs.py                                     # docs/serving.md's table
 
 ``save`` writes a randomly initialised ``EntropyInvariantForCausalLM`` (Llama-shaped: hidden 512, 8 layers,
 8 heads of 64, FFN 2048, RMSNorm, RoPE, ``attention_scale="entropy_invariant"``; the embedded 4,096-token
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.step == "save":
         save(args.folder)
     elif args.step == "publish":
-        print(f"wrote {publish(args.json, args.root)}; now run `hf-attn-variants render-docs`")
+        print(f"wrote {publish(args.json, args.root)}; now run `python scripts/render_docs.py`")
     elif not (args.folder / "config.json").is_file():
         parser.error(f"folder: no config.json in {args.folder}; run the 'save' step first.")
     elif args.step == "vllm":

@@ -3,7 +3,7 @@ process and split over the processes of ``torchrun`` with ``DistributedConfig(tp
 
     python scripts/tp_bench.py --threads 2                              # one process, 2 threads
     OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 scripts/tp_bench.py   # TP = 2, one thread each
-    hf-attn-variants render-docs                                        # docs/scaling.md's table
+    python scripts/render_docs.py                                        # docs/scaling.md's table
 
 Both runs use the same cores. Each writes its rows into ``docs/results/tp-bench-cpu.json`` (``--results``; kind
 ``tp_bench``), replacing the rows of the same ``--run`` label, family and TP degree and keeping the other runs, so

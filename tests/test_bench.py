@@ -18,7 +18,7 @@ from hf_attn_variants.bench.runner import BenchRun, Result
 from hf_attn_variants.bench.specs import COMPARISONS, PRESETS, build_variants, select
 from hf_attn_variants.bench.store import from_results, merge_closure, to_results
 from hf_attn_variants.cli import SUBCOMMANDS, main
-from hf_attn_variants.results import REGION, load_results, render_docs
+from hf_attn_variants.results import REGION, load_results, markdown_files, render_docs
 from hf_attn_variants.results._common import forced_mkl_command_prefix
 
 # What a run from Python records as its command (with the oneMKL path it was forced onto, under MKL_VENDOR).
@@ -117,7 +117,25 @@ def test_partial_flags_write_under_runs_from_the_repository_root(flags, monkeypa
     bench_plan = plan(parser.parse_args(flags))
     assert bench_plan.target == "own"
     assert bench_plan.output.parts[0] == "runs" and bench_plan.json_path.parts[0] == "runs"
-    assert plan(parser.parse_args([])).target == "committed"
+
+
+def test_only_publish_writes_the_committed_results(monkeypatch) -> None:
+    """A full run writes under runs/ too; only ``--publish`` (make bench) and ``--merge`` write docs/."""
+    import argparse
+
+    from hf_attn_variants.bench.cli import add_arguments, plan
+
+    monkeypatch.chdir(ROOT)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    full = plan(parser.parse_args([]))
+    assert full.target == "own" and full.output == Path("runs/bench/cpu/benchmarks.md")
+    assert full.json_path == Path("runs/bench/cpu/benchmarks.json")
+    assert plan(parser.parse_args(["--publish"])).target == "committed"
+    committed = plan(parser.parse_args(["--report-only", "docs/results/benchmarks-cpu.json"]))
+    assert committed.target == "own" and committed.output.parts[0] == "runs"
+    assert plan(parser.parse_args(["--publish", "--report-only", "docs/results/benchmarks-cpu.json"])).target == \
+        "committed"
 
 
 def test_merge_replaces_rows_and_marks_them(quick_run, tmp_path, monkeypatch) -> None:
@@ -149,6 +167,8 @@ def test_merge_replaces_rows_and_marks_them(quick_run, tmp_path, monkeypatch) ->
     (["--only", "decoder", "--merge", "--no-compile"], "--merge: the committed results were measured with preset name"),
     (["--quick", "--only", "decoder", "--merge", "--output", "x.md"], "--output: --merge writes the committed"),
     (["--quick", "--output", "docs/benchmarks.md"], "--output 'docs/benchmarks.md' is the committed report"),
+    (["--quick", "--publish"], "--publish rewrites the committed results from a full run, but --quick"),
+    (["--publish", "--output", "x.md"], "--output: --publish writes the committed results"),
 ])
 def test_bad_merges_exit_with_one_line(flags, message, quick_run, tmp_path, monkeypatch, capsys) -> None:
     _repository(tmp_path, quick_run)
@@ -171,17 +191,18 @@ def test_merge_closure_covers_comparisons_sharing_a_variant() -> None:
 
 
 def test_committed_report_is_the_rendering_of_the_committed_results() -> None:
-    """docs/benchmarks.md, the README's speed summary and the gau/synthesizer tables are views of one file."""
+    """docs/benchmarks.md (the report and its speed summary) and the gau/synthesizer tables are views of one file."""
     from hf_attn_variants.bench import views
 
     data = load_results(ROOT, "benchmarks-cpu")
     text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    (region,) = [m for m in REGION.finditer(text) if m["name"] == "benchmarks-cpu"]
-    assert region["view"] == "report" and region["body"] == views.report(data).rstrip("\n") + "\n"
+    (region,) = [m for m in REGION.finditer(text) if m["name"] == "benchmarks-cpu" and m["view"] == "report"]
+    assert region["body"] == views.report(data).rstrip("\n") + "\n"
     assert text.startswith("# Benchmarks\n\n<!-- results: benchmarks-cpu report -->")
-    shown = {(path.name, m["view"]) for path in (ROOT / "README.md", ROOT / "docs" / "gau.md", ROOT / "docs" / "synthesizer.md")
+    shown = {(path.name, m["view"]) for path in markdown_files(ROOT)
              for m in REGION.finditer(path.read_text(encoding="utf-8")) if m["name"] == "benchmarks-cpu"}
-    assert shown == {("README.md", "speed_summary"), ("gau.md", "gau_table"), ("synthesizer.md", "synthesizer_table")}
+    assert shown == {("benchmarks.md", "report"), ("benchmarks.md", "speed_summary"), ("gau.md", "gau_table"),
+                     ("synthesizer.md", "synthesizer_table")}
     run = from_results(data)
     assert run.preset.name == "cpu" and not [r for r in run.results if r.status == "failed"]
     assert to_results(run) == data

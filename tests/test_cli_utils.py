@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import enum
+import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pytest
 from transformers import HfArgumentParser, TrainingArguments
@@ -44,10 +45,62 @@ def reference(*dataclass_types: type) -> argparse.ArgumentParser:
     return HfArgumentParser(list(dataclass_types), prog="x", add_help=False)
 
 
+DEFAULT_SUFFIX = re.compile(r" \(default: %\(default\)s\)$")
+
+
+def flag_table(parser: argparse.ArgumentParser) -> dict[str, tuple]:
+    """Every flag of ``parser`` as ``HfArgumentParser`` would define it: its options, destination, default, nargs,
+    const, choices, whether it is required, its type's name and its help text (without the default we add)."""
+    table = {}
+    for action in parser._actions:  # reading argparse's actions is the only way to compare the flags
+        help_text = DEFAULT_SUFFIX.sub("", action.help or "")
+        table[action.option_strings[0]] = (tuple(action.option_strings), action.dest, repr(action.default),
+                                           action.nargs, action.const, tuple(action.choices or ()), action.required,
+                                           getattr(action.type, "__name__", None), help_text)
+    return table
+
+
 @pytest.mark.parametrize("command", list(subcommand_dataclasses()))
-def test_flags_and_help_equal_hf_argument_parser(command: str) -> None:
+def test_flags_equal_hf_argument_parser(command: str) -> None:
     types = subcommand_dataclasses()[command]
-    assert ours(*types).format_help() == reference(*types).format_help()
+    assert flag_table(ours(*types)) == flag_table(reference(*types))
+
+
+def test_pretrain_help_groups_flags_required_first_without_none_defaults() -> None:
+    """``pretrain --help``: model and data, output, training, scale-out, in that order; ``--model_type`` lists its
+    choices; no flag shows "(default: None)" (a required one shows no default at all)."""
+    from hf_attn_variants.training.pretrain import PretrainArguments
+
+    raw = ours(PretrainArguments).format_help()
+    positions = [raw.index(f"\n{title}") for title in ("model and data:", "output:", "training:", "scale-out (")]
+    text = " ".join(raw.split())
+    assert positions == sorted(positions)
+    assert text.index("--model_type") < text.index("--output_dir") < text.index("--learning_rate") < \
+        text.index("--fsdp_size")
+    assert "--model_type {entropy_invariant,gau,synthesizer}" in text
+    assert "(default: None)" not in text
+    output_dir_help = text[text.index("--output_dir OUTPUT_DIR, --output-dir OUTPUT_DIR"):text.index("--overwrite_output_dir")]
+    assert "default" not in output_dir_help
+    assert "Peak AdamW learning rate. (default: 0.0005)" in text
+
+
+def test_finetune_help_puts_training_arguments_in_a_group_of_their_own() -> None:
+    from hf_attn_variants.training.finetune import FinetuneArguments
+
+    text = ours(FinetuneArguments, TrainingArguments).format_help()
+    assert text.index("model and data:") < text.index("TrainingArguments:") and "(default: None)" not in text
+
+
+@dataclass
+class Grouped:
+    argument_groups: ClassVar[dict[str, tuple[str, ...]]] = {"a": ("x",)}
+    x: int = 1
+    y: int = 2
+
+
+def test_argument_groups_must_list_every_field_once() -> None:
+    with pytest.raises(ValueError, match=r"missing \['y'\]"):
+        ours(Grouped)
 
 
 class Colour(enum.Enum):
@@ -89,3 +142,45 @@ def test_bad_choice_is_rejected_like_hf_argument_parser(capsys) -> None:
             parser.parse_args(["--name", "n", "--mode", "c"])
         errors.append(capsys.readouterr().err)
     assert errors[0] == errors[1] and "invalid choice: 'c'" in errors[0]
+
+
+def test_hub_ids_are_told_from_local_paths(tmp_path, monkeypatch) -> None:
+    from hf_attn_variants.cli_utils import is_hub_id
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    assert not is_hub_id("runs/typo")  # a missing folder under an existing one: a local path
+    assert is_hub_id("someone/tiny-model") and is_hub_id("gpt2")
+    assert not is_hub_id(str(tmp_path)) and not is_hub_id("./model") and not is_hub_id("a/b/c")
+    assert not is_hub_id("runs/out dir") and not is_hub_id("")
+
+
+def test_offline_a_hub_id_gets_one_sentence(monkeypatch, tmp_path) -> None:
+    """``--model_name_or_path`` takes a Hub id; offline (or without network) and not cached, one sentence says so."""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from hf_attn_variants.cli_utils import FlagError, check_model_source
+    from hf_attn_variants.training.modeling import load_pretrained
+
+    repo = "someone/not-cached-model-xyz"
+    monkeypatch.setattr(huggingface_hub, "is_offline_mode", lambda: False)
+    assert check_model_source("model_name_or_path", repo) == repo  # online: from_pretrained fetches it
+    with pytest.raises(FlagError, match="no such model folder"):
+        check_model_source("model_name_or_path", str(tmp_path / "missing"))
+    monkeypatch.setattr(huggingface_hub, "is_offline_mode", lambda: True)
+    with pytest.raises(FlagError, match=r"HF_HUB_OFFLINE=1 or no network") as error:
+        check_model_source("model_name_or_path", repo)
+    assert str(error.value).count(". ") == 0 and error.value.flag == "model_name_or_path"
+
+    class NoNetwork:  # what from_pretrained raises when the Hub cannot be reached and nothing is cached
+        @staticmethod
+        def from_pretrained(*args, **kwargs):
+            try:
+                raise LocalEntryNotFoundError("cannot reach the Hub")
+            except LocalEntryNotFoundError as cause:
+                raise OSError("We couldn't connect to the Hub") from cause
+
+    monkeypatch.setattr(huggingface_hub, "is_offline_mode", lambda: False)
+    with pytest.raises(FlagError, match="cannot be downloaded: the Hub cannot be reached"):
+        load_pretrained(NoNetwork, repo)

@@ -3,8 +3,9 @@
 How it works (the collection hook is ``pytest_pycollect_makemodule`` in tests/conftest.py, which adds one Sybil
 file collector per document under this module, so ``pytest tests`` — ``make test`` — collects the docs too):
 
-- **Python blocks** run with Sybil's ``PythonCodeBlockParser``. The blocks of one file share one namespace and run
-  in order, in a temporary working folder of their own (``runs/…`` paths of the docs land there). Under
+- **Python blocks** run through :func:`run_python_block`. The blocks of one file share one namespace and run
+  in order, in a temporary working folder of their own (``runs/…`` paths of the docs land there). A block followed
+  by ``<!-- output -->`` and a ```text block must print exactly that text (its stdout is compared). Under
   pytest-xdist every block of a file goes to the same worker, in order (``pytest_xdist_make_scheduler`` in
   tests/conftest.py).
 - **Bash blocks** run through :func:`run_cli_block`: each command must be the project's own command line
@@ -25,9 +26,13 @@ A block that takes more than a few seconds states a smaller size that runs here 
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import importlib.util
+import io
 import logging
 import os
+import re
 import shlex
 import shutil
 import tempfile
@@ -37,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from sybil import Example, Sybil
-from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
+from sybil.parsers.markdown import CodeBlockParser, SkipParser
 from sybil.parsers.markdown.lexers import FencedCodeBlockLexer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +53,11 @@ KNOWN_LANGUAGES = frozenset({"python", "bash", "text", "yaml", "json", "toml", "
 """Fence languages the docs may use. Only ``python`` and ``bash`` run; the others are data or output. A
 ``py``/``sh``/``shell``/``console`` block would escape the runner, so ``test_every_code_block_has_a_known_language``
 refuses it."""
+
+DOCUMENTS = (*DOCUMENTS[:1], ROOT / "CONTRIBUTING.md", *DOCUMENTS[1:])
+
+OUTPUT_BLOCK = re.compile(r"[ \t]*\n*<!-- output -->\n```text\n(?P<text>.*?)```", re.DOTALL)
+"""The output a python block prints, shown right after it: ``<!-- output -->`` then a ```text block."""
 
 CLI_PREFIXES: tuple[tuple[str, ...], ...] = (("hf-attn-variants",), ("python", "-m", "hf_attn_variants"),
                                             ("python3", "-m", "hf_attn_variants"))
@@ -171,6 +181,26 @@ def run_cli_block(example: Example) -> None:
             raise AssertionError(f"`{shlex.join(words)}` exited with status {status}")
 
 
+def expected_output(example: Example) -> str | None:
+    """The text of the ``<!-- output -->`` block right after ``example``, or ``None`` when there is none."""
+    match = OUTPUT_BLOCK.match(example.document.text, example.end)
+    return match["text"] if match else None
+
+
+def run_python_block(example: Example) -> None:
+    """Run a ```python block in the document's namespace (its line numbers as in the document); when an output block
+    follows it, what the block prints must equal that text."""
+    code = compile("\n" * example.line + str(example.parsed), example.path, "exec")
+    expected = expected_output(example)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed) if expected is not None else contextlib.nullcontext():
+        exec(code, example.namespace)  # noqa: S102 — running the docs' code is the point of this test
+    if expected is not None and printed.getvalue() != expected:
+        diff = "\n".join(difflib.unified_diff(expected.splitlines(), printed.getvalue().splitlines(), "shown", "printed",
+                                              lineterm=""))
+        raise AssertionError(f"the block's output differs from the output shown under it:\n{diff}")
+
+
 def setup_document(namespace: dict[str, Any]) -> None:
     """Before a document's first block: a fresh working folder, and the helper of the skip directives. (Nothing is
     switched offline here: huggingface_hub reads ``HF_HUB_OFFLINE`` once, at import, so setting it for one document
@@ -190,11 +220,12 @@ def teardown_document(namespace: dict[str, Any]) -> None:
 
 
 SYBIL = Sybil(
-    parsers=[PythonCodeBlockParser(), CodeBlockParser(language="bash", evaluator=run_cli_block), SkipParser()],
+    parsers=[CodeBlockParser(language="python", evaluator=run_python_block),
+             CodeBlockParser(language="bash", evaluator=run_cli_block), SkipParser()],
     setup=setup_document,
     teardown=teardown_document,
     path=str(ROOT),
-    patterns=["README.md", "docs/*.md"],
+    patterns=["README.md", "CONTRIBUTING.md", "docs/*.md"],
 )
 
 
@@ -213,6 +244,30 @@ def test_every_code_block_has_a_known_language() -> None:
             if language not in KNOWN_LANGUAGES:
                 unknown.append(f"{path.relative_to(ROOT)}:{document.line_column(region.start)}: {language or '(none)'!r}")
     assert not unknown, f"fences the docs runner does not know (use python, bash or text): {unknown}"
+
+
+def test_every_output_block_follows_a_python_block() -> None:
+    """An ``<!-- output -->`` block is checked only right after a python block: none may stand anywhere else."""
+    lexer = FencedCodeBlockLexer(language="python")
+    from sybil import Document
+
+    for path in DOCUMENTS:
+        text = path.read_text(encoding="utf-8")
+        checked = sum(bool(OUTPUT_BLOCK.match(text, region.end)) for region in lexer(Document(text, str(path))))
+        assert checked == text.count("<!-- output -->"), f"{path.name}: an output block that no python block precedes"
+
+
+def test_printed_output_is_compared() -> None:
+    """``run_python_block`` fails when a block prints something else than the output shown under it."""
+    import pytest
+    from sybil import Document, Region
+
+    text = '```python\nprint("one")\n```\n\n<!-- output -->\n```text\ntwo\n```\n'
+    document = Document(text, "example.md")
+    region = Region(0, text.index("\n\n<!--"), 'print("one")\n', run_python_block)
+    with pytest.raises(AssertionError, match="-two"):
+        run_python_block(Example(document, 1, 1, region, {}))
+    run_python_block(Example(Document(text.replace("two", "one"), "x.md"), 1, 1, region, {}))
 
 
 def test_every_document_is_collected() -> None:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_region_is_rendered_from_its_results_file():
-    assert render_docs(ROOT, check=True) == [], "run `hf-attn-variants render-docs` and commit the result"
+    assert render_docs(ROOT, check=True) == [], "run `python scripts/render_docs.py` and commit the result"
 
 
 def test_every_results_file_is_used():

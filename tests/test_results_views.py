@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from hf_attn_variants.results import REGION, RESULTS_DIR, load_results, view_function, write_results
+from hf_attn_variants.results import (
+    REGION,
+    RESULTS_DIR,
+    load_results,
+    markdown_files,
+    view_function,
+    write_results,
+)
 from hf_attn_variants.results._common import PROVENANCE_FIELDS, signed, source_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +47,7 @@ def test_every_results_file_names_its_provenance(path):
 
 def _regions():
     found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in markdown_files(ROOT):
         for match in REGION.finditer(path.read_text(encoding="utf-8")):
             found.append((path.name, match["name"], match["view"]))
     return found
@@ -56,7 +63,7 @@ def test_every_embedded_view_renders_text(doc, name, view):
 
 
 def test_transcribed_files_show_their_provenance_in_the_docs():
-    docs = "\n".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    docs = "\n".join(p.read_text(encoding="utf-8") for p in markdown_files(ROOT))
     for path in RESULTS:
         data = json.loads(path.read_text(encoding="utf-8"))
         if "provenance" in data:

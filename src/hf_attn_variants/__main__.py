@@ -1,6 +1,6 @@
 """``python -m hf_attn_variants <subcommand>`` ≡ ``hf-attn-variants <subcommand>``."""
 
-from .cli import main
+from hf_attn_variants_cli import console
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(console())

@@ -64,14 +64,19 @@ def fail_flag(command: str, error: FlagError) -> int:
 
 @contextlib.contextmanager
 def quiet_progress() -> Iterator[None]:
-    """No progress bars from ``datasets`` (``map``, file reading) or ``transformers`` (weight loading) inside
-    the block: a command's checks run in it, so that a bad value prints its one error line alone."""
-    import datasets
+    """No progress bars from ``datasets`` (``map``, file reading; when it is installed) or ``transformers`` (weight
+    loading) inside the block: a command's checks run in it, so that a bad value prints its one error line alone."""
+    import importlib.util
+
     from transformers.utils import logging as transformers_logging
 
-    datasets_bars = not datasets.are_progress_bars_disabled()
+    datasets = None
+    if importlib.util.find_spec("datasets") is not None:  # the train extra; export runs without it
+        import datasets
+    datasets_bars = datasets is not None and not datasets.are_progress_bars_disabled()
     transformers_bars = transformers_logging.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
+    if datasets is not None:
+        datasets.disable_progress_bars()
     transformers_logging.disable_progress_bar()
     try:
         yield
@@ -87,17 +92,48 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, *dataclass_types: t
     """Add one ``--flag`` per field of each dataclass to ``parser``, with the rules of ``HfArgumentParser``
     (types, ``choices`` for ``Literal``/``Enum`` fields, ``--flag [bool]`` and ``--no_flag`` for booleans
     defaulting to True, ``nargs="+"`` for lists, ``--flag-with-dashes`` aliases, help texts), through
-    ``parser.add_argument`` only. ``tests/test_cli_utils.py`` checks the help text equals
-    ``HfArgumentParser``'s for every subcommand's dataclasses."""
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    ``parser.add_argument`` only. ``tests/test_cli_utils.py`` checks the flags equal ``HfArgumentParser``'s for every
+    subcommand's dataclasses.
+
+    Two differences in the help text: a dataclass with ``argument_groups`` (title → field names, in the order they
+    are shown; every field listed once) shows its flags in those argparse groups, and a dataclass without them
+    next to one that has them gets a group titled after its class; a help text names the default unless the
+    flag is required or its default is None (nothing to show).
+    """
+    grouped = any(getattr(dtype, "argument_groups", None) for dtype in dataclass_types)
     for dtype in dataclass_types:
-        group_name = getattr(dtype, "_argument_group_name", None)
-        target = parser.add_argument_group(group_name) if group_name else parser
         hints = typing.get_type_hints(dtype)
-        for field in dataclasses.fields(dtype):
-            if field.init:
-                for options, kwargs in field_arguments(field, hints[field.name]):
-                    target.add_argument(*options, **kwargs)
+        fields = {field.name: field for field in dataclasses.fields(dtype) if field.init}
+        for title, names in field_groups(dtype, list(fields), grouped):
+            target = parser.add_argument_group(title) if title else parser
+            for name in names:
+                for options, kwargs in field_arguments(fields[name], hints[name]):
+                    target.add_argument(*options, **with_default_in_help(kwargs))
+
+
+def field_groups(dtype: type, names: list[str], grouped: bool) -> list[tuple[str | None, list[str]]]:
+    """``(group title or None, field names)`` in the order ``add_dataclass_arguments`` shows them; ``ValueError``
+    when ``dtype.argument_groups`` misses a field, lists one twice or names one that does not exist."""
+    groups = getattr(dtype, "argument_groups", None)
+    if groups:
+        listed = [name for members in groups.values() for name in members]
+        if sorted(listed) != sorted(names):
+            raise ValueError(f"{dtype.__name__}.argument_groups must list every field once: missing "
+                             f"{sorted(set(names) - set(listed))}, unknown or repeated "
+                             f"{sorted({n for n in listed if listed.count(n) > 1 or n not in names})}.")
+        return [(title, list(members)) for title, members in groups.items()]
+    title = getattr(dtype, "_argument_group_name", None) or (dtype.__name__ if grouped else None)
+    return [(title, names)]
+
+
+def with_default_in_help(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with `` (default: …)`` appended to the help text, as ``ArgumentDefaultsHelpFormatter`` does,
+    except for a required flag, a default of None, a flag without help, or a help that names its default."""
+    text = kwargs.get("help")
+    if (not text or "%(default)" in text or kwargs.get("required") or kwargs.get("default") is None
+            or kwargs.get("default") is argparse.SUPPRESS):
+        return kwargs
+    return {**kwargs, "help": f"{text} (default: %(default)s)"}
 
 
 def _field_default(field: dataclasses.Field) -> Any:
@@ -381,6 +417,68 @@ def check_model_folder(flag: str, path: str | Path, *, weights: bool = False) ->
     return folder
 
 
+def is_hub_id(text: str) -> bool:
+    """Whether ``text`` reads as a Hugging Face Hub repository id (``name`` or ``namespace/name``) rather than a
+    local path: no such file or folder exists, it does not start like a path (``.``, ``/``, ``~``), its namespace is
+    no local folder (``runs/typo`` is a missing local folder, not a Hub id) and
+    ``huggingface_hub.utils.validate_repo_id`` accepts it."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not text or Path(text).exists() or text.startswith((".", "/", "~")) or text.count("/") > 1:
+        return False
+    if "/" in text and Path(text.split("/")[0]).is_dir():
+        return False
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return True
+
+
+def offline_hub_message(flag: str, repo_id: str) -> str:
+    """The one sentence for a Hub id that cannot be fetched: offline (``HF_HUB_OFFLINE=1``) or no network, and not
+    in the local Hugging Face cache."""
+    return (f"{flag}: {repo_id!r} is not a local folder, and as a Hub id it cannot be downloaded: the Hub cannot be "
+            "reached (HF_HUB_OFFLINE=1 or no network) and it is not in the local Hugging Face cache; download it "
+            "once while online, or pass a local model folder.")
+
+
+def is_cached_on_hub(repo_id: str, filename: str = "config.json") -> bool:
+    """Whether ``filename`` of the Hub repository ``repo_id`` is in the local Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, filename), str)
+
+
+def check_model_source(flag: str, value: str | Path, *, weights: bool = False) -> str:
+    """``value`` when it is a local model folder (``check_model_folder``) or a Hub repository id
+    (``from_pretrained`` fetches it); ``FlagError`` naming ``flag`` otherwise. Offline (``HF_HUB_OFFLINE=1``) a Hub
+    id that is not in the local cache gets one sentence saying so."""
+    from huggingface_hub import is_offline_mode
+
+    text = str(value)
+    if not is_hub_id(text):
+        return str(check_model_folder(flag, text, weights=weights))
+    if is_offline_mode() and not is_cached_on_hub(text):
+        raise FlagError(flag, offline_hub_message(flag, text))
+    return text
+
+
+def hub_unreachable(error: BaseException) -> bool:
+    """Whether ``error`` (raised by ``from_pretrained``) says the Hub could not be reached and the file was not in
+    the local cache (``huggingface_hub.errors.LocalEntryNotFoundError`` anywhere in its chain)."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, LocalEntryNotFoundError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def check_config_source(flag: str, path: str | Path) -> Path:
     """``path`` as a ``Path``; ``FlagError`` unless it is a config (json) file or a folder holding ``config.json``."""
     path = Path(path)
@@ -433,6 +531,7 @@ __all__ = [
     "check_folder",
     "check_int",
     "check_model_folder",
+    "check_model_source",
     "check_number",
     "check_output_dir",
     "check_output_file",
@@ -445,7 +544,13 @@ __all__ = [
     "fail",
     "fail_flag",
     "field_arguments",
+    "field_groups",
     "flag_message",
+    "hub_unreachable",
+    "is_cached_on_hub",
+    "is_hub_id",
     "names_in_message",
+    "offline_hub_message",
     "quiet_progress",
+    "with_default_in_help",
 ]

@@ -1,13 +1,15 @@
 """``hf-attn-variants bench``: run the benchmarks; write a results file, its report and PNG plots.
 
-A full run (no flag that changes what is measured) writes the committed results file
-docs/results/benchmarks-cpu.json (benchmarks-gpu.json on CUDA) and re-renders from it docs/benchmarks.md,
-the README's speed summary and the tables of docs/gau.md and docs/synthesizer.md. A partial run writes its
-own results file and report under runs/ and leaves the committed ones alone, unless ``--merge``.
+Every run writes its results file and report under runs/ (a user's run never touches docs/). Only the
+repository's publishing path writes docs/: ``--publish`` (``make bench``) makes a full run (no flag that changes
+what is measured) write the committed results file docs/results/benchmarks-cpu.json (benchmarks-gpu.json on
+CUDA) and re-render from it docs/benchmarks.md, the README's speed summary and the tables of docs/gau.md and
+docs/synthesizer.md; ``--merge`` merges a partial run into that file.
 
 Examples::
 
-    hf-attn-variants bench                       # CPU, preset "cpu" → docs/results/benchmarks-cpu.json (make bench)
+    hf-attn-variants bench                       # CPU, preset "cpu" → runs/bench/cpu/benchmarks.md (+ .json)
+    hf-attn-variants bench --publish             # the same → docs/results/benchmarks-cpu.json (make bench)
     hf-attn-variants bench --quick               # smoke test, seconds → runs/bench-quick/
     hf-attn-variants bench --device cuda --peak-tflops 989   # GPU, bf16 autocast, ~110M models, MFU
     hf-attn-variants bench --only gau --lengths 512 2048 --no-compile   # → runs/bench/cpu-partial/
@@ -93,23 +95,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default; use it on a dedicated CPU machine with --threads N).")
     parser.add_argument("--peak-tflops", type=_peak_tflops, default=None,
                         help="Peak TFLOP/s of the device for the MFU column (e.g. 989 for H100 SXM bf16 dense).")
+    parser.add_argument("--publish", action="store_true",
+                        help="The repository's publishing path (make bench): a full run writes the committed results "
+                             "file (docs/results/benchmarks-cpu.json; -gpu on CUDA) and re-renders docs/ from it; "
+                             "with --report-only of that file, re-renders docs/ without measuring. Run it from the "
+                             "repository root.")
     parser.add_argument("--merge", action="store_true",
                         help="Merge this partial run into the committed results file (docs/results/benchmarks-cpu"
                              ".json; -gpu on CUDA): its rows replace the same rows there, the file records which, "
                              "by which command, when and under what load, and the docs are re-rendered from it. "
                              "Widens --only to whole comparisons, so every ratio pairs rows of one run.")
     parser.add_argument("--output", type=Path, default=None,
-                        help="Report of a run of its own (default runs/bench/<preset>-partial/benchmarks.md; "
-                             "runs/bench-quick/benchmarks.md with --quick). A full run (no flag that changes what "
-                             "is measured) writes docs/results/benchmarks-cpu.json and renders docs/benchmarks.md "
-                             "from it instead.")
+                        help="Report of a run of its own (default runs/bench/<preset>/benchmarks.md for a full "
+                             "run, runs/bench/<preset>-partial/benchmarks.md for a partial one, "
+                             "runs/bench-quick/benchmarks.md with --quick).")
     parser.add_argument("--json", type=Path, default=None,
                         help="Results file of a run of its own (default: next to the report, <report stem>.json).")
     parser.add_argument("--no-plots", action="store_true", help="Do not write PNG plots.")
     parser.add_argument("--report-only", type=Path, default=None, metavar="JSON",
-                        help="Measure nothing: re-render from a results file. The committed one (docs/results/"
-                             "benchmarks-cpu.json) re-renders the docs and plots; another one its own report "
-                             "(--output, default next to it).")
+                        help="Measure nothing: re-render from a results file: its own report (--output, default "
+                             "next to it); with --publish and the committed file (docs/results/benchmarks-cpu.json), "
+                             "the docs and plots.")
 
 
 PARTIAL_FLAGS = ("only", "lengths", "repeats", "compile_lengths", "no_compile", "no_graph_check", "no_flops",
@@ -130,7 +136,7 @@ class BenchPlan:
     timer: str
     threads: int | None
     target: str
-    """``"committed"`` (a full run: rewrite the committed results file and re-render the docs), ``"merge"``
+    """``"committed"`` (``--publish``: rewrite the committed results file and re-render the docs), ``"merge"``
     (merge into it), or ``"own"`` (a results file and report of its own, ``json_path`` and ``output``)."""
     json_path: Path
     output: Path | None
@@ -209,9 +215,81 @@ def _selection(args: argparse.Namespace, preset: Preset) -> tuple[dict[str, Vari
         raise FlagError("only", str(error)) from None
 
 
+def _check_publish(args: argparse.Namespace, partial: list[str]) -> None:
+    """``--publish`` goes with a full run or ``--report-only`` of the committed file, never with a report of its
+    own (``--output``/``--json``) or a partial run (which publishes with ``--merge``)."""
+    if not args.publish:
+        return
+    for flag in ("output", "json"):
+        if getattr(args, flag) is not None:
+            raise FlagError(flag, f"--{flag}: --publish writes the committed results and docs, not a report of its "
+                                  "own; drop one of them.")
+    if args.merge:
+        raise FlagError("publish", "--publish rewrites the committed results from a full run; --merge already "
+                                   "publishes a partial one, drop --publish.")
+    if partial and args.report_only is None:
+        raise FlagError("publish", f"--publish rewrites the committed results from a full run, but {partial[0]} makes "
+                                   "this run partial; publish a partial run with --merge.")
+
+
+def _plan_report_only(args: argparse.Namespace, base: dict[str, Any], committed: dict[Path, str]) -> BenchPlan:
+    """``--report-only``: the committed docs (with ``--publish`` and the committed file) or a report of its own."""
+    if args.merge:
+        raise FlagError("merge", "--merge measures a partial run; --report-only measures nothing.")
+    data = _read_results("report-only", args.report_only)
+    is_committed = args.report_only.resolve() in committed
+    if args.publish:
+        if not is_committed:
+            raise FlagError("publish", f"--publish re-renders the docs from the committed results file, not from "
+                                       f"{str(args.report_only)!r}; drop --publish for a report of its own.")
+        return BenchPlan(**base, target="committed", json_path=args.report_only, output=None, report_only=data)
+    default = Path("runs/bench/report/benchmarks.md") if is_committed else args.report_only.with_suffix(".md")
+    output = args.output or default
+    check_output_file("output", output)
+    return BenchPlan(**base, target="own", json_path=args.report_only, output=output, report_only=data)
+
+
+def _plan_merge(args: argparse.Namespace, base: dict[str, Any], committed_json: Path, partial: list[str]) -> BenchPlan:
+    """``--merge``: a partial run merged into the committed results file, which must be here and compatible."""
+    from .store import MergeError, check_compatible
+
+    if not partial:
+        raise FlagError("merge", "--merge merges a partial run (--only, --lengths, --repeats…) into the "
+                                 "committed results; a full run rewrites them anyway.")
+    for flag in ("output", "json"):
+        if getattr(args, flag) is not None:
+            raise FlagError(flag, f"--{flag}: --merge writes the committed results ({committed_json}) and "
+                                  "re-renders the docs from them, not a report of its own.")
+    if not committed_json.is_file():
+        raise FlagError("merge", f"--merge: no committed results file {str(committed_json)!r} here (run "
+                                 "from the repository root, after `hf-attn-variants bench --publish`).")
+    data = _read_results("merge", committed_json)
+    try:
+        check_compatible(data, preset=base["preset"], device=str(args.device), dtype=base["dtype"],
+                         timer=base["timer"], threads=base["threads"])
+    except MergeError as error:
+        raise FlagError("merge", f"--merge: {error}.") from None
+    return BenchPlan(**base, target="merge", json_path=committed_json, output=None, committed=data)
+
+
+def _plan_own(args: argparse.Namespace, base: dict[str, Any], partial: list[str]) -> BenchPlan:
+    """A run of its own under runs/ (or ``--output``/``--json``)."""
+    preset = base["preset"]
+    if args.output is not None:
+        output = args.output
+    elif args.quick:
+        output = Path("runs/bench-quick/benchmarks.md")
+    else:
+        output = Path(f"runs/bench/{preset.name}{'-partial' if partial else ''}/benchmarks.md")
+    check_output_file("output", output)
+    json_path = args.json or output.parent / f"{output.stem}.json"
+    check_output_file("json", json_path)
+    return BenchPlan(**base, target="own", json_path=json_path, output=output)
+
+
 def plan(args: argparse.Namespace) -> BenchPlan:
     """Resolve and check the flags; ``FlagError`` naming the flag of a bad value (nothing is written)."""
-    from .store import MergeError, check_compatible, results_name
+    from .store import results_name
 
     cuda = str(args.device).startswith("cuda")
     if cuda:
@@ -222,71 +300,30 @@ def plan(args: argparse.Namespace) -> BenchPlan:
                                       "False).")
     preset = _preset(args, cuda)
     variants, comparisons = _selection(args, preset)
-    dtype = args.dtype or ("bfloat16" if cuda else "float32")
-    timer = args.timer or ("wall" if cuda else "cpu")
-    threads = args.threads if args.threads is not None else (None if cuda else 1)
+    base = {"preset": preset, "variants": variants, "comparisons": comparisons, "cuda": cuda,
+            "dtype": args.dtype or ("bfloat16" if cuda else "float32"), "timer": args.timer or ("wall" if cuda else "cpu"),
+            "threads": args.threads if args.threads is not None else (None if cuda else 1)}
     committed_json = RESULTS_DIR / f"{results_name(args.device)}.json"
     committed = _committed_paths()
     for flag, path in (("output", args.output), ("json", args.json)):
         if path is not None and path.resolve() in committed:
             raise FlagError(flag, f"--{flag} {str(path)!r} is the committed {committed[path.resolve()]}, which only "
-                                  f"a full run (no --{flag}) or --merge writes.")
+                                  f"--publish or --merge writes.")
     partial = partial_flags(args)
-
+    _check_publish(args, partial)
     if args.report_only is not None:
-        if args.merge:
-            raise FlagError("merge", "--merge measures a partial run; --report-only measures nothing.")
-        data = _read_results("report-only", args.report_only)
-        if args.report_only.resolve() in committed:
-            if args.output is not None or args.json is not None:
-                raise FlagError("output", "--output: --report-only with the committed results re-renders the "
-                                          "committed docs; give another results file for a report of its own.")
-            return BenchPlan(preset, variants, comparisons, cuda, dtype, timer, threads, "committed",
-                             args.report_only, None, report_only=data)
-        output = args.output or args.report_only.with_suffix(".md")
-        check_output_file("output", output)
-        return BenchPlan(preset, variants, comparisons, cuda, dtype, timer, threads, "own", args.report_only,
-                         output, report_only=data)
-
+        return _plan_report_only(args, base, committed)
     if args.merge:
-        if not partial:
-            raise FlagError("merge", "--merge merges a partial run (--only, --lengths, --repeats…) into the "
-                                     "committed results; a full run rewrites them anyway.")
-        for flag in ("output", "json"):
-            if getattr(args, flag) is not None:
-                raise FlagError(flag, f"--{flag}: --merge writes the committed results ({committed_json}) and "
-                                      "re-renders the docs from them, not a report of its own.")
-        if not committed_json.is_file():
-            raise FlagError("merge", f"--merge: no committed results file {str(committed_json)!r} here (run "
-                                     "from the repository root, after a full `hf-attn-variants bench`).")
-        data = _read_results("merge", committed_json)
-        try:
-            check_compatible(data, preset=preset, device=str(args.device), dtype=dtype, timer=timer,
-                             threads=threads)
-        except MergeError as error:
-            raise FlagError("merge", f"--merge: {error}.") from None
-        return BenchPlan(preset, variants, comparisons, cuda, dtype, timer, threads, "merge", committed_json,
-                         None, committed=data)
-
-    if not partial and args.output is None and args.json is None:
-        return BenchPlan(preset, variants, comparisons, cuda, dtype, timer, threads, "committed", committed_json,
-                         None)
-    if args.output is not None:
-        output = args.output
-    elif args.quick:
-        output = Path("runs/bench-quick/benchmarks.md")
-    else:
-        output = Path(f"runs/bench/{preset.name}-partial/benchmarks.md")
-    check_output_file("output", output)
-    json_path = args.json or output.parent / f"{output.stem}.json"
-    check_output_file("json", json_path)
-    return BenchPlan(preset, variants, comparisons, cuda, dtype, timer, threads, "own", json_path, output)
+        return _plan_merge(args, base, committed_json, partial)
+    if args.publish:
+        return BenchPlan(**base, target="committed", json_path=committed_json, output=None)
+    return _plan_own(args, base, partial)
 
 
 def _write_committed(data: dict[str, Any], args: argparse.Namespace) -> list[str]:
     """Write the committed results file, re-render every region of README.md and docs/*.md that shows it
     (creating docs/benchmarks.md's when missing) and redraw the committed plots; returns what was written."""
-    from ..results import REGION, ResultsError, render_docs, write_results
+    from ..results import REGION, ResultsError, markdown_files, render_docs, write_results
     from .plots import write_plots
     from .store import from_results, plot_prefix, report_path, results_name
 
@@ -299,13 +336,13 @@ def _write_committed(data: dict[str, Any], args: argparse.Namespace) -> list[str
         title = "# GPU benchmarks" if run.device != "cpu" else "# Benchmarks"
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(f"{title}\n\n<!-- results: {name} report -->\n<!-- /results -->\n", encoding="utf-8")
-    files = [p for p in (Path("README.md"), *sorted(Path("docs").glob("*.md")))
+    files = [p for p in markdown_files(Path("."))
              if p.is_file() and f"<!-- results: {name} " in p.read_text(encoding="utf-8")]
     try:
         written += [line.split(":")[0] for line in render_docs(Path("."), files)]
     except ResultsError as error:  # another results file these documents show is broken: ours is written
         print(f"bench: wrote {written[0]}, but could not re-render the docs: {error} (fix it, then run "
-              "`hf-attn-variants render-docs`)", file=sys.stderr)
+              "`python scripts/render_docs.py`)", file=sys.stderr)
 
     if not args.no_plots:
         written += [str(p) for p in write_plots(run, report.parent, prefix=plot_prefix(run.device))]

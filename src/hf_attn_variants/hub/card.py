@@ -1,4 +1,5 @@
-"""Model cards for exported folders, rendered with ``huggingface_hub.ModelCard`` from ``model_cards/<family>.md``.
+"""Model cards for exported folders, rendered with ``huggingface_hub.ModelCard`` from ``model_cards/<family>.md``
+(package data next to this module, read through ``importlib.resources``, so a wheel install has them too).
 
 The YAML header is a ``ModelCardData``: ``library_name: transformers``, ``pipeline_tag``, tags
 (``custom_code``, the family, the task, ``hf_attn_variants``), ``license`` and ``model-index`` with the
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import inspect
 import json
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -66,25 +69,21 @@ A `{{ model_type }}` model (`{{ architecture }}`) made with the `hf_attn_variant
 """
 
 
-def model_cards_dir() -> Path | None:
-    """The repository's ``model_cards/`` folder (next to ``src/``), or ``None`` in an installed wheel."""
-    for parent in Path(__file__).resolve().parents:
-        candidate = parent / "model_cards"
-        if candidate.is_dir() and any(candidate.glob("*.md")):
-            return candidate
-    return None
+def model_cards_dir() -> Traversable:
+    """The package's ``model_cards/`` folder (package data of ``hf_attn_variants.hub``)."""
+    return resources.files(__package__).joinpath("model_cards")
 
 
 def template_for(model_type: str, explicit: str | None = None) -> tuple[str | None, str | None]:
     """``(template_path, template_str)`` for ``ModelCard.from_template``: explicit path, the family's file in
-    ``model_cards/``, or the generic built-in template."""
+    ``model_cards/``, or the generic built-in template (a model type without a card of its own)."""
     if explicit is not None:
         if not Path(explicit).is_file():
             raise FileNotFoundError(f"model_card_template: no such file {explicit!r}.")
         return explicit, None
-    folder = model_cards_dir()
-    if folder is not None and (folder / f"{model_type}.md").is_file():
-        return str(folder / f"{model_type}.md"), None
+    card = model_cards_dir().joinpath(f"{model_type}.md")
+    if card.is_file():
+        return None, card.read_text(encoding="utf-8")
     return None, DEFAULT_TEMPLATE
 
 

@@ -49,7 +49,7 @@ class ExportArguments:
     license: str = field(default="apache-2.0", metadata={"help": "License tag of the card."})
     tags: list[str] | None = field(default=None, metadata={"help": "Extra card tags."})
     model_card_template: str | None = field(
-        default=None, metadata={"help": "Jinja template (default: model_cards/<model_type>.md)."}
+        default=None, metadata={"help": "Jinja template (default: the package's hub/model_cards/<model_type>.md)."}
     )
     overwrite: bool = field(default=False, metadata={"help": "Replace output_dir if it exists."})
     sentence_transformers: bool = field(

@@ -275,7 +275,7 @@ evidence about the spread of the study's conclusions and stay valid when the stu
 def publish(results_json: str | Path, name: str, *, root: str | Path = ".", command: str,
             wall_seconds: float | None = None) -> Path:
     """Write ``docs/results/<name>.json`` under ``root`` from a study's ``results.json`` (what
-    ``scripts/run_length_study.sh`` calls at the end; then ``hf-attn-variants render-docs``). The ``reruns`` and
+    ``scripts/run_length_study.sh`` calls at the end; then ``python scripts/render_docs.py``). The ``reruns`` and
     ``reported`` entries of an existing file are kept (``KEPT_ON_REPUBLISH``)."""
     from ..results import load_results, results_path, write_results
 

@@ -159,7 +159,7 @@ def publish_replication(results_json: str | Path, name: str, *, root: str | Path
 def publish_retrieval(results_jsons: list[str | Path], name: str, *, root: str | Path = ".", command: str,
                       wall_seconds: float | None = None, plot: str | Path | None = None) -> Path:
     """Write ``docs/results/<name>.json`` (kind ``retrieval``) from the ``results.json`` of one or more task studies
-    (and, with ``plot``, the combined accuracy figure); then ``hf-attn-variants render-docs``."""
+    (and, with ``plot``, the combined accuracy figure); then ``python scripts/render_docs.py``."""
     from ..results import write_results
     from ..results._common import cpu_name, run_metadata
 

@@ -11,8 +11,8 @@ A Markdown file embeds a rendered view between two comments::
     …generated text, never edited by hand…
     <!-- /results -->
 
-``render_markdown`` fills every such region from ``<kind module>.<view>(data) -> str``; ``hf-attn-variants
-render-docs`` rewrites the files, ``--check`` only reports regions that differ (tests/test_docs_results.py
+``render_markdown`` fills every such region from ``<kind module>.<view>(data) -> str``; the maintainer script
+``scripts/render_docs.py`` (not part of the installed tool) rewrites the files, ``--check`` only reports regions that differ (tests/test_docs_results.py
 runs it, so a hand edit or a results file changed without re-rendering fails the suite).
 """
 
@@ -122,9 +122,10 @@ def render_markdown(root: Path, text: str, *, source: str = "<markdown>") -> str
 
 
 def markdown_files(root: Path) -> list[Path]:
-    """README.md and every ``docs/*.md`` under ``root``."""
+    """README.md, CONTRIBUTING.md (when there is one) and every ``docs/*.md`` under ``root``."""
     root = Path(root)
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    contributing = [root / "CONTRIBUTING.md"] if (root / "CONTRIBUTING.md").is_file() else []
+    return [root / "README.md", *contributing, *sorted((root / "docs").glob("*.md"))]
 
 
 def render_docs(root: Path, files: Iterable[Path] | None = None, *, check: bool = False) -> list[str]:

@@ -1,4 +1,5 @@
-"""``hf-attn-variants render-docs``: re-render the results regions of README.md and docs/*.md."""
+"""The docs renderer's command line (run by the maintainer script ``scripts/render_docs.py``, not by the installed
+tool): re-render the results regions of README.md, CONTRIBUTING.md and docs/*.md."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ are checked by the command before it writes anything.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from transformers import SchedulerType
 
@@ -24,10 +24,14 @@ from ..cli_utils import (
     check_positive,
     check_seed,
 )
+from ..models import FAMILIES
 from .modeling import check_model_type
 from .outputs import OutputDirArguments
 from .sharded import SIZE_FLAGS, ParallelLayout
 
+FAMILY_CHOICES = "{" + ",".join(FAMILIES) + "}"
+"""How ``--help`` shows the values of ``--model_type`` (checked by ``check_model_type``, which names the flag in the
+command's one error line, rather than by argparse's ``choices``)."""
 SCHEDULER_TYPES = tuple(s.value for s in SchedulerType if s.value not in ("reduce_lr_on_plateau", "greedy"))
 TASKS = ("sequence_classification", "token_classification")
 
@@ -80,18 +84,38 @@ class ShardingArguments:
 class PretrainArguments(ShardingArguments, OutputDirArguments):
     """Arguments of ``pretrain`` (each field is also a ``--flag``; names follow run_mlm_no_trainer.py)."""
 
+    argument_groups: ClassVar[dict[str, tuple[str, ...]]] = {
+        "model and data": (
+            "model_type", "model_name_or_path", "config_name", "config_overrides", "tokenizer_name", "objective",
+            "train_file", "validation_file", "dataset_name", "dataset_config_name", "text_column_name", "streaming",
+            "packing", "max_seq_length", "validation_split_percentage", "mlm_probability", "max_train_samples",
+            "max_eval_samples", "preprocessing_num_workers"),
+        "output": (
+            "output_dir", "overwrite_output_dir", "logging_steps", "eval_steps", "checkpointing_steps",
+            "save_total_limit", "resume_from_checkpoint", "with_tracking", "disable_tqdm"),
+        "training": (
+            "max_train_steps", "num_train_epochs", "per_device_train_batch_size", "per_device_eval_batch_size",
+            "gradient_accumulation_steps", "learning_rate", "lr_scheduler_type", "num_warmup_steps", "weight_decay",
+            "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "mixed_precision", "mixed_length_splits",
+            "seed"),
+        "scale-out (torchrun, docs/scaling.md)": ("fsdp_size", "tp_size", "dp_replicate_size"),
+    }
+    """How ``pretrain --help`` groups the flags (``cli_utils.add_dataclass_arguments``)."""
+
     output_dir: str = field(metadata={"help": "Where the final model, train_log.jsonl and checkpoints go."})
     model_type: str | None = field(
-        default=None, metadata={"help": "Family to train from scratch: entropy_invariant, gau or synthesizer."}
+        default=None, metadata={"help": "Family to train from scratch (or --model_name_or_path / --config_name).",
+                                "metavar": FAMILY_CHOICES}
     )
     config_overrides: dict[str, Any] | str | None = field(
         default=None,
         metadata={"help": 'Config fields as "k=v,k=v", e.g. "hidden_size=64,num_hidden_layers=2" '
                   '(lists in brackets: "synthesizer_components=[random,vanilla]"). From Python also a dict.'},
     )
-    config_name: str | None = field(default=None, metadata={"help": "Config folder/file to start from."})
+    config_name: str | None = field(default=None, metadata={"help": "Config folder/file (or Hub id) to start from."})
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "A pretrained model folder to continue training (else from scratch)."}
+        default=None, metadata={"help": "A pretrained model to continue training (else from scratch): a local folder "
+                                "or a Hub id (from_pretrained)."}
     )
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "Tokenizer folder; default: the embedded pydoc WordPiece tokenizer."}
@@ -278,6 +302,20 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
 class FinetuneArguments(ShardingArguments, OutputDirArguments):
     """Model, data, LoRA and early-stopping flags of ``finetune`` (``TrainingArguments`` hold the rest)."""
 
+    argument_groups: ClassVar[dict[str, tuple[str, ...]]] = {
+        "model and data": (
+            "model_name_or_path", "model_type", "config_name", "config_overrides", "tokenizer_name", "task",
+            "train_file", "validation_file", "validation_split_percentage", "text_column_name",
+            "text_pair_column_name", "label_column_name", "max_seq_length", "pad_to_max_length", "max_train_samples",
+            "max_eval_samples", "label_all_tokens", "return_entity_level_metrics"),
+        "output": ("overwrite_output_dir",),
+        "LoRA and early stopping": (
+            "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_merge", "early_stopping_patience",
+            "early_stopping_threshold"),
+        "scale-out (torchrun, docs/scaling.md)": ("fsdp_size", "tp_size", "dp_replicate_size"),
+    }
+    """How ``finetune --help`` groups its own flags; ``TrainingArguments`` follow in a group of their own."""
+
     task: Literal["sequence_classification", "token_classification"] = field(
         default="sequence_classification", metadata={"help": "sequence_classification or token_classification."}
     )
@@ -287,9 +325,10 @@ class FinetuneArguments(ShardingArguments, OutputDirArguments):
         default=10, metadata={"help": "Held-out %% of train_file when there is no validation_file."}
     )
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Pretrained folder (e.g. a pretrain output_dir)."}
+        default=None, metadata={"help": "Pretrained model: a local folder (e.g. a pretrain output_dir) or a Hub id."}
     )
-    model_type: str | None = field(default=None, metadata={"help": "Family to build from scratch instead."})
+    model_type: str | None = field(default=None, metadata={"help": "Family to build from scratch instead.",
+                                                           "metavar": FAMILY_CHOICES})
     config_overrides: dict[str, Any] | str | None = field(
         default=None, metadata={"help": 'Config fields as "k=v,k=v" (from Python also a dict).'})
     config_name: str | None = field(default=None, metadata={"help": "Config folder to start from."})

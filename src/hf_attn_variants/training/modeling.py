@@ -24,7 +24,16 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from ..cli_utils import FlagError, check_config_source, check_folder, check_model_folder, names_in_message
+from ..cli_utils import (
+    FlagError,
+    check_config_source,
+    check_folder,
+    check_model_source,
+    hub_unreachable,
+    is_hub_id,
+    names_in_message,
+    offline_hub_message,
+)
 from ..models import FAMILIES
 from .corpus import embedded_tokenizer
 
@@ -151,17 +160,23 @@ def _check_override_types(defaults: PreTrainedConfig, overrides: dict[str, Any])
 
 
 def load_tokenizer(tokenizer_name: str | None = None, flag: str = "tokenizer_name") -> PreTrainedTokenizerBase:
-    """``AutoTokenizer.from_pretrained(tokenizer_name)`` (a local folder), or the embedded tokenizer.
+    """``AutoTokenizer.from_pretrained(tokenizer_name)`` (a local folder or a Hub id), or the embedded tokenizer.
 
     A folder that does not exist or holds no tokenizer raises ``FlagError`` naming ``flag`` (the flag the
     folder came from: ``tokenizer_name``, or ``model_name_or_path`` when the model's tokenizer is used).
     """
     if tokenizer_name in (None, "", "embedded"):
         return embedded_tokenizer()
-    check_folder(flag, tokenizer_name, what="tokenizer folder")
+    hub = is_hub_id(str(tokenizer_name))
+    if hub:
+        check_model_source(flag, tokenizer_name)
+    else:
+        check_folder(flag, tokenizer_name, what="tokenizer folder")
     try:
         return AutoTokenizer.from_pretrained(tokenizer_name)
     except (OSError, ValueError) as error:
+        if hub and hub_unreachable(error):
+            raise FlagError(flag, offline_hub_message(flag, str(tokenizer_name))) from error
         hint = "pass --tokenizer_name with a tokenizer folder" if flag != "tokenizer_name" else (
             "pass a tokenizer folder, or leave --tokenizer_name out for the embedded one")
         reason = str(error).splitlines()[0] if str(error) else repr(error)
@@ -254,11 +269,17 @@ def _config_error_flag(message: str, overrides: dict[str, Any], source_flag: str
 
 
 def _load_config(flag: str, source: str) -> PreTrainedConfig:
-    """``AutoConfig.from_pretrained(source)`` of a local config file or folder; ``FlagError`` naming ``flag``."""
-    check_config_source(flag, source)
+    """``AutoConfig.from_pretrained(source)`` of a local config file or folder, or of a Hub repository id;
+    ``FlagError`` naming ``flag`` (offline, for a Hub id: one sentence saying so)."""
+    if is_hub_id(str(source)):
+        check_model_source(flag, source)
+    else:
+        check_config_source(flag, source)
     try:
         return AutoConfig.from_pretrained(source)
     except (OSError, ValueError, KeyError) as error:  # bad JSON, unknown model_type
+        if is_hub_id(str(source)) and hub_unreachable(error):
+            raise FlagError(flag, offline_hub_message(flag, str(source))) from error
         reason = " ".join(str(error).split()) or type(error).__name__
         raise FlagError(flag, f"{flag}: {source!r} holds no usable config: {reason}") from error
 
@@ -276,12 +297,15 @@ def build_lm_model(
 
 
 def load_pretrained(auto_class: Any, model_name_or_path: str, flag: str = "model_name_or_path", **kwargs: Any) -> Any:
-    """``auto_class.from_pretrained(model_name_or_path, **kwargs)`` of a local model folder; a folder that is
-    not a model (no config, no weights) raises ``FlagError`` naming ``flag``."""
-    check_model_folder(flag, model_name_or_path, weights=True)
+    """``auto_class.from_pretrained(model_name_or_path, **kwargs)`` of a local model folder or a Hub repository id;
+    a folder that is not a model (no config, no weights), or a Hub id that cannot be fetched (offline: one sentence
+    saying so), raises ``FlagError`` naming ``flag``."""
+    check_model_source(flag, model_name_or_path, weights=True)
     try:
         return auto_class.from_pretrained(model_name_or_path, **kwargs)
     except (OSError, ValueError, KeyError) as error:
+        if is_hub_id(str(model_name_or_path)) and hub_unreachable(error):
+            raise FlagError(flag, offline_hub_message(flag, str(model_name_or_path))) from error
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise FlagError(flag, f"{flag}: {model_name_or_path!r} could not be loaded as a model: {reason}") from error
 
