@@ -480,6 +480,7 @@ ANY_VALUE: dict[str, dict[str, str]] = {
         "--no-plots": "a switch (store_true), takes no value",
         "--merge": "a switch (store_true), takes no value; its refusals (no committed results, other settings): "
                    "tests/test_bench.py",
+        "--publish": "a switch (store_true), takes no value; its refusals: tests/test_bench.py",
     },
     "lengthgen": {},
     "convert-gau-alpha": {},
@@ -592,9 +593,19 @@ def snapshot(folder: Path) -> dict[str, str]:
     }
 
 
+RENDER_DOCS = "hf_attn_variants.results.cli"
+"""The maintainer command ``render-docs`` (``scripts/render_docs.py``; not a subcommand of the installed tool)."""
+
+
 def run_cli(argv: list[str]) -> int:
-    """``main(argv)``'s exit status, also when argparse exits (``SystemExit``)."""
+    """``main(argv)``'s exit status, also when argparse exits (``SystemExit``); ``render-docs`` runs through its
+    repository script's module, with the same flags and error lines."""
     try:
+        if argv[0] == "render-docs":
+            module = importlib.import_module(RENDER_DOCS)
+            parser = argparse.ArgumentParser(prog="hf-attn-variants render-docs")
+            module.add_arguments(parser)
+            return module.run(parser.parse_args(argv[1:]))
         return main(argv)
     except SystemExit as exit_info:
         return exit_info.code if isinstance(exit_info.code, int) else 1
@@ -691,7 +702,7 @@ def parser_flags(command: str) -> set[str]:
     argparse has no public accessor for a parser's actions; its usage text lists every option by its
     first option string, exactly as a user sees them.
     """
-    module = importlib.import_module(SUBCOMMANDS[command][0])
+    module = importlib.import_module(SUBCOMMANDS[command][0] if command in SUBCOMMANDS else RENDER_DOCS)
     parser = argparse.ArgumentParser(prog=f"hf-attn-variants {command}")
     module.add_arguments(parser)
     return set(re.findall(r"(?<![\w-])--[A-Za-z][\w-]*", parser.format_usage()))
@@ -725,9 +736,10 @@ def training_argument_kinds() -> dict[str, str]:
 
 
 def test_every_flag_has_a_bad_value_case() -> None:
-    tested = {command: {c.flag for c in CASES if c.command == command} for command in SUBCOMMANDS}
+    commands = [*SUBCOMMANDS, "render-docs"]
+    tested = {command: {c.flag for c in CASES if c.command == command} for command in commands}
     training_kinds = training_argument_kinds()
-    for command in SUBCOMMANDS:
+    for command in commands:
         flags = parser_flags(command)
         unknown = tested[command] - flags
         assert not unknown, f"{command}: cases for flags it does not have: {unknown}"

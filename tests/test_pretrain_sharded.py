@@ -337,7 +337,7 @@ def test_resuming_across_kinds_of_launch_is_refused(tmp_path) -> None:
     (folder / STATE_FILE).write_text(json.dumps({"completed_steps": 2, "epoch": 0}))  # an accelerate checkpoint
     with pytest.raises(FlagError, match="written by an accelerate run"):
         check_checkpoint_kind(folder, tiny_args(tmp_path, fsdp_size=2))
-    (folder / STATE_FILE).write_text(json.dumps({"completed_steps": 2, "epoch": 0, "format": "dcp",
+    (folder / STATE_FILE).write_text(json.dumps({"completed_steps": 2, "epoch": 0, "sharded": True,
                                                  "global_batch_size": 8}))
     with pytest.raises(FlagError, match="written by a sharded"):
         check_checkpoint_kind(folder, tiny_args(tmp_path))

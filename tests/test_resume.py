@@ -486,7 +486,7 @@ def test_sigterm_with_two_processes_stops_both_at_one_step_and_the_rerun_resumes
     assert len(names) == 1 and names[0].startswith("step_"), names
     step = int(names[0].removeprefix("step_"))
     assert 2 <= step < STEPS and read_log(folder)[-1]["step"] == step
-    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in (folder / "checkpoints" / names[0]).iterdir()}
+    assert {"rng_state_0.json", "rng_state_1.json"} <= {p.name for p in (folder / "checkpoints" / names[0]).iterdir()}
 
     code, err = finish(torchrun(run_args(folder, train_file, **common), tmp_path))
     assert code == 0, err[-4000:]

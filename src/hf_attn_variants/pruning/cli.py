@@ -54,6 +54,7 @@ from ..cli_utils import (
 )
 from ..training.checkpoints import read_json_file
 from ..training.outputs import OutputRule, check_output_folder, finish_run, json_arguments, start_run
+from ..training.runlock import run_lock
 from .adapters import get_adapter
 from .data import TASKS, accuracy_metric, build_batches, infer_task, load_rows, perplexity_metric
 from .importance import compute_head_importance
@@ -297,14 +298,25 @@ def _restate(model: Any) -> dict[str, int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the pruning study described by ``args``; returns 0, or 2 after one error line for a bad flag."""
+    """Run the pruning study described by ``args`` while holding ``--output_dir``'s run lock
+    (``training/runlock.py``); returns 0, or 2 after one error line for a bad flag or a folder another run
+    writes."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.manual_seed(args.seed)
     try:
-        with quiet_progress():
-            inputs = prepare(args)
+        check_output_dir("output_dir", args.output_dir)
+        with run_lock("prune", args.output_dir):
+            with quiet_progress():
+                inputs = prepare(args)
+            study(args, inputs)
     except FlagError as error:
         return fail_flag("prune", error)
+    logger.info("wrote %s", json.dumps(sorted(p.name for p in Path(args.output_dir).iterdir())))
+    return 0
+
+
+def study(args: argparse.Namespace, inputs: PruneInputs) -> None:
+    """Score, prune iteratively, and write the curve, plots and pruned model into ``--output_dir``."""
     model, tokenizer, task = inputs.model, inputs.tokenizer, inputs.task
     importance_batches, eval_batches = inputs.importance_batches, inputs.eval_batches
     output = Path(args.output_dir)
@@ -346,8 +358,6 @@ def run(args: argparse.Namespace) -> int:
         logger.info("%5d %8d %10.4f %12.3f%s", row.step, row.heads_pruned, row.metric, row.relative_metric,
                     "" if row.accepted else "  (below threshold, not applied)")
     finish_run(output)
-    logger.info("wrote %s", json.dumps(sorted(p.name for p in output.iterdir())))
-    return 0
 
 
-__all__ = ["PRUNE_RULE", "PruneInputs", "add_arguments", "prepare", "run"]
+__all__ = ["PRUNE_RULE", "PruneInputs", "add_arguments", "prepare", "run", "study"]

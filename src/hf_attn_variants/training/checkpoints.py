@@ -15,8 +15,8 @@ half-way) is named by its first bad file.
 - ``pretrain``'s checkpoints (``output_dir/checkpoints/<name>/``): ``save_checkpoint`` (staging folder, manifest,
   atomic rename, rotation), ``named_checkpoint`` (``--resume_from_checkpoint``), ``check_checkpoint_kind``.
 
-Checkpoints written before manifests existed have none; they are probed instead (``probe_files``: every
-safetensors header and every ``torch.load``-able file read), so a truncated one is named too. A state file or
+Checkpoints written before manifests existed have none; they are probed instead (``probe_files``: every file
+that resuming reads, with the safe loader of its kind, never with pickle), so a truncated one is named too. A state file or
 manifest that is there but cut short (not valid JSON) makes its checkpoint broken, named by that file
 (``json_problem``), never "not a checkpoint".
 """
@@ -87,26 +87,26 @@ def manifest_problem(folder: Path, manifest: dict[str, dict[str, Any]]) -> str |
     return None
 
 
+NEVER_LOADED = ("training_args.bin",)
+"""Files of a checkpoint that resuming never reads (``Trainer``'s pickled arguments of earlier releases): not
+probed, so they are never unpickled either."""
+
+
 def probe_files(folder: Path) -> str | None:
-    """For a checkpoint without a manifest: ``None`` when every safetensors file opens, every ``.bin``/``.pt``/
-    ``.pth``/``.pkl`` file loads and every ``.json`` file parses, else which one fails and how."""
-    import torch
-    from safetensors import safe_open
+    """For a checkpoint without a manifest, and for every checkpoint before it is resumed: ``None`` when every file
+    that resuming reads loads with the safe loader for its kind (``safe_state.probe_file``: safetensors, JSON,
+    ``torch.load(weights_only=True)``), else which one fails and how. Pickle files of earlier releases (``.pkl``)
+    and ``NEVER_LOADED`` files are not opened."""
+    from .safe_state import probe_file
 
     for path in sorted(folder.rglob("*")):
+        if not path.is_file() or path.name in NEVER_LOADED:
+            continue
         try:
-            if path.suffix == ".safetensors":
-                with safe_open(str(path), framework="pt") as handle:
-                    names = handle.keys()
-                    for name in names:
-                        handle.get_slice(name)
-            elif path.suffix in (".bin", ".pt", ".pth", ".pkl"):
-                torch.load(path, map_location="cpu", weights_only=False)
-            elif path.suffix == ".json":
-                json.loads(path.read_bytes())
+            probe_file(path)
         except Exception as error:  # noqa: BLE001 - any failure to read the file is what we report
-            reason = " ".join(str(error).split()) or type(error).__name__
-            return f"{path} cannot be read ({type(error).__name__}: {reason})"
+            reason = " ".join(str(error).split())[:200] or type(error).__name__
+            return f"{path} cannot be read safely ({type(error).__name__}: {reason})"
     return None
 
 
@@ -306,13 +306,13 @@ def find_checkpoint(output_dir: str, name: str) -> Path:
 
 
 def check_checkpoint_kind(checkpoint: Path, args: PretrainArguments) -> None:
-    """``FlagError`` naming ``resume_from_checkpoint`` when the checkpoint was written by the other path (a
-    sharded run writes DCP folders, the accelerate path ``save_state`` folders) or, for a sharded one, with
+    """``FlagError`` naming ``resume_from_checkpoint`` when the checkpoint was written by the other path (``sharded``
+    in its state file; the accelerate path's MLM weights carry the ``model.`` prefix of its loss module) or, for a sharded one, with
     another global batch size (the data position would not match)."""
     state = json.loads((checkpoint / STATE_FILE).read_text())
-    written_sharded = state.get("format") == "dcp"
+    written_sharded = bool(state.get("sharded"))
     if written_sharded != args.layout.sharded:
-        kind = "a sharded (DistributedConfig, DCP)" if written_sharded else "an accelerate"
+        kind = "a sharded (DistributedConfig)" if written_sharded else "an accelerate"
         raise FlagError("resume_from_checkpoint",
                         f"resume_from_checkpoint: {str(checkpoint)!r} was written by {kind} run; resume it "
                         f"with the same kind of launch ({'the same' if written_sharded else 'no'} "
@@ -328,27 +328,32 @@ def check_checkpoint_kind(checkpoint: Path, args: PretrainArguments) -> None:
 
 def save_checkpoint(runtime: TrainingRuntime, output_dir: str, name: str, state: dict[str, Any], *,
                     limit: int | None = None, keep: Path | None = None,
-                    write_extra: Callable[[Path], None] | None = None) -> Path:
+                    write_extra: Callable[[Path], None] | None = None, needed: Callable[[], int] = lambda: 0) -> Path:
     """``runtime.save_state`` (and ``write_extra(folder)`` on every rank: a streamed run's data position) into
-    ``checkpoints/.<name>.tmp``; then the main process records the manifest of every rank's files in
+    ``checkpoints/.<name>.tmp``; then the main process records the format and the manifest of every rank's files in
     ``training_state.json`` (last), renames the folder to ``<name>`` atomically, and deletes all but the newest
-    ``limit`` checkpoints (never ``keep``)."""
+    ``limit`` checkpoints (never ``keep``). A write that fails (a full disk) removes the staging folder and raises
+    ``safe_state.SaveFailed`` with ``needed()`` bytes: the earlier checkpoints are untouched."""
+    from .safe_state import CHECKPOINT_FORMAT, FORMAT_KEY, failing_save_raises
+
     root = Path(output_dir) / CHECKPOINT_DIR
     final, staging = root / name, root / f".{name}.tmp"
     if runtime.is_main_process:
         shutil.rmtree(staging, ignore_errors=True)
         root.mkdir(parents=True, exist_ok=True)
     runtime.wait_for_everyone()
-    runtime.save_state(staging)
-    if write_extra is not None:
-        write_extra(staging)
-    runtime.wait_for_everyone()
+    with failing_save_raises("pretrain", staging, needed, "the checkpoints written before it are intact"):
+        runtime.save_state(staging)
+        if write_extra is not None:
+            write_extra(staging)
+        runtime.wait_for_everyone()
+        if runtime.is_main_process:
+            state = {**state, FORMAT_KEY: CHECKPOINT_FORMAT, MANIFEST_KEY: file_manifest(staging, exclude=(STATE_FILE,))}
+            (staging / STATE_FILE).write_text(json.dumps(state))
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(staging, final)
     if runtime.is_main_process:
-        state = {**state, MANIFEST_KEY: file_manifest(staging, exclude=(STATE_FILE,))}
-        (staging / STATE_FILE).write_text(json.dumps(state))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(staging, final)
         rotate(pretrain_checkpoints(output_dir), limit, keep=(keep,), saved=final)
     runtime.wait_for_everyone()
     return final
@@ -358,6 +363,7 @@ __all__ = [
     "AUTOMATIC",
     "CHECKPOINT_DIR",
     "MANIFEST_KEY",
+    "NEVER_LOADED",
     "STATE_FILE",
     "UNKNOWN_STEP",
     "Checkpoint",

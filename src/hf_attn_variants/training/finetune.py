@@ -21,7 +21,10 @@ Output folder, resuming and preemption (``outputs.py``, ``trainer_hooks.py``): a
 ``--output_dir`` with the same flags resumes from the newest complete ``checkpoint-<step>`` (each carries a
 manifest of its files' sizes and sha256); a folder holding a finished model or another run is refused before
 anything is written unless ``--overwrite_output_dir``. SIGTERM/SIGUSR1: every rank finishes the same optimizer
-step, ``Trainer`` saves that step's checkpoint, and the command exits with ``PREEMPTED_EXIT_CODE`` (75).
+step, ``Trainer`` saves that step's checkpoint, and the command exits with ``PREEMPTED_EXIT_CODE`` (75). One run
+writes a folder at a time (``runlock.py``); the arguments are written as JSON, not pickled; a checkpoint is read
+with safe loaders before ``Trainer`` resumes from it (``loadable``); a save that fails (a full disk) ends in one
+line with the space it needed (``safe_state.SaveFailed``).
 
 Sharded (``torchrun --nproc_per_node N -m hf_attn_variants finetune ... --fsdp_size F``; ``--dp_replicate_size``
 for HSDP): rank 0 builds the single-process run's model (same seed, same new head) into
@@ -55,7 +58,7 @@ from ..cli_utils import (
     FlagError,
     check_folder,
     check_int,
-    check_model_folder,
+    check_model_source,
     check_number,
     check_output_dir,
     check_positive,
@@ -63,10 +66,12 @@ from ..cli_utils import (
     quiet_progress,
 )
 from .arguments import TASKS, FinetuneArguments, check_adamw
-from .checkpoints import announce_resume, broken_checkpoint_error, newest_resumable
+from .checkpoints import announce_resume, broken_checkpoint_error, newest_resumable, probe_files
 from .modeling import build_config, load_pretrained, load_tokenizer
 from .outputs import FolderState, OutputRule, check_output_folder, finish_run, json_arguments, start_run
-from .preemption import StopSignals, TrainingPreempted, run_training_command, stop_signals
+from .preemption import StopSignals, TrainingPreempted, max_over_ranks, run_training_command, stop_signals
+from .runlock import run_lock
+from .safe_state import failing_save_raises, training_state_bytes
 from .sharded import INITIAL_MODEL_DIR, check_layout, check_parallel_plans, load_sharded, model_class_for
 from .tasks import (
     compute_metrics,
@@ -76,7 +81,13 @@ from .tasks import (
     task_auto_class,
     token_features,
 )
-from .trainer_hooks import MANIFEST_FILE, CheckpointGuard, read_trainer_checkpoint, trainer_checkpoints
+from .trainer_hooks import (
+    MANIFEST_FILE,
+    CheckpointGuard,
+    arguments_as_json,
+    read_trainer_checkpoint,
+    trainer_checkpoints,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -340,12 +351,25 @@ def _resume_explicit(path: str) -> str:
     return path
 
 
+def loadable(path: str) -> str:
+    """``path`` when every file of the checkpoint that ``Trainer`` reads loads with a safe loader (``probe_files``:
+    safetensors, JSON, ``torch.load(weights_only=True)`` as ``Trainer`` itself loads them), else one ``FlagError``
+    naming the file: ``Trainer`` would end in a raw traceback on it."""
+    problem = probe_files(Path(path))
+    if problem is not None:
+        raise FlagError("resume_from_checkpoint", f"resume_from_checkpoint: checkpoint {path!r} does not load "
+                                                  f"safely: {problem}; resume from an earlier checkpoint or start "
+                                                  "afresh with --overwrite_output_dir.")
+    return path
+
+
 def checkpoint_to_resume(args: FinetuneArguments, training_args: Any, folder: FolderState) -> str | None:
     """The checkpoint to resume: ``--resume_from_checkpoint``; else, in a folder holding this run unfinished,
     its newest complete ``checkpoint-<step>`` (broken newer ones skipped with a warning; one line says which);
-    else ``None``. A sharded run's unfinished folder is refused: ``Trainer`` cannot resume it."""
+    else ``None``. A sharded run's unfinished folder is refused: ``Trainer`` cannot resume it. The checkpoint's
+    files are read once with safe loaders first (``loadable``)."""
     if training_args.resume_from_checkpoint:
-        return _resume_explicit(training_args.resume_from_checkpoint)
+        return loadable(_resume_explicit(training_args.resume_from_checkpoint))
     chosen = newest_resumable("finetune", trainer_checkpoints(folder.folder)) if folder.same_run else None
     if chosen is None:
         return None
@@ -354,7 +378,7 @@ def checkpoint_to_resume(args: FinetuneArguments, training_args: Any, folder: Fo
                                       f"({args.sizes_text()}), which Trainer cannot resume (a model sharded at load "
                                       "time); pass --overwrite_output_dir to start over.")
     announce_resume("finetune", chosen)
-    return str(chosen.path)
+    return loadable(str(chosen.path))
 
 
 def _check_output_folder(args: FinetuneArguments, training_args: Any) -> tuple[FolderState, dict[str, Any]]:
@@ -392,9 +416,8 @@ def _prepare(args: FinetuneArguments, training_args: Any) -> _Prepared:
     nothing is written. A bad value raises ``FlagError`` naming its flag."""
     from transformers import set_seed
 
-    check_training_arguments(training_args)
     if args.model_name_or_path is not None:
-        check_model_folder("model_name_or_path", args.model_name_or_path, weights=True)
+        check_model_source("model_name_or_path", args.model_name_or_path, weights=True)
     folder, arguments = _check_output_folder(args, training_args)
     if not training_args.do_train and not training_args.do_eval:
         training_args = dataclasses.replace(training_args, do_train=True, do_eval=True)
@@ -493,6 +516,8 @@ def _train(trainer: Any, prepared: _Prepared, guard: CheckpointGuard) -> dict[st
         note = "" if guard.can_checkpoint else "a sharded finetune cannot be resumed by Trainer"
         raise TrainingPreempted("finetune", guard.stop.signal_name, step, checkpoint, note)
     trainer.save_model()  # sharded: every rank calls save_pretrained, rank 0 writes the gathered weights
+    if trainer.is_world_process_zero():
+        arguments_as_json(Path(prepared.training_args.output_dir), prepared.training_args)
     metrics = {**train_result.metrics, "train_samples": len(prepared.data["train"])}
     trainer.log_metrics("train", metrics)
     trainer.save_metrics("train", metrics)
@@ -536,19 +561,27 @@ def finetune(args: FinetuneArguments, training_args: Any, stop: StopSignals | No
     caller installed the handlers).
     """
     with quiet_progress():
-        prepared = _prepare(args, training_args)
-    _start_writing(prepared)  # every input is valid: from here on the run writes
-    model = _final_model(args, prepared)
-    metrics: dict[str, float] = {}
-    with stop_signals(stop) as active:
-        guard = CheckpointGuard(active, can_checkpoint=not args.layout.sharded)
-        trainer = _trainer(args, prepared, model, guard)
-        if prepared.training_args.do_train:
-            metrics.update(_train(trainer, prepared, guard))
-    if prepared.training_args.do_eval:
-        metrics.update(_evaluate(trainer, prepared))
-    _write_task_outputs(args, prepared, trainer)
-    return FinetuneResult(str(prepared.training_args.output_dir), metrics, trainer.model, trainer, prepared.label_list)
+        check_training_arguments(training_args)
+    main_process = training_args.process_index == 0
+    with run_lock("finetune", training_args.output_dir, main_process=main_process,
+                  agree=lambda refused: max_over_ranks(refused, training_args.device)):
+        with quiet_progress():
+            prepared = _prepare(args, training_args)
+        _start_writing(prepared)  # every input is valid: from here on the run writes
+        model = _final_model(args, prepared)
+        metrics: dict[str, float] = {}
+        output_dir = Path(prepared.training_args.output_dir)
+        with failing_save_raises("finetune", output_dir, lambda: training_state_bytes(model),
+                                 "the checkpoints it completed before are intact", staging=False):
+            with stop_signals(stop) as active:
+                guard = CheckpointGuard(active, can_checkpoint=not args.layout.sharded)
+                trainer = _trainer(args, prepared, model, guard)
+                if prepared.training_args.do_train:
+                    metrics.update(_train(trainer, prepared, guard))
+            if prepared.training_args.do_eval:
+                metrics.update(_evaluate(trainer, prepared))
+            _write_task_outputs(args, prepared, trainer)
+    return FinetuneResult(str(output_dir), metrics, trainer.model, trainer, prepared.label_list)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

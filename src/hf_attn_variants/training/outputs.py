@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli_utils import FlagError
+from .runlock import LOCK_FILES
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ def check_output_folder(rule: OutputRule, output_dir: str | Path, arguments: Map
     inputs = {**(inputs or {}), "resume_from_checkpoint": resume_location(folder, resume)}
     explicit_resume = resumes_inside(folder, resume)
     found = run_files_in(folder, rule)
-    has_content = folder.is_dir() and any(folder.iterdir())
+    has_content = folder.is_dir() and any(path.name not in LOCK_FILES for path in folder.iterdir())
     if overwrite:
         if has_content:
             check_clearable(folder, inputs)
@@ -251,8 +252,10 @@ def check_clearable(folder: Path, inputs: Mapping[str, str | None]) -> None:
 
 
 def clear_folder(folder: Path) -> None:
-    """Remove everything inside ``folder`` (the folder itself stays)."""
+    """Remove everything inside ``folder`` but the run lock's files (the folder itself stays)."""
     for path in folder.iterdir():
+        if path.name in LOCK_FILES:
+            continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:

@@ -151,9 +151,11 @@ def run_training_command(command: str, train: Callable[..., Any], namespace: arg
                          *dataclass_types: type) -> int:
     """The CLI entry of ``pretrain`` and ``finetune``: the stop signals are caught from the start (a signal during
     setup stops the run after its first step); ``train(*arguments, stop)`` runs with the flags parsed into
-    ``dataclass_types``. Returns 0; 2 after one error line for a bad flag value or output folder (``FlagError``,
-    raised before anything is written); ``PREEMPTED_EXIT_CODE`` after a stop signal (``preempted_exit``)."""
-    from ..cli_utils import FlagError, dataclasses_from_namespace, fail_flag
+    ``dataclass_types``. Returns 0; 2 after one error line for a bad flag value, output folder or checkpoint file
+    (``FlagError``); ``PREEMPTED_EXIT_CODE`` after a stop signal (``preempted_exit``); ``SAVE_FAILED_EXIT_CODE``
+    after one line for a save that failed (``safe_state.SaveFailed``: a full disk)."""
+    from ..cli_utils import FlagError, dataclasses_from_namespace, fail, fail_flag
+    from .safe_state import SAVE_FAILED_EXIT_CODE, SaveFailed
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logging.getLogger("hf_attn_variants").setLevel(logging.INFO)
@@ -164,6 +166,9 @@ def run_training_command(command: str, train: Callable[..., Any], namespace: arg
             return fail_flag(command, error)
         except TrainingPreempted as stopped:
             return preempted_exit(command, stopped, stop)
+        except SaveFailed as failed:
+            fail(command, str(failed))
+            return SAVE_FAILED_EXIT_CODE
     return 0
 
 

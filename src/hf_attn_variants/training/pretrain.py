@@ -20,11 +20,11 @@ position in the data, never of what ran before in the process:
 - MLM masks: per block, seeded with ``mix_seed(seed, epoch, block index)`` (see ``data.mask_tokens``);
 - dropout: the global torch RNG is reseeded before every micro-batch with
   ``mix_seed(seed, "step", global micro-batch index, data-parallel rank)``.
-Checkpoints (``accelerator.save_state`` into ``output_dir/checkpoints/step_<k>``: model safetensors, AdamW
-state, scheduler, RNG states, plus ``training_state.json`` with the size and sha256 of every file; sharded: DCP
-shards of model and AdamW state, scheduler, RNG states; ``checkpoints.py``) are written to a temporary folder
-and renamed, so a killed run never leaves a partial checkpoint, and a checkpoint damaged later is named by its
-bad file. Resuming from step k therefore reproduces the losses of an uninterrupted run bit for bit (same
+Checkpoints (``output_dir/checkpoints/step_<k>``: model safetensors, AdamW state, scheduler and RNG states in
+files that load without unpickling anything — ``safe_state.py`` — plus ``training_state.json`` with the size and
+sha256 of every file; ``checkpoints.py``) are written to a temporary folder and renamed, so a killed run never
+leaves a partial checkpoint, a checkpoint damaged later is named by its bad file, and a save that fails (a full
+disk) leaves the earlier ones intact. One run writes an output folder at a time (``runlock.py``). Resuming from step k therefore reproduces the losses of an uninterrupted run bit for bit (same
 process count and batch sizes), and ``train_log.jsonl`` is cut back to the rows with step ≤ k first. The log is
 also flushed at each checkpoint step so that logging windows never straddle a checkpoint.
 
@@ -74,7 +74,7 @@ from typing import Any
 
 import torch
 
-from ..cli_utils import FlagError, check_model_folder, check_output_dir, quiet_progress
+from ..cli_utils import FlagError, check_model_source, check_output_dir, quiet_progress
 from .arguments import SCHEDULER_TYPES, PretrainArguments
 from .checkpoints import (
     AUTOMATIC,
@@ -114,10 +114,13 @@ from .preemption import (
     PREEMPTED_EXIT_CODE,
     StopSignals,
     TrainingPreempted,
+    max_over_ranks,
     run_training_command,
     stop_signals,
 )
+from .runlock import run_lock
 from .runtime import AccelerateRuntime, TrainingRuntime, language_model
+from .safe_state import failing_save_raises, legacy_checkpoint_error, training_state_bytes
 from .sharded import INITIAL_MODEL_DIR, ShardedRuntime, check_layout, check_parallel_plans, model_class_for
 from .sources import (
     load_named_dataset,
@@ -343,7 +346,7 @@ def check_arguments(args: PretrainArguments) -> None:
     for a sharded run the process count (``FlagError`` naming the flag; nothing is written)."""
     check_output_dir("output_dir", args.output_dir)
     if args.model_name_or_path is not None:
-        check_model_folder("model_name_or_path", args.model_name_or_path, weights=True)
+        check_model_source("model_name_or_path", args.model_name_or_path, weights=True)
     if args.with_tracking:
         import importlib.util
 
@@ -456,6 +459,8 @@ def checkpoint_to_resume(args: PretrainArguments, folder: FolderState) -> Path |
         reason = AUTOMATIC
     if chosen is None:
         return None
+    if (legacy := legacy_checkpoint_error(chosen.path)) is not None:
+        raise legacy
     check_checkpoint_kind(chosen.path, args)
     check_stream_position(chosen.path, args)
     announce_resume("pretrain", chosen, reason)
@@ -636,7 +641,7 @@ def checkpoint_state(run: TrainingSetup, state_of_loop: LoopState, epoch: int) -
     global batch)."""
     state: dict[str, Any] = {"completed_steps": state_of_loop.completed, "epoch": epoch, "tokens": state_of_loop.tokens}
     if run.args.layout.sharded:
-        state.update(format="dcp", global_batch_size=run.args.per_device_train_batch_size * run.args.layout.dp_size,
+        state.update(sharded=True, global_batch_size=run.args.per_device_train_batch_size * run.args.layout.dp_size,
                      layout=asdict(run.args.layout))
     return state
 
@@ -728,7 +733,8 @@ def after_update(run: TrainingSetup, state: LoopState, epoch: int, epoch_end: bo
     if name:
         saved = save_checkpoint(run.runtime, args.output_dir, name, checkpoint_state(run, state, epoch),
                                 limit=args.save_total_limit, keep=run.checkpoint,
-                                write_extra=run.stream.save if run.stream is not None else None)
+                                write_extra=run.stream.save if run.stream is not None else None,
+                                needed=lambda: training_state_bytes(run.model))
         if stopping:
             raise TrainingPreempted("pretrain", state.stop.signal_name, state.completed, saved)
     if state.window_tokens == 0:  # a row was written: the next window starts now (evaluation, checkpoint excluded)
@@ -851,10 +857,14 @@ def pretrain(args: PretrainArguments, stop: StopSignals | None = None) -> Pretra
     check_arguments(args)
     runtime = make_runtime(args)
     try:
-        run = setup(args, runtime)
-        with stop_signals(stop) as active:
-            state = train(run, restore(run), active)
-        save_outputs(run, state)
+        with run_lock("pretrain", args.output_dir, main_process=runtime.is_main_process,
+                      agree=lambda refused: max_over_ranks(refused, runtime.device)):
+            run = setup(args, runtime)
+            with stop_signals(stop) as active:
+                state = train(run, restore(run), active)
+            with failing_save_raises("pretrain", run.output_dir, lambda: training_state_bytes(run.model),
+                                     "its checkpoints are intact", staging=False):
+                save_outputs(run, state)
     except TrainingPreempted:
         if args.with_tracking:
             runtime.end_training()

@@ -3,11 +3,11 @@
 ``pretrain``'s loop (``pretrain.py``) talks to a ``TrainingRuntime`` only. Two implement it:
 
 - ``AccelerateRuntime`` (this module): one process, or ``accelerate launch`` / ``torchrun`` with DDP or
-  accelerate's FSDP — ``accelerator.prepare`` wraps model, optimizer and data loader, checkpoints are
-  ``accelerator.save_state`` folders. This is the path ``pretrain`` always had.
+  accelerate's FSDP — ``accelerator.prepare`` wraps model, optimizer and data loader; checkpoints are the
+  pickle-free files of ``safe_state.py``. This is the path ``pretrain`` always had.
 - ``ShardedRuntime`` (``sharded.py``): ``torchrun`` with ``--tp_size`` / ``--fsdp_size`` / ``--dp_replicate_size``;
-  the model is sharded at load time by Transformers' ``DistributedConfig`` (FSDP2, tensor parallel, HSDP) and
-  checkpoints are ``torch.distributed.checkpoint`` (DCP) folders.
+  the model is sharded at load time by Transformers' ``DistributedConfig`` (FSDP2, tensor parallel, HSDP); its
+  checkpoints are the same files, gathered from the shards, so they load into any layout of its launch.
 
 ``process_index`` / ``num_processes`` are the *data-parallel* rank and size (the ranks that see distinct
 batches; tensor-parallel ranks of one data-parallel group share a batch and a rank). With ``device``,
@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import torch
 
 from ..cli_utils import FlagError
+from .safe_state import load_training_state, save_training_state
 
 
 class TrainingRuntime(Protocol):
@@ -121,6 +122,9 @@ class AccelerateRuntime:
         self.is_local_main_process = self.accelerator.is_local_main_process
         self._loader: Any = None
         self._sampler: Any = None
+        self._model: Any = None
+        self._optimizer: Any = None
+        self._scheduler: Any = None
 
     # ---------------------------------------------------------------- processes
     def wait_for_everyone(self) -> None:
@@ -147,11 +151,12 @@ class AccelerateRuntime:
         from torch.utils.data import DataLoader
 
         if dataset is None:  # a streamed run reads its own rank's part (streaming.TrainStream)
-            return self.accelerator.prepare(model, optimizer)
+            self._model, self._optimizer = self.accelerator.prepare(model, optimizer)
+            return self._model, self._optimizer
         loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn)
-        model, optimizer, self._loader = self.accelerator.prepare(model, optimizer, loader)
+        self._model, self._optimizer, self._loader = self.accelerator.prepare(model, optimizer, loader)
         self._sampler = sampler
-        return model, optimizer
+        return self._model, self._optimizer
 
     def batches_per_epoch(self) -> int:
         """Micro-batches per epoch and process."""
@@ -165,7 +170,7 @@ class AccelerateRuntime:
 
     def register_for_checkpointing(self, scheduler: Any) -> None:
         """Save and restore ``scheduler`` with ``save_state``/``load_state``."""
-        self.accelerator.register_for_checkpointing(scheduler)
+        self._scheduler = scheduler
 
     # ---------------------------------------------------------------- step
     def forward_context(self) -> contextlib.AbstractContextManager:
@@ -194,12 +199,16 @@ class AccelerateRuntime:
 
     # ---------------------------------------------------------------- checkpoints and output
     def save_state(self, folder: Path) -> None:
-        """``accelerator.save_state``: model safetensors, optimizer, scheduler, RNG states (all processes call)."""
-        self.accelerator.save_state(str(folder))
+        """The checkpoint files of ``safe_state`` (model safetensors, optimizer, scheduler, fp16 loss scaler, every
+        process's random states; all processes call it)."""
+        save_training_state(folder, self._model, self._optimizer.optimizer, self._scheduler,
+                            rank=self.process_index, is_main_process=self.is_main_process,
+                            scaler=self.accelerator.scaler)
 
     def load_state(self, folder: Path) -> None:
-        """``accelerator.load_state`` of a ``save_state`` folder."""
-        self.accelerator.load_state(str(folder))
+        """Restore ``save_state``'s files; a file that does not load safely is one ``FlagError`` naming it."""
+        load_training_state(folder, self._model, self._optimizer.optimizer, self._scheduler, rank=self.process_index,
+                            scaler=self.accelerator.scaler)
 
     def save_model(self, model: torch.nn.Module, output_dir: str) -> None:
         """``save_pretrained`` of the plain language model (gathered by accelerate under FSDP; the main process

@@ -29,9 +29,12 @@ NCCL on GPUs) and Transformers' sharded loading, so it runs the same way on both
   it works for tensor parallelism alone too. (``DistributedConfig(fsdp_mixed_precision=True)`` would instead
   all-gather bf16 parameters: half the traffic, less precise norms and softmax; not used.) fp16 needs a loss
   scaler and is refused with a ``FlagError``.
-- Checkpoints (``save_state``/``load_state``): ``torch.distributed.checkpoint`` (DCP) of
-  ``get_state_dict(model, optimizer)`` — every rank writes its shards, any layout can read them back — plus
-  ``scheduler.json``, ``random_states_<rank>.pt`` and (from ``pretrain``) ``training_state.json``.
+- Checkpoints (``save_state``/``load_state``): the pickle-free files of ``safe_state.py`` — model and optimizer
+  states gathered from the shards (``get_state_dict(full_state_dict=True)``; rank 0 writes them, every rank reads
+  them back into its own layout, so a different layout resumes too), ``scheduler.json``,
+  ``rng_state_<rank>.json`` and (from ``pretrain``) ``training_state.json``. (``torch.distributed.checkpoint``
+  would write each rank's shards in parallel, but its ``.metadata`` and non-tensor values are pickles that it
+  loads unrestricted.)
 - Final model (``save_model``): the sharded model's own ``save_pretrained(output_dir)``, called on every rank
   (a collective): Transformers gathers the full weights onto rank 0 (``get_model_state_dict(full_state_dict=True,
   cpu_offload=True)`` under FSDP2/HSDP, ``DTensor.full_tensor`` under TP), rank 0 writes safetensors and config
@@ -45,9 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
-import random
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,11 +60,11 @@ import torch.distributed as dist
 from ..cli_utils import FlagError
 from .data import DataParallelBatchSampler
 from .runtime import barrier_around
+from .safe_state import load_training_state, save_training_state
 
 SIZE_FLAGS = ("fsdp_size", "tp_size", "dp_replicate_size")
 """The sharding flags of ``pretrain`` (``DistributedConfig``'s field names), in the order an error names them."""
 INITIAL_MODEL_DIR = ".initial_model"
-SCHEDULER_FILE = "scheduler.json"
 
 
 @dataclass(frozen=True)
@@ -188,22 +189,6 @@ def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float) -> torch
     for group in groups:
         torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
     return norm
-
-
-def rng_states() -> dict[str, Any]:
-    """This process's random states (python, torch CPU, and the accelerator's when there is one)."""
-    states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states: dict[str, Any]) -> None:
-    """Restore what ``rng_states`` returned."""
-    random.setstate(states["python"])
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 def _device(local_rank: int) -> torch.device:
@@ -338,30 +323,14 @@ class ShardedRuntime:
 
     # ---------------------------------------------------------------- checkpoints and output
     def save_state(self, folder: Path) -> None:
-        """DCP of model and optimizer (every rank writes its shards), the scheduler, every rank's RNG states."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model_state, optimizer_state = get_state_dict(self._model, self._optimizer)
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(folder))
-        torch.save(rng_states(), Path(folder) / f"random_states_{self.rank}.pt")
-        if self.is_main_process:
-            (Path(folder) / SCHEDULER_FILE).write_text(json.dumps(self._scheduler.state_dict()))
+        """The checkpoint files of ``safe_state``: model and optimizer gathered from every shard (rank 0 writes),
+        the scheduler, every rank's random states."""
+        save_training_state(folder, self._model, self._optimizer, self._scheduler, rank=self.rank,
+                            is_main_process=self.is_main_process)
 
     def load_state(self, folder: Path) -> None:
-        """Restore a ``save_state`` folder (DCP reshards if the layout changed)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        model_state, optimizer_state = get_state_dict(self._model, self._optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
-        dcp.load(state, checkpoint_id=str(folder))
-        set_state_dict(self._model, self._optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
-        self._scheduler.load_state_dict(json.loads((Path(folder) / SCHEDULER_FILE).read_text()))
-        own = Path(folder) / f"random_states_{self.rank}.pt"
-        if own.exists():
-            set_rng_states(torch.load(own, weights_only=True))
+        """Restore a ``save_state`` folder into this layout (each rank keeps its shards of the full states)."""
+        load_training_state(folder, self._model, self._optimizer, self._scheduler, rank=self.rank)
 
     def save_model(self, model: torch.nn.Module, output_dir: str) -> None:
         """``model.save_pretrained(output_dir)`` on every rank: Transformers gathers the full weights, rank 0

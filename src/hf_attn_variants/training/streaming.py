@@ -25,6 +25,7 @@ import torch
 
 from ..cli_utils import FlagError
 from .data import Packer, collate_blocks
+from .safe_state import load_safely, read_json_object
 
 PACKING_MODES = ("concat", "documents")
 DATA_STATE_DIR = "data_state"
@@ -129,7 +130,7 @@ class TrainStream:
                             f"resume_from_checkpoint: {folder} holds no stream position for data-parallel rank "
                             f"{self.rank} ({path.relative_to(folder)}); it was written by a run without --streaming "
                             "or with fewer data-parallel ranks.")
-        self.loader.load_state_dict(json.loads(path.read_text()))
+        load_safely(path, lambda file: self.loader.load_state_dict(read_json_object(file)))
         self._iterator = None
 
 

@@ -3,8 +3,10 @@
 ``Trainer`` writes ``<output_dir>/checkpoint-<step>/`` (weights, optimizer, scheduler, RNG states,
 ``trainer_state.json``) without saying when a folder is whole. ``CheckpointGuard`` (a ``TrainerCallback``):
 
-- ``on_save``: once every rank has saved, the main process writes ``checkpoint_manifest.json`` (size and sha256
-  of every file, atomically, last); ``trainer_checkpoints`` reads a folder without one as a save that did not
+- ``on_save``: once every rank has saved, the main process replaces the pickled ``training_args.bin`` by
+  ``training_args.json`` (``Trainer``'s other files load with ``weights_only=True``: no file of a finetune
+  checkpoint needs pickle) and writes ``checkpoint_manifest.json`` (size and sha256 of every file, atomically,
+  last); ``trainer_checkpoints`` reads a folder without one as a save that did not
   finish, and ``checkpoints.newest_complete`` checks the rest;
 - ``on_step_end``: the ranks agree (``StopSignals.agreed``) whether a stop signal arrived anywhere; if so every
   rank asks ``Trainer`` to save this step's checkpoint and stop (``stopped_step``), unless this was the last
@@ -26,6 +28,7 @@ from .checkpoints import Checkpoint, file_manifest, list_checkpoints, read_json_
 from .preemption import StopSignals
 
 MANIFEST_FILE = "checkpoint_manifest.json"
+ARGUMENTS_FILE = "training_args.json"
 CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
 
 
@@ -55,6 +58,18 @@ def write_manifest(folder: Path, step: int) -> None:
     os.replace(staging, folder / MANIFEST_FILE)
 
 
+def arguments_as_json(folder: Path, args: Any) -> None:
+    """Replace ``Trainer``'s pickled ``TrainingArguments`` (``training_args.bin``: a whole Python object, which
+    only an unrestricted unpickler reads) in ``folder`` by their JSON (``training_args.json``), so that no file a
+    finetune writes needs pickle."""
+    from transformers.trainer import TRAINING_ARGS_NAME
+
+    pickled = folder / TRAINING_ARGS_NAME
+    if pickled.exists():
+        (folder / ARGUMENTS_FILE).write_text(args.to_json_string())
+        pickled.unlink()
+
+
 def _barrier(args: Any) -> None:
     if args.world_size > 1:
         import torch.distributed as dist
@@ -80,13 +95,15 @@ class CheckpointGuard(TrainerCallback):
         return control
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        """Write the manifest of the checkpoint ``Trainer`` just saved (main process, after every rank saved)."""
+        """Write the arguments as JSON and the manifest of the checkpoint ``Trainer`` just saved (main process,
+        after every rank saved)."""
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         _barrier(args)
         if state.is_world_process_zero and folder.is_dir():
+            arguments_as_json(folder, args)
             write_manifest(folder, state.global_step)
         _barrier(args)
         return control
 
 
-__all__ = ["MANIFEST_FILE", "CheckpointGuard", "read_trainer_checkpoint", "trainer_checkpoints", "write_manifest"]
+__all__ = ["ARGUMENTS_FILE", "MANIFEST_FILE", "CheckpointGuard", "arguments_as_json", "read_trainer_checkpoint", "trainer_checkpoints", "write_manifest"]
