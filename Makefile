@@ -1,4 +1,4 @@
-# hf_attn_variants — make install | test | demo | bench | lint | lock | compat
+# hf_attn_variants — make install | test | demo | bench | lint | lock | compat | gpu-wheels
 # Creates .venv from nothing with exactly the packages of the committed lock (locks/requirements.txt), so a
 # fresh clone on any later day gets the set that was tested. On a machine without CUDA the CPU build of torch
 # is installed first (it is not in the lock: PyPI's default wheel pulls several GB of CUDA packages).
@@ -22,7 +22,7 @@ endif
 MKL_PRELOAD = $(if $(MKL_VENDOR),MKL_VENDOR=$(MKL_VENDOR) LD_PRELOAD="$$($(BIN)/python -m tests.mkl_dispatch $(MKL_VENDOR))")
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1 && echo yes)
 
-.PHONY: install test demo bench lint lock compat clean
+.PHONY: install test demo bench lint lock compat clean gpu-wheels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +49,7 @@ demo: install
 	$(BIN)/python -m hf_attn_variants demo
 
 bench: install
-	$(BIN)/python -m hf_attn_variants bench
+	$(BIN)/python -m hf_attn_variants bench --publish
 
 lock:
 	$(PYTHON) scripts/lock.py --torch $(TORCH_VERSION) --workers $(PYTEST_WORKERS)
@@ -57,6 +57,20 @@ lock:
 
 compat: install
 	$(BIN)/python scripts/compat.py
+
+# Wheels for scripts/gpu_check.sh on a lent GPU machine, which has no network: its image holds torch, triton,
+# accelerate, peft, pytest, pytest-xdist and every other package the check imports, but its own transformers; these
+# bring the lock's, so the GPU numbers come from the version the suite runs on (without .whl/ the check uses the
+# machine's). Downloaded for that machine: CPython 3.12, manylinux x86-64, no dependencies (the rest is there).
+GPU_WHEELS ?= transformers==$(shell sed -n 's/^transformers==//p' $(LOCK))
+GPU_WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
+	manylinux1_x86_64
+
+gpu-wheels:
+	rm -rf .whl && mkdir -p .whl
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(addprefix --platform ,$(GPU_WHEEL_PLATFORMS)) -d .whl $(GPU_WHEELS)
+	@du -ch .whl/*.whl | tail -n 1 | sed 's/total$$/in .whl\/ (bring it along with the working tree)/'
 
 lint: install
 	$(BIN)/python -m pip install --quiet ruff

@@ -24,6 +24,7 @@ PACKAGE_DIR = Path(hf_attn_variants.__file__).parent
 ALLOWED: dict[str, set[str]] = {
     "models": set(),
     "cli_utils": set(),
+    "host_memory": set(),
     "stock": {"models"},
     "results": {"cli_utils"},
     "training": {"models", "cli_utils"},

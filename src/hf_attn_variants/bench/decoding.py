@@ -105,15 +105,18 @@ class StepClock(LogitsProcessor):
         self.times: list[float] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if scores.is_cuda:  # the step's kernels have finished when it is timed
+            torch.cuda.synchronize(scores.device)
         self.times.append(time.perf_counter())
         return scores
 
 
 def time_generate(model: torch.nn.Module, batch: int, context: int, new_tokens: int, seed: int = 0) -> dict[str, Any]:
     """Greedy ``generate`` of ``new_tokens`` (end of sequence never stops it) after a random prompt of ``context``
-    tokens per row: ``{prefill_s, step_ms (median), steps, tokens_per_s}``."""
+    tokens per row (on the model's device): ``{prefill_s, step_ms (median), steps, tokens_per_s}``."""
     generator = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(1, model.config.vocab_size, (batch, context), generator=generator)
+    prompt = torch.randint(1, model.config.vocab_size, (batch, context), generator=generator, device="cpu")
+    prompt = prompt.to(next(model.parameters()).device)
     clock = StepClock()
     started = time.perf_counter()
     with torch.no_grad():
@@ -127,14 +130,19 @@ def time_generate(model: torch.nn.Module, batch: int, context: int, new_tokens: 
 
 
 def measure(names: Sequence[str], batches: Sequence[int], contexts: Sequence[int], new_tokens: int,
-            size: DecodingSize = DecodingSize(), log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """One row per model × batch × context (``time_generate``), each model built once for the longest sequence,
-    after one short warm-up generation; rows carry the model's parameter count without embeddings."""
+            size: DecodingSize = DecodingSize(), log: Callable[[str], None] = print, device: str = "cpu",
+            dtype: torch.dtype | None = None) -> list[dict[str, Any]]:
+    """One row per model × batch × context (``time_generate``), each model built once for the longest sequence
+    (on ``device``, its weights cast to ``dtype`` when given), after one short warm-up generation; rows carry the
+    model's parameter count without embeddings."""
     rows = []
     longest = max(contexts) + new_tokens
     for name in names:
         torch.manual_seed(0)
-        model = DECODERS[name][1](size, longest).eval()
+        with torch.device(device):
+            model = DECODERS[name][1](size, longest).eval()
+        if dtype is not None:
+            model = model.to(dtype=dtype)
         parameters = model.num_parameters(exclude_embeddings=True)
         time_generate(model, 1, min(contexts), 4)
         for batch in batches:

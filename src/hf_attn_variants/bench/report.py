@@ -222,6 +222,7 @@ def targets(run: BenchRun) -> list[Target]:
                               [run.find(v, "eager", phase, n) for v in ("ei_8h_pruned50", "ei_8h")]))
     out += _peer_targets(run)
     out += _equal_parameter_targets(run)
+    out += _long_flash_targets(run)
     out += _compile_targets(run)
     out += _loop_targets(run)
     return out
@@ -270,6 +271,44 @@ def _equal_parameter_targets(run: BenchRun) -> list[Target]:
         out.append(Target(f"FLASH (causal) fwd+bwd {'≥ 2× faster than' if long else 'faster than'} Llama (SDPA) at "
                           f"equal parameters, n = {n}", f"{ratio.text()}× Llama's time",
                           ratio.median <= 0.5 if long else ratio.median < 1.0, rows))
+    return out
+
+
+FLAT_TARGET = 1.2
+"""FLASH's fwd+bwd time per token at long n ÷ at n = 8192, and packed FLASH's time ÷ unpacked at 32768 (issue 38)."""
+
+
+def per_token_ratio(run: BenchRun, variant: str, short: int, long: int, metric: str = "time") -> float | None:
+    """(value / n at ``long``) ÷ (value / n at ``short``) of ``variant``'s fwd+bwd time (median) or peak memory."""
+    rows = [run.find(variant, "eager", "train", n) for n in (short, long)]
+    if not all(_ok(r) for r in rows):
+        return None
+    values = [r.median(run.timer) if metric == "time" else r.peak_bytes for r in rows]
+    return None if not all(values) else (values[1] / long) / (values[0] / short)
+
+
+def _long_flash_targets(run: BenchRun) -> list[Target]:
+    """Causal FLASH's time per token flat from 8192 to 32768 and to the longest n (≤ ``FLAT_TARGET``×); packed
+    documents at 32768 within ``FLAT_TARGET``× of one sequence, their peak memory linear from 8192 to 32768."""
+    out = []
+    lengths = sorted({r.length for r in run.results if r.variant == "gau_flash_causal" and r.length > 8192})
+    for n in [m for m in lengths if m in (32768, lengths[-1])] if lengths else []:
+        ratio = per_token_ratio(run, "gau_flash_causal", 8192, n)
+        if ratio is not None:
+            out.append(Target(f"FLASH (causal) time per token flat: (t/n at {n}) ÷ (t/n at 8192) ≤ {FLAT_TARGET}",
+                              f"{ratio:.2f}", ratio <= FLAT_TARGET, _rows(run, "gau_flash_causal", "train",
+                                                                          (8192, n))))
+    rows = [run.find("gau_flash_causal_packed", "eager", "train", 32768),
+            run.find("gau_flash_causal", "eager", "train", 32768)]
+    ratio = paired_ratio(run, "gau_flash_causal_packed", "gau_flash_causal", "eager", "train", 32768)
+    if ratio is not None:
+        out.append(Target(f"packed FLASH (64 documents) fwd+bwd ≤ {FLAT_TARGET}× one sequence, n = 32768",
+                          f"{ratio.text()}×", ratio.median <= FLAT_TARGET, rows))
+    growth = per_token_ratio(run, "gau_flash_causal_packed", 8192, 32768, metric="memory")
+    if growth is not None:
+        out.append(Target("packed FLASH peak memory linear: (peak/n at 32768) ÷ (peak/n at 8192) ≤ 1.1",
+                          f"{growth:.2f}", growth <= 1.1, _rows(run, "gau_flash_causal_packed", "train",
+                                                                (8192, 32768))))
     return out
 
 
@@ -331,7 +370,7 @@ def _header(run: BenchRun, source: str, committed: bool) -> list[str]:
     preset = run.preset
     if committed:
         intro = (f"Measured by `{command}` on {env['date']} in {_duration(run.elapsed_s)}; rendered from "
-                 f"`{source}` by `hf-attn-variants render-docs`. Do not edit by hand: `make bench` re-measures "
+                 f"`{source}` by `python scripts/render_docs.py`. Do not edit by hand: `make bench` re-measures "
                  "everything and rewrites the results file; a partial run (`--only`, `--lengths`, `--repeats`) "
                  "writes its own report under `runs/`, or with `--merge` replaces its rows in the results file, "
                  "marked [merge k] below. `hf-attn-variants bench --quick` is the smoke test (seconds).")

@@ -70,6 +70,8 @@ class Preset:
     compile_lengths: tuple[int, ...] = (512,)
     equal_parameter_lengths: tuple[int, ...] = ()
     """Lengths beyond ``lengths`` at which only FLASH and Llama at equal parameters run (``flash_vs_llama``)."""
+    flash_long_lengths: tuple[int, ...] = ()
+    """Lengths beyond those at which causal FLASH alone runs: its time per token, flat out to the longest."""
     repeats: int = 5
     long_repeats: int = 3
     long_from: int = 8192
@@ -85,7 +87,8 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     # The CPU run of `make bench`: small enough for ~10-15 minutes on 2 cores, long enough for n² to matter.
-    "cpu": Preset("cpu", 256, 2, 4, 1024, (512, 2048, 8192), equal_parameter_lengths=(4096, 32768)),
+    "cpu": Preset("cpu", 256, 2, 4, 1024, (512, 2048, 8192), equal_parameter_lengths=(4096, 32768),
+                  flash_long_lengths=(65536, 131072)),
     # ~110M-parameter models (BERT-base widths) for a GPU; n up to 32k for the O(n)-memory paths.
     "gpu": Preset(
         "gpu", 768, 12, 12, 3072, (512, 2048, 8192, 32768), vocab_size=30522, gau_layers=24,
@@ -200,6 +203,30 @@ def _longest(p: Preset) -> int:
     return max((*p.lengths, *p.prune_lengths))
 
 
+PACKED_DOCUMENT_LENGTH = 512
+"""Tokens per document in the packed-FLASH rows: 16 documents per row at n = 8192, 64 at 32768."""
+
+
+class PackedDocuments(nn.Module):
+    """``model`` fed rows that pack documents of ``document_length`` tokens (``position_ids`` restarting at each,
+    no mask: a packing pipeline's format), so that the bench's steps time the packed path."""
+
+    def __init__(self, model: nn.Module, document_length: int) -> None:
+        super().__init__()
+        self.model = model
+        self.document_length = document_length
+
+    def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device) % self.document_length
+        return self.model(input_ids, position_ids=positions.expand_as(input_ids), **kwargs)
+
+
+def packed_flash_model(p: Preset, length: int) -> nn.Module:
+    """Causal FLASH (``gau_model``) on rows packing documents of ``PACKED_DOCUMENT_LENGTH`` tokens."""
+    model = gau_model(p, length, normalization="relu2", chunk=p.gau_chunk_size, causal=True)
+    return PackedDocuments(model, PACKED_DOCUMENT_LENGTH)
+
+
 def _multi_head_fields(p: Preset, heads: int | None = None) -> dict[str, Any]:
     """The fields BERT, the entropy-invariant models and the Synthesizer share: sizes of ``p``, dropout off."""
     return {
@@ -269,7 +296,7 @@ def llama_equal_model(p: Preset, length: int) -> nn.Module:
         vocab_size=p.vocab_size, hidden_size=p.hidden_size,
         num_hidden_layers=max(1, (p.gau_layers or p.num_layers) // 2), num_attention_heads=p.num_heads,
         num_key_value_heads=p.num_heads, intermediate_size=equal_parameter_intermediate(p),
-        max_position_embeddings=max(_longest(p), *p.equal_parameter_lengths), attention_dropout=0.0,
+        max_position_embeddings=max((_longest(p), *p.equal_parameter_lengths)), attention_dropout=0.0,
         attn_implementation="sdpa",
     )
     return LlamaModel(config)
@@ -294,8 +321,8 @@ def gau_model(p: Preset, length: int, *, normalization: str, chunk: int | None =
     config = GAUConfig(
         vocab_size=p.vocab_size, hidden_size=p.hidden_size, num_hidden_layers=p.gau_layers or p.num_layers,
         attention_key_size=p.gau_key_size, attention_normalization=normalization, chunk_size=chunk, gau_kernel=kernel,
-        max_position_embeddings=_longest(p), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-        is_decoder=causal,
+        max_position_embeddings=max((_longest(p), *p.equal_parameter_lengths, *p.flash_long_lengths)),
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, is_decoder=causal,
     )
     return GAUModel(config)
 
@@ -384,7 +411,11 @@ def _peer_variants(p: Preset) -> list[Variant]:
         *peers,
         Variant("gau_flash_causal", "gau", f"GAUModel relu², FLASH chunks of {p.gau_chunk_size}, causal",
                 functools.partial(gau_model, p, normalization="relu2", chunk=p.gau_chunk_size, causal=True),
-                causal=True, compile=True, extra_lengths=p.equal_parameter_lengths),
+                causal=True, compile=True, extra_lengths=(*p.equal_parameter_lengths, *p.flash_long_lengths)),
+        Variant("gau_flash_causal_packed", "gau",
+                f"the same FLASH on rows packing documents of {PACKED_DOCUMENT_LENGTH} tokens (position_ids restart)",
+                functools.partial(packed_flash_model, p), causal=True,
+                lengths=(8192, 32768), extra_lengths=p.equal_parameter_lengths),
         Variant("llama_equal_sdpa", "stock",
                 "LlamaModel, SDPA, one layer per two GAU layers, MLP width for FLASH's parameter count",
                 functools.partial(llama_equal_model, p), causal=True, extra_lengths=p.equal_parameter_lengths),
@@ -477,6 +508,12 @@ EQUAL_PARAMETER_NOTE = (
     "`bench/specs.py:equal_parameter_intermediate`). Besides the preset's lengths, both run at its "
     "`equal_parameter_lengths` (CPU: 4096 and 32768), where nothing else runs.")
 
+PACKED_NOTE = (
+    "Rows packing documents of 512 tokens (`position_ids` restarting at each, no mask: `pretrain --packing documents`) "
+    "against the same FLASH on one sequence per row: every document starts on a chunk boundary of its own "
+    "(`gau_kernels.DocumentChunks`) and the linear state is summed per document, so packing stays O(n) "
+    "(issue 38; the earlier path through the n×n matrix took 13.7× the unpacked time at n = 8192).")
+
 LOOP_NOTE = (
     "`pretrain` (`pretrain(PretrainArguments(...))`, in process) against transformers' `Trainer` on the same model "
     "(same config and seed: the same initial weights), the same blocks of the embedded corpus in the same order "
@@ -505,6 +542,8 @@ COMPARISONS: tuple[Comparison, ...] = (
                ("gau_flash_causal",), note=PEER_NOTE),
     Comparison("flash_vs_llama", "FLASH GAU vs Llama (SDPA) at equal parameters, causal", "llama_equal_sdpa",
                ("gau_flash_causal",), note=EQUAL_PARAMETER_NOTE),
+    Comparison("flash_packed", "FLASH on packed documents vs one sequence per row, causal", "gau_flash_causal",
+               ("gau_flash_causal_packed",), note=PACKED_NOTE),
     Comparison("peers_quadratic", "Peer: our quadratic GAU vs FLASH-pytorch's GAU, bidirectional", "gau_pytorch",
                ("gau_quadratic",), note=PEER_NOTE),
     Comparison("peers_quadratic_causal", "Peer: our quadratic GAU vs FLASH-pytorch's GAU, causal",

@@ -11,7 +11,10 @@ Everything runs in at least float32 (float64 stays float64), so fp16/bf16 never 
 - ``laplace_attention``: Mega's Laplace function, the bounded relu² substitute.
 - ``flash_mixed_chunk_attention`` / ``flash_effective_weights``: FLASH's mixed-chunk attention (exact relu²
   inside chunks of g tokens, linear attention across chunks) and its dense effective matrix, which with
-  ``flash_visibility`` per document also computes rows that pack several documents.
+  ``flash_visibility`` per document is the reference for rows that pack several documents.
+- ``DocumentChunks``: rows packing several documents laid out so that every document starts on a chunk boundary
+  (the varlen layout of flash-linear-attention's ``cu_seqlens``); the chunked kernels then run each document as
+  if alone, with the linear state restarting at each document (``segments``), in O(n).
 
 ``gau_triton.py`` holds the Triton versions of ``relu2_attention`` and of FLASH's intra-chunk part; the unit in
 ``modeling_gau.py`` picks one per call (``GAUConfig.gau_kernel``).
@@ -21,12 +24,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .layers import upcast
+from .layers import document_positions, upcast
 
 LAPLACE_MU = math.sqrt(0.5)
 LAPLACE_SIGMA = 1.0 / math.sqrt(4.0 * math.pi)
@@ -271,6 +275,7 @@ def flash_mixed_chunk_attention(
     dropout: float = 0.0,
     training: bool = False,
     intra_chunk: bool = True,
+    segments: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FLASH mixed-chunk attention (Hua et al. 2022, §3.2) with every factor in the queries: ``(numerator, state)``.
 
@@ -283,7 +288,9 @@ def flash_mixed_chunk_attention(
     instead of O(T·g) on the scores and O(T·e) on the output. ``state`` is ``initial_state`` + Σ k'ᵀv over the
     *complete* chunks of the segment (causal), or the total (non-causal). Everything is computed in at least
     float32; cost and memory are O(T·g + T/g·s·e). ``intra_chunk=False`` leaves out the relu² part inside the
-    chunks (the caller adds it: the Triton kernel).
+    chunks (the caller adds it: the Triton kernel). ``segments`` ``(batch, T/g)``: for each chunk, the first chunk
+    of its document (``DocumentChunks.segment``); the linear part then sums only over the chunks of the query's
+    own document, and ``state`` is meaningless (packed rows are never cached).
     """
     batch, length, key_size = quad_q.shape
     width = value.shape[-1]
@@ -313,7 +320,11 @@ def flash_mixed_chunk_attention(
         numerator = torch.matmul(weights, v_blocks)
 
     # Linear attention across chunks through k'ᵀv summaries (s × e each).
-    if causal:
+    if segments is not None:
+        summaries = torch.einsum("bgcs,bgce->bgse", blocks(lin_k), v_blocks)
+        state = segmented_chunk_sums(summaries, segments, causal)
+        linear = torch.einsum("bgcs,bgse->bgce", blocks(lin_q), state)
+    elif causal:
         summaries = torch.einsum("bgcs,bgce->bgse", blocks(lin_k), v_blocks)
         earlier = torch.cat(
             [summaries.new_zeros(batch, 1, key_size, width), summaries[:, :-1]], dim=1
@@ -329,6 +340,82 @@ def flash_mixed_chunk_attention(
         linear = torch.matmul(blocks(lin_q), state[:, None])
     numerator = linear if numerator is None else numerator + linear
     return numerator.reshape(batch, chunks * chunk_size, width)[:, :length], state
+
+
+def segmented_chunk_sums(summaries: torch.Tensor, segments: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Per chunk c, the sum of the summaries k'ᵀv ``(batch, C, s, e)`` of the chunks of its own document: those
+    before c (``causal``, exclusive) or all of them. A document's chunks are contiguous and start at
+    ``segments[:, c]``, so the causal sum is a difference of prefix sums (taken in float64, so that the documents
+    before it cost no precision: each document gets its lone run's sum) and the full one a scatter-add per
+    document. O(C·s·e), no C×C term."""
+    rows = torch.arange(summaries.shape[0], device=summaries.device)[:, None]
+    if causal:
+        prefix = F.pad(summaries.double().cumsum(1), (0, 0, 0, 0, 1, 0))  # prefix[c] = Σ_{c' < c}
+        return (prefix[:, :-1] - prefix[rows, segments]).to(summaries.dtype)
+    chunks = summaries.shape[1]
+    flat = (segments + rows * chunks).flatten()
+    totals = torch.zeros_like(summaries).flatten(0, 1).index_add(0, flat, summaries.flatten(0, 1))
+    return totals[flat].view_as(summaries)
+
+
+@dataclass(frozen=True)
+class DocumentChunks:
+    """Rows packing several documents, laid out so that every document starts on a chunk boundary.
+
+    Document d of a row (``document_ids``, ``layers.packed_document_ids``) takes the slots
+    [o_d, o_d + |d|) with o_d = Σ_{d' < d} ⌈|d'| / g⌉·g, so FLASH's chunks never straddle two documents and each
+    document is chunked from its own start, as in its lone run; the rest of each document's last chunk is empty.
+    With T tokens and D documents a row takes T' ≤ T + D·(g − 1) slots: linear in n. ``slots`` is T';
+    ``segment`` ``(batch, T'/g)`` each chunk's document's first chunk; ``valid`` ``(batch, T')`` the slots holding a
+    token (``None`` when all do); ``source`` / ``destination``: flat indices of each slot's token among the rows
+    padded with one zero token, and of each token's slot (``None`` when the slots are the tokens themselves:
+    documents of whole chunks). T' depends on the data; while compiling (static shapes) ``build(layout=False)``
+    keeps the document ids alone (``segment`` ``None``), and the unit takes the reference path.
+    """
+
+    document_ids: torch.Tensor
+    slots: int = 0
+    segment: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+    source: torch.Tensor | None = None
+    destination: torch.Tensor | None = None
+
+    @classmethod
+    def build(cls, document_ids: torch.Tensor, chunk_size: int, layout: bool = True) -> DocumentChunks:
+        """The layout of ``document_ids`` ``(batch, T)`` for chunks of ``chunk_size`` (the ids alone without
+        ``layout``); O(T), one host sync."""
+        if not layout:
+            return cls(document_ids)
+        batch, length = document_ids.shape
+        device = document_ids.device
+        sizes = torch.zeros_like(document_ids).scatter_add_(-1, document_ids, torch.ones_like(document_ids))
+        padded = (sizes + chunk_size - 1) // chunk_size * chunk_size  # per document index (< T)
+        offsets = (padded.cumsum(-1) - padded).gather(-1, document_ids)  # o_d of each token's document
+        destination = offsets + document_positions(document_ids)
+        slots = int(padded.sum(-1).max())
+        segment = torch.arange(slots // chunk_size, device=device).expand(batch, -1).clone()
+        segment.scatter_(-1, destination // chunk_size, offsets // chunk_size)
+        if slots == length and bool((padded.sum(-1) == length).all()):  # whole chunks: the slots are the tokens
+            return cls(document_ids, slots, segment)
+        rows = torch.arange(batch, device=device)[:, None]
+        source = torch.full((batch, slots), length, device=device).scatter_(
+            -1, destination, torch.arange(length, device=device).expand(batch, length))
+        valid = source < length
+        return cls(document_ids, slots, segment, valid, (source + rows * (length + 1)).flatten(),
+                   (destination + rows * slots).flatten())
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``(batch, T, f)`` → ``(batch, T', f)``: each token in its slot, empty slots zero."""
+        if self.source is None:
+            return tensor
+        padded = F.pad(tensor, (0, 0, 0, 1)).flatten(0, 1)
+        return padded.index_select(0, self.source).view(tensor.shape[0], self.slots, tensor.shape[-1])
+
+    def restore(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``(batch, T', f)`` → ``(batch, T, f)``: each token's slot back in token order."""
+        if self.destination is None:
+            return tensor
+        return tensor.flatten(0, 1).index_select(0, self.destination).view(tensor.shape[0], -1, tensor.shape[-1])
 
 
 def flash_visibility(
@@ -394,6 +481,7 @@ __all__ = [
     "ATTENTION_BLOCK_ELEMENTS",
     "LAPLACE_MU",
     "LAPLACE_SIGMA",
+    "DocumentChunks",
     "Relu2Attention",
     "SoftmaxAttention",
     "flash_effective_weights",
@@ -401,6 +489,7 @@ __all__ = [
     "flash_visibility",
     "laplace_attention",
     "relu2_attention",
+    "segmented_chunk_sums",
     "softmax_attention",
     "uses_blocks",
 ]

@@ -33,8 +33,10 @@ carries over unchanged. Cost O(n·g·(s + e) + n·s·e): linear in n.
 
 Packed documents (rows holding several documents, ``position_ids`` restarting at each, no mask): quadratic GAU
 masks block-diagonally; FLASH chunks each document from its own start and keeps its cross-chunk sum inside the
-document, as in the document's lone run — through the effective matrix W (``flash_documents``), O(n²) like
-quadratic GAU, because the linear-time kernels' chunks and running state follow the row.
+document, as in the document's lone run: the tokens are laid out so that every document starts on a chunk
+boundary (``gau_kernels.DocumentChunks``, flash-linear-attention's ``cu_seqlens`` idea) and the linear state is
+summed per document — O(n) like unpacked FLASH. The effective matrix W restricted to each document
+(``flash_documents``) is the reference.
 """
 
 from __future__ import annotations
@@ -50,10 +52,12 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .configuration_gau import GAUConfig
 from .gau_cache import GAUChunkCacheLayer, check_chunk_cache, chunk_cache_layer
 from .gau_kernels import (
+    DocumentChunks,
     flash_effective_weights,
     flash_mixed_chunk_attention,
     flash_visibility,
@@ -300,8 +304,11 @@ GAU_ATTENTION_PATHS: dict[str, str] = {
     "flash_triton": "FLASH with its part inside the chunks in Triton (triton_flash_intra_chunk); a causal prefill "
     "starts the cache as flash does",
     "flash_map": "FLASH's effective n×n matrix W materialised (flash_effective_weights), out = W v / L",
-    "flash_documents": "rows packing several documents: W restricted to each document, chunked from its start "
-    "(flash_visibility), out = W v / L; O(n²) like quadratic GAU",
+    "flash_packed": "rows packing several documents, each starting on a chunk boundary (DocumentChunks), through "
+    "flash with the linear state summed per document: O(n)",
+    "flash_packed_triton": "flash_packed with its part inside the chunks in Triton",
+    "flash_documents": "the reference for packed rows: W restricted to each document, chunked from its start "
+    "(flash_visibility), out = W v / L; O(n²)",
     "flash_cache": "causal FLASH over new tokens from the cached open chunk and cross-chunk state",
     "flash_cache_map": "flash_cache to advance the cache, and the output from W (a cache with no earlier tokens)",
 }
@@ -326,6 +333,7 @@ def gau_attention_path(
     cached: bool = False,
     output_attentions: bool = False,
     packed: bool = False,
+    layout: bool = True,
 ) -> str:
     """The ``GAU_ATTENTION_PATHS`` key of the computation a GAU unit of ``config`` runs.
 
@@ -336,15 +344,18 @@ def gau_attention_path(
     chunk state: from earlier tokens (``key_length > query_length``) through the cached branch; on a prefill (an
     empty cache) through the parallel path (Triton's when asked for), whose final state and open chunk then start
     the cache. Its map exists only while no earlier token is folded into that state. Rows packing several documents
-    (``packed``; never cached) run FLASH's map per document: the chunked kernels' chunks and cross-chunk state run
-    along the whole row, across documents. Quadratic GAU takes packed rows through its usual kernels, with the mask.
+    (``packed``; never cached) run the chunked kernels on ``DocumentChunks``' layout, or the map per document (the
+    reference, and while compiling: no ``layout``, whose size depends on the data).
+    Quadratic GAU takes packed rows through its usual kernels, with the mask.
     """
     dropout = training and config.attention_probs_dropout_prob > 0
     reference = output_attentions or config.gau_kernel == "reference"
     triton = use_triton_kernel(config, device)
     if config.chunk_size is not None:
         if packed:
-            return "flash_documents"
+            if reference or not layout:
+                return "flash_documents"
+            return "flash_packed_triton" if triton and not dropout else "flash_packed"
         if cached and causal and key_length > query_length:
             return "flash_cache"
         if cached and causal and reference:
@@ -412,12 +423,13 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         cached: bool = False,
         output_attentions: bool = False,
         packed: bool = False,
+        layout: bool = True,
     ) -> str:
         """Which computation (a ``GAU_ATTENTION_PATHS`` key) this unit runs for ``query_length`` queries over
         ``key_length`` keys on ``device``: ``gau_attention_path`` with this unit's config, direction and mode."""
         return gau_attention_path(
             self.config, query_length, key_length, causal=self.is_causal, device=device, training=self.training,
-            cached=cached, output_attentions=output_attentions, packed=packed,
+            cached=cached, output_attentions=output_attentions, packed=packed, layout=layout,
         )
 
     def forward(
@@ -430,12 +442,12 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         cache: Cache | None = None,
         query_offset: int = 0,
         output_attentions: bool = False,
-        document_visibility: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+        documents: DocumentChunks | None = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``output_attentions``: also return the attention map (see the class docstring). ``document_visibility``:
-        FLASH's per-document ``flash_visibility`` for rows packing several documents (the quadratic unit gets their
-        block-diagonal ``attention_mask`` instead)."""
+        """``output_attentions``: also return the attention map (see the class docstring). ``documents``: FLASH's
+        layout of rows packing several documents (the quadratic unit gets their block-diagonal ``attention_mask``
+        instead)."""
         u, v, z = self.act_fn(self.in_proj(hidden_states)).split(
             [self.width, self.width, self.key_size], dim=-1
         )
@@ -449,7 +461,7 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
                 qk, v, attention_mask, key_counts, cache, int(query_offset), output_attentions
             )
         else:
-            attended, weights = self._chunked(qk, v, key_mask, key_counts, cache, output_attentions, document_visibility)
+            attended, weights = self._chunked(qk, v, key_mask, key_counts, cache, output_attentions, documents)
         output = self.out_proj(u * attended.to(u.dtype))
         return output, weights
 
@@ -477,18 +489,17 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
 
     def _chunked(
         self, qk: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, key_counts: torch.Tensor | None,
-        cache: Cache | None, output_attentions: bool,
-        visibility: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+        cache: Cache | None, output_attentions: bool, documents: DocumentChunks | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """FLASH on the rows q, k, q', k' of ``qk`` and values ``v`` (module docstring), through ``attention_path``;
-        ``visibility``: per document, for packed rows (then through W, ``flash_documents``)."""
+        ``documents``: the layout of packed rows."""
         quad_q, quad_k, lin_q, lin_k = qk.unbind(1)  # each (batch, n, s)
         length = quad_q.shape[1]
         layer = chunk_cache_layer(cache, self.layer_idx) if cache is not None and self.is_causal else None
         past = 0 if layer is None else layer.get_seq_length()
         path = self.attention_path(
             length, past + length, quad_q.device, cached=layer is not None, output_attentions=output_attentions,
-            packed=visibility is not None,
+            packed=documents is not None, layout=documents is None or documents.segment is not None,
         )
         # relu(a·q·k)²/L + (a·q'·k')/L with a = 1/√s: every factor folded into the queries (O(n·s) work).
         lengths = self.normalization.lengths(key_counts, quad_q)
@@ -497,28 +508,49 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         options = {"chunk_size": self.chunk_size, "causal": self.is_causal}
         dropout = {"dropout": self.config.attention_probs_dropout_prob, "training": self.training}
         if path == "flash_cache" and length == 1 and not (self.training and dropout["dropout"] > 0):
-            numerator = self._decode_step(layer, quad_q, quad_k, lin_q, lin_k, v, key_mask)
-        elif path in ("flash_cache", "flash_cache_map"):
+            return self._decode_step(layer, quad_q, quad_k, lin_q, lin_k, v, key_mask), None
+        if path in ("flash_cache", "flash_cache_map"):
             numerator = self._chunked_with_cache(layer, quad_q, quad_k, lin_q, lin_k, v, key_mask, options, dropout)
-        elif path in ("flash", "flash_triton"):  # flash_triton: the relu² part inside the chunks fused by Triton
-            numerator, state = flash_mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, key_mask=key_mask,
-                                                           **options, **dropout, intra_chunk=path == "flash")
-            if path == "flash_triton":
-                numerator = numerator + triton_flash_intra_chunk(
-                    quad_q, upcast(quad_k), upcast(v), key_mask, self.chunk_size, self.is_causal
-                )
+        elif path in ("flash_packed", "flash_packed_triton"):
+            aligned = [documents.gather(x) for x in (quad_q, quad_k, lin_q, lin_k, v)]
+            numerator = self._parallel(*aligned, documents.valid, path == "flash_packed_triton", options, dropout,
+                                       documents.segment)[0]
+            return documents.restore(numerator), None
+        elif path in ("flash", "flash_triton"):
+            numerator, state = self._parallel(quad_q, quad_k, lin_q, lin_k, v, key_mask, path == "flash_triton",
+                                              options, dropout)
             if layer is not None:  # a prefill: the cache starts from this segment's state and open chunk
                 self._start_cache(layer, quad_k, lin_k, v, key_mask, state)
         if path not in ("flash_map", "flash_cache_map", "flash_documents"):
             return numerator, None
         # The reference: the effective (batch, n, n) matrix W, used for the output so the returned weights are the
         # ones the output depends on (O(n²), like any attention map).
+        visibility = None
+        if documents is not None:
+            ids = documents.document_ids
+            visibility = flash_visibility(document_positions(ids), self.chunk_size, self.is_causal, ids)
         weights = flash_effective_weights(
             quad_q, quad_k, lin_q, lin_k, key_mask=key_mask, visibility=visibility, **options, **dropout
         )
         weights = weights.unsqueeze(1)
         attended = torch.matmul(weights, upcast(v).unsqueeze(1)).squeeze(1)
         return attended, weights.to(v.dtype) if output_attentions else None
+
+    def _parallel(
+        self, quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, lin_k: torch.Tensor, v: torch.Tensor,
+        key_mask: torch.Tensor | None, triton: bool, options: dict[str, Any], dropout: dict[str, Any],
+        segments: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``flash_mixed_chunk_attention`` over a whole segment, its relu² part inside the chunks in Triton when
+        ``triton``; ``(numerator, state)``."""
+        numerator, state = flash_mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, key_mask=key_mask,
+                                                       segments=segments, intra_chunk=not triton, **options,
+                                                       **dropout)
+        if triton:
+            numerator = numerator + triton_flash_intra_chunk(
+                quad_q, upcast(quad_k), upcast(v), key_mask, self.chunk_size, self.is_causal
+            )
+        return numerator, state
 
     def _start_cache(
         self, layer: GAUChunkCacheLayer, quad_k: torch.Tensor, lin_k: torch.Tensor, v: torch.Tensor,
@@ -702,8 +734,8 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
         document_ids: torch.Tensor | None = None,
     ) -> dict[str, Any]:
         """nᵢ where the normalisation reads it (per document for packed rows), and the masks: quadratic GAU a boolean
-        ``attention_mask`` (block-diagonal for packed rows), FLASH the 2D ``key_mask`` and, for packed rows, its
-        ``document_visibility`` (``flash_visibility`` per document), each built once for every layer."""
+        ``attention_mask`` (block-diagonal for packed rows), FLASH the 2D ``key_mask`` and, for packed rows, their
+        chunk-aligned layout (``DocumentChunks``), each built once for every layer."""
         batch_size, seq_length = hidden_states.shape[:2]
         geometry = {
             "batch_size": batch_size,
@@ -731,13 +763,11 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
                     f"shape {tuple(attention_mask.shape)}."
                 )
             key_mask = attention_mask.to(hidden_states.device).bool() if attention_mask is not None else None
-            visibility = None
+            documents = None
             if document_ids is not None:
-                document_ids = document_ids.to(hidden_states.device)
-                visibility = flash_visibility(
-                    document_positions(document_ids), config.chunk_size, self.is_causal, document_ids
-                )
-            return {"key_mask": key_mask, "key_counts": key_counts, "document_visibility": visibility}
+                documents = DocumentChunks.build(document_ids.to(hidden_states.device), config.chunk_size,
+                                                 layout=not is_torchdynamo_compiling())
+            return {"key_mask": key_mask, "key_counts": key_counts, "documents": documents}
         return {
             "attention_mask": boolean_attention_mask(attention_mask, **geometry, document_ids=document_ids),
             "key_counts": key_counts,

@@ -1,8 +1,11 @@
 """Views of ``docs/results/decoding-cpu.json``, written by ``scripts/decoding_bench.py`` (``bench/decoding.py``):
 ``generate`` tokens per second of each family's causal LM against a stock Llama of equal parameters.
 
-Data: ``settings`` (``batches``, ``contexts``, ``new_tokens``, ``size``, ``threads``), ``models`` (name →
-description), ``rows`` of ``{model, batch, context, parameters, prefill_s, step_ms, steps, tokens_per_s}``.
+Data: ``settings`` (``batches``, ``contexts``, ``new_tokens``, ``size``, ``threads``; on a GPU also ``device``, e.g.
+``"NVIDIA H100 80GB HBM3"``, ``dtype`` (else float32 on CPU) and ``excluded``: model → why it was not timed),
+``models`` (name → description), ``rows`` of ``{model, batch, context, parameters, prefill_s, step_ms, steps,
+tokens_per_s}``. ``decoding-gpu.json`` is written
+by ``scripts/gpu_check.sh``.
 """
 
 from __future__ import annotations
@@ -43,9 +46,13 @@ def table(data: dict[str, Any]) -> str:
         parameters = next((r["parameters"] for r in data["rows"] if r["model"] == model), 0)
         rows.append([f"`{model}`: {description}", f"{parameters / 1e6:.2f}M", *cells, ", ".join(growth) or "–"])
     body = markdown_table(head, rows, ["---", "---:", *["---:"] * (len(head) - 2)])
+    where = (f"on {settings['device']}" if settings.get("device", "cpu") != "cpu"
+             else f"{settings['threads']} thread(s)")
     note = (f"Greedy `generate` of {settings['new_tokens']} new tokens after a random prompt of the context's length, "
-            f"float32, {settings['threads']} thread(s); a cell is tokens per second (batch ÷ the median decoding step; "
-            "in brackets ÷ the Llama's) and that median step. The prefill is not in it.")
+            f"{settings.get('dtype', 'float32')}, {where}; a cell is tokens per second (batch ÷ the median decoding "
+            "step; in brackets ÷ the Llama's) and that median step. The prefill is not in it.")
+    for model, reason in (settings.get("excluded") or {}).items():
+        note += f" Not timed here: `{model}`: {reason}."
     return f"{note}\n\n{body}\n\n{source_line(data)}"
 
 

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Every GPU number in one command, on a machine with one CUDA GPU and no network (CONTRIBUTING.md, "The GPU check").
+#
+#   bash scripts/gpu_check.sh              # the real run, about 5 minutes at most
+#   bash scripts/gpu_check.sh --dry-run    # the same steps on CPU, tiny sizes, CUDA parts skipped (tests/test_gpu_check.py)
+#   bash scripts/gpu_check.sh --out DIR    # results folder (default: $OUT when set, else runs/gpu-check)
+#
+# Stages, each under a time budget and each writing its results file as soon as it has something to save:
+#   environment  environment-gpu.json  GPU, driver, a bf16 matrix-product speed, package versions, wheels used
+#   tests        tests-gpu.json        the CUDA tests (scripts/gpu_check.py: CUDA_TESTS), summarised from pytest
+#   bench        benchmarks-gpu.json   entropy-invariant vs Llama 2k-16k; FLASH (Triton, torch path) vs Llama 4k-64k
+#   decoding     decoding-gpu.json     generate tokens/s at batch 1 and 64, contexts 512 and 4096
+# plus gpu-check.log (everything printed) and stages.tsv (stage, verdict, seconds, budget): six files.
+#
+# Wheels in .whl/ (`make gpu-wheels`) are installed into a scratch folder first and put on PYTHONPATH; without any
+# the machine's own packages are used. The package itself comes from src/ (PYTHONPATH), not from an install.
+# Publish what came back: python scripts/gpu_check.py publish DIR (docs/results/*-gpu.json, docs/benchmarks-gpu.md).
+set -euo pipefail
+
+usage() {
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+}
+
+DRY_RUN=0
+OUT_DIR="${OUT:-}"
+while (($#)); do
+    case "$1" in
+        --dry-run) DRY_RUN=1 ;;
+        --out)
+            [[ $# -ge 2 ]] || { echo "gpu_check.sh: --out needs a folder" >&2; exit 2; }
+            OUT_DIR="$2"
+            shift
+            ;;
+        -h | --help) usage; exit 0 ;;
+        *) echo "gpu_check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT_DIR="${OUT_DIR:-runs/gpu-check}"
+mkdir -p "$OUT_DIR"
+OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+LOG="$OUT_DIR/gpu-check.log"
+STAGES="$OUT_DIR/stages.tsv"
+: >"$LOG"
+printf 'stage\tverdict\tseconds\tbudget_s\n' >"$STAGES"
+
+if [[ -z "${PYTHON:-}" ]]; then
+    PYTHON=python3
+    if ((DRY_RUN)) && [[ -x .venv/bin/python ]]; then
+        PYTHON=.venv/bin/python
+    fi
+fi
+
+# Seconds per stage: together at most 5 minutes with the wheel install, so that a second run still fits a lease.
+STAGE_NAMES=(environment tests bench decoding)
+declare -A BUDGET=(
+    [environment]="${GPU_CHECK_BUDGET_ENVIRONMENT:-20}"
+    [tests]="${GPU_CHECK_BUDGET_TESTS:-110}"
+    [bench]="${GPU_CHECK_BUDGET_BENCH:-120}"
+    [decoding]="${GPU_CHECK_BUDGET_DECODING:-40}"
+)
+
+SCRATCH="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")"
+trap 'rm -rf "$SCRATCH"' EXIT
+
+say() {
+    echo "gpu-check: $*" | tee -a "$LOG"
+}
+
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+if ((DRY_RUN)); then
+    export CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1   # CPU only; GAU's Triton kernels in Triton's interpreter
+    say "dry run on CPU: tiny sizes, CUDA tests skip, Triton interpreted"
+else
+    export TRITON_INTERPRET=0                          # Triton compiles for the GPU (tests/conftest.py keeps a set value)
+fi
+
+install_wheels() {
+    local wheels=() site="$SCRATCH/site"
+    shopt -s nullglob
+    wheels=(.whl/*.whl)
+    shopt -u nullglob
+    export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+    export GPU_CHECK_WHEELS=""
+    if ((${#wheels[@]} == 0)); then
+        say "wheels: none in .whl/, installing nothing: the installed packages are used"
+        return 0
+    fi
+    say "wheels: installing ${#wheels[@]} from .whl/ into a scratch folder: ${wheels[*]##*/}"
+    if ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+        "${wheels[@]}" 2>&1 | tee -a "$LOG"; then
+        say "wheels: pip install of .whl/*.whl failed: going on with the installed packages"
+        return 0
+    fi
+    if ! PYTHONPATH="$ROOT/src:$site${PYTHONPATH#"$ROOT/src"}" "$PYTHON" -c "import hf_attn_variants, transformers" \
+        2>&1 | tee -a "$LOG"; then
+        say "wheels: importing hf_attn_variants with the wheels failed: going on with the installed packages"
+        return 0
+    fi
+    export PYTHONPATH="$ROOT/src:$site${PYTHONPATH#"$ROOT/src"}"
+    export GPU_CHECK_WHEELS="${wheels[*]##*/}"
+}
+
+FAILED=()
+run_stage() {
+    local name="$1" budget="$2" status verdict start="$SECONDS"
+    shift 2
+    say "stage $name: up to $budget s"
+    set +e
+    timeout --kill-after=10 "$budget" "$@" 2>&1 | tee -a "$LOG"
+    status="${PIPESTATUS[0]}"
+    set -e
+    case "$status" in
+        0) verdict=ok ;;
+        1) verdict=failed ;;
+        124 | 137) verdict="timed out" ;;
+        *) verdict="error (exit status $status)" ;;
+    esac
+    printf '%s\t%s\t%s\t%s\n' "$name" "$verdict" "$((SECONDS - start))" "$budget" >>"$STAGES"
+    say "stage $name: $verdict after $((SECONDS - start)) s"
+    if [[ "$status" != 0 ]]; then
+        FAILED+=("$name: $verdict")
+    fi
+}
+
+install_wheels
+dry=()
+if ((DRY_RUN)); then
+    dry=(--dry-run)
+fi
+for name in "${STAGE_NAMES[@]}"; do
+    run_stage "$name" "${BUDGET[$name]}" "$PYTHON" scripts/gpu_check.py "$name" --out "$OUT_DIR" \
+        --budget "${BUDGET[$name]}" ${dry[@]+"${dry[@]}"}
+done
+
+rm -f "$OUT_DIR"/*.tmp
+results=("$OUT_DIR"/*)
+say "results in $OUT_DIR: ${results[*]##*/}"
+say "publish them from the repository root: python scripts/gpu_check.py publish <that folder>"
+if ((${#FAILED[@]})); then
+    say "done in $SECONDS s; not ok: $(IFS=';'; echo "${FAILED[*]}")"
+    exit 1
+fi
+say "done in $SECONDS s; every stage ok"
