@@ -302,15 +302,15 @@ def test_llama_at_equal_parameters_has_flash_gau_parameter_count(preset: str) ->
 
 
 def test_equal_parameter_lengths_run_flash_and_llama_only_and_follow_lengths() -> None:
-    """The CPU preset's 4096 and 32768 hold FLASH and Llama at equal parameters only; ``--lengths`` picks them like
-    any other length."""
+    """The CPU preset's 4096 and 32768 hold FLASH and Llama at equal parameters only (and, at 32768, FLASH on packed
+    documents beside one sequence: issue 38); ``--lengths`` picks them like any other length."""
     import argparse
 
     from hf_attn_variants.bench.cli import _preset, add_arguments
     from hf_attn_variants.bench.specs import PRESETS, build_variants
 
     extra = {v.name for v in build_variants(PRESETS["cpu"]).values() if 32768 in v.extra_lengths}
-    assert extra == {"gau_flash_causal", "llama_equal_sdpa"}
+    assert extra == {"gau_flash_causal", "gau_flash_causal_packed", "llama_equal_sdpa"}
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     preset = _preset(parser.parse_args(["--lengths", "512", "32768"]), cuda=False)
