@@ -29,7 +29,6 @@ import argparse
 import gc
 import importlib.metadata
 import importlib.util
-import json
 import os
 import re
 import shlex
@@ -49,7 +48,7 @@ from xml.etree import ElementTree
 
 import torch
 
-from hf_attn_variants.results import ResultsError, format_results, render_docs
+from hf_attn_variants.results import ResultsError, format_results, read_results_file, render_docs
 from hf_attn_variants.results._common import machine_description, run_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -642,15 +641,7 @@ def decoding_stage(args: argparse.Namespace) -> int:
 def read_results(folder: Path, name: str) -> dict[str, Any] | None:
     """``folder/<name>.json`` (``None`` when the run did not bring it back); ``ResultsError`` naming a broken one."""
     path = folder / f"{name}.json"
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ResultsError(f"{path}: not valid JSON ({error}).") from None
-    if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
-        raise ResultsError(f"{path}: a results file is a JSON object with a string 'kind'.")
-    return data
+    return read_results_file(path) if path.is_file() else None
 
 
 def page_text(present: Sequence[str]) -> str:

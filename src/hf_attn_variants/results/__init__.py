@@ -50,6 +50,11 @@ def load_results(root: Path, name: str) -> dict[str, Any]:
     path = results_path(root, name)
     if not path.is_file():
         raise ResultsError(f"{path}: no such results file (a region of the docs names it).")
+    return read_results_file(path)
+
+
+def read_results_file(path: Path) -> dict[str, Any]:
+    """The results object in ``path``; ``ResultsError`` naming it when it is not a JSON object with a ``kind``."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
@@ -159,6 +164,7 @@ __all__ = [
     "format_results",
     "load_results",
     "markdown_files",
+    "read_results_file",
     "render_docs",
     "render_markdown",
     "results_path",
