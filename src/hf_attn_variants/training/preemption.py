@@ -169,7 +169,20 @@ def run_training_command(command: str, train: Callable[..., Any], namespace: arg
         except SaveFailed as failed:
             fail(command, str(failed))
             return SAVE_FAILED_EXIT_CODE
+    end_of_launch()
     return 0
+
+
+def end_of_launch() -> None:
+    """A ``torchrun`` worker's orderly end after a finished run: every rank meets at a barrier, then the process
+    group is destroyed, so that no rank's communication threads outlive the peers' sockets (left to interpreter
+    exit, a rank can abort with "terminate called without an active exception" when its peer exits first).
+    Nothing outside a torchrun worker, or when the run already closed its group (``ShardedRuntime.close``)."""
+    import torch.distributed as dist
+
+    if launched_by_torchrun() and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def max_over_ranks(value: int, device: object = None) -> int:
@@ -191,6 +204,7 @@ __all__ = [
     "STOP_SIGNALS",
     "StopSignals",
     "TrainingPreempted",
+    "end_of_launch",
     "launched_by_torchrun",
     "max_over_ranks",
     "preempted_exit",
