@@ -177,21 +177,6 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data))
 
 
-def state_bytes(*states: Any) -> int:
-    """The bytes of every tensor in nested dicts and lists (what a save of them writes, about)."""
-    total = 0
-    stack = list(states)
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            total += item.numel() * item.element_size()
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return total
-
-
 class SaveFailed(Exception):
     """A checkpoint or final save that could not be written (a full disk): what failed and the space it needed."""
 
@@ -249,21 +234,19 @@ def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tup
 
 
 def save_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, *,
-                        rank: int, is_main_process: bool, scaler: Any = None) -> int:
+                        rank: int, is_main_process: bool, scaler: Any = None) -> None:
     """Write the checkpoint files of the module docstring into ``folder`` (every rank calls it; the main process
-    writes model, optimizer, scheduler and scaler, each rank its random states); returns the bytes of tensors the
-    main process wrote."""
+    writes model, optimizer, scheduler and scaler, each rank its random states)."""
     model_state, optimizer_state = full_states(model, optimizer)
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / rng_file(rank), rng_states())
     if not is_main_process:
-        return 0
+        return
     write_tensors(folder / MODEL_FILE, model_state)
     torch.save(optimizer_state, folder / OPTIMIZER_FILE)
     write_json(folder / SCHEDULER_FILE, scheduler.state_dict())
     if scaler is not None:
         write_json(folder / SCALER_FILE, scaler.state_dict())
-    return state_bytes(model_state, optimizer_state)
 
 
 def load_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, *,
@@ -330,7 +313,6 @@ __all__ = [
     "rng_states",
     "save_training_state",
     "set_rng_states",
-    "state_bytes",
     "training_state_bytes",
     "write_tensors",
 ]
