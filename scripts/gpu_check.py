@@ -526,15 +526,25 @@ def bench_results(total: Any, complete: bool, budget: Budget, dry_run: bool) -> 
     return {**to_results(total), "dry_run": dry_run, "gpu_check": {"complete": complete, "budget_s": budget.seconds}}
 
 
+def stage_device(args: argparse.Namespace, stage: str) -> str | None:
+    """The device a measuring stage runs on: the CPU for a dry run, else CUDA (``None``, after a log line, when
+    torch sees no CUDA device)."""
+    if args.dry_run:
+        return "cpu"
+    if not torch.cuda.is_available():
+        log(f"{stage}: torch sees no CUDA device (torch.cuda.is_available() is False)")
+        return None
+    return "cuda"
+
+
 def bench_stage(args: argparse.Namespace) -> int:
     """benchmarks-gpu.json, rewritten after every length; a length the budget cannot hold is recorded as skipped.
     Status 1 when a row failed (e.g. out of memory: the bench records it and goes on)."""
     from hf_attn_variants.bench.runner import Runner
 
     budget = Budget(args.budget)
-    device = "cpu" if args.dry_run else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        log("bench: torch sees no CUDA device (torch.cuda.is_available() is False)")
+    device = stage_device(args, "bench")
+    if device is None:
         return 2
     preset = bench_preset(args.dry_run)
     peak, total, command = peak_tflops(args.peak_tflops), None, command_line(args.dry_run)
@@ -597,9 +607,8 @@ def decoding_stage(args: argparse.Namespace) -> int:
     from hf_attn_variants.bench.decoding import DECODERS, measure
 
     budget = Budget(args.budget)
-    device = "cpu" if args.dry_run else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        log("decoding: torch sees no CUDA device (torch.cuda.is_available() is False)")
+    device = stage_device(args, "decoding")
+    if device is None:
         return 2
     plan = decoding_settings(args.dry_run)
     size, dtype = plan["size"], plan["dtype"]
