@@ -41,15 +41,19 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml $(LOCK)
 
 install: $(VENV)/.installed
 
-test: install
+LINT_PATHS := src tests scripts $(wildcard tools)
+
+test: install lint
 	$(if $(MKL_VENDOR),$(BIN)/python -m tests.mkl_dispatch $(MKL_VENDOR))
 	$(MKL_PRELOAD) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --durations=15 tests
 
 demo: install
 	$(BIN)/python -m hf_attn_variants demo
 
+# The package's bench writes the committed results file and plots; the repository's renderer shows them in docs/.
 bench: install
 	$(BIN)/python -m hf_attn_variants bench --publish
+	$(BIN)/python tools/render_docs.py
 
 lock:
 	$(PYTHON) scripts/lock.py --torch $(TORCH_VERSION) --workers $(PYTEST_WORKERS)
@@ -72,9 +76,11 @@ gpu-wheels:
 		$(addprefix --platform ,$(GPU_WHEEL_PLATFORMS)) -d .whl $(GPU_WHEELS)
 	@du -ch .whl/*.whl | tail -n 1 | sed 's/total$$/in .whl\/ (bring it along with the working tree)/'
 
+# ruff (E501 at pyproject's 110 characters included) and mypy on the model code (pyproject's [tool.mypy]),
+# both pinned in the lock; `make test` runs them first.
 lint: install
-	$(BIN)/python -m pip install --quiet ruff
-	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/python -m mypy
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

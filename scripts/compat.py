@@ -33,9 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hf_attn_variants.results.suite import pytest_counts
-from tests.remote_code import clean_python, installed_transformers
-from tests.test_transformers_floor import MODEL_TEST_FILES
+from tests.remote_code import clean_python, installed_transformers  # noqa: E402
+from tests.test_transformers_floor import MODEL_TEST_FILES  # noqa: E402
+from tools.docs_results.suite import pytest_counts  # noqa: E402
 
 REMOTE_CODE_TEST_FILES = (
     "tests/test_remote_code_entropy_invariant.py",
@@ -65,12 +65,14 @@ def newest_transformers() -> str:
                             capture_output=True, text=True, check=False)
     match = re.search(r"^transformers \(([^)]+)\)", result.stdout, re.MULTILINE)
     if result.returncode != 0 or match is None:
-        raise SystemExit(f"compat: could not ask the package index for transformers releases:\n{result.stderr[-2000:]}")
+        raise SystemExit("compat: could not ask the package index for transformers "
+                         f"releases:\n{result.stderr[-2000:]}")
     return match.group(1)
 
 
 def counts(output: str) -> tuple[int, int, int]:
-    """(passed, failed + errors, skipped) from pytest's last summary line (``results.suite.pytest_counts``)."""
+    """(passed, failed + errors, skipped) from pytest's last summary line
+    (``results.suite.pytest_counts``)."""
     found = pytest_counts(output)
     return found.get("passed", 0), found.get("failed", 0) + found.get("errors", 0), found.get("skipped", 0)
 
@@ -88,13 +90,16 @@ def run_suite(release: str, suite: str, command: list[str], env: dict[str, str])
 
 def check_release(release: str, workers: str) -> list[SuiteResult]:
     """(a) remote code of every family and (b) the model test files, on ``release``."""
-    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTEST_XDIST_WORKER")}
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTEST_XDIST_WORKER")}
     base.update(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     pytest = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers]
     remote_env = {**base, "HF_ATTN_VARIANTS_REMOTE_RELEASES": release}
-    remote = run_suite(release, "remote code (3 families)", [sys.executable, *pytest, *REMOTE_CODE_TEST_FILES], remote_env)
+    remote = run_suite(release, "remote code (3 families)",
+                       [sys.executable, *pytest, *REMOTE_CODE_TEST_FILES], remote_env)
     python = clean_python(release)
-    model_env = {**base, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]), "OMP_NUM_THREADS": "1"}
+    model_env = {**base, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+                 "OMP_NUM_THREADS": "1"}
     # The clean environments hold no pytest-xdist: the model files run in one process there.
     model_command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *MODEL_TEST_FILES]
     model = run_suite(release, f"model tests ({len(MODEL_TEST_FILES)} files)", model_command, model_env)
@@ -103,10 +108,12 @@ def check_release(release: str, workers: str) -> list[SuiteResult]:
 
 def table(results: list[SuiteResult]) -> str:
     """The Markdown table of all results."""
-    lines = ["| transformers | suite | passed | failed | skipped | time | verdict |", "|---|---|---|---|---|---|---|"]
+    lines = ["| transformers | suite | passed | failed | skipped | time | verdict |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         verdict = "ok" if r.ok else "**FAILED**"
-        lines.append(f"| {r.release} | {r.suite} | {r.passed} | {r.failed} | {r.skipped} | {r.seconds:.0f} s | {verdict} |")
+        lines.append(f"| {r.release} | {r.suite} | {r.passed} | {r.failed} | {r.skipped} | {r.seconds:.0f} s "
+                     f"| {verdict} |")
     return "\n".join(lines)
 
 
@@ -114,8 +121,10 @@ def main() -> int:
     """Check each release, print the table, write the JSON; 1 when anything failed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--releases", nargs="+", default=None,
-                        help="Transformers releases to check (default: the newest on the index and the installed one).")
-    parser.add_argument("--workers", default=os.environ.get("PYTEST_WORKERS", "2"), help="pytest-xdist workers for (a).")
+                        help="Transformers releases to check (default: the newest on the index and the "
+                             "installed one).")
+    parser.add_argument("--workers", default=os.environ.get("PYTEST_WORKERS", "2"),
+                        help="pytest-xdist workers for (a).")
     args = parser.parse_args()
     releases = args.releases or list(dict.fromkeys([newest_transformers(), installed_transformers()]))
     print(f"compat: transformers {', '.join(releases)} (installed: {installed_transformers()}, torch "

@@ -3,8 +3,8 @@ parameters (``hf_attn_variants.bench.decoding``), written to ``docs/results/deco
 
 Usage (from the repository root, on an otherwise idle machine; a few minutes on 2 cores)::
 
-    .venv/bin/python scripts/decoding_bench.py                 # batch 1 and 16, contexts 512 and 4096, 32 new tokens
-    .venv/bin/python scripts/render_docs.py                     # docs/benchmarks.md's decoding table
+    .venv/bin/python scripts/decoding_bench.py    # batch 1 and 16, contexts 512 and 4096, 32 new tokens
+    .venv/bin/python tools/render_docs.py          # docs/benchmarks.md's decoding table
 
 ``--out`` writes elsewhere (e.g. ``runs/decoding.json`` for a trial run that leaves the docs as they are).
 """
@@ -19,8 +19,11 @@ from pathlib import Path
 import torch
 
 from hf_attn_variants.bench.decoding import DECODERS, DecodingSize, measure
-from hf_attn_variants.results import format_results
-from hf_attn_variants.results._common import load_average, machine_description, run_metadata
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is at the repository root
+
+from tools.docs_results import format_results  # noqa: E402
+from tools.docs_results._common import load_average, machine_description, run_metadata  # noqa: E402
 
 RESULTS = Path("docs/results/decoding-cpu.json")
 
@@ -41,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     start_load = load_average()
     rows = measure(args.models, args.batches, args.contexts, args.new_tokens, size)
     data = {
-        **run_metadata("decoding", ["scripts/decoding_bench.py", *(argv if argv is not None else sys.argv[1:])],
-                       machine=machine_description(f"{start_load} at the start, {load_average()} at the end")),
+        **run_metadata("decoding",
+                       ["scripts/decoding_bench.py", *(argv if argv is not None else sys.argv[1:])],
+                       machine=machine_description(f"{start_load} at the start, {load_average()} at the "
+                                                   "end")),
         "settings": {"batches": args.batches, "contexts": args.contexts, "new_tokens": args.new_tokens,
                      "threads": args.threads, "size": asdict(size)},
         "models": {name: DECODERS[name][0] for name in args.models},

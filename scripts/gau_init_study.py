@@ -5,11 +5,12 @@ tests/conformance/test_training_overfit.py) for each GAU variant with ``gau_init
 and "flash" (the FLASH paper's N(0, 0.02)), for each seed (the mixin's own is 42; other seeds replace the
 mixin's ``set_seed`` argument), and prints the markdown table of docs/gau.md.
 
-    .venv/bin/python scripts/gau_init_study.py [--seeds 42 1 2] [--out runs/gau_init_study.json] [--results gau-init]
+    .venv/bin/python scripts/gau_init_study.py [--seeds 42 1 2] [--out runs/gau_init_study.json] [--results
+    gau-init]
 
-``--results NAME`` also writes the results file ``docs/results/NAME.json`` (kind ``gau_init``), whose ``table`` view
-(``hf_attn_variants.results.gau_init``) renders the same table into a document that embeds
-``<!-- results: NAME table -->`` (then run ``python scripts/render_docs.py``).
+``--results NAME`` also writes the results file ``docs/results/NAME.json`` (kind ``gau_init``), whose
+``table`` view (``tools.docs_results.gau_init``) renders the same table into a document that embeds
+``<!-- results: NAME table -->`` (then run ``python tools/render_docs.py``).
 
 About 10 s per run on a 2-core CPU (14 runs per seed).
 """
@@ -28,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.conformance.test_training_overfit import OVERFIT_VARIANTS, overfit_case
+from tests.conformance.test_training_overfit import OVERFIT_VARIANTS, overfit_case  # noqa: E402
 
 METRIC = re.compile(r"(loss_reduction|grad_norm_reduction):\s*(-?[\d.]+)%")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -67,17 +68,20 @@ def run_case(name: str, family: str, variant: dict, seed: int = 42) -> dict:
             result = unittest.TextTestRunner(stream=quiet, verbosity=0).run(suite)
     finally:
         logger.removeHandler(collector)
-    return {**collector.values, "generation_matches": collector.generation_matches, "passed": result.wasSuccessful()}
+    return {**collector.values, "generation_matches": collector.generation_matches,
+            "passed": result.wasSuccessful()}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[42], help="Seeds (the mixin's own is 42).")
     parser.add_argument("--variants", nargs="+", default=None,
-                        help="Only these GAU variants (names of OVERFIT_VARIANTS without 'GAU_'; default: all).")
+                        help="Only these GAU variants (names of OVERFIT_VARIANTS without 'GAU_'; default: "
+                             "all).")
     parser.add_argument("--out", type=Path, default=None, help="Also write the results as JSON here.")
     parser.add_argument("--results", default=None,
-                        help="Also write the results file docs/results/<RESULTS>.json (kind gau_init) for the docs.")
+                        help="Also write the results file docs/results/<RESULTS>.json (kind gau_init) for "
+                             "the docs.")
     args = parser.parse_args()
     rows = []
     for name, (family, variant) in OVERFIT_VARIANTS.items():
@@ -88,7 +92,8 @@ def main() -> int:
                 result = run_case(f"{name}_{init}", family, {**variant, "gau_init": init}, seed)
                 rows.append({"variant": name.removeprefix("GAU_"), "gau_init": init, "seed": seed, **result})
                 print(f"{name:24s} {init:9s} {seed:3d} {result}", file=sys.stderr, flush=True)
-    print("| normalisation | gau_init | seeds | loss reduction | grad-norm reduction | generates the pattern | passed |")
+    print("| normalisation | gau_init | seeds | loss reduction | grad-norm reduction | generates the pattern "
+          "| passed |")
     print("|---|---|---|---|---|---|---|")
     for index in range(0, len(rows), len(args.seeds)):
         group = rows[index : index + len(args.seeds)]
@@ -102,8 +107,8 @@ def main() -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=2))
     if args.results:
-        from hf_attn_variants.results import write_results
-        from hf_attn_variants.results._common import run_metadata
+        from tools.docs_results import write_results
+        from tools.docs_results._common import run_metadata
 
         data = run_metadata("gau_init", ["python", "scripts/gau_init_study.py", *sys.argv[1:]])
         data.update({"seeds": args.seeds, "rows": rows})

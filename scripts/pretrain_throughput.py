@@ -1,14 +1,15 @@
-"""Tokens per second of ``pretrain --streaming --packing documents`` on this machine, one process: the CPU numbers of
-docs/training.md's "Pretraining a real model", written to ``docs/results/pretrain-throughput-cpu.json``.
+"""Tokens per second of ``pretrain --streaming --packing documents`` on this machine, one process: the CPU
+numbers of docs/training.md's "Pretraining a real model", written to
+``docs/results/pretrain-throughput-cpu.json``.
 
 For each family: a causal model of hidden 256 and 4 layers (GAU: FLASH with chunks of 128; the Synthesizer:
-dense + vanilla heads), blocks of 512 tokens, batch 4, AdamW, ``--steps`` optimizer steps over the embedded corpus
-written as 8 jsonl shards; ``tokens_per_second`` of ``train_log.jsonl``'s rows after the first (which holds the
-warm-up), median and range.
+dense + vanilla heads), blocks of 512 tokens, batch 4, AdamW, ``--steps`` optimizer steps over the embedded
+corpus written as 8 jsonl shards; ``tokens_per_second`` of ``train_log.jsonl``'s rows after the first (which
+holds the warm-up), median and range.
 
 Usage (from the repository root, on an otherwise idle machine; a few minutes)::
 
-    .venv/bin/python scripts/pretrain_throughput.py && .venv/bin/python scripts/render_docs.py
+    .venv/bin/python scripts/pretrain_throughput.py && .venv/bin/python tools/render_docs.py
 """
 
 from __future__ import annotations
@@ -16,13 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
-from hf_attn_variants.results import format_results
-from hf_attn_variants.results._common import load_average, machine_description, run_metadata
 from hf_attn_variants.training import PretrainArguments, pretrain
 from hf_attn_variants.training.corpus import corpus_splits
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is at the repository root
+
+from tools.docs_results import format_results  # noqa: E402
+from tools.docs_results._common import load_average, machine_description, run_metadata  # noqa: E402
 
 RESULTS = Path("docs/results/pretrain-throughput-cpu.json")
 HIDDEN, LAYERS, BLOCK, BATCH = 256, 4, 512, 4
@@ -54,7 +60,8 @@ def measure(family: str, corpus: str, steps: int, folder: Path) -> dict:
     rows = [json.loads(line) for line in Path(result.log_file).read_text().splitlines() if line.strip()]
     rates = [row["tokens_per_second"] for row in rows[1:]]
     info = json.loads((folder / family / "pretrain_args.json").read_text())
-    return {"family": family, "parameters": info["num_parameters"], "tokens_per_second": statistics.median(rates),
+    return {"family": family, "parameters": info["num_parameters"],
+            "tokens_per_second": statistics.median(rates),
             "low": min(rates), "high": max(rates), "windows": len(rates), "final_loss": rows[-1]["loss"]}
 
 

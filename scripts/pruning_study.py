@@ -19,8 +19,8 @@ interleaved repetitions).
     python scripts/pruning_study.py --steps 200 --quick  # smoke run
 
 Writes runs/pruning_study/{trained/, uniform_stop_rule/, results.json}, docs/pruning_curve.png,
-docs/pruning_importance.png and the results file docs/results/pruning-study.json (kind ``pruning_study``), which
-``python scripts/render_docs.py`` renders into docs/pruning.md and README.md.
+docs/pruning_importance.png and the results file docs/results/pruning-study.json (kind ``pruning_study``),
+which ``python tools/render_docs.py`` renders into docs/pruning.md.
 """
 
 from __future__ import annotations
@@ -51,8 +51,12 @@ from hf_attn_variants.pruning import (
 )
 from hf_attn_variants.pruning.iterative import select_heads
 from hf_attn_variants.pruning.plotting import plot_head_importance, plot_pruning_curve
-from hf_attn_variants.results import write_results
-from hf_attn_variants.results._common import run_metadata
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is at the repository root
+
+from tools.docs_results import write_results  # noqa: E402
+from tools.docs_results._common import run_metadata  # noqa: E402
 
 LENGTH, VOCAB, FIRST_TOKEN, CLS, MARKERS = 32, 48, 5, 1, 8
 POSITIONS, MARKER_COUNT, LOW = "rope", 6, 26
@@ -90,7 +94,8 @@ def accuracy(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, ba
     return correct / len(ids)
 
 
-def train(model, steps: int, eval_set, log_every: int = 250, batch_size: int = 32, lr: float = 2e-3) -> list[dict]:
+def train(model, steps: int, eval_set, log_every: int = 250, batch_size: int = 32,
+          lr: float = 2e-3) -> list[dict]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps, pct_start=0.1)
     log = []
@@ -129,18 +134,20 @@ def time_forward(models: dict[str, torch.nn.Module], ids: torch.Tensor, repeats:
 
 def kept_heads(pruned: dict, layers: int, heads: int) -> dict[str, list[int]]:
     """``{layer: heads kept}`` from ``{layer: heads pruned}`` (keys as strings)."""
-    return {str(layer): [h for h in range(heads) if h not in set(pruned.get(str(layer), []))] for layer in range(layers)}
+    return {str(layer): [h for h in range(heads) if h not in set(pruned.get(str(layer), []))]
+            for layer in range(layers)}
 
 
 def random_spread(results: dict, orders: int) -> dict:
-    """The random baseline's number of orders and, per step, the sample standard deviation of the accuracy over
-    them (the column shows mean ± sd)."""
+    """The random baseline's number of orders and, per step, the sample standard deviation of the accuracy
+    over them (the column shows mean ± sd)."""
     columns = list(zip(*results["random_order_accuracies"]))
     return {"orders": orders, "stdev": [statistics.stdev(c) if len(c) > 1 else 0.0 for c in columns]}
 
 
-def compact_results(results: dict, args: argparse.Namespace, train_log: list[dict], total: int, eval_examples: int) -> dict:
-    """The results file docs/pruning.md renders (``hf_attn_variants.results.pruning_study``)."""
+def compact_results(results: dict, args: argparse.Namespace, train_log: list[dict], total: int,
+                    eval_examples: int) -> dict:
+    """The results file docs/pruning.md renders (``tools.docs_results.pruning_study``)."""
     layers, heads = 4, total // 4
     machine = results["machine"]
     load = (f"load average {machine['load_average_at_start'][0]:.1f} at the start, "
@@ -159,22 +166,27 @@ def compact_results(results: dict, args: argparse.Namespace, train_log: list[dic
                   "accuracy": results["baseline_accuracy"]},
         "importance": {"examples": 128 if args.quick else 512, "seconds": results["importance_seconds"]},
         "total_heads": total, "heads_per_layer": heads,
-        "curves": {curve_keys[label]: {"title": label, "points": [[r["heads_pruned"], r["accuracy"]] for r in rows],
+        "curves": {curve_keys[label]: {"title": label,
+                                       "points": [[r["heads_pruned"], r["accuracy"]] for r in rows],
                                        **(random_spread(results, args.random_orders)
                                           if curve_keys[label] == "random_mean" else {})}
                    for label, rows in results["curves"].items()},
         "stop_rule": {"heads_pruned": stop["heads_pruned"], "accuracy": stop["accuracy"],
-                      "rejected_step": ({"heads_pruned": rejected["heads_pruned"], "accuracy": rejected["accuracy"]}
+                      "rejected_step": ({"heads_pruned": rejected["heads_pruned"],
+                                         "accuracy": rejected["accuracy"]}
                                         if rejected else None),
                       "kept_heads": kept_heads(stop["pruned_heads"], layers, heads)},
         "stop_rule_uniform": {"heads_pruned": uniform["heads_pruned"], "accuracy": uniform["accuracy"],
                               "rejected_step": uniform["rejected_step"],
                               "kept_heads": kept_heads(uniform["pruned_heads"], layers, heads),
-                              "restated": uniform["restated"], "num_attention_heads": uniform["num_attention_heads"],
-                              "head_dim": uniform["head_dim"], "reloaded_accuracy": uniform["reloaded_accuracy"]},
+                              "restated": uniform["restated"],
+                              "num_attention_heads": uniform["num_attention_heads"],
+                              "head_dim": uniform["head_dim"],
+                              "reloaded_accuracy": uniform["reloaded_accuracy"]},
         "half": {"accuracy": results["half"]["accuracy"], "pruned_heads": results["half"]["pruned_heads"],
                  "parameters": results["half"]["parameters"],
-                 "timing": {**{k: results["half"]["timing"][k] for k in ("batch", "length", "repeats", "speedup")},
+                 "timing": {**{k: results["half"]["timing"][k]
+                               for k in ("batch", "length", "repeats", "speedup")},
                             "threads": machine["cpu_threads"],
                             "median_seconds": results["half"]["timing"]["median_seconds"]}},
     })
@@ -195,7 +207,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller evaluation sets (smoke run)")
     parser.add_argument("--results", default="pruning-study",
                         help="results file docs/results/<RESULTS>.json under --root ('' = none)")
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="repository root")
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
+                        help="repository root")
     args = parser.parse_args()
     run_start, load_at_start = time.perf_counter(), [round(v, 2) for v in os.getloadavg()]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -253,9 +266,11 @@ def main() -> None:
                        title="Head pruning: entropy-invariant classifier, 4 layers × 8 heads")
 
     stopped_model = copy.deepcopy(model)
-    stop_curve = iterative_head_pruning(stopped_model, score_batches, metric, threshold=0.9, importance=importance)
+    stop_curve = iterative_head_pruning(stopped_model, score_batches, metric, threshold=0.9,
+                                        importance=importance)
     uniform_model = copy.deepcopy(model)
-    uniform_stop = iterative_head_pruning(uniform_model, score_batches, metric, threshold=0.9, importance=importance,
+    uniform_stop = iterative_head_pruning(uniform_model, score_batches, metric, threshold=0.9,
+                                          importance=importance,
                                           uniform=True)
     uniform_pruned = {str(k): v for k, v in (uniform_model.config.pruned_heads or {}).items()}
     restated = restate_uniform_heads(uniform_model)
@@ -270,7 +285,8 @@ def main() -> None:
     half_accuracy = metric(half)
     timing_ids = make_task(args.timing_batch, seed=3, length=args.timing_length)[0]
     seconds = time_forward({"unpruned": model, "pruned_50": half}, timing_ids, args.timing_repeats)
-    parameters = {name: sum(p.numel() for p in m.parameters()) for name, m in (("unpruned", model), ("pruned_50", half))}
+    parameters = {name: sum(p.numel() for p in m.parameters())
+                  for name, m in (("unpruned", model), ("pruned_50", half))}
 
     results = {
         "machine": {"cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -284,13 +300,15 @@ def main() -> None:
         "baseline_accuracy": curves["importance, scored once"][0].metric,
         "importance_seconds": round(importance_seconds, 2),
         "importance": [[round(float(v), 4) for v in row] for row in importance],
-        "curves": {label: [{"heads_pruned": r.heads_pruned, "fraction": round(r.fraction, 4), "accuracy": r.metric}
+        "curves": {label: [{"heads_pruned": r.heads_pruned, "fraction": round(r.fraction, 4),
+                            "accuracy": r.metric}
                            for r in curve] for label, curve in curves.items()},
         "random_order_accuracies": [[r.metric for r in curve] for curve in random_curves],
         "stop_rule_90": {"heads_pruned": stop_curve[-2].heads_pruned if not stop_curve[-1].accepted
                          else stop_curve[-1].heads_pruned,
                          "accuracy": [r.metric for r in stop_curve if r.accepted][-1],
-                         "pruned_heads": {str(k): v for k, v in (stopped_model.config.pruned_heads or {}).items()}},
+                         "pruned_heads": {str(k): v
+                                          for k, v in (stopped_model.config.pruned_heads or {}).items()}},
         "stop_rule_90_uniform": {"heads_pruned": [r.heads_pruned for r in uniform_stop if r.accepted][-1],
                                  "accuracy": [r.metric for r in uniform_stop if r.accepted][-1],
                                  "rejected_step": ({"heads_pruned": uniform_stop[-1].heads_pruned,
@@ -311,7 +329,8 @@ def main() -> None:
     if args.results:
         print("wrote", write_results(args.root, args.results, compact_results(results, args, train_log, total,
                                                                                len(eval_set[1]))))
-    print(json.dumps({k: results[k] for k in ("baseline_accuracy", "stop_rule_90", "stop_rule_90_uniform", "half")},
+    print(json.dumps({k: results[k]
+                      for k in ("baseline_accuracy", "stop_rule_90", "stop_rule_90_uniform", "half")},
                      indent=1))
     print("\n| heads pruned | % | scored once | re-scored | random (mean) | uniform |")
     print("|---:|---:|---:|---:|---:|---:|")

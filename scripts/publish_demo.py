@@ -1,8 +1,8 @@
-"""Publish the last ``make demo`` run (``runs/demo/results.json``) as ``docs/results/demo-cpu.json`` and re-render
-the docs that quote it (README's demo time, docs/training.md's demo table).
+"""Publish the last ``make demo`` run (``runs/demo/results.json``) as ``docs/results/demo-cpu.json`` and
+re-render the docs that quote it (README's demo time, docs/training.md's demo table).
 
-``make demo`` itself never writes into ``docs/`` (a new user's run must not change tracked files); run this from
-the repository root, on the machine the demo ran on, when its numbers should become the documented ones:
+``make demo`` itself never writes into ``docs/`` (a new user's run must not change tracked files); run this
+from the repository root, on the machine the demo ran on, when its numbers should become the documented ones:
 ``.venv/bin/python scripts/publish_demo.py [--results runs/demo/results.json]``.
 """
 
@@ -13,9 +13,12 @@ import json
 import sys
 from pathlib import Path
 
-from hf_attn_variants.results import load_results, render_docs, results_path, write_results
-from hf_attn_variants.results._common import run_metadata
-from hf_attn_variants.results.demo import from_report
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is at the repository root
+
+from tools.docs_results import load_results, render_docs, results_path, write_results  # noqa: E402
+from tools.docs_results._common import run_metadata  # noqa: E402
+from tools.docs_results.demo import from_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,12 +28,15 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=ROOT / "runs" / "demo" / "results.json")
     parser.add_argument("--wall-seconds", type=float, required=True,
                         help="Wall-clock seconds of the whole `make demo` (e.g. from `time make demo`).")
-    parser.add_argument("--cpu-seconds", type=float, default=None, help="CPU seconds (user + sys) of that run.")
-    parser.add_argument("--conditions", default="`make demo` in a fresh clone, `.venv` installed from the lock",
+    parser.add_argument("--cpu-seconds", type=float, default=None,
+                        help="CPU seconds (user + sys) of that run.")
+    parser.add_argument("--conditions",
+                        default="`make demo` in a fresh clone, `.venv` installed from the lock",
                         help="How the timed run was made (shown with the time).")
     args = parser.parse_args()
     if not args.results.is_file():
-        print(f"publish_demo: --results {args.results}: no such file; run `make demo` first.", file=sys.stderr)
+        print(f"publish_demo: --results {args.results}: no such file; run `make demo` first.",
+              file=sys.stderr)
         return 2
     report = json.loads(args.results.read_text())
     provenance = run_metadata("demo", "make demo (= python -m hf_attn_variants demo)")

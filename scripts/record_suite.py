@@ -1,8 +1,8 @@
 """Record one timed run of the suite (or the demo) in ``docs/results/suite.json`` and re-render the docs.
 
 Usage: ``python scripts/record_suite.py --label "fresh clone, make test" --command "make test" --minutes 12.3
-[--log pytest.log] [--isa AVX2] [--mkl-vendor intel]``. With ``--log``, pytest's closing line ("N passed, M skipped …") gives the
-counts. Run it from the repository root with the package's environment.
+[--log pytest.log] [--isa AVX2] [--mkl-vendor intel]``. With ``--log``, pytest's closing line ("N passed, M
+skipped …") gives the counts. Run it from the repository root with the package's environment.
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ import datetime
 import sys
 from pathlib import Path
 
-from hf_attn_variants.results import load_results, render_docs, results_path, write_results
-from hf_attn_variants.results._common import MKL_PATH_NAMES, machine_description, versions
-from hf_attn_variants.results.suite import pytest_counts
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is at the repository root
+
+from tools.docs_results import load_results, render_docs, results_path, write_results  # noqa: E402
+from tools.docs_results._common import MKL_PATH_NAMES, machine_description, versions  # noqa: E402
+from tools.docs_results.suite import pytest_counts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "suite"
@@ -26,11 +29,13 @@ def main() -> int:
     parser.add_argument("--log", type=Path, default=None)
     parser.add_argument("--isa", default=None, help="The ONEDNN_MAX_CPU_ISA the run had, if any.")
     parser.add_argument("--mkl-vendor", choices=tuple(MKL_PATH_NAMES), default=None,
-                        help="The MKL_VENDOR the run had (make test MKL_VENDOR=...; tests/mkl_dispatch.py), if any.")
+                        help="The MKL_VENDOR the run had (make test MKL_VENDOR=...; tests/mkl_dispatch.py), "
+                             "if any.")
     args = parser.parse_args()
     data = load_results(ROOT, NAME) if results_path(ROOT, NAME).exists() else {"kind": "suite", "runs": []}
     run = {"label": args.label, "command": args.command, "machine": machine_description(), "isa": args.isa,
-           "mkl_vendor": args.mkl_vendor, "versions": versions(), "minutes": args.minutes, "date": datetime.date.today().isoformat()}
+           "mkl_vendor": args.mkl_vendor, "versions": versions(), "minutes": args.minutes,
+           "date": datetime.date.today().isoformat()}
     if args.log is not None:
         run["counts"] = pytest_counts(args.log.read_text(errors="replace"))
         if not run["counts"]:

@@ -10,7 +10,7 @@
 # Results: $OUT/results.md, results.json, results.csv, summary.csv, lengthgen_{mlm,clm}.png and
 # finetune/{sequence,token}/finetune.json; the plots are copied to docs/length_generalization_{mlm,clm}.png,
 # and the numbers docs/length_generalization.md shows go to docs/results/$RESULTS.json (default length-study;
-# RESULTS= to skip), which `python scripts/render_docs.py` renders into the page.
+# RESULTS= to skip), which `python tools/render_docs.py` renders into the page.
 #
 #   scripts/run_length_study.sh                    # defaults below (seeds 0 1 2)
 #   SEEDS="0 1 2 3" scripts/run_length_study.sh    # one more seed
@@ -53,9 +53,10 @@ for objective in mlm clm; do
 done
 if [ -n "$RESULTS" ]; then
   COMMAND="WORKERS=$WORKERS SEEDS=\"$SEEDS\" STEPS=$STEPS L=$L scripts/run_length_study.sh${*:+ $*}"
-  "$PY" -c 'import sys; from hf_attn_variants.lengthgen.results import publish
-print("wrote", publish(sys.argv[1], sys.argv[2], command=sys.argv[3], wall_seconds=float(sys.argv[4])))' \
-    "$OUT/results.json" "$RESULTS" "$COMMAND" "$((SECONDS - STARTED))"
-  "$PY" scripts/render_docs.py  # fails the script when the docs cannot be rendered
+  "$PY" tools/publish_study.py length "$OUT/results.json" "$RESULTS" --command "$COMMAND" \
+    --wall-seconds "$((SECONDS - STARTED))" \
+    || { echo "run_length_study.sh: publishing docs/results/$RESULTS.json failed (above)" >&2; exit 1; }
+  "$PY" tools/render_docs.py \
+    || { echo "run_length_study.sh: tools/render_docs.py failed (above): docs not rendered" >&2; exit 1; }
 fi
 echo "done: $OUT/results.md"

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Re-run the retrieval study (passkey and MQAR) published in docs/length_generalization.md ("Retrieval tasks").
+# Re-run the retrieval study (passkey and MQAR) published in docs/length_generalization.md ("Retrieval
+# tasks").
 #
-# Every applicable variant (the ei_* scales, the gau_* normalisations, FLASH chunked relu², the Synthesizer and the
-# stock Llama with its three evaluation modes) x position scheme (RoPE, none; the Llama is RoPE only) x seed, trained
-# at L on the task and scored by exact-match accuracy at L, 2L ... 64L. CPU-sized: about 30 minutes with WORKERS=2 on
-# a shared 2-core CPU. Resumable: rerunning skips finished runs (runs/<series>/seed_<s>/result.json).
-# Results: $OUT/{passkey,mqar}/results.md, results.json, results.csv, summary.csv, lengthgen_<task>.png; the
-# combined plot goes to docs/length_generalization_retrieval.png and the numbers the docs show to
-# docs/results/$RESULTS.json (default retrieval-study; RESULTS= to skip), rendered by `python scripts/render_docs.py`.
+# Every applicable variant (the ei_* scales, the gau_* normalisations, FLASH chunked relu², the Synthesizer
+# and the stock Llama with its three evaluation modes) x position scheme (RoPE, none; the Llama is RoPE only)
+# x seed, trained at L on the task and scored by exact-match accuracy at L, 2L ... 64L. CPU-sized: about 30
+# minutes with WORKERS=2 on a shared 2-core CPU. Resumable: rerunning skips finished runs
+# (runs/<series>/seed_<s>/result.json). Results: $OUT/{passkey,mqar}/results.md, results.json, results.csv,
+# summary.csv, lengthgen_<task>.png; the combined plot goes to docs/length_generalization_retrieval.png and
+# the numbers the docs show to docs/results/$RESULTS.json (default retrieval-study; RESULTS= to skip),
+# rendered by `python tools/render_docs.py`.
 #
 #   scripts/run_retrieval_study.sh                  # defaults below (seeds 0 1 2)
 #   WORKERS=2 scripts/run_retrieval_study.sh        # two processes share the runs (run folders are locked)
@@ -48,13 +50,14 @@ if [ "$WORKERS" -gt 1 ]; then
   all_tasks "$@"  # every run is finished now: reuse them all and write the complete outputs
 fi
 if [ -n "$RESULTS" ]; then
-  COMMAND="WORKERS=$WORKERS SEEDS=\"$SEEDS\" L=$L${STEPS:+ STEPS=$STEPS} scripts/run_retrieval_study.sh${*:+ $*}"
+  COMMAND="WORKERS=$WORKERS SEEDS=\"$SEEDS\" L=$L${STEPS:+ STEPS=$STEPS}"
+  COMMAND+=" scripts/run_retrieval_study.sh${*:+ $*}"
   FILES=()
   for task in $TASKS; do FILES+=("$OUT/$task/results.json"); done
-  "$PY" -c 'import sys; from hf_attn_variants.lengthgen.retrieval_study import publish_retrieval
-print("wrote", publish_retrieval(sys.argv[4:], sys.argv[1], command=sys.argv[2], wall_seconds=float(sys.argv[3]),
-                                 plot="docs/length_generalization_retrieval.png"))' \
-    "$RESULTS" "$COMMAND" "$((SECONDS - STARTED))" "${FILES[@]}"
-  "$PY" scripts/render_docs.py  # fails the script when the docs cannot be rendered
+  "$PY" tools/publish_study.py retrieval "$RESULTS" "${FILES[@]}" --command "$COMMAND" \
+    --wall-seconds "$((SECONDS - STARTED))" --plot docs/length_generalization_retrieval.png \
+    || { echo "run_retrieval_study.sh: publishing docs/results/$RESULTS.json failed (above)" >&2; exit 1; }
+  "$PY" tools/render_docs.py \
+    || { echo "run_retrieval_study.sh: tools/render_docs.py failed (above): docs not rendered" >&2; exit 1; }
 fi
 echo "done: $OUT/<task>/results.md"

@@ -2,12 +2,12 @@
 
 Two steps, because vLLM needs its own environment (it pins Transformers < 5.20; see docs/serving.md):
 
-    .venv/bin/python scripts/serving_bench.py save runs/serving/model         # this package's environment
-    export VLLM_ENABLE_V1_MULTIPROCESSING=0                                    # then in the vLLM environment:
-    $VLLM_PYTHON scripts/serving_bench.py vllm runs/serving/model              # vLLM's numbers
-    $VLLM_PYTHON scripts/serving_bench.py transformers runs/serving/model      # generate's, in another process
-    .venv/bin/python scripts/serving_bench.py publish                          # docs/results/serving-cpu.json
-    .venv/bin/python scripts/render_docs.py                                     # docs/serving.md's table
+    .venv/bin/python scripts/serving_bench.py save runs/serving/model       # this package's environment
+    export VLLM_ENABLE_V1_MULTIPROCESSING=0                                  # then in the vLLM environment:
+    $VLLM_PYTHON scripts/serving_bench.py vllm runs/serving/model            # vLLM's numbers
+    $VLLM_PYTHON scripts/serving_bench.py transformers runs/serving/model    # generate's, in another process
+    .venv/bin/python scripts/serving_bench.py publish                        # docs/results/serving-cpu.json
+    .venv/bin/python tools/render_docs.py                                    # docs/serving.md's table
 
 ``save`` writes a randomly initialised ``EntropyInvariantForCausalLM`` (Llama-shaped: hidden 512, 8 layers,
 8 heads of 64, FFN 2048, RMSNorm, RoPE, ``attention_scale="entropy_invariant"``; the embedded 4,096-token
@@ -15,8 +15,8 @@ tokenizer) with its standalone code. The other two steps load it as remote code,
 rows to ``--json``: the time ``vllm.LLM(...)`` takes to start, then for batch 1 and 16 prompts of 64 tokens
 and 128 new tokens each (greedy, end-of-sequence ignored) the median wall time of ``--repeats`` runs after one
 warm-up, as generated tokens per second. Transformers runs in its own process (vLLM patches the remote-code
-classes it loads) with the torch thread count vLLM's worker used. ``publish`` (in this package's environment: the
-vLLM one does not have it) turns ``--json`` into the results file ``docs/results/serving-cpu.json`` (kind
+classes it loads) with the torch thread count vLLM's worker used. ``publish`` (in this package's environment:
+the vLLM one does not have it) turns ``--json`` into the results file ``docs/results/serving-cpu.json`` (kind
 ``serving``) that docs/serving.md renders.
 """
 
@@ -31,10 +31,14 @@ import sys
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is at the repository root
+
 PROMPT_TOKENS, NEW_TOKENS = 64, 128
 RESULTS_NAME = "serving-cpu"
-COMMAND = ("scripts/serving_bench.py save runs/serving/model; scripts/serving_bench.py vllm runs/serving/model; "
-           "scripts/serving_bench.py transformers runs/serving/model; scripts/serving_bench.py publish")
+COMMAND = ("scripts/serving_bench.py save runs/serving/model; scripts/serving_bench.py vllm "
+           "runs/serving/model; scripts/serving_bench.py transformers runs/serving/model; "
+           "scripts/serving_bench.py publish")
 """The four steps that produce ``docs/results/serving-cpu.json`` (the middle two in vLLM's environment)."""
 
 
@@ -110,7 +114,8 @@ def measure_vllm(folder: Path, json_path: Path, repeats: int, batches: list[int]
     for batch in batches:
         prompts = [TokensPrompt(prompt_token_ids=p) for p in batch_prompts(batch, vocab_size)]
         seconds = timed(lambda prompts=prompts: llm.generate(prompts, params, use_tqdm=False), repeats)
-        rows.append({"engine": "vllm", "batch": batch, "seconds": seconds, "tokens_per_s": batch * NEW_TOKENS / seconds})
+        rows.append({"engine": "vllm", "batch": batch, "seconds": seconds,
+                     "tokens_per_s": batch * NEW_TOKENS / seconds})
         print(rows[-1], flush=True)
     record(json_path, "vllm", rows, engine_start_s=engine_start, torch_threads=torch.get_num_threads(),
            vllm=vllm.__version__, repeats=repeats)
@@ -123,10 +128,12 @@ def measure_transformers(folder: Path, json_path: Path, repeats: int, batches: l
 
     results = json.loads(json_path.read_text()) if json_path.exists() else {}
     torch.set_num_threads(int(results.get("torch_threads", torch.get_num_threads())))
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True,
+                                                              dtype=torch.float32).eval()
     rows = []
     for batch in batches:
-        ids = torch.tensor(batch_prompts(batch, json.loads((folder / "config.json").read_text())["vocab_size"]))
+        ids = torch.tensor(batch_prompts(batch,
+                                         json.loads((folder / "config.json").read_text())["vocab_size"]))
 
         def generate(ids=ids) -> None:
             with torch.no_grad():
@@ -141,26 +148,30 @@ def measure_transformers(folder: Path, json_path: Path, repeats: int, batches: l
 
 
 def publish(json_path: Path, root: Path, name: str = RESULTS_NAME) -> Path:
-    """Write the results file ``docs/results/<name>.json`` from the raw ``json_path`` of the two measuring steps
-    (kept from the earlier file: ``vllm_environment``, which the test suite measures, not this script)."""
-    from hf_attn_variants.results import load_results, results_path, write_results
-    from hf_attn_variants.results._common import machine_description, run_metadata
+    """Write the results file ``docs/results/<name>.json`` from the raw ``json_path`` of the two measuring
+    steps (kept from the earlier file: ``vllm_environment``, which the test suite measures, not this
+    script)."""
+    from tools.docs_results import load_results, results_path, write_results
+    from tools.docs_results._common import machine_description, run_metadata
 
     raw = json.loads(json_path.read_text())
     environment = raw.get("environment", {})
     missing = {"vllm", "transformers"} - set(environment)
     if missing:
-        raise SystemExit(f"publish: {json_path} has no {' and no '.join(sorted(missing))} rows; run those steps first.")
-    loads = "; ".join(f"load average {' / '.join(f'{x:.1f}' for x in environment[e]['load_average'])} after the "
-                      f"{e} step" for e in ("vllm", "transformers"))
+        raise SystemExit(f"publish: {json_path} has no {' and no '.join(sorted(missing))} rows; run those "
+                         "steps first.")
+    loads = "; ".join(f"load average {' / '.join(f'{x:.1f}' for x in environment[e]['load_average'])} after "
+                      f"the {e} step" for e in ("vllm", "transformers"))
     data = run_metadata("serving", COMMAND, machine=machine_description(loads))
     data["versions"] = {"python": environment["vllm"]["python"], "torch": environment["vllm"]["torch"],
                         "vllm": raw.get("vllm", "?"), "transformers": raw.get("transformers", "?")}
     data["settings"] = {"prompt_tokens": environment["vllm"]["prompt_tokens"],
-                        "new_tokens": environment["vllm"]["new_tokens"], "repeats": environment["vllm"].get("repeats"),
+                        "new_tokens": environment["vllm"]["new_tokens"],
+                        "repeats": environment["vllm"].get("repeats"),
                         "torch_threads": raw.get("torch_threads")}
     data["engine_start_s"] = raw["engine_start_s"]
-    data["rows"] = [{k: row[k] for k in ("engine", "batch", "seconds", "tokens_per_s")} for row in raw["rows"]]
+    data["rows"] = [{k: row[k] for k in ("engine", "batch", "seconds", "tokens_per_s")}
+                    for row in raw["rows"]]
     if results_path(root, name).is_file():
         earlier = load_results(root, name)
         if "vllm_environment" in earlier:
@@ -169,7 +180,8 @@ def publish(json_path: Path, root: Path, name: str = RESULTS_NAME) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", choices=("save", "vllm", "transformers", "publish"))
     parser.add_argument("folder", type=Path, nargs="?", default=Path("runs/serving/model"))
     parser.add_argument("--json", type=Path, default=Path("runs/serving/cpu.json"))
@@ -183,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.step == "save":
         save(args.folder)
     elif args.step == "publish":
-        print(f"wrote {publish(args.json, args.root)}; now run `python scripts/render_docs.py`")
+        print(f"wrote {publish(args.json, args.root)}; now run `python tools/render_docs.py`")
     elif not (args.folder / "config.json").is_file():
         parser.error(f"folder: no config.json in {args.folder}; run the 'save' step first.")
     elif args.step == "vllm":

@@ -1,16 +1,16 @@
-"""Does tensor parallelism pay for GAU? Time one training step (forward + backward) of each family, whole on one
-process and split over the processes of ``torchrun`` with ``DistributedConfig(tp_size=WORLD_SIZE)``.
+"""Does tensor parallelism pay for GAU? Time one training step (forward + backward) of each family, whole on
+one process and split over the processes of ``torchrun`` with ``DistributedConfig(tp_size=WORLD_SIZE)``.
 
     python scripts/tp_bench.py --threads 2                              # one process, 2 threads
     OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 scripts/tp_bench.py   # TP = 2, one thread each
-    python scripts/render_docs.py                                        # docs/scaling.md's table
+    python tools/render_docs.py                                          # docs/scaling.md's table
 
-Both runs use the same cores. Each writes its rows into ``docs/results/tp-bench-cpu.json`` (``--results``; kind
-``tp_bench``), replacing the rows of the same ``--run`` label, family and TP degree and keeping the other runs, so
-docs/scaling.md shows the runs side by side; start a fresh file with ``--fresh``. Besides the measured time, the
-script prints what each rank computes and sends per layer and token (``traffic``): GAU's plan gathers in_proj's
-output (2e + s wide) and all-reduces out_proj's (d wide), where a Llama-style layer all-reduces d twice; GAU
-computes its n×n attention on every rank.
+Both runs use the same cores. Each writes its rows into ``docs/results/tp-bench-cpu.json`` (``--results``;
+kind ``tp_bench``), replacing the rows of the same ``--run`` label, family and TP degree and keeping the other
+runs, so docs/scaling.md shows the runs side by side; start a fresh file with ``--fresh``. Besides the
+measured time, the script prints what each rank computes and sends per layer and token (``traffic``): GAU's
+plan gathers in_proj's output (2e + s wide) and all-reduces out_proj's (d wide), where a Llama-style layer
+all-reduces d twice; GAU computes its n×n attention on every rank.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -32,13 +33,19 @@ from hf_attn_variants import (
     GAUConfig,
     GAUForCausalLM,
 )
-from hf_attn_variants.results import load_results, results_path, write_results
-from hf_attn_variants.results._common import load_average, run_metadata
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is at the repository root
+
+from tools.docs_results import load_results, results_path, write_results  # noqa: E402
+from tools.docs_results._common import load_average, run_metadata  # noqa: E402
 
 
 def models(hidden: int, layers: int) -> dict[str, torch.nn.Module]:
-    """Two decoders of equal width: GAU (e = 2d, s = 128) and an entropy-invariant multi-head one (heads of 64)."""
-    common = {"vocab_size": 4096, "hidden_size": hidden, "num_hidden_layers": layers, "hidden_dropout_prob": 0.0,
+    """Two decoders of equal width: GAU (e = 2d, s = 128) and an entropy-invariant multi-head one (heads of
+    64)."""
+    common = {"vocab_size": 4096, "hidden_size": hidden, "num_hidden_layers": layers,
+              "hidden_dropout_prob": 0.0,
               "attention_probs_dropout_prob": 0.0, "tie_word_embeddings": False}
     return {
         "gau": GAUForCausalLM(GAUConfig(**common, expansion_factor=2, attention_key_size=128)),
@@ -48,7 +55,8 @@ def models(hidden: int, layers: int) -> dict[str, torch.nn.Module]:
 
 
 def traffic(name: str, hidden: int, tp: int) -> dict[str, int]:
-    """Elements each rank receives per layer and token in the forward pass (ring collectives, (tp−1)/tp of each)."""
+    """Elements each rank receives per layer and token in the forward pass (ring collectives, (tp−1)/tp of
+    each)."""
     if tp == 1:
         return {"gathered": 0, "all_reduced": 0}
     share = (tp - 1) / tp
@@ -102,13 +110,17 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: OMP_NUM_THREADS)")
-    parser.add_argument("--folder", default="runs/tp_bench", help="where rank 0 saves the models the ranks load")
+    parser.add_argument("--folder", default="runs/tp_bench",
+                        help="where rank 0 saves the models the ranks load")
     parser.add_argument("--results", default="tp-bench-cpu",
                         help="results file docs/results/<RESULTS>.json to update ('' = none)")
-    parser.add_argument("--run", default="1", help="run label: the rows of this run are replaced, other runs kept")
-    parser.add_argument("--note", default="", help="a few words on this run shown under the table (e.g. the load)")
+    parser.add_argument("--run", default="1",
+                        help="run label: the rows of this run are replaced, other runs kept")
+    parser.add_argument("--note", default="",
+                        help="a few words on this run shown under the table (e.g. the load)")
     parser.add_argument("--fresh", action="store_true", help="drop the earlier runs of the results file")
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="repository root")
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
+                        help="repository root")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -129,9 +141,12 @@ def main() -> None:
         seconds = time_steps(model.train(), ids, args.repeats)
         if rank == 0:
             print(json.dumps({"family": name, "tp": world, "threads": torch.get_num_threads(),
-                              "hidden": args.hidden, "layers": args.layers, "tokens": args.batch * args.length,
-                              "step_s": round(seconds, 3), "traffic_per_layer_token": traffic(name, args.hidden, world)}))
-            rows.append({"family": name, "tp": world, "threads": torch.get_num_threads(), "step_s": round(seconds, 4)})
+                              "hidden": args.hidden, "layers": args.layers,
+                              "tokens": args.batch * args.length,
+                              "step_s": round(seconds, 3),
+                              "traffic_per_layer_token": traffic(name, args.hidden, world)}))
+            rows.append({"family": name, "tp": world, "threads": torch.get_num_threads(),
+                         "step_s": round(seconds, 4)})
     if rank == 0 and args.results:
         settings = {"hidden": args.hidden, "layers": args.layers, "batch": args.batch, "length": args.length,
                     "repeats": args.repeats}

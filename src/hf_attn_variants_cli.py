@@ -1,17 +1,17 @@
 """The ``hf-attn-variants`` command line: a static table of subcommands, ``--help`` and ``--version``.
 
-This module stands outside the ``hf_attn_variants`` package on purpose: importing the package imports torch and
-registers every family with the Auto classes (users rely on that), which takes seconds. Here nothing heavier than
-``argparse`` is imported until a subcommand runs; then its module (``SUBCOMMANDS[name].module``) is imported and
-its ``add_arguments(parser)`` / ``run(args) -> int`` do the work. ``python -m hf_attn_variants <subcommand>``
-(``hf_attn_variants/__main__.py``) runs the same ``main``.
+This module stands outside the ``hf_attn_variants`` package on purpose: importing the package imports torch
+and registers every family with the Auto classes (users rely on that), which takes seconds. Here nothing
+heavier than ``argparse`` is imported until a subcommand runs; then its module (``SUBCOMMANDS[name].module``)
+is imported and its ``add_arguments(parser)`` / ``run(args) -> int`` do the work. ``python -m hf_attn_variants
+<subcommand>`` (``hf_attn_variants/__main__.py``) runs the same ``main``.
 
 Extras. The core install (torch, transformers, safetensors, huggingface_hub) covers the models, save and load,
-the pruning API and stock log-n scaling, and the subcommands ``export``, ``push`` and ``convert-gau-alpha``. The
-training tools need the ``train`` extra, the plots the ``plots`` extra (``EXTRAS``). A subcommand whose extra is
-not installed stops before it starts with one sentence naming ``pip install 'hf_attn_variants[EXTRA]'``
-(``missing_extras``, ``extra_message``); a module of an extra that is found missing later, inside a run, gets the
-same sentence.
+the pruning API and stock log-n scaling, and the subcommands ``export``, ``push`` and ``convert-gau-alpha``.
+The training tools need the ``train`` extra, the plots the ``plots`` extra (``EXTRAS``). A subcommand whose
+extra is not installed stops before it starts with one sentence naming ``pip install
+'hf_attn_variants[EXTRA]'`` (``missing_extras``, ``extra_message``); a module of an extra that is found
+missing later, inside a run, gets the same sentence.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 
 
 class Subcommand(NamedTuple):
-    """One subcommand: the module that implements it, its one-line help, the extras it needs, and the flags that
-    make its ``plots`` extra unnecessary (e.g. ``--no-plots``)."""
+    """One subcommand: the module that implements it, its one-line help, the extras it needs, and the flags
+    that make its ``plots`` extra unnecessary (e.g. ``--no-plots``)."""
 
     module: str
     help: str
@@ -51,20 +51,20 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "pretrain": Subcommand("hf_attn_variants.training.pretrain",
                            "MLM/CLM pretraining of any family with accelerate.", ("train",)),
     "finetune": Subcommand("hf_attn_variants.training.finetune",
-                           "Sequence/token classification finetuning with Trainer, optionally with a LoRA adapter "
-                           "(peft).", ("train",)),
+                           "Sequence/token classification finetuning with Trainer, optionally with a LoRA "
+                           "adapter (peft).", ("train",)),
     "export": Subcommand("hf_attn_variants.hub.export",
                          "Write the exact Hub folder: safetensors, remote code, tokenizer, card."),
     "push": Subcommand("hf_attn_variants.hub.push", "Upload an exported folder to the Hugging Face Hub."),
     "demo": Subcommand("hf_attn_variants.demo",
-                       "Pretrain a tiny MLM of each family on the embedded corpus, evaluate at L/2L/4L, export, "
-                       "reload, print a table.", ("train",)),
+                       "Pretrain a tiny MLM of each family on the embedded corpus, evaluate at L/2L/4L, "
+                       "export, reload, print a table.", ("train",)),
     "prune": Subcommand("hf_attn_variants.pruning.cli",
-                        "Score attention heads (Michel et al. 2019), prune them iteratively, write the curve, plots "
-                        "and pruned model.", ("train", "plots")),
+                        "Score attention heads (Michel et al. 2019), prune them iteratively, write the "
+                        "curve, plots and pruned model.", ("train", "plots")),
     "bench": Subcommand("hf_attn_variants.bench.cli",
-                        "Speed and memory benchmarks vs stock Transformers (eager and torch.compile); writes under "
-                        "runs/.", ("train", "plots"), ("--no-plots",)),
+                        "Speed and memory benchmarks vs stock Transformers (eager and torch.compile); writes "
+                        "under runs/.", ("train", "plots"), ("--no-plots",)),
     "convert-gau-alpha": Subcommand("hf_attn_variants.hub.conversion",
                                     "Convert the GAU-α checkpoint of its PyTorch port (gau-alpha) into a "
                                     "GAUForMaskedLM folder."),
@@ -72,13 +72,15 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                             "Length-generalisation study: train variants at length L, evaluate at L/4…8L "
                             "(JSON/CSV/plots, resumable).", ("train", "plots"), ("--no_plot", "--no-plot")),
 }
-"""name → what runs it. Maintainer commands (re-rendering the docs from the results files) are scripts of the
-repository (``scripts/render_docs.py``), not subcommands of the installed tool."""
+"""name → what runs it. Maintainer commands (re-rendering the docs from the results files, publishing a study)
+are tools of the repository (``tools/render_docs.py``, ``tools/publish_study.py``), not subcommands of the
+installed tool."""
 
 
 def package_version() -> str:
-    """The installed distribution's version; from a source tree that was never installed, the version written in
-    ``hf_attn_variants/models/version.py`` (read as text: importing it would import the package and torch)."""
+    """The installed distribution's version; from a source tree that was never installed, the version written
+    in ``hf_attn_variants/models/version.py`` (read as text: importing it would import the package and
+    torch)."""
     try:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
@@ -96,7 +98,8 @@ def install_command(extras: Sequence[str]) -> str:
 
 
 def extra_of(module: str) -> str | None:
-    """The extra that installs the top-level module of ``module`` (``"datasets.utils"`` → ``"train"``), or None."""
+    """The extra that installs the top-level module of ``module`` (``"datasets.utils"`` → ``"train"``), or
+    None."""
     top = module.split(".")[0]
     return next((extra for extra, modules in EXTRAS.items() if top in modules), None)
 
@@ -111,7 +114,8 @@ def is_installed(module: str) -> bool:
 
 def missing_extras(command: str, argv: Sequence[str] = (),
                    installed: Callable[[str], bool] = is_installed) -> dict[str, list[str]]:
-    """extra → its modules that are not installed, for each extra ``command`` needs with the flags ``argv``."""
+    """extra → its modules that are not installed, for each extra ``command`` needs with the flags
+    ``argv``."""
     subcommand = SUBCOMMANDS[command]
     plots_off = any(arg.split("=")[0] in subcommand.plot_off_flags for arg in argv)
     missing = {}
@@ -125,11 +129,12 @@ def missing_extras(command: str, argv: Sequence[str] = (),
 
 
 def extra_message(command: str, missing: dict[str, list[str]]) -> str:
-    """The one sentence of a subcommand that lacks extras: which modules, and the pip command that installs them."""
+    """The one sentence of a subcommand that lacks extras: which modules, and the pip command that installs
+    them."""
     modules = ", ".join(module for absent in missing.values() for module in absent)
     verb = "is" if sum(map(len, missing.values())) == 1 else "are"
-    return (f"hf-attn-variants {command}: error: {modules} {verb} not installed; install what this command needs "
-            f"with: {install_command(list(missing))}")
+    return (f"hf-attn-variants {command}: error: {modules} {verb} not installed; install what this command "
+            f"needs with: {install_command(list(missing))}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,8 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_subcommand(command: str, argv: Sequence[str]) -> int:
-    """Import the subcommand's module, parse ``argv`` with its flags and run it; a module of an extra that turns
-    out to be missing gives the one install sentence (exit status 1)."""
+    """Import the subcommand's module, parse ``argv`` with its flags and run it; a module of an extra that
+    turns out to be missing gives the one install sentence (exit status 1)."""
     missing = missing_extras(command, argv)
     if missing:
         print(extra_message(command, missing), file=sys.stderr)
@@ -168,14 +173,15 @@ def run_subcommand(command: str, argv: Sequence[str]) -> int:
 
 
 KEEP_FREED_MEMORY = frozenset({"pretrain", "finetune", "demo", "bench", "lengthgen"})
-"""The subcommands that train or measure: run from the console, their process keeps the host memory a step frees
-for the next one (``hf_attn_variants.host_memory``; O(n) models stay O(n) per token at long n on a CPU)."""
+"""The subcommands that train or measure: run from the console, their process keeps the host memory a step
+frees for the next one (``hf_attn_variants.host_memory``; O(n) models stay O(n) per token at long n on a
+CPU)."""
 
 
 def console() -> int:
-    """The console script ``hf-attn-variants`` and ``python -m hf_attn_variants``: ``main`` in a process of its own,
-    where the subcommands of ``KEEP_FREED_MEMORY`` set the host allocator first. (``main`` called from Python, in
-    a process that is not the command's own, leaves the allocator alone.)"""
+    """The console script ``hf-attn-variants`` and ``python -m hf_attn_variants``: ``main`` in a process of
+    its own, where the subcommands of ``KEEP_FREED_MEMORY`` set the host allocator first. (``main`` called
+    from Python, in a process that is not the command's own, leaves the allocator alone.)"""
     argv = sys.argv[1:]
     if argv and argv[0] in KEEP_FREED_MEMORY:
         from hf_attn_variants.host_memory import keep_freed_memory
@@ -190,7 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return run_subcommand(argv[0], argv[1:])
     parser = build_parser()
-    parser.parse_args(argv)  # --help / --version exit here; an unknown subcommand is argparse's error (status 2)
+    # --help / --version exit here; an unknown subcommand is argparse's error (status 2)
+    parser.parse_args(argv)
     parser.print_help()
     return 0
 
@@ -199,5 +206,6 @@ if __name__ == "__main__":
     raise SystemExit(console())
 
 
-__all__ = ["EXTRAS", "KEEP_FREED_MEMORY", "SUBCOMMANDS", "Subcommand", "build_parser", "console", "extra_message",
+__all__ = ["EXTRAS", "KEEP_FREED_MEMORY", "SUBCOMMANDS", "Subcommand", "build_parser", "console",
+           "extra_message",
            "extra_of", "install_command", "main", "missing_extras", "package_version", "run_subcommand"]

@@ -11,10 +11,11 @@ This package must not be importable here; the one file of it the ONNX part uses,
   would unpad inputs (``_can_flatten_inputs``);
 - ``onnx``: ``[{name, folder, auto_class, path, inputs}]`` → export, then onnxruntime's output for every input
   file (``input_ids``/``attention_mask`` saved with torch), written next to it as ``<inputs>.onnx.pt``;
-- ``lm_eval``: ``{tasks, include_path, models: [{name, folder}]}`` → ``lm_eval.simple_evaluate`` (``model="hf"``,
-  ``pretrained=<folder>,trust_remote_code=True,add_bos_token=False``) with ``log_samples``: each sample's arguments and responses;
-- ``mteb``: ``{folder, pairs}`` → ``mteb.evaluate`` of an STS task over the local pairs (jsonl), the folder loaded
-  with sentence-transformers: MTEB's scores.
+- ``lm_eval``: ``{tasks, include_path, models: [{name, folder}]}`` → ``lm_eval.simple_evaluate``
+  (``model="hf"``, ``pretrained=<folder>,trust_remote_code=True,add_bos_token=False``) with ``log_samples``:
+  each sample's arguments and responses;
+- ``mteb``: ``{folder, pairs}`` → ``mteb.evaluate`` of an STS task over the local pairs (jsonl), the folder
+  loaded with sentence-transformers: MTEB's scores.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def onnx_part(cases: list[dict], module_path: str) -> dict:
     spec.loader.exec_module(onnx_export)
     results = {}
     for case in cases:
-        model = getattr(transformers, case["auto_class"]).from_pretrained(case["folder"], trust_remote_code=True).eval()
+        model = getattr(transformers, case["auto_class"]).from_pretrained(case["folder"],
+                                                                          trust_remote_code=True).eval()
         start = time.perf_counter()
         path = onnx_export.export_onnx(model, case["path"])
         seconds = time.perf_counter() - start
@@ -80,7 +82,8 @@ def lm_eval_part(spec: dict) -> dict:
     results = {}
     for model in spec["models"]:
         out = lm_eval.simple_evaluate(
-            model="hf", model_args=f"pretrained={model['folder']},trust_remote_code=True,add_bos_token=False,dtype=float32",
+            model="hf",
+            model_args=f"pretrained={model['folder']},trust_remote_code=True,add_bos_token=False,dtype=float32",
             tasks=spec["tasks"], task_manager=TaskManager(include_path=spec["include_path"]), batch_size=4,
             device="cpu", log_samples=True, num_fewshot=0,
         )
@@ -109,18 +112,20 @@ def mteb_part(spec: dict) -> dict:
 
     class LocalSTS(AbsTaskSTS):
         metadata = TaskMetadata(
-            type="STS", name="HfAttnVariantsLocalSTS", main_score="cosine_spearman", description="Local sentence pairs.",
-            reference="https://github.com/embeddings-benchmark/mteb", dataset={"path": "NA", "revision": "NA"},
-            category="t2t", eval_splits=["test"], eval_langs=["eng-Latn"], date=("2026-01-01", "2026-01-01"),
-            dialect=["Written"], domains=[], task_subtypes=[], license="cc-by-4.0", annotations_creators="derived",
-            modalities=["text"], sample_creation="found", bibtex_citation="",
+            type="STS", name="HfAttnVariantsLocalSTS", main_score="cosine_spearman",
+            description="Local sentence pairs.", reference="https://github.com/embeddings-benchmark/mteb",
+            dataset={"path": "NA", "revision": "NA"}, category="t2t", eval_splits=["test"],
+            eval_langs=["eng-Latn"], date=("2026-01-01", "2026-01-01"), dialect=["Written"], domains=[],
+            task_subtypes=[], license="cc-by-4.0", annotations_creators="derived", modalities=["text"],
+            sample_creation="found", bibtex_citation="",
         )
         min_score = 0
         max_score = 5
 
         def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:
             columns = ("sentence1", "sentence2", "score")
-            self.dataset = DatasetDict({"test": Dataset.from_dict({k: [p[k] for p in pairs] for k in columns})})
+            self.dataset = DatasetDict({"test": Dataset.from_dict({k: [p[k] for p in pairs]
+                                                                   for k in columns})})
             self.data_loaded = True
 
     model = SentenceTransformer(spec["folder"], trust_remote_code=True, device="cpu")
@@ -132,7 +137,8 @@ def mteb_part(spec: dict) -> dict:
 def main(manifest_path: str, results_path: str) -> None:
     manifest = json.loads(Path(manifest_path).read_text())
     results, seconds = {}, {}
-    for part, run in (("sentence_transformers", lambda: sentence_transformers_part(manifest["sentence_transformers"])),
+    for part, run in (("sentence_transformers",
+                       lambda: sentence_transformers_part(manifest["sentence_transformers"])),
                       ("onnx", lambda: onnx_part(manifest["onnx"], manifest["onnx_module"])),
                       ("lm_eval", lambda: lm_eval_part(manifest["lm_eval"])),
                       ("mteb", lambda: mteb_part(manifest["mteb"]))):

@@ -101,9 +101,9 @@ def _docs_collectors():  # type: ignore[no-untyped-def]
 
 
 class _DocsModule(pytest.Module):
-    """tests/test_docs.py: its own tests, then one Sybil file collector per document of its ``DOCUMENTS``, so the
-    blocks of README.md and docs/*.md run under ``pytest tests`` (``make test``); their node ids start with the
-    document's path (``docs/gau.md::line:31,column:1``)."""
+    """tests/test_docs.py: its own tests, then one Sybil file collector per document of its ``DOCUMENTS``, so
+    the blocks of README.md and docs/*.md run under ``pytest tests`` (``make test``); their node ids start
+    with the document's path (``docs/gau.md::line:31,column:1``)."""
 
     def collect(self):  # type: ignore[no-untyped-def]
         docs_file = _docs_collectors()
@@ -121,13 +121,14 @@ def pytest_pycollect_makemodule(module_path, parent):  # type: ignore[no-untyped
     return None
 
 
-@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent from the clean environments of the floor tests
+# a hook of pytest-xdist, absent from the clean environments of the floor tests
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
-    """Under ``-n`` with the default ``--dist load``: every test is scheduled on its own, as with ``load``, except
-    that the blocks of one document (node ids ``<file>.md::…``) go to one worker together, in order, because they
-    share a namespace and a working folder. (``--dist loadgroup`` with ``xdist_group`` marks would say the same,
-    but pytest-xdist 3.8 cannot rename pytest 9's node ids, so its groups are ignored.) Other ``--dist`` modes are
-    left to xdist."""
+    """Under ``-n`` with the default ``--dist load``: every test is scheduled on its own, as with ``load``,
+    except that the blocks of one document (node ids ``<file>.md::…``) go to one worker together, in order,
+    because they share a namespace and a working folder. (``--dist loadgroup`` with ``xdist_group`` marks
+    would say the same, but pytest-xdist 3.8 cannot rename pytest 9's node ids, so its groups are ignored.)
+    Other ``--dist`` modes are left to xdist."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling

@@ -8,10 +8,10 @@ Usage: ``torchrun --nproc_per_node N tests/parallel_child.py SPEC.json OUT_DIR``
 four processes) and ``pp`` (``pp_size=2``), and
 the path of a ``.pt`` file with the batch. Rank 0 writes
 ``OUT_DIR/<name>.pt``: the placements of the loaded model's parameters (``placements``), logits, full
-gradients, greedy tokens, and for ``fsdp`` the logits and full weights after one SGD step on each data-parallel
-rank's share of the batch (with gradient checkpointing if ``case["checkpointing"]``); and, except for ``pp``,
-``save_pretrained`` of the sharded model into ``OUT_DIR/<name>-saved``; or ``{"error": message}`` when loading
-or running raised.
+gradients, greedy tokens, and for ``fsdp`` the logits and full weights after one SGD step on each
+data-parallel rank's share of the batch (with gradient checkpointing if ``case["checkpointing"]``); and,
+except for ``pp``, ``save_pretrained`` of the sharded model into ``OUT_DIR/<name>-saved``; or
+``{"error": message}`` when loading or running raised.
 
 ``record_sharded_loads`` does the same recording for the workers of a ``torchrun`` of the CLI (``pretrain``,
 ``finetune``), through a ``sitecustomize.py`` that ``placement_recording_env`` puts on their ``PYTHONPATH``.
@@ -38,7 +38,8 @@ NEW_TOKENS = 6
 STEP_MODES = ("fsdp", "hsdp", "tp_fsdp")
 WATCHDOG_SECONDS = 540  # below tests/test_parallelism.py's 600 s timeout
 PLACEMENTS_FILE_VARIABLE = "HF_ATTN_VARIANTS_TEST_PLACEMENTS"
-SITE_HOOK = f'''"""Written by tests/parallel_child.py: a torchrun worker (RANK set) records its sharded load."""
+SITE_HOOK = f'''"""Written by tests/parallel_child.py: a torchrun worker (RANK set) records its \
+sharded load."""
 import os
 if "RANK" in os.environ and os.environ.get("{PLACEMENTS_FILE_VARIABLE}"):
     from tests.parallel_child import record_sharded_loads
@@ -48,8 +49,8 @@ if "RANK" in os.environ and os.environ.get("{PLACEMENTS_FILE_VARIABLE}"):
 
 def placements(model: torch.nn.Module) -> dict[str, dict[str, str] | None]:
     """Parameter name → ``{mesh dimension: repr(placement)}`` of a DTensor parameter, ``None`` for a plain
-    tensor: what tensor parallelism and FSDP2 really made of each parameter. Read right after loading: FSDP2 unshards
-    parameters during forward (and a ``keep_full_weight`` group stays unsharded after it)."""
+    tensor: what tensor parallelism and FSDP2 really made of each parameter. Read right after loading: FSDP2
+    unshards parameters during forward (and a ``keep_full_weight`` group stays unsharded after it)."""
     return {
         name: dict(zip(p.device_mesh.mesh_dim_names, map(repr, p.placements), strict=True))
         if isinstance(p, DTensor) else None
@@ -58,9 +59,9 @@ def placements(model: torch.nn.Module) -> dict[str, dict[str, str] | None]:
 
 
 def record_sharded_loads(path: str) -> None:
-    """From now on, ``hf_attn_variants.training.sharded.load_sharded`` — how ``pretrain`` and ``finetune`` load
-    a sharded model — also writes ``placements`` of the model it loaded to ``path`` (JSON; rank 0; the last load
-    wins). Called at start-up (``SITE_HOOK``), before ``finetune`` imports the function by name."""
+    """From now on, ``hf_attn_variants.training.sharded.load_sharded`` — how ``pretrain`` and ``finetune``
+    load a sharded model — also writes ``placements`` of the model it loaded to ``path`` (JSON; rank 0; the
+    last load wins). Called at start-up (``SITE_HOOK``), before ``finetune`` imports the function by name."""
     from hf_attn_variants.training import sharded
 
     load = sharded.load_sharded
@@ -102,7 +103,8 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def load(case: dict[str, Any]) -> torch.nn.Module:
-    """The saved model with the case's parallelism: remote code (as from the Hub) unless ``case["package"]``."""
+    """The saved model with the case's parallelism: remote code (as from the Hub) unless
+    ``case["package"]``."""
     auto = AutoModelForCausalLM if case["causal"] else AutoModelForMaskedLM
     options: dict[str, Any] = {"trust_remote_code": not case.get("package", False)}
     if case.get("package"):
@@ -117,15 +119,16 @@ def load(case: dict[str, Any]) -> torch.nn.Module:
 def run_case(case: dict[str, Any], batch: dict[str, torch.Tensor], out_dir: Path) -> dict[str, Any]:
     model = load(case)
     model.eval()
-    # From the sharded parameters, before any forward (as FSDP2 asks): a group that keeps its full weights after
-    # forward (the final norm) would show its gathered tensors until the next backward.
+    # From the sharded parameters, before any forward (as FSDP2 asks): a group that keeps its full weights
+    # after forward (the final norm) would show its gathered tensors until the next backward.
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE) if case["mode"] in STEP_MODES else None
     result: dict[str, Any] = {"placements": placements(model)}
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     with torch.no_grad():
         result["logits"] = full(model(**inputs).logits)
     if case["mode"] == "pp":
-        result["stage_identity_layers"] = sum(type(m).__name__ == "PipelineIdentityLayer" for m in model.modules())
+        result["stage_identity_layers"] = sum(type(m).__name__ == "PipelineIdentityLayer"
+                                              for m in model.modules())
         return result
     if case["mode"] in ("tp", "tp_auto"):
         loss = model(**inputs, labels=batch["labels"]).loss
@@ -137,10 +140,11 @@ def run_case(case: dict[str, Any], batch: dict[str, torch.Tensor], out_dir: Path
             result["generated"] = model.generate(
                 prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW_TOKENS, do_sample=False
             )
-        model.save_pretrained(out_dir / f"{case['name']}-saved")  # every rank: Transformers gathers, rank 0 writes
+        # every rank: Transformers gathers, rank 0 writes
+        model.save_pretrained(out_dir / f"{case['name']}-saved")
         return result
-    # fsdp, hsdp, tp_fsdp: one SGD step, each data-parallel rank on its share of the batch (no padding: equal token
-    # counts). Ranks are laid out (fsdp, tp), so the data-parallel rank is rank // tp_size.
+    # fsdp, hsdp, tp_fsdp: one SGD step, each data-parallel rank on its share of the batch (no padding: equal
+    # token counts). Ranks are laid out (fsdp, tp), so the data-parallel rank is rank // tp_size.
     tp_size = 2 if case["mode"] == "tp_fsdp" else 1
     rank, ranks = dist.get_rank() // tp_size, dist.get_world_size() // tp_size
     rows = slice(rank * len(batch["step_ids"]) // ranks, (rank + 1) * len(batch["step_ids"]) // ranks)
@@ -159,8 +163,9 @@ def run_case(case: dict[str, Any], batch: dict[str, torch.Tensor], out_dir: Path
 
 
 def main() -> None:
-    # A collective that never completes (one rank failed alone) would hang every worker; torchrun starts each in a
-    # session of its own, so the test's kill cannot reach them: each dumps its stack and exits on its own.
+    # A collective that never completes (one rank failed alone) would hang every worker; torchrun starts each
+    # in a session of its own, so the test's kill cannot reach them: each dumps its stack and exits on its
+    # own.
     faulthandler.dump_traceback_later(WATCHDOG_SECONDS, exit=True)
     spec_path, out_dir = Path(sys.argv[1]), Path(sys.argv[2])
     spec = json.loads(spec_path.read_text())

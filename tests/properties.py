@@ -13,7 +13,8 @@ from transformers import DynamicCache, PreTrainedModel
 from tests.utils import left_padded, random_ids, right_padded
 
 
-def hidden(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+def hidden(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor | None = None,
+           **kwargs) -> torch.Tensor:
     """Last hidden state of the base model (or logits of a head) for ``ids``."""
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, **kwargs)
@@ -21,7 +22,8 @@ def hidden(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor | None 
 
 
 def assert_padding_invariant(
-    model: PreTrainedModel, *, length: int = 12, lengths: tuple[int, ...] = (12, 7, 4), left: bool = False, atol: float = 1e-5
+    model: PreTrainedModel, *, length: int = 12, lengths: tuple[int, ...] = (12, 7, 4), left: bool = False,
+    atol: float = 1e-5
 ) -> None:
     """A padded, masked batch gives, at its real positions, what each sequence gives alone unpadded."""
     vocab = model.config.vocab_size
@@ -33,7 +35,8 @@ def assert_padding_invariant(
         alone = padded_ids[row : row + 1, length - n :] if left else padded_ids[row : row + 1, :n]
         single = hidden(model, alone)[0]
         got = batch_out[row, length - n :] if left else batch_out[row, :n]
-        assert torch.allclose(got, single, atol=atol), f"row {row} (n={n}): max diff {(got - single).abs().max():.3g}"
+        assert torch.allclose(got, single, atol=atol), (f"row {row} (n={n}): max diff "
+                                                        f"{(got - single).abs().max():.3g}")
 
 
 def assert_no_future_leakage(model: PreTrainedModel, *, length: int = 10, cut: int = 6) -> None:
@@ -90,19 +93,21 @@ def assert_cache_matches_full_forward(
 def assert_same_greedy_choices(
     expected: torch.Tensor, got: torch.Tensor, scores: list[torch.Tensor], *, atol: float = 1e-4
 ) -> None:
-    """Two greedy continuations ``(batch, steps)`` agree, or each row first differs where ``scores[step]`` (the
-    reference's logits, ``(batch, vocab)``) ties the two tokens within ``atol``: another CPU's kernels may break
-    a near tie the other way, which is no error; after that point the rows are not compared."""
+    """Two greedy continuations ``(batch, steps)`` agree, or each row first differs where ``scores[step]``
+    (the reference's logits, ``(batch, vocab)``) ties the two tokens within ``atol``: another CPU's kernels
+    may break a near tie the other way, which is no error; after that point the rows are not compared."""
     for row in range(expected.shape[0]):
         differ = (expected[row] != got[row]).nonzero()
         if differ.numel():
             step = int(differ[0])
             a, b = int(expected[row, step]), int(got[row, step])
             gap = float((scores[step][row, a] - scores[step][row, b]).abs())
-            assert gap < atol, f"row {row}, step {step}: tokens {a} vs {b} differ with a logit gap of {gap:.3g}"
+            assert gap < atol, (f"row {row}, step {step}: tokens {a} vs {b} differ with a logit gap of "
+                                f"{gap:.3g}")
 
 
-def assert_generate_matches_greedy_full_forward(model: PreTrainedModel, *, prompt: int = 4, new: int = 5) -> None:
+def assert_generate_matches_greedy_full_forward(model: PreTrainedModel, *, prompt: int = 4,
+                                                new: int = 5) -> None:
     """``generate`` (greedy, with cache) picks the argmax of full forward passes at every step."""
     ids = random_ids(1, prompt, vocab=model.config.vocab_size, seed=5)
     with torch.no_grad():

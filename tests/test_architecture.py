@@ -6,7 +6,8 @@ sub-package (``models``, ``training``, …) or a module at the package root. The
 - model code (``models/``) imports nothing of the package outside ``models/``;
 - no module imports the package's ``__init__`` (``from hf_attn_variants import …`` inside the package);
 - the module graph has no circle, and the room graph follows ``ALLOWED`` (which has none either);
-- the package root holds at most 8 modules; no function in the package is longer than 100 lines.
+- the package root holds at most 8 modules; no function in the package is longer than 80 lines (issue 36: the
+  longest was 92 lines; split a longer one rather than raise the limit).
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ ALLOWED: dict[str, set[str]] = {
     "cli_utils": set(),
     "host_memory": set(),
     "stock": {"models"},
-    "results": {"cli_utils"},
+    "records": set(),
     "training": {"models", "cli_utils"},
     "pruning": {"models", "training", "cli_utils"},
     "hub": {"models", "training", "cli_utils"},
-    "lengthgen": {"models", "training", "results", "cli_utils"},
-    "bench": {"models", "pruning", "training", "results", "cli_utils"},
+    "lengthgen": {"models", "training", "records", "cli_utils"},
+    "bench": {"models", "pruning", "training", "records", "cli_utils"},
     "demo": {"models", "training", "hub", "cli_utils"},
     "cli": set(),  # imports its subcommands by name (importlib), so every tool stays lazy
     "__main__": {"cli"},
@@ -54,8 +55,8 @@ MODULES = module_files()
 
 
 def imported_modules(name: str) -> set[str]:
-    """The package modules ``name`` imports anywhere in its source (``from .x import y`` counts ``.x.y`` when that is
-    a module, else ``.x``)."""
+    """The package modules ``name`` imports anywhere in its source (``from .x import y`` counts ``.x.y`` when
+    that is a module, else ``.x``)."""
     path, is_package = MODULES[name]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -96,7 +97,8 @@ def test_no_module_imports_the_package_init():
 
 
 def test_rooms_import_only_what_the_picture_allows():
-    assert set(ALLOWED) >= {room(name) for name in MODULES}, "a new room: add it to ALLOWED and docs/architecture.md"
+    assert set(ALLOWED) >= {room(name)
+                            for name in MODULES}, "a new room: add it to ALLOWED and docs/architecture.md"
     extra = sorted({(room(name), room(target)) for name, targets in GRAPH.items() for target in targets
                     if room(target) != room(name) and room(target) not in ALLOWED[room(name)]})
     assert not extra, f"imports the picture does not allow (room → room): {extra}"
@@ -130,12 +132,12 @@ def test_package_root_holds_at_most_eight_modules():
     assert len(root_modules) <= 8, root_modules
 
 
-def test_no_function_is_longer_than_100_lines():
+def test_no_function_is_longer_than_80_lines():
     long = []
     for path, _ in MODULES.values():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = node.end_lineno - node.lineno + 1
-                if length > 100:
+                if length > 80:
                     long.append(f"{path.relative_to(PACKAGE_DIR)}:{node.lineno} {node.name} ({length} lines)")
     assert not long, long

@@ -18,11 +18,11 @@ from hf_attn_variants.bench.runner import BenchRun, Result
 from hf_attn_variants.bench.specs import COMPARISONS, PRESETS, build_variants, select
 from hf_attn_variants.bench.store import from_results, merge_closure, to_results
 from hf_attn_variants.cli import SUBCOMMANDS, main
-from hf_attn_variants.results import REGION, load_results, markdown_files, render_docs
-from hf_attn_variants.results._common import forced_mkl_command_prefix
+from hf_attn_variants.records import numerics_environment
+from tools.docs_results import REGION, load_results, markdown_files, render_docs
 
-# What a run from Python records as its command (with the oneMKL path it was forced onto, under MKL_VENDOR).
-CALLED_FROM_PYTHON = forced_mkl_command_prefix() + "hf-attn-variants bench (called from Python)"
+# What a run from Python records as its command (the environment it ran under is recorded beside it).
+CALLED_FROM_PYTHON = "hf-attn-variants bench (called from Python)"
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,21 +42,24 @@ def quick_run(tmp_path_factory) -> Path:
 
 
 def _repository(root: Path, results: Path) -> str:
-    """A repository root whose committed results are ``results``, rendered into docs/benchmarks.md and a README
-    paragraph the way the real ones are; returns the rendered docs/benchmarks.md."""
+    """A repository root whose committed results are ``results``, rendered into docs/benchmarks.md and a
+    README paragraph the way the real ones are; returns the rendered docs/benchmarks.md."""
     (root / "docs" / "results").mkdir(parents=True)
     shutil.copy(results, root / "docs" / "results" / "benchmarks-cpu.json")
     (root / "docs" / "benchmarks.md").write_text("# Benchmarks\n\n<!-- results: benchmarks-cpu report -->\n"
                                                  "<!-- /results -->\n")
-    (root / "README.md").write_text("Intro.\n\n<!-- results: benchmarks-cpu speed_summary -->\n<!-- /results -->\n")
-    assert render_docs(root) == [f"{root / 'README.md'}: re-rendered", f"{root / 'docs' / 'benchmarks.md'}: re-rendered"]
+    (root / "README.md").write_text("Intro.\n\n<!-- results: benchmarks-cpu speed_summary -->\n<!-- /results "
+                                    "-->\n")
+    assert render_docs(root) == [f"{root / 'README.md'}: re-rendered",
+                                 f"{root / 'docs' / 'benchmarks.md'}: re-rendered"]
     return (root / "docs" / "benchmarks.md").read_text()
 
 
 def test_quick_run_writes_results_report_and_plots(quick_run) -> None:
     folder = quick_run.parent
     text = (folder / "benchmarks.md").read_text()
-    for heading in ("## Setup", "## Targets", "## Results", "Encoder:", "Decoder:", "GAU:", "Synthesizer", "head pruning",
+    for heading in ("## Setup", "## Targets", "## Results", "Encoder:", "Decoder:", "GAU:", "Synthesizer",
+                    "head pruning",
                     "before/after", "Training loop: `pretrain` vs transformers' `Trainer`, CLM", "## GPU",
                     "A run of its own"):
         assert heading in text, heading
@@ -66,18 +69,24 @@ def test_quick_run_writes_results_report_and_plots(quick_run) -> None:
     data = json.loads(quick_run.read_text())
     assert data["kind"] == "bench" and data["command"] == CALLED_FROM_PYTHON
     assert data["machine"]["load_average_start"] and data["versions"]["torch"] == torch.__version__
+    # e.g. MKL_VENDOR and LD_PRELOAD, when set
+    assert data["machine"]["environment"] == numerics_environment()
     ok = [r for r in data["results"] if r["status"] == "ok"]
     assert {r["phase"] for r in ok} == {"train", "infer"}
-    assert {r["variant"] for r in ok} >= {"bert_sdpa", "ei_sdpa", "llama_sdpa", "ei_decoder_sdpa", "gau_quadratic",
+    assert {r["variant"] for r in ok} >= {"bert_sdpa", "ei_sdpa", "llama_sdpa", "ei_decoder_sdpa",
+                                          "gau_quadratic",
                                           "gau_flash", "syn_random", "syn_vanilla", "ei_8h_pruned50",
                                           "gau_quadratic_reference"}
     for result in ok:
         assert len(result["cpu_ms"]) == len(result["wall_ms"]) >= 1
-        if "loop" in result:  # a training loop's row (tests/test_bench_loops.py): times per optimizer step, no peak
-            assert result["loop"]["steps_done"] == [result["loop"]["steps"]] and len(result["loop"]["train_loss"]) == 1
+        # a training loop's row (tests/test_bench_loops.py): times per optimizer step, no peak
+        if "loop" in result:
+            loop = result["loop"]
+            assert loop["steps_done"] == [loop["steps"]] and len(loop["train_loss"]) == 1
         else:
             assert result["peak_bytes"] > 0 and result["flops"] > 0
-    assert {r["variant"] for r in ok if "loop" in r} == {"pretrain_clm", "trainer_clm", "pretrain_mlm", "trainer_mlm"}
+    assert {r["variant"] for r in ok if "loop" in r} == {"pretrain_clm", "trainer_clm", "pretrain_mlm",
+                                                         "trainer_mlm"}
     # the file holds everything the report is computed from: a round trip changes nothing
     assert to_results(from_results(data)) == data
 
@@ -134,8 +143,8 @@ def test_only_publish_writes_the_committed_results(monkeypatch) -> None:
     assert plan(parser.parse_args(["--publish"])).target == "committed"
     committed = plan(parser.parse_args(["--report-only", "docs/results/benchmarks-cpu.json"]))
     assert committed.target == "own" and committed.output.parts[0] == "runs"
-    assert plan(parser.parse_args(["--publish", "--report-only", "docs/results/benchmarks-cpu.json"])).target == \
-        "committed"
+    published = plan(parser.parse_args(["--publish", "--report-only", "docs/results/benchmarks-cpu.json"]))
+    assert published.target == "committed"
 
 
 def test_merge_replaces_rows_and_marks_them(quick_run, tmp_path, monkeypatch) -> None:
@@ -143,18 +152,22 @@ def test_merge_replaces_rows_and_marks_them(quick_run, tmp_path, monkeypatch) ->
     before = load_results(tmp_path, "benchmarks-cpu")
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "--quick", "--only", "ei_decoder_sdpa", "--merge", "--no-plots"]) == 0
+    assert render_docs(tmp_path, check=True) != []  # bench writes the results file; the repository renders it
+    render_docs(tmp_path)
     after = load_results(tmp_path, "benchmarks-cpu")
     (entry,) = after["replaced"]
     assert entry["merge"] == 1 and entry["command"] == CALLED_FROM_PYTHON
     assert entry["date"] and entry["load_average_start"] and entry["rows_added"] == []
     # --only ei_decoder_sdpa re-measured its whole comparison, baseline included, so ratios pair one run
     replaced = {(v, m, p, n) for v, m, p, n, _ in entry["rows_replaced"]}
-    assert replaced == {(v, "eager", p, n) for v in ("llama_sdpa", "ei_decoder_sdpa") for p in ("train", "infer")
+    assert replaced == {(v, "eager", p, n) for v in ("llama_sdpa", "ei_decoder_sdpa")
+                        for p in ("train", "infer")
                         for n in (32, 64)}
     merged = {(r["variant"], r["mode"], r["phase"], r["n"]) for r in after["results"] if r.get("merge") == 1}
     assert merged == replaced
     untouched = [r for r in after["results"] if r.get("merge") != 1]
-    assert untouched == [r for r in before["results"] if (r["variant"], r["mode"], r["phase"], r["n"]) not in replaced]
+    assert untouched == [r for r in before["results"]
+                         if (r["variant"], r["mode"], r["phase"], r["n"]) not in replaced]
     report = (tmp_path / "docs" / "benchmarks.md").read_text()
     assert "`ei_decoder_sdpa` [merge 1]" in report and f"**merge 1**: `{CALLED_FROM_PYTHON}" in report
     assert "`bert_sdpa` [merge" not in report
@@ -164,8 +177,10 @@ def test_merge_replaces_rows_and_marks_them(quick_run, tmp_path, monkeypatch) ->
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--merge"], "--merge merges a partial run"),
-    (["--only", "decoder", "--merge", "--no-compile"], "--merge: the committed results were measured with preset name"),
-    (["--quick", "--only", "decoder", "--merge", "--output", "x.md"], "--output: --merge writes the committed"),
+    (["--only", "decoder", "--merge", "--no-compile"],
+     "--merge: the committed results were measured with preset name"),
+    (["--quick", "--only", "decoder", "--merge", "--output", "x.md"],
+     "--output: --merge writes the committed"),
     (["--quick", "--output", "docs/benchmarks.md"], "--output 'docs/benchmarks.md' is the committed report"),
     (["--quick", "--publish"], "--publish rewrites the committed results from a full run, but --quick"),
     (["--publish", "--output", "x.md"], "--output: --publish writes the committed results"),
@@ -181,7 +196,8 @@ def test_bad_merges_exit_with_one_line(flags, message, quick_run, tmp_path, monk
 def test_merge_without_committed_results_is_refused(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "--quick", "--only", "decoder", "--merge"]) == 2
-    assert "--merge: no committed results file 'docs/results/benchmarks-cpu.json' here" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--merge: no committed results file 'docs/results/benchmarks-cpu.json' here" in err
 
 
 def test_merge_closure_covers_comparisons_sharing_a_variant() -> None:
@@ -191,8 +207,9 @@ def test_merge_closure_covers_comparisons_sharing_a_variant() -> None:
 
 
 def test_committed_report_is_the_rendering_of_the_committed_results() -> None:
-    """docs/benchmarks.md (the report and its speed summary) and the gau/synthesizer tables are views of one file."""
-    from hf_attn_variants.bench import views
+    """docs/benchmarks.md (the report and its speed summary) and the gau/synthesizer tables are views of one
+    file."""
+    from tools.docs_results import bench as views
 
     data = load_results(ROOT, "benchmarks-cpu")
     text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
@@ -271,10 +288,12 @@ def test_select_rejects_unknown_names() -> None:
 def test_bad_flags_exit_with_a_message(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--quick", "--repeats", "0", "--output", "/nonexistent/x.md"])
-    assert exit_info.value.code == 2 and "argument --repeats: repeats must be a positive integer" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "argument --repeats: repeats must be a positive integer" in err
 
 
-@pytest.mark.parametrize("name", ["ei_sdpa", "ei_decoder_sdpa", "gau_quadratic", "gau_flash", "gau_softmax_plus",
+@pytest.mark.parametrize("name",
+                         ["ei_sdpa", "ei_decoder_sdpa", "gau_quadratic", "gau_flash", "gau_softmax_plus",
                                   "syn_random_vanilla", "ei_8h_pruned50"])
 def test_torch_compile_sees_one_graph_without_breaks(name: str, monkeypatch) -> None:
     """``torch._dynamo.explain`` on a tiny model of every family (GAU through its blocked kernels too)."""
@@ -290,20 +309,23 @@ def test_torch_compile_sees_one_graph_without_breaks(name: str, monkeypatch) -> 
 @pytest.mark.parametrize("preset", ["cpu", "gpu"])
 def test_llama_at_equal_parameters_has_flash_gau_parameter_count(preset: str) -> None:
     """One Llama layer per two GAU layers, the MLP width solved for FLASH's parameters outside the embeddings:
-    equal to 0.1 % (the width is an integer); built on the meta device (the GPU preset is ~100M parameters)."""
+    equal to 0.1 % (the width is an integer); built on the meta device (the GPU preset is ~100M
+    parameters)."""
     from hf_attn_variants.bench.specs import PRESETS, gau_model, llama_equal_model
 
     p = PRESETS[preset]
     with torch.device("meta"):
-        llama, gau = llama_equal_model(p, 0), gau_model(p, 0, normalization="relu2", chunk=p.gau_chunk_size, causal=True)
-    inside = [sum(w.numel() for w in m.parameters()) - m.get_input_embeddings().weight.numel() for m in (llama, gau)]
+        llama, gau = llama_equal_model(p, 0), gau_model(p, 0, normalization="relu2", chunk=p.gau_chunk_size,
+                                                        causal=True)
+    inside = [sum(w.numel() for w in m.parameters()) - m.get_input_embeddings().weight.numel()
+              for m in (llama, gau)]
     assert llama.config.num_hidden_layers == (p.gau_layers or p.num_layers) // 2
     assert abs(inside[0] - inside[1]) / inside[1] < 1e-3, inside
 
 
 def test_equal_parameter_lengths_run_flash_and_llama_only_and_follow_lengths() -> None:
-    """The CPU preset's 4096 and 32768 hold FLASH and Llama at equal parameters only (and, at 32768, FLASH on packed
-    documents beside one sequence: issue 38); ``--lengths`` picks them like any other length."""
+    """The CPU preset's 4096 and 32768 hold FLASH and Llama at equal parameters only (and, at 32768, FLASH on
+    packed documents beside one sequence: issue 38); ``--lengths`` picks them like any other length."""
     import argparse
 
     from hf_attn_variants.bench.cli import _preset, add_arguments

@@ -1,7 +1,7 @@
-"""The training-loop comparison of ``make bench`` (``bench/loops.py``): at the tiniest size our ``pretrain`` loop and
-transformers' ``Trainer`` train the same tokens from the same weights to the same loss, CLM and MLM; a partial run
-merges the comparison, its table and its target into committed results that lacked it. No timing assertions (the
-machine is shared)."""
+"""The training-loop comparison of ``make bench`` (``bench/loops.py``): at the tiniest size our ``pretrain``
+loop and transformers' ``Trainer`` train the same tokens from the same weights to the same loss, CLM and MLM;
+a partial run merges the comparison, its table and its target into committed results that lacked it. No timing
+assertions (the machine is shared)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hf_attn_variants.bench.runner import BenchRun, environment
 from hf_attn_variants.bench.specs import COMPARISONS, PRESETS, LoopSize, loop_model
 from hf_attn_variants.bench.store import from_results, to_results
 from hf_attn_variants.cli import main
-from hf_attn_variants.results import load_results, render_docs
+from tools.docs_results import load_results, render_docs
 
 TINY = LoopSize(length=16, batch_size=2, steps=3, warmup_steps=1)
 MODEL = tuple(loop_model(PRESETS["quick"]).items())
@@ -63,19 +63,22 @@ def test_step_clock_times_the_steps_after_the_warm_up() -> None:
 def _committed_without_loops(root: Path) -> None:
     """A repository whose committed results (preset quick, no rows) predate the loop comparison."""
     comparisons = tuple(c for c in COMPARISONS if not c.key.startswith("loop"))
-    run = BenchRun(PRESETS["quick"], "cpu", "float32", "cpu", 1, environment(torch.device("cpu")), comparisons, {})
+    run = BenchRun(PRESETS["quick"], "cpu", "float32", "cpu", 1, environment(torch.device("cpu")),
+                   comparisons, {})
     run.environment["command"] = "hf-attn-variants bench --quick"
     (root / "docs" / "results").mkdir(parents=True)
     (root / "docs" / "results" / "benchmarks-cpu.json").write_text(json.dumps(to_results(run)))
     (root / "docs" / "benchmarks.md").write_text("# Benchmarks\n\n<!-- results: benchmarks-cpu report -->\n"
                                                  "<!-- /results -->\n")
-    (root / "README.md").write_text("Intro.\n\n<!-- results: benchmarks-cpu speed_summary -->\n<!-- /results -->\n")
+    (root / "README.md").write_text("Intro.\n\n<!-- results: benchmarks-cpu speed_summary -->\n<!-- /results "
+                                    "-->\n")
 
 
 def test_a_merged_loop_run_adds_its_rows_table_and_target(tmp_path, monkeypatch) -> None:
     _committed_without_loops(tmp_path)
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "--quick", "--only", "loop_clm", "--merge", "--no-plots"]) == 0
+    render_docs(tmp_path)  # bench writes the results file; the repository's renderer shows it in docs/
     data = load_results(tmp_path, "benchmarks-cpu")
     (entry,) = data["replaced"]
     assert entry["rows_replaced"] == [] and sorted(entry["rows_added"]) == [
@@ -86,8 +89,8 @@ def test_a_merged_loop_run_adds_its_rows_table_and_target(tmp_path, monkeypatch)
         loop = rows[name]["loop"]
         assert rows[name]["status"] == "ok" and rows[name]["merge"] == 1 and len(rows[name]["cpu_ms"]) == 1
         assert loop["tokens_per_step"] == 2 * 32 and loop["steps_done"] == [loop["steps"]]
-    assert rows["pretrain_clm"]["loop"]["train_loss"] == pytest.approx(rows["trainer_clm"]["loop"]["train_loss"],
-                                                                       rel=1e-4)
+    losses = {name: rows[name]["loop"]["train_loss"] for name in ("pretrain_clm", "trainer_clm")}
+    assert losses["pretrain_clm"] == pytest.approx(losses["trainer_clm"], rel=1e-4)
     report = (tmp_path / "docs" / "benchmarks.md").read_text()
     assert "### Training loop: `pretrain` vs transformers' `Trainer`, CLM" in report
     assert "| `pretrain` loop ≥ 0.95× `Trainer`'s tokens/s, CLM, 2 × 32 tokens per step" in report

@@ -1,17 +1,17 @@
 """Nothing runs that a file carries; one run per folder; a full disk loses nothing (issue 40).
 
-- Planted payloads: every file of a ``pretrain`` checkpoint and of a ``finetune`` checkpoint (full model, and a
-  LoRA adapter) is replaced by a pickle whose loading would create a marker file; the manifest is fixed as an
-  attacker would (size and sha256), and the run resumes from that checkpoint. The marker must never appear, and the
-  command either resumes (exit 0) or ends in one line naming the file (exit 2) — never a traceback.
-- Concurrency: a second ``pretrain`` into the folder of a live one is refused naming the first one's process id,
-  and the folder ends holding one run; ``finetune`` and ``prune`` are refused likewise while another process holds
-  the folder; a lock left by a killed process does not block.
-- A save that fails (``OSError``, as a full disk raises it) half-way: one line with the space it needed and exit
-  status 74; the earlier checkpoint stays complete and the rerun resumes from it.
+- Planted payloads: every file of a ``pretrain`` checkpoint and of a ``finetune`` checkpoint (full model, and
+  a LoRA adapter) is replaced by a pickle whose loading would create a marker file; the manifest is fixed as
+  an attacker would (size and sha256), and the run resumes from that checkpoint. The marker must never appear,
+  and the command either resumes (exit 0) or ends in one line naming the file (exit 2) — never a traceback.
+- Concurrency: a second ``pretrain`` into the folder of a live one is refused naming the first one's process
+  id, and the folder ends holding one run; ``finetune`` and ``prune`` are refused likewise while another
+  process holds the folder; a lock left by a killed process does not block.
+- A save that fails (``OSError``, as a full disk raises it) half-way: one line with the space it needed and
+  exit status 74; the earlier checkpoint stays complete and the rerun resumes from it.
 
-The in-process runs are tiny (4 steps of a 2-layer model); the two concurrent ``pretrain`` processes take most of
-the time (about a minute in all on 2 cores).
+The in-process runs are tiny (4 steps of a 2-layer model); the two concurrent ``pretrain`` processes take most
+of the time (about a minute in all on 2 cores).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from hf_attn_variants.training.safe_state import SAVE_FAILED_EXIT_CODE
 from tests.test_finetune import base_models, data
 from tests.test_pretrain import cli_flags, read_log, tiny_args, train_file
 
-__all__ = ["base_models", "data", "train_file"]  # module-scoped fixtures of test_pretrain.py, test_finetune.py
+# module-scoped fixtures of test_pretrain.py, test_finetune.py
+__all__ = ["base_models", "data", "train_file"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,7 +77,8 @@ def fix_manifest(manifest_path: Path, folder: Path, name: str) -> None:
 
 
 def run_cli(argv: list[str]) -> tuple[int, str]:
-    """``hf-attn-variants ARGV`` in this process: exit status and stderr (an escaping exception fails the test)."""
+    """``hf-attn-variants ARGV`` in this process: exit status and stderr (an escaping exception fails the
+    test)."""
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr):
         code = main(argv)
@@ -117,7 +119,8 @@ def pretrained(tmp_path_factory, train_file) -> Path:
 def streamed(tmp_path_factory, train_file) -> Path:
     """The same with ``--streaming``: its checkpoint also holds the stream position (``data_state/``)."""
     folder = tmp_path_factory.mktemp("safety-streamed") / "run"
-    code, err = run_cli(pretrain_args(folder, train_file, max_train_steps=2, checkpointing_steps="2", streaming=True))
+    code, err = run_cli(pretrain_args(folder, train_file, max_train_steps=2, checkpointing_steps="2",
+                                      streaming=True))
     assert code == 0, err
     return folder
 
@@ -136,7 +139,8 @@ def test_pretrain_checkpoints_hold_no_pickle(pretrained) -> None:
 
 @pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "rng_state_0.json", "scheduler.json",
                                   "training_state.json"])
-def test_a_payload_planted_in_a_pretrain_checkpoint_never_runs(pretrained, train_file, tmp_path, name) -> None:
+def test_a_payload_planted_in_a_pretrain_checkpoint_never_runs(pretrained, train_file, tmp_path,
+                                                               name) -> None:
     folder = tmp_path / "run"
     shutil.copytree(pretrained, folder)
     checkpoint = folder / "checkpoints" / "step_2"
@@ -167,21 +171,23 @@ def test_a_checkpoint_of_an_earlier_release_gets_one_sentence(pretrained, train_
     checkpoint = folder / "checkpoints" / "step_2"
     state = json.loads((checkpoint / "training_state.json").read_text())
     del state["checkpoint_format"]
-    for name in ("optimizer.pt", "scheduler.json", "rng_state_0.json"):  # accelerate's save_state files instead
+    # accelerate's save_state files instead
+    for name in ("optimizer.pt", "scheduler.json", "rng_state_0.json"):
         (checkpoint / name).unlink()
         del state["files"][name]
     for name in ("custom_checkpoint_0.pkl", "optimizer.bin", "random_states_0.pkl"):
         (checkpoint / name).write_bytes(pickle.dumps(Payload(tmp_path / "PAYLOAD_RAN")))
-        state["files"][name] = {"size": (checkpoint / name).stat().st_size, "sha256": file_digest(checkpoint / name)}
+        state["files"][name] = {"size": (checkpoint / name).stat().st_size,
+                                "sha256": file_digest(checkpoint / name)}
     (checkpoint / "training_state.json").write_text(json.dumps(state))
     code, err = run_cli([*pretrain_args(folder, train_file, max_train_steps=3, checkpointing_steps="2"),
                          "--resume_from_checkpoint", str(checkpoint)])
     assert code == 2 and not (tmp_path / "PAYLOAD_RAN").exists()
-    expected = (f"hf-attn-variants pretrain: error: --resume_from_checkpoint: {checkpoint} is a checkpoint of an "
-                "earlier hf_attn_variants release, which kept its training state in pickle files "
-                "(custom_checkpoint_0.pkl, optimizer.bin, random_states_0.pkl); this release never unpickles a "
-                "checkpoint, so it cannot continue that run: start it afresh with --overwrite_output_dir (or into "
-                "another --output_dir), or finish it with the release that wrote it.")
+    expected = (f"hf-attn-variants pretrain: error: --resume_from_checkpoint: {checkpoint} is a checkpoint "
+                "of an earlier hf_attn_variants release, which kept its training state in pickle files "
+                "(custom_checkpoint_0.pkl, optimizer.bin, random_states_0.pkl); this release never unpickles "
+                "a checkpoint, so it cannot continue that run: start it afresh with --overwrite_output_dir "
+                "(or into another --output_dir), or finish it with the release that wrote it.")
     assert err.strip().splitlines() == [expected], err
 
 
@@ -193,9 +199,10 @@ def test_no_source_file_loads_with_weights_only_false() -> None:
 # ---------------------------------------------------------------- finetune
 def finetune_args(folder: Path, data: dict[str, str], base: str, *extra: str) -> list[str]:
     return ["finetune", "--model_name_or_path", base, "--train_file", data["train"], "--validation_file",
-            data["dev"], "--max_seq_length", "16", "--output_dir", str(folder), "--per_device_train_batch_size",
-            "16", "--learning_rate", "3e-3", "--report_to", "none", "--disable_tqdm", "true", "--seed", "0",
-            "--use_cpu", "true", "--save_strategy", "steps", "--save_steps", "2", "--eval_strategy", "no", *extra]
+            data["dev"], "--max_seq_length", "16", "--output_dir", str(folder),
+            "--per_device_train_batch_size", "16", "--learning_rate", "3e-3", "--report_to", "none",
+            "--disable_tqdm", "true", "--seed", "0", "--use_cpu", "true", "--save_strategy", "steps",
+            "--save_steps", "2", "--eval_strategy", "no", *extra]
 
 
 @pytest.fixture(scope="module", params=["full", "lora"])
@@ -203,7 +210,8 @@ def finetuned(request, tmp_path_factory, data, base_models) -> tuple[Path, list[
     """A finished 2-step finetune (full model, or a LoRA adapter) with its ``checkpoint-2``, and its flags."""
     folder = tmp_path_factory.mktemp(f"finetune-{request.param}") / "run"
     extra = ["--lora_r", "4"] if request.param == "lora" else []
-    code, err = run_cli(finetune_args(folder, data, base_models["entropy_invariant"], "--max_steps", "2", *extra))
+    code, err = run_cli(finetune_args(folder, data, base_models["entropy_invariant"], "--max_steps", "2",
+                                      *extra))
     assert code == 0, err
     return folder, extra
 
@@ -219,10 +227,12 @@ def test_finetune_writes_no_pickle(finetuned) -> None:
     assert json.loads((folder / "checkpoint-2" / "training_args.json").read_text())["save_steps"] == 2
 
 
-def test_a_payload_planted_in_a_finetune_checkpoint_never_runs(finetuned, data, base_models, tmp_path) -> None:
+def test_a_payload_planted_in_a_finetune_checkpoint_never_runs(finetuned, data, base_models,
+                                                               tmp_path) -> None:
     source, extra = finetuned
     names = cases(source / "checkpoint-2")
-    assert {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.json"} <= set(names)
+    assert {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json",
+            "training_args.json"} <= set(names)
     assert ("adapter_model.safetensors" if extra else "model.safetensors") in names
     for name in names:
         folder = tmp_path / name.replace("/", "_") / "run"
@@ -231,8 +241,8 @@ def test_a_payload_planted_in_a_finetune_checkpoint_never_runs(finetuned, data, 
         marker = tmp_path / f"PAYLOAD_RAN_{name}"
         plant(checkpoint / name, marker)
         fix_manifest(checkpoint / "checkpoint_manifest.json", checkpoint, name)
-        code, err = run_cli([*finetune_args(folder, data, base_models["entropy_invariant"], "--max_steps", "3",
-                                            *extra), "--resume_from_checkpoint", str(checkpoint)])
+        code, err = run_cli([*finetune_args(folder, data, base_models["entropy_invariant"], "--max_steps",
+                                            "3", *extra), "--resume_from_checkpoint", str(checkpoint)])
         check_outcome(code, err, marker, checkpoint / name)
 
 
@@ -265,8 +275,8 @@ def test_every_command_is_refused_while_another_process_writes_the_folder(tmp_pa
     commands = {
         "pretrain": pretrain_args(folder, train_file),
         "finetune": finetune_args(folder, data, base_models["entropy_invariant"], "--max_steps", "2"),
-        "prune": ["prune", "--model_name_or_path", base_models["entropy_invariant"], "--train_file", data["train"],
-                  "--output_dir", str(folder)],
+        "prune": ["prune", "--model_name_or_path", base_models["entropy_invariant"], "--train_file",
+                  data["train"], "--output_dir", str(folder)],
     }
     with held(folder) as holder:
         for command, argv in commands.items():
@@ -276,8 +286,10 @@ def test_every_command_is_refused_while_another_process_writes_the_folder(tmp_pa
             assert len(lines) == 1 and f"process {holder.pid} (pretrain, started " in lines[0], lines
             assert lines[0].startswith(f"hf-attn-variants {command}: error: --output_dir "
                                        f"'{folder}' is being written by another run right now"), lines
-    assert sorted(p.name for p in folder.iterdir()) == [".hf_attn_variants.lock", OWNER_FILE]  # the killed holder's
-    code, err = run_cli(pretrain_args(folder, train_file, max_train_steps=1))  # a dead process's lock: no block
+    # the killed holder's
+    assert sorted(p.name for p in folder.iterdir()) == [".hf_attn_variants.lock", OWNER_FILE]
+    # a dead process's lock: no block
+    code, err = run_cli(pretrain_args(folder, train_file, max_train_steps=1))
     assert code == 0, err
     assert {p.name for p in folder.iterdir()}.isdisjoint({".hf_attn_variants.lock", OWNER_FILE})
 
@@ -294,21 +306,22 @@ def test_two_pretrain_runs_started_at_once_into_one_folder(tmp_path, train_file)
                "        time.sleep(0.05)\n"
                "m.optimizer_step = lambda run: (wait(), step(run))[1]\n"
                "from hf_attn_variants.cli import main\nsys.exit(main(sys.argv[1:]))\n")
-    first = subprocess.Popen([sys.executable, "-c", waiting, str(go), *argv], stderr=subprocess.PIPE, text=True,
-                             cwd=tmp_path)
+    first = subprocess.Popen([sys.executable, "-c", waiting, str(go), *argv], stderr=subprocess.PIPE,
+                             text=True, cwd=tmp_path)
     deadline = time.time() + 120
     while not (folder / OWNER_FILE).exists() and time.time() < deadline and first.poll() is None:
         time.sleep(0.05)
     try:
-        second = subprocess.run([sys.executable, "-m", "hf_attn_variants", *argv], capture_output=True, text=True,
-                                cwd=tmp_path, timeout=300, check=False)
+        second = subprocess.run([sys.executable, "-m", "hf_attn_variants", *argv], capture_output=True,
+                                text=True, cwd=tmp_path, timeout=300, check=False)
     finally:
         go.touch()
     _, first_err = first.communicate(timeout=300)
     assert first.returncode == 0, first_err[-3000:]
     assert second.returncode == 2, second.stderr[-3000:]
     refusal = [line for line in second.stderr.splitlines() if "error:" in line]
-    assert len(refusal) == 1 and f"process {first.pid} (pretrain, started" in refusal[0], second.stderr[-3000:]
+    assert (len(refusal) == 1
+            and f"process {first.pid} (pretrain, started" in refusal[0]), second.stderr[-3000:]
     assert [row["step"] for row in read_log(folder)] == [1, 2, 3, 4, 5, 6]
     assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == ["step_3", "step_6"]
     assert json.loads((folder / "run.json").read_text())["finished"] is True
@@ -340,8 +353,9 @@ def test_a_checkpoint_that_fails_to_save_keeps_the_previous_one_and_the_rerun_re
     assert code == SAVE_FAILED_EXIT_CODE == 74, err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith(f"hf-attn-variants pretrain: error: writing {folder / 'checkpoints' / '.step_4.tmp'} "
-                               "failed (No space left on device); the save needs about "), lines
+    assert lines[0].startswith("hf-attn-variants pretrain: error: writing "
+                               f"{folder / 'checkpoints' / '.step_4.tmp'} failed (No space left on device); "
+                               "the save needs about "), lines
     assert "MB is free there; the checkpoints written before it are intact." in lines[0], lines
     assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == ["step_2"]
     code, err = run_cli(argv)
@@ -382,7 +396,8 @@ def test_a_finetune_checkpoint_that_fails_to_save_keeps_the_previous_one(tmp_pat
         code, err = run_cli(argv)
     assert code == SAVE_FAILED_EXIT_CODE, err
     errors = [line for line in err.splitlines() if ": error: " in line]
-    assert len(errors) == 1 and "No space left on device" in errors[0] and "the save needs about" in errors[0], err
+    assert (len(errors) == 1 and "No space left on device" in errors[0]
+            and "the save needs about" in errors[0]), err
     assert (folder / "checkpoint-2" / "checkpoint_manifest.json").is_file()  # complete; checkpoint-4 failed
     with caplog.at_level(logging.INFO, logger="hf_attn_variants"):
         code, err = run_cli(argv)

@@ -78,7 +78,8 @@ DEMO = ("--output_dir", "{new}")
 PRUNE = ("--model_name_or_path", "{model}", "--train_file", "{txt}", "--output_dir", "{new}")
 BENCH = ("--quick", "--output", "{out}/bench.md")
 LENGTHGEN = ("--output_dir", "{new}", "--variants", "ei_standard")
-CONVERT = ("--checkpoint", "{model}", "--output_dir", "{new}")  # {model} is no GAU-α port: checked after output_dir
+# {model} is no GAU-α port: checked after output_dir
+CONVERT = ("--checkpoint", "{model}", "--output_dir", "{new}")
 RENDER_DOCS = ("--check",)
 
 CASES: list[Case] = [
@@ -123,7 +124,8 @@ CASES: list[Case] = [
                                    "--checkpointing_steps", "epoch"), "epoch-when-streaming"),
         ("--max_train_samples", ("--train_file", "{txt}", "--streaming", "--max_train_steps", "2",
                                  "--max_train_samples", "3"), "when-streaming"),
-        ("--train_file", ("--train_file", "{short}", "--streaming", "--max_train_steps", "2", "--max_seq_length",
+        ("--train_file",
+         ("--train_file", "{short}", "--streaming", "--max_train_steps", "2", "--max_seq_length",
                           "128"), "streaming-too-few-tokens"),
         ("--packing", ("--packing", "greedy"), "choice"),
         ("--mixed_length_splits", ("--packing", "documents", "--mixed_length_splits", "2"), "with-documents"),
@@ -167,7 +169,8 @@ CASES: list[Case] = [
         ("--mixed_precision", ("--fsdp_size", "2", "--mixed_precision", "fp16"), "fp16-sharded"),
         ("--save_total_limit", ("--save_total_limit", "0"), "zero"),
         ("--overwrite_output_dir", ("--overwrite_output_dir", "maybe"), "not-bool"),
-        ("--overwrite_output_dir", ("--train_file", "{runs}/pretrain/train.txt", "--output_dir", "{runs}/pretrain",
+        ("--overwrite_output_dir",
+         ("--train_file", "{runs}/pretrain/train.txt", "--output_dir", "{runs}/pretrain",
                                     "--overwrite_output_dir"), "holds-an-input"),
         ("--output_dir", ("--output_dir", "{runs}/pretrain"), "other-run"),
         ("--output_dir", ("--output_dir", "{runs}/finetune"), "other-command"),
@@ -259,7 +262,8 @@ CASES: list[Case] = [
         ("--liger_kernel_config", ("--liger_kernel_config", "x"), "not-dict"),
         ("--parallelism_config", ("--parallelism_config", "x"), "not-config"),
         ("--resume_from_checkpoint", ("--resume_from_checkpoint", "{missing}"), "missing"),
-        ("--load_best_model_at_end", ("--load_best_model_at_end", "true", "--eval_strategy", "epoch"), "strategies"),
+        ("--load_best_model_at_end", ("--load_best_model_at_end", "true", "--eval_strategy", "epoch"),
+         "strategies"),
         ("--dataloader_prefetch_factor", ("--dataloader_prefetch_factor", "2"), "without-workers"),
         ("--enable_jit_checkpoint", ("--enable_jit_checkpoint", "true"), "own-preemption"),
     ]),
@@ -274,7 +278,8 @@ CASES: list[Case] = [
         ("--output_dir", ("--output_dir", "{out}"), "not-empty"),
         ("--output_dir", ("--output_dir", "{file}"), "file"),
         ("--output_dir", ("--output_dir", "{model}", "--overwrite", "true"), "same-as-model"),
-        ("--output_dir", ("--model_name_or_path", "{nest}/model", "--output_dir", "{nest}", "--overwrite", "true"),
+        ("--output_dir",
+         ("--model_name_or_path", "{nest}/model", "--output_dir", "{nest}", "--overwrite", "true"),
          "holds-model"),
         ("--repo_id", ("--repo_id", "not a repo id!"), "malformed"),
         ("--tokenizer_name", ("--tokenizer_name", "{missing}"), "missing"),
@@ -345,7 +350,8 @@ CASES: list[Case] = [
         ("--task", ("--task", "classification"), "other-head"),
         ("--text_column", ("--text_column", "body"), "not-a-column"),
         ("--text_pair_column", ("--text_pair_column", "second"), "not-a-column"),
-        ("--label_column", ("--model_name_or_path", "{clf}", "--train_file", "{csv}", "--label_column", "gold"),
+        ("--label_column",
+         ("--model_name_or_path", "{clf}", "--train_file", "{csv}", "--label_column", "gold"),
          "not-a-column"),
         ("--max_seq_length", ("--max_seq_length", "0"), "zero"),
         ("--batch_size", ("--batch_size", "-4"), "negative"),
@@ -469,8 +475,8 @@ ANY_VALUE: dict[str, dict[str, str]] = {
         "--rescore": "a switch (store_true), takes no value",
         "--no_normalize_per_layer": "a switch (store_true), takes no value",
         "--uniform": "a switch (store_true), takes no value; its bad combinations: tests/test_pruning_cli.py",
-        "--overwrite_output_dir": "a switch (store_true), takes no value; what it refuses to clear: the pretrain "
-                                  "case holds-an-input and tests/test_resume.py",
+        "--overwrite_output_dir": "a switch (store_true), takes no value; what it refuses to clear: the "
+                                  "pretrain case holds-an-input and tests/test_resume.py",
     },
     "bench": {
         "--quick": "a switch (store_true), takes no value",
@@ -478,8 +484,8 @@ ANY_VALUE: dict[str, dict[str, str]] = {
         "--no-graph-check": "a switch (store_true), takes no value",
         "--no-flops": "a switch (store_true), takes no value",
         "--no-plots": "a switch (store_true), takes no value",
-        "--merge": "a switch (store_true), takes no value; its refusals (no committed results, other settings): "
-                   "tests/test_bench.py",
+        "--merge": "a switch (store_true), takes no value; its refusals (no committed results, other "
+                   "settings): tests/test_bench.py",
         "--publish": "a switch (store_true), takes no value; its refusals: tests/test_bench.py",
     },
     "lengthgen": {},
@@ -534,7 +540,8 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (root / "results.json").write_text(json.dumps({"not": "a bench run"}))
     (root / "bad_template.md").write_text("{% if %}\n")
     (root / "plain.txt").write_text("a file where a folder is expected\n")
-    for command in ("pretrain", "finetune", "prune", "lengthgen"):  # folders of earlier runs (outputs.py's rule)
+    # folders of earlier runs (outputs.py's rule)
+    for command in ("pretrain", "finetune", "prune", "lengthgen"):
         (root / "runs" / command).mkdir(parents=True)
         (root / "runs" / command / "run.json").write_text(json.dumps(
             {"command": command, "arguments": {"seed": 12345}, "finished": True}))
@@ -588,18 +595,20 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
 def snapshot(folder: Path) -> dict[str, str]:
     """Every path under ``folder`` → its content digest (``"dir"`` for folders)."""
     return {
-        str(path.relative_to(folder)): "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+        str(path.relative_to(folder)): "dir" if path.is_dir()
+        else hashlib.sha256(path.read_bytes()).hexdigest()
         for path in sorted(folder.rglob("*"))
     }
 
 
-RENDER_DOCS = "hf_attn_variants.results.cli"
-"""The maintainer command ``render-docs`` (``scripts/render_docs.py``; not a subcommand of the installed tool)."""
+RENDER_DOCS = "tools.render_docs"
+"""The maintainer command ``render-docs`` (the repository's ``tools/render_docs.py``; not part of the
+installed package)."""
 
 
 def run_cli(argv: list[str]) -> int:
-    """``main(argv)``'s exit status, also when argparse exits (``SystemExit``); ``render-docs`` runs through its
-    repository script's module, with the same flags and error lines."""
+    """``main(argv)``'s exit status, also when argparse exits (``SystemExit``); ``render-docs`` runs through
+    its repository script's module, with the same flags and error lines."""
     try:
         if argv[0] == "render-docs":
             module = importlib.import_module(RENDER_DOCS)
@@ -679,12 +688,14 @@ def test_no_work_guard_stops_a_valid_run(
     [
         (["pretrain", "--model_type", "gau", "--config_overrides", "hidden_size=abc", "--output_dir", "out"],
          "hf-attn-variants pretrain: error: --config_overrides: hidden_size must be an int, got 'abc'."),
-        (["finetune", "--model_name_or_path", "/nonexistent", "--train_file", "train.csv", "--output_dir", "out"],
+        (["finetune", "--model_name_or_path", "/nonexistent", "--train_file", "train.csv", "--output_dir",
+          "out"],
          "hf-attn-variants finetune: error: --model_name_or_path: no such model folder '/nonexistent'."),
     ],
     ids=["pretrain-config_overrides", "finetune-model_name_or_path"],
 )
-def test_reported_failures_print_one_line_in_a_fresh_process(argv: list[str], expected: str, tmp_path: Path) -> None:
+def test_reported_failures_print_one_line_in_a_fresh_process(argv: list[str], expected: str,
+                                                             tmp_path: Path) -> None:
     """The two failures the issue reported, through ``python -m`` (stderr as a user sees it, import-time
     warnings included): exactly the one line, exit status 2, nothing written."""
     (tmp_path / "train.csv").write_text("text,label\nhello,pos\n")
@@ -709,13 +720,15 @@ def parser_flags(command: str) -> set[str]:
 
 
 def flag_kind(field: dataclasses.Field, hint: object) -> str:
-    """The kind of value a dataclass field's flag takes: list, dict, choice, bool, int, float, str or object."""
+    """The kind of value a dataclass field's flag takes: list, dict, choice, bool, int, float, str or
+    object."""
     members = typing.get_args(hint) or (hint,)
     if any(typing.get_origin(m) is list or m is list for m in members):
         return "list"
     if any(typing.get_origin(m) is dict or m is dict for m in members):
         return "dict"
-    if field.metadata.get("choices") or any(isinstance(m, type) and issubclass(m, enum.Enum) for m in members):
+    if field.metadata.get("choices") or any(isinstance(m, type) and issubclass(m, enum.Enum)
+                                            for m in members):
         return "choice"
     for kind in (bool, int, float, str):
         if kind in members:
@@ -746,7 +759,9 @@ def test_every_flag_has_a_bad_value_case() -> None:
         assert not set(ANY_VALUE[command]) - flags, f"{command}: ANY_VALUE lists unknown flags"
         own = flags - set(training_kinds) if command == "finetune" else flags
         untested = own - tested[command] - set(ANY_VALUE[command])
-        assert not untested, f"{command}: flags without a bad-value case (add one, or to ANY_VALUE): {untested}"
+        assert not untested, (f"{command}: flags without a bad-value case (add one, or to ANY_VALUE): "
+                              f"{untested}")
     kinds_defined = {training_kinds[f] for f in parser_flags("finetune") if f in training_kinds} - {"switch"}
     kinds_tested = {training_kinds[f] for f in tested["finetune"] if f in training_kinds}
-    assert kinds_defined <= kinds_tested, f"TrainingArguments kinds without a case: {kinds_defined - kinds_tested}"
+    assert kinds_defined <= kinds_tested, ("TrainingArguments kinds without a case: "
+                                           f"{kinds_defined - kinds_tested}")

@@ -1,4 +1,5 @@
-"""add_dataclass_arguments: the flags ``HfArgumentParser`` would make, added through public argparse calls only."""
+"""add_dataclass_arguments: the flags ``HfArgumentParser`` would make, added through public argparse calls
+only."""
 
 from __future__ import annotations
 
@@ -49,14 +50,15 @@ DEFAULT_SUFFIX = re.compile(r" \(default: %\(default\)s\)$")
 
 
 def flag_table(parser: argparse.ArgumentParser) -> dict[str, tuple]:
-    """Every flag of ``parser`` as ``HfArgumentParser`` would define it: its options, destination, default, nargs,
-    const, choices, whether it is required, its type's name and its help text (without the default we add)."""
+    """Every flag of ``parser`` as ``HfArgumentParser`` would define it: its options, destination, default,
+    nargs, const, choices, whether it is required, its type's name and its help text (without the default we
+    add)."""
     table = {}
     for action in parser._actions:  # reading argparse's actions is the only way to compare the flags
         help_text = DEFAULT_SUFFIX.sub("", action.help or "")
         table[action.option_strings[0]] = (tuple(action.option_strings), action.dest, repr(action.default),
-                                           action.nargs, action.const, tuple(action.choices or ()), action.required,
-                                           getattr(action.type, "__name__", None), help_text)
+                                           action.nargs, action.const, tuple(action.choices or ()),
+                                           action.required, getattr(action.type, "__name__", None), help_text)
     return table
 
 
@@ -67,19 +69,21 @@ def test_flags_equal_hf_argument_parser(command: str) -> None:
 
 
 def test_pretrain_help_groups_flags_required_first_without_none_defaults() -> None:
-    """``pretrain --help``: model and data, output, training, scale-out, in that order; ``--model_type`` lists its
-    choices; no flag shows "(default: None)" (a required one shows no default at all)."""
+    """``pretrain --help``: model and data, output, training, scale-out, in that order; ``--model_type`` lists
+    its choices; no flag shows "(default: None)" (a required one shows no default at all)."""
     from hf_attn_variants.training.pretrain import PretrainArguments
 
     raw = ours(PretrainArguments).format_help()
-    positions = [raw.index(f"\n{title}") for title in ("model and data:", "output:", "training:", "scale-out (")]
+    positions = [raw.index(f"\n{title}")
+                 for title in ("model and data:", "output:", "training:", "scale-out (")]
     text = " ".join(raw.split())
     assert positions == sorted(positions)
     assert text.index("--model_type") < text.index("--output_dir") < text.index("--learning_rate") < \
         text.index("--fsdp_size")
     assert "--model_type {entropy_invariant,gau,synthesizer}" in text
     assert "(default: None)" not in text
-    output_dir_help = text[text.index("--output_dir OUTPUT_DIR, --output-dir OUTPUT_DIR"):text.index("--overwrite_output_dir")]
+    output_dir_help = text[text.index("--output_dir OUTPUT_DIR, --output-dir OUTPUT_DIR"):
+                           text.index("--overwrite_output_dir")]
     assert "default" not in output_dir_help
     assert "Peak AdamW learning rate. (default: 0.0005)" in text
 
@@ -126,8 +130,8 @@ class Sample:
     "argv",
     [
         ["--name", "n"],
-        ["--name", "n", "--mode", "b", "--colour", "blue", "--sizes", "3", "4", "--flag", "--no_keep", "--maybe",
-         "true", "--count", "7", "--rate", "2", "--words", "a", "b"],
+        ["--name", "n", "--mode", "b", "--colour", "blue", "--sizes", "3", "4", "--flag", "--no_keep",
+         "--maybe", "true", "--count", "7", "--rate", "2", "--words", "a", "b"],
         ["--name", "n", "--flag", "false", "--keep", "no", "--no-keep"],
     ],
 )
@@ -156,7 +160,8 @@ def test_hub_ids_are_told_from_local_paths(tmp_path, monkeypatch) -> None:
 
 
 def test_offline_a_hub_id_gets_one_sentence(monkeypatch, tmp_path) -> None:
-    """``--model_name_or_path`` takes a Hub id; offline (or without network) and not cached, one sentence says so."""
+    """``--model_name_or_path`` takes a Hub id; offline (or without network) and not cached, one sentence says
+    so."""
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError
 

@@ -1,17 +1,17 @@
 """The tools people evaluate and deploy with, on exported folders loaded as remote code (docs/clients.md).
 
 One child process (tests/clients_child.py) in the cached client environment (``client_python()``:
-sentence-transformers, lm-eval, onnx, onnxruntime, onnxscript at the pins of ``locks/clients.txt``; built once,
-about 4 minutes, never holding this package) runs every check; each test below reads its part:
+sentence-transformers, lm-eval, onnx, onnxruntime, onnxscript at the pins of ``locks/clients.txt``; built
+once, about 4 minutes, never holding this package) runs every check; each test below reads its part:
 
-- sentence-transformers: ``export --sentence-transformers`` folders of every family's encoder (mean pooling) and
-  causal LM (last-token pooling); ``encode`` of one batch of mixed lengths equals this package's pooled states,
-  ``similarity`` is their cosine, and the unpadded path is declined (it needs FlashAttention).
+- sentence-transformers: ``export --sentence-transformers`` folders of every family's encoder (mean pooling)
+  and causal LM (last-token pooling); ``encode`` of one batch of mixed lengths equals this package's pooled
+  states, ``similarity`` is their cosine, and the unpadded path is declined (it needs FlashAttention).
 - ONNX: ``hub/onnx_export.export_onnx`` on every family's base model and causal LM; onnxruntime equals PyTorch
   at several batch sizes and lengths, with right and left padding.
 - lm-eval: ``simple_evaluate(model="hf", model_args="pretrained=DIR,trust_remote_code=True")`` on local json
-  tasks: ``loglikelihood``, ``loglikelihood_rolling`` and ``generate_until`` equal direct computations with the
-  model and greedy ``generate``.
+  tasks: ``loglikelihood``, ``loglikelihood_rolling`` and ``generate_until`` equal direct computations with
+  the model and greedy ``generate``.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ FAMILIES = {
 TEXTS = [
     "Lists",
     "The for statement is used to iterate over the elements of a sequence.",
-    ("A class definition defines a class object. The inheritance list usually gives a list of base classes, and "
-     "each item in the list should evaluate to a class object which allows subclassing."),
+    ("A class definition defines a class object. The inheritance list usually gives a list of base classes, "
+     "and each item in the list should evaluate to a class object which allows subclassing."),
     "Names refer to objects.",
 ]
 ONNX_SHAPES = ((1, 5, None), (3, 23, "right"), (2, 40, "left"))
@@ -65,7 +65,8 @@ LL_DOCS = [{"context": "The for statement is used to", "continuation": "iterate 
            {"context": "A class definition", "continuation": "defines a class object"},
            {"context": "Names refer", "continuation": "to objects"}]
 ROLLING_DOCS = [{"text": TEXTS[1]}, {"text": TEXTS[2]}, {"text": TEXTS[3]}]
-GEN_DOCS = [{"context": "The for statement is used to", "answer": "x"}, {"context": "Names refer to", "answer": "x"},
+GEN_DOCS = [{"context": "The for statement is used to", "answer": "x"},
+            {"context": "Names refer to", "answer": "x"},
             {"context": "A class definition defines a class object and", "answer": "x"}]
 MAX_GEN_TOKENS = 6
 STS_PAIRS = [("A cat sits on the mat.", "A cat is sitting on a mat.", 5),
@@ -129,11 +130,13 @@ def write_tasks(folder: Path) -> None:
 
 
 def build_models(tokenizer) -> dict[str, torch.nn.Module]:
-    """A tiny encoder (MLM) and causal LM per family, peaked logits (initializer_range 0.2) for stable greedy."""
+    """A tiny encoder (MLM) and causal LM per family, peaked logits (initializer_range 0.2) for stable
+    greedy."""
     models = {}
     for family, (config_class, mlm_class, clm_class, extra) in FAMILIES.items():
-        common = {"vocab_size": len(tokenizer), "hidden_size": 32, "num_hidden_layers": 2, "hidden_dropout_prob": 0.0,
-                  "attention_probs_dropout_prob": 0.0, "pad_token_id": tokenizer.pad_token_id, **extra}
+        common = {"vocab_size": len(tokenizer), "hidden_size": 32, "num_hidden_layers": 2,
+                  "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+                  "pad_token_id": tokenizer.pad_token_id, **extra}
         torch.manual_seed(0)
         models[f"{family}-encoder"] = mlm_class(config_class(**common)).eval()
         torch.manual_seed(0)
@@ -169,8 +172,8 @@ def onnx_inputs(batch: int, length: int, padding: str | None, seed: int) -> dict
 
 
 def loglikelihood(model, tokenizer, context: str, continuation: str) -> tuple[float, bool]:
-    """lm-eval's split (trailing context spaces move to the continuation, the pair is encoded whole), then the sum
-    of the continuation's log-probabilities and whether each is the argmax."""
+    """lm-eval's split (trailing context spaces move to the continuation, the pair is encoded whole), then the
+    sum of the continuation's log-probabilities and whether each is the argmax."""
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
@@ -222,7 +225,8 @@ def clients(tmp_path_factory) -> dict:
         base = AutoModel.from_pretrained(folder).eval()
         pooling = "lasttoken" if model.config.is_decoder else "mean"
         expected["sentence_transformers"][name] = {
-            "pooling": pooling, "embeddings": pooled(base, tokenizer, TEXTS, pooling, model.config.max_position_embeddings)}
+            "pooling": pooling,
+            "embeddings": pooled(base, tokenizer, TEXTS, pooling, model.config.max_position_embeddings)}
         manifest["sentence_transformers"].append({"name": name, "folder": str(folder), "texts": TEXTS})
         reference = AutoModelForCausalLM.from_pretrained(folder).eval() if model.config.is_decoder else base
         auto_class = "AutoModelForCausalLM" if model.config.is_decoder else "AutoModel"
@@ -232,7 +236,8 @@ def clients(tmp_path_factory) -> dict:
             torch.save(inputs, tmp / f"{name}.onnx{i}.pt")
             files.append(str(tmp / f"{name}.onnx{i}.pt"))
             with torch.no_grad():
-                expected["onnx"][f"{name}/{i}"] = (reference(**inputs)[output_name(reference)], inputs["attention_mask"])
+                expected["onnx"][f"{name}/{i}"] = (reference(**inputs)[output_name(reference)],
+                                                   inputs["attention_mask"])
         manifest["onnx"].append({"name": name, "folder": str(folder), "auto_class": auto_class,
                                  "path": str(tmp / "onnx" / f"{name}.onnx"), "inputs": files})
         if model.config.is_decoder:
@@ -241,10 +246,11 @@ def clients(tmp_path_factory) -> dict:
     write_tasks(tmp / "tasks")
     (tmp / "sts.jsonl").write_text("".join(json.dumps({"sentence1": a, "sentence2": b, "score": score}) + "\n"
                                            for a, b, score in STS_PAIRS))
-    manifest["mteb"] = {"folder": str(tmp / "export" / "entropy_invariant-encoder"), "pairs": str(tmp / "sts.jsonl")}
+    manifest["mteb"] = {"folder": str(tmp / "export" / "entropy_invariant-encoder"),
+                        "pairs": str(tmp / "sts.jsonl")}
     (tmp / "manifest.json").write_text(json.dumps(manifest))
-    # Under xdist the module's tests may land on both workers: the first runs the child, the other reads its results
-    # (the models are built from fixed seeds, so both workers' expected values are the same).
+    # Under xdist the module's tests may land on both workers: the first runs the child, the other reads its
+    # results (the models are built from fixed seeds, so both workers' expected values are the same).
     shared = tmp_path_factory.getbasetemp()
     shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
     with FileLock(shared / "clients-child.lock"):
@@ -254,20 +260,25 @@ def clients(tmp_path_factory) -> dict:
             env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_MODULES_CACHE=str(tmp / "hf_modules"),
                        HF_DATASETS_CACHE=str(tmp / "datasets"), TRANSFORMERS_VERBOSITY="error",
                        TOKENIZERS_PARALLELISM="false")
-            result = subprocess.run([str(python), str(CHILD), str(tmp / "manifest.json"), str(tmp / "results.json")],
-                                    cwd=tmp, env=env, capture_output=True, text=True, timeout=1200, check=False)
-            assert result.returncode == 0, f"client child failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+            result = subprocess.run([str(python), str(CHILD), str(tmp / "manifest.json"),
+                                     str(tmp / "results.json")],
+                                    cwd=tmp, env=env, capture_output=True, text=True, timeout=1200,
+                                    check=False)
+            assert result.returncode == 0, (f"client child failed:\n{result.stdout[-3000:]}\n"
+                                            f"{result.stderr[-6000:]}")
             done.write_text(json.dumps({"tmp": str(tmp)}))
         child_tmp = Path(json.loads(done.read_text())["tmp"])
     got = json.loads((child_tmp / "results.json").read_text())
     print("client child seconds:", got["seconds"])
-    return {"expected": expected, "got": got, "tokenizer": tokenizer, "tmp": child_tmp, "models": models_by_name}
+    return {"expected": expected, "got": got, "tokenizer": tokenizer, "tmp": child_tmp,
+            "models": models_by_name}
 
 
 def test_sentence_transformers_encode_equals_pooled_states(clients: dict) -> None:
-    """``SentenceTransformer(folder, trust_remote_code=True).encode`` of one batch of mixed lengths equals this
-    package's pooled last hidden states (1e-5); ``similarity`` is their cosine; the unpadded path is declined
-    (GAU/Synthesizer: ``is_backend_compatible()`` is False; entropy-invariant: no FlashAttention on CPU)."""
+    """``SentenceTransformer(folder, trust_remote_code=True).encode`` of one batch of mixed lengths equals
+    this package's pooled last hidden states (1e-5); ``similarity`` is their cosine; the unpadded path is
+    declined (GAU/Synthesizer: ``is_backend_compatible()`` is False; entropy-invariant: no FlashAttention on
+    CPU)."""
     gaps = {}
     for name, want in clients["expected"]["sentence_transformers"].items():
         got = clients["got"]["sentence_transformers"][name]
@@ -276,15 +287,16 @@ def test_sentence_transformers_encode_equals_pooled_states(clients: dict) -> Non
         embeddings = torch.tensor(got["embeddings"])
         torch.testing.assert_close(embeddings, want["embeddings"], atol=1e-5, rtol=1e-5, msg=name)
         unit = torch.nn.functional.normalize(want["embeddings"], dim=-1)
-        torch.testing.assert_close(torch.tensor(got["similarity"]), unit @ unit.T, atol=1e-5, rtol=1e-5, msg=name)
+        torch.testing.assert_close(torch.tensor(got["similarity"]), unit @ unit.T, atol=1e-5, rtol=1e-5,
+                                   msg=name)
         assert got["unpads"] is False, name
         assert got["is_backend_compatible"] is name.startswith("entropy_invariant"), name
     print("sentence-transformers max |encode - pooled|:", {k: f"{v:.1e}" for k, v in gaps.items()})
 
 
 def test_onnx_runtime_equals_pytorch_with_dynamic_axes_and_padding(clients: dict) -> None:
-    """One graph per model (exported at batch 2 × 8 tokens) runs at 1×5, 3×23 right-padded and 2×40 left-padded;
-    onnxruntime equals PyTorch on every real token within 1e-4."""
+    """One graph per model (exported at batch 2 × 8 tokens) runs at 1×5, 3×23 right-padded and 2×40
+    left-padded; onnxruntime equals PyTorch on every real token within 1e-4."""
     gaps = {}
     for key, (want, mask) in clients["expected"]["onnx"].items():
         name, i = key.split("/")
@@ -295,7 +307,8 @@ def test_onnx_runtime_equals_pytorch_with_dynamic_axes_and_padding(clients: dict
         assert gap < 1e-4, f"{key}: onnxruntime differs from PyTorch by {gap:.2e}"
     print("onnxruntime max |ort - torch|:", {k: f"{v:.1e}" for k, v in gaps.items()})
     for name, info in clients["got"]["onnx"].items():
-        assert all(isinstance(dim, str) for shape in info["input_shapes"].values() for dim in shape), (name, info)
+        assert all(isinstance(dim, str) for shape in info["input_shapes"].values()
+                   for dim in shape), (name, info)
 
 
 def test_lm_eval_requests_equal_direct_computation(clients: dict) -> None:
@@ -305,7 +318,8 @@ def test_lm_eval_requests_equal_direct_computation(clients: dict) -> None:
     gaps = {}
     for name, model in clients["expected"]["lm_eval"].items():
         got = clients["got"]["lm_eval"][name]
-        assert len(got["clients_loglikelihood"]) == len(LL_DOCS) and len(got["clients_generate"]) == len(GEN_DOCS)
+        assert (len(got["clients_loglikelihood"]) == len(LL_DOCS)
+                and len(got["clients_generate"]) == len(GEN_DOCS))
         for sample in got["clients_loglikelihood"]:
             context, continuation = sample["arguments"][0]
             value, greedy = loglikelihood(model, tokenizer, context, continuation)
@@ -357,9 +371,10 @@ def test_export_flags_write_the_client_files(tmp_path: Path) -> None:
 
 
 def test_mteb_sts_on_local_pairs_equals_cosine_of_pooled_states(clients: dict) -> None:
-    """MTEB 2.x, offline: an STS task over local sentence pairs on the exported entropy-invariant encoder (through
-    sentence-transformers). Its cosine Pearson equals the Pearson correlation of the gold scores with the cosine
-    of this package's mean-pooled states (1e-5); the number itself is meaningless for an untrained model."""
+    """MTEB 2.x, offline: an STS task over local sentence pairs on the exported entropy-invariant encoder
+    (through sentence-transformers). Its cosine Pearson equals the Pearson correlation of the gold scores with
+    the cosine of this package's mean-pooled states (1e-5); the number itself is meaningless for an untrained
+    model."""
     tokenizer = clients["tokenizer"]
     model = clients["models"]["entropy_invariant-encoder"].model
     first = pooled(model, tokenizer, [a for a, _, _ in STS_PAIRS], "mean", 512)

@@ -63,7 +63,8 @@ def test_the_oldest_tested_release_is_the_declared_minimum() -> None:
 
 
 def test_a_too_old_transformers_gets_one_sentence_naming_the_version() -> None:
-    with pytest.raises(ImportError, match=r"needs transformers>=5\.0\.0, but transformers 4\.57\.1 is installed"):
+    with pytest.raises(ImportError,
+                       match=r"needs transformers>=5\.0\.0, but transformers 4\.57\.1 is installed"):
         require_transformers("4.57.1")
     require_transformers("5.0.0")
     require_transformers("5.23.0.dev0")

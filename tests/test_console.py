@@ -1,5 +1,5 @@
-"""The console entry point: ``--help`` and ``--version`` without torch, the package import still registering the
-families, and a tool run without its extra stopping with one sentence naming the pip command.
+"""The console entry point: ``--help`` and ``--version`` without torch, the package import still registering
+the families, and a tool run without its extra stopping with one sentence naming the pip command.
 
 The extras are made "missing" in-process with ``sys.modules[name] = None`` (then ``import name`` raises
 ``ModuleNotFoundError`` and ``importlib.util.find_spec(name)`` returns None, as for a module that is not
@@ -31,7 +31,8 @@ print("imported:", heavy)
 
 
 def test_help_and_version_import_neither_torch_nor_the_package() -> None:
-    result = subprocess.run([sys.executable, "-c", NO_TORCH], capture_output=True, text=True, timeout=60, check=True)
+    result = subprocess.run([sys.executable, "-c", NO_TORCH], capture_output=True, text=True, timeout=60,
+                            check=True)
     assert "usage: hf-attn-variants" in result.stdout and "imported: []" in result.stdout, result.stdout
 
 
@@ -51,12 +52,15 @@ def test_help_lists_the_user_commands_and_no_maintainer_command(capsys) -> None:
 
 
 def test_importing_the_package_registers_every_family() -> None:
-    """``import hf_attn_variants`` (and only that) makes every family an Auto class, in a fresh interpreter."""
+    """``import hf_attn_variants`` (and only that) makes every family an Auto class, in a fresh
+    interpreter."""
     code = ("import hf_attn_variants\nfrom transformers import AutoConfig, AutoModelForCausalLM\n"
             "for t in ('entropy_invariant', 'gau', 'synthesizer'):\n"
             "    config = AutoConfig.for_model(t)\n"
-            "    print(t, type(config).__name__, AutoModelForCausalLM.from_config(config).__class__.__name__)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+            "    print(t, type(config).__name__, "
+            "AutoModelForCausalLM.from_config(config).__class__.__name__)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            check=True)
     assert result.stdout.split("\n")[:3] == [
         "entropy_invariant EntropyInvariantConfig EntropyInvariantForCausalLM",
         "gau GAUConfig GAUForCausalLM",
@@ -82,7 +86,8 @@ def test_a_tool_without_the_train_extra_stops_with_one_sentence(command, monkeyp
     block(monkeypatch, "datasets", "peft")
     assert main([command, "--output_dir", "never-written"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"hf-attn-variants {command}: error: datasets, peft are not installed")
+    assert (err.count("\n") == 1
+            and err.startswith(f"hf-attn-variants {command}: error: datasets, peft are not installed"))
     assert err.rstrip().endswith("pip install 'hf_attn_variants[train]'"), err
 
 
@@ -90,8 +95,9 @@ def test_plots_need_the_plots_extra_unless_switched_off(monkeypatch, capsys) -> 
     block(monkeypatch, "matplotlib")
     assert main(["prune", "--output_dir", "never-written"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.rstrip().endswith("matplotlib is not installed; install what this command "
-                                                          "needs with: pip install 'hf_attn_variants[plots]'"), err
+    assert err.count("\n") == 1 and err.rstrip().endswith(
+        "matplotlib is not installed; install what this command needs with: pip install "
+        "'hf_attn_variants[plots]'"), err
     assert missing_extras("lengthgen", ["--no_plot"]) == {} and missing_extras("bench", ["--no-plots"]) == {}
     assert missing_extras("lengthgen", []) == {"plots": ["matplotlib"]}
 
@@ -103,8 +109,8 @@ def test_both_extras_in_one_command(monkeypatch, capsys) -> None:
 
 
 def test_an_extra_module_missing_inside_a_run_gets_the_same_sentence(monkeypatch, capsys) -> None:
-    """A module of an extra imported deep inside a run (not in the subcommand's table) still ends in the sentence;
-    any other missing module keeps its traceback."""
+    """A module of an extra imported deep inside a run (not in the subcommand's table) still ends in the
+    sentence; any other missing module keeps its traceback."""
     tool = types.ModuleType("fake_tool")
     tool.add_arguments = lambda parser: None
 
@@ -115,8 +121,9 @@ def test_an_extra_module_missing_inside_a_run_gets_the_same_sentence(monkeypatch
     monkeypatch.setitem(sys.modules, "fake_tool", tool)
     monkeypatch.setitem(hf_attn_variants_cli.SUBCOMMANDS, "fake", Subcommand("fake_tool", "A fake tool."))
     assert main(["fake"]) == 1
-    assert capsys.readouterr().err.strip() == ("hf-attn-variants fake: error: torchdata is not installed; install what "
-                                               "this command needs with: pip install 'hf_attn_variants[train]'")
+    assert capsys.readouterr().err.strip() == ("hf-attn-variants fake: error: torchdata is not installed; "
+                                               "install what this command needs with: pip install "
+                                               "'hf_attn_variants[train]'")
 
     def other(args):
         raise ModuleNotFoundError("No module named 'nonexistent'", name="nonexistent")
@@ -134,8 +141,9 @@ def test_extras_match_pyproject() -> None:
     project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
     declared = project["optional-dependencies"]
     for extra, modules in EXTRAS.items():
-        names = {requirement.split(">")[0].split("=")[0].split(";")[0].strip() for requirement in declared[extra]}
+        names = {requirement.split(">")[0].split("=")[0].split(";")[0].strip()
+                 for requirement in declared[extra]}
         assert names == set(modules), extra
     assert extra_of("datasets.utils") == "train" and extra_of("json") is None
-    assert sorted(r.split(">")[0] for r in project["dependencies"]) == ["huggingface_hub", "safetensors", "torch",
-                                                                          "transformers"]
+    assert sorted(r.split(">")[0] for r in project["dependencies"]) == ["huggingface_hub", "safetensors",
+                                                                          "torch", "transformers"]

@@ -1,11 +1,12 @@
-"""``convert-gau-alpha`` reproduces GAU-α's PyTorch port (``gau-alpha==0.0.3``, installed by ``make install`` with
-``--no-deps``): with random weights, the MLM log-probabilities agree to 1e-5 with left and right padding, for each
-of the port's attention normalisations (``softmax_plus``, GAU-α's own, and ``softmax`` and ``squared_relu``).
+"""``convert-gau-alpha`` reproduces GAU-α's PyTorch port (``gau-alpha==0.0.3``, installed by ``make install``
+with ``--no-deps``): with random weights, the MLM log-probabilities agree to 1e-5 with left and right padding,
+for each of the port's attention normalisations (``softmax_plus``, GAU-α's own, and ``softmax`` and
+``squared_relu``).
 
-The port imports ``transformers.modeling_utils.SequenceSummary``, which Transformers v5 removed; a stub is put in
-its place while the port is imported (only its multiple-choice head would use it). Without the package the tests
-that need it fail (they do not skip) with the command that installs it: ``make install`` always installs it. The
-converter's own errors are tested either way.
+The port imports ``transformers.modeling_utils.SequenceSummary``, which Transformers v5 removed; a stub is put
+in its place while the port is imported (only its multiple-choice head would use it). Without the package the
+tests that need it fail (they do not skip) with the command that installs it: ``make install`` always installs
+it. The converter's own errors are tested either way.
 """
 
 from __future__ import annotations
@@ -56,9 +57,9 @@ def import_port():
 
 @pytest.fixture(scope="module")
 def port_checkpoint(tmp_path_factory):
-    """``port_checkpoint(normalization)`` → (folder, model): a random-weight port checkpoint with non-trivial γ,
-    β = 0, segment embeddings and an untied decoder, built once per normalization. Built when a test calls it,
-    so that a missing port fails that test (``import_port``) rather than erroring in setup."""
+    """``port_checkpoint(normalization)`` → (folder, model): a random-weight port checkpoint with non-trivial
+    γ, β = 0, segment embeddings and an untied decoder, built once per normalization. Built when a test calls
+    it, so that a missing port fails that test (``import_port``) rather than erroring in setup."""
     built: dict[str, tuple] = {}
 
     def build(normalization: str = "softmax_plus"):
@@ -85,11 +86,12 @@ def port_checkpoint(tmp_path_factory):
 @pytest.mark.parametrize("padding", ["left", "right"])
 def test_converted_model_reproduces_the_port(port_checkpoint, tmp_path, padding: str,
                                              normalization: str) -> None:
-    """``softmax_plus`` (log n / log 512, n = the row's real keys), ``softmax``, and ``squared_relu`` (relu(a)² / n,
-    the port's ``l``: the row's real keys, which ``relu2_length="dynamic"`` reproduces)."""
+    """``softmax_plus`` (log n / log 512, n = the row's real keys), ``softmax``, and ``squared_relu``
+    (relu(a)² / n, the port's ``l``: the row's real keys, which ``relu2_length="dynamic"`` reproduces)."""
     folder, port = port_checkpoint(normalization)
     assert port.config.normalization == normalization
-    converted = convert_gau_alpha(ConvertGAUAlphaArguments(checkpoint=str(folder), output_dir=str(tmp_path / "out")))
+    converted = convert_gau_alpha(ConvertGAUAlphaArguments(checkpoint=str(folder),
+                                                           output_dir=str(tmp_path / "out")))
     ours = GAUForMaskedLM.from_pretrained(converted).eval()
     assert ours.config.entropy_min_length == 1 and not ours.config.tie_word_embeddings
     assert ours.config.attention_normalization == PORT_NORMALIZATIONS[normalization]
@@ -107,7 +109,8 @@ def test_cli_converts_and_refuses_to_overwrite(port_checkpoint, tmp_path, capsys
     folder, _ = port_checkpoint()
     out = tmp_path / "cli"
     assert main(["convert-gau-alpha", "--checkpoint", str(folder), "--output_dir", str(out)]) == 0
-    assert (out / "model.safetensors").exists() and json.loads((out / "config.json").read_text())["model_type"] == "gau"
+    assert ((out / "model.safetensors").exists()
+            and json.loads((out / "config.json").read_text())["model_type"] == "gau")
     assert main(["convert-gau-alpha", "--checkpoint", str(folder), "--output_dir", str(out)]) == 2
     assert "--output_dir" in capsys.readouterr().err
 
@@ -126,8 +129,10 @@ def test_the_rope_permutation_turns_interleaved_pairs_into_half_split_pairs() ->
 def test_bad_checkpoints_name_the_flag(tmp_path) -> None:
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    for checkpoint, message in ((tmp_path / "missing", "no such checkpoint folder"), (tmp_path / "bad", "not 'gau_alpha'")):
+    for checkpoint, message in ((tmp_path / "missing", "no such checkpoint folder"),
+                                (tmp_path / "bad", "not 'gau_alpha'")):
         with pytest.raises(FlagError, match=message) as error:
-            convert_gau_alpha(ConvertGAUAlphaArguments(checkpoint=str(checkpoint), output_dir=str(tmp_path / "out")))
+            convert_gau_alpha(ConvertGAUAlphaArguments(checkpoint=str(checkpoint),
+                                                       output_dir=str(tmp_path / "out")))
         assert error.value.flag == "checkpoint"
     assert not (tmp_path / "out").exists()

@@ -37,7 +37,8 @@ def test_split_is_deterministic_disjoint_and_about_ten_percent() -> None:
 def test_tokenizer_special_tokens_and_inputs() -> None:
     tokenizer = embedded_tokenizer()
     assert [tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
-    assert (tokenizer.pad_token_id, tokenizer.mask_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 4, 2, 3)
+    assert (tokenizer.pad_token_id, tokenizer.mask_token_id, tokenizer.bos_token_id,
+            tokenizer.eos_token_id) == (0, 4, 2, 3)
     assert tokenizer.model_input_names == ["input_ids", "attention_mask"]
     encoded = tokenizer("The assert statement [MASK] an exception.")
     assert set(encoded) == {"input_ids", "attention_mask"}
@@ -68,16 +69,19 @@ def test_tokenizer_is_built_once_under_concurrency(tmp_path, monkeypatch) -> Non
     assert folder.parent == tmp_path / "tokenizers" and (folder / "tokenizer.json").exists()
     assert [p.name for p in folder.parent.iterdir() if not p.name.endswith(".lock")] == [folder.name]
     mtime = (folder / "tokenizer.json").stat().st_mtime
-    assert embedded_tokenizer_path(vocab_size=512) == folder and (folder / "tokenizer.json").stat().st_mtime == mtime
+    assert (embedded_tokenizer_path(vocab_size=512) == folder
+            and (folder / "tokenizer.json").stat().st_mtime == mtime)
 
 
 def test_wordpiece_vocabulary_is_learned_deterministically() -> None:
     words = ["low"] * 5 + ["lower"] * 2 + ["newest"] * 6 + ["widest"] * 3
     vocab = learn_wordpiece_vocab(words, vocab_size=20, special_tokens=["[PAD]", "[UNK]"])
     assert vocab[:2] == ["[PAD]", "[UNK]"]
-    # the alphabet first, by (-count, symbol): ##e 17, ##w 13, ##s 9, ##t 9, ##o 7, l 7, n 6, ##d 3, ##i 3, w 3, ##r 2
+    # the alphabet first, by (-count, symbol): ##e 17, ##w 13, ##s 9, ##t 9, ##o 7, l 7, n 6, ##d 3, ##i 3,
+    # w 3, ##r 2
     assert vocab[2:13] == ["##e", "##w", "##s", "##t", "##o", "l", "n", "##d", "##i", "w", "##r"]
-    # merges: (##e,##s) 9 ties with (##s,##t) 9 and wins by string order; then ##es+##t; (##o,##w) 7 before (l,##o) 7
+    # merges: (##e,##s) 9 ties with (##s,##t) 9 and wins by string order; then ##es+##t; (##o,##w) 7 before
+    # (l,##o) 7
     assert vocab[13:17] == ["##es", "##est", "##ow", "low"]
     shuffled = words[::-1]
     assert learn_wordpiece_vocab(shuffled, 20, ["[PAD]", "[UNK]"]) == vocab
@@ -129,7 +133,8 @@ def test_config_overrides_are_typed_and_validated() -> None:
     tokenizer = embedded_tokenizer()
     config = build_config("entropy_invariant", config_overrides="hidden_size=32,num_attention_heads=4",
                           tokenizer=tokenizer, max_seq_length=1024)
-    assert (config.vocab_size, config.pad_token_id, config.bos_token_id, config.eos_token_id) == (len(tokenizer), 0, 2, 3)
+    assert (config.vocab_size, config.pad_token_id, config.bos_token_id,
+            config.eos_token_id) == (len(tokenizer), 0, 2, 3)
     assert config.max_position_embeddings == 1024 and config.base_length == 1024  # the training length
     with pytest.raises(ValueError, match=r"unknown field\(s\) \['hiden_size'\]"):
         build_config("gau", config_overrides="hiden_size=3")

@@ -1,8 +1,9 @@
-"""Both CPU vendors' oneMKL code paths on every machine: a tolerance tuned on one CPU fails here, not on the other.
+"""Both CPU vendors' oneMKL code paths on every machine: a tolerance tuned on one CPU fails here, not on the
+other.
 
-CI lands on an Intel Xeon one day and an AMD EPYC the next, and oneMKL sums float32 products in a different order
-on each (``tests/mkl_dispatch.py``). The suite itself runs on this CPU's own path; this file runs the numerics
-tests again on the other vendor's path, so both are checked on every run whichever CPU it gets.
+CI lands on an Intel Xeon one day and an AMD EPYC the next, and oneMKL sums float32 products in a different
+order on each (``tests/mkl_dispatch.py``). The suite itself runs on this CPU's own path; this file runs the
+numerics tests again on the other vendor's path, so both are checked on every run whichever CPU it gets.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hf_attn_variants.results.suite import pytest_counts
+from tools.docs_results.suite import pytest_counts
 from tests.mkl_dispatch import mkl_code_path, native_env, native_vendor, other_vendor, vendor_env
 from tests.test_transformers_floor import MODEL_TEST_FILES
 
@@ -44,20 +45,37 @@ def test_the_numerics_tests_pass_on_the_other_vendors_onemkl_path() -> None:
 
 
 def test_results_name_the_forced_path_only_when_the_shim_is_really_preloaded(monkeypatch) -> None:
-    from hf_attn_variants.results import _common, suite
+    """The package records the variables generically (``records.numerics_environment``); only the docs
+    renderer (``tools/docs_results``) reads a forced oneMKL path out of that record."""
+    from hf_attn_variants.records import numerics_environment
+    from tools.docs_results import _common, suite
+    from tests.mkl_dispatch import VENDORS
 
+    assert tuple(_common.MKL_PATH_NAMES) == VENDORS
     monkeypatch.delenv("MKL_VENDOR", raising=False)
     monkeypatch.delenv("LD_PRELOAD", raising=False)
+    assert "MKL_VENDOR" not in numerics_environment() and "LD_PRELOAD" not in numerics_environment()
     assert _common.forced_mkl_path() is None and "oneMKL" not in _common.machine_description()
     assert _common.forced_mkl_command_prefix() == ""
     monkeypatch.setenv("MKL_VENDOR", "intel")
+    assert numerics_environment()["MKL_VENDOR"] == "intel"
     assert _common.forced_mkl_path() is None  # the variable alone forces nothing
     for key, value in vendor_env("intel", {}).items():
         monkeypatch.setenv(key, value)
-    assert _common.forced_mkl_path() == "Intel"
-    assert _common.forced_mkl_command_prefix() == "MKL_VENDOR=intel LD_PRELOAD=$(python -m tests.mkl_dispatch intel) "
+    recorded = numerics_environment()
+    assert recorded["MKL_VENDOR"] == "intel" and "mkl-vendor" in recorded["LD_PRELOAD"]
+    assert _common.forced_mkl_path() == "Intel" == _common.forced_mkl_path(recorded)
+    assert _common.forced_mkl_command_prefix() == ("MKL_VENDOR=intel LD_PRELOAD=$(python -m "
+                                                   "tests.mkl_dispatch intel) ")
     assert _common.cpu_name().endswith(" (oneMKL's Intel path)")
     assert "(x86_64), oneMKL on its Intel code path" in _common.machine_description()
-    run = {"label": "x", "command": "make test MKL_VENDOR=intel", "machine": "2-core AMD EPYC CPU (x86_64), no GPU",
+    assert _common.forced_mkl_path({"MKL_VENDOR": "intel"}) is None
+    assert _common.cpu_name({}) == _common.cpu_name({"LD_PRELOAD": recorded["LD_PRELOAD"]})
+    run = {"label": "x", "command": "make test MKL_VENDOR=intel",
+           "machine": "2-core AMD EPYC CPU (x86_64), no GPU",
            "isa": "AVX2", "mkl_vendor": "intel", "versions": {}, "minutes": 1.0, "date": "2026-11-26"}
-    assert "`ONEDNN_MAX_CPU_ISA=AVX2`; oneMKL's Intel code path (`MKL_VENDOR=intel`)" in suite.runs({"runs": [run]})
+    where = "`ONEDNN_MAX_CPU_ISA=AVX2`; oneMKL's Intel code path (`MKL_VENDOR=intel`)"
+    assert where in suite.runs({"runs": [run]})
+    recorded_run = {**{k: v for k, v in run.items() if k not in ("isa", "mkl_vendor")},
+                    "environment": {**recorded, "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+    assert suite.runs({"runs": [recorded_run]}) == suite.runs({"runs": [run]})

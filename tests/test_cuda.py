@@ -1,18 +1,21 @@
 """Checks that need a CUDA GPU: ``scripts/gpu_check.sh`` runs them on one; elsewhere they skip.
 
-- GAU's Triton kernels, compiled, against the torch kernels on CUDA tensors (float32, 1e-4 of the output's scale):
-  quadratic relu² with padding, causality and a cache offset, FLASH's part inside the chunks; small shapes with
-  partial blocks and model shapes (n ≈ 1000, s = 128); whole models with ``gau_kernel="triton"`` against
-  ``"torch"``, outputs and gradients, in float32 and under bf16 autocast.
-- bf16 training steps of every family (causal and masked LM, bf16 autocast and bf16 weights): finite losses that fall.
+- GAU's Triton kernels, compiled, against the torch kernels on CUDA tensors (float32, 1e-4 of the output's
+  scale): quadratic relu² with padding, causality and a cache offset, FLASH's part inside the chunks; small
+  shapes with partial blocks and model shapes (n ≈ 1000, s = 128); whole models with ``gau_kernel="triton"``
+  against ``"torch"``, outputs and gradients, in float32 and under bf16 autocast.
+- bf16 training steps of every family (causal and masked LM, bf16 autocast and bf16 weights): finite losses
+  that fall.
 - The entropy-invariant family under ``sdpa``, ``flex_attention`` (whose backward needs a GPU) and
-  ``flash_attention_2`` (where flash-attn is installed) against ``eager``: outputs and gradients, with padding.
-- Packed FLASH (``position_ids`` restarting at every document, no mask) equals each document run alone, with the
-  Triton kernels and the torch path: logits and the gradients of the summed document losses.
+  ``flash_attention_2`` (where flash-attn is installed) against ``eager``: outputs and gradients, with
+  padding.
+- Packed FLASH (``position_ids`` restarting at every document, no mask) equals each document run alone, with
+  the Triton kernels and the torch path: logits and the gradients of the summed document losses.
 
-``tests/test_gau_triton.py`` checks the same kernels in Triton's interpreter on CPU tensors for ``make test``. To
-check these tests themselves without a GPU, ``HF_ATTN_VARIANTS_CUDA_TESTS_ON_CPU=1 pytest tests/test_cuda.py`` runs
-them on CPU (Triton interpreted; the bf16 and FlexAttention-backward cases skip there).
+``tests/test_gau_triton.py`` checks the same kernels in Triton's interpreter on CPU tensors for ``make test``.
+To check these tests themselves without a GPU,
+``HF_ATTN_VARIANTS_CUDA_TESTS_ON_CPU=1 pytest tests/test_cuda.py`` runs them on CPU (Triton interpreted; the
+bf16 and FlexAttention-backward cases skip there).
 """
 
 from __future__ import annotations
@@ -52,22 +55,23 @@ DEVICE = torch.device("cpu" if ON_CPU else "cuda")
 pytestmark = pytest.mark.skipif(not ON_CPU and not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (scripts/gpu_check.sh runs these on one)")
 needs_triton = pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed (pip install triton)")
-needs_gpu_bf16 = pytest.mark.skipif(ON_CPU, reason="bf16 on the GPU (HF_ATTN_VARIANTS_CUDA_TESTS_ON_CPU=1: skipped)")
+needs_gpu_bf16 = pytest.mark.skipif(ON_CPU,
+                                    reason="bf16 on the GPU (HF_ATTN_VARIANTS_CUDA_TESTS_ON_CPU=1: skipped)")
 
 
 def assert_close_to_scale(got: torch.Tensor, expected: torch.Tensor, relative: float = 1e-4,
                           floor: float = 0.0) -> None:
-    """``got`` equals ``expected`` to ``relative`` of ``expected``'s largest magnitude (at least of ``floor``): float32
-    sums taken in another order."""
+    """``got`` equals ``expected`` to ``relative`` of ``expected``'s largest magnitude (at least of
+    ``floor``): float32 sums taken in another order."""
     scale = max(float(expected.detach().abs().max()), floor) or 1.0
     torch.testing.assert_close(got, expected, atol=relative * scale, rtol=relative)
 
 
 def assert_same_gradients(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
                           relative: float = 2e-4) -> None:
-    """Every parameter gradient agrees to ``relative`` of its own scale, or of 1 % of the largest gradient of the
-    model where it is smaller: a gradient summed over every position (a per-head scale, a bias) cancels, and its
-    rounding follows the size of its terms, not of the sum."""
+    """Every parameter gradient agrees to ``relative`` of its own scale, or of 1 % of the largest gradient of
+    the model where it is smaller: a gradient summed over every position (a per-head scale, a bias) cancels,
+    and its rounding follows the size of its terms, not of the sum."""
     assert got.keys() == expected.keys()
     largest = max(float(grad.abs().max()) for grad in expected.values())
     for name, grad in expected.items():
@@ -78,7 +82,7 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a.detach().double().flatten(), b.detach().double().flatten(), dim=0))
 
 
-# -------------------------------------------------------------------------------------------- kernels
+# ---------------------------------------------------------------------------------- kernels
 SHAPES = {"small": (70, 16, 24), "model": (1030, 128, 512)}
 """(n, key size s, value width e): partial blocks everywhere, and GAU-base's key size with n > 1000."""
 
@@ -117,7 +121,7 @@ def test_quadratic_kernel_compiled_equals_torch(causal: bool, shape: str) -> Non
         mask = mask & torch.ones(n, n, dtype=torch.bool).tril()
     mask, offset = mask.to(DEVICE), 0 if causal else None
     assert_same_kernel(lambda q, k, v: triton_relu2_attention(q, k, v, mask, offset),
-                       lambda q, k, v: relu2_attention(q, k, v, mask, 1.0, causal_offset=offset),
+                       lambda q, k, v: relu2_attention(q, k, v, mask, offset),
                        kernel_inputs(n, n, s, e))
 
 
@@ -127,7 +131,7 @@ def test_quadratic_kernel_compiled_with_a_cache_offset(past: int, new: int, shap
     _, s, e = SHAPES[shape]
     mask = torch.ones(new, past + new).tril(past).bool()[None].to(DEVICE)
     assert_same_kernel(lambda q, k, v: triton_relu2_attention(q, k, v, None, past),
-                       lambda q, k, v: relu2_attention(q, k, v, mask, 1.0, causal_offset=past),
+                       lambda q, k, v: relu2_attention(q, k, v, mask, past),
                        kernel_inputs(new, past + new, s, e))
 
 
@@ -141,13 +145,14 @@ def test_intra_chunk_kernel_compiled_equals_flash(causal: bool, chunk: int, shap
     zeros = torch.zeros(2, n, s, device=DEVICE)
 
     def torch_intra(q, k, v):
-        return flash_mixed_chunk_attention(q, k, zeros, zeros, v, chunk_size=chunk, causal=causal, key_mask=keep)[0]
+        return flash_mixed_chunk_attention(q, k, zeros, zeros, v, chunk_size=chunk, causal=causal,
+                                           key_mask=keep)[0]
 
     assert_same_kernel(lambda q, k, v: triton_flash_intra_chunk(q, k, v, keep, chunk, causal), torch_intra,
                        kernel_inputs(n, n, s, e))
 
 
-# -------------------------------------------------------------------------------------------- GAU models, both kernels
+# ---------------------------------------------------------------------------------- GAU models, both kernels
 MODEL_CASES = {
     "quadratic-fixed": (GAUModel, {"attention_normalization": "relu2", "relu2_length": "fixed"}, 30),
     "quadratic-causal": (GAUForCausalLM, {"attention_normalization": "relu2"}, 30),
@@ -158,17 +163,20 @@ MODEL_CASES = {
 
 
 def gau_outputs(model_class, fields: dict, length: int, kernel: str, autocast: bool):
-    """(output at real positions, parameter gradients) of a GAU model with ``gau_kernel=kernel`` on the device."""
-    config = GAUConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2, attention_key_size=16, base_length=16,
-                       gau_kernel=kernel, **fields)
+    """(output at real positions, parameter gradients) of a GAU model with ``gau_kernel=kernel`` on the
+    device."""
+    config = GAUConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2, attention_key_size=16,
+                       base_length=16, gau_kernel=kernel, **fields)
     causal = model_class is GAUForCausalLM
-    ids, mask = (left_padded if causal else right_padded)(random_ids(2, length, vocab=61), [length, length * 2 // 3])
+    ids, mask = (left_padded if causal else right_padded)(random_ids(2, length, vocab=61),
+                                                          [length, length * 2 // 3])
     ids, mask = ids.to(DEVICE), mask.to(DEVICE)
     torch.manual_seed(0)
     model = model_class(config).to(DEVICE).train()
     with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=autocast):
         out = model(input_ids=ids, attention_mask=mask)
-        value = (out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits)[mask.bool()].float()
+        value = (out.last_hidden_state if hasattr(out, "last_hidden_state")
+                 else out.logits)[mask.bool()].float()
     value.square().sum().backward()
     return value.detach(), {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -185,9 +193,11 @@ def test_gau_models_give_the_same_outputs_and_gradients_with_either_kernel(case:
 
 @needs_triton
 @needs_gpu_bf16
-@pytest.mark.parametrize("case", ["quadratic-causal", "flash-causal", "flash-bidirectional", "flash-causal-long"])
+@pytest.mark.parametrize("case",
+                         ["quadratic-causal", "flash-causal", "flash-bidirectional", "flash-causal-long"])
 def test_gau_models_under_bf16_autocast_agree_across_kernels(case: str) -> None:
-    """bf16 rounds differently in each kernel: the outputs and every gradient point the same way (cosine ≥ 0.99)."""
+    """bf16 rounds differently in each kernel: the outputs and every gradient point the same way (cosine
+    ≥ 0.99)."""
     model_class, fields, length = MODEL_CASES[case]
     expected, expected_grads = gau_outputs(model_class, fields, length, "torch", autocast=True)
     got, got_grads = gau_outputs(model_class, fields, length, "triton", autocast=True)
@@ -197,13 +207,14 @@ def test_gau_models_under_bf16_autocast_agree_across_kernels(case: str) -> None:
         assert cosine(got_grads[name], grad) >= 0.99, name
 
 
-# -------------------------------------------------------------------------------------------- bf16 training steps
+# ---------------------------------------------------------------------------------- bf16 training steps
 FAMILIES = {
     "entropy_invariant": ((EntropyInvariantForCausalLM, EntropyInvariantForMaskedLM),
                           lambda: ei_config(attention_scale="entropy_invariant")),
     "entropy_invariant-ssmax": ((EntropyInvariantForCausalLM, EntropyInvariantForMaskedLM),
                                 lambda: ei_config(attention_scale="ssmax")),
-    "gau-softmax_plus": ((GAUForCausalLM, GAUForMaskedLM), lambda: gau_config(attention_normalization="softmax_plus")),
+    "gau-softmax_plus": ((GAUForCausalLM, GAUForMaskedLM),
+                         lambda: gau_config(attention_normalization="softmax_plus")),
     "gau-relu2": ((GAUForCausalLM, GAUForMaskedLM), lambda: gau_config(attention_normalization="relu2")),
     "gau-flash": ((GAUForCausalLM, GAUForMaskedLM),
                   lambda: gau_config(attention_normalization="relu2", chunk_size=8)),
@@ -211,7 +222,8 @@ FAMILIES = {
                                    lambda: synthesizer_config(max_position_embeddings=32,
                                                               synthesizer_components=["random", "vanilla"])),
     "synthesizer-dense": ((SynthesizerForCausalLM, SynthesizerForMaskedLM),
-                          lambda: synthesizer_config(max_position_embeddings=32, synthesizer_components=["dense"])),
+                          lambda: synthesizer_config(max_position_embeddings=32,
+                                                     synthesizer_components=["dense"])),
 }
 
 
@@ -220,7 +232,8 @@ FAMILIES = {
 @pytest.mark.parametrize("objective", ["causal", "masked"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_bf16_training_steps_lower_the_loss(family: str, objective: str, precision: str) -> None:
-    """Eight AdamW steps on one padded batch: every loss and gradient finite, the last loss below the first."""
+    """Eight AdamW steps on one padded batch: every loss and gradient finite, the last loss below the
+    first."""
     classes, config = FAMILIES[family]
     model_class = classes[objective == "masked"]
     torch.manual_seed(0)
@@ -244,20 +257,21 @@ def test_bf16_training_steps_lower_the_loss(family: str, objective: str, precisi
     assert losses[-1] < losses[0], losses
 
 
-# -------------------------------------------------------------------------------------------- attention implementations
+# ---------------------------------------------------------------------------------- attention implementations
 def ei_outputs(model, ids: torch.Tensor, mask: torch.Tensor):
     """(hidden states at real positions, parameter gradients) of one forward and backward."""
     model.zero_grad(set_to_none=True)
     hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()].float()
     hidden.square().sum().backward()
-    return hidden.detach(), {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return hidden.detach(), {n: p.grad.float().clone() for n, p in model.named_parameters()
+                             if p.grad is not None}
 
 
 def implementation_available(implementation: str) -> str | None:
     """Why ``implementation`` cannot run here, or ``None``."""
     if implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
-        return ("flash-attn is not installed (its wheel is larger than what travels to a lent GPU machine, and it "
-                "cannot be built there without the network)")
+        return ("flash-attn is not installed (its wheel is larger than what travels to a lent GPU machine, "
+                "and it cannot be built there without the network)")
     if implementation == "flex_attention" and ON_CPU:
         return "FlexAttention's backward needs a GPU (HF_ATTN_VARIANTS_CUDA_TESTS_ON_CPU=1)"
     if implementation == "flash_attention_2" and ON_CPU:
@@ -293,9 +307,10 @@ def test_entropy_invariant_attention_implementations_equal_eager(causal: bool, s
     assert_same_gradients(got_grads, expected_grads)
 
 
-# -------------------------------------------------------------------------------------------- packed FLASH
+# ---------------------------------------------------------------------------------- packed FLASH
 PACKED_CASES = {"chunk4": ((5, 11, 8), 4), "chunk6": ((5, 11, 8), 6), "chunk32": ((37, 100, 63), 32)}
-"""Document lengths of one packed row and FLASH's chunk: shorter and longer than documents, off the row's grid."""
+"""Document lengths of one packed row and FLASH's chunk: shorter and longer than documents, off the row's
+grid."""
 
 
 @pytest.mark.parametrize("kernel", [pytest.param("triton", marks=needs_triton), "torch"])
@@ -321,4 +336,5 @@ def test_packed_flash_equals_each_document_alone(case: str, kernel: str) -> None
     sum(document_loss(logits, d) for logits, d in zip(lone, documents)).backward()
     for a, b, alone in zip(starts, starts[1:], lone):
         assert_close_to_scale(packed[a:b].detach(), alone.detach())
-    assert_same_gradients(packed_grads, {n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert_same_gradients(packed_grads,
+                          {n: p.grad for n, p in model.named_parameters() if p.grad is not None})

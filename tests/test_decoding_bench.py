@@ -1,12 +1,12 @@
-"""The decoding benchmark (``bench/decoding.py``, ``scripts/decoding_bench.py``) at tiny sizes: what it times and
-how its table reads."""
+"""The decoding benchmark (``bench/decoding.py``, ``scripts/decoding_bench.py``) at tiny sizes: what it times
+and how its table reads."""
 
 from __future__ import annotations
 
 import torch
 
 from hf_attn_variants.bench.decoding import DECODERS, DecodingSize, StepClock, measure, time_generate
-from hf_attn_variants.results import decoding
+from tools.docs_results import decoding
 
 TINY = DecodingSize(hidden_size=64, num_heads=2, llama_intermediate=168, gau_key_size=32, gau_chunk_size=8)
 
@@ -33,7 +33,8 @@ def test_every_family_decodes_and_the_llama_has_the_entropy_invariant_decoders_p
     assert all(r["tokens_per_s"] > 0 and r["step_ms"] > 0 and r["steps"] == 3 for r in rows)
     parameters = {r["model"]: r["parameters"] for r in rows}
     assert parameters["llama"] == parameters["entropy_invariant"]
-    assert abs(parameters["gau_flash"] / parameters["llama"] - 1) < 0.15  # 2× GAU layers ≈ one attention + FFN
+    # 2× GAU layers ≈ one attention + FFN
+    assert abs(parameters["gau_flash"] / parameters["llama"] - 1) < 0.15
 
 
 def test_the_table_gives_tokens_per_second_ratios_and_growth() -> None:
@@ -43,7 +44,9 @@ def test_the_table_gives_tokens_per_second_ratios_and_growth() -> None:
                                   ("gau_flash", 1, 512, 8.0), ("gau_flash", 1, 4096, 8.8)]]
     data = {"kind": "decoding", "command": "scripts/decoding_bench.py", "machine": "m", "versions": {},
             "date": "2026-11-25", "models": {"llama": "L", "gau_flash": "F"},
-            "settings": {"batches": [1], "contexts": [512, 4096], "new_tokens": 32, "threads": 1}, "rows": rows}
+            "settings": {"batches": [1], "contexts": [512, 4096], "new_tokens": 32, "threads": 1},
+            "rows": rows}
     text = decoding.table(data)
-    assert "| `gau_flash`: F | 1.00M | 125 tok/s (1.25×), 8.0 ms | 114 tok/s (2.27×), 8.8 ms | 1.10× |" in text
+    assert "| `gau_flash`: F | 1.00M | 125 tok/s (1.25×), 8.0 ms | 114 tok/s (2.27×), 8.8 ms | 1.10× |" \
+        in text
     assert "| `llama`: L | 1.00M | 100 tok/s, 10.0 ms | 50 tok/s, 20.0 ms | 2.00× |" in text

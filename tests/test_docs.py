@@ -1,25 +1,26 @@
 """The docs are tests: every ```python and ```bash block of README.md and docs/*.md runs here, with Sybil.
 
-How it works (the collection hook is ``pytest_pycollect_makemodule`` in tests/conftest.py, which adds one Sybil
-file collector per document under this module, so ``pytest tests`` — ``make test`` — collects the docs too):
+How it works (the collection hook is ``pytest_pycollect_makemodule`` in tests/conftest.py, which adds one
+Sybil file collector per document under this module, so ``pytest tests`` — ``make test`` — collects the docs
+too):
 
 - **Python blocks** run through :func:`run_python_block`. The blocks of one file share one namespace and run
-  in order, in a temporary working folder of their own (``runs/…`` paths of the docs land there). A block followed
-  by ``<!-- output -->`` and a ```text block must print exactly that text (its stdout is compared). Under
-  pytest-xdist every block of a file goes to the same worker, in order (``pytest_xdist_make_scheduler`` in
-  tests/conftest.py).
+  in order, in a temporary working folder of their own (``runs/…`` paths of the docs land there). A block
+  followed by ``<!-- output -->`` and a ```text block must print exactly that text (its stdout is compared).
+  Under pytest-xdist every block of a file goes to the same worker, in order (``pytest_xdist_make_scheduler``
+  in tests/conftest.py).
 - **Bash blocks** run through :func:`run_cli_block`: each command must be the project's own command line
-  (``hf-attn-variants …`` or ``python -m hf_attn_variants …``, optionally after ``VAR=value`` assignments), and
-  it runs in-process through ``hf_attn_variants.cli.main`` in the file's working folder; a non-zero exit fails
-  the block. Any other command (``make``, ``torchrun``, ``vllm``, ``pip`` …) is an error, so such a block must
-  say why it is not run.
-- **Skipping** is explicit, with Sybil's Markdown skip directive right before the block, and the reason is shown
-  in pytest's summary (``-ra``):
+  (``hf-attn-variants …`` or ``python -m hf_attn_variants …``, optionally after ``VAR=value`` assignments),
+  and it runs in-process through ``hf_attn_variants.cli.main`` in the file's working folder; a non-zero exit
+  fails the block. Any other command (``make``, ``torchrun``, ``vllm``, ``pip`` …) is an error, so such a
+  block must say why it is not run.
+- **Skipping** is explicit, with Sybil's Markdown skip directive right before the block, and the reason is
+  shown in pytest's summary (``-ra``):
 
   - ``<!-- skip: next "full size: hours on a CPU; the tiny run below is the same command" -->``;
   - ``<!-- skip: next needs(gpus=8) -->``, ``needs(nodes=2)``, ``needs(network=True)``,
-    ``needs(modules=("vllm",))``: :func:`needs` returns the reason, or ``None`` — then the block runs — when this
-    machine has what the block needs (GPUs, installed packages).
+    ``needs(modules=("vllm",))``: :func:`needs` returns the reason, or ``None`` — then the block runs — when
+    this machine has what the block needs (GPUs, installed packages).
 
 A block that takes more than a few seconds states a smaller size that runs here next to the full one.
 """
@@ -51,8 +52,8 @@ DOCUMENTS: tuple[Path, ...] = (ROOT / "README.md", *sorted((ROOT / "docs").glob(
 
 KNOWN_LANGUAGES = frozenset({"python", "bash", "text", "yaml", "json", "toml", "markdown", "diff"})
 """Fence languages the docs may use. Only ``python`` and ``bash`` run; the others are data or output. A
-``py``/``sh``/``shell``/``console`` block would escape the runner, so ``test_every_code_block_has_a_known_language``
-refuses it."""
+``py``/``sh``/``shell``/``console`` block would escape the runner, so
+``test_every_code_block_has_a_known_language`` refuses it."""
 
 DOCUMENTS = (*DOCUMENTS[:1], ROOT / "CONTRIBUTING.md", *DOCUMENTS[1:])
 
@@ -95,8 +96,9 @@ def needs(*, gpus: int = 0, nodes: int = 1, modules: Sequence[str] = (), network
 
 
 def shell_commands(source: str) -> list[list[str]]:
-    """The commands of a bash block as argument lists: backslash continuations joined, comments and empty lines
-    dropped, words split as the shell does (``shlex``). ``ValueError`` for pipes, redirections or lists."""
+    """The commands of a bash block as argument lists: backslash continuations joined, comments and empty
+    lines dropped, words split as the shell does (``shlex``). ``ValueError`` for pipes, redirections or
+    lists."""
     commands = []
     for line in source.replace("\\\n", " ").splitlines():
         words = shlex.split(line, comments=True)
@@ -104,7 +106,8 @@ def shell_commands(source: str) -> list[list[str]]:
             continue
         operators = SHELL_OPERATORS.intersection(words)
         if operators:
-            raise ValueError(f"the docs runner runs one command per line, without {sorted(operators)}: {line!r}")
+            raise ValueError(f"the docs runner runs one command per line, without {sorted(operators)}: "
+                             f"{line!r}")
         commands.append(words)
     return commands
 
@@ -120,8 +123,8 @@ def _cli_arguments(words: list[str]) -> tuple[dict[str, str], list[str]]:
         if tuple(words[: len(prefix)]) == prefix:
             return environment, words[len(prefix) :]
     raise ValueError(
-        f"`{shlex.join(words)}` is not the project's command line (hf-attn-variants …); the docs runner runs only "
-        "that. Put `<!-- skip: next \"why it cannot run here\" -->` (or `needs(...)`) before the block."
+        f"`{shlex.join(words)}` is not the project's command line (hf-attn-variants …); the docs runner runs "
+        "only that. Put `<!-- skip: next \"why it cannot run here\" -->` (or `needs(...)`) before the block."
     )
 
 
@@ -142,15 +145,15 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 @contextmanager
 def _process_wide_settings() -> Iterator[None]:
-    """Restore what a command changes for the whole process: the commands set Transformers' and datasets' verbosity
-    and progress bars and configure logging, as a command line should; in this test process that would leak into
-    every later test of the worker (Transformers' common tests read its warnings)."""
+    """Restore what a command changes for the whole process: the commands set Transformers' and datasets'
+    verbosity and progress bars and configure logging, as a command line should; in this test process that
+    would leak into every later test of the worker (Transformers' common tests read its warnings)."""
     import datasets
     import transformers
 
     hf_logging = transformers.utils.logging
-    saved = (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(), datasets.utils.logging.get_verbosity(),
-             datasets.is_progress_bar_enabled())
+    saved = (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(),
+             datasets.utils.logging.get_verbosity(), datasets.is_progress_bar_enabled())
     root = logging.getLogger()
     root_state = (list(root.handlers), root.level)
     package_level = logging.getLogger("hf_attn_variants").level
@@ -188,24 +191,24 @@ def expected_output(example: Example) -> str | None:
 
 
 def run_python_block(example: Example) -> None:
-    """Run a ```python block in the document's namespace (its line numbers as in the document); when an output block
-    follows it, what the block prints must equal that text."""
+    """Run a ```python block in the document's namespace (its line numbers as in the document); when an output
+    block follows it, what the block prints must equal that text."""
     code = compile("\n" * example.line + str(example.parsed), example.path, "exec")
     expected = expected_output(example)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed) if expected is not None else contextlib.nullcontext():
         exec(code, example.namespace)  # noqa: S102 — running the docs' code is the point of this test
     if expected is not None and printed.getvalue() != expected:
-        diff = "\n".join(difflib.unified_diff(expected.splitlines(), printed.getvalue().splitlines(), "shown", "printed",
-                                              lineterm=""))
+        diff = "\n".join(difflib.unified_diff(expected.splitlines(), printed.getvalue().splitlines(), "shown",
+                                              "printed", lineterm=""))
         raise AssertionError(f"the block's output differs from the output shown under it:\n{diff}")
 
 
 def setup_document(namespace: dict[str, Any]) -> None:
-    """Before a document's first block: a fresh working folder, and the helper of the skip directives. (Nothing is
-    switched offline here: huggingface_hub reads ``HF_HUB_OFFLINE`` once, at import, so setting it for one document
-    would either do nothing or stay on for every later test of the process. No block needs the network; the ones
-    that would say so with ``needs(network=True)``.)"""
+    """Before a document's first block: a fresh working folder, and the helper of the skip directives.
+    (Nothing is switched offline here: huggingface_hub reads ``HF_HUB_OFFLINE`` once, at import, so setting it
+    for one document would either do nothing or stay on for every later test of the process. No block needs
+    the network; the ones that would say so with ``needs(network=True)``.)"""
     folder = Path(tempfile.mkdtemp(prefix="hf-attn-variants-docs-"))
     namespace["_docs_state"] = {"cwd": os.getcwd(), "folder": folder}
     namespace["needs"] = needs
@@ -231,8 +234,8 @@ SYBIL = Sybil(
 
 def test_every_code_block_has_a_known_language() -> None:
     """No fenced block escapes the runner under another spelling (``py``, ``sh``, ``console``…) or without a
-    language: a bare fence is refused too, so code cannot slip past as an unlabelled block (prose and output say
-    ``text``)."""
+    language: a bare fence is refused too, so code cannot slip past as an unlabelled block (prose and output
+    say ``text``)."""
     from sybil import Document
 
     lexer = FencedCodeBlockLexer(language=r"[^\n]*")
@@ -242,19 +245,23 @@ def test_every_code_block_has_a_known_language() -> None:
         for region in lexer(document):
             language = region.lexemes["language"].strip()
             if language not in KNOWN_LANGUAGES:
-                unknown.append(f"{path.relative_to(ROOT)}:{document.line_column(region.start)}: {language or '(none)'!r}")
+                unknown.append(f"{path.relative_to(ROOT)}:{document.line_column(region.start)}: "
+                               f"{language or '(none)'!r}")
     assert not unknown, f"fences the docs runner does not know (use python, bash or text): {unknown}"
 
 
 def test_every_output_block_follows_a_python_block() -> None:
-    """An ``<!-- output -->`` block is checked only right after a python block: none may stand anywhere else."""
+    """An ``<!-- output -->`` block is checked only right after a python block: none may stand anywhere
+    else."""
     lexer = FencedCodeBlockLexer(language="python")
     from sybil import Document
 
     for path in DOCUMENTS:
         text = path.read_text(encoding="utf-8")
-        checked = sum(bool(OUTPUT_BLOCK.match(text, region.end)) for region in lexer(Document(text, str(path))))
-        assert checked == text.count("<!-- output -->"), f"{path.name}: an output block that no python block precedes"
+        checked = sum(bool(OUTPUT_BLOCK.match(text, region.end))
+                      for region in lexer(Document(text, str(path))))
+        assert checked == text.count("<!-- output -->"), (f"{path.name}: an output block that no python "
+                                                          "block precedes")
 
 
 def test_printed_output_is_compared() -> None:
@@ -278,7 +285,8 @@ def test_every_document_is_collected() -> None:
 
 def test_shell_commands_split_like_the_shell() -> None:
     """Continuations, comments and quoting of the docs' bash blocks."""
-    source = ('hf-attn-variants pretrain --model_type gau \\\n  --config_overrides "hidden_size=64,a=b"  # note\n'
+    source = ('hf-attn-variants pretrain --model_type gau \\\n'
+              '  --config_overrides "hidden_size=64,a=b"  # note\n'
               "# a comment line\n\nX=1 hf-attn-variants export --output_dir runs/x\n")
     assert shell_commands(source) == [
         ["hf-attn-variants", "pretrain", "--model_type", "gau", "--config_overrides", "hidden_size=64,a=b"],

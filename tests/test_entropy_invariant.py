@@ -62,17 +62,21 @@ def test_packed_sequences_without_a_mask_follow_their_positions() -> None:
     model = tiny(EntropyInvariantForCausalLM, base_length=4, entropy_min_length=1)
     first, second = random_ids(1, 7, seed=1), random_ids(1, 6, seed=2)
     positions = torch.cat([torch.arange(7), torch.arange(6)])[None]
-    together = properties.hidden(model, torch.cat([first, second], dim=1), position_ids=positions, use_cache=False)
-    torch.testing.assert_close(together[:, 7:], properties.hidden(model, second, use_cache=False), atol=1e-5, rtol=1e-4)
+    together = properties.hidden(model, torch.cat([first, second], dim=1), position_ids=positions,
+                                 use_cache=False)
+    torch.testing.assert_close(together[:, 7:], properties.hidden(model, second, use_cache=False), atol=1e-5,
+                               rtol=1e-4)
 
 
 @pytest.mark.parametrize("scale", ["entropy_invariant", "ssmax"])
-def test_given_positions_and_the_mask_give_the_same_real_tokens_with_left_padding_and_cache(scale: str) -> None:
+def test_given_positions_and_the_mask_give_the_same_real_tokens_with_left_padding_and_cache(
+    scale: str
+) -> None:
     """nᵢ from the caller's positions (``generate``'s cumsum(mask) − 1; they decide when given) equals nᵢ from
     the mask on every real token, in a left-padded prefill and a cached step. No position embedding, so the
     positions act only through nᵢ."""
-    model = tiny(EntropyInvariantForCausalLM, attention_scale=scale, position_embedding_type="none", base_length=4,
-                 entropy_min_length=1)
+    model = tiny(EntropyInvariantForCausalLM, attention_scale=scale, position_embedding_type="none",
+                 base_length=4, entropy_min_length=1)
     ids, step_ids = random_ids(3, 9), random_ids(3, 1, seed=5)
     mask = torch.ones_like(ids)
     mask[1, :3], mask[2, :6] = 0, 0
@@ -81,9 +85,11 @@ def test_given_positions_and_the_mask_give_the_same_real_tokens_with_left_paddin
     outputs = {}
     with torch.no_grad():
         for given in (True, False):
-            prefill = model(ids, attention_mask=mask, use_cache=True, **({"position_ids": positions} if given else {}))
+            prefill = model(ids, attention_mask=mask, use_cache=True,
+                            **({"position_ids": positions} if given else {}))
             step_positions = {"position_ids": positions[:, -1:] + 1} if given else {}
-            step = model(step_ids, attention_mask=step_mask, past_key_values=prefill.past_key_values, **step_positions)
+            step = model(step_ids, attention_mask=step_mask, past_key_values=prefill.past_key_values,
+                         **step_positions)
             outputs[given] = (prefill.logits, step.logits)
     real = mask.bool()
     torch.testing.assert_close(outputs[True][0][real], outputs[False][0][real], atol=1e-5, rtol=1e-4)
@@ -96,13 +102,16 @@ def test_entropy_invariant_equals_standard_when_base_length_is_the_input_length(
     causal = model_class is EntropyInvariantForCausalLM
     # In a causal stack only the last query has nᵢ = base_length; one layer keeps the other rows out of it.
     model = tiny(model_class, attention_scale="standard", num_hidden_layers=1 if causal else 2)
-    scaled = clone_with_config(model, attention_scale="entropy_invariant", base_length=length, entropy_min_length=1)
+    scaled = clone_with_config(model, attention_scale="entropy_invariant", base_length=length,
+                               entropy_min_length=1)
     ids = random_ids(2, length)
     if not causal:
         assert torch.allclose(properties.hidden(model, ids), properties.hidden(scaled, ids), atol=1e-5)
     else:
-        assert torch.allclose(properties.hidden(model, ids)[:, -1], properties.hidden(scaled, ids)[:, -1], atol=1e-5)
-        assert not torch.allclose(properties.hidden(model, ids)[:, 1], properties.hidden(scaled, ids)[:, 1], atol=1e-4)
+        assert torch.allclose(properties.hidden(model, ids)[:, -1], properties.hidden(scaled, ids)[:, -1],
+                              atol=1e-5)
+        assert not torch.allclose(properties.hidden(model, ids)[:, 1], properties.hidden(scaled, ids)[:, 1],
+                                  atol=1e-4)
 
 
 def test_entropy_invariant_differs_from_standard_at_other_lengths() -> None:
@@ -200,7 +209,8 @@ def test_generate_is_greedy_argmax(position_embedding_type: str) -> None:
 def test_bf16_and_all_padding_rows_are_finite(scale: str, norm: tuple[str, str]) -> None:
     model = tiny(attention_scale=scale, norm_type=norm[0], norm_position=norm[1])
     properties.assert_finite_bf16_and_all_padding(model)
-    causal = tiny(EntropyInvariantForCausalLM, attention_scale=scale, norm_type=norm[0], norm_position=norm[1])
+    causal = tiny(EntropyInvariantForCausalLM, attention_scale=scale, norm_type=norm[0],
+                  norm_position=norm[1])
     properties.assert_finite_bf16_and_all_padding(causal)
 
 
@@ -263,7 +273,8 @@ def test_bad_config_values_raise_value_error_naming_the_field(field: str, value)
         tiny_config(**{field: value})
 
 
-@pytest.mark.parametrize(("field", "value"), [("hidden_size", "32"), ("base_length", 5.5), ("use_bias", "yes")])
+@pytest.mark.parametrize(("field", "value"),
+                         [("hidden_size", "32"), ("base_length", 5.5), ("use_bias", "yes")])
 def test_bad_config_types_raise_type_error_naming_the_field(field: str, value) -> None:
     with pytest.raises(TypeError, match=field):
         tiny_config(**{field: value})

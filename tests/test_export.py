@@ -23,7 +23,8 @@ from tests.remote_code import assert_standalone_code, clean_python
 from tests.test_pretrain import tiny_overrides
 
 CITATION = {"entropy_invariant": "2501.19399", "gau": "2202.10447", "synthesizer": "2005.00743"}
-METRICS = {"eval_loss": 5.4321, "eval_accuracy": 0.1234, "eval_perplexity": 228.6, "train_loss": 5.6, "step": 10}
+METRICS = {"eval_loss": 5.4321, "eval_accuracy": 0.1234, "eval_perplexity": 228.6, "train_loss": 5.6,
+           "step": 10}
 
 CLEAN_CHILD = r"""
 import importlib.util, json, sys
@@ -47,7 +48,8 @@ def trained(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for family in FAMILIES:
         torch.manual_seed(0)
-        config = build_config(family, config_overrides=tiny_overrides(family), tokenizer=tokenizer, max_seq_length=16)
+        config = build_config(family, config_overrides=tiny_overrides(family), tokenizer=tokenizer,
+                              max_seq_length=16)
         folder = tmp_path_factory.mktemp(f"trained-{family}")
         AutoModelForMaskedLM.from_config(config).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
@@ -75,13 +77,15 @@ def exported(trained, tmp_path_factory) -> dict[str, Path]:
 def test_export_folder_is_exactly_the_upload(exported, family: str) -> None:
     folder = exported[family]
     names = {p.name for p in folder.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md"} <= names
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+            "README.md"} <= names
     assert_standalone_code(folder, family)
     assert not names & {"checkpoints", "all_results.json", "pretrain_args.json", "train_log.jsonl"}
     assert not [n for n in names if n.endswith((".bin", ".pt", ".pkl"))]
     check_export(folder)
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
-    assert auto_map["AutoModelForMaskedLM"] == f"modeling_{family}.{FAMILIES[family][1]['ForMaskedLM'].__name__}"
+    assert (auto_map["AutoModelForMaskedLM"]
+            == f"modeling_{family}.{FAMILIES[family][1]['ForMaskedLM'].__name__}")
     assert not list(folder.parent.glob(f".{family}.*")), "staging folder left behind"
 
 
@@ -95,12 +99,16 @@ def test_model_card_metadata_parses_and_holds_the_metrics(exported, family: str)
     assert values[("loss", "validation loss")] == pytest.approx(METRICS["eval_loss"])
     assert values[("accuracy", "validation accuracy")] == pytest.approx(METRICS["eval_accuracy"])
     assert values[("loss", "validation loss @ 64 tokens")] == pytest.approx(5.9)
-    assert all(r.task_type == "fill-mask" and r.dataset_type == "pydoc_data.topics" for r in data.eval_results)
+    assert all(r.task_type == "fill-mask" and r.dataset_type == "pydoc_data.topics"
+               for r in data.eval_results)
     text = card.text
     assert "trust_remote_code=True" in text and f'"someone/{family}-tiny"' in text
     assert f'"transformers>={MIN_TRANSFORMERS_VERSION}"' in text  # the minimum version the model code needs
     assert CITATION[family] in text and "hidden_size" in text
     assert "{{" not in text  # every template variable was filled
+    shared = hashlib.sha256((exported[family] / "attn_variants_common.py").read_bytes()).hexdigest()
+    # the same file in every family
+    assert "`attn_variants_common.py`" in text and f"sha256 `{shared}`" in text
 
 
 def test_export_loads_with_trust_remote_code_in_a_clean_environment(exported, tmp_path) -> None:
@@ -145,7 +153,9 @@ def folder_digest(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def test_push_offline_fails_with_one_clear_sentence_and_keeps_the_export(exported, monkeypatch, capsys) -> None:
+def test_push_offline_fails_with_one_clear_sentence_and_keeps_the_export(
+    exported, monkeypatch, capsys
+) -> None:
     folder = exported["entropy_invariant"]
     before = folder_digest(folder)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

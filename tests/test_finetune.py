@@ -19,13 +19,15 @@ from hf_attn_variants.training.metrics import accuracy, entity_scores, get_entit
 from tests.test_pretrain import tiny_overrides
 
 POSITIVE, NEGATIVE = ["good", "great", "fine", "nice"], ["bad", "awful", "poor", "wrong"]
-FILLER = ["the", "a", "value", "of", "function", "class", "list", "string", "object", "module", "is", "returns", "this", "that"]
+FILLER = ["the", "a", "value", "of", "function", "class", "list", "string", "object", "module", "is",
+          "returns", "this", "that"]
 
 
 # ------------------------------------------------------------------ metrics
 def test_entities_follow_conlleval_rules() -> None:
     assert get_entities(["B-PER", "I-PER", "O", "B-LOC"]) == [("PER", 0, 1), ("LOC", 3, 3)]
-    assert get_entities(["I-PER", "I-PER", "B-PER"]) == [("PER", 0, 1), ("PER", 2, 2)]  # IOB1: I- after O starts
+    # IOB1: I- after O starts
+    assert get_entities(["I-PER", "I-PER", "B-PER"]) == [("PER", 0, 1), ("PER", 2, 2)]
     assert get_entities(["B-PER", "I-LOC"]) == [("PER", 0, 0), ("LOC", 1, 1)]  # a type change splits chunks
     assert get_entities(["S-LOC", "B-ORG", "E-ORG", "O"]) == [("LOC", 0, 0), ("ORG", 1, 2)]  # BIOES
 
@@ -36,7 +38,8 @@ def test_entity_scores_precision_recall_f1() -> None:
     scores = entity_scores(pred, gold, per_type=True)
     assert scores["precision"] == pytest.approx(0.5) and scores["recall"] == pytest.approx(1 / 3)
     assert scores["f1"] == pytest.approx(2 * 0.5 * (1 / 3) / (0.5 + 1 / 3))
-    assert scores["accuracy"] == pytest.approx(4 / 6) and scores["PER_f1"] == 1.0 and scores["ORG_number"] == 1
+    assert (scores["accuracy"] == pytest.approx(4 / 6) and scores["PER_f1"] == 1.0
+            and scores["ORG_number"] == 1)
     assert entity_scores([["O"]], [["O"]])["f1"] == 0.0  # undefined → 0, never NaN
 
 
@@ -79,9 +82,10 @@ def write_ner(folder: Path, rows: int, seed: int) -> str:
 
 
 def training_args(output_dir: Path, **kwargs: object) -> TrainingArguments:
-    defaults = {"output_dir": str(output_dir), "per_device_train_batch_size": 16, "per_device_eval_batch_size": 32,
-                "learning_rate": 3e-3, "num_train_epochs": 3, "save_strategy": "no", "report_to": "none",
-                "disable_tqdm": True, "logging_steps": 50, "seed": 0, "use_cpu": True}
+    defaults = {"output_dir": str(output_dir), "per_device_train_batch_size": 16,
+                "per_device_eval_batch_size": 32, "learning_rate": 3e-3, "num_train_epochs": 3,
+                "save_strategy": "no", "report_to": "none", "disable_tqdm": True, "logging_steps": 50,
+                "seed": 0, "use_cpu": True}
     return TrainingArguments(**{**defaults, **kwargs})
 
 
@@ -99,7 +103,8 @@ def base_models(tmp_path_factory) -> dict[str, str]:
     out = {}
     for family in FAMILIES:
         torch.manual_seed(0)
-        config = build_config(family, config_overrides=tiny_overrides(family), tokenizer=tokenizer, max_seq_length=16)
+        config = build_config(family, config_overrides=tiny_overrides(family), tokenizer=tokenizer,
+                              max_seq_length=16)
         folder = tmp_path_factory.mktemp(f"base-{family}")
         AutoModelForMaskedLM.from_config(config).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
@@ -109,7 +114,8 @@ def base_models(tmp_path_factory) -> dict[str, str]:
 
 # ------------------------------------------------------------------ finetune
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_sequence_classification_beats_chance_and_writes_run_glue_results(tmp_path, data, base_models, family) -> None:
+def test_sequence_classification_beats_chance_and_writes_run_glue_results(tmp_path, data, base_models,
+                                                                          family) -> None:
     args = FinetuneArguments(model_name_or_path=base_models[family], train_file=data["train"],
                              validation_file=data["dev"], max_seq_length=16)
     result = finetune(args, training_args(tmp_path))
@@ -128,7 +134,8 @@ def test_token_classification_writes_entity_metrics(tmp_path, data, base_models)
                              return_entity_level_metrics=True)
     finetune(args, training_args(tmp_path, num_train_epochs=4))
     results = json.loads((tmp_path / "eval_results.json").read_text())
-    assert {"eval_precision", "eval_recall", "eval_f1", "eval_accuracy", "eval_LOC_f1", "eval_PER_f1"} <= set(results)
+    assert {"eval_precision", "eval_recall", "eval_f1", "eval_accuracy", "eval_LOC_f1",
+            "eval_PER_f1"} <= set(results)
     assert results["eval_accuracy"] > 0.8 and results["eval_f1"] > 0.0, results  # 80% of tags are O
 
 
@@ -155,7 +162,8 @@ def test_lora_adapter_saves_and_reloads_with_identical_logits(tmp_path, data, ba
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in tmp_path.iterdir()}
     assert not (tmp_path / "model.safetensors").exists()
 
-    labels = {"num_labels": 2, "id2label": {0: "negative", 1: "positive"}, "label2id": {"negative": 0, "positive": 1}}
+    labels = {"num_labels": 2, "id2label": {0: "negative", 1: "positive"},
+              "label2id": {"negative": 0, "positive": 1}}
     base = AutoModelForSequenceClassification.from_pretrained(base_models[family], **labels)
     reloaded = PeftModel.from_pretrained(base, tmp_path).eval()
     tokenizer = embedded_tokenizer()
@@ -163,11 +171,13 @@ def test_lora_adapter_saves_and_reloads_with_identical_logits(tmp_path, data, ba
     with torch.no_grad():
         expected = result.model.eval()(**batch).logits
         torch.testing.assert_close(reloaded(**batch).logits, expected, atol=1e-6, rtol=0)
-        torch.testing.assert_close(load_finetuned(str(tmp_path)).eval()(**batch).logits, expected, atol=1e-6, rtol=0)
+        torch.testing.assert_close(load_finetuned(str(tmp_path)).eval()(**batch).logits, expected, atol=1e-6,
+                                   rtol=0)
 
 
 def test_finetune_cli_rejects_unknown_task(tmp_path, capsys, data) -> None:
     with pytest.raises(SystemExit):
-        main(["finetune", "--task", "summarization", "--train_file", data["train"], "--output_dir", str(tmp_path)])
+        main(["finetune", "--task", "summarization", "--train_file", data["train"], "--output_dir",
+              str(tmp_path)])
     err = capsys.readouterr().err
     assert "argument --task" in err and "'sequence_classification', 'token_classification'" in err

@@ -48,20 +48,22 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     torch.manual_seed(0)
     AutoModelForMaskedLM.from_config(config).save_pretrained(folder / "base")
     tokenizer.save_pretrained(folder / "base")
-    return {"train": write_sentiment(folder, 64, 0), "dev": write_sentiment(folder, 16, 1), "base": str(folder / "base")}
+    return {"train": write_sentiment(folder, 64, 0), "dev": write_sentiment(folder, 16, 1),
+            "base": str(folder / "base")}
 
 
-COMMON = {"max_steps": 4, "learning_rate": 3e-3, "per_device_eval_batch_size": 8, "do_train": True, "do_eval": True,
-          "logging_steps": 1}
+COMMON = {"max_steps": 4, "learning_rate": 3e-3, "per_device_eval_batch_size": 8, "do_train": True,
+          "do_eval": True, "logging_steps": 1}
 """``logging_steps=1``: Trainer's final ``train_loss`` adds the losses since the last log of rank 0 only (not
 gathered), so it is the global mean only when every step is logged. ``per_device_eval_batch_size=8``: the 16
 dev rows split into equal batches on both ranks (Trainer's ``eval_loss`` is a mean of batch means)."""
 
 
 def cli(inputs: dict[str, str], output_dir: str, **extra: object) -> list[str]:
-    flags = {"model_name_or_path": inputs["base"], "train_file": inputs["train"], "validation_file": inputs["dev"],
-             "max_seq_length": 16, "output_dir": output_dir, "save_strategy": "no", "report_to": "none",
-             "disable_tqdm": True, "seed": 0, "use_cpu": True, **COMMON, **extra}
+    flags = {"model_name_or_path": inputs["base"], "train_file": inputs["train"],
+             "validation_file": inputs["dev"], "max_seq_length": 16, "output_dir": output_dir,
+             "save_strategy": "no", "report_to": "none", "disable_tqdm": True, "seed": 0, "use_cpu": True,
+             **COMMON, **extra}
     return [part for key, value in flags.items() for part in (f"--{key}", str(value))]
 
 
@@ -77,7 +79,8 @@ def test_fsdp2_finetune_equals_one_process_with_the_same_global_batch(tmp_path, 
                     save_steps=2, save_only_model=True)]
     env = {**{k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")},
            "OMP_NUM_THREADS": "1", **placement_recording_env(tmp_path)}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            check=False)
     assert result.returncode == 0, result.stderr[-6000:]
     one_process = AutoModelForSequenceClassification.from_pretrained(single).eval()
     placements = recorded_placements(tmp_path)
@@ -104,7 +107,8 @@ def test_fsdp2_finetune_equals_one_process_with_the_same_global_batch(tmp_path, 
         assert_standalone_code(checkpoint, "entropy_invariant")
         config = json.loads((checkpoint / "config.json").read_text())
         assert config["architectures"] == ["EntropyInvariantForSequenceClassification"]
-        assert config["auto_map"]["AutoModelForSequenceClassification"].startswith("modeling_entropy_invariant.")
+        assert config["auto_map"]["AutoModelForSequenceClassification"].startswith(
+            "modeling_entropy_invariant.")
         assert not list(checkpoint.glob("optimizer*")), "save_only_model: no optimizer state"
     last = load_file(str(sharded / "checkpoint-4" / "model.safetensors"))
     assert all(torch.equal(last[k], b[k]) for k in b)
@@ -114,12 +118,14 @@ def test_fsdp2_finetune_equals_one_process_with_the_same_global_batch(tmp_path, 
     ("flags", "expected"),
     [
         ({"fsdp_size": 2}, "--fsdp_size: dp_replicate_size=1 × fsdp_size=2 × tp_size=1 shards the model"),
-        ({"fsdp_size": 2, "lora_r": 4}, ("--lora_r: LoRA is not supported on a sharded model (fsdp_size=2): peft's "
-                                         "modules_to_save copies the sharded classifier head")),
+        ({"fsdp_size": 2, "lora_r": 4},
+         ("--lora_r: LoRA is not supported on a sharded model (fsdp_size=2): peft's "
+          "modules_to_save copies the sharded classifier head")),
     ],
     ids=["without-torchrun", "lora"],
 )
-def test_bad_sharding_flags_give_one_clear_error(tmp_path, capsys, monkeypatch, inputs, flags, expected) -> None:
+def test_bad_sharding_flags_give_one_clear_error(tmp_path, capsys, monkeypatch, inputs, flags,
+                                                 expected) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     out = tmp_path / "out"
     code = main(["finetune", *cli(inputs, str(out), **flags)])
@@ -137,19 +143,22 @@ def test_bad_sharding_flags_give_one_clear_error(tmp_path, capsys, monkeypatch, 
           "\"Resuming is not supported")),
         ({"fsdp_size": 2}, {"eval_strategy": "steps", "save_strategy": "steps", "save_only_model": True,
                             "load_best_model_at_end": True}, {}, "load_best_model_at_end",
-         "load_state_dict of the full weights fails with \"aten.copy_.default got mixed torch.Tensor and DTensor"),
+         "load_state_dict of the full weights fails with \"aten.copy_.default got mixed torch.Tensor and "
+         "DTensor"),
         ({"fsdp_size": 2}, {"eval_strategy": "steps", "save_strategy": "steps", "save_only_model": True,
                             "load_best_model_at_end": True}, {"early_stopping_patience": 1},
          "early_stopping_patience", "Trainer cannot load the best checkpoint back into a model sharded"),
-        ({"fsdp_size": 2}, {"save_strategy": "no", "resume_from_checkpoint": "x"}, {}, "resume_from_checkpoint",
-         "Trainer cannot resume a model sharded at load time (fsdp_size=2)"),
-        ({"tp_size": 2}, {"save_strategy": "no"}, {}, "tp_size", "accelerate's ParallelismConfig, which refuses CPU"),
+        ({"fsdp_size": 2}, {"save_strategy": "no", "resume_from_checkpoint": "x"}, {},
+         "resume_from_checkpoint", "Trainer cannot resume a model sharded at load time (fsdp_size=2)"),
+        ({"tp_size": 2}, {"save_strategy": "no"}, {}, "tp_size",
+         "accelerate's ParallelismConfig, which refuses CPU"),
     ],
     ids=["save_strategy-with-optimizer", "load_best_model_at_end", "early_stopping", "resume_from_checkpoint",
          "tp_on_cpu"],
 )
 def test_what_trainer_cannot_do_sharded_is_refused_naming_the_flag(tmp_path, monkeypatch, inputs, sizes,
-                                                                   trainer_flags, extra, flag, expected) -> None:
+                                                                   trainer_flags, extra, flag,
+                                                                   expected) -> None:
     """Under torchrun (``WORLD_SIZE`` set) ``TrainingArguments`` joins the process group, so these run on the
     check itself: ``finetune`` calls it before it writes anything."""
     args = FinetuneArguments(model_name_or_path=inputs["base"], train_file=inputs["train"], **sizes, **extra)

@@ -22,18 +22,21 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("model_class", [EntropyInvariantModel, EntropyInvariantForCausalLM])
 def test_flex_attention_equals_sdpa_with_padding_and_causality(model_class, scale: str) -> None:
     model = tiny(model_class, attention_scale=scale)
-    ids, mask = (left_padded if model_class is EntropyInvariantForCausalLM else right_padded)(random_ids(2, 10), [10, 6])
+    ids, mask = (left_padded if model_class is EntropyInvariantForCausalLM
+                 else right_padded)(random_ids(2, 10), [10, 6])
     reference = properties.hidden(model, ids, mask)
     model.set_attn_implementation("flex_attention")
     assert model.config._attn_implementation == "flex_attention"
     real = mask.bool()
-    torch.testing.assert_close(properties.hidden(model, ids, mask)[real], reference[real], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(properties.hidden(model, ids, mask)[real], reference[real], atol=1e-5,
+                               rtol=1e-4)
 
 
 @pytest.mark.skipif(
     not torch.cuda.is_available(),
-    reason="FlexAttention decoding with a cache is broken on CPU in torch 2.13 for any model: a stock Llama's "
-    "scores differ from SDPA by 3.0 after the first step, and with a padding mask the kernel does not compile",
+    reason="FlexAttention decoding with a cache is broken on CPU in torch 2.13 for any model: a stock "
+    "Llama's scores differ from SDPA by 3.0 after the first step, and with a padding mask the kernel does "
+    "not compile",
 )
 def test_flex_attention_decodes_with_a_cache_like_sdpa() -> None:
     model = tiny(EntropyInvariantForCausalLM).cuda()
@@ -45,6 +48,7 @@ def test_flex_attention_decodes_with_a_cache_like_sdpa() -> None:
         model.set_attn_implementation("flex_attention")
         got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False,
                              output_scores=True, return_dict_in_generate=True, pad_token_id=0)
-    properties.assert_same_greedy_choices(expected.sequences[:, 7:], got.sequences[:, 7:], list(expected.scores))
+    properties.assert_same_greedy_choices(expected.sequences[:, 7:], got.sequences[:, 7:],
+                                          list(expected.scores))
     for reference, scores in zip(expected.scores, got.scores):
         torch.testing.assert_close(scores, reference, atol=1e-4, rtol=1e-4)

@@ -35,7 +35,7 @@ from hf_attn_variants.models.modeling_gau import (
 )
 from tests import properties
 from tests.remote_code import assert_standalone_code
-from tests.utils import left_padded, random_ids, right_padded, rounding_tolerance
+from tests.utils import layer_inputs, left_padded, random_ids, right_padded, rounding_tolerance
 
 # (attention_normalization, relu2_length): every normalisation, relu² with both lengths.
 NORMALIZATIONS = [
@@ -97,7 +97,7 @@ def chunked(chunk_size: int = 4, **overrides) -> dict:
     return {"attention_normalization": "relu2", "chunk_size": chunk_size, **overrides}
 
 
-# -------------------------------------------------------------------------------------- references
+# ----------------------------------------------------------------------------------- references
 def rope_reference(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """RoFormer rotation of (x_j, x_{j+s/2}) by p·θ_j, θ_j = theta^(-2j/s), for x of shape (batch, n, s)."""
     half = x.shape[-1] // 2
@@ -196,17 +196,18 @@ def run_unit(model: GAUModel, x: torch.Tensor, valid: torch.Tensor, causal: bool
     model.is_causal = causal
     model.layers[0].gau.is_causal = causal
     position_ids = torch.arange(x.shape[1]).expand(x.shape[0], -1)
-    inputs = model._attention_inputs(x, valid.long(), None, position_ids, 0, None)
+    inputs = layer_inputs(model, x, valid.long())
     return model.layers[0].gau(
         x, position_embeddings=model.rotary_emb(position_ids, x.dtype), **inputs, **kwargs
     )
 
 
-# -------------------------------------------------------------------------------------- config
+# ----------------------------------------------------------------------------------- config
 def test_config_contract_fields_and_defaults() -> None:
     config = GAUConfig()
     assert config.model_type == "gau"
-    assert (config.expansion_factor, config.attention_key_size, config.base_length, config.entropy_min_length) == (
+    assert (config.expansion_factor, config.attention_key_size, config.base_length,
+            config.entropy_min_length) == (
         2,
         128,
         512,
@@ -286,7 +287,7 @@ def test_odd_key_size_is_fine_without_rope() -> None:
     assert tiny_config(attention_key_size=7, position_embedding_type="none").attention_key_size == 7
 
 
-# -------------------------------------------------------------------------------------- the unit = the formulas
+# ----------------------------------------------------------------------------------- the unit = the formulas
 @pytest.mark.parametrize("normalization", NORMALIZATIONS, ids=NORM_IDS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_quadratic_unit_matches_the_written_out_formula(normalization, causal: bool) -> None:
@@ -301,7 +302,8 @@ def test_quadratic_unit_matches_the_written_out_formula(normalization, causal: b
     assert close(output, expected, unit_tolerance(model.config, 9))
     assert weights.shape == (2, 1, 9, 9)
     config = model.config
-    assert close(weights[:, 0], attention, rounding_tolerance(torch.float32, config.hidden_size, config.attention_key_size))
+    assert close(weights[:, 0], attention,
+                 rounding_tolerance(torch.float32, config.hidden_size, config.attention_key_size))
 
 
 def test_relu2_masks_after_the_activation_and_empty_rows_are_zero() -> None:
@@ -324,11 +326,11 @@ def test_relu2_dynamic_length_counts_real_keys_not_the_padded_length() -> None:
     model = tiny(num_hidden_layers=1, attention_normalization="relu2")
     x = torch.randn(1, 10, 32)
     valid = torch.tensor([[1] * 6 + [0] * 4], dtype=torch.bool)
-    inputs = model._attention_inputs(x, valid.long(), None, torch.arange(10)[None], 0, None)
+    inputs = layer_inputs(model, x, valid.long())
     assert inputs["key_counts"].tolist() == [[6.0] * 10]
 
 
-# -------------------------------------------------------------------------------------- equivalences
+# ----------------------------------------------------------------------------------- equivalences
 @pytest.mark.parametrize("model_class", [GAUModel, GAUForCausalLM])
 def test_softmax_plus_with_base_length_equal_to_the_input_length_is_softmax(model_class) -> None:
     length = 11
@@ -338,7 +340,8 @@ def test_softmax_plus_with_base_length_equal_to_the_input_length_is_softmax(mode
     softmax = tiny(model_class, num_hidden_layers=layers, attention_normalization="softmax")
     plus = model_class(
         tiny_config(
-            num_hidden_layers=layers, attention_normalization="softmax_plus", base_length=length, entropy_min_length=1
+            num_hidden_layers=layers, attention_normalization="softmax_plus", base_length=length,
+            entropy_min_length=1
         )
     )
     plus.load_state_dict(softmax.state_dict())
@@ -427,8 +430,8 @@ def test_flash_kernel_state_is_the_sum_over_complete_chunks() -> None:
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("length", [12, 10])  # a multiple of the chunk size and not
 def test_flash_kernel_without_a_mask_is_the_dense_matrix_times_v(causal: bool, length: int) -> None:
-    """No key mask takes the path that masks nothing (zero-padded keys are invisible by themselves): it must equal
-    W v of ``flash_effective_weights``, and the kernel given an all-true mask."""
+    """No key mask takes the path that masks nothing (zero-padded keys are invisible by themselves): it must
+    equal W v of ``flash_effective_weights``, and the kernel given an all-true mask."""
     torch.manual_seed(0)
     q, k, ql, kl = (torch.randn(2, length, 4, dtype=torch.float64) for _ in range(4))
     v = torch.randn(2, length, 6, dtype=torch.float64)
@@ -439,7 +442,7 @@ def test_flash_kernel_without_a_mask_is_the_dense_matrix_times_v(causal: bool, l
     assert torch.allclose(numerator, dense, atol=1e-12) and torch.allclose(numerator, masked, atol=1e-12)
 
 
-# -------------------------------------------------------------------------------------- masks & padding
+# ----------------------------------------------------------------------------------- masks & padding
 @pytest.mark.parametrize("normalization", NORMALIZATIONS, ids=NORM_IDS)
 def test_padding_invariance_bidirectional(normalization) -> None:
     properties.assert_padding_invariant(tiny(**norm_kwargs(normalization)))
@@ -478,7 +481,7 @@ def test_causal_model_does_not_see_the_future(overrides: dict) -> None:
     properties.assert_no_future_leakage(tiny(GAUForCausalLM, **overrides))
 
 
-# -------------------------------------------------------------------------------------- cache & generate
+# ----------------------------------------------------------------------------------- cache & generate
 @pytest.mark.parametrize("normalization", NORMALIZATIONS, ids=NORM_IDS)
 def test_cache_equals_full_forward_quadratic(normalization) -> None:
     model = tiny(GAUForCausalLM, **norm_kwargs(normalization))
@@ -567,7 +570,7 @@ def test_chunk_cache_layer_batch_operations() -> None:
     assert layer.get_seq_length() == 0 and layer.linear_state is None
 
 
-# -------------------------------------------------------------------------------------- numerics
+# ----------------------------------------------------------------------------------- numerics
 GAU_ALPHA_NORM = {"norm_type": "rmsnorm", "norm_position": "post", "norm_elementwise_affine": False}
 
 
@@ -626,12 +629,13 @@ def test_chunked_peak_activation_memory_grows_linearly() -> None:
         model = GAUModel(tiny_config(**config, **extra))
         for n in (2048, 4096) if name == "chunked" else (1024, 2048):
             ids = random_ids(1, n, vocab=50)
-            peaks[name, n] = peak_activation_bytes(lambda: model(input_ids=ids).last_hidden_state.sum())  # noqa: B023
+            peaks[name, n] = peak_activation_bytes(
+                lambda: model(input_ids=ids).last_hidden_state.sum())  # noqa: B023
     assert peaks["chunked", 4096] < 2.5 * peaks["chunked", 2048], peaks
     assert peaks["quadratic", 2048] > 3.0 * peaks["quadratic", 1024], peaks  # the helper does see n² growth
 
 
-# -------------------------------------------------------------------------------------- outputs & training
+# ----------------------------------------------------------------------------------- outputs & training
 def test_attention_weights_quadratic() -> None:
     model = tiny(attention_normalization="softmax")
     ids, mask = right_padded(random_ids(2, 7), [7, 4])
@@ -666,7 +670,8 @@ def test_chunked_output_attentions_through_the_model_and_none_while_decoding() -
         output_attentions=True,
         attention_mask=torch.ones(1, 8, dtype=torch.long),
     )
-    assert not step.attentions  # no map while decoding from the chunk state (() or None, by Transformers release)
+    # no map while decoding from the chunk state (() or None, by Transformers release)
+    assert not step.attentions
 
 
 @pytest.mark.parametrize("overrides", [{}, chunked(3)], ids=["quadratic", "chunked"])
@@ -693,7 +698,8 @@ def test_gau_init_is_gau_alpha_by_default_and_the_flash_paper_on_request() -> No
         weights = torch.cat([getattr(layer.gau, name).weight.flatten() for layer in model.layers])
         sigma = 1.13684723 / math.sqrt(fan_in) / 2.0  # 8 layers: 8^(-1/3) = 1/2
         # Truncation at ±2σ leaves a std of σ / 1.1368: exactly 1/√fan_in · L^(-1/3), bert4keras' intent.
-        assert abs(weights.std().item() - sigma / 1.13684723) < 0.05 * sigma and weights.abs().max() <= 2 * sigma
+        assert (abs(weights.std().item() - sigma / 1.13684723) < 0.05 * sigma
+                and weights.abs().max() <= 2 * sigma)
     model = GAUModel(GAUConfig(**sizes, gau_init="flash"))  # FLASH pseudocode: N(0, 0.02)
     scales = torch.cat([layer.gau.qk_scale.flatten() for layer in model.layers])
     assert abs(scales.std().item() - 0.02) < 0.004 and abs(scales.mean().item()) < 0.004
@@ -711,7 +717,7 @@ def test_peft_all_linear_finds_the_gau_projections() -> None:
     assert any("lora_A" in n for n, _ in wrapped.named_parameters() if "gau.out_proj" in n)
 
 
-# -------------------------------------------------------------------------------------- kernels & reference path
+# ----------------------------------------------------------------------------------- kernels & reference path
 @pytest.mark.parametrize("blocked", [False, True], ids=["one_expression", "blocked"])
 @pytest.mark.parametrize(
     "overrides",
@@ -732,7 +738,8 @@ def test_torch_kernels_match_the_reference_path(overrides: dict, blocked: bool, 
             value = out.last_hidden_state if model_class is GAUModel else out.logits
             probe = torch.randn(value.shape, generator=torch.Generator().manual_seed(1))
             (value * probe)[mask.bool()].sum().backward()
-            results.append((value.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+            results.append((value.detach(),
+                            {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
         (got, got_grads), (expected, expected_grads) = results
         real = mask.bool()
         torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
@@ -750,15 +757,18 @@ PATH_DEFAULTS = {"query_length": 8, "key_length": 8, "causal": False, "device": 
         ({"attention_normalization": "relu2"}, {}, "relu2"),
         ({"attention_normalization": "relu2"}, {"query_length": 4096, "key_length": 4096}, "relu2_blocked"),
         ({"attention_normalization": "relu2", "gau_kernel": "triton"}, {}, "relu2_triton"),
-        ({"attention_normalization": "relu2"}, {"device": "cuda"}, "relu2_triton" if TRITON_AVAILABLE else "relu2"),
-        ({"attention_normalization": "relu2", "gau_kernel": "reference"}, {"device": "cuda"}, "attention_map"),
+        ({"attention_normalization": "relu2"}, {"device": "cuda"},
+         "relu2_triton" if TRITON_AVAILABLE else "relu2"),
+        ({"attention_normalization": "relu2", "gau_kernel": "reference"}, {"device": "cuda"},
+         "attention_map"),
         ({"attention_normalization": "relu2"}, {"output_attentions": True}, "attention_map"),
         ({"attention_normalization": "relu2", "attention_probs_dropout_prob": 0.1}, {"training": True},
          "attention_map"),
         ({"attention_normalization": "relu2", "attention_probs_dropout_prob": 0.1}, {}, "relu2"),
         ({"attention_normalization": "softmax_plus", "attention_probs_dropout_prob": 0.1}, {"training": True},
          "softmax_sdpa"),
-        ({"attention_normalization": "softmax"}, {"query_length": 1, "key_length": 1 << 23}, "softmax_blocked"),
+        ({"attention_normalization": "softmax"}, {"query_length": 1, "key_length": 1 << 23},
+         "softmax_blocked"),
         ({"attention_normalization": "softmax"}, {}, "softmax"),
         ({"attention_normalization": "laplace", "gau_kernel": "triton"}, {}, "attention_map"),
         ({"attention_normalization": "relu2_normalized"}, {}, "attention_map"),
@@ -768,11 +778,13 @@ PATH_DEFAULTS = {"query_length": 8, "key_length": 8, "causal": False, "device": 
         (chunked(4, gau_kernel="reference"), {}, "flash_map"),
         (chunked(4), {"output_attentions": True}, "flash_map"),
         (chunked(4), {"causal": True, "cached": True, "key_length": 12}, "flash_cache"),  # 4 earlier tokens
-        (chunked(4), {"causal": True, "cached": True}, "flash"),  # a prefill: parallel, then it starts the cache
+        # a prefill: parallel, then it starts the cache
+        (chunked(4), {"causal": True, "cached": True}, "flash"),
         (chunked(4, gau_kernel="triton"), {"causal": True, "cached": True}, "flash_triton"),
         (chunked(4), {"cached": True}, "flash"),  # a bidirectional unit ignores a cache
         (chunked(4), {"causal": True, "cached": True, "output_attentions": True}, "flash_cache_map"),
-        (chunked(4), {"causal": True, "cached": True, "output_attentions": True, "query_length": 1}, "flash_cache"),
+        (chunked(4), {"causal": True, "cached": True, "output_attentions": True, "query_length": 1},
+         "flash_cache"),
     ],
 )
 def test_attention_path_names_the_computation(fields: dict, call: dict, expected: str) -> None:
@@ -811,7 +823,7 @@ def test_the_unit_runs_the_path_it_names(fields: dict, path: str, node: str | No
     assert blocked == ({node} if node else set()), names
 
 
-# -------------------------------------------------------------------------------------- errors & HF integration
+# ----------------------------------------------------------------------------------- errors & HF integration
 def test_bad_inputs_raise_clear_errors() -> None:
     model = tiny(**chunked(4))
     with pytest.raises(ValueError, match="2D attention_mask"):
@@ -840,16 +852,16 @@ def test_registered_in_families_and_auto_classes(tmp_path) -> None:
 
 
 def test_one_token_decoding_steps_skip_the_open_chunks_recomputation(monkeypatch) -> None:
-    """A decoding step of one token per row takes ``_decode_step`` (its own row only, O(g)), never the general cached
-    branch, and still equals the full forward across chunk boundaries with left padding."""
+    """A decoding step of one token per row takes ``_decode_step`` (its own row only, O(g)), never the general
+    cached branch, and still equals the full forward across chunk boundaries with left padding."""
     from hf_attn_variants.models.modeling_gau import GatedAttentionUnit
 
     general = GatedAttentionUnit._chunked_with_cache
     segments: list[int] = []
 
-    def counted(self, layer, quad_q, *args, **kwargs):
-        segments.append(quad_q.shape[1])
-        return general(self, layer, quad_q, *args, **kwargs)
+    def counted(self, layer, inputs, *args, **kwargs):
+        segments.append(inputs.quad_q.shape[1])
+        return general(self, layer, inputs, *args, **kwargs)
 
     monkeypatch.setattr(GatedAttentionUnit, "_chunked_with_cache", counted)
     model = tiny(GAUForCausalLM, **chunked(3))
@@ -858,8 +870,10 @@ def test_one_token_decoding_steps_skip_the_open_chunks_recomputation(monkeypatch
         full = model(input_ids=ids, attention_mask=mask).logits
         cache, pieces = DynamicCache(config=model.config), []
         for start, stop in [(0, 4), *[(n, n + 1) for n in range(4, 9)], (9, 11)]:
-            out = model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop], cache=cache, use_cache=True)
+            out = model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop], cache=cache,
+                        use_cache=True)
             pieces.append(out.logits)
-    assert segments == [2, 2]  # only the two-token step, once per layer; the prefill is parallel, the rest one row
+    # only the two-token step, once per layer; the prefill is parallel, the rest one row
+    assert segments == [2, 2]
     diff = (torch.cat(pieces, dim=1) - full).abs().amax(-1)[mask.bool()]
     assert diff.max() < 1e-5, f"max diff {diff.max():.3g}"

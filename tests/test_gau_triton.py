@@ -2,8 +2,8 @@
 
 Without a GPU the kernels run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``, set by
 tests/conftest.py), so sizes stay small (n ≤ 128). Covered: quadratic relu² with padding, causality, a cache
-offset and a dense mask; FLASH's part inside the chunks, causal and bidirectional, with key padding and a length
-that is not a multiple of the chunk; whole models with ``gau_kernel="triton"`` against ``"torch"``.
+offset and a dense mask; FLASH's part inside the chunks, causal and bidirectional, with key padding and a
+length that is not a multiple of the chunk; whole models with ``gau_kernel="triton"`` against ``"torch"``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ pytestmark = pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not inst
 
 def tensors(batch: int, n_q: int, n_k: int, s: int = 16, e: int = 24, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
-    make = lambda *shape: (torch.randn(*shape, generator=generator) * 0.5).requires_grad_()
+    def make(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=generator) * 0.5).requires_grad_()
+
     return make(batch, n_q, s), make(batch, n_k, s), make(batch, n_k, e)
 
 
@@ -51,14 +53,14 @@ def test_quadratic_kernel_with_padding_and_causality(causal: bool) -> None:
         mask = mask & torch.ones(n, n, dtype=torch.bool).tril()
     offset = 0 if causal else None
     assert_same(lambda q, k, v: triton_relu2_attention(q, k, v, mask, offset),
-                lambda q, k, v: relu2_attention(q, k, v, mask, 1.0, causal_offset=offset), tensors(2, n, n))
+                lambda q, k, v: relu2_attention(q, k, v, mask, offset), tensors(2, n, n))
 
 
 def test_quadratic_kernel_with_a_cache_offset_and_no_mask() -> None:
     past, new = 40, 9  # 9 queries at positions 40 … 48 over 49 cached keys
     assert_same(lambda q, k, v: triton_relu2_attention(q, k, v, None, past),
-                lambda q, k, v: relu2_attention(q, k, v, torch.ones(new, past + new).tril(past).bool()[None], 1.0,
-                                                causal_offset=past),
+                lambda q, k, v: relu2_attention(q, k, v, torch.ones(new, past + new).tril(past).bool()[None],
+                                                past),
                 tensors(1, new, past + new))
 
 
@@ -90,7 +92,8 @@ def test_intra_chunk_kernel_matches_flash(causal: bool, chunk: int) -> None:
 def test_models_give_the_same_outputs_and_gradients_with_either_kernel(model_class, fields: dict) -> None:
     config = {"vocab_size": 61, "hidden_size": 32, "num_hidden_layers": 2, "attention_key_size": 16,
               "base_length": 16, **fields}
-    ids, mask = (left_padded if model_class is GAUForCausalLM else right_padded)(random_ids(2, 30, vocab=61), [30, 21])
+    ids, mask = (left_padded if model_class is GAUForCausalLM else right_padded)(random_ids(2, 30, vocab=61),
+                                                                                 [30, 21])
     results = []
     for kernel in ("torch", "triton"):
         torch.manual_seed(0)
@@ -98,7 +101,8 @@ def test_models_give_the_same_outputs_and_gradients_with_either_kernel(model_cla
         out = model(input_ids=ids, attention_mask=mask)
         value = out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits
         value[mask.bool()].square().sum().backward()
-        results.append((value.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        results.append((value.detach(),
+                        {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (expected, expected_grads), (got, got_grads) = results
     real = mask.bool()
     torch.testing.assert_close(got[real], expected[real], atol=1e-4, rtol=1e-4)
@@ -138,7 +142,8 @@ LAUNCHED_KERNELS = ("_forward_kernel", "_grad_query_kernel", "_grad_key_kernel",
 
 
 def count_launches(monkeypatch) -> dict[str, int]:
-    """Wrap the four launched kernels of ``gau_triton`` so that every ``kernel[grid](…)`` launch is counted."""
+    """Wrap the four launched kernels of ``gau_triton`` so that every ``kernel[grid](…)`` launch is
+    counted."""
     counts = dict.fromkeys(LAUNCHED_KERNELS, 0)
 
     class Counted:
@@ -160,12 +165,13 @@ def count_launches(monkeypatch) -> dict[str, int]:
 
 
 def test_causal_flash_training_and_prefill_launch_the_triton_kernels(monkeypatch) -> None:
-    """Causal FLASH training takes the parallel branch (no cache is built in training, though ``use_cache`` is on
-    by default), so ``gau_kernel="triton"`` runs: one forward launch per layer and one of each gradient kernel. A
-    prefill with a cache takes it too, and the cache it starts decodes exactly as the torch kernels' does."""
+    """Causal FLASH training takes the parallel branch (no cache is built in training, though ``use_cache`` is
+    on by default), so ``gau_kernel="triton"`` runs: one forward launch per layer and one of each gradient
+    kernel. A prefill with a cache takes it too, and the cache it starts decodes exactly as the torch kernels'
+    does."""
     counts = count_launches(monkeypatch)
-    config = GAUConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2, attention_key_size=16, base_length=16,
-                       attention_normalization="relu2", chunk_size=16, gau_kernel="triton")
+    config = GAUConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2, attention_key_size=16,
+                       base_length=16, attention_normalization="relu2", chunk_size=16, gau_kernel="triton")
     assert config.use_cache
     torch.manual_seed(0)
     model = GAUForCausalLM(config).train()
@@ -179,9 +185,11 @@ def test_causal_flash_training_and_prefill_launch_the_triton_kernels(monkeypatch
     counts.update(dict.fromkeys(LAUNCHED_KERNELS, 0))
     with torch.no_grad():
         generated = model.generate(ids, max_new_tokens=5, do_sample=False, min_new_tokens=5)
-    assert counts["_forward_kernel"] == 2, counts  # the prefill; decoding steps continue from the cached chunk
+    # the prefill; decoding steps continue from the cached chunk
+    assert counts["_forward_kernel"] == 2, counts
     torch.manual_seed(0)
     reference = GAUForCausalLM(GAUConfig(**{**config.to_dict(), "gau_kernel": "torch"})).eval()
     reference.load_state_dict(model.state_dict())
     with torch.no_grad():
-        assert torch.equal(generated, reference.generate(ids, max_new_tokens=5, do_sample=False, min_new_tokens=5))
+        assert torch.equal(generated,
+                           reference.generate(ids, max_new_tokens=5, do_sample=False, min_new_tokens=5))

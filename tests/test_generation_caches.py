@@ -44,7 +44,8 @@ HEADS = {"num_attention_heads": 4, "intermediate_size": 37}
 
 VARIANTS = {
     **{f"entropy_invariant-{scale}-{kernel}": (EntropyInvariantForCausalLM, EntropyInvariantConfig,
-                                               {**HEADS, "attention_scale": scale, "attn_implementation": kernel})
+                                               {**HEADS, "attention_scale": scale,
+                                                "attn_implementation": kernel})
        for scale in ("standard", "entropy_invariant", "ssmax") for kernel in ("eager", "sdpa")},
     **{f"gau-{name}": (GAUForCausalLM, GAUConfig, {"attention_key_size": 16, **fields})
        for name, fields in {
@@ -56,8 +57,8 @@ VARIANTS = {
            "laplace": {"attention_normalization": "laplace", "relu2_length": "fixed", "base_length": 8},
        }.items()},
     **{f"synthesizer-{'+'.join(components)}": (SynthesizerForCausalLM, SynthesizerConfig,
-                                               {**HEADS, "max_position_embeddings": 32, "random_init_std": 1.0,
-                                                "synthesizer_components": components})
+                                               {**HEADS, "max_position_embeddings": 32,
+                                                "random_init_std": 1.0, "synthesizer_components": components})
        for components in (["dense"], ["random"], ["factorized_dense"], ["factorized_random"], ["vanilla"],
                           ["random", "vanilla"])},
     "synthesizer-fixed_random": (SynthesizerForCausalLM, SynthesizerConfig,
@@ -101,11 +102,13 @@ def test_static_caches_generate_what_the_dynamic_cache_does(variant: str, cache_
     assert_same_generation(build(variant), cache_implementation)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="Transformers' offloaded caches need CUDA (any model)")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="Transformers' offloaded caches need CUDA (any model)")
 @pytest.mark.parametrize("cache_implementation", OFFLOADED_CACHES)
 @pytest.mark.parametrize("variant", ["entropy_invariant-entropy_invariant-sdpa", "gau-relu2_dynamic",
                                      "synthesizer-random+vanilla"])
-def test_offloaded_caches_generate_what_the_dynamic_cache_does(variant: str, cache_implementation: str) -> None:
+def test_offloaded_caches_generate_what_the_dynamic_cache_does(variant: str,
+                                                               cache_implementation: str) -> None:
     assert_same_generation(build(variant).cuda(), cache_implementation)
 
 
@@ -152,14 +155,16 @@ def test_entropy_invariant_static_cache_generate_compiles_with_fullgraph() -> No
     properties.assert_same_greedy_choices(expected, got, scores)
 
 
-CACHE_NAME_VARIANTS = ["entropy_invariant-entropy_invariant-sdpa", "gau-relu2_dynamic", "synthesizer-random+vanilla"]
+CACHE_NAME_VARIANTS = ["entropy_invariant-entropy_invariant-sdpa", "gau-relu2_dynamic",
+                       "synthesizer-random+vanilla"]
 
 
 @pytest.mark.parametrize("head", ["causal_lm", "base_model"])
 @pytest.mark.parametrize("variant", CACHE_NAME_VARIANTS)
 def test_the_cache_is_taken_as_cache_and_as_past_key_values(variant: str, head: str) -> None:
-    """Transformers 5.24 renamed ``past_key_values`` to ``cache``: a forward takes either (one name inside), returns
-    the cache under the installed release's output field, and a decoding step continues it identically."""
+    """Transformers 5.24 renamed ``past_key_values`` to ``cache``: a forward takes either (one name inside),
+    returns the cache under the installed release's output field, and a decoding step continues it
+    identically."""
     model = build(variant)
     module = model if head == "causal_lm" else model.model
     ids = random_ids(2, 8, vocab=TINY["vocab_size"], seed=4)
@@ -172,7 +177,8 @@ def test_the_cache_is_taken_as_cache_and_as_past_key_values(variant: str, head: 
             step = module(input_ids=ids[:, 6:], use_cache=True, **{name: cache})
         assert getattr(step, CACHE_FIELD).get_seq_length() == 8, name
         steps[name] = step[0]
-    torch.testing.assert_close(steps["cache"], steps["past_key_values"], atol=0, rtol=0)  # same tensors, same kernels
+    # same tensors, same kernels
+    torch.testing.assert_close(steps["cache"], steps["past_key_values"], atol=0, rtol=0)
     with torch.no_grad():
         full = module(input_ids=ids, use_cache=False)[0]
     torch.testing.assert_close(steps["cache"], full[:, 6:], atol=1e-5, rtol=1e-4)

@@ -32,8 +32,8 @@ CASES = {
                                                {**HEADS, "attention_scale": scale, "base_length": 4,
                                                 "entropy_min_length": 1}, kernel)
        for scale in ("standard", "entropy_invariant", "ssmax") for kernel in ("eager", "sdpa")},
-    **{f"gau-{name}": (GAUModel, GAUConfig, {"attention_key_size": 4, "base_length": 4, "entropy_min_length": 1,
-                                             **fields}, None)
+    **{f"gau-{name}": (GAUModel, GAUConfig, {"attention_key_size": 4, "base_length": 4,
+                                             "entropy_min_length": 1, **fields}, None)
        for name, fields in {
            "softmax": {"attention_normalization": "softmax"},
            "softmax_plus": {"attention_normalization": "softmax_plus"},
@@ -87,7 +87,8 @@ def test_gradients_of_a_float64_model_match_finite_differences(name: str, causal
 @pytest.mark.parametrize("kernel", ["relu2", "softmax"])
 def test_blocked_gau_kernels_match_finite_differences(monkeypatch, kernel: str, causal: bool) -> None:
     """``relu2_attention`` / ``softmax_attention`` through their hand-written autograd Functions
-    (``Relu2Attention``, ``SoftmaxAttention``: recomputing, blocked backward) in float64, over 3 query blocks."""
+    (``Relu2Attention``, ``SoftmaxAttention``: recomputing, blocked backward) in float64, over 3 query
+    blocks."""
     monkeypatch.setattr(gau_kernels, "ATTENTION_BLOCK_ELEMENTS", 12)  # 6 keys → blocks of 2 query rows
     torch.manual_seed(0)
     query, key = (torch.randn(2, 6, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
@@ -101,8 +102,8 @@ def test_blocked_gau_kernels_match_finite_differences(monkeypatch, kernel: str, 
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if kernel == "relu2":
-            return gau_kernels.relu2_attention(q, k, v, mask, 0.7, causal_offset=offset)
-        return gau_kernels.softmax_attention(q, k, v, mask, causal_offset=offset)
+            return gau_kernels.relu2_attention(q * 0.7, k, v, mask, offset, blocked=True)
+        return gau_kernels.softmax_attention(q, k, v, mask, offset, blocked=True)
 
     function = gau_kernels.Relu2Attention if kernel == "relu2" else gau_kernels.SoftmaxAttention
     assert f"{function.__name__}Backward" in graph_node_names(run(query, key, value).grad_fn)

@@ -1,7 +1,8 @@
 """Host memory at long n (issue 38): the commands that train or measure keep freed blocks in their process.
 
-``keep_freed_memory`` changes glibc's allocator (``mallopt``), so it runs in a subprocess here; the console entry
-point calls it for the training and measuring subcommands only, and ``main`` called from Python never does.
+``keep_freed_memory`` changes glibc's allocator (``mallopt``), so it runs in a subprocess here; the console
+entry point calls it for the training and measuring subcommands only, and ``main`` called from Python never
+does.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def test_keep_freed_memory_changes_the_allocator_unless_turned_off() -> None:
 
 @pytest.mark.parametrize(("command", "kept"), [("pretrain", True), ("bench", True), ("lengthgen", True),
                                                ("export", False), ("prune", False)])
-def test_the_console_keeps_freed_memory_for_the_commands_that_train_or_measure(command, kept, monkeypatch) -> None:
+def test_the_console_keeps_freed_memory_for_the_commands_that_train_or_measure(command, kept,
+                                                                               monkeypatch) -> None:
     import hf_attn_variants.host_memory as host_memory
 
     calls: list[str] = []

@@ -14,7 +14,6 @@ from hf_attn_variants.models.layers import (
     apply_rotary,
     boolean_attention_mask,
     build_norm,
-    eager_attention_forward,
     entropy_invariant_factor,
     kept_heads,
     log_key_counts,
@@ -22,6 +21,7 @@ from hf_attn_variants.models.layers import (
     normalize_pruned_heads,
     visible_key_counts,
 )
+from hf_attn_variants.models.modeling_entropy_invariant import eager_attention_forward
 
 
 def rotated(x: torch.Tensor, position: int, rope: RotaryEmbedding) -> torch.Tensor:
@@ -81,13 +81,15 @@ def test_build_norm_rejects_unknown_type() -> None:
 
 def test_key_counts_bidirectional_count_only_real_tokens() -> None:
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
-    counts = visible_key_counts(mask, batch_size=2, query_length=5, key_length=5, causal=False, device=mask.device)
+    counts = visible_key_counts(mask, batch_size=2, query_length=5, key_length=5, causal=False,
+                                device=mask.device)
     assert counts.tolist() == [[3.0] * 5, [5.0] * 5]
 
 
 def test_key_counts_causal_with_padding_left_and_right() -> None:
     mask = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1]])
-    counts = visible_key_counts(mask, batch_size=2, query_length=5, key_length=5, causal=True, device=mask.device)
+    counts = visible_key_counts(mask, batch_size=2, query_length=5, key_length=5, causal=True,
+                                device=mask.device)
     assert counts.tolist() == [[1, 2, 3, 3, 3], [0, 0, 1, 2, 3]]
 
 
@@ -110,8 +112,10 @@ def test_key_counts_match_a_materialised_mask() -> None:
         mask4d = boolean_attention_mask(
             mask2d, batch_size=2, query_length=6, key_length=6, causal=causal, device=mask2d.device
         )
-        from_4d = visible_key_counts(mask4d, batch_size=2, query_length=6, key_length=6, causal=causal, device=mask2d.device)
-        from_2d = visible_key_counts(mask2d, batch_size=2, query_length=6, key_length=6, causal=causal, device=mask2d.device)
+        from_4d = visible_key_counts(mask4d, batch_size=2, query_length=6, key_length=6, causal=causal,
+                                     device=mask2d.device)
+        from_2d = visible_key_counts(mask2d, batch_size=2, query_length=6, key_length=6, causal=causal,
+                                     device=mask2d.device)
         assert torch.equal(from_4d, from_2d)
 
 
@@ -144,12 +148,14 @@ def test_position_derived_counts_equal_mask_derived_counts_on_real_tokens(paddin
 
 def test_key_counts_reject_3d_masks() -> None:
     with pytest.raises(ValueError, match="attention_mask"):
-        visible_key_counts(torch.ones(1, 2, 3), batch_size=1, query_length=2, key_length=3, causal=False, device="cpu")
+        visible_key_counts(torch.ones(1, 2, 3), batch_size=1, query_length=2, key_length=3, causal=False,
+                           device="cpu")
 
 
 def test_beyond_scope_only_scales_rows_past_base_length() -> None:
     counts = torch.tensor([1.0, 8.0, 16.0, 64.0, 1000.0])
-    factor = entropy_invariant_factor(counts, base_length=16, min_length=32, scope="beyond")  # the clamp is ignored
+    # the clamp is ignored
+    factor = entropy_invariant_factor(counts, base_length=16, min_length=32, scope="beyond")
     expected = torch.tensor([1.0, 1.0, 1.0, math.log(64) / math.log(16), math.log(1000) / math.log(16)])
     torch.testing.assert_close(factor, expected)
     assert entropy_invariant_factor(counts, base_length=16, min_length=1, scope="all")[0] == 0.0
@@ -166,9 +172,11 @@ def test_entropy_factor_is_one_at_base_length_and_clamped_below() -> None:
 
 def test_boolean_mask_combines_padding_and_causality() -> None:
     mask2d = torch.tensor([[1, 1, 0]])
-    mask = boolean_attention_mask(mask2d, batch_size=1, query_length=3, key_length=3, causal=True, device="cpu")
+    mask = boolean_attention_mask(mask2d, batch_size=1, query_length=3, key_length=3, causal=True,
+                                  device="cpu")
     assert mask[0, 0].tolist() == [[True, False, False], [True, True, False], [True, True, False]]
-    assert boolean_attention_mask(None, batch_size=1, query_length=3, key_length=3, causal=False, device="cpu") is None
+    assert boolean_attention_mask(None, batch_size=1, query_length=3, key_length=3, causal=False,
+                                  device="cpu") is None
 
 
 def test_masked_softmax_gives_zero_rows_not_nan() -> None:
@@ -188,7 +196,8 @@ def test_eager_attention_matches_sdpa_including_empty_rows() -> None:
     mask[0, 0, 2] = False
     module = torch.nn.Module().eval()
     eager, _ = eager_attention_forward(module, q, k, v, mask, scaling=0.5)
-    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.5).transpose(1, 2)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                            scale=0.5).transpose(1, 2)
     assert torch.allclose(eager, sdpa, atol=1e-6)
 
 

@@ -82,7 +82,8 @@ def test_quick_study_writes_results_plot_and_resumes(tmp_path):
             "relu2/dynamic + mixed-length pretraining", "softmax_plus, no pretraining"}
         assert all(0.0 <= r["accuracy"] <= 1.0 and r["task"] == level for r in finetune["rows"])
         assert finetune["max_seq_length"] <= 16  # inputs never longer than L
-    pretrain_args = json.loads((out / "runs/gau_relu2_dynamic+mixed/seed_0/model/pretrain_args.json").read_text())
+    pretrain_args = json.loads(
+        (out / "runs/gau_relu2_dynamic+mixed/seed_0/model/pretrain_args.json").read_text())
     assert pretrain_args["mixed_length_splits"] == [1, 2, 4]
 
     result_file = out / "runs" / "synthesizer_random_vanilla" / "seed_0" / "result.json"
@@ -101,12 +102,12 @@ def test_synthesizer_points_beyond_its_length_are_na(tokenizer):
     """Lengths above max_position_embeddings are reported, not run; summaries and tables keep the text."""
     from hf_attn_variants import SynthesizerConfig, SynthesizerForMaskedLM
 
-    config = SynthesizerConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                               intermediate_size=32, max_position_embeddings=16)
+    config = SynthesizerConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1,
+                               num_attention_heads=2, intermediate_size=32, max_position_embeddings=16)
     model = SynthesizerForMaskedLM(config).eval()
     stream = list(range(5, 200))
-    rows = evaluate_at_lengths(model, stream, [8, 16, 32], objective="mlm", tokenizer=tokenizer, train_length=8,
-                               max_length=16, max_tokens=96)
+    rows = evaluate_at_lengths(model, stream, [8, 16, 32], objective="mlm", tokenizer=tokenizer,
+                               train_length=8, max_length=16, max_tokens=96)
     assert [r["status"] for r in rows] == ["ok", "ok", na_status(16)]
     assert rows[2]["blocks"] == 0 and "loss" not in rows[2]
     assert all(math.isfinite(r["loss"]) for r in rows[:2])
@@ -116,7 +117,8 @@ def test_synthesizer_points_beyond_its_length_are_na(tokenizer):
     table = markdown_table(summary, "loss", [8, 16, 32], train_length=8)
     assert "| 8 (L) |" in table and "n/a (> max_position_embeddings = 16)" in table
     # the Synthesizer variant's limit is synthesizer_length_factor × L
-    fields = config_fields(get_variant("synthesizer_random_vanilla"), ModelSize(synthesizer_length_factor=2), 64)
+    fields = config_fields(get_variant("synthesizer_random_vanilla"),
+                           ModelSize(synthesizer_length_factor=2), 64)
     assert fields["max_position_embeddings"] == 128
 
 
@@ -157,7 +159,8 @@ def test_llama_variant_is_evaluated_with_three_attention_modes(tmp_path):
     ids = torch.randint(0, 40, (1, 32))
     with torch.no_grad():
         a, b, c = sdpa(ids).logits, scaled(ids).logits, beyond(ids).logits
-    # scope "all": every row's factor is log max(n, 16) / log 8 > 1, so rows with >= 2 keys differ already within L
+    # scope "all": every row's factor is log max(n, 16) / log 8 > 1, so rows with >= 2 keys differ already
+    # within L
     assert not torch.allclose(a[:, 1:8], b[:, 1:8], atol=1e-6)
     # scope "beyond" at L = 8: rows 0…7 see <= 8 keys (factor 1, exactly sdpa), later rows are sharpened
     torch.testing.assert_close(c[:, :8], a[:, :8], rtol=1e-4, atol=1e-5)
@@ -175,8 +178,10 @@ def test_llama_variant_is_evaluated_with_three_attention_modes(tmp_path):
 
 
 def test_arguments_validation_and_mixed_copies():
-    args = LengthGenArguments(variants=["gau_relu2_dynamic", "ei_standard"], mixed_length=True, train_length=64)
-    assert args.variants == ["gau_relu2_dynamic", "ei_standard", "gau_relu2_dynamic+mixed", "ei_standard+mixed"]
+    args = LengthGenArguments(variants=["gau_relu2_dynamic", "ei_standard"], mixed_length=True,
+                              train_length=64)
+    assert args.variants == ["gau_relu2_dynamic", "ei_standard", "gau_relu2_dynamic+mixed",
+                             "ei_standard+mixed"]
     assert args.eval_lengths == [16, 32, 64, 128, 256, 512]
     with pytest.raises(ValueError, match="variants"):
         LengthGenArguments(variants=["gau_relu3"])
@@ -206,7 +211,8 @@ def test_variant_configs_are_comparable():
     assert "num_attention_heads" not in gau
     assert llama["intermediate_size"] == 168 and llama["max_position_embeddings"] == 64
     assert "initializer_range" not in gau and "gau_init" not in gau  # the configs' defaults unless asked for
-    assert config_fields(get_variant("gau_softmax"), ModelSize(initializer_range=0.1), 64)["initializer_range"] == 0.1
+    assert config_fields(get_variant("gau_softmax"), ModelSize(initializer_range=0.1),
+                         64)["initializer_range"] == 0.1
     with pytest.raises(ValueError, match="unknown variant"):
         get_variant("gau_relu2_dynamic+mixed+mixed")
 
@@ -216,7 +222,8 @@ def test_summaries_average_over_seeds_and_writes_are_atomic(tmp_path):
              "seed": seed, "length": 64, "ratio": 1.0, "status": "ok", "loss": loss, "accuracy": 0.5}
             for seed, loss in ((0, 2.0), (1, 4.0))]
     (entry,) = summarize(rows)
-    assert entry["n_seeds"] == 2 and entry["loss_mean"] == 3.0 and math.isclose(entry["loss_std"], math.sqrt(2))
+    assert (entry["n_seeds"] == 2 and entry["loss_mean"] == 3.0
+            and math.isclose(entry["loss_std"], math.sqrt(2)))
     assert entry["loss_min"] == 2.0 and entry["loss_max"] == 4.0
     assert format_cell(entry, "loss") == "3.000 ± 1.414"
     longer = [{**row, "length": 128, "loss": row["loss"] + 0.5 + row["seed"]} for row in rows]
@@ -251,8 +258,8 @@ def test_overrides_reach_training_as_a_dict(tmp_path, tokenizer, monkeypatch):
     from hf_attn_variants.lengthgen.study import _pretrain_arguments
     from hf_attn_variants.training import build_config
 
-    args = LengthGenArguments(output_dir=str(tmp_path), variants=["synthesizer_random_vanilla"], train_length=16,
-                              hidden_size=32, num_attention_heads=2)
+    args = LengthGenArguments(output_dir=str(tmp_path), variants=["synthesizer_random_vanilla"],
+                              train_length=16, hidden_size=32, num_attention_heads=2)
     plan = plan_run(get_variant("synthesizer_random_vanilla"), 0, args)
     pretrain_args = _pretrain_arguments(plan, args, tokenizer)
     assert pretrain_args.config_overrides == plan.fields and isinstance(pretrain_args.config_overrides, dict)
@@ -281,7 +288,8 @@ with claim(sys.argv[1]) as mine:
 
 def _holder(folder):
     """A child process that claims ``folder`` and sleeps; returned once it holds the claim."""
-    child = subprocess.Popen([sys.executable, "-c", HOLD_CLAIM, str(folder)], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", HOLD_CLAIM, str(folder)], stdout=subprocess.PIPE,
+                             text=True)
     assert child.stdout.readline().strip() == "held"
     return child
 

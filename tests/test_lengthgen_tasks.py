@@ -1,5 +1,5 @@
-"""Tests of the length study's retrieval tasks (``lengthgen --task passkey|mqar``): the generators, the metric, the
-flags, the claim verdicts and a ``--quick`` run of each task (seconds)."""
+"""Tests of the length study's retrieval tasks (``lengthgen --task passkey|mqar``): the generators, the
+metric, the flags, the claim verdicts and a ``--quick`` run of each task (seconds)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from hf_attn_variants.cli import main
 from hf_attn_variants.cli_utils import FlagError
 from hf_attn_variants.lengthgen.arguments import LengthGenArguments
 from hf_attn_variants.lengthgen.retrieval import eval_batch_size, study_variants, task_config
-from hf_attn_variants.lengthgen.retrieval_study import publish_replication, publish_retrieval
 from hf_attn_variants.lengthgen.tasks import (
     BOS,
     IGNORE_INDEX,
@@ -24,8 +23,10 @@ from hf_attn_variants.lengthgen.tasks import (
     score,
 )
 from hf_attn_variants.lengthgen.variants import get_variant
-from hf_attn_variants.results import load_results, render_markdown
-from hf_attn_variants.results.retrieval import verdict
+from tools.docs_results import load_results, render_markdown
+from tools.docs_results.publish import publish_replication, publish_retrieval
+from tools.docs_results.retrieval import verdict
+from tools.publish_study import main as publish_study
 
 
 def test_passkey_layout_labels_and_determinism():
@@ -38,7 +39,8 @@ def test_passkey_layout_labels_and_determinism():
         at = int((row == KEY).nonzero())
         assert row[at + 1: at + 4].tolist() == row[17:].tolist()  # the answer is the passkey
         assert all(4 <= d < 14 for d in row[17:].tolist())  # digits
-        filler = [t for i, t in enumerate(row.tolist()) if i not in (0, at, at + 1, at + 2, at + 3, 16, 17, 18, 19)]
+        filler = [t for i, t in enumerate(row.tolist())
+                  if i not in (0, at, at + 1, at + 2, at + 3, 16, 17, 18, 19)]
         assert all(14 <= t < 32 for t in filler)
         assert label[:17].eq(IGNORE_INDEX).all() and label[17:].tolist() == row[17:].tolist()
     key_positions = {int((row == KEY).nonzero()) for row in ids}
@@ -116,9 +118,10 @@ def test_task_defaults_and_axes():
     assert task.eval_lengths == [task.train_length * r for r in (1, 2, 4, 8, 16, 32, 64)]
     assert task.hidden_dropout_prob == 0.0 and task.position_embedding_types == ["rope", "none"]
     names = [v.name for v in study_variants(task)]
-    assert "gau_flash" in names and "gau_flash+nope" in names and "llama" in names and "llama+nope" not in names
+    assert {"gau_flash", "gau_flash+nope", "llama"} <= set(names) and "llama+nope" not in names
     assert len(names) == 2 * len(task.variants) - 1
-    assert LengthGenArguments(task="passkey", max_train_steps=7).max_train_steps == 7  # an explicit value stays
+    # an explicit value stays
+    assert LengthGenArguments(task="passkey", max_train_steps=7).max_train_steps == 7
     config = task_config(get_variant("gau_flash"), {"chunk_size": 16, "attention_normalization": "relu2"}, 64)
     assert config.chunk_size == 16 and config.vocab_size == 64
     with pytest.raises(FlagError, match="stock Llama"):
@@ -144,7 +147,8 @@ def test_eval_batches_fit_the_memory_budget():
 def _task(accuracies: dict[str, list[list[float]]]) -> dict:
     """A task entry of the results file with per-seed accuracies at L, 2L, 4L (L = 8)."""
     series = {name: {"points": [{"length": n, "status": "ok", "seeds": seeds,
-                                 "accuracy": [sum(seeds) / len(seeds), 0.0]} for n, seeds in zip((8, 16, 32), rows)]}
+                                 "accuracy": [sum(seeds) / len(seeds), 0.0]}
+                                 for n, seeds in zip((8, 16, 32), rows)]}
               for name, rows in accuracies.items()}
     return {"settings": {"train_length": 8}, "series": series}
 
@@ -170,7 +174,8 @@ def test_claim_verdicts():
 @pytest.mark.parametrize("task", ["passkey", "mqar"])
 def test_quick_task_study_writes_results_and_plot(tmp_path, task):
     out = tmp_path / task
-    argv = ["lengthgen", "--task", task, "--quick", "--output_dir", str(out), "--num_threads", "1", "--disable_tqdm"]
+    argv = ["lengthgen", "--task", task, "--quick", "--output_dir", str(out), "--num_threads", "1",
+            "--disable_tqdm"]
     assert main(argv) == 0
     report = json.loads((out / "results.json").read_text())
     assert report["args"]["eval_lengths"] == [16, 32, 64]
@@ -187,8 +192,13 @@ def test_quick_task_study_writes_results_and_plot(tmp_path, task):
     assert (out / "results.md").read_text().count("\n| `") == 4
     assert main(argv) == 0  # rerun: every run reused
     assert json.loads((out / "results.json").read_text())["skipped_runs"] == 4
-    path = publish_retrieval([out / "results.json"], "retrieval-test", root=tmp_path, command="test",
-                             plot=tmp_path / "plot.png")
+    if task == "passkey":  # what scripts/run_retrieval_study.sh runs: the repository's tools/publish_study.py
+        assert publish_study(["retrieval", "retrieval-test", str(out / "results.json"), "--command", "test",
+                              "--root", str(tmp_path), "--plot", str(tmp_path / "plot.png")]) == 0
+        path = tmp_path / "docs" / "results" / "retrieval-test.json"
+    else:
+        path = publish_retrieval([out / "results.json"], "retrieval-test", root=tmp_path, command="test",
+                                 plot=tmp_path / "plot.png")
     data = load_results(tmp_path, "retrieval-test")
     assert path.is_file() and data["kind"] == "retrieval" and (tmp_path / "plot.png").stat().st_size > 10_000
     text = render_markdown(tmp_path, f"<!-- results: retrieval-test {task} -->\n<!-- /results -->\n"
@@ -206,8 +216,9 @@ def test_quick_task_study_writes_results_and_plot(tmp_path, task):
 
 
 def test_llama_modes_rescale_the_same_weights():
-    """The stock Llama is trained once and evaluated three ways on the same weights: scope ``beyond`` equals SDPA up
-    to L and differs beyond it; scope ``all`` differs already at L (rows that see fewer than L keys)."""
+    """The stock Llama is trained once and evaluated three ways on the same weights: scope ``beyond`` equals
+    SDPA up to L and differs beyond it; scope ``all`` differs already at L (rows that see fewer than L
+    keys)."""
     from hf_attn_variants.lengthgen.retrieval import build_model, load_mode, plan_task_run, task_spec
     from hf_attn_variants.lengthgen.variants import LLAMA_EVAL_MODES
 
@@ -220,7 +231,8 @@ def test_llama_modes_rescale_the_same_weights():
         model = load_mode(model, plan, mode)
         with torch.no_grad():
             for n in (32, 128):
-                logits[mode.name, n] = model(input_ids=make_batch(task_spec(args), n, 0, 0, 2)["input_ids"]).logits
+                logits[mode.name,
+                       n] = model(input_ids=make_batch(task_spec(args), n, 0, 0, 2)["input_ids"]).logits
     assert torch.equal(logits["entropy_invariant_beyond_L", 32], logits["sdpa", 32])
     assert not torch.allclose(logits["entropy_invariant_beyond_L", 128], logits["sdpa", 128])
     assert not torch.allclose(logits["entropy_invariant_all", 32], logits["sdpa", 32])

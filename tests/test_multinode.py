@@ -10,8 +10,9 @@ environment) and for the sharded FSDP2 path (``--fsdp_size 2``), and for DDP rea
 
 The two launches run at the same time (most of a launch is imports and waits), each with a datasets cache of
 its own. Every agent runs in a session of its own under one deadline; when it is over, or as soon as one agent
-fails, all agents and their workers are SIGKILLed (torchrun starts each worker in a session of its own, so they
-are found as the agents' descendants in /proc): a failed rendezvous or a hung collective cannot block the suite.
+fails, all agents and their workers are SIGKILLed (torchrun starts each worker in a session of its own, so
+they are found as the agents' descendants in /proc): a failed rendezvous or a hung collective cannot block the
+suite.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ __all__ = ["train_file"]  # the module-scoped fixture of test_pretrain.py
 
 SCRIPT = REPO / "scripts" / "accelerate" / "launch_sharded.sh"
 TOLERANCE = 1e-6
-LAUNCH_VARIABLES = ("NNODES", "NODE_RANK", "RDZV_ENDPOINT", "RDZV_ID", "RDZV_CONF", "MASTER_ADDR", "LOCAL_ADDR",
-                    "ACCELERATE_USE_CPU")
+LAUNCH_VARIABLES = ("NNODES", "NODE_RANK", "RDZV_ENDPOINT", "RDZV_ID", "RDZV_CONF", "MASTER_ADDR",
+                    "LOCAL_ADDR", "ACCELERATE_USE_CPU")
 
 
 @dataclass
@@ -54,7 +55,8 @@ class Agent:
 
 
 def script_env(**variables: str) -> dict[str, str]:
-    """This environment for a launch: no launcher or rendezvous variables, OMP_NUM_THREADS=1, this interpreter."""
+    """This environment for a launch: no launcher or rendezvous variables, OMP_NUM_THREADS=1, this
+    interpreter."""
     env = {k: v for k, v in launch_env().items() if k not in LAUNCH_VARIABLES}
     return {**env, "PYTHON": sys.executable, **variables}
 
@@ -64,15 +66,16 @@ def start(agents: list[Agent], nproc: int, flags: list[str], cwd: Path, name: st
     ``agents`` (stderr in ``cwd/<name>.stderr``)."""
     stderr = cwd / f"{name}.stderr"
     with stderr.open("w") as err:
-        process = subprocess.Popen(["bash", str(SCRIPT), str(nproc), *flags], env=script_env(**variables), cwd=cwd,
-                                   stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        process = subprocess.Popen(["bash", str(SCRIPT), str(nproc), *flags], env=script_env(**variables),
+                                   cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     agents.append(Agent(process, stderr))
 
 
 def start_two_nodes(agents: list[Agent], flags: list[str], cwd: Path) -> None:
     """The two-node launch: two agents, one process each, c10d rendezvous on 127.0.0.1 (logging at INFO)."""
     rendezvous = {"NNODES": "2", "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "RDZV_ID": "test-multinode",
-                  "LOCAL_ADDR": "127.0.0.1", "LOGLEVEL": "INFO", "HF_DATASETS_CACHE": str(cwd / "cache_two_nodes")}
+                  "LOCAL_ADDR": "127.0.0.1", "LOGLEVEL": "INFO",
+                  "HF_DATASETS_CACHE": str(cwd / "cache_two_nodes")}
     for rank in (0, 1):
         start(agents, 1, flags, cwd, f"node{rank}", NODE_RANK=str(rank), **rendezvous)
 
@@ -83,7 +86,8 @@ def start_one_node(agents: list[Agent], flags: list[str], cwd: Path) -> None:
 
 
 def descendants(pid: int) -> list[int]:
-    """The processes below ``pid``, from /proc (torchrun's workers have sessions of their own, not the agent's)."""
+    """The processes below ``pid``, from /proc (torchrun's workers have sessions of their own, not the
+    agent's)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -130,7 +134,8 @@ def launches() -> Iterator[list[Agent]]:
 
 
 def wait_for(agents: list[Agent], timeout: float = LAUNCH_TIMEOUT) -> None:
-    """Wait until every agent has exited 0; at the first failure or after ``timeout`` s, kill them all and fail."""
+    """Wait until every agent has exited 0; at the first failure or after ``timeout`` s, kill them all and
+    fail."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         codes = [agent.process.poll() for agent in agents]
@@ -145,7 +150,8 @@ def wait_for(agents: list[Agent], timeout: float = LAUNCH_TIMEOUT) -> None:
 
 
 def rendezvous_result(agent: Agent) -> tuple[int, int]:
-    """(group_rank, group_world_size): the node rank and node count the agent's rendezvous gave it, as logged."""
+    """(group_rank, group_world_size): the node rank and node count the agent's rendezvous gave it, as
+    logged."""
     text = agent.stderr.read_text()
     found = [re.search(rf"\b{key}=(\d+)", text) for key in ("group_rank", "group_world_size")]
     assert all(found), agent.tail()
@@ -162,8 +168,10 @@ def test_two_nodes_on_loopback_equal_one_node_with_two_processes(tmp_path, train
     common = {"max_train_steps": 4, "per_device_train_batch_size": 4, **sharding}
     single, multi = tmp_path / "one_node", tmp_path / "two_nodes"
     with launches() as agents:
-        start_two_nodes(agents, cli_flags(clm_args(multi, "entropy_invariant", train_file, **common)), tmp_path)
-        start_one_node(agents, cli_flags(clm_args(single, "entropy_invariant", train_file, **common)), tmp_path)
+        start_two_nodes(agents, cli_flags(clm_args(multi, "entropy_invariant", train_file, **common)),
+                        tmp_path)
+        start_one_node(agents, cli_flags(clm_args(single, "entropy_invariant", train_file, **common)),
+                       tmp_path)
         wait_for(agents)
     assert sorted(rendezvous_result(agent) for agent in agents[:2]) == [(0, 2), (1, 2)]
 

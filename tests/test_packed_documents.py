@@ -1,11 +1,12 @@
-"""Packed documents: rows holding several documents, ``position_ids`` restarting at 0 at each one, no attention mask.
+"""Packed documents: rows holding several documents, ``position_ids`` restarting at 0 at each one, no
+attention mask.
 
-The format of a packing data pipeline (issue 23). In every family, objective and kernel the documents of a packed
-row must be computed as if each ran alone: (a) the logits of each document's slice equal its lone run, (b) the
-per-layer nᵢ (the key counts behind the entropy-invariant factor and GAU's normalisers) equal the lone run's, and
-(c) the causal LM loss of the packed row, with the label of every document's first token ignored, is the
-token-weighted mean of the lone documents' losses. A guard checks each configuration would show mixing: the same
-row with a mask of ones (which turns packing off) differs from the lone runs.
+The format of a packing data pipeline (issue 23). In every family, objective and kernel the documents of a
+packed row must be computed as if each ran alone: (a) the logits of each document's slice equal its lone run,
+(b) the per-layer nᵢ (the key counts behind the entropy-invariant factor and GAU's normalisers) equal the lone
+run's, and (c) the causal LM loss of the packed row, with the label of every document's first token ignored,
+is the token-weighted mean of the lone documents' losses. A guard checks each configuration would show mixing:
+the same row with a mask of ones (which turns packing off) differs from the lone runs.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from tests.test_synthesizer import tiny as synthesizer_tiny
 from tests.utils import random_ids, rounding_tolerance
 
 DOCUMENTS = ((5, 11, 8), (8, 5, 11))
-"""Document lengths of the two packed rows (different splits per row); documents start at columns 5, 16 and 8, 13."""
+"""Document lengths of the two packed rows (different splits per row); documents start at columns 5, 16 and 8,
+13."""
 LENGTH = sum(DOCUMENTS[0])
 OBJECTIVES = {"causal": (EntropyInvariantForCausalLM, GAUForCausalLM, SynthesizerForCausalLM),
               "masked": (EntropyInvariantForMaskedLM, GAUForMaskedLM, SynthesizerForMaskedLM)}
@@ -47,18 +49,20 @@ CASES = [
       for name in ("eager", "sdpa", "flex_attention")],
     pytest.param("gau", {}, id="gau-quadratic-softmax_plus"),
     pytest.param("gau", {"attention_normalization": "relu2"}, id="gau-quadratic-relu2"),
-    # Chunk 4 is shorter than every document, chunk 6 longer than the 5-token ones; most document starts lie off
-    # the row's chunk grid, so the row's own chunks would straddle document boundaries.
+    # Chunk 4 is shorter than every document, chunk 6 longer than the 5-token ones; most document starts lie
+    # off the row's chunk grid, so the row's own chunks would straddle document boundaries.
     pytest.param("gau", {"attention_normalization": "relu2", "chunk_size": 4}, id="gau-flash-chunk4"),
     pytest.param("gau", {"attention_normalization": "relu2", "chunk_size": 6}, id="gau-flash-chunk6"),
-    *[pytest.param("synthesizer", {"synthesizer_components": components}, id="synthesizer-" + "+".join(components))
+    *[pytest.param("synthesizer", {"synthesizer_components": components},
+                   id="synthesizer-" + "+".join(components))
       for components in (["dense"], ["random"], ["factorized_dense"], ["factorized_random"], ["vanilla"],
                          ["random", "vanilla"])],
 ]
 
 
 def build(family: str, objective: str, options: dict):
-    """A tiny random model (hidden 32, 2 layers, dropout 0, eval mode) of ``family`` with the head of ``objective``."""
+    """A tiny random model (hidden 32, 2 layers, dropout 0, eval mode) of ``family`` with the head of
+    ``objective``."""
     model_class = OBJECTIVES[objective][FAMILY_INDEX[family]]
     if family == "entropy_invariant":
         return ei_tiny(model_class, attention_scale="entropy_invariant", **options)
@@ -72,7 +76,8 @@ def packed_batch() -> tuple[torch.Tensor, torch.Tensor, list[list[torch.Tensor]]
     documents = [[random_ids(1, length, seed=10 * row + index) for index, length in enumerate(lengths)]
                  for row, lengths in enumerate(DOCUMENTS)]
     ids = torch.cat([torch.cat(row, dim=1) for row in documents])
-    positions = torch.stack([torch.cat([torch.arange(length) for length in lengths]) for lengths in DOCUMENTS])
+    positions = torch.stack([torch.cat([torch.arange(length) for length in lengths])
+                             for lengths in DOCUMENTS])
     return ids, positions, documents
 
 
@@ -91,8 +96,9 @@ def tolerance(model) -> float:
 
 
 def lone_runs_through_sdpa(model) -> None:
-    """Switch a flex model to SDPA for its lone runs: each new shape compiles a flex kernel (~15 s on a 2-core CPU),
-    and SDPA equals flex on ordinary inputs (tests/test_flex_attention.py). Other models are left alone."""
+    """Switch a flex model to SDPA for its lone runs: each new shape compiles a flex kernel (~15 s on a 2-core
+    CPU), and SDPA equals flex on ordinary inputs (tests/test_flex_attention.py). Other models are left
+    alone."""
     if model.config._attn_implementation == "flex_attention":
         model.set_attn_implementation("sdpa")
 
@@ -141,7 +147,8 @@ def test_packed_documents_equal_their_lone_runs(family: str, options: dict, obje
 
 
 @pytest.mark.parametrize(("family", "options"), CASES)
-def test_packed_causal_lm_loss_is_the_token_weighted_mean_of_the_lone_losses(family: str, options: dict) -> None:
+def test_packed_causal_lm_loss_is_the_token_weighted_mean_of_the_lone_losses(family: str,
+                                                                             options: dict) -> None:
     model = build(family, "causal", options)
     ids, positions, documents = packed_batch()
     labels = ids.clone()
@@ -158,8 +165,8 @@ def test_packed_causal_lm_loss_is_the_token_weighted_mean_of_the_lone_losses(fam
 
 
 def test_packed_runs_build_no_cache_and_a_given_cache_is_refused() -> None:
-    """A cache continues one sequence per row: a packed causal forward in eval mode builds none, and one passed in
-    is refused with an error naming it (it would continue across the documents)."""
+    """A cache continues one sequence per row: a packed causal forward in eval mode builds none, and one
+    passed in is refused with an error naming it (it would continue across the documents)."""
     model = build("entropy_invariant", "causal", {"implementation": "sdpa"})
     ids, positions, _ = packed_batch()
     with torch.no_grad():
@@ -172,8 +179,10 @@ def test_packed_runs_build_no_cache_and_a_given_cache_is_refused() -> None:
 @pytest.mark.parametrize("family", ["entropy_invariant", "gau", "synthesizer"])
 @pytest.mark.parametrize("objective", ["causal", "masked"])
 def test_positions_that_do_not_restart_are_the_ordinary_path(family: str, objective: str) -> None:
-    """Increasing positions (or a mask) are not packing: no document ids, and the same outputs as without them."""
-    model = build(family, objective, {"chunk_size": 4, "attention_normalization": "relu2"} if family == "gau" else {})
+    """Increasing positions (or a mask) are not packing: no document ids, and the same outputs as without
+    them."""
+    model = build(family, objective,
+                  {"chunk_size": 4, "attention_normalization": "relu2"} if family == "gau" else {})
     ids = random_ids(2, LENGTH)
     positions = torch.arange(LENGTH).expand(2, -1)
     backbone = model.model
@@ -192,10 +201,11 @@ def test_document_helpers() -> None:
     assert document_positions(documents).tolist() == positions.tolist()
 
 
-def padding_free_probe(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_ids=None,
-                       **kwargs):
-    """A stand-in for flash attention on CPU: no mask, documents from ``position_ids`` in a batch of one row only
-    (Transformers' padding-free format, read with its ``find_packed_sequence_indices``), else one sequence per row."""
+def padding_free_probe(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                       position_ids=None, **kwargs):
+    """A stand-in for flash attention on CPU: no mask, documents from ``position_ids`` in a batch of one row
+    only (Transformers' padding-free format, read with its ``find_packed_sequence_indices``), else one
+    sequence per row."""
     assert attention_mask is None
     length = query.shape[2]
     visible = torch.ones(length, length, dtype=torch.bool)
@@ -205,14 +215,15 @@ def padding_free_probe(module, query, key, value, attention_mask, scaling=None, 
         visible = documents[0, :, None] == documents[0, None, :]
     if module.is_causal:
         visible = visible & torch.ones_like(visible).tril()
-    output = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=visible, scale=scaling)
+    output = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=visible,
+                                                              scale=scaling)
     return output.transpose(1, 2).contiguous(), None
 
 
 @pytest.mark.parametrize("objective", ["causal", "masked"])
 def test_a_kernel_without_a_mask_gets_the_positions_and_more_than_one_row_is_refused(objective: str) -> None:
-    """Flash-attention-like kernels take no mask: packed rows reach them with ``position_ids`` (one row), and a batch
-    of several packed rows, which they would mix, raises an error naming ``attn_implementation``."""
+    """Flash-attention-like kernels take no mask: packed rows reach them with ``position_ids`` (one row), and
+    a batch of several packed rows, which they would mix, raises an error naming ``attn_implementation``."""
     AttentionInterface.register("padding_free_probe", padding_free_probe)
     model = build("entropy_invariant", objective, {"implementation": "padding_free_probe"})
     ids, positions, documents = packed_batch()

@@ -1,11 +1,12 @@
 """Packed FLASH in linear time (issue 38): rows packing several documents through ``DocumentChunks``.
 
-Every document of a packed row starts on a chunk boundary of its own, so the chunked kernels run it as if alone
-and no n×n tensor is built. The bar is the lone runs, as in tests/test_packed_documents.py: logits, per-document
-losses and parameter gradients of a packed row equal those of its documents run one by one — causal and
-bidirectional, for chunk sizes that divide the document lengths and chunk sizes that do not, and with a leading
-padding document (a packer's left padding: its labels ignored). The O(n) path also equals the named O(n²)
-reference (``flash_documents``), never calls it, and its Triton variant (interpreted on CPU) equals the torch one.
+Every document of a packed row starts on a chunk boundary of its own, so the chunked kernels run it as if
+alone and no n×n tensor is built. The bar is the lone runs, as in tests/test_packed_documents.py: logits,
+per-document losses and parameter gradients of a packed row equal those of its documents run one by one
+— causal and bidirectional, for chunk sizes that divide the document lengths and chunk sizes that do not, and
+with a leading padding document (a packer's left padding: its labels ignored). The O(n) path also equals the
+named O(n²) reference (``flash_documents``), never calls it, and its Triton variant (interpreted on CPU)
+equals the torch one.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ PAD_ID = 0
 
 def packed(lengths: tuple[tuple[int, ...], ...], seed: int = 0):
     """(input_ids, position_ids) of the packed rows and each row's documents ``(1, L)``."""
-    documents = [[random_ids(1, length, seed=seed + 10 * row + index) for index, length in enumerate(row_lengths)]
+    documents = [[random_ids(1, length, seed=seed + 10 * row + index)
+                  for index, length in enumerate(row_lengths)]
                  for row, row_lengths in enumerate(lengths)]
     ids = torch.cat([torch.cat(row, dim=1) for row in documents])
     positions = torch.stack([torch.cat([torch.arange(length) for length in row]) for row in lengths])
@@ -104,8 +106,9 @@ def test_packed_flash_logits_losses_and_gradients_equal_the_lone_runs(lengths, c
         if parameter.grad is None:
             continue
         reference = parameter.grad
-        torch.testing.assert_close(packed_grads[name], reference, atol=2e-5 * reference.abs().max().item() + 1e-7,
-                                   rtol=0, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(packed_grads[name], reference,
+                                   atol=2e-5 * reference.abs().max().item() + 1e-7, rtol=0,
+                                   msg=lambda m, name=name: f"{name}: {m}")
     expected = float(total)
     torch.testing.assert_close(float(token_losses.sum()), expected, atol=1e-4 * abs(expected), rtol=0)
 
@@ -144,10 +147,12 @@ def test_the_layout_is_linear_and_puts_every_document_on_a_chunk_boundary() -> N
         slots = layout.gather(tokens + 1)[..., 0]  # token number + 1 in each slot, 0 where empty
         assert torch.equal(slots > 0, layout.valid) and int(layout.valid.sum()) == positions.numel()
         starts = (slots.flatten(1)[:, ::chunk] - 1).long()  # the token opening each chunk
-        assert (positions.flatten()[starts[starts >= 0]] % chunk == 0).all()  # chunks start at document positions
+        # chunks start at document positions
+        assert (positions.flatten()[starts[starts >= 0]] % chunk == 0).all()
         first = positions == 0
         slot_of = {int(t): i for row in range(2) for i, t in enumerate(slots[row].tolist()) if t > 0}
-        assert all(slot_of[int(t) + 1] % chunk == 0 for t in tokens[first][..., 0])  # every document opens a chunk
+        # every document opens a chunk
+        assert all(slot_of[int(t) + 1] % chunk == 0 for t in tokens[first][..., 0])
         assert torch.equal(layout.restore(layout.gather(tokens)), tokens)
     whole = DocumentChunks.build(packed_document_ids(packed(ROWS)[1]), 4)
     assert whole.valid is None and whole.source is None and whole.slots == sum(ROWS[0])  # nothing to move
@@ -160,15 +165,18 @@ def test_segmented_sums_equal_each_document_alone(causal) -> None:
     lengths, chunk = (7, 13, 4), 4
     document_ids = packed_document_ids(torch.cat([torch.arange(n) for n in lengths])[None])
     layout = DocumentChunks.build(document_ids, chunk)
-    make = lambda width: torch.randn(1, sum(lengths), width, generator=generator)
+    def make(width: int) -> torch.Tensor:
+        return torch.randn(1, sum(lengths), width, generator=generator)
+
     qs = [make(8) for _ in range(4)]
     v = make(6)
     aligned = [layout.gather(x) for x in (*qs, v)]
-    numerator, _ = flash_mixed_chunk_attention(*aligned, chunk_size=chunk, causal=causal, key_mask=layout.valid,
-                                               segments=layout.segment)
+    numerator, _ = flash_mixed_chunk_attention(*aligned, chunk_size=chunk, causal=causal,
+                                               key_mask=layout.valid, segments=layout.segment)
     got = layout.restore(numerator)
     for where in spans(lengths):
-        alone, _ = flash_mixed_chunk_attention(*(x[:, where] for x in (*qs, v)), chunk_size=chunk, causal=causal)
+        alone, _ = flash_mixed_chunk_attention(*(x[:, where] for x in (*qs, v)), chunk_size=chunk,
+                                               causal=causal)
         torch.testing.assert_close(got[:, where], alone, atol=1e-5, rtol=1e-5)
 
 
@@ -182,16 +190,17 @@ def test_the_triton_packed_path_equals_the_torch_one(causal) -> None:
         model = tiny(model_class, attention_normalization="relu2", chunk_size=4, gau_kernel=kernel)
         logits = model(ids, position_ids=positions).logits
         logits.square().sum().backward()
-        results[kernel] = (logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+        results[kernel] = (logits.detach(),
+                           {n: p.grad for n, p in model.named_parameters() if p.grad is not None})
     torch.testing.assert_close(results["triton"][0], results["torch"][0], atol=1e-4, rtol=1e-4)
     for name, grad in results["torch"][1].items():
-        torch.testing.assert_close(results["triton"][1][name], grad, atol=1e-4 * grad.abs().max().item() + 1e-6,
-                                   rtol=1e-4)
+        torch.testing.assert_close(results["triton"][1][name], grad,
+                                   atol=1e-4 * grad.abs().max().item() + 1e-6, rtol=1e-4)
 
 
 def test_packed_flash_keeps_no_row_by_row_term(monkeypatch) -> None:
-    """Linear in n: a 2048-token row of 64 documents goes through the O(n) path with at most T + D·(g − 1) slots,
-    and the segmented sums touch no C×C term (checked by the shapes they receive)."""
+    """Linear in n: a 2048-token row of 64 documents goes through the O(n) path with at most T + D·(g − 1)
+    slots, and the segmented sums touch no C×C term (checked by the shapes they receive)."""
     lengths = ((32,) * 64,)
     ids, positions, _ = packed(lengths)
     model = model_for("causal", 16)

@@ -2,10 +2,10 @@
 
 One ``torchrun --nproc_per_node 2`` (tests/parallel_child.py) loads every saved model below with
 ``DistributedConfig(tp_size=2)`` / ``tp_plan="auto"`` / ``DistributedConfig(fsdp_size=2)`` / ``pp_size=2`` and
-records the placements of its parameters, logits, full gradients, greedy tokens, and the weights and logits after
-one SGD step; each test checks that every parameter is the DTensor its plan declares (``planned_placements``: a
-plan that did nothing would still give the same logits) and compares one case with the same model in this
-process. The models cover every tensor-parallel style the families use:
+records the placements of its parameters, logits, full gradients, greedy tokens, and the weights and logits
+after one SGD step; each test checks that every parameter is the DTensor its plan declares
+(``planned_placements``: a plan that did nothing would still give the same logits) and compares one case with
+the same model in this process. The models cover every tensor-parallel style the families use:
 per-head ``ssmax_scale``, the Synthesizer's dense/factorized branches and random matrices (trainable and fixed
 buffers) with replicated mixing logits, GAU's gathered ``in_proj`` with replicated q/k scale-offset (quadratic
 and FLASH), a post-norm GAU-α-style encoder, and pruned models whose heads do or do not divide by 2.
@@ -59,25 +59,28 @@ def build_models() -> dict[str, tuple[torch.nn.Module, bool]]:
     synth = {**COMMON, **HEADS, "max_position_embeddings": 32, "factorized_random_rank": 4}
     models = {
         "ei": EntropyInvariantForCausalLM(ei),
-        "ei_tied": EntropyInvariantForCausalLM(EntropyInvariantConfig(**{**COMMON, "tie_word_embeddings": True}, **HEADS)),
+        "ei_tied": EntropyInvariantForCausalLM(
+            EntropyInvariantConfig(**{**COMMON, "tie_word_embeddings": True}, **HEADS)),
         "ei_pruned_even": prune_heads(EntropyInvariantForCausalLM(ei), {0: [1, 3]}),
         "ei_pruned_odd": prune_heads(EntropyInvariantForCausalLM(ei), {1: [0]}),
         "synth_all": SynthesizerForCausalLM(SynthesizerConfig(**synth, synthesizer_components=[
             "dense", "random", "factorized_dense", "factorized_random", "vanilla"])),
-        "synth_fixed": SynthesizerForCausalLM(SynthesizerConfig(**synth, random_trainable=False, synthesizer_components=[
-            "random", "factorized_random", "vanilla"])),
+        "synth_fixed": SynthesizerForCausalLM(SynthesizerConfig(
+            **synth, random_trainable=False,
+            synthesizer_components=["random", "factorized_random", "vanilla"])),
         "gau": GAUForCausalLM(GAUConfig(**COMMON, expansion_factor=2, attention_key_size=8)),
-        "gau_flash": GAUForCausalLM(GAUConfig(**COMMON, expansion_factor=2, attention_key_size=8, chunk_size=4,
-                                             attention_normalization="relu2")),
+        "gau_flash": GAUForCausalLM(GAUConfig(**COMMON, expansion_factor=2, attention_key_size=8,
+                                              chunk_size=4, attention_normalization="relu2")),
         "gau_alpha_mlm": GAUForMaskedLM(GAUConfig(**COMMON, expansion_factor=2, attention_key_size=8,
-                                                  norm_position="post", attention_normalization="softmax_plus")),
+                                                  norm_position="post",
+                                                  attention_normalization="softmax_plus")),
     }
     return {name: (model, name != "gau_alpha_mlm") for name, model in models.items()}
 
 
 CASES = [
-    *((name, "tp") for name in ("ei", "ei_tied", "ei_pruned_even", "ei_pruned_odd", "synth_all", "synth_fixed", "gau",
-                                 "gau_flash", "gau_alpha_mlm")),
+    *((name, "tp") for name in ("ei", "ei_tied", "ei_pruned_even", "ei_pruned_odd", "synth_all",
+                                 "synth_fixed", "gau", "gau_flash", "gau_alpha_mlm")),
     ("ei", "tp_auto"),
     *((name, "fsdp") for name in ("ei", "ei_tied", "synth_all", "synth_fixed", "gau", "gau_alpha_mlm")),
     ("gau", "hsdp"),
@@ -103,12 +106,12 @@ def run_children(root: Path, names: list[tuple[str, str]], causal: dict[str, boo
              for name, mode in names]
     spec = root / f"spec-{processes}.json"
     spec.write_text(json.dumps({"cases": cases}))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port",
-               str(free_port()), str(CHILD), str(spec), str(root / "out")]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+               "--master_port", str(free_port()), str(CHILD), str(spec), str(root / "out")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
     # Own process group: on a timeout (a collective that never completes) torchrun's workers die with it.
-    process = subprocess.Popen(command, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(command, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
     try:
         _, stderr = process.communicate(timeout=600)
     except subprocess.TimeoutExpired:
@@ -120,10 +123,10 @@ def run_children(root: Path, names: list[tuple[str, str]], causal: dict[str, boo
 
 @pytest.fixture(scope="module")
 def parallel_run(tmp_path_factory) -> dict[str, Any]:
-    """Save the models and run both torchruns once per session: the first xdist worker does it under a file lock
-    in the session's shared temporary folder, the other reuses the results. That folder is the parent of an xdist
-    worker's own (``popen-gw<n>``), but without workers it is the session's own: its parent holds every session
-    of this user, whose results (of another checkout, or of older code) must not be reused."""
+    """Save the models and run both torchruns once per session: the first xdist worker does it under a file
+    lock in the session's shared temporary folder, the other reuses the results. That folder is the parent of
+    an xdist worker's own (``popen-gw<n>``), but without workers it is the session's own: its parent holds
+    every session of this user, whose results (of another checkout, or of older code) must not be reused."""
     basetemp = tmp_path_factory.getbasetemp()
     root = (basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp) / "parallel"
     root.mkdir(exist_ok=True)
@@ -140,36 +143,38 @@ def parallel_run(tmp_path_factory) -> dict[str, Any]:
             (root / "causal.json").write_text(json.dumps(causal))
             (root / "done").touch()
     causal = json.loads((root / "causal.json").read_text())
-    models = {name: (AutoModelForCausalLM if is_causal else AutoModelForMaskedLM).from_pretrained(root / name).eval()
-              for name, is_causal in causal.items()}  # the package's classes; the children ran the remote code
+    # the package's classes; the children ran the remote code
+    models = {name: (AutoModelForCausalLM if is_causal else AutoModelForMaskedLM).from_pretrained(root / name)
+              .eval() for name, is_causal in causal.items()}
     return {"root": root, "out": root / "out", "models": models}
 
 
 TENSOR_PARALLEL_PLACEMENTS = tuple((re.compile(pattern), placement) for pattern, placement in (
-    # Transformers' own rules: the embedding's vocabulary rows ("embedding_rowwise", added by Transformers), the LM
-    # head's ("colwise_gather_output")
+    # Transformers' own rules: the embedding's vocabulary rows ("embedding_rowwise", added by Transformers),
+    # the LM head's ("colwise_gather_output")
     (r"model\.embed_tokens\.weight|lm_head\.weight", "Shard(dim=0)"),
     # "colwise" (GAU's in_proj: "colwise_gather_partial"): the output features, weight and bias
     (r".+\.(self_attn\.[qkv]_proj|mlp\.up_proj|gau\.in_proj)\.(weight|bias)", "Shard(dim=0)"),
     # "rowwise": the input features; the bias is added once, after the all-reduce
     (r".+\.(self_attn\.o_proj|mlp\.down_proj|gau\.out_proj)\.weight", "Shard(dim=1)"),
     (r".+\.(self_attn\.o_proj|mlp\.down_proj|gau\.out_proj)\.bias", "Replicate()"),
-    # "local_shard": per-head tensors, head first — SSMax's scale, the Synthesizer's R, R₁/R₂, dense W₁, b₁, W₂, b₂
+    # "local_shard": per-head tensors, head first — SSMax's scale, the Synthesizer's R, R₁/R₂, dense W₁, b₁,
+    # W₂, b₂
     (r".+\.self_attn\.(ssmax_scale|random_(matrix|left|right)|(dense|factor_a|factor_b)\.[wb][12])",
      "Shard(dim=0)"),
 ))
-"""Parameter name → its placement on the ``tp`` mesh dimension, as the families' tensor-parallel plans declare it
-(``base_model_tp_plan``, the heads' ``_tp_plan``, hf_attn_variants.models.tensor_parallel). Every other parameter stays a
-plain tensor under tensor parallelism: norms, and the replicated tensors whose gradients "local_shard" sums (the
-Synthesizer's mixing logits, GAU's q/k scale and offset)."""
+"""Parameter name → its placement on the ``tp`` mesh dimension, as the families' tensor-parallel plans declare
+it (``base_model_tp_plan``, the heads' ``_tp_plan``, hf_attn_variants.models.tensor_parallel). Every other
+parameter stays a plain tensor under tensor parallelism: norms, and the replicated tensors whose gradients
+"local_shard" sums (the Synthesizer's mixing logits, GAU's q/k scale and offset)."""
 
 
 def planned_placements(name: str, *, tp_size: int = 1, fsdp_size: int = 1,
                        dp_replicate_size: int = 1) -> dict[str, str] | None:
-    """``{mesh dimension: repr(placement)}`` that the plans make of parameter ``name`` on a (dp_replicate, fsdp, tp)
-    layout; ``None`` for a plain tensor. FSDP2 shards every parameter's dim 0 over ``fsdp`` (its mesh dimension
-    exists, of size 1, under HSDP alone) and replicates it over ``dp_replicate``; over a tensor-parallel
-    ``Shard(dim=0)`` its shard is strided (``_StridedShard``, split factor tp_size)."""
+    """``{mesh dimension: repr(placement)}`` that the plans make of parameter ``name`` on a (dp_replicate,
+    fsdp, tp) layout; ``None`` for a plain tensor. FSDP2 shards every parameter's dim 0 over ``fsdp`` (its
+    mesh dimension exists, of size 1, under HSDP alone) and replicates it over ``dp_replicate``; over a
+    tensor-parallel ``Shard(dim=0)`` its shard is strided (``_StridedShard``, split factor tp_size)."""
     tp = None if tp_size == 1 else next(
         (placement for pattern, placement in TENSOR_PARALLEL_PLACEMENTS if pattern.fullmatch(name)), None)
     planned = {}
@@ -184,8 +189,9 @@ def planned_placements(name: str, *, tp_size: int = 1, fsdp_size: int = 1,
 
 def assert_sharded_as_planned(recorded: dict[str, dict[str, str] | None], names: Iterable[str],
                               **sizes: int) -> None:
-    """Every parameter of the sharded model (``recorded``: tests/parallel_child.py ``placements``) is the DTensor
-    ``planned_placements`` says — or plain where it says so — and they are the parameters ``names`` of the model."""
+    """Every parameter of the sharded model (``recorded``: tests/parallel_child.py ``placements``) is the
+    DTensor ``planned_placements`` says — or plain where it says so — and they are the parameters ``names`` of
+    the model."""
     names = sorted(names)
     assert sorted(recorded) == names, f"sharded {sorted(recorded)} != one-process {names}"
     wrong = {name: {"got": recorded[name], "planned": planned_placements(name, **sizes)} for name in names
@@ -199,10 +205,13 @@ def recorded(parallel_run: dict[str, Any], name: str, mode: str) -> dict[str, An
     return result
 
 
-def one_process(parallel_run: dict[str, Any], name: str) -> tuple[dict[str, torch.Tensor], torch.nn.Module, dict]:
+def one_process(
+    parallel_run: dict[str, Any], name: str
+) -> tuple[dict[str, torch.Tensor], torch.nn.Module, dict]:
     """The batch, the model ``name`` in this process, and its forward inputs (ids and padding mask)."""
     data = torch.load(parallel_run["root"] / "batch.pt")
-    return data, parallel_run["models"][name], {"input_ids": data["input_ids"], "attention_mask": data["attention_mask"]}
+    return data, parallel_run["models"][name], {"input_ids": data["input_ids"],
+                                                "attention_mask": data["attention_mask"]}
 
 
 def saved_weights(parallel_run: dict[str, Any], name: str, mode: str) -> dict[str, torch.Tensor]:
@@ -223,7 +232,9 @@ def max_difference(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "mode"), [case for case in CASES if case[1] in ("tp", "tp_auto")
                                             and case[0] != "ei_pruned_odd"])
-def test_tensor_parallel_logits_gradients_and_generate_equal_one_process(parallel_run, name: str, mode: str) -> None:
+def test_tensor_parallel_logits_gradients_and_generate_equal_one_process(
+    parallel_run, name: str, mode: str
+) -> None:
     result = recorded(parallel_run, name, mode)
     data, model, inputs = one_process(parallel_run, name)
     assert_sharded_as_planned(result["placements"], dict(model.named_parameters()), **MODE_SIZES[mode])
@@ -235,26 +246,30 @@ def test_tensor_parallel_logits_gradients_and_generate_equal_one_process(paralle
     assert max_difference(result["grads"], grads) <= TOLERANCE
     if "generated" in result:
         prompt = data["input_ids"][:, :5]
-        expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False)
+        expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6,
+                                  do_sample=False)
         assert torch.equal(result["generated"], expected)
     assert max_difference(saved_weights(parallel_run, name, mode), dict(model.named_parameters())) == 0
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("case", "message"), [
-    ("ei_pruned_odd-tp", ("ValueError: Tensor parallelism splits attention heads evenly across ranks, but layer 1 "
-                          "has 3 attention heads, which tp_size=2 does not divide")),
-    ("ei_tied-tp_fsdp", ("ValueError: tie_word_embeddings=True cannot be trained with tensor parallelism and FSDP "
-                         "together (tp_size=2, fsdp × replicas = 2)")),
+    ("ei_pruned_odd-tp", ("ValueError: Tensor parallelism splits attention heads evenly across ranks, "
+                          "but layer 1 has 3 attention heads, which tp_size=2 does not divide")),
+    ("ei_tied-tp_fsdp", ("ValueError: tie_word_embeddings=True cannot be trained with tensor parallelism and "
+                         "FSDP together (tp_size=2, fsdp × replicas = 2)")),
 ])
-def test_what_cannot_be_sharded_right_is_refused_in_one_sentence(parallel_run, case: str, message: str) -> None:
+def test_what_cannot_be_sharded_right_is_refused_in_one_sentence(
+    parallel_run, case: str, message: str
+) -> None:
     result = torch.load(parallel_run["out"] / f"{case}.pt")
     assert result["error"].startswith(message), result
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "mode"), [case for case in CASES + FOUR_PROCESS_CASES
-                                            if case[1] in ("fsdp", "hsdp", "tp_fsdp") and case != ("ei_tied", "tp_fsdp")])
+                                            if case[1] in ("fsdp", "hsdp", "tp_fsdp")
+                                            and case != ("ei_tied", "tp_fsdp")])
 def test_fsdp2_logits_and_one_optimizer_step_equal_one_process(parallel_run, name: str, mode: str) -> None:
     """FSDP2 and HSDP (two replicas) on two processes; tensor parallel × FSDP2 (2 × 2) with gradient
     checkpointing on four."""
@@ -286,7 +301,8 @@ def test_pipeline_parallel_logits_equal_one_process(parallel_run, name: str) -> 
 
 
 @pytest.mark.parametrize(("model_class", "sizes", "message"), [
-    (GAUForMaskedLM, {"pp_size": 2}, "pp_size=2: Transformers' pipeline parallelism runs causal language models only"),
+    (GAUForMaskedLM, {"pp_size": 2},
+     "pp_size=2: Transformers' pipeline parallelism runs causal language models only"),
     (EntropyInvariantForCausalLM, {"tp_size": 2, "fsdp_size": 2},
      "tie_word_embeddings=True cannot be trained with tensor parallelism and FSDP together"),
 ])
@@ -294,7 +310,8 @@ def test_layouts_that_cannot_work_are_refused_while_the_model_is_built(model_cla
     """Checked at construction, before Transformers shards anything (no processes needed): ``from_pretrained``
     sets ``config.distributed_config`` before it builds the model."""
     config = model_class.config_class(**{**COMMON, "tie_word_embeddings": True, **(
-        HEADS if model_class is EntropyInvariantForCausalLM else {"expansion_factor": 2, "attention_key_size": 8})})
+        HEADS if model_class is EntropyInvariantForCausalLM
+        else {"expansion_factor": 2, "attention_key_size": 8})})
     config.distributed_config = DistributedConfig(**sizes)
     with pytest.raises(ValueError, match=re.escape(message)):
         model_class(config)

@@ -1,11 +1,12 @@
 """Our FLASH unit against lucidrains' FLASH-pytorch 0.1.9, the peer `make bench` times it against.
 
-The two compute the same layer once their conventions are aligned: the peer divides the quadratic scores by the
-chunk size g inside relu² and the linear part by g (causal) or by the unpadded length n (bidirectional), and adds a
-T5 relative-position bias; ours multiplies both parts by 1/√s and divides the sum by L (``relu2_length="fixed"``:
-``base_length``). Zeroing the peer's T5 bias (and RoPE off in both), the peer's offset-scale rows for q and q' carry
-the ratio of the two conventions, c = g/(√s·√L) for q and g/(√s·L) (causal) or n/(√s·L) for q'; then the peer's
-``FLASH(x)`` equals ``x + unit(norm(x))`` of our ``GatedAttentionUnit`` with the peer's weights.
+The two compute the same layer once their conventions are aligned: the peer divides the quadratic scores by
+the chunk size g inside relu² and the linear part by g (causal) or by the unpadded length n (bidirectional),
+and adds a T5 relative-position bias; ours multiplies both parts by 1/√s and divides the sum by L
+(``relu2_length="fixed"``: ``base_length``). Zeroing the peer's T5 bias (and RoPE off in both), the peer's
+offset-scale rows for q and q' carry the ratio of the two conventions, c = g/(√s·√L) for q and g/(√s·L)
+(causal) or n/(√s·L) for q'; then the peer's ``FLASH(x)`` equals ``x + unit(norm(x))`` of our
+``GatedAttentionUnit`` with the peer's weights.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from torch import nn
 
 from hf_attn_variants import GAUConfig, GAUModel
 from hf_attn_variants.bench.peers import INSTALL
+from tests.utils import layer_inputs
 
 try:
     from flash_pytorch.flash_pytorch import FLASH
-except ModuleNotFoundError as error:  # a peer from the lock: missing means the install is incomplete, not a skip
+except ModuleNotFoundError as error:
+    # a peer from the lock: missing means the install is incomplete, not a skip
     raise ModuleNotFoundError(INSTALL) from error
 
 DIM, KEY, G, L = 32, 16, 8, 8
@@ -30,15 +33,14 @@ DIM, KEY, G, L = 32, 16, 8, 8
 def run_unit(model: GAUModel, x: torch.Tensor, causal: bool) -> torch.Tensor:
     """Layer 0's unit of ``model`` (no position embedding) on ``x`` with no padding."""
     assert model.is_causal == causal
-    position_ids = torch.arange(x.shape[1]).expand(x.shape[0], -1)
     mask = torch.ones(x.shape[:2], dtype=torch.long)
-    inputs = model._attention_inputs(x, mask, None, position_ids, 0, None)
+    inputs = layer_inputs(model, x, mask)
     return model.layers[0].gau(x, position_embeddings=None, **inputs)[0]
 
 
 def aligned_pair(causal: bool, length: int) -> tuple[nn.Module, GAUModel]:
-    """The peer's FLASH layer with random weights (T5 bias zeroed, no RoPE, LayerNorm) and our one-layer GAUModel
-    holding the same weights, rescaled as the module docstring says."""
+    """The peer's FLASH layer with random weights (T5 bias zeroed, no RoPE, LayerNorm) and our one-layer
+    GAUModel holding the same weights, rescaled as the module docstring says."""
     torch.manual_seed(0)
     peer = FLASH(dim=DIM, group_size=G, query_key_dim=KEY, expansion_factor=2.0, causal=causal,
                  norm_klass=nn.LayerNorm, shift_tokens=False).eval()
@@ -50,7 +52,8 @@ def aligned_pair(causal: bool, length: int) -> tuple[nn.Module, GAUModel]:
     ours = GAUModel(GAUConfig(vocab_size=11, hidden_size=DIM, num_hidden_layers=1, expansion_factor=2,
                               attention_key_size=KEY, attention_normalization="relu2", relu2_length="fixed",
                               base_length=L, chunk_size=G, is_decoder=causal, position_embedding_type="none",
-                              use_bias=True, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).eval()
+                              use_bias=True, hidden_dropout_prob=0.0,
+                              attention_probs_dropout_prob=0.0)).eval()
     unit = ours.layers[0].gau
     width = 2 * DIM
     hidden_w, hidden_b = peer.to_hidden[0].weight, peer.to_hidden[0].bias  # rows: [v | gate]

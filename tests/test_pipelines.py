@@ -29,7 +29,8 @@ def folders(tmp_path_factory) -> dict[tuple[str, str], str]:
     tokenizer = embedded_tokenizer()
     out = {}
     for family in FAMILIES:
-        config = build_config(family, config_overrides=tiny_overrides(family), tokenizer=tokenizer, max_seq_length=16)
+        config = build_config(family, config_overrides=tiny_overrides(family), tokenizer=tokenizer,
+                              max_seq_length=16)
         config.id2label, config.label2id = {0: "neg", 1: "pos"}, {"neg": 0, "pos": 1}
         for task, auto_class in HEADS.items():
             torch.manual_seed(0)
@@ -56,7 +57,8 @@ def test_text_generation_pipeline(folders, family: str) -> None:
     generate = pipeline("text-generation", model=folders[family, "text-generation"], trust_remote_code=True,
                         device="cpu")
     prompt = "the assert statement"
-    assert generate.tokenizer(prompt)["input_ids"][-1] != generate.tokenizer.eos_token_id  # the prompt stays open
+    # the prompt stays open
+    assert generate.tokenizer(prompt)["input_ids"][-1] != generate.tokenizer.eos_token_id
     out = generate(prompt, max_new_tokens=5, do_sample=False, return_full_text=False)
     assert isinstance(out[0]["generated_text"], str)
     again = generate(prompt, max_new_tokens=5, do_sample=False, return_full_text=False)

@@ -1,10 +1,11 @@
-"""Folders saved before model code moved into ``models/`` (issue 25) still load and compute what they computed.
+"""Folders saved before model code moved into ``models/`` (issue 25) still load and compute what they
+computed.
 
-``tests/fixtures/pre_models_layout/<family>/`` holds one tiny causal LM per family saved by the package at commit
-4c8c12e (flat layout; ``tests/fixtures/make_pre_models_layout.py`` made them), with the logits and greedy tokens it
-gave then. Each folder loads two ways: through this package's registered classes (today's code reads the old config
-and weights), and with ``trust_remote_code=True`` in the clean environment of the installed Transformers release,
-without this package (the two standalone files saved in the folder run).
+``tests/fixtures/pre_models_layout/<family>/`` holds one tiny causal LM per family saved by the package at
+commit 4c8c12e (flat layout; ``tests/fixtures/make_pre_models_layout.py`` made them), with the logits and
+greedy tokens it gave then. Each folder loads two ways: through this package's registered classes (today's
+code reads the old config and weights), and with ``trust_remote_code=True`` in the clean environment of the
+installed Transformers release, without this package (the two standalone files saved in the folder run).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def _outputs_here(family: str, expected: dict) -> dict[str, torch.Tensor]:
 def _outputs_remote(family: str, tmp_path: Path) -> dict[str, torch.Tensor]:
     (tmp_path / "child.py").write_text(CHILD)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "hf_modules"), TRANSFORMERS_VERBOSITY="error")
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "hf_modules"),
+               TRANSFORMERS_VERBOSITY="error")
     result = subprocess.run([str(clean_python()), str(tmp_path / "child.py"), str(FIXTURES / family),
                              str(tmp_path / "out.pt")], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=300, check=False)
@@ -67,7 +69,8 @@ def _outputs_remote(family: str, tmp_path: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("remote", [False, True], ids=["package_classes", "remote_code"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_folder_saved_before_the_move_loads_and_computes_the_same(family: str, remote: bool, tmp_path: Path) -> None:
+def test_folder_saved_before_the_move_loads_and_computes_the_same(family: str, remote: bool,
+                                                                  tmp_path: Path) -> None:
     expected = json.loads((FIXTURES / family / "expected.json").read_text())
     got = _outputs_remote(family, tmp_path) if remote else _outputs_here(family, expected)
     config = json.loads((FIXTURES / family / "config.json").read_text())
@@ -82,6 +85,7 @@ def test_folder_saved_before_the_move_loads_and_computes_the_same(family: str, r
     greedy = torch.tensor(expected["greedy"])[0, length:]
     forced = got["forced"][0, length - 1: -1]
     top2 = forced.topk(2, dim=-1).values
-    near_tie = (top2[:, 0] - top2[:, 1]) <= tolerance * scale  # such a tie may break either way on another CPU
+    # such a tie may break either way on another CPU
+    near_tie = (top2[:, 0] - top2[:, 1]) <= tolerance * scale
     assert bool(((got["generated"][0, length:] == greedy) | near_tie).all()), (got["generated"], greedy)
     assert not bool(near_tie.all()), "a near tie at every step: the greedy check would test nothing"

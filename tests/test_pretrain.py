@@ -43,15 +43,17 @@ def train_file(tmp_path_factory) -> str:
 def tiny_args(output_dir: Path, family: str = "entropy_invariant", **kwargs: object) -> PretrainArguments:
     overrides = kwargs.pop("config_overrides", tiny_overrides(family))
     defaults = {
-        "output_dir": str(output_dir), "model_type": family, "config_overrides": overrides, "max_seq_length": 16,
-        "per_device_train_batch_size": 4, "per_device_eval_batch_size": 8, "max_train_steps": 4, "logging_steps": 1,
-        "learning_rate": 1e-3, "max_eval_samples": 8, "disable_tqdm": True, "seed": 3,
+        "output_dir": str(output_dir), "model_type": family, "config_overrides": overrides,
+        "max_seq_length": 16, "per_device_train_batch_size": 4, "per_device_eval_batch_size": 8,
+        "max_train_steps": 4, "logging_steps": 1, "learning_rate": 1e-3, "max_eval_samples": 8,
+        "disable_tqdm": True, "seed": 3,
     }
     return PretrainArguments(**{**defaults, **kwargs})
 
 
 def read_log(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines()
+            if line.strip()]
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -65,17 +67,20 @@ def test_pretrain_writes_remote_code_model_tokenizer_and_log(tmp_path, train_fil
                                 with_tracking=family == "entropy_invariant"))
     assert result.completed_steps == 4
     names = {p.name for p in tmp_path.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "train_log.jsonl", "all_results.json"} <= names
+    assert {"config.json", "model.safetensors", "tokenizer.json", "train_log.jsonl",
+            "all_results.json"} <= names
     assert_standalone_code(tmp_path, family)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == family and "AutoModelForMaskedLM" in config["auto_map"]
     rows = read_log(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert all({"step", "loss", "lr", "epoch"} <= set(r) and torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+    assert all({"step", "loss", "lr", "epoch"} <= set(r) and torch.isfinite(torch.tensor(r["loss"]))
+               for r in rows)
     assert "eval_loss" in rows[-1] and (objective == "clm" or "eval_accuracy" in rows[-1])
     auto_class = AutoModelForCausalLM if objective == "clm" else AutoModelForMaskedLM
     model = auto_class.from_pretrained(tmp_path)
-    assert torch.equal(model.state_dict()["model.embed_tokens.weight"], weights(tmp_path)["model.embed_tokens.weight"])
+    assert torch.equal(model.state_dict()["model.embed_tokens.weight"],
+                       weights(tmp_path)["model.embed_tokens.weight"])
     if family == "entropy_invariant":
         assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*")), "TensorBoard events missing"
 
@@ -103,8 +108,10 @@ def test_target_only_mlm_loss_equals_the_full_head_loss_and_gradients(family: st
 def test_pretrain_reads_csv_with_text_column(tmp_path, train_file) -> None:
     csv_file = tmp_path / "data.csv"
     lines = Path(train_file).read_text().splitlines()[:60]
-    csv_file.write_text("id,body\n" + "".join(f'{i},"{line.replace(chr(34), "")}"\n' for i, line in enumerate(lines)))
-    result = pretrain(tiny_args(tmp_path / "out", train_file=str(csv_file), text_column_name="body", max_train_steps=2))
+    csv_file.write_text("id,body\n" + "".join(f'{i},"{line.replace(chr(34), "")}"\n'
+                                              for i, line in enumerate(lines)))
+    result = pretrain(tiny_args(tmp_path / "out", train_file=str(csv_file), text_column_name="body",
+                                max_train_steps=2))
     assert result.completed_steps == 2 and "eval_loss" in result.metrics
 
 
@@ -112,7 +119,8 @@ def test_pretrain_reads_csv_with_text_column(tmp_path, train_file) -> None:
     ("flags", "expected"),
     [
         (["--objective", "span"], ("argument --objective", "invalid choice: 'span'", "'mlm', 'clm'")),
-        (["--lr_scheduler_type", "warp"], ("argument --lr_scheduler_type", "invalid choice: 'warp'", "'cosine'")),
+        (["--lr_scheduler_type", "warp"],
+         ("argument --lr_scheduler_type", "invalid choice: 'warp'", "'cosine'")),
         (["--mixed_precision", "fp8"], ("argument --mixed_precision", "invalid choice: 'fp8'", "'bf16'")),
     ],
 )
@@ -128,10 +136,13 @@ def test_bad_choice_flags_name_the_argument_and_choices(tmp_path, capsys, flags,
     ("flags", "expected"),
     [
         (["--model_type", "bert"], "model_type must be one of ('entropy_invariant'"),
-        (["--model_type", "gau", "--checkpointing_steps", "often"], 'checkpointing_steps must be a positive integer or "epoch"'),
+        (["--model_type", "gau", "--checkpointing_steps", "often"],
+         'checkpointing_steps must be a positive integer or "epoch"'),
         (["--model_type", "gau", "--mlm_probability", "1.5"], "mlm_probability must be in (0, 1)"),
-        (["--model_type", "gau", "--config_overrides", "num_attention_heads=4"], "unknown field(s) ['num_attention_heads']"),
-        (["--model_type", "gau", "--config_overrides", "attention_normalization=cosine"], "attention_normalization"),
+        (["--model_type", "gau", "--config_overrides", "num_attention_heads=4"],
+         "unknown field(s) ['num_attention_heads']"),
+        (["--model_type", "gau", "--config_overrides", "attention_normalization=cosine"],
+         "attention_normalization"),
         ([], "Pass --model_type"),
     ],
 )
@@ -144,7 +155,8 @@ def test_bad_values_give_one_clear_error(tmp_path, capsys, flags, expected) -> N
 
 KILL_CHILD = r"""
 import importlib, sys, time
-pretrain_module = importlib.import_module("hf_attn_variants.training.pretrain")  # the module, not the function
+# the module, not the function
+pretrain_module = importlib.import_module("hf_attn_variants.training.pretrain")
 collate = pretrain_module.collate_blocks
 def slow_collate(items):  # slow the run down so that the parent can kill it between steps k and 2k
     time.sleep(0.4)
@@ -167,14 +179,16 @@ def cli_flags(args: PretrainArguments) -> list[str]:
 @pytest.mark.slow
 def test_kill_after_checkpoint_and_resume_reproduces_the_uninterrupted_run(tmp_path, train_file) -> None:
     k = 3
-    common = {"train_file": train_file, "max_train_steps": 2 * k, "checkpointing_steps": str(k), "num_warmup_steps": 1,
+    common = {"train_file": train_file, "max_train_steps": 2 * k, "checkpointing_steps": str(k),
+              "num_warmup_steps": 1,
               "config_overrides": tiny_overrides("entropy_invariant", hidden_dropout_prob=0.1)}
     reference = tmp_path / "reference"
     pretrain(tiny_args(reference, **common))
 
     killed = tmp_path / "killed"
     stderr = (tmp_path / "killed.stderr").open("w")
-    process = subprocess.Popen([sys.executable, "-c", KILL_CHILD, "pretrain", *cli_flags(tiny_args(killed, **common))],
+    process = subprocess.Popen([sys.executable, "-c", KILL_CHILD, "pretrain",
+                                *cli_flags(tiny_args(killed, **common))],
                                stdout=subprocess.DEVNULL, stderr=stderr, cwd=tmp_path)
     deadline = time.time() + 240
     try:
@@ -215,7 +229,8 @@ def free_port() -> int:
 @pytest.mark.slow
 def test_two_process_ddp_on_cpu_matches_one_process_with_the_same_global_batch(tmp_path, train_file) -> None:
     common = {"train_file": train_file, "objective": "clm", "max_train_steps": 4, "num_warmup_steps": 1,
-              "max_eval_samples": 7, "per_device_eval_batch_size": 2,  # uneven shards: ranks run 2 batches each
+              # uneven shards: ranks run 2 batches each
+              "max_eval_samples": 7, "per_device_eval_batch_size": 2,
               "config_overrides": tiny_overrides("entropy_invariant", hidden_dropout_prob=0,
                                                  attention_probs_dropout_prob=0)}
     single = tmp_path / "single"
@@ -225,8 +240,10 @@ def test_two_process_ddp_on_cpu_matches_one_process_with_the_same_global_batch(t
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                str(REPO / "scripts" / "accelerate" / "ddp_cpu.yaml"), "--main_process_port", str(free_port()),
-               "-m", "hf_attn_variants", "pretrain", *cli_flags(tiny_args(ddp, per_device_train_batch_size=4, **common))]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
+               "-m", "hf_attn_variants", "pretrain",
+               *cli_flags(tiny_args(ddp, per_device_train_batch_size=4, **common))]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                            check=False)
     assert result.returncode == 0, result.stderr[-4000:]
     assert json.loads((ddp / "pretrain_args.json").read_text())["num_processes"] == 2
     for want, have in zip(read_log(single), read_log(ddp), strict=True):

@@ -4,10 +4,11 @@ Each launch is ``python -m torch.distributed.run --standalone --nproc_per_node 2
 ... --fsdp_size 2`` (or ``--tp_size 2``), with CLM (every rank's micro-batch holds the same number of target
 tokens, so the mean over ranks is the global mean) and dropout 0, and is compared with an in-process
 single-process run with ``per_device_train_batch_size × dp_size`` — every logged loss and the final weights
-within 1e-4 — after checking that the workers' model really is sharded as its plans declare (each parameter the
-planned DTensor, recorded by rank 0 right after loading: tests/parallel_child.py ``record_sharded_loads``). The
-kill-and-resume test compares a resumed FSDP2 run with an uninterrupted one. A launch costs about 20 s on a
-2-core machine, mostly the imports of two Python processes; each test bundles its checks per launch.
+within 1e-4 — after checking that the workers' model really is sharded as its plans declare (each parameter
+the planned DTensor, recorded by rank 0 right after loading: tests/parallel_child.py
+``record_sharded_loads``). The kill-and-resume test compares a resumed FSDP2 run with an uninterrupted one. A
+launch costs about 20 s on a 2-core machine, mostly the imports of two Python processes; each test bundles its
+checks per launch.
 """
 
 from __future__ import annotations
@@ -57,19 +58,22 @@ def no_dropout(family: str) -> str:
 def clm_args(folder: Path, family: str, train_file: str, **kwargs: object) -> PretrainArguments:
     """6 CLM steps of a tiny ``family`` model (warm-up 1, uneven evaluation shards: 7 blocks, batch 2)."""
     defaults = {"train_file": train_file, "objective": "clm", "max_train_steps": 6, "num_warmup_steps": 1,
-                "max_eval_samples": 7, "per_device_eval_batch_size": 2, "config_overrides": no_dropout(family)}
+                "max_eval_samples": 7, "per_device_eval_batch_size": 2,
+                "config_overrides": no_dropout(family)}
     return tiny_args(folder, family, **{**defaults, **kwargs})
 
 
 def torchrun_command(args: PretrainArguments, script: Path | None = None) -> list[str]:
-    """``torchrun --standalone --nproc_per_node <layout>`` of ``hf-attn-variants pretrain`` (or ``script``)."""
+    """``torchrun --standalone --nproc_per_node <layout>`` of ``hf-attn-variants pretrain`` (or
+    ``script``)."""
     target = [str(script)] if script else ["-m", "hf_attn_variants"]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
             str(args.layout.world_size), *target, "pretrain", *cli_flags(args)]
 
 
 def launch_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")}
     return {**env, "OMP_NUM_THREADS": "1"}
 
 
@@ -81,8 +85,8 @@ def launch_script_command(args: PretrainArguments) -> list[str]:
 
 def torchrun(args: PretrainArguments, cwd: Path, *,
              through_script: bool = False) -> dict[str, dict[str, str] | None]:
-    """Run the launch; return the placements of the parameters of the model its workers loaded sharded (rank 0's,
-    right after loading: ``tests.parallel_child.placements``)."""
+    """Run the launch; return the placements of the parameters of the model its workers loaded sharded (rank
+    0's, right after loading: ``tests.parallel_child.placements``)."""
     command = launch_script_command(args) if through_script else torchrun_command(args)
     env = {**launch_env(), "PYTHON": sys.executable, **placement_recording_env(cwd)}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=cwd,
@@ -92,7 +96,8 @@ def torchrun(args: PretrainArguments, cwd: Path, *,
 
 
 def assert_sharded_like(placements: dict[str, dict[str, str] | None], single: Path, **sizes: int) -> None:
-    """``placements`` (of ``torchrun``) are what the plans make of the parameters of the model in ``single``."""
+    """``placements`` (of ``torchrun``) are what the plans make of the parameters of the model in
+    ``single``."""
     names = dict(AutoModelForCausalLM.from_pretrained(single).named_parameters())
     assert_sharded_as_planned(placements, names, **sizes)
 
@@ -118,7 +123,8 @@ def logits(folder: Path, **kwargs: object) -> torch.Tensor:
 def assert_same_folder_kind(single: Path, sharded: Path, family: str) -> None:
     """The sharded folder holds what the single-process one holds (no sharding leftovers), its code is the
     standalone remote code, and it reloads with plain ``from_pretrained`` into the same logits."""
-    assert {p.name for p in single.iterdir()} == {p.name for p in sharded.iterdir()}  # no checkpoints/.initial_model
+    # no checkpoints/.initial_model
+    assert {p.name for p in single.iterdir()} == {p.name for p in sharded.iterdir()}
     assert_standalone_code(sharded, family)
     config_single, config_sharded = (json.loads((f / "config.json").read_text()) for f in (single, sharded))
     assert config_sharded["auto_map"] == config_single["auto_map"]
@@ -141,7 +147,8 @@ def assert_loads_with_remote_code_only(folder: Path, tmp_path: Path) -> None:
     """``trust_remote_code=True`` in a clean environment (installed Transformers, no hf_attn_variants)."""
     (tmp_path / "remote_child.py").write_text(REMOTE_CHILD)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "hf_modules"), TRANSFORMERS_VERBOSITY="error")
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "hf_modules"),
+               TRANSFORMERS_VERBOSITY="error")
     out = tmp_path / "remote_logits.pt"
     result = subprocess.run([str(clean_python()), str(tmp_path / "remote_child.py"), str(folder), str(out)],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -157,7 +164,8 @@ def has_tp_plan(family: str) -> bool:
 # ---------------------------------------------------------------- equality with one process
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_fsdp2_pretrain_equals_one_process_with_the_same_global_batch(tmp_path, train_file, family: str) -> None:
+def test_fsdp2_pretrain_equals_one_process_with_the_same_global_batch(tmp_path, train_file,
+                                                                      family: str) -> None:
     single, sharded = tmp_path / "single", tmp_path / "fsdp"
     pretrain(clm_args(single, family, train_file, per_device_train_batch_size=8))
     placements = torchrun(clm_args(sharded, family, train_file, per_device_train_batch_size=4, fsdp_size=2),
@@ -192,10 +200,12 @@ def test_tensor_parallel_pretrain_equals_one_process(tmp_path, train_file, famil
 
 
 @pytest.mark.slow
-def test_tensor_parallel_times_fsdp2_pretrain_on_four_processes_equals_one_process(tmp_path, train_file) -> None:
+def test_tensor_parallel_times_fsdp2_pretrain_on_four_processes_equals_one_process(tmp_path,
+                                                                                   train_file) -> None:
     """TP 2 × FSDP2 2 (the smallest layout with both): GAU, whose TP split is its own style, with an untied LM
     head (a tied one is refused under TP × FSDP2: docs/scaling.md)."""
-    overrides = tiny_overrides("gau", hidden_dropout_prob=0, attention_probs_dropout_prob=0, tie_word_embeddings=False)
+    overrides = tiny_overrides("gau", hidden_dropout_prob=0, attention_probs_dropout_prob=0,
+                               tie_word_embeddings=False)
     single, sharded = tmp_path / "single", tmp_path / "tp_fsdp"
     pretrain(clm_args(single, "gau", train_file, per_device_train_batch_size=8, config_overrides=overrides))
     placements = torchrun(clm_args(sharded, "gau", train_file, per_device_train_batch_size=4, fsdp_size=2,
@@ -221,11 +231,13 @@ def kill_job(process: subprocess.Popen, pid_dir: Path) -> None:
             pass
 
 
-WORKER_PID = "import os, pathlib; pathlib.Path(os.environ['PID_DIR'], os.environ['RANK'] + '.pid').write_text(str(os.getpid()))\n"
+WORKER_PID = ("import os, pathlib; pathlib.Path(os.environ['PID_DIR'], os.environ['RANK'] + '.pid')"
+              ".write_text(str(os.getpid()))\n")
 
 
 @pytest.mark.slow
-def test_fsdp2_kill_after_checkpoint_and_resume_reproduces_the_uninterrupted_run(tmp_path, train_file) -> None:
+def test_fsdp2_kill_after_checkpoint_and_resume_reproduces_the_uninterrupted_run(tmp_path,
+                                                                                 train_file) -> None:
     k = 3
     common = {"checkpointing_steps": str(k), "per_device_train_batch_size": 4, "fsdp_size": 2,
               "config_overrides": tiny_overrides("entropy_invariant", hidden_dropout_prob=0.1)}
@@ -236,7 +248,8 @@ def test_fsdp2_kill_after_checkpoint_and_resume_reproduces_the_uninterrupted_run
     script.write_text(WORKER_PID + KILL_CHILD)  # KILL_CHILD: 0.4 s per batch, then hf_attn_variants.cli.main
     pid_dir.mkdir()
     stderr = (tmp_path / "killed.stderr").open("w")
-    process = subprocess.Popen(torchrun_command(clm_args(killed, "entropy_invariant", train_file, **common), script),
+    process = subprocess.Popen(torchrun_command(clm_args(killed, "entropy_invariant", train_file, **common),
+                                                script),
                                env={**launch_env(), "PID_DIR": str(pid_dir)}, stdout=subprocess.DEVNULL,
                                stderr=stderr, cwd=tmp_path)
     deadline = time.time() + LAUNCH_TIMEOUT
@@ -258,7 +271,8 @@ def test_fsdp2_kill_after_checkpoint_and_resume_reproduces_the_uninterrupted_run
     assert k + 1 < read_log(killed)[-1]["step"] < 2 * k  # steps k+1, k+2 ran: the optimizer state matters
     before_kill = {r["step"]: r for r in read_log(killed)}
 
-    torchrun(clm_args(killed, "entropy_invariant", train_file, resume_from_checkpoint="latest", **common), tmp_path)
+    torchrun(clm_args(killed, "entropy_invariant", train_file, resume_from_checkpoint="latest", **common),
+             tmp_path)
     expected, got = read_log(reference), read_log(killed)
     assert [r["step"] for r in got] == list(range(1, 2 * k + 1))
     for want, have in zip(expected, got):
@@ -273,14 +287,16 @@ def test_fsdp2_kill_after_checkpoint_and_resume_reproduces_the_uninterrupted_run
 
 # ---------------------------------------------------------------- accelerate's FSDP2 config on CPU
 @pytest.mark.slow
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what accelerate's FSDP config does without GPUs")
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="checks what accelerate's FSDP config does without GPUs")
 def test_accelerate_fsdp2_config_without_gpus_is_refused_before_writing(tmp_path, train_file) -> None:
     """Without GPUs, ``accelerate launch --config_file fsdp2.yaml`` starts every process as a run of its own
     (``DistributedType.NO``); ``pretrain`` refuses that instead of letting two runs write one folder."""
     out = tmp_path / "out"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(REPO / "scripts" / "accelerate" / "fsdp2.yaml"), "--num_processes", "2", "--mixed_precision",
-               "no", "-m", "hf_attn_variants", "pretrain", *cli_flags(clm_args(out, "gau", train_file))]
+               str(REPO / "scripts" / "accelerate" / "fsdp2.yaml"), "--num_processes", "2",
+               "--mixed_precision", "no", "-m", "hf_attn_variants", "pretrain",
+               *cli_flags(clm_args(out, "gau", train_file))]
     result = subprocess.run(command, env=launch_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
                             cwd=tmp_path, check=False)
     assert result.returncode != 0
@@ -294,16 +310,20 @@ def test_accelerate_fsdp2_config_without_gpus_is_refused_before_writing(tmp_path
     [
         (["--fsdp_size", "0"], {}, "--fsdp_size must be a positive integer, got 0"),
         (["--tp_size", "-1"], {}, "--tp_size must be a positive integer"),
-        (["--fsdp_size", "2"], {}, ("--fsdp_size: dp_replicate_size=1 × fsdp_size=2 × tp_size=1 shards the model "
-                                    "over 2 processes; launch it with `torchrun --nproc_per_node 2")),
-        (["--fsdp_size", "4"], {"WORLD_SIZE": "2"}, ("--fsdp_size: dp_replicate_size=1 × fsdp_size=4 × tp_size=1 "
-                                                     "= 4 processes, but this launch has WORLD_SIZE=2")),
+        (["--fsdp_size", "2"], {},
+         ("--fsdp_size: dp_replicate_size=1 × fsdp_size=2 × tp_size=1 shards the model "
+          "over 2 processes; launch it with `torchrun --nproc_per_node 2")),
+        (["--fsdp_size", "4"], {"WORLD_SIZE": "2"},
+         ("--fsdp_size: dp_replicate_size=1 × fsdp_size=4 × tp_size=1 "
+          "= 4 processes, but this launch has WORLD_SIZE=2")),
         (["--dp_replicate_size", "2", "--fsdp_size", "2"], {"WORLD_SIZE": "2"}, "WORLD_SIZE=2"),
-        (["--tp_size", "2"], {"WORLD_SIZE": "2", "ACCELERATE_USE_FSDP": "true"}, "--tp_size: this is an accelerate FSDP"),
-        (["--fsdp_size", "2", "--mixed_precision", "fp16"], {"WORLD_SIZE": "2"}, "--mixed_precision='fp16' needs a"),
+        (["--tp_size", "2"], {"WORLD_SIZE": "2", "ACCELERATE_USE_FSDP": "true"},
+         "--tp_size: this is an accelerate FSDP"),
+        (["--fsdp_size", "2", "--mixed_precision", "fp16"], {"WORLD_SIZE": "2"},
+         "--mixed_precision='fp16' needs a"),
     ],
-    ids=["fsdp-zero", "tp-negative", "without-torchrun", "sizes-not-world", "hsdp-not-world", "accelerate-fsdp-launch",
-         "fp16"],
+    ids=["fsdp-zero", "tp-negative", "without-torchrun", "sizes-not-world", "hsdp-not-world",
+         "accelerate-fsdp-launch", "fp16"],
 )
 def test_bad_sharding_flags_give_one_clear_error(tmp_path, capsys, monkeypatch, flags, env, expected) -> None:
     for name, value in env.items():
@@ -311,7 +331,8 @@ def test_bad_sharding_flags_give_one_clear_error(tmp_path, capsys, monkeypatch, 
     if "WORLD_SIZE" not in env:
         monkeypatch.delenv("WORLD_SIZE", raising=False)
     out = tmp_path / "out"
-    code = main(["pretrain", "--output_dir", str(out), "--model_type", "gau", "--max_train_steps", "1", *flags])
+    code = main(["pretrain", "--output_dir", str(out), "--model_type", "gau", "--max_train_steps", "1",
+                 *flags])
     err = capsys.readouterr().err
     assert code == 2 and expected in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
@@ -334,14 +355,15 @@ def test_a_model_without_a_plan_is_refused_naming_the_flag() -> None:
 def test_resuming_across_kinds_of_launch_is_refused(tmp_path) -> None:
     folder = tmp_path / "checkpoints" / "step_2"
     folder.mkdir(parents=True)
-    (folder / STATE_FILE).write_text(json.dumps({"completed_steps": 2, "epoch": 0}))  # an accelerate checkpoint
+    # an accelerate checkpoint
+    (folder / STATE_FILE).write_text(json.dumps({"completed_steps": 2, "epoch": 0}))
     with pytest.raises(FlagError, match="written by an accelerate run"):
         check_checkpoint_kind(folder, tiny_args(tmp_path, fsdp_size=2))
     (folder / STATE_FILE).write_text(json.dumps({"completed_steps": 2, "epoch": 0, "sharded": True,
                                                  "global_batch_size": 8}))
     with pytest.raises(FlagError, match="written by a sharded"):
         check_checkpoint_kind(folder, tiny_args(tmp_path))
-    with pytest.raises(FlagError, match="global batch of 8 blocks, this run has per_device_train_batch_size × "
-                                        "dp_size = 4"):
+    with pytest.raises(FlagError, match="global batch of 8 blocks, this run has per_device_train_batch_size "
+                                        "× dp_size = 4"):
         check_checkpoint_kind(folder, tiny_args(tmp_path, per_device_train_batch_size=2, fsdp_size=2))
     check_checkpoint_kind(folder, tiny_args(tmp_path, per_device_train_batch_size=4, fsdp_size=2))

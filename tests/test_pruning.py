@@ -157,7 +157,8 @@ def test_llama_grouped_query_layout_after_pruning() -> None:
     assert layers[1].self_attn.k_proj.out_features == 2 * HEAD_DIM  # both kv heads still used, compact
     prune_heads(model, ROUNDS[1])
     assert layers[1].self_attn.num_key_value_groups == 1 and not layers[1].self_attn.k_proj._forward_hooks
-    assert layers[2].self_attn.num_key_value_groups == 2 and layers[2].self_attn.k_proj.out_features == HEAD_DIM
+    assert (layers[2].self_attn.num_key_value_groups == 2
+            and layers[2].self_attn.k_proj.out_features == HEAD_DIM)
     assert layers[0].self_attn.q_proj.out_features == 0 and layers[0].self_attn.k_proj.out_features == 0
 
 
@@ -219,7 +220,8 @@ def test_load_pruned_passes_from_pretrained_kwargs(tmp_path) -> None:
     assert reloaded.dtype == torch.float64 and reloaded.config._attn_implementation == "eager"
     batch = inputs()
     with torch.no_grad():
-        torch.testing.assert_close(reloaded(**batch).logits.float(), outputs(model, batch), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(reloaded(**batch).logits.float(), outputs(model, batch), atol=1e-5,
+                                   rtol=1e-4)
 
 
 def test_pruned_checkpoints_of_our_families_load_with_remote_code_in_a_clean_environment(tmp_path) -> None:
@@ -229,8 +231,8 @@ def test_pruned_checkpoints_of_our_families_load_with_remote_code_in_a_clean_env
         for heads in ROUNDS:
             prune_heads(model, heads)
         cases.append(RemoteCase(kind, model, "AutoModelForSequenceClassification", inputs()))
-        # uniformly pruned and restated (num_attention_heads=2, explicit head_dim, no pruned_heads): the exported
-        # configuration code reads head_dim on every supported Transformers release
+        # uniformly pruned and restated (num_attention_heads=2, explicit head_dim, no pruned_heads): the
+        # exported configuration code reads head_dim on every supported Transformers release
         _, classes = FAMILIES[kind]
         torch.manual_seed(0)
         uniform = classes["ForCausalLM"](our_config(kind, is_decoder=True)).eval()
@@ -361,7 +363,8 @@ def trained_classifier():
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     """Spearman rank correlation (no ties expected in continuous scores)."""
-    ranks = [torch.empty(len(x), dtype=torch.float64).index_copy_(0, x.argsort(), torch.arange(len(x), dtype=torch.float64))
+    ranks = [torch.empty(len(x), dtype=torch.float64)
+             .index_copy_(0, x.argsort(), torch.arange(len(x), dtype=torch.float64))
              for x in (a.flatten(), b.flatten())]
     ra, rb = (r - r.mean() for r in ranks)
     return float((ra * rb).sum() / (ra.norm() * rb.norm()))
@@ -402,7 +405,8 @@ def test_iterative_pruning_curve_with_threshold_and_budget(trained_classifier) -
     model = copy.deepcopy(trained_classifier)
     curve = iterative_head_pruning(model, data, accuracy, fraction=0.25, threshold=None, max_heads_pruned=0.5)
     assert curve[0].step == 0 and curve[0].heads_pruned == 0 and curve[0].relative_metric == 1.0
-    assert [row.heads_pruned for row in curve] == [0, 2, 4]  # round(25% of 8) = 2, round(25% of 6) = 2, budget 4
+    # round(25% of 8) = 2, round(25% of 6) = 2, budget 4
+    assert [row.heads_pruned for row in curve] == [0, 2, 4]
     assert all(row.accepted for row in curve)
     assert count_heads(model) == (4, 8)
     assert sum(len(v) for v in model.config.pruned_heads.values()) == 4
@@ -459,7 +463,8 @@ def test_bad_head_indices_raise_clear_errors() -> None:
         prune_heads(model, {0: [1, 2]})
     with pytest.raises(ValueError, match="shape"), head_mask(model, torch.ones(2, 2)):
         pass
-    with pytest.raises(ValueError, match="finite"), head_mask(model, torch.full((LAYERS, HEADS), float("nan"))):
+    with (pytest.raises(ValueError, match="finite"),
+          head_mask(model, torch.full((LAYERS, HEADS), float("nan")))):
         pass
 
 
@@ -475,7 +480,8 @@ def test_head_mask_removes_its_hooks_on_exceptions() -> None:
 def test_gau_has_no_heads_to_prune() -> None:
     config_class, classes = FAMILIES["gau"]
     model = classes["ForSequenceClassification"](
-        config_class(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, attention_key_size=16, num_labels=2)
+        config_class(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, attention_key_size=16,
+                     num_labels=2)
     )
     for call in (
         lambda: prune_heads(model, {0: [0]}),

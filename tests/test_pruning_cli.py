@@ -1,5 +1,5 @@
-"""``hf-attn-variants prune`` end to end on local files: curve CSV/JSON, two PNGs and a reloadable pruned model
-(``--uniform``: a plain config with the heads per layer as ``num_attention_heads``)."""
+"""``hf-attn-variants prune`` end to end on local files: curve CSV/JSON, two PNGs and a reloadable pruned
+model (``--uniform``: a plain config with the heads per layer as ``num_attention_heads``)."""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ def make_model(kind: str):
         )
         return EntropyInvariantForSequenceClassification(config)
     config = LlamaConfig(
-        vocab_size=len(WORDS) + 5, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=64, max_position_embeddings=32, pad_token_id=0,
+        vocab_size=len(WORDS) + 5, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=32, pad_token_id=0,
     )
     return LlamaForCausalLM(config)
 
@@ -105,8 +105,8 @@ def test_prune_command_is_listed_and_rejects_bad_files(tmp_path, capsys) -> None
     make_model("entropy_invariant").save_pretrained(model_dir)
     tokenizer().save_pretrained(model_dir)
     (tmp_path / "data.parquetx").write_text("x")
-    code = main(["prune", "--model_name_or_path", str(model_dir), "--train_file", str(tmp_path / "data.parquetx"),
-                 "--output_dir", str(tmp_path / "out")])
+    code = main(["prune", "--model_name_or_path", str(model_dir), "--train_file",
+                 str(tmp_path / "data.parquetx"), "--output_dir", str(tmp_path / "out")])
     assert code == 2 and "--train_file: data files must end in one of" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -119,11 +119,12 @@ def write_csv(path, rows) -> None:
 
 
 def uniform_model_dir(tmp_path, pruned: dict[int, list[int]] | None = None):
-    """A tiny entropy-invariant classifier (absolute positions, 2 layers × 4 heads) and its tokenizer on disk."""
+    """A tiny entropy-invariant classifier (absolute positions, 2 layers × 4 heads) and its tokenizer on
+    disk."""
     torch.manual_seed(0)
     config = EntropyInvariantConfig(
-        vocab_size=len(WORDS) + 5, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        num_labels=2, max_position_embeddings=32, position_embedding_type="absolute",
+        vocab_size=len(WORDS) + 5, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, num_labels=2, max_position_embeddings=32, position_embedding_type="absolute",
     )
     model = EntropyInvariantForSequenceClassification(config)
     if pruned:
@@ -175,7 +176,8 @@ def test_prune_command_uniform_rejects_bad_combinations(tmp_path, capsys) -> Non
     model_dir = uniform_model_dir(tmp_path / "plain")
     assert "error: --uniform removes at least one head from each of the 2 layers" in run(
         model_dir, "--max_heads_pruned", "1")
-    assert "--min_heads_per_layer must be below the model's 4 heads" in run(model_dir, "--min_heads_per_layer", "4")
+    assert ("--min_heads_per_layer must be below the model's 4 heads"
+            in run(model_dir, "--min_heads_per_layer", "4"))
     model_dir = uniform_model_dir(tmp_path / "uneven", {0: [1]})
     assert "error: --uniform needs the same number of heads in every layer" in run(model_dir)
     model_dir = uniform_model_dir(tmp_path / "halved", {0: [0, 1], 1: [2, 3]})

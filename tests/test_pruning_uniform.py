@@ -40,7 +40,8 @@ HIDDEN, HEADS, LAYERS, HEAD_DIM, VOCAB, LENGTH = 32, 4, 3, 8, 97, 16
 pytestmark = pytest.mark.filterwarnings("ignore:Initializing zero-element tensors is a no-op")
 
 
-def ours(family: str = "entropy_invariant", suffix: str = "ForCausalLM", position: str = "absolute", seed: int = 0):
+def ours(family: str = "entropy_invariant", suffix: str = "ForCausalLM", position: str = "absolute",
+         seed: int = 0):
     """A tiny model of this package (a decoder for ``ForCausalLM``) in eval mode."""
     torch.manual_seed(seed)
     config_class, classes = FAMILIES[family]
@@ -101,7 +102,8 @@ def test_uniform_selection_takes_the_lowest_heads_within_each_layer() -> None:
     assert select_heads(SCORES, 2, min_heads_per_layer=2, uniform=True) == {0: [1, 3], 1: [0, 1], 2: [0, 1]}
     uneven = SCORES.clone()
     uneven[1, 3] = float("nan")
-    with pytest.raises(ValueError, match=r"uniform=True needs the same number of heads in every layer.*\[4, 3, 4\]"):
+    with pytest.raises(ValueError,
+                       match=r"uniform=True needs the same number of heads in every layer.*\[4, 3, 4\]"):
         select_heads(uneven, 1, uniform=True)
 
 
@@ -133,12 +135,12 @@ def test_uniform_iterative_pruning_keeps_equal_counts_at_every_step() -> None:
 
     # budget and min_heads_per_layer cap k; when not one head per layer fits, it stops (never non-uniform)
     model = ours(suffix="ForSequenceClassification")
-    curve = iterative_head_pruning(model, None, lambda m: 1.0, fraction=0.5, threshold=None, importance=SCORES,
-                                   uniform=True, max_heads_pruned=8)
+    curve = iterative_head_pruning(model, None, lambda m: 1.0, fraction=0.5, threshold=None,
+                                   importance=SCORES, uniform=True, max_heads_pruned=8)
     assert [row.heads_pruned for row in curve] == [0, 6] and counts(model) == [2, 2, 2]  # 2 more < 3 layers
     model = ours(suffix="ForSequenceClassification")
-    curve = iterative_head_pruning(model, None, lambda m: 1.0, fraction=0.5, threshold=None, importance=SCORES,
-                                   uniform=True, min_heads_per_layer=1)
+    curve = iterative_head_pruning(model, None, lambda m: 1.0, fraction=0.5, threshold=None,
+                                   importance=SCORES, uniform=True, min_heads_per_layer=1)
     assert [row.heads_pruned for row in curve] == [0, 6, 9] and counts(model) == [1, 1, 1]
     assert model.config.pruned_heads == {0: [1, 2, 3], 1: [0, 1, 2], 2: [0, 1, 3]}
 
@@ -160,7 +162,8 @@ def test_uniform_pruning_with_threshold_and_rescoring() -> None:
 def test_uniform_pruning_rejects_non_uniform_models_and_bad_values() -> None:
     model = ours(suffix="ForSequenceClassification")
     prune_heads(model, {1: [2]})
-    with pytest.raises(ValueError, match=r"uniform=True needs the same number of heads in every layer.*\[4, 3, 4\]"):
+    with pytest.raises(ValueError,
+                       match=r"uniform=True needs the same number of heads in every layer.*\[4, 3, 4\]"):
         iterative_head_pruning(model, None, lambda m: 1.0, importance=SCORES, uniform=True)
     assert counts(model) == [4, 3, 4]
     with pytest.raises(TypeError, match="uniform must be a bool"):
@@ -189,7 +192,8 @@ def test_uniformly_pruned_decoder_reloads_as_a_plain_model(family: str, position
     assert get_adapter(model).kept_heads(0) == [0, 1]  # renumbered 0..k-1
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["num_attention_heads"] == 2 and saved["head_dim"] == HEAD_DIM and not saved.get("pruned_heads")
+    assert (saved["num_attention_heads"] == 2 and saved["head_dim"] == HEAD_DIM
+            and not saved.get("pruned_heads"))
     plain = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(plain) is type(model) and plain.config.head_dim == HEAD_DIM
     torch.testing.assert_close(logits(plain), expected, atol=1e-5, rtol=1e-5)
@@ -256,7 +260,8 @@ def test_restating_leaves_what_it_cannot_state_untouched() -> None:
     prune_heads(model, {0: [0], 1: [1]})
     assert not restate_uniform_heads(model) and model.config.pruned_heads == {0: [0], 1: [1]}  # unequal
     prune_heads(model, {0: [1, 2, 3], 1: [0, 2, 3], 2: [0, 1, 2, 3]})
-    assert not restate_uniform_heads(model) and counts(model) == [0, 0, 0]  # no heads: no num_attention_heads=0
+    # no heads: no num_attention_heads=0
+    assert not restate_uniform_heads(model) and counts(model) == [0, 0, 0]
 
 
 def test_restated_config_is_private_to_the_model() -> None:
@@ -278,7 +283,8 @@ def test_head_dim_config_field(tmp_path) -> None:
     config.save_pretrained(tmp_path / "explicit")
     assert json.loads((tmp_path / "explicit" / "config.json").read_text())["head_dim"] == HEAD_DIM
     assert EntropyInvariantConfig.from_pretrained(tmp_path / "explicit").head_dim == HEAD_DIM
-    for value, error in [(0, ValueError), (-8, ValueError), ("8", TypeError), (8.0, TypeError), (True, TypeError)]:
+    for value, error in [(0, ValueError), (-8, ValueError), ("8", TypeError), (8.0, TypeError),
+                         (True, TypeError)]:
         message = "head_dim must be >= 1" if error is ValueError else "head_dim must be an int"
         with pytest.raises(error, match=message):
             EntropyInvariantConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, head_dim=value)

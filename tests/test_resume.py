@@ -1,15 +1,16 @@
-"""Nothing lost (issue 27): a rerun resumes or refuses, a preempted run checkpoints, a broken checkpoint is named.
+"""Nothing lost (issue 27): a rerun resumes or refuses, a preempted run checkpoints, a broken checkpoint is
+named.
 
-The pretrain runs here are in-process (6 optimizer steps of a tiny model with dropout, a checkpoint every step,
-``--save_total_limit 2``), so that a resumed run can be compared with an uninterrupted one bit for bit (|Δw| = 0:
-same process, same threads, same kernels). SIGTERM is a real signal: the test's own process sends it to itself
-right after the optimizer step of step 3, exactly as a scheduler's signal would arrive during a step.
-``test_sigterm_with_two_processes_*`` does the same under ``torchrun`` with two gloo processes (accelerate DDP),
-the signal sent to one worker only. ``test_kill_9_*`` kills a ``pretrain`` process for real (SIGKILL, nothing
-caught) right after a checkpoint and runs the same command again (two launches, about 10-20 s). ``finetune`` gets
-the same checks through ``Trainer``; ``prune`` and ``lengthgen`` the folder rule (``training/outputs.py``), through
-their command lines. About 20 s without the two slow tests; the two-process one takes about 25-45 s (three
-launches of two processes).
+The pretrain runs here are in-process (6 optimizer steps of a tiny model with dropout, a checkpoint every
+step, ``--save_total_limit 2``), so that a resumed run can be compared with an uninterrupted one bit for bit
+(|Δw| = 0: same process, same threads, same kernels). SIGTERM is a real signal: the test's own process sends
+it to itself right after the optimizer step of step 3, exactly as a scheduler's signal would arrive during a
+step. ``test_sigterm_with_two_processes_*`` does the same under ``torchrun`` with two gloo processes
+(accelerate DDP), the signal sent to one worker only. ``test_kill_9_*`` kills a ``pretrain`` process for real
+(SIGKILL, nothing caught) right after a checkpoint and runs the same command again (two launches, about
+10-20 s). ``finetune`` gets the same checks through ``Trainer``; ``prune`` and ``lengthgen`` the folder rule
+(``training/outputs.py``), through their command lines. About 20 s without the two slow tests; the two-process
+one takes about 25-45 s (three launches of two processes).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from tests.test_pretrain import (
     weights,
 )
 
-__all__ = ["base_models", "data", "train_file"]  # module-scoped fixtures of test_pretrain.py, test_finetune.py
+# module-scoped fixtures of test_pretrain.py, test_finetune.py
+__all__ = ["base_models", "data", "train_file"]
 
 pretrain_module = importlib.import_module("hf_attn_variants.training.pretrain")
 STEPS, STOP_AT = 6, 3
@@ -52,8 +54,9 @@ STEPS, STOP_AT = 6, 3
 
 def run_args(folder: Path, train_file: str, **kwargs: object) -> PretrainArguments:
     """6 steps of a tiny entropy-invariant MLM with dropout, a checkpoint every step, the newest 2 kept."""
-    defaults = {"train_file": train_file, "max_train_steps": STEPS, "checkpointing_steps": "1", "save_total_limit": 2,
-                "num_warmup_steps": 1, "config_overrides": tiny_overrides("entropy_invariant", hidden_dropout_prob=0.1)}
+    defaults = {"train_file": train_file, "max_train_steps": STEPS, "checkpointing_steps": "1",
+                "save_total_limit": 2, "num_warmup_steps": 1,
+                "config_overrides": tiny_overrides("entropy_invariant", hidden_dropout_prob=0.1)}
     return tiny_args(folder, **{**defaults, **kwargs})
 
 
@@ -81,7 +84,8 @@ def checkpoint_names(folder: Path) -> list[str]:
 
 
 def snapshot(folder: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+            for p in sorted(folder.rglob("*"))}
 
 
 def max_weight_difference(a: Path, b: Path) -> float:
@@ -92,8 +96,8 @@ def max_weight_difference(a: Path, b: Path) -> float:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, train_file: str) -> dict[str, Path]:
-    """``reference``: the uninterrupted run; ``preempted``: the same run stopped by SIGTERM after step 3 (``code``:
-    its exit status, ``stderr``: what it printed)."""
+    """``reference``: the uninterrupted run; ``preempted``: the same run stopped by SIGTERM after step 3
+    (``code``: its exit status, ``stderr``: what it printed)."""
     root = tmp_path_factory.mktemp("resume")
     torch_threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -105,7 +109,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory, train_file: str) -> dict[str,
             code = pretrain_cli(run_args(root / "preempted", train_file))
     finally:
         torch.set_num_threads(torch_threads)
-    return {"reference": root / "reference", "preempted": root / "preempted", "code": code, "stderr": stderr.getvalue()}
+    return {"reference": root / "reference", "preempted": root / "preempted", "code": code,
+            "stderr": stderr.getvalue()}
 
 
 def copy_of(runs: dict[str, Path], tmp_path: Path) -> Path:
@@ -125,8 +130,9 @@ def one_thread():
 def test_sigterm_checkpoints_the_current_step_and_exits_with_the_documented_code(runs) -> None:
     folder = runs["preempted"]
     assert runs["code"] == PREEMPTED_EXIT_CODE == 75
-    line = f"hf-attn-variants pretrain: preempted: stopped by SIGTERM after step 3 and wrote the checkpoint " \
-           f"'{folder / 'checkpoints' / 'step_3'}'; run the same command again to resume (exit status 75)."
+    line = f"hf-attn-variants pretrain: preempted: stopped by SIGTERM after step 3 and wrote the " \
+           f"checkpoint '{folder / 'checkpoints' / 'step_3'}'; run the same command again to resume " \
+           f"(exit status 75)."
     assert runs["stderr"].strip().splitlines() == [line], runs["stderr"]
     assert checkpoint_names(folder) == ["step_2", "step_3"]  # --save_total_limit 2
     assert not (folder / "model.safetensors").exists()
@@ -138,8 +144,9 @@ def test_sigterm_checkpoints_the_current_step_and_exits_with_the_documented_code
     assert len(state["files"]["model.safetensors"]["sha256"]) == 64
 
 
-def test_a_rerun_with_other_arguments_is_refused_and_the_same_command_resumes(runs, train_file, tmp_path, capsys,
-                                                                             caplog, one_thread) -> None:
+def test_a_rerun_with_other_arguments_is_refused_and_the_same_command_resumes(
+    runs, train_file, tmp_path, capsys, caplog, one_thread
+) -> None:
     folder = copy_of(runs, tmp_path)
     before = snapshot(folder)
     assert pretrain_cli(run_args(folder, train_file, seed=4, learning_rate=2e-3)) == 2
@@ -178,8 +185,8 @@ def test_overwrite_output_dir_clears_the_folder_first(runs, train_file, tmp_path
     assert "--overwrite_output_dir would clear" in capsys.readouterr().err and inside.exists()
 
 
-def test_a_truncated_checkpoint_is_named_and_automatic_resume_skips_it(runs, train_file, tmp_path, capsys, caplog,
-                                                                       one_thread) -> None:
+def test_a_truncated_checkpoint_is_named_and_automatic_resume_skips_it(runs, train_file, tmp_path, capsys,
+                                                                       caplog, one_thread) -> None:
     folder = copy_of(runs, tmp_path)
     broken = folder / "checkpoints" / "step_3" / "model.safetensors"
     broken.write_bytes(broken.read_bytes()[: broken.stat().st_size // 2])  # a copy that stopped half-way
@@ -190,14 +197,16 @@ def test_a_truncated_checkpoint_is_named_and_automatic_resume_skips_it(runs, tra
     assert pretrain_cli(run_args(folder, train_file), "--resume_from_checkpoint", str(broken.parent)) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert str(broken) in err and "recorded at save" in err and str(folder / "checkpoints" / "step_2") in err, err
+    assert (str(broken) in err and "recorded at save" in err
+            and str(folder / "checkpoints" / "step_2") in err), err
 
     with caplog.at_level(logging.INFO, logger="hf_attn_variants"):
         assert pretrain_cli(run_args(folder, train_file)) == 0
     messages = [r.getMessage() for r in caplog.records]
     skipped = [m for m in messages if "skipping the broken checkpoint" in m]
     assert len(skipped) == 1 and str(broken) in skipped[0], messages
-    assert any("resuming from" in m and m.split("resuming from ")[1].startswith(str(folder / "checkpoints" / "step_2"))
+    assert any("resuming from" in m
+               and m.split("resuming from ")[1].startswith(str(folder / "checkpoints" / "step_2"))
                for m in messages), messages
     assert max_weight_difference(folder, runs["reference"]) == 0.0
 
@@ -229,8 +238,10 @@ def test_a_truncated_training_state_is_named_and_automatic_resume_skips_it(runs,
         skipped = [m for m in messages if "skipping the broken checkpoint" in m]
         broken_state = output_dir / "checkpoints" / "step_3" / "training_state.json"
         assert len(skipped) == 1 and f"{broken_state} is not valid JSON" in skipped[0], messages
-        resumed = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "esum" in r.getMessage()]
-        assert len(resumed) == 1 and f"resuming from {output_dir / 'checkpoints' / 'step_2'} (step 2)" in resumed[0]
+        resumed = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO
+                   and "esum" in r.getMessage()]
+        assert (len(resumed) == 1
+                and f"resuming from {output_dir / 'checkpoints' / 'step_2'} (step 2)" in resumed[0])
         assert max_weight_difference(output_dir, runs["reference"]) == 0.0
 
 
@@ -238,7 +249,8 @@ KILL_WAIT_S = 180
 
 
 def one_process_environment() -> dict[str, str]:
-    """This environment for a single-process ``pretrain`` child: one thread (as ``runs``), no launcher variables."""
+    """This environment for a single-process ``pretrain`` child: one thread (as ``runs``), no launcher
+    variables."""
     launcher = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")
     return {**{k: v for k, v in os.environ.items() if k not in launcher}, "OMP_NUM_THREADS": "1"}
 
@@ -262,9 +274,9 @@ def kill_9_after_checkpoint(command: list[str], folder: Path, step: int, cwd: Pa
 
 @pytest.mark.slow
 def test_kill_9_after_a_checkpoint_and_the_same_command_resumes_exactly(runs, train_file, tmp_path) -> None:
-    """A real ``kill -9`` (nothing caught, nothing flushed) right after step 2's checkpoint; the same command again,
-    without ``--resume_from_checkpoint``: one line names the newest complete checkpoint, and the final weights are
-    the uninterrupted run's (``runs["reference"]``, one thread as here) exactly."""
+    """A real ``kill -9`` (nothing caught, nothing flushed) right after step 2's checkpoint; the same command
+    again, without ``--resume_from_checkpoint``: one line names the newest complete checkpoint, and the final
+    weights are the uninterrupted run's (``runs["reference"]``, one thread as here) exactly."""
     folder = tmp_path / "run"
     command = [sys.executable, "-c", KILL_CHILD, "pretrain", *cli_flags(run_args(folder, train_file))]
     kill_9_after_checkpoint(command, folder, 2, tmp_path)
@@ -274,8 +286,8 @@ def test_kill_9_after_a_checkpoint_and_the_same_command_resumes_exactly(runs, tr
     step = int(newest.name.removeprefix("step_"))
     assert 2 <= step < STEPS
 
-    rerun = subprocess.run(command, env=one_process_environment(), cwd=tmp_path, capture_output=True, text=True,
-                           timeout=KILL_WAIT_S, check=False)
+    rerun = subprocess.run(command, env=one_process_environment(), cwd=tmp_path, capture_output=True,
+                           text=True, timeout=KILL_WAIT_S, check=False)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     said = [line for line in rerun.stderr.splitlines() if " INFO " in line and "esum" in line]  # [Rr]esum…
     assert len(said) == 1, rerun.stderr[-3000:]
@@ -304,15 +316,18 @@ hooks_module = importlib.import_module("hf_attn_variants.training.trainer_hooks"
 
 
 def finetune_cli(folder: Path, data: dict[str, str], base: str, *extra: str) -> int:
-    """``hf-attn-variants finetune`` in this process: 6 steps of sequence classification, no periodic checkpoint."""
+    """``hf-attn-variants finetune`` in this process: 6 steps of sequence classification, no periodic
+    checkpoint."""
     return main(["finetune", "--model_name_or_path", base, "--train_file", data["train"], "--validation_file",
-                 data["dev"], "--max_seq_length", "16", "--output_dir", str(folder), "--max_steps", str(STEPS),
-                 "--per_device_train_batch_size", "16", "--learning_rate", "3e-3", "--save_strategy", "no",
-                 "--report_to", "none", "--disable_tqdm", "true", "--seed", "0", "--use_cpu", "true", *extra])
+                 data["dev"], "--max_seq_length", "16", "--output_dir", str(folder), "--max_steps",
+                 str(STEPS), "--per_device_train_batch_size", "16", "--learning_rate", "3e-3",
+                 "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true", "--seed", "0",
+                 "--use_cpu", "true", *extra])
 
 
-def test_finetune_sigterm_checkpoints_refuses_other_arguments_and_resumes(data, base_models, tmp_path, capsys,
-                                                                          caplog, monkeypatch, one_thread) -> None:
+def test_finetune_sigterm_checkpoints_refuses_other_arguments_and_resumes(
+    data, base_models, tmp_path, capsys, caplog, monkeypatch, one_thread
+) -> None:
     base = base_models["entropy_invariant"]
     reference, folder = tmp_path / "reference", tmp_path / "run"
     assert finetune_cli(reference, data, base) == 0
@@ -331,7 +346,8 @@ def test_finetune_sigterm_checkpoints_refuses_other_arguments_and_resumes(data, 
     err = capsys.readouterr().err
     assert f"stopped by SIGTERM after step 3 and wrote the checkpoint '{folder / 'checkpoint-3'}'" in err, err
     assert sorted(p.name for p in folder.glob("checkpoint-*")) == ["checkpoint-3"]
-    assert "model.safetensors" in json.loads((folder / "checkpoint-3" / "checkpoint_manifest.json").read_text())["files"]
+    assert "model.safetensors" in json.loads(
+        (folder / "checkpoint-3" / "checkpoint_manifest.json").read_text())["files"]
     assert not (folder / "model.safetensors").exists()
 
     before = snapshot(folder)
@@ -349,8 +365,9 @@ def test_finetune_sigterm_checkpoints_refuses_other_arguments_and_resumes(data, 
     assert "holds the finished model of this same finetune run" in capsys.readouterr().err
 
 
-def test_finetune_names_a_broken_checkpoint_file_and_automatic_resume_skips_it(data, base_models, tmp_path, capsys,
-                                                                              caplog, monkeypatch, one_thread) -> None:
+def test_finetune_names_a_broken_checkpoint_file_and_automatic_resume_skips_it(
+    data, base_models, tmp_path, capsys, caplog, monkeypatch, one_thread
+) -> None:
     """``checkpoint-2`` (``--save_steps 2``) and ``checkpoint-3`` (SIGTERM after step 3). A truncated file of
     ``checkpoint-3``, or its manifest cut short, named explicitly: one sentence naming that file and
     ``checkpoint-2``; the automatic resume of the same command warns and continues from ``checkpoint-2``."""
@@ -378,7 +395,8 @@ def test_finetune_names_a_broken_checkpoint_file_and_automatic_resume_skips_it(d
     manifest.write_bytes(manifest.read_bytes()[:20])
 
     for output_dir, bad_file, problem in ((folder, broken, "recorded at save"),
-                                          (manifest_cut, manifest, "is not valid JSON (20 bytes; cut short?)")):
+                                          (manifest_cut, manifest,
+                                           "is not valid JSON (20 bytes; cut short?)")):
         capsys.readouterr()
         before = snapshot(output_dir)
         assert finetune_cli(output_dir, data, base, *saves, "--resume_from_checkpoint",
@@ -394,7 +412,8 @@ def test_finetune_names_a_broken_checkpoint_file_and_automatic_resume_skips_it(d
     messages = [r.getMessage() for r in caplog.records]
     skipped = [m for m in messages if "skipping the broken checkpoint" in m]
     assert len(skipped) == 1 and str(broken) in skipped[0], messages
-    resumed = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "resuming from" in r.getMessage()]
+    resumed = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO
+               and "resuming from" in r.getMessage()]
     assert len(resumed) == 1 and f"resuming from {folder / 'checkpoint-2'} (step 2)" in resumed[0], messages
     assert max_weight_difference(folder, reference) == 0.0
 
@@ -405,7 +424,8 @@ import os, signal, time
 from hf_attn_variants.training.preemption import REPEAT_WINDOW_S, StopSignals
 with StopSignals() as stop:
     os.kill(os.getpid(), signal.SIGTERM)
-    os.kill(os.getpid(), signal.SIGTERM)  # the same notice twice (a scheduler and torchrun's agent): one request
+    # the same notice twice (a scheduler and torchrun's agent): one request
+    os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.05)
     print("requested" if stop.requested else "missed", flush=True)
     time.sleep(REPEAT_WINDOW_S + 0.1)
@@ -417,8 +437,8 @@ with StopSignals() as stop:
 
 def test_a_second_signal_ends_the_process_at_once() -> None:
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", SECOND_SIGNAL_CHILD], capture_output=True, text=True, timeout=120,
-                            check=False)
+    result = subprocess.run([sys.executable, "-c", SECOND_SIGNAL_CHILD], capture_output=True, text=True,
+                            timeout=120, check=False)
     assert result.returncode == -signal.SIGUSR1, result.stderr[-2000:]
     assert result.stdout.split() == ["requested"]
     assert time.monotonic() - started < 50
@@ -439,12 +459,14 @@ sys.exit(main(sys.argv[1:]))
 
 
 def torchrun(args: PretrainArguments, cwd: Path, script: Path | None = None, **env: str) -> subprocess.Popen:
-    """Start ``torchrun --standalone --nproc_per_node 2`` of ``pretrain`` (accelerate DDP on gloo) with ``args``."""
+    """Start ``torchrun --standalone --nproc_per_node 2`` of ``pretrain`` (accelerate DDP on gloo) with
+    ``args``."""
     target = [str(script)] if script else ["-m", "hf_attn_variants"]
-    environ = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")}
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")}
     environ.update(OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", **env)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *target,
-               "pretrain", *cli_flags(args)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               *target, "pretrain", *cli_flags(args)]
     return subprocess.Popen(command, env=environ, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
 
@@ -458,9 +480,11 @@ def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
 
 
 @pytest.mark.slow
-def test_sigterm_with_two_processes_stops_both_at_one_step_and_the_rerun_resumes_exactly(train_file, tmp_path) -> None:
-    """torchrun, 2 gloo processes (DDP): SIGTERM reaches rank 1 only, in the middle of a step; both ranks finish
-    that step, write its checkpoint and exit 75; the same command then resumes to the uninterrupted run's weights."""
+def test_sigterm_with_two_processes_stops_both_at_one_step_and_the_rerun_resumes_exactly(train_file,
+                                                                                         tmp_path) -> None:
+    """torchrun, 2 gloo processes (DDP): SIGTERM reaches rank 1 only, in the middle of a step; both ranks
+    finish that step, write its checkpoint and exit 75; the same command then resumes to the uninterrupted
+    run's weights."""
     common = {"max_train_steps": STEPS, "checkpointing_steps": None, "save_total_limit": None}
     reference, folder = tmp_path / "reference", tmp_path / "run"
     code, err = finish(torchrun(run_args(reference, train_file, **common), tmp_path))
@@ -486,7 +510,8 @@ def test_sigterm_with_two_processes_stops_both_at_one_step_and_the_rerun_resumes
     assert len(names) == 1 and names[0].startswith("step_"), names
     step = int(names[0].removeprefix("step_"))
     assert 2 <= step < STEPS and read_log(folder)[-1]["step"] == step
-    assert {"rng_state_0.json", "rng_state_1.json"} <= {p.name for p in (folder / "checkpoints" / names[0]).iterdir()}
+    assert {"rng_state_0.json",
+            "rng_state_1.json"} <= {p.name for p in (folder / "checkpoints" / names[0]).iterdir()}
 
     code, err = finish(torchrun(run_args(folder, train_file, **common), tmp_path))
     assert code == 0, err[-4000:]
@@ -522,19 +547,21 @@ def assert_refused_in_one_line(code: int, err: str, flag_text: str) -> None:
     assert flag_text in lines[0] and "--overwrite_output_dir" in lines[0], err
 
 
-def test_lengthgen_command_refuses_a_study_folder_with_other_arguments_and_writes_nothing(tmp_path, capsys,
-                                                                                           one_thread) -> None:
+def test_lengthgen_command_refuses_a_study_folder_with_other_arguments_and_writes_nothing(
+    tmp_path, capsys, one_thread
+) -> None:
     """A real ``lengthgen --quick`` study (one variant, seconds), then the same command with another
     ``--learning_rate``: refused before anything is written, every byte of the folder as it was."""
     out = tmp_path / "study"
-    argv = ["lengthgen", "--quick", "--output_dir", str(out), "--num_threads", "1", "--disable_tqdm", "--no_plot",
-            "--variants", "synthesizer_random_vanilla"]
+    argv = ["lengthgen", "--quick", "--output_dir", str(out), "--num_threads", "1", "--disable_tqdm",
+            "--no_plot", "--variants", "synthesizer_random_vanilla"]
     assert main(argv) == 0
     before = snapshot(out)
     capsys.readouterr()
     code = main([*argv, "--learning_rate", "0.01"])
     recorded = RunRecord.read(out).arguments["learning_rate"]
-    assert_refused_in_one_line(code, capsys.readouterr().err, f"--learning_rate {json.dumps(recorded)} there, 0.01 here")
+    assert_refused_in_one_line(code, capsys.readouterr().err,
+                               f"--learning_rate {json.dumps(recorded)} there, 0.01 here")
     assert snapshot(out) == before
 
 
@@ -549,8 +576,9 @@ def test_prune_command_refuses_a_folder_with_other_arguments_and_writes_nothing(
     make_model("entropy_invariant").save_pretrained(model_dir)
     word_tokenizer().save_pretrained(model_dir)
     write_csv(train, sentences(24))
-    argv = ["prune", "--model_name_or_path", str(model_dir), "--train_file", str(train), "--output_dir", str(out),
-            "--threshold", "none", "--max_heads_pruned", "0.5", "--batch_size", "8", "--num_importance_examples", "8"]
+    argv = ["prune", "--model_name_or_path", str(model_dir), "--train_file", str(train), "--output_dir",
+            str(out), "--threshold", "none", "--max_heads_pruned", "0.5", "--batch_size", "8",
+            "--num_importance_examples", "8"]
     assert main([*argv, "--fraction", "0.25"]) == 0
     before = snapshot(out)
     capsys.readouterr()
@@ -588,9 +616,10 @@ def test_overwrite_refuses_to_clear_the_working_directory(tmp_path, monkeypatch)
     assert refused.value.flag == "overwrite_output_dir"
 
 
-def test_overwrite_refuses_to_clear_the_checkpoint_it_would_resume_from(runs, train_file, tmp_path, capsys) -> None:
-    """--overwrite_output_dir with --resume_from_checkpoint latest would delete the checkpoint before loading it:
-    refused in one sentence, every byte of the folder as it was."""
+def test_overwrite_refuses_to_clear_the_checkpoint_it_would_resume_from(runs, train_file, tmp_path,
+                                                                        capsys) -> None:
+    """--overwrite_output_dir with --resume_from_checkpoint latest would delete the checkpoint before loading
+    it: refused in one sentence, every byte of the folder as it was."""
     folder = copy_of(runs, tmp_path)
     before = snapshot(folder)
     assert pretrain_cli(run_args(folder, train_file), "--overwrite_output_dir", "--resume_from_checkpoint",
@@ -600,8 +629,9 @@ def test_overwrite_refuses_to_clear_the_checkpoint_it_would_resume_from(runs, tr
 
 
 def test_rotation_keeps_the_checkpoint_just_saved_and_leaves_later_leftovers(tmp_path) -> None:
-    """Resumed from step_2 after a broken step_4 was skipped: saving step_3 with a limit of 1 keeps step_3 (and
-    step_2, resumed from); the broken step_4, a leftover of the interrupted attempt, is neither counted nor deleted."""
+    """Resumed from step_2 after a broken step_4 was skipped: saving step_3 with a limit of 1 keeps step_3
+    (and step_2, resumed from); the broken step_4, a leftover of the interrupted attempt, is neither counted
+    nor deleted."""
     from hf_attn_variants.training.checkpoints import Checkpoint, rotate
 
     folders = {step: tmp_path / f"step_{step}" for step in (1, 2, 3, 4)}

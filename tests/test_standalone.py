@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 from pathlib import Path
 
@@ -32,10 +33,11 @@ def fake_package(tmp_path: Path, modules: dict[str, str]) -> Path:
 
 def test_a_bundle_holds_what_the_entry_needs_in_dependency_order(tmp_path) -> None:
     folder = fake_package(tmp_path, {
-        "shared": '"""Shared."""\nimport os\n\n\ndef used():\n    return helper() + 1\n\n\n# the helper\ndef helper():\n'
-                  '    return 1\n\n\ndef unused():\n    return os.sep\n',
-        "entry": '"""Entry."""\nfrom __future__ import annotations\n\nfrom .compat import SCALE\nfrom .shared import used\n\n\n'
-                 'def value():\n    return used() * SCALE\n\n\n__all__ = ["value"]\n',
+        "shared": '"""Shared."""\nimport os\n\n\ndef used():\n    return helper() + 1\n\n\n# the helper\n'
+                  'def helper():\n    return 1\n\n\ndef unused():\n    return os.sep\n',
+        "entry": '"""Entry."""\nfrom __future__ import annotations\n\nfrom .compat import SCALE\n'
+                 'from .shared import used\n\n\ndef value():\n    return used() * SCALE\n\n\n'
+                 '__all__ = ["value"]\n',
     })
     bundle = bundle_module("entry", package_dir=folder)
     assert bundle.sources == ["compat", "shared", "entry"]
@@ -47,7 +49,41 @@ def test_a_bundle_holds_what_the_entry_needs_in_dependency_order(tmp_path) -> No
     spec = importlib.util.spec_from_file_location("bundled_entry", tmp_path / "bundled_entry.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.value() == pytest.approx(2 * 2**0.5) and module.__all__ == ["SCALE", "value"]
+    # The inlined prelude's names are the entry's to use, not to export (the shared file exports them).
+    assert module.value() == pytest.approx(2 * 2**0.5) and module.__all__ == ["value"]
+
+
+def test_external_modules_stay_relative_imports_of_their_file(tmp_path) -> None:
+    """Names from ``external`` modules become one ``from .<file> import …`` line per file, listed before the
+    absolute imports (the shared file checks the Transformers version first); nothing of them is inlined."""
+    folder = fake_package(tmp_path, {
+        "shared": '"""Shared."""\n\n\ndef used():\n    return 1\n',
+        "config": '"""Config."""\n\n\nclass Config:\n    pass\n',
+        "entry": '"""Entry."""\nimport math\n\nfrom .compat import SCALE\nfrom .config import Config\n'
+                 'from .shared import used\n\n\n'
+                 'def value():\n    return math.floor(used() * SCALE), Config\n',
+    })
+    bundle = bundle_module("entry",
+                           external={"compat": "common", "shared": "common", "config": "config_file"},
+                           package_dir=folder)
+    assert bundle.sources == ["entry"]
+    text = bundle.text
+    assert "from .common import SCALE, used\nfrom .config_file import Config\n\nimport math" in text
+    assert "def used" not in text and "class Config" not in text
+
+
+def test_the_shared_file_is_one_text_for_every_family_and_its_hash_is_the_cards(tmp_path) -> None:
+    from hf_attn_variants import GAUConfig, SynthesizerConfig
+    from hf_attn_variants.models.standalone import SHARED_FILE, shared_code_sha256
+
+    texts = set()
+    for name, config in (("ei", EntropyInvariantConfig(hidden_size=32, num_attention_heads=4)),
+                         ("gau", GAUConfig(hidden_size=32, attention_key_size=8)),
+                         ("synthesizer", SynthesizerConfig(hidden_size=32, num_attention_heads=4))):
+        config.save_pretrained(tmp_path / name)
+        texts.add((tmp_path / name / f"{SHARED_FILE}.py").read_bytes())
+    assert len(texts) == 1
+    assert hashlib.sha256(texts.pop()).hexdigest() == shared_code_sha256()
 
 
 def test_a_name_defined_twice_or_a_renamed_relative_import_is_refused(tmp_path) -> None:
@@ -82,4 +118,5 @@ def test_push_to_hub_from_save_pretrained_uploads_the_rewritten_folder(tmp_path,
     model.save_pretrained(tmp_path / "local", push_to_hub=True, repo_id="someone/tiny", private=True)
     assert_standalone_code(tmp_path / "local", "entropy_invariant")
     assert calls == [("someone/tiny", {"private": True},
-                      ["configuration_entropy_invariant.py", "modeling_entropy_invariant.py"])]
+                      ["attn_variants_common.py", "configuration_entropy_invariant.py",
+                       "modeling_entropy_invariant.py"])]

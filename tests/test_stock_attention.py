@@ -56,7 +56,8 @@ def test_llama_last_row_equals_sdpa_at_base_length_and_other_rows_differ() -> No
 
 
 def test_factor_is_applied_on_top_of_the_models_own_scaling() -> None:
-    """A longer context than base_length sharpens attention: the scaled logits equal an explicit computation."""
+    """A longer context than base_length sharpens attention: the scaled logits equal an explicit
+    computation."""
     model = tiny_bert(base_length=4, entropy_min_length=1)
     attention = model.encoder.layer[0].attention.self
     captured = {}
@@ -114,7 +115,8 @@ def test_base_length_resolution() -> None:
     assert resolve_base_length(LlamaConfig(max_position_embeddings=2048, base_length=300)) == 300
     yarn = LlamaConfig(
         max_position_embeddings=8192,
-        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 2048},
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                         "original_max_position_embeddings": 2048},
     )
     assert resolve_base_length(yarn) == 2048
     assert resolve_base_length(None) == 512
@@ -163,11 +165,12 @@ def test_llama4_attention_temperature_formula_is_reproduced() -> None:
     query, key = torch.zeros(1, 1, 37, 4), torch.zeros(1, 1, 40, 4)
     factor = stock_attention.stock_logit_factor(config, query, key, None, positions, causal=True)
     cache_position = torch.arange(3, 40)
-    reference = torch.log1p(torch.floor((cache_position.float() + 1.0) / 4)) * 0.25 + 1.0  # Llama4TextAttention
+    # Llama4TextAttention
+    reference = torch.log1p(torch.floor((cache_position.float() + 1.0) / 4)) * 0.25 + 1.0
     torch.testing.assert_close(factor[0], reference)
     llama4 = LlamaConfig(entropy_invariant_formula="llama4")  # Llama 4's defaults: 0.1 and 8192
-    defaults = stock_attention.stock_logit_factor(llama4, query[:, :, :2], key, None, torch.tensor([[8190, 8191]]),
-                                                  causal=True)
+    defaults = stock_attention.stock_logit_factor(llama4, query[:, :, :2], key, None,
+                                                  torch.tensor([[8190, 8191]]), causal=True)
     assert defaults[0, 0] == 1.0 and defaults[0, 1].item() == pytest.approx(1 + 0.1 * math.log(2))
 
 
@@ -184,7 +187,8 @@ def test_llama4_formula_runs_end_to_end_and_is_the_model_below_floor_scale() -> 
 @pytest.mark.parametrize("scope", ["beyond", "all"])
 def test_packed_sequences_follow_their_positions(scope: str) -> None:
     """Two sequences packed in one row without a mask, positions restarting (packed training): Transformers
-    builds a block mask from the positions, and nᵢ follows it — the second sequence is computed as if alone."""
+    builds a block mask from the positions, and nᵢ follows it — the second sequence is computed as if
+    alone."""
     model = tiny_llama(base_length=4, entropy_min_length=1, entropy_invariant_scope=scope)
     first, second = random_ids(1, 7, seed=1), random_ids(1, 6, seed=2)
     packed = torch.cat([first, second], dim=1)

@@ -1,6 +1,7 @@
-"""``pretrain --streaming`` and ``--packing``: sources (globs, several files, a dataset folder), each data-parallel
-rank its own part of the stream, document packing, exact mid-stream resume (one process, and two under torchrun:
-DDP and FSDP2), ``kill -9`` after a checkpoint, and the throughput columns of ``train_log.jsonl``."""
+"""``pretrain --streaming`` and ``--packing``: sources (globs, several files, a dataset folder), each
+data-parallel rank its own part of the stream, document packing, exact mid-stream resume (one process, and two
+under torchrun: DDP and FSDP2), ``kill -9`` after a checkpoint, and the throughput columns of
+``train_log.jsonl``."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def paragraphs(count: int, start: int = 0) -> list[str]:
 
 
 def write_shards(folder: Path, shards: int, per_shard: int, suffix: str = "jsonl") -> Path:
-    """``folder/part-<i>.<suffix>``: ``shards`` files of ``per_shard`` paragraphs (``{"text", "id"}`` rows)."""
+    """``folder/part-<i>.<suffix>``: ``shards`` files of ``per_shard`` paragraphs (``{"text", "id"}``
+    rows)."""
     from datasets import Dataset
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -57,8 +59,8 @@ def shards(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def dataset_folder(tmp_path_factory) -> Path:
-    """A local dataset folder (``load_dataset(folder)``): ``data/train-*.parquet``, 2 shards of 2 paragraphs (a
-    pass is shorter than the run: the stream starts its second pass)."""
+    """A local dataset folder (``load_dataset(folder)``): ``data/train-*.parquet``, 2 shards of 2 paragraphs
+    (a pass is shorter than the run: the stream starts its second pass)."""
     root = tmp_path_factory.mktemp("dataset")
     write_shards(root / "data", 2, 2, suffix="parquet")
     return root
@@ -125,18 +127,21 @@ def id_shards(folder: Path, shards: int, per_shard: int) -> Path:
 
 
 @pytest.mark.parametrize(("shards", "world", "held"), [(4, 2, 0), (3, 2, 0), (4, 3, 5), (6, 2, 3)])
-def test_each_rank_reads_its_own_part_and_together_they_read_everything_once(tmp_path, shards, world, held) -> None:
+def test_each_rank_reads_its_own_part_and_together_they_read_everything_once(tmp_path, shards, world,
+                                                                             held) -> None:
     """Whole shards per rank when the shard count divides by the world size, every world-th example otherwise;
     either way no example of a pass is read twice, none is skipped, and the held-out ones never come."""
     folder = id_shards(tmp_path / "ids", shards, 7)
-    args = PretrainArguments(output_dir=str(tmp_path / "out"), model_type="gau", train_file=str(folder / "part-*.jsonl"),
-                             streaming=True, max_train_steps=1, max_eval_samples=held or None)
+    args = PretrainArguments(output_dir=str(tmp_path / "out"), model_type="gau",
+                             train_file=str(folder / "part-*.jsonl"), streaming=True, max_train_steps=1,
+                             max_eval_samples=held or None)
     train = open_stream(args)
     texts, held_out = stream_validation_texts(args, train)
     assert texts == [str(i) for i in range(held)]
     seen = []
     for rank in range(world):
-        ids = [row["input_ids"][0] for row in rank_token_stream(train, held_out, IdTokenizer(), None, rank, world)()]
+        ids = [row["input_ids"][0]
+               for row in rank_token_stream(train, held_out, IdTokenizer(), None, rank, world)()]
         assert ids, rank
         seen.append(ids)
     flat = [i for ids in seen for i in ids]
@@ -145,15 +150,16 @@ def test_each_rank_reads_its_own_part_and_together_they_read_everything_once(tmp
 
 def test_packed_stream_resumes_mid_pass_and_across_passes(tmp_path) -> None:
     folder = id_shards(tmp_path / "ids", 2, 5)
-    args = PretrainArguments(output_dir=str(tmp_path / "out"), model_type="gau", train_file=str(folder / "*.jsonl"),
-                             streaming=True, max_train_steps=1)
+    args = PretrainArguments(output_dir=str(tmp_path / "out"), model_type="gau",
+                             train_file=str(folder / "*.jsonl"), streaming=True, max_train_steps=1)
     source = rank_token_stream(open_stream(args), frozenset(), IdTokenizer(), None, 0, 1)
 
     def stream() -> TrainStream:
         return TrainStream(PackedStream(source, 3, documents=False, rank=0, world=1), 2, 0)
 
     reference = stream().batches(torch.device("cpu"))
-    expected = [next(reference)["input_ids"].tolist() for _ in range(6)]  # 10 ids a pass: 36 ids span 4 passes
+    # 10 ids a pass: 36 ids span 4 passes
+    expected = [next(reference)["input_ids"].tolist() for _ in range(6)]
     for cut in (1, 2, 4):
         first = stream()
         got = [next(first.batches(torch.device("cpu")))["input_ids"].tolist() for _ in range(cut)]
@@ -182,21 +188,23 @@ def test_streaming_needs_max_train_steps_and_names_the_flags(tmp_path) -> None:
     [("files", "clm", "documents", "entropy_invariant"), ("dataset", "mlm", "concat", "gau"),
      ("several", "clm", "concat", "synthesizer")],
 )
-def test_streaming_resume_mid_stream_equals_the_uninterrupted_run(tmp_path, shards, dataset_folder, source, objective,
-                                                                  packing, family) -> None:
-    """The uninterrupted run checkpoints at step 3 (mid-pass, the packer's buffer non-empty); a run resumed from
-    that checkpoint into another folder reaches the same weights (≤ 1e-6) and losses."""
+def test_streaming_resume_mid_stream_equals_the_uninterrupted_run(tmp_path, shards, dataset_folder, source,
+                                                                  objective, packing, family) -> None:
+    """The uninterrupted run checkpoints at step 3 (mid-pass, the packer's buffer non-empty); a run resumed
+    from that checkpoint into another folder reaches the same weights (≤ 1e-6) and losses."""
     sources = {"files": {"train_file": str(shards / "part-*.jsonl")},
                "several": {"train_file": [str(shards / "part-0.jsonl"), str(shards / "part-[123].jsonl")]},
                "dataset": {"dataset_name": str(dataset_folder)}}[source]  # several: a file and a glob
     common = {"objective": objective, "packing": packing, "family": family}
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
     pretrain(stream_args(reference, sources, **common))
-    state = json.loads((reference / "checkpoints" / f"step_{CHECKPOINT}" / "data_state" / "rank_0.json").read_text())
+    state = json.loads((reference / "checkpoints" / f"step_{CHECKPOINT}" / "data_state"
+                        / "rank_0.json").read_text())
     assert state["dataset_state"]["packer"]["tokens"], "the checkpoint should hold a non-empty packer buffer"
     checkpoint = reference / "checkpoints" / f"step_{CHECKPOINT}"
     pretrain(stream_args(resumed, sources, resume_from_checkpoint=str(checkpoint), **common))
-    expected, got = read_log(reference), read_log(resumed)  # another folder: its log starts after the checkpoint
+    # another folder: its log starts after the checkpoint
+    expected, got = read_log(reference), read_log(resumed)
     assert [r["step"] for r in got] == list(range(CHECKPOINT + 1, STEPS + 1))
     for want, have in zip(expected[CHECKPOINT:], got):
         assert have["loss"] == pytest.approx(want["loss"], abs=1e-6) and have["tokens"] == want["tokens"]
@@ -204,7 +212,8 @@ def test_streaming_resume_mid_stream_equals_the_uninterrupted_run(tmp_path, shar
     a, b = weights(reference), weights(resumed)
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
     if source == "dataset":  # 2 × 2 short paragraphs: the run read the stream more than once
-        final = json.loads((reference / "checkpoints" / f"step_{STEPS}" / "data_state" / "rank_0.json").read_text())
+        final = json.loads((reference / "checkpoints" / f"step_{STEPS}" / "data_state"
+                            / "rank_0.json").read_text())
         assert final["dataset_state"]["passes"] >= 1
 
 
@@ -218,7 +227,8 @@ def test_log_rows_show_tokens_and_tokens_per_second_and_no_mfu_on_cpu(tmp_path, 
 
 
 def test_a_checkpoint_of_the_other_way_of_reading_is_refused_before_writing(tmp_path, shards) -> None:
-    """A streamed run cannot resume a checkpoint without a stream position, nor a whole-file run one with it."""
+    """A streamed run cannot resume a checkpoint without a stream position, nor a whole-file run one with
+    it."""
     source = {"train_file": str(shards / "part-*.jsonl")}
     pretrain(tiny_args(tmp_path / "whole", **source, max_train_steps=3, checkpointing_steps="3",
                        validation_split_percentage=25))
@@ -249,8 +259,8 @@ sys.exit(main(sys.argv[1:]))
 
 
 def kill_after_checkpoint(command: list[str], folder: Path, cwd: Path, pid_dir: Path | None = None) -> None:
-    """Start ``command``; once step ``CHECKPOINT``'s checkpoint is complete and a later step has run, SIGKILL it
-    (and its torchrun workers, whose pids are in ``pid_dir``)."""
+    """Start ``command``; once step ``CHECKPOINT``'s checkpoint is complete and a later step has run, SIGKILL
+    it (and its torchrun workers, whose pids are in ``pid_dir``)."""
     env = {**launch_env(), "ACCELERATE_USE_CPU": "1", **({"PID_DIR": str(pid_dir)} if pid_dir else {})}
     with (cwd / "killed.stderr").open("w") as stderr:
         process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=stderr)
@@ -270,8 +280,8 @@ def kill_after_checkpoint(command: list[str], folder: Path, cwd: Path, pid_dir: 
 
 
 def pretrain_command(args: PretrainArguments, processes: int, script: Path | None = None) -> list[str]:
-    """``hf-attn-variants pretrain`` with ``args`` (through ``script``, a wrapper of the CLI, if given): in this
-    interpreter for one process, else under ``torchrun --standalone --nproc_per_node <processes>``."""
+    """``hf-attn-variants pretrain`` with ``args`` (through ``script``, a wrapper of the CLI, if given): in
+    this interpreter for one process, else under ``torchrun --standalone --nproc_per_node <processes>``."""
     target = [str(script)] if script else ["-m", "hf_attn_variants"]
     if processes == 1:
         return [sys.executable, *target, "pretrain", *cli_flags(args)]
@@ -280,18 +290,18 @@ def pretrain_command(args: PretrainArguments, processes: int, script: Path | Non
 
 
 def launch(command: list[str], cwd: Path) -> None:
-    result = subprocess.run(command, env={**launch_env(), "ACCELERATE_USE_CPU": "1"}, cwd=cwd, capture_output=True, text=True,
-                            timeout=LAUNCH_TIMEOUT, check=False)
+    result = subprocess.run(command, env={**launch_env(), "ACCELERATE_USE_CPU": "1"}, cwd=cwd,
+                            capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, check=False)
     assert result.returncode == 0, result.stderr[-5000:]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", ["one", "ddp", "fsdp2"])
 def test_kill_9_after_a_checkpoint_loses_nothing(tmp_path, shards, dataset_folder, processes: str) -> None:
-    """kill -9 after step 3's checkpoint (a later step already ran); the same command resumes from it (mid-stream:
-    stream position and packer buffer) and ends with the uninterrupted run's weights, under one process and two
-    (torchrun: DDP through accelerate, FSDP2 through ``--fsdp_size 2``); DDP reads the dataset folder (one parquet
-    shard per rank), the others the glob of jsonl shards."""
+    """kill -9 after step 3's checkpoint (a later step already ran); the same command resumes from it
+    (mid-stream: stream position and packer buffer) and ends with the uninterrupted run's weights, under one
+    process and two (torchrun: DDP through accelerate, FSDP2 through ``--fsdp_size 2``); DDP reads the dataset
+    folder (one parquet shard per rank), the others the glob of jsonl shards."""
     sizes = {"fsdp_size": 2} if processes == "fsdp2" else {}
     source = ({"dataset_name": str(dataset_folder), "max_eval_samples": 1} if processes == "ddp"
               else {"train_file": str(shards / "part-*.jsonl")})
@@ -319,9 +329,10 @@ def test_kill_9_after_a_checkpoint_loses_nothing(tmp_path, shards, dataset_folde
 
 
 # ---------------------------------------------------------------- read whole: a dataset folder, documents
-def test_a_dataset_folder_and_document_packing_work_without_streaming(tmp_path, dataset_folder, shards) -> None:
-    """``--dataset_name <folder>`` read whole (validation held out by percentage), and ``--packing documents`` on a
-    glob read whole: its blocks carry positions restarting at each document, and training sees them."""
+def test_a_dataset_folder_and_document_packing_work_without_streaming(tmp_path, dataset_folder,
+                                                                      shards) -> None:
+    """``--dataset_name <folder>`` read whole (validation held out by percentage), and ``--packing documents``
+    on a glob read whole: its blocks carry positions restarting at each document, and training sees them."""
     result = pretrain(tiny_args(tmp_path / "folder", dataset_name=str(dataset_folder), objective="clm",
                                 validation_split_percentage=25, max_train_steps=2))
     assert result.completed_steps == 2 and "eval_loss" in result.metrics
@@ -336,8 +347,9 @@ def test_a_dataset_folder_and_document_packing_work_without_streaming(tmp_path, 
     blocks = group_into_blocks(raw["train"], load_tokenizer(None), 16, documents=True)
     starts = sum(row.count(0) for row in blocks["position_ids"])
     assert blocks.column_names == ["input_ids", "position_ids"] and starts > len(blocks)
-    result = pretrain(tiny_args(tmp_path / "documents", train_file=str(shards / "part-*.jsonl"), packing="documents",
-                                objective="clm", validation_split_percentage=25, max_train_steps=2))
+    result = pretrain(tiny_args(tmp_path / "documents", train_file=str(shards / "part-*.jsonl"),
+                                packing="documents", objective="clm", validation_split_percentage=25,
+                                max_train_steps=2))
     assert result.completed_steps == 2 and result.metrics["eval_loss"] > 0
 
 
@@ -356,10 +368,11 @@ def test_mfu_is_tokens_per_second_times_flops_per_token_over_the_peak() -> None:
 
 
 def test_streamed_validation_comes_from_the_validation_file(tmp_path, shards) -> None:
-    """``--validation_file`` (a glob too) under ``--streaming``: at most ``--max_eval_samples`` of its examples; the
-    training stream keeps all of its own."""
+    """``--validation_file`` (a glob too) under ``--streaming``: at most ``--max_eval_samples`` of its
+    examples; the training stream keeps all of its own."""
     args = stream_args(tmp_path / "out", {"train_file": str(shards / "part-[012].jsonl"),
-                                          "validation_file": str(shards / "part-3*.jsonl")}, max_eval_samples=2)
+                                          "validation_file": str(shards / "part-3*.jsonl")},
+                       max_eval_samples=2)
     train = open_stream(args)
     texts, held_out = stream_validation_texts(args, train)
     expected = [json.loads(line)["text"] for line in (shards / "part-3.jsonl").read_text().splitlines()[:2]]
@@ -368,13 +381,15 @@ def test_streamed_validation_comes_from_the_validation_file(tmp_path, shards) ->
     assert result.metrics["eval_loss"] > 0
 
 
-def test_a_rank_left_without_examples_is_refused_on_every_rank_before_writing(tmp_path, dataset_folder) -> None:
-    """Two ranks over the 2-shard dataset folder, the 2 first examples held out: rank 0's whole shard is validation.
-    Both processes stop with the one line naming the flag, and nothing is written."""
+def test_a_rank_left_without_examples_is_refused_on_every_rank_before_writing(tmp_path,
+                                                                              dataset_folder) -> None:
+    """Two ranks over the 2-shard dataset folder, the 2 first examples held out: rank 0's whole shard is
+    validation. Both processes stop with the one line naming the flag, and nothing is written."""
     args = stream_args(tmp_path / "out", {"dataset_name": str(dataset_folder)}, max_eval_samples=2)
-    result = subprocess.run(pretrain_command(args, 2), env={**launch_env(), "ACCELERATE_USE_CPU": "1"}, cwd=tmp_path,
-                            capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, check=False)
-    said = [line for line in result.stderr.splitlines() if line.startswith("hf-attn-variants pretrain: error:")]
+    result = subprocess.run(pretrain_command(args, 2), env={**launch_env(), "ACCELERATE_USE_CPU": "1"},
+                            cwd=tmp_path, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, check=False)
+    said = [line for line in result.stderr.splitlines()
+            if line.startswith("hf-attn-variants pretrain: error:")]
     assert result.returncode != 0 and len(said) >= 1, result.stderr[-3000:]
     assert "1 of 2 data-parallel rank(s) get no training example" in said[0] and "--dataset_name" in said[0]
     assert "Connection closed" not in result.stderr and not (tmp_path / "out").exists()

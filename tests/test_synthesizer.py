@@ -18,6 +18,7 @@ from hf_attn_variants import (
 )
 from hf_attn_variants.models.configuration_synthesizer import SYNTHESIZER_COMPONENTS, balanced_factorization
 from hf_attn_variants.models.modeling_synthesizer import SynthesizerAttention
+from hf_attn_variants.pruning.adapters import prune_attention_heads
 from tests import properties
 from tests.remote_code import assert_standalone_code
 from tests.test_entropy_invariant import tiny_config as ei_tiny_config
@@ -209,14 +210,15 @@ def test_synthesized_components_have_no_query_key_projections() -> None:
 
 def _expected_attention_params(config: SynthesizerConfig) -> int:
     """The per-layer formula of docs/synthesizer.md (with biases)."""
-    d, h, dh, e, l, k = 32, 4, 8, config.resolved_dense_hidden_size, LENGTH, config.factorized_random_rank
+    d, h, dh, length, k = 32, 4, 8, LENGTH, config.factorized_random_rank
+    e = config.resolved_dense_hidden_size
     a, b = config.resolved_factorized_dense_shape
     counts = {
         "vanilla": 2 * (d * h * dh + h * dh),
-        "dense": h * (d * e + e + e * l + l),
+        "dense": h * (d * e + e + e * length + length),
         "factorized_dense": h * (2 * (d * e + e) + e * (a + b) + a + b),
-        "random": h * l * l if config.random_trainable else 0,
-        "factorized_random": 2 * h * l * k if config.random_trainable else 0,
+        "random": h * length * length if config.random_trainable else 0,
+        "factorized_random": 2 * h * length * k if config.random_trainable else 0,
     }
     components = config.synthesizer_components
     mixing = len(components) if len(components) > 1 else 0
@@ -257,7 +259,8 @@ def test_single_component_has_weight_one_and_no_mixing_parameter() -> None:
 
 
 def test_mixture_logits_are_the_alpha_weighted_sum() -> None:
-    """With α ≈ (1, 0) the mixture equals the random-only model; in general rows are a convex mix of logits."""
+    """With α ≈ (1, 0) the mixture equals the random-only model; in general rows are a convex mix of
+    logits."""
     mixture = tiny(synthesizer_components=["random", "vanilla"])
     single = tiny(synthesizer_components=["random"])
     state = {
@@ -433,8 +436,10 @@ def test_fixed_random_is_a_buffer_untouched_by_an_optimizer_step_and_reloads_exa
     reloaded = SynthesizerForMaskedLM.from_pretrained(tmp_path).eval()  # v5: meta-device build, then load
     reloaded_buffers = dict(reloaded.named_buffers())
     assert all(torch.equal(reloaded_buffers[n], frozen[n]) for n in names), "the frozen matrix was re-drawn"
-    # Same weights, but another model object (other memory alignment): BLAS kernels may differ in the last bit.
-    torch.testing.assert_close(properties.hidden(model, ids), properties.hidden(reloaded, ids), atol=1e-6, rtol=1e-5)
+    # Same weights, but another model object (other memory alignment): BLAS kernels may differ in the last
+    # bit.
+    torch.testing.assert_close(properties.hidden(model, ids), properties.hidden(reloaded, ids), atol=1e-6,
+                               rtol=1e-5)
     base = AutoModel.from_pretrained(tmp_path)
     assert torch.equal(base.layers[0].self_attn.get_buffer(names[0].split("self_attn.")[1]), frozen[names[0]])
 
@@ -469,7 +474,7 @@ def test_prune_heads_equals_zeroing_their_outputs(components: list[str]) -> None
     removed = {0: [1, 3], 1: [0, 1, 2, 3]}
     reference = _zero_heads(model, removed)
     for layer, heads in removed.items():
-        model.layers[layer].self_attn.prune_heads_([h for h in range(4) if h not in heads])
+        prune_attention_heads(model.layers[layer].self_attn, [h for h in range(4) if h not in heads])
     attention = model.layers[0].self_attn
     assert (
         attention.num_heads == 2
@@ -491,8 +496,8 @@ def test_prune_heads_equals_zeroing_their_outputs(components: list[str]) -> None
 
 def test_pruned_decoder_with_an_empty_first_layer_keeps_cache_equal_to_full_forward() -> None:
     model = tiny(SynthesizerForCausalLM, synthesizer_components=["dense", "random"])
-    model.model.layers[0].self_attn.prune_heads_([])
-    model.model.layers[1].self_attn.prune_heads_([2])
+    prune_attention_heads(model.model.layers[0].self_attn, [])
+    prune_attention_heads(model.model.layers[1].self_attn, [2])
     properties.assert_cache_matches_full_forward(model, padded=True)
     with torch.no_grad():
         attentions = model(input_ids=random_ids(1, 5), output_attentions=True).attentions
@@ -502,16 +507,16 @@ def test_pruned_decoder_with_an_empty_first_layer_keeps_cache_equal_to_full_forw
 def test_prune_heads_rejects_bad_indices() -> None:
     attention = tiny().layers[0].self_attn
     with pytest.raises(ValueError, match="out of range"):
-        attention.prune_heads_([0, 4])
+        prune_attention_heads(attention, [0, 4])
     with pytest.raises(ValueError, match="twice"):
-        attention.prune_heads_([1, 1])
+        prune_attention_heads(attention, [1, 1])
 
 
 def test_fixed_random_buffer_is_pruned_too() -> None:
     model = tiny(synthesizer_components=["random"], random_trainable=False)
     attention = model.layers[0].self_attn
     original = attention.random_matrix.clone()
-    attention.prune_heads_([2, 0])
+    prune_attention_heads(attention, [2, 0])
     assert "random_matrix" in dict(attention.named_buffers())
     assert torch.equal(attention.random_matrix, original[[0, 2]])
 
@@ -538,7 +543,8 @@ def test_save_and_reload_with_auto_classes(tmp_path) -> None:
     assert type(reloaded) is SynthesizerForCausalLM and reloaded.model.is_causal
     ids = random_ids(2, 9)
     # Equal weights in two model objects: BLAS may pick other kernels for other memory, so not bit-exact.
-    torch.testing.assert_close(model(input_ids=ids).logits, reloaded(input_ids=ids).logits, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(model(input_ids=ids).logits, reloaded(input_ids=ids).logits, atol=1e-6,
+                               rtol=1e-5)
     torch.testing.assert_close(model.mixing_weights(), reloaded.mixing_weights(), atol=1e-7, rtol=1e-6)
 
 

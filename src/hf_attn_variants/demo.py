@@ -75,7 +75,8 @@ class DemoArguments:
     output_dir: str = field(default="runs/demo", metadata={"help": "Exports go to <output_dir>/<family>/."})
     families: list[str] | None = field(default=None, metadata={"help": "Families to run (default: all)."})
     max_seq_length: int = field(default=64, metadata={"help": "Training length L."})
-    length_multipliers: list[int] = field(default_factory=lambda: [1, 2, 4], metadata={"help": "Eval at k·L."})
+    length_multipliers: list[int] = field(default_factory=lambda: [1, 2, 4],
+                                          metadata={"help": "Eval at k·L."})
     max_train_steps: int = field(default=800, metadata={"help": "Optimizer steps per family."})
     per_device_train_batch_size: int = field(default=16, metadata={"help": "Batch size."})
     learning_rate: float = field(default=2e-3, metadata={"help": "Peak learning rate (linear decay)."})
@@ -86,8 +87,8 @@ class DemoArguments:
     sentence: str = field(default=SENTENCE, metadata={"help": "fill-mask input (with [MASK])."})
     num_threads: int = field(
         default=1,
-        metadata={"help": "torch intra-op threads; 0 = torch's default. The demo models are tiny: one thread wastes "
-                  "little on an idle CPU and avoids OpenMP spin-waiting when the cores are shared."},
+        metadata={"help": "torch intra-op threads; 0 = torch's default. The demo models are tiny: one thread "
+                  "wastes little on an idle CPU and avoids OpenMP spin-waiting when the cores are shared."},
     )
 
     def __post_init__(self) -> None:
@@ -161,9 +162,10 @@ def evaluate_lengths(folder: str, args: DemoArguments) -> dict[str, Any]:
         length = k * args.max_seq_length
         blocks = text_blocks(texts, tokenizer, length)
         with torch.no_grad():
-            metrics = evaluate_lm(model, blocks, objective="mlm", tokenizer=tokenizer, batch_size=8, seed=args.seed)
-        results.append({"length": length, "multiplier": k, "loss": metrics["loss"], "accuracy": metrics["accuracy"],
-                        "blocks": int(metrics["blocks"])})
+            metrics = evaluate_lm(model, blocks, objective="mlm", tokenizer=tokenizer, batch_size=8,
+                                  seed=args.seed)
+        results.append({"length": length, "multiplier": k, "loss": metrics["loss"],
+                        "accuracy": metrics["accuracy"], "blocks": int(metrics["blocks"])})
     return {"train_length": args.max_seq_length, "results": results,
             "num_parameters": sum(p.numel() for p in model.parameters())}
 
@@ -171,10 +173,11 @@ def evaluate_lengths(folder: str, args: DemoArguments) -> dict[str, Any]:
 def reload_in_fresh_process(folders: dict[str, str], sentence: str) -> dict[str, Any]:
     """Load every folder with ``pipeline("fill-mask", trust_remote_code=True)`` in a new interpreter."""
     with tempfile.TemporaryDirectory() as modules:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": modules, "TRANSFORMERS_VERBOSITY": "error",
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": modules,
+               "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         result = subprocess.run([sys.executable, "-c", CHILD, json.dumps(folders), sentence],
-                                capture_output=True, text=True, env=env, cwd=modules, timeout=600, check=False)
+                                capture_output=True, text=True, env=env, cwd=modules, timeout=600,
+                                check=False)
     for line in result.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -190,7 +193,8 @@ def format_table(rows: list[dict[str, Any]], multipliers: list[int], length: int
     for row in rows:
         by_k = {r["multiplier"]: r for r in row["lengths"]}
         cells = [row["family"], f"{row['params'] / 1e6:.2f}M", f"{row['train_seconds']:.0f}",
-                 *[f"{by_k[k]['loss']:.3f}" for k in multipliers], *[f"{by_k[k]['accuracy']:.3f}" for k in multipliers],
+                 *[f"{by_k[k]['loss']:.3f}" for k in multipliers],
+                 *[f"{by_k[k]['accuracy']:.3f}" for k in multipliers],
                  ", ".join(row["fill_mask"]), row["reload"]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -239,7 +243,8 @@ def _run_demo(args: DemoArguments, started: float) -> dict[str, Any]:
         rows.append({"family": family, "params": lengths["num_parameters"], "train_seconds": train_seconds,
                      "steps": result.completed_steps, "lengths": lengths["results"], "folder": str(folder)})
         summary = ", ".join(f"loss@{r['length']}={r['loss']:.3f}" for r in lengths["results"])
-        print(f"[demo] {family}: {result.completed_steps} steps in {train_seconds:.0f}s; {summary}", flush=True)
+        print(f"[demo] {family}: {result.completed_steps} steps in {train_seconds:.0f}s; {summary}",
+              flush=True)
     reloaded = reload_in_fresh_process(folders, args.sentence)
     for row in rows:
         info = reloaded.get(row["family"], {})
@@ -248,7 +253,8 @@ def _run_demo(args: DemoArguments, started: float) -> dict[str, Any]:
         row["reload_class"] = info.get("class")
     seconds = time.perf_counter() - started
     table = format_table(rows, args.length_multipliers, args.max_seq_length)
-    report = {"rows": rows, "table": table, "seconds": seconds, "sentence": args.sentence, "args": asdict(args)}
+    report = {"rows": rows, "table": table, "seconds": seconds, "sentence": args.sentence,
+              "args": asdict(args)}
     root.mkdir(parents=True, exist_ok=True)
     (root / "results.json").write_text(json.dumps(report, indent=2))
     (root / "results.md").write_text(
@@ -284,13 +290,15 @@ def run(namespace: argparse.Namespace) -> int:
     transformers.utils.logging.disable_progress_bar()
     try:
         report = demo(args)
-    except TrainingPreempted as stopped:  # the family in training wrote its checkpoint; the same command resumes it
+    except TrainingPreempted as stopped:
+        # the family in training wrote its checkpoint; the same command resumes it
         fail("demo", str(stopped), label="preempted")
         return PREEMPTED_EXIT_CODE
     bad = [row["family"] for row in report["rows"] if row["reload"] != "ok"]
     print(f"\nfill-mask sentence: {args.sentence!r}\n")
     print(report["table"])
-    print(f"\nExports: {', '.join(row['folder'] for row in report['rows'])}  |  total {report['seconds']:.0f} s")
+    print(f"\nExports: {', '.join(row['folder'] for row in report['rows'])}  |  total "
+          f"{report['seconds']:.0f} s")
     return 1 if bad else 0
 
 

@@ -279,7 +279,8 @@ def fetch_upstream_tests(version: str | None = None) -> Path:
     final = root / "upstream"
 
     def complete() -> bool:  # a cache from before a file was added to UPSTREAM_FILES is extracted again
-        return (final / _COMPLETE_MARKER).is_file() and all((final / name).is_file() for name in UPSTREAM_FILES)
+        return (final / _COMPLETE_MARKER).is_file() and all((final / name).is_file()
+                                                            for name in UPSTREAM_FILES)
 
     if complete():
         return final
@@ -454,7 +455,8 @@ except UpstreamTestsUnavailable as _exc:
 
 
 def load_training_mixin() -> type:
-    """Upstream's ``TrainingTesterMixin`` (``tests/test_training_mixin.py`` of the sdist, the overfitting test).
+    """Upstream's ``TrainingTesterMixin`` (``tests/test_training_mixin.py`` of the sdist, the overfitting
+    test).
 
     Raises ``UpstreamTestsUnavailable`` (with the fix) when the upstream tests could not be loaded.
     """
@@ -464,7 +466,8 @@ def load_training_mixin() -> type:
         return importlib.import_module(f"{UPSTREAM_PACKAGE}.test_training_mixin").TrainingTesterMixin
     except Exception as exc:  # API drift in a newer sdist
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        raise UpstreamTestsUnavailable(f"importing the transformers training tester mixin failed: {detail}") from exc
+        raise UpstreamTestsUnavailable(
+            f"importing the transformers training tester mixin failed: {detail}") from exc
 
 
 def upstream_load_error() -> UpstreamTestsUnavailable | None:

@@ -67,8 +67,9 @@ COMPONENT_INDEPENDENT_TESTS = {
         "test_inputs_embeds",
         "test_inputs_embeds_matches_input_ids",
         "test_enable_input_require_grads_with_gradient_checkpointing",  # embedding hook
-        "test_training_gradient_checkpointing_use_reentrant_true",  # torch.utils.checkpoint modes;
-        "test_training_gradient_checkpointing_use_reentrant_false",  # test_training_gradient_checkpointing stays on
+        # torch.utils.checkpoint modes; test_training_gradient_checkpointing stays on
+        "test_training_gradient_checkpointing_use_reentrant_true",
+        "test_training_gradient_checkpointing_use_reentrant_false",
         "test_problem_types",  # classification losses
         "test_causal_lm_loss_honors_shift_labels",
         "test_feed_forward_chunking",  # FeedForward block
@@ -86,11 +87,12 @@ COMPONENT_INDEPENDENT_TESTS = {
 
 FIXED_RANDOM_SKIPS = {
     "test_init_weights_can_init_buffers": (
-        "upstream assumes buffers are deterministic; the Fixed Random R is a random draw by design (its exact "
-        "save/reload and no re-draw on load are tested in tests/test_synthesizer.py)"
+        "upstream assumes buffers are deterministic; the Fixed Random R is a random draw by design (its "
+        "exact save/reload and no re-draw on load are tested in tests/test_synthesizer.py)"
     ),
     "test_retain_grad_hidden_states_attentions": (
-        "with a frozen R as the only component the attention weights are a constant: no gradient can reach them"
+        "with a frozen R as the only component the attention weights are a constant: no gradient can "
+        "reach them"
     ),
 }
 

@@ -31,15 +31,17 @@ SIZES = {
     "entropy_invariant": (
         EntropyInvariantConfig,
         EntropyInvariantForCausalLM,
-        {"vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 37},
+        {"vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "intermediate_size": 37},
     ),
-    "gau": (GAUConfig, GAUForCausalLM, {"vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2, "attention_key_size": 16}),
+    "gau": (GAUConfig, GAUForCausalLM,
+            {"vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2, "attention_key_size": 16}),
     "synthesizer": (
         SynthesizerConfig,
         SynthesizerForCausalLM,
         # l = 64 covers the mixin's 64-token batch and its 64-token generation.
-        {"vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 37,
-         "max_position_embeddings": 64},
+        {"vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "intermediate_size": 37, "max_position_embeddings": 64},
     ),
 }
 
@@ -52,13 +54,16 @@ OVERFIT_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "GAU_relu2_fixed": ("gau", {"attention_normalization": "relu2", "relu2_length": "fixed"}),
     "GAU_relu2_normalized": ("gau", {"attention_normalization": "relu2_normalized"}),
     "GAU_laplace_dynamic": ("gau", {"attention_normalization": "laplace", "relu2_length": "dynamic"}),
-    # A bounded kernel under a fixed L caps a row's attention mass at n/L: with the default L = 512 on the mixin's
-    # 64-token batch that is 1/8, and the grad norm fell 90.3 / 90.5 / 89.7 % over three seeds — on the threshold,
-    # so the outcome would depend on the CPU's rounding (docs/gau.md). L = 64 is the training length, the way
-    # relu2_length="fixed" is meant to be used: 92.7 / 92.7 / 92.3 %.
-    "GAU_laplace_fixed": ("gau", {"attention_normalization": "laplace", "relu2_length": "fixed", "base_length": 64}),
-    "GAU_chunked_dynamic": ("gau", {"attention_normalization": "relu2", "relu2_length": "dynamic", "chunk_size": 16}),
-    "GAU_chunked_fixed": ("gau", {"attention_normalization": "relu2", "relu2_length": "fixed", "chunk_size": 16}),
+    # A bounded kernel under a fixed L caps a row's attention mass at n/L: with the default L = 512 on the
+    # mixin's 64-token batch that is 1/8, and the grad norm fell 90.3 / 90.5 / 89.7 % over three seeds — on
+    # the threshold, so the outcome would depend on the CPU's rounding (docs/gau.md). L = 64 is the training
+    # length, the way relu2_length="fixed" is meant to be used: 92.7 / 92.7 / 92.3 %.
+    "GAU_laplace_fixed": ("gau",
+                          {"attention_normalization": "laplace", "relu2_length": "fixed", "base_length": 64}),
+    "GAU_chunked_dynamic": ("gau", {"attention_normalization": "relu2", "relu2_length": "dynamic",
+                                    "chunk_size": 16}),
+    "GAU_chunked_fixed": ("gau",
+                          {"attention_normalization": "relu2", "relu2_length": "fixed", "chunk_size": 16}),
     **{f"Synthesizer_{component}": ("synthesizer", {"synthesizer_components": [component]})
        for component in ("dense", "random", "factorized_dense", "factorized_random", "vanilla")},
     "Synthesizer_default_mixture": ("synthesizer", {}),

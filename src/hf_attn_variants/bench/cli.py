@@ -1,10 +1,11 @@
 """``hf-attn-variants bench``: run the benchmarks; write a results file, its report and PNG plots.
 
 Every run writes its results file and report under runs/ (a user's run never touches docs/). Only the
-repository's publishing path writes docs/: ``--publish`` (``make bench``) makes a full run (no flag that changes
-what is measured) write the committed results file docs/results/benchmarks-cpu.json (benchmarks-gpu.json on
-CUDA) and re-render from it docs/benchmarks.md, the README's speed summary and the tables of docs/gau.md and
-docs/synthesizer.md; ``--merge`` merges a partial run into that file.
+repository's publishing path writes docs/: ``--publish`` (``make bench``) makes a full run (no flag that
+changes what is measured) write the committed results file docs/results/benchmarks-cpu.json
+(benchmarks-gpu.json on CUDA) and the committed plots; ``--merge`` merges a partial run into that file. The
+docs that show it (docs/benchmarks.md, its speed summary, the tables of docs/gau.md and docs/synthesizer.md)
+are its views, rendered by the repository's ``tools/render_docs.py`` (``make bench`` runs both).
 
 Examples::
 
@@ -35,8 +36,6 @@ from ..cli_utils import (
     check_positive,
     fail_flag,
 )
-from ..results import RESULTS_DIR
-from ..results._common import forced_mkl_command_prefix
 from .specs import COMPARISONS, PRESETS, Comparison, Preset, Variant
 
 
@@ -70,10 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         return argparse_type(check_positive, int, flag)
 
     parser.add_argument("--quick", action="store_true",
-                        help="CI smoke test: preset 'quick' (tiny models, n = 32/64), 1 repeat, no torch.compile, "
-                             "output under runs/bench-quick/ unless --output is given.")
+                        help="CI smoke test: preset 'quick' (tiny models, n = 32/64), 1 repeat, no "
+                             "torch.compile, output under runs/bench-quick/ unless --output is given.")
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                        help="Model sizes and lengths (default: 'cpu' on CPU, 'gpu' — ~110M parameters — on CUDA).")
+                        help="Model sizes and lengths (default: 'cpu' on CPU, 'gpu' — ~110M parameters — on "
+                             "CUDA).")
     parser.add_argument("--device", type=_device, default="cpu", help="'cpu' (default) or 'cuda' / 'cuda:N'.")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                         help="float32 (CPU default) or autocast to bfloat16 (CUDA default) / float16.")
@@ -82,40 +82,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=positive("repeats"), default=None,
                         help="Timed rounds per length (default: preset's).")
     parser.add_argument("--only", nargs="+", default=None,
-                        help=f"Comparisons ({', '.join(c.key for c in COMPARISONS)}) or variant names to run.")
+                        help=f"Comparisons ({', '.join(c.key for c in COMPARISONS)}) or variant names to "
+                             "run.")
     parser.add_argument("--no-compile", action="store_true", help="Skip the torch.compile measurements.")
     parser.add_argument("--compile-lengths", type=positive("compile-lengths"), nargs="+", default=None,
                         help="Lengths at which compiled models are timed (default: preset's).")
     parser.add_argument("--no-graph-check", action="store_true", help="Skip the torch._dynamo.explain check.")
-    parser.add_argument("--no-flops", action="store_true", help="Do not count FLOPs (no GFLOP/s / MFU column).")
+    parser.add_argument("--no-flops", action="store_true",
+                        help="Do not count FLOPs (no GFLOP/s / MFU column).")
     parser.add_argument("--threads", type=positive("threads"), default=None,
-                        help="torch intra-op threads (default: 1 on CPU, so CPU time = time on a core of its own).")
+                        help="torch intra-op threads (default: 1 on CPU, so CPU time = time on a core of its "
+                             "own).")
     parser.add_argument("--timer", choices=["cpu", "wall"], default=None,
-                        help="Primary timer: process CPU time ('cpu', CPU default) or wall clock ('wall', CUDA "
-                             "default; use it on a dedicated CPU machine with --threads N).")
+                        help="Primary timer: process CPU time ('cpu', CPU default) or wall clock ('wall', "
+                             "CUDA default; use it on a dedicated CPU machine with --threads N).")
     parser.add_argument("--peak-tflops", type=_peak_tflops, default=None,
-                        help="Peak TFLOP/s of the device for the MFU column (e.g. 989 for H100 SXM bf16 dense).")
+                        help="Peak TFLOP/s of the device for the MFU column (e.g. 989 for H100 SXM bf16 "
+                             "dense).")
     parser.add_argument("--publish", action="store_true",
-                        help="The repository's publishing path (make bench): a full run writes the committed results "
-                             "file (docs/results/benchmarks-cpu.json; -gpu on CUDA) and re-renders docs/ from it; "
-                             "with --report-only of that file, re-renders docs/ without measuring. Run it from the "
-                             "repository root.")
+                        help="The repository's publishing path (make bench): a full run writes the committed "
+                             "results file (docs/results/benchmarks-cpu.json; -gpu on CUDA) and its plots, "
+                             "which the repository's tools/render_docs.py renders into docs/; with "
+                             "--report-only of that file, redraws the plots without measuring. Run it from "
+                             "the repository root.")
     parser.add_argument("--merge", action="store_true",
-                        help="Merge this partial run into the committed results file (docs/results/benchmarks-cpu"
-                             ".json; -gpu on CUDA): its rows replace the same rows there, the file records which, "
-                             "by which command, when and under what load, and the docs are re-rendered from it. "
-                             "Widens --only to whole comparisons, so every ratio pairs rows of one run.")
+                        help="Merge this partial run into the committed results file "
+                             "(docs/results/benchmarks-cpu.json; -gpu on CUDA): its rows replace the same "
+                             "rows there, the file records which, by which command, when and under what load "
+                             "(tools/render_docs.py renders the docs). Widens --only to whole comparisons, "
+                             "so every ratio pairs rows of one run.")
     parser.add_argument("--output", type=Path, default=None,
-                        help="Report of a run of its own (default runs/bench/<preset>/benchmarks.md for a full "
-                             "run, runs/bench/<preset>-partial/benchmarks.md for a partial one, "
+                        help="Report of a run of its own (default runs/bench/<preset>/benchmarks.md for a "
+                             "full run, runs/bench/<preset>-partial/benchmarks.md for a partial one, "
                              "runs/bench-quick/benchmarks.md with --quick).")
     parser.add_argument("--json", type=Path, default=None,
-                        help="Results file of a run of its own (default: next to the report, <report stem>.json).")
+                        help="Results file of a run of its own (default: next to the report, <report "
+                             "stem>.json).")
     parser.add_argument("--no-plots", action="store_true", help="Do not write PNG plots.")
     parser.add_argument("--report-only", type=Path, default=None, metavar="JSON",
-                        help="Measure nothing: re-render from a results file: its own report (--output, default "
-                             "next to it); with --publish and the committed file (docs/results/benchmarks-cpu.json), "
-                             "the docs and plots.")
+                        help="Measure nothing: re-render from a results file: its own report (--output, "
+                             "default next to it); with --publish and the committed file "
+                             "(docs/results/benchmarks-cpu.json), the committed plots.")
 
 
 PARTIAL_FLAGS = ("only", "lengths", "repeats", "compile_lengths", "no_compile", "no_graph_check", "no_flops",
@@ -136,7 +143,7 @@ class BenchPlan:
     timer: str
     threads: int | None
     target: str
-    """``"committed"`` (``--publish``: rewrite the committed results file and re-render the docs), ``"merge"``
+    """``"committed"`` (``--publish``: rewrite the committed results file and its plots), ``"merge"``
     (merge into it), or ``"own"`` (a results file and report of its own, ``json_path`` and ``output``)."""
     json_path: Path
     output: Path | None
@@ -148,7 +155,8 @@ class BenchPlan:
 
 def partial_flags(args: argparse.Namespace) -> list[str]:
     """The flags of ``args`` that make the run partial (``--only``, ``--lengths``…)."""
-    used = [f"--{name.replace('_', '-')}" for name in PARTIAL_FLAGS if getattr(args, name) not in (None, False, [])]
+    used = [f"--{name.replace('_', '-')}" for name in PARTIAL_FLAGS
+            if getattr(args, name) not in (None, False, [])]
     if args.quick:
         used.append("--quick")
     cuda = str(args.device).startswith("cuda")
@@ -158,25 +166,27 @@ def partial_flags(args: argparse.Namespace) -> list[str]:
 
 
 def _read_results(flag: str, path: Path) -> dict[str, Any]:
-    """The results file ``path`` (checked by ``store.from_results``); ``FlagError`` naming ``flag`` otherwise."""
+    """The results file ``path`` (checked by ``store.from_results``); ``FlagError`` naming ``flag``
+    otherwise."""
     from .store import from_results
 
     check_file(flag, path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         from_results(data)
-    except (ValueError, KeyError, TypeError, AttributeError) as error:  # not JSON, or not a bench results file
+    # not JSON, or not a bench results file
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise FlagError(flag, f"{flag}: {str(path)!r} is not a results file of `hf-attn-variants bench` "
                               f"({type(error).__name__}: {error}).") from error
     return data
 
 
 def _committed_paths() -> dict[Path, str]:
-    from .store import report_path, results_name
+    from .store import committed_results_path, report_path
 
     paths = {}
     for device in ("cpu", "cuda"):
-        paths[(RESULTS_DIR / f"{results_name(device)}.json").resolve()] = "results"
+        paths[committed_results_path(device).resolve()] = "results"
         paths[report_path(device).resolve()] = "report"
     return paths
 
@@ -185,13 +195,15 @@ def _preset(args: argparse.Namespace, cuda: bool) -> Preset:
     """The preset of ``--quick`` / ``--preset`` (default: by device) with ``--lengths``, ``--repeats`` and
     ``--compile-lengths`` applied."""
     if args.quick and args.preset is not None and args.preset != "quick":
-        raise FlagError("preset", f"--preset {args.preset} contradicts --quick (which runs the preset 'quick').")
+        raise FlagError("preset",
+                        f"--preset {args.preset} contradicts --quick (which runs the preset 'quick').")
     preset = PRESETS["quick" if args.quick else (args.preset or ("gpu" if cuda else "cpu"))]
     if args.lengths:  # exactly these lengths: FLASH vs Llama's own lengths too, where listed
         chosen = set(args.lengths)
         preset = replace(preset, lengths=tuple(sorted(chosen - set(preset.equal_parameter_lengths))) or
                          tuple(sorted(chosen)),
-                         equal_parameter_lengths=tuple(n for n in preset.equal_parameter_lengths if n in chosen))
+                         equal_parameter_lengths=tuple(n for n in preset.equal_parameter_lengths
+                                                       if n in chosen))
     if args.repeats:
         preset = replace(preset, repeats=args.repeats, long_repeats=args.repeats, short_repeats=args.repeats)
     if args.compile_lengths:
@@ -200,7 +212,8 @@ def _preset(args: argparse.Namespace, cuda: bool) -> Preset:
 
 
 def _selection(args: argparse.Namespace, preset: Preset) -> tuple[dict[str, Variant], tuple[Comparison, ...]]:
-    """The variants and comparisons of ``--only``; with ``--merge`` every comparison sharing a variant with them."""
+    """The variants and comparisons of ``--only``; with ``--merge`` every comparison sharing a variant with
+    them."""
     from .specs import select
     from .store import merge_closure
 
@@ -216,41 +229,48 @@ def _selection(args: argparse.Namespace, preset: Preset) -> tuple[dict[str, Vari
 
 
 def _check_publish(args: argparse.Namespace, partial: list[str]) -> None:
-    """``--publish`` goes with a full run or ``--report-only`` of the committed file, never with a report of its
-    own (``--output``/``--json``) or a partial run (which publishes with ``--merge``)."""
+    """``--publish`` goes with a full run or ``--report-only`` of the committed file, never with a report of
+    its own (``--output``/``--json``) or a partial run (which publishes with ``--merge``)."""
     if not args.publish:
         return
     for flag in ("output", "json"):
         if getattr(args, flag) is not None:
-            raise FlagError(flag, f"--{flag}: --publish writes the committed results and docs, not a report of its "
-                                  "own; drop one of them.")
+            raise FlagError(flag, f"--{flag}: --publish writes the committed results and plots, not a report "
+                                  "of its own; drop one of them.")
     if args.merge:
-        raise FlagError("publish", "--publish rewrites the committed results from a full run; --merge already "
-                                   "publishes a partial one, drop --publish.")
+        raise FlagError("publish", "--publish rewrites the committed results from a full run; --merge "
+                                   "already publishes a partial one, drop --publish.")
     if partial and args.report_only is None:
-        raise FlagError("publish", f"--publish rewrites the committed results from a full run, but {partial[0]} makes "
-                                   "this run partial; publish a partial run with --merge.")
+        raise FlagError("publish", "--publish rewrites the committed results from a full run, but "
+                                   f"{partial[0]} makes this run partial; publish a partial run with "
+                                   "--merge.")
 
 
-def _plan_report_only(args: argparse.Namespace, base: dict[str, Any], committed: dict[Path, str]) -> BenchPlan:
-    """``--report-only``: the committed docs (with ``--publish`` and the committed file) or a report of its own."""
+def _plan_report_only(args: argparse.Namespace, base: dict[str, Any],
+                      committed: dict[Path, str]) -> BenchPlan:
+    """``--report-only``: the committed docs (with ``--publish`` and the committed file) or a report of its
+    own."""
     if args.merge:
         raise FlagError("merge", "--merge measures a partial run; --report-only measures nothing.")
     data = _read_results("report-only", args.report_only)
     is_committed = args.report_only.resolve() in committed
     if args.publish:
         if not is_committed:
-            raise FlagError("publish", f"--publish re-renders the docs from the committed results file, not from "
-                                       f"{str(args.report_only)!r}; drop --publish for a report of its own.")
-        return BenchPlan(**base, target="committed", json_path=args.report_only, output=None, report_only=data)
+            raise FlagError("publish", "--publish redraws the committed plots from the committed results "
+                                       f"file, not from {str(args.report_only)!r}; drop --publish for a "
+                                       "report of its own.")
+        return BenchPlan(**base, target="committed", json_path=args.report_only, output=None,
+                         report_only=data)
     default = Path("runs/bench/report/benchmarks.md") if is_committed else args.report_only.with_suffix(".md")
     output = args.output or default
     check_output_file("output", output)
     return BenchPlan(**base, target="own", json_path=args.report_only, output=output, report_only=data)
 
 
-def _plan_merge(args: argparse.Namespace, base: dict[str, Any], committed_json: Path, partial: list[str]) -> BenchPlan:
-    """``--merge``: a partial run merged into the committed results file, which must be here and compatible."""
+def _plan_merge(args: argparse.Namespace, base: dict[str, Any], committed_json: Path,
+                partial: list[str]) -> BenchPlan:
+    """``--merge``: a partial run merged into the committed results file, which must be here and
+    compatible."""
     from .store import MergeError, check_compatible
 
     if not partial:
@@ -258,8 +278,8 @@ def _plan_merge(args: argparse.Namespace, base: dict[str, Any], committed_json: 
                                  "committed results; a full run rewrites them anyway.")
     for flag in ("output", "json"):
         if getattr(args, flag) is not None:
-            raise FlagError(flag, f"--{flag}: --merge writes the committed results ({committed_json}) and "
-                                  "re-renders the docs from them, not a report of its own.")
+            raise FlagError(flag, f"--{flag}: --merge writes the committed results ({committed_json}), not a "
+                                  "report of its own.")
     if not committed_json.is_file():
         raise FlagError("merge", f"--merge: no committed results file {str(committed_json)!r} here (run "
                                  "from the repository root, after `hf-attn-variants bench --publish`).")
@@ -289,26 +309,27 @@ def _plan_own(args: argparse.Namespace, base: dict[str, Any], partial: list[str]
 
 def plan(args: argparse.Namespace) -> BenchPlan:
     """Resolve and check the flags; ``FlagError`` naming the flag of a bad value (nothing is written)."""
-    from .store import results_name
+    from .store import committed_results_path
 
     cuda = str(args.device).startswith("cuda")
     if cuda:
         import torch
 
         if not torch.cuda.is_available():
-            raise FlagError("device", "--device cuda: no CUDA device is available (torch.cuda.is_available() is "
-                                      "False).")
+            raise FlagError("device", "--device cuda: no CUDA device is available (torch.cuda.is_available() "
+                                      "is False).")
     preset = _preset(args, cuda)
     variants, comparisons = _selection(args, preset)
     base = {"preset": preset, "variants": variants, "comparisons": comparisons, "cuda": cuda,
-            "dtype": args.dtype or ("bfloat16" if cuda else "float32"), "timer": args.timer or ("wall" if cuda else "cpu"),
+            "dtype": args.dtype or ("bfloat16" if cuda else "float32"),
+            "timer": args.timer or ("wall" if cuda else "cpu"),
             "threads": args.threads if args.threads is not None else (None if cuda else 1)}
-    committed_json = RESULTS_DIR / f"{results_name(args.device)}.json"
+    committed_json = committed_results_path(args.device)
     committed = _committed_paths()
     for flag, path in (("output", args.output), ("json", args.json)):
         if path is not None and path.resolve() in committed:
-            raise FlagError(flag, f"--{flag} {str(path)!r} is the committed {committed[path.resolve()]}, which only "
-                                  f"--publish or --merge writes.")
+            raise FlagError(flag, f"--{flag} {str(path)!r} is the committed {committed[path.resolve()]}, "
+                                  "which only --publish or --merge writes.")
     partial = partial_flags(args)
     _check_publish(args, partial)
     if args.report_only is not None:
@@ -320,39 +341,33 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     return _plan_own(args, base, partial)
 
 
+RENDER_HINT = "the docs that show it are re-rendered by the repository's `python tools/render_docs.py`"
+"""What ``--publish`` and ``--merge`` leave to the repository: the docs are views of the file they write."""
+
+
 def _write_committed(data: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    """Write the committed results file, re-render every region of README.md and docs/*.md that shows it
-    (creating docs/benchmarks.md's when missing) and redraw the committed plots; returns what was written."""
-    from ..results import REGION, ResultsError, markdown_files, render_docs, write_results
+    """Write the committed results file and redraw the committed plots; returns what was written (the docs
+    that show the file are rendered by the repository's ``tools/render_docs.py``, which ``make bench``
+    runs)."""
+    from ..records import format_results
     from .plots import write_plots
-    from .store import from_results, plot_prefix, report_path, results_name
+    from .store import committed_results_path, from_results, plot_prefix, report_path
 
     run = from_results(data)
-    name = results_name(run.device)
-    written = [str(write_results(Path("."), name, data, inline_depth=2))]
-    report = report_path(run.device)
-    text = report.read_text(encoding="utf-8") if report.is_file() else ""
-    if not any(m["name"] == name and m["view"] == "report" for m in REGION.finditer(text)):
-        title = "# GPU benchmarks" if run.device != "cpu" else "# Benchmarks"
-        report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(f"{title}\n\n<!-- results: {name} report -->\n<!-- /results -->\n", encoding="utf-8")
-    files = [p for p in markdown_files(Path("."))
-             if p.is_file() and f"<!-- results: {name} " in p.read_text(encoding="utf-8")]
-    try:
-        written += [line.split(":")[0] for line in render_docs(Path("."), files)]
-    except ResultsError as error:  # another results file these documents show is broken: ours is written
-        print(f"bench: wrote {written[0]}, but could not re-render the docs: {error} (fix it, then run "
-              "`python scripts/render_docs.py`)", file=sys.stderr)
-
+    path = committed_results_path(run.device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(format_results(data, inline_depth=2), encoding="utf-8")
+    written = [str(path)]
     if not args.no_plots:
-        written += [str(p) for p in write_plots(run, report.parent, prefix=plot_prefix(run.device))]
+        written += [str(p) for p in write_plots(run, report_path(run.device).parent,
+                                                prefix=plot_prefix(run.device))]
     return written
 
 
 def _write_own(data: dict[str, Any], json_path: Path, output: Path, args: argparse.Namespace,
                write_json: bool = True) -> list[str]:
     """A run of its own: its results file and its report (with plots), nowhere near the committed docs."""
-    from ..results import format_results
+    from ..records import format_results
     from .plots import write_plots
     from .report import write_report
     from .store import from_results
@@ -367,6 +382,18 @@ def _write_own(data: dict[str, Any], json_path: Path, output: Path, args: argpar
     title = "# Benchmarks (smoke test)" if run.preset.name == "quick" else "# Benchmarks (a run of its own)"
     write_report(run, output, source=str(json_path), plots=plots, title=title)
     return [str(output), *written, *map(str, plots)]
+
+
+def _command() -> str:
+    """The command line a results file records."""
+    if sys.argv[1:2] == ["bench"]:
+        return "hf-attn-variants bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    return "hf-attn-variants bench (called from Python)"
+
+
+def _print_written(written: list[str], bench_plan: BenchPlan) -> None:
+    """One line naming what was written; for the committed results file, who renders the docs from it."""
+    print("wrote " + ", ".join(written) + ("" if bench_plan.target == "own" else f"; {RENDER_HINT}"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -386,14 +413,9 @@ def run(args: argparse.Namespace) -> int:
             written = _write_committed(data, args)
         else:
             written = _write_own(data, bench_plan.json_path, bench_plan.output, args, write_json=False)
-        print("wrote " + ", ".join(written))
+        _print_written(written, bench_plan)
         return 0
 
-    command = (
-        "hf-attn-variants bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-        if sys.argv[1:2] == ["bench"]
-        else "hf-attn-variants bench (called from Python)"
-    )
     runner = Runner(
         bench_plan.preset, bench_plan.variants, bench_plan.comparisons,
         device=args.device,
@@ -410,7 +432,7 @@ def run(args: argparse.Namespace) -> int:
         print("--merge: measuring whole comparisons " + ", ".join(c.key for c in bench_plan.comparisons)
               + " (every ratio of the results file pairs rows of one run)", flush=True)
     bench = runner.run_all()
-    bench.environment["command"] = (forced_mkl_command_prefix() + command).strip()
+    bench.environment["command"] = _command()
     data = to_results(bench)
     if bench_plan.target == "own":
         written = _write_own(data, bench_plan.json_path, bench_plan.output, args)
@@ -421,7 +443,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"merge {entry['merge']}: {len(entry['rows_replaced'])} rows replaced, "
                   f"{len(entry['rows_added'])} added", flush=True)
         written = _write_committed(data, args)
-    print("wrote " + ", ".join(written))
+    _print_written(written, bench_plan)
     return 0
 
 

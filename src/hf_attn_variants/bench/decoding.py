@@ -1,19 +1,22 @@
-"""Decoding speed: ``generate`` tokens per second of each family's causal LM against a stock Llama with the same
-number of parameters, at batch 1 and 16 and contexts of 512 and 4096 tokens (issue 24, docs/benchmarks.md).
+"""Decoding speed: ``generate`` tokens per second of each family's causal LM against a stock Llama with the
+same number of parameters, at batch 1 and 16 and contexts of 512 and 4096 tokens (issue 24,
+docs/benchmarks.md).
 
-``generate`` runs greedy with a ``StepClock`` logits processor, which Transformers calls once per generated token,
-after the model's forward of that step: the time from the call to ``generate`` to the first call is the prefill;
-the differences between later calls are the decoding steps (forward of one new token per sequence with the cache,
-plus ``generate``'s own bookkeeping). A row's per-token cost is the median step, its tokens/s batch ÷ that median.
+``generate`` runs greedy with a ``StepClock`` logits processor, which Transformers calls once per generated
+token, after the model's forward of that step: the time from the call to ``generate`` to the first call is the
+prefill; the differences between later calls are the decoding steps (forward of one new token per sequence
+with the cache, plus ``generate``'s own bookkeeping). A row's per-token cost is the median step, its tokens/s
+batch ÷ that median.
 
-Models (``DECODERS``), at the CPU benchmark's width (hidden 256, key size 128, e = 2·hidden), float32, dropout off,
-SDPA where the family has it: stock ``LlamaForCausalLM`` (2 layers, 4 heads, SwiGLU 680); the entropy-invariant
-decoder shaped like it (its two-matrix FFN 1.5× wider: same parameters); GAU with ``softmax_plus`` (quadratic) and
-FLASH (relu², chunks of 256) with twice as many layers (one GAU layer holds about half an attention + FFN layer, as
-the FLASH paper compares them); the Synthesizer ``random+vanilla`` (its l×l patterns sized to context + new
-tokens; its learned l×l pattern R makes it far larger than the others, which no size choice avoids). FLASH's
-cache is its open chunk and the summed state of closed chunks, so its per-token cost should not grow with the
-context; the table's step growth is (median step at the longest context) ÷ (at the shortest).
+Models (``DECODERS``), at the CPU benchmark's width (hidden 256, key size 128, e = 2·hidden), float32, dropout
+off, SDPA where the family has it: stock ``LlamaForCausalLM`` (2 layers, 4 heads, SwiGLU 680); the
+entropy-invariant decoder shaped like it (its two-matrix FFN 1.5× wider: same parameters); GAU with
+``softmax_plus`` (quadratic) and FLASH (relu², chunks of 256) with twice as many layers (one GAU layer holds
+about half an attention + FFN layer, as the FLASH paper compares them); the Synthesizer ``random+vanilla``
+(its l×l patterns sized to context + new tokens; its learned l×l pattern R makes it far larger than the
+others, which no size choice avoids). FLASH's cache is its open chunk and the summed state of closed chunks,
+so its per-token cost should not grow with the context; the table's step growth is (median step at the longest
+context) ÷ (at the shortest).
 """
 
 from __future__ import annotations
@@ -53,8 +56,8 @@ class DecodingSize:
 
 
 def llama(size: DecodingSize, longest: int) -> torch.nn.Module:
-    """Stock ``LlamaForCausalLM`` (SDPA, as many key/value heads as query heads, its head tied to the embedding as
-    ours are): the baseline."""
+    """Stock ``LlamaForCausalLM`` (SDPA, as many key/value heads as query heads, its head tied to the
+    embedding as ours are): the baseline."""
     return LlamaForCausalLM(LlamaConfig(
         **size.common(), num_hidden_layers=size.num_layers, num_attention_heads=size.num_heads,
         num_key_value_heads=size.num_heads, intermediate_size=size.llama_intermediate,
@@ -62,10 +65,12 @@ def llama(size: DecodingSize, longest: int) -> torch.nn.Module:
 
 
 def entropy_invariant(size: DecodingSize, longest: int) -> torch.nn.Module:
-    """``EntropyInvariantForCausalLM`` shaped like the Llama (RoPE, RMSNorm, SiLU, no biases), FFN 1.5× wider."""
+    """``EntropyInvariantForCausalLM`` shaped like the Llama (RoPE, RMSNorm, SiLU, no biases), FFN 1.5×
+    wider."""
     return EntropyInvariantForCausalLM(EntropyInvariantConfig(
         **size.common(), num_hidden_layers=size.num_layers, num_attention_heads=size.num_heads,
-        intermediate_size=size.llama_intermediate * 3 // 2, max_position_embeddings=longest, norm_type="rmsnorm",
+        intermediate_size=size.llama_intermediate * 3 // 2, max_position_embeddings=longest,
+        norm_type="rmsnorm",
         use_bias=False, is_decoder=True, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
         attn_implementation="sdpa"))
 
@@ -76,16 +81,19 @@ def gau(size: DecodingSize, longest: int, chunk: bool) -> torch.nn.Module:
               else {"attention_normalization": "softmax_plus"})
     return GAUForCausalLM(GAUConfig(
         **size.common(), num_hidden_layers=2 * size.num_layers, attention_key_size=size.gau_key_size,
-        max_position_embeddings=longest, is_decoder=True, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        max_position_embeddings=longest, is_decoder=True, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
         **fields))
 
 
 def synthesizer(size: DecodingSize, longest: int) -> torch.nn.Module:
-    """``SynthesizerForCausalLM`` mixing ``random`` and ``vanilla``, its patterns sized to the longest sequence."""
+    """``SynthesizerForCausalLM`` mixing ``random`` and ``vanilla``, its patterns sized to the longest
+    sequence."""
     return SynthesizerForCausalLM(SynthesizerConfig(
         **size.common(), num_hidden_layers=size.num_layers, num_attention_heads=size.num_heads,
         intermediate_size=size.llama_intermediate * 3 // 2, max_position_embeddings=longest, is_decoder=True,
-        synthesizer_components=["random", "vanilla"], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+        synthesizer_components=["random", "vanilla"], hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0))
 
 
 DECODERS: dict[str, tuple[str, Callable[[DecodingSize, int], torch.nn.Module]]] = {
@@ -99,7 +107,8 @@ DECODERS: dict[str, tuple[str, Callable[[DecodingSize, int], torch.nn.Module]]] 
 
 
 class StepClock(LogitsProcessor):
-    """Records the time of every ``generate`` step (it is called once per new token, after that step's forward)."""
+    """Records the time of every ``generate`` step (it is called once per new token, after that step's
+    forward)."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
@@ -111,9 +120,11 @@ class StepClock(LogitsProcessor):
         return scores
 
 
-def time_generate(model: torch.nn.Module, batch: int, context: int, new_tokens: int, seed: int = 0) -> dict[str, Any]:
-    """Greedy ``generate`` of ``new_tokens`` (end of sequence never stops it) after a random prompt of ``context``
-    tokens per row (on the model's device): ``{prefill_s, step_ms (median), steps, tokens_per_s}``."""
+def time_generate(model: torch.nn.Module, batch: int, context: int, new_tokens: int,
+                  seed: int = 0) -> dict[str, Any]:
+    """Greedy ``generate`` of ``new_tokens`` (end of sequence never stops it) after a random prompt of
+    ``context`` tokens per row (on the model's device): ``{prefill_s, step_ms (median), steps,
+    tokens_per_s}``."""
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(1, model.config.vocab_size, (batch, context), generator=generator, device="cpu")
     prompt = prompt.to(next(model.parameters()).device)
@@ -121,7 +132,8 @@ def time_generate(model: torch.nn.Module, batch: int, context: int, new_tokens: 
     started = time.perf_counter()
     with torch.no_grad():
         model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
-                       min_new_tokens=new_tokens, do_sample=False, logits_processor=LogitsProcessorList([clock]),
+                       min_new_tokens=new_tokens, do_sample=False,
+                       logits_processor=LogitsProcessorList([clock]),
                        pad_token_id=0)
     steps = [b - a for a, b in zip(clock.times, clock.times[1:])]
     step = statistics.median(steps)
@@ -133,8 +145,8 @@ def measure(names: Sequence[str], batches: Sequence[int], contexts: Sequence[int
             size: DecodingSize = DecodingSize(), log: Callable[[str], None] = print, device: str = "cpu",
             dtype: torch.dtype | None = None) -> list[dict[str, Any]]:
     """One row per model × batch × context (``time_generate``), each model built once for the longest sequence
-    (on ``device``, its weights cast to ``dtype`` when given), after one short warm-up generation; rows carry the
-    model's parameter count without embeddings."""
+    (on ``device``, its weights cast to ``dtype`` when given), after one short warm-up generation; rows carry
+    the model's parameter count without embeddings."""
     rows = []
     longest = max(contexts) + new_tokens
     for name in names:

@@ -1,31 +1,33 @@
-"""Training loops side by side: ``pretrain``'s loop (``training/pretrain.py``, accelerate) against transformers'
-``Trainer`` on the same model, data, batch and optimizer settings, in tokens per second (issue 23).
+"""Training loops side by side: ``pretrain``'s loop (``training/pretrain.py``, accelerate) against
+transformers' ``Trainer`` on the same model, data, batch and optimizer settings, in tokens per second (issue
+23).
 
 What both loops get (built from ``pretrain``'s own pieces, so that they can only differ in the loop):
 
 - the model: the family config from the embedded WordPiece tokenizer (``causal_tokenizer`` for CLM) with the
-  bench preset's widths and dropout 0, built by ``build_lm_model`` right after ``set_seed(seed)``, as ``pretrain``
-  builds it: the same initial weights;
+  bench preset's widths and dropout 0, built by ``build_lm_model`` right after ``set_seed(seed)``, as
+  ``pretrain`` builds it: the same initial weights;
 - the data: the embedded corpus cut into blocks by ``group_into_blocks``, read through ``IndexedBlocks`` and
-  ``collate_blocks`` in ``EpochShuffleSampler``'s order (the ``Trainer``'s sampler is replaced by it); CLM labels
-  are the input ids; MLM inputs and targets come from ``mask_tokens`` seeded per block with
+  ``collate_blocks`` in ``EpochShuffleSampler``'s order (the ``Trainer``'s sampler is replaced by it); CLM
+  labels are the input ids; MLM inputs and targets come from ``mask_tokens`` seeded per block with
   ``mix_seed(seed, epoch, block)`` as ``pretrain`` seeds them;
 - AdamW with ``PretrainArguments``' values (learning rate, betas, ε, weight decay on matrices only: the
   ``Trainer``'s decay set is replaced by the same one), clipping, a linear schedule, the same number of steps;
-  no evaluation, checkpoint, log row or progress bar inside the timed steps (``pretrain`` logs and evaluates once,
-  after its last step; the ``Trainer`` logs nothing); one process on CPU.
+  no evaluation, checkpoint, log row or progress bar inside the timed steps (``pretrain`` logs and evaluates
+  once, after its last step; the ``Trainer`` logs nothing); one process on CPU.
 
-The ``Trainer`` keeps everything else of its own: its optimizer choice (``adamw_torch_fused`` with torch ≥ 2.8),
-its loop, callbacks and accelerate wrapping. ``pretrain`` applies an MLM head to the masked positions only
-(``TargetOnlyMLMLoss``: same loss and gradients), the ``Trainer`` the model's full head: the MLM ratio includes
-that, the CLM ratio is the loop alone.
+The ``Trainer`` keeps everything else of its own: its optimizer choice (``adamw_torch_fused`` with torch ≥
+2.8), its loop, callbacks and accelerate wrapping. ``pretrain`` applies an MLM head to the masked positions
+only (``TargetOnlyMLMLoss``: same loss and gradients), the ``Trainer`` the model's full head: the MLM ratio
+includes that, the CLM ratio is the loop alone.
 
-Timing (``StepClock``): a global optimizer post-step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``)
-records the wall and process CPU clocks after every optimizer step, in both loops alike, so a step is the same
-interval on both sides: from the end of one optimizer step to the end of the next (book-keeping, data loading,
-forward, backward, clipping, AdamW). Setup (tokenization, model, accelerate) and the first ``warmup_steps`` steps
-are not timed. A run's value is its mean time per timed step (tokens/s = tokens per step ÷ that); a round runs
-every loop once, in an order rotated each round (``measure_loops``).
+Timing (``StepClock``): a global optimizer post-step hook
+(``torch.optim.optimizer.register_optimizer_step_post_hook``) records the wall and process CPU clocks after
+every optimizer step, in both loops alike, so a step is the same interval on both sides: from the end of one
+optimizer step to the end of the next (book-keeping, data loading, forward, backward, clipping, AdamW). Setup
+(tokenization, model, accelerate) and the first ``warmup_steps`` steps are not timed. A run's value is its
+mean time per timed step (tokens/s = tokens per step ÷ that); a round runs every loop once, in an order
+rotated each round (``measure_loops``).
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ class LoopJob:
         size = self.size
         return PretrainArguments(
             output_dir=output_dir, model_type=LOOP_MODEL_TYPE, objective=self.objective,
-            config_overrides=dict(self.model), max_seq_length=size.length, per_device_train_batch_size=size.batch_size,
+            config_overrides=dict(self.model), max_seq_length=size.length,
+            per_device_train_batch_size=size.batch_size,
             max_train_steps=size.steps, logging_steps=size.steps, max_eval_samples=1, disable_tqdm=True,
             seed=self.seed, overwrite_output_dir=True,
         )
@@ -90,8 +93,8 @@ class LoopJob:
 
 @dataclass
 class LoopRun:
-    """What one run of a loop measured: mean seconds per timed step on both clocks, the mean training loss over
-    all its steps, the optimizer steps it made and the model's parameter count."""
+    """What one run of a loop measured: mean seconds per timed step on both clocks, the mean training loss
+    over all its steps, the optimizer steps it made and the model's parameter count."""
 
     wall: float
     cpu: float
@@ -129,8 +132,8 @@ class StepClock:
         """Mean (wall, CPU) seconds of the steps after the first ``warmup_steps`` (≥ 1)."""
         timed = len(self.stamps) - warmup_steps
         if warmup_steps < 1 or timed < 1:
-            raise RuntimeError(f"{len(self.stamps)} optimizer steps recorded: too few for {warmup_steps} warm-up "
-                               "step(s) and one timed step.")
+            raise RuntimeError(f"{len(self.stamps)} optimizer steps recorded: too few for {warmup_steps} "
+                               "warm-up step(s) and one timed step.")
         (wall0, cpu0), (wall1, cpu1) = self.stamps[warmup_steps - 1], self.stamps[-1]
         return (wall1 - wall0) / timed, (cpu1 - cpu0) / timed
 
@@ -190,7 +193,8 @@ def trainer_data(objective: str, model: tuple[tuple[str, Any], ...], length: int
     tokenizer = load_tokenizer(None)
     if objective == "clm":
         tokenizer = causal_tokenizer(tokenizer)
-    config = build_config(LOOP_MODEL_TYPE, config_overrides=dict(model), tokenizer=tokenizer, max_seq_length=length)
+    config = build_config(LOOP_MODEL_TYPE, config_overrides=dict(model), tokenizer=tokenizer,
+                          max_seq_length=length)
     with quiet_progress():
         raw = load_text_datasets(None, None)
         eos = tokenizer.eos_token_id if objective == "clm" else None
@@ -200,8 +204,8 @@ def trainer_data(objective: str, model: tuple[tuple[str, Any], ...], length: int
 
 def block_collator(job: LoopJob, data: LoopData,
                    probability: float) -> Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]:
-    """Batches of ``input_ids`` and ``labels`` as ``pretrain`` makes them (``micro_batch_inputs``; MLM: masks of
-    ``probability``, epoch 0, which ``check_one_epoch`` guarantees)."""
+    """Batches of ``input_ids`` and ``labels`` as ``pretrain`` makes them (``micro_batch_inputs``; MLM: masks
+    of ``probability``, epoch 0, which ``check_one_epoch`` guarantees)."""
     special = special_token_ids(data.tokenizer)
 
     def collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -219,17 +223,19 @@ def block_collator(job: LoopJob, data: LoopData,
 
 
 def check_one_epoch(job: LoopJob, blocks: int) -> None:
-    """``ValueError`` unless the run stays within the first epoch (the MLM collator seeds masks for epoch 0)."""
+    """``ValueError`` unless the run stays within the first epoch (the MLM collator seeds masks for epoch
+    0)."""
     if job.size.steps * job.size.batch_size > blocks:
-        raise ValueError(f"{job.size.steps} steps of {job.size.batch_size} blocks need more than the {blocks} "
-                         "training blocks of one epoch.")
+        raise ValueError(f"{job.size.steps} steps of {job.size.batch_size} blocks need more than the "
+                         f"{blocks} training blocks of one epoch.")
 
 
 def training_arguments(args: PretrainArguments, folder: str) -> TrainingArguments:
-    """The ``Trainer``'s arguments: ``args``' optimizer, schedule, batch, steps and seed; no evaluation, saving,
-    logging, reporting or progress bar; CPU."""
+    """The ``Trainer``'s arguments: ``args``' optimizer, schedule, batch, steps and seed; no evaluation,
+    saving, logging, reporting or progress bar; CPU."""
     return TrainingArguments(
-        output_dir=folder, max_steps=args.max_train_steps, per_device_train_batch_size=args.per_device_train_batch_size,
+        output_dir=folder, max_steps=args.max_train_steps,
+        per_device_train_batch_size=args.per_device_train_batch_size,
         learning_rate=args.learning_rate, weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
         adam_beta2=args.adam_beta2, adam_epsilon=args.adam_epsilon, max_grad_norm=args.max_grad_norm,
         lr_scheduler_type=args.lr_scheduler_type, warmup_steps=args.num_warmup_steps, seed=args.seed,
@@ -248,13 +254,15 @@ def run_trainer(job: LoopJob, folder: str) -> LoopRun:
     set_seed(args.seed)
     with quiet_progress():
         model = build_lm_model(data.config, job.objective)
-    trainer = LoopTrainer(model=model, args=training_arguments(args, folder), train_dataset=IndexedBlocks(data.blocks),
+    trainer = LoopTrainer(model=model, args=training_arguments(args, folder),
+                          train_dataset=IndexedBlocks(data.blocks),
                           data_collator=block_collator(job, data, args.mlm_probability))
     trainer.remove_callback(PrinterCallback)
     with StepClock() as clock:
         output = trainer.train()
     wall, cpu = clock.mean_step(job.size.warmup_steps)
-    return LoopRun(wall, cpu, float(output.training_loss), output.global_step, sum(p.numel() for p in model.parameters()))
+    return LoopRun(wall, cpu, float(output.training_loss), output.global_step,
+                   sum(p.numel() for p in model.parameters()))
 
 
 # ---------------------------------------------------------------------------------------------- rounds
@@ -269,7 +277,8 @@ def run_loop(job: LoopJob) -> LoopRun:
         torch.set_num_threads(threads)
 
 
-def measure_loops(jobs: dict[str, LoopJob], repeats: int, log: Callable[[str], None] = print) -> dict[str, LoopOutcome]:
+def measure_loops(jobs: dict[str, LoopJob], repeats: int,
+                  log: Callable[[str], None] = print) -> dict[str, LoopOutcome]:
     """``repeats`` rounds; each runs every job once (order rotated by one per round). A job that raises is
     reported in its outcome and left out of the later rounds."""
     outcomes = {name: LoopOutcome() for name in jobs}
@@ -280,14 +289,15 @@ def measure_loops(jobs: dict[str, LoopJob], repeats: int, log: Callable[[str], N
             try:
                 run = run_loop(jobs[name])
             except Exception as error:  # noqa: BLE001 - reported in the results, the other loops go on
-                outcomes[name].error = f"round {round_index}: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                outcomes[name].error = (f"round {round_index}: {type(error).__name__}: "
+                                        f"{str(error).splitlines()[0][:200]}")
                 log(f"    {name} FAILED: {outcomes[name].error}")
                 continue
             outcomes[name].runs.append(run)
             size = jobs[name].size
             log(f"    {name:<14} round {round_index + 1}/{repeats}: {1e3 * run.cpu:7.1f} ms CPU, "
-                f"{1e3 * run.wall:7.1f} ms wall per step, {size.tokens_per_step / run.cpu:7.0f} tokens/s (CPU), "
-                f"mean loss {run.train_loss:.4f}")
+                f"{1e3 * run.wall:7.1f} ms wall per step, {size.tokens_per_step / run.cpu:7.0f} tokens/s "
+                f"(CPU), mean loss {run.train_loss:.4f}")
     return outcomes
 
 

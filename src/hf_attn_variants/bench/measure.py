@@ -43,7 +43,8 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def make_step(model: nn.Module, input_ids: torch.Tensor, train: bool, autocast_dtype: torch.dtype | None) -> StepFn:
+def make_step(model: nn.Module, input_ids: torch.Tensor, train: bool,
+              autocast_dtype: torch.dtype | None) -> StepFn:
     """A closure running one forward+backward (``train``) or one no-grad forward of ``model``.
 
     Loss for training: mean of the squared last hidden state (no LM head, so the vocabulary projection does

@@ -1,12 +1,12 @@
-"""The peers ``make bench`` times our GAU against: lucidrains' FLASH-pytorch 0.1.9 (``pip install flash-pytorch``,
-in the lock with einops and rotary-embedding-torch).
+"""The peers ``make bench`` times our GAU against: lucidrains' FLASH-pytorch 0.1.9 (``pip install
+flash-pytorch``, in the lock with einops and rotary-embedding-torch).
 
 Each peer is wrapped as a bare backbone like ours (token ids in, ``last_hidden_state`` out, no vocabulary
-projection): its token embedding, scaled sinusoidal positions, its layers and the LayerNorm of its output head.
-Shapes follow the preset (width d, ``gau_layers`` layers, key size s, e = 2d, chunk g); token shift is off, as in
-our units. The peer keeps its own conventions — scale-norm, a T5 relative-position bias, partial rotary embeddings
-on 32 dimensions, relu² scores divided by the chunk (FLASH) or the padded length (its quadratic ``GAU``); how they
-map onto ours is tested in ``tests/test_peers.py``.
+projection): its token embedding, scaled sinusoidal positions, its layers and the LayerNorm of its output
+head. Shapes follow the preset (width d, ``gau_layers`` layers, key size s, e = 2d, chunk g); token shift is
+off, as in our units. The peer keeps its own conventions — scale-norm, a T5 relative-position bias, partial
+rotary embeddings on 32 dimensions, relu² scores divided by the chunk (FLASH) or the padded length (its
+quadratic ``GAU``); how they map onto ours is tested in ``tests/test_peers.py``.
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ def _flash_pytorch() -> Any:
 
 
 class PeerBackbone(nn.Module):
-    """A peer's embedding, layers and output norm as a bare backbone: ``forward(input_ids)`` → ``last_hidden_state``."""
+    """A peer's embedding, layers and output norm as a bare backbone: ``forward(input_ids)`` →
+    ``last_hidden_state``."""
 
-    def __init__(self, embedding: nn.Embedding, positions: nn.Module, layers: nn.ModuleList, norm: nn.Module) -> None:
+    def __init__(self, embedding: nn.Embedding, positions: nn.Module, layers: nn.ModuleList,
+                 norm: nn.Module) -> None:
         super().__init__()
         self.embedding, self.positions, self.layers, self.norm = embedding, positions, layers, norm
 
@@ -46,24 +48,26 @@ class PeerBackbone(nn.Module):
 
 
 def flash_pytorch_model(p: Any, length: int, *, causal: bool) -> nn.Module:
-    """FLASH-pytorch's ``FLASHTransformer`` (FLASH layers, scale-norm, chunks of ``gau_chunk_size``) at the preset's
-    shapes, token shift off, without its vocabulary projection."""
+    """FLASH-pytorch's ``FLASHTransformer`` (FLASH layers, scale-norm, chunks of ``gau_chunk_size``) at the
+    preset's shapes, token shift off, without its vocabulary projection."""
     peer = _flash_pytorch().FLASHTransformer(
-        dim=p.hidden_size, num_tokens=p.vocab_size, depth=p.gau_layers or p.num_layers, group_size=p.gau_chunk_size,
+        dim=p.hidden_size, num_tokens=p.vocab_size, depth=p.gau_layers or p.num_layers,
+        group_size=p.gau_chunk_size,
         query_key_dim=p.gau_key_size, expansion_factor=2.0, causal=causal, shift_tokens=False,
     )
     return PeerBackbone(peer.token_emb, peer.abs_pos_emb, peer.layers, peer.to_logits[0])
 
 
 def gau_pytorch_model(p: Any, length: int, *, causal: bool) -> nn.Module:
-    """FLASH-pytorch's quadratic ``GAU`` layers (LayerNorm, T5 bias, relu²(q·k / n)) at the preset's shapes, with the
-    ``FLASHTransformer``'s embedding and output norm around them."""
+    """FLASH-pytorch's quadratic ``GAU`` layers (LayerNorm, T5 bias, relu²(q·k / n)) at the preset's shapes,
+    with the ``FLASHTransformer``'s embedding and output norm around them."""
     module = _flash_pytorch()
     layers = nn.ModuleList(
         module.GAU(dim=p.hidden_size, query_key_dim=p.gau_key_size, expansion_factor=2.0, causal=causal)
         for _ in range(p.gau_layers or p.num_layers)
     )
-    return PeerBackbone(nn.Embedding(p.vocab_size, p.hidden_size), module.ScaledSinuEmbedding(p.hidden_size), layers,
+    return PeerBackbone(nn.Embedding(p.vocab_size, p.hidden_size), module.ScaledSinuEmbedding(p.hidden_size),
+                        layers,
                         nn.LayerNorm(p.hidden_size))
 
 

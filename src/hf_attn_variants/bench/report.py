@@ -4,7 +4,7 @@ Every number is computed here from the per-round times, peaks and FLOPs of the r
 (``store.py``); nothing is typed in by hand. ``notes.md`` next to this module holds the static notes
 (design choices, how to read the numbers); its ``{{name}}`` placeholders are filled from the run (the
 before/after tables of the GAU kernels, compile times). The same figures feed the other views of the
-results file (``hf_attn_variants.bench.views``): the README's speed summary and the tables of
+results file (the repository's ``tools/docs_results/bench.py``): the speed summary and the tables of
 docs/gau.md and docs/synthesizer.md, so a figure is quoted with one value everywhere.
 """
 
@@ -38,7 +38,8 @@ class Ratio:
 def paired_ratio(run: BenchRun, variant: str, baseline: str, mode: str, phase: str, length: int,
                  baseline_mode: str | None = None) -> Ratio | None:
     """Ratio of ``variant`` to ``baseline`` step times, paired round by round (primary timer); ``None`` unless
-    both were measured, in the same run (a row merged in by a later partial run pairs only with its own run)."""
+    both were measured, in the same run (a row merged in by a later partial run pairs only with its own
+    run)."""
     a = run.find(variant, mode, phase, length)
     b = run.find(baseline, baseline_mode or mode, phase, length)
     if a is None or b is None or a.status != "ok" or b.status != "ok" or a.merge != b.merge:
@@ -91,7 +92,8 @@ def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- figures
-def speedup(run: BenchRun, fast: str, slow: str, phase: str, length: int, mode: str = "eager") -> Ratio | None:
+def speedup(run: BenchRun, fast: str, slow: str, phase: str, length: int,
+            mode: str = "eager") -> Ratio | None:
     """How many times faster ``fast`` is than ``slow`` (the inverse of their paired ratio)."""
     ratio = paired_ratio(run, fast, slow, mode, phase, length)
     return None if ratio is None else Ratio(1 / ratio.median, 1 / ratio.high, 1 / ratio.low)
@@ -106,12 +108,14 @@ def _merge_mark(*results: Result | None) -> str:
     return "".join(f" [merge {k}]" for k in sorted({r.merge for r in results if r is not None and r.merge}))
 
 
-def _rows(run: BenchRun, variant: str, phase: str, lengths: Iterable[int], mode: str = "eager") -> list[Result | None]:
+def _rows(run: BenchRun, variant: str, phase: str, lengths: Iterable[int],
+          mode: str = "eager") -> list[Result | None]:
     return [run.find(variant, mode, phase, n) for n in lengths]
 
 
 def per_token_growth(run: BenchRun, variant: str, metric: str) -> tuple[int, int, float] | None:
-    """(shortest n, longest n, (value/n at the longest) ÷ (value/n at the shortest)) of fwd+bwd time or peak memory."""
+    """(shortest n, longest n, (value/n at the longest) ÷ (value/n at the shortest)) of fwd+bwd time or peak
+    memory."""
     lengths = [n for n in run.preset.lengths if _ok(run.find(variant, "eager", "train", n))]
     if len(lengths) < 2:
         return None
@@ -126,7 +130,8 @@ def per_token_growth(run: BenchRun, variant: str, metric: str) -> tuple[int, int
 def entropy_invariant_ratios(run: BenchRun) -> list[tuple[str, int, Ratio]]:
     """(label, n, fwd+bwd ratio to the stock SDPA model) of the entropy-invariant encoder and decoder."""
     out = []
-    for variant, baseline, label in (("ei_sdpa", "bert_sdpa", "encoder"), ("ei_decoder_sdpa", "llama_sdpa", "decoder")):
+    for variant, baseline, label in (("ei_sdpa", "bert_sdpa", "encoder"),
+                                     ("ei_decoder_sdpa", "llama_sdpa", "decoder")):
         for n in run.preset.lengths:
             ratio = paired_ratio(run, variant, baseline, "eager", "train", n)
             if ratio is not None:
@@ -145,8 +150,9 @@ def loop_row(run: BenchRun, name: str) -> Result | None:
 
 
 def loop_ratio(run: BenchRun, loop: str, baseline: str) -> Ratio | None:
-    """``loop``'s tokens/s ÷ ``baseline``'s: the median over rounds of (baseline's step time ÷ ``loop``'s), with the
-    smallest and largest round; ``None`` unless both ran, in one run, with the same tokens per step."""
+    """``loop``'s tokens/s ÷ ``baseline``'s: the median over rounds of (baseline's step time ÷ ``loop``'s),
+    with the smallest and largest round; ``None`` unless both ran, in one run, with the same tokens per
+    step."""
     a, b = loop_row(run, loop), loop_row(run, baseline)
     if not (_ok(a) and _ok(b)) or a.length != b.length or a.batch_size != b.batch_size:
         return None
@@ -172,7 +178,8 @@ def targets(run: BenchRun) -> list[Target]:
     small, large = min(lengths), max(lengths)
     for variant, baseline, label in (
         ("ei_sdpa", "bert_sdpa", "entropy_invariant encoder (SDPA) fwd+bwd ≤ 1.05× stock BERT (SDPA)"),
-        ("ei_decoder_sdpa", "llama_sdpa", "entropy_invariant decoder (SDPA) fwd+bwd ≤ 1.05× stock Llama (SDPA)"),
+        ("ei_decoder_sdpa", "llama_sdpa",
+         "entropy_invariant decoder (SDPA) fwd+bwd ≤ 1.05× stock Llama (SDPA)"),
     ):
         for n in lengths:
             rows = [run.find(variant, "eager", "train", n), run.find(baseline, "eager", "train", n)]
@@ -188,7 +195,8 @@ def targets(run: BenchRun) -> list[Target]:
                           f"{growth[2]:.2f}", growth[2] <= 1.3, flash_rows))
     growth = per_token_growth(run, "gau_flash", "memory")
     if growth is not None:
-        out.append(Target(f"GAU FLASH activation memory linear: (peak/n at {growth[1]}) ÷ (peak/n at {growth[0]})",
+        out.append(Target(f"GAU FLASH activation memory linear: (peak/n at {growth[1]}) ÷ (peak/n at "
+                          f"{growth[0]})",
                           f"{growth[2]:.2f}", growth[2] <= 1.3, flash_rows))
     faster = speedup(run, "gau_flash", "gau_quadratic", "train", large)
     if faster is not None:
@@ -228,15 +236,16 @@ def targets(run: BenchRun) -> list[Target]:
     return out
 
 
-PEER_PAIRS = (("gau_flash", "flash_pytorch", "bidirectional"), ("gau_flash_causal", "flash_pytorch_causal", "causal"))
+PEER_PAIRS = (("gau_flash", "flash_pytorch", "bidirectional"),
+              ("gau_flash_causal", "flash_pytorch_causal", "causal"))
 """(ours, the peer, direction) of the peer targets."""
 PEER_TARGET = 0.85
 """The most our FLASH's fwd+bwd time may be of FLASH-pytorch's at equal shapes (issue 24)."""
 
 
 def _peer_targets(run: BenchRun) -> list[Target]:
-    """Our FLASH ≤ 0.85× FLASH-pytorch's fwd+bwd time at n ≥ 2048, at no more peak memory (paired, same run), eager
-    and, where both were compiled at that length, ``torch.compile``d."""
+    """Our FLASH ≤ 0.85× FLASH-pytorch's fwd+bwd time at n ≥ 2048, at no more peak memory (paired, same run),
+    eager and, where both were compiled at that length, ``torch.compile``d."""
     out = []
     for mode in ("eager", "compiled"):
         for ours, peer, direction in PEER_PAIRS:
@@ -250,36 +259,39 @@ def _peer_targets(run: BenchRun) -> list[Target]:
                 met = ratio.median <= PEER_TARGET and mine <= theirs
                 measured = f"{ratio.text()}×; peak {_mib(mine)} vs {_mib(theirs)} MiB"
                 if ratio.median > PEER_TARGET:
-                    measured += (f"; {ratio.median / PEER_TARGET - 1:.0%} above the target time (why: the profile "
-                                 "under \"Where the time goes\" in docs/benchmarks.md)")
-                out.append(Target(f"our FLASH ({direction}{how}) fwd+bwd ≤ {PEER_TARGET}× FLASH-pytorch's time at no "
-                                  f"more peak memory, n = {n}", measured, met, rows))
+                    measured += (f"; {ratio.median / PEER_TARGET - 1:.0%} above the target time (why: the "
+                                 "profile under \"Where the time goes\" in docs/benchmarks.md)")
+                out.append(Target(f"our FLASH ({direction}{how}) fwd+bwd ≤ {PEER_TARGET}× FLASH-pytorch's "
+                                  f"time at no more peak memory, n = {n}", measured, met, rows))
     return out
 
 
 def _equal_parameter_targets(run: BenchRun) -> list[Target]:
-    """FLASH faster than Llama (SDPA) at equal parameters from n = 4096 (fwd+bwd time ratio < 1), and ≥ 2× faster
-    at n = 32768 (ratio ≤ 0.5); paired, same run (issue 24)."""
+    """FLASH faster than Llama (SDPA) at equal parameters from n = 4096 (fwd+bwd time ratio < 1), and ≥ 2×
+    faster at n = 32768 (ratio ≤ 0.5); paired, same run (issue 24)."""
     out = []
     lengths = sorted({r.length for r in run.results if r.variant == "llama_equal_sdpa" and r.length >= 4096})
     for n in lengths:
-        rows = [run.find("gau_flash_causal", "eager", "train", n), run.find("llama_equal_sdpa", "eager", "train", n)]
+        rows = [run.find("gau_flash_causal", "eager", "train", n),
+                run.find("llama_equal_sdpa", "eager", "train", n)]
         ratio = paired_ratio(run, "gau_flash_causal", "llama_equal_sdpa", "eager", "train", n)
         if ratio is None or not all(_ok(r) for r in rows):
             continue
         long = n >= 32768
-        out.append(Target(f"FLASH (causal) fwd+bwd {'≥ 2× faster than' if long else 'faster than'} Llama (SDPA) at "
-                          f"equal parameters, n = {n}", f"{ratio.text()}× Llama's time",
+        out.append(Target(f"FLASH (causal) fwd+bwd {'≥ 2× faster than' if long else 'faster than'} Llama "
+                          f"(SDPA) at equal parameters, n = {n}", f"{ratio.text()}× Llama's time",
                           ratio.median <= 0.5 if long else ratio.median < 1.0, rows))
     return out
 
 
 FLAT_TARGET = 1.2
-"""FLASH's fwd+bwd time per token at long n ÷ at n = 8192, and packed FLASH's time ÷ unpacked at 32768 (issue 38)."""
+"""FLASH's fwd+bwd time per token at long n ÷ at n = 8192, and packed FLASH's time ÷ unpacked at 32768 (issue
+38)."""
 
 
 def per_token_ratio(run: BenchRun, variant: str, short: int, long: int, metric: str = "time") -> float | None:
-    """(value / n at ``long``) ÷ (value / n at ``short``) of ``variant``'s fwd+bwd time (median) or peak memory."""
+    """(value / n at ``long``) ÷ (value / n at ``short``) of ``variant``'s fwd+bwd time (median) or peak
+    memory."""
     rows = [run.find(variant, "eager", "train", n) for n in (short, long)]
     if not all(_ok(r) for r in rows):
         return None
@@ -289,13 +301,15 @@ def per_token_ratio(run: BenchRun, variant: str, short: int, long: int, metric: 
 
 def _long_flash_targets(run: BenchRun) -> list[Target]:
     """Causal FLASH's time per token flat from 8192 to 32768 and to the longest n (≤ ``FLAT_TARGET``×); packed
-    documents at 32768 within ``FLAT_TARGET``× of one sequence, their peak memory linear from 8192 to 32768."""
+    documents at 32768 within ``FLAT_TARGET``× of one sequence, their peak memory linear from 8192 to
+    32768."""
     out = []
     lengths = sorted({r.length for r in run.results if r.variant == "gau_flash_causal" and r.length > 8192})
     for n in [m for m in lengths if m in (32768, lengths[-1])] if lengths else []:
         ratio = per_token_ratio(run, "gau_flash_causal", 8192, n)
         if ratio is not None:
-            out.append(Target(f"FLASH (causal) time per token flat: (t/n at {n}) ÷ (t/n at 8192) ≤ {FLAT_TARGET}",
+            out.append(Target(f"FLASH (causal) time per token flat: (t/n at {n}) ÷ (t/n at 8192) ≤ "
+                              f"{FLAT_TARGET}",
                               f"{ratio:.2f}", ratio <= FLAT_TARGET, _rows(run, "gau_flash_causal", "train",
                                                                           (8192, n))))
     rows = [run.find("gau_flash_causal_packed", "eager", "train", 32768),
@@ -317,8 +331,8 @@ LOOP_TARGET = 0.95
 
 
 def _loop_targets(run: BenchRun) -> list[Target]:
-    """``pretrain``'s loop ≥ 0.95× the ``Trainer``'s tokens/s, per objective; the mean training losses beside it
-    show that both trained the same."""
+    """``pretrain``'s loop ≥ 0.95× the ``Trainer``'s tokens/s, per objective; the mean training losses beside
+    it show that both trained the same."""
     out = []
     for comparison in (c for c in run.comparisons if is_loop(run, c)):
         for name in comparison.variants:
@@ -330,15 +344,16 @@ def _loop_targets(run: BenchRun) -> list[Target]:
             losses = " vs ".join(f"{statistics.median(r.loop['train_loss']):.4f}" for r in rows)
             out.append(Target(
                 f"`pretrain` loop ≥ {LOOP_TARGET}× `Trainer`'s tokens/s, {loop['objective'].upper()}, "
-                f"{loop['batch_size']} × {rows[0].length} tokens per step (mean training loss: ours vs Trainer's)",
+                f"{loop['batch_size']} × {rows[0].length} tokens per step (mean training loss: ours vs "
+                "Trainer's)",
                 "runs differ" if ratio is None else f"{ratio.text()}×; loss {losses}",
                 None if ratio is None else ratio.median >= LOOP_TARGET, rows))
     return out
 
 
 def _compile_targets(run: BenchRun) -> list[Target]:
-    """``torch.compile`` of our families (no graph break, every compiled measurement ran); the peers' graph breaks
-    as a reference row."""
+    """``torch.compile`` of our families (no graph break, every compiled measurement ran); the peers' graph
+    breaks as a reference row."""
     if not run.graph_checks:
         return []
     families = {name: info.get("family") for name, info in run.variants.items()}
@@ -351,33 +366,45 @@ def _compile_targets(run: BenchRun) -> list[Target]:
     out = [Target("`torch.compile(model)` works for every family, no graph breaks", text,
                   not [c for c in ours if c["breaks"] != 0] and not failed, compiled)]
     if peers:
-        text = "; ".join(f"`{c['variant']}`: {c['breaks'] if c['breaks'] is not None else 'failed'} graph breaks"
+        text = "; ".join(f"`{c['variant']}`: {c['breaks'] if c['breaks'] is not None else 'failed'} graph "
+                         "breaks"
                          for c in peers)
         out.append(Target("the peers under `torch.compile` (reference, no target)", text, None))
     return out
 
 
 # ---------------------------------------------------------------------------------------------- sections
+def _gpu(env: dict) -> str:
+    """`` (<GPU name>, CUDA <version>)`` on a GPU, else ``""``."""
+    return f" ({env['gpu']}, CUDA {env['cuda']})" if env.get("gpu") else ""
+
+
+def _environment(variables: dict[str, str]) -> str:
+    """The recorded variables that change numerics (``records.numerics_environment``), as ``NAME=value``."""
+    return ", ".join(f"`{name}={value}`" for name, value in variables.items())
+
+
 def _header(run: BenchRun, source: str, committed: bool) -> list[str]:
     env = run.environment
     command = env.get("command", "hf-attn-variants bench")
     timer = (
-        "process CPU time (`time.process_time`) of single-threaded steps — what a step costs on a core of its "
-        "own; wall-clock medians are listed too"
+        "process CPU time (`time.process_time`) of single-threaded steps — what a step costs on a core of "
+        "its own; wall-clock medians are listed too"
         if run.timer == "cpu"
         else "wall-clock time (`time.perf_counter`, CUDA-synchronised on a GPU)"
     )
     preset = run.preset
     if committed:
         intro = (f"Measured by `{command}` on {env['date']} in {_duration(run.elapsed_s)}; rendered from "
-                 f"`{source}` by `python scripts/render_docs.py`. Do not edit by hand: `make bench` re-measures "
-                 "everything and rewrites the results file; a partial run (`--only`, `--lengths`, `--repeats`) "
-                 "writes its own report under `runs/`, or with `--merge` replaces its rows in the results file, "
-                 "marked [merge k] below. `hf-attn-variants bench --quick` is the smoke test (seconds).")
+                 f"`{source}` by `python tools/render_docs.py`. Do not edit by hand: `make bench` "
+                 "re-measures everything and rewrites the results file; a partial run (`--only`, "
+                 "`--lengths`, `--repeats`) writes its own report under `runs/`, or with `--merge` replaces "
+                 "its rows in the results file, marked [merge k] below. `hf-attn-variants bench --quick` is "
+                 "the smoke test (seconds).")
     else:
-        intro = (f"Measured by `{command}` on {env['date']} in {_duration(run.elapsed_s)}; results in `{source}`. "
-                 "A run of its own: the committed results (docs/results/) and docs/benchmarks.md are unchanged; "
-                 "`--merge` would have replaced their rows with these.")
+        intro = (f"Measured by `{command}` on {env['date']} in {_duration(run.elapsed_s)}; results in "
+                 f"`{source}`. A run of its own: the committed results (docs/results/) and "
+                 "docs/benchmarks.md are unchanged; `--merge` would have replaced their rows with these.")
     versions = f"Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}"
     if env.get("hf_attn_variants"):
         versions += f", hf_attn_variants {env['hf_attn_variants']}"
@@ -385,33 +412,36 @@ def _header(run: BenchRun, source: str, committed: bool) -> list[str]:
         intro,
         "",
         *([("> Smoke test (preset `quick`): tiny models, one round. The numbers and verdicts below only show "
-             "that the pipeline runs; they say nothing about the targets."), ""] if preset.name == "quick" else []),
+             "that the pipeline runs; they say nothing about the targets."), ""] if preset.name == "quick"
+             else []),
         "## Setup",
         "",
         (f"- Machine: {env['cpu']} ({env['cpu_count']} logical CPUs), {env['platform']}; "
-        f"device `{run.device}`{' (' + env['gpu'] + ', CUDA ' + str(env['cuda']) + ')' if env.get('gpu') else ''}; "
-        f"torch.get_num_threads() = {run.threads}; load average (1/5/15 min) {env.get('load_average_start')} at "
-        f"the start, {env.get('load_average_end')} at the end."),
+        f"device `{run.device}`{_gpu(env)}; "
+        f"torch.get_num_threads() = {run.threads}; load average (1/5/15 min) {env.get('load_average_start')} "
+        f"at the start, {env.get('load_average_end')} at the end."),
+        *([f"- Environment: {_environment(env['environment'])}."] if env.get("environment") else []),
         f"- Libraries: {versions}.",
         (f"- Timer: {timer}. Precision: {run.dtype}"
         f"{' (autocast)' if run.dtype != 'float32' else ''}."),
         (f"- Models (preset `{preset.name}`): hidden {preset.hidden_size}, {preset.num_layers} layers, "
         f"{preset.num_heads} heads, FFN {preset.intermediate_size}, batch {preset.batch_size}; GAU key size "
-        f"{preset.gau_key_size}, expansion 2, FLASH chunk {preset.gau_chunk_size}. Bare backbones (no LM head), "
-        "dropout 0, training mode; loss = mean(h²) of the last hidden state. Lengths n = "
+        f"{preset.gau_key_size}, expansion 2, FLASH chunk {preset.gau_chunk_size}. Bare backbones (no LM "
+        "head), dropout 0, training mode; loss = mean(h²) of the last hidden state. Lengths n = "
         f"{', '.join(map(str, preset.lengths))}."),
-        (f"- Protocol: per length, every model is built; one untimed step records its peak memory and one more "
-        "counts its FLOPs (both double as warm-up; a compiled model's first call compiles it); then timed rounds "
-        f"({', '.join(f'{preset.repeats_at(n)} at n = {n}' for n in preset.lengths)}); each round runs every model "
-        "once, in an order rotated each round. Times are medians; a ratio is the "
+        ("- Protocol: per length, every model is built; one untimed step records its peak memory and one "
+        "more counts its FLOPs (both double as warm-up; a compiled model's first call compiles it); then "
+        f"timed rounds ({', '.join(f'{preset.repeats_at(n)} at n = {n}' for n in preset.lengths)}); each "
+        "round runs every model once, in an order rotated each round. Times are medians; a ratio is the "
         "median of the per-round ratios (in brackets: smallest–largest round), so both sides of a ratio saw "
         "the same machine state."),
         ("- Peak memory: tensor memory allocated during one step above what was live before it (activations, "
         "gradients, temporaries; not parameters). CPU: replay of torch.profiler's allocation events; GPU: "
         "`torch.cuda.max_memory_allocated`."),
-        ("- GFLOP/s: FLOPs of the step by `torch.utils.flop_counter`'s formulas (matmuls and attention kernels; "
-        "causal attention counted in full) divided by the median time")
-        + (f"; in brackets the share of the given peak {run.peak_tflops} TFLOP/s (MFU)." if run.peak_tflops else "."),
+        ("- GFLOP/s: FLOPs of the step by `torch.utils.flop_counter`'s formulas (matmuls and attention "
+        "kernels; causal attention counted in full) divided by the median time")
+        + (f"; in brackets the share of the given peak {run.peak_tflops} TFLOP/s (MFU)." if run.peak_tflops
+           else "."),
         "",
     ]
 
@@ -425,8 +455,9 @@ def _merges(run: BenchRun) -> list[str]:
     lines = [
         "## Rows re-measured by partial runs (`--merge`)",
         "",
-        (f"{len(run.replaced)} partial run(s) replaced rows of the run above. Their rows are marked [merge k] in "
-         "every table; a ratio pairs only rows of the same run (\"runs differ\" where its two sides do not)."),
+        (f"{len(run.replaced)} partial run(s) replaced rows of the run above. Their rows are marked [merge "
+         "k] in every table; a ratio pairs only rows of the same run (\"runs differ\" where its two sides do "
+         "not)."),
         "",
     ]
     versions = {k: run.environment.get(k) for k in ("python", "torch", "transformers", "hf_attn_variants")}
@@ -440,12 +471,13 @@ def _merges(run: BenchRun) -> list[str]:
             before = f"{_ms(previous / 1e3)} ms" if isinstance(previous, (int, float)) else previous
             changes.append(f"`{variant}` {mode} {PHASE_SHORT[phase]} n = {n}: {before} → {now}")
         added = [f"`{v}` {mode} {PHASE_SHORT[phase]} n = {n}" for v, mode, phase, n in entry["rows_added"]]
-        other = {name: value for name, value in entry.get("versions", {}).items() if value != versions.get(name)}
+        other = {name: value for name, value in entry.get("versions", {}).items()
+                 if value != versions.get(name)}
         rounds = ", ".join(f"{r} at n = {n}" for n, r in entry["repeats"].items())
         lines.append(
-            f"- **merge {k}**: `{entry['command']}` on {entry['date']} in {_duration(entry['duration_s'])}, load "
-            f"average {entry.get('load_average_start')} at the start, {entry.get('load_average_end')} at the end; "
-            f"timed rounds {rounds}"
+            f"- **merge {k}**: `{entry['command']}` on {entry['date']} in {_duration(entry['duration_s'])}, "
+            f"load average {entry.get('load_average_start')} at the start, {entry.get('load_average_end')} "
+            f"at the end; timed rounds {rounds}"
             + (f"; versions differing from the run above: {other}" if other else "; same versions")
             + ". Replaced (previous → new median): " + ("; ".join(changes) or "nothing")
             + (". Added: " + "; ".join(added) if added else "") + "."
@@ -516,7 +548,8 @@ def _model_table(run: BenchRun, comparison: Comparison) -> list[str]:
 
 
 def _loop_table(run: BenchRun, comparison: Comparison) -> list[str]:
-    """Per training loop: time per optimizer step, tokens/s, its ratio to the baseline loop's, the mean loss."""
+    """Per training loop: time per optimizer step, tokens/s, its ratio to the baseline loop's, the mean
+    loss."""
     rows = []
     for name in (comparison.baseline, *comparison.variants):
         result = loop_row(run, name)
@@ -553,7 +586,8 @@ def _compiled_table(run: BenchRun) -> list[str]:
             name, str(result.length), PHASE_TITLES[result.phase],
             _ms(eager.median(run.timer)) if _ok(eager) else "–",
             _ms(result.median(run.timer)),
-            _ratio_cell(run, result.variant, result.variant, "compiled", result.phase, result.length, "eager"),
+            _ratio_cell(run, result.variant, result.variant, "compiled", result.phase, result.length,
+                        "eager"),
             f"{result.compile_s:.1f}" if result.compile_s is not None else "–",
             f"peak {_mib(result.peak_bytes)} MiB (eager {_mib(eager.peak_bytes) if eager else '–'})",
         ])
@@ -566,7 +600,8 @@ def _compiled_table(run: BenchRun) -> list[str]:
         "\"compile s\" is the wall-clock time of the first call (tracing + code generation; a warm inductor "
         "cache in `/tmp/torchinductor_$USER` makes it much shorter)."),
         "",
-        *_table(["variant", "n", "phase", "eager ms", "compiled ms", "compiled / eager", "compile s", "memory"],
+        *_table(["variant", "n", "phase", "eager ms", "compiled ms", "compiled / eager", "compile s",
+                 "memory"],
                 rows),
         "",
     ]
@@ -599,14 +634,16 @@ def _before_after(run: BenchRun, before: str, after: str) -> str:
     rows = []
     for n in run.preset.lengths:
         cells = [str(n)]
-        results = {(v, phase): run.find(v, "eager", phase, n) for v in (before, after) for phase in ("train", "infer")}
+        results = {(v, phase): run.find(v, "eager", phase, n) for v in (before, after)
+                   for phase in ("train", "infer")}
         if not all(_ok(r) for r in results.values()):
             continue
         for phase in ("train", "infer"):
             b, a = results[before, phase], results[after, phase]
             faster = speedup(run, after, before, phase, n)
             factor = "runs differ" if faster is None else f"{faster.median:.2f}×"
-            cells += [f"{_ms(b.median(run.timer))} → {_ms(a.median(run.timer))} ms ({factor}){_merge_mark(a, b)}",
+            cells += [f"{_ms(b.median(run.timer))} → {_ms(a.median(run.timer))} ms "
+                      f"({factor}){_merge_mark(a, b)}",
                       f"{_mib(b.peak_bytes)} → {_mib(a.peak_bytes)} MiB"]
         rows.append(cells)
     if not rows:
@@ -624,10 +661,10 @@ def _flash_vs_kernels(run: BenchRun) -> str:
         return ""
     peaks = {v: run.find(v, "eager", "train", n).peak_bytes for v in
              ("gau_quadratic_reference", "gau_quadratic", "gau_flash")}
-    return (f"What the kernels did to FLASH's lead at n = {n}: its fwd+bwd step is {_faster(old)} than quadratic GAU "
-            f"through the attention-map path and {_faster(new)} than through the new kernel (same rounds); fwd+bwd "
-            f"peaks: attention-map path {_mib(peaks['gau_quadratic_reference'])} MiB, kernel "
-            f"{_mib(peaks['gau_quadratic'])} MiB, FLASH {_mib(peaks['gau_flash'])} MiB.")
+    return (f"What the kernels did to FLASH's lead at n = {n}: its fwd+bwd step is {_faster(old)} than "
+            f"quadratic GAU through the attention-map path and {_faster(new)} than through the new kernel "
+            f"(same rounds); fwd+bwd peaks: attention-map path {_mib(peaks['gau_quadratic_reference'])} MiB, "
+            f"kernel {_mib(peaks['gau_quadratic'])} MiB, FLASH {_mib(peaks['gau_flash'])} MiB.")
 
 
 def _faster(ratio: Ratio) -> str:
@@ -638,17 +675,20 @@ def _faster(ratio: Ratio) -> str:
 def _compile_times(run: BenchRun) -> str:
     parts = []
     for phase in ("train", "infer"):
-        times = [r.compile_s for r in run.results if r.mode == "compiled" and r.phase == phase and r.compile_s]
+        times = [r.compile_s for r in run.results if r.mode == "compiled" and r.phase == phase
+                 and r.compile_s]
         if times:
             parts.append(f"{min(times):.1f}–{max(times):.1f} s for {PHASE_TITLES[phase].split(' ')[0]}")
     if not parts:
         return "This run timed no compiled model."
-    return f"In this run the first call of a compiled model (compilation included) took {' and '.join(parts)}."
+    return ("In this run the first call of a compiled model (compilation included) took "
+            f"{' and '.join(parts)}.")
 
 
 NOTE_FIELDS: dict[str, Callable[[BenchRun], str]] = {
     "gau_optimisation_relu2": lambda run: _before_after(run, "gau_quadratic_reference", "gau_quadratic"),
-    "gau_optimisation_softmax": lambda run: _before_after(run, "gau_softmax_plus_reference", "gau_softmax_plus"),
+    "gau_optimisation_softmax": lambda run: _before_after(run, "gau_softmax_plus_reference",
+                                                          "gau_softmax_plus"),
     "flash_vs_kernels": _flash_vs_kernels,
     "compile_times": _compile_times,
 }
@@ -686,7 +726,8 @@ def render_report(run: BenchRun, *, source: str, committed: bool, plots: Iterabl
 
 def write_report(run: BenchRun, path: Path, *, source: str, plots: Iterable[Path] = (),
                  title: str = "# Benchmarks") -> Path:
-    """Write the report of a run of its own (not the committed one) to ``path``; plots are linked relative to it."""
+    """Write the report of a run of its own (not the committed one) to ``path``; plots are linked relative to
+    it."""
     links = [_relative(Path(plot), path.parent) for plot in plots]
     body = render_report(run, source=source, committed=False, plots=links)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -703,13 +744,15 @@ def _relative(plot: Path, folder: Path) -> str:
 
 # ---------------------------------------------------------------------------------------------- other views
 def targets_of_run(run: BenchRun) -> str:
-    """The targets table of one (partial) run, under a line saying where, when and by what command it was measured:
-    for a run kept beside the committed report, e.g. on another CPU or oneMKL code path."""
+    """The targets table of one (partial) run, under a line saying where, when and by what command it was
+    measured: for a run kept beside the committed report, e.g. on another CPU or oneMKL code path."""
     env = run.environment
     where = f"{env['cpu']}, {env['cpu_count']} logical CPUs, {run.threads} thread(s)"
-    versions = ", ".join(f"{name} {env[name]}" for name in ("python", "torch", "transformers") if env.get(name))
+    versions = ", ".join(f"{name} {env[name]}" for name in ("python", "torch", "transformers")
+                         if env.get(name))
     body = _targets(run)[2:] or ["*No target was measured in this run.*", ""]
-    return "\n".join([f"*Measured by `{env['command']}` on {env['date']}, on {where} ({versions}).*", "", *body]).rstrip("\n") + "\n"
+    return "\n".join([f"*Measured by `{env['command']}` on {env['date']}, on {where} ({versions}).*", "",
+                      *body]).rstrip("\n") + "\n"
 
 
 def speed_summary(run: BenchRun, report: str = "docs/benchmarks.md") -> str:
@@ -720,32 +763,35 @@ def speed_summary(run: BenchRun, report: str = "docs/benchmarks.md") -> str:
         medians = [r.median for _, _, r in ratios]
         lengths = sorted({n for _, n, _ in ratios})
         met = sum(m <= 1.05 for m in medians)
-        parts.append(f"the entropy-invariant encoder and decoder take {min(medians):.2f}–{max(medians):.2f}× the "
-                     f"fwd+bwd time of stock SDPA models (BERT, Llama) at n = {lengths[0]}–{lengths[-1]} "
+        parts.append(f"the entropy-invariant encoder and decoder take {min(medians):.2f}–{max(medians):.2f}× "
+                     f"the fwd+bwd time of stock SDPA models (BERT, Llama) at n = {lengths[0]}–{lengths[-1]} "
                      f"(target ≤ 1.05×: met at {met} of {len(medians)} lengths)")
     large = max(run.preset.lengths)
     faster = speedup(run, "gau_flash", "gau_quadratic", "train", large)
     growth = per_token_growth(run, "gau_flash", "time")
     if faster is not None:
-        text = (f"FLASH GAU is {faster.median:.2f}× faster than quadratic GAU at {large} tokens" if faster.median >= 1
+        text = (f"FLASH GAU is {faster.median:.2f}× faster than quadratic GAU at {large} tokens"
+                if faster.median >= 1
                 else f"FLASH GAU is {1 / faster.median:.2f}× slower than quadratic GAU at {large} tokens")
         if growth is not None:
-            text += (f" with {'flat' if growth[2] <= 1.3 else 'growing'} time per token (×{growth[2]:.2f} from "
-                     f"{growth[0]} to {growth[1]})")
+            text += (f" with {'flat' if growth[2] <= 1.3 else 'growing'} time per token (×{growth[2]:.2f} "
+                     f"from {growth[0]} to {growth[1]})")
         parts.append(text)
     longest = max((r.length for r in run.results if r.variant == "llama_equal_sdpa" and _ok(r)), default=None)
     faster = speedup(run, "gau_flash_causal", "llama_equal_sdpa", "train", longest) if longest else None
     if faster is not None:
-        parts.append(f"causal FLASH trains {faster.median:.2f}× as fast as Llama (SDPA) at equal parameters at "
-                     f"{longest} tokens")
+        parts.append(f"causal FLASH trains {faster.median:.2f}× as fast as Llama (SDPA) at equal parameters "
+                     f"at {longest} tokens")
     memory = per_token_growth(run, "gau_quadratic", "memory")
     if memory is not None:
-        parts.append(f"quadratic GAU's activation memory per token {'stays flat' if memory[2] <= 1.3 else 'grows'} "
-                     f"too (×{memory[2]:.2f} from {memory[0]} to {memory[1]} tokens)")
+        parts.append("quadratic GAU's activation memory per token "
+                     f"{'stays flat' if memory[2] <= 1.3 else 'grows'} too (×{memory[2]:.2f} from "
+                     f"{memory[0]} to {memory[1]} tokens)")
     small = min(run.preset.lengths)
     faster = speedup(run, "syn_random", "syn_vanilla", "train", small)
     if faster is not None:
-        parts.append(f"the Synthesizer's `random` trains {faster.median:.2f}× faster than `vanilla` at n = {small}")
+        parts.append(f"the Synthesizer's `random` trains {faster.median:.2f}× faster than `vanilla` at n = "
+                     f"{small}")
     prune_n = min(run.preset.prune_lengths)
     faster = speedup(run, "ei_8h_pruned50", "ei_8h", "infer", prune_n)
     if faster is not None:
@@ -761,8 +807,8 @@ def speed_summary(run: BenchRun, report: str = "docs/benchmarks.md") -> str:
 
 
 def _measured_by(run: BenchRun, results: list[Result]) -> str:
-    """Which run measured ``results``: the full run's command, date, CPU, torch and load, or those of the partial
-    run(s) merged into it (``[merge k]``) when rows come from them."""
+    """Which run measured ``results``: the full run's command, date, CPU, torch and load, or those of the
+    partial run(s) merged into it (``[merge k]``) when rows come from them."""
     env = run.environment
     full = (f"`{env.get('command')}`, {env['date']}, {env['cpu']}, torch {env['torch']}, load average "
             f"{env.get('load_average_start')} → {env.get('load_average_end')}")
@@ -770,9 +816,9 @@ def _measured_by(run: BenchRun, results: list[Result]) -> str:
     parts = [] if merges and all(r.merge for r in results) else [full]
     for entry in run.replaced:
         if entry["merge"] in merges:
-            parts.append(f"[merge {entry['merge']}]: `{entry['command']}`, {entry['date']}, {entry['machine']['cpu']}, "
-                         f"torch {entry['versions']['torch']}, load average {entry.get('load_average_start')} → "
-                         f"{entry.get('load_average_end')}")
+            parts.append(f"[merge {entry['merge']}]: `{entry['command']}`, {entry['date']}, "
+                         f"{entry['machine']['cpu']}, torch {entry['versions']['torch']}, load average "
+                         f"{entry.get('load_average_start')} → {entry.get('load_average_end')}")
     return "; ".join(parts)
 
 
@@ -786,7 +832,8 @@ def gau_measurements(run: BenchRun) -> str:
         q, f = run.find("gau_quadratic", "eager", "train", n), run.find("gau_flash", "eager", "train", n)
         faster = speedup(run, "gau_flash", "gau_quadratic", "train", n)
         rows.append([str(n), _ms(q.median(run.timer)), _ms(f.median(run.timer)),
-                     "runs differ" if faster is None else f"{faster.median:.2f}× ({faster.low:.2f}–{faster.high:.2f})"
+                     "runs differ" if faster is None
+                     else f"{faster.median:.2f}× ({faster.low:.2f}–{faster.high:.2f})"
                      + _merge_mark(q, f),
                      _mib(q.peak_bytes), _mib(f.peak_bytes)])
     if not rows:
@@ -795,15 +842,18 @@ def gau_measurements(run: BenchRun) -> str:
     measured = [r for n in lengths for r in (run.find("gau_quadratic", "eager", "train", n),
                                              run.find("gau_flash", "eager", "train", n))]
     lines = [
-        (f"`GAUModel` with hidden {p.hidden_size}, {p.gau_layers or p.num_layers} layers, e = {2 * p.hidden_size}, "
-         f"s = {p.gau_key_size}, relu², batch {p.batch_size}, FLASH chunk g = {p.gau_chunk_size}; forward + backward "
-         "of loss = mean of the squared last hidden state. These are the `gau_quadratic` and `gau_flash` rows of "
-         f"[benchmarks.md](benchmarks.md) ({_measured_by(run, measured)}): "
-         f"{clock}, median of {', '.join(f'{p.repeats_at(n)}' for n in lengths)} interleaved rounds at n = "
+        (f"`GAUModel` with hidden {p.hidden_size}, {p.gau_layers or p.num_layers} layers, e = "
+         f"{2 * p.hidden_size}, s = {p.gau_key_size}, relu², batch {p.batch_size}, FLASH chunk g = "
+         f"{p.gau_chunk_size}; forward + backward of loss = mean of the squared last hidden state. These are "
+         "the `gau_quadratic` and `gau_flash` rows of [benchmarks.md](benchmarks.md) "
+         f"({_measured_by(run, measured)}): {clock}, median of "
+         f"{', '.join(f'{p.repeats_at(n)}' for n in lengths)} interleaved rounds at n = "
          f"{', '.join(map(str, lengths))}; the ratio is the median of the per-round ratios (smallest–largest "
-         "round). Peak: tensor memory allocated during one fwd+bwd step (activations, gradients, temporaries)."),
+         "round). Peak: tensor memory allocated during one fwd+bwd step (activations, gradients, "
+         "temporaries)."),
         "",
-        *_table(["n", "quadratic fwd+bwd (ms)", "FLASH fwd+bwd (ms)", "quadratic / FLASH", "quadratic peak (MiB)",
+        *_table(["n", "quadratic fwd+bwd (ms)", "FLASH fwd+bwd (ms)", "quadratic / FLASH",
+                 "quadratic peak (MiB)",
                  "FLASH peak (MiB)"], rows),
     ]
     if len(lengths) >= 2:
@@ -813,20 +863,22 @@ def gau_measurements(run: BenchRun) -> str:
             x, y = run.find(name, "eager", "train", a), run.find(name, "eager", "train", b)
             growth[name] = (y.median(run.timer) / x.median(run.timer), y.peak_bytes / x.peak_bytes)
         linear = growth["gau_quadratic"][1] <= 1.3 * b / a
-        lines += ["", (f"From {a} to {b} tokens ({b / a:g}×) FLASH's time grows {growth['gau_flash'][0]:.1f}× and "
-                       f"its peak {growth['gau_flash'][1]:.1f}×; quadratic GAU's time grows "
-                       f"{growth['gau_quadratic'][0]:.1f}× (its n² terms) and its peak "
+        lines += ["", (f"From {a} to {b} tokens ({b / a:g}×) FLASH's time grows "
+                       f"{growth['gau_flash'][0]:.1f}× and its peak {growth['gau_flash'][1]:.1f}×; quadratic "
+                       f"GAU's time grows {growth['gau_quadratic'][0]:.1f}× (its n² terms) and its peak "
                        f"{growth['gau_quadratic'][1]:.1f}×"
-                       + (" (linear too: above 16 MiB of scores the blocked kernel keeps no n×n tensor for backward)."
+                       + (" (linear too: above 16 MiB of scores the blocked kernel keeps no n×n tensor for "
+                          "backward)."
                           if linear else "."))]
     first = speedup(run, "gau_flash", "gau_quadratic", "train", lengths[0])
     if first is not None and first.median < 1:
-        lines += ["", (f"At n = {lengths[0]} ({lengths[0] // p.gau_chunk_size} chunks) FLASH has little to skip and "
-                       "its linear-attention summaries cost a little more than they save.")]
+        lines += ["", (f"At n = {lengths[0]} ({lengths[0] // p.gau_chunk_size} chunks) FLASH has little to "
+                       "skip and its linear-attention summaries cost a little more than they save.")]
     return "\n".join(lines)
 
 
-SYNTHESIZER_ORDER = ("syn_vanilla", "syn_dense", "syn_random", "syn_factorized_dense", "syn_factorized_random",
+SYNTHESIZER_ORDER = ("syn_vanilla", "syn_dense", "syn_random", "syn_factorized_dense",
+                     "syn_factorized_random",
                      "syn_random_vanilla")
 
 
@@ -856,14 +908,16 @@ def synthesizer_measurements(run: BenchRun) -> str:
         rows.append(cells)
     clock = "single-threaded process CPU time" if run.timer == "cpu" else "wall-clock time"
     return "\n".join([
-        (f"{p.num_layers} layers, hidden {p.hidden_size}, {p.num_heads} heads, FFN {p.intermediate_size}, l = n, "
-         f"batch {p.batch_size}, `SynthesizerModel` in training mode, loss = mean(h²): the Synthesizer rows of "
-         f"[benchmarks.md](benchmarks.md) (`{env.get('command')}`, {env['date']}, {env['cpu']}, torch {env['torch']}, "
-         f"load average {env.get('load_average_start')} → {env.get('load_average_end')}). Times are {clock}, "
-         f"medians of {', '.join(str(p.repeats_at(n)) for n in lengths)} interleaved rounds at n = "
-         f"{', '.join(map(str, lengths))}; a ratio is the median of the per-round ratios to `vanilla` (smallest–"
-         "largest round). Every variant runs eager (the Synthesizer forms its softmax explicitly; vanilla does not "
-         "use SDPA here); \"–\": not timed at that length (see *Skipped or failed* in benchmarks.md)."),
+        (f"{p.num_layers} layers, hidden {p.hidden_size}, {p.num_heads} heads, FFN {p.intermediate_size}, l "
+         f"= n, batch {p.batch_size}, `SynthesizerModel` in training mode, loss = mean(h²): the Synthesizer "
+         f"rows of [benchmarks.md](benchmarks.md) (`{env.get('command')}`, {env['date']}, {env['cpu']}, "
+         f"torch {env['torch']}, load average {env.get('load_average_start')} → "
+         f"{env.get('load_average_end')}). Times are {clock}, medians of "
+         f"{', '.join(str(p.repeats_at(n)) for n in lengths)} interleaved rounds at n = "
+         f"{', '.join(map(str, lengths))}; a ratio is the median of the per-round ratios to `vanilla` "
+         "(smallest–largest round). Every variant runs eager (the Synthesizer forms its softmax explicitly; "
+         "vanilla does not use SDPA here); \"–\": not timed at that length (see *Skipped or failed* in "
+         "benchmarks.md)."),
         "",
         *_table(header, rows),
     ])

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..results._common import cpu_name
+from ..records import cpu_model, numerics_environment
 from .measure import graph_breaks, make_step, peak_step_memory, time_step, warmup_with_memory_and_flops
 from .specs import (
     LOOP_FAMILY,
@@ -59,8 +59,8 @@ class Result:
     """0: measured by the run that wrote the results file; k > 0: by the k-th partial run merged into it
     (``--merge``, described in ``BenchRun.replaced[k - 1]``). Ratios pair only rows of the same run."""
     loop: dict[str, Any] | None = None
-    """A training loop's row (``bench/loops.py``): loop, objective, sizes and each round's mean training loss; its
-    times are each round's mean time per optimizer step."""
+    """A training loop's row (``bench/loops.py``): loop, objective, sizes and each round's mean training loss;
+    its times are each round's mean time per optimizer step."""
 
     def times(self, timer: str) -> list[float]:
         return self.cpu if timer == "cpu" else self.wall
@@ -91,7 +91,8 @@ class BenchRun:
     peak_tflops: float | None = None
     elapsed_s: float = 0.0
     replaced: list[dict[str, Any]] = field(default_factory=list)
-    """One entry per partial run merged in later (``--merge``): its command, date, load and the rows it replaced."""
+    """One entry per partial run merged in later (``--merge``): its command, date, load and the rows it
+    replaced."""
 
     def find(self, variant: str, mode: str, phase: str, length: int) -> Result | None:
         for result in self.results:
@@ -101,7 +102,7 @@ class BenchRun:
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    """Machine and library versions for the report."""
+    """Machine and library versions for the report, and the environment variables that change numerics."""
     import transformers
 
     env: dict[str, Any] = {
@@ -111,7 +112,8 @@ def environment(device: torch.device) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "hf_attn_variants": _package_version(),
         "platform": platform.platform(),
-        "cpu": cpu_name(),
+        "cpu": cpu_model(),
+        "environment": numerics_environment(),
         "cpu_count": os.cpu_count(),
         "load_average_start": _load_average(),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
@@ -318,15 +320,16 @@ class Runner:
 
     # ------------------------------------------------------------------------------------------ loops
     def _loops(self) -> None:
-        """The training loops (family ``loop``) side by side, ``preset.repeats`` rounds (``bench/loops.py``); on
-        another device than the CPU their rows are skipped."""
+        """The training loops (family ``loop``) side by side, ``preset.repeats`` rounds (``bench/loops.py``);
+        on another device than the CPU their rows are skipped."""
         sides = {name: v for name, v in self.variants.items() if v.family == LOOP_FAMILY}
         if not sides:
             return
         size = loop_size(self.preset)
-        details = {name: {"loop": v.extra["loop"], "objective": v.extra["objective"], "model": LOOP_MODEL_TYPE,
-                          "batch_size": size.batch_size, "steps": size.steps, "warmup_steps": size.warmup_steps,
-                          "tokens_per_step": size.tokens_per_step} for name, v in sides.items()}
+        shared = {"model": LOOP_MODEL_TYPE, "batch_size": size.batch_size, "steps": size.steps,
+                  "warmup_steps": size.warmup_steps, "tokens_per_step": size.tokens_per_step}
+        details = {name: {"loop": v.extra["loop"], "objective": v.extra["objective"], **shared}
+                   for name, v in sides.items()}
         if self.device.type != "cpu":
             for name, v in sides.items():
                 self.run.results.append(Result(name, v.family, "eager", "train", size.length, size.batch_size,
@@ -336,12 +339,14 @@ class Runner:
         from .loops import LoopJob, measure_loops
 
         model = tuple(loop_model(self.preset).items())
-        jobs = {name: LoopJob(v.extra["loop"], v.extra["objective"], model, size) for name, v in sides.items()}
+        jobs = {name: LoopJob(v.extra["loop"], v.extra["objective"], model, size)
+                for name, v in sides.items()}
         self.log(f"training loops: {', '.join(jobs)}; {self.preset.repeats} round(s) of {size.steps} steps "
                  f"({size.warmup_steps} untimed) of {size.batch_size} × {size.length} tokens")
         for name, outcome in measure_loops(jobs, self.preset.repeats, log=self.log).items():
             result = Result(name, LOOP_FAMILY, "eager", "train", size.length, size.batch_size,
-                            loop={**details[name], "train_loss": [round(r.train_loss, 6) for r in outcome.runs]})
+                            loop={**details[name],
+                                  "train_loss": [round(r.train_loss, 6) for r in outcome.runs]})
             result.wall, result.cpu = [r.wall for r in outcome.runs], [r.cpu for r in outcome.runs]
             if outcome.error is not None:
                 result.status, result.reason = "failed", outcome.error

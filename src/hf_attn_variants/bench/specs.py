@@ -16,11 +16,12 @@ Fairness choices (see docs/benchmarks.md):
   two-matrix ``FeedForward`` instead of Llama's gated three-matrix MLP; its intermediate size is 1.5× the
   Llama one so parameters and FLOPs are equal.
 - GAU, Synthesizer: compared within the family (quadratic vs FLASH; ``random`` vs ``vanilla``).
-- Peers: our GAU (FLASH and quadratic, bidirectional and causal) against lucidrains' FLASH-pytorch at the same shapes
-  (``bench/peers.py``).
-- Training loops: ``pretrain``'s loop against transformers' ``Trainer`` on the same model, data, batch and AdamW
-  (``bench/loops.py``). Their "variants" are the two loops (family ``loop``): no model of their own, they run on
-  no length of the preset; ``Runner`` times them after the models, ``LOOP_SIZES`` gives their sizes.
+- Peers: our GAU (FLASH and quadratic, bidirectional and causal) against lucidrains' FLASH-pytorch at the same
+  shapes (``bench/peers.py``).
+- Training loops: ``pretrain``'s loop against transformers' ``Trainer`` on the same model, data, batch and
+  AdamW (``bench/loops.py``). Their "variants" are the two loops (family ``loop``): no model of their own,
+  they run on no length of the preset; ``Runner`` times them after the models, ``LOOP_SIZES`` gives their
+  sizes.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class Preset:
     prune_lengths: tuple[int, ...] = (512,)
     compile_lengths: tuple[int, ...] = (512,)
     equal_parameter_lengths: tuple[int, ...] = ()
-    """Lengths beyond ``lengths`` at which only FLASH and Llama at equal parameters run (``flash_vs_llama``)."""
+    """Lengths beyond ``lengths`` at which only FLASH and Llama at equal parameters run
+    (``flash_vs_llama``)."""
     flash_long_lengths: tuple[int, ...] = ()
     """Lengths beyond those at which causal FLASH alone runs: its time per token, flat out to the longest."""
     repeats: int = 5
@@ -79,7 +81,8 @@ class Preset:
     short_until: int = 512
 
     def repeats_at(self, length: int) -> int:
-        """Timed repeats at ``length``: more for the short, noisy steps, fewer for the longest, slowest ones."""
+        """Timed repeats at ``length``: more for the short, noisy steps, fewer for the longest, slowest
+        ones."""
         if length >= self.long_from:
             return self.long_repeats
         return self.short_repeats if length <= self.short_until else self.repeats
@@ -94,7 +97,8 @@ PRESETS: dict[str, Preset] = {
         "gpu", 768, 12, 12, 3072, (512, 2048, 8192, 32768), vocab_size=30522, gau_layers=24,
         gau_chunk_size=256, synthesizer_max_length=2048,
         quadratic_max_length=8192,
-        prune_heads=12, prune_intermediate_size=3072, prune_lengths=(512, 2048), compile_lengths=(512, 2048, 8192),
+        prune_heads=12, prune_intermediate_size=3072, prune_lengths=(512, 2048),
+        compile_lengths=(512, 2048, 8192),
         repeats=10, long_repeats=5, long_from=32768, short_repeats=20, equal_parameter_lengths=(4096,),
     ),
     # CI smoke test: tiny models and lengths, one repeat, seconds.
@@ -138,9 +142,9 @@ class Variant:
 
 @dataclass(frozen=True)
 class LoopSize:
-    """One run of a training loop in the loop comparison: ``steps`` optimizer steps of ``batch_size`` blocks of
-    ``length`` tokens, the first ``warmup_steps`` untimed (at least one: a step is timed from the end of the one
-    before it)."""
+    """One run of a training loop in the loop comparison: ``steps`` optimizer steps of ``batch_size`` blocks
+    of ``length`` tokens, the first ``warmup_steps`` untimed (at least one: a step is timed from the end of
+    the one before it)."""
 
     length: int = 128
     batch_size: int = 8
@@ -149,7 +153,8 @@ class LoopSize:
 
     def __post_init__(self) -> None:
         if not 1 <= self.warmup_steps < self.steps:
-            raise ValueError(f"LoopSize: need 1 <= warmup_steps < steps, got {self.warmup_steps} and {self.steps}.")
+            raise ValueError(f"LoopSize: need 1 <= warmup_steps < steps, got {self.warmup_steps} and "
+                             f"{self.steps}.")
 
     @property
     def timed_steps(self) -> int:
@@ -176,8 +181,8 @@ def loop_size(preset: Preset) -> LoopSize:
 
 
 def loop_model(preset: Preset) -> dict[str, Any]:
-    """Config overrides of the loop comparison's model: the preset's widths, dropout off (the loops draw dropout
-    masks from different generators; without dropout both compute the same losses)."""
+    """Config overrides of the loop comparison's model: the preset's widths, dropout off (the loops draw
+    dropout masks from different generators; without dropout both compute the same losses)."""
     return {"hidden_size": preset.hidden_size, "num_hidden_layers": preset.num_layers,
             "num_attention_heads": preset.num_heads, "intermediate_size": preset.intermediate_size,
             "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
@@ -196,8 +201,8 @@ class Comparison:
 
 
 # --------------------------------------------------------------------------------------------------
-# Builders: a bare model of a preset for inputs of ``length`` tokens (``Variant.build`` binds preset and options)
-# --------------------------------------------------------------------------------------------------
+# Builders: a bare model of a preset for inputs of ``length`` tokens (``Variant.build`` binds preset and
+# options) --------------------------------------------------------------------------------------------------
 def _longest(p: Preset) -> int:
     """The longest input of ``p``, which learned position tables must cover."""
     return max((*p.lengths, *p.prune_lengths))
@@ -208,8 +213,8 @@ PACKED_DOCUMENT_LENGTH = 512
 
 
 class PackedDocuments(nn.Module):
-    """``model`` fed rows that pack documents of ``document_length`` tokens (``position_ids`` restarting at each,
-    no mask: a packing pipeline's format), so that the bench's steps time the packed path."""
+    """``model`` fed rows that pack documents of ``document_length`` tokens (``position_ids`` restarting at
+    each, no mask: a packing pipeline's format), so that the bench's steps time the packed path."""
 
     def __init__(self, model: nn.Module, document_length: int) -> None:
         super().__init__()
@@ -228,15 +233,18 @@ def packed_flash_model(p: Preset, length: int) -> nn.Module:
 
 
 def _multi_head_fields(p: Preset, heads: int | None = None) -> dict[str, Any]:
-    """The fields BERT, the entropy-invariant models and the Synthesizer share: sizes of ``p``, dropout off."""
+    """The fields BERT, the entropy-invariant models and the Synthesizer share: sizes of ``p``, dropout
+    off."""
     return {
         "vocab_size": p.vocab_size, "hidden_size": p.hidden_size, "num_hidden_layers": p.num_layers,
-        "num_attention_heads": heads or p.num_heads, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "num_attention_heads": heads or p.num_heads, "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
     }
 
 
 def _llama_intermediate(p: Preset) -> int:
-    """Llama's gated MLP width i' with the parameters of a two-matrix FFN of width i: 3·i' ≈ 2·i, a multiple of 8."""
+    """Llama's gated MLP width i' with the parameters of a two-matrix FFN of width i: 3·i' ≈ 2·i, a multiple
+    of 8."""
     return (2 * p.intermediate_size) // 3 // 8 * 8 or 8
 
 
@@ -249,8 +257,8 @@ def bert_model(p: Preset, length: int) -> nn.Module:
 
 def entropy_encoder_model(p: Preset, length: int, *, scale: str, heads: int | None = None,
                           intermediate: int | None = None) -> nn.Module:
-    """``EntropyInvariantModel`` shaped like BERT (learned absolute positions, post-norm LayerNorm, GELU, biases),
-    SDPA, with ``attention_scale=scale`` and optionally other head count / FFN width."""
+    """``EntropyInvariantModel`` shaped like BERT (learned absolute positions, post-norm LayerNorm, GELU,
+    biases), SDPA, with ``attention_scale=scale`` and optionally other head count / FFN width."""
     config = EntropyInvariantConfig(
         **_multi_head_fields(p, heads), intermediate_size=intermediate or p.intermediate_size,
         max_position_embeddings=_longest(p), position_embedding_type="absolute", norm_position="post",
@@ -261,8 +269,8 @@ def entropy_encoder_model(p: Preset, length: int, *, scale: str, heads: int | No
 
 
 def pruned_encoder_model(p: Preset, length: int) -> nn.Module:
-    """The ``prune_heads``-head entropy-invariant encoder with heads 0 … prune_heads/2 − 1 of every layer removed by
-    ``pruning.prune_heads``."""
+    """The ``prune_heads``-head entropy-invariant encoder with heads 0 … prune_heads/2 − 1 of every layer
+    removed by ``pruning.prune_heads``."""
     model = entropy_encoder_model(p, length, scale="entropy_invariant", heads=p.prune_heads,
                                   intermediate=p.prune_intermediate_size)
     half = list(range(p.prune_heads // 2))
@@ -273,15 +281,16 @@ def llama_model(p: Preset, length: int) -> nn.Module:
     """Stock ``LlamaModel`` with SDPA, as many key/value heads as query heads: the decoder baseline."""
     config = LlamaConfig(
         vocab_size=p.vocab_size, hidden_size=p.hidden_size, num_hidden_layers=p.num_layers,
-        num_attention_heads=p.num_heads, num_key_value_heads=p.num_heads, intermediate_size=_llama_intermediate(p),
+        num_attention_heads=p.num_heads, num_key_value_heads=p.num_heads,
+        intermediate_size=_llama_intermediate(p),
         max_position_embeddings=_longest(p), attention_dropout=0.0, attn_implementation="sdpa",
     )
     return LlamaModel(config)
 
 
 def equal_parameter_intermediate(p: Preset) -> int:
-    """The MLP width i that gives ``llama_equal_model`` (L/2 Llama layers: 4d² + 3di + 2d each, a final norm d) the
-    parameters outside the embeddings of the causal FLASH GAU of ``p`` (L GAU layers)."""
+    """The MLP width i that gives ``llama_equal_model`` (L/2 Llama layers: 4d² + 3di + 2d each, a final norm
+    d) the parameters outside the embeddings of the causal FLASH GAU of ``p`` (L GAU layers)."""
     gau = gau_model(p, 0, normalization="relu2", chunk=p.gau_chunk_size, causal=True)
     target = sum(w.numel() for w in gau.parameters()) - gau.get_input_embeddings().weight.numel()
     d, layers = p.hidden_size, max(1, (p.gau_layers or p.num_layers) // 2)
@@ -289,8 +298,8 @@ def equal_parameter_intermediate(p: Preset) -> int:
 
 
 def llama_equal_model(p: Preset, length: int) -> nn.Module:
-    """Stock ``LlamaModel`` (SDPA) with the parameters of the causal FLASH GAU of ``p``: one Llama layer per two GAU
-    layers, as in Hua et al. 2022 (FLASH's Transformer++ baseline), the MLP width from
+    """Stock ``LlamaModel`` (SDPA) with the parameters of the causal FLASH GAU of ``p``: one Llama layer per
+    two GAU layers, as in Hua et al. 2022 (FLASH's Transformer++ baseline), the MLP width from
     ``equal_parameter_intermediate``."""
     config = LlamaConfig(
         vocab_size=p.vocab_size, hidden_size=p.hidden_size,
@@ -303,10 +312,11 @@ def llama_equal_model(p: Preset, length: int) -> nn.Module:
 
 
 def entropy_decoder_model(p: Preset, length: int) -> nn.Module:
-    """``EntropyInvariantModel`` shaped like Llama (RoPE, pre-norm RMSNorm, SiLU, no biases), its two-matrix FFN
-    1.5× Llama's width so parameters and FLOPs are equal."""
+    """``EntropyInvariantModel`` shaped like Llama (RoPE, pre-norm RMSNorm, SiLU, no biases), its two-matrix
+    FFN 1.5× Llama's width so parameters and FLOPs are equal."""
     config = EntropyInvariantConfig(
-        **_multi_head_fields(p), intermediate_size=_llama_intermediate(p) * 3 // 2, max_position_embeddings=_longest(p),
+        **_multi_head_fields(p), intermediate_size=_llama_intermediate(p) * 3 // 2,
+        max_position_embeddings=_longest(p),
         position_embedding_type="rope", norm_position="pre", norm_type="rmsnorm", layer_norm_eps=1e-6,
         hidden_act="silu", use_bias=False, is_decoder=True, attention_scale="entropy_invariant",
         attn_implementation="sdpa",
@@ -316,11 +326,13 @@ def entropy_decoder_model(p: Preset, length: int) -> nn.Module:
 
 def gau_model(p: Preset, length: int, *, normalization: str, chunk: int | None = None,
               kernel: str = "auto", causal: bool = False) -> nn.Module:
-    """``GAUModel`` with ``attention_normalization=normalization``, ``chunk_size=chunk`` and ``gau_kernel=kernel``
-    (``"reference"``: the written-out attention with its n×n map), bidirectional or ``causal``."""
+    """``GAUModel`` with ``attention_normalization=normalization``, ``chunk_size=chunk`` and
+    ``gau_kernel=kernel`` (``"reference"``: the written-out attention with its n×n map), bidirectional or
+    ``causal``."""
     config = GAUConfig(
         vocab_size=p.vocab_size, hidden_size=p.hidden_size, num_hidden_layers=p.gau_layers or p.num_layers,
-        attention_key_size=p.gau_key_size, attention_normalization=normalization, chunk_size=chunk, gau_kernel=kernel,
+        attention_key_size=p.gau_key_size, attention_normalization=normalization, chunk_size=chunk,
+        gau_kernel=kernel,
         max_position_embeddings=max((_longest(p), *p.equal_parameter_lengths, *p.flash_long_lengths)),
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, is_decoder=causal,
     )
@@ -352,7 +364,8 @@ def _encoder_decoder_variants(p: Preset) -> list[Variant]:
     """The stock baselines and the entropy-invariant encoder and decoder measured against them."""
     mid = sorted(p.lengths)[len(p.lengths) // 2] if len(p.lengths) > 2 else max(p.lengths)
     return [
-        Variant("bert_sdpa", "stock", "BertModel, SDPA (stock baseline, encoder)", functools.partial(bert_model, p)),
+        Variant("bert_sdpa", "stock", "BertModel, SDPA (stock baseline, encoder)",
+                functools.partial(bert_model, p)),
         Variant("ei_sdpa", "entropy_invariant",
                 "EntropyInvariantModel, BERT-shaped, attention_scale=entropy_invariant, SDPA",
                 functools.partial(entropy_encoder_model, p, scale="entropy_invariant"), compile=True),
@@ -360,7 +373,8 @@ def _encoder_decoder_variants(p: Preset) -> list[Variant]:
                 "EntropyInvariantModel, BERT-shaped, attention_scale=standard, SDPA (factor off)",
                 functools.partial(entropy_encoder_model, p, scale="standard"), max_length=mid,
                 skip_reason=f"n > {mid}: only a reference for the factor's cost (time budget)"),
-        Variant("llama_sdpa", "stock", "LlamaModel, SDPA (stock baseline, decoder)", functools.partial(llama_model, p),
+        Variant("llama_sdpa", "stock", "LlamaModel, SDPA (stock baseline, decoder)",
+                functools.partial(llama_model, p),
                 causal=True),
         Variant("ei_decoder_sdpa", "entropy_invariant",
                 "EntropyInvariantModel, Llama-shaped decoder, entropy_invariant, SDPA",
@@ -369,11 +383,13 @@ def _encoder_decoder_variants(p: Preset) -> list[Variant]:
 
 
 def _gau_variants(p: Preset) -> list[Variant]:
-    """Quadratic GAU (relu², softmax_plus) and FLASH, and the quadratic ones through ``gau_kernel="reference"``
-    (the written-out attention with its n×n map) for the before/after of the kernels (``gau_optimisation``)."""
+    """Quadratic GAU (relu², softmax_plus) and FLASH, and the quadratic ones through
+    ``gau_kernel="reference"`` (the written-out attention with its n×n map) for the before/after of the
+    kernels (``gau_optimisation``)."""
     quadratic = {
         "max_length": p.quadratic_max_length,
-        "skip_reason": (f"n > {p.quadratic_max_length}: quadratic in time; the longest lengths are for the O(n) paths"
+        "skip_reason": (f"n > {p.quadratic_max_length}: quadratic in time; the longest lengths are for the "
+                        "O(n) paths"
                         if p.quadratic_max_length else ""),
     }
     return [
@@ -386,13 +402,16 @@ def _gau_variants(p: Preset) -> list[Variant]:
         Variant("gau_quadratic_reference", "gau", "GAUModel relu², quadratic, reference path (n×n tensors)",
                 functools.partial(gau_model, p, normalization="relu2", kernel="reference"), **quadratic),
         Variant("gau_softmax_plus_reference", "gau", "GAUModel softmax_plus, quadratic, reference path",
-                functools.partial(gau_model, p, normalization="softmax_plus", kernel="reference"), **quadratic),
+                functools.partial(gau_model, p, normalization="softmax_plus", kernel="reference"),
+                **quadratic),
     ]
 
 
 PEER_VARIANTS: tuple[tuple[str, Callable[..., nn.Module], str, bool], ...] = (
-    ("flash_pytorch", flash_pytorch_model, "FLASH-pytorch 0.1.9 FLASHTransformer (peer), bidirectional", False),
-    ("flash_pytorch_causal", flash_pytorch_model, "FLASH-pytorch 0.1.9 FLASHTransformer (peer), causal", True),
+    ("flash_pytorch", flash_pytorch_model, "FLASH-pytorch 0.1.9 FLASHTransformer (peer), bidirectional",
+     False),
+    ("flash_pytorch_causal", flash_pytorch_model, "FLASH-pytorch 0.1.9 FLASHTransformer (peer), causal",
+     True),
     ("gau_pytorch", gau_pytorch_model, "FLASH-pytorch 0.1.9 quadratic GAU (peer), bidirectional", False),
     ("gau_pytorch_causal", gau_pytorch_model, "FLASH-pytorch 0.1.9 quadratic GAU (peer), causal", True),
 )
@@ -400,10 +419,11 @@ PEER_VARIANTS: tuple[tuple[str, Callable[..., nn.Module], str, bool], ...] = (
 
 
 def _peer_variants(p: Preset) -> list[Variant]:
-    """lucidrains' FLASH-pytorch, FLASH and quadratic, causal and bidirectional, at our GAU's shapes; and the causal
-    GAUs of ours they are compared with (the bidirectional ones are ``_gau_variants``'s)."""
+    """lucidrains' FLASH-pytorch, FLASH and quadratic, causal and bidirectional, at our GAU's shapes; and the
+    causal GAUs of ours they are compared with (the bidirectional ones are ``_gau_variants``'s)."""
     quadratic = {"max_length": p.quadratic_max_length,
-                 "skip_reason": f"n > {p.quadratic_max_length}: quadratic in time" if p.quadratic_max_length else ""}
+                 "skip_reason": f"n > {p.quadratic_max_length}: quadratic in time" if p.quadratic_max_length
+                 else ""}
     peers = [Variant(name, "peer", description, functools.partial(build, p, causal=causal), causal=causal,
                      compile=True, **({} if name.startswith("flash") else quadratic))
              for name, build, description, causal in PEER_VARIANTS]
@@ -413,14 +433,17 @@ def _peer_variants(p: Preset) -> list[Variant]:
                 functools.partial(gau_model, p, normalization="relu2", chunk=p.gau_chunk_size, causal=True),
                 causal=True, compile=True, extra_lengths=(*p.equal_parameter_lengths, *p.flash_long_lengths)),
         Variant("gau_flash_causal_packed", "gau",
-                f"the same FLASH on rows packing documents of {PACKED_DOCUMENT_LENGTH} tokens (position_ids restart)",
+                f"the same FLASH on rows packing documents of {PACKED_DOCUMENT_LENGTH} tokens (position_ids "
+                "restart)",
                 functools.partial(packed_flash_model, p), causal=True,
                 lengths=(8192, 32768), extra_lengths=p.equal_parameter_lengths),
         Variant("llama_equal_sdpa", "stock",
                 "LlamaModel, SDPA, one layer per two GAU layers, MLP width for FLASH's parameter count",
-                functools.partial(llama_equal_model, p), causal=True, extra_lengths=p.equal_parameter_lengths),
+                functools.partial(llama_equal_model, p), causal=True,
+                extra_lengths=p.equal_parameter_lengths),
         Variant("gau_quadratic_causal", "gau", "GAUModel relu² (dynamic L), quadratic, causal",
-                functools.partial(gau_model, p, normalization="relu2", causal=True), causal=True, compile=True,
+                functools.partial(gau_model, p, normalization="relu2", causal=True), causal=True,
+                compile=True,
                 **quadratic),
     ]
 
@@ -429,9 +452,9 @@ def _synthesizer_variants(p: Preset) -> list[Variant]:
     """One Synthesizer per row of ``SYNTHESIZER_VARIANTS``, rebuilt per length (l = n)."""
     shortest = min(p.lengths)
     up_to_limit = (
-        f"n > {p.synthesizer_max_length}: Synthesizer runs stop where the synthesized components must (their learned "
-        "l×l patterns, l = n, hold heads·n² parameters per layer: at n = 8192 with 4 heads 1 GiB of R per layer, "
-        "the same again for its gradient)"
+        f"n > {p.synthesizer_max_length}: Synthesizer runs stop where the synthesized components must (their "
+        "learned l×l patterns, l = n, hold heads·n² parameters per layer: at n = 8192 with 4 heads 1 GiB of "
+        "R per layer, the same again for its gradient)"
     )
     shortest_only = f"n > {shortest}: measured at the shortest length only (time budget)"
     return [
@@ -448,11 +471,13 @@ def _pruning_variants(p: Preset) -> list[Variant]:
     """A ``prune_heads``-head entropy-invariant encoder with and without half of its heads."""
     return [
         Variant("ei_8h", "entropy_invariant",
-                f"EntropyInvariantModel, BERT-shaped, {p.prune_heads} heads, FFN {p.prune_intermediate_size}, SDPA",
+                f"EntropyInvariantModel, BERT-shaped, {p.prune_heads} heads, FFN "
+                f"{p.prune_intermediate_size}, SDPA",
                 functools.partial(entropy_encoder_model, p, scale="entropy_invariant", heads=p.prune_heads,
                                   intermediate=p.prune_intermediate_size), lengths=p.prune_lengths),
         Variant("ei_8h_pruned50", "entropy_invariant",
-                f"the same with heads 0…{p.prune_heads // 2 - 1} of every layer removed by pruning.prune_heads",
+                f"the same with heads 0…{p.prune_heads // 2 - 1} of every layer removed by "
+                "pruning.prune_heads",
                 functools.partial(pruned_encoder_model, p), lengths=p.prune_lengths),
     ]
 
@@ -466,7 +491,8 @@ LOOP_MODEL_TYPE = "entropy_invariant"
 LOOP_VARIANTS: tuple[tuple[str, str, str, str], ...] = (
     ("pretrain_clm", "pretrain", "clm", "`hf-attn-variants pretrain`'s loop (accelerate), CLM"),
     ("trainer_clm", "trainer", "clm", "transformers' `Trainer`, CLM (baseline)"),
-    ("pretrain_mlm", "pretrain", "mlm", "`hf-attn-variants pretrain`'s loop (accelerate), MLM (head on masked rows)"),
+    ("pretrain_mlm", "pretrain", "mlm",
+     "`hf-attn-variants pretrain`'s loop (accelerate), MLM (head on masked rows)"),
     ("trainer_mlm", "trainer", "mlm", "transformers' `Trainer`, MLM, the model's full LM head (baseline)"),
 )
 """(name, loop, objective, description) of the loop comparison's sides (``bench/loops.py``)."""
@@ -477,7 +503,8 @@ def _not_a_model(name: str, length: int) -> nn.Module:
 
 
 def _loop_variants(p: Preset) -> list[Variant]:
-    """Both loops, CLM and MLM: no model to build and no length of the preset (``Runner`` times them apart)."""
+    """Both loops, CLM and MLM: no model to build and no length of the preset (``Runner`` times them
+    apart)."""
     model = f"{LOOP_MODEL_TYPE} {{}} LM, hidden {p.hidden_size}, {p.num_layers} layers, dropout 0"
     return [
         Variant(name, LOOP_FAMILY, f"{description}; {model.format(objective.upper())}",
@@ -496,38 +523,38 @@ def build_variants(preset: Preset) -> dict[str, Variant]:
     return {v.name: v for v in variants}
 
 
-PEER_NOTE = ("lucidrains' FLASH-pytorch 0.1.9 (`bench/peers.py`) at our GAU's shapes (width, layers, key size s, "
-             "e = 2d, chunk g; token shift off), its own conventions kept: scale-norm (FLASH) or LayerNorm (GAU), a "
-             "T5 relative-position bias, partial rotary embeddings. Both compute the same layer once those are "
-             "aligned (tests/test_peers.py).")
+PEER_NOTE = ("lucidrains' FLASH-pytorch 0.1.9 (`bench/peers.py`) at our GAU's shapes (width, layers, key "
+             "size s, e = 2d, chunk g; token shift off), its own conventions kept: scale-norm (FLASH) or "
+             "LayerNorm (GAU), a T5 relative-position bias, partial rotary embeddings. Both compute the same "
+             "layer once those are aligned (tests/test_peers.py).")
 
 EQUAL_PARAMETER_NOTE = (
-    "FLASH's training-speed claim (Hua et al. 2022) is against Transformer++ at equal parameters: a stock `LlamaModel` "
-    "(SDPA, RoPE, gated SiLU MLP) with one layer per two GAU layers and the MLP width that makes its parameters "
-    "outside the embeddings those of our causal FLASH GAU (relu², chunks as in the GAU rows; "
-    "`bench/specs.py:equal_parameter_intermediate`). Besides the preset's lengths, both run at its "
+    "FLASH's training-speed claim (Hua et al. 2022) is against Transformer++ at equal parameters: a stock "
+    "`LlamaModel` (SDPA, RoPE, gated SiLU MLP) with one layer per two GAU layers and the MLP width that "
+    "makes its parameters outside the embeddings those of our causal FLASH GAU (relu², chunks as in the GAU "
+    "rows; `bench/specs.py:equal_parameter_intermediate`). Besides the preset's lengths, both run at its "
     "`equal_parameter_lengths` (CPU: 4096 and 32768), where nothing else runs.")
 
 PACKED_NOTE = (
-    "Rows packing documents of 512 tokens (`position_ids` restarting at each, no mask: `pretrain --packing documents`) "
-    "against the same FLASH on one sequence per row: every document starts on a chunk boundary of its own "
-    "(`gau_kernels.DocumentChunks`) and the linear state is summed per document, so packing stays O(n) "
-    "(issue 38; the earlier path through the n×n matrix took 13.7× the unpacked time at n = 8192).")
+    "Rows packing documents of 512 tokens (`position_ids` restarting at each, no mask: `pretrain --packing "
+    "documents`) against the same FLASH on one sequence per row: every document starts on a chunk boundary "
+    "of its own (`gau_kernels.DocumentChunks`) and the linear state is summed per document, so packing stays "
+    "O(n) (issue 38; the earlier path through the n×n matrix took 13.7× the unpacked time at n = 8192).")
 
 LOOP_NOTE = (
-    "`pretrain` (`pretrain(PretrainArguments(...))`, in process) against transformers' `Trainer` on the same model "
-    "(same config and seed: the same initial weights), the same blocks of the embedded corpus in the same order "
-    "(`EpochShuffleSampler`; CLM labels = input ids), batch, AdamW settings (decay on matrices only in both), "
-    "clipping 1.0, linear schedule and number of steps; no evaluation, checkpoint, log row or progress bar within "
-    "the timed steps; one process, one thread. Both use fused AdamW (the `Trainer`'s own default, "
-    "`adamw_torch_fused` with torch ≥ 2.8; `pretrain`'s since it was measured 3 % slower without it); the `Trainer` "
-    "keeps its loop and callbacks. A step is timed from the end of one optimizer step to the end of the "
-    "next (a global optimizer post-step hook, the same in both loops: book-keeping, data, forward, backward, "
-    "clipping, AdamW); setup, tokenization and the first steps are not. A round runs each loop once (new model and "
-    "loop; order rotated per round); a round's value is its mean step time, tokens/s = tokens per step ÷ that; the "
-    "ratio is the median of the per-round ratios of the Trainer's step time to ours, i.e. our tokens/s ÷ the "
-    "Trainer's (smallest–largest round). The mean training loss over all steps shows that both trained the same: "
-    "it should agree to float rounding (`bench/loops.py`).")
+    "`pretrain` (`pretrain(PretrainArguments(...))`, in process) against transformers' `Trainer` on the same "
+    "model (same config and seed: the same initial weights), the same blocks of the embedded corpus in the "
+    "same order (`EpochShuffleSampler`; CLM labels = input ids), batch, AdamW settings (decay on matrices "
+    "only in both), clipping 1.0, linear schedule and number of steps; no evaluation, checkpoint, log row or "
+    "progress bar within the timed steps; one process, one thread. Both use fused AdamW (the `Trainer`'s own "
+    "default, `adamw_torch_fused` with torch ≥ 2.8; `pretrain`'s since it was measured 3 % slower without "
+    "it); the `Trainer` keeps its loop and callbacks. A step is timed from the end of one optimizer step to "
+    "the end of the next (a global optimizer post-step hook, the same in both loops: book-keeping, data, "
+    "forward, backward, clipping, AdamW); setup, tokenization and the first steps are not. A round runs each "
+    "loop once (new model and loop; order rotated per round); a round's value is its mean step time, "
+    "tokens/s = tokens per step ÷ that; the ratio is the median of the per-round ratios of the Trainer's "
+    "step time to ours, i.e. our tokens/s ÷ the Trainer's (smallest–largest round). The mean training loss "
+    "over all steps shows that both trained the same: it should agree to float rounding (`bench/loops.py`).")
 
 COMPARISONS: tuple[Comparison, ...] = (
     Comparison("encoder", "Encoder: entropy-invariant (SDPA) vs stock BERT (SDPA)", "bert_sdpa",
@@ -538,33 +565,39 @@ COMPARISONS: tuple[Comparison, ...] = (
                ("gau_flash", "gau_softmax_plus")),
     Comparison("peers", "Peer: our FLASH vs FLASH-pytorch's FLASHTransformer, bidirectional", "flash_pytorch",
                ("gau_flash",), note=PEER_NOTE),
-    Comparison("peers_causal", "Peer: our FLASH vs FLASH-pytorch's FLASHTransformer, causal", "flash_pytorch_causal",
+    Comparison("peers_causal", "Peer: our FLASH vs FLASH-pytorch's FLASHTransformer, causal",
+               "flash_pytorch_causal",
                ("gau_flash_causal",), note=PEER_NOTE),
     Comparison("flash_vs_llama", "FLASH GAU vs Llama (SDPA) at equal parameters, causal", "llama_equal_sdpa",
                ("gau_flash_causal",), note=EQUAL_PARAMETER_NOTE),
-    Comparison("flash_packed", "FLASH on packed documents vs one sequence per row, causal", "gau_flash_causal",
+    Comparison("flash_packed", "FLASH on packed documents vs one sequence per row, causal",
+               "gau_flash_causal",
                ("gau_flash_causal_packed",), note=PACKED_NOTE),
-    Comparison("peers_quadratic", "Peer: our quadratic GAU vs FLASH-pytorch's GAU, bidirectional", "gau_pytorch",
+    Comparison("peers_quadratic", "Peer: our quadratic GAU vs FLASH-pytorch's GAU, bidirectional",
+               "gau_pytorch",
                ("gau_quadratic",), note=PEER_NOTE),
     Comparison("peers_quadratic_causal", "Peer: our quadratic GAU vs FLASH-pytorch's GAU, causal",
                "gau_pytorch_causal", ("gau_quadratic_causal",), note=PEER_NOTE),
     Comparison("synthesizer", "Synthesizer components vs vanilla (q·kᵀ) Synthesizer", "syn_vanilla",
-               ("syn_random", "syn_factorized_random", "syn_dense", "syn_factorized_dense", "syn_random_vanilla")),
+               ("syn_random", "syn_factorized_random", "syn_dense", "syn_factorized_dense",
+                "syn_random_vanilla")),
     Comparison("pruning", "50 % head pruning (pruning.prune_heads) vs the unpruned model", "ei_8h",
                ("ei_8h_pruned50",)),
     Comparison("gau_optimisation", "Quadratic GAU kernels vs the attention-map path (before/after)",
                "gau_quadratic_reference", ("gau_quadratic", "gau_softmax_plus_reference", "gau_softmax_plus"),
-               note=("The attention-map code path (`gau_kernel=\"reference\"`, also what `output_attentions=True` runs: the "
-                     "code before the fused and blocked kernels) against the kernels, in the same rounds as every "
-                     "other row: the before/after tables of *Optimisations made for these targets* below.")),
+               note=("The attention-map code path (`gau_kernel=\"reference\"`, also what "
+                     "`output_attentions=True` runs: the code before the fused and blocked kernels) against "
+                     "the kernels, in the same rounds as every other row: the before/after tables of "
+                     "*Optimisations made for these targets* below.")),
     Comparison("loop_clm", "Training loop: `pretrain` vs transformers' `Trainer`, CLM", "trainer_clm",
                ("pretrain_clm",), note=LOOP_NOTE),
     Comparison("loop_mlm", "Training loop: `pretrain` vs transformers' `Trainer`, MLM", "trainer_mlm",
                ("pretrain_mlm",),
-               note=LOOP_NOTE + (" MLM: both draw the same masks (`mask_tokens`, seeded per block as `pretrain` "
-                                 "seeds them); `pretrain` applies the LM head to the masked positions only "
-                                 "(`TargetOnlyMLMLoss`: the same loss and gradients), the `Trainer` to every "
-                                 "position, so this ratio includes that saving; the CLM one is the loop alone.")),
+               note=LOOP_NOTE + (" MLM: both draw the same masks (`mask_tokens`, seeded per block as "
+                                 "`pretrain` seeds them); `pretrain` applies the LM head to the masked "
+                                 "positions only (`TargetOnlyMLMLoss`: the same loss and gradients), the "
+                                 "`Trainer` to every position, so this ratio includes that saving; the CLM "
+                                 "one is the loop alone.")),
 )
 
 

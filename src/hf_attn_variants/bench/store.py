@@ -1,8 +1,8 @@
 """The results file of a benchmark run (results kind ``bench``): ``BenchRun`` ⇄ JSON, and ``--merge``.
 
 A full ``hf-attn-variants bench`` writes ``docs/results/benchmarks-cpu.json`` (``benchmarks-gpu.json`` on
-CUDA); docs/benchmarks.md, the README's speed summary and the tables of docs/gau.md and docs/synthesizer.md
-are views of it (``hf_attn_variants.bench.views``). A partial run (``--only``, ``--lengths``,
+CUDA); docs/benchmarks.md, its speed summary and the tables of docs/gau.md and docs/synthesizer.md are views
+of it (the repository's ``tools/docs_results/bench.py``). A partial run (``--only``, ``--lengths``,
 ``--repeats``…) writes the same format under ``runs/``, or with ``--merge`` replaces the rows it measured
 in the committed file: ``merge_results`` records in ``replaced`` which rows, by which command, when and
 under what load, and tags every row it brought with ``"merge": k``, which the report shows.
@@ -24,7 +24,7 @@ from .runner import BenchRun, Result
 from .specs import COMPARISONS, Comparison, Preset
 
 KIND = "bench"
-"""``hf_attn_variants.bench.views`` renders these files."""
+"""The repository's docs renderer shows these files with ``tools/docs_results/bench.py``."""
 
 SCHEMA = 1
 
@@ -42,6 +42,12 @@ def is_cuda(device: str) -> bool:
 def results_name(device: str) -> str:
     """Name of the committed results file (under docs/results/, without ``.json``) of a device."""
     return "benchmarks-gpu" if is_cuda(device) else "benchmarks-cpu"
+
+
+def committed_results_path(device: str) -> Path:
+    """The committed results file of a device (``--publish``, ``--merge``), relative to the repository
+    root."""
+    return Path("docs") / "results" / f"{results_name(device)}.json"
 
 
 def report_path(device: str) -> Path:
@@ -93,7 +99,9 @@ def to_results(run: BenchRun) -> dict[str, Any]:
         "machine": {
             "cpu": env.get("cpu"), "cpu_count": env.get("cpu_count"), "platform": env.get("platform"),
             "device": run.device, "gpu": env.get("gpu"), "cuda": env.get("cuda"), "threads": run.threads,
-            "load_average_start": env.get("load_average_start"), "load_average_end": env.get("load_average_end"),
+            "load_average_start": env.get("load_average_start"),
+            "load_average_end": env.get("load_average_end"),
+            **({"environment": env["environment"]} if "environment" in env else {}),
         },
         "versions": {k: env.get(k) for k in ("python", "torch", "transformers", "hf_attn_variants")},
         "settings": {"dtype": run.dtype, "timer": run.timer, "peak_tflops": run.peak_tflops,
@@ -133,7 +141,8 @@ def from_results(data: dict[str, Any]) -> BenchRun:
         variant = row["variant"]
         run.results.append(Result(
             variant, data["variants"].get(variant, {}).get("family", ""), row["mode"], row["phase"], row["n"],
-            (row.get("loop") or {}).get("batch_size", preset.batch_size), row["status"], row.get("reason", ""),
+            (row.get("loop") or {}).get("batch_size", preset.batch_size), row["status"],
+            row.get("reason", ""),
             wall=[t / 1e3 for t in row.get("wall_ms", [])], cpu=[t / 1e3 for t in row.get("cpu_ms", [])],
             peak_bytes=row.get("peak_bytes"), flops=row.get("flops"), compile_s=row.get("compile_s"),
             merge=row.get("merge", 0), loop=row.get("loop"),
@@ -142,8 +151,8 @@ def from_results(data: dict[str, Any]) -> BenchRun:
 
 
 def merge_closure(keys: set[str]) -> set[str]:
-    """Comparison keys to re-measure for ``keys`` so that every ratio of the merged file pairs rows of one run:
-    each selected comparison whole, and every comparison sharing a variant with one of them."""
+    """Comparison keys to re-measure for ``keys`` so that every ratio of the merged file pairs rows of one
+    run: each selected comparison whole, and every comparison sharing a variant with one of them."""
     selected = set(keys)
     while True:
         members = {m for c in COMPARISONS if c.key in selected for m in (c.baseline, *c.variants)}
@@ -161,7 +170,8 @@ def _median_ms(row: dict[str, Any], timer: str) -> float | None:
     return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
-_SAME_MODELS = ("name", "hidden_size", "num_layers", "num_heads", "intermediate_size", "batch_size", "vocab_size",
+_SAME_MODELS = ("name", "hidden_size", "num_layers", "num_heads", "intermediate_size", "batch_size",
+                "vocab_size",
                 "gau_layers", "gau_key_size", "gau_chunk_size", "prune_heads", "prune_intermediate_size")
 
 
@@ -185,7 +195,8 @@ def check_compatible(committed: dict[str, Any], *, preset: Preset, device: str, 
 
 
 def merge_results(committed: dict[str, Any], partial: dict[str, Any]) -> dict[str, Any]:
-    """``committed`` with the rows of ``partial`` in place of the ones with the same (variant, mode, phase, n).
+    """``committed`` with the rows of ``partial`` in place of the ones with the same (variant, mode, phase,
+    n).
 
     The new rows carry ``"merge": k`` and ``replaced`` gains entry k: the partial run's command, date,
     duration, load, versions, repeats and lengths, and the rows it replaced (with their previous median on
@@ -230,7 +241,8 @@ def merge_results(committed: dict[str, Any], partial: dict[str, Any]) -> dict[st
         "duration_s": partial["duration_s"],
         "load_average_start": machine.get("load_average_start"),
         "load_average_end": machine.get("load_average_end"),
-        "machine": {k: machine.get(k) for k in ("cpu", "cpu_count", "platform")},
+        "machine": {k: machine.get(k) for k in ("cpu", "cpu_count", "platform", "environment")
+                    if k in machine},
         "versions": partial["versions"],
         "lengths": list(preset.lengths),
         "repeats": {str(n): preset.repeats_at(n) for n in preset.lengths},

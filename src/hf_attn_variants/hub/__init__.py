@@ -7,4 +7,5 @@ from .card import render_model_card
 from .export import ExportArguments, check_export, export
 from .push import PushArguments, PushError, push
 
-__all__ = ["ExportArguments", "PushArguments", "PushError", "check_export", "export", "push", "render_model_card"]
+__all__ = ["ExportArguments", "PushArguments", "PushError", "check_export", "export", "push",
+           "render_model_card"]

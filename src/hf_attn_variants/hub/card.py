@@ -1,5 +1,6 @@
-"""Model cards for exported folders, rendered with ``huggingface_hub.ModelCard`` from ``model_cards/<family>.md``
-(package data next to this module, read through ``importlib.resources``, so a wheel install has them too).
+"""Model cards for exported folders, rendered with ``huggingface_hub.ModelCard`` from
+``model_cards/<family>.md`` (package data next to this module, read through ``importlib.resources``, so a
+wheel install has them too).
 
 The YAML header is a ``ModelCardData``: ``library_name: transformers``, ``pipeline_tag``, tags
 (``custom_code``, the family, the task, ``hf_attn_variants``), ``license`` and ``model-index`` with the
@@ -23,13 +24,16 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..models.compat import MIN_TRANSFORMERS_VERSION
 from ..models.configuration_common import AttnVariantConfig, MultiHeadAttnVariantConfig
+from ..models.standalone import SHARED_FILE, shared_code_sha256
 
 TASKS = {
     # architecture suffix: (pipeline tag, Auto class, task name for model-index)
     "ForMaskedLM": ("fill-mask", "AutoModelForMaskedLM", "Masked language modeling"),
     "ForCausalLM": ("text-generation", "AutoModelForCausalLM", "Causal language modeling"),
-    "ForSequenceClassification": ("text-classification", "AutoModelForSequenceClassification", "Text classification"),
-    "ForTokenClassification": ("token-classification", "AutoModelForTokenClassification", "Token classification"),
+    "ForSequenceClassification": ("text-classification", "AutoModelForSequenceClassification",
+                                  "Text classification"),
+    "ForTokenClassification": ("token-classification", "AutoModelForTokenClassification",
+                               "Token classification"),
     "ForQuestionAnswering": ("question-answering", "AutoModelForQuestionAnswering", "Question answering"),
     "Model": ("feature-extraction", "AutoModel", "Feature extraction"),
 }
@@ -125,7 +129,8 @@ def collect_results(source: Path) -> dict[str, Any]:
     """Metrics and training information stored next to a trained model by pretrain/finetune/demo."""
     metrics = {**_read_json(source, "all_results.json"), **_read_json(source, "eval_results.json")}
     return {
-        "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+        "metrics": {k: v for k, v in metrics.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)},
         "pretrain": _read_json(source, "pretrain_args.json"),
         "task": _read_json(source, "task_config.json"),
         "by_length": _read_json(source, "eval_by_length.json"),
@@ -150,7 +155,8 @@ def _eval_results(model_id: str, task: tuple[str, str, str], results: dict[str, 
             if name in row:
                 out.append(EvalResult(task_type=pipeline_tag, task_name=task_name, dataset_type=dataset,
                                       dataset_name=str(dataset_name)[:120], dataset_split="validation",
-                                      metric_type=name, metric_name=f"validation {name} @ {row['length']} tokens",
+                                      metric_type=name,
+                                      metric_name=f"validation {name} @ {row['length']} tokens",
                                       metric_value=round(float(row[name]), 6)))
     return out
 
@@ -158,7 +164,8 @@ def _eval_results(model_id: str, task: tuple[str, str, str], results: dict[str, 
 def _results_table(results: dict[str, Any]) -> str:
     rows = [(k, round(v, 4) if isinstance(v, float) else v) for k, v in sorted(results["metrics"].items())
             if k.startswith("eval_") and k.removeprefix("eval_") in METRIC_NAMES]
-    text = _markdown_table(rows, ("metric", "value")) if rows else "No evaluation results were stored with the model."
+    text = (_markdown_table(rows, ("metric", "value")) if rows
+            else "No evaluation results were stored with the model.")
     by_length = results["by_length"].get("results", [])
     if by_length:
         train_length = results["by_length"].get("train_length")
@@ -175,25 +182,29 @@ def _training_data(results: dict[str, Any]) -> str:
         keys = ("objective", "max_seq_length", "per_device_train_batch_size", "gradient_accumulation_steps",
                 "learning_rate", "max_train_steps", "num_train_epochs", "lr_scheduler_type", "seed")
         rows = [(k, pre[k]) for k in keys if pre.get(k) is not None]
-        return (f"Pretrained with `hf-attn-variants pretrain` on {pre.get('dataset_description', pre.get('dataset'))} "
-                f"({pre.get('train_blocks', '?')} training blocks).\n\n" + _markdown_table(rows, ("argument", "value")))
+        return ("Pretrained with `hf-attn-variants pretrain` on "
+                f"{pre.get('dataset_description', pre.get('dataset'))} ({pre.get('train_blocks', '?')} "
+                "training blocks).\n\n" + _markdown_table(rows, ("argument", "value")))
     if task:
-        return (f"Finetuned with `hf-attn-variants finetune` ({task.get('task')}) on `{task.get('train_file')}`; "
-                f"labels: {task.get('label_list')}.")
+        return (f"Finetuned with `hf-attn-variants finetune` ({task.get('task')}) on "
+                f"`{task.get('train_file')}`; labels: {task.get('label_list')}.")
     return "Not recorded."
 
 
 def _usage(model_id: str, task: tuple[str, str, str], model_type: str, mask_token: str | None) -> str:
     pipeline_tag, auto_class, _ = task
-    example = {"fill-mask": f'"the {mask_token or "[MASK]"} statement raises an exception."',
-               "text-generation": '"the assert statement"'}.get(pipeline_tag, '"the assert statement is used for debugging."')
+    examples = {"fill-mask": f'"the {mask_token or "[MASK]"} statement raises an exception."',
+                "text-generation": '"the assert statement"'}
+    example = examples.get(pipeline_tag, '"the assert statement is used for debugging."')
     return (
-        f'# pip install torch "transformers>={MIN_TRANSFORMERS_VERSION}"  (nothing else: the model code is in the repo)\n'
+        f'# pip install torch "transformers>={MIN_TRANSFORMERS_VERSION}"  (nothing else: the model code is '
+        'in the repo)\n'
         "from transformers import AutoTokenizer, " + auto_class + ", pipeline\n\n"
         f'pipe = pipeline("{pipeline_tag}", model="{model_id}", trust_remote_code=True)\n'
         f"print(pipe({example}))\n\n"
         f'tokenizer = AutoTokenizer.from_pretrained("{model_id}")\n'
-        f'model = {auto_class}.from_pretrained("{model_id}", trust_remote_code=True)  # {model_type} code from the repo'
+        f'model = {auto_class}.from_pretrained("{model_id}", trust_remote_code=True)  # {model_type} code '
+        'from the repo'
     )
 
 
@@ -241,7 +252,10 @@ def render_model_card(
         training_data=_training_data(results),
         results_table=_results_table(results),
         usage=_usage(model_id, task, config.model_type, mask_token),
+        shared_file=f"{SHARED_FILE}.py",
+        shared_sha256=shared_code_sha256(),
     )
 
 
-__all__ = ["TASKS", "attention_settings", "collect_results", "model_cards_dir", "render_model_card", "template_for"]
+__all__ = ["TASKS", "attention_settings", "collect_results", "model_cards_dir", "render_model_card",
+           "template_for"]

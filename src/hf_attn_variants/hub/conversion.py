@@ -38,7 +38,8 @@ from ..models.configuration_gau import GAUConfig
 from ..models.modeling_gau import GAUForMaskedLM
 
 PORT_NORMALIZATIONS = {"softmax_plus": "softmax_plus", "softmax": "softmax", "squared_relu": "relu2"}
-"""The port's ``normalization`` → ``attention_normalization`` (its squared_relu divides by the row's real keys)."""
+"""The port's ``normalization`` → ``attention_normalization`` (its squared_relu divides by the row's real
+keys)."""
 PORT_BASE_LENGTH = 512
 """softmax_plus's log(n) / log(512) in the port (and bert4keras) is hard-coded to 512."""
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -48,10 +49,13 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "spec
 class ConvertGAUAlphaArguments:
     """Arguments of ``convert-gau-alpha`` (each is also a ``--flag``)."""
 
-    checkpoint: str = field(metadata={"help": "Folder of the gau-alpha port: config.json and pytorch_model.bin or "
-                                              "model.safetensors (and vocab.txt, copied as the tokenizer)."})
-    output_dir: str = field(metadata={"help": "Folder to write the GAUForMaskedLM to (with standalone remote code)."})
-    overwrite: bool = field(default=False, metadata={"help": "Replace output_dir if it exists and is not empty."})
+    checkpoint: str = field(metadata={"help": "Folder of the gau-alpha port: config.json and "
+                                              "pytorch_model.bin or model.safetensors (and vocab.txt, copied "
+                                              "as the tokenizer)."})
+    output_dir: str = field(metadata={"help": "Folder to write the GAUForMaskedLM to (with standalone remote "
+                                              "code)."})
+    overwrite: bool = field(default=False,
+                            metadata={"help": "Replace output_dir if it exists and is not empty."})
 
 
 def interleaved_to_half_split(size: int) -> torch.Tensor:
@@ -64,15 +68,18 @@ def interleaved_to_half_split(size: int) -> torch.Tensor:
 
 
 def gau_config_from_port(port: dict[str, Any]) -> GAUConfig:
-    """The ``GAUConfig`` of a port ``config.json``; ``FlagError`` naming ``checkpoint`` for what cannot be converted."""
+    """The ``GAUConfig`` of a port ``config.json``; ``FlagError`` naming ``checkpoint`` for what cannot be
+    converted."""
     hidden = int(port.get("hidden_size", 768))
     if port.get("embedding_size") not in (None, hidden):
-        raise FlagError("checkpoint", f"embedding_size {port['embedding_size']} != hidden_size {hidden} is not supported.")
+        raise FlagError("checkpoint",
+                        f"embedding_size {port['embedding_size']} != hidden_size {hidden} is not supported.")
     if not port.get("attention_scale", True):
         raise FlagError("checkpoint", "attention_scale=False (logits without 1/√s) is not supported.")
     normalization = port.get("normalization", "softmax_plus")
     if normalization not in PORT_NORMALIZATIONS:
-        raise FlagError("checkpoint", f"normalization {normalization!r} is not one of {tuple(PORT_NORMALIZATIONS)}.")
+        raise FlagError("checkpoint",
+                        f"normalization {normalization!r} is not one of {tuple(PORT_NORMALIZATIONS)}.")
     act = port.get("hidden_act", "swish")
     return GAUConfig.gau_alpha_base(
         vocab_size=int(port.get("vocab_size", 12000)),
@@ -126,7 +133,8 @@ def convert_state_dict(port: dict[str, torch.Tensor], config: GAUConfig) -> dict
             out[prefix + "out_proj.bias"] = take(port_prefix + "o_dense.bias")
     out["lm_head.weight"] = take("cls.predictions.decoder.weight")
     if remaining:
-        raise FlagError("checkpoint", f"the checkpoint has tensors this converter does not know: {sorted(remaining)[:5]}.")
+        raise FlagError("checkpoint",
+                        f"the checkpoint has tensors this converter does not know: {sorted(remaining)[:5]}.")
     return out
 
 
@@ -140,7 +148,8 @@ def read_port_checkpoint(folder: Path) -> tuple[dict[str, Any], dict[str, torch.
     except json.JSONDecodeError as error:
         raise FlagError("checkpoint", f"{config_file} is not valid JSON: {error}.") from error
     if port_config.get("model_type") != "gau_alpha":
-        raise FlagError("checkpoint", f"{config_file} has model_type {port_config.get('model_type')!r}, not 'gau_alpha'.")
+        raise FlagError("checkpoint",
+                        f"{config_file} has model_type {port_config.get('model_type')!r}, not 'gau_alpha'.")
     if (folder / "model.safetensors").is_file():
         from safetensors.torch import load_file
 
@@ -151,7 +160,8 @@ def read_port_checkpoint(folder: Path) -> tuple[dict[str, Any], dict[str, torch.
 
 
 def convert_gau_alpha(args: ConvertGAUAlphaArguments) -> Path:
-    """Convert the port checkpoint in ``args.checkpoint`` and write a ``GAUForMaskedLM`` folder to ``args.output_dir``.
+    """Convert the port checkpoint in ``args.checkpoint`` and write a ``GAUForMaskedLM`` folder to
+    ``args.output_dir``.
 
     Everything is read and checked before anything is written; the folder is assembled under a temporary name
     and renamed, so a failure leaves no half-written output.
@@ -160,13 +170,15 @@ def convert_gau_alpha(args: ConvertGAUAlphaArguments) -> Path:
     output = Path(args.output_dir)
     check_output_dir("output_dir", output)
     if output.exists() and any(output.iterdir()) and not args.overwrite:
-        raise FlagError("output_dir", f"output_dir {str(output)!r} exists and is not empty; pass --overwrite to replace it.")
+        raise FlagError("output_dir", f"output_dir {str(output)!r} exists and is not empty; pass --overwrite "
+                                      "to replace it.")
     port_config, port_state = read_port_checkpoint(source)
     config = gau_config_from_port(port_config)
     model = GAUForMaskedLM(config)
     missing, unexpected = model.load_state_dict(convert_state_dict(port_state, config), strict=False)
     if missing or unexpected:
-        raise FlagError("checkpoint", f"converted tensors do not fit the model: missing {missing}, unexpected {unexpected}.")
+        raise FlagError("checkpoint", f"converted tensors do not fit the model: missing {missing}, "
+                                      f"unexpected {unexpected}.")
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
@@ -191,16 +203,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(namespace: argparse.Namespace) -> int:
     """CLI entry; a bad flag value gives one error line naming it, exit status 2."""
-    from ..cli_utils import dataclasses_from_namespace, fail_flag
+    from ..cli_utils import run_dataclass_command
 
-    try:
-        (args,) = dataclasses_from_namespace(namespace, ConvertGAUAlphaArguments)
-        folder = convert_gau_alpha(args)
-    except FlagError as error:
-        return fail_flag("convert-gau-alpha", error)
-    print(f"Converted {args.checkpoint} → {folder} (GAUForMaskedLM; load it with GAUForMaskedLM.from_pretrained, "
-          "or anywhere with AutoModelForMaskedLM and trust_remote_code=True).")
-    return 0
+    return run_dataclass_command(
+        "convert-gau-alpha", namespace, ConvertGAUAlphaArguments, convert_gau_alpha,
+        lambda args, folder: f"Converted {args.checkpoint} → {folder} (GAUForMaskedLM; load it with "
+                             "GAUForMaskedLM.from_pretrained, or anywhere with AutoModelForMaskedLM and "
+                             "trust_remote_code=True).")
 
 
 __all__ = [

@@ -3,9 +3,9 @@
 Contents: ``config.json`` with ``auto_map`` for AutoConfig and the six Auto classes, the standalone model
 code (``configuration_<family>.py`` and ``modeling_<family>.py``, written by ``save_pretrained`` through
 ``hf_attn_variants.models.standalone``; they run on every Transformers release from 5.0.0 on),
-``model.safetensors`` (no pickle files), the tokenizer, and ``README.md`` (the model card, see ``card.py``); with
-``--sentence_transformers`` the sentence-transformers files (``sentence_transformers.py``), with ``--onnx``
-``onnx/model.onnx`` (``onnx_export.py``). The folder is assembled
+``model.safetensors`` (no pickle files), the tokenizer, and ``README.md`` (the model card, see ``card.py``);
+with ``--sentence_transformers`` the sentence-transformers files (``sentence_transformers.py``), with
+``--onnx`` ``onnx/model.onnx`` (``onnx_export.py``). The folder is assembled
 under a temporary name and renamed into place, so an interrupted export never leaves a half-written folder.
 """
 
@@ -43,29 +43,33 @@ class ExportArguments:
     model_name_or_path: str = field(metadata={"help": "Trained model folder (pretrain/finetune output)."})
     output_dir: str = field(metadata={"help": "Folder to write (the exact content of the Hub repository)."})
     repo_id: str | None = field(
-        default=None, metadata={"help": "Hub id used in the card, e.g. user/name (default: <user>/<folder name>)."}
+        default=None,
+        metadata={"help": "Hub id used in the card, e.g. user/name (default: <user>/<folder name>)."}
     )
-    tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer folder if not in the model's."})
+    tokenizer_name: str | None = field(default=None,
+                                       metadata={"help": "Tokenizer folder if not in the model's."})
     license: str = field(default="apache-2.0", metadata={"help": "License tag of the card."})
     tags: list[str] | None = field(default=None, metadata={"help": "Extra card tags."})
     model_card_template: str | None = field(
-        default=None, metadata={"help": "Jinja template (default: the package's hub/model_cards/<model_type>.md)."}
+        default=None,
+        metadata={"help": "Jinja template (default: the package's hub/model_cards/<model_type>.md)."}
     )
     overwrite: bool = field(default=False, metadata={"help": "Replace output_dir if it exists."})
     sentence_transformers: bool = field(
         default=False,
         metadata={"help": "Also write modules.json, sentence_bert_config.json and 1_Pooling/ so that "
-                          "SentenceTransformer(folder, trust_remote_code=True) loads the folder (docs/clients.md)."},
+                          "SentenceTransformer(folder, trust_remote_code=True) loads the folder "
+                          "(docs/clients.md)."},
     )
     pooling: str | None = field(
         default=None,
-        metadata={"help": "Pooling of --sentence_transformers: mean, cls, max or lasttoken (default: mean for "
-                          "encoders, lasttoken for causal models)."},
+        metadata={"help": "Pooling of --sentence_transformers: mean, cls, max or lasttoken (default: mean "
+                          "for encoders, lasttoken for causal models)."},
     )
     onnx: bool = field(
         default=False,
-        metadata={"help": "Also write onnx/model.onnx (torch.onnx dynamo export, dynamic batch and sequence, without "
-                          "cache; needs onnx and onnxscript)."},
+        metadata={"help": "Also write onnx/model.onnx (torch.onnx dynamo export, dynamic batch and sequence, "
+                          "without cache; needs onnx and onnxscript)."},
     )
 
     def __post_init__(self) -> None:
@@ -73,8 +77,9 @@ class ExportArguments:
         if self.repo_id is not None:
             check_repo_id("repo_id", self.repo_id)
         if not LICENSE_PATTERN.fullmatch(self.license):
-            raise FlagError("license", f"license must be a Hub license identifier such as 'apache-2.0' or 'mit', "
-                                       f"got {self.license!r}.")
+            raise FlagError("license",
+                            f"license must be a Hub license identifier such as 'apache-2.0' or 'mit', "
+                            f"got {self.license!r}.")
         if self.tags is not None and any(not tag.strip() for tag in self.tags):
             raise FlagError("tags", f"tags must be non-empty words, got {self.tags}.")
         if self.pooling is not None:
@@ -83,14 +88,16 @@ class ExportArguments:
             if self.pooling not in POOLING_MODES:
                 raise FlagError("pooling", f"pooling must be one of {POOLING_MODES}, got {self.pooling!r}.")
             if not self.sentence_transformers:
-                raise FlagError("pooling", "pooling applies to --sentence_transformers only; pass that flag too.")
+                raise FlagError("pooling",
+                                "pooling applies to --sentence_transformers only; pass that flag too.")
 
 
 def _model_class(config: object) -> type:
     model_type = config.model_type
     if model_type not in FAMILIES:
-        raise FlagError("model_name_or_path", f"model_name_or_path holds a {model_type!r} model; export writes this "
-                                              f"package's families {tuple(FAMILIES)} only.")
+        raise FlagError("model_name_or_path",
+                        f"model_name_or_path holds a {model_type!r} model; export writes this "
+                        f"package's families {tuple(FAMILIES)} only.")
     classes = FAMILIES[model_type][1]
     architecture = (config.architectures or [""])[0]
     for cls in classes.values():
@@ -109,10 +116,12 @@ def check_paths(args: ExportArguments) -> tuple[Path, Path]:
     if output.resolve() == source.resolve():
         raise FlagError("output_dir", "output_dir must differ from model_name_or_path.")
     if source.resolve().is_relative_to(output.resolve()):
-        raise FlagError("output_dir", f"output_dir {str(output)!r} holds model_name_or_path; exporting there would "
-                                      "replace the model.")
+        raise FlagError("output_dir",
+                        f"output_dir {str(output)!r} holds model_name_or_path; exporting there would "
+                        "replace the model.")
     if output.exists() and any(output.iterdir()) and not args.overwrite:
-        raise FlagError("output_dir", f"output_dir {output} exists and is not empty; pass --overwrite to replace it.")
+        raise FlagError("output_dir",
+                        f"output_dir {output} exists and is not empty; pass --overwrite to replace it.")
     if args.tokenizer_name is not None:
         check_folder("tokenizer_name", args.tokenizer_name, what="tokenizer folder")
     if args.model_card_template is not None:
@@ -121,7 +130,8 @@ def check_paths(args: ExportArguments) -> tuple[Path, Path]:
 
 
 def check_template(path: str) -> None:
-    """``FlagError`` naming ``--model_card_template`` unless ``path`` is a file holding a valid Jinja template."""
+    """``FlagError`` naming ``--model_card_template`` unless ``path`` is a file holding a valid Jinja
+    template."""
     from jinja2 import Environment, TemplateSyntaxError
 
     text = check_file("model_card_template", path).read_text(encoding="utf-8", errors="replace")
@@ -151,8 +161,9 @@ def export(args: ExportArguments) -> Path:
 
         absent = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
         if absent:
-            raise FlagError("onnx", f"--onnx needs the {' and '.join(absent)} package(s), not installed here: "
-                                    "pip install onnx onnxscript onnxruntime")
+            raise FlagError("onnx",
+                            f"--onnx needs the {' and '.join(absent)} package(s), not installed here: "
+                            "pip install onnx onnxscript onnxruntime")
     tokenizer = load_tokenizer(args.tokenizer_name or str(source),
                                flag="tokenizer_name" if args.tokenizer_name else "model_name_or_path")
     with quiet_progress():
@@ -187,29 +198,37 @@ def export(args: ExportArguments) -> Path:
 
 
 def check_export(folder: str | Path) -> None:
-    """Raise ``ValueError`` unless ``folder`` has config with ``auto_map``, safetensors weights, the model code,
-    a tokenizer and a README, and no pickle files."""
+    """Raise ``ValueError`` unless ``folder`` has config with ``auto_map``, safetensors weights, the model
+    code, a tokenizer and a README, and no pickle files."""
     import json
+
+    from transformers.dynamic_module_utils import get_relative_imports
 
     folder = Path(folder)
     names = {p.name for p in folder.iterdir()}
     missing = [n for n in ("config.json", "README.md", "tokenizer_config.json") if n not in names]
     if not any(n.endswith(".safetensors") for n in names):
         missing.append("*.safetensors")
-    model_type = json.loads((folder / "config.json").read_text()).get("model_type") if "config.json" in names else None
+    model_type = (json.loads((folder / "config.json").read_text()).get("model_type") if "config.json" in names
+                  else None)
     code = {f"configuration_{model_type}.py", f"modeling_{model_type}.py"}
     missing += sorted(code - names)
     if missing:
         raise ValueError(f"The export in {folder} lacks {missing}.")
+    # What Transformers copies: the direct relative imports of the files it loads (before 5.10 no others).
+    code |= {f"{name}.py" for file in sorted(code) for name in get_relative_imports(folder / file)}
+    missing = sorted(code - names)
     extra_code = sorted(n for n in names if n.endswith(".py") and n not in code)
-    if extra_code:
+    if missing or extra_code:
         raise ValueError(
-            f"The export in {folder} has code files {extra_code} besides {sorted(code)}; the model code must be "
-            "standalone (Transformers < 5.10 copies only the direct imports of the file it loads)."
+            f"The export in {folder} has code files {sorted(n for n in names if n.endswith('.py'))}, but "
+            f"its model and config files import exactly {sorted(code)}: every imported file must be there, "
+            "and no other."
         )
     pickles = sorted(n for n in names if n.endswith(PICKLE_SUFFIXES))
     if pickles:
-        raise ValueError(f"The export in {folder} holds pickle files {pickles}; only safetensors are allowed.")
+        raise ValueError(f"The export in {folder} holds pickle files {pickles}; only safetensors are "
+                         "allowed.")
     if "auto_map" not in json.loads((folder / "config.json").read_text()):
         raise ValueError(f"{folder}/config.json has no auto_map; trust_remote_code loading would fail.")
 
@@ -223,15 +242,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(namespace: argparse.Namespace) -> int:
     """CLI entry: export and print the folder; a bad flag value gives one error line naming it, exit 2."""
-    from ..cli_utils import dataclasses_from_namespace, fail_flag
+    from ..cli_utils import run_dataclass_command
 
-    try:
-        (args,) = dataclasses_from_namespace(namespace, ExportArguments)
-        folder = export(args)
-    except FlagError as error:
-        return fail_flag("export", error)
-    print(f"Exported {folder} ({', '.join(sorted(p.name for p in folder.iterdir()))}).")
-    return 0
+    return run_dataclass_command(
+        "export", namespace, ExportArguments, export,
+        lambda args, folder: f"Exported {folder} ({', '.join(sorted(p.name for p in folder.iterdir()))}).")
 
 
 __all__ = ["ExportArguments", "add_arguments", "check_export", "check_paths", "export", "run"]

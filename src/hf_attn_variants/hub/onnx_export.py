@@ -2,8 +2,8 @@
 
 The graph comes from ``torch.onnx.export(..., dynamo=True)`` (needs the ``onnx`` and ``onnxscript`` packages;
 ``pip install onnx onnxscript onnxruntime``). Inputs ``input_ids`` and ``attention_mask`` (int64, shape
-``(batch, sequence)``, both axes dynamic; right or left padding through the mask), one output: ``logits`` for a
-model with a head (``…ForMaskedLM``, ``…ForCausalLM``, …), ``last_hidden_state`` for the base model.
+``(batch, sequence)``, both axes dynamic; right or left padding through the mask), one output: ``logits`` for
+a model with a head (``…ForMaskedLM``, ``…ForCausalLM``, …), ``last_hidden_state`` for the base model.
 
 **Without cache**: the graph takes no past keys and returns none, so decoding with it re-runs the whole
 sequence at every step; generation with a cache stays with Transformers' ``generate``.
@@ -32,10 +32,12 @@ class _SingleOutput(torch.nn.Module):
         super().__init__()
         self.model = model
         self.output_name = output_name
-        self.options: dict[str, Any] = {"use_cache": False} if getattr(model.config, "is_decoder", False) else {}
+        is_decoder = getattr(model.config, "is_decoder", False)
+        self.options: dict[str, Any] = {"use_cache": False} if is_decoder else {}
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, **self.options)[self.output_name]
+        return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                          **self.options)[self.output_name]
 
 
 def output_name(model: torch.nn.Module) -> str:
@@ -45,7 +47,8 @@ def output_name(model: torch.nn.Module) -> str:
 
 def export_onnx(model: torch.nn.Module, path: str | Path, *, example_length: int = 8) -> Path:
     """Write ``model`` (eval mode, float32) as one self-contained ONNX file at ``path`` with dynamic batch and
-    sequence axes; returns the path. The Synthesizer's sequence axis is bounded by ``max_position_embeddings``."""
+    sequence axes; returns the path. The Synthesizer's sequence axis is bounded by
+    ``max_position_embeddings``."""
     try:
         import onnxscript  # noqa: F401  (torch.onnx's dynamo exporter needs it)
     except ImportError as error:
@@ -66,7 +69,8 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, example_length: int
     dynamic = {"input_ids": {0: batch, 1: sequence}, "attention_mask": {0: batch, 1: sequence}}
     with torch.no_grad():
         program = torch.onnx.export(
-            _SingleOutput(model, name).eval(), (input_ids, attention_mask), dynamo=True, input_names=list(INPUT_NAMES),
+            _SingleOutput(model, name).eval(), (input_ids, attention_mask), dynamo=True,
+            input_names=list(INPUT_NAMES),
             output_names=[name], dynamic_shapes=dynamic, external_data=False, verbose=False,
         )
     program.save(str(path), external_data=False)

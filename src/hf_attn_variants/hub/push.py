@@ -30,8 +30,10 @@ class PushArguments:
     folder: str = field(metadata={"help": "An exported folder (hf-attn-variants export)."})
     repo_id: str = field(metadata={"help": "Target repository, e.g. user/name."})
     private: bool = field(default=False, metadata={"help": "Create the repository as private."})
-    token: str | None = field(default=None, metadata={"help": "Hub token (default: HF_TOKEN or the stored login)."})
-    commit_message: str = field(default="Upload model exported with hf_attn_variants", metadata={"help": "Commit message."})
+    token: str | None = field(default=None,
+                              metadata={"help": "Hub token (default: HF_TOKEN or the stored login)."})
+    commit_message: str = field(default="Upload model exported with hf_attn_variants",
+                                metadata={"help": "Commit message."})
     revision: str | None = field(default=None, metadata={"help": "Branch to push to (default: main)."})
 
     def __post_init__(self) -> None:
@@ -72,13 +74,14 @@ def push(args: PushArguments) -> str:
     folder = check_folder_is_export(args.folder)
     if _offline():
         raise PushError(
-            f"Nothing was pushed: HF_HUB_OFFLINE is set, so the Hub cannot be reached; the export in {folder} is "
-            "unchanged."
+            "Nothing was pushed: HF_HUB_OFFLINE is set, so the Hub cannot be reached; the export in "
+            f"{folder} is unchanged."
         )
     token = args.token or get_token()
     if not token:
         raise PushError(
-            "Nothing was pushed: no Hugging Face token was found (pass --token, set HF_TOKEN or run `hf auth login`)."
+            "Nothing was pushed: no Hugging Face token was found (pass --token, set HF_TOKEN or run `hf auth "
+            "login`)."
         )
     api = HfApi(token=token)
     try:

@@ -4,9 +4,10 @@
 variants under one budget at a training length L and evaluate each at other lengths (MLM loss and
 accuracy; perplexity for causal models), with several seeds, mixed-length pretraining, JSON/CSV/markdown
 results, PNG plots and resumability; plus Su (2022)'s finetune-at-other-lengths experiment for GAU
-(``finetune_lengths``). ``lengthgen --task passkey|mqar``: the same variants (and position schemes, RoPE or none)
-trained on synthetic retrieval tasks generated from a seed (``tasks``, ``retrieval``, ``retrieval_study``) and scored
-by exact-match accuracy at L … 64L. See docs/length_generalization.md for the studies run with it.
+(``finetune_lengths``). ``lengthgen --task passkey|mqar``: the same variants (and position schemes, RoPE or
+none) trained on synthetic retrieval tasks generated from a seed (``tasks``, ``retrieval``,
+``retrieval_study``) and scored by exact-match accuracy at L … 64L. See docs/length_generalization.md for the
+studies run with it.
 """
 
 from __future__ import annotations

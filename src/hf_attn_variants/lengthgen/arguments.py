@@ -45,20 +45,23 @@ TASK_DEFAULTS: dict[str, Any] = {
     "train_length": 32, "per_device_train_batch_size": 64, "learning_rate": 3e-3, "num_warmup_steps": 50,
     "hidden_dropout_prob": 0.0,
 }
-"""The retrieval tasks' defaults of the same flags (calibrated in docs/length_generalization.md: ``ei_standard`` with
-RoPE learns each task at L within this budget, and the whole study fits about 30 minutes on 2 shared cores)."""
+"""The retrieval tasks' defaults of the same flags (calibrated in docs/length_generalization.md:
+``ei_standard`` with RoPE learns each task at L within this budget, and the whole study fits about 30 minutes
+on 2 shared cores)."""
 TASK_STEPS = {"passkey": 400, "mqar": 500}
 """The retrieval tasks' default ``max_train_steps``."""
 TASK_EVAL_RATIOS = (1, 2, 4, 8, 16, 32, 64)
 """The retrieval tasks' default evaluation lengths, in multiples of L (L … 64L)."""
 QUICK_TASK_SETTINGS: dict[str, Any] = {
-    "train_length": 16, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "max_train_steps": 3,
+    "train_length": 16, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "max_train_steps": 3,
     "per_device_train_batch_size": 4, "num_warmup_steps": 0, "num_kv_pairs": 2, "eval_samples": 4,
 }
 """What ``--quick`` sets for ``--task passkey|mqar`` (eval lengths L, 2L, 4L; variants as for lm)."""
 TASK_ONLY_FIELDS = ("task", "position_embedding_types", "num_kv_pairs", "passkey_digits", "task_vocab_size",
                     "eval_samples", "eval_memory_gib")
-"""Flags of the retrieval tasks only: ``--task lm`` leaves them out of ``run.json`` (as before they existed)."""
+"""Flags of the retrieval tasks only: ``--task lm`` leaves them out of ``run.json`` (as before they
+existed)."""
 LM_ONLY_FLAGS = {"mixed_length": False, "finetune": False, "train_file": None, "validation_file": None}
 """Flags of the language-model study that the retrieval tasks refuse (their value there must be this)."""
 
@@ -72,19 +75,24 @@ class LengthGenArguments:
         default=None, metadata={"help": f"Variant names (default: all of {list(DEFAULT_VARIANTS)}); append "
                                 "'+mixed' to a name for its mixed-length-pretrained copy."})
     task: Literal["lm", "passkey", "mqar"] = field(
-        default="lm", metadata={"help": "lm: language modelling on the corpus (MLM/CLM loss by length); passkey: "
-                                "passkey retrieval; mqar: multi-query associative recall (exact-match accuracy by "
-                                "length; generated from the seed, loss on the answers only, causal LMs)."})
+        default="lm",
+        metadata={"help": "lm: language modelling on the corpus (MLM/CLM loss by length); passkey: "
+                                "passkey retrieval; mqar: multi-query associative recall (exact-match "
+                                "accuracy by length; generated from the seed, loss on the answers only, "
+                                "causal LMs)."})
     train_length: int | None = field(default=None, metadata={"help": "Training length L (tokens per block; "
                                                                "default lm 64, tasks 32)."})
     eval_lengths: list[int] | None = field(
-        default=None, metadata={"help": "Evaluation lengths (default lm: L/4, L/2, L, 2L, 4L, 8L; tasks: L, 2L … 64L)."})
-    max_train_steps: int | None = field(default=None, metadata={"help": "Optimizer steps of every run (default lm "
+        default=None,
+        metadata={"help": "Evaluation lengths (default lm: L/4, L/2, L, 2L, 4L, 8L; tasks: L, 2L … 64L)."})
+    max_train_steps: int | None = field(default=None,
+                                        metadata={"help": "Optimizer steps of every run (default lm "
                                                                    f"{LM_DEFAULTS['max_train_steps']}, tasks "
                                                                    f"{TASK_STEPS})."})
     seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "Seeds; several → mean ± std."})
     mixed_length: bool = field(
-        default=False, metadata={"help": "Also train a mixed-length copy ('+mixed') of every selected variant."})
+        default=False,
+        metadata={"help": "Also train a mixed-length copy ('+mixed') of every selected variant."})
     mixed_length_splits: list[int] = field(
         default_factory=lambda: [1, 2, 4],
         metadata={"help": "Mixed-length pretraining: each batch's L-token blocks are cut into k pieces, "
@@ -95,8 +103,10 @@ class LengthGenArguments:
     num_hidden_layers: int = field(default=2, metadata={"help": "Layers (GAU: gau_layer_factor × this)."})
     num_attention_heads: int = field(default=4, metadata={"help": "Heads of the multi-head variants."})
     intermediate_size: int | None = field(default=None, metadata={"help": "FFN width (default 4·hidden)."})
-    attention_key_size: int | None = field(default=None, metadata={"help": "GAU key size s (default hidden/2)."})
-    gau_layer_factor: int = field(default=2, metadata={"help": "GAU layers per attention+FFN layer (FLASH: 2)."})
+    attention_key_size: int | None = field(default=None,
+                                           metadata={"help": "GAU key size s (default hidden/2)."})
+    gau_layer_factor: int = field(default=2,
+                                  metadata={"help": "GAU layers per attention+FFN layer (FLASH: 2)."})
     synthesizer_length_factor: int = field(
         default=2, metadata={"help": "Synthesizer max_position_embeddings = this × L (longer: n/a)."})
     hidden_dropout_prob: float | None = field(
@@ -105,48 +115,68 @@ class LengthGenArguments:
         default=None, metadata={"help": "Init std of every variant (default: each config's own, 0.02; GAU's "
                                 "projections then follow its gau_init, GAU-α's by default)."})
     per_device_train_batch_size: int | None = field(
-        default=None, metadata={"help": f"Training batch size (default lm {LM_DEFAULTS['per_device_train_batch_size']}, "
+        default=None,
+        metadata={"help": f"Training batch size (default lm {LM_DEFAULTS['per_device_train_batch_size']}, "
                                 f"tasks {TASK_DEFAULTS['per_device_train_batch_size']})."})
     learning_rate: float | None = field(
-        default=None, metadata={"help": f"Peak AdamW learning rate, linear decay (default lm {LM_DEFAULTS['learning_rate']}, "
+        default=None, metadata={"help": "Peak AdamW learning rate, linear decay (default lm "
+                                        f"{LM_DEFAULTS['learning_rate']}, "
                                 f"tasks {TASK_DEFAULTS['learning_rate']})."})
     num_warmup_steps: int | None = field(
         default=None, metadata={"help": f"Warm-up steps (default lm {LM_DEFAULTS['num_warmup_steps']}, tasks "
                                 f"{TASK_DEFAULTS['num_warmup_steps']})."})
     position_embedding_types: list[str] | None = field(
-        default=None, metadata={"help": "Position schemes, a study axis of the tasks: rope and/or none (series "
-                                "'<variant>+nope'; the stock Llama is RoPE only). Default lm: rope; tasks: rope none."})
-    num_kv_pairs: int = field(default=2, metadata={"help": "mqar: key-value pairs per example (all queried)."})
+        default=None,
+        metadata={"help": "Position schemes, a study axis of the tasks: rope and/or none (series "
+                                "'<variant>+nope'; the stock Llama is RoPE only). Default lm: rope; tasks: "
+                                "rope none."})
+    num_kv_pairs: int = field(default=2,
+                              metadata={"help": "mqar: key-value pairs per example (all queried)."})
     passkey_digits: int = field(default=3, metadata={"help": "passkey: digits of the passkey."})
-    task_vocab_size: int = field(default=64, metadata={"help": "Tasks: vocabulary size (4 special tokens, digits or "
+    task_vocab_size: int = field(default=64,
+                                 metadata={"help": "Tasks: vocabulary size (4 special tokens, digits or "
                                                        "keys and values, filler)."})
-    eval_samples: int = field(default=32, metadata={"help": "Tasks: evaluation sequences per length (the same for "
+    eval_samples: int = field(default=32,
+                              metadata={"help": "Tasks: evaluation sequences per length (the same for "
                                                     "every run: seeded by eval_seed)."})
-    eval_memory_gib: float = field(default=24.0, metadata={"help": "Tasks: evaluation batches at each length sized "
+    eval_memory_gib: float = field(default=24.0,
+                                   metadata={"help": "Tasks: evaluation batches at each length sized "
                                                            "to fit this much memory (attention maps)."})
-    train_file: str | None = field(default=None, metadata={"help": "Local text file (default: embedded corpus)."})
+    train_file: str | None = field(default=None,
+                                   metadata={"help": "Local text file (default: embedded corpus)."})
     validation_file: str | None = field(default=None, metadata={"help": "Local validation text file."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N train blocks."})
+    max_train_samples: int | None = field(default=None,
+                                          metadata={"help": "Use only the first N train blocks."})
     eval_batch_size: int = field(default=8, metadata={"help": "Evaluation batch size."})
-    eval_mask_repeats: int = field(default=2, metadata={"help": "MLM: maskings of the validation text pooled."})
-    eval_seed: int = field(default=1234, metadata={"help": "Seed of the evaluation masks (same for all runs)."})
-    max_eval_tokens: int | None = field(default=None, metadata={"help": "Use only the first N validation tokens."})
+    eval_mask_repeats: int = field(default=2,
+                                   metadata={"help": "MLM: maskings of the validation text pooled."})
+    eval_seed: int = field(default=1234,
+                           metadata={"help": "Seed of the evaluation masks (same for all runs)."})
+    max_eval_tokens: int | None = field(default=None,
+                                        metadata={"help": "Use only the first N validation tokens."})
     checkpointing_steps: int | None = field(
-        default=None, metadata={"help": "Checkpoint every N steps so an interrupted run resumes mid-training."})
+        default=None,
+        metadata={"help": "Checkpoint every N steps so an interrupted run resumes mid-training."})
     finetune: bool = field(
-        default=False, metadata={"help": "Afterwards run the finetune-at-other-lengths experiment (GAU variants)."})
+        default=False,
+        metadata={"help": "Afterwards run the finetune-at-other-lengths experiment (GAU variants)."})
     finetune_tasks: list[str] = field(
         default_factory=lambda: ["sequence", "token"],
-        metadata={"help": "Finetune task forms: sequence (classification from [CLS]) and/or token (every word "
+        metadata={"help": "Finetune task forms: sequence (classification from [CLS]) and/or token (every "
+                          "word "
                   "tagged with its snippet's topic)."})
-    finetune_topics: int = field(default=8, metadata={"help": "Finetune task: number of pydoc topics (classes)."})
+    finetune_topics: int = field(default=8,
+                                 metadata={"help": "Finetune task: number of pydoc topics (classes)."})
     finetune_words: int = field(default=12, metadata={"help": "Finetune task: words per snippet."})
     finetune_epochs: float = field(default=3.0, metadata={"help": "Finetune epochs."})
     finetune_learning_rate: float = field(default=1e-3, metadata={"help": "Finetune learning rate."})
     finetune_batch_size: int = field(default=32, metadata={"help": "Finetune batch size."})
-    finetune_max_train_samples: int | None = field(default=None, metadata={"help": "Finetune: first N snippets."})
-    num_threads: int | None = field(default=None, metadata={"help": "torch.set_num_threads (default: torch's)."})
-    quick: bool = field(default=False, metadata={"help": f"Smoke-test sizes: {QUICK_SETTINGS}; default variants "
+    finetune_max_train_samples: int | None = field(default=None,
+                                                   metadata={"help": "Finetune: first N snippets."})
+    num_threads: int | None = field(default=None,
+                                    metadata={"help": "torch.set_num_threads (default: torch's)."})
+    quick: bool = field(default=False,
+                        metadata={"help": f"Smoke-test sizes: {QUICK_SETTINGS}; default variants "
                                                  f"{list(QUICK_VARIANTS)}, eval lengths L/2…4L."})
     disable_tqdm: bool = field(default=False, metadata={"help": "No progress bars."})
     no_plot: bool = field(default=False, metadata={"help": "Skip the PNG plots."})
@@ -174,10 +204,12 @@ class LengthGenArguments:
         if not self.eval_lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 2
                                         for n in self.eval_lengths):
             raise FlagError("eval_lengths",
-                            f"eval_lengths must be a non-empty list of integers >= 2, got {self.eval_lengths}.")
+                            "eval_lengths must be a non-empty list of integers >= 2, got "
+                            f"{self.eval_lengths}.")
         self.eval_lengths = sorted(set(self.eval_lengths))
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise FlagError("seeds", f"seeds must be a non-empty list of distinct integers, got {self.seeds}.")
+            raise FlagError("seeds",
+                            f"seeds must be a non-empty list of distinct integers, got {self.seeds}.")
         for seed in self.seeds:
             check_seed("seeds", seed)
         check_seed("eval_seed", self.eval_seed)
@@ -198,10 +230,11 @@ class LengthGenArguments:
                                                 for k in self.mixed_length_splits)
                 or any(self.train_length % k for k in self.mixed_length_splits)):
             raise FlagError("mixed_length_splits", f"mixed_length_splits must be positive integers dividing "
-                                                   f"train_length={self.train_length}, got {self.mixed_length_splits}.")
+                                                   f"train_length={self.train_length}, got "
+                                                   f"{self.mixed_length_splits}.")
         if not self.finetune_tasks or any(t not in ("sequence", "token") for t in self.finetune_tasks):
-            raise FlagError("finetune_tasks", f"finetune_tasks must be a non-empty list of 'sequence'/'token', "
-                                              f"got {self.finetune_tasks}.")
+            raise FlagError("finetune_tasks", "finetune_tasks must be a non-empty list of "
+                                              f"'sequence'/'token', got {self.finetune_tasks}.")
         if self.objective not in ("mlm", "clm"):
             raise FlagError("objective", f"objective must be one of ('mlm', 'clm'), got {self.objective!r}.")
         check_number("hidden_dropout_prob", self.hidden_dropout_prob, 0, 1, open_high=True)
@@ -210,12 +243,13 @@ class LengthGenArguments:
         for name in ("learning_rate", "finetune_learning_rate", "finetune_epochs"):
             check_number(name, getattr(self, name), 0, open_low=True)
         if self.validation_file is not None and self.train_file is None:
-            raise FlagError("validation_file", "validation_file needs a train_file (without either, the embedded "
-                                               "corpus is used).")
+            raise FlagError("validation_file", "validation_file needs a train_file (without either, the "
+                                               "embedded corpus is used).")
         self._check_task()
 
     def _apply_defaults(self) -> None:
-        """``--quick``'s settings, then the defaults of the flags that depend on ``--task`` where none was given."""
+        """``--quick``'s settings, then the defaults of the flags that depend on ``--task`` where none was
+        given."""
         if self.quick:
             settings = QUICK_TASK_SETTINGS if self.is_task else QUICK_SETTINGS
             for key, value in settings.items():
@@ -226,7 +260,8 @@ class LengthGenArguments:
                 length = self.train_length
                 self.eval_lengths = ([length, 2 * length, 4 * length] if self.is_task
                                      else [length // 2, length, 2 * length, 4 * length])
-        defaults = {**TASK_DEFAULTS, "max_train_steps": TASK_STEPS[self.task]} if self.is_task else LM_DEFAULTS
+        defaults = {**TASK_DEFAULTS,
+                    "max_train_steps": TASK_STEPS[self.task]} if self.is_task else LM_DEFAULTS
         for key, value in defaults.items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
@@ -239,7 +274,8 @@ class LengthGenArguments:
         if (not types or len(set(types)) != len(types) or any(t not in ("rope", "none") for t in types)
                 or (not self.is_task and types != ["rope"])):
             allowed = "distinct values of 'rope', 'none'" if self.is_task else "['rope'] for --task lm"
-            raise FlagError("position_embedding_types", f"position_embedding_types must be {allowed}, got {types}.")
+            raise FlagError("position_embedding_types",
+                            f"position_embedding_types must be {allowed}, got {types}.")
         for name in ("num_kv_pairs", "passkey_digits", "eval_samples"):
             _positive(name, getattr(self, name))
         _positive("task_vocab_size", self.task_vocab_size, 2)
@@ -250,7 +286,8 @@ class LengthGenArguments:
             if getattr(self, name) != default:
                 raise FlagError(name, f"{name} applies to --task lm only, not to --task {self.task}.")
         if any(get_variant(name).mixed_length for name in self.variants):
-            raise FlagError("variants", f"variants: '+mixed' copies apply to --task lm only, not to --task {self.task}.")
+            raise FlagError("variants",
+                            f"variants: '+mixed' copies apply to --task lm only, not to --task {self.task}.")
         for name in self.variants:  # the stock Llama is RoPE only: it runs once, without a '+nope' copy
             if get_variant(name).model_type != "llama":
                 for position in self.position_embedding_types:
@@ -262,16 +299,18 @@ class LengthGenArguments:
         need = min_length(self.task, digits=self.passkey_digits, num_kv_pairs=self.num_kv_pairs)
         if self.train_length < need:
             flag = "passkey_digits" if self.task == "passkey" else "num_kv_pairs"
-            raise FlagError(flag, f"{flag}: one {self.task} example needs {need} tokens, more than train_length="
-                                  f"{self.train_length}; lower --{flag} or raise --train_length.")
+            raise FlagError(flag, f"{flag}: one {self.task} example needs {need} tokens, more than "
+                                  f"train_length={self.train_length}; lower --{flag} or raise "
+                                  "--train_length.")
         if min(self.eval_lengths) < need:
-            raise FlagError("eval_lengths", f"eval_lengths: {min(self.eval_lengths)} is shorter than one {self.task} "
-                                            f"example ({need} tokens).")
+            raise FlagError("eval_lengths", f"eval_lengths: {min(self.eval_lengths)} is shorter than one "
+                                            f"{self.task} example ({need} tokens).")
 
     @property
     def size(self) -> ModelSize:
         """The shared ``ModelSize``."""
-        return ModelSize(self.hidden_size, self.num_hidden_layers, self.num_attention_heads, self.intermediate_size,
+        return ModelSize(self.hidden_size, self.num_hidden_layers, self.num_attention_heads,
+                         self.intermediate_size,
                          self.attention_key_size, self.gau_layer_factor, self.synthesizer_length_factor,
                          self.hidden_dropout_prob, self.initializer_range)
 
@@ -292,7 +331,8 @@ STUDY_FLAG_OF_CONFIG_FIELD = {
 
 
 def _config_error(name: str, error: Exception) -> FlagError:
-    """The ``FlagError`` of a config class's ``ValueError`` for variant ``name``: the study flag that set the field."""
+    """The ``FlagError`` of a config class's ``ValueError`` for variant ``name``: the study flag that set the
+    field."""
     named = names_in_message(str(error), list(STUDY_FLAG_OF_CONFIG_FIELD))
     flag = STUDY_FLAG_OF_CONFIG_FIELD[named[0]] if named else "variants"
     reason = str(error).removeprefix("config_overrides: ")
@@ -339,7 +379,8 @@ def check_study_inputs(args: LengthGenArguments) -> None:
         with quiet_progress():
             raw = load_text_datasets(args.train_file, args.validation_file)
         if not holds_tokens(raw["train"], tokenizer, args.train_length):
-            raise FlagError("train_file", f"train_file holds fewer than train_length={args.train_length} tokens.")
+            raise FlagError("train_file",
+                            f"train_file holds fewer than train_length={args.train_length} tokens.")
 
 
 __all__ = [

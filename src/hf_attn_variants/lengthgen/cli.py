@@ -8,11 +8,12 @@ Examples::
     hf-attn-variants lengthgen --task passkey --quick --output_dir runs/passkey-smoke     # retrieval, seconds
     hf-attn-variants lengthgen --task mqar --seeds 0 1 2 --output_dir runs/retrieval_study/mqar
 
-Rerunning the same command resumes: finished variant × seed runs are skipped. The output folder follows the rule
-of every command with an ``--output_dir`` (``training/outputs.py``, ``LENGTHGEN_RULE``): the study records its flags
-in ``run.json``; more ``--variants``/``--seeds`` (or ``--mixed_length``, ``--finetune``) extend the study in place,
-any other changed flag is refused in one sentence naming it and ``--overwrite_output_dir`` (which clears the folder
-first; not with parallel workers on one folder, whose runs it would delete).
+Rerunning the same command resumes: finished variant × seed runs are skipped. The output folder follows the
+rule of every command with an ``--output_dir`` (``training/outputs.py``, ``LENGTHGEN_RULE``): the study
+records its flags in ``run.json``; more ``--variants``/``--seeds`` (or ``--mixed_length``, ``--finetune``)
+extend the study in place, any other changed flag is refused in one sentence naming it and
+``--overwrite_output_dir`` (which clears the folder first; not with parallel workers on one folder, whose runs
+it would delete).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from typing import Any
 
 from ..training.outputs import OutputRule
 
-STUDY_EXTENT = frozenset({"variants", "seeds", "mixed_length", "finetune", "finetune_tasks", "position_embedding_types"})
-"""Flags that only add runs to a study (its other runs stay valid): a rerun with more of them extends the folder."""
+STUDY_EXTENT = frozenset({"variants", "seeds", "mixed_length", "finetune", "finetune_tasks",
+                          "position_embedding_types"})
+"""Flags that only add runs to a study (its other runs stay valid): a rerun with more of them extends the
+folder."""
 
 
 def _legacy_arguments(folder: Path) -> dict[str, Any] | None:
@@ -40,9 +43,11 @@ def _legacy_arguments(folder: Path) -> dict[str, Any] | None:
 
 LENGTHGEN_RULE = OutputRule(
     command="lengthgen",
-    aside=STUDY_EXTENT | {"checkpointing_steps", "num_threads", "quick", "disable_tqdm", "no_plot", "eval_batch_size",
+    aside=STUDY_EXTENT | {"checkpointing_steps", "num_threads", "quick", "disable_tqdm", "no_plot",
+                          "eval_batch_size",
                           "eval_memory_gib"},
-    run_files=("runs", "finetune", "results.json", "results.csv", "summary.csv", "results.md", "lengthgen_*.png"),
+    run_files=("runs", "finetune", "results.json", "results.csv", "summary.csv", "results.md",
+               "lengthgen_*.png"),
     refuse_finished=False,  # rerunning a finished study reuses its runs
     legacy_arguments=_legacy_arguments,
 )
@@ -71,16 +76,19 @@ def _start(namespace: argparse.Namespace) -> Any:
     if args.task == "lm":  # recorded as before the tasks existed, so earlier lm study folders stay valid
         for name in TASK_ONLY_FIELDS:
             arguments.pop(name, None)
-    folder = check_output_folder(LENGTHGEN_RULE, args.output_dir, arguments, overwrite=output.overwrite_output_dir,
-                                 inputs={"train_file": args.train_file, "validation_file": args.validation_file})
+    folder = check_output_folder(LENGTHGEN_RULE, args.output_dir, arguments,
+                                 overwrite=output.overwrite_output_dir,
+                                 inputs={"train_file": args.train_file,
+                                         "validation_file": args.validation_file})
     start_run(LENGTHGEN_RULE, folder, arguments)
     return args
 
 
 def run(namespace: argparse.Namespace) -> int:
     """CLI entry: validate the flags and the output folder, run the study, print where the results are. A bad
-    flag value or output folder (``FlagError``, found before anything is written) gives one error line naming it
-    and exit status 2; SIGTERM/SIGUSR1 during a run's training, its checkpoint and ``PREEMPTED_EXIT_CODE`` (75)."""
+    flag value or output folder (``FlagError``, found before anything is written) gives one error line naming
+    it and exit status 2; SIGTERM/SIGUSR1 during a run's training, its checkpoint and ``PREEMPTED_EXIT_CODE``
+    (75)."""
     from ..cli_utils import FlagError, fail, fail_flag
     from ..training.outputs import finish_run
     from ..training.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
@@ -102,14 +110,16 @@ def run(namespace: argparse.Namespace) -> int:
     datasets.disable_progress_bars()  # tokenizing the corpus once per run: noise in a long study's log
     try:
         report = run_retrieval_study(args) if args.is_task else run_study(args)
-    except TrainingPreempted as stopped:  # the run in training wrote its checkpoint; the same command resumes it
+    # the run in training wrote its checkpoint; the same command resumes it
+    except TrainingPreempted as stopped:
         fail("lengthgen", str(stopped), label="preempted")
         return PREEMPTED_EXIT_CODE
     finish_run(args.output_dir)
     print(f"lengthgen: {len(report['runs'])} runs ({report.get('skipped_runs', 0)} reused); results in "
           f"{args.output_dir}/results.md, results.json, results.csv, summary.csv and lengthgen_*.png")
     if report.get("runs_held_elsewhere"):
-        print(f"lengthgen: {report['runs_held_elsewhere']} run(s) held by other processes; rerun when they finish")
+        print(f"lengthgen: {report['runs_held_elsewhere']} run(s) held by other processes; rerun when they "
+              "finish")
     return 0
 
 

@@ -11,10 +11,10 @@ Both objectives go through the one evaluator, ``training.evaluate_lm``:
   variant, so differences between variants at a length are paired) and pooled token-weighted:
   loss = Σ CE / #targets, accuracy = correct / #targets.
 - CLM: every next token is a target; besides loss, perplexity = exp(loss) and next-token accuracy over
-  the whole block, ``loss_beyond_train`` / ``perplexity_beyond_train`` (``train_length=L``) pool only the targets predicted
-  from query positions ≥ ``train_length`` (token positions ≥ L + 1) — the predictions made at position
-  ids, and with more visible keys, than the model ever saw in training (with RoPE these are rotation
-  angles it never trained on; that is the point of the study).
+  the whole block, ``loss_beyond_train`` / ``perplexity_beyond_train`` (``train_length=L``) pool only the
+  targets predicted from query positions ≥ ``train_length`` (token positions ≥ L + 1) — the predictions made
+  at position ids, and with more visible keys, than the model ever saw in training (with RoPE these are
+  rotation angles it never trained on; that is the point of the study).
 
 Points beyond a model's maximum length (the Synthesizer's ``max_position_embeddings``) are not run;
 they get ``status = "n/a (> max_position_embeddings = l)"``.
@@ -69,8 +69,8 @@ def evaluate_at_lengths(
     ``evaluation``: the settings of ``training.evaluate_lm`` (``objective``, ``tokenizer``, ``batch_size``,
     ``seed``, ``mask_repeats``); the CLM rows add the loss beyond ``train_length``.
     ``max_length``: lengths above it get an ``n/a`` status instead of being run (``None`` = no limit).
-    ``max_tokens``: the most validation tokens cut into blocks. ``progress``: an optional tqdm bar advanced once
-    per length.
+    ``max_tokens``: the most validation tokens cut into blocks. ``progress``: an optional tqdm bar advanced
+    once per length.
     """
     rows = []
     for length in lengths:

@@ -151,7 +151,8 @@ def finetune_one(args: LengthGenArguments, task: dict[str, Any], condition: str,
         task="token_classification" if token_level else "sequence_classification",
         train_file=task["train_file"], validation_file=task["validation_file"],
         max_seq_length=max_seq_length, max_train_samples=args.finetune_max_train_samples,
-        overwrite_output_dir=True,  # finetuned only when missing or stale (fingerprint): replace what is there
+        # finetuned only when missing or stale (fingerprint): replace what is there
+        overwrite_output_dir=True,
         **model_kwargs,
     )
     steps_per_epoch = -(-min(task["train_samples"], args.finetune_max_train_samples or 10**9)
@@ -159,7 +160,8 @@ def finetune_one(args: LengthGenArguments, task: dict[str, Any], condition: str,
     training_args = TrainingArguments(
         output_dir=str(run_dir / "model"), per_device_train_batch_size=args.finetune_batch_size,
         per_device_eval_batch_size=64, learning_rate=args.finetune_learning_rate,
-        num_train_epochs=args.finetune_epochs, warmup_steps=max(1, int(0.1 * steps_per_epoch * args.finetune_epochs)),
+        num_train_epochs=args.finetune_epochs,
+        warmup_steps=max(1, int(0.1 * steps_per_epoch * args.finetune_epochs)),
         weight_decay=0.01, seed=seed, eval_strategy="no", save_strategy="no", report_to="none",
         logging_steps=50, disable_tqdm=True, use_cpu=True, dataloader_num_workers=0,
     )
@@ -199,12 +201,15 @@ def run_finetune_task(args: LengthGenArguments, level: str) -> dict[str, Any]:
             skipped_conditions.append(condition)
             continue
         for seed in args.seeds:
-            run_dir = root / "runs" / condition.replace("/", "_").replace(" ", "_").replace(",", "") / f"seed_{seed}"
-            key = fingerprint({"task": {k: task[k] for k in ("level", "topics", "words_per_snippet", "train_samples")},
+            folder = condition.replace("/", "_").replace(" ", "_").replace(",", "")
+            run_dir = root / "runs" / folder / f"seed_{seed}"
+            key = fingerprint({"task": {k: task[k]
+                                        for k in ("level", "topics", "words_per_snippet", "train_samples")},
                                "variant": variant_name, "overrides": overrides, "seed": seed,
                                "max_seq_length": max_seq_length,
                                "epochs": args.finetune_epochs, "lr": args.finetune_learning_rate,
-                               "batch": args.finetune_batch_size, "max_train": args.finetune_max_train_samples,
+                               "batch": args.finetune_batch_size,
+                               "max_train": args.finetune_max_train_samples,
                                "pretrain": _pretrain_fingerprint(args, variant_name, seed)})
             with claim(run_dir) as mine:
                 if not mine:
@@ -217,7 +222,8 @@ def run_finetune_task(args: LengthGenArguments, level: str) -> dict[str, Any]:
                 if variant_name is not None and _pretrain_fingerprint(args, variant_name, seed) is None:
                     pending.append(f"{condition} seed {seed} (pretrained run not finished)")
                     continue
-                row = finetune_one(args, task, condition, variant_name, overrides, seed, run_dir, max_seq_length)
+                row = finetune_one(args, task, condition, variant_name, overrides, seed, run_dir,
+                                   max_seq_length)
                 atomic_write_json(run_dir / "result.json", {"fingerprint": key, "row": row})
                 rows.append(row)
     summary = summarize_finetune(rows)
@@ -273,14 +279,17 @@ def _task_markdown(report: dict[str, Any]) -> str:
     lines = [f"## Finetuning at shorter lengths (pretrained at L = {report['train_length']}): {form}", "",
              (f"Task: which of {len(task['topics'])} pydoc topics ({', '.join(task['topics'])}) a "
              f"{task['words_per_snippet']}-word snippet comes from; {task['train_samples']} train / "
-             f"{task['validation_samples']} validation snippets of {task['mean_tokens']:.1f} tokens on average "
-             f"(max {task['max_tokens']}); majority-class accuracy {task['majority_baseline_accuracy']:.3f}, "
-             f"chance {task['chance_accuracy']:.3f}; inputs truncated to {report['max_seq_length']} tokens."), "",
-             f"| condition | accuracy | {'span F1' if task['level'] == 'token' else 'macro-F1'} | per-seed accuracy |",
+             f"{task['validation_samples']} validation snippets of {task['mean_tokens']:.1f} tokens on "
+             f"average (max {task['max_tokens']}); majority-class accuracy "
+             f"{task['majority_baseline_accuracy']:.3f}, chance {task['chance_accuracy']:.3f}; inputs "
+             f"truncated to {report['max_seq_length']} tokens."), "",
+             f"| condition | accuracy | {'span F1' if task['level'] == 'token' else 'macro-F1'} | per-seed "
+             "accuracy |",
              "|---|---|---|---|"]
     for entry in report["summary"]:
         seeds = ", ".join(f"{v:.3f}" for v in entry["accuracy_per_seed"] if v is not None)
-        lines.append(f"| {entry['condition']} | {_cell(entry, 'accuracy')} | {_cell(entry, 'f1')} | {seeds} |")
+        cells = [entry["condition"], _cell(entry, "accuracy"), _cell(entry, "f1"), seeds]
+        lines.append("| " + " | ".join(cells) + " |")
     if report.get("pending"):
         lines += ["", "Not finished yet (rerun the study to complete): " + ", ".join(report["pending"]) + "."]
     if report.get("skipped_conditions"):

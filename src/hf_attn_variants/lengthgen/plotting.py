@@ -21,7 +21,8 @@ from typing import Any
 ROWS = {
     "mlm": (("loss", "MLM loss (validation)"), ("loss_delta", "loss − same run's loss at L"),
             ("accuracy", "masked-token accuracy")),
-    "clm": (("perplexity", "perplexity (whole block)"), ("perplexity_beyond_train", "perplexity, positions ≥ L")),
+    "clm": (("perplexity", "perplexity (whole block)"),
+            ("perplexity_beyond_train", "perplexity, positions ≥ L")),
 }
 FAMILY_TITLES = {"entropy_invariant": "entropy_invariant family", "gau": "GAU", "synthesizer": "Synthesizer",
                  "llama": "stock Llama"}
@@ -103,12 +104,14 @@ def _accuracy_panel(ax: Any, rows: Sequence[dict[str, Any]], names: Sequence[str
 
     colors = plt.get_cmap("tab20").colors
     for i, name in enumerate(names):
-        points = sorted((r for r in rows if r["series"] == name and r["status"] == "ok"), key=lambda r: r["length"])
+        points = sorted((r for r in rows if r["series"] == name and r["status"] == "ok"),
+                        key=lambda r: r["length"])
         if not points:
             continue
         xs = [p["length"] for p in points]
         color = colors[i % len(colors)]
-        ax.plot(xs, [p["accuracy_mean"] for p in points], marker="os^Dv"[i % 5], markersize=3.5, linewidth=1.3,
+        ax.plot(xs, [p["accuracy_mean"] for p in points], marker="os^Dv"[i % 5], markersize=3.5,
+                linewidth=1.3,
                 color=color, linestyle="--" if "llama" in name else "-", label=name)
         ax.fill_between(xs, [p["accuracy_min"] for p in points], [p["accuracy_max"] for p in points],
                         color=color, alpha=0.15, linewidth=0)
@@ -117,8 +120,8 @@ def _accuracy_panel(ax: Any, rows: Sequence[dict[str, Any]], names: Sequence[str
 def plot_accuracy(summaries: dict[str, Sequence[dict[str, Any]]], path: str | Path, *, train_length: int,
                   title: str | None = None) -> Path | None:
     """Accuracy against evaluation length (log₂ x) of the retrieval tasks: one row of panels per task (key of
-    ``summaries``), one column per position scheme (RoPE, none), one line per series, band = min–max over seeds.
-    ``None`` when there is nothing to plot."""
+    ``summaries``), one column per position scheme (RoPE, none), one line per series, band = min–max over
+    seeds. ``None`` when there is nothing to plot."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -128,7 +131,8 @@ def plot_accuracy(summaries: dict[str, Sequence[dict[str, Any]]], path: str | Pa
     tasks = [task for task, rows in summaries.items() if rows]
     if not tasks:
         return None
-    positions = list(dict.fromkeys(r.get("position_embedding_type", "rope") for t in tasks for r in summaries[t]))
+    positions = list(dict.fromkeys(r.get("position_embedding_type", "rope") for t in tasks
+                                   for r in summaries[t]))
     fig, axes = plt.subplots(len(tasks), len(positions), figsize=(6.4 * len(positions), 4.4 * len(tasks)),
                              squeeze=False, sharey=True)
     for row_index, task in enumerate(tasks):

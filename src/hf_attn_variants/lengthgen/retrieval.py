@@ -1,16 +1,17 @@
 """One run of a retrieval task (passkey, MQAR): its plan, model, training and evaluation at many lengths.
 
 A run is one variant × position scheme × seed, trained as a causal LM on the task's examples at length L
-(``tasks.make_batch``, a fresh batch per step from the stream of the run's seed; loss on the answer tokens only)
-and evaluated by exact-match accuracy (``tasks.score``) at every evaluation length on ``eval_samples`` examples
-that are the same for every run (the stream of ``eval_seed`` and the length). Nothing but
-``<output_dir>/runs/<series>/seed_<s>/result.json`` is kept (the models are small and retrained in seconds): a run
-whose stored fingerprint matches is skipped on a rerun; a run interrupted in training (SIGTERM/SIGUSR1) raises
-``TrainingPreempted`` without a checkpoint and is redone from the start by the same command.
+(``tasks.make_batch``, a fresh batch per step from the stream of the run's seed; loss on the answer tokens
+only) and evaluated by exact-match accuracy (``tasks.score``) at every evaluation length on ``eval_samples``
+examples that are the same for every run (the stream of ``eval_seed`` and the length). Nothing but
+``<output_dir>/runs/<series>/seed_<s>/result.json`` is kept (the models are small and retrained in seconds): a
+run whose stored fingerprint matches is skipped on a rerun; a run interrupted in training (SIGTERM/SIGUSR1)
+raises ``TrainingPreempted`` without a checkpoint and is redone from the start by the same command.
 
 The models: the families through ``AutoModelForCausalLM.from_config`` (causal: their causal-LM heads set
-``is_decoder``), the stock Llama through ``LlamaConfig`` (``base_length`` = L kept as an extra attribute for its
-``entropy_invariant`` evaluation modes); vocabulary = the task's, dropout as ``hidden_dropout_prob`` (0 for the tasks).
+``is_decoder``), the stock Llama through ``LlamaConfig`` (``base_length`` = L kept as an extra attribute for
+its ``entropy_invariant`` evaluation modes); vocabulary = the task's, dropout as ``hidden_dropout_prob`` (0
+for the tasks).
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def plan_task_run(variant: Variant, seed: int, args: Any) -> TaskRunPlan:
     key = {
         "version": FORMAT_VERSION, "task": asdict(task_spec(args)), "variant": variant.name, "fields": fields,
         "config": resolved_config(variant, fields) if variant.model_type != "llama" else fields, "seed": seed,
-        "train_length": args.train_length, "steps": args.max_train_steps, "batch": args.per_device_train_batch_size,
+        "train_length": args.train_length, "steps": args.max_train_steps,
+        "batch": args.per_device_train_batch_size,
         "lr": args.learning_rate, "warmup": args.num_warmup_steps, "lengths": args.eval_lengths,
         "eval_samples": args.eval_samples, "eval_seed": args.eval_seed,
         "modes": [asdict(mode) for mode in variant.eval_modes],
@@ -112,8 +114,8 @@ def build_model(plan: TaskRunPlan, spec: TaskSpec) -> Any:
 
 
 def train_task_model(model: Any, plan: TaskRunPlan, spec: TaskSpec, args: Any) -> dict[str, Any]:
-    """Train ``model`` for ``max_train_steps`` (AdamW, weight decay 0.01, linear warm-up and decay); returns the
-    training summary (seconds, final loss, loss curve). ``TrainingPreempted`` after a stop signal."""
+    """Train ``model`` for ``max_train_steps`` (AdamW, weight decay 0.01, linear warm-up and decay); returns
+    the training summary (seconds, final loss, loss curve). ``TrainingPreempted`` after a stop signal."""
     from transformers import get_linear_schedule_with_warmup
 
     from ..training.preemption import StopSignals, TrainingPreempted
@@ -136,7 +138,8 @@ def train_task_model(model: Any, plan: TaskRunPlan, spec: TaskSpec, args: Any) -
                 curve.append((step + 1, round(loss.item(), 4)))
             if stop.requested:
                 raise TrainingPreempted("lengthgen", stop.signal_name, step + 1, None,
-                                        note="a task run is short and is redone from the start by the same command")
+                                        note="a task run is short and is redone from the start by the same "
+                                             "command")
     model.eval()
     return {"steps": args.max_train_steps, "seconds": time.perf_counter() - started,
             "final_train_loss": curve[-1][1] if curve else None, "loss_curve": curve}
@@ -177,7 +180,8 @@ def load_mode(model: Any, plan: TaskRunPlan, mode: EvalMode) -> Any:
 
 
 def evaluate_task_run(model: Any, plan: TaskRunPlan, spec: TaskSpec, args: Any) -> list[dict[str, Any]]:
-    """One row per evaluation mode × length: accuracy, exact match, answer accuracy (``n/a`` past a model's length)."""
+    """One row per evaluation mode × length: accuracy, exact match, answer accuracy (``n/a`` past a model's
+    length)."""
     from .evaluation import na_status
 
     rows, limit = [], max_length_of(plan.variant, plan.fields)
@@ -185,8 +189,10 @@ def evaluate_task_run(model: Any, plan: TaskRunPlan, spec: TaskSpec, args: Any) 
         model = load_mode(model, plan, mode)
         for length in args.eval_lengths:
             row: dict[str, Any] = {"series": plan.variant.series(mode), "variant": plan.variant.name,
-                                   "model_type": plan.variant.model_type, "mode": mode.name, "objective": args.task,
-                                   "seed": plan.seed, "length": int(length), "ratio": length / args.train_length}
+                                   "model_type": plan.variant.model_type, "mode": mode.name,
+                                   "objective": args.task,
+                                   "seed": plan.seed, "length": int(length),
+                                   "ratio": length / args.train_length}
             if limit is not None and length > limit:
                 row.update(status=na_status(limit))
             else:
@@ -204,11 +210,14 @@ def run_task(plan: TaskRunPlan, args: Any) -> dict[str, Any]:
     rows = evaluate_task_run(model, plan, spec, args)
     train["eval_seconds"] = time.perf_counter() - started
     params = {"total": model.num_parameters(), "non_embedding": model.num_parameters(exclude_embeddings=True)}
-    logger.info("%s seed %d: %.0f s training, %.0f s evaluation, accuracy at L %s", plan.variant.name, plan.seed,
+    logger.info("%s seed %d: %.0f s training, %.0f s evaluation, accuracy at L %s", plan.variant.name,
+                plan.seed,
                 train["seconds"], train["eval_seconds"],
-                [round(r["accuracy"], 3) for r in rows if r["length"] == args.train_length and r["status"] == "ok"])
+                [round(r["accuracy"], 3) for r in rows if r["length"] == args.train_length
+                 and r["status"] == "ok"])
     return {"fingerprint": plan.fingerprint, "variant": plan.variant.name, "seed": plan.seed,
-            "model_type": plan.variant.model_type, "description": plan.variant.description, "objective": args.task,
+            "model_type": plan.variant.model_type, "description": plan.variant.description,
+            "objective": args.task,
             "position_embedding_type": plan.fields.get("position_embedding_type", "rope"),
             "config_fields": plan.fields, "parameters": params,
             "train": {k: v for k, v in train.items() if k != "loss_curve"}, "loss_curve": train["loss_curve"],

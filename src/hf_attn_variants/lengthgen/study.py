@@ -55,7 +55,8 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
 """Bumped when the meaning of stored results changes, so stale runs are redone (2: the stock Llama's eval
-modes are ``EvalMode``s with an explicit ``entropy_invariant_scope``; the resolved config is fingerprinted)."""
+modes are ``EvalMode``s with an explicit ``entropy_invariant_scope``; the resolved config is
+fingerprinted)."""
 
 
 @dataclass
@@ -80,7 +81,8 @@ def plan_run(variant: Variant, seed: int, args: LengthGenArguments) -> RunPlan:
     objective = variant.objective or args.objective
     fields = config_fields(variant, args.size, args.train_length)
     train_key = {
-        "version": FORMAT_VERSION, "variant": variant.name, "model_type": variant.model_type, "fields": fields,
+        "version": FORMAT_VERSION, "variant": variant.name, "model_type": variant.model_type,
+        "fields": fields,
         "config": resolved_config(variant, fields),
         "objective": objective, "mixed": args.mixed_length_splits if variant.mixed_length else None,
         "train_length": args.train_length, "steps": args.max_train_steps, "seed": seed,
@@ -121,7 +123,8 @@ def _pretrain_arguments(plan: RunPlan, args: LengthGenArguments, tokenizer: Any)
 
         # base_length (= L) is kept as an extra attribute: attn_implementation="entropy_invariant" reads it
         config = LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                             bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id, **plan.fields)
+                             bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+                             **plan.fields)
         config_dir = plan.run_dir / "llama_config"
         config.save_pretrained(config_dir)
         return PretrainArguments(config_name=str(config_dir), **common)
@@ -169,7 +172,8 @@ def parameter_counts(model: Any) -> dict[str, int]:
     return {"total": model.num_parameters(), "non_embedding": model.num_parameters(exclude_embeddings=True)}
 
 
-def evaluate_run(plan: RunPlan, args: LengthGenArguments, tokenizer: Any, stream: list[int], train: dict[str, Any],
+def evaluate_run(plan: RunPlan, args: LengthGenArguments, tokenizer: Any, stream: list[int],
+                 train: dict[str, Any],
                  progress: Any = None) -> dict[str, Any]:
     """Evaluate one trained run in every mode at every length; returns and stores ``result.json``."""
     rows, params = [], None
@@ -184,7 +188,8 @@ def evaluate_run(plan: RunPlan, args: LengthGenArguments, tokenizer: Any, stream
         )
         for point in points:
             rows.append({"series": plan.variant.series(mode), "variant": plan.variant.name,
-                         "model_type": plan.variant.model_type, "mode": mode.name, "objective": plan.objective,
+                         "model_type": plan.variant.model_type, "mode": mode.name,
+                         "objective": plan.objective,
                          "seed": plan.seed, **point})
     result = {
         "fingerprint": plan.eval_fingerprint, "variant": plan.variant.name, "seed": plan.seed,
@@ -198,14 +203,17 @@ def evaluate_run(plan: RunPlan, args: LengthGenArguments, tokenizer: Any, stream
 
 
 def machine_info() -> dict[str, Any]:
-    """Machine and library versions, recorded with the results."""
+    """Machine and library versions, recorded with the results, and the environment variables that change
+    numerics (``records.numerics_environment``)."""
     import torch
     import transformers
+
+    from ..records import numerics_environment
 
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "torch": torch.__version__, "transformers": transformers.__version__,
             "python": sys.version.split()[0], "torch_threads": torch.get_num_threads(),
-            "cuda": torch.cuda.is_available()}
+            "cuda": torch.cuda.is_available(), "environment": numerics_environment()}
     if hasattr(os, "getloadavg"):
         info["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
     return info
@@ -239,9 +247,11 @@ def variant_table(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     table: dict[str, dict[str, Any]] = {}
     for result in results:
         entry = table.setdefault(result["variant"], {
-            "variant": result["variant"], "model_type": result["model_type"], "description": result["description"],
+            "variant": result["variant"], "model_type": result["model_type"],
+            "description": result["description"],
             "objective": result["objective"], "parameters": result["parameters"],
-            "config_fields": result["config_fields"], "seeds": [], "train_seconds": [], "final_train_loss": []})
+            "config_fields": result["config_fields"], "seeds": [], "train_seconds": [],
+            "final_train_loss": []})
         entry["seeds"].append(result["seed"])
         entry["train_seconds"].append(result["train"]["seconds"])
         entry["final_train_loss"].append(result["train"]["final_train_loss"])
@@ -252,7 +262,8 @@ def results_markdown(args: LengthGenArguments, report: dict[str, Any]) -> str:
     """The study's tables as markdown (variants, then one table per metric)."""
     lengths, summary = args.eval_lengths, report["summary"]
     lines = [f"# Length generalisation: trained at L = {args.train_length}", "",
-             (f"{args.max_train_steps} steps × batch {args.per_device_train_batch_size}, lr {args.learning_rate}, "
+             (f"{args.max_train_steps} steps × batch {args.per_device_train_batch_size}, lr "
+              f"{args.learning_rate}, "
              f"seeds {args.seeds}; cells are mean ± std over seeds."), "",
              "| variant | family | objective | params (non-embedding) | train s | final train loss |",
              "|---|---|---|---|---|---|"]
@@ -264,7 +275,8 @@ def results_markdown(args: LengthGenArguments, report: dict[str, Any]) -> str:
                      f"{params.get('total', 0):,} ({params.get('non_embedding', 0):,}) | "
                      f"{sum(secs) / len(secs):.0f} | {sum(losses) / max(len(losses), 1):.3f} |")
     for objective, metrics in (("mlm", ("loss", "loss_delta", "accuracy")),
-                               ("clm", ("loss", "loss_delta", "perplexity", "perplexity_beyond_train", "accuracy"))):
+                               ("clm",
+                                ("loss", "loss_delta", "perplexity", "perplexity_beyond_train", "accuracy"))):
         names = list(dict.fromkeys(r["series"] for r in summary if r["objective"] == objective))
         if not names:
             continue

@@ -8,8 +8,8 @@ examples. Tokens come from a small task vocabulary (``TaskVocabulary``)::
 
 - **Passkey retrieval** (Mohtashami & Jaggi 2023, "Landmark Attention: Random-Access Infinite Context Length
   for Transformers", arXiv:2305.16300, §4.2; as in the issue's experiment with random filler tokens instead of
-  the repeated sentence): ``[BOS, filler…, KEY, d1…dk, filler…, QUERY, d1…dk]``; the KEY block sits at a uniformly
-  drawn position in the filler; the answer is the k digits after QUERY.
+  the repeated sentence): ``[BOS, filler…, KEY, d1…dk, filler…, QUERY, d1…dk]``; the KEY block sits at a
+  uniformly drawn position in the filler; the answer is the k digits after QUERY.
 - **MQAR** (Arora et al. 2023, "Zoology: Measuring and Improving Recall in Efficient Language Models",
   arXiv:2312.04927, §3.1): ``[BOS, filler…, k1 v1 … kP vP, filler…, QUERY, q1 a1 … qP aP]``: P distinct keys
   each bound to a value (values may repeat) at a uniformly drawn offset, then the P keys again in a random
@@ -37,8 +37,8 @@ IGNORE_INDEX = -100
 
 @dataclass(frozen=True)
 class TaskVocabulary:
-    """Token-id ranges ``[start, stop)`` of one task: ``answers`` (digits, or MQAR's values), ``keys`` (MQAR's keys;
-    empty for passkey) and ``filler``."""
+    """Token-id ranges ``[start, stop)`` of one task: ``answers`` (digits, or MQAR's values), ``keys`` (MQAR's
+    keys; empty for passkey) and ``filler``."""
 
     size: int
     keys: tuple[int, int]
@@ -47,14 +47,15 @@ class TaskVocabulary:
 
 
 def vocabulary(task: str, vocab_size: int, num_kv_pairs: int = 1) -> TaskVocabulary:
-    """The token ranges of ``task`` in a vocabulary of ``vocab_size`` ids. Passkey: 10 digits, the rest filler.
-    MQAR: a quarter of the non-special ids is filler, the rest split into keys and values. ``ValueError`` naming
-    ``task_vocab_size`` when it is too small (passkey: 16; MQAR: ``num_kv_pairs`` distinct keys and 2 filler ids)."""
+    """The token ranges of ``task`` in a vocabulary of ``vocab_size`` ids. Passkey: 10 digits, the rest
+    filler. MQAR: a quarter of the non-special ids is filler, the rest split into keys and values.
+    ``ValueError`` naming ``task_vocab_size`` when it is too small (passkey: 16; MQAR: ``num_kv_pairs``
+    distinct keys and 2 filler ids)."""
     free = vocab_size - SPECIAL_TOKENS
     if task == "passkey":
         if vocab_size < SPECIAL_TOKENS + 12:
-            raise ValueError(f"task_vocab_size must be >= {SPECIAL_TOKENS + 12} for passkey (10 digits and filler), "
-                             f"got {vocab_size}.")
+            raise ValueError(f"task_vocab_size must be >= {SPECIAL_TOKENS + 12} for passkey (10 digits and "
+                             f"filler), got {vocab_size}.")
         digits = (SPECIAL_TOKENS, SPECIAL_TOKENS + 10)
         return TaskVocabulary(vocab_size, (SPECIAL_TOKENS, SPECIAL_TOKENS), digits, (digits[1], vocab_size))
     if task != "mqar":
@@ -62,9 +63,10 @@ def vocabulary(task: str, vocab_size: int, num_kv_pairs: int = 1) -> TaskVocabul
     filler = max(2, free // 4)
     keys = (free - filler) // 2
     if keys < max(2, num_kv_pairs):
-        raise ValueError(f"task_vocab_size={vocab_size} leaves {max(keys, 0)} MQAR keys, fewer than num_kv_pairs="
-                         f"{num_kv_pairs} distinct keys; raise task_vocab_size to at least "
-                         f"{SPECIAL_TOKENS + 2 * max(2, num_kv_pairs) + max(2, (vocab_size - SPECIAL_TOKENS) // 4) + 1}.")
+        needed = SPECIAL_TOKENS + 2 * max(2, num_kv_pairs) + max(2, (vocab_size - SPECIAL_TOKENS) // 4) + 1
+        raise ValueError(f"task_vocab_size={vocab_size} leaves {max(keys, 0)} MQAR keys, fewer than "
+                         f"num_kv_pairs={num_kv_pairs} distinct keys; raise task_vocab_size to at least "
+                         f"{needed}.")
     start = SPECIAL_TOKENS
     return TaskVocabulary(vocab_size, (start, start + keys), (start + keys, start + 2 * keys),
                           (start + 2 * keys, vocab_size))
@@ -154,7 +156,8 @@ def make_batch(spec: TaskSpec, length: int, seed: int, start: int, count: int) -
     return {"input_ids": input_ids, "labels": labels, "answer_positions": answer_positions}
 
 
-def answer_hits(logits: torch.Tensor, input_ids: torch.Tensor, answer_positions: torch.Tensor) -> torch.Tensor:
+def answer_hits(logits: torch.Tensor, input_ids: torch.Tensor,
+                answer_positions: torch.Tensor) -> torch.Tensor:
     """Boolean ``(batch, answers)``: whether the argmax of the logits one position before each answer is the
     answer (teacher forcing; the causal shift is applied here)."""
     previous = (answer_positions - 1).unsqueeze(-1).expand(-1, -1, logits.shape[-1])
@@ -163,8 +166,8 @@ def answer_hits(logits: torch.Tensor, input_ids: torch.Tensor, answer_positions:
 
 
 def score(task: str, hits: torch.Tensor) -> dict[str, Any]:
-    """The metrics of ``hits`` (``answer_hits`` of one or more batches, concatenated): ``accuracy`` (passkey: every
-    digit right per sequence; MQAR: per query), ``exact_match`` (every answer of the sequence right),
+    """The metrics of ``hits`` (``answer_hits`` of one or more batches, concatenated): ``accuracy`` (passkey:
+    every digit right per sequence; MQAR: per query), ``exact_match`` (every answer of the sequence right),
     ``answer_accuracy`` (per answer token), ``sequences`` and ``answers``."""
     exact = hits.all(dim=1).float().mean().item()
     per_answer = hits.float().mean().item()

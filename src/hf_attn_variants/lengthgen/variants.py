@@ -94,7 +94,8 @@ class Variant:
         """The same variant pretrained on mixed lengths (name + ``"+mixed"``)."""
         if self.mixed_length:
             return self
-        return Variant(self.name + MIXED_SUFFIX, self.model_type, self.description + "; mixed-length pretraining",
+        return Variant(self.name + MIXED_SUFFIX, self.model_type,
+                       self.description + "; mixed-length pretraining",
                        dict(self.fields), self.objective, self.eval_modes, True)
 
 
@@ -103,7 +104,8 @@ VARIANTS: dict[str, Variant] = {
     for v in (
         Variant("ei_standard", "entropy_invariant", "softmax attention, logits q·k/√d",
                 {"attention_scale": "standard"}),
-        Variant("ei_entropy_invariant", "entropy_invariant", "softmax attention, logits (log n / log L)·q·k/√d",
+        Variant("ei_entropy_invariant", "entropy_invariant",
+                "softmax attention, logits (log n / log L)·q·k/√d",
                 {"attention_scale": "entropy_invariant"}),
         Variant("ei_ssmax", "entropy_invariant", "softmax attention, logits s_h·log n·q·k/√d (s_h learned)",
                 {"attention_scale": "ssmax"}),
@@ -116,12 +118,14 @@ VARIANTS: dict[str, Variant] = {
                 {"attention_normalization": "relu2", "relu2_length": "fixed"}),
         Variant("gau_relu2_normalized", "gau", "GAU, relu(q·k/√s)² / its row sum",
                 {"attention_normalization": "relu2_normalized"}),
-        Variant("gau_flash", "gau", "FLASH: GAU with mixed-chunk attention (relu²/L inside chunks of 16, linear across)",
+        Variant("gau_flash", "gau",
+                "FLASH: GAU with mixed-chunk attention (relu²/L inside chunks of 16, linear across)",
                 {"attention_normalization": "relu2", "relu2_length": "fixed", "chunk_size": 16}),
         Variant("synthesizer_random_vanilla", "synthesizer", "Synthesizer, softmax(α·R + (1-α)·q·k/√d)",
                 {"synthesizer_components": ["random", "vanilla"]}),
         Variant("llama", "llama", "stock LlamaForCausalLM (RoPE, SwiGLU), same weights evaluated with sdpa, "
-                "entropy_invariant (scope all) and entropy_invariant (scope beyond L) attention", {}, objective="clm",
+                "entropy_invariant (scope all) and entropy_invariant (scope beyond L) attention", {},
+                objective="clm",
                 eval_modes=LLAMA_EVAL_MODES),
     )
 }
@@ -132,19 +136,22 @@ DEFAULT_VARIANTS = tuple(name for name in VARIANTS if name != "gau_flash")
 TASK_VARIANTS = tuple(VARIANTS)
 """The retrieval tasks' default variants: every one."""
 NOPE_SUFFIX = "+nope"
-"""Series suffix of a variant trained and evaluated without position embedding (``position_embedding_type="none"``)."""
+"""Series suffix of a variant trained and evaluated without position embedding
+(``position_embedding_type="none"``)."""
 QUICK_VARIANTS = ("ei_entropy_invariant", "synthesizer_random_vanilla")
 
 
 def with_position(variant: Variant, position_embedding_type: str) -> Variant:
     """``variant`` with ``position_embedding_type`` (``"rope"``: unchanged; ``"none"``: name + ``"+nope"``).
-    ``FlagError`` naming ``position_embedding_types`` for the stock Llama without RoPE (it has no NoPE option)."""
+    ``FlagError`` naming ``position_embedding_types`` for the stock Llama without RoPE (it has no NoPE
+    option)."""
     if position_embedding_type == "rope":
         return variant
     if variant.model_type == "llama":
         raise FlagError("position_embedding_types", f"position_embedding_types: the stock Llama has no "
                         f"position_embedding_type {position_embedding_type!r} (RoPE only).")
-    return Variant(variant.name + NOPE_SUFFIX, variant.model_type, variant.description + "; no position embedding",
+    return Variant(variant.name + NOPE_SUFFIX, variant.model_type,
+                   variant.description + "; no position embedding",
                    {**variant.fields, "position_embedding_type": position_embedding_type}, variant.objective,
                    variant.eval_modes, variant.mixed_length)
 
@@ -195,8 +202,10 @@ def config_fields(variant: Variant, size: ModelSize, train_length: int) -> dict[
     if variant.model_type == "llama":
         swiglu = max(8, round(size.ffn * 2 / 3 / 8) * 8)
         return {**common, "num_hidden_layers": size.num_hidden_layers,
-                "num_attention_heads": size.num_attention_heads, "num_key_value_heads": size.num_attention_heads,
-                "intermediate_size": swiglu, "max_position_embeddings": train_length, "base_length": train_length,
+                "num_attention_heads": size.num_attention_heads,
+                "num_key_value_heads": size.num_attention_heads,
+                "intermediate_size": swiglu, "max_position_embeddings": train_length,
+                "base_length": train_length,
                 "tie_word_embeddings": True, "attention_dropout": 0.0}
     common.update(hidden_dropout_prob=size.hidden_dropout_prob, attention_probs_dropout_prob=0.0,
                   max_position_embeddings=train_length)
@@ -228,7 +237,8 @@ def resolved_config(variant: Variant, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def max_length_of(variant: Variant, fields: dict[str, Any]) -> int | None:
-    """The longest input the variant accepts (the Synthesizer's ``max_position_embeddings``), else ``None``."""
+    """The longest input the variant accepts (the Synthesizer's ``max_position_embeddings``), else
+    ``None``."""
     return int(fields["max_position_embeddings"]) if variant.model_type == "synthesizer" else None
 
 

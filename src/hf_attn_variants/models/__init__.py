@@ -1,10 +1,9 @@
-"""The model room: every module here is model code, the part ``save_pretrained`` bundles into Hub folders.
+"""The model room: the model code, which ``save_pretrained`` bundles into Hub folders, and its registry.
 
-Nothing in ``models/`` imports from the tools around it (training, pruning, hub, bench, lengthgen, stock,
-results, the CLI); see docs/architecture.md. This ``__init__`` is the families' registry: it registers every
-family with ``AutoConfig`` and the six ``AutoModel*`` classes and marks each class for
-``register_for_auto_class``, so ``save_pretrained`` writes an ``auto_map`` and standalone model code (one
-configuration and one modeling file per family, see ``standalone.py``).
+Nothing in ``models/`` imports from the tools around it (training, pruning, hub, bench, lengthgen, stock, the
+CLI); see docs/architecture.md. This ``__init__`` is the families' registry: it registers every family with
+``AutoConfig`` and the six ``AutoModel*`` classes and marks each class for ``register_for_auto_class``, so
+``save_pretrained`` writes an ``auto_map`` and the standalone model code of ``standalone.py``.
 """
 
 from __future__ import annotations
@@ -20,11 +19,12 @@ from transformers import (
 )
 
 from . import modeling_entropy_invariant, modeling_gau, modeling_synthesizer
-from .configuration_common import StandaloneCodeMixin
+from .configuration_common import AttnVariantConfig
 from .configuration_entropy_invariant import EntropyInvariantConfig
 from .configuration_gau import GAUConfig
 from .configuration_synthesizer import SynthesizerConfig
-from .standalone import write_standalone_code
+from .modeling_common import AttnVariantPreTrainedModel
+from .standalone import install_standalone_saving
 from .version import __version__
 
 AUTO_CLASSES = {
@@ -45,8 +45,8 @@ FAMILIES = {
         ("synthesizer", SynthesizerConfig, modeling_synthesizer, "Synthesizer"),
     )
 }
-"""model_type → (config class, {suffix: model class}) for every family this package provides; a family's classes
-are its modeling module's ``<Prefix><suffix>`` (``GAUForMaskedLM``)."""
+"""model_type → (config class, {suffix: model class}) for every family this package provides; a family's
+classes are its modeling module's ``<Prefix><suffix>`` (``GAUForMaskedLM``)."""
 
 
 def register_families() -> None:
@@ -55,7 +55,7 @@ def register_families() -> None:
     ``save_pretrained`` of every config and model of the package then writes standalone remote code
     (``hf_attn_variants.models.standalone``).
     """
-    StandaloneCodeMixin.standalone_code_writer = staticmethod(write_standalone_code)
+    install_standalone_saving((AttnVariantConfig, AttnVariantPreTrainedModel), AUTO_CLASSES)
     for model_type, (config_class, classes) in FAMILIES.items():
         AutoConfig.register(model_type, config_class, exist_ok=True)
         config_class.register_for_auto_class("AutoConfig")

@@ -1,15 +1,12 @@
 """Configuration fields shared by the three families, with validation that names the bad field.
 
-Field names follow BERT/Llama. Every family config subclasses ``AttnVariantConfig``; the
-two multi-head families (entropy-invariant, Synthesizer) subclass ``MultiHeadAttnVariantConfig``,
-which adds heads, the feed-forward width and the per-layer pruned heads.
-
-Model code: imports only torch, transformers and the standard library (see ``hf_attn_variants.models.standalone``).
+Field names follow BERT/Llama. Every family config subclasses ``AttnVariantConfig``; the two multi-head
+families (entropy-invariant, Synthesizer) subclass ``MultiHeadAttnVariantConfig``, which adds heads, the
+feed-forward width and the per-layer pruned heads.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -20,8 +17,6 @@ from .compat import MIN_TRANSFORMERS_VERSION
 from .layers import NORM_TYPES, kept_heads, normalize_pruned_heads
 
 POSITION_EMBEDDING_TYPES = ("rope", "absolute", "none")
-HUB_ARGUMENTS = ("repo_id", "commit_message", "commit_description", "private", "token", "create_pr", "revision")
-"""Keyword arguments of ``save_pretrained(..., push_to_hub=True)`` that belong to the upload."""
 NORM_POSITIONS = ("pre", "post")
 
 
@@ -41,7 +36,8 @@ def check_int(field: str, value: Any, minimum: int | None = None, allow_none: bo
         raise ValueError(f"{field} must be >= {minimum}, got {value}.")
 
 
-def check_float(field: str, value: Any, low: float, high: float | None = None, allow_none: bool = False) -> None:
+def check_float(field: str, value: Any, low: float, high: float | None = None,
+                allow_none: bool = False) -> None:
     """Raise ``TypeError`` unless ``value`` is a real number, ``ValueError`` outside [low, high]."""
     if value is None and allow_none:
         return
@@ -76,87 +72,38 @@ def config_equal(config: PreTrainedConfig, other: Any) -> bool:
     return isinstance(other, PreTrainedConfig) and config.__dict__ == other.__dict__
 
 
-class StandaloneCodeMixin:
-    """``save_pretrained`` that writes standalone remote code (config and model classes share it).
-
-    Transformers copies a class's module and every sibling module it imports; the package then replaces
-    them by one self-contained ``configuration_<family>.py`` (and ``modeling_<family>.py``) through
-    ``standalone_code_writer``, which ``import hf_attn_variants`` sets (``hf_attn_variants.models.standalone``).
-    In exported code it stays ``None``: those files are already standalone and are copied as they are.
-    """
-
-    standalone_code_writer = None
-
-    @classmethod
-    def code_class(cls) -> type:
-        """The class whose module holds this object's code: ``cls`` itself, or for a subclass made at run time
-        (FSDP2's ``fully_shard`` turns a model's class into one defined in torch) its first base from this
-        package."""
-        package = StandaloneCodeMixin.__module__.rpartition(".")[0]
-        return next(base for base in cls.__mro__ if base.__module__.rpartition(".")[0] == package)
-
-    def save_pretrained(self, save_directory: Any, *args: Any, push_to_hub: bool = False, **kwargs: Any) -> Any:
-        writer = type(self).standalone_code_writer
-        if writer is None or self._auto_class is None:
-            return super().save_pretrained(save_directory, *args, push_to_hub=push_to_hub, **kwargs)
-        hub = {name: kwargs.pop(name) for name in HUB_ARGUMENTS if name in kwargs}
-        run_time_class = type(self) is not self.code_class()
-        if run_time_class:  # Transformers would copy torch's module as the code; the writer alone writes ours
-            type(self)._auto_class = None
-        try:
-            result = super().save_pretrained(save_directory, *args, **kwargs)
-        finally:
-            if run_time_class:
-                del type(self)._auto_class
-        writer(save_directory, self)
-        if push_to_hub:  # upload only after the code was rewritten
-            self.push_to_hub(hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory))), **hub)
-        return result
-
-
-class AttnVariantConfig(StandaloneCodeMixin, PreTrainedConfig):
-    r"""Fields common to the ``gau``, ``synthesizer`` and ``entropy_invariant`` families.
-
-    Written with an explicit ``__init__`` (not as dataclass fields) because Transformers 5.0–5.4 configs are
-    plain classes: this is the form every 5.x release accepts, so exported model code runs on all of them.
+class AttnVariantConfig(PreTrainedConfig):
+    """Fields common to the ``gau``, ``synthesizer`` and ``entropy_invariant`` families (an explicit
+    ``__init__``: the form every 5.x release accepts).
 
     Args:
-        vocab_size: vocabulary size of ``embed_tokens`` and ``lm_head``.
-        hidden_size: model width d.
-        num_hidden_layers: number of layers.
-        hidden_act: activation of the feed-forward / gating units (a key of ``transformers.activations.ACT2FN``).
+        vocab_size, hidden_size, num_hidden_layers: vocabulary, width d, depth.
+        hidden_act: activation of the feed-forward / gating units (a key of ``ACT2FN``).
         max_position_embeddings: longest sequence for learned absolute positions (and the Synthesizer's l).
-        hidden_dropout_prob: dropout on embeddings and residual branches.
-        attention_probs_dropout_prob: dropout on attention probabilities.
+        hidden_dropout_prob, attention_probs_dropout_prob: dropout on residual branches / attention weights.
         initializer_range: std of the normal initialisation of weight matrices.
-        layer_norm_eps: ε of the norms.
-        norm_type: ``"layernorm"``, ``"rmsnorm"`` or ``"scalenorm"``.
-        norm_position: ``"pre"`` (norm inside the residual branch, final norm at the end) or ``"post"``
-            (norm after each residual sum, as BERT and GAU-α).
-        norm_elementwise_affine: whether the norms have a learned gain (and bias for LayerNorm).
+        layer_norm_eps, norm_type (``"layernorm"``, ``"rmsnorm"``, ``"scalenorm"``), norm_position (``"pre"``,
+            or ``"post"`` as BERT and GAU-α), norm_elementwise_affine: the norms.
         position_embedding_type: ``"rope"`` (default), ``"absolute"`` (learned) or ``"none"``.
-        rope_theta: RoPE base.
-        use_bias: biases in the projections.
-        classifier_dropout: dropout of classification heads (``None`` = ``hidden_dropout_prob``).
-        is_decoder: causal attention in the base model (``*ForCausalLM`` sets it).
-        use_cache: return a ``Cache`` from causal forward passes.
-        pad_token_id, bos_token_id, eos_token_id: special token ids.
-        tie_word_embeddings: tie ``lm_head`` to ``embed_tokens``.
+        rope_theta: RoPE base. use_bias: biases in the projections. classifier_dropout: of classification
+            heads (``None`` = hidden dropout).
+        is_decoder: causal attention (``*ForCausalLM`` sets it). use_cache, pad/bos/eos_token_id,
+            tie_word_embeddings: as in Transformers.
 
-    ``min_transformers_version`` (read-only, written to ``config.json``) is the oldest Transformers release
-    the model code supports.
+    ``min_transformers_version`` (read-only, in ``config.json``) is the oldest Transformers the code supports.
     """
 
-    # Pipeline parallelism (Transformers' DistributedConfig(pp_size=…)): stages split ``layers``; the first embeds,
-    # the last applies the final norm (and the head's ``_pp_plan``). Tensor-parallel plans are per family.
-    base_model_pp_plan: ClassVar[dict[str, tuple[list[str], list[str]]]] = {
+    # Pipeline parallelism (Transformers' DistributedConfig(pp_size=…)): stages split ``layers``; the first
+    # embeds, the last applies the final norm (+ the head's ``_pp_plan``). Tensor-parallel plans: per family.
+    base_model_pp_plan: ClassVar[dict[str, Any]] = {
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),
         "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
         "norm": (["hidden_states"], ["hidden_states"]),
     }
-    # FSDP2: each layer its own group; the embeddings and the LM head stay in the root group together, so a tied
-    # pair is one parameter of one group (see ``_HeadMixin._tie_before_fsdp``).
-    base_model_fsdp_plan: ClassVar[dict[str, str]] = {"layers.*": "free_full_weight", "norm": "keep_full_weight"}
+    # FSDP2: each layer its own group; the embeddings and the LM head stay in the root group together, so a
+    # tied pair is one parameter of one group (see ``_HeadMixin._tie_before_fsdp``).
+    base_model_fsdp_plan: ClassVar[dict[str, str]] = {"layers.*": "free_full_weight",
+                                                      "norm": "keep_full_weight"}
 
     def __init__(
         self,
@@ -215,9 +162,9 @@ class AttnVariantConfig(StandaloneCodeMixin, PreTrainedConfig):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # Transformers >= 5.5 turns every config subclass into a dataclass, whose generated __eq__ would compare
-        # only the base class's dataclass fields (so configs of different sizes would be "equal").
-        cls.__eq__ = config_equal  # type: ignore[method-assign]
+        # Transformers >= 5.5 turns every config subclass into a dataclass, whose generated __eq__ would
+        # compare only the base class's dataclass fields (so configs of different sizes would be "equal").
+        cls.__eq__ = config_equal  # type: ignore[method-assign, assignment]
 
     __eq__ = config_equal
 
@@ -237,29 +184,25 @@ class AttnVariantConfig(StandaloneCodeMixin, PreTrainedConfig):
         check_choice("norm_type", self.norm_type, NORM_TYPES)
         check_choice("norm_position", self.norm_position, NORM_POSITIONS)
         check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
-        for field in ("norm_elementwise_affine", "use_bias", "is_decoder", "use_cache", "tie_word_embeddings"):
+        for field in ("norm_elementwise_affine", "use_bias", "is_decoder", "use_cache",
+                      "tie_word_embeddings"):
             check_bool(field, getattr(self, field))
         for field in ("pad_token_id", "bos_token_id"):
             check_int(field, getattr(self, field), 0, allow_none=True)
 
 
 class MultiHeadAttnVariantConfig(AttnVariantConfig):
-    r"""Adds multi-head attention and a feed-forward block to ``AttnVariantConfig``.
+    """Adds multi-head attention and a feed-forward block to ``AttnVariantConfig``.
 
     Args:
-        num_attention_heads: heads per layer before pruning; head size = ``head_dim``.
-        intermediate_size: width of the feed-forward block.
-        pruned_heads: ``{layer: [original head indices removed]}``, written by
-            ``hf_attn_variants.pruning.prune_heads`` so that ``from_pretrained`` rebuilds the pruned shapes.
-        head_dim: size of one head, as Llama's field; ``None`` (the default) = hidden_size /
-            num_attention_heads, which must then divide evenly. Set explicitly by
-            ``hf_attn_variants.pruning.restate_uniform_heads``: a model pruned to the same k heads in every
-            layer is restated as ``num_attention_heads=k`` with the original ``head_dim`` (what vLLM reads).
-            Written to ``config.json`` only when set.
+        num_attention_heads: heads per layer before pruning. intermediate_size: the feed-forward width.
+        pruned_heads: ``{layer: [original head indices removed]}``: ``from_pretrained`` rebuilds the shapes.
+        head_dim: size of one head (Llama's field); ``None`` = hidden_size / num_attention_heads. Written to
+            ``config.json`` only when set (a uniformly pruned model keeps its original ``head_dim``).
     """
 
-    # Tensor parallelism (Megatron-LM's split): each rank owns whole heads — their q/k/v rows, o columns and every
-    # per-head tensor (SSMax's scale; the Synthesizer's dense W₁/W₂, R, R₁/R₂) through "local_shard"
+    # Tensor parallelism (Megatron-LM's split): each rank owns whole heads — their q/k/v rows, o columns and
+    # every per-head tensor (SSMax's scale; the Synthesizer's dense W₁/W₂, R, R₁/R₂) through "local_shard"
     # (hf_attn_variants.models.tensor_parallel) — and a slice of the feed-forward.
     base_model_tp_plan: ClassVar[dict[str, str]] = {
         "layers.*.self_attn.q_proj": "colwise",
@@ -306,7 +249,7 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
 
     @property
     def head_dim(self) -> int:
-        """Size of one head: the ``head_dim`` field, else hidden_size / num_attention_heads (unchanged by pruning)."""
+        """Head size: field ``head_dim``, else hidden_size / num_attention_heads (unchanged by pruning)."""
         explicit = self.explicit_head_dim
         return self.hidden_size // self.num_attention_heads if explicit is None else explicit
 
@@ -329,7 +272,6 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
 __all__ = [
     "AttnVariantConfig",
     "MultiHeadAttnVariantConfig",
-    "StandaloneCodeMixin",
     "check_bool",
     "check_choice",
     "check_float",

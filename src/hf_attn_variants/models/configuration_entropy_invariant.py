@@ -27,9 +27,9 @@ class EntropyInvariantConfig(MultiHeadAttnVariantConfig):
         base_length: the training length m at which the factor is 1 (default 512).
         entropy_min_length: lower clamp of nᵢ (default 16, as bert4keras). Configs saved under its former
             name ``min_length`` (which collided with the generation parameter) load unchanged.
-        entropy_invariant_scope: where the ``entropy_invariant`` factor applies: ``"all"`` (default: every row;
-            this family is trained with it) or ``"beyond"`` = max(1, log nᵢ / log ``base_length``): rows that
-            see at most ``base_length`` keys are standard attention (Qwen's ``use_logn_attn``).
+        entropy_invariant_scope: where the ``entropy_invariant`` factor applies: ``"all"`` (default: every
+            row; this family is trained with it) or ``"beyond"`` = max(1, log nᵢ / log ``base_length``): rows
+            that see at most ``base_length`` keys are standard attention (Qwen's ``use_logn_attn``).
 
     nᵢ follows the attention mask; without one, the ``position_ids`` the caller passes (nᵢ = position + 1 for
     causal rows: packed sequences, serving engines).
@@ -56,7 +56,8 @@ class EntropyInvariantConfig(MultiHeadAttnVariantConfig):
         self.attention_scale = attention_scale
         self.entropy_invariant_scope = entropy_invariant_scope
         self.base_length = base_length
-        self.entropy_min_length = renamed_field(kwargs, "min_length", "entropy_min_length", entropy_min_length, 16)
+        self.entropy_min_length = renamed_field(kwargs, "min_length", "entropy_min_length",
+                                                entropy_min_length, 16)
         super().__init__(**kwargs)
 
     def check_fields(self) -> None:

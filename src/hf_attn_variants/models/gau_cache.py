@@ -1,7 +1,7 @@
 """The decoding cache of FLASH GAU (``chunk_size``): a constant-size state instead of every past key.
 
-``GAUChunkCacheLayer`` holds the open chunk's keys/values and Σ k′ᵀv of the closed chunks; ``chunk_cache_layer``
-installs it in a ``DynamicCache``; ``check_chunk_cache`` refuses, in one sentence naming
+``GAUChunkCacheLayer`` holds the open chunk's keys/values and Σ k′ᵀv of the closed chunks;
+``chunk_cache_layer`` installs it in a ``DynamicCache``; ``check_chunk_cache`` refuses, in one sentence naming
 ``cache_implementation``, a cache that cannot hold it (static caches).
 """
 
@@ -39,7 +39,7 @@ class GAUChunkCacheLayer(DynamicLayer):
 
     def open_chunk(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """``(keys, values, linear_state)`` of the open chunk (``None`` before the first update)."""
-        if not self.is_initialized or self.keys.numel() == 0:
+        if not self.is_initialized or self.keys.numel() == 0:  # type: ignore[union-attr]
             return None, None, self.linear_state
         return self.keys, self.values, self.linear_state
 
@@ -86,12 +86,13 @@ class GAUChunkCacheLayer(DynamicLayer):
 
 
 def check_chunk_cache(cache: Cache | None) -> None:
-    """Refuse, in one sentence, a cache that cannot hold the FLASH chunk state (anything but a dynamic cache)."""
-    fixed = sorted({type(layer).__name__ for layer in getattr(cache, "layers", ()) if not isinstance(layer, DynamicLayer)})
+    """Refuse, in one sentence, a cache that cannot hold the FLASH chunk state (any but a dynamic cache)."""
+    fixed = sorted({type(layer).__name__ for layer in getattr(cache, "layers", ())
+                    if not isinstance(layer, DynamicLayer)})
     if fixed:
         raise ValueError(
-            f"GAU with chunk_size (FLASH) keeps its past as a constant-size chunk state that only a dynamic cache can "
-            f"hold, but got a {type(cache).__name__} of {', '.join(fixed)}: generate with "
+            "GAU with chunk_size (FLASH) keeps its past as a constant-size chunk state that only a dynamic "
+            f"cache can hold, but got a {type(cache).__name__} of {', '.join(fixed)}: generate with "
             "cache_implementation='dynamic' (the default) instead of 'static' or its variants."
         )
 
@@ -105,10 +106,10 @@ def chunk_cache_layer(cache: Cache, layer_idx: int) -> GAUChunkCacheLayer:
         return layer
     if type(layer) is DynamicLayer and layer.get_seq_length() == 0:
         cache.layers[layer_idx] = GAUChunkCacheLayer()
-        return cache.layers[layer_idx]
+        return cache.layers[layer_idx]  # type: ignore[return-value]
     raise TypeError(
         f"GAU with chunk_size needs a DynamicCache (or GAUChunkCacheLayer layers); layer {layer_idx} of the "
-        f"cache is a {type(layer).__name__} that already holds {layer.get_seq_length()} tokens."
+        f"cache is a {type(layer).__name__} that already holds {layer.get_seq_length()} tokens."  # type: ignore[union-attr]
     )
 
 

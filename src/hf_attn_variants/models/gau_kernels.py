@@ -1,23 +1,11 @@
-"""Attention kernels of the Gated Attention Unit, written with torch operations (no config, no modules).
+"""Attention kernels of the Gated Attention Unit, written with torch operations, in at least float32:
 
-Everything runs in at least float32 (float64 stays float64), so fp16/bf16 never overflow in relu² or the logits:
-
-- ``relu2_attention``: Σⱼ relu(qᵢ·kⱼ)² vⱼ over the visible keys — quadratic relu² GAU with every positive
-  factor (1/√s, 1/√L) folded into q. Small score matrices are one expression; large ones go through the
-  blocked ``Relu2Attention`` autograd Function (activation memory linear in n).
-- ``softmax_attention``: softmax(q kᵀ) v over the visible keys, blocked the same way for large causal inputs
-  (``SoftmaxAttention``, FlashAttention's recomputation written with torch matmuls), which on a CPU beats
-  SDPA for long causal rows because it skips the keys after each block's last query.
-- ``laplace_attention``: Mega's Laplace function, the bounded relu² substitute.
-- ``flash_mixed_chunk_attention`` / ``flash_effective_weights``: FLASH's mixed-chunk attention (exact relu²
-  inside chunks of g tokens, linear attention across chunks) and its dense effective matrix, which with
-  ``flash_visibility`` per document is the reference for rows that pack several documents.
-- ``DocumentChunks``: rows packing several documents laid out so that every document starts on a chunk boundary
-  (the varlen layout of flash-linear-attention's ``cu_seqlens``); the chunked kernels then run each document as
-  if alone, with the linear state restarting at each document (``segments``), in O(n).
-
-``gau_triton.py`` holds the Triton versions of ``relu2_attention`` and of FLASH's intra-chunk part; the unit in
-``modeling_gau.py`` picks one per call (``GAUConfig.gau_kernel``).
+- ``relu2_attention`` / ``softmax_attention``: quadratic attention with every factor in q; blocked autograd
+  Functions (``Relu2Attention``, ``SoftmaxAttention``) keep nothing n×n.
+- ``laplace_attention``: Mega's Laplace function.
+- ``flash_mixed_chunk_attention`` / ``flash_effective_weights``: FLASH (exact relu² inside chunks of g tokens,
+  linear attention across chunks) and its dense effective matrix (``flash_visibility``: per document).
+- ``DocumentChunks``: packed documents laid out so that every document starts on a chunk boundary.
 """
 
 from __future__ import annotations
@@ -51,8 +39,8 @@ ATTENTION_BLOCK_ELEMENTS = 1 << 22
 
 
 def uses_blocks(queries: int, keys: int) -> bool:
-    """Whether ``relu2_attention`` / ``softmax_attention`` (without dropout) run in query blocks at this size:
-    more than ``ATTENTION_BLOCK_ELEMENTS`` scores. ``modeling_gau.gau_attention_path`` names the path with it."""
+    """Whether quadratic attention runs in query blocks at this size: more than ``ATTENTION_BLOCK_ELEMENTS``
+    scores (``modeling_gau.gau_attention_path`` decides with it)."""
     return queries * keys > ATTENTION_BLOCK_ELEMENTS
 
 
@@ -93,9 +81,10 @@ def _backward_in_blocks(
     block: Callable[..., tuple[torch.Tensor, torch.Tensor]],
     *row_stats: torch.Tensor,
 ) -> tuple[torch.Tensor | None, ...]:
-    """Gradients of out = P v with P = f(q kᵀ) from one block at a time: ``block(query rows, keys, values, mask,
-    dO rows, *row_stats rows)`` recomputes the block's weights P and returns them with dS = ∂L/∂(q kᵀ); then
-    dV += Pᵀ dO, dQ = dS K, dK += dSᵀ Q. Returns the gradients of ``Function.forward``'s five inputs."""
+    """Gradients of out = P v with P = f(q kᵀ) from one block at a time:
+    ``block(query rows, keys, values, mask, dO rows, *row_stats rows)`` recomputes the block's weights P and
+    returns them with dS = ∂L/∂(q kᵀ); then dV += Pᵀ dO, dQ = dS K, dK += dSᵀ Q. Returns the gradients of
+    ``Function.forward``'s five inputs."""
     grad_query = torch.empty_like(query)
     grad_key = torch.zeros_like(key)
     grad_value = torch.zeros_like(value)
@@ -132,21 +121,14 @@ def _relu2_block_gradients(query, key, value, mask, grad) -> tuple[torch.Tensor,
 
 
 class Relu2Attention(torch.autograd.Function):
-    """out = relu(q kᵀ)² v over the visible keys, computed in blocks of query rows; saves only q, k, v.
-
-    The caller folds every positive factor into q: relu(c·a)² = c²·relu(a)² for c > 0, so
-    relu(a·scaling)² / L = relu((q·scaling/√L)·k)² with a per-row L (see ``relu2_attention``). The
-    gradient uses d relu(a)²/da = 2 relu(a), which is 0 wherever the key is hidden or a ≤ 0, so
-    no separate activation mask is kept. Peak extra memory is three (block × keys) buffers in the
-    backward pass instead of the n×n score, activation and weight tensors autograd would save per
-    layer; the scores are recomputed in the backward pass (one extra q·kᵀ, the cheaper of the two
-    products since s ≤ e). ``causal_offset`` (queries are keys ``causal_offset …``) lets a block skip
-    the keys after its last query, halving causal work.
+    """out = relu(q kᵀ)² v over the visible keys in blocks of query rows, saving only q, k, v (scores are
+    recomputed in backward). The gradient uses d relu(a)²/da = 2 relu(a), which is 0 wherever a key is hidden
+    or a ≤ 0; ``causal_offset`` lets a block skip the keys after its last query.
     """
 
     @staticmethod
-    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                causal_offset: int | None) -> torch.Tensor:
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                mask: torch.Tensor | None, causal_offset: int | None) -> torch.Tensor:
         (output,) = _forward_in_blocks(query, key, value, mask, causal_offset, _relu2_block_output)
         ctx.save_for_backward(query, key, value, mask)
         ctx.causal_offset = causal_offset
@@ -155,7 +137,8 @@ class Relu2Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         query, key, value, mask = ctx.saved_tensors
-        return _backward_in_blocks(query, key, value, mask, grad_output, ctx.causal_offset, _relu2_block_gradients)
+        return _backward_in_blocks(query, key, value, mask, grad_output, ctx.causal_offset,
+                                   _relu2_block_gradients)
 
 
 def relu2_attention(
@@ -163,26 +146,17 @@ def relu2_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     mask: torch.Tensor | None,
-    row_scale: torch.Tensor | float,
     causal_offset: int | None = None,
+    blocked: bool = False,
 ) -> torch.Tensor:
-    """Σⱼ relu(q_i·k_j·row_scale_i)² v_j over visible keys, i.e. quadratic relu² GAU with L folded in.
+    """Σⱼ relu(q_i·k_j)² v_j over visible keys: quadratic relu² GAU with every positive factor in q.
 
     ``query`` ``(batch, q, s)``, ``key`` ``(batch, k, s)``, ``value`` ``(batch, k, e)`` (float32 or float64),
-    ``mask`` ``(batch, q, k)`` bool (``True`` = visible) or ``None``, ``row_scale`` > 0 a float or
-    ``(batch, q)`` (scaling / √L). Same value as ``gau_attention_weights(...) @ v`` for ``relu2``.
-
-    A score matrix of at most ``ATTENTION_BLOCK_ELEMENTS`` (16 MiB) is one fused expression — scale folded
-    into q, mask and relu in place on the score buffer, then the square: autograd keeps two n×n tensors
-    (relu's output and the weights), the minimum for its backward, and no-grad inference one. Larger
-    ones (``uses_blocks``) go through ``Relu2Attention``: blocks of query rows, nothing n×n kept, scores
-    recomputed in the backward pass, so activation memory is linear in n.
+    ``mask`` ``(batch, q, k)`` bool (``True`` = visible) or ``None``. One expression (mask and relu in place
+    on the score buffer): autograd keeps two n×n tensors, no-grad inference one. ``blocked``: query blocks
+    through ``Relu2Attention`` instead, nothing n×n kept (``uses_blocks`` says where the unit chooses it).
     """
-    if isinstance(row_scale, torch.Tensor):
-        query = query * row_scale[..., None]
-    else:
-        query = query * row_scale
-    if uses_blocks(query.shape[-2], key.shape[-2]):
+    if blocked:
         return Relu2Attention.apply(query, key, value, mask, causal_offset)
     weights = _relu2_block_weights(query, key, mask)
     tracked = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
@@ -212,17 +186,14 @@ def _softmax_block_gradients(query, key, value, mask, grad, lse, delta) -> tuple
 
 
 class SoftmaxAttention(torch.autograd.Function):
-    """out = softmax(q kᵀ) v over the visible keys in blocks of query rows; saves q, k, v, the output and
-    the per-row log-sum-exp (FlashAttention's recomputation, Dao et al. 2022, written with torch matmuls).
-
-    Backward per block: P = exp(S − lse), dV += Pᵀ dO, dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)), dQ = dS K,
-    dK += dSᵀ Q. Hidden keys get the most negative logit, so P is 0 there. A row without a visible key
-    gets a uniform P; the caller zeroes such rows on the output (see ``softmax_attention``).
+    """out = softmax(q kᵀ) v over the visible keys in blocks of query rows (FlashAttention's recomputation,
+    Dao et al. 2022, with torch matmuls), saving q, k, v, the output and the per-row log-sum-exp. Backward per
+    block: P = exp(S − lse), dV += Pᵀ dO, dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)), dQ = dS K, dK += dSᵀ Q.
     """
 
     @staticmethod
-    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                causal_offset: int | None) -> torch.Tensor:
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                mask: torch.Tensor | None, causal_offset: int | None) -> torch.Tensor:
         output, lse = _forward_in_blocks(query, key, value, mask, causal_offset, _softmax_block_output)
         ctx.save_for_backward(query, key, value, mask, output, lse)
         ctx.causal_offset = causal_offset
@@ -243,21 +214,18 @@ def softmax_attention(
     value: torch.Tensor,
     mask: torch.Tensor | None,
     causal_offset: int | None = None,
-    dropout: float = 0.0,
-    training: bool = False,
+    blocked: bool = False,
 ) -> torch.Tensor:
-    """softmax(q kᵀ) v over visible keys for a q that already carries the logit scale; float32/float64 in and out.
+    """softmax(q kᵀ) v over visible keys for a q already carrying the logit scale; float32/float64 in and out.
 
-    Shapes as ``relu2_attention``; rows without a visible key give zeros. A score matrix of at most
-    ``ATTENTION_BLOCK_ELEMENTS`` elements (or any, with attention dropout, which needs the probabilities) is one
-    expression keeping a single n×n tensor (the probabilities) for backward; larger ones (``uses_blocks``) use
-    ``SoftmaxAttention`` (blocked, recomputed, activation memory linear in n).
+    Shapes as ``relu2_attention``; rows without a visible key give zeros. One expression keeps a single n×n
+    tensor (the probabilities) for backward; ``blocked``: ``SoftmaxAttention`` (recomputed, activation memory
+    linear in n).
     """
-    if uses_blocks(query.shape[-2], key.shape[-2]) and not (training and dropout > 0):
+    if blocked:
         attended = SoftmaxAttention.apply(query, key, value, mask, causal_offset)
     else:
-        probs = F.dropout(_masked_scores(query, key, mask).softmax(-1), p=dropout, training=training)
-        attended = torch.matmul(probs, value)
+        attended = torch.matmul(_masked_scores(query, key, mask).softmax(-1), value)
     return attended if mask is None else attended * mask.any(-1, keepdim=True)
 
 
@@ -277,20 +245,14 @@ def flash_mixed_chunk_attention(
     intra_chunk: bool = True,
     segments: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FLASH mixed-chunk attention (Hua et al. 2022, §3.2) with every factor in the queries: ``(numerator, state)``.
+    """FLASH mixed-chunk attention (Hua et al. 2022, §3.2) with every factor in the queries:
+    ``(numerator, state)``.
 
-    Inputs are ``(batch, T, s)`` (``value``: ``(batch, T, e)``), ``key_mask`` ``(batch, T)`` bool
-    (``True`` = real token). Position t belongs to chunk ⌊t / g⌋; T is padded internally to a multiple
-    of g with zero keys, which no query can see. numerator_i = Σ_{j same chunk, visible} relu(q_i·k_j)² v_j +
-    Σ_{j ∈ lin(i)} (q'_i·k'_j) v_j, where lin(i) is every valid key (non-causal) or the valid keys of earlier chunks
-    plus ``initial_state`` = Σ k'ᵀv of chunks before this segment (causal). The caller folds the positive factors
-    into the queries (relu(a·q·k)²/L = relu((q·a/√L)·k)², (a·q'·k')/L = (q'·a/L)·k'), where they cost O(T·s)
-    instead of O(T·g) on the scores and O(T·e) on the output. ``state`` is ``initial_state`` + Σ k'ᵀv over the
-    *complete* chunks of the segment (causal), or the total (non-causal). Everything is computed in at least
-    float32; cost and memory are O(T·g + T/g·s·e). ``intra_chunk=False`` leaves out the relu² part inside the
-    chunks (the caller adds it: the Triton kernel). ``segments`` ``(batch, T/g)``: for each chunk, the first chunk
-    of its document (``DocumentChunks.segment``); the linear part then sums only over the chunks of the query's
-    own document, and ``state`` is meaningless (packed rows are never cached).
+    Inputs ``(batch, T, s)`` (``value`` ``(batch, T, e)``), ``key_mask`` ``(batch, T)`` bool. numerator_i =
+    Σ_{j same chunk, visible} relu(q_i·k_j)² v_j + Σ_{j ∈ lin(i)} (q'_i·k'_j) v_j, where lin(i) is every valid
+    key (bidirectional) or the valid keys of earlier chunks plus ``initial_state`` (causal); ``segments``
+    restart the state per document. ``state``: Σ k'ᵀv over the complete chunks (+ ``initial_state``).
+    ``intra_chunk=False`` leaves the relu² part to the caller (the Triton kernel).
     """
     batch, length, key_size = quad_q.shape
     width = value.shape[-1]
@@ -343,11 +305,11 @@ def flash_mixed_chunk_attention(
 
 
 def segmented_chunk_sums(summaries: torch.Tensor, segments: torch.Tensor, causal: bool) -> torch.Tensor:
-    """Per chunk c, the sum of the summaries k'ᵀv ``(batch, C, s, e)`` of the chunks of its own document: those
-    before c (``causal``, exclusive) or all of them. A document's chunks are contiguous and start at
-    ``segments[:, c]``, so the causal sum is a difference of prefix sums (taken in float64, so that the documents
-    before it cost no precision: each document gets its lone run's sum) and the full one a scatter-add per
-    document. O(C·s·e), no C×C term."""
+    """Per chunk c, the sum of the summaries k'ᵀv ``(batch, C, s, e)`` of the chunks of its own document:
+    those before c (``causal``, exclusive) or all of them. A document's chunks are contiguous and start at
+    ``segments[:, c]``, so the causal sum is a difference of prefix sums (taken in float64, so that the
+    documents before it cost no precision: each document gets its lone run's sum) and the full one a
+    scatter-add per document. O(C·s·e), no C×C term."""
     rows = torch.arange(summaries.shape[0], device=summaries.device)[:, None]
     if causal:
         prefix = F.pad(summaries.double().cumsum(1), (0, 0, 0, 0, 1, 0))  # prefix[c] = Σ_{c' < c}
@@ -362,15 +324,11 @@ def segmented_chunk_sums(summaries: torch.Tensor, segments: torch.Tensor, causal
 class DocumentChunks:
     """Rows packing several documents, laid out so that every document starts on a chunk boundary.
 
-    Document d of a row (``document_ids``, ``layers.packed_document_ids``) takes the slots
-    [o_d, o_d + |d|) with o_d = Σ_{d' < d} ⌈|d'| / g⌉·g, so FLASH's chunks never straddle two documents and each
-    document is chunked from its own start, as in its lone run; the rest of each document's last chunk is empty.
-    With T tokens and D documents a row takes T' ≤ T + D·(g − 1) slots: linear in n. ``slots`` is T';
-    ``segment`` ``(batch, T'/g)`` each chunk's document's first chunk; ``valid`` ``(batch, T')`` the slots holding a
-    token (``None`` when all do); ``source`` / ``destination``: flat indices of each slot's token among the rows
-    padded with one zero token, and of each token's slot (``None`` when the slots are the tokens themselves:
-    documents of whole chunks). T' depends on the data; while compiling (static shapes) ``build(layout=False)``
-    keeps the document ids alone (``segment`` ``None``), and the unit takes the reference path.
+    Document d takes the slots [o_d, o_d + |d|) with o_d = Σ_{d' < d} ⌈|d'| / g⌉·g, so no chunk straddles two
+    documents (T' ≤ T + D·(g − 1) slots). ``segment`` ``(batch, T'/g)``: each chunk's document's first chunk;
+    ``valid``: the slots holding a token; ``source`` / ``destination``: flat indices between slots and tokens
+    (``None`` when the slots are the tokens). While compiling (static shapes) ``build(layout=False)`` keeps
+    the ids alone.
     """
 
     document_ids: torch.Tensor
@@ -395,7 +353,7 @@ class DocumentChunks:
         slots = int(padded.sum(-1).max())
         segment = torch.arange(slots // chunk_size, device=device).expand(batch, -1).clone()
         segment.scatter_(-1, destination // chunk_size, offsets // chunk_size)
-        if slots == length and bool((padded.sum(-1) == length).all()):  # whole chunks: the slots are the tokens
+        if slots == length and bool((padded.sum(-1) == length).all()):  # whole chunks: slots are the tokens
             return cls(document_ids, slots, segment)
         rows = torch.arange(batch, device=device)[:, None]
         source = torch.full((batch, slots), length, device=device).scatter_(
@@ -415,19 +373,21 @@ class DocumentChunks:
         """``(batch, T', f)`` → ``(batch, T, f)``: each token's slot back in token order."""
         if self.destination is None:
             return tensor
-        return tensor.flatten(0, 1).index_select(0, self.destination).view(tensor.shape[0], -1, tensor.shape[-1])
+        return (tensor.flatten(0, 1).index_select(0, self.destination)
+                .view(tensor.shape[0], -1, tensor.shape[-1]))
 
 
 def flash_visibility(
     positions: torch.Tensor, chunk_size: int, causal: bool, document_ids: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Which keys the two parts of FLASH give each query: boolean ``(quadratic, linear)`` of shape ``(…, T, T)``.
+    """Which keys FLASH's two parts give each query: boolean ``(quadratic, linear)`` of shape ``(…, T, T)``.
 
-    With the chunk c(t) = ⌊p_t / g⌋ of position p_t (Hua et al. 2022, §3.2): quadratic_ij = [c(j) = c(i)] (∧ p_j ≤ p_i
-    if ``causal``); linear_ij = [c(j) < c(i)] if ``causal``, else every key (``None``). ``positions`` ``(T,)`` are the
-    tensor columns 0 … T − 1 of an ordinary row. For rows packing documents, ``positions`` ``(batch, T)`` are each
-    token's index within its document (``layers.document_positions``) and ``document_ids`` add [d(j) = d(i)] to both,
-    so every document is chunked from its own start and its linear state starts empty — exactly its lone run.
+    With the chunk c(t) = ⌊p_t / g⌋ of position p_t (Hua et al. 2022, §3.2): quadratic_ij = [c(j) = c(i)]
+    (∧ p_j ≤ p_i if ``causal``); linear_ij = [c(j) < c(i)] if ``causal``, else every key (``None``).
+    ``positions`` ``(T,)`` are the tensor columns 0 … T − 1 of an ordinary row. For rows packing documents,
+    ``positions`` ``(batch, T)`` are each token's index within its document (``layers.document_positions``)
+    and ``document_ids`` add [d(j) = d(i)] to both, so every document is chunked from its own start and its
+    linear state starts empty — exactly its lone run.
     """
     chunk = positions // chunk_size
     quadratic = chunk[..., :, None] == chunk[..., None, :]
@@ -454,13 +414,13 @@ def flash_effective_weights(
     training: bool = False,
     visibility: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
-    """The dense (batch, T, T) matrix W with numerator = W v for ``flash_mixed_chunk_attention`` (factors in the
-    queries, as there).
+    """The dense (batch, T, T) matrix W with numerator = W v for ``flash_mixed_chunk_attention`` (factors in
+    the queries, as there).
 
     W_ij = relu(q_i·k_j)² [same chunk, visible] + (q'_i·k'_j) [j ∈ lin(i)], dropout on the
     quadratic part as in the chunked kernel; the two brackets are ``visibility`` (``flash_visibility``: of the
-    tensor columns when ``None``, per document for packed rows). O(T²): built for ``output_attentions`` and for
-    packed documents.
+    tensor columns when ``None``, per document for packed rows). O(T²): built for ``output_attentions`` and
+    for packed documents.
     """
     if visibility is None:
         visibility = flash_visibility(torch.arange(quad_q.shape[1], device=quad_q.device), chunk_size, causal)

@@ -1,14 +1,14 @@
-"""Triton kernels of relu² GAU: quadratic attention and FLASH's attention inside the chunks, forward and backward.
+"""Triton kernels of relu² GAU: quadratic attention and FLASH's attention inside chunks, forward and backward.
 
 Both compute, for queries that already carry every positive factor (1/√s, and 1/√L for quadratic relu²),
 
     out_i = Σ_{j visible from i} relu(q_i·k_j)² v_j
 
 in one pass over key blocks without keeping any n×n tensor (the backward recomputes the scores), where
-"visible" combines: an optional dense mask ``(batch, q, k)`` (the quadratic path's padding ∧ causal mask, or any
-prepared mask), an optional key mask ``(batch, k)`` (FLASH's padding), causality (key j ≤ query i + offset;
-key blocks after a query block's last query are skipped) and, for FLASH, the chunk (⌊i/g⌋ = ⌊j/g⌋; only the
-key blocks of the query block's chunks are visited). FLASH's linear attention across chunks stays in
+"visible" combines: an optional dense mask ``(batch, q, k)`` (the quadratic path's padding ∧ causal mask, or
+any prepared mask), an optional key mask ``(batch, k)`` (FLASH's padding), causality (key j ≤ query i +
+offset; key blocks after a query block's last query are skipped) and, for FLASH, the chunk (⌊i/g⌋ = ⌊j/g⌋;
+only the key blocks of the query block's chunks are visited). FLASH's linear attention across chunks stays in
 ``gau_kernels.flash_mixed_chunk_attention`` (``intra_chunk=False``): it is two small matmuls per chunk.
 
 Gradients: with r = relu(q·kᵀ) on visible pairs and dP = dO·vᵀ, dV = (r²)ᵀ dO, dS = 2 r ⊙ dP, dQ = dS k,
@@ -41,7 +41,8 @@ if TRITON_AVAILABLE:
 
     @triton.jit
     def _load_tile(PTR, b, stride_b, stride_n, rows, cols, n_rows, n_cols):
-        """The ``(rows, cols)`` tile of batch ``b`` of a ``(batch, n, width)`` tensor, 0 outside ``n_rows × n_cols``."""
+        """The ``(rows, cols)`` tile of batch ``b`` of a ``(batch, n, width)`` tensor, 0 outside
+        ``n_rows × n_cols``."""
         return tl.load(PTR + b * stride_b + rows[:, None] * stride_n + cols[None, :],
                        mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
 
@@ -52,18 +53,19 @@ if TRITON_AVAILABLE:
                  mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
 
     @triton.jit
-    def _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, n_k, offset, chunk,
-                      HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    def _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, n_k, offset,
+                      chunk, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
                       CHUNKED: tl.constexpr):
-        """r = relu(q kᵀ) of a (query block, key block) tile in full float32 precision, 0 where the pair may not
-        attend (so r² and dS = 2 r ⊙ dP vanish there)."""
-        visible = _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, n_k, offset, chunk,
-                           HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
+        """r = relu(q kᵀ) of a (query block, key block) tile in full float32 precision, 0 where the pair may
+        not attend (so r² and dS = 2 r ⊙ dP vanish there)."""
+        visible = _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, n_k, offset,
+                           chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
         return tl.where(visible, tl.maximum(tl.dot(q, tl.trans(k), input_precision="ieee"), 0.0), 0.0)
 
     @triton.jit
     def _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, n_k, offset, chunk,
-                 HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr, CHUNKED: tl.constexpr):
+                 HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
+                 CHUNKED: tl.constexpr):
         """Which (query, key) pairs of a tile may attend: in range, causal, same chunk, not masked."""
         visible = (offs_m[:, None] < n_q) & (offs_n[None, :] < n_k)
         if CAUSAL:
@@ -71,7 +73,8 @@ if TRITON_AVAILABLE:
         if CHUNKED:
             visible = visible & ((offs_n[None, :] // chunk) == (offs_m[:, None] // chunk))
         if HAS_MASK:
-            dense = tl.load(M + b * stride_mb + offs_m[:, None] * stride_mq + offs_n[None, :], mask=visible, other=0)
+            dense = tl.load(M + b * stride_mb + offs_m[:, None] * stride_mq + offs_n[None, :], mask=visible,
+                            other=0)
             visible = visible & (dense != 0)
         if HAS_KEY_MASK:
             keys = tl.load(KM + b * stride_kmb + offs_n, mask=offs_n < n_k, other=0)
@@ -103,11 +106,11 @@ if TRITON_AVAILABLE:
         return lo, hi
 
     @triton.jit
-    def _forward_kernel(Q, K, V, M, KM, O, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
+    def _forward_kernel(Q, K, V, M, KM, OUT, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
                         stride_mb, stride_mq, stride_kmb, stride_ob, stride_on, n_q, n_k, S, E, offset, chunk,
                         HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                        CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
-                        BLOCK_E: tl.constexpr):
+                        CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
         pid_m, pid_e, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_s = tl.arange(0, BLOCK_S)
@@ -119,12 +122,12 @@ if TRITON_AVAILABLE:
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             k = _load_tile(K, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
-            r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, hi, offset,
-                              chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
+            r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, hi,
+                              offset, chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
             w = (r * r).to(V.dtype.element_ty)
             v = _load_tile(V, b, stride_vb, stride_vn, offs_n, offs_e, n_k, E)
             acc += tl.dot(w, v, input_precision="ieee")
-        _store_tile(O, acc, b, stride_ob, stride_on, offs_m, offs_e, n_q, E)
+        _store_tile(OUT, acc, b, stride_ob, stride_on, offs_m, offs_e, n_q, E)
 
     @triton.jit
     def _dp_tile(DO, V, b, offs_m, offs_n, stride_ob, stride_on, stride_vb, stride_vn, n_q, n_k, E,
@@ -140,10 +143,10 @@ if TRITON_AVAILABLE:
 
     @triton.jit
     def _grad_query_kernel(Q, K, V, M, KM, DO, DQ, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb,
-                           stride_vn, stride_mb, stride_mq, stride_kmb, stride_ob, stride_on, n_q, n_k, S, E, offset,
-                           chunk, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                           CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
+                           stride_vn, stride_mb, stride_mq, stride_kmb, stride_ob, stride_on, n_q, n_k, S, E,
+                           offset, chunk, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
+                           CAUSAL: tl.constexpr, CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
         pid_m, b = tl.program_id(0), tl.program_id(1)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_s = tl.arange(0, BLOCK_S)
@@ -154,8 +157,8 @@ if TRITON_AVAILABLE:
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             k = _load_tile(K, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
-            r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, hi, offset,
-                              chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
+            r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, hi,
+                              offset, chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
             dp = _dp_tile(DO, V, b, offs_m, offs_n, stride_ob, stride_on, stride_vb, stride_vn, n_q, n_k, E,
                           BLOCK_M, BLOCK_N, BLOCK_E)
             ds = (2.0 * r * dp).to(K.dtype.element_ty)
@@ -164,10 +167,10 @@ if TRITON_AVAILABLE:
 
     @triton.jit
     def _grad_key_kernel(Q, K, V, M, KM, DO, DK, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb,
-                         stride_vn, stride_mb, stride_mq, stride_kmb, stride_ob, stride_on, n_q, n_k, S, E, offset,
-                         chunk, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                         CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
-                         BLOCK_E: tl.constexpr):
+                         stride_vn, stride_mb, stride_mq, stride_kmb, stride_ob, stride_on, n_q, n_k, S, E,
+                         offset, chunk, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
+                         CAUSAL: tl.constexpr, CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
         pid_n, b = tl.program_id(0), tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_s = tl.arange(0, BLOCK_S)
@@ -178,8 +181,8 @@ if TRITON_AVAILABLE:
         for start in range(lo, hi, BLOCK_M):
             offs_m = start + tl.arange(0, BLOCK_M)
             q = _load_tile(Q, b, stride_qb, stride_qn, offs_m, offs_s, hi, S)
-            r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, hi, n_k, offset,
-                              chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
+            r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, hi, n_k,
+                              offset, chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
             dp = _dp_tile(DO, V, b, offs_m, offs_n, stride_ob, stride_on, stride_vb, stride_vn, hi, n_k, E,
                           BLOCK_M, BLOCK_N, BLOCK_E)
             ds = (2.0 * r * dp).to(Q.dtype.element_ty)
@@ -187,11 +190,11 @@ if TRITON_AVAILABLE:
         _store_tile(DK, dk, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
 
     @triton.jit
-    def _grad_value_kernel(Q, K, M, KM, DO, DV, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
-                           stride_mb, stride_mq, stride_kmb, stride_ob, stride_on, n_q, n_k, S, E, offset, chunk,
-                           HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                           CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
+    def _grad_value_kernel(Q, K, M, KM, DO, DV, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb,
+                           stride_vn, stride_mb, stride_mq, stride_kmb, stride_ob, stride_on, n_q, n_k, S, E,
+                           offset, chunk, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
+                           CAUSAL: tl.constexpr, CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
         pid_n, pid_e, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_s = tl.arange(0, BLOCK_S)
@@ -203,8 +206,8 @@ if TRITON_AVAILABLE:
         for start in range(lo, hi, BLOCK_M):
             offs_m = start + tl.arange(0, BLOCK_M)
             q = _load_tile(Q, b, stride_qb, stride_qn, offs_m, offs_s, hi, S)
-            r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, hi, n_k, offset,
-                              chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
+            r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, hi, n_k,
+                              offset, chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
             w = (r * r).to(DO.dtype.element_ty)
             do = _load_tile(DO, b, stride_ob, stride_on, offs_m, offs_e, hi, E)
             dv += tl.dot(tl.trans(w), do, input_precision="ieee")
@@ -218,13 +221,14 @@ def _launch_arguments(
     """The shape/stride arguments and the constexpr switches shared by the four kernels."""
     dense = mask if mask is not None else query.new_zeros(1, 1, dtype=torch.int8)
     keys = key_mask if key_mask is not None else query.new_zeros(1, 1, dtype=torch.int8)
-    strides = [query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-               dense.stride(0), dense.stride(1), keys.stride(0)]
-    sizes = [query.shape[1], key.shape[1], query.shape[2], value.shape[2], int(causal_offset or 0), int(chunk or 1)]
+    strides = [query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0),
+               value.stride(1), dense.stride(0), dense.stride(1), keys.stride(0)]
+    sizes = [query.shape[1], key.shape[1], query.shape[2], value.shape[2], int(causal_offset or 0),
+             int(chunk or 1)]
     switches = {
-        "HAS_MASK": mask is not None, "HAS_KEY_MASK": key_mask is not None, "CAUSAL": causal_offset is not None,
-        "CHUNKED": chunk is not None, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
-        "BLOCK_S": max(16, triton.next_power_of_2(query.shape[2])), "BLOCK_E": BLOCK_E,
+        "HAS_MASK": mask is not None, "HAS_KEY_MASK": key_mask is not None,
+        "CAUSAL": causal_offset is not None, "CHUNKED": chunk is not None, "BLOCK_M": BLOCK_M,
+        "BLOCK_N": BLOCK_N, "BLOCK_S": max(16, triton.next_power_of_2(query.shape[2])), "BLOCK_E": BLOCK_E,
     }
     return [dense, keys, strides, sizes], switches
 
@@ -233,17 +237,19 @@ class TritonRelu2Attention(torch.autograd.Function):
     """Σⱼ relu(qᵢ·kⱼ)² vⱼ over the visible pairs with Triton kernels (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                key_mask: torch.Tensor | None, causal_offset: int | None, chunk: int | None) -> torch.Tensor:
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                mask: torch.Tensor | None, key_mask: torch.Tensor | None, causal_offset: int | None,
+                chunk: int | None) -> torch.Tensor:
         query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
         mask = None if mask is None else mask.to(torch.int8).contiguous()
         key_mask = None if key_mask is None else key_mask.to(torch.int8).contiguous()
-        (dense, keys, strides, sizes), switches = _launch_arguments(query, key, value, mask, key_mask, causal_offset, chunk)
+        (dense, keys, strides, sizes), switches = _launch_arguments(query, key, value, mask, key_mask,
+                                                                    causal_offset, chunk)
         batch, n_q, width = query.shape[0], query.shape[1], value.shape[2]
         output = torch.empty(batch, n_q, width, device=query.device, dtype=value.dtype)
         grid = (triton.cdiv(n_q, BLOCK_M), triton.cdiv(width, BLOCK_E), batch)
-        _forward_kernel[grid](query, key, value, dense, keys, output, *strides, output.stride(0), output.stride(1),
-                              *sizes, **switches)
+        _forward_kernel[grid](query, key, value, dense, keys, output, *strides, output.stride(0),
+                              output.stride(1), *sizes, **switches)
         ctx.save_for_backward(query, key, value, mask, key_mask)
         ctx.causal_offset, ctx.chunk = causal_offset, chunk
         return output
@@ -256,7 +262,8 @@ class TritonRelu2Attention(torch.autograd.Function):
             query, key, value, mask, key_mask, ctx.causal_offset, ctx.chunk
         )
         batch, n_q, n_k, width = query.shape[0], query.shape[1], key.shape[1], value.shape[2]
-        grad_query, grad_key, grad_value = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+        grad_query, grad_key, grad_value = (torch.empty_like(query), torch.empty_like(key),
+                                            torch.empty_like(value))
         common = (*strides, grad_output.stride(0), grad_output.stride(1), *sizes)
         _grad_query_kernel[(triton.cdiv(n_q, BLOCK_M), batch)](
             query, key, value, dense, keys, grad_output, grad_query, *common, **switches)
@@ -268,13 +275,14 @@ class TritonRelu2Attention(torch.autograd.Function):
 
 
 def triton_relu2_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, causal_offset: int | None
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+    causal_offset: int | None
 ) -> torch.Tensor:
     """Quadratic relu² GAU (``gau_kernels.relu2_attention`` with its factors already in ``query``) in Triton.
 
-    ``query`` ``(batch, q, s)``, ``key`` ``(batch, k, s)``, ``value`` ``(batch, k, e)``, ``mask`` ``(batch, q, k)``
-    bool (``True`` = visible) or ``None``; ``causal_offset``: queries are keys ``causal_offset …`` (causal), or
-    ``None`` (bidirectional).
+    ``query`` ``(batch, q, s)``, ``key`` ``(batch, k, s)``, ``value`` ``(batch, k, e)``, ``mask``
+    ``(batch, q, k)`` bool (``True`` = visible) or ``None``; ``causal_offset``: queries are keys
+    ``causal_offset …`` (causal), or ``None`` (bidirectional).
     """
     return TritonRelu2Attention.apply(query, key, value, mask, None, causal_offset, None)
 
@@ -290,7 +298,8 @@ def triton_flash_intra_chunk(
     """FLASH's relu² attention inside chunks of ``chunk_size`` tokens (positions 0, g, 2g, …) in Triton.
 
     ``query`` (scaled) and ``key`` ``(batch, T, s)``, ``value`` ``(batch, T, e)``, ``key_mask`` ``(batch, T)``
-    (``True`` = real token) or ``None``. Equals the intra-chunk part of ``gau_kernels.flash_mixed_chunk_attention``.
+    (``True`` = real token) or ``None``. Equals the intra-chunk part of
+    ``gau_kernels.flash_mixed_chunk_attention``.
     """
     return TritonRelu2Attention.apply(query, key, value, None, key_mask, 0 if causal else None, chunk_size)
 

@@ -1,15 +1,8 @@
-"""Building blocks shared by the three model families.
+"""Building blocks shared by the three families: rotary position embeddings, the norms, masks, the per-row key
+count nᵢ, the entropy-invariant factor, a softmax that never returns NaN, and pruned-head bookkeeping.
 
-Everything here is written once and used by ``modeling_entropy_invariant``, ``modeling_gau`` and
-``modeling_synthesizer``: rotary position embeddings, the norms, the per-row key count nᵢ, the
-entropy-invariant factor, boolean attention masks, an eager attention kernel that never returns NaN
-and the bookkeeping and slicing of pruned heads.
-
-Model code: imports nothing but ``torch`` and the standard library (``hf_attn_variants.models.standalone``
-inlines what a family uses into its exported files).
-
-Precision: computations that must not overflow in fp16/bf16 (norms, logits, softmax, RoPE angles) run in
-``compute_dtype(x.dtype)`` = at least float32 — float64 stays float64, so ``torch.autograd.gradcheck`` works.
+Computations that must not overflow in fp16/bf16 (norms, logits, softmax, RoPE angles) run in
+``compute_dtype(x.dtype)``: at least float32, float64 stays float64.
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ NORM_TYPES = ("layernorm", "rmsnorm", "scalenorm")
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype to compute in for inputs of ``dtype``: ``torch.promote_types(dtype, float32)`` (never lower)."""
+    """The compute dtype for inputs of ``dtype``: ``torch.promote_types(dtype, float32)`` (never lower)."""
     return torch.promote_types(dtype, torch.float32)
 
 
@@ -59,7 +52,7 @@ class RotaryEmbedding(nn.Module):
         return 1.0 / (self.base**exponent)
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return ``(cos, sin)`` of shape ``(batch, seq, dim)`` for ``position_ids`` of shape ``(batch, seq)``.
+        """Return ``(cos, sin)`` shaped ``(batch, seq, dim)`` for ``position_ids`` of shape ``(batch, seq)``.
 
         Angles are computed in ``compute_dtype(dtype)`` (float32 for half precision, float64 for float64).
         """
@@ -87,9 +80,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotate_half(x) * sin
 
 
-def default_position_ids(batch_size: int, seq_length: int, past_length: int, device: torch.device) -> torch.Tensor:
+def default_position_ids(batch_size: int, seq_length: int, past_length: int | torch.Tensor,
+                         device: torch.device) -> torch.Tensor:
     """Positions ``past_length … past_length + seq_length − 1`` for every row, shape ``(batch, seq)``."""
-    positions = torch.arange(past_length, past_length + seq_length, device=device)
+    positions = torch.arange(seq_length, device=device) + past_length
     return positions.unsqueeze(0).expand(batch_size, -1)
 
 
@@ -171,24 +165,23 @@ def build_norm(norm_type: str, hidden_size: int, eps: float, elementwise_affine:
 # --------------------------------------------------------------------------------------------------
 # Masks and the per-row key count nᵢ
 # --------------------------------------------------------------------------------------------------
-def _query_positions(query_length: int, query_offset: int | torch.Tensor, device: torch.device) -> torch.Tensor:
+def _query_positions(query_length: int, query_offset: int | torch.Tensor,
+                     device: torch.device) -> torch.Tensor:
     return torch.arange(query_length, device=device) + query_offset
 
 
 def packed_document_ids(position_ids: torch.Tensor) -> torch.Tensor:
-    """dₜ: the index of the document token t belongs to in rows that pack several documents, ``(batch, n)`` long.
+    """dₜ: the document of token t in rows packing several documents, ``(batch, n)`` long.
 
-    A packing data pipeline numbers every document from 0 and writes no mask, so a document starts at column 0 and
-    wherever the position does not increase: dₜ = Σ_{t′ ≤ t} [p_{t′} ≤ p_{t′−1}] (0 for a row holding one sequence).
-    Transformers' ``find_packed_sequence_indices`` (masking_utils) splits at every step ≠ 1; for documents whose
-    positions step by 1 (the packed format) both give the same documents. O(n), no n×n tensor.
+    A packing pipeline numbers every document from 0 without a mask: a document starts at column 0 and
+    wherever the position does not increase, dₜ = Σ_{t′ ≤ t} [p_{t′} ≤ p_{t′−1}]. O(n).
     """
     restarts = (position_ids[:, 1:] <= position_ids[:, :-1]).long()
     return F.pad(restarts.cumsum(-1), (1, 0))
 
 
 def document_lengths(document_ids: torch.Tensor) -> torch.Tensor:
-    """|d(t)|: the number of tokens of token t's document, ``(batch, n)`` long, for ``packed_document_ids``'s dₜ.
+    """|d(t)|: the token count of token t's document, ``(batch, n)`` long, for ``packed_document_ids``'s dₜ.
 
     Counts per document with one ``scatter_add`` (document indices are < n), read back per token: O(n)."""
     sizes = torch.zeros_like(document_ids).scatter_add_(-1, document_ids, torch.ones_like(document_ids))
@@ -196,7 +189,7 @@ def document_lengths(document_ids: torch.Tensor) -> torch.Tensor:
 
 
 def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
-    """t − s(t): token t's index within its document (s(t) = the column where that document starts), ``(batch, n)``.
+    """t − s(t): token t's index in its document (s(t) = that document's first column), ``(batch, n)``.
 
     What the same token's column is when its document is run alone, whatever the positions say; O(n)."""
     columns = torch.arange(document_ids.shape[-1], device=document_ids.device)
@@ -205,9 +198,14 @@ def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
 
 
 def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
-    """[d(i) = d(j)]: boolean ``(batch, 1, n, n)``, ``True`` where query i and key j are in the same document — the
+    """[d(i) = d(j)]: boolean ``(batch, 1, n, n)``, ``True`` where query i and key j share a document — the
     block-diagonal mask of packed rows (Transformers' ``packed_sequence_mask_function``, materialised)."""
     return (document_ids[:, :, None] == document_ids[:, None, :]).unsqueeze(1)
+
+
+def visible_keys(mask: torch.Tensor) -> torch.Tensor:
+    """A prepared mask as booleans, ``True`` where a key is visible (boolean as is; additive: 0 = visible)."""
+    return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
 
 
 def visible_key_counts(
@@ -223,25 +221,16 @@ def visible_key_counts(
     position_ids: torch.Tensor | None = None,
     document_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """nᵢ: how many keys query i may attend to in its own row, shape ``(batch, query_length)``, in ``dtype``.
+    """nᵢ: how many keys query i may attend to in its own row, ``(batch, query_length)`` in ``dtype``.
 
-    ``attention_mask`` is the usual 2D padding mask ``(batch, key_length)`` with 1 for real tokens
-    (past cache included), a prepared 4D mask ``(batch, 1|heads, query_length, key_length)``
-    (boolean ``True`` = visible, or additive float with 0 = visible), or ``None`` (no padding).
-    Under a causal mask the query at absolute position p = ``query_offset`` + i sees the non-padded
-    keys at positions ≤ p. The 2D case costs O(batch · key_length): no n×n tensor is built.
-
-    ``position_ids`` ``(batch | 1, query_length)``, when given, decide causal rows: nᵢ = position_ids[i] + 1,
-    mask or no mask. That is the mask's count for every real token of a (left- or right-) padded batch, with or
-    without cache, whenever the positions number the real tokens 0, 1, … as ``generate`` does (tested), and it
-    is what only positions can tell where there is no mask: serving engines (vLLM) pass all scheduled tokens
-    packed with their positions but no mask, and packed sequences restart them. Only padding rows differ
-    (their outputs are discarded). Callers pass positions only when they are the caller's own: a stock model
-    fills in 0, 1, … whatever the padding, so ``stock_attention`` passes them only where there is no mask.
-
-    ``document_ids`` ``(batch, query_length)`` (``packed_document_ids``, rows packing several documents, no mask, no
-    cache): a bidirectional row sees the keys of its own document, nᵢ = its length (``document_lengths``); a causal
-    row without positions sees its document up to itself, nᵢ = ``document_positions`` + 1.
+    ``attention_mask``: 2D ``(batch, key_length)`` padding mask (1 = token, cache included), a prepared 4D
+    mask (boolean, or additive with 0 = visible) or ``None``. A causal query at position p =
+    ``query_offset`` + i sees the non-padded keys at positions ≤ p; the 2D case is O(batch · key_length), no
+    n×n tensor. ``position_ids`` (the caller's, when given) decide causal rows: nᵢ = position + 1. That equals
+    the mask's count for every real token when the positions number the tokens 0, 1, … (as ``generate`` does),
+    and it is all a serving engine (packed tokens, no mask) provides. ``document_ids`` (packed rows): a
+    bidirectional row sees its document (``document_lengths``), a causal row its document up to itself
+    (``document_positions`` + 1).
     """
     if causal and position_ids is not None:
         counts = position_ids.to(device=device, dtype=dtype) + 1
@@ -250,8 +239,7 @@ def visible_key_counts(
         counts = document_positions(document_ids) + 1 if causal else document_lengths(document_ids)
         return counts.to(device=device, dtype=dtype)
     if attention_mask is not None and attention_mask.dim() == 4:
-        visible = attention_mask if attention_mask.dtype == torch.bool else attention_mask > torch.finfo(attention_mask.dtype).min / 2
-        return visible[:, 0].sum(-1).to(dtype)
+        return visible_keys(attention_mask)[:, 0].sum(-1).to(dtype)
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError(
             f"attention_mask must be 2D (batch, key_length) or 4D (batch, heads, query_length, key_length), "
@@ -284,29 +272,15 @@ def entropy_invariant_factor(
 ) -> torch.Tensor:
     """Su's entropy-invariant logit factor log(max(nᵢ, min_length)) / log(base_length).
 
-    Multiplying the usual q·k/√d logits by this factor is Su's softmax(κ log n / d · QKᵀ) with κ chosen
-    so that it equals standard attention at nᵢ = ``base_length`` (the training length). ``scope="all"``
-    applies it to every row (a model trained with it); ``scope="beyond"`` = max(1, log nᵢ / log base_length),
-    only ever scaling up, so a pretrained model is unchanged on rows with nᵢ ≤ ``base_length`` — Qwen (v1)'s
-    ``use_logn_attn``, which multiplies q by log_L(n) only for n > L. The clamp ``min_length`` only matters
-    for ``"all"``: ``"beyond"`` never changes a row below the training length.
+    Multiplying q·k/√d by it is softmax(κ log n / d · QKᵀ) with κ such that it is standard attention at nᵢ =
+    ``base_length``. ``scope="beyond"``: max(1, log nᵢ / log base_length), scaling only rows past the training
+    length (Qwen's ``use_logn_attn``).
     """
     # Both logarithms in the same precision, so the factor is exactly 1 at nᵢ = base_length.
     log_base = torch.tensor(float(base_length), device=key_counts.device, dtype=key_counts.dtype).log()
     if scope == "beyond":
         return (key_counts.clamp(min=1.0).log() / log_base).clamp(min=1.0)
     return log_key_counts(key_counts, min_length) / log_base
-
-
-def llama4_attention_temperature(
-    query_positions: torch.Tensor, attn_scale: float = 0.1, floor_scale: int = 8192
-) -> torch.Tensor:
-    """Llama 4's attention temperature tuning: 1 + attn_scale · log(1 + ⌊(p + 1) / floor_scale⌋) for the query at
-    position p (Meta, Llama 4, 2025; ``Llama4TextAttention`` with ``attn_temperature_tuning``). A step function
-    of p that is exactly 1 below ``floor_scale`` − 1 and grows like log p beyond: ≥ 1 everywhere.
-    """
-    steps = torch.floor((query_positions + 1) / floor_scale)
-    return 1.0 + attn_scale * torch.log1p(steps)
 
 
 def boolean_attention_mask(
@@ -327,9 +301,7 @@ def boolean_attention_mask(
     when every key is visible to every query (bidirectional, no padding, one document per row).
     """
     if attention_mask is not None and attention_mask.dim() == 4:
-        if attention_mask.dtype == torch.bool:
-            return attention_mask
-        return attention_mask > torch.finfo(attention_mask.dtype).min / 2
+        return visible_keys(attention_mask)
     mask = None
     if causal:
         keys = torch.arange(key_length, device=device)
@@ -368,38 +340,13 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
     scores = upcast(scores)
     if mask is None:
         return scores.softmax(-1)
+    visible = visible_keys(mask)
     if mask.dtype == torch.bool:
-        visible = mask
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     else:
-        visible = mask > torch.finfo(mask.dtype).min / 2
         scores = scores + mask.to(scores.dtype)
     probs = scores.softmax(-1)
     return probs * visible.any(-1, keepdim=True)
-
-
-def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q·kᵀ·scaling + mask) v for ``(batch, heads, seq, dim)`` tensors.
-
-    The signature is Transformers' attention interface, so this is the ``"eager"`` counterpart of
-    ``ALL_ATTENTION_FUNCTIONS["sdpa"]``. Unlike a plain additive mask, a row whose keys are all
-    hidden gives zeros (as SDPA does), so eager and SDPA agree on every row. Returns the output in
-    ``(batch, seq, heads, dim)`` layout and the attention probabilities.
-    """
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
-    probs = masked_softmax(scores, attention_mask).to(value.dtype)
-    probs = F.dropout(probs, p=dropout, training=module.training)
-    output = torch.matmul(probs, value).transpose(1, 2).contiguous()
-    return output, probs
 
 
 # --------------------------------------------------------------------------------------------------
@@ -457,43 +404,6 @@ def kept_heads(pruned_heads: Mapping[int, list[int]], layer_idx: int, num_heads:
     return [h for h in range(num_heads) if h not in removed]
 
 
-def head_rows(heads: Iterable[int], head_dim: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """Rows h·d, h·d + 1 … h·d + d − 1 (d = ``head_dim``) of every head h in ``heads``, in that order.
-
-    The features of those heads in a head-major projection (one block of d per head), as a long tensor
-    of length len(heads)·d: rows of q/k/v projections, columns of the output projection.
-    """
-    index = torch.tensor([int(h) for h in heads], dtype=torch.long, device=device)
-    return (index[:, None] * head_dim + torch.arange(head_dim, device=device)).reshape(-1)
-
-
-def slice_head_tensor(module: nn.Module, name: str, index: torch.Tensor, dim: int = 0) -> None:
-    """Replace parameter or buffer ``name`` of ``module`` by a copy of ``tensor.index_select(dim, index)``.
-
-    A parameter stays a parameter with its ``requires_grad``; a buffer is registered again as a persistent
-    buffer; ``None`` (an optional tensor the module does not use) is left alone. Works on meta tensors.
-    """
-    tensor = getattr(module, name)
-    if tensor is None:
-        return
-    data = tensor.data.index_select(dim, index.to(tensor.device)).clone()
-    if isinstance(tensor, nn.Parameter):
-        setattr(module, name, nn.Parameter(data, requires_grad=tensor.requires_grad))
-    else:
-        module.register_buffer(name, data, persistent=True)
-
-
-def slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> None:
-    """Keep output features ``index`` (``dim=0``: rows of W and entries of b) or input features ``index``
-    (``dim=1``: columns of W) of ``linear``, in place; ``out_features`` / ``in_features`` = len(index)."""
-    slice_head_tensor(linear, "weight", index, dim)
-    if dim == 0:
-        slice_head_tensor(linear, "bias", index, 0)
-        linear.out_features = index.numel()
-    else:
-        linear.in_features = index.numel()
-
-
 def headless_attention_output(
     hidden_states: torch.Tensor,
     output_projection: nn.Module | None,
@@ -503,17 +413,10 @@ def headless_attention_output(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(output, weights)`` of an attention layer whose heads were all pruned.
 
-    output = ``output_projection`` applied to the empty ``(batch, seq, 0)`` context, i.e. its bias (zeros
-    without bias) at every position; with ``output_projection=None``, the empty context itself (for layouts
-    whose output projection is another module). weights = an empty ``(batch, 0, seq, k)`` tensor, so
-    ``output_attentions`` keeps one entry per layer; k = seq without ``cache``.
-
-    With a ``cache``, a one-channel placeholder ``ones(batch, 1, seq, 1)`` is stored as keys and values of
-    layer ``layer_idx`` and k is the number of keys the cache then holds for it: caches derive their length
-    from a layer's keys (layer 0 by default; Transformers 5.0's static cache counts the non-zero ones), so a
-    layer that stored nothing would break the positions of every later token. It is stored with
-    ``update_cache`` at positions ``query_offset`` … when ``query_offset`` is given, else with a plain
-    ``cache.update(placeholder, placeholder, layer_idx)`` (stock attention layers, which know no offset).
+    output = ``output_projection`` of the empty ``(batch, seq, 0)`` context (its bias), or that context when
+    ``output_projection`` is ``None``; weights = an empty ``(batch, 0, seq, k)`` tensor. With a ``cache``, a
+    one-channel placeholder is stored as the layer's keys and values (caches derive their length from a
+    layer's keys), at ``query_offset`` … when given (``update_cache``), else with a plain ``cache.update``.
     """
     batch_size, seq_length = hidden_states.shape[:2]
     key_length = seq_length
@@ -545,20 +448,16 @@ __all__ = [
     "document_lengths",
     "document_mask",
     "document_positions",
-    "eager_attention_forward",
     "entropy_invariant_factor",
-    "head_rows",
     "headless_attention_output",
     "kept_heads",
-    "llama4_attention_temperature",
     "log_key_counts",
     "masked_softmax",
     "normalize_pruned_heads",
     "packed_document_ids",
     "rotate_half",
-    "slice_head_tensor",
-    "slice_linear",
     "upcast",
     "update_cache",
     "visible_key_counts",
+    "visible_keys",
 ]

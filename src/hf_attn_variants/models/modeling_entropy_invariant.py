@@ -13,35 +13,37 @@ kernel).
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_causal_mask,
+    packed_sequence_mask_function,
+)
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
-from .compat import ALL_ATTENTION_FUNCTIONS, prepare_attention_mask
+from .compat import ALL_ATTENTION_FUNCTIONS, LEGACY_CACHE_ARGUMENT
 from .configuration_entropy_invariant import EntropyInvariantConfig
 from .layers import (
     apply_rotary,
-    boolean_attention_mask,
-    check_head_indices,
     compute_dtype,
-    eager_attention_forward,
     entropy_invariant_factor,
-    head_rows,
     headless_attention_output,
     log_key_counts,
-    slice_head_tensor,
-    slice_linear,
+    masked_softmax,
     upcast,
     update_cache,
-    visible_key_counts,
 )
 from .modeling_common import (
+    AttentionGeometry,
     AttentionMLPLayer,
     AttnVariantBackbone,
     AttnVariantPreTrainedModel,
@@ -54,6 +56,78 @@ from .modeling_common import (
 from .tensor_parallel import ShardedUnits, register_parallel_styles
 
 register_parallel_styles()
+
+_MASK_PARAMETERS = {
+    True: frozenset(inspect.signature(create_causal_mask).parameters),
+    False: frozenset(inspect.signature(create_bidirectional_mask).parameters),
+}
+
+
+def prepare_attention_mask(
+    *,
+    causal: bool,
+    config: Any,
+    inputs_embeds: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    cache: Any,
+    position_ids: torch.Tensor,
+    past_length: int | torch.Tensor,
+    document_ids: torch.Tensor | None = None,
+) -> Any:
+    """The mask ``config._attn_implementation`` expects, from Transformers' masking utilities.
+
+    ``create_causal_mask`` when ``causal``, else ``create_bidirectional_mask``, called with the arguments the
+    installed release declares (``input_embeds``/``inputs_embeds``; ``past_key_values``/``cache``; the cache
+    positions past_length … past_length + seq − 1 where 5.0 requires them).
+
+    Packed documents (``document_ids``, rows that pack several documents, no mask, no cache): the causal mask
+    finds them itself from ``position_ids`` (Transformers' ``find_packed_sequence_indices``, 5.0 on); the
+    bidirectional one reads no positions, so it gets Transformers' ``packed_sequence_mask_function`` of
+    ``document_ids`` as its ``and_mask_function`` — block-diagonal in every kernel's format (a boolean or
+    additive tensor, a flex BlockMask).
+    """
+    parameters = _MASK_PARAMETERS[causal]
+    values: dict[str, Any] = {
+        "config": config,
+        "attention_mask": attention_mask,
+        "cache" if "cache" in parameters else LEGACY_CACHE_ARGUMENT: cache,
+        "position_ids": position_ids,
+        "inputs_embeds" if "inputs_embeds" in parameters else "input_embeds": inputs_embeds,
+    }
+    if "cache_position" in parameters:
+        length = inputs_embeds.shape[1]
+        values["cache_position"] = torch.arange(length, device=inputs_embeds.device) + past_length
+    if document_ids is not None and not causal:
+        if "and_mask_function" not in parameters:  # never silently: every release from 5.0 to 5.24 has it
+            raise NotImplementedError("This Transformers release's create_bidirectional_mask takes no "
+                                      "and_mask_function, so packed documents cannot be kept apart.")
+        values["and_mask_function"] = packed_sequence_mask_function(document_ids)
+    make_mask = create_causal_mask if causal else create_bidirectional_mask
+    return make_mask(**{name: value for name, value in values.items() if name in parameters})
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q·kᵀ·scaling + mask) v for ``(batch, heads, seq, dim)`` tensors.
+
+    The signature is Transformers' attention interface, so this is the ``"eager"`` counterpart of
+    ``ALL_ATTENTION_FUNCTIONS["sdpa"]``. Unlike a plain additive mask, a row whose keys are all
+    hidden gives zeros (as SDPA does), so eager and SDPA agree on every row. Returns the output in
+    ``(batch, seq, heads, dim)`` layout and the attention probabilities.
+    """
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    probs = masked_softmax(scores, attention_mask).to(value.dtype)
+    probs = F.dropout(probs, p=dropout, training=module.training)
+    output = torch.matmul(probs, value).transpose(1, 2).contiguous()
+    return output, probs
 
 
 class EntropyInvariantAttention(ShardedUnits, nn.Module):
@@ -99,33 +173,32 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         return 1.0 / math.log(config.base_length)
 
     def logit_scale(self, key_counts: torch.Tensor | None) -> torch.Tensor | None:
-        """The factor multiplying q, broadcastable to ``(batch, heads, q, 1)``, or ``None`` for ``standard``."""
+        """Factor multiplying q, broadcastable to ``(batch, heads, q, 1)``, or ``None`` for ``standard``."""
         scale = self.config.attention_scale
         if scale == "standard" or key_counts is None:
             return None
         if scale == "entropy_invariant":
             factor = entropy_invariant_factor(
-                key_counts, self.config.base_length, self.config.entropy_min_length, self.config.entropy_invariant_scope
-            )
+                key_counts, self.config.base_length, self.config.entropy_min_length,
+                self.config.entropy_invariant_scope)
             return factor[:, None, :, None]
         log_n = log_key_counts(key_counts, self.config.entropy_min_length)
-        return self.ssmax_scale.to(log_n.dtype)[None, :, None, None] * log_n[:, None, :, None]
+        return self.ssmax_scale.to(log_n.dtype)[None, :, None, None] * log_n[:, None, :, None]  # type: ignore[union-attr]
 
     def forward(
         self,
         hidden_states: torch.Tensor,
+        geometry: AttentionGeometry,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
         key_counts: torch.Tensor | None = None,
         cache: Cache | None = None,
-        query_offset: int = 0,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_length = hidden_states.shape[:2]
+        query_offset = geometry.query_offset
         if self.num_heads == 0:
-            return headless_attention_output(
-                hidden_states, self.o_proj, cache, self.layer_idx, query_offset
-            )
+            return headless_attention_output(hidden_states, self.o_proj, cache, self.layer_idx, query_offset)
         shape = (batch_size, seq_length, -1, self.head_dim)  # -1: this rank's heads under tensor parallelism
         query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
         key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
@@ -140,17 +213,10 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         if factor is not None:
             query = (upcast(query) * factor).to(query.dtype)
 
-        attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        if attention_fn is eager_attention_forward and attention_mask is None and self.is_causal:
-            attention_mask = boolean_attention_mask(
-                None,
-                batch_size=batch_size,
-                query_length=seq_length,
-                key_length=key.shape[2],
-                query_offset=query_offset,
-                causal=True,
-                device=query.device,
-            )
+        attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                             eager_attention_forward)
+        if attention_fn is eager_attention_forward and attention_mask is None:
+            attention_mask = geometry.causal_mask(key.shape[2])
         output, weights = attention_fn(
             self,
             query,
@@ -163,25 +229,6 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         )
         output = self.o_proj(output.reshape(batch_size, seq_length, -1).contiguous())
         return output, weights
-
-    @torch.no_grad()
-    def prune_heads_(self, keep: list[int]) -> None:
-        """Keep only heads ``keep`` (indices into the *current* heads), in place.
-
-        Slices the rows of q/k/v_proj and the columns of o_proj (head-major blocks of ``head_dim``) and
-        the per-head ``ssmax_scale``, then updates ``num_heads``. Keeping no head is allowed: the layer
-        then outputs o_proj's bias. The caller records the change in ``config.pruned_heads``
-        (``hf_attn_variants.pruning.prune_heads`` does both), which ``from_pretrained`` reads back.
-        """
-        keep = check_head_indices(keep, self.num_heads, what="prune_heads_(keep)")
-        device = self.q_proj.weight.device
-        rows = head_rows(keep, self.head_dim, device)
-        for projection in (self.q_proj, self.k_proj, self.v_proj):
-            slice_linear(projection, rows, dim=0)
-        slice_linear(self.o_proj, rows, dim=1)
-        slice_head_tensor(self, "ssmax_scale", torch.tensor(keep, dtype=torch.long, device=device))
-        self.num_heads = len(keep)
-
 
 class EntropyInvariantLayer(AttentionMLPLayer):
     """Entropy-invariant attention + feed-forward block with pre- or post-norm residuals."""
@@ -199,7 +246,7 @@ class EntropyInvariantPreTrainedModel(AttnVariantPreTrainedModel):
     _supports_sdpa = True
     _supports_flex_attn = True  # the factor is folded into q; masks come from Transformers' mask utilities
     _supports_attention_backend = True
-    _can_compile_fullgraph = True  # static-cache decoding compiles as one graph (tests/test_generation_caches.py)
+    _can_compile_fullgraph = True  # static-cache decoding: one graph (tests/test_generation_caches.py)
     _can_record_outputs = {"hidden_states": EntropyInvariantLayer, "attentions": EntropyInvariantAttention}
 
     def _init_family_weights(self, module: nn.Module) -> None:
@@ -213,61 +260,40 @@ class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel
     layer_class = EntropyInvariantLayer
 
     def _attention_inputs(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        cache: Cache | None,
-        position_ids: torch.Tensor,
-        past_length: int,
-        given_position_ids: torch.Tensor | None,
-        document_ids: torch.Tensor | None = None,
+        self, geometry: AttentionGeometry, hidden_states: torch.Tensor, cache: Cache | None
     ) -> dict[str, Any]:
         """The mask of ``config._attn_implementation`` (``prepare_attention_mask``; block-diagonal for packed
-        documents) and nᵢ (``visible_key_counts``: per document for packed rows), once for every layer."""
-        batch_size, seq_length = hidden_states.shape[:2]
+        documents) and nᵢ (per document for packed rows)."""
         key_counts = None
         if self.config.attention_scale != "standard":
-            key_counts = visible_key_counts(
-                attention_mask,
-                batch_size=batch_size,
-                query_length=seq_length,
-                key_length=past_length + seq_length,
-                query_offset=past_length,
-                causal=self.is_causal,
-                device=hidden_states.device,
-                dtype=compute_dtype(hidden_states.dtype),
-                position_ids=given_position_ids,
-                document_ids=document_ids,
-            )
+            key_counts = geometry.key_counts(compute_dtype(hidden_states.dtype))
+        positions = geometry.positions()
         mask = prepare_attention_mask(
-            causal=self.is_causal,
-            config=self.config,
-            inputs_embeds=hidden_states,
-            attention_mask=attention_mask,
-            cache=cache,
-            position_ids=position_ids,
-            past_length=past_length,
-            document_ids=document_ids,
+            causal=self.is_causal, config=self.config, inputs_embeds=hidden_states,
+            attention_mask=geometry.attention_mask, cache=cache, position_ids=positions,
+            past_length=geometry.query_offset, document_ids=geometry.document_ids,
         )
         inputs = {"attention_mask": mask, "key_counts": key_counts}
-        if document_ids is not None and mask is None:
-            inputs["position_ids"] = self._padding_free_positions(position_ids)
+        if geometry.document_ids is not None and mask is None:
+            inputs["position_ids"] = self._padding_free_positions(positions)
         return inputs
 
     def _padding_free_positions(self, position_ids: torch.Tensor) -> torch.Tensor:
-        """``position_ids`` for a kernel that takes no mask (flash attention; a serving engine's own) on packed rows.
+        """``position_ids`` for a maskless kernel (flash attention; a serving engine's own) on packed rows.
 
         Such kernels find the documents from the positions themselves — Transformers' padding-free format
         (``modeling_flash_attention_utils._is_packed_sequence``: varlen attention over the runs of increasing
-        positions) — and only in a batch of one row; with more rows they would attend across documents, so that
-        is refused, naming the setting. While compiling the rows may not be packed at all, and nothing is refused.
+        positions) — and only in a batch of one row; with more rows they would attend across documents, so
+        that is refused, naming the setting. While compiling the rows may not be packed at all, and nothing is
+        refused.
         """
         if position_ids.shape[0] > 1 and not is_torchdynamo_compiling():
             raise ValueError(
-                f"attn_implementation={self.config._attn_implementation!r} takes no attention mask, so it keeps packed "
-                f"documents apart only in a batch of one row (Transformers' padding-free format), got "
-                f"{position_ids.shape[0]} rows. Flatten the rows into one (input_ids and position_ids of shape "
-                "(1, batch · n)), or use attn_implementation='sdpa', 'eager' or 'flex_attention'."
+                f"attn_implementation={self.config._attn_implementation!r} takes no attention mask, so it "
+                "keeps packed documents apart only in a batch of one row (Transformers' padding-free "
+                f"format), got {position_ids.shape[0]} rows. Flatten the rows into one (input_ids and "
+                "position_ids of shape (1, batch · n)), "
+                "or use attn_implementation='sdpa', 'eager' or 'flex_attention'."
             )
         return position_ids
 
@@ -284,7 +310,8 @@ class EntropyInvariantForCausalLM(CausalLMHeadMixin, EntropyInvariantPreTrainedM
     base_model_class = EntropyInvariantModel
 
 
-class EntropyInvariantForSequenceClassification(SequenceClassificationHeadMixin, EntropyInvariantPreTrainedModel):
+class EntropyInvariantForSequenceClassification(SequenceClassificationHeadMixin,
+                                                EntropyInvariantPreTrainedModel):
     """Entropy-invariant encoder with a first-token classification / regression head."""
 
     base_model_class = EntropyInvariantModel

@@ -1,7 +1,7 @@
 """Gated Attention Unit (GAU), GAU-α and FLASH mixed-chunk attention as Transformers models.
 
-Hua, Dai, Liu & Le (2022), "Transformer Quality in Linear Time" (arXiv:2202.10447), and Su Jianlin's
-GAU-α (2022). One GAU layer replaces attention + feed-forward. With hidden d, e = expansion·d, s = key size:
+Hua, Dai, Liu & Le (2022), "Transformer Quality in Linear Time" (arXiv:2202.10447), and Su Jianlin's GAU-α
+(2022). One GAU layer replaces attention + feed-forward. With hidden d, e = expansion·d, s = key size:
 
     u, v = silu(X Wu), silu(X Wv)          (b, n, e) gates and values
     z    = silu(X Wz)                       (b, n, s) shared base of queries and keys
@@ -9,40 +9,25 @@ GAU-α (2022). One GAU layer replaces attention + feed-forward. With hidden d, e
     A    = norm(q kᵀ / √s)                   (b, n, n), see ``attention_normalization``
     out  = (u ⊙ A v) Wo                      then residual + norm (pre or post)
 
-Wu, Wv and Wz are one fused ``in_proj`` (d → 2e + s, the paper's ``Dense(2e + s)``); Wo is ``out_proj``.
+Wu, Wv, Wz are one fused ``in_proj`` (d → 2e + s); Wo is ``out_proj``.
 
-Which normalisation transfers across lengths (Su 2022, "听说Attention与Softmax更配哦~"): a GAU pretrained
-with relu²/n at length 512 is sparse and local, so its attention mass does not grow like n; dividing
-by the *current* row length n (``relu2_length="dynamic"``) therefore shrinks the output at longer
-inputs and inflates it at shorter ones. Keeping L = 512 (``"fixed"``) finetunes better at other
-lengths; ``"softmax_plus"`` (GAU-α's choice, softmax with a log n / log 512 scale) is the option that
-both normalises itself and extrapolates, because softmax admits an entropy-invariant temperature and
-relu² (positively homogeneous) does not. ``"relu2_normalized"`` divides by the row's own relu² mass.
+FLASH (``chunk_size`` = g): chunks of g tokens at tensor positions 0, g, 2g …; with separate scale/offsets for
+the quadratic (q, k) and linear (q', k') parts,
 
-FLASH (``chunk_size`` = g): the sequence is cut into chunks of g tokens (fixed tensor positions
-0, g, 2g …). Query i in chunk c(i) gets, with separate scale/offsets for the quadratic (q, k) and
-linear (q', k') parts (the paper's four ``scale_offset`` heads),
+    out_i = u_i ⊙ (1/L_i) [Σ_{j ∈ c(i), visible} relu(q_i·k_j/√s)² v_j + Σ_{j ∈ lin(i)} (q'_i·k'_j/√s) v_j]
 
-    out_i = u_i ⊙ (1 / L_i) [ Σ_{j ∈ c(i), visible} relu(q_i·k_j / √s)² v_j  +  Σ_{j ∈ lin(i)} (q'_i·k'_j / √s) v_j ]
-
-lin(i) = every valid key (non-causal: Σ over all chunks of k'ᵀv) or the valid keys of chunks before
-c(i) (causal: exclusive cumulative sum of the per-chunk k'ᵀv). L_i is the relu² length (dynamic: nᵢ,
-the keys row i sees; fixed: ``base_length``), i.e. both parts share the quadratic GAU's normaliser, so
-one chunk covering a causal sequence *is* quadratic relu² GAU and the length-transfer choice above
-carries over unchanged. Cost O(n·g·(s + e) + n·s·e): linear in n.
-
-Packed documents (rows holding several documents, ``position_ids`` restarting at each, no mask): quadratic GAU
-masks block-diagonally; FLASH chunks each document from its own start and keeps its cross-chunk sum inside the
-document, as in the document's lone run: the tokens are laid out so that every document starts on a chunk
-boundary (``gau_kernels.DocumentChunks``, flash-linear-attention's ``cu_seqlens`` idea) and the linear state is
-summed per document — O(n) like unpacked FLASH. The effective matrix W restricted to each document
-(``flash_documents``) is the reference.
+lin(i) = every valid key (bidirectional) or those of earlier chunks (causal); L_i is relu²'s length, so one
+chunk covering a causal sequence is quadratic relu² GAU. O(n·g·(s + e) + n·s·e). Packed documents: every
+document starts on a chunk boundary (``DocumentChunks``) and its linear state is summed per document, O(n).
 """
 
 from __future__ import annotations
 
+import enum
+import importlib.util
 import math
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -66,10 +51,8 @@ from .gau_kernels import (
     softmax_attention,
     uses_blocks,
 )
-from .gau_triton import TRITON_AVAILABLE, triton_flash_intra_chunk, triton_relu2_attention
 from .layers import (
     apply_rotary,
-    boolean_attention_mask,
     build_norm,
     compute_dtype,
     document_positions,
@@ -77,9 +60,9 @@ from .layers import (
     masked_softmax,
     upcast,
     update_cache,
-    visible_key_counts,
 )
 from .modeling_common import (
+    AttentionGeometry,
     AttnVariantBackbone,
     AttnVariantPreTrainedModel,
     CausalLMHeadMixin,
@@ -93,9 +76,12 @@ from .tensor_parallel import ShardedUnits, register_parallel_styles
 
 register_parallel_styles()
 
+TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
+"""Whether ``triton`` is installed; its kernels (``gau_triton.py``) are imported only when paths run them."""
 RELU2_NORMALIZED_EPS = 1e-6
 TRUNCATED_NORMAL_GAIN = 1.13684723
-"""1 / std of a standard normal truncated to ±2: bert4keras scales its truncated normal by it, so σ is the real std."""
+"""1 / std of a standard normal truncated to ±2: bert4keras scales its truncated normal by it, so σ is the
+real std."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -105,7 +91,7 @@ class GAUNormalization:
     """One ``attention_normalization``: ``weights`` gives A (the map), ``attend`` A·v through a kernel.
 
     ``weights(scores, mask, key_counts)``: ``scores`` a = q·kᵀ/√s ``(batch, 1, q, k)`` (≥ float32), ``mask``
-    boolean ``(batch, 1, q, k)`` (``True`` = visible) or ``None``, ``key_counts`` nᵢ ``(batch, q)``. Hidden keys
+    bool ``(batch, 1, q, k)`` (``True`` = visible) or ``None``, ``key_counts`` nᵢ ``(batch, q)``. Hidden keys
     get exactly 0 (relu², Laplace: masked *after* the function) and a row without visible keys is all zeros.
     """
 
@@ -119,22 +105,24 @@ class GAUNormalization:
         return False
 
     @staticmethod
-    def kernel_path(dropout: bool, triton: bool, blocked: bool) -> str | None:
-        """The ``GAU_ATTENTION_PATHS`` key of this normalisation's kernel for quadratic attention, or ``None`` where
-        it has none (the unit then materialises A). ``dropout``: attention dropout is active; ``triton``: the Triton
+    def kernel_path(dropout: bool, triton: bool, blocked: bool) -> GAUPath | None:
+        """The ``GAUPath`` of this normalisation's kernel for quadratic attention, or ``None`` where it has
+        none (the unit then materialises A). ``dropout``: attention dropout is active; ``triton``: the Triton
         kernels are chosen; ``blocked``: the score matrix is large enough for the blocked torch kernels."""
         return None
 
-    def weights(self, scores: torch.Tensor, mask: torch.Tensor | None, key_counts: torch.Tensor | None) -> torch.Tensor:
+    def weights(self, scores: torch.Tensor, mask: torch.Tensor | None,
+                key_counts: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
     def attend(
-        self, path: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-        key_counts: torch.Tensor | None, causal_offset: int | None, dropout: float,
+        self, path: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        mask: torch.Tensor | None, key_counts: torch.Tensor | None, causal_offset: int | None, dropout: float,
     ) -> torch.Tensor:
-        """Σⱼ Aᵢⱼ vⱼ through the kernel of ``path`` (one of ``kernel_path``'s) for ``(batch, n, ·)`` q, k, v and a
-        ``(batch, q, k)`` mask, without an n×n map kept for backward."""
-        raise NotImplementedError(f"attention_normalization={self.config.attention_normalization!r} has no kernel.")
+        """Σⱼ Aᵢⱼ vⱼ through the kernel of ``path`` (one of ``kernel_path``'s) for ``(batch, n, ·)`` q, k, v
+        and a ``(batch, q, k)`` mask, without an n×n map kept for backward."""
+        raise NotImplementedError(
+            f"attention_normalization={self.config.attention_normalization!r} has no kernel.")
 
 
 class SoftmaxNormalization(GAUNormalization):
@@ -149,39 +137,40 @@ class SoftmaxNormalization(GAUNormalization):
         return config.attention_normalization == "softmax_plus"
 
     @staticmethod
-    def kernel_path(dropout: bool, triton: bool, blocked: bool) -> str | None:
+    def kernel_path(dropout: bool, triton: bool, blocked: bool) -> GAUPath | None:
         if dropout:
-            return "softmax_sdpa"
-        return "softmax_blocked" if blocked else "softmax"
+            return GAUPath.SOFTMAX_SDPA
+        return GAUPath.SOFTMAX_BLOCKED if blocked else GAUPath.SOFTMAX
 
     def logit_factor(self, key_counts: torch.Tensor | None) -> torch.Tensor | None:
         """The per-row factor ``(batch, q)`` of softmax_plus, or ``None`` for softmax."""
         if not self.plus:
             return None
-        return entropy_invariant_factor(key_counts, self.config.base_length, self.config.entropy_min_length)
+        return entropy_invariant_factor(key_counts, self.config.base_length,  # type: ignore[arg-type]
+                                        self.config.entropy_min_length)
 
-    def weights(self, scores: torch.Tensor, mask: torch.Tensor | None, key_counts: torch.Tensor | None) -> torch.Tensor:
+    def weights(self, scores: torch.Tensor, mask: torch.Tensor | None,
+                key_counts: torch.Tensor | None) -> torch.Tensor:
         factor = self.logit_factor(key_counts)
         return masked_softmax(scores if factor is None else scores * factor[:, None, :, None], mask)
 
     def attend(self, path, query, key, value, mask, key_counts, causal_offset, dropout):
-        """The logit scale multiplies q (O(n·s), not the n×n logits); then the blocked ``softmax_attention``
-        (activation memory linear in n). Under attention dropout, which needs the probabilities, SDPA applies it
-        without returning them. Measured on the 2-core CPU, SDPA was no faster in the model (e ≠ s takes its math
-        path) and kept several n×n buffers: docs/gau.md."""
+        """The logit scale multiplies q (O(n·s), not the n×n logits); then ``softmax_attention``, or under
+        attention dropout (which needs the probabilities) SDPA, which applies it without returning them."""
         factor = self.logit_factor(key_counts)
         query = query * (self.scaling if factor is None else (factor * self.scaling)[:, :, None])
-        if path == "softmax_sdpa":
+        if path == GAUPath.SOFTMAX_SDPA:
             attended = F.scaled_dot_product_attention(
-                query[:, None], key[:, None], value[:, None], attn_mask=None if mask is None else mask[:, None],
-                dropout_p=dropout, scale=1.0,
+                query[:, None], key[:, None], value[:, None],
+                attn_mask=None if mask is None else mask[:, None], dropout_p=dropout, scale=1.0,
             )[:, 0]
             return attended if mask is None else attended * mask.any(-1, keepdim=True)
-        return softmax_attention(query, key, value, mask, causal_offset=causal_offset)
+        return softmax_attention(query, key, value, mask, causal_offset,
+                                 blocked=path == GAUPath.SOFTMAX_BLOCKED)
 
 
 class LengthNormalization(GAUNormalization):
-    """f(a) / L with L from ``relu2_length``: nᵢ (``dynamic``, the keys row i sees) or ``base_length`` (``fixed``)."""
+    """f(a) / L, L from ``relu2_length``: nᵢ (``dynamic``, keys row i sees) or ``base_length`` (``fixed``)."""
 
     @staticmethod
     def counts_needed(config: GAUConfig) -> bool:
@@ -199,7 +188,8 @@ class LengthNormalization(GAUNormalization):
     def function(self, scores: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def weights(self, scores: torch.Tensor, mask: torch.Tensor | None, key_counts: torch.Tensor | None) -> torch.Tensor:
+    def weights(self, scores: torch.Tensor, mask: torch.Tensor | None,
+                key_counts: torch.Tensor | None) -> torch.Tensor:
         weights = self.function(scores)
         if mask is not None:
             weights = weights.masked_fill(~mask, 0.0)
@@ -213,21 +203,23 @@ class Relu2Normalization(LengthNormalization):
         return F.relu(scores).square()
 
     @staticmethod
-    def kernel_path(dropout: bool, triton: bool, blocked: bool) -> str | None:
+    def kernel_path(dropout: bool, triton: bool, blocked: bool) -> GAUPath | None:
         """Dropout on A needs the map: no kernel then."""
         if dropout:
             return None
         if triton:
-            return "relu2_triton"
-        return "relu2_blocked" if blocked else "relu2"
+            return GAUPath.RELU2_TRITON
+        return GAUPath.RELU2_BLOCKED if blocked else GAUPath.RELU2
 
     def attend(self, path, query, key, value, mask, key_counts, causal_offset, dropout):
-        """relu(a·scaling)²/L = relu((q·scaling/√L)·k)²: every factor folded into q, no n×n tensor kept
-        (``relu2_attention``, or its Triton kernel)."""
+        """relu(a·scaling)²/L = relu((q·scaling/√L)·k)²: every factor folded into q (``relu2_attention``, or
+        its Triton kernel)."""
         query = query * (self.scaling * self.lengths(key_counts, query).rsqrt())[..., None]
-        if path == "relu2_triton":
+        if path == GAUPath.RELU2_TRITON:
+            from .gau_triton import triton_relu2_attention
+
             return triton_relu2_attention(query, key, value, mask, causal_offset)
-        return relu2_attention(query, key, value, mask, 1.0, causal_offset=causal_offset)
+        return relu2_attention(query, key, value, mask, causal_offset, blocked=path == GAUPath.RELU2_BLOCKED)
 
 
 class LaplaceNormalization(LengthNormalization):
@@ -240,7 +232,8 @@ class LaplaceNormalization(LengthNormalization):
 class Relu2RowNormalization(GAUNormalization):
     """``relu2_normalized``: relu(a)² / (Σⱼ relu(a)² + ε), an explicit row normaliser."""
 
-    def weights(self, scores: torch.Tensor, mask: torch.Tensor | None, key_counts: torch.Tensor | None) -> torch.Tensor:
+    def weights(self, scores: torch.Tensor, mask: torch.Tensor | None,
+                key_counts: torch.Tensor | None) -> torch.Tensor:
         weights = F.relu(scores).square()
         if mask is not None:
             weights = weights.masked_fill(~mask, 0.0)
@@ -260,7 +253,8 @@ GAU_NORMALIZATIONS: dict[str, type[GAUNormalization]] = {
 def gau_attention_weights(
     scores: torch.Tensor, mask: torch.Tensor | None, key_counts: torch.Tensor | None, config: GAUConfig
 ) -> torch.Tensor:
-    """A = norm(a) of ``config.attention_normalization`` for scaled logits a ``(batch, 1, q, k)`` (≥ float32)."""
+    """A = norm(a) of ``config.attention_normalization`` for scaled logits a ``(batch, 1, q, k)``
+    (≥ float32)."""
     return GAU_NORMALIZATIONS[config.attention_normalization](config).weights(scores, mask, key_counts)
 
 
@@ -268,20 +262,15 @@ def gau_reference_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
     key_counts: torch.Tensor | None, config: GAUConfig, dropout: float = 0.0, training: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAU's attention written out, the reference every kernel is compared against (``gau_kernel="reference"``):
+    """GAU's attention written out, the reference every kernel is compared against:
+    a = q kᵀ / √s, A = norm(a) (``gau_attention_weights``), out = A v, with dropout on A when ``training``.
 
-        a = q kᵀ / √s,   A = norm(a),   out = A v
-
-    with norm the ``attention_normalization`` of ``config`` (``gau_attention_weights``: softmax, softmax_plus,
-    relu²/L, relu²/row sum, laplace/L) — Hua, Dai, Liu & Le (2022), "Transformer Quality in Linear Time", §2.1
-    (GAU: relu² over n) and GAU-α's softmax_plus. The (batch, 1, q, k) map A is materialised in at least float32
-    and kept for backward (O(n²) memory), dropout (``dropout`` with ``training``) applies to A.
-
-    ``query`` ``(batch, q, s)``, ``key`` ``(batch, k, s)``, ``value`` ``(batch, k, e)``, ``mask`` ``(batch, q, k)``
-    bool (``True`` = visible) or ``None``, ``key_counts`` nᵢ ``(batch, q)`` (see ``GAUNormalization``).
-    Returns ``(A v, A)``: ``(batch, q, e)`` and ``(batch, 1, q, k)``.
+    ``query`` ``(batch, q, s)``, ``key`` ``(batch, k, s)``, ``value`` ``(batch, k, e)``, ``mask``
+    ``(batch, q, k)`` bool or ``None``, ``key_counts`` nᵢ ``(batch, q)``. Returns ``(A v, A)``:
+    ``(batch, q, e)`` and ``(batch, 1, q, k)``, in at least float32 (O(n²) memory).
     """
-    scores = torch.matmul(upcast(query), upcast(key).transpose(-1, -2)).unsqueeze(1) * config.attention_key_size**-0.5
+    scores = (torch.matmul(upcast(query), upcast(key).transpose(-1, -2)).unsqueeze(1)
+              * config.attention_key_size**-0.5)
     weights = gau_attention_weights(scores, None if mask is None else mask[:, None], key_counts, config)
     weights = F.dropout(weights, p=dropout, training=training)
     return torch.matmul(weights[:, 0], upcast(value)), weights
@@ -290,29 +279,52 @@ def gau_reference_attention(
 # --------------------------------------------------------------------------------------------------
 # Which computation a unit runs: decided once per call, from the input's shape and the settings
 # --------------------------------------------------------------------------------------------------
-GAU_ATTENTION_PATHS: dict[str, str] = {
-    "attention_map": "A materialised (gau_reference_attention): gau_kernel='reference', output_attentions, relu² "
-    "under attention dropout, and the normalisations without a kernel (relu2_normalized, laplace)",
-    "softmax_sdpa": "softmax / softmax_plus under attention dropout: SDPA with dropout, no map returned",
-    "softmax": "softmax_attention in one expression (≤ ATTENTION_BLOCK_ELEMENTS scores): one n×n tensor saved",
-    "softmax_blocked": "softmax_attention in query blocks (SoftmaxAttention): nothing n×n saved",
-    "relu2": "relu2_attention in one expression (≤ ATTENTION_BLOCK_ELEMENTS scores): two n×n tensors saved",
-    "relu2_blocked": "relu2_attention in query blocks (Relu2Attention): nothing n×n saved",
-    "relu2_triton": "triton_relu2_attention: nothing n×n saved",
-    "flash": "FLASH mixed-chunk attention in torch (flash_mixed_chunk_attention); a causal prefill's final state "
-    "and open chunk then start the cache",
-    "flash_triton": "FLASH with its part inside the chunks in Triton (triton_flash_intra_chunk); a causal prefill "
-    "starts the cache as flash does",
-    "flash_map": "FLASH's effective n×n matrix W materialised (flash_effective_weights), out = W v / L",
-    "flash_packed": "rows packing several documents, each starting on a chunk boundary (DocumentChunks), through "
-    "flash with the linear state summed per document: O(n)",
-    "flash_packed_triton": "flash_packed with its part inside the chunks in Triton",
-    "flash_documents": "the reference for packed rows: W restricted to each document, chunked from its start "
-    "(flash_visibility), out = W v / L; O(n²)",
-    "flash_cache": "causal FLASH over new tokens from the cached open chunk and cross-chunk state",
-    "flash_cache_map": "flash_cache to advance the cache, and the output from W (a cache with no earlier tokens)",
+class GAUPath(enum.StrEnum):
+    """The computations a GAU unit can run (``gau_attention_path`` picks one per call; ``GAU_ATTENTION_PATHS``
+    says what each computes)."""
+
+    ATTENTION_MAP = "attention_map"
+    SOFTMAX_SDPA = "softmax_sdpa"
+    SOFTMAX = "softmax"
+    SOFTMAX_BLOCKED = "softmax_blocked"
+    RELU2 = "relu2"
+    RELU2_BLOCKED = "relu2_blocked"
+    RELU2_TRITON = "relu2_triton"
+    FLASH = "flash"
+    FLASH_TRITON = "flash_triton"
+    FLASH_MAP = "flash_map"
+    FLASH_PACKED = "flash_packed"
+    FLASH_PACKED_TRITON = "flash_packed_triton"
+    FLASH_DOCUMENTS = "flash_documents"
+    FLASH_CACHE = "flash_cache"
+    FLASH_CACHE_MAP = "flash_cache_map"
+
+
+GAU_ATTENTION_PATHS: dict[GAUPath, str] = {
+    GAUPath.ATTENTION_MAP: "A materialised (gau_reference_attention): gau_kernel='reference', "
+    "output_attentions, relu² under attention dropout, and the normalisations without a kernel "
+    "(relu2_normalized, laplace)",
+    GAUPath.SOFTMAX_SDPA: "softmax / softmax_plus under attention dropout: SDPA with dropout, "
+    "no map returned",
+    GAUPath.SOFTMAX: "softmax_attention in one expression (≤ ATTENTION_BLOCK_ELEMENTS scores)",
+    GAUPath.SOFTMAX_BLOCKED: "softmax_attention in query blocks (SoftmaxAttention): nothing n×n saved",
+    GAUPath.RELU2: "relu2_attention in one expression (≤ ATTENTION_BLOCK_ELEMENTS scores)",
+    GAUPath.RELU2_BLOCKED: "relu2_attention in query blocks (Relu2Attention): nothing n×n saved",
+    GAUPath.RELU2_TRITON: "triton_relu2_attention: nothing n×n saved",
+    GAUPath.FLASH: "FLASH mixed-chunk attention (flash_mixed_chunk_attention); a causal prefill's final "
+    "state and open chunk then start the cache",
+    GAUPath.FLASH_TRITON: "flash with its part inside the chunks in Triton (triton_flash_intra_chunk)",
+    GAUPath.FLASH_MAP: "FLASH's effective n×n matrix W materialised (flash_effective_weights), out = W v / L",
+    GAUPath.FLASH_PACKED: "rows packing several documents, each starting on a chunk boundary "
+    "(DocumentChunks), through flash with the linear state summed per document: O(n)",
+    GAUPath.FLASH_PACKED_TRITON: "flash_packed with its part inside the chunks in Triton",
+    GAUPath.FLASH_DOCUMENTS: "the reference for packed rows: W restricted to each document, chunked from its "
+    "start (flash_visibility), out = W v / L; O(n²)",
+    GAUPath.FLASH_CACHE: "causal FLASH over new tokens from the cached open chunk and cross-chunk state",
+    GAUPath.FLASH_CACHE_MAP: "flash_cache to advance the cache, and the output from W (a cache with no "
+    "earlier tokens)",
 }
-"""What each path of ``gau_attention_path`` computes."""
+"""What each path computes."""
 
 
 def use_triton_kernel(config: GAUConfig, device: torch.device | str) -> bool:
@@ -334,39 +346,36 @@ def gau_attention_path(
     output_attentions: bool = False,
     packed: bool = False,
     layout: bool = True,
-) -> str:
-    """The ``GAU_ATTENTION_PATHS`` key of the computation a GAU unit of ``config`` runs.
+) -> GAUPath:
+    """The computation a GAU unit of ``config`` runs for ``query_length`` queries over ``key_length`` keys
+    (earlier cached tokens included), ``causal`` or not, on ``device``, in training mode or not, with a cache
+    or not.
 
-    For ``query_length`` queries over ``key_length`` keys (earlier cached tokens included), ``causal`` or not, on
-    ``device``, in training mode (attention dropout active) or not, with a cache (``cached``) or not. The map is
-    materialised for ``gau_kernel="reference"`` and ``output_attentions``; otherwise each normalisation names its
-    kernel (``GAUNormalization.kernel_path``) or has none. FLASH (``chunk_size``) with a causal cache advances the
-    chunk state: from earlier tokens (``key_length > query_length``) through the cached branch; on a prefill (an
-    empty cache) through the parallel path (Triton's when asked for), whose final state and open chunk then start
-    the cache. Its map exists only while no earlier token is folded into that state. Rows packing several documents
-    (``packed``; never cached) run the chunked kernels on ``DocumentChunks``' layout, or the map per document (the
-    reference, and while compiling: no ``layout``, whose size depends on the data).
-    Quadratic GAU takes packed rows through its usual kernels, with the mask.
+    The map is materialised for ``gau_kernel="reference"`` and ``output_attentions``; otherwise each
+    normalisation names its kernel (``GAUNormalization.kernel_path``) or has none. FLASH with a causal cache
+    continues from earlier tokens (``key_length > query_length``) through the cached branch; a prefill (an
+    empty cache) runs the parallel path, whose final state and open chunk start the cache. Packed rows (never
+    cached) run the chunked kernels on ``DocumentChunks``' layout, or the map per document (the reference, and
+    while compiling: no ``layout``). Quadratic GAU takes packed rows through its usual kernels, with the mask.
     """
     dropout = training and config.attention_probs_dropout_prob > 0
     reference = output_attentions or config.gau_kernel == "reference"
-    triton = use_triton_kernel(config, device)
-    if config.chunk_size is not None:
-        if packed:
-            if reference or not layout:
-                return "flash_documents"
-            return "flash_packed_triton" if triton and not dropout else "flash_packed"
-        if cached and causal and key_length > query_length:
-            return "flash_cache"
-        if cached and causal and reference:
-            return "flash_cache_map"
+    triton = use_triton_kernel(config, device) and not dropout
+    if config.chunk_size is None:
         if reference:
-            return "flash_map"
-        return "flash_triton" if triton and not dropout else "flash"
+            return GAUPath.ATTENTION_MAP
+        kernel = GAU_NORMALIZATIONS[config.attention_normalization].kernel_path(
+            dropout, triton, uses_blocks(query_length, key_length))
+        return kernel or GAUPath.ATTENTION_MAP
+    if packed:
+        if reference or not layout:
+            return GAUPath.FLASH_DOCUMENTS
+        return GAUPath.FLASH_PACKED_TRITON if triton else GAUPath.FLASH_PACKED
+    if cached and causal and key_length > query_length:
+        return GAUPath.FLASH_CACHE
     if reference:
-        return "attention_map"
-    normalization = GAU_NORMALIZATIONS[config.attention_normalization]
-    return normalization.kernel_path(dropout, triton, uses_blocks(query_length, key_length)) or "attention_map"
+        return GAUPath.FLASH_CACHE_MAP if cached and causal else GAUPath.FLASH_MAP
+    return GAUPath.FLASH_TRITON if triton else GAUPath.FLASH
 
 
 # --------------------------------------------------------------------------------------------------
@@ -374,20 +383,14 @@ def gau_attention_path(
 # --------------------------------------------------------------------------------------------------
 class GatedAttentionUnit(ShardedUnits, nn.Module):
     """One GAU (Hua et al. 2022, Code 1): fused gates/values/base projection, scale-offset q/k, RoPE,
-    normalised single-head attention, gating and output projection (see the module docstring).
+    normalised single-head attention, gating and output projection.
 
-    Parameters: ``in_proj`` (d → 2e + s), ``out_proj`` (e → d), ``qk_scale`` γ and ``qk_offset`` β of
-    shape ``(2, s)`` — rows q, k — or ``(4, s)`` with ``chunk_size`` (rows q, k, q', k'; FLASH's separate
-    quadratic and linear queries/keys from the same base z); their initialisation follows ``gau_init``.
-    Returns ``(output, weights)``: ``weights`` is ``None`` unless ``output_attentions``; then ``(batch, 1, q, k)``
-    — for FLASH the effective matrix W / L of ``flash_effective_weights``, materialised (O(n²)) and used for the
-    output (the same value, with gradients flowing through the returned map), and ``None`` while decoding from a
-    non-empty cache (old keys are folded into the chunk state and no longer exist). ``attention_path`` says which
-    computation a call runs.
-
-    Tensor parallelism splits the expansion width e: each rank keeps its slice ``tp_slice(e)`` of u and v (and
-    out_proj's matching input columns) and all of z, so the n×n attention is computed on every rank and only
-    its product with v is split.
+    Parameters: ``in_proj`` (d → 2e + s), ``out_proj`` (e → d), ``qk_scale`` γ and ``qk_offset`` β of shape
+    ``(2, s)`` (rows q, k) or ``(4, s)`` with ``chunk_size`` (q, k, q', k'). Returns ``(output, weights)``:
+    ``weights`` only with ``output_attentions``, ``(batch, 1, q, k)`` (FLASH: its effective matrix W / L;
+    ``None`` while decoding from a non-empty cache, whose old keys are folded into the state). Tensor
+    parallelism splits e: each rank keeps its slice of u and v (and ``out_proj``'s matching columns) and all
+    of z.
     """
 
     tp_replicated_parameters = ("qk_scale", "qk_offset")
@@ -399,11 +402,12 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         self.is_causal = config.is_decoder
         self.width = config.intermediate_width
         self.key_size = config.attention_key_size
-        self.chunk_size = config.chunk_size
+        self.chunk_size: int = config.chunk_size  # type: ignore[assignment]  # None: quadratic GAU
         self.scaling = self.key_size**-0.5
         self.normalization = GAU_NORMALIZATIONS[config.attention_normalization](config)
         if config.gau_kernel == "triton" and not TRITON_AVAILABLE:
-            raise ImportError("gau_kernel='triton' needs the triton package: pip install 'hf_attn_variants[gpu]'.")
+            raise ImportError("gau_kernel='triton' needs the triton package: "
+                              "pip install 'hf_attn_variants[gpu]'.")
         rows = 2 if config.chunk_size is None else 4
         self.in_proj = nn.Linear(config.hidden_size, 2 * self.width + self.key_size, bias=config.use_bias)
         self.out_proj = nn.Linear(self.width, config.hidden_size, bias=config.use_bias)
@@ -424,33 +428,33 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         output_attentions: bool = False,
         packed: bool = False,
         layout: bool = True,
-    ) -> str:
+    ) -> GAUPath:
         """Which computation (a ``GAU_ATTENTION_PATHS`` key) this unit runs for ``query_length`` queries over
-        ``key_length`` keys on ``device``: ``gau_attention_path`` with this unit's config, direction and mode."""
+        ``key_length`` keys on ``device``: ``gau_attention_path`` with its config, direction and mode."""
         return gau_attention_path(
-            self.config, query_length, key_length, causal=self.is_causal, device=device, training=self.training,
-            cached=cached, output_attentions=output_attentions, packed=packed, layout=layout,
+            self.config, query_length, key_length, causal=self.is_causal, device=device,
+            training=self.training, cached=cached, output_attentions=output_attentions, packed=packed,
+            layout=layout,
         )
 
     def forward(
         self,
         hidden_states: torch.Tensor,
+        geometry: AttentionGeometry,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
         key_counts: torch.Tensor | None = None,
         cache: Cache | None = None,
-        query_offset: int = 0,
         output_attentions: bool = False,
         documents: DocumentChunks | None = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``output_attentions``: also return the attention map (see the class docstring). ``documents``: FLASH's
-        layout of rows packing several documents (the quadratic unit gets their block-diagonal ``attention_mask``
-        instead)."""
-        u, v, z = self.act_fn(self.in_proj(hidden_states)).split(
-            [self.width, self.width, self.key_size], dim=-1
-        )
+        """``output_attentions``: also return the attention map (see the class docstring). ``documents``:
+        FLASH's layout of rows packing several documents (the quadratic unit gets their block-diagonal
+        ``attention_mask`` instead)."""
+        u, v, z = self.act_fn(self.in_proj(hidden_states)).split([self.width, self.width, self.key_size],
+                                                                 dim=-1)
         share = self.tp_slice(self.width)
         u, v = u[..., share], v[..., share]
         qk = (z.unsqueeze(2) * self.qk_scale + self.qk_offset).transpose(1, 2)  # (batch, rows, n, s)
@@ -458,144 +462,150 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
             qk = apply_rotary(qk, *position_embeddings)
         if self.chunk_size is None:
             attended, weights = self._quadratic(
-                qk, v, attention_mask, key_counts, cache, int(query_offset), output_attentions
+                qk, v, attention_mask, key_counts, cache, geometry.query_offset, output_attentions
             )
         else:
-            attended, weights = self._chunked(qk, v, key_mask, key_counts, cache, output_attentions, documents)
-        output = self.out_proj(u * attended.to(u.dtype))
-        return output, weights
+            attended, weights = self._chunked(qk, v, key_mask, key_counts, cache, output_attentions,
+                                              documents)
+        return self.out_proj(u * attended.to(u.dtype)), weights
 
     def _quadratic(
         self, qk: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, key_counts: torch.Tensor | None,
-        cache: Cache | None, query_offset: int, output_attentions: bool,
+        cache: Cache | None, query_offset: int | torch.Tensor, output_attentions: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Quadratic GAU on the rows q, k of ``qk`` and values ``v``, after the cache (if any) has the new keys."""
+        """Quadratic GAU on rows q, k of ``qk`` and values ``v``, after the cache (if any) has new keys."""
         query, key, value = qk[:, :1], qk[:, 1:2], v.unsqueeze(1)
         if cache is not None:
             key, value = update_cache(cache, key, value, self.layer_idx, query_offset)
         query, key, value = upcast(query[:, 0]), upcast(key[:, 0]), upcast(value[:, 0])
         mask = None if mask is None else mask[:, 0]
-        path = self.attention_path(
-            query.shape[-2], key.shape[-2], query.device, cached=cache is not None, output_attentions=output_attentions
-        )
+        path = self.attention_path(query.shape[-2], key.shape[-2], query.device, cached=cache is not None,
+                                   output_attentions=output_attentions)
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
-        if path == "attention_map":
+        if path == GAUPath.ATTENTION_MAP:
             attended, weights = gau_reference_attention(
                 query, key, value, mask, key_counts, self.config, dropout, self.training
             )
             return attended, weights.to(v.dtype) if output_attentions else None
-        causal_offset = query_offset if self.is_causal else None
-        return self.normalization.attend(path, query, key, value, mask, key_counts, causal_offset, dropout), None
+        causal_offset = int(query_offset) if self.is_causal else None
+        return (self.normalization.attend(path, query, key, value, mask, key_counts, causal_offset, dropout),
+                None)
 
     def _chunked(
-        self, qk: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, key_counts: torch.Tensor | None,
-        cache: Cache | None, output_attentions: bool, documents: DocumentChunks | None = None,
+        self, qk: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
+        key_counts: torch.Tensor | None, cache: Cache | None, output_attentions: bool,
+        documents: DocumentChunks | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """FLASH on the rows q, k, q', k' of ``qk`` and values ``v`` (module docstring), through ``attention_path``;
-        ``documents``: the layout of packed rows."""
+        """FLASH on the rows q, k, q', k' of ``qk`` and values ``v`` (module docstring), through the runner of
+        its ``attention_path`` (``FLASH_RUNNERS``); ``documents``: the layout of packed rows."""
         quad_q, quad_k, lin_q, lin_k = qk.unbind(1)  # each (batch, n, s)
         length = quad_q.shape[1]
         layer = chunk_cache_layer(cache, self.layer_idx) if cache is not None and self.is_causal else None
         past = 0 if layer is None else layer.get_seq_length()
         path = self.attention_path(
-            length, past + length, quad_q.device, cached=layer is not None, output_attentions=output_attentions,
-            packed=documents is not None, layout=documents is None or documents.segment is not None,
+            length, past + length, quad_q.device, cached=layer is not None,
+            output_attentions=output_attentions, packed=documents is not None,
+            layout=documents is None or documents.segment is not None,
         )
         # relu(a·q·k)²/L + (a·q'·k')/L with a = 1/√s: every factor folded into the queries (O(n·s) work).
-        lengths = self.normalization.lengths(key_counts, quad_q)
+        lengths = self.normalization.lengths(key_counts, quad_q)  # type: ignore[attr-defined]
         quad_q = upcast(quad_q) * (self.scaling * lengths.rsqrt())[..., None]
         lin_q = upcast(lin_q) * (self.scaling / lengths)[..., None]
-        options = {"chunk_size": self.chunk_size, "causal": self.is_causal}
-        dropout = {"dropout": self.config.attention_probs_dropout_prob, "training": self.training}
-        if path == "flash_cache" and length == 1 and not (self.training and dropout["dropout"] > 0):
-            return self._decode_step(layer, quad_q, quad_k, lin_q, lin_k, v, key_mask), None
-        if path in ("flash_cache", "flash_cache_map"):
-            numerator = self._chunked_with_cache(layer, quad_q, quad_k, lin_q, lin_k, v, key_mask, options, dropout)
-        elif path in ("flash_packed", "flash_packed_triton"):
-            aligned = [documents.gather(x) for x in (quad_q, quad_k, lin_q, lin_k, v)]
-            numerator = self._parallel(*aligned, documents.valid, path == "flash_packed_triton", options, dropout,
-                                       documents.segment)[0]
-            return documents.restore(numerator), None
-        elif path in ("flash", "flash_triton"):
-            numerator, state = self._parallel(quad_q, quad_k, lin_q, lin_k, v, key_mask, path == "flash_triton",
-                                              options, dropout)
-            if layer is not None:  # a prefill: the cache starts from this segment's state and open chunk
-                self._start_cache(layer, quad_k, lin_k, v, key_mask, state)
-        if path not in ("flash_map", "flash_cache_map", "flash_documents"):
-            return numerator, None
-        # The reference: the effective (batch, n, n) matrix W, used for the output so the returned weights are the
-        # ones the output depends on (O(n²), like any attention map).
+        inputs = FlashInputs(quad_q, quad_k, lin_q, lin_k, v, key_mask)
+        return FLASH_RUNNERS[path](self, inputs, path, layer, documents, output_attentions)
+
+    @property
+    def _options(self) -> dict[str, Any]:
+        return {"chunk_size": self.chunk_size, "causal": self.is_causal,
+                "dropout": self.config.attention_probs_dropout_prob, "training": self.training}
+
+    def _run_parallel(self, x: FlashInputs, path: GAUPath, layer: GAUChunkCacheLayer | None, *_: Any) -> Any:
+        """``flash`` / ``flash_triton``; a causal prefill starts the cache from its state and open chunk."""
+        numerator, state = self._parallel(x, path == GAUPath.FLASH_TRITON)
+        if layer is not None:
+            keys, values = self._segment(layer, x)[:2]
+            layer.store(keys, values, state, added=x.quad_k.shape[1], chunk_size=self.chunk_size)
+        return numerator, None
+
+    def _run_packed(self, x: FlashInputs, path: GAUPath, layer: Any, documents: DocumentChunks,
+                    *_: Any) -> Any:
+        """``flash_packed`` (``_triton``): the parallel path on the documents' chunk-aligned layout."""
+        aligned = FlashInputs._make([*(documents.gather(tensor) for tensor in x[:5]), documents.valid])
+        numerator = self._parallel(aligned, path == GAUPath.FLASH_PACKED_TRITON, documents.segment)[0]
+        return documents.restore(numerator), None
+
+    def _run_cached(self, x: FlashInputs, path: GAUPath, layer: GAUChunkCacheLayer, *_: Any) -> Any:
+        """``flash_cache``: new tokens after earlier ones (one token without dropout: ``_decode_step``)."""
+        if x.quad_q.shape[1] == 1 and not (self.training and self.config.attention_probs_dropout_prob > 0):
+            return self._decode_step(layer, x), None
+        return self._chunked_with_cache(layer, x), None
+
+    def _run_map(
+        self, x: FlashInputs, path: GAUPath, layer: Any, documents: DocumentChunks | None,
+        output_attentions: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``flash_map`` / ``flash_documents`` / ``flash_cache_map``: the reference, out = W v with the
+        effective ``(batch, n, n)`` matrix W (per document for packed rows), which is the map returned;
+        ``flash_cache_map`` advances the cache first. O(n²), like any attention map."""
+        if path == GAUPath.FLASH_CACHE_MAP:
+            self._chunked_with_cache(layer, x)
         visibility = None
         if documents is not None:
             ids = documents.document_ids
             visibility = flash_visibility(document_positions(ids), self.chunk_size, self.is_causal, ids)
-        weights = flash_effective_weights(
-            quad_q, quad_k, lin_q, lin_k, key_mask=key_mask, visibility=visibility, **options, **dropout
-        )
-        weights = weights.unsqueeze(1)
-        attended = torch.matmul(weights, upcast(v).unsqueeze(1)).squeeze(1)
-        return attended, weights.to(v.dtype) if output_attentions else None
+        weights = flash_effective_weights(x.quad_q, x.quad_k, x.lin_q, x.lin_k, key_mask=x.key_mask,
+                                          visibility=visibility, **self._options).unsqueeze(1)
+        attended = torch.matmul(weights, upcast(x.value).unsqueeze(1)).squeeze(1)
+        return attended, weights.to(x.value.dtype) if output_attentions else None
 
     def _parallel(
-        self, quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, lin_k: torch.Tensor, v: torch.Tensor,
-        key_mask: torch.Tensor | None, triton: bool, options: dict[str, Any], dropout: dict[str, Any],
-        segments: torch.Tensor | None = None,
+        self, x: FlashInputs, triton: bool, segments: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``flash_mixed_chunk_attention`` over a whole segment, its relu² part inside the chunks in Triton when
-        ``triton``; ``(numerator, state)``."""
-        numerator, state = flash_mixed_chunk_attention(quad_q, quad_k, lin_q, lin_k, v, key_mask=key_mask,
-                                                       segments=segments, intra_chunk=not triton, **options,
-                                                       **dropout)
+        """``flash_mixed_chunk_attention`` over a whole segment, its relu² part inside the chunks in Triton
+        when ``triton``; ``(numerator, state)``."""
+        numerator, state = flash_mixed_chunk_attention(*x[:5], key_mask=x.key_mask, segments=segments,
+                                                       intra_chunk=not triton, **self._options)
         if triton:
+            from .gau_triton import triton_flash_intra_chunk
+
             numerator = numerator + triton_flash_intra_chunk(
-                quad_q, upcast(quad_k), upcast(v), key_mask, self.chunk_size, self.is_causal
+                x.quad_q, upcast(x.quad_k), upcast(x.value), x.key_mask, self.chunk_size, self.is_causal
             )
         return numerator, state
 
-    def _start_cache(
-        self, layer: GAUChunkCacheLayer, quad_k: torch.Tensor, lin_k: torch.Tensor, v: torch.Tensor,
-        key_mask: torch.Tensor | None, state: torch.Tensor,
-    ) -> None:
-        """Fill an empty chunk cache from a prefill computed in parallel: Σ k'ᵀv of its complete chunks (``state``,
-        padding keys left out) and its trailing open chunk, as ``_chunked_with_cache`` would have stored them."""
-        keys, values, _, _ = self._segment(layer, quad_k, lin_k, v, key_mask)
-        layer.store(keys, values, state, added=quad_k.shape[1], chunk_size=self.chunk_size)
-
     def _segment(
-        self, layer: GAUChunkCacheLayer, quad_k: torch.Tensor, lin_k: torch.Tensor, v: torch.Tensor,
-        key_mask: torch.Tensor | None,
+        self, layer: GAUChunkCacheLayer, x: FlashInputs
     ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
         """[cached open chunk ‖ new tokens]: keys [k ‖ k'] (k' of padding zeroed) and values, each
-        ``(batch, 1, opened + new, ·)``; the open chunk's length; the closed chunks' state Σ k'ᵀv (``None`` before
-        the first chunk closes). The segment starts on a chunk boundary."""
-        if key_mask is not None:
-            lin_k = lin_k * key_mask[:, layer.get_seq_length():, None].to(lin_k.dtype)
-        keys, values = torch.cat([quad_k, lin_k], dim=-1).unsqueeze(1), v.unsqueeze(1)
+        ``(batch, 1, opened + new, ·)``; the open chunk's length; the closed chunks' state Σ k'ᵀv (``None``
+        before the first chunk closes). The segment starts on a chunk boundary."""
+        lin_k = x.lin_k
+        if x.key_mask is not None:
+            lin_k = lin_k * x.key_mask[:, layer.get_seq_length():, None].to(lin_k.dtype)
+        keys, values = torch.cat([x.quad_k, lin_k], dim=-1).unsqueeze(1), x.value.unsqueeze(1)
         open_keys, open_values, state = layer.open_chunk()
         opened = 0 if open_keys is None else open_keys.shape[-2]
         if opened:
-            keys, values = torch.cat([open_keys, keys], dim=-2), torch.cat([open_values, values], dim=-2)
+            keys = torch.cat([open_keys, keys], dim=-2)  # type: ignore[list-item]
+            values = torch.cat([open_values, values], dim=-2)  # type: ignore[list-item]
         return keys, values, opened, state
 
-    def _decode_step(
-        self, layer: GAUChunkCacheLayer, quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor,
-        lin_k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def _decode_step(self, layer: GAUChunkCacheLayer, x: FlashInputs) -> torch.Tensor:
         """One new token per row after the cache: its row of ``_chunked_with_cache`` in O(g·(s + e) + s·e).
 
-        numerator = Σ_{j ∈ open chunk ‖ itself, visible} relu(q·k_j)² v_j + q' S (the queries carry their factors),
-        with S the closed chunks' Σ k'ᵀv; the token joins the open chunk, and a chunk it completes is folded into S.
-        The general path would recompute the relu² rows of the whole open chunk and drop all but this one.
+        numerator = Σ_{j ∈ open chunk ‖ itself, visible} relu(q·k_j)² v_j + q' S (the queries carry their
+        factors), with S the closed chunks' Σ k'ᵀv; the token joins the open chunk, and a chunk it completes
+        is folded into S.
         """
-        keys, values, opened, state = self._segment(layer, quad_k, lin_k, v, key_mask)
+        keys, values, opened, state = self._segment(layer, x)
         seg_quad_k, seg_lin_k = upcast(keys.squeeze(1)).split(self.key_size, dim=-1)
         seg_values = upcast(values.squeeze(1))
-        weights = F.relu(torch.matmul(quad_q, seg_quad_k.transpose(-1, -2))).square()
-        if key_mask is not None:
-            weights = weights.masked_fill(~key_mask[:, None, -(opened + 1):].bool(), 0.0)
+        weights = F.relu(torch.matmul(x.quad_q, seg_quad_k.transpose(-1, -2))).square()
+        if x.key_mask is not None:
+            weights = weights.masked_fill(~x.key_mask[:, None, -(opened + 1):].bool(), 0.0)
         numerator = torch.matmul(weights, seg_values)
         if state is not None:
-            numerator = numerator + torch.matmul(lin_q, state.to(numerator.dtype))
+            numerator = numerator + torch.matmul(x.lin_q, state.to(numerator.dtype))
         if keys.shape[-2] == self.chunk_size:  # the token closes its chunk: fold the chunk into the state
             closed = torch.matmul(seg_lin_k.transpose(-1, -2), seg_values)
             state = closed if state is None else state.to(closed.dtype) + closed
@@ -604,40 +614,49 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         layer.store(keys, values, state, added=1, chunk_size=self.chunk_size)
         return numerator
 
-    def _chunked_with_cache(
-        self,
-        layer: GAUChunkCacheLayer,
-        quad_q: torch.Tensor,
-        quad_k: torch.Tensor,
-        lin_q: torch.Tensor,
-        lin_k: torch.Tensor,
-        v: torch.Tensor,
-        key_mask: torch.Tensor | None,
-        options: dict[str, Any],
-        dropout: dict[str, Any],
-    ) -> torch.Tensor:
+    def _chunked_with_cache(self, layer: GAUChunkCacheLayer, x: FlashInputs) -> torch.Tensor:
         """Causal FLASH for new tokens given the open chunk and the closed-chunk state; updates the cache.
 
-        The segment [open chunk ‖ new tokens] starts on a chunk boundary, so it is chunked exactly as the
-        full sequence would be; the open chunk's rows get zero queries and are dropped.
+        The segment [open chunk ‖ new tokens] starts on a chunk boundary, so it is chunked exactly as the full
+        sequence would be; the open chunk's rows get zero queries and are dropped.
         """
-        batch, length = quad_q.shape[:2]
-        keys, values, opened, state = self._segment(layer, quad_k, lin_k, v, key_mask)
+        batch, length = x.quad_q.shape[:2]
+        keys, values, opened, state = self._segment(layer, x)
         seg_quad_k, seg_lin_k = keys.squeeze(1).split(self.key_size, dim=-1)
-        no_queries = quad_q.new_zeros(batch, opened, self.key_size)
+        no_queries = x.quad_q.new_zeros(batch, opened, self.key_size)
+        key_mask = None if x.key_mask is None else x.key_mask[:, -(opened + length):]
         numerator, new_state = flash_mixed_chunk_attention(
-            torch.cat([no_queries, quad_q], dim=1),
-            seg_quad_k,
-            torch.cat([no_queries, lin_q], dim=1),
-            seg_lin_k,
-            values.squeeze(1),
-            key_mask=None if key_mask is None else key_mask[:, -(opened + length):],
-            initial_state=state,
-            **options,
-            **dropout,
+            torch.cat([no_queries, x.quad_q], dim=1), seg_quad_k, torch.cat([no_queries, x.lin_q], dim=1),
+            seg_lin_k, values.squeeze(1), key_mask=key_mask, initial_state=state, **self._options,
         )
         layer.store(keys, values, new_state, added=length, chunk_size=self.chunk_size)
         return numerator[:, opened:]
+
+
+class FlashInputs(NamedTuple):
+    """FLASH's per-call tensors: quadratic and linear queries (factors folded in) and keys ``(batch, n, s)``,
+    values ``(batch, n, e)`` and the 2D key mask ``(batch, past + n)`` (``None`` without padding)."""
+
+    quad_q: torch.Tensor
+    quad_k: torch.Tensor
+    lin_q: torch.Tensor
+    lin_k: torch.Tensor
+    value: torch.Tensor
+    key_mask: torch.Tensor | None
+
+
+FLASH_RUNNERS: dict[GAUPath, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
+    GAUPath.FLASH: GatedAttentionUnit._run_parallel,
+    GAUPath.FLASH_TRITON: GatedAttentionUnit._run_parallel,
+    GAUPath.FLASH_PACKED: GatedAttentionUnit._run_packed,
+    GAUPath.FLASH_PACKED_TRITON: GatedAttentionUnit._run_packed,
+    GAUPath.FLASH_CACHE: GatedAttentionUnit._run_cached,
+    GAUPath.FLASH_MAP: GatedAttentionUnit._run_map,
+    GAUPath.FLASH_CACHE_MAP: GatedAttentionUnit._run_map,
+    GAUPath.FLASH_DOCUMENTS: GatedAttentionUnit._run_map,
+}
+"""FLASH's paths → the unit's method that runs each: ``(self, inputs, path, cache layer, documents,
+output_attentions)`` → ``(numerator, map or None)``."""
 
 
 class GAULayer(GradientCheckpointingLayer):
@@ -655,8 +674,8 @@ class GAULayer(GradientCheckpointingLayer):
     def forward(
         self, hidden_states: torch.Tensor, output_attentions: bool | None = None, **unit_inputs: Any
     ) -> torch.Tensor:
-        """``unit_inputs``: the keyword inputs of ``GatedAttentionUnit.forward`` (RoPE tables, masks, nᵢ, cache,
-        query offset), passed through unchanged."""
+        """``unit_inputs``: the keyword inputs of ``GatedAttentionUnit.forward`` (RoPE tables, masks, nᵢ,
+        cache, query offset), passed through unchanged."""
         if output_attentions is None:
             output_attentions = self.gau.config.output_attentions
 
@@ -676,12 +695,12 @@ class GAUPreTrainedModel(AttnVariantPreTrainedModel):
     config: GAUConfig
     family_prefix = "GAU"
     serving_limitation = (
-        "GAU attends with one gated head whose values are wider than its keys, normalised by default by relu² with a "
-        "per-row divisor (and with chunk_size through a linear-attention state carried across chunks), which a paged "
-        "multi-head softmax kernel with one head size does not compute."
+        "GAU attends with one gated head whose values are wider than its keys, normalised by default by "
+        "relu² with a per-row divisor (and with chunk_size through a linear-attention state carried across "
+        "chunks), which a paged multi-head softmax kernel with one head size does not compute."
     )
-    _no_split_modules: ClassVar[list[str]] = ["GAULayer"]
-    _can_record_outputs: ClassVar[dict[str, type[nn.Module]]] = {
+    _no_split_modules = ["GAULayer"]
+    _can_record_outputs = {
         "hidden_states": GAULayer,
         "attentions": GatedAttentionUnit,
     }
@@ -705,17 +724,9 @@ class GAUPreTrainedModel(AttnVariantPreTrainedModel):
 class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
     """The bare GAU stack: bidirectional encoder, or causal decoder with ``config.is_decoder``.
 
-    Choosing ``attention_normalization`` for inputs of other lengths than pretraining (Su 2022):
-    ``softmax_plus`` (GAU-α) for models that must work at shorter *and* longer lengths; ``relu2`` with
-    ``relu2_length="fixed"`` (L = ``base_length``) to finetune a relu² model pretrained at one length on
-    other lengths; ``relu2`` ``"dynamic"`` (L = nᵢ) only with mixed-length pretraining;
-    ``relu2_normalized`` when the model should learn its own row normaliser.
-
-    RoPE rotates the s-dimensional q and k (``attention_key_size``). Masks: a 2D padding mask
-    ``(batch, past + seq)``; the quadratic path also takes a prepared 4D mask, the chunked path
-    needs the 2D one (its chunks are fixed positions, so right padding gives exactly the unpadded
-    result; left padding moves chunk boundaries relative to the text unless it is a multiple of
-    ``chunk_size`` — masked keys still contribute exactly zero).
+    RoPE rotates the s-dimensional q and k. Masks: a 2D padding mask ``(batch, past + seq)``; the quadratic
+    path also takes a prepared 4D mask; FLASH needs the 2D one (its chunks are fixed positions: right padding
+    gives the unpadded result, masked keys contribute exactly zero).
     """
 
     layer_class = GAULayer
@@ -724,54 +735,30 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
         return config.attention_key_size
 
     def _attention_inputs(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        cache: Cache | None,
-        position_ids: torch.Tensor,
-        past_length: int,
-        given_position_ids: torch.Tensor | None,
-        document_ids: torch.Tensor | None = None,
+        self, geometry: AttentionGeometry, hidden_states: torch.Tensor, cache: Cache | None
     ) -> dict[str, Any]:
-        """nᵢ where the normalisation reads it (per document for packed rows), and the masks: quadratic GAU a boolean
-        ``attention_mask`` (block-diagonal for packed rows), FLASH the 2D ``key_mask`` and, for packed rows, their
-        chunk-aligned layout (``DocumentChunks``), each built once for every layer."""
-        batch_size, seq_length = hidden_states.shape[:2]
-        geometry = {
-            "batch_size": batch_size,
-            "query_length": seq_length,
-            "key_length": past_length + seq_length,
-            "query_offset": past_length,
-            "causal": self.is_causal,
-            "device": hidden_states.device,
-        }
+        """nᵢ where the normalisation reads it (per document for packed rows), and the masks: quadratic GAU a
+        boolean ``attention_mask`` (block-diagonal for packed rows), FLASH the 2D ``key_mask`` and, for packed
+        rows, their chunk-aligned layout (``DocumentChunks``)."""
         config = self.config
-        needs_counts = GAU_NORMALIZATIONS[config.attention_normalization].counts_needed(config)
-        key_counts = (
-            visible_key_counts(
-                attention_mask, **geometry, dtype=compute_dtype(hidden_states.dtype), position_ids=given_position_ids,
-                document_ids=document_ids,
+        key_counts = None
+        if GAU_NORMALIZATIONS[config.attention_normalization].counts_needed(config):
+            key_counts = geometry.key_counts(compute_dtype(hidden_states.dtype))
+        if config.chunk_size is None:
+            return {"attention_mask": geometry.boolean_mask(), "key_counts": key_counts}
+        check_chunk_cache(cache)
+        attention_mask = geometry.attention_mask
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError(
+                "GAU with chunk_size (FLASH) needs a 2D attention_mask of shape (batch, past + seq), got "
+                f"shape {tuple(attention_mask.shape)}."
             )
-            if needs_counts
-            else None
-        )
-        if config.chunk_size is not None:
-            check_chunk_cache(cache)
-            if attention_mask is not None and attention_mask.dim() != 2:
-                raise ValueError(
-                    "GAU with chunk_size (FLASH) needs a 2D attention_mask of shape (batch, past + seq), got "
-                    f"shape {tuple(attention_mask.shape)}."
-                )
-            key_mask = attention_mask.to(hidden_states.device).bool() if attention_mask is not None else None
-            documents = None
-            if document_ids is not None:
-                documents = DocumentChunks.build(document_ids.to(hidden_states.device), config.chunk_size,
-                                                 layout=not is_torchdynamo_compiling())
-            return {"key_mask": key_mask, "key_counts": key_counts, "documents": documents}
-        return {
-            "attention_mask": boolean_attention_mask(attention_mask, **geometry, document_ids=document_ids),
-            "key_counts": key_counts,
-        }
+        key_mask = attention_mask.to(geometry.device).bool() if attention_mask is not None else None
+        documents = None
+        if geometry.document_ids is not None:
+            documents = DocumentChunks.build(geometry.document_ids.to(geometry.device), config.chunk_size,
+                                             layout=not is_torchdynamo_compiling())
+        return {"key_mask": key_mask, "key_counts": key_counts, "documents": documents}
 
 
 class GAUForMaskedLM(MaskedLMHeadMixin, GAUPreTrainedModel):

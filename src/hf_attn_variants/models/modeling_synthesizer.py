@@ -26,7 +26,7 @@ have no q/k projections; only ``vanilla`` does. See docs/synthesizer.md for the 
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,18 +39,15 @@ from transformers.utils.import_utils import is_torchdynamo_compiling
 from .configuration_synthesizer import SynthesizerConfig
 from .layers import (
     apply_rotary,
-    boolean_attention_mask,
-    check_head_indices,
     document_positions,
-    head_rows,
     headless_attention_output,
     masked_softmax,
-    slice_head_tensor,
-    slice_linear,
     upcast,
     update_cache,
+    visible_keys,
 )
 from .modeling_common import (
+    AttentionGeometry,
     AttentionMLPLayer,
     AttnVariantBackbone,
     AttnVariantPreTrainedModel,
@@ -89,11 +86,6 @@ class SynthesizerDenseBranch(nn.Module):
         w2, b2 = (self.w2, self.b2) if columns is None else (self.w2[..., :columns], self.b2[..., :columns])
         return torch.matmul(inner, w2.unsqueeze(0)) + b2[None, :, None, :]
 
-    def prune_heads_(self, index: torch.Tensor) -> None:
-        """Keep heads ``index`` of every parameter."""
-        for name in ("w1", "b1", "w2", "b2"):
-            slice_head_tensor(self, name, index)
-
     def extra_repr(self) -> str:
         heads, hidden, inner = self.w1.shape
         return f"heads={heads}, hidden={hidden}, inner={inner}, width={self.width}"
@@ -118,6 +110,16 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
     and ``prune_heads_`` removes heads in place. Tensor parallelism gives each rank whole heads with all of
     their tensors (``tp_sharded_parameters``; a fixed random buffer stays whole and is sliced per rank).
     """
+
+    # Present only for the components that use them (else None); the component table calls them.
+    q_proj: Any
+    k_proj: Any
+    dense: Any
+    factor_a: Any
+    factor_b: Any
+    random_matrix: Any
+    random_left: Any
+    random_right: Any
 
     def __init__(self, config: SynthesizerConfig, layer_idx: int) -> None:
         super().__init__()
@@ -160,7 +162,8 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         branches = [name for name in ("dense", "factor_a", "factor_b") if getattr(self, name) is not None]
         self.tp_sharded_parameters = (
             *(f"{branch}.{name}" for branch in branches for name in ("w1", "b1", "w2", "b2")),
-            *(name for name in ("random_matrix", "random_left", "random_right") if self._parameters.get(name) is not None),
+            *(name for name in ("random_matrix", "random_left", "random_right")
+              if self._parameters.get(name) is not None),
         )
         self.tp_replicated_parameters = ("mixing_logits",) if self.mixing_logits is not None else ()
         self.tp_sharded_inputs = tuple(branches)
@@ -191,167 +194,123 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         return scores.gather(-1, index)
 
     def _dense_logits(
-        self, hidden_states: torch.Tensor, key_length: int, positions: Positions | None
+        self, hidden_states: torch.Tensor, query_offset: Any, key_length: int, positions: Positions | None
     ) -> torch.Tensor:
         if positions is None:
             return self.dense(hidden_states, columns=key_length)
         return self._gather_columns(self.dense(hidden_states), positions[1])
 
     def _factorized_dense_logits(
-        self, hidden_states: torch.Tensor, key_length: int, positions: Positions | None
+        self, hidden_states: torch.Tensor, query_offset: Any, key_length: int, positions: Positions | None
     ) -> torch.Tensor:
         width_b = self.factor_b.width
         if positions is None:
-            # Keys 0 … key_length−1 only need the first ⌈key_length / b⌉ entries of A: outer product, flatten, slice.
+            # Keys 0 … key_length−1 need the first ⌈key_length/b⌉ entries of A: outer product, flatten, slice.
             a_scores = self.factor_a(hidden_states, columns=-(-key_length // width_b))
-            b_scores = self.factor_b(hidden_states)
-            outer = a_scores[..., :, None] * b_scores[..., None, :]
+            outer = a_scores[..., :, None] * self.factor_b(hidden_states)[..., None, :]
             return outer.flatten(-2)[..., :key_length]
-        a_scores, b_scores = self.factor_a(hidden_states), self.factor_b(hidden_states)
         keys = positions[1]
-        return self._gather_columns(a_scores, keys // width_b) * self._gather_columns(
-            b_scores, keys % width_b
-        )
+        a_scores, b_scores = self.factor_a(hidden_states), self.factor_b(hidden_states)
+        return (self._gather_columns(a_scores, keys // width_b)
+                * self._gather_columns(b_scores, keys % width_b))
 
     def _head_tensor(self, name: str) -> torch.Tensor:
         """Random tensor ``name`` for this module's heads: under tensor parallelism a parameter already is the
-        rank's shard, while a fixed (buffer) one is whole on every rank and sliced to the rank's heads here."""
+        rank's shard, while a fixed (buffer) one is whole on every rank and sliced to its heads here."""
         tensor = getattr(self, name)
         return tensor[self.tp_slice(tensor.shape[0])] if name in self._buffers else tensor
 
     def _random_logits(
-        self, query_offset: int, query_length: int, key_length: int, positions: Positions | None
+        self, hidden_states: torch.Tensor, query_offset: Any, key_length: int, positions: Positions | None
     ) -> torch.Tensor:
         matrix = self._head_tensor("random_matrix")
         if positions is None:
-            return matrix[:, query_offset : query_offset + query_length, :key_length].unsqueeze(0)
+            return matrix[:, query_offset : query_offset + hidden_states.shape[1], :key_length].unsqueeze(0)
         queries, keys = positions
         return matrix[:, queries[:, :, None], keys[:, None, :]].transpose(0, 1)
 
     def _factorized_random_logits(
-        self, query_offset: int, query_length: int, key_length: int, positions: Positions | None
+        self, hidden_states: torch.Tensor, query_offset: Any, key_length: int, positions: Positions | None
     ) -> torch.Tensor:
         left, right = self._head_tensor("random_left"), self._head_tensor("random_right")
         if positions is None:
-            rows = left[:, query_offset : query_offset + query_length]
+            rows = left[:, query_offset : query_offset + hidden_states.shape[1]]
             return torch.matmul(rows, right[:, :key_length].transpose(-1, -2)).unsqueeze(0)
         queries, keys = positions
         return torch.matmul(left[:, queries], right[:, keys].transpose(-1, -2)).transpose(0, 1)
 
-    def _vanilla_logits(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
-        cache: Cache | None,
-        value: torch.Tensor,
-        query_offset: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        batch_size, seq_length = hidden_states.shape[:2]
-        shape = (batch_size, seq_length, -1, self.head_dim)  # -1: this rank's heads under tensor parallelism
+    def _keys_and_values(
+        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: Cache | None, query_offset: int | torch.Tensor,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``(vanilla logits q·kᵀ/√d or None, values)`` after the cache (if any) stored the new tokens.
+        Without ``vanilla`` no key exists: the cache keeps a one-channel placeholder as keys (it derives its
+        length from them; Transformers 5.0's static cache counts the non-zero ones) next to the values."""
+        shape = (*hidden_states.shape[:2], -1, self.head_dim)  # -1: the rank's heads under tensor parallelism
+        value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        if self.q_proj is None:
+            if cache is not None:
+                placeholder = value.new_ones(*value.shape[:3], 1)
+                value = update_cache(cache, placeholder, value, self.layer_idx, query_offset)[1]
+            return None, value
         query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
         key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
         if position_embeddings is not None:
-            cos, sin = position_embeddings
-            query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+            query, key = apply_rotary(query, *position_embeddings), apply_rotary(key, *position_embeddings)
         if cache is not None:
             key, value = update_cache(cache, key, value, self.layer_idx, query_offset)
         return torch.matmul(query, key.transpose(-1, -2)) * self.scaling, value
 
-    # ------------------------------------------------------------------------------------------ forward
     def forward(
         self,
         hidden_states: torch.Tensor,
+        geometry: AttentionGeometry,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
         synthesizer_positions: Positions | None = None,
         cache: Cache | None = None,
-        query_offset: int = 0,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``attention_mask``: boolean ``(batch, 1, q, k)`` (True = visible, causality included) or None;
-        ``query_offset``: tokens in the cache before these queries (their row in the l×l patterns)."""
+        ``synthesizer_positions``: rows and columns of the l×l patterns (``SynthesizerModel._positions``)."""
         batch_size, seq_length = hidden_states.shape[:2]
+        query_offset = geometry.query_offset
         if self.num_heads == 0:
-            return headless_attention_output(
-                hidden_states, self.o_proj, cache, self.layer_idx, query_offset
-            )
-
-        shape = (batch_size, seq_length, -1, self.head_dim)  # -1: this rank's heads under tensor parallelism
-        value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-        logits: dict[str, torch.Tensor] = {}
-        if "vanilla" in self.components:
-            logits["vanilla"], value = self._vanilla_logits(
-                hidden_states, position_embeddings, cache, value, query_offset
-            )
-        elif cache is not None:
-            # Synthesized components need no keys: cache a one-channel placeholder (the cache derives its
-            # length from the keys; Transformers 5.0's static cache counts the non-zero ones) next to the values.
-            placeholder = value.new_ones(batch_size, value.shape[1], seq_length, 1)
-            _, value = update_cache(cache, placeholder, value, self.layer_idx, query_offset)
+            return headless_attention_output(hidden_states, self.o_proj, cache, self.layer_idx, query_offset)
+        vanilla, value = self._keys_and_values(hidden_states, position_embeddings, cache, query_offset)
         key_length = value.shape[2]
         if key_length > self.max_length:
             raise ValueError(
-                f"Sequence length {key_length} exceeds max_position_embeddings={self.max_length}, the size l of "
-                f"the synthesized attention matrices."
+                f"Sequence length {key_length} exceeds max_position_embeddings={self.max_length}, the size l "
+                "of the synthesized attention matrices."
             )
-        if "dense" in self.components:
-            logits["dense"] = self._dense_logits(hidden_states, key_length, synthesizer_positions)
-        if "factorized_dense" in self.components:
-            logits["factorized_dense"] = self._factorized_dense_logits(
-                hidden_states, key_length, synthesizer_positions
-            )
-        if "random" in self.components:
-            logits["random"] = self._random_logits(query_offset, seq_length, key_length, synthesizer_positions)
-        if "factorized_random" in self.components:
-            logits["factorized_random"] = self._factorized_random_logits(
-                query_offset, seq_length, key_length, synthesizer_positions
-            )
-
-        if self.mixing_logits is None:
-            mixed = upcast(logits[self.components[0]])
-        else:
-            alpha = self.mixing_weights()
-            mixed = sum(alpha[i] * upcast(logits[name]) for i, name in enumerate(self.components))
-        if attention_mask is None and self.is_causal:
-            attention_mask = boolean_attention_mask(
-                None,
-                batch_size=batch_size,
-                query_length=seq_length,
-                key_length=key_length,
-                query_offset=query_offset,
-                causal=True,
-                device=hidden_states.device,
-            )
-        probs = masked_softmax(mixed.expand(batch_size, -1, -1, -1), attention_mask).to(value.dtype)
+        logits = {name: SYNTHESIZED_LOGITS[name](self, hidden_states, query_offset, key_length,
+                                                 synthesizer_positions)
+                  for name in self.components if name != "vanilla"}
+        logits["vanilla"] = vanilla  # type: ignore[assignment]
+        alpha = self.mixing_weights()
+        mixed = sum(alpha[i] * upcast(logits[name]) for i, name in enumerate(self.components))
+        if attention_mask is None:
+            attention_mask = geometry.causal_mask(key_length)
+        probs = masked_softmax(mixed.expand(batch_size, -1, -1, -1), attention_mask)  # type: ignore[union-attr]
+        probs = probs.to(value.dtype)
         probs = F.dropout(probs, p=self.config.attention_probs_dropout_prob, training=self.training)
         output = torch.matmul(probs, value).transpose(1, 2).reshape(batch_size, seq_length, -1)
         return self.o_proj(output), probs
 
-    # ------------------------------------------------------------------------------------------ pruning
-    def prune_heads_(self, keep: list[int]) -> None:
-        """Keep only heads ``keep`` (indices into the current heads), in place.
-
-        Slices q/k/v_proj rows and o_proj columns (head-major blocks of ``head_dim``) and every per-head
-        parameter or buffer along its head dimension, then updates ``num_heads``. Keeping no head is
-        allowed: the layer then outputs o_proj's bias. The caller records the change in
-        ``config.pruned_heads`` (see ``hf_attn_variants.pruning``).
-        """
-        keep = check_head_indices(keep, self.num_heads, what="prune_heads_(keep)")
-        index = torch.tensor(keep, dtype=torch.long)
-        rows = head_rows(keep, self.head_dim)
-        for projection in (self.q_proj, self.k_proj, self.v_proj):
-            if projection is not None:
-                slice_linear(projection, rows, dim=0)
-        slice_linear(self.o_proj, rows, dim=1)
-        for branch in (self.dense, self.factor_a, self.factor_b):
-            if branch is not None:
-                branch.prune_heads_(index)
-        for name in ("random_matrix", "random_left", "random_right"):
-            slice_head_tensor(self, name, index)
-        self.num_heads = len(keep)
-
     def extra_repr(self) -> str:
-        return f"components={self.components}, heads={self.num_heads}, head_dim={self.head_dim}, l={self.max_length}"
+        return (f"components={self.components}, heads={self.num_heads}, head_dim={self.head_dim}, "
+                f"l={self.max_length}")
+
+
+SYNTHESIZED_LOGITS = {
+    "dense": SynthesizerAttention._dense_logits,
+    "random": SynthesizerAttention._random_logits,
+    "factorized_dense": SynthesizerAttention._factorized_dense_logits,
+    "factorized_random": SynthesizerAttention._factorized_random_logits,
+}
+"""Synthesized component → its logits ``(self, hidden_states, query_offset, key_length, positions)``
+→ ``(batch | 1, heads, q, k)``; ``vanilla`` (q·kᵀ/√d) comes with the keys (``_keys_and_values``)."""
 
 
 class SynthesizerLayer(AttentionMLPLayer):
@@ -367,13 +326,13 @@ class SynthesizerPreTrainedModel(AttnVariantPreTrainedModel):
     config: SynthesizerConfig
     family_prefix = "Synthesizer"
     serving_limitation = (
-        "the Synthesizer's attention weights are synthesized from each query token alone (dense) or learned per "
-        "absolute position (random), not computed from query-key dot products over cached keys, so a paged softmax "
-        "kernel cannot produce them."
+        "the Synthesizer's attention weights are synthesized from each query token alone (dense) or learned "
+        "per absolute position (random), not computed from query-key dot products over cached keys, so a "
+        "paged softmax kernel cannot produce them."
     )
-    _no_split_modules: ClassVar[list[str]] = ["SynthesizerLayer"]
+    _no_split_modules = ["SynthesizerLayer"]
     _supports_sdpa = False
-    _can_record_outputs: ClassVar[dict[str, type[nn.Module]]] = {
+    _can_record_outputs = {
         "hidden_states": SynthesizerLayer,
         "attentions": SynthesizerAttention,
     }
@@ -424,65 +383,50 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
     ) -> None:
         if total_length > self.config.max_position_embeddings:
             raise ValueError(
-                f"Sequence length {total_length} (past + new tokens) exceeds max_position_embeddings="
-                f"{self.config.max_position_embeddings}: the Synthesizer's l×l attention patterns cover at most "
-                f"{self.config.max_position_embeddings} positions."
+                f"Sequence length {total_length} (past + new tokens) exceeds "
+                f"max_position_embeddings={self.config.max_position_embeddings}: the Synthesizer's l×l "
+                f"attention patterns cover at most {self.config.max_position_embeddings} positions."
             )
         super()._check_inputs(input_ids, total_length, attention_mask)
 
     def _attention_inputs(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        cache: Cache | None,
-        position_ids: torch.Tensor,
-        past_length: int,
-        given_position_ids: torch.Tensor | None,
-        document_ids: torch.Tensor | None = None,
+        self, geometry: AttentionGeometry, hidden_states: torch.Tensor, cache: Cache | None
     ) -> dict[str, Any]:
-        """The boolean mask (padding ∧ causality, ∧ same document for packed rows) and the positions that index the
-        synthesized patterns. A packed document's tokens take the rows and columns of their index within the document
-        (``document_positions``), which is where a lone run of the document slices R[:n, :n] and dense(X)[:, :n]."""
-        batch_size, seq_length = hidden_states.shape[:2]
-        key_length = past_length + seq_length
-        mask = boolean_attention_mask(
-            attention_mask,
-            batch_size=batch_size,
-            query_length=seq_length,
-            key_length=key_length,
-            query_offset=past_length,
-            causal=self.is_causal,
-            device=hidden_states.device,
-            document_ids=document_ids,
-        )
-        if document_ids is not None:
-            within = document_positions(document_ids.to(hidden_states.device))
+        """The boolean mask (padding ∧ causality, ∧ same document for packed rows) and the positions that
+        index the synthesized patterns. A packed document's tokens take the rows and columns of their index
+        within the document (``document_positions``), which is where a lone run of the document slices
+        R[:n, :n] and dense(X)[:, :n]."""
+        positions: Positions | None = None
+        if geometry.document_ids is not None:
+            within = document_positions(geometry.document_ids.to(geometry.device))
             positions = (within, within)
         else:
-            positions = self._positions(attention_mask, past_length, seq_length, key_length)
-        return {"attention_mask": mask, "synthesizer_positions": positions}
+            positions = self._positions(geometry.attention_mask, geometry.query_offset, geometry.query_length,
+                                        geometry.key_length)
+        return {"attention_mask": geometry.boolean_mask(), "synthesizer_positions": positions}
 
     @staticmethod
     def _positions(
-        attention_mask: torch.Tensor | None, query_offset: int, query_length: int, key_length: int
+        attention_mask: torch.Tensor | None, query_offset: Any, query_length: int, key_length: Any
     ) -> Positions | None:
         """Positions within each sequence (index − leading padding), or None when no row has leading padding.
 
-        ``None`` lets the components slice their matrices (row offset = ``query_offset``) instead of gathering.
-        The leading padding comes from the 2D mask, or from a prepared 4D mask (what ``generate`` passes with a
-        static cache) as the keys hidden before the first key the last query sees; a 4D mask also sets the
-        number of key slots.
+        ``None`` lets the components slice their matrices (row offset = ``query_offset``) instead of
+        gathering. The leading padding comes from the 2D mask, or from a prepared 4D mask (what ``generate``
+        passes with a static cache) as the keys hidden before the first key the last query sees; a 4D mask
+        also sets the number of key slots.
         """
         if attention_mask is None:
             return None
         if attention_mask.dim() == 4:
             last_row = attention_mask[:, 0, -1, :]
-            keep = last_row if last_row.dtype == torch.bool else last_row > torch.finfo(last_row.dtype).min / 2
+            keep = visible_keys(last_row)
             key_length = keep.shape[-1]
         else:
             keep = attention_mask[:, -key_length:] != 0
         leading = (keep.int().cumsum(-1) == 0).sum(-1, keepdim=True)
-        # Traced (torch.export / ONNX, torch.compile): no data-dependent branch; gathering at offset 0 equals slicing.
+        # Traced (torch.export / ONNX, torch.compile): no data-dependent branch; gathering at offset 0 equals
+        # slicing.
         if not is_torchdynamo_compiling() and not bool(leading.any()):
             return None
         keys = (torch.arange(key_length, device=keep.device)[None, :] - leading).clamp(min=0)

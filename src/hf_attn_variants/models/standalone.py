@@ -1,32 +1,29 @@
 """Standalone remote code: the files ``save_pretrained`` and ``export`` write next to the weights.
 
-Inside the package the model code is written once and shared: ``layers.py``, ``compat.py``,
-``configuration_common.py`` and ``modeling_common.py`` serve all three families. A Hub folder cannot
-ship that layout: Transformers releases before 5.10 copy only the *direct* relative imports of the file
-they load, so ``configuration_gau.py → configuration_common.py → layers.py`` fails there with a
-``FileNotFoundError``. This module therefore writes each family as two self-contained files, the way
-Transformers' modular converter expands ``modular_<model>.py`` into a standalone ``modeling_<model>.py``:
+In the package the model code is split into modules; a Hub folder holds, per family:
 
-- ``configuration_<family>.py``: the family's config module, ``configuration_common`` and the parts of
-  ``layers`` they use;
-- ``modeling_<family>.py``: the family's model module, ``modeling_common`` and the parts of ``layers`` they
-  use, importing its config classes with the one relative import ``from .configuration_<family> import …``.
+- ``modeling_<family>.py``: the family's own code (its attention, layers and classes, with the family's
+  private modules such as ``gau_kernels`` inlined);
+- ``configuration_<family>.py``: the family's config;
+- ``attn_variants_common.py`` (``SHARED_FILE``): the code every family shares (``SHARED_MODULES``, whole),
+  byte for byte the same in every folder of one package release, so a reader who audited it once recognises it
+  by its sha256 (``shared_code_sha256``, printed in the model card);
+- GAU only: ``gau_triton.py``, its Triton kernels, which the modeling file imports on CUDA only.
 
-Both start with ``compat.py`` whole (the Transformers version check and the shims for APIs that moved
-between releases) and carry a header naming the package version and the sources to edit.
+The family files import the shared file (and the config) with one direct relative import each: every
+Transformers release from 5.0 on copies the direct relative imports of the file it loads (releases before 5.10
+copy no others, so the shared file imports nothing relatively). The shared import comes first, so an old
+Transformers fails with ``compat``'s one sentence before any other Transformers import.
 
-Why at save time rather than generated files checked into the repository: the exported text is then
-always the package's current source, byte for byte (nothing can drift), and the package keeps one set
-of classes for its tools (pruning, training) instead of three copies of every shared class. The
-generated files are the same code paths: the bundler copies top-level definitions verbatim and only
-drops the relative imports it resolves. Tests load the folders in clean environments with the oldest
-supported and the installed Transformers (tests/remote_code.py).
+Why at save time rather than generated files checked in: the exported text is always the package's current
+source (nothing can drift) and the package keeps one set of classes for its tools. The bundler copies
+top-level definitions verbatim and only drops the relative imports it resolves: ``parse_module`` reads each
+module with ``ast``; a bundle pulls in, transitively, the statements that define the names the included
+statements use, hoisting absolute imports; statements keep their source order and comments.
 
-How a bundle is built (``bundle_module``): the entry module is parsed with ``ast``; each top-level
-statement it needs pulls in, transitively, the top-level statements that define the names it uses —
-from its own module, or from a sibling module it imports with ``from .x import name`` (inlined), or
-through an absolute import (hoisted to the top of the file). Statements keep their source order and
-their comments; a name defined twice across the inlined modules is an error.
+Saving: ``install_standalone_saving`` (called by the families' registry, ``models/__init__``) gives the config
+and model base classes a ``save_pretrained`` that writes these files after Transformers' own save. Exported
+classes do not have it: their files are already standalone, and Transformers copies them as they are.
 """
 
 from __future__ import annotations
@@ -44,9 +41,12 @@ from .version import __version__
 PACKAGE_DIR = Path(__file__).resolve().parent
 PACKAGE_NAME = "hf_attn_variants"
 PRELUDE = "compat"
-"""Module emitted whole at the top of every bundle, before any other Transformers import."""
-COMMON_CONFIG = "configuration_common"
-"""Module emitted whole in every configuration bundle, so a modeling bundle may import any of its names."""
+"""Module emitted first and whole in the shared file: the Transformers version check, before other imports."""
+SHARED_MODULES = ("compat", "layers", "configuration_common", "modeling_common", "tensor_parallel")
+"""The modules every family uses; the shared file holds all of them, whole."""
+SHARED_FILE = "attn_variants_common"
+SEPARATE_FILES = ("gau_triton",)
+"""Modules exported as files of their own (imported by a family file, not inlined into it)."""
 
 
 @dataclass
@@ -57,6 +57,8 @@ class Statement:
     text: str
     defines: frozenset[str]
     uses: frozenset[str]
+    compound: bool = False
+    """A function or class: two blank lines around it, as in the source (none between plain assignments)."""
 
 
 @dataclass
@@ -93,7 +95,7 @@ def _local_name(node: ast.Import | ast.ImportFrom, alias: ast.alias) -> str:
 
 
 def _defined_names(node: ast.stmt) -> set[str]:
-    """Names a top-level statement binds in the module namespace (through if/try blocks, not into functions)."""
+    """Names a top-level statement binds at module level (through if/try blocks, not into functions)."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {node.name}
     names: set[str] = set()
@@ -113,16 +115,17 @@ def _defined_names(node: ast.stmt) -> set[str]:
 
 
 def _used_names(node: ast.stmt) -> set[str]:
-    """Every name the statement reads anywhere (an over-approximation: locals are included, and ignored later)."""
+    """Every name the statement reads anywhere (over-approximated: locals are included, and ignored later)."""
     return {sub.id for sub in ast.walk(node) if isinstance(sub, ast.Name)}
 
 
 def _is_string_expression(node: ast.stmt) -> bool:
-    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str))
 
 
 def _statement_span(node: ast.stmt, lines: list[str]) -> tuple[int, int]:
-    """0-based [start, stop) line span of ``node`` with its decorators and the comment lines right above it."""
+    """0-based [start, stop) line span of ``node`` with its decorators and the comment lines just above it."""
     first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
     while first > 0 and lines[first - 1].lstrip().startswith("#"):
         first -= 1
@@ -147,24 +150,29 @@ def parse_module(name: str, package_dir: Path = PACKAGE_DIR) -> ParsedModule:
             continue
         if isinstance(node, ast.ImportFrom) and node.level:
             if node.level != 1:
-                raise ValueError(f"{name}.py: only single-dot relative imports can be bundled (line {node.lineno}).")
+                raise ValueError(f"{name}.py: only single-dot relative imports can be bundled "
+                                 f"(line {node.lineno}).")
             for alias in node.names:
                 if alias.asname is not None:
-                    raise ValueError(f"{name}.py: relative imports must not rename ({alias.name} as {alias.asname}).")
+                    raise ValueError(f"{name}.py: relative imports must not rename "
+                                     f"({alias.name} as {alias.asname}).")
                 module.relative_imports[alias.name] = node.module or ""
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 module.absolute_imports[_local_name(node, alias)] = _import_line(node, alias)
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__"
+                                                for t in node.targets):
             module.all_names = list(ast.literal_eval(node.value))
             continue
         start, stop = _statement_span(node, lines)
-        if _is_string_expression(node) and module.statements:  # an attribute docstring belongs to the line above
+        if _is_string_expression(node) and module.statements:  # attribute docstrings belong to the line above
             module.statements[-1].text += "".join(lines[start:stop])
         elif not isinstance(node, (ast.Import, ast.ImportFrom)):
             text = "".join(lines[start:stop])
-            module.statements.append(Statement(text, frozenset(_defined_names(node)), frozenset(_used_names(node))))
+            compound = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            module.statements.append(Statement(text, frozenset(_defined_names(node)),
+                                               frozenset(_used_names(node)), compound))
     future = "from __future__ import annotations\n"
     module.body_text = "".join(line for line in lines[body_start:] if line != future)
     return module
@@ -179,16 +187,19 @@ class Bundle:
 
 
 class _Bundler:
-    """Collects the statements an entry module needs, across the sibling modules it imports."""
+    """Collects the statements the bundled modules need, across the sibling modules they import.
 
-    def __init__(self, external: Iterable[str], package_dir: Path) -> None:
-        self.external = set(external)
+    ``external``: sibling module → the exported file (stem) that holds it; names from those stay imports.
+    """
+
+    def __init__(self, external: dict[str, str], package_dir: Path) -> None:
+        self.external = external
         self.package_dir = package_dir
         self.modules: dict[str, ParsedModule] = {}
         self.needed: dict[str, set[int]] = {}
         self.depends: dict[str, set[str]] = {}
         self.hoisted: dict[str, str] = {}
-        self.external_names: dict[str, str] = {}
+        self.imported: dict[str, dict[str, None]] = {}
 
     def module(self, name: str) -> ParsedModule:
         if name not in self.modules:
@@ -221,15 +232,13 @@ class _Bundler:
         elif used in module.relative_imports:
             source = module.relative_imports[used]
             if source in self.external:
-                self.external_names[used] = source
-            elif source == PRELUDE:
-                self.module(PRELUDE)
+                self.imported.setdefault(self.external[source], {})[used] = None
             else:
                 self.depends[name].add(source)
                 self.resolve(source, used)
         # else: a builtin or a local variable of a function
 
-    def order(self, entry: str) -> list[str]:
+    def order(self) -> list[str]:
         """Inlined modules, each after the modules it takes definitions from (``ValueError`` on a cycle)."""
         result: list[str] = []
         visiting: set[str] = set()
@@ -245,10 +254,9 @@ class _Bundler:
             visiting.discard(name)
             result.append(name)
 
-        for name in sorted(self.depends):
-            if self.needed[name] and name != entry:
+        for name in sorted(self.depends, key=lambda n: (n != PRELUDE, n)):
+            if self.needed[name]:
                 visit(name)
-        visit(entry)
         return result
 
 
@@ -292,102 +300,234 @@ def package_version() -> str:
     return __version__
 
 
+def _header(sources: list[str]) -> str:
+    return (
+        f"# Generated by {PACKAGE_NAME} {package_version()} from {', '.join(f'{s}.py' for s in sources)}:\n"
+        f"# standalone remote code for Transformers >= {MIN_TRANSFORMERS_VERSION} with torch. "
+        "Do not edit this file;\n"
+        f"# edit those modules of the {PACKAGE_NAME} package "
+        f"(src/{PACKAGE_NAME}/models/) and save the model again.\n"
+    )
+
+
 def bundle_module(
-    entry: str,
+    whole: str | Iterable[str],
     *,
-    external: Iterable[str] = (),
-    rename_external: str | None = None,
-    whole: Iterable[str] = (),
+    external: dict[str, str] | None = None,
+    docstring: str | None = None,
     package_dir: Path = PACKAGE_DIR,
 ) -> Bundle:
-    """One self-contained source file for module ``entry`` of the package.
-
-    ``external``: sibling modules that stay imports instead of being inlined; their names are imported from
-    ``rename_external`` (the one file that contains them all). ``whole``: modules included completely
-    (besides ``entry`` itself and the prelude). Raises ``ValueError`` if two inlined modules define the
-    same name.
+    """One source file holding modules ``whole`` of the package completely, and what they need of the sibling
+    modules they import (inlined), except the modules of ``external`` (module → exported file stem), whose
+    names stay relative imports of that file. The prelude (``compat``), when bundled, comes first with its own
+    imports. ``docstring``: the file's (default: the first module's). Raises ``ValueError`` if two inlined
+    modules define the same name.
     """
-    bundler = _Bundler(external, package_dir)
-    prelude = bundler.module(PRELUDE)
-    for name in (*whole, entry):
+    entries = [whole] if isinstance(whole, str) else list(whole)
+    bundler = _Bundler(dict(external or {}), package_dir)
+    for name in entries:
         bundler.require_all(name)
-    order = bundler.order(entry)
+    order = bundler.order()
     owners: dict[str, str] = {}
     for name in order:
         for index in bundler.needed[name]:
             for defined in bundler.modules[name].statements[index].defines:
                 if owners.setdefault(defined, name) != name:
                     raise ValueError(f"{defined!r} is defined in both {owners[defined]}.py and {name}.py.")
-    entry_module = bundler.modules[entry]
-    sources = [PRELUDE, *(name for name in order if name != entry), entry]
-    header = (
-        f"# Generated by {PACKAGE_NAME} {package_version()} from {', '.join(f'{s}.py' for s in sources)}:\n"
-        f"# standalone remote code for Transformers >= {MIN_TRANSFORMERS_VERSION} with torch. Do not edit this file;\n"
-        f"# edit those modules of the {PACKAGE_NAME} package (src/{PACKAGE_NAME}/models/) and save the model again.\n"
-    )
-    prelude_imports = set(prelude.absolute_imports.values())
+    if docstring is None:
+        docstring = bundler.modules[entries[0]].docstring
+    parts = [_header(order) + docstring.rstrip("\n") + "\n\nfrom __future__ import annotations\n"]
+    prelude_imports: set[str] = set()
+    if PRELUDE in order:
+        prelude = bundler.modules[PRELUDE]
+        prelude_imports = set(prelude.absolute_imports.values())
+        parts.append(prelude.body_text.split("\n__all__", 1)[0].strip("\n") + "\n")
+    # Relative imports first: the shared file's version check runs before any other Transformers import.
+    relative = [_from_import(f".{target}", sorted(names))
+                for target, names in sorted(bundler.imported.items())]
     imports = _sorted_imports(bundler.hoisted.values(), skip=prelude_imports)
-    external_imports = []
-    if bundler.external_names:
-        target = rename_external or min(bundler.external_names.values())
-        external_imports.append(f"from .{target} import {', '.join(sorted(bundler.external_names))}")
-    parts = [
-        header + entry_module.docstring.rstrip("\n") + "\n\nfrom __future__ import annotations\n\n"
-        + prelude.body_text.split("\n__all__", 1)[0].strip("\n") + "\n"
-    ]
-    if imports or external_imports:
-        parts.append("\n".join([*imports, *([""] if imports and external_imports else []), *external_imports]) + "\n")
+    if relative or imports:
+        parts.append("\n\n".join("\n".join(group) for group in (relative, imports) if group) + "\n")
     for name in order:
-        statements = [bundler.modules[name].statements[i].text.rstrip("\n") for i in sorted(bundler.needed[name])]
-        parts.append(f"# {'-' * 30} from {name}.py {'-' * 30}\n" + "\n\n\n".join(statements) + "\n")
-    all_names = [*(prelude.all_names or []), *(entry_module.all_names or [])]
+        if name == PRELUDE:
+            continue
+        statements = [bundler.modules[name].statements[i] for i in sorted(bundler.needed[name])]
+        text = statements[0].text.rstrip("\n")
+        for previous, statement in zip(statements, statements[1:]):
+            gap = "\n\n\n" if previous.compound or statement.compound else "\n"
+            text += gap + statement.text.rstrip("\n")
+        parts.append(f"# {'-' * 30} from {name}.py {'-' * 30}\n" + text + "\n")
+    all_names = [n for name in entries for n in bundler.modules[name].all_names or []]
     parts.append("__all__ = [\n" + "".join(f'    "{n}",\n' for n in sorted(set(all_names))) + "]\n")
-    return Bundle("\n\n".join(parts), sources)
+    return Bundle("\n\n".join(parts), order)
+
+
+SHARED_DOCSTRING = '''\
+"""The model code the hf_attn_variants families share: Transformers compatibility, building blocks (RoPE,
+norms, masks, key counts nᵢ), the config base, the backbone, the task heads and two tensor-parallel styles.
+
+This file is the same, byte for byte, in every exported folder of one package release (its sha256 is in the
+model card); ``modeling_<family>.py`` holds the family's own code and imports what it needs from here.
+"""'''
+
+
+def shared_bundle(package_dir: Path = PACKAGE_DIR) -> Bundle:
+    """The shared file: ``SHARED_MODULES`` whole."""
+    return bundle_module(SHARED_MODULES, docstring=SHARED_DOCSTRING, package_dir=package_dir)
+
+
+def shared_code_sha256(package_dir: Path = PACKAGE_DIR) -> str:
+    """sha256 (hex) of the shared file as ``save_pretrained`` writes it (UTF-8)."""
+    import hashlib
+
+    return hashlib.sha256(shared_bundle(package_dir).text.encode("utf-8")).hexdigest()
+
+
+def _external_files(family_config: str | None, package_dir: Path) -> dict[str, str]:
+    """module → exported file for a family bundle: shared modules, separate files, and the family's config."""
+    external = {name: SHARED_FILE for name in SHARED_MODULES}
+    external.update({name: name for name in SEPARATE_FILES})
+    external.update({path.stem: family_config or path.stem for path in package_dir.glob("configuration_*.py")
+                     if path.stem not in SHARED_MODULES})
+    return external
 
 
 def configuration_bundle(config_module: str, package_dir: Path = PACKAGE_DIR) -> Bundle:
-    """The standalone ``configuration_<family>.py``: the family config, all of ``configuration_common``."""
-    return bundle_module(config_module, whole=(COMMON_CONFIG,), package_dir=package_dir)
+    """The standalone ``configuration_<family>.py``: the family config, importing from the shared file."""
+    external = _external_files(None, package_dir)
+    del external[config_module]
+    return bundle_module(config_module, external=external, package_dir=package_dir)
 
 
 def modeling_bundle(modeling_module: str, config_module: str, package_dir: Path = PACKAGE_DIR) -> Bundle:
-    """The standalone ``modeling_<family>.py``: config classes imported from ``.<config_module>``."""
-    external = {path.stem for path in package_dir.glob("configuration_*.py")}
-    return bundle_module(modeling_module, external=external, rename_external=config_module, package_dir=package_dir)
+    """The standalone ``modeling_<family>.py``: config classes from ``.<config_module>``, shared code from the
+    shared file, the family's private modules inlined."""
+    return bundle_module(modeling_module, external=_external_files(config_module, package_dir),
+                         package_dir=package_dir)
+
+
+def exported_files(config_module: str, modeling_module: str | None = None,
+                   package_dir: Path = PACKAGE_DIR) -> dict[str, Bundle]:
+    """File stem → bundle of everything a folder of this family holds (the config alone without
+    ``modeling_module``)."""
+    bundles = {SHARED_FILE: shared_bundle(package_dir),
+               config_module: configuration_bundle(config_module, package_dir)}
+    if modeling_module is not None:
+        modeling = modeling_bundle(modeling_module, config_module, package_dir)
+        bundles[modeling_module] = modeling
+        for name in SEPARATE_FILES:
+            if f"from .{name} import" in modeling.text:
+                bundles[name] = bundle_module(name, package_dir=package_dir)
+    return bundles
+
+
+def code_class(cls: type) -> type:
+    """The class whose module holds the code of ``cls``: ``cls`` itself, or for a subclass made at run time
+    (FSDP2's ``fully_shard`` turns a model's class into one defined in torch; sharded training adds its fixes)
+    its first base defined in ``hf_attn_variants.models``."""
+    package = __name__.rpartition(".")[0]
+    return next(base for base in cls.__mro__ if base.__module__.rpartition(".")[0] == package)
 
 
 def write_standalone_code(save_directory: str | Path, obj: Any) -> list[Path]:
-    """Write the standalone remote code of ``obj`` (a config or a model of this package) into ``save_directory``.
+    """Write the standalone remote code of ``obj`` (a config or model of this package) to ``save_directory``.
 
-    Replaces the files Transformers' ``save_pretrained`` copied (the family modules and the shared modules
-    they import) by ``configuration_<family>.py`` and, for a model, ``modeling_<family>.py``. Returns the
-    written paths.
+    Replaces the files Transformers' ``save_pretrained`` copied (the family modules and the modules they
+    import) by those of ``exported_files``. Returns the written paths.
     """
     folder = Path(save_directory)
     folder.mkdir(parents=True, exist_ok=True)
     config = getattr(obj, "config", obj)
-    config_module = type(config).code_class().__module__.rsplit(".", 1)[-1]
-    bundles = {config_module: configuration_bundle(config_module)}
-    if config is not obj:
-        modeling_module = type(obj).code_class().__module__.rsplit(".", 1)[-1]
-        bundles[modeling_module] = modeling_bundle(modeling_module, config_module)
+    config_module = code_class(type(config)).__module__.rsplit(".", 1)[-1]
+    modeling_module = None if config is obj else code_class(type(obj)).__module__.rsplit(".", 1)[-1]
+    bundles = exported_files(config_module, modeling_module)
     written = []
     for name, bundle in bundles.items():
         path = folder / f"{name}.py"
         path.write_text(bundle.text, encoding="utf-8")
         written.append(path)
-    inlined = {source for bundle in bundles.values() for source in bundle.sources} - set(bundles)
-    for name in inlined:
+    copied = ({source for bundle in bundles.values() for source in bundle.sources}
+              | set(_external_files(None, PACKAGE_DIR)))
+    for name in copied - set(bundles):
         (folder / f"{name}.py").unlink(missing_ok=True)
     return written
 
 
+HUB_ARGUMENTS = ("repo_id", "commit_message", "commit_description", "private", "token", "create_pr",
+                 "revision")
+"""Keyword arguments of ``save_pretrained(..., push_to_hub=True)`` that belong to the upload."""
+
+def family_auto_map(model: Any, suffixes: Iterable[str]) -> dict[str, str]:
+    """``auto_map`` entries for AutoConfig and for ``AutoModel<suffix>`` of every class suffix
+    (``AUTO_CLASSES``'s keys: ``"Model"``, ``"ForCausalLM"`` …) that the model's family module defines."""
+    import sys
+
+    module = sys.modules[code_class(type(model)).__module__]
+    config_class = code_class(type(model.config))
+    auto_map = {"AutoConfig": f"{config_class.__module__.rsplit('.', 1)[-1]}.{config_class.__name__}"}
+    for suffix in suffixes:
+        name = f"{model.family_prefix}{suffix}"
+        if hasattr(module, name):
+            auto_map[f"AutoModel{suffix.removeprefix('Model')}"] = (
+                f"{module.__name__.rsplit('.', 1)[-1]}.{name}")
+    return auto_map
+
+
+def _standalone_save_pretrained(save: Any, suffixes: tuple[str, ...]) -> Any:
+    """``save`` (a ``save_pretrained``) followed by ``write_standalone_code``; a model also gets the full
+    ``auto_map``, and ``push_to_hub`` uploads only after the code was rewritten."""
+    import functools
+    import os
+
+    @functools.wraps(save)
+    def save_pretrained(self: Any, save_directory: Any, *args: Any, push_to_hub: bool = False,
+                        **kwargs: Any) -> Any:
+        if self._auto_class is None:
+            return save(self, save_directory, *args, push_to_hub=push_to_hub, **kwargs)
+        if hasattr(self, "config"):
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}),
+                                    **family_auto_map(self, suffixes)}
+        hub = {name: kwargs.pop(name) for name in HUB_ARGUMENTS if name in kwargs}
+        run_time_class = type(self) is not code_class(type(self))
+        # Transformers would copy that class's module as the code; the writer alone writes ours
+        if run_time_class:
+            type(self)._auto_class = None
+        try:
+            result = save(self, save_directory, *args, **kwargs)
+        finally:
+            if run_time_class:
+                del type(self)._auto_class
+        write_standalone_code(save_directory, self)
+        if push_to_hub:
+            self.push_to_hub(hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory))), **hub)
+        return result
+
+    return save_pretrained
+
+
+def install_standalone_saving(classes: Iterable[Any], suffixes: Iterable[str]) -> None:
+    """Give each of ``classes`` (the families' config and model bases) a ``save_pretrained`` that writes the
+    standalone files after Transformers' own save, with ``auto_map`` entries for the model class ``suffixes``
+    (idempotent)."""
+    for cls in classes:
+        if not getattr(cls.save_pretrained, "writes_standalone_code", False):
+            cls.save_pretrained = _standalone_save_pretrained(cls.save_pretrained, tuple(suffixes))
+            cls.save_pretrained.writes_standalone_code = True
+
+
 __all__ = [
+    "SHARED_FILE",
+    "SHARED_MODULES",
     "Bundle",
     "bundle_module",
+    "code_class",
     "configuration_bundle",
+    "exported_files",
+    "install_standalone_saving",
     "modeling_bundle",
     "package_version",
     "parse_module",
+    "shared_bundle",
+    "shared_code_sha256",
     "write_standalone_code",
 ]

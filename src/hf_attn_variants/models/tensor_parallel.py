@@ -1,28 +1,17 @@
 """Tensor parallelism: the two parallel styles the families' plans need beyond Transformers' own.
 
-Transformers (``transformers.distributed``, with ``DistributedConfig`` or ``tp_plan="auto"``) shards a model by
-its plan: ``config.base_model_tp_plan`` plus each head's ``_tp_plan``, as Llama declares them (q/k/v colwise,
-o rowwise, feed-forward colwise/rowwise, LM head gathered). Megatron-LM's split (Shoeybi et al. 2019, §3):
-each rank owns whole heads, so attention itself needs no communication and one all-reduce follows the output
-projection. Two things in this project's families have no built-in style:
+Transformers shards a model by its plan (``base_model_tp_plan`` + each head's ``_tp_plan``), Megatron-LM's
+split: each rank owns whole heads, and one all-reduce follows the output projection.
 
-- ``"local_shard"`` — a module that computes on its rank's share of heads (entropy-invariant and Synthesizer
-  attention, the Synthesizer's dense branches) or of GAU's expansion width. The module declares
-  ``tp_sharded_parameters`` (parameters whose first dimension is the head: SSMax's per-head scale, the
-  Synthesizer's W₁/W₂/R…), sharded as ``Shard(0)``, and ``tp_replicated_parameters`` (one copy per rank, used
-  on sharded activations: the Synthesizer's mixing logits, GAU's q/k scale and offset), whose gradient is the
-  sum of the ranks' partial gradients, and ``tp_sharded_inputs``: submodules that compute their heads straight
-  from the replicated input (the Synthesizer's dense branches), whose input gradient is summed likewise — what
-  a colwise layer does for its input. The style asks the module to check that it divides
-  (``check_tensor_parallel``: one sentence naming the layer otherwise) and tells it its rank
-  (``set_tensor_parallel_rank``, for buffers that stay whole such as fixed random matrices, and GAU's slice).
-- ``"colwise_gather_partial"`` — a colwise linear whose output is gathered and then used *differently on
-  each rank* (GAU's fused ``in_proj`` = [u ‖ v ‖ z]: each rank keeps its slice of u and v and all of z). The
-  gathered output's gradient is therefore partial and is reduce-scattered back to the shards.
+- ``"local_shard"``: a module computing on its rank's share of heads (or of GAU's width). It names
+  ``tp_sharded_parameters`` (first dimension = head; ``Shard(0)``), ``tp_replicated_parameters`` (used on
+  sharded activations: their gradient is summed over ranks) and ``tp_sharded_inputs`` (submodules reading the
+  replicated input, whose input gradient is summed likewise).
+- ``"colwise_gather_partial"``: a colwise linear whose gathered output each rank uses differently (GAU's
+  ``in_proj``); the gradient is reduce-scattered back to the shards.
 
-Both exist only where Transformers ships ``transformers.distributed`` with these hooks (5.17 on; tested on
-5.23); elsewhere ``register_parallel_styles`` does nothing and the plans are inert. Model code: imports only
-``torch``, ``transformers`` and the standard library.
+Both exist where Transformers ships ``transformers.distributed`` with these hooks (5.17 on); elsewhere
+``register_parallel_styles`` does nothing.
 """
 
 from __future__ import annotations
@@ -46,8 +35,8 @@ try:  # transformers >= 5.17 ships native tensor parallelism with per-module sty
     if not (hasattr(TensorParallelLayer, "install_forward") and hasattr(TensorParallelLayer, "shard_param")):
         raise ImportError("transformers.distributed.tensor_parallel lacks the per-module style hooks")
 except ImportError:  # one statement, so the standalone export copies the fallback with the imports
-    ALL_PARALLEL_STYLES = None
-    ColwiseParallel = TensorParallelLayer = object  # placeholders, so the classes below still define
+    ALL_PARALLEL_STYLES = None  # type: ignore[assignment]
+    ColwiseParallel = TensorParallelLayer = object  # type: ignore[assignment, misc]  # placeholders
 
 
 def mesh_group(mesh: Any) -> Any:
@@ -77,15 +66,12 @@ class _SumGradients(torch.autograd.Function):
 class LocalShardParallel(TensorParallelLayer):
     """Style ``"local_shard"``: the module computes on its rank's shard of heads (or of GAU's width).
 
-    At setup (on the meta device, before weights load): ``module.check_tensor_parallel(tp_size)`` raises when
-    the module cannot be split evenly; ``module.set_tensor_parallel_rank(rank, tp_size)`` records the rank;
-    the parameters named in ``module.tp_sharded_parameters`` (dotted names allowed, e.g. ``"dense.w1"``)
-    become ``Shard(0)`` DTensors, so each rank reads only its heads from the checkpoint. During ``forward``
-    those are the local shards, and those in ``module.tp_replicated_parameters`` pass through ``_SumGradients``,
-    as does the input of each submodule in ``module.tp_sharded_inputs``.
+    At setup (meta device): ``check_tensor_parallel`` refuses an uneven split, ``set_tensor_parallel_rank``
+    records the rank, ``tp_sharded_parameters`` become ``Shard(0)`` DTensors. In ``forward`` they are the
+    local shards, and the replicated parameters and sharded inputs pass through ``_SumGradients``.
     """
 
-    def install_forward(self, module: nn.Module, mesh: Any) -> nn.Module:
+    def install_forward(self, module: Any, mesh: Any) -> nn.Module:
         size, rank, group = mesh.size(), mesh.get_local_rank(), mesh_group(mesh)
         module.check_tensor_parallel(size)
         module.set_tensor_parallel_rank(rank, size)
@@ -107,7 +93,7 @@ class LocalShardParallel(TensorParallelLayer):
         return super().install_forward(module, mesh)
 
     @contextlib.contextmanager
-    def context_around_forward(self, module: nn.Module, mesh: Any) -> Iterator[None]:
+    def context_around_forward(self, module: Any, mesh: Any) -> Iterator[None]:
         group = mesh_group(mesh)
         originals: list[tuple[nn.Module, str, Any]] = []
         for owner, name in _named_slots(module, module.tp_sharded_parameters):
@@ -143,11 +129,13 @@ class GatheredPartialColwiseParallel(ColwiseParallel):
     (``Partial``) and scattered back to the row shards.
     """
 
-    def transform_output_post_forward(self, module: nn.Module, output: torch.Tensor, mesh: Any) -> torch.Tensor:
+    def transform_output_post_forward(self, module: nn.Linear, output: torch.Tensor,
+                                      mesh: Any) -> torch.Tensor:
         if not isinstance(output, DTensor):
-            shape = (*output.shape[:-1], module.out_features)
+            shape = torch.Size((*output.shape[:-1], module.out_features))
             stride = torch.empty(shape, device="meta").stride()
-            output = DTensor.from_local(output, mesh, [Shard(output.dim() - 1)], run_check=False, shape=shape, stride=stride)
+            output = DTensor.from_local(output, mesh, [Shard(output.dim() - 1)], run_check=False, shape=shape,
+                                        stride=stride)
         return output.redistribute(placements=[Replicate()]).to_local(grad_placements=[Partial()])
 
 
@@ -164,6 +152,7 @@ class ShardedUnits:
     tp_sharded_inputs: tuple[str, ...] = ()
     tp_rank: int = 0
     tp_size: int = 1
+    layer_idx: int
 
     def tp_units(self) -> tuple[int, str]:
         """(count, name) of what tensor parallelism splits across ranks, e.g. ``(8, "attention heads")``."""
@@ -174,9 +163,10 @@ class ShardedUnits:
         count, what = self.tp_units()
         if count % tp_size:
             raise ValueError(
-                f"Tensor parallelism splits {what} evenly across ranks, but layer {self.layer_idx} has {count} "
-                f"{what}, which tp_size={tp_size} does not divide; use a tp_size that divides every layer's count "
-                f"(prune heads with `--uniform` for a tensor-parallel model), or tp_size=1 with FSDP."
+                f"Tensor parallelism splits {what} evenly across ranks, but layer {self.layer_idx} has "
+                f"{count} {what}, which tp_size={tp_size} does not divide; use a tp_size that divides every "
+                "layer's count (prune heads with `--uniform` for a tensor-parallel model), "
+                "or tp_size=1 with FSDP."
             )
 
     def set_tensor_parallel_rank(self, rank: int, size: int) -> None:
@@ -193,10 +183,10 @@ def register_parallel_styles() -> None:
     """Add ``"local_shard"`` and ``"colwise_gather_partial"`` to Transformers' registry of parallel styles."""
     if ALL_PARALLEL_STYLES is None:
         return
-    ALL_PARALLEL_STYLES.register("local_shard", LocalShardParallel())
+    ALL_PARALLEL_STYLES.register("local_shard", LocalShardParallel())  # type: ignore[arg-type]
     ALL_PARALLEL_STYLES.register(
-        "colwise_gather_partial", GatheredPartialColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-    )
+        "colwise_gather_partial",
+        GatheredPartialColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))  # type: ignore[arg-type]
 
 
 __all__ = [

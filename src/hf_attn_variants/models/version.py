@@ -1,4 +1,4 @@
-"""The package version, here so that ``standalone`` can name it in every exported file's header without importing
+"""The package version, here so ``standalone`` names it in every exported file's header without importing
 the families' registry (``models/__init__``), which imports ``standalone``. pyproject.toml reads it too."""
 
 __version__ = "0.2.0"

@@ -1,10 +1,11 @@
-"""Where a model's attention heads live, and how to remove them physically — one adapter per architecture kind.
+"""Where a model's attention heads live, and how to remove them physically — one adapter per architecture
+kind.
 
 Every tool of ``hf_attn_variants.pruning`` talks to a model through a ``HeadAdapter``:
 
 - ``AttnVariantAdapter`` — this project's multi-head families (``entropy_invariant``, ``synthesizer``):
-  ``model.<base>.layers[i].self_attn`` with ``o_proj`` and ``prune_heads_(keep)``; the layers are built
-  with ``config.layer_heads(i)``, so a pruned checkpoint reloads with plain ``from_pretrained``.
+  ``model.<base>.layers[i].self_attn`` with ``o_proj`` (sliced by ``prune_attention_heads``); the layers are
+  built with ``config.layer_heads(i)``, so a pruned checkpoint reloads with plain ``from_pretrained``.
 - ``EncoderAdapter`` — BERT/RoBERTa-style encoders (``<base>.encoder.layer[i].attention.self`` with
   ``query``/``key``/``value``, output projection ``attention.output.dense``).
 - ``DecoderAdapter`` — Llama/Qwen2/Mistral-style decoders (``<base>.layers[i].self_attn`` with
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -40,13 +41,69 @@ from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from ..models.configuration_common import MultiHeadAttnVariantConfig
-from ..models.layers import (
-    head_rows,
-    headless_attention_output,
-    kept_heads,
-    normalize_pruned_heads,
-    slice_linear,
-)
+from ..models.layers import check_head_indices, headless_attention_output, kept_heads, normalize_pruned_heads
+
+
+def head_rows(heads: Iterable[int], head_dim: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Rows h·d, h·d + 1 … h·d + d − 1 (d = ``head_dim``) of every head h in ``heads``, in that order.
+
+    The features of those heads in a head-major projection (one block of d per head), as a long tensor
+    of length len(heads)·d: rows of q/k/v projections, columns of the output projection.
+    """
+    index = torch.tensor([int(h) for h in heads], dtype=torch.long, device=device)
+    return (index[:, None] * head_dim + torch.arange(head_dim, device=device)).reshape(-1)
+
+def slice_head_tensor(module: nn.Module, name: str, index: torch.Tensor, dim: int = 0) -> None:
+    """Replace parameter or buffer ``name`` of ``module`` by a copy of ``tensor.index_select(dim, index)``.
+
+    A parameter stays a parameter with its ``requires_grad``; a buffer is registered again as a persistent
+    buffer; ``None`` (an optional tensor the module does not use) is left alone. Works on meta tensors.
+    """
+    tensor = getattr(module, name)
+    if tensor is None:
+        return
+    data = tensor.data.index_select(dim, index.to(tensor.device)).clone()
+    if isinstance(tensor, nn.Parameter):
+        setattr(module, name, nn.Parameter(data, requires_grad=tensor.requires_grad))
+    else:
+        module.register_buffer(name, data, persistent=True)
+
+def slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> None:
+    """Keep output features ``index`` (``dim=0``: rows of W and entries of b) or input features ``index``
+    (``dim=1``: columns of W) of ``linear``, in place; ``out_features`` / ``in_features`` = len(index)."""
+    slice_head_tensor(linear, "weight", index, dim)
+    if dim == 0:
+        slice_head_tensor(linear, "bias", index, 0)
+        linear.out_features = index.numel()
+    else:
+        linear.in_features = index.numel()
+
+
+def prune_attention_heads(attention: nn.Module, keep: list[int]) -> None:
+    """Keep only heads ``keep`` (indices into the current heads) of one of this package's multi-head attention
+    modules, in place: the rows of q/k/v_proj and the columns of o_proj (head-major blocks of ``head_dim``),
+    and the first dimension of every other tensor of the module (SSMax's per-head scale; the Synthesizer's
+    dense branches and random matrices, a fixed one a buffer) but its ``tp_replicated_parameters`` (mixing
+    logits). Keeping no head is allowed: the layer then outputs o_proj's bias. The caller records the change
+    in ``config.pruned_heads``, which ``from_pretrained`` reads back."""
+    keep = check_head_indices(keep, attention.num_heads, what="prune_attention_heads(keep)")
+    device = attention.o_proj.weight.device
+    rows = head_rows(keep, attention.head_dim, device)
+    projections = ("q_proj", "k_proj", "v_proj", "o_proj")
+    for name in projections:
+        projection = getattr(attention, name, None)
+        if projection is not None:
+            slice_linear(projection, rows, dim=1 if name == "o_proj" else 0)
+    index = torch.tensor(keep, dtype=torch.long, device=device)
+    for prefix, module in attention.named_modules():
+        if prefix.split(".")[0] in projections:
+            continue
+        for name, _ in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            if f"{prefix}.{name}".lstrip(".") not in attention.tp_replicated_parameters:
+                slice_head_tensor(module, name, index)
+    attention.num_heads = len(keep)
+
+
 
 NO_HEAD_MODEL_TYPES = ("gau",)
 
@@ -56,7 +113,8 @@ class NoAttentionHeadsError(ValueError):
 
 
 class GatherHeads:
-    """Forward hook on a key/value projection: output block j ← input block ``index[j]`` (blocks of ``head_dim``).
+    """Forward hook on a key/value projection: output block j ← input block ``index[j]`` (blocks of
+    ``head_dim``).
 
     Turns the compact key/value heads of a pruned GQA layer with unequal groups into one key/value head
     per kept query head. A plain picklable object (no parameters, no buffers).
@@ -73,12 +131,14 @@ class GatherHeads:
 
 
 def _given_cache(kwargs: dict[str, Any]) -> Any:
-    """The cache a stock layer passed its attention: ``cache=`` from Transformers 5.24 on, ``past_key_values=`` before."""
+    """The cache a stock layer passed its attention: ``cache=`` from Transformers 5.24 on,
+    ``past_key_values=`` before."""
     cache = kwargs.get("cache")
     return cache if cache is not None else kwargs.get("past_key_values")
 
 
-def _headless_self_attention(module: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple:
+def _headless_self_attention(module: nn.Module, hidden_states: torch.Tensor, *args: Any,
+                             **kwargs: Any) -> tuple:
     """Forward of a BERT-style self-attention without heads: ``headless_attention_output`` without projection
     (the output dense, another module, adds its bias) on the self-attention half of an encoder-decoder cache.
 
@@ -89,7 +149,8 @@ def _headless_self_attention(module: nn.Module, hidden_states: torch.Tensor, *ar
     return headless_attention_output(hidden_states, None, cache, module.layer_idx)
 
 
-def _headless_decoder_attention(module: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple:
+def _headless_decoder_attention(module: nn.Module, hidden_states: torch.Tensor, *args: Any,
+                                **kwargs: Any) -> tuple:
     """Forward of a Llama-style attention without heads: ``headless_attention_output`` with ``o_proj``.
 
     Returns o_proj's bias (or zeros) and an empty ``(batch, 0, q, k)`` attention map; a cache gets its
@@ -100,7 +161,8 @@ def _headless_decoder_attention(module: nn.Module, hidden_states: torch.Tensor, 
 
 
 class HeadAdapter:
-    """Base class: the heads of one model (original numbering), their output projections, and physical removal.
+    """Base class: the heads of one model (original numbering), their output projections, and physical
+    removal.
 
     Subclasses implement ``attention_modules``, ``output_projection``, ``head_dim``, ``current_head_count``
     and ``remove_heads``. ``kind`` names the architecture kind in messages.
@@ -143,7 +205,8 @@ class HeadAdapter:
         """Number of heads the module of layer ``layer`` has now (checked against the record)."""
         raise NotImplementedError
 
-    def remove_heads(self, layer: int, keep_positions: list[int], old_kept: list[int], new_kept: list[int]) -> None:
+    def remove_heads(self, layer: int, keep_positions: list[int], old_kept: list[int],
+                     new_kept: list[int]) -> None:
         """Physically keep only heads ``keep_positions`` (indices into the current heads) of layer ``layer``.
 
         ``old_kept``/``new_kept`` are the original indices of the heads kept before and after.
@@ -163,8 +226,9 @@ class HeadAdapter:
         actual = self.current_head_count(layer)
         if actual != len(kept):
             raise RuntimeError(
-                f"Layer {layer} has {actual} heads but config.pruned_heads says {len(kept)}; the config and the "
-                "weights are out of sync (load pruned checkpoints with hf_attn_variants.pruning.load_pruned)."
+                f"Layer {layer} has {actual} heads but config.pruned_heads says {len(kept)}; the config and "
+                "the weights are out of sync (load pruned checkpoints with "
+                "hf_attn_variants.pruning.load_pruned)."
             )
         return kept
 
@@ -182,7 +246,8 @@ class HeadAdapter:
         pruning their weights do not have. So every distinct config found on the model's modules (heads
         may hold a copy of the base's) is deep-copied once, re-pointed everywhere it was used, and updated.
         """
-        value = {int(layer): sorted(int(h) for h in heads) for layer, heads in sorted(pruned.items()) if heads}
+        value = {int(layer): sorted(int(h) for h in heads) for layer, heads in sorted(pruned.items())
+                 if heads}
         copies: dict[int, PreTrainedConfig] = {}
         for module in self.model.modules():
             config = getattr(module, "config", None)
@@ -209,8 +274,8 @@ class HeadAdapter:
 
 
 class SelfAttnLayersAdapter(HeadAdapter):
-    """Models whose layers are ``base.layers[i].self_attn`` with an output projection ``o_proj`` (this project's
-    families and Llama-style decoders)."""
+    """Models whose layers are ``base.layers[i].self_attn`` with an output projection ``o_proj`` (this
+    project's families and Llama-style decoders)."""
 
     def attention_modules(self) -> list[nn.Module]:
         return [layer.self_attn for layer in self.base.layers]
@@ -220,7 +285,7 @@ class SelfAttnLayersAdapter(HeadAdapter):
 
 
 class AttnVariantAdapter(SelfAttnLayersAdapter):
-    """This project's multi-head families: ``self_attn.prune_heads_(keep)`` does the slicing."""
+    """This project's multi-head families: ``prune_attention_heads`` does the slicing."""
 
     kind = "hf_attn_variants multi-head family"
 
@@ -235,8 +300,9 @@ class AttnVariantAdapter(SelfAttnLayersAdapter):
     def current_head_count(self, layer: int) -> int:
         return int(self.attentions[layer].num_heads)
 
-    def remove_heads(self, layer: int, keep_positions: list[int], old_kept: list[int], new_kept: list[int]) -> None:
-        self.attentions[layer].prune_heads_(keep_positions)
+    def remove_heads(self, layer: int, keep_positions: list[int], old_kept: list[int],
+                     new_kept: list[int]) -> None:
+        prune_attention_heads(self.attentions[layer], keep_positions)
 
     def apply_recorded_pruning(self) -> None:
         """Nothing to do: the layers were built with ``config.layer_heads(i)``."""
@@ -271,7 +337,8 @@ class EncoderAdapter(HeadAdapter):
     def current_head_count(self, layer: int) -> int:
         return int(self.attentions[layer].self.num_attention_heads)
 
-    def remove_heads(self, layer: int, keep_positions: list[int], old_kept: list[int], new_kept: list[int]) -> None:
+    def remove_heads(self, layer: int, keep_positions: list[int], old_kept: list[int],
+                     new_kept: list[int]) -> None:
         attention = self.attentions[layer]
         self_attention = attention.self
         rows = head_rows(keep_positions, self.head_dim, self_attention.query.weight.device)
@@ -285,7 +352,8 @@ class EncoderAdapter(HeadAdapter):
 
 
 class DecoderAdapter(SelfAttnLayersAdapter):
-    """Llama/Qwen2/Mistral-style decoders with (grouped-query) attention ``layers[i].self_attn.{q,k,v,o}_proj``."""
+    """Llama/Qwen2/Mistral-style decoders with (grouped-query) attention
+    ``layers[i].self_attn.{q,k,v,o}_proj``."""
 
     kind = "Llama-style decoder"
 
@@ -318,7 +386,8 @@ class DecoderAdapter(SelfAttnLayersAdapter):
         """Original key/value heads still used by the original query heads ``query_heads``."""
         return sorted({h // self.group_size for h in query_heads})
 
-    def remove_heads(self, layer: int, keep_positions: list[int], old_kept: list[int], new_kept: list[int]) -> None:
+    def remove_heads(self, layer: int, keep_positions: list[int], old_kept: list[int],
+                     new_kept: list[int]) -> None:
         attention = self.attentions[layer]
         old_kv, new_kv = self.kv_heads(old_kept), self.kv_heads(new_kept)
         kv_positions = [old_kv.index(g) for g in new_kv]
@@ -362,8 +431,8 @@ def get_adapter(model: Any) -> HeadAdapter:
     model_type = getattr(model.config, "model_type", None)
     if model_type in NO_HEAD_MODEL_TYPES:
         raise NoAttentionHeadsError(
-            f"{type(model).__name__} (model_type {model_type!r}) has a single gated attention unit per layer and no "
-            "attention heads, so head importance and head pruning do not apply to it."
+            f"{type(model).__name__} (model_type {model_type!r}) has a single gated attention unit per layer "
+            "and no attention heads, so head importance and head pruning do not apply to it."
         )
     for adapter_class in ADAPTERS:
         if adapter_class.matches(model):
@@ -385,4 +454,5 @@ __all__ = [
     "HeadAdapter",
     "NoAttentionHeadsError",
     "get_adapter",
+    "prune_attention_heads",
 ]

@@ -1,4 +1,5 @@
-"""``hf-attn-variants prune``: score heads, prune iteratively, write the curve, the plots and the pruned model.
+"""``hf-attn-variants prune``: score heads, prune iteratively, write the curve, the plots and the pruned
+model.
 
 Example::
 
@@ -21,10 +22,10 @@ every layer the same count: the saved ``pruned_heads`` then keeps the original h
 Numbers are checked by argparse (``type=``); the output folder, model, tokenizer, data and columns by
 ``prepare`` before anything is written. A bad value gives one error line naming its flag and exit status 2.
 
-The output folder follows the rule of every command with an ``--output_dir`` (``training/outputs.py``): the run
-records its flags in ``run.json``; a folder holding a finished pruning run, or one with other flags, is refused in
-one sentence naming them and ``--overwrite_output_dir`` (which clears the folder first); the unfinished run of the
-same flags (a crash) is redone in place.
+The output folder follows the rule of every command with an ``--output_dir`` (``training/outputs.py``): the
+run records its flags in ``run.json``; a folder holding a finished pruning run, or one with other flags, is
+refused in one sentence naming them and ``--overwrite_output_dir`` (which clears the folder first); the
+unfinished run of the same flags (a crash) is redone in place.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ logger = logging.getLogger(__name__)
 
 
 def _legacy_settings(folder: Path) -> dict[str, Any] | None:
-    """The flags of a finished pruning folder written before ``run.json``: the settings in its ``curve.json``."""
+    """The flags of a finished pruning folder written before ``run.json``: the settings in its
+    ``curve.json``."""
     settings = (read_json_file(folder / "curve.json") or {}).get("settings")
     return json_arguments(argparse.Namespace(**settings)) if isinstance(settings, dict) else None
 
@@ -103,7 +105,8 @@ def _budget(text: str) -> int | float | None:
     try:
         value = float(text) if any(c in text for c in ".eE") else int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int, a fraction in (0, 1] or 'none', got {text!r}.") from None
+        raise argparse.ArgumentTypeError("expected an int, a fraction in (0, 1] or 'none', got "
+                                         f"{text!r}.") from None
     if isinstance(value, float) and not (math.isfinite(value) and 0.0 < value <= 1.0):
         raise argparse.ArgumentTypeError(f"a fraction of all heads must be in (0, 1], got {text!r}.")
     if isinstance(value, int) and value < 0:
@@ -132,8 +135,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer_name", default=None, help="tokenizer folder (default: the model folder)")
     parser.add_argument("--train_file", required=True, help="text/csv/json(l) file used for head importance")
     parser.add_argument("--validation_file", default=None,
-                        help="file the metric is evaluated on (default: the last --validation_split_percentage %% "
-                             "of --train_file)")
+                        help="file the metric is evaluated on (default: the last "
+                             "--validation_split_percentage %% of --train_file)")
     parser.add_argument("--validation_split_percentage", default=20,
                         type=argparse_type(check_percentage, int, "validation_split_percentage"))
     parser.add_argument("--task", choices=TASKS, default=None, help="default: from the model class")
@@ -148,17 +151,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fraction", type=argparse_type(_fraction, float, "fraction"), default=0.1,
                         help="share of the remaining heads pruned per step, in (0, 1]")
     parser.add_argument("--threshold", type=_threshold, default=0.9,
-                        help="stop below this fraction of the unpruned metric ('none' to prune to the budget)")
+                        help="stop below this fraction of the unpruned metric ('none' to prune to the "
+                             "budget)")
     parser.add_argument("--max_heads_pruned", type=_budget, default=None,
                         help="head budget: an int, a fraction like 0.5 of all heads, or 'none'")
-    parser.add_argument("--min_heads_per_layer", type=argparse_type(_non_negative, int, "min_heads_per_layer"),
+    parser.add_argument("--min_heads_per_layer",
+                        type=argparse_type(_non_negative, int, "min_heads_per_layer"),
                         default=0, help="never take a layer below this many heads (less than its heads)")
     parser.add_argument("--rescore", action="store_true", help="recompute importance after every step")
     parser.add_argument("--uniform", action="store_true",
-                        help="remove the same number of heads from every layer at each step (max(1, round(fraction "
-                             "× heads per layer)), the least important within each layer) instead of ranking all "
-                             "heads globally; the saved config then states num_attention_heads = heads per layer, "
-                             "so the model loads and serves (vLLM) like an unpruned one")
+                        help="remove the same number of heads from every layer at each step (max(1, "
+                             "round(fraction × heads per layer)), the least important within each layer) "
+                             "instead of ranking all heads globally; the saved config then states "
+                             "num_attention_heads = heads per layer, so the model loads and serves (vLLM) "
+                             "like an unpruned one")
     parser.add_argument("--no_normalize_per_layer", action="store_true",
                         help="rank raw importance instead of per-layer ℓ2-normalised importance")
     parser.add_argument("--mlm_probability", type=argparse_type(_probability, float, "mlm_probability"),
@@ -166,7 +172,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=argparse_type(check_seed, int, "seed"), default=0)
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--overwrite_output_dir", action="store_true",
-                        help="clear output_dir first (it may hold a finished pruning run or another run's files)")
+                        help="clear output_dir first (it may hold a finished pruning run or another run's "
+                             "files)")
 
 
 @dataclass
@@ -186,11 +193,13 @@ def _split(rows: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     if args.validation_file is not None:
         return rows, load_rows(args.validation_file, "validation_file")
     if not 0 < args.validation_split_percentage < 100:
-        raise FlagError("validation_split_percentage", f"--validation_split_percentage must be in (0, 100), got "
-                                                       f"{args.validation_split_percentage}.")
+        raise FlagError("validation_split_percentage",
+                        f"--validation_split_percentage must be in (0, 100), got "
+                        f"{args.validation_split_percentage}.")
     cut = len(rows) - max(1, len(rows) * args.validation_split_percentage // 100)
     if cut < 1:
-        raise FlagError("train_file", "--train_file has too few rows to hold some out; pass --validation_file.")
+        raise FlagError("train_file",
+                        "--train_file has too few rows to hold some out; pass --validation_file.")
     return rows.select(range(cut)), rows.select(range(cut, len(rows)))
 
 
@@ -224,18 +233,21 @@ def _check_uniform(args: argparse.Namespace, model: Any) -> None:
     adapter = get_adapter(model)
     counts = adapter.alive().sum(-1).tolist()
     if len(set(counts)) > 1:
-        raise FlagError("uniform", f"--uniform needs the same number of heads in every layer, but the model's "
-                                   f"layers have {counts} heads (pruned non-uniformly before); drop --uniform.")
+        raise FlagError("uniform",
+                        f"--uniform needs the same number of heads in every layer, but the model's "
+                        f"layers have {counts} heads (pruned non-uniformly before); drop --uniform.")
     if counts and args.min_heads_per_layer >= counts[0]:
-        raise FlagError("min_heads_per_layer", f"min_heads_per_layer must be below the {counts[0]} heads each "
-                                               "layer has now (else --uniform prunes nothing), got "
-                                               f"{args.min_heads_per_layer}.")
+        raise FlagError("min_heads_per_layer",
+                        f"min_heads_per_layer must be below the {counts[0]} heads each "
+                        "layer has now (else --uniform prunes nothing), got "
+                        f"{args.min_heads_per_layer}.")
     total = adapter.num_layers * adapter.num_heads
     room = max(0, head_budget(args.max_heads_pruned, total) - (total - sum(counts)))
     if room < adapter.num_layers:
-        raise FlagError("uniform", f"--uniform removes at least one head from each of the {adapter.num_layers} "
-                                   f"layers, but --max_heads_pruned {args.max_heads_pruned} leaves room for {room} "
-                                   "more; raise --max_heads_pruned or drop --uniform.")
+        raise FlagError("uniform",
+                        f"--uniform removes at least one head from each of the {adapter.num_layers} "
+                        f"layers, but --max_heads_pruned {args.max_heads_pruned} leaves room for {room} "
+                        "more; raise --max_heads_pruned or drop --uniform.")
 
 
 def _task(args: argparse.Namespace, model: Any) -> str:
@@ -247,7 +259,8 @@ def _task(args: argparse.Namespace, model: Any) -> str:
             raise
         return args.task
     if args.task is not None and args.task != inferred:
-        raise FlagError("task", f"task {args.task!r} does not fit {type(model).__name__} (a {inferred} model).")
+        raise FlagError("task",
+                        f"task {args.task!r} does not fit {type(model).__name__} (a {inferred} model).")
     return inferred
 
 
@@ -258,15 +271,17 @@ def prepare(args: argparse.Namespace) -> PruneInputs:
     arguments = json_arguments(args)
     folder = check_output_folder(PRUNE_RULE, args.output_dir, arguments, overwrite=args.overwrite_output_dir,
                                  inputs={name: getattr(args, name) for name in (
-                                     "model_name_or_path", "tokenizer_name", "train_file", "validation_file")})
+                                     "model_name_or_path", "tokenizer_name", "train_file",
+                                     "validation_file")})
     check_model_folder("model_name_or_path", args.model_name_or_path, weights=True)
     tokenizer = _load_tokenizer(args)
     rows = load_rows(args.train_file, "train_file")
     model = _load_model(args.model_name_or_path)
     heads = get_adapter(model).num_heads
     if args.min_heads_per_layer >= heads:
-        raise FlagError("min_heads_per_layer", f"min_heads_per_layer must be below the model's {heads} heads per "
-                                               f"layer (else no head can be pruned), got {args.min_heads_per_layer}.")
+        raise FlagError("min_heads_per_layer",
+                        f"min_heads_per_layer must be below the model's {heads} heads per "
+                        f"layer (else no head can be pruned), got {args.min_heads_per_layer}.")
     if args.uniform:
         _check_uniform(args, model)
     task = _task(args, model)
@@ -286,10 +301,12 @@ def _as_json(importance: torch.Tensor) -> list[list[float | None]]:
 
 
 def _restate(model: Any) -> dict[str, int] | None:
-    """``restate_uniform_heads`` before saving (``--uniform``): the new head fields, or None (with a warning)."""
+    """``restate_uniform_heads`` before saving (``--uniform``): the new head fields, or None (with a
+    warning)."""
     if restate_uniform_heads(model):
         fields = ("num_attention_heads", "num_key_value_heads", "head_dim")
-        return {name: getattr(model.config, name) for name in fields if getattr(model.config, name, None) is not None}
+        return {name: getattr(model.config, name) for name in fields
+                if getattr(model.config, name, None) is not None}
     if model.config.pruned_heads:
         logger.warning("%s's config cannot state the uniform pruning as a plain num_attention_heads (see "
                        "restate_uniform_heads); it keeps pruned_heads: reload model/ with load_pruned.",
@@ -320,11 +337,13 @@ def study(args: argparse.Namespace, inputs: PruneInputs) -> None:
     model, tokenizer, task = inputs.model, inputs.tokenizer, inputs.task
     importance_batches, eval_batches = inputs.importance_batches, inputs.eval_batches
     output = Path(args.output_dir)
-    start_run(PRUNE_RULE, inputs.folder, inputs.arguments)  # every input is valid: from here on the run writes
+    # every input is valid: from here on the run writes
+    start_run(PRUNE_RULE, inputs.folder, inputs.arguments)
     if task == "classification":
         metric, metric_name, higher_is_better = accuracy_metric(eval_batches), "accuracy", True
     else:
-        metric, metric_name, higher_is_better = perplexity_metric(eval_batches, task == "causal-lm"), "perplexity", False
+        metric = perplexity_metric(eval_batches, task == "causal-lm")
+        metric_name, higher_is_better = "perplexity", False
 
     normalize = not args.no_normalize_per_layer
     importance = compute_head_importance(model, importance_batches, normalize_per_layer=normalize)

@@ -23,7 +23,8 @@ from ..cli_utils import FlagError
 from ..training.data import quiet_datasets
 
 TASKS = ("classification", "causal-lm", "masked-lm")
-TASK_SUFFIXES = {"ForSequenceClassification": "classification", "ForCausalLM": "causal-lm", "ForMaskedLM": "masked-lm"}
+TASK_SUFFIXES = {"ForSequenceClassification": "classification", "ForCausalLM": "causal-lm",
+                 "ForMaskedLM": "masked-lm"}
 BUILDERS = {".txt": "text", ".text": "text", ".csv": "csv", ".json": "json", ".jsonl": "json"}
 
 
@@ -61,7 +62,8 @@ def load_rows(path: str, flag: str = "train_file") -> Any:
 def _text_column(rows: Any, name: str | None) -> str:
     if name is not None:
         if name not in rows.column_names:
-            raise FlagError("text_column", f"--text_column {name!r} is not a column; columns: {rows.column_names}.")
+            raise FlagError("text_column",
+                            f"--text_column {name!r} is not a column; columns: {rows.column_names}.")
         return name
     if "text" in rows.column_names:
         return "text"
@@ -72,7 +74,8 @@ def _text_column(rows: Any, name: str | None) -> str:
 
 
 def label_ids(values: Sequence[Any], model: PreTrainedModel) -> list[int]:
-    """Integer labels: ints as they are; strings through ``config.label2id`` if it names them, else sorted order."""
+    """Integer labels: ints as they are; strings through ``config.label2id`` if it names them, else sorted
+    order."""
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         ids = list(values)
     else:
@@ -83,7 +86,8 @@ def label_ids(values: Sequence[Any], model: PreTrainedModel) -> list[int]:
     num_labels = int(getattr(model.config, "num_labels", 2))
     bad = sorted({i for i in ids if not 0 <= i < num_labels})
     if bad:
-        raise FlagError("label_column", f"labels {bad} are out of range for a model with num_labels={num_labels}.")
+        raise FlagError("label_column",
+                        f"labels {bad} are out of range for a model with num_labels={num_labels}.")
     return ids
 
 
@@ -112,7 +116,8 @@ def build_batches(
         raise FlagError("text_column", f"no non-empty texts in column {column!r}.")
     if text_pair_column is not None and text_pair_column not in rows.column_names:
         raise FlagError("text_pair_column",
-                        f"--text_pair_column {text_pair_column!r} is not a column; columns: {rows.column_names}.")
+                        f"--text_pair_column {text_pair_column!r} is not a column; columns: "
+                        f"{rows.column_names}.")
     pairs = [str(rows[text_pair_column][i]) for i in keep] if text_pair_column else None
     encoded = tokenizer(texts, pairs, truncation=True, max_length=max_seq_length)
     examples = [{k: encoded[k][i] for k in encoded} for i in range(len(texts))]
@@ -140,14 +145,16 @@ def build_batches(
 
 
 def mask_for_mlm(
-    batch: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase, probability: float, generator: torch.Generator
+    batch: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase, probability: float,
+    generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT masking (80% [MASK], 10% random, 10% kept) of non-special tokens; labels −100 elsewhere."""
     if tokenizer.mask_token_id is None:
         raise FlagError("tokenizer_name", "masked-lm needs a tokenizer with a mask token.")
     ids = batch["input_ids"].clone()
     special = torch.tensor(
-        [tokenizer.get_special_tokens_mask(row, already_has_special_tokens=True) for row in ids.tolist()], dtype=torch.bool
+        [tokenizer.get_special_tokens_mask(row, already_has_special_tokens=True) for row in ids.tolist()],
+        dtype=torch.bool
     ) | (batch["attention_mask"] == 0)
     chosen = (torch.rand(ids.shape, generator=generator) < probability) & ~special
     labels = torch.where(chosen, ids, torch.full_like(ids, -100))
@@ -176,7 +183,8 @@ def accuracy_metric(batches: list[dict[str, torch.Tensor]]) -> Callable[[PreTrai
     return metric
 
 
-def perplexity_metric(batches: list[dict[str, torch.Tensor]], causal: bool) -> Callable[[PreTrainedModel], float]:
+def perplexity_metric(batches: list[dict[str, torch.Tensor]],
+                      causal: bool) -> Callable[[PreTrainedModel], float]:
     """``metric(model)`` = exp(mean token cross-entropy) on ``batches`` (causal: next-token; else masked)."""
 
     @torch.no_grad()

@@ -97,7 +97,8 @@ def compute_head_importance(
         with torch.enable_grad(), head_mask(model, gate):
             for batch in dataloader:
                 for example in split_examples(batch):
-                    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in example.items()}
+                    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                              for k, v in example.items()}
                     loss = model(**inputs).loss
                     if loss is None:
                         raise ValueError(
@@ -105,7 +106,8 @@ def compute_head_importance(
                             "(e.g. 'labels', or 'start_positions'/'end_positions' for question answering)."
                         )
                     if not torch.isfinite(loss):
-                        raise ValueError(f"the model's loss is not finite ({loss.item()}) on example {count}.")
+                        raise ValueError(f"the model's loss is not finite ({loss.item()}) on example "
+                                         f"{count}.")
                     (grad,) = torch.autograd.grad(loss, gate, allow_unused=True)
                     if grad is not None:
                         total += grad.detach().abs().double().cpu()

@@ -1,4 +1,5 @@
-"""Iterative head pruning (Michel et al. 2019, §4.2): score → prune the least important heads → evaluate → repeat.
+"""Iterative head pruning (Michel et al. 2019, §4.2): score → prune the least important heads → evaluate →
+repeat.
 
 Each step removes ``fraction`` (10% by default) of the heads that remain, lowest importance first
 (importance ranked across layers, so per-layer normalisation matters), and evaluates the user's metric.
@@ -71,7 +72,8 @@ class PruningStep:
         return row
 
 
-def write_curve(curve: list[PruningStep], csv_path: str | os.PathLike, json_path: str | os.PathLike | None = None,
+def write_curve(curve: list[PruningStep], csv_path: str | os.PathLike,
+                json_path: str | os.PathLike | None = None,
                 metadata: Mapping[str, Any] | None = None) -> None:
     """Write the curve as CSV (one row per step) and optionally JSON (``{"metadata": …, "curve": [...]}``)."""
     names = list(PruningStep.__dataclass_fields__)
@@ -101,7 +103,8 @@ def head_budget(max_heads_pruned: int | float | None, total: int) -> int:  # noq
     if max_heads_pruned is None:
         return total
     if isinstance(max_heads_pruned, bool) or not isinstance(max_heads_pruned, (int, float)):
-        raise TypeError(f"max_heads_pruned must be an int, a float in (0, 1] or None, got {max_heads_pruned!r}.")
+        raise TypeError("max_heads_pruned must be an int, a float in (0, 1] or None, got "
+                        f"{max_heads_pruned!r}.")
     if isinstance(max_heads_pruned, float):
         if not 0.0 < max_heads_pruned <= 1.0:
             raise ValueError(f"max_heads_pruned as a fraction must be in (0, 1], got {max_heads_pruned}.")
@@ -126,7 +129,8 @@ def uniform_head_count(alive: torch.Tensor) -> int:
     return int(counts[0]) if counts else 0
 
 
-def _select_uniform(importance: torch.Tensor, per_layer: int, min_heads_per_layer: int) -> dict[int, list[int]]:
+def _select_uniform(importance: torch.Tensor, per_layer: int,
+                    min_heads_per_layer: int) -> dict[int, list[int]]:
     """``per_layer`` lowest-importance heads of every layer (ties by head index), or ``{}`` if a layer would
     go below ``min_heads_per_layer`` — never a non-uniform choice."""
     alive = ~torch.isnan(importance)
@@ -144,7 +148,8 @@ def _select_uniform(importance: torch.Tensor, per_layer: int, min_heads_per_laye
 def select_heads(
     importance: torch.Tensor, count: int, min_heads_per_layer: int = 0, uniform: bool = False
 ) -> dict[int, list[int]]:
-    """The ``count`` lowest-importance heads (NaN = already pruned, skipped), keeping ≥ ``min_heads_per_layer``.
+    """The ``count`` lowest-importance heads (NaN = already pruned, skipped), keeping ≥
+    ``min_heads_per_layer``.
 
     Ties are broken by (layer, head) order so the choice is deterministic.
 
@@ -159,7 +164,7 @@ def select_heads(
     alive = ~torch.isnan(importance)
     left = alive.sum(-1).tolist()
     order = sorted(
-        ((float(importance[l, h]), l, h) for l, h in alive.nonzero().tolist()),
+        ((float(importance[layer, head]), layer, head) for layer, head in alive.nonzero().tolist()),
         key=lambda item: item,
     )
     chosen: dict[int, list[int]] = {}
@@ -232,12 +237,8 @@ def iterative_head_pruning(
         uniform_head_count(adapter.alive())
     was_training = model.training
     model.eval()
-    start = time.perf_counter()
-    baseline = float(metric(model))
-    pruned_now = total - int(adapter.alive().sum())
-    curve = [PruningStep(0, pruned_now, total - pruned_now, pruned_now / total, baseline, 1.0,
-                         seconds=time.perf_counter() - start)]
-    logger.info("step 0: %d/%d heads pruned, metric %.4f", pruned_now, total, baseline)
+    curve = [_unpruned_step(model, metric, total, total - int(adapter.alive().sum()))]
+    baseline, pruned_now = curve[0].metric, curve[0].heads_pruned
     scores = None if importance is None else importance.detach().float().cpu().clone()
     try:
         step = 0
@@ -246,10 +247,7 @@ def iterative_head_pruning(
             alive = adapter.alive()
             if int(alive.sum()) == 0 or pruned_now >= budget:
                 break
-            if scores is None:
-                scores = compute_head_importance(model, importance_data, normalize_per_layer=normalize_per_layer)
-            scores = scores.clone()
-            scores[~alive] = float("nan")
+            scores = _scores_of_alive(model, scores, alive, importance_data, normalize_per_layer)
             chosen = _heads_to_try(scores, alive, fraction, budget - pruned_now, min_heads_per_layer, uniform)
             if not chosen:
                 break
@@ -259,17 +257,10 @@ def iterative_head_pruning(
             rel = relative_metric(value, baseline, higher_is_better)
             accepted = threshold is None or (not math.isnan(rel) and rel >= threshold)
             if accepted:
-                prune_heads(model, chosen)
+                scores = _prune_chosen(model, chosen, scores, rescore)
                 pruned_now += newly
-                for layer, heads in chosen.items():
-                    scores[layer, heads] = float("nan")
-                if rescore:
-                    scores = None
             done = pruned_now if accepted else pruned_now + newly
-            curve.append(PruningStep(step, done, total - done, done / total, value, rel, chosen, accepted,
-                                     time.perf_counter() - start))
-            logger.info("step %d: %d/%d heads pruned, metric %.4f (%.3f of baseline)%s", step, done, total,
-                        value, rel, "" if accepted else " — below threshold, not applied")
+            curve.append(_logged_step(step, done, total, value, rel, chosen, accepted, start))
             if not accepted:
                 break
     finally:
@@ -277,8 +268,48 @@ def iterative_head_pruning(
     return curve
 
 
-def _check_arguments(importance_data: Iterable[Mapping[str, Any]] | None, fraction: float, threshold: float | None,
-                     rescore: bool, importance: torch.Tensor | None, uniform: bool) -> None:
+def _unpruned_step(model: PreTrainedModel, metric: Callable[[PreTrainedModel], float], total: int,
+                   pruned: int) -> PruningStep:
+    """Row 0 of the curve: ``metric`` of the model before this run prunes anything (``pruned`` heads gone)."""
+    start = time.perf_counter()
+    baseline = float(metric(model))
+    logger.info("step 0: %d/%d heads pruned, metric %.4f", pruned, total, baseline)
+    return PruningStep(0, pruned, total - pruned, pruned / total, baseline, 1.0,
+                       seconds=time.perf_counter() - start)
+
+
+def _scores_of_alive(model: PreTrainedModel, scores: torch.Tensor | None, alive: torch.Tensor,
+                     importance_data: Iterable[Mapping[str, Any]] | None,
+                     normalize_per_layer: bool) -> torch.Tensor:
+    """A copy of ``scores`` (computed from ``importance_data`` when None) with the pruned heads NaN."""
+    if scores is None:
+        scores = compute_head_importance(model, importance_data, normalize_per_layer=normalize_per_layer)
+    scores = scores.clone()
+    scores[~alive] = float("nan")
+    return scores
+
+
+def _prune_chosen(model: PreTrainedModel, chosen: dict[int, list[int]], scores: torch.Tensor,
+                  rescore: bool) -> torch.Tensor | None:
+    """Remove the ``chosen`` heads physically; the scores for the next step (None: score again)."""
+    prune_heads(model, chosen)
+    for layer, heads in chosen.items():
+        scores[layer, heads] = float("nan")
+    return None if rescore else scores
+
+
+def _logged_step(step: int, done: int, total: int, value: float, rel: float, chosen: dict[int, list[int]],
+                 accepted: bool, start: float) -> PruningStep:
+    """The curve row of step ``step`` (``done`` heads pruned, or that would be for a rejected one), logged."""
+    logger.info("step %d: %d/%d heads pruned, metric %.4f (%.3f of baseline)%s", step, done, total, value,
+                rel, "" if accepted else " — below threshold, not applied")
+    return PruningStep(step, done, total - done, done / total, value, rel, chosen, accepted,
+                       time.perf_counter() - start)
+
+
+def _check_arguments(importance_data: Iterable[Mapping[str, Any]] | None, fraction: float,
+                     threshold: float | None, rescore: bool, importance: torch.Tensor | None,
+                     uniform: bool) -> None:
     """One error naming the argument for every inconsistent choice of ``iterative_head_pruning``."""
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}.")
@@ -314,7 +345,8 @@ def _heads_to_try(scores: torch.Tensor, alive: torch.Tensor, fraction: float, bu
 
 def _metric_without(model: PreTrainedModel, metric: Callable[[PreTrainedModel], float], alive: torch.Tensor,
                     chosen: dict[int, list[int]]) -> float:
-    """``metric(model)`` with the ``chosen`` heads masked out as well (``head_mask``: the pruned model's outputs)."""
+    """``metric(model)`` with the ``chosen`` heads masked out as well (``head_mask``: the pruned model's
+    outputs)."""
     mask = alive.float()
     for layer, heads in chosen.items():
         mask[layer, heads] = 0.0

@@ -41,7 +41,8 @@ class HeadGate:
 
 
 def check_mask(adapter: HeadAdapter, mask: Any) -> torch.Tensor:
-    """Validate a head mask: a ``(num_layers, num_heads)`` tensor, finite where heads exist; returns it as float."""
+    """Validate a head mask: a ``(num_layers, num_heads)`` tensor, finite where heads exist; returns it as
+    float."""
     shape = (adapter.num_layers, adapter.num_heads)
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a torch.Tensor of shape {shape}, got {type(mask).__name__}.")

@@ -48,16 +48,18 @@ def plot_pruning_curve(
             continue
         baseline = curve[0].metric if baseline is None else baseline
         kept = [row for row in curve if row.accepted]
-        axes.plot([100 * r.fraction for r in kept], [r.metric for r in kept], marker="o", markersize=3, label=label)
+        axes.plot([100 * r.fraction for r in kept], [r.metric for r in kept], marker="o", markersize=3,
+                  label=label)
         rejected = [row for row in curve if not row.accepted]
         if rejected:
-            axes.scatter([100 * r.fraction for r in rejected], [r.metric for r in rejected], marker="x", color="red",
-                         zorder=3, label=f"{label}: below threshold (not applied)")
+            axes.scatter([100 * r.fraction for r in rejected], [r.metric for r in rejected], marker="x",
+                         color="red", zorder=3, label=f"{label}: below threshold (not applied)")
     if baseline is not None:
         axes.axhline(baseline, linestyle="--", color="grey", linewidth=1, label=f"unpruned ({baseline:.4g})")
         if threshold is not None:
             limit = threshold * baseline if higher_is_better else baseline / threshold
-            axes.axhline(limit, linestyle=":", color="grey", linewidth=1, label=f"threshold ({threshold:.0%})")
+            axes.axhline(limit, linestyle=":", color="grey", linewidth=1,
+                         label=f"threshold ({threshold:.0%})")
     axes.set_xlabel("heads pruned (%)")
     axes.set_ylabel(metric_name)
     axes.set_title(title)
@@ -68,8 +70,10 @@ def plot_pruning_curve(
     plt.close(figure)
 
 
-def plot_head_importance(importance: torch.Tensor, path: str | os.PathLike, *, title: str = "Head importance") -> None:
-    """Heat-map of a ``(num_layers, num_heads)`` importance tensor; pruned (NaN) heads grey, values annotated."""
+def plot_head_importance(importance: torch.Tensor, path: str | os.PathLike, *,
+                         title: str = "Head importance") -> None:
+    """Heat-map of a ``(num_layers, num_heads)`` importance tensor; pruned (NaN) heads grey, values
+    annotated."""
     plt = _pyplot()
     values = importance.detach().float().cpu().numpy()
     layers, heads = values.shape

@@ -99,13 +99,15 @@ def _uniform_fields(adapter: HeadAdapter, heads: int) -> dict[str, Any] | None:
         return None
     kv_counts = set()
     for attention in adapter.attentions:
-        hooks = itertools.chain(attention.k_proj._forward_hooks.values(), attention.v_proj._forward_hooks.values())
+        hooks = itertools.chain(attention.k_proj._forward_hooks.values(),
+                                attention.v_proj._forward_hooks.values())
         if any(isinstance(hook, GatherHeads) for hook in hooks):
             return None
         kv_counts.add(attention.k_proj.out_features // adapter.head_dim)
     if len(kv_counts) != 1 or heads % next(iter(kv_counts)):
         return None
-    return {"num_attention_heads": heads, "num_key_value_heads": kv_counts.pop(), "head_dim": adapter.head_dim}
+    return {"num_attention_heads": heads, "num_key_value_heads": kv_counts.pop(),
+            "head_dim": adapter.head_dim}
 
 
 def _restated_config(config: PreTrainedConfig, fields: Mapping[str, Any]) -> PreTrainedConfig:
@@ -218,8 +220,8 @@ def _resolve_class(config: Any, model_class: type[PreTrainedModel] | None) -> ty
         if isinstance(candidate, type) and issubclass(candidate, PreTrainedModel):
             return candidate
     raise ValueError(
-        f"Cannot tell which model class to load (config.architectures = {getattr(config, 'architectures', None)}); "
-        "pass model_class=..."
+        "Cannot tell which model class to load (config.architectures = "
+        f"{getattr(config, 'architectures', None)}); pass model_class=..."
     )
 
 
@@ -230,7 +232,8 @@ def _with_recorded_pruning(model_class: type[PreTrainedModel]) -> type[PreTraine
         model_class.__init__(self, config, *args, **kwargs)
         get_adapter(self).apply_recorded_pruning()
 
-    return type(model_class.__name__, (model_class,), {"__init__": __init__, "__module__": model_class.__module__})
+    return type(model_class.__name__, (model_class,),
+                {"__init__": __init__, "__module__": model_class.__module__})
 
 
 def load_pruned(
@@ -246,7 +249,8 @@ def load_pruned(
     ``attn_implementation`` …). Unpruned checkpoints load as usual. The returned model is an instance of
     ``model_class`` itself.
     """
-    config_kwargs = {k: from_pretrained_kwargs[k] for k in ("trust_remote_code", "revision") if k in from_pretrained_kwargs}
+    config_kwargs = {k: from_pretrained_kwargs[k] for k in ("trust_remote_code", "revision")
+                     if k in from_pretrained_kwargs}
     config = from_pretrained_kwargs.get("config") or AutoConfig.from_pretrained(path, **config_kwargs)
     model_class = _resolve_class(config, model_class)
     if not getattr(config, "pruned_heads", None) or isinstance(config, MultiHeadAttnVariantConfig):

@@ -41,7 +41,6 @@ from ..models.layers import (
     ENTROPY_INVARIANT_SCOPES,
     compute_dtype,
     entropy_invariant_factor,
-    llama4_attention_temperature,
     upcast,
     visible_key_counts,
 )
@@ -54,8 +53,20 @@ LLAMA4_ATTN_SCALE = 0.1
 LLAMA4_FLOOR_SCALE = 8192
 
 
+def llama4_attention_temperature(
+    query_positions: torch.Tensor, attn_scale: float = 0.1, floor_scale: int = 8192
+) -> torch.Tensor:
+    """Llama 4's attention temperature tuning: 1 + attn_scale · log(1 + ⌊(p + 1) / floor_scale⌋) for the query
+    at position p (Meta, Llama 4, 2025; ``Llama4TextAttention`` with ``attn_temperature_tuning``). A step
+    function of p that is exactly 1 below ``floor_scale`` − 1 and grows like log p beyond: ≥ 1 everywhere.
+    """
+    steps = torch.floor((query_positions + 1) / floor_scale)
+    return 1.0 + attn_scale * torch.log1p(steps)
+
+
 def resolve_base_length(config: PreTrainedConfig | None) -> int:
-    """The training length m: ``base_length``, else RoPE's original context, else ``max_position_embeddings``."""
+    """The training length m: ``base_length``, else RoPE's original context, else
+    ``max_position_embeddings``."""
     if config is None:
         return DEFAULT_BASE_LENGTH
     if getattr(config, "base_length", None):
@@ -128,8 +139,8 @@ def stock_logit_factor(
         causal=causal,
         device=query.device,
         dtype=dtype,
-        # The model fills in default positions 0, 1, … even for left padding, so where it built a mask the mask
-        # decides; without one (no padding, or a serving engine's packed tokens) the positions do.
+        # The model fills in default positions 0, 1, … even for left padding, so where it built a mask the
+        # mask decides; without one (no padding, or a serving engine's packed tokens) the positions do.
         position_ids=position_ids if attention_mask is None else None,
     )
     return entropy_invariant_factor(counts, base_length, min_length, scope)

@@ -36,13 +36,14 @@ def scales_log_n(module: nn.Module) -> bool:
 
 
 def log_n_attention(original: Any) -> Any:
-    """Wrap vLLM's attention function ``original``: multiply q row-wise by ``stock_logit_factor`` (causal rows,
-    nᵢ from ``position_ids``) for the models ``scales_log_n`` selects, then call ``original``."""
+    """Wrap vLLM's attention function ``original``: multiply q row-wise by ``stock_logit_factor`` (causal
+    rows, nᵢ from ``position_ids``) for the models ``scales_log_n`` selects, then call ``original``."""
 
     def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
         if scales_log_n(module):
-            factor = stock_logit_factor(module.config, query, key, None, kwargs.get("position_ids"), causal=True)
+            factor = stock_logit_factor(module.config, query, key, None, kwargs.get("position_ids"),
+                                        causal=True)
             query = (upcast(query) * factor[:, None, :, None]).to(query.dtype)
         return original(module, query, key, value, attention_mask, **kwargs)
 
@@ -51,7 +52,8 @@ def log_n_attention(original: Any) -> Any:
 
 
 def register() -> None:
-    """vLLM plugin entry point: wrap the ``"vllm"`` attention function once (vLLM may call this repeatedly)."""
+    """vLLM plugin entry point: wrap the ``"vllm"`` attention function once (vLLM may call this
+    repeatedly)."""
     import vllm.model_executor.models.transformers  # noqa: F401 (registers the "vllm" attention function)
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 

@@ -1,8 +1,8 @@
 """Training tools (not model code, so they may import anything): the embedded corpus and tokenizer,
 config/model building for any family, MLM/CLM pretraining with accelerate or sharded by Transformers'
-``DistributedConfig`` (``sharded.py``), finetuning with Trainer + peft (arguments of both: ``arguments.py``), and
-what keeps their output folders whole: the one output-folder rule (``outputs.py``, also used by ``prune`` and
-``lengthgen``), checkpoint manifests (``checkpoints.py``) and preemption (``preemption.py``).
+``DistributedConfig`` (``sharded.py``), finetuning with Trainer + peft (arguments of both: ``arguments.py``),
+and what keeps their output folders whole: the one output-folder rule (``outputs.py``, also used by ``prune``
+and ``lengthgen``), checkpoint manifests (``checkpoints.py``) and preemption (``preemption.py``).
 
 Python API (no CLI needed)::
 

@@ -1,24 +1,25 @@
 """Checkpoints that say whether they are whole: a manifest of every file, the newest complete one, rotation.
 
-At save, every file of a checkpoint gets its size and sha256 in a manifest (``pretrain``: the ``"files"`` entry
-of its ``training_state.json``, written last, after every rank's files and before the atomic rename;
-``finetune``: ``checkpoint_manifest.json`` next to Trainer's files, written by the main process once every rank
-has saved). A checkpoint is *complete* when its manifest is there and every listed file has its recorded size
-and digest (``checkpoint_problem``); one cut short (a disk that filled, a copy that stopped, a save killed
-half-way) is named by its first bad file.
+At save, every file of a checkpoint gets its size and sha256 in a manifest (``pretrain``: the ``"files"``
+entry of its ``training_state.json``, written last, after every rank's files and before the atomic rename;
+``finetune``: ``checkpoint_manifest.json`` next to Trainer's files, written by the main process once every
+rank has saved). A checkpoint is *complete* when its manifest is there and every listed file has its recorded
+size and digest (``checkpoint_problem``); one cut short (a disk that filled, a copy that stopped, a save
+killed half-way) is named by its first bad file.
 
 - ``newest_complete``: the newest complete checkpoint among candidates (newest first), with the broken ones it
   passed over — automatic resume warns about each and uses the earlier one.
 - ``broken_checkpoint_error``: the one sentence for an explicitly named broken checkpoint (the file, and the
   newest complete checkpoint before it).
 - ``rotate``: ``--save_total_limit N`` keeps the newest N checkpoints and never the one the run resumed from.
-- ``pretrain``'s checkpoints (``output_dir/checkpoints/<name>/``): ``save_checkpoint`` (staging folder, manifest,
-  atomic rename, rotation), ``named_checkpoint`` (``--resume_from_checkpoint``), ``check_checkpoint_kind``.
+- ``pretrain``'s checkpoints (``output_dir/checkpoints/<name>/``): ``save_checkpoint`` (staging folder,
+  manifest, atomic rename, rotation), ``named_checkpoint`` (``--resume_from_checkpoint``),
+  ``check_checkpoint_kind``.
 
 Checkpoints written before manifests existed have none; they are probed instead (``probe_files``: every file
-that resuming reads, with the safe loader of its kind, never with pickle), so a truncated one is named too. A state file or
-manifest that is there but cut short (not valid JSON) makes its checkpoint broken, named by that file
-(``json_problem``), never "not a checkpoint".
+that resuming reads, with the safe loader of its kind, never with pickle), so a truncated one is named too. A
+state file or manifest that is there but cut short (not valid JSON) makes its checkpoint broken, named by that
+file (``json_problem``), never "not a checkpoint".
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ CHECKPOINT_DIR = "checkpoints"
 STATE_FILE = "training_state.json"
 STEP_NAME = re.compile(r"step_(\d+)")
 UNKNOWN_STEP = sys.maxsize
-"""The step of a checkpoint whose state file cannot be read and whose name (``epoch_<e>``) does not say: it sorts
-as the newest, so that automatic resume always names it in a warning, and rotation leaves it alone."""
+"""The step of a checkpoint whose state file cannot be read and whose name (``epoch_<e>``) does not say: it
+sorts as the newest, so that automatic resume always names it in a warning, and rotation leaves it alone."""
 
 
 def file_digest(path: Path) -> str:
@@ -73,8 +74,9 @@ def file_manifest(folder: Path, exclude: Sequence[str] = ()) -> dict[str, dict[s
 
 
 def manifest_problem(folder: Path, manifest: dict[str, dict[str, Any]]) -> str | None:
-    """``None`` when every file of ``manifest`` is in ``folder`` with its recorded size and sha256, else what is
-    wrong with the first one that is not (``"<folder>/model.safetensors is 1024 bytes, 40960 recorded at save"``)."""
+    """``None`` when every file of ``manifest`` is in ``folder`` with its recorded size and sha256, else what
+    is wrong with the first one that is not
+    (``"<folder>/model.safetensors is 1024 bytes, 40960 recorded at save"``)."""
     for name, recorded in manifest.items():
         path = folder / name
         if not path.is_file():
@@ -93,10 +95,10 @@ probed, so they are never unpickled either."""
 
 
 def probe_files(folder: Path) -> str | None:
-    """For a checkpoint without a manifest, and for every checkpoint before it is resumed: ``None`` when every file
-    that resuming reads loads with the safe loader for its kind (``safe_state.probe_file``: safetensors, JSON,
-    ``torch.load(weights_only=True)``), else which one fails and how. Pickle files of earlier releases (``.pkl``)
-    and ``NEVER_LOADED`` files are not opened."""
+    """For a checkpoint without a manifest, and for every checkpoint before it is resumed: ``None`` when every
+    file that resuming reads loads with the safe loader for its kind (``safe_state.probe_file``: safetensors,
+    JSON, ``torch.load(weights_only=True)``), else which one fails and how. Pickle files of earlier releases
+    (``.pkl``) and ``NEVER_LOADED`` files are not opened."""
     from .safe_state import probe_file
 
     for path in sorted(folder.rglob("*")):
@@ -119,9 +121,11 @@ class Checkpoint:
     manifest: dict[str, dict[str, Any]] | None
     """The recorded files; ``None``: no manifest (written before manifests: probed instead)."""
     manifest_file: str | None = None
-    """Set when a missing manifest means the save did not finish: the manifest's file name, for the message."""
+    """Set when a missing manifest means the save did not finish: the manifest's file name, for the
+    message."""
     unreadable: str | None = None
-    """What is wrong with the folder's state file when it cannot be read (``json_problem``): then it is broken."""
+    """What is wrong with the folder's state file when it cannot be read (``json_problem``): then it is
+    broken."""
 
     def problem(self) -> str | None:
         """``None`` when the checkpoint is complete, else its first bad file and what is wrong with it."""
@@ -142,8 +146,11 @@ def missing_manifest_problem(path: Path) -> str:
     return json_problem(path) or f"{path} lists no files"
 
 
-def newest_complete(checkpoints: Sequence[Checkpoint]) -> tuple[Checkpoint | None, list[tuple[Checkpoint, str]]]:
-    """The newest complete checkpoint (highest step) and the newer broken ones passed over with their problems."""
+def newest_complete(
+    checkpoints: Sequence[Checkpoint]
+) -> tuple[Checkpoint | None, list[tuple[Checkpoint, str]]]:
+    """The newest complete checkpoint (highest step) and the newer broken ones passed over with their
+    problems."""
     skipped = []
     for checkpoint in sorted(checkpoints, key=lambda c: c.step, reverse=True):
         problem = checkpoint.problem()
@@ -165,7 +172,8 @@ def warn_skipped(command: str, skipped: list[tuple[Checkpoint, str]], chosen: Ch
         return
     for checkpoint, problem in skipped:
         instead = f"resuming from {chosen.path} instead" if chosen else "no complete checkpoint before it"
-        logger.warning("%s: skipping the broken checkpoint %s (%s); %s", command, checkpoint.path, problem, instead)
+        logger.warning("%s: skipping the broken checkpoint %s (%s); %s", command, checkpoint.path, problem,
+                       instead)
 
 
 def newest_resumable(command: str, checkpoints: Sequence[Checkpoint]) -> Checkpoint | None:
@@ -180,8 +188,8 @@ AUTOMATIC = "the newest complete checkpoint of this run in --output_dir"
 
 
 def announce_resume(command: str, checkpoint: Checkpoint, reason: str = AUTOMATIC) -> None:
-    """The one line saying which checkpoint the run continues from, and why (``AUTOMATIC``, or the flag that named
-    it); from the first rank only."""
+    """The one line saying which checkpoint the run continues from, and why (``AUTOMATIC``, or the flag that
+    named it); from the first rank only."""
     if not _is_first_rank():
         return
     logger.info("%s: resuming from %s (step %d), %s", command, checkpoint.path, checkpoint.step, reason)
@@ -189,8 +197,8 @@ def announce_resume(command: str, checkpoint: Checkpoint, reason: str = AUTOMATI
 
 def broken_checkpoint_error(flag: str, checkpoint: Checkpoint, problem: str,
                             earlier: Sequence[Checkpoint]) -> FlagError:
-    """The one-sentence ``FlagError`` for a named checkpoint that is broken: the bad file and the newest complete
-    checkpoint before it (among ``earlier``)."""
+    """The one-sentence ``FlagError`` for a named checkpoint that is broken: the bad file and the newest
+    complete checkpoint before it (among ``earlier``)."""
     before, _ = newest_complete([c for c in earlier if c.step < checkpoint.step])
     fallback = (f"the newest complete checkpoint before it is {str(before.path)!r}" if before
                 else "there is no complete checkpoint before it")
@@ -199,15 +207,17 @@ def broken_checkpoint_error(flag: str, checkpoint: Checkpoint, problem: str,
 
 def rotate(checkpoints: Sequence[Checkpoint], limit: int | None, keep: Sequence[Path | None] = (),
            saved: Path | None = None) -> list[Path]:
-    """Delete all but the newest ``limit`` checkpoints, never one in ``keep`` (the one the run resumed from, the one
-    just ``saved``); returns the deleted folders. ``limit=None`` keeps everything. Checkpoints at later steps than
-    ``saved`` are left alone and not counted: they are what an interrupted attempt left (a broken one automatic
-    resume skipped, say), which this run replaces when it saves that step again."""
+    """Delete all but the newest ``limit`` checkpoints, never one in ``keep`` (the one the run resumed from,
+    the one just ``saved``); returns the deleted folders. ``limit=None`` keeps everything. Checkpoints at
+    later steps than ``saved`` are left alone and not counted: they are what an interrupted attempt left (a
+    broken one automatic resume skipped, say), which this run replaces when it saves that step again."""
     if limit is None:
         return []
     protected = {path.resolve() for path in (*keep, saved) if path is not None}
-    upto = next((c.step for c in checkpoints if saved is not None and c.path.resolve() == saved.resolve()), None)
-    ordered = sorted((c for c in checkpoints if upto is None or c.step <= upto), key=lambda c: c.step, reverse=True)
+    upto = next((c.step for c in checkpoints if saved is not None and c.path.resolve() == saved.resolve()),
+                None)
+    ordered = sorted((c for c in checkpoints if upto is None or c.step <= upto), key=lambda c: c.step,
+                     reverse=True)
     doomed = [c.path for c in ordered[limit:] if c.path.resolve() not in protected]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
@@ -224,9 +234,9 @@ def read_json_file(path: Path) -> dict[str, Any] | None:
 
 
 def json_problem(path: Path) -> str | None:
-    """What is wrong with ``path`` when it is there but holds no JSON object (cut short by a full disk or a copy
-    that stopped: ``"<path> is not valid JSON (20 bytes; cut short?)"``); ``None`` when it holds one or is
-    missing."""
+    """What is wrong with ``path`` when it is there but holds no JSON object (cut short by a full disk or a
+    copy that stopped: ``"<path> is not valid JSON (20 bytes; cut short?)"``); ``None`` when it holds one or
+    is missing."""
     try:
         text = path.read_bytes()
     except FileNotFoundError:
@@ -250,9 +260,9 @@ def list_checkpoints(root: Path, pattern: str, read: Callable[[Path], Checkpoint
 
 # ---------------------------------------------------------------- pretrain's checkpoint folders
 def read_pretrain_checkpoint(path: Path) -> Checkpoint | None:
-    """A ``pretrain`` checkpoint folder (it has ``training_state.json``) as a ``Checkpoint``, else ``None``. A state
-    file that cannot be read, or records no step, makes a broken checkpoint (``Checkpoint.unreadable``) at the
-    step its name says (``step_<k>``; else ``UNKNOWN_STEP``)."""
+    """A ``pretrain`` checkpoint folder (it has ``training_state.json``) as a ``Checkpoint``, else ``None``. A
+    state file that cannot be read, or records no step, makes a broken checkpoint (``Checkpoint.unreadable``)
+    at the step its name says (``step_<k>``; else ``UNKNOWN_STEP``)."""
     state_file = path / STATE_FILE
     if not state_file.is_file():
         return None
@@ -270,23 +280,25 @@ def step_in_name(path: Path) -> int:
 
 
 def pretrain_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
-    """The checkpoints under ``output_dir/checkpoints`` (not the hidden staging folders of saves in progress or
-    killed, ``.<name>.tmp``, nor a sharded run's ``.initial_model``)."""
+    """The checkpoints under ``output_dir/checkpoints`` (not the hidden staging folders of saves in progress
+    or killed, ``.<name>.tmp``, nor a sharded run's ``.initial_model``)."""
     return list_checkpoints(Path(output_dir) / CHECKPOINT_DIR, "[!.]*", read_pretrain_checkpoint)
 
 
 def named_checkpoint(output_dir: str, name: str) -> Checkpoint:
-    """Resolve ``--resume_from_checkpoint``: a complete checkpoint folder, or ``latest`` = the newest complete one
-    under ``output_dir/checkpoints`` (broken newer ones skipped with a warning). A named broken checkpoint (a file
-    cut short, its ``training_state.json`` unreadable) gives one sentence naming its bad file and the newest
-    complete checkpoint before it."""
+    """Resolve ``--resume_from_checkpoint``: a complete checkpoint folder, or ``latest`` = the newest complete
+    one under ``output_dir/checkpoints`` (broken newer ones skipped with a warning). A named broken checkpoint
+    (a file cut short, its ``training_state.json`` unreadable) gives one sentence naming its bad file and the
+    newest complete checkpoint before it."""
     flag = "resume_from_checkpoint"
     if name != "latest":
         checkpoint = read_pretrain_checkpoint(Path(name))
         if checkpoint is None:
-            raise FlagError(flag, f"resume_from_checkpoint: {name!r} is not a checkpoint folder (no {STATE_FILE}).")
+            raise FlagError(flag,
+                            f"resume_from_checkpoint: {name!r} is not a checkpoint folder (no {STATE_FILE}).")
         if (problem := checkpoint.problem()) is not None:
-            raise broken_checkpoint_error(flag, checkpoint, problem, pretrain_checkpoints(Path(name).parent.parent))
+            raise broken_checkpoint_error(flag, checkpoint, problem,
+                                          pretrain_checkpoints(Path(name).parent.parent))
         return checkpoint
     root = Path(output_dir) / CHECKPOINT_DIR
     found = pretrain_checkpoints(output_dir)
@@ -306,9 +318,9 @@ def find_checkpoint(output_dir: str, name: str) -> Path:
 
 
 def check_checkpoint_kind(checkpoint: Path, args: PretrainArguments) -> None:
-    """``FlagError`` naming ``resume_from_checkpoint`` when the checkpoint was written by the other path (``sharded``
-    in its state file; the accelerate path's MLM weights carry the ``model.`` prefix of its loss module) or, for a sharded one, with
-    another global batch size (the data position would not match)."""
+    """``FlagError`` naming ``resume_from_checkpoint`` when the checkpoint was written by the other path
+    (``sharded`` in its state file; the accelerate path's MLM weights carry the ``model.`` prefix of its loss
+    module) or, for a sharded one, with another global batch size (the data position would not match)."""
     state = json.loads((checkpoint / STATE_FILE).read_text())
     written_sharded = bool(state.get("sharded"))
     if written_sharded != args.layout.sharded:
@@ -322,18 +334,20 @@ def check_checkpoint_kind(checkpoint: Path, args: PretrainArguments) -> None:
         if state["global_batch_size"] != batch:
             raise FlagError("resume_from_checkpoint",
                             f"resume_from_checkpoint: {str(checkpoint)!r} was trained with a global batch of "
-                            f"{state['global_batch_size']} blocks, this run has per_device_train_batch_size × "
-                            f"dp_size = {batch}.")
+                            f"{state['global_batch_size']} blocks, this run has per_device_train_batch_size "
+                            f"× dp_size = {batch}.")
 
 
 def save_checkpoint(runtime: TrainingRuntime, output_dir: str, name: str, state: dict[str, Any], *,
                     limit: int | None = None, keep: Path | None = None,
-                    write_extra: Callable[[Path], None] | None = None, needed: Callable[[], int] = lambda: 0) -> Path:
+                    write_extra: Callable[[Path], None] | None = None,
+                    needed: Callable[[], int] = lambda: 0) -> Path:
     """``runtime.save_state`` (and ``write_extra(folder)`` on every rank: a streamed run's data position) into
-    ``checkpoints/.<name>.tmp``; then the main process records the format and the manifest of every rank's files in
-    ``training_state.json`` (last), renames the folder to ``<name>`` atomically, and deletes all but the newest
-    ``limit`` checkpoints (never ``keep``). A write that fails (a full disk) removes the staging folder and raises
-    ``safe_state.SaveFailed`` with ``needed()`` bytes: the earlier checkpoints are untouched."""
+    ``checkpoints/.<name>.tmp``; then the main process records the format and the manifest of every rank's
+    files in ``training_state.json`` (last), renames the folder to ``<name>`` atomically, and deletes all but
+    the newest ``limit`` checkpoints (never ``keep``). A write that fails (a full disk) removes the staging
+    folder and raises ``safe_state.SaveFailed`` with ``needed()`` bytes: the earlier checkpoints are
+    untouched."""
     from .safe_state import CHECKPOINT_FORMAT, FORMAT_KEY, failing_save_raises
 
     root = Path(output_dir) / CHECKPOINT_DIR
@@ -348,7 +362,8 @@ def save_checkpoint(runtime: TrainingRuntime, output_dir: str, name: str, state:
             write_extra(staging)
         runtime.wait_for_everyone()
         if runtime.is_main_process:
-            state = {**state, FORMAT_KEY: CHECKPOINT_FORMAT, MANIFEST_KEY: file_manifest(staging, exclude=(STATE_FILE,))}
+            state = {**state, FORMAT_KEY: CHECKPOINT_FORMAT,
+                     MANIFEST_KEY: file_manifest(staging, exclude=(STATE_FILE,))}
             (staging / STATE_FILE).write_text(json.dumps(state))
             if final.exists():
                 shutil.rmtree(final)

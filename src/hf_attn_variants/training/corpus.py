@@ -6,12 +6,12 @@ a paragraph belongs to the validation split when ``crc32(paragraph) mod 1000 < 1
 which is deterministic, independent of paragraph order and of the Python hash seed.
 
 The default tokenizer is a lower-cased WordPiece (Schuster & Nakajima 2012; BERT's variant, Devlin et al.
-2019) learned deterministically (``wordpiece.py``) on the *train* split only and run by ``tokenizers``, with ``[PAD]`` = id 0 (the configs' default
-``pad_token_id``), ``[UNK]``, ``[CLS]`` (also used as BOS), ``[SEP]`` (also used as EOS) and ``[MASK]``.
-It is cached under ``$HF_ATTN_VARIANTS_CACHE`` (default ``~/.cache/hf_attn_variants``) in a folder whose
-name holds the vocabulary size and a hash of the corpus; the folder is written to a temporary name under a
-file lock and renamed into place, so concurrent processes (DDP ranks, pytest-xdist workers) build it once
-and a killed build never leaves a half-written tokenizer behind.
+2019) learned deterministically (``wordpiece.py``) on the *train* split only and run by ``tokenizers``, with
+``[PAD]`` = id 0 (the configs' default ``pad_token_id``), ``[UNK]``, ``[CLS]`` (also used as BOS), ``[SEP]``
+(also used as EOS) and ``[MASK]``. It is cached under ``$HF_ATTN_VARIANTS_CACHE`` (default
+``~/.cache/hf_attn_variants``) in a folder whose name holds the vocabulary size and a hash of the corpus; the
+folder is written to a temporary name under a file lock and renamed into place, so concurrent processes (DDP
+ranks, pytest-xdist workers) build it once and a killed build never leaves a half-written tokenizer behind.
 """
 
 from __future__ import annotations
@@ -114,11 +114,13 @@ def train_wordpiece(texts: list[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> P
 
     from .wordpiece import learn_wordpiece_vocab
 
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < len(SPECIAL_TOKENS) + 1:
+    if (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+            or vocab_size < len(SPECIAL_TOKENS) + 1):
         raise ValueError(f"vocab_size must be an int > {len(SPECIAL_TOKENS)}, got {vocab_size!r}.")
     normalizer = normalizers.BertNormalizer(lowercase=True, clean_text=True, strip_accents=None)
     pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    words = (word for text in texts for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)))
+    words = (word for text in texts
+             for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)))
     vocab = learn_wordpiece_vocab(words, vocab_size, SPECIAL_TOKENS, min_frequency=2)
     tokenizer = Tokenizer(models.WordPiece({token: i for i, token in enumerate(vocab)}, unk_token="[UNK]",
                                            max_input_chars_per_word=100))
@@ -146,7 +148,8 @@ def train_wordpiece(texts: list[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> P
 
 
 def causal_tokenizer(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
-    """A copy of a fast tokenizer that adds only BOS to a single text (``[CLS] text``, not ``[CLS] text [SEP]``).
+    """A copy of a fast tokenizer that adds only BOS to a single text (``[CLS] text``, not
+    ``[CLS] text [SEP]``).
 
     A causal LM continues its prompt, so the prompt must not end with EOS; training data gets the EOS back
     explicitly (``group_into_blocks(..., append_eos_id=...)``). Tokenizers that do not append EOS, or have

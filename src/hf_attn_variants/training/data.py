@@ -10,9 +10,10 @@
   ``DataParallelBatchSampler`` gives each data-parallel rank its slice of each global batch).
 - ``mask_tokens``: BERT masking (Devlin et al. 2019): each non-special token is selected with probability
   p; a selected token becomes ``[MASK]`` (80%), a random token (10%) or stays (10%); labels are −100
-  elsewhere. The randomness of example i comes from its own generator seeded with ``mix_seed(seed, epoch, i)``,
-  so masks do not depend on batch composition, process count, data-loader prefetching or a resume.
-  Every example with a maskable token gets at least one selected token (no empty loss → no NaN).
+  elsewhere. The randomness of example i comes from its own generator seeded with
+  ``mix_seed(seed, epoch, i)``, so masks do not depend on batch composition, process count, data-loader
+  prefetching or a resume. Every example with a maskable token gets at least one selected token (no empty loss
+  → no NaN).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from transformers import PreTrainedTokenizerBase
 from ..cli_utils import FlagError, check_percentage
 from .corpus import corpus_splits
 
-FILE_BUILDERS = {"txt": "text", "text": "text", "json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet"}
+FILE_BUILDERS = {"txt": "text", "text": "text", "json": "json", "jsonl": "json", "csv": "csv",
+                 "parquet": "parquet"}
 
 
 def mix_seed(*parts: int | str) -> int:
@@ -44,8 +46,8 @@ def mix_seed(*parts: int | str) -> int:
 
 def file_builder(path: str, argument: str) -> str:
     """The ``datasets`` builder of a local data file (``--train_file``), by extension, or the one builder of
-    several (``expand_data_files``); ``FlagError`` naming ``argument`` for another extension, a pattern matching
-    no file, files of different formats, or a path that is not an existing file."""
+    several (``expand_data_files``); ``FlagError`` naming ``argument`` for another extension, a pattern
+    matching no file, files of different formats, or a path that is not an existing file."""
     builders = {_one_file_builder(name, argument) for name in expand_data_files(path, argument)}
     if len(builders) > 1:
         raise FlagError(argument, f"{argument}: {path!r} mixes formats ({', '.join(sorted(builders))}); "
@@ -56,7 +58,8 @@ def file_builder(path: str, argument: str) -> str:
 def _one_file_builder(path: str, argument: str) -> str:
     extension = Path(path).suffix.lstrip(".").lower()
     if extension not in FILE_BUILDERS:
-        raise FlagError(argument, f"{argument} must be a file ending in one of {tuple(FILE_BUILDERS)}, got {path!r}.")
+        raise FlagError(argument,
+                        f"{argument} must be a file ending in one of {tuple(FILE_BUILDERS)}, got {path!r}.")
     if not Path(path).exists():
         raise FlagError(argument, f"{argument}: no such file {path!r}.")
     if not Path(path).is_file():
@@ -66,8 +69,8 @@ def _one_file_builder(path: str, argument: str) -> str:
 
 def expand_data_files(value: str, argument: str) -> list[str]:
     """The files of a ``--train_file`` value: one path, a glob (``'corpus/part-*.jsonl'``, sorted matches), or
-    several of either joined by commas (from Python a list, which ``PretrainArguments`` joins). ``FlagError`` naming
-    ``argument`` for a pattern that matches no file."""
+    several of either joined by commas (from Python a list, which ``PretrainArguments`` joins). ``FlagError``
+    naming ``argument`` for a pattern that matches no file."""
     files: list[str] = []
     for item in (part.strip() for part in str(value).split(",")):
         if not item:
@@ -101,8 +104,9 @@ def quiet_datasets() -> Iterator[None]:
 
 
 def read_data_file(path: str, argument: str, split: str = "train") -> Any:
-    """``load_dataset(<builder>, data_files=<the files of path>, split=split)`` of local files (``expand_data_files``); ``FlagError`` naming
-    ``argument`` when the file cannot be read with the builder of its extension (malformed content)."""
+    """``load_dataset(<builder>, data_files=<the files of path>, split=split)`` of local files
+    (``expand_data_files``); ``FlagError`` naming ``argument`` when the file cannot be read with the builder
+    of its extension (malformed content)."""
     from datasets import load_dataset
     from datasets.exceptions import DatasetGenerationError
 
@@ -113,12 +117,14 @@ def read_data_file(path: str, argument: str, split: str = "train") -> Any:
     except (DatasetGenerationError, ValueError, OSError) as error:
         cause = error.__cause__ or error
         reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        raise FlagError(argument, f"{argument}: {path!r} cannot be read as {builder} data ({reason}).") from error
+        raise FlagError(argument,
+                        f"{argument}: {path!r} cannot be read as {builder} data ({reason}).") from error
 
 
 def split_data_file(path: str, validation_split_percentage: int) -> Any:
     """``DatasetDict(train=…, validation=…)``: the first ``100 - validation_split_percentage`` % of the rows
-    of the local file ``path`` (``--train_file``) and the rest; ``FlagError`` when it is too short to split."""
+    of the local file ``path`` (``--train_file``) and the rest; ``FlagError`` when it is too short to
+    split."""
     from datasets import DatasetDict
 
     check_percentage("validation_split_percentage", validation_split_percentage)
@@ -129,8 +135,8 @@ def split_data_file(path: str, validation_split_percentage: int) -> Any:
                            validation=read_data_file(path, "train_file", f"train[{cut}%:]"))
     except FlagError as error:  # one of the slices is empty
         raise FlagError("train_file", f"train_file {path!r} has {rows.num_rows} row(s), too few to hold out "
-                                      f"validation_split_percentage={validation_split_percentage}% of them; pass "
-                                      "--validation_file or a longer file.") from error
+                                      f"validation_split_percentage={validation_split_percentage}% of them; "
+                                      "pass --validation_file or a longer file.") from error
 
 
 def load_text_datasets(
@@ -153,7 +159,8 @@ def load_text_datasets(
     if train_file is None:
         if validation_file is not None:
             raise FlagError("validation_file",
-                            "validation_file needs a train_file (without either, the embedded corpus is used).")
+                            "validation_file needs a train_file (without either, the embedded corpus is "
+                            "used).")
         splits = corpus_splits(validation_fraction)
         return DatasetDict({name: Dataset.from_dict({"text": texts}) for name, texts in splits.items()})
     builder = file_builder(train_file, "train_file")
@@ -192,15 +199,15 @@ def group_token_lists(token_lists: Sequence[Sequence[int]], block_size: int) -> 
 
 @dataclass
 class Packer:
-    """Blocks of exactly ``block_size`` tokens from token lists (documents) added one by one; the tokens that do not
-    fill a block wait in the buffer for the next document.
+    """Blocks of exactly ``block_size`` tokens from token lists (documents) added one by one; the tokens that
+    do not fill a block wait in the buffer for the next document.
 
     ``concat`` (``documents=False``) is run_mlm's ``group_texts``: one token stream cut into blocks. With
-    ``documents`` each block also has ``position_ids``, each token's position in its document, restarting at 0 at
-    every document: a block holding documents of 3 and 5 tokens has ``[0, 1, 2, 0, 1, 2, 3, 4]``. The models read
-    that as packed documents (Transformers' convention: positions restarting inside a row, no mask) and keep them
-    apart. A document cut by a block's end goes on in the next block as a document of its own (from 0 again).
-    ``starts``: where documents begin in the buffer, from which the positions are derived.
+    ``documents`` each block also has ``position_ids``, each token's position in its document, restarting at 0
+    at every document: a block holding documents of 3 and 5 tokens has ``[0, 1, 2, 0, 1, 2, 3, 4]``. The
+    models read that as packed documents (Transformers' convention: positions restarting inside a row, no
+    mask) and keep them apart. A document cut by a block's end goes on in the next block as a document of its
+    own (from 0 again). ``starts``: where documents begin in the buffer, from which the positions are derived.
     """
 
     block_size: int
@@ -226,7 +233,8 @@ class Packer:
             yield block
 
     def _positions(self, size: int) -> list[int]:
-        """Positions of the buffer's first ``size`` tokens: 0 at the block's start and at every document start."""
+        """Positions of the buffer's first ``size`` tokens: 0 at the block's start and at every document
+        start."""
         restarts = {0, *(start for start in self.starts if start < size)}
         positions, position = [], 0
         for column in range(size):
@@ -243,10 +251,11 @@ class Packer:
         self.tokens, self.starts = list(state["tokens"]), list(state["starts"])
 
 
-def pack_token_lists(token_lists: list[list[int]], block_size: int, documents: bool) -> dict[str, list[list[int]]]:
+def pack_token_lists(token_lists: list[list[int]], block_size: int,
+                     documents: bool) -> dict[str, list[list[int]]]:
     """The full blocks of ``token_lists`` packed in order by a ``Packer`` (the remainder dropped), as columns:
-    ``input_ids`` and, with ``documents``, ``position_ids``. ``datasets.map`` of a corpus read whole calls it per
-    batch; a streamed one keeps its ``Packer`` (``streaming.PackedStream``)."""
+    ``input_ids`` and, with ``documents``, ``position_ids``. ``datasets.map`` of a corpus read whole calls it
+    per batch; a streamed one keeps its ``Packer`` (``streaming.PackedStream``)."""
     packer = Packer(block_size, documents)
     columns: dict[str, list[list[int]]] = {"input_ids": []} | ({"position_ids": []} if documents else {})
     for ids in token_lists:
@@ -257,8 +266,10 @@ def pack_token_lists(token_lists: list[list[int]], block_size: int, documents: b
     return columns
 
 
-def tokenize_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str], append_eos_id: int | None) -> list[list[int]]:
-    """The token ids of each text (the tokenizer's special tokens; ``append_eos_id`` ends each with it once)."""
+def tokenize_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str],
+                   append_eos_id: int | None) -> list[list[int]]:
+    """The token ids of each text (the tokenizer's special tokens; ``append_eos_id`` ends each with it
+    once)."""
     ids = tokenizer(texts, return_attention_mask=False)["input_ids"]
     if append_eos_id is None:
         return ids
@@ -292,9 +303,9 @@ def group_into_blocks(
 
 def holds_tokens(rows: Iterable[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, count: int,
                  append_eos_id: int | None = None, batch_size: int = 256) -> bool:
-    """Whether the ``text`` of ``rows`` (a ``Dataset`` or a streamed ``IterableDataset``) holds at least ``count``
-    tokens (as ``group_into_blocks`` counts them), tokenizing only as many texts as needed: a cheap check before the
-    full tokenization, or before a stream is read."""
+    """Whether the ``text`` of ``rows`` (a ``Dataset`` or a streamed ``IterableDataset``) holds at least
+    ``count`` tokens (as ``group_into_blocks`` counts them), tokenizing only as many texts as needed: a cheap
+    check before the full tokenization, or before a stream is read."""
     rows = iter(rows)
     total = 0
     while texts := [row["text"] for row in islice(rows, batch_size)]:
@@ -305,9 +316,11 @@ def holds_tokens(rows: Iterable[dict[str, Any]], tokenizer: PreTrainedTokenizerB
 
 
 def text_blocks(
-    texts: Sequence[str], tokenizer: PreTrainedTokenizerBase, block_size: int, append_eos_id: int | None = None
+    texts: Sequence[str], tokenizer: PreTrainedTokenizerBase, block_size: int,
+    append_eos_id: int | None = None
 ) -> torch.Tensor:
-    """``(num_blocks, block_size)`` LongTensor of the texts' tokens (for in-process evaluation at any length)."""
+    """``(num_blocks, block_size)`` LongTensor of the texts' tokens (for in-process evaluation at any
+    length)."""
     blocks = group_token_lists(tokenize_texts(tokenizer, list(texts), append_eos_id), block_size)
     if not blocks:
         raise ValueError(f"The texts hold fewer than block_size={block_size} tokens.")
@@ -335,13 +348,13 @@ class EpochShuffleSampler(Sampler[int]):
 
 
 class DataParallelBatchSampler(Sampler[list[int]]):
-    """Rank ``rank`` of ``world`` data-parallel ranks: of each global batch of ``batch_size * world`` consecutive
-    indices of ``sampler``, the slice ``[rank * batch_size, (rank + 1) * batch_size)``.
+    """Rank ``rank`` of ``world`` data-parallel ranks: of each global batch of ``batch_size * world``
+    consecutive indices of ``sampler``, the slice ``[rank * batch_size, (rank + 1) * batch_size)``.
 
     So ``world`` ranks with ``batch_size`` B see, step for step, exactly the batches of one process with batch
-    ``world * B``. The last global batch of an epoch is completed with the epoch's first indices (as accelerate's
-    ``even_batches``), so every rank runs the same number of equal-sized batches. ``skip``: leave out the first
-    ``skip`` batches (after a resume) without loading them.
+    ``world * B``. The last global batch of an epoch is completed with the epoch's first indices (as
+    accelerate's ``even_batches``), so every rank runs the same number of equal-sized batches. ``skip``: leave
+    out the first ``skip`` batches (after a resume) without loading them.
     """
 
     def __init__(self, sampler: Sampler[int], batch_size: int, rank: int, world: int, skip: int = 0) -> None:
@@ -383,7 +396,8 @@ class IndexedBlocks(torch.utils.data.Dataset):
         block = self.blocks[index]
         if not isinstance(block, dict):
             return {"input_ids": block, "index": index}
-        return {**{name: block[name] for name in ("input_ids", "position_ids") if name in block}, "index": index}
+        return {**{name: block[name] for name in ("input_ids", "position_ids") if name in block},
+                "index": index}
 
 
 def collate_blocks(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

@@ -64,10 +64,10 @@ def evaluate_lm(
     size, and ``reduce`` sums over the data-parallel ranks).
 
     ``mask_repeats`` (MLM): pool the targets of that many maskings, seeds ``seed``, ``seed + 1``, … (the same
-    for every model, so differences between models are paired). ``train_length`` (the length study): the result
-    also has ``tokens_beyond_train``, ``loss_beyond_train`` and ``perplexity_beyond_train``, pooled over the CLM
-    targets predicted from query positions ≥ ``train_length`` (position ids the model never trained at); they are
-    ``None`` for MLM and where no such target exists.
+    for every model, so differences between models are paired). ``train_length`` (the length study): the
+    result also has ``tokens_beyond_train``, ``loss_beyond_train`` and ``perplexity_beyond_train``, pooled
+    over the CLM targets predicted from query positions ≥ ``train_length`` (position ids the model never
+    trained at); they are ``None`` for MLM and where no such target exists.
     """
     if objective not in ("mlm", "clm"):
         raise ValueError(f"objective must be one of ('mlm', 'clm'), got {objective!r}.")
@@ -79,8 +79,10 @@ def evaluate_lm(
     if max_blocks is not None:
         data = data[:max_blocks]
     if data.dim() != 2 or len(data) == 0:
-        raise ValueError(f"blocks must be a non-empty (num_blocks, length) set of token ids, got shape {tuple(data.shape)}.")
-    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
+        raise ValueError("blocks must be a non-empty (num_blocks, length) set of token ids, got shape "
+                         f"{tuple(data.shape)}.")
+    rank, world = ((accelerator.process_index, accelerator.num_processes) if accelerator is not None
+                   else (0, 1))
     device = accelerator.device if accelerator is not None else next(model.parameters()).device
     indices = list(range(rank, len(data), world))
     was_training = model.training
@@ -97,8 +99,8 @@ def evaluate_lm(
         position_ids = positions[chunk or [0]].to(device) if positions is not None else None
         for repeat in range(mask_repeats if objective == "mlm" else 1):
             logits, targets = _logits_and_targets(
-                model, input_ids, chunk or [0], objective, tokenizer, mlm_probability, seed + repeat, accelerator,
-                position_ids,
+                model, input_ids, chunk or [0], objective, tokenizer, mlm_probability, seed + repeat,
+                accelerator, position_ids,
             )
             if chunk:
                 sums += _target_sums(logits, targets, beyond)
@@ -112,15 +114,16 @@ def _logits_and_targets(
     model: Any, input_ids: torch.Tensor, block_indices: list[int], objective: str, tokenizer: Any,
     mlm_probability: float, seed: int, accelerator: Any, position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 logits and their target ids: ``(targets, vocab)`` / ``(targets,)`` at the masked positions (MLM,
-    masks seeded per block by ``mix_seed(seed, "eval", i)``), ``(batch, L - 1, vocab)`` / ``(batch, L - 1)`` for
-    every next token (CLM; packed documents' first tokens are no target: -100)."""
+    """float32 logits and their target ids: ``(targets, vocab)`` / ``(targets,)`` at the masked positions
+    (MLM, masks seeded per block by ``mix_seed(seed, "eval", i)``), ``(batch, L - 1, vocab)`` /
+    ``(batch, L - 1)`` for every next token (CLM; packed documents' first tokens are no target: -100)."""
     context = accelerator.autocast() if accelerator is not None else torch.autocast("cpu", enabled=False)
     if objective == "clm":
         with context:
             logits = model(input_ids=input_ids, position_ids=position_ids).logits[:, :-1].float()
         targets = input_ids[:, 1:]
-        return logits, targets if position_ids is None else targets.masked_fill(position_ids[:, 1:] == 0, -100)
+        return logits, (targets if position_ids is None
+                        else targets.masked_fill(position_ids[:, 1:] == 0, -100))
     vocab_size = (model.config.vocab_size if hasattr(model, "config") else None) or len(tokenizer)
     inputs, labels = mask_tokens(
         input_ids,
@@ -137,9 +140,10 @@ def _logits_and_targets(
 
 
 def _target_sums(logits: torch.Tensor, targets: torch.Tensor, beyond: int | None) -> torch.Tensor:
-    """[Σ CE, #correct, #targets, Σ CE beyond, #targets beyond] of one batch, in float64 (targets -100 are none).
-    "Beyond": CLM targets predicted from query positions ≥ ``beyond`` (dimension 1 of ``targets``)."""
-    losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none").double()
+    """[Σ CE, #correct, #targets, Σ CE beyond, #targets beyond] of one batch, in float64 (targets -100 are
+    none). "Beyond": CLM targets predicted from query positions ≥ ``beyond`` (dimension 1 of ``targets``)."""
+    losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                             reduction="none").double()
     losses = losses.view_as(targets)
     keep = targets != -100
     correct = ((logits.argmax(-1) == targets) & keep).sum().double()
@@ -155,8 +159,8 @@ def _metrics(sums: torch.Tensor, num_blocks: int, train_length: int | None, clm:
     loss_sum, correct, count, beyond_sum, beyond_count = (float(value) for value in sums)
     loss = loss_sum / max(count, 1.0)
     result: dict[str, Any] = {
-        "loss": loss, "perplexity": _perplexity(loss), "accuracy": correct / max(count, 1.0), "tokens": int(count),
-        "blocks": num_blocks,
+        "loss": loss, "perplexity": _perplexity(loss), "accuracy": correct / max(count, 1.0),
+        "tokens": int(count), "blocks": num_blocks,
     }
     if train_length is not None:
         beyond_loss = beyond_sum / beyond_count if beyond_count else None

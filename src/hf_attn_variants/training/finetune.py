@@ -21,18 +21,18 @@ Output folder, resuming and preemption (``outputs.py``, ``trainer_hooks.py``): a
 ``--output_dir`` with the same flags resumes from the newest complete ``checkpoint-<step>`` (each carries a
 manifest of its files' sizes and sha256); a folder holding a finished model or another run is refused before
 anything is written unless ``--overwrite_output_dir``. SIGTERM/SIGUSR1: every rank finishes the same optimizer
-step, ``Trainer`` saves that step's checkpoint, and the command exits with ``PREEMPTED_EXIT_CODE`` (75). One run
-writes a folder at a time (``runlock.py``); the arguments are written as JSON, not pickled; a checkpoint is read
-with safe loaders before ``Trainer`` resumes from it (``loadable``); a save that fails (a full disk) ends in one
-line with the space it needed (``safe_state.SaveFailed``).
+step, ``Trainer`` saves that step's checkpoint, and the command exits with ``PREEMPTED_EXIT_CODE`` (75). One
+run writes a folder at a time (``runlock.py``); the arguments are written as JSON, not pickled; a checkpoint
+is read with safe loaders before ``Trainer`` resumes from it (``loadable``); a save that fails (a full disk)
+ends in one line with the space it needed (``safe_state.SaveFailed``).
 
-Sharded (``torchrun --nproc_per_node N -m hf_attn_variants finetune ... --fsdp_size F``; ``--dp_replicate_size``
-for HSDP): rank 0 builds the single-process run's model (same seed, same new head) into
-``output_dir/.initial_model``, every rank loads it sharded by Transformers' ``DistributedConfig`` (FSDP2), and
-``Trainer`` trains it (it recognises a model sharded at load time: no DDP wrapping, deferred FSDP gradient
-reduction under accumulation). ``Trainer.save_model`` calls the model's ``save_pretrained`` on every rank:
-the full weights are gathered and rank 0 writes them, so the folder equals a single-process run's; model-only
-checkpoints (``--save_strategy steps|epoch --save_only_model true``) are written the same way. Not
+Sharded (``torchrun --nproc_per_node N -m hf_attn_variants finetune ... --fsdp_size F``;
+``--dp_replicate_size`` for HSDP): rank 0 builds the single-process run's model (same seed, same new head)
+into ``output_dir/.initial_model``, every rank loads it sharded by Transformers' ``DistributedConfig``
+(FSDP2), and ``Trainer`` trains it (it recognises a model sharded at load time: no DDP wrapping, deferred FSDP
+gradient reduction under accumulation). ``Trainer.save_model`` calls the model's ``save_pretrained`` on every
+rank: the full weights are gathered and rank 0 writes them, so the folder equals a single-process run's;
+model-only checkpoints (``--save_strategy steps|epoch --save_only_model true``) are written the same way. Not
 supported, each refused with a ``FlagError`` naming the flag (``check_sharded_finetune``): ``--tp_size`` on
 CPU (Trainer hands a tensor-parallel model to accelerate's ``ParallelismConfig``, which raises for
 ``DistributedType.MULTI_CPU``; on GPUs it is wired but untested here); checkpoints with optimizer state
@@ -102,16 +102,18 @@ FINETUNE_RULE = OutputRule(
     command="finetune",
     aside=frozenset({
         "max_steps", "num_train_epochs",  # the step budget
-        "logging_strategy", "logging_steps", "logging_first_step", "log_on_each_node", "logging_nan_inf_filter",
-        "log_level", "log_level_replica", "disable_tqdm", "report_to", "run_name", "project", "trackio_space_id",
-        "trackio_bucket_id", "trackio_static_space_id", "include_num_input_tokens_seen", "skip_memory_metrics",
+        "logging_strategy", "logging_steps", "logging_first_step", "log_on_each_node",
+        "logging_nan_inf_filter", "log_level", "log_level_replica", "disable_tqdm", "report_to", "run_name",
+        "project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id",
+        "include_num_input_tokens_seen", "skip_memory_metrics",
         "save_strategy", "save_steps", "save_total_limit", "save_on_each_node", "enable_jit_checkpoint",
-        "eval_strategy", "eval_steps", "per_device_eval_batch_size",  # evaluation cadence (pretrain: eval_steps)
+        # evaluation cadence (pretrain: eval_steps)
+        "eval_strategy", "eval_steps", "per_device_eval_batch_size",
         "push_to_hub", "hub_token", "hub_private_repo", "hub_model_id", "hub_strategy", "hub_always_push",
         "hub_revision", "dataloader_num_workers", "local_rank",
     }),
-    run_files=("checkpoint-*", "trainer_state.json", "all_results.json", "train_results.json", "eval_results.json",
-               TASK_CONFIG_FILE, "base_model", "merged", INITIAL_MODEL_DIR),
+    run_files=("checkpoint-*", "trainer_state.json", "all_results.json", "train_results.json",
+               "eval_results.json", TASK_CONFIG_FILE, "base_model", "merged", INITIAL_MODEL_DIR),
 )
 """``finetune``'s output folder (``outputs.py``): what may differ within one run, what its files are."""
 
@@ -154,8 +156,9 @@ def check_training_arguments(training_args: Any) -> None:
     if training_args.resume_from_checkpoint:
         check_folder("resume_from_checkpoint", training_args.resume_from_checkpoint, what="checkpoint folder")
     if training_args.enable_jit_checkpoint:
-        raise FlagError("enable_jit_checkpoint", "enable_jit_checkpoint: finetune checkpoints on SIGTERM and SIGUSR1 "
-                                                 "itself, at the same step on every rank; drop the flag.")
+        raise FlagError("enable_jit_checkpoint",
+                        "enable_jit_checkpoint: finetune checkpoints on SIGTERM and SIGUSR1 "
+                        "itself, at the same step on every rank; drop the flag.")
     unknown = [name for name in training_args.include_for_metrics or () if name not in TRAINER_METRIC_INPUTS]
     if unknown:
         raise FlagError("include_for_metrics",
@@ -175,7 +178,8 @@ def check_lora_targets(model: Any, targets: list[str] | str) -> None:
     missing = [target for target in targets if target not in suffixes]
     if missing:
         raise FlagError("lora_target_modules", f"lora_target_modules {missing} name no module of "
-                                               f"{type(model).__name__} (default for {model.config.model_type}: "
+                                               f"{type(model).__name__} (default for "
+                                               f"{model.config.model_type}: "
                                                f"{LORA_TARGETS.get(model.config.model_type, 'all-linear')}).")
 
 
@@ -187,7 +191,8 @@ def lora_targets(model_type: str, requested: list[str] | str | None) -> list[str
 
 
 def apply_lora(model: Any, task: str, args: FinetuneArguments) -> Any:
-    """Wrap ``model`` in a ``peft`` LoRA ``PeftModel``; the ``classifier`` head is trained and saved in full."""
+    """Wrap ``model`` in a ``peft`` LoRA ``PeftModel``; the ``classifier`` head is trained and saved in
+    full."""
     from peft import LoraConfig, TaskType, get_peft_model
 
     config = LoraConfig(
@@ -240,7 +245,8 @@ def _with_early_stopping(training_args: Any, args: FinetuneArguments, regression
         try:
             training_args = dataclasses.replace(training_args, **changes)
         except ValueError as error:  # TrainingArguments' own check of the combined strategies
-            raise FlagError("early_stopping_patience", f"early_stopping_patience: with {changes}: {error}") from error
+            raise FlagError("early_stopping_patience",
+                            f"early_stopping_patience: with {changes}: {error}") from error
     return training_args
 
 
@@ -262,21 +268,23 @@ class _Prepared:
     arguments: dict[str, Any]
     """The run's arguments as ``run.json`` records them."""
     resume_from: str | None = None
-    """The checkpoint ``Trainer`` resumes from: ``--resume_from_checkpoint``, or this run's newest complete one."""
+    """The checkpoint ``Trainer`` resumes from: ``--resume_from_checkpoint``, or this run's newest complete
+    one."""
 
 
-SHARDED_CHECKPOINT_ERROR = ("Resuming is not supported for models sharded at load time (`DistributedConfig`), so their "
-                            "optimizer state cannot be checkpointed. Pass `save_only_model=True` or `save_strategy='no'`.")
+SHARDED_CHECKPOINT_ERROR = ("Resuming is not supported for models sharded at load time "
+                            "(`DistributedConfig`), so their optimizer state cannot be checkpointed. Pass "
+                            "`save_only_model=True` or `save_strategy='no'`.")
 """What ``Trainer.__init__`` raises for a model sharded at load time with checkpoints of optimizer state."""
-SHARDED_LOAD_ERROR = ("aten.copy_.default got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to "
-                      "DTensor before calling distributed operators!")
+SHARDED_LOAD_ERROR = ("aten.copy_.default got mixed torch.Tensor and DTensor, need to convert all "
+                      "torch.Tensor to DTensor before calling distributed operators!")
 """What ``Trainer`` raises when it loads a checkpoint into a sharded model (``_load_best_model``,
 ``_load_from_checkpoint``: ``model.load_state_dict`` of the full tensors of ``model.safetensors``)."""
 
 
 def check_sharded_finetune(args: FinetuneArguments, training_args: Any) -> None:
-    """``FlagError`` for what a sharded finetune (``--fsdp_size``/``--tp_size``/``--dp_replicate_size``) cannot
-    do, checked before anything is written:
+    """``FlagError`` for what a sharded finetune (``--fsdp_size``/``--tp_size``/``--dp_replicate_size``)
+    cannot do, checked before anything is written:
 
     - run without ``torchrun`` (or with sizes that do not multiply to ``WORLD_SIZE``);
     - tensor parallelism on CPU (Trainer hands a tensor-parallel model to accelerate's ``ParallelismConfig``,
@@ -293,25 +301,30 @@ def check_sharded_finetune(args: FinetuneArguments, training_args: Any) -> None:
     layout = args.layout
     check_layout(layout)
     if layout.tp_size > 1 and (training_args.use_cpu or not torch.accelerator.is_available()):
-        raise FlagError("tp_size", "tp_size: Trainer hands a tensor-parallel model to accelerate's ParallelismConfig, "
-                                   "which refuses CPU processes (DistributedType.MULTI_CPU); on CPU shard with "
-                                   "--fsdp_size.")
+        raise FlagError("tp_size",
+                        "tp_size: Trainer hands a tensor-parallel model to accelerate's ParallelismConfig, "
+                        "which refuses CPU processes (DistributedType.MULTI_CPU); on CPU shard with "
+                        "--fsdp_size.")
     sizes = f"{layout.flag()}={getattr(layout, layout.flag())}"
     if training_args.load_best_model_at_end:
-        flag = "early_stopping_patience" if args.early_stopping_patience is not None else "load_best_model_at_end"
-        raise FlagError(flag, f"{flag}: Trainer cannot load the best checkpoint back into a model sharded at load "
-                              f"time ({sizes}; load_best_model_at_end, which early stopping needs): its "
-                              f"load_state_dict of the full weights fails with \"{SHARDED_LOAD_ERROR}\"")
+        flag = ("early_stopping_patience" if args.early_stopping_patience is not None
+                else "load_best_model_at_end")
+        raise FlagError(flag,
+                        f"{flag}: Trainer cannot load the best checkpoint back into a model sharded at load "
+                        f"time ({sizes}; load_best_model_at_end, which early stopping needs): its "
+                        f"load_state_dict of the full weights fails with \"{SHARDED_LOAD_ERROR}\"")
     if training_args.resume_from_checkpoint:
-        raise FlagError("resume_from_checkpoint", f"resume_from_checkpoint: Trainer cannot resume a model sharded at "
-                                                  f"load time ({sizes}): it keeps no optimizer state for it, and its "
-                                                  "load_state_dict of the checkpoint's full weights fails with "
-                                                  f"\"{SHARDED_LOAD_ERROR}\"")
+        raise FlagError("resume_from_checkpoint",
+                        f"resume_from_checkpoint: Trainer cannot resume a model sharded at "
+                        f"load time ({sizes}): it keeps no optimizer state for it, and its "
+                        "load_state_dict of the checkpoint's full weights fails with "
+                        f"\"{SHARDED_LOAD_ERROR}\"")
     strategy = str(getattr(training_args.save_strategy, "value", training_args.save_strategy))
     if strategy != "no" and not training_args.save_only_model:
-        raise FlagError("save_strategy", f"save_strategy={strategy!r}: Trainer refuses optimizer-state checkpoints of a "
-                                         f"model sharded at load time ({sizes}): \"{SHARDED_CHECKPOINT_ERROR}\" Pass "
-                                         "--save_only_model true (model-only checkpoints) or --save_strategy no.")
+        raise FlagError("save_strategy",
+                        f"save_strategy={strategy!r}: Trainer refuses optimizer-state checkpoints of a "
+                        f"model sharded at load time ({sizes}): \"{SHARDED_CHECKPOINT_ERROR}\" Pass "
+                        "--save_only_model true (model-only checkpoints) or --save_strategy no.")
 
 
 def _unsharded_model(args: FinetuneArguments, training_args: Any, config: Any) -> Any:
@@ -340,9 +353,9 @@ def _sharded_model(args: FinetuneArguments, training_args: Any, config: Any) -> 
 
 
 def _resume_explicit(path: str) -> str:
-    """``--resume_from_checkpoint``: the named checkpoint when it is complete, else the one sentence naming its
-    broken file (one cut short, or its ``checkpoint_manifest.json`` itself) and the newest complete checkpoint
-    before it. A checkpoint without a manifest (written before them) is probed."""
+    """``--resume_from_checkpoint``: the named checkpoint when it is complete, else the one sentence naming
+    its broken file (one cut short, or its ``checkpoint_manifest.json`` itself) and the newest complete
+    checkpoint before it. A checkpoint without a manifest (written before them) is probed."""
     folder = Path(path)
     checkpoint = read_trainer_checkpoint(folder, require_manifest=(folder / MANIFEST_FILE).exists())
     if checkpoint is not None and (problem := checkpoint.problem()) is not None:
@@ -352,31 +365,33 @@ def _resume_explicit(path: str) -> str:
 
 
 def loadable(path: str) -> str:
-    """``path`` when every file of the checkpoint that ``Trainer`` reads loads with a safe loader (``probe_files``:
-    safetensors, JSON, ``torch.load(weights_only=True)`` as ``Trainer`` itself loads them), else one ``FlagError``
-    naming the file: ``Trainer`` would end in a raw traceback on it."""
+    """``path`` when every file of the checkpoint that ``Trainer`` reads loads with a safe loader
+    (``probe_files``: safetensors, JSON, ``torch.load(weights_only=True)`` as ``Trainer`` itself loads them),
+    else one ``FlagError`` naming the file: ``Trainer`` would end in a raw traceback on it."""
     problem = probe_files(Path(path))
     if problem is not None:
-        raise FlagError("resume_from_checkpoint", f"resume_from_checkpoint: checkpoint {path!r} does not load "
-                                                  f"safely: {problem}; resume from an earlier checkpoint or start "
-                                                  "afresh with --overwrite_output_dir.")
+        raise FlagError("resume_from_checkpoint",
+                        f"resume_from_checkpoint: checkpoint {path!r} does not load "
+                        f"safely: {problem}; resume from an earlier checkpoint or start "
+                        "afresh with --overwrite_output_dir.")
     return path
 
 
 def checkpoint_to_resume(args: FinetuneArguments, training_args: Any, folder: FolderState) -> str | None:
     """The checkpoint to resume: ``--resume_from_checkpoint``; else, in a folder holding this run unfinished,
     its newest complete ``checkpoint-<step>`` (broken newer ones skipped with a warning; one line says which);
-    else ``None``. A sharded run's unfinished folder is refused: ``Trainer`` cannot resume it. The checkpoint's
-    files are read once with safe loaders first (``loadable``)."""
+    else ``None``. A sharded run's unfinished folder is refused: ``Trainer`` cannot resume it. The
+    checkpoint's files are read once with safe loaders first (``loadable``)."""
     if training_args.resume_from_checkpoint:
         return loadable(_resume_explicit(training_args.resume_from_checkpoint))
     chosen = newest_resumable("finetune", trainer_checkpoints(folder.folder)) if folder.same_run else None
     if chosen is None:
         return None
     if args.layout.sharded:
-        raise FlagError("output_dir", f"--output_dir {str(folder.folder)!r} holds checkpoints of this sharded run "
-                                      f"({args.sizes_text()}), which Trainer cannot resume (a model sharded at load "
-                                      "time); pass --overwrite_output_dir to start over.")
+        raise FlagError("output_dir",
+                        f"--output_dir {str(folder.folder)!r} holds checkpoints of this sharded run "
+                        f"({args.sizes_text()}), which Trainer cannot resume (a model sharded at load "
+                        "time); pass --overwrite_output_dir to start over.")
     announce_resume("finetune", chosen)
     return loadable(str(chosen.path))
 
@@ -388,13 +403,14 @@ def _check_output_folder(args: FinetuneArguments, training_args: Any) -> tuple[F
               "model_name_or_path": args.model_name_or_path, "config_name": args.config_name,
               "tokenizer_name": args.tokenizer_name}
     folder = check_output_folder(FINETUNE_RULE, training_args.output_dir, arguments,
-                                 overwrite=args.overwrite_output_dir, resume=training_args.resume_from_checkpoint,
-                                 inputs=inputs)
+                                 overwrite=args.overwrite_output_dir,
+                                 resume=training_args.resume_from_checkpoint, inputs=inputs)
     return folder, arguments
 
 
 def _features(args: FinetuneArguments, tokenizer: Any) -> tuple[Any, Any, list[Any] | None, bool]:
-    """Tokenized splits (cut to ``--max_train_samples`` / ``--max_eval_samples``), collator, labels, regression."""
+    """Tokenized splits (cut to ``--max_train_samples`` / ``--max_eval_samples``), collator, labels,
+    regression."""
     from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding
 
     raw = load_splits(args)
@@ -440,8 +456,8 @@ def _prepare(args: FinetuneArguments, training_args: Any) -> _Prepared:
 
 
 def _checked_model(args: FinetuneArguments, training_args: Any, config: Any) -> Any:
-    """The single-process run's model, or ``None`` for a sharded run (checked on the meta device: layout, plans);
-    the LoRA targets are checked on it."""
+    """The single-process run's model, or ``None`` for a sharded run (checked on the meta device: layout,
+    plans); the LoRA targets are checked on it."""
     if args.layout.sharded:
         check_sharded_finetune(args, training_args)
         checked = model_class_for(config, task_auto_class(args.task))[1]  # on the meta device
@@ -462,8 +478,8 @@ def _barrier(training_args: Any) -> None:
 
 
 def _start_writing(prepared: _Prepared) -> None:
-    """Every rank has checked the folder; the main process clears it (``--overwrite_output_dir``) and records the
-    run in ``run.json``; then every rank goes on."""
+    """Every rank has checked the folder; the main process clears it (``--overwrite_output_dir``) and records
+    the run in ``run.json``; then every rank goes on."""
     training_args = prepared.training_args
     _barrier(training_args)
     if training_args.process_index == 0:
@@ -507,12 +523,13 @@ def _trainer(args: FinetuneArguments, prepared: _Prepared, model: Any, guard: Ch
 
 
 def _train(trainer: Any, prepared: _Prepared, guard: CheckpointGuard) -> dict[str, float]:
-    """``trainer.train`` (resuming ``prepared.resume_from``), then the model, metrics and state as run_glue writes
-    them; ``TrainingPreempted`` when a stop signal ended it early."""
+    """``trainer.train`` (resuming ``prepared.resume_from``), then the model, metrics and state as run_glue
+    writes them; ``TrainingPreempted`` when a stop signal ended it early."""
     train_result = trainer.train(resume_from_checkpoint=prepared.resume_from)
     if guard.stopped_step is not None:
         step = guard.stopped_step
-        checkpoint = Path(prepared.training_args.output_dir) / f"checkpoint-{step}" if guard.can_checkpoint else None
+        checkpoint = (Path(prepared.training_args.output_dir) / f"checkpoint-{step}" if guard.can_checkpoint
+                      else None)
         note = "" if guard.can_checkpoint else "a sharded finetune cannot be resumed by Trainer"
         raise TrainingPreempted("finetune", guard.stop.signal_name, step, checkpoint, note)
     trainer.save_model()  # sharded: every rank calls save_pretrained, rank 0 writes the gathered weights
@@ -554,11 +571,11 @@ def _write_task_outputs(args: FinetuneArguments, prepared: _Prepared, trainer: A
 def finetune(args: FinetuneArguments, training_args: Any, stop: StopSignals | None = None) -> FinetuneResult:
     """Finetune (see module docstring); ``training_args`` is a ``transformers.TrainingArguments``.
 
-    With neither ``do_train`` nor ``do_eval`` set, both are done. Every input and the output folder are checked
-    before anything is written (without progress bars, so that a bad value prints its one error line alone): a
-    bad one raises ``FlagError`` naming its flag. A stop signal during training raises ``TrainingPreempted``
-    after the checkpoint of the last finished step is written (caught during training, or by ``stop`` when the
-    caller installed the handlers).
+    With neither ``do_train`` nor ``do_eval`` set, both are done. Every input and the output folder are
+    checked before anything is written (without progress bars, so that a bad value prints its one error line
+    alone): a bad one raises ``FlagError`` naming its flag. A stop signal during training raises
+    ``TrainingPreempted`` after the checkpoint of the last finished step is written (caught during training,
+    or by ``stop`` when the caller installed the handlers).
     """
     with quiet_progress():
         check_training_arguments(training_args)
@@ -594,8 +611,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
-    """CLI entry: finetune (``preemption.run_training_command``: a bad flag value or output folder gives one error
-    line naming the flag and exit status 2; a stop signal, after its checkpoint, one line and exit status 75)."""
+    """CLI entry: finetune (``preemption.run_training_command``: a bad flag value or output folder gives one
+    error line naming the flag and exit status 2; a stop signal, after its checkpoint, one line and exit
+    status 75)."""
     from transformers import TrainingArguments
 
     return run_training_command("finetune", finetune, namespace, FinetuneArguments, TrainingArguments)

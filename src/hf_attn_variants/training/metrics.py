@@ -16,7 +16,8 @@ from collections.abc import Sequence
 def accuracy(predictions: Sequence, references: Sequence) -> float:
     """Share of positions where prediction == reference (0.0 for empty input)."""
     if len(predictions) != len(references):
-        raise ValueError(f"predictions ({len(predictions)}) and references ({len(references)}) differ in length.")
+        raise ValueError(f"predictions ({len(predictions)}) and references ({len(references)}) differ in "
+                         "length.")
     if not references:
         return 0.0
     return sum(int(p == r) for p, r in zip(predictions, references)) / len(references)
@@ -94,7 +95,8 @@ def entity_scores(
     With ``per_type``, also ``<TYPE>_precision``/``_recall``/``_f1``/``_number`` for each entity type.
     """
     if len(predictions) != len(references):
-        raise ValueError(f"predictions ({len(predictions)}) and references ({len(references)}) differ in length.")
+        raise ValueError(f"predictions ({len(predictions)}) and references ({len(references)}) differ in "
+                         "length.")
     correct, predicted, gold = Counter(), Counter(), Counter()
     tokens = hits = 0
     for pred, ref in zip(predictions, references):
@@ -115,7 +117,8 @@ def entity_scores(
         return precision, recall, _f1(precision, recall)
 
     precision, recall, f1 = prf(sum(correct.values()), sum(predicted.values()), sum(gold.values()))
-    scores = {"precision": precision, "recall": recall, "f1": f1, "accuracy": hits / tokens if tokens else 0.0}
+    scores = {"precision": precision, "recall": recall, "f1": f1,
+              "accuracy": hits / tokens if tokens else 0.0}
     if per_type:
         for type_ in sorted(set(gold) | set(predicted)):
             p, r, f = prf(correct[type_], predicted[type_], gold[type_])

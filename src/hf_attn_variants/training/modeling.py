@@ -112,7 +112,8 @@ def parse_config_overrides(overrides: str | dict[str, Any] | None) -> dict[str, 
 def config_field_names(config_class: type) -> set[str]:
     """The fields a config of ``config_class`` has: its dataclass fields (configs declared as dataclass
     fields) and the keys of a default instance's ``to_dict`` (configs that set them in ``__init__``)."""
-    names = {f.name for f in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else set()
+    names = ({f.name for f in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class)
+             else set())
     return names | set(config_class().to_dict())
 
 
@@ -146,9 +147,9 @@ NUMBER_KINDS = ("an int", "a number")
 
 
 def _check_override_types(defaults: PreTrainedConfig, overrides: dict[str, Any]) -> None:
-    """``FlagError`` for an override whose kind cannot be its field's: a number for a numeric field (the config
-    class tells ints from floats itself), a bool for a boolean one, text for a text one, a list for a list
-    one. Fields that default to ``None`` take anything; the config class checks the value."""
+    """``FlagError`` for an override whose kind cannot be its field's: a number for a numeric field (the
+    config class tells ints from floats itself), a bool for a boolean one, text for a text one, a list for a
+    list one. Fields that default to ``None`` take anything; the config class checks the value."""
     for key, value in overrides.items():
         default = getattr(defaults, key, None)
         expected, got = _value_kind(default), _value_kind(value)
@@ -159,8 +160,10 @@ def _check_override_types(defaults: PreTrainedConfig, overrides: dict[str, Any])
         raise FlagError("config_overrides", f"config_overrides: {key} must be {expected}, got {value!r}.")
 
 
-def load_tokenizer(tokenizer_name: str | None = None, flag: str = "tokenizer_name") -> PreTrainedTokenizerBase:
-    """``AutoTokenizer.from_pretrained(tokenizer_name)`` (a local folder or a Hub id), or the embedded tokenizer.
+def load_tokenizer(tokenizer_name: str | None = None,
+                   flag: str = "tokenizer_name") -> PreTrainedTokenizerBase:
+    """``AutoTokenizer.from_pretrained(tokenizer_name)`` (a local folder or a Hub id), or the embedded
+    tokenizer.
 
     A folder that does not exist or holds no tokenizer raises ``FlagError`` naming ``flag`` (the flag the
     folder came from: ``tokenizer_name``, or ``model_name_or_path`` when the model's tokenizer is used).
@@ -180,7 +183,8 @@ def load_tokenizer(tokenizer_name: str | None = None, flag: str = "tokenizer_nam
         hint = "pass --tokenizer_name with a tokenizer folder" if flag != "tokenizer_name" else (
             "pass a tokenizer folder, or leave --tokenizer_name out for the embedded one")
         reason = str(error).splitlines()[0] if str(error) else repr(error)
-        raise FlagError(flag, f"no tokenizer could be loaded from {tokenizer_name!r} ({hint}): {reason}") from error
+        raise FlagError(flag,
+                        f"no tokenizer could be loaded from {tokenizer_name!r} ({hint}): {reason}") from error
 
 
 def build_config(
@@ -214,7 +218,8 @@ def build_config(
         base = _load_config(source_flag, source)
         if model_type is not None and model_type != base.model_type:
             raise FlagError("model_type", f"model_type {model_type!r} differs from the model_type "
-                                          f"{base.model_type!r} of {source_flag} {source!r}; leave --model_type out.")
+                                          f"{base.model_type!r} of {source_flag} {source!r}; leave "
+                                          "--model_type out.")
         model_type = base.model_type
         values = {k: v for k, v in base.to_dict().items() if k not in ("model_type", "transformers_version")}
     else:
@@ -227,8 +232,10 @@ def build_config(
         values.update(
             vocab_size=len(tokenizer),
             pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.cls_token_id,
-            eos_token_id=tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id,
+            bos_token_id=(tokenizer.bos_token_id if tokenizer.bos_token_id is not None
+                          else tokenizer.cls_token_id),
+            eos_token_id=(tokenizer.eos_token_id if tokenizer.eos_token_id is not None
+                          else tokenizer.sep_token_id),
         )
     values.update(overrides)
     defaults = config_class() if source is None else base
@@ -240,7 +247,8 @@ def build_config(
         if hasattr(defaults, "base_length") and "base_length" not in overrides:
             values["base_length"] = max_seq_length
     try:
-        config = AutoConfig.for_model(model_type, **values) if source is None else config_class.from_dict(values)
+        config = (AutoConfig.for_model(model_type, **values) if source is None
+                  else config_class.from_dict(values))
     except CONFIG_ERRORS as error:  # the family config's validation (or PreTrainedConfig's), naming the field
         if isinstance(error, FlagError):
             raise
@@ -255,7 +263,8 @@ def build_config(
     return config
 
 
-CONFIG_ERRORS = (ValueError, TypeError, StrictDataclassFieldValidationError, StrictDataclassClassValidationError)
+CONFIG_ERRORS = (ValueError, TypeError, StrictDataclassFieldValidationError,
+                 StrictDataclassClassValidationError)
 """What constructing a config raises for a bad value: the families' checks (``ValueError``/``TypeError``
 naming the field) and ``PreTrainedConfig``'s strict-dataclass validators."""
 
@@ -287,7 +296,8 @@ def _load_config(flag: str, source: str) -> PreTrainedConfig:
 def build_lm_model(
     config: PreTrainedConfig, objective: str, model_name_or_path: str | None = None
 ) -> PreTrainedModel:
-    """``AutoModelForMaskedLM`` (``objective="mlm"``) or ``AutoModelForCausalLM`` (``"clm"``), new or pretrained."""
+    """``AutoModelForMaskedLM`` (``objective="mlm"``) or ``AutoModelForCausalLM`` (``"clm"``), new or
+    pretrained."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}.")
     auto_class = LM_AUTO_CLASSES[objective]
@@ -296,10 +306,11 @@ def build_lm_model(
     return auto_class.from_config(config)
 
 
-def load_pretrained(auto_class: Any, model_name_or_path: str, flag: str = "model_name_or_path", **kwargs: Any) -> Any:
-    """``auto_class.from_pretrained(model_name_or_path, **kwargs)`` of a local model folder or a Hub repository id;
-    a folder that is not a model (no config, no weights), or a Hub id that cannot be fetched (offline: one sentence
-    saying so), raises ``FlagError`` naming ``flag``."""
+def load_pretrained(auto_class: Any, model_name_or_path: str, flag: str = "model_name_or_path",
+                    **kwargs: Any) -> Any:
+    """``auto_class.from_pretrained(model_name_or_path, **kwargs)`` of a local model folder or a Hub
+    repository id; a folder that is not a model (no config, no weights), or a Hub id that cannot be fetched
+    (offline: one sentence saying so), raises ``FlagError`` naming ``flag``."""
     check_model_source(flag, model_name_or_path, weights=True)
     try:
         return auto_class.from_pretrained(model_name_or_path, **kwargs)
@@ -307,11 +318,13 @@ def load_pretrained(auto_class: Any, model_name_or_path: str, flag: str = "model
         if is_hub_id(str(model_name_or_path)) and hub_unreachable(error):
             raise FlagError(flag, offline_hub_message(flag, str(model_name_or_path))) from error
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise FlagError(flag, f"{flag}: {model_name_or_path!r} could not be loaded as a model: {reason}") from error
+        raise FlagError(flag,
+                        f"{flag}: {model_name_or_path!r} could not be loaded as a model: {reason}") from error
 
 
 def has_target_only_mlm_head(model: torch.nn.Module) -> bool:
-    """Whether ``model`` is one of this package's ``*ForMaskedLM`` (base ``model.model`` → ``model.lm_head``)."""
+    """Whether ``model`` is one of this package's ``*ForMaskedLM`` (base ``model.model`` →
+    ``model.lm_head``)."""
     from ..models.modeling_common import MaskedLMHeadMixin
 
     return isinstance(model, MaskedLMHeadMixin)
@@ -319,7 +332,8 @@ def has_target_only_mlm_head(model: torch.nn.Module) -> bool:
 
 def masked_lm_target_logits(model: torch.nn.Module, input_ids: torch.Tensor, targets: torch.Tensor,
                             position_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """MLM logits at the ``targets`` positions only, ``(num_targets, vocab)`` (``position_ids``: packed documents').
+    """MLM logits at the ``targets`` positions only, ``(num_targets, vocab)`` (``position_ids``: packed
+    documents').
 
     For this package's MLM heads logits = lm_head(h) position-wise, so the head (hidden × vocab per token, the
     bulk of a small model's compute) is applied to the ~15% target rows instead of every position; the loss
@@ -327,15 +341,17 @@ def masked_lm_target_logits(model: torch.nn.Module, input_ids: torch.Tensor, tar
     (``DistributedConfig``: FSDP2 gathers parameters in the root module's forward, which calling
     ``model.lm_head`` alone would skip): the full forward, then selected.
     """
-    if has_target_only_mlm_head(model) and not getattr(model, "is_distributed_loading_by_transformers", False):
+    if has_target_only_mlm_head(model) and not getattr(model, "is_distributed_loading_by_transformers",
+                                                       False):
         hidden = model.model(input_ids=input_ids, position_ids=position_ids).last_hidden_state
         return model.lm_head(hidden[targets])
     return model(input_ids=input_ids, position_ids=position_ids).logits[targets]
 
 
 class TargetOnlyMLMLoss(torch.nn.Module):
-    """Training wrapper of an MLM: ``forward(input_ids, labels)`` → ``MaskedLMOutput(loss=CE over labels != -100)``
-    computed with ``masked_lm_target_logits`` (2–3× faster for the demo-size models than the full head).
+    """Training wrapper of an MLM: ``forward(input_ids, labels)`` →
+    ``MaskedLMOutput(loss=CE over labels != -100)`` computed with ``masked_lm_target_logits`` (2–3× faster for
+    the demo-size models than the full head).
 
     The wrapped model is ``self.model`` (so checkpoints hold ``model.*`` keys); ``_no_split_modules`` is
     forwarded for FSDP's wrap policy.
@@ -346,7 +362,8 @@ class TargetOnlyMLMLoss(torch.nn.Module):
         self.model = model
         self._no_split_modules = getattr(model, "_no_split_modules", None)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor | None = None) -> Any:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> Any:
         from transformers.modeling_outputs import MaskedLMOutput
 
         targets = labels != -100

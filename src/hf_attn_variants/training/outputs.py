@@ -1,17 +1,18 @@
-"""One rule for every command that writes an ``--output_dir`` (``pretrain``, ``finetune``, ``prune``, ``lengthgen``).
+"""One rule for every command that writes an ``--output_dir`` (``pretrain``, ``finetune``, ``prune``,
+``lengthgen``).
 
 Nothing lost, nothing mixed. When a command starts writing it records what it was asked in
-``<output_dir>/run.json`` (``RunRecord``: the command, its arguments, and — set when its last file is written —
-``finished``). A later command on the same folder then does one of three things, decided before it writes
+``<output_dir>/run.json`` (``RunRecord``: the command, its arguments, and — set when its last file is written
+— ``finished``). A later command on the same folder then does one of three things, decided before it writes
 anything (``check_output_folder``):
 
 - the folder is new, empty, or holds only files no run wrote (a user's notes): the run starts there;
 - the folder holds an unfinished run of the same command with the same arguments (``OutputRule.aside``
   excepted: the folder itself, the resume flags, the step budget, logging and checkpoint cadence): the run
   resumes it (the command picks the newest complete checkpoint and says which in one line);
-- anything else — a finished model, another command's run, a run with other arguments, or a run's files without
-  a ``run.json`` (written before this rule): ``FlagError`` naming ``--output_dir``, in one sentence that names the
-  differing flags (value there, value here) and ``--overwrite_output_dir``.
+- anything else — a finished model, another command's run, a run with other arguments, or a run's files
+  without a ``run.json`` (written before this rule): ``FlagError`` naming ``--output_dir``, in one sentence
+  that names the differing flags (value there, value here) and ``--overwrite_output_dir``.
 
 ``--overwrite_output_dir`` clears the folder first (``start_run``), so one folder never holds two runs; it
 refuses to clear a folder that holds the working directory or one of the run's own inputs. An explicit
@@ -51,12 +52,14 @@ MAX_NAMED_FLAGS = 6
 
 @dataclass(kw_only=True)
 class OutputDirArguments:
-    """The flag every command with an ``--output_dir`` shares (a base of the commands' argument dataclasses)."""
+    """The flag every command with an ``--output_dir`` shares (a base of the commands' argument
+    dataclasses)."""
 
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Clear output_dir before writing. Without it, a folder holding an unfinished run with the "
-                  "same arguments is resumed, and a folder holding a finished model or another run is refused."},
+        metadata={"help": "Clear output_dir before writing. Without it, a folder holding an unfinished run "
+                  "with the same arguments is resumed, and a folder holding a finished model or another run "
+                  "is refused."},
     )
 
 
@@ -90,16 +93,18 @@ class OutputRule:
 
     command: str
     aside: frozenset[str] = frozenset()
-    """Arguments (besides ``ALWAYS_ASIDE``) that may differ within one run: the step budget, logging, cadence."""
+    """Arguments (besides ``ALWAYS_ASIDE``) that may differ within one run: the step budget, logging,
+    cadence."""
     run_files: tuple[str, ...] = ()
-    """Glob patterns of what the command writes (besides ``run.json`` and ``MODEL_FILES``): a folder holding one
-    of them holds a run's files."""
+    """Glob patterns of what the command writes (besides ``run.json`` and ``MODEL_FILES``): a folder holding
+    one of them holds a run's files."""
     refuse_finished: bool = True
     """Refuse a finished run with the same arguments (``lengthgen`` does not: rerunning reuses its runs)."""
     continue_hint: str = ""
     """How to continue a finished run, for the refusal (``pretrain``: ``--resume_from_checkpoint``)."""
     legacy_arguments: Callable[[Path], dict[str, Any] | None] | None = None
-    """The arguments of a finished folder written before ``run.json`` existed, if the command can read them."""
+    """The arguments of a finished folder written before ``run.json`` existed, if the command can read
+    them."""
 
 
 @dataclass
@@ -116,22 +121,26 @@ class FolderState:
 
 def json_arguments(*argument_objects: Any) -> dict[str, Any]:
     """The fields of each argument object (dataclasses; ``TrainingArguments`` through its ``to_dict``, which
-    masks tokens; an ``argparse.Namespace``) as one JSON-able dict, as they would read back from ``run.json``."""
+    masks tokens; an ``argparse.Namespace``) as one JSON-able dict, as they would read back from
+    ``run.json``."""
     merged: dict[str, Any] = {}
     for argument_object in argument_objects:
         if hasattr(argument_object, "to_dict"):
             values = argument_object.to_dict()
         elif dataclasses.is_dataclass(argument_object):
-            values = {f.name: getattr(argument_object, f.name) for f in dataclasses.fields(argument_object) if f.init}
+            values = {f.name: getattr(argument_object, f.name) for f in dataclasses.fields(argument_object)
+                      if f.init}
         else:
             values = {k: v for k, v in vars(argument_object).items() if not k.startswith("_")}
         merged.update(values)
     return json.loads(json.dumps(merged, default=str))
 
 
-def differing_flags(recorded: Mapping[str, Any], current: Mapping[str, Any], aside: Iterable[str]) -> list[str]:
-    """The argument names whose values differ between ``recorded`` and ``current`` (a name only one of them has
-    counts when its value is not ``None``), in ``current``'s order, ``aside`` and ``ALWAYS_ASIDE`` left out."""
+def differing_flags(recorded: Mapping[str, Any], current: Mapping[str, Any],
+                    aside: Iterable[str]) -> list[str]:
+    """The argument names whose values differ between ``recorded`` and ``current`` (a name only one of them
+    has counts when its value is not ``None``), in ``current``'s order, ``aside`` and ``ALWAYS_ASIDE`` left
+    out."""
     skip = ALWAYS_ASIDE | set(aside)
     names = [*current, *(name for name in recorded if name not in current)]
     return [name for name in names if name not in skip and recorded.get(name) != current.get(name)]
@@ -151,7 +160,8 @@ def describe_differences(recorded: Mapping[str, Any], current: Mapping[str, Any]
 
 
 def run_files_in(folder: Path, rule: OutputRule) -> list[str]:
-    """The names of what a run wrote in ``folder`` (``run.json``, a model, the command's ``run_files``), sorted."""
+    """The names of what a run wrote in ``folder`` (``run.json``, a model, the command's ``run_files``),
+    sorted."""
     if not folder.is_dir():
         return []
     found = {p.name for pattern in (RUN_FILE, *MODEL_FILES, *rule.run_files) for p in folder.glob(pattern)}
@@ -159,8 +169,9 @@ def run_files_in(folder: Path, rule: OutputRule) -> list[str]:
 
 
 def _refusal(folder: Path, what: str) -> FlagError:
-    return FlagError("output_dir", f"--output_dir {str(folder)!r} holds {what}; choose another --output_dir, or pass "
-                                   "--overwrite_output_dir to clear the folder first.")
+    return FlagError("output_dir",
+                     f"--output_dir {str(folder)!r} holds {what}; choose another --output_dir, or pass "
+                     "--overwrite_output_dir to clear the folder first.")
 
 
 def _record_of(folder: Path, rule: OutputRule) -> RunRecord | None:
@@ -180,10 +191,10 @@ def check_output_folder(rule: OutputRule, output_dir: str | Path, arguments: Map
     (``json_arguments``); reads only. Returns the ``FolderState``; raises ``FlagError`` naming ``output_dir``
     (or ``overwrite_output_dir`` for a folder it must not clear) in one sentence.
 
-    ``resume``: ``--resume_from_checkpoint``. A checkpoint of this folder (``latest``, or one inside it) continues
-    its run, so the folder may hold that run's files, and ``--overwrite_output_dir`` may not clear it; a checkpoint
-    elsewhere starts a run here under the usual rule. ``inputs``: the run's other input paths (flag → path), which
-    ``--overwrite_output_dir`` must not clear either."""
+    ``resume``: ``--resume_from_checkpoint``. A checkpoint of this folder (``latest``, or one inside it)
+    continues its run, so the folder may hold that run's files, and ``--overwrite_output_dir`` may not clear
+    it; a checkpoint elsewhere starts a run here under the usual rule. ``inputs``: the run's other input paths
+    (flag → path), which ``--overwrite_output_dir`` must not clear either."""
     folder = Path(output_dir)
     inputs = {**(inputs or {}), "resume_from_checkpoint": resume_location(folder, resume)}
     explicit_resume = resumes_inside(folder, resume)
@@ -198,8 +209,8 @@ def check_output_folder(rule: OutputRule, output_dir: str | Path, arguments: Map
     record = _record_of(folder, rule)
     if explicit_resume:
         if record is not None and (names := differing_flags(record.arguments, arguments, rule.aside)):
-            logger.warning("%s: resuming in %s with other arguments than the run that wrote it (%s)", rule.command,
-                           folder, describe_differences(record.arguments, arguments, names))
+            logger.warning("%s: resuming in %s with other arguments than the run that wrote it (%s)",
+                           rule.command, folder, describe_differences(record.arguments, arguments, names))
         return FolderState(folder, same_run=record is not None, record=record)
     if record is None:
         return _refuse_unrecorded(folder, found)
@@ -222,33 +233,37 @@ def _refuse_unrecorded(folder: Path, found: list[str]) -> FolderState:
 
 
 def resume_location(folder: str | Path, checkpoint: str | None) -> str | None:
-    """Where ``--resume_from_checkpoint`` reads: the named checkpoint folder, or ``folder`` itself for ``latest``
-    (the newest checkpoint in the output folder); ``None`` when the run does not resume explicitly."""
+    """Where ``--resume_from_checkpoint`` reads: the named checkpoint folder, or ``folder`` itself for
+    ``latest`` (the newest checkpoint in the output folder); ``None`` when the run does not resume
+    explicitly."""
     if not checkpoint:
         return None
     return str(folder) if checkpoint == "latest" else str(checkpoint)
 
 
 def resumes_inside(folder: str | Path, checkpoint: str | None) -> bool:
-    """Whether ``--resume_from_checkpoint`` continues a run of ``folder`` (``latest``, or a checkpoint inside it).
-    Only then may the folder hold that run's files; a checkpoint elsewhere starts a run here under the usual rule."""
+    """Whether ``--resume_from_checkpoint`` continues a run of ``folder`` (``latest``, or a checkpoint inside
+    it). Only then may the folder hold that run's files; a checkpoint elsewhere starts a run here under the
+    usual rule."""
     location = resume_location(folder, checkpoint)
     return location is not None and Path(location).resolve().is_relative_to(Path(folder).resolve())
 
 
 def check_clearable(folder: Path, inputs: Mapping[str, str | None]) -> None:
-    """``FlagError`` naming ``overwrite_output_dir`` when clearing ``folder`` would delete the working directory,
-    the home folder, the filesystem root, or one of the run's ``inputs`` (flag → path)."""
+    """``FlagError`` naming ``overwrite_output_dir`` when clearing ``folder`` would delete the working
+    directory, the home folder, the filesystem root, or one of the run's ``inputs`` (flag → path)."""
     resolved = folder.resolve()
     if (resolved == Path(resolved.anchor) or Path.home().resolve().is_relative_to(resolved)
             or Path.cwd().resolve().is_relative_to(resolved)):
-        raise FlagError("overwrite_output_dir", f"--overwrite_output_dir would clear {str(folder)!r}, which holds "
-                                                "the working directory or the home folder (or is the root); choose "
-                                                "a dedicated --output_dir.")
+        raise FlagError("overwrite_output_dir",
+                        f"--overwrite_output_dir would clear {str(folder)!r}, which holds "
+                        "the working directory or the home folder (or is the root); choose "
+                        "a dedicated --output_dir.")
     for flag, path in inputs.items():
         if path and Path(path).resolve().is_relative_to(resolved):
-            raise FlagError("overwrite_output_dir", f"--overwrite_output_dir would clear {str(folder)!r}, which holds "
-                                                    f"--{flag} {path!r}; choose another --output_dir.")
+            raise FlagError("overwrite_output_dir",
+                            f"--overwrite_output_dir would clear {str(folder)!r}, which holds "
+                            f"--{flag} {path!r}; choose another --output_dir.")
 
 
 def clear_folder(folder: Path) -> None:

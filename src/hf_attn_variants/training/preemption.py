@@ -1,19 +1,22 @@
-"""Preemption: SIGTERM or SIGUSR1 → finish the optimizer step, write a checkpoint, exit with ``PREEMPTED_EXIT_CODE``.
+"""Preemption: SIGTERM or SIGUSR1 → finish the optimizer step, write a checkpoint, exit with
+``PREEMPTED_EXIT_CODE``.
 
 Spot instances, Kubernetes and SLURM send SIGTERM (SLURM with ``--signal=USR1@<s>``: SIGUSR1) some seconds
 before they kill a job; ``torchrun`` leaves 30 s between forwarding SIGTERM to its workers and SIGKILL.
 ``StopSignals`` turns the first such signal into a request (``requested``) instead of an exit; the training
-loops (``pretrain``'s, and ``finetune``'s ``Trainer`` through a callback) look at it after every optimizer step.
+loops (``pretrain``'s, and ``finetune``'s ``Trainer`` through a callback) look at it after every optimizer
+step.
 
-- Every rank stops at the same step: after each step the ranks agree with one all-reduce (``StopSignals.agreed``:
-  MAX of the signal numbers), so a signal that reached one rank only, or the ranks at different steps, stops all of them after
-  the same step; they write that step's checkpoint together and exit with ``PREEMPTED_EXIT_CODE``.
+- Every rank stops at the same step: after each step the ranks agree with one all-reduce
+  (``StopSignals.agreed``: MAX of the signal numbers), so a signal that reached one rank only, or the ranks at
+  different steps, stops all of them after the same step; they write that step's checkpoint together and exit
+  with ``PREEMPTED_EXIT_CODE``.
 - A second signal ends the process at once, with the signal's default action (status 128 + signal number in a
-  shell), as if no handler were installed. A repeat within ``REPEAT_WINDOW_S`` of the first is taken as the same
-  notice delivered twice (a scheduler signals every process of a job, and ``torchrun`` forwards its own copy to
-  the workers), not as a second request.
-- Under ``torchrun``, its agent forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to the workers; to have it forward
-  SIGUSR1 too, set ``TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1``.
+  shell), as if no handler were installed. A repeat within ``REPEAT_WINDOW_S`` of the first is taken as the
+  same notice delivered twice (a scheduler signals every process of a job, and ``torchrun`` forwards its own
+  copy to the workers), not as a second request.
+- Under ``torchrun``, its agent forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to the workers; to have it
+  forward SIGUSR1 too, set ``TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1``.
 
 Global state: Python's signal handlers are process-wide by nature. ``StopSignals`` installs its handlers only
 inside its ``with`` block, only from the main thread (the only one Python lets install them), and restores the
@@ -47,12 +50,14 @@ REPEAT_WINDOW_S = 1.0
 class TrainingPreempted(Exception):
     """A run stopped by a signal after writing the checkpoint of its last finished step; rerun to resume."""
 
-    def __init__(self, command: str, signal_name: str, step: int, checkpoint: Path | None, note: str = "") -> None:
+    def __init__(self, command: str, signal_name: str, step: int, checkpoint: Path | None,
+                 note: str = "") -> None:
         if checkpoint is not None:
-            outcome = (f"wrote the checkpoint {str(checkpoint)!r}; run the same command again to resume (exit status "
-                       f"{PREEMPTED_EXIT_CODE})")
+            outcome = (f"wrote the checkpoint {str(checkpoint)!r}; run the same command again to resume "
+                       f"(exit status {PREEMPTED_EXIT_CODE})")
         else:
-            outcome = f"wrote no checkpoint ({note or 'none could be written'}; exit status {PREEMPTED_EXIT_CODE})"
+            outcome = (f"wrote no checkpoint ({note or 'none could be written'}; "
+                       f"exit status {PREEMPTED_EXIT_CODE})")
         super().__init__(f"stopped by {signal_name} after step {step} and {outcome}.")
         self.command, self.signal_name, self.step, self.checkpoint = command, signal_name, step, checkpoint
 
@@ -76,14 +81,14 @@ class StopSignals:
 
     @property
     def signal_name(self) -> str:
-        """The name of the signal that stopped the run (``"SIGTERM"``; in this process or, after ``agreed``, in
-        another rank), or ``""``."""
+        """The name of the signal that stopped the run (``"SIGTERM"``; in this process or, after ``agreed``,
+        in another rank), or ``""``."""
         number = self.received or self._agreed
         return signal.Signals(number).name if number else ""
 
     def agreed(self, device: object = None) -> bool:
-        """Whether a stop signal arrived in any process of the launch (one all-reduce of the signal numbers when
-        ``torch.distributed`` runs several; every rank must call it at the same point of the loop)."""
+        """Whether a stop signal arrived in any process of the launch (one all-reduce of the signal numbers
+        when ``torch.distributed`` runs several; every rank must call it at the same point of the loop)."""
         self._agreed = max_over_ranks(self.received or 0, device)
         return self._agreed > 0
 
@@ -101,9 +106,10 @@ class StopSignals:
         self._previous = {}
 
     def ignore_after_exit(self) -> None:
-        """The checkpoint is written and this process only has to exit: from now on, and after the block, the stop
-        signals are ignored. For a ``torchrun`` worker: its agent sends SIGTERM to the ranks still running once the
-        first one has exited, which would otherwise replace their ``PREEMPTED_EXIT_CODE`` by a death by signal."""
+        """The checkpoint is written and this process only has to exit: from now on, and after the block, the
+        stop signals are ignored. For a ``torchrun`` worker: its agent sends SIGTERM to the ranks still
+        running once the first one has exited, which would otherwise replace their ``PREEMPTED_EXIT_CODE`` by
+        a death by signal."""
         self._first_at = float("inf")  # every further signal counts as a repeat of the first
         self._previous = {number: signal.SIG_IGN for number in self._previous}
 
@@ -111,8 +117,8 @@ class StopSignals:
         now = self.clock()
         if self.received is None:
             self.received, self._first_at = number, now
-            logger.warning("%s received: finishing this optimizer step, then writing a checkpoint (a second signal "
-                           "ends the process at once)", signal.Signals(number).name)
+            logger.warning("%s received: finishing this optimizer step, then writing a checkpoint (a second "
+                           "signal ends the process at once)", signal.Signals(number).name)
             return
         if now - self._first_at < REPEAT_WINDOW_S:  # (always after ignore_after_exit)
             return
@@ -136,8 +142,8 @@ def stop_signals(stop: StopSignals | None) -> Iterator[StopSignals]:
 
 
 def preempted_exit(command: str, stopped: TrainingPreempted, stop: StopSignals) -> int:
-    """The CLI's end of a preempted run: its one line (from the main process), the stop signals ignored from now
-    on in a ``torchrun`` worker (``StopSignals.ignore_after_exit``), and ``PREEMPTED_EXIT_CODE``."""
+    """The CLI's end of a preempted run: its one line (from the main process), the stop signals ignored from
+    now on in a ``torchrun`` worker (``StopSignals.ignore_after_exit``), and ``PREEMPTED_EXIT_CODE``."""
     from ..cli_utils import fail
 
     if launched_by_torchrun():
@@ -149,11 +155,12 @@ def preempted_exit(command: str, stopped: TrainingPreempted, stop: StopSignals) 
 
 def run_training_command(command: str, train: Callable[..., Any], namespace: argparse.Namespace,
                          *dataclass_types: type) -> int:
-    """The CLI entry of ``pretrain`` and ``finetune``: the stop signals are caught from the start (a signal during
-    setup stops the run after its first step); ``train(*arguments, stop)`` runs with the flags parsed into
-    ``dataclass_types``. Returns 0; 2 after one error line for a bad flag value, output folder or checkpoint file
-    (``FlagError``); ``PREEMPTED_EXIT_CODE`` after a stop signal (``preempted_exit``); ``SAVE_FAILED_EXIT_CODE``
-    after one line for a save that failed (``safe_state.SaveFailed``: a full disk)."""
+    """The CLI entry of ``pretrain`` and ``finetune``: the stop signals are caught from the start (a signal
+    during setup stops the run after its first step); ``train(*arguments, stop)`` runs with the flags parsed
+    into ``dataclass_types``. Returns 0; 2 after one error line for a bad flag value, output folder or
+    checkpoint file (``FlagError``); ``PREEMPTED_EXIT_CODE`` after a stop signal (``preempted_exit``);
+    ``SAVE_FAILED_EXIT_CODE`` after one line for a save that failed (``safe_state.SaveFailed``: a full
+    disk)."""
     from ..cli_utils import FlagError, dataclasses_from_namespace, fail, fail_flag
     from .safe_state import SAVE_FAILED_EXIT_CODE, SaveFailed
 
@@ -174,10 +181,11 @@ def run_training_command(command: str, train: Callable[..., Any], namespace: arg
 
 
 def end_of_launch() -> None:
-    """A ``torchrun`` worker's orderly end after a finished run: every rank meets at a barrier, then the process
-    group is destroyed, so that no rank's communication threads outlive the peers' sockets (left to interpreter
-    exit, a rank can abort with "terminate called without an active exception" when its peer exits first).
-    Nothing outside a torchrun worker, or when the run already closed its group (``ShardedRuntime.close``)."""
+    """A ``torchrun`` worker's orderly end after a finished run: every rank meets at a barrier, then the
+    process group is destroyed, so that no rank's communication threads outlive the peers' sockets (left to
+    interpreter exit, a rank can abort with "terminate called without an active exception" when its peer exits
+    first). Nothing outside a torchrun worker, or when the run already closed its group
+    (``ShardedRuntime.close``)."""
     import torch.distributed as dist
 
     if launched_by_torchrun() and dist.is_available() and dist.is_initialized():

@@ -1,47 +1,50 @@
 """``hf-attn-variants pretrain``: MLM or CLM pretraining of any family, with ``accelerate`` or sharded.
 
 Flags follow transformers' ``examples/pytorch/language-modeling/run_mlm_no_trainer.py``
-(``arguments.PretrainArguments``). The same loop runs in one process, under ``accelerate launch`` / ``torchrun``
-(DDP, accelerate's FSDP; see ``scripts/accelerate/``), in-process through the Python API
-``pretrain(PretrainArguments(...))``, or — with ``--fsdp_size`` / ``--tp_size`` / ``--dp_replicate_size`` under
-``torchrun`` — on a model sharded by Transformers' ``DistributedConfig`` (FSDP2, tensor parallelism, HSDP; CPU
-and GPU; ``sharded.py``). The loop talks to a ``runtime.TrainingRuntime`` (``AccelerateRuntime`` or
+(``arguments.PretrainArguments``). The same loop runs in one process, under ``accelerate launch`` /
+``torchrun`` (DDP, accelerate's FSDP; see ``scripts/accelerate/``), in-process through the Python API
+``pretrain(PretrainArguments(...))``, or — with ``--fsdp_size`` / ``--tp_size`` / ``--dp_replicate_size``
+under ``torchrun`` — on a model sharded by Transformers' ``DistributedConfig`` (FSDP2, tensor parallelism,
+HSDP; CPU and GPU; ``sharded.py``). The loop talks to a ``runtime.TrainingRuntime`` (``AccelerateRuntime`` or
 ``ShardedRuntime``) for everything that differs between the two.
 
 Structure: ``check_arguments`` → ``make_runtime`` → ``setup`` (the output folder and the checkpoint to resume,
-tokenizer, config, data, model, optimizer, scheduler → ``TrainingSetup``) → ``restore`` (checkpoint) → ``train``
-(``train_epoch`` → per micro-batch ``micro_batch_inputs`` and ``forward_backward``, per update ``optimizer_step``
-and ``after_update``: ``log_row``, ``evaluate``, ``save_checkpoint``) → ``save_outputs``.
+tokenizer, config, data, model, optimizer, scheduler → ``TrainingSetup``) → ``restore`` (checkpoint) →
+``train`` (``train_epoch`` → per micro-batch ``micro_batch_inputs`` and ``forward_backward``, per update
+``optimizer_step`` and ``after_update``: ``log_row``, ``evaluate``, ``save_checkpoint``) → ``save_outputs``.
 
 Exact resume. Every source of randomness in a training step is a pure function of the run's seed and the
 position in the data, never of what ran before in the process:
 - data order: ``EpochShuffleSampler`` (permutation seeded with seed + epoch); after a resume the epoch's
-  already-seen batches are skipped (``accelerator.skip_first_batches``; sharded: the batch sampler's ``skip``);
+  already-seen batches are skipped (``accelerator.skip_first_batches``; sharded: the batch sampler's
+  ``skip``);
 - MLM masks: per block, seeded with ``mix_seed(seed, epoch, block index)`` (see ``data.mask_tokens``);
 - dropout: the global torch RNG is reseeded before every micro-batch with
   ``mix_seed(seed, "step", global micro-batch index, data-parallel rank)``.
 Checkpoints (``output_dir/checkpoints/step_<k>``: model safetensors, AdamW state, scheduler and RNG states in
-files that load without unpickling anything — ``safe_state.py`` — plus ``training_state.json`` with the size and
-sha256 of every file; ``checkpoints.py``) are written to a temporary folder and renamed, so a killed run never
-leaves a partial checkpoint, a checkpoint damaged later is named by its bad file, and a save that fails (a full
-disk) leaves the earlier ones intact. One run writes an output folder at a time (``runlock.py``). Resuming from step k therefore reproduces the losses of an uninterrupted run bit for bit (same
-process count and batch sizes), and ``train_log.jsonl`` is cut back to the rows with step ≤ k first. The log is
-also flushed at each checkpoint step so that logging windows never straddle a checkpoint.
+files that load without unpickling anything — ``safe_state.py`` — plus ``training_state.json`` with the size
+and sha256 of every file; ``checkpoints.py``) are written to a temporary folder and renamed, so a killed run
+never leaves a partial checkpoint, a checkpoint damaged later is named by its bad file, and a save that fails
+(a full disk) leaves the earlier ones intact. One run writes an output folder at a time (``runlock.py``).
+Resuming from step k therefore reproduces the losses of an uninterrupted run bit for bit (same process count
+and batch sizes), and ``train_log.jsonl`` is cut back to the rows with step ≤ k first. The log is also flushed
+at each checkpoint step so that logging windows never straddle a checkpoint.
 
-Streaming (``--streaming``; ``sources.py``, ``streaming.py``). The data is a ``datasets.IterableDataset`` read as
-training goes: each data-parallel rank tokenizes and packs its own part of the stream (``TrainStream``), the run
-is one "epoch" of ``--max_train_steps`` updates (the stream starts its next pass by itself), MLM masks are seeded
-per block by the block's run-wide number, and every checkpoint also holds each rank's stream position and packer
-buffer (``data_state/``), so a resume continues on exactly the next block. ``--packing documents`` (either way of
-reading) gives the blocks ``position_ids`` restarting at every document; they go to the model with the inputs.
-Every ``train_log.jsonl`` row has ``tokens`` and ``tokens_per_second`` (and ``mfu`` where the peak is known;
-``throughput.py``).
+Streaming (``--streaming``; ``sources.py``, ``streaming.py``). The data is a ``datasets.IterableDataset`` read
+as training goes: each data-parallel rank tokenizes and packs its own part of the stream (``TrainStream``),
+the run is one "epoch" of ``--max_train_steps`` updates (the stream starts its next pass by itself), MLM masks
+are seeded per block by the block's run-wide number, and every checkpoint also holds each rank's stream
+position and packer buffer (``data_state/``), so a resume continues on exactly the next block.
+``--packing documents`` (either way of reading) gives the blocks ``position_ids`` restarting at every
+document; they go to the model with the inputs. Every ``train_log.jsonl`` row has ``tokens`` and
+``tokens_per_second`` (and ``mfu`` where the peak is known; ``throughput.py``).
 
 Re-runs and preemption (``outputs.py``, ``preemption.py``). Rerunning the same command resumes from the newest
 complete checkpoint in ``--output_dir`` (one line says which); a folder holding a finished model or another
 run's files is refused before anything is written, unless ``--overwrite_output_dir``. On SIGTERM/SIGUSR1 every
 rank finishes the same optimizer step, writes its checkpoint, and the command exits with
-``PREEMPTED_EXIT_CODE`` (75). ``--save_total_limit N`` keeps the newest N checkpoints and the one resumed from.
+``PREEMPTED_EXIT_CODE`` (75). ``--save_total_limit N`` keeps the newest N checkpoints and the one resumed
+from.
 
 Mixed-length pretraining (``mixed_length_splits``; Su 2022, "听说Attention与Softmax更配哦~", the second
 remedy for key-count-normalised attention): each micro-batch's blocks are cut into k equal pieces, k drawn
@@ -187,12 +190,14 @@ class TrainingSetup:
     num_epochs: int
     special_ids: list[int]
     checkpoint: Path | None
-    """The checkpoint the run resumes from (``--resume_from_checkpoint``, or its folder's newest complete one)."""
+    """The checkpoint the run resumes from (``--resume_from_checkpoint``, or its folder's newest complete
+    one)."""
     stream: TrainStream | None = None
     """``--streaming``: this rank's batches, read as training goes (``blocks["train"]`` is then ``None``)."""
     flops_per_token: float = 0.0
     peak_flops: float | None = None
-    """The device's peak FLOP/s (``throughput.device_peak_flops``), ``None`` where unknown: no ``mfu`` then."""
+    """The device's peak FLOP/s (``throughput.device_peak_flops``), ``None`` where unknown: no ``mfu``
+    then."""
 
     @property
     def output_dir(self) -> Path:
@@ -233,7 +238,8 @@ class LoopState:
     window_started: float = field(default_factory=time.perf_counter)
     """Tokens trained on since the last ``train_log.jsonl`` row, and when that window began."""
     stop: StopSignals | None = None
-    """SIGTERM/SIGUSR1 (``preemption.py``): after the step they arrive in, every rank checkpoints and stops."""
+    """SIGTERM/SIGUSR1 (``preemption.py``): after the step they arrive in, every rank checkpoints and
+    stops."""
 
 
 # ---------------------------------------------------------------- small pieces
@@ -268,17 +274,19 @@ def _training_blocks(args: PretrainArguments, tokenizer: Any, runtime: TrainingR
 
 
 def _load_blocks(args: PretrainArguments, tokenizer: Any, runtime: TrainingRuntime) -> dict[str, Any]:
-    """The train and validation texts as blocks of ``--max_seq_length`` tokens (``FlagError`` when the training
-    data holds fewer), cut to ``--max_train_samples`` / ``--max_eval_samples``."""
+    """The train and validation texts as blocks of ``--max_seq_length`` tokens (``FlagError`` when the
+    training data holds fewer), cut to ``--max_train_samples`` / ``--max_eval_samples``."""
     with runtime.main_process_first():
         eos = tokenizer.eos_token_id if args.objective == "clm" else None
         with quiet_progress():  # the checks: a bad file prints its one error line alone
             raw = _raw_texts(args)
             if not holds_tokens(raw["train"], tokenizer, args.max_seq_length, eos):
                 raise FlagError(_source_flag(args),
-                                f"The training data holds fewer than max_seq_length={args.max_seq_length} tokens.")
+                                "The training data holds fewer than "
+                                f"max_seq_length={args.max_seq_length} tokens.")
         blocks = {
-            split: group_into_blocks(raw[split], tokenizer, args.max_seq_length, args.preprocessing_num_workers, eos,
+            split: group_into_blocks(raw[split], tokenizer, args.max_seq_length,
+                                     args.preprocessing_num_workers, eos,
                                      documents=args.packing == "documents")
             for split in ("train", "validation")
         }
@@ -299,15 +307,18 @@ def _source_flag(args: PretrainArguments) -> str:
 def _raw_texts(args: PretrainArguments) -> Any:
     """The ``text`` ``DatasetDict`` of ``--dataset_name``, ``--train_file`` or the embedded corpus."""
     if args.dataset_name is not None:
-        return load_named_dataset(args.dataset_name, args.dataset_config_name, text_column_name=args.text_column_name,
+        return load_named_dataset(args.dataset_name, args.dataset_config_name,
+                                  text_column_name=args.text_column_name,
                                   validation_split_percentage=args.validation_split_percentage)
     return load_text_datasets(args.train_file, args.validation_file, text_column_name=args.text_column_name,
                               validation_split_percentage=args.validation_split_percentage)
 
 
-def _stream_data(args: PretrainArguments, tokenizer: Any, runtime: TrainingRuntime) -> tuple[TrainStream, Any]:
+def _stream_data(args: PretrainArguments, tokenizer: Any,
+                 runtime: TrainingRuntime) -> tuple[TrainStream, Any]:
     """``--streaming``: this rank's ``TrainStream`` and the validation blocks (``sources.py``); ``FlagError``
-    when the start of the stream holds fewer than ``--max_seq_length`` tokens. Reads only the examples it needs."""
+    when the start of the stream holds fewer than ``--max_seq_length`` tokens. Reads only the examples it
+    needs."""
     from datasets import Dataset
 
     eos = tokenizer.eos_token_id if args.objective == "clm" else None
@@ -316,28 +327,33 @@ def _stream_data(args: PretrainArguments, tokenizer: Any, runtime: TrainingRunti
         texts, held_out = stream_validation_texts(args, train)
         if not holds_tokens(training_stream(train, held_out), tokenizer, args.max_seq_length, eos):
             raise FlagError(_source_flag(args),
-                            f"The training data holds fewer than max_seq_length={args.max_seq_length} tokens.")
-        validation = group_into_blocks(Dataset.from_dict({"text": texts}), tokenizer, args.max_seq_length,
-                                       append_eos_id=eos, documents=args.packing == "documents") if texts else None
+                            "The training data holds fewer than "
+                            f"max_seq_length={args.max_seq_length} tokens.")
+        validation = (group_into_blocks(Dataset.from_dict({"text": texts}), tokenizer, args.max_seq_length,
+                                        append_eos_id=eos, documents=args.packing == "documents")
+                      if texts else None)
     rank, world = runtime.process_index, runtime.num_processes
     check_every_rank_reads(args, rank_share(train, held_out, rank, world), runtime, len(held_out))
-    packed = PackedStream(rank_token_stream(train, held_out, tokenizer, eos, rank, world), args.max_seq_length,
-                          documents=args.packing == "documents", rank=rank, world=world, name=_source_flag(args))
+    packed = PackedStream(rank_token_stream(train, held_out, tokenizer, eos, rank, world),
+                          args.max_seq_length, documents=args.packing == "documents", rank=rank, world=world,
+                          name=_source_flag(args))
     return TrainStream(packed, args.per_device_train_batch_size, rank), validation
 
 
-def check_every_rank_reads(args: PretrainArguments, share: Any, runtime: TrainingRuntime, held_out: int) -> None:
-    """``FlagError`` on every rank (one all-reduce) when some data-parallel rank's ``share`` of the stream (its text,
-    ``sources.rank_share``) is empty: too few shards or examples for the ranks, or all of a rank's examples held
-    out for validation."""
+def check_every_rank_reads(args: PretrainArguments, share: Any, runtime: TrainingRuntime,
+                           held_out: int) -> None:
+    """``FlagError`` on every rank (one all-reduce) when some data-parallel rank's ``share`` of the stream
+    (its text, ``sources.rank_share``) is empty: too few shards or examples for the ranks, or all of a rank's
+    examples held out for validation."""
     empty = torch.tensor(float(next(iter(share), None) is None), device=runtime.device)
     ranks = int(runtime.reduce(empty, reduction="sum")) if runtime.num_processes > 1 else int(empty)
     if ranks:
-        held = f" after the {held_out} example(s) held out for validation (--max_eval_samples)" if held_out else ""
+        held = (f" after the {held_out} example(s) held out for validation (--max_eval_samples)" if held_out
+                else "")
         raise FlagError(_source_flag(args),
-                        f"{_source_flag(args)}: {ranks} of {runtime.num_processes} data-parallel rank(s) get no "
-                        f"training example from the stream{held}; give the corpus more examples or shards (at least "
-                        "one per rank), or pass --validation_file.")
+                        f"{_source_flag(args)}: {ranks} of {runtime.num_processes} data-parallel rank(s) get "
+                        f"no training example from the stream{held}; give the corpus more examples or shards "
+                        "(at least one per rank), or pass --validation_file.")
 
 
 # ---------------------------------------------------------------- setup
@@ -350,9 +366,11 @@ def check_arguments(args: PretrainArguments) -> None:
     if args.with_tracking:
         import importlib.util
 
-        if importlib.util.find_spec("tensorboard") is None and importlib.util.find_spec("tensorboardX") is None:
+        if (importlib.util.find_spec("tensorboard") is None
+                and importlib.util.find_spec("tensorboardX") is None):
             raise FlagError("with_tracking",
-                            "with_tracking logs to TensorBoard, which is not installed (pip install tensorboard).")
+                            "with_tracking logs to TensorBoard, which is not installed (pip install "
+                            "tensorboard).")
     if args.layout.sharded:
         check_layout(args.layout)
 
@@ -393,10 +411,10 @@ def build_or_check_model(args: PretrainArguments, config: Any) -> torch.nn.Modul
 
 
 def sharded_model(args: PretrainArguments, config: Any, runtime: TrainingRuntime) -> torch.nn.Module:
-    """The model of a sharded run: rank 0 builds the model with the seed into ``checkpoints/.initial_model`` (or
-    ``--model_name_or_path`` is used), then every rank loads it sharded (``ShardedRuntime.load_model``); the MLM
-    head runs on every position there (FSDP2 gathers parameters in the root module's forward, which calling
-    ``model.lm_head`` alone would skip)."""
+    """The model of a sharded run: rank 0 builds the model with the seed into ``checkpoints/.initial_model``
+    (or ``--model_name_or_path`` is used), then every rank loads it sharded (``ShardedRuntime.load_model``);
+    the MLM head runs on every position there (FSDP2 gathers parameters in the root module's forward, which
+    calling ``model.lm_head`` alone would skip)."""
     from accelerate.utils import set_seed
 
     model_class = model_class_for(config, LM_AUTO_CLASSES[args.objective])[0]
@@ -426,7 +444,8 @@ def remove_initial_model(args: PretrainArguments) -> None:
 
 def make_optimizer(args: PretrainArguments, model: torch.nn.Module) -> torch.optim.Optimizer:
     """AdamW over ``parameter_groups``; the fused implementation (one kernel for all tensors, as ``Trainer``'s
-    default ``adamw_torch_fused``) except on a sharded model, whose DTensor parameters keep the default one."""
+    default ``adamw_torch_fused``) except on a sharded model, whose DTensor parameters keep the default
+    one."""
     return torch.optim.AdamW(
         parameter_groups(model, args.weight_decay),
         lr=args.learning_rate,
@@ -442,20 +461,22 @@ def check_output_folder_of(args: PretrainArguments) -> FolderState:
               "model_name_or_path": args.model_name_or_path, "config_name": args.config_name,
               "tokenizer_name": args.tokenizer_name}
     return check_output_folder(PRETRAIN_RULE, args.output_dir, json_arguments(args),
-                               overwrite=args.overwrite_output_dir, resume=args.resume_from_checkpoint, inputs=inputs)
+                               overwrite=args.overwrite_output_dir, resume=args.resume_from_checkpoint,
+                               inputs=inputs)
 
 
 def checkpoint_to_resume(args: PretrainArguments, folder: FolderState) -> Path | None:
     """``--resume_from_checkpoint``'s checkpoint; else, in a folder holding this run unfinished, its newest
-    complete checkpoint (broken newer ones skipped with a warning); else ``None``. One line says which checkpoint
-    the run continues from. A checkpoint of the other kind of launch (sharded or not) is refused
+    complete checkpoint (broken newer ones skipped with a warning); else ``None``. One line says which
+    checkpoint the run continues from. A checkpoint of the other kind of launch (sharded or not) is refused
     (``check_checkpoint_kind``)."""
     if args.resume_from_checkpoint:
         chosen = named_checkpoint(args.output_dir, args.resume_from_checkpoint)
         reason = ("the newest complete checkpoint in --output_dir (--resume_from_checkpoint latest)"
                   if args.resume_from_checkpoint == "latest" else "as --resume_from_checkpoint names it")
     else:
-        chosen = newest_resumable("pretrain", pretrain_checkpoints(args.output_dir)) if folder.same_run else None
+        chosen = (newest_resumable("pretrain", pretrain_checkpoints(args.output_dir)) if folder.same_run
+                  else None)
         reason = AUTOMATIC
     if chosen is None:
         return None
@@ -468,17 +489,19 @@ def checkpoint_to_resume(args: PretrainArguments, folder: FolderState) -> Path |
 
 
 def check_stream_position(checkpoint: Path, args: PretrainArguments) -> None:
-    """``FlagError`` naming ``resume_from_checkpoint`` when ``--streaming`` and the checkpoint disagree: a streamed run
-    needs the stream position the checkpoint of a streamed run holds (``data_state/``), a whole-data run cannot use
-    one (its data order is the epoch permutation's)."""
+    """``FlagError`` naming ``resume_from_checkpoint`` when ``--streaming`` and the checkpoint disagree: a
+    streamed run needs the stream position the checkpoint of a streamed run holds (``data_state/``), a
+    whole-data run cannot use one (its data order is the epoch permutation's)."""
     held = (checkpoint / DATA_STATE_DIR).is_dir()
     if held == args.streaming:
         return
     if args.streaming:
-        raise FlagError("resume_from_checkpoint", f"resume_from_checkpoint: {checkpoint} holds no stream position "
-                                                  f"({DATA_STATE_DIR}/): it was written by a run without --streaming.")
+        raise FlagError("resume_from_checkpoint",
+                        f"resume_from_checkpoint: {checkpoint} holds no stream position "
+                        f"({DATA_STATE_DIR}/): it was written by a run without --streaming.")
     raise FlagError("resume_from_checkpoint", f"resume_from_checkpoint: {checkpoint} holds a stream position "
-                                              f"({DATA_STATE_DIR}/): it was written with --streaming; pass it again.")
+                                              f"({DATA_STATE_DIR}/): it was written with --streaming; pass "
+                                              "it again.")
 
 
 def start_writing(args: PretrainArguments, runtime: TrainingRuntime, folder: FolderState) -> None:
@@ -579,8 +602,8 @@ def micro_batch_inputs(run: TrainingSetup, batch: dict[str, torch.Tensor], epoch
                        micro: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_ids, labels)`` of the ``micro``-th (1-based) micro-batch of ``epoch``: MLM masks seeded per
     block; CLM labels are the inputs, except at the first token of each packed document (``--packing
-    documents``: nothing predicts it across the boundary); mixed-length pretraining cuts the blocks into k pieces
-    (k seeded per micro-batch)."""
+    documents``: nothing predicts it across the boundary); mixed-length pretraining cuts the blocks into k
+    pieces (k seeded per micro-batch)."""
     args = run.args
     input_ids = batch["input_ids"]
     if args.objective == "mlm":
@@ -605,8 +628,9 @@ def forward_backward(run: TrainingSetup, input_ids: torch.Tensor, labels: torch.
     """Loss of one micro-batch and its gradients (scaled by 1/window), reduced across ranks only if ``sync``.
     ``position_ids``: packed documents' positions (restarting at each document), else none."""
     runtime = run.runtime
-    inputs = {"input_ids": input_ids, "labels": labels} | ({"position_ids": position_ids} if position_ids is not None
-                                                           else {})
+    inputs = {"input_ids": input_ids, "labels": labels}
+    if position_ids is not None:
+        inputs["position_ids"] = position_ids
     with runtime.accumulate(run.model, sync):
         with runtime.forward_context():
             loss = run.model(**inputs).loss
@@ -627,7 +651,8 @@ def optimizer_step(run: TrainingSetup) -> torch.Tensor | None:
 
 
 def checkpoint_name(run: TrainingSetup, completed: int, epoch: int, epoch_end: bool) -> str | None:
-    """``step_<k>`` every ``--checkpointing_steps`` steps, ``epoch_<e>`` at epoch ends with ``epoch``, else None."""
+    """``step_<k>`` every ``--checkpointing_steps`` steps, ``epoch_<e>`` at epoch ends with ``epoch``, else
+    None."""
     every = run.args.checkpointing_steps
     if every and every.isdigit() and completed % int(every) == 0:
         return f"step_{completed}"
@@ -639,17 +664,19 @@ def checkpoint_name(run: TrainingSetup, completed: int, epoch: int, epoch_end: b
 def checkpoint_state(run: TrainingSetup, state_of_loop: LoopState, epoch: int) -> dict[str, Any]:
     """``training_state.json``: the step, epoch and tokens trained on (and, for a sharded run, its format and
     global batch)."""
-    state: dict[str, Any] = {"completed_steps": state_of_loop.completed, "epoch": epoch, "tokens": state_of_loop.tokens}
+    state: dict[str, Any] = {"completed_steps": state_of_loop.completed, "epoch": epoch,
+                             "tokens": state_of_loop.tokens}
     if run.args.layout.sharded:
-        state.update(sharded=True, global_batch_size=run.args.per_device_train_batch_size * run.args.layout.dp_size,
+        state.update(sharded=True,
+                     global_batch_size=run.args.per_device_train_batch_size * run.args.layout.dp_size,
                      layout=asdict(run.args.layout))
     return state
 
 
 # ---------------------------------------------------------------- logging
 def throughput_fields(run: TrainingSetup, state: LoopState) -> dict[str, float | int]:
-    """``tokens`` (trained on so far, every rank), ``tokens_per_second`` over the window since the last row, and
-    ``mfu`` where the device's peak is known (``throughput.py``)."""
+    """``tokens`` (trained on so far, every rank), ``tokens_per_second`` over the window since the last row,
+    and ``mfu`` where the device's peak is known (``throughput.py``)."""
     seconds = max(time.perf_counter() - state.window_started, 1e-9)
     rate = state.window_tokens / seconds
     fields_ = {"tokens": state.tokens, "tokens_per_second": round(rate, 1)}
@@ -667,15 +694,16 @@ def evaluate(run: TrainingSetup) -> dict[str, float]:
     args = run.args
     result = evaluate_lm(
         language_model(run.runtime.unwrap_model(run.model)), run.eval_blocks, objective=args.objective,
-        tokenizer=run.tokenizer, batch_size=args.per_device_eval_batch_size, mlm_probability=args.mlm_probability,
-        seed=args.seed, accelerator=run.runtime,
+        tokenizer=run.tokenizer, batch_size=args.per_device_eval_batch_size,
+        mlm_probability=args.mlm_probability, seed=args.seed, accelerator=run.runtime,
     )
     run.model.train()
     keys = ("loss", "perplexity", "accuracy") if args.objective == "mlm" else ("loss", "perplexity")
     return {f"eval_{k}": result[k] for k in keys}
 
 
-def log_row(run: TrainingSetup, state: LoopState, grad_norm: torch.Tensor | None, eval_due: bool) -> dict[str, Any]:
+def log_row(run: TrainingSetup, state: LoopState, grad_norm: torch.Tensor | None,
+            eval_due: bool) -> dict[str, Any]:
     """One ``train_log.jsonl`` row: the mean loss since the last row (over ranks), lr, grad norm, evaluation;
     appended by the main process, sent to TensorBoard under ``--with_tracking``."""
     mean_loss = run.runtime.reduce(state.log_loss / state.log_updates, reduction="mean")
@@ -708,14 +736,16 @@ def log_row(run: TrainingSetup, state: LoopState, grad_norm: torch.Tensor | None
 def stop_requested(run: TrainingSetup, state: LoopState) -> bool:
     """Whether any rank received SIGTERM/SIGUSR1 (one all-reduce: every rank answers the same after the same
     step), and the run still has steps to do (a signal during the last one lets it finish normally)."""
-    return state.stop is not None and state.stop.agreed(run.runtime.device) and state.completed < run.max_steps
+    return (state.stop is not None and state.stop.agreed(run.runtime.device)
+            and state.completed < run.max_steps)
 
 
 def after_update(run: TrainingSetup, state: LoopState, epoch: int, epoch_end: bool,
                  grad_norm: torch.Tensor | None, progress: Any) -> None:
     """Book-keeping after an optimizer step: progress, logging (every ``--logging_steps``, at evaluations and
-    checkpoints), evaluation (``--eval_steps``, epoch ends, the last step), checkpoints; after a stop signal, the
-    checkpoint of this step (no evaluation: the time before the kill is short) and ``TrainingPreempted``."""
+    checkpoints), evaluation (``--eval_steps``, epoch ends, the last step), checkpoints; after a stop signal,
+    the checkpoint of this step (no evaluation: the time before the kill is short) and
+    ``TrainingPreempted``."""
     args = run.args
     state.completed += 1
     progress.update(1)
@@ -723,7 +753,8 @@ def after_update(run: TrainingSetup, state: LoopState, epoch: int, epoch_end: bo
     state.log_updates += 1
     state.window_loss.zero_()
     stopping = stop_requested(run, state)
-    name = checkpoint_name(run, state.completed, epoch, epoch_end) or (f"step_{state.completed}" if stopping else None)
+    name = (checkpoint_name(run, state.completed, epoch, epoch_end)
+            or (f"step_{state.completed}" if stopping else None))
     eval_due = not stopping and bool(state.completed == run.max_steps or epoch_end
                                      or (args.eval_steps and state.completed % args.eval_steps == 0))
     if eval_due or name or state.completed % args.logging_steps == 0:
@@ -737,7 +768,8 @@ def after_update(run: TrainingSetup, state: LoopState, epoch: int, epoch_end: bo
                                 needed=lambda: training_state_bytes(run.model))
         if stopping:
             raise TrainingPreempted("pretrain", state.stop.signal_name, state.completed, saved)
-    if state.window_tokens == 0:  # a row was written: the next window starts now (evaluation, checkpoint excluded)
+    # a row was written: the next window starts now (evaluation, checkpoint excluded)
+    if state.window_tokens == 0:
         state.window_started = time.perf_counter()
 
 
@@ -748,7 +780,8 @@ def train_epoch(run: TrainingSetup, state: LoopState, epoch: int, progress: Any)
     run.model.train()
     skip = (state.completed - epoch * run.updates_per_epoch) * ga
     micro = skip
-    source = run.stream.batches(runtime.device) if run.stream is not None else runtime.epoch_batches(epoch, skip)
+    source = (run.stream.batches(runtime.device) if run.stream is not None
+              else runtime.epoch_batches(epoch, skip))
     for batch in source:
         torch.manual_seed(mix_seed(args.seed, "step", epoch * batches + micro, runtime.process_index))
         window_start = micro // ga * ga
@@ -770,13 +803,15 @@ def train_epoch(run: TrainingSetup, state: LoopState, epoch: int, progress: Any)
 
 
 def train(run: TrainingSetup, completed: tuple[int, int], stop: StopSignals | None = None) -> LoopState:
-    """Train from ``completed`` = (optimizer steps, tokens) done to ``max_steps`` (with a ``tqdm`` bar on each node's
-    main process); a stop signal in ``stop`` ends it early with ``TrainingPreempted`` after a checkpoint."""
+    """Train from ``completed`` = (optimizer steps, tokens) done to ``max_steps`` (with a ``tqdm`` bar on each
+    node's main process); a stop signal in ``stop`` ends it early with ``TrainingPreempted`` after a
+    checkpoint."""
     from tqdm.auto import tqdm
 
     args, runtime = run.args, run.runtime
     if args.with_tracking:
-        runtime.init_trackers({k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))})
+        runtime.init_trackers({k: v for k, v in asdict(args).items()
+                               if isinstance(v, (int, float, str, bool))})
     device = runtime.device
     completed, tokens = completed
     state = LoopState(completed=completed, window_loss=torch.zeros((), device=device),
@@ -798,7 +833,8 @@ def train(run: TrainingSetup, completed: tuple[int, int], stop: StopSignals | No
 
 # ---------------------------------------------------------------- outputs
 def dataset_info(args: PretrainArguments) -> dict[str, str]:
-    """``dataset``, ``dataset_name`` and ``dataset_description`` of ``pretrain_args.json`` (the model card's)."""
+    """``dataset``, ``dataset_name`` and ``dataset_description`` of ``pretrain_args.json`` (the model
+    card's)."""
     if args.dataset_name is not None:
         config = f" ({args.dataset_config_name})" if args.dataset_config_name else ""
         return {"dataset": args.dataset_name, "dataset_name": Path(args.dataset_name).name + config,
@@ -807,7 +843,8 @@ def dataset_info(args: PretrainArguments) -> dict[str, str]:
         return {"dataset": CORPUS_NAME, "dataset_name": "pydoc_data.topics (Python Language Reference)",
                 "dataset_description": CORPUS_DESCRIPTION}
     files = args.train_file.split(",")
-    return {"dataset": args.train_file, "dataset_name": Path(files[0]).name + (f" (+{len(files) - 1})" * (len(files) > 1)),
+    return {"dataset": args.train_file,
+            "dataset_name": Path(files[0]).name + (f" (+{len(files) - 1})" * (len(files) > 1)),
             "dataset_description": f"local file(s) {args.train_file}"}
 
 
@@ -822,7 +859,8 @@ def save_outputs(run: TrainingSetup, state: LoopState) -> None:
         run.tokenizer.model_max_length = model.config.max_position_embeddings
         run.tokenizer.save_pretrained(args.output_dir)
         epoch = round(state.completed / run.updates_per_epoch, 4)
-        results = {**state.metrics, "train_loss": state.last_row.get("loss"), "step": state.completed, "epoch": epoch}
+        results = {**state.metrics, "train_loss": state.last_row.get("loss"), "step": state.completed,
+                   "epoch": epoch}
         (run.output_dir / "all_results.json").write_text(json.dumps(results, indent=2))
         info = {
             **asdict(args),
@@ -847,12 +885,13 @@ def save_outputs(run: TrainingSetup, state: LoopState) -> None:
 def pretrain(args: PretrainArguments, stop: StopSignals | None = None) -> PretrainResult:
     """Run MLM/CLM pretraining as described in the module docstring; returns a ``PretrainResult``.
 
-    Writes to ``args.output_dir``: ``run.json``, the model (safetensors + remote code + config), the tokenizer,
-    ``train_log.jsonl`` (step, epoch, loss, lr, grad_norm, eval_* when evaluated), ``all_results.json``,
-    ``pretrain_args.json`` and ``checkpoints/``. Nothing is written before the output folder, tokenizer,
-    config, checkpoint, data, model and (sharded) process layout are checked: a bad one raises ``FlagError``
-    naming its argument. SIGTERM/SIGUSR1 end the run after the current optimizer step and its checkpoint with
-    ``TrainingPreempted`` (caught during training, or by ``stop`` when the caller installed the handlers).
+    Writes to ``args.output_dir``: ``run.json``, the model (safetensors + remote code + config), the
+    tokenizer, ``train_log.jsonl`` (step, epoch, loss, lr, grad_norm, eval_* when evaluated),
+    ``all_results.json``, ``pretrain_args.json`` and ``checkpoints/``. Nothing is written before the output
+    folder, tokenizer, config, checkpoint, data, model and (sharded) process layout are checked: a bad one
+    raises ``FlagError`` naming its argument. SIGTERM/SIGUSR1 end the run after the current optimizer step and
+    its checkpoint with ``TrainingPreempted`` (caught during training, or by ``stop`` when the caller
+    installed the handlers).
     """
     check_arguments(args)
     runtime = make_runtime(args)
@@ -883,8 +922,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
-    """CLI entry: train (``preemption.run_training_command``: a bad flag value or output folder gives one error
-    line naming the flag and exit status 2; a stop signal, after its checkpoint, one line and exit status 75)."""
+    """CLI entry: train (``preemption.run_training_command``: a bad flag value or output folder gives one
+    error line naming the flag and exit status 2; a stop signal, after its checkpoint, one line and exit
+    status 75)."""
     return run_training_command("pretrain", pretrain, namespace, PretrainArguments)
 
 

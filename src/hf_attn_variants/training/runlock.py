@@ -1,12 +1,12 @@
 """One live run per output folder: ``pretrain``, ``finetune`` and ``prune`` hold a lock on ``--output_dir``.
 
-The main process takes an exclusive ``filelock.FileLock`` on ``<output_dir>/.hf_attn_variants.lock`` (an OS file
-lock, which the kernel releases when its process dies, so a killed run never blocks the rerun) and records who
-holds it in ``.hf_attn_variants.owner.json`` (process id, host, command, start). A second run into the same folder
-is refused in one sentence naming that process, before it reads or writes anything else. The processes of one
-``torchrun`` / ``accelerate launch`` are one run: only its main process takes the lock, and every rank learns the
-answer (``agree``). Both files go when the run ends; a folder the lock had to create, and the run left empty, goes
-too.
+The main process takes an exclusive ``filelock.FileLock`` on ``<output_dir>/.hf_attn_variants.lock`` (an OS
+file lock, which the kernel releases when its process dies, so a killed run never blocks the rerun) and
+records who holds it in ``.hf_attn_variants.owner.json`` (process id, host, command, start). A second run into
+the same folder is refused in one sentence naming that process, before it reads or writes anything else. The
+processes of one ``torchrun`` / ``accelerate launch`` are one run: only its main process takes the lock, and
+every rank learns the answer (``agree``). Both files go when the run ends; a folder the lock had to create,
+and the run left empty, goes too.
 
 ``lengthgen`` keeps its own per-run locks: several study workers may write one study folder on purpose.
 """
@@ -59,7 +59,8 @@ def read_owner(folder: Path, wait_s: float = OWNER_WAIT_S) -> dict[str, object]:
 
 
 def describe_owner(owner: dict[str, object]) -> str:
-    """``"process 4242 (pretrain, started 2026-11-27 01:02:03)"``, saying when that process is not alive here."""
+    """``"process 4242 (pretrain, started 2026-11-27 01:02:03)"``, saying when that process is not alive
+    here."""
     pid, host = owner.get("pid"), owner.get("host")
     if not isinstance(pid, int):
         return "another process"
@@ -71,16 +72,16 @@ def describe_owner(owner: dict[str, object]) -> str:
 def locked_error(folder: Path, command: str, owner: dict[str, object]) -> FlagError:
     """The refusal: one sentence naming the process that writes ``folder``."""
     return FlagError("output_dir", f"--output_dir {str(folder)!r} is being written by another run right now: "
-                                   f"{describe_owner(owner)}; wait for it to end, or give this {command} another "
-                                   "--output_dir.")
+                                   f"{describe_owner(owner)}; wait for it to end, or give this {command} "
+                                   "another --output_dir.")
 
 
 @contextlib.contextmanager
 def run_lock(command: str, output_dir: str | Path, *, main_process: bool = True,
              agree: Callable[[int], int] = lambda refused: refused) -> Iterator[None]:
-    """Hold ``output_dir``'s lock for the block (see the module docstring); ``FlagError`` naming ``output_dir``
-    when another live run holds it. ``agree(refused)``: the largest value over the launch's processes (a
-    collective every rank calls), so that every rank of a refused launch stops."""
+    """Hold ``output_dir``'s lock for the block (see the module docstring); ``FlagError`` naming
+    ``output_dir`` when another live run holds it. ``agree(refused)``: the largest value over the launch's
+    processes (a collective every rank calls), so that every rank of a refused launch stops."""
     from filelock import FileLock, Timeout
 
     folder = Path(output_dir)
@@ -114,7 +115,8 @@ def run_lock(command: str, output_dir: str | Path, *, main_process: bool = True,
 
 
 def _first_missing(folder: Path) -> Path | None:
-    """The outermost of ``folder`` and its parents that does not exist yet (what ``mkdir`` creates), or ``None``."""
+    """The outermost of ``folder`` and its parents that does not exist yet (what ``mkdir`` creates), or
+    ``None``."""
     missing = None
     for path in (folder, *folder.parents):
         if path.exists():
@@ -124,8 +126,8 @@ def _first_missing(folder: Path) -> Path | None:
 
 
 def _remove_if_empty(folder: Path, created: Path) -> None:
-    """Remove ``folder`` and its parents up to ``created`` (the folders the lock had to make) while empty: a run
-    refused before it wrote anything leaves nothing behind."""
+    """Remove ``folder`` and its parents up to ``created`` (the folders the lock had to make) while empty: a
+    run refused before it wrote anything leaves nothing behind."""
     with contextlib.suppress(OSError):
         for path in (folder, *folder.parents):
             if any(path.iterdir()):

@@ -1,13 +1,15 @@
-"""The process side of ``pretrain``: who computes what, and how gradients, checkpoints and the final model move.
+"""The process side of ``pretrain``: who computes what, and how gradients, checkpoints and the final model
+move.
 
 ``pretrain``'s loop (``pretrain.py``) talks to a ``TrainingRuntime`` only. Two implement it:
 
 - ``AccelerateRuntime`` (this module): one process, or ``accelerate launch`` / ``torchrun`` with DDP or
   accelerate's FSDP — ``accelerator.prepare`` wraps model, optimizer and data loader; checkpoints are the
   pickle-free files of ``safe_state.py``. This is the path ``pretrain`` always had.
-- ``ShardedRuntime`` (``sharded.py``): ``torchrun`` with ``--tp_size`` / ``--fsdp_size`` / ``--dp_replicate_size``;
-  the model is sharded at load time by Transformers' ``DistributedConfig`` (FSDP2, tensor parallel, HSDP); its
-  checkpoints are the same files, gathered from the shards, so they load into any layout of its launch.
+- ``ShardedRuntime`` (``sharded.py``): ``torchrun`` with ``--tp_size`` / ``--fsdp_size`` /
+  ``--dp_replicate_size``; the model is sharded at load time by Transformers' ``DistributedConfig`` (FSDP2,
+  tensor parallel, HSDP); its checkpoints are the same files, gathered from the shards, so they load into any
+  layout of its launch.
 
 ``process_index`` / ``num_processes`` are the *data-parallel* rank and size (the ranks that see distinct
 batches; tensor-parallel ranks of one data-parallel group share a batch and a rank). With ``device``,
@@ -86,21 +88,22 @@ def check_accelerate_precision(mixed_precision: str) -> None:
     current = AcceleratorState().mixed_precision
     if current != mixed_precision:
         raise FlagError("mixed_precision",
-                        f"mixed_precision={mixed_precision!r}, but accelerate already runs with mixed_precision="
-                        f"{current!r} in this process (its state is process-wide and fixed by the first "
-                        "Accelerator); run this pretrain in a new process.")
+                        f"mixed_precision={mixed_precision!r}, but accelerate already runs with "
+                        f"mixed_precision={current!r} in this process (its state is process-wide and fixed "
+                        "by the first Accelerator); run this pretrain in a new process.")
 
 
 def check_process_count(accelerator: Any) -> None:
-    """``RuntimeError`` (before anything is written) when the launch started more processes (``WORLD_SIZE``) than
-    accelerate runs together: ``accelerate launch`` with an FSDP or multi-GPU config on a machine without GPUs
-    starts every process as a run of its own (``DistributedType.NO``), which would all write one folder."""
+    """``RuntimeError`` (before anything is written) when the launch started more processes (``WORLD_SIZE``)
+    than accelerate runs together: ``accelerate launch`` with an FSDP or multi-GPU config on a machine without
+    GPUs starts every process as a run of its own (``DistributedType.NO``), which would all write one
+    folder."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and accelerator.num_processes != launched:
         raise RuntimeError(
             f"This launch started {launched} processes (WORLD_SIZE) but accelerate runs each of them alone "
-            f"({accelerator.distributed_type}): accelerate's FSDP and multi-GPU configs need GPUs. On CPU use "
-            "ACCELERATE_USE_CPU=1 (DDP: scripts/accelerate/ddp_cpu.yaml), or shard through torchrun with "
+            f"({accelerator.distributed_type}): accelerate's FSDP and multi-GPU configs need GPUs. On CPU "
+            "use ACCELERATE_USE_CPU=1 (DDP: scripts/accelerate/ddp_cpu.yaml), or shard through torchrun with "
             "--fsdp_size/--tp_size (scripts/accelerate/launch_sharded.sh)."
         )
 
@@ -113,7 +116,8 @@ class AccelerateRuntime:
         from accelerate import Accelerator
 
         check_accelerate_precision(mixed_precision)
-        self.accelerator = Accelerator(mixed_precision=mixed_precision, log_with=log_with, project_dir=project_dir)
+        self.accelerator = Accelerator(mixed_precision=mixed_precision, log_with=log_with,
+                                       project_dir=project_dir)
         check_process_count(self.accelerator)
         self.process_index = self.accelerator.process_index
         self.num_processes = self.accelerator.num_processes
@@ -186,7 +190,8 @@ class AccelerateRuntime:
         self.accelerator.backward(loss)
 
     def clip_grad_norm_(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
-        """Clip the gradients to ``max_norm`` (unscaled first under fp16); returns the norm before clipping."""
+        """Clip the gradients to ``max_norm`` (unscaled first under fp16); returns the norm before
+        clipping."""
         return self.accelerator.clip_grad_norm_(model.parameters(), max_norm)
 
     def optimizer_step_was_skipped(self) -> bool:
@@ -199,27 +204,27 @@ class AccelerateRuntime:
 
     # ---------------------------------------------------------------- checkpoints and output
     def save_state(self, folder: Path) -> None:
-        """The checkpoint files of ``safe_state`` (model safetensors, optimizer, scheduler, fp16 loss scaler, every
-        process's random states; all processes call it)."""
+        """The checkpoint files of ``safe_state`` (model safetensors, optimizer, scheduler, fp16 loss scaler,
+        every process's random states; all processes call it)."""
         save_training_state(folder, self._model, self._optimizer.optimizer, self._scheduler,
                             rank=self.process_index, is_main_process=self.is_main_process,
                             scaler=self.accelerator.scaler)
 
     def load_state(self, folder: Path) -> None:
         """Restore ``save_state``'s files; a file that does not load safely is one ``FlagError`` naming it."""
-        load_training_state(folder, self._model, self._optimizer.optimizer, self._scheduler, rank=self.process_index,
-                            scaler=self.accelerator.scaler)
+        load_training_state(folder, self._model, self._optimizer.optimizer, self._scheduler,
+                            rank=self.process_index, scaler=self.accelerator.scaler)
 
     def save_model(self, model: torch.nn.Module, output_dir: str) -> None:
-        """``save_pretrained`` of the plain language model (gathered by accelerate under FSDP; the main process
-        writes; ``TargetOnlyMLMLoss``'s ``model.`` key prefix removed)."""
+        """``save_pretrained`` of the plain language model (gathered by accelerate under FSDP; the main
+        process writes; ``TargetOnlyMLMLoss``'s ``model.`` key prefix removed)."""
         unwrapped = self.unwrap_model(model)
         inner = language_model(unwrapped)
         state_dict = self.accelerator.get_state_dict(model)
         if state_dict is not None and inner is not unwrapped:
             state_dict = {key.removeprefix("model."): value for key, value in state_dict.items()}
-        inner.save_pretrained(output_dir, is_main_process=self.is_main_process, save_function=self.accelerator.save,
-                              state_dict=state_dict)
+        inner.save_pretrained(output_dir, is_main_process=self.is_main_process,
+                              save_function=self.accelerator.save, state_dict=state_dict)
 
     def init_trackers(self, hparams: dict[str, Any]) -> None:
         """TensorBoard under ``project_dir/tensorboard`` with ``hparams``."""
@@ -231,7 +236,8 @@ class AccelerateRuntime:
 
     def describe(self) -> dict[str, Any]:
         """Process layout for ``pretrain_args.json``."""
-        return {"num_processes": self.num_processes, "distributed_type": str(self.accelerator.distributed_type),
+        return {"num_processes": self.num_processes,
+                "distributed_type": str(self.accelerator.distributed_type),
                 "mixed_precision": self.accelerator.mixed_precision}
 
     def end_training(self) -> None:

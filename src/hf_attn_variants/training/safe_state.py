@@ -3,22 +3,22 @@
 A ``pretrain`` checkpoint (either runtime: ``accelerate`` or sharded) holds exactly these files:
 
 - ``model.safetensors``: the full model state, gathered from every shard
-  (``torch.distributed.checkpoint.state_dict.get_state_dict(full_state_dict=True)``), so a checkpoint loads into
-  any process layout. A tensor that several names share (tied embeddings) is stored once; its other names are
-  in the file's metadata (``aliases``).
+  (``torch.distributed.checkpoint.state_dict.get_state_dict(full_state_dict=True)``), so a checkpoint loads
+  into any process layout. A tensor that several names share (tied embeddings) is stored once; its other names
+  are in the file's metadata (``aliases``).
 - ``optimizer.pt``: the full optimizer state keyed by parameter name, tensors and plain values only, a
   ``torch.save`` that loads with ``torch.load(weights_only=True)``.
 - ``scheduler.json``, ``scaler.json`` (fp16 only) and ``rng_state_<rank>.json`` (Python's, NumPy's and torch's
   generators; torch's byte tensor as a list of integers).
 - ``training_state.json`` (``checkpoints.py``): step, tokens, ``checkpoint_format`` and the manifest.
 
-Loading reads these files with these loaders and nothing else in the folder. Whatever goes wrong in one of them (a
-file cut short, a pickle planted in its place that ``weights_only`` refuses, JSON of the wrong shape) ends in one
-``FlagError`` naming the file (``load_safely``). PyTorch's own reasons for ``weights_only``: its serialization
-notes ("torch.load with weights_only=True").
+Loading reads these files with these loaders and nothing else in the folder. Whatever goes wrong in one of
+them (a file cut short, a pickle planted in its place that ``weights_only`` refuses, JSON of the wrong shape)
+ends in one ``FlagError`` naming the file (``load_safely``). PyTorch's own reasons for ``weights_only``: its
+serialization notes ("torch.load with weights_only=True").
 
-A save that fails (a full disk: any ``OSError``) raises ``SaveFailed`` with the space the save needed; the caller
-wrote into a staging folder, so the previous checkpoint and the folder's other files stay as they were.
+A save that fails (a full disk: any ``OSError``) raises ``SaveFailed`` with the space the save needed; the
+caller wrote into a staging folder, so the previous checkpoint and the folder's other files stay as they were.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import torch
 from ..cli_utils import FlagError
 
 CHECKPOINT_FORMAT = 2
-"""``training_state.json``'s ``checkpoint_format``: 2 = the pickle-free files above. Checkpoints without it were
-written by releases whose checkpoints held pickle files (``legacy_checkpoint_error``)."""
+"""``training_state.json``'s ``checkpoint_format``: 2 = the pickle-free files above. Checkpoints without it
+were written by releases whose checkpoints held pickle files (``legacy_checkpoint_error``)."""
 FORMAT_KEY = "checkpoint_format"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -45,7 +45,8 @@ SCHEDULER_FILE = "scheduler.json"
 SCALER_FILE = "scaler.json"
 ALIASES_KEY = "aliases"
 SAVE_FAILED_EXIT_CODE = 74
-"""Exit status after a save that failed (``EX_IOERR`` of sysexits.h): free the space, rerun the same command."""
+"""Exit status after a save that failed (``EX_IOERR`` of sysexits.h): free the space, rerun the same
+command."""
 RESUME_FLAG = "resume_from_checkpoint"
 PICKLE_SUFFIXES = (".pkl", ".bin", ".pt", ".pth")
 
@@ -66,9 +67,10 @@ def load_safely(path: Path, load: Callable[[Path], T], flag: str = RESUME_FLAG) 
         raise
     except Exception as error:  # noqa: BLE001 - whatever a damaged or hostile file raises, the answer is one sentence
         reason = " ".join(str(error).split())[:200] or type(error).__name__
-        raise FlagError(flag, f"{flag}: {path} cannot be loaded safely ({type(error).__name__}: {reason}); it is not "
-                              "the file this run wrote there (cut short, replaced, or written by another tool), so "
-                              "resume from an earlier checkpoint or start afresh with --overwrite_output_dir.") from None
+        raise FlagError(flag, f"{flag}: {path} cannot be loaded safely ({type(error).__name__}: {reason}); "
+                              "it is not the file this run wrote there (cut short, replaced, or written by "
+                              "another tool), so resume from an earlier checkpoint or start afresh with "
+                              "--overwrite_output_dir.") from None
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -80,15 +82,16 @@ def read_json_object(path: Path) -> dict[str, Any]:
 
 
 def load_weights_only(path: Path) -> Any:
-    """``torch.load(path, weights_only=True)`` on the CPU, NumPy's array and dtype types allowed (``Trainer``'s RNG
-    states hold NumPy's generator state): tensors and plain containers only; a pickle that names anything else is
-    refused without being run."""
+    """``torch.load(path, weights_only=True)`` on the CPU, NumPy's array and dtype types allowed
+    (``Trainer``'s RNG states hold NumPy's generator state): tensors and plain containers only; a pickle that
+    names anything else is refused without being run."""
     with torch.serialization.safe_globals(numpy_globals()):
         return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def numpy_globals() -> list[Any]:
-    """The NumPy types a NumPy generator state pickles (``np.ndarray``, ``np.dtype`` and their rebuild function)."""
+    """The NumPy types a NumPy generator state pickles (``np.ndarray``, ``np.dtype`` and their rebuild
+    function)."""
     import numpy as np
 
     core = np._core if hasattr(np, "_core") else np.core  # the module was renamed in NumPy 2
@@ -107,8 +110,8 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def probe_file(path: Path) -> None:
-    """Read ``path`` with the loader for its kind (safetensors, JSON, ``weights_only``); raises when it fails. Other
-    files (text vocabularies, README) are never loaded as code and are left alone."""
+    """Read ``path`` with the loader for its kind (safetensors, JSON, ``weights_only``); raises when it fails.
+    Other files (text vocabularies, README) are never loaded as code and are left alone."""
     if path.suffix == ".safetensors":
         read_tensors(path)
     elif path.suffix == ".json":
@@ -119,8 +122,8 @@ def probe_file(path: Path) -> None:
 
 # ---------------------------------------------------------------- random states as JSON
 def rng_states() -> dict[str, Any]:
-    """This process's random generators as JSON values: Python's, NumPy's, torch's CPU one (bytes as integers) and
-    each CUDA device's."""
+    """This process's random generators as JSON values: Python's, NumPy's, torch's CPU one (bytes as integers)
+    and each CUDA device's."""
     import numpy as np
 
     version, internal, gauss = random.getstate()
@@ -142,7 +145,8 @@ def set_rng_states(states: dict[str, Any]) -> None:
     version, internal, gauss = states["python"]
     random.setstate((int(version), tuple(int(i) for i in internal), gauss if gauss is None else float(gauss)))
     kind, keys, position, has_gauss, cached = states["numpy"]
-    np.random.set_state((str(kind), np.asarray(keys, dtype=np.uint32), int(position), int(has_gauss), float(cached)))
+    np.random.set_state((str(kind), np.asarray(keys, dtype=np.uint32), int(position), int(has_gauss),
+                         float(cached)))
     torch.set_rng_state(torch.tensor(states["torch"], dtype=torch.uint8))
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([torch.tensor(state, dtype=torch.uint8) for state in states["cuda"]])
@@ -150,9 +154,9 @@ def set_rng_states(states: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------- writing
 def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """safetensors of ``tensors``; a tensor that an earlier name already holds (same storage, offset, shape and
-    strides: tied weights) is written once and recorded under ``aliases``; other views of shared storage are
-    copied."""
+    """safetensors of ``tensors``; a tensor that an earlier name already holds (same storage, offset, shape
+    and strides: tied weights) is written once and recorded under ``aliases``; other views of shared storage
+    are copied."""
     from safetensors.torch import save_file
 
     kept: dict[tuple, str] = {}
@@ -160,7 +164,8 @@ def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     stored: dict[str, torch.Tensor] = {}
     storages: set[int] = set()
     for name, tensor in tensors.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+               tensor.stride())
         if tensor.numel() and key in kept:
             aliases[name] = kept[key]
             continue
@@ -178,14 +183,15 @@ def write_json(path: Path, data: Any) -> None:
 
 
 class SaveFailed(Exception):
-    """A checkpoint or final save that could not be written (a full disk): what failed and the space it needed."""
+    """A checkpoint or final save that could not be written (a full disk): what failed and the space it
+    needed."""
 
     def __init__(self, command: str, what: Path, needed: int, error: OSError, kept: str) -> None:
         free = free_bytes(what)
         reason = error.strerror or str(error) or type(error).__name__
         super().__init__(f"writing {what} failed ({reason}); the save needs about {megabytes(needed)} and "
-                         f"{megabytes(free)} is free there; {kept}. Free some space and run the same command again "
-                         f"(exit status {SAVE_FAILED_EXIT_CODE}).")
+                         f"{megabytes(free)} is free there; {kept}. Free some space and run the same command "
+                         f"again (exit status {SAVE_FAILED_EXIT_CODE}).")
         self.command, self.needed = command, needed
 
 
@@ -219,24 +225,25 @@ def failing_save_raises(command: str, what: Path, needed: Callable[[], int], kep
 
 
 def training_state_bytes(model: torch.nn.Module) -> int:
-    """About what a checkpoint of ``model`` trained with AdamW writes: its weights and the optimizer's two moments
-    (3 × the parameters' bytes; a sharded parameter counts whole)."""
+    """About what a checkpoint of ``model`` trained with AdamW writes: its weights and the optimizer's two
+    moments (3 × the parameters' bytes; a sharded parameter counts whole)."""
     return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 # ---------------------------------------------------------------- one checkpoint's training state
-def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The full model and optimizer states on the CPU, gathered from every shard (a collective: every rank calls it;
-    with several processes only rank 0 gets them, the others empty dicts)."""
+def full_states(model: torch.nn.Module,
+                optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The full model and optimizer states on the CPU, gathered from every shard (a collective: every rank
+    calls it; with several processes only rank 0 gets them, the others empty dicts)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def save_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, *,
-                        rank: int, is_main_process: bool, scaler: Any = None) -> None:
-    """Write the checkpoint files of the module docstring into ``folder`` (every rank calls it; the main process
-    writes model, optimizer, scheduler and scaler, each rank its random states)."""
+def save_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        scheduler: Any, *, rank: int, is_main_process: bool, scaler: Any = None) -> None:
+    """Write the checkpoint files of the module docstring into ``folder`` (every rank calls it; the main
+    process writes model, optimizer, scheduler and scaler, each rank its random states)."""
     model_state, optimizer_state = full_states(model, optimizer)
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / rng_file(rank), rng_states())
@@ -249,10 +256,10 @@ def save_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.o
         write_json(folder / SCALER_FILE, scaler.state_dict())
 
 
-def load_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, *,
-                        rank: int, scaler: Any = None) -> None:
-    """Restore ``save_training_state``'s files (every rank reads them and keeps its own shards); each file is read
-    with ``load_safely``, and a value of the wrong shape names its file too."""
+def load_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        scheduler: Any, *, rank: int, scaler: Any = None) -> None:
+    """Restore ``save_training_state``'s files (every rank reads them and keeps its own shards); each file is
+    read with ``load_safely``, and a value of the wrong shape names its file too."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     model_state = load_safely(folder / MODEL_FILE, read_tensors)
@@ -279,17 +286,19 @@ def load_scheduler(scheduler: Any, state: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------- checkpoints of earlier releases
 def legacy_checkpoint_error(folder: Path, flag: str = RESUME_FLAG) -> FlagError | None:
-    """``None`` when ``folder``'s ``training_state.json`` records ``checkpoint_format`` 2; else the one sentence
-    for a checkpoint of an earlier release, whose optimizer, scheduler and random states were pickle files."""
+    """``None`` when ``folder``'s ``training_state.json`` records ``checkpoint_format`` 2; else the one
+    sentence for a checkpoint of an earlier release, whose optimizer, scheduler and random states were pickle
+    files."""
     state = json.loads((folder / "training_state.json").read_text())
     if state.get(FORMAT_KEY) == CHECKPOINT_FORMAT:
         return None
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES or p.name == ".metadata")
     held = f" ({', '.join(pickles[:4])}{', …' if len(pickles) > 4 else ''})" if pickles else ""
-    return FlagError(flag, f"{flag}: {folder} is a checkpoint of an earlier hf_attn_variants release, which kept its "
-                           f"training state in pickle files{held}; this release never unpickles a checkpoint, so it "
-                           "cannot continue that run: start it afresh with --overwrite_output_dir (or into another "
-                           "--output_dir), or finish it with the release that wrote it.")
+    return FlagError(flag, f"{flag}: {folder} is a checkpoint of an earlier hf_attn_variants release, which "
+                           f"kept its training state in pickle files{held}; this release never unpickles a "
+                           "checkpoint, so it cannot continue that run: start it afresh with "
+                           "--overwrite_output_dir (or into another --output_dir), or finish it with the "
+                           "release that wrote it.")
 
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""Sharded pretraining through Transformers' ``DistributedConfig``: FSDP2, tensor parallelism, HSDP — on CPU too.
+"""Sharded pretraining through Transformers' ``DistributedConfig``: FSDP2, tensor parallelism, HSDP — on CPU
+too.
 
 Launched with ``torchrun --nproc_per_node N -m hf_attn_variants pretrain ... --fsdp_size F [--tp_size T]
 [--dp_replicate_size R]`` where ``R × F × T = N × nodes`` (the flags are ``DistributedConfig``'s fields).
@@ -29,19 +30,20 @@ NCCL on GPUs) and Transformers' sharded loading, so it runs the same way on both
   it works for tensor parallelism alone too. (``DistributedConfig(fsdp_mixed_precision=True)`` would instead
   all-gather bf16 parameters: half the traffic, less precise norms and softmax; not used.) fp16 needs a loss
   scaler and is refused with a ``FlagError``.
-- Checkpoints (``save_state``/``load_state``): the pickle-free files of ``safe_state.py`` — model and optimizer
-  states gathered from the shards (``get_state_dict(full_state_dict=True)``; rank 0 writes them, every rank reads
-  them back into its own layout, so a different layout resumes too), ``scheduler.json``,
+- Checkpoints (``save_state``/``load_state``): the pickle-free files of ``safe_state.py`` — model and
+  optimizer states gathered from the shards (``get_state_dict(full_state_dict=True)``; rank 0 writes them,
+  every rank reads them back into its own layout, so a different layout resumes too), ``scheduler.json``,
   ``rng_state_<rank>.json`` and (from ``pretrain``) ``training_state.json``. (``torch.distributed.checkpoint``
   would write each rank's shards in parallel, but its ``.metadata`` and non-tensor values are pickles that it
   loads unrestricted.)
 - Final model (``save_model``): the sharded model's own ``save_pretrained(output_dir)``, called on every rank
-  (a collective): Transformers gathers the full weights onto rank 0 (``get_model_state_dict(full_state_dict=True,
-  cpu_offload=True)`` under FSDP2/HSDP, ``DTensor.full_tensor`` under TP), rank 0 writes safetensors and config
-  (``PreTrainedModel.should_save_on_this_rank``: rank 0 of the process group only), and this package's
-  ``save_pretrained`` writes the standalone remote code of the model's own class (``code_class()``: FSDP2
-  swaps the class for a subclass defined in torch) and writes a tied weight once (the model's
-  ``gather_sharded_state_dict_for_save`` re-ties the gathered names) — the same folder as a single-process run.
+  (a collective): Transformers gathers the full weights onto rank 0
+  (``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` under FSDP2/HSDP, ``DTensor.full_tensor``
+  under TP), rank 0 writes safetensors and config (``PreTrainedModel.should_save_on_this_rank``: rank 0 of the
+  process group only), and this package's ``save_pretrained`` writes the standalone remote code of the model's
+  own class (``code_class()``: FSDP2 swaps the class for a subclass defined in torch) and writes a tied weight
+  once (the model's ``gather_sharded_state_dict_for_save`` re-ties the gathered names) — the same folder as a
+  single-process run.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ from .runtime import barrier_around
 from .safe_state import load_training_state, save_training_state
 
 SIZE_FLAGS = ("fsdp_size", "tp_size", "dp_replicate_size")
-"""The sharding flags of ``pretrain`` (``DistributedConfig``'s field names), in the order an error names them."""
+"""The sharding flags of ``pretrain`` (``DistributedConfig``'s field names), in the order an error names
+them."""
 INITIAL_MODEL_DIR = ".initial_model"
 
 
@@ -108,22 +111,25 @@ class ParallelLayout:
 
 
 def check_layout(layout: ParallelLayout, environ: dict[str, str] | None = None) -> None:
-    """``FlagError`` naming a size flag unless the sizes multiply to the launch's ``WORLD_SIZE`` (a sharded run
-    needs ``torchrun``), and the launch is not also accelerate's FSDP."""
+    """``FlagError`` naming a size flag unless the sizes multiply to the launch's ``WORLD_SIZE`` (a sharded
+    run needs ``torchrun``), and the launch is not also accelerate's FSDP."""
     environ = os.environ if environ is None else environ
     flag = layout.flag()
-    sizes = " × ".join(f"{name}={getattr(layout, name)}" for name in ("dp_replicate_size", "fsdp_size", "tp_size"))
+    sizes = " × ".join(f"{name}={getattr(layout, name)}"
+                       for name in ("dp_replicate_size", "fsdp_size", "tp_size"))
     if "WORLD_SIZE" not in environ:
-        raise FlagError(flag, f"{flag}: {sizes} shards the model over {layout.world_size} processes; launch it with "
-                              f"`torchrun --nproc_per_node {layout.world_size} -m hf_attn_variants pretrain …` "
-                              "(scripts/accelerate/launch_sharded.sh).")
+        raise FlagError(flag, f"{flag}: {sizes} shards the model over {layout.world_size} processes; launch "
+                              f"it with `torchrun --nproc_per_node {layout.world_size} -m hf_attn_variants "
+                              "pretrain …` (scripts/accelerate/launch_sharded.sh).")
     world = int(environ["WORLD_SIZE"])
     if world != layout.world_size:
-        raise FlagError(flag, f"{flag}: {sizes} = {layout.world_size} processes, but this launch has WORLD_SIZE="
-                              f"{world}; the sizes must multiply to the number of processes.")
+        raise FlagError(flag,
+                        f"{flag}: {sizes} = {layout.world_size} processes, but this launch has WORLD_SIZE="
+                        f"{world}; the sizes must multiply to the number of processes.")
     if environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
-        raise FlagError(flag, f"{flag}: this is an accelerate FSDP launch, which shards the model itself; launch "
-                              "the DistributedConfig sizes with torchrun (scripts/accelerate/launch_sharded.sh).")
+        raise FlagError(flag,
+                        f"{flag}: this is an accelerate FSDP launch, which shards the model itself; launch "
+                        "the DistributedConfig sizes with torchrun (scripts/accelerate/launch_sharded.sh).")
 
 
 def check_parallel_plans(model: Any, layout: ParallelLayout) -> None:
@@ -147,8 +153,8 @@ def model_class_for(config: Any, auto_class: Any) -> tuple[type, Any]:
 
 
 def load_sharded(model_class: type, config: Any, folder: str | Path, layout: ParallelLayout) -> Any:
-    """``model_class.from_pretrained(folder, config, distributed_config=…)`` (every rank calls it): the model is
-    sharded while it loads, each rank reading its shard."""
+    """``model_class.from_pretrained(folder, config, distributed_config=…)`` (every rank calls it): the model
+    is sharded while it loads, each rank reading its shard."""
     return model_class.from_pretrained(str(folder), config=copy.deepcopy(config),
                                        distributed_config=layout.distributed_config())
 
@@ -201,9 +207,11 @@ def _device(local_rank: int) -> torch.device:
 
 
 class ShardedRuntime:
-    """``TrainingRuntime`` on ``torch.distributed`` with a model sharded by ``DistributedConfig`` (see module)."""
+    """``TrainingRuntime`` on ``torch.distributed`` with a model sharded by ``DistributedConfig`` (see
+    module)."""
 
-    def __init__(self, layout: ParallelLayout, mixed_precision: str = "no", tracking_dir: Path | None = None) -> None:
+    def __init__(self, layout: ParallelLayout, mixed_precision: str = "no",
+                 tracking_dir: Path | None = None) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         self.layout = layout
@@ -212,9 +220,11 @@ class ShardedRuntime:
         self._owns_process_group = not dist.is_initialized()
         if self._owns_process_group:
             backend = "gloo" if self.device.type == "cpu" else f"cpu:gloo,{self.device.type}:nccl"
-            dist.init_process_group(backend=backend, device_id=self.device if self.device.type == "cuda" else None)
+            dist.init_process_group(backend=backend,
+                                    device_id=self.device if self.device.type == "cuda" else None)
         self.rank = dist.get_rank()
-        mesh = init_device_mesh(self.device.type, (layout.dp_size, layout.tp_size), mesh_dim_names=("dp", "tp"))
+        mesh = init_device_mesh(self.device.type, (layout.dp_size, layout.tp_size),
+                                mesh_dim_names=("dp", "tp"))
         self._dp_group = mesh.get_group("dp")
         self.process_index = mesh.get_local_rank("dp")
         self.num_processes = layout.dp_size
@@ -270,7 +280,8 @@ class ShardedRuntime:
         return self._batch_sampler().global_batches()
 
     def epoch_batches(self, epoch: int, skip: int) -> Iterator[dict[str, torch.Tensor]]:
-        """This rank's micro-batches of ``epoch`` (its slice of each global batch), the first ``skip`` left out."""
+        """This rank's micro-batches of ``epoch`` (its slice of each global batch), the first ``skip`` left
+        out."""
         from torch.utils.data import DataLoader
 
         dataset, sampler, _, collate_fn = self._data
@@ -323,20 +334,21 @@ class ShardedRuntime:
 
     # ---------------------------------------------------------------- checkpoints and output
     def save_state(self, folder: Path) -> None:
-        """The checkpoint files of ``safe_state``: model and optimizer gathered from every shard (rank 0 writes),
-        the scheduler, every rank's random states."""
+        """The checkpoint files of ``safe_state``: model and optimizer gathered from every shard (rank 0
+        writes), the scheduler, every rank's random states."""
         save_training_state(folder, self._model, self._optimizer, self._scheduler, rank=self.rank,
                             is_main_process=self.is_main_process)
 
     def load_state(self, folder: Path) -> None:
-        """Restore a ``save_state`` folder into this layout (each rank keeps its shards of the full states)."""
+        """Restore a ``save_state`` folder into this layout (each rank keeps its shards of the full
+        states)."""
         load_training_state(folder, self._model, self._optimizer, self._scheduler, rank=self.rank)
 
     def save_model(self, model: torch.nn.Module, output_dir: str) -> None:
         """``model.save_pretrained(output_dir)`` on every rank: Transformers gathers the full weights, rank 0
         writes them (with config and remote code; a tied weight once, as the model's own
-        ``gather_sharded_state_dict_for_save`` re-ties them); the barrier after it lets no rank go on before the
-        folder is complete."""
+        ``gather_sharded_state_dict_for_save`` re-ties them); the barrier after it lets no rank go on before
+        the folder is complete."""
         model.save_pretrained(str(output_dir))
         self.wait_for_everyone()
 

@@ -1,17 +1,18 @@
 """Where ``pretrain``'s text comes from, read whole or streamed.
 
-- Local files: ``--train_file`` / ``--validation_file`` take one file, a glob or several (``data.expand_data_files``);
-  txt/json/jsonl/csv/parquet through ``datasets``' builders, nothing downloaded.
-- ``--dataset_name`` (and ``--dataset_config_name``): ``datasets.load_dataset(name, config)``: a Hub dataset, or a
-  local dataset folder (data files in it, e.g. ``train-*.parquet``), which works offline. Its ``validation`` split
-  is the validation data when it has one.
-- Read whole (``load_named_dataset`` / ``data.load_text_datasets``): a ``DatasetDict`` with one ``text`` column,
-  validation held out as the last ``--validation_split_percentage`` % when there is no validation data.
-- ``--streaming`` (``stream_data``): an ``IterableDataset`` read as training goes (``streaming.PackedStream``);
-  validation is ``--validation_file`` (or the dataset's ``validation`` split), at most ``--max_eval_samples``
-  of its examples, or else the first ``--max_eval_samples`` examples of the training stream, held out: the
-  training stream then skips every example whose text is one of them (a duplicate of a held-out text too, so
-  no validation text is ever trained on).
+- Local files: ``--train_file`` / ``--validation_file`` take one file, a glob or several
+  (``data.expand_data_files``); txt/json/jsonl/csv/parquet through ``datasets``' builders, nothing downloaded.
+- ``--dataset_name`` (and ``--dataset_config_name``): ``datasets.load_dataset(name, config)``: a Hub dataset,
+  or a local dataset folder (data files in it, e.g. ``train-*.parquet``), which works offline. Its
+  ``validation`` split is the validation data when it has one.
+- Read whole (``load_named_dataset`` / ``data.load_text_datasets``): a ``DatasetDict`` with one ``text``
+  column, validation held out as the last ``--validation_split_percentage`` % when there is no validation
+  data.
+- ``--streaming`` (``stream_data``): an ``IterableDataset`` read as training goes
+  (``streaming.PackedStream``); validation is ``--validation_file`` (or the dataset's ``validation`` split),
+  at most ``--max_eval_samples`` of its examples, or else the first ``--max_eval_samples`` examples of the
+  training stream, held out: the training stream then skips every example whose text is one of them (a
+  duplicate of a held-out text too, so no validation text is ever trained on).
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ if TYPE_CHECKING:
 
 
 def text_column(columns: list[str], text_column_name: str | None, split: str, source_flag: str) -> str:
-    """``text_column_name``, else ``text`` when present, else the first column; ``FlagError`` when it is missing."""
+    """``text_column_name``, else ``text`` when present, else the first column; ``FlagError`` when it is
+    missing."""
     column = text_column_name or ("text" if "text" in columns else columns[0])
     if column not in columns:
         raise FlagError("text_column_name" if text_column_name else source_flag,
-                        f"text_column_name {column!r} is not a column of the {split} data; columns: {columns}.")
+                        f"text_column_name {column!r} is not a column of the {split} data; columns: "
+                        f"{columns}.")
     return column
 
 
@@ -42,8 +45,10 @@ def _load(source_flag: str, *args: Any, **kwargs: Any) -> Any:
     try:
         with quiet_datasets():
             return load_dataset(*args, **kwargs)
-    except Exception as error:  # OSError, ValueError, datasets' own (DatasetNotFoundError, DatasetGenerationError, …)
-        if not isinstance(error, (OSError, ValueError)) and type(error).__module__.split(".")[0] != "datasets":
+    except Exception as error:
+        # OSError, ValueError, datasets' own (DatasetNotFoundError, DatasetGenerationError, …)
+        if (not isinstance(error, (OSError, ValueError))
+                and type(error).__module__.split(".")[0] != "datasets"):
             raise
         lines = str(error).strip().splitlines()
         raise FlagError(source_flag, f"{source_flag} {args[0]!r} cannot be loaded "
@@ -63,9 +68,9 @@ def _keep_texts(split: Any) -> Any:
 def load_named_dataset(name: str, config_name: str | None, *, text_column_name: str | None = None,
                        validation_split_percentage: int = 5) -> Any:
     """``DatasetDict(train=…, validation=…)`` with one ``text`` column of non-empty strings from
-    ``load_dataset(name, config_name)``: its ``validation`` split, else the last ``validation_split_percentage`` %
-    of ``train``. ``FlagError`` naming ``dataset_name`` (or ``text_column_name``) for a dataset that cannot be
-    loaded or has no such column."""
+    ``load_dataset(name, config_name)``: its ``validation`` split, else the last
+    ``validation_split_percentage`` % of ``train``. ``FlagError`` naming ``dataset_name`` (or
+    ``text_column_name``) for a dataset that cannot be loaded or has no such column."""
     from datasets import DatasetDict
 
     check_percentage("validation_split_percentage", validation_split_percentage)
@@ -80,19 +85,22 @@ def load_named_dataset(name: str, config_name: str | None, *, text_column_name: 
         rows = len(train)
         held = rows - rows * cut // 100
         if held < 1 or held >= rows:
-            raise FlagError("dataset_name", f"dataset_name {name!r} has {rows} train row(s), too few to hold out "
-                                            f"validation_split_percentage={validation_split_percentage}% of them.")
-        raw = DatasetDict(train=train.select(range(rows - held)), validation=train.select(range(rows - held, rows)))
+            raise FlagError("dataset_name",
+                            f"dataset_name {name!r} has {rows} train row(s), too few to hold out "
+                            f"validation_split_percentage={validation_split_percentage}% of them.")
+        raw = DatasetDict(train=train.select(range(rows - held)),
+                          validation=train.select(range(rows - held, rows)))
     column = text_column(raw["train"].column_names, text_column_name, "train", "dataset_name")
     for split_name, split in raw.items():
         text_column(split.column_names, column, split_name, "dataset_name")
-    return _keep_texts(DatasetDict({split_name: _text_only(split, column) for split_name, split in raw.items()}))
+    return _keep_texts(DatasetDict({split_name: _text_only(split, column)
+                                    for split_name, split in raw.items()}))
 
 
 # ---------------------------------------------------------------- streaming
 def open_stream(args: PretrainArguments, split: str = "train") -> Any:
-    """The ``text`` stream of ``split`` (``train`` or ``validation``) from ``--train_file`` / ``--validation_file``
-    or ``--dataset_name``; ``None`` for a validation split the source does not have."""
+    """The ``text`` stream of ``split`` (``train`` or ``validation``) from ``--train_file`` /
+    ``--validation_file`` or ``--dataset_name``; ``None`` for a validation split the source does not have."""
     if args.dataset_name is not None:
         names = _load("dataset_name", args.dataset_name, args.dataset_config_name, streaming=True)
         if split not in names:
@@ -131,15 +139,15 @@ def training_stream(train: Any, held_out: frozenset[str]) -> Any:
 
 
 def rank_share(train: Any, held_out: frozenset[str], rank: int, world: int) -> Any:
-    """The ``text`` stream data-parallel rank ``rank`` of ``world`` reads (``split_dataset_by_node``), held-out texts
-    skipped; a new object on every call."""
+    """The ``text`` stream data-parallel rank ``rank`` of ``world`` reads (``split_dataset_by_node``),
+    held-out texts skipped; a new object on every call."""
     from datasets.distributed import split_dataset_by_node
 
     return split_dataset_by_node(training_stream(train, held_out), rank=rank, world_size=world)
 
 
-def rank_token_stream(train: Any, held_out: frozenset[str], tokenizer: Any, append_eos_id: int | None, rank: int,
-                      world: int) -> Callable[[], Any]:
+def rank_token_stream(train: Any, held_out: frozenset[str], tokenizer: Any, append_eos_id: int | None,
+                      rank: int, world: int) -> Callable[[], Any]:
     """``make_source`` of ``streaming.PackedStream``: ``rank_share`` tokenized (a column ``input_ids``)."""
 
     def make_source() -> Any:  # a new object each time: a loaded starting position must not outlive its pass

@@ -1,14 +1,16 @@
 """Pretraining data that is read as it is trained on: packing, the stream of one rank, and its saved position.
 
 Packing itself (``concat`` or ``documents``) is ``data.Packer``'s, the same for a corpus read whole.
-- ``PackedStream``: the blocks of one data-parallel rank, from a ``datasets.IterableDataset`` that is tokenized
-  on the fly and split across ranks by ``datasets.distributed.split_dataset_by_node`` (whole shards per rank
-  when the shard count divides by the world size, else every rank reads all and keeps every world-th example:
-  in both cases each example of a pass goes to exactly one rank). When the stream ends, the next pass starts.
-  ``state_dict`` is the stream's position (``IterableDataset.state_dict``), the packer's buffer and the counts.
-- ``TrainStream``: torchdata's ``StatefulDataLoader`` over a ``PackedStream`` (batches by ``data.collate_blocks``); ``save``/``load`` put its state in a
-  checkpoint folder (``data_state/rank_<r>.json``), so a resumed run trains on exactly the blocks an
-  uninterrupted one would have.
+- ``PackedStream``: the blocks of one data-parallel rank, from a ``datasets.IterableDataset`` that is
+  tokenized on the fly and split across ranks by ``datasets.distributed.split_dataset_by_node`` (whole shards
+  per rank when the shard count divides by the world size, else every rank reads all and keeps every world-th
+  example: in both cases each example of a pass goes to exactly one rank). When the stream ends, the next pass
+  starts. ``state_dict`` is the stream's position (``IterableDataset.state_dict``), the packer's buffer and
+  the counts.
+- ``TrainStream``: torchdata's ``StatefulDataLoader`` over a ``PackedStream`` (batches by
+  ``data.collate_blocks``); ``save``/``load`` put its state in a checkpoint folder
+  (``data_state/rank_<r>.json``), so a resumed run trains on exactly the blocks an uninterrupted one would
+  have.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class PackedStream(torch.utils.data.IterableDataset):
 
     ``make_source()`` builds the rank's tokenized ``datasets.IterableDataset`` (a column ``input_ids``); it is
     called for every pass and after a restore. Each item: ``input_ids``, ``position_ids`` (``documents``) and
-    ``index``, a number no other block of the run has (``blocks * world + rank``; it seeds the block's MLM mask).
+    ``index``, a number no other block of the run has (``blocks * world + rank``; it seeds the block's MLM
+    mask).
     """
 
     def __init__(self, make_source: Callable[[], Any], block_size: int, *, documents: bool, rank: int,
@@ -63,15 +66,17 @@ class PackedStream(torch.utils.data.IterableDataset):
                     self.blocks += 1
                     yield {**block, "index": (self.blocks - 1) * self.world + self.rank}
             if examples == 0 and self._source_state is None:
-                raise FlagError(self.name, f"{self.name}: data-parallel rank {self.rank} of {self.world} got no "
-                                           "text from the stream (fewer examples than ranks?).")
+                raise FlagError(self.name,
+                                f"{self.name}: data-parallel rank {self.rank} of {self.world} got no "
+                                "text from the stream (fewer examples than ranks?).")
             self.passes += 1
             self._source_state = None
 
     def state_dict(self) -> dict[str, Any]:
         """Passes done, blocks yielded, the stream's position in this pass and the packer's buffer."""
         source = self._source.state_dict() if self._source is not None else self._source_state
-        return {"passes": self.passes, "blocks": self.blocks, "source": source, "packer": self.packer.state_dict()}
+        return {"passes": self.passes, "blocks": self.blocks, "source": source,
+                "packer": self.packer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state_dict`` was taken (the next iteration starts there)."""
@@ -100,8 +105,8 @@ class TrainStream:
         self._iterator: Iterator[dict[str, torch.Tensor]] | None = None
 
     def batches(self, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
-        """The next batches on ``device``, without end (one iterator for the whole run: a resumed loader goes on
-        from its loaded state)."""
+        """The next batches on ``device``, without end (one iterator for the whole run: a resumed loader goes
+        on from its loaded state)."""
         if self._iterator is None:
             with _quiet_loader():
                 self._iterator = iter(self.loader)
@@ -113,8 +118,8 @@ class TrainStream:
         return Path(folder) / DATA_STATE_DIR / f"rank_{self.rank}.json"
 
     def save(self, folder: Path) -> None:
-        """Write the loader's state (stream position, packer buffer) into checkpoint ``folder`` (atomically: ranks
-        that share a data-parallel rank write the same content)."""
+        """Write the loader's state (stream position, packer buffer) into checkpoint ``folder`` (atomically:
+        ranks that share a data-parallel rank write the same content)."""
         path = self.state_file(folder)
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -122,14 +127,15 @@ class TrainStream:
         os.replace(staging, path)
 
     def load(self, folder: Path) -> None:
-        """Restore the state ``save`` wrote into ``folder``; ``FlagError`` naming ``resume_from_checkpoint`` when the
-        checkpoint has none for this rank (written by a run without ``--streaming`` or with fewer ranks)."""
+        """Restore the state ``save`` wrote into ``folder``; ``FlagError`` naming ``resume_from_checkpoint``
+        when the checkpoint has none for this rank (written by a run without ``--streaming`` or with fewer
+        ranks)."""
         path = self.state_file(folder)
         if not path.is_file():
             raise FlagError("resume_from_checkpoint",
-                            f"resume_from_checkpoint: {folder} holds no stream position for data-parallel rank "
-                            f"{self.rank} ({path.relative_to(folder)}); it was written by a run without --streaming "
-                            "or with fewer data-parallel ranks.")
+                            f"resume_from_checkpoint: {folder} holds no stream position for data-parallel "
+                            f"rank {self.rank} ({path.relative_to(folder)}); it was written by a run without "
+                            "--streaming or with fewer data-parallel ranks.")
         load_safely(path, lambda file: self.loader.load_state_dict(read_json_object(file)))
         self._iterator = None
 

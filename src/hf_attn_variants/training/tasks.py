@@ -1,12 +1,13 @@
-"""The tasks ``finetune`` trains: reading the splits, tokenizing and labelling them, the model class and metrics.
+"""The tasks ``finetune`` trains: reading the splits, tokenizing and labelling them, the model class and
+metrics.
 
 - ``sequence_classification``: a text column (``sentence``/``text``/``sentence1``, or ``--text_column_name``),
-  optionally a second one (``sentence2``/``--text_pair_column_name``), and a ``label`` column of strings or ints
-  (floats → regression, as run_glue). Metrics: accuracy and macro-F1 (regression: mse).
-- ``token_classification``: a ``tokens`` column (lists of words, or a whitespace-separated string in csv) and a
-  ``ner_tags`` column (lists of tag strings or ints; or a whitespace-separated string). Only the first sub-word
-  of each word is labelled (``--label_all_tokens`` labels all, ``B-`` → ``I-`` after the first). Metrics:
-  entity-level precision/recall/F1 (conlleval rules, ``metrics.entity_scores``) and token accuracy.
+  optionally a second one (``sentence2``/``--text_pair_column_name``), and a ``label`` column of strings or
+  ints (floats → regression, as run_glue). Metrics: accuracy and macro-F1 (regression: mse).
+- ``token_classification``: a ``tokens`` column (lists of words, or a whitespace-separated string in csv) and
+  a ``ner_tags`` column (lists of tag strings or ints; or a whitespace-separated string). Only the first
+  sub-word of each word is labelled (``--label_all_tokens`` labels all, ``B-`` → ``I-`` after the first).
+  Metrics: entity-level precision/recall/F1 (conlleval rules, ``metrics.entity_scores``) and token accuracy.
 """
 
 from __future__ import annotations
@@ -29,20 +30,23 @@ def load_splits(args: FinetuneArguments) -> Any:
     from datasets import DatasetDict
 
     if args.validation_file:
-        if file_builder(args.train_file, "train_file") != file_builder(args.validation_file, "validation_file"):
+        if (file_builder(args.train_file, "train_file")
+                != file_builder(args.validation_file, "validation_file")):
             raise FlagError("validation_file", "train_file and validation_file must have the same format.")
         raw = DatasetDict(train=read_data_file(args.train_file, "train_file"),
                           validation=read_data_file(args.validation_file, "validation_file"))
         if raw["validation"].column_names != raw["train"].column_names:
-            raise FlagError("validation_file", f"validation_file has the columns {raw['validation'].column_names}, "
-                                               f"train_file {raw['train'].column_names}.")
+            raise FlagError("validation_file",
+                            f"validation_file has the columns {raw['validation'].column_names}, "
+                            f"train_file {raw['train'].column_names}.")
         return raw
     return split_data_file(args.train_file, args.validation_split_percentage)
 
 
-def pick_column(columns: list[str], explicit: str | None, candidates: tuple[str, ...], what: str) -> str | None:
-    """The column named by the flag ``what`` (``FlagError`` unless it exists), else the first of ``candidates``
-    present, else ``None``."""
+def pick_column(columns: list[str], explicit: str | None, candidates: tuple[str, ...],
+                what: str) -> str | None:
+    """The column named by the flag ``what`` (``FlagError`` unless it exists), else the first of
+    ``candidates`` present, else ``None``."""
     if explicit is not None:
         if explicit not in columns:
             raise FlagError(what, f"{what} {explicit!r} is not a column of the data; columns: {columns}.")
@@ -75,8 +79,10 @@ def sequence_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tupl
     columns = raw["train"].column_names
     label_col = pick_column(columns, args.label_column_name, ("label", "labels"), "label_column_name")
     if label_col is None:
-        raise FlagError("label_column_name", f"No label column (label/labels) in {columns}; pass --label_column_name.")
-    text_col = pick_column(columns, args.text_column_name, ("sentence", "text", "sentence1", "question"), "text_column_name")
+        raise FlagError("label_column_name",
+                        f"No label column (label/labels) in {columns}; pass --label_column_name.")
+    text_col = pick_column(columns, args.text_column_name, ("sentence", "text", "sentence1", "question"),
+                           "text_column_name")
     text_col = text_col or next(c for c in columns if c != label_col)
     pair_col = pick_column(columns, args.text_pair_column_name, ("sentence2",), "text_pair_column_name")
     regression = raw["train"].features[label_col].dtype in ("float32", "float64")
@@ -97,8 +103,10 @@ def token_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tuple[A
     """Tokenized token-classification data (the first sub-word of each word labelled, or every one with
     ``--label_all_tokens``) and the tag list."""
     columns = raw["train"].column_names
-    tokens_col = pick_column(columns, args.text_column_name, ("tokens", "words"), "text_column_name") or columns[0]
-    label_col = pick_column(columns, args.label_column_name, ("ner_tags", "tags", "labels", "label"), "label_column_name")
+    tokens_col = (pick_column(columns, args.text_column_name, ("tokens", "words"), "text_column_name")
+                  or columns[0])
+    label_col = pick_column(columns, args.label_column_name, ("ner_tags", "tags", "labels", "label"),
+                            "label_column_name")
     if label_col is None:
         raise FlagError("label_column_name",
                         f"No tag column (ner_tags/tags/labels) in {columns}; pass --label_column_name.")
@@ -141,11 +149,13 @@ def task_auto_class(task: str) -> Any:
     """The ``AutoModelFor…`` class of ``--task``."""
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
-    return AutoModelForSequenceClassification if task == "sequence_classification" else AutoModelForTokenClassification
+    return (AutoModelForSequenceClassification if task == "sequence_classification"
+            else AutoModelForTokenClassification)
 
 
 def label_kwargs(label_list: list | None, regression: bool) -> dict[str, Any]:
-    """The config fields of the labels: ``num_labels`` and ``id2label``/``label2id`` (regression: one output)."""
+    """The config fields of the labels: ``num_labels`` and ``id2label``/``label2id`` (regression: one
+    output)."""
     if regression:
         return {"num_labels": 1, "problem_type": "regression"}
     names = [str(label) for label in label_list]

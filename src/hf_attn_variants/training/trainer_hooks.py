@@ -8,10 +8,10 @@
   checkpoint needs pickle) and writes ``checkpoint_manifest.json`` (size and sha256 of every file, atomically,
   last); ``trainer_checkpoints`` reads a folder without one as a save that did not
   finish, and ``checkpoints.newest_complete`` checks the rest;
-- ``on_step_end``: the ranks agree (``StopSignals.agreed``) whether a stop signal arrived anywhere; if so every
-  rank asks ``Trainer`` to save this step's checkpoint and stop (``stopped_step``), unless this was the last
-  step anyway. A sharded finetune (``DistributedConfig``) stops without a checkpoint: ``Trainer`` can neither
-  checkpoint nor resume the optimizer of a model sharded at load time.
+- ``on_step_end``: the ranks agree (``StopSignals.agreed``) whether a stop signal arrived anywhere; if so
+  every rank asks ``Trainer`` to save this step's checkpoint and stop (``stopped_step``), unless this was the
+  last step anyway. A sharded finetune (``DistributedConfig``) stops without a checkpoint: ``Trainer`` can
+  neither checkpoint nor resume the optimizer of a model sharded at load time.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
 
 
 def read_trainer_checkpoint(path: Path, *, require_manifest: bool = True) -> Checkpoint | None:
-    """A ``Trainer`` checkpoint folder (``checkpoint-<step>``, or any folder with a ``trainer_state.json``) as a
-    ``Checkpoint``; ``None`` for other folders. Without a manifest it counts as unfinished when
+    """A ``Trainer`` checkpoint folder (``checkpoint-<step>``, or any folder with a ``trainer_state.json``) as
+    a ``Checkpoint``; ``None`` for other folders. Without a manifest it counts as unfinished when
     ``require_manifest`` (a run that writes manifests), else it is probed (a checkpoint from before them)."""
     match = CHECKPOINT_NAME.fullmatch(path.name)
     trainer_state = read_json_file(path / "trainer_state.json") or {}
@@ -54,14 +54,15 @@ def trainer_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
 def write_manifest(folder: Path, step: int) -> None:
     """``checkpoint_manifest.json`` of ``folder`` (every other file's size and sha256), written atomically."""
     staging = folder / f".{MANIFEST_FILE}.tmp"
-    staging.write_text(json.dumps({"step": step, "files": file_manifest(folder, exclude=(MANIFEST_FILE, staging.name))}))
+    staging.write_text(json.dumps({"step": step,
+                                   "files": file_manifest(folder, exclude=(MANIFEST_FILE, staging.name))}))
     os.replace(staging, folder / MANIFEST_FILE)
 
 
 def arguments_as_json(folder: Path, args: Any) -> None:
-    """Replace ``Trainer``'s pickled ``TrainingArguments`` (``training_args.bin``: a whole Python object, which
-    only an unrestricted unpickler reads) in ``folder`` by their JSON (``training_args.json``), so that no file a
-    finetune writes needs pickle."""
+    """Replace ``Trainer``'s pickled ``TrainingArguments`` (``training_args.bin``: a whole Python object,
+    which only an unrestricted unpickler reads) in ``folder`` by their JSON (``training_args.json``), so that
+    no file a finetune writes needs pickle."""
     from transformers.trainer import TRAINING_ARGS_NAME
 
     pickled = folder / TRAINING_ARGS_NAME
@@ -78,7 +79,8 @@ def _barrier(args: Any) -> None:
 
 
 class CheckpointGuard(TrainerCallback):
-    """Manifests for ``Trainer``'s checkpoints and a stop at the same step on every rank (module docstring)."""
+    """Manifests for ``Trainer``'s checkpoints and a stop at the same step on every rank (module
+    docstring)."""
 
     def __init__(self, stop: StopSignals, *, can_checkpoint: bool = True) -> None:
         self.stop = stop
@@ -95,8 +97,8 @@ class CheckpointGuard(TrainerCallback):
         return control
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        """Write the arguments as JSON and the manifest of the checkpoint ``Trainer`` just saved (main process,
-        after every rank saved)."""
+        """Write the arguments as JSON and the manifest of the checkpoint ``Trainer`` just saved (main
+        process, after every rank saved)."""
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         _barrier(args)
         if state.is_world_process_zero and folder.is_dir():
@@ -106,4 +108,5 @@ class CheckpointGuard(TrainerCallback):
         return control
 
 
-__all__ = ["ARGUMENTS_FILE", "MANIFEST_FILE", "CheckpointGuard", "arguments_as_json", "read_trainer_checkpoint", "trainer_checkpoints", "write_manifest"]
+__all__ = ["ARGUMENTS_FILE", "MANIFEST_FILE", "CheckpointGuard", "arguments_as_json",
+           "read_trainer_checkpoint", "trainer_checkpoints", "write_manifest"]

@@ -55,7 +55,8 @@ def learn_wordpiece_vocab(
     ``words`` are already normalised and pre-tokenized (one entry per occurrence).
     """
     if vocab_size < len(special_tokens) + 1:
-        raise ValueError(f"vocab_size must exceed the {len(special_tokens)} special tokens, got {vocab_size}.")
+        raise ValueError(f"vocab_size must exceed the {len(special_tokens)} special tokens, got "
+                         f"{vocab_size}.")
     counts = Counter(w for w in words if w)
     entries = sorted(counts.items())  # fixed order, independent of iteration order of the input
     symbols = [[word[0], *(PREFIX + ch for ch in word[1:])] for word, _ in entries]

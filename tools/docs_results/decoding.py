@@ -1,10 +1,11 @@
-"""Views of ``docs/results/decoding-cpu.json``, written by ``scripts/decoding_bench.py`` (``bench/decoding.py``):
-``generate`` tokens per second of each family's causal LM against a stock Llama of equal parameters.
+"""Views of ``docs/results/decoding-cpu.json``, written by ``scripts/decoding_bench.py``
+(``bench/decoding.py``): ``generate`` tokens per second of each family's causal LM against a stock Llama of
+equal parameters.
 
-Data: ``settings`` (``batches``, ``contexts``, ``new_tokens``, ``size``, ``threads``; on a GPU also ``device``, e.g.
-``"NVIDIA H100 80GB HBM3"``, ``dtype`` (else float32 on CPU) and ``excluded``: model → why it was not timed),
-``models`` (name → description), ``rows`` of ``{model, batch, context, parameters, prefill_s, step_ms, steps,
-tokens_per_s}``. ``decoding-gpu.json`` is written
+Data: ``settings`` (``batches``, ``contexts``, ``new_tokens``, ``size``, ``threads``; on a GPU also
+``device``, e.g. ``"NVIDIA H100 80GB HBM3"``, ``dtype`` (else float32 on CPU) and ``excluded``: model → why it
+was not timed), ``models`` (name → description), ``rows`` of ``{model, batch, context, parameters, prefill_s,
+step_ms, steps, tokens_per_s}``. ``decoding-gpu.json`` is written
 by ``scripts/gpu_check.sh``.
 """
 
@@ -18,12 +19,13 @@ BASELINE = "llama"
 
 
 def _row(data: dict[str, Any], model: str, batch: int, context: int) -> dict[str, Any] | None:
-    return next((r for r in data["rows"] if (r["model"], r["batch"], r["context"]) == (model, batch, context)), None)
+    return next((r for r in data["rows"]
+                 if (r["model"], r["batch"], r["context"]) == (model, batch, context)), None)
 
 
 def table(data: dict[str, Any]) -> str:
-    """Tokens/s and median decoding step per model × batch × context, the ratio to the Llama's tokens/s, and each
-    model's growth of the step from the shortest to the longest context."""
+    """Tokens/s and median decoding step per model × batch × context, the ratio to the Llama's tokens/s, and
+    each model's growth of the step from the shortest to the longest context."""
     settings = data["settings"]
     batches, contexts = settings["batches"], settings["contexts"]
     head = ["model", "non-embedding parameters",
@@ -38,19 +40,22 @@ def table(data: dict[str, Any]) -> str:
                 if row is None:
                     cells.append("–")
                     continue
-                ratio = "" if model == BASELINE or base is None else f" ({row['tokens_per_s'] / base['tokens_per_s']:.2f}×)"
+                ratio = ("" if model == BASELINE or base is None
+                         else f" ({row['tokens_per_s'] / base['tokens_per_s']:.2f}×)")
                 cells.append(f"{row['tokens_per_s']:.0f} tok/s{ratio}, {row['step_ms']:.1f} ms")
             short, long = _row(data, model, batch, min(contexts)), _row(data, model, batch, max(contexts))
             if short and long:
                 growth.append(f"{long['step_ms'] / short['step_ms']:.2f}×")
         parameters = next((r["parameters"] for r in data["rows"] if r["model"] == model), 0)
-        rows.append([f"`{model}`: {description}", f"{parameters / 1e6:.2f}M", *cells, ", ".join(growth) or "–"])
+        rows.append([f"`{model}`: {description}", f"{parameters / 1e6:.2f}M", *cells,
+                     ", ".join(growth) or "–"])
     body = markdown_table(head, rows, ["---", "---:", *["---:"] * (len(head) - 2)])
     where = (f"on {settings['device']}" if settings.get("device", "cpu") != "cpu"
              else f"{settings['threads']} thread(s)")
-    note = (f"Greedy `generate` of {settings['new_tokens']} new tokens after a random prompt of the context's length, "
-            f"{settings.get('dtype', 'float32')}, {where}; a cell is tokens per second (batch ÷ the median decoding "
-            "step; in brackets ÷ the Llama's) and that median step. The prefill is not in it.")
+    note = (f"Greedy `generate` of {settings['new_tokens']} new tokens after a random prompt of the "
+            f"context's length, {settings.get('dtype', 'float32')}, {where}; a cell is tokens per second "
+            "(batch ÷ the median decoding step; in brackets ÷ the Llama's) and that median step. The prefill "
+            "is not in it.")
     for model, reason in (settings.get("excluded") or {}).items():
         note += f" Not timed here: `{model}`: {reason}."
     return f"{note}\n\n{body}\n\n{source_line(data)}"

@@ -2,18 +2,18 @@
 ``scripts/run_retrieval_study.sh`` through ``hf_attn_variants.lengthgen.retrieval_study.publish_retrieval``
 (docs/length_generalization.md, "Retrieval tasks").
 
-Data: ``tasks`` (per task, ``passkey`` and ``mqar``: ``settings`` — the study's flags —, ``runs``, ``run_seconds``
-and ``series``: per series its ``variant``, ``model_type``, ``position`` (``rope``/``none``) and ``points`` of
-``{length, status, accuracy: [mean, std], seeds: [accuracy per seed]}``); ``reported`` (the issue author's passkey
-table, transcribed, with its ``source``); ``wall_seconds``; the provenance fields (``command``, ``machine``, ``cpu``,
-``versions``, ``date``).
+Data: ``tasks`` (per task, ``passkey`` and ``mqar``: ``settings`` — the study's flags —, ``runs``,
+``run_seconds`` and ``series``: per series its ``variant``, ``model_type``, ``position`` (``rope``/``none``)
+and ``points`` of ``{length, status, accuracy: [mean, std], seeds: [accuracy per seed]}``); ``reported`` (the
+issue author's passkey table, transcribed, with its ``source``); ``wall_seconds``; the provenance fields
+(``command``, ``machine``, ``cpu``, ``versions``, ``date``).
 
-Verdicts (``claims``): a claim "a extrapolates better than b" is compared per seed on the mean, over the evaluation
-lengths beyond L, of accuracy(a) − accuracy(b): **holds** when its mean over seeds is at least ``MARGIN`` (0.05) and no
-seed is negative, **fails** when the mean is at most −0.05 and no seed is positive, **not resolved** when the sign
-differs between seeds, when the mean is smaller than 0.05 in size, or when
-either model did not learn the task at L (``learned_threshold``: mean accuracy below 0.5 on passkey; on MQAR with P
-pairs below (1 + 1/P)/2). The models of a pair are trained separately (the
+Verdicts (``claims``): a claim "a extrapolates better than b" is compared per seed on the mean, over the
+evaluation lengths beyond L, of accuracy(a) − accuracy(b): **holds** when its mean over seeds is at least
+``MARGIN`` (0.05) and no seed is negative, **fails** when the mean is at most −0.05 and no seed is positive,
+**not resolved** when the sign differs between seeds, when the mean is smaller than 0.05 in size, or when
+either model did not learn the task at L (``learned_threshold``: mean accuracy below 0.5 on passkey; on MQAR
+with P pairs below (1 + 1/P)/2). The models of a pair are trained separately (the
 same seeds), except the stock Llama's modes (the same weights).
 """
 
@@ -32,21 +32,23 @@ CLAIMS: tuple[tuple[str, str, str], ...] = (
     ("relu² `fixed` n transfers better than `dynamic`", "gau_relu2_fixed", "gau_relu2_dynamic"),
     ("softmax transfers better than relu²", "gau_softmax", "gau_relu2_dynamic"),
 )
-"""(claim, series a, series b): "a extrapolates better than b" (RoPE names; ``+nope`` is added for no position embedding)."""
+"""(claim, series a, series b): "a extrapolates better than b" (RoPE names; ``+nope`` is added for no position
+embedding)."""
 LEARNED = 0.5
-"""Passkey: mean accuracy at L below which a model counts as not having learned the task (no verdict on it)."""
+"""Passkey: mean accuracy at L below which a model counts as not having learned the task (no verdict on
+it)."""
 
 
 def learned_threshold(task: dict[str, Any]) -> float:
-    """The accuracy at L that counts as having learned the task: ``LEARNED`` for passkey; for MQAR with P pairs
-    halfway between guessing among the context's P values (1/P) and 1, i.e. (1 + 1/P) / 2."""
+    """The accuracy at L that counts as having learned the task: ``LEARNED`` for passkey; for MQAR with P
+    pairs halfway between guessing among the context's P values (1/P) and 1, i.e. (1 + 1/P) / 2."""
     settings = task["settings"]
     if settings.get("task") == "mqar":
         return (1 + 1 / settings["num_kv_pairs"]) / 2
     return LEARNED
 MARGIN = 0.05
-"""A mean difference over seeds smaller than this is no difference (not resolved): with 32 sequences per length and
-seed, one sequence is 0.03."""
+"""A mean difference over seeds smaller than this is no difference (not resolved): with 32 sequences per
+length and seed, one sequence is 0.03."""
 POSITIONS = {"rope": "RoPE", "none": "no position embedding"}
 
 
@@ -69,10 +71,11 @@ def _accuracy_table(data: dict[str, Any], name: str) -> str:
     settings = task["settings"]
     lengths, train = settings["eval_lengths"], settings["train_length"]
     head = ["series", *[f"{n} (L)" if n == train else f"{n} ({n // train}L)" for n in lengths]]
-    rows = [[f"`{series}`", *[_cell(_points(task, series).get(n)) for n in lengths]] for series in task["series"]]
+    rows = [[f"`{series}`", *[_cell(_points(task, series).get(n)) for n in lengths]]
+            for series in task["series"]]
     return (markdown_table(head, rows) + f"\n\n*Exact-match accuracy, mean ± sample std over seeds "
-            f"{', '.join(str(s) for s in settings['seeds'])} ({settings['eval_samples']} sequences per length and "
-            f"seed); n/a: longer than the Synthesizer's max_position_embeddings. {_where(data)}*")
+            f"{', '.join(str(s) for s in settings['seeds'])} ({settings['eval_samples']} sequences per "
+            f"length and seed); n/a: longer than the Synthesizer's max_position_embeddings. {_where(data)}*")
 
 
 def _where(data: dict[str, Any]) -> str:
@@ -90,23 +93,28 @@ def mqar(data: dict[str, Any]) -> str:
 
 
 def setup(data: dict[str, Any]) -> str:
-    """The study's settings and cost, one paragraph."""
-    parts = []
+    """The study's settings and cost: one row per task, then the models, the wall time and the command."""
+    rows = []
     for name, task in data["tasks"].items():
         s = task["settings"]
-        detail = (f"{s['passkey_digits']} digits" if name == "passkey" else f"{s['num_kv_pairs']} key-value pairs")
-        parts.append(f"**{name}** ({detail}, vocabulary {s['task_vocab_size']}): trained at L = {s['train_length']} for "
-                     f"{s['max_train_steps']} steps × batch {s['per_device_train_batch_size']} (AdamW, lr "
-                     f"{s['learning_rate']}, {s['num_warmup_steps']} warm-up steps, linear decay), seeds "
-                     f"{', '.join(str(x) for x in s['seeds'])}, evaluated at {', '.join(str(n) for n in s['eval_lengths'])} "
-                     f"on {s['eval_samples']} sequences each; {task['runs']} runs of {task['run_seconds'][0]:.0f}–"
-                     f"{task['run_seconds'][1]:.0f} s (training + evaluation)")
+        detail = (f"{s['passkey_digits']} digits" if name == "passkey"
+                  else f"{s['num_kv_pairs']} key-value pairs")
+        rows.append([f"**{name}** ({detail})", str(s["task_vocab_size"]), str(s["train_length"]),
+                     f"{s['max_train_steps']} × {s['per_device_train_batch_size']}",
+                     f"{s['learning_rate']}, {s['num_warmup_steps']} warm-up steps",
+                     ", ".join(str(x) for x in s["seeds"]), ", ".join(str(n) for n in s["eval_lengths"]),
+                     str(s["eval_samples"]),
+                     f"{task['runs']} of {task['run_seconds'][0]:.0f}–{task['run_seconds'][1]:.0f} s"])
+    head = ["task", "vocabulary", "L", "steps × batch", "AdamW lr (linear decay)", "seeds", "evaluated at",
+            "sequences per length", "runs (training + evaluation)"]
     first = next(iter(data["tasks"].values()))["settings"]
-    wall = data.get("wall_seconds")
-    return ("; ".join(parts) + f". Models: hidden {first['hidden_size']}, {first['num_hidden_layers']} layers of "
-            f"attention + FFN with {first['num_attention_heads']} heads (GAU: {first['gau_layer_factor']}× as many "
-            f"layers), dropout 0. " + (f"Wall time of the whole study: {wall / 60:.0f} min. " if wall else "")
-            + f"{_where(data)} Command: `{data['command']}`.")
+    models = [["models", f"hidden {first['hidden_size']}, {first['num_hidden_layers']} layers of attention + "
+                         f"FFN with {first['num_attention_heads']} heads (GAU: {first['gau_layer_factor']}× "
+                         "as many layers), dropout 0"]]
+    if data.get("wall_seconds"):
+        models.append(["wall time of the whole study", f"{data['wall_seconds'] / 60:.0f} min"])
+    models.append(["command", f"`{data['command']}`"])
+    return (markdown_table(head, rows) + "\n\n" + markdown_table(["", ""], models) + f"\n\n*{_where(data)}*")
 
 
 def _per_seed_difference(task: dict[str, Any], a: str, b: str) -> list[float] | None:
@@ -122,8 +130,10 @@ def _per_seed_difference(task: dict[str, Any], a: str, b: str) -> list[float] | 
     return [sum(pa[n]["seeds"][i] - pb[n]["seeds"][i] for n in lengths) / len(lengths) for i in range(seeds)]
 
 
-def verdict(task: dict[str, Any], a: str, b: str) -> tuple[str, list[float] | None, tuple[float, float] | None]:
-    """``(verdict, per-seed differences, (accuracy of a at L, of b at L))`` of "a extrapolates better than b"."""
+def verdict(task: dict[str, Any], a: str, b: str) -> tuple[str, list[float] | None,
+                                                           tuple[float, float] | None]:
+    """``(verdict, per-seed differences, (accuracy of a at L, of b at L))`` of "a extrapolates better than
+    b"."""
     diffs = _per_seed_difference(task, a, b)
     if diffs is None:
         return "not run", None, None
@@ -139,7 +149,8 @@ def verdict(task: dict[str, Any], a: str, b: str) -> tuple[str, list[float] | No
         return "not resolved (sign differs between seeds)", diffs, at_l
     equal = sum(d == 0 for d in diffs)
     word = "**holds**" if sign > 0 else "**fails**"
-    return (f"{word} ({len(diffs) - equal} of {len(diffs)} seeds; equal in the other)" if equal else word), diffs, at_l
+    return (f"{word} ({len(diffs) - equal} of {len(diffs)} seeds; equal in the other)" if equal
+            else word), diffs, at_l
 
 
 def claim_rows(data: dict[str, Any]) -> list[list[str]]:
@@ -159,13 +170,15 @@ def claim_rows(data: dict[str, Any]) -> list[list[str]]:
 
 def claims(data: dict[str, Any]) -> str:
     """The verdict of every claim on every task and position scheme."""
-    head = ["claim", "task", "position", "a − b", "accuracy at L (a / b)", "a − b beyond L, per seed", "verdict"]
-    return (markdown_table(head, claim_rows(data)) + "\n\n*Per seed: mean over the lengths 2L … 64L (where both ran) "
-            f"of the accuracy difference. Holds / fails: the mean over seeds at least {MARGIN} in size and no seed of "
-            f"the opposite sign; "
-            f"not resolved otherwise, or when a model has not learned the task at L (accuracy below {LEARNED} on passkey; "
-            f"on MQAR with P pairs below (1 + 1/P)/2, halfway between guessing among the P values in context and "
-            f"perfect). {_where(data)}*")
+    head = ["claim", "task", "position", "a − b", "accuracy at L (a / b)", "a − b beyond L, per seed",
+            "verdict"]
+    return (markdown_table(head, claim_rows(data)) + "\n\n*Per seed: mean over the lengths 2L … 64L (where "
+                                                     "both ran) "
+            f"of the accuracy difference. Holds / fails: the mean over seeds at least {MARGIN} in size and "
+            "no seed of the opposite sign; "
+            "not resolved otherwise, or when a model has not learned the task at L (accuracy below "
+            f"{LEARNED} on passkey; on MQAR with P pairs below (1 + 1/P)/2, halfway between guessing among "
+            f"the P values in context and perfect). {_where(data)}*")
 
 
 def reported(data: dict[str, Any]) -> str:
@@ -185,14 +198,15 @@ def reported(data: dict[str, Any]) -> str:
             ours = points.get(ratio * train)
             cells.append(f"{theirs:.2f} / " + (_cell(ours) if ours else "–"))
         rows.append([f"{entry['label']} (`{entry['series']}`)", *cells])
-    return markdown_table(head, rows) + (f"\n\n*Columns: evaluation length / training length (reported: L = 64; here: L = "
-                                         f"{train}). Reported: {report['source']}. Here: mean ± std over seeds; "
-                                         f"{_where(data)}*")
+    return markdown_table(head, rows) + ("\n\n*Columns: evaluation length / training length (reported: L = "
+                                         f"64; here: L = {train}). Reported: {report['source']}. Here: mean "
+                                         f"± std over seeds; {_where(data)}*")
 
 
 def replication(data: dict[str, Any]) -> str:
     """The issue author's passkey table beside this package's run of the same models at the author's setting
-    (``replication``: L, steps and evaluation lengths as reported), with the difference of the log-n rows at 4×."""
+    (``replication``: L, steps and evaluation lengths as reported), with the difference of the log-n rows at
+    4×."""
     report, rerun = data.get("replication"), data.get("reported")
     if not report or not rerun:
         return "*No replication.*"
@@ -204,14 +218,17 @@ def replication(data: dict[str, Any]) -> str:
         points = _points({"series": report["series"]}, entry["series"])
         if points is None:
             continue
-        cells = [f"{theirs:.2f} / " + _cell(points.get(ratio * train)) for ratio, theirs in zip(ratios, entry["accuracy"])]
+        cells = [f"{theirs:.2f} / " + _cell(points.get(ratio * train))
+                 for ratio, theirs in zip(ratios, entry["accuracy"])]
         rows.append([f"{entry['label']} (`{entry['series']}`)", *cells])
     return markdown_table(head, rows) + (
-        f"\n\n*Re-run: L = {train}, {settings['max_train_steps']} steps × batch {settings['per_device_train_batch_size']}, "
-        f"lr {settings['learning_rate']}, seeds {', '.join(map(str, settings['seeds']))}, {settings['eval_samples']} "
-        f"sequences per length, mean ± std over seeds (`{report['command']}`, {report.get('date', data['date'])}, on "
+        f"\n\n*Re-run: L = {train}, {settings['max_train_steps']} steps × batch "
+        f"{settings['per_device_train_batch_size']}, lr {settings['learning_rate']}, seeds "
+        f"{', '.join(map(str, settings['seeds']))}, {settings['eval_samples']} sequences per length, mean ± "
+        f"std over seeds (`{report['command']}`, {report.get('date', data['date'])}, on "
         f"{data.get('cpu') or data['machine']}). Reported: {rerun['source']}.*")
 
 
-__all__ = ["CLAIMS", "claim_rows", "claims", "learned_threshold", "mqar", "passkey", "replication", "reported",
+__all__ = ["CLAIMS", "claim_rows", "claims", "learned_threshold", "mqar", "passkey", "replication",
+           "reported",
            "setup", "verdict"]

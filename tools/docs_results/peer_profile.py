@@ -1,5 +1,6 @@
-"""Views of ``docs/results/peer-profile-cpu.json``, written by ``scripts/peer_profile.py``: where one fwd+bwd step
-of our FLASH and of the FLASH-pytorch peer spends its time (self CPU time per operator group, ``torch.profiler``).
+"""Views of ``docs/results/peer-profile-cpu.json``, written by ``scripts/peer_profile.py``: where one fwd+bwd
+step of our FLASH and of the FLASH-pytorch peer spends its time (self CPU time per operator group,
+``torch.profiler``).
 
 Data: ``settings`` (``steps``, ``threads``, ``groups``: operator names per group), ``rows`` of
 ``{model, length, ms: {group: milliseconds per step, …, total}}``.
@@ -11,7 +12,8 @@ from typing import Any
 
 from ._common import markdown_table, source_line
 
-PAIRS = (("gau_flash", "flash_pytorch", "bidirectional"), ("gau_flash_causal", "flash_pytorch_causal", "causal"))
+PAIRS = (("gau_flash", "flash_pytorch", "bidirectional"),
+         ("gau_flash_causal", "flash_pytorch_causal", "causal"))
 
 
 def table(data: dict[str, Any]) -> str:
@@ -24,10 +26,12 @@ def table(data: dict[str, Any]) -> str:
         for length in sorted({r["length"] for r in data["rows"]}):
             a, b = rows_by.get((ours, length)), rows_by.get((peer, length))
             if a and b:
-                rows.append([f"{direction}, {length}", *[f"{a[g]:.0f} / {b[g]:.0f}" for g in [*groups, "total"]]])
+                rows.append([f"{direction}, {length}",
+                             *[f"{a[g]:.0f} / {b[g]:.0f}" for g in [*groups, "total"]]])
     body = markdown_table(head, rows, ["---", *["---:"] * (len(head) - 1)])
     return (f"Self CPU milliseconds per fwd+bwd step, ours / FLASH-pytorch's (`torch.profiler`, mean of "
-            f"{data['settings']['steps']} steps, {data['settings']['threads']} thread).\n\n{body}\n\n{source_line(data)}")
+            f"{data['settings']['steps']} steps, {data['settings']['threads']} "
+            f"thread).\n\n{body}\n\n{source_line(data)}")
 
 
 __all__ = ["table"]

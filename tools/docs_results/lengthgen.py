@@ -1,26 +1,27 @@
 """Views of the length-generalisation study's results files (``docs/results/length-study*.json``), written by
-``scripts/run_length_study.sh`` through ``hf_attn_variants.lengthgen.results.publish`` (docs/length_generalization.md).
+``scripts/run_length_study.sh`` through ``hf_attn_variants.lengthgen.results.publish``
+(docs/length_generalization.md).
 
 Data: ``train_length``, ``seeds``, ``eval_lengths``; ``series`` (per series: ``objective``, ``points`` of
-``{length, status, loss: [mean, std], loss_delta, accuracy, perplexity, perplexity_beyond_train, blocks, tokens}``);
-``pairs`` (loss of series a − series b per seed and length, ``table`` "mlm" or "llama"); ``final_train_loss``;
-``run`` (wall time and run counts); ``finetune`` (per task form: ``task`` sizes and ``conditions`` with mean, std and
-per-seed accuracy); ``cpu`` (the CPU's name). An exact 0 is stored as the integer 0 and shown as ``0`` (bit-identical
-values), a rounded one as ``+0.000``.
+``{length, status, loss: [mean, std], loss_delta, accuracy, perplexity, perplexity_beyond_train, blocks,
+tokens}``); ``pairs`` (loss of series a − series b per seed and length, ``table`` "mlm" or "llama");
+``final_train_loss``; ``run`` (wall time and run counts); ``finetune`` (per task form: ``task`` sizes and
+``conditions`` with mean, std and per-seed accuracy); ``cpu`` (the CPU's name). An exact 0 is stored as the
+integer 0 and shown as ``0`` (bit-identical values), a rounded one as ``+0.000``.
 
-Spread: every table says what its ± is (the sample standard deviation over seeds, one training run per seed) and on
-which CPU it was measured. ``reruns`` (``lengthgen.results.publish_rerun``: some variants of the study run again,
-e.g. on another CPU or after a kernel change, each with its own provenance) and ``reported`` (runs reported by
-others, transcribed, each naming its ``source``) feed the ``relu2_*`` views, which state the relu² `fixed` vs
-`dynamic` comparison over every seed of every run; a comparison whose sign differs between seeds or runs is worded
-"not resolved at this scale".
+Spread: every table says what its ± is (the sample standard deviation over seeds, one training run per seed)
+and on which CPU it was measured. ``reruns`` (``lengthgen.results.publish_rerun``: some variants of the study
+run again, e.g. on another CPU or after a kernel change, each with its own provenance) and ``reported`` (runs
+reported by others, transcribed, each naming its ``source``) feed the ``relu2_*`` views, which state the relu²
+`fixed` vs `dynamic` comparison over every seed of every run; a comparison whose sign differs between seeds or
+runs is worded "not resolved at this scale".
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._common import format_versions, markdown_table, number, signed, source_line
+from ._common import format_versions, markdown_table, minutes, number, signed, source_line
 
 RELU2_FIXED, RELU2_DYNAMIC = "relu2/fixed", "relu2/dynamic"
 """The finetune conditions of Su's comparison (same pretrained weights, two choices of n)."""
@@ -85,9 +86,15 @@ def _spread(data: dict[str, Any]) -> str:
             f"{_cpu(data)}, {data['date']}.*")
 
 
+def _mean_line(data: dict[str, Any]) -> str:
+    """The line under a table of means."""
+    return f"*Mean over seeds {_seeds(data)}, on {_cpu(data)}, {data['date']}.*"
+
+
 def _paired_spread(data: dict[str, Any]) -> str:
     """The line under a table of paired differences."""
-    return f"*Mean over seeds {_seeds(data)} (the seeds' own values in brackets), on {_cpu(data)}, {data['date']}.*"
+    return (f"*Mean over seeds {_seeds(data)} (the seeds' own values in brackets), on {_cpu(data)}, "
+            f"{data['date']}.*")
 
 
 def mlm_loss(data: dict[str, Any]) -> str:
@@ -101,17 +108,17 @@ def mlm_loss_delta(data: dict[str, Any]) -> str:
 
 
 def mlm_accuracy(data: dict[str, Any]) -> str:
-    """Masked-token accuracy at L/4, L and 8L (the smallest, training and largest lengths), one sentence."""
+    """Masked-token accuracy at L/4, L and 8L (the smallest, training and largest lengths), mean over
+    seeds."""
     lengths = [min(data["eval_lengths"]), data["train_length"], max(data["eval_lengths"])]
-    parts = []
+    rows = []
     for name, s in data["series"].items():
         if s["objective"] != "mlm":
             continue
         points = [_point(data, name, n) for n in lengths]
         if all(p and p["status"] == "ok" and p.get("accuracy") for p in points):
-            parts.append(f"`{name}` " + " / ".join(f"{p['accuracy'][0]:.3f}" for p in points))
-    return (f"Masked-token accuracy at {' / '.join(str(n) for n in lengths)} tokens (mean over seeds): "
-            + ", ".join(parts) + " (every point in `runs/length_study/results.md`).")
+            rows.append([f"`{name}`", *[f"{p['accuracy'][0]:.3f}" for p in points]])
+    return markdown_table(_head(data, "variant", lengths), rows) + f"\n\n{_mean_line(data)}"
 
 
 def _pair_label(pair: dict[str, Any], short: bool = False) -> str:
@@ -147,7 +154,8 @@ def paired(data: dict[str, Any]) -> str:
 
 def paired_seeds(data: dict[str, Any]) -> str:
     """Paired loss differences of the MLM variants, per seed only, and the source line."""
-    return _pair_table(data, "mlm", "pair (loss difference)", with_mean=False, short=False) + f"\n\n{source_line(data)}"
+    return _pair_table(data, "mlm", "pair (loss difference)", with_mean=False,
+                       short=False) + f"\n\n{source_line(data)}"
 
 
 def llama_perplexity(data: dict[str, Any]) -> str:
@@ -158,7 +166,8 @@ def llama_perplexity(data: dict[str, Any]) -> str:
 
 def llama_perplexity_beyond(data: dict[str, Any]) -> str:
     """Perplexity of the predictions made from positions ≥ L only."""
-    return (_series_table(data, "clm", "perplexity_beyond_train", "perplexity of predictions from positions ≥ L",
+    return (_series_table(data, "clm", "perplexity_beyond_train",
+                          "perplexity of predictions from positions ≥ L",
                           digits=2, beyond=True) + f"\n\n{_spread(data)}")
 
 
@@ -169,53 +178,59 @@ def llama_differences(data: dict[str, Any]) -> str:
 
 
 def train_losses(data: dict[str, Any]) -> str:
-    """Final training losses (mean over seeds), one sentence."""
-    seeds = len(data["seeds"])
-    return (f"Final training losses (mean of {seeds} seeds): "
-            + ", ".join(f"{e['label']} {e['loss']:.2f}" for e in data["final_train_loss"]) + ".")
+    """Final training losses (mean over seeds), one row per model."""
+    rows = [[entry["label"], f"{entry['loss']:.2f}"] for entry in data["final_train_loss"]]
+    return (markdown_table(["model", f"final training loss (mean of {len(data['seeds'])} seeds)"], rows,
+                           ["---", "---:"]))
 
 
 def counts(data: dict[str, Any]) -> str:
-    """Blocks and target tokens behind every point."""
-    mlm = [p for s in data["series"].values() if s["objective"] == "mlm" for p in s["points"] if p.get("tokens")]
-    clm = [p for s in data["series"].values() if s["objective"] == "clm" for p in s["points"] if p.get("tokens")]
+    """Evaluation blocks per length (the same for every model)."""
     blocks: dict[int, int] = {}
     for s in data["series"].values():
         for p in s["points"]:
             if p.get("blocks"):
                 blocks.setdefault(p["length"], p["blocks"])
-    blocks = dict(sorted(blocks.items()))
-    text = (f"Blocks per evaluation length {', '.join(str(n) for n in blocks)}: "
-            f"{', '.join(str(b) for b in blocks.values())}")
+    lengths = sorted(blocks)
+    return markdown_table(_head(data, "evaluation length", lengths),
+                          [["blocks", *[str(blocks[n]) for n in lengths]]],
+                          ["---", *["---:"] * len(lengths)])
+
+
+def targets(data: dict[str, Any]) -> str:
+    """Target tokens behind a point (its masked or predicted tokens), smallest to largest point, per
+    objective."""
     if data.get("target_ranges"):
         ranges = data["target_ranges"]
     else:
-        ranges = {name: [min(p["tokens"] for p in points), max(p["tokens"] for p in points)]
-                  for name, points in (("mlm", mlm), ("clm", clm)) if points}
-    if "mlm" in ranges:
-        text += f"; MLM targets per point ≈ {ranges['mlm'][0] / 1000:.1f}–{ranges['mlm'][1] / 1000:.1f} k"
-    if "clm" in ranges:
-        text += f", CLM targets ≈ {ranges['clm'][0] / 1000:.1f}–{ranges['clm'][1] / 1000:.1f} k"
-    return text + "."
+        ranges = {}
+        for objective in ("mlm", "clm"):
+            tokens = [p["tokens"] for s in data["series"].values() if s["objective"] == objective
+                      for p in s["points"] if p.get("tokens")]
+            if tokens:
+                ranges[objective] = [min(tokens), max(tokens)]
+    names = {"mlm": "MLM (masked tokens)", "clm": "CLM (predicted tokens)"}
+    rows = [[names[key], f"≈ {low / 1000:.1f}–{high / 1000:.1f} k"] for key, (low, high) in ranges.items()]
+    return markdown_table(["objective", "target tokens per point"], rows, ["---", "---:"])
 
 
 def run(data: dict[str, Any]) -> str:
-    """How long the study took, and the source line."""
+    """How long the study took, per part, and the source line."""
     r = data["run"]
-    parts = []
+    rows = []
     if r.get("wall_seconds") is not None:
-        minutes, seconds = divmod(round(r["wall_seconds"]), 60)
-        parts.append(f"{minutes} min {seconds} s for the whole study:")
-    train = ""
+        rows.append(["the whole study", "–", f"{minutes(r['wall_seconds'])} wall"])
+    train = "–"
     if r.get("train_seconds_range"):
         low, high = r["train_seconds_range"]
-        train = f" (≈ {low:.0f}–{high:.0f} s each" + (
-            f", Llama ≈ {r['llama_train_seconds']:.0f} s)" if r.get("llama_train_seconds") else ")")
-    parts.append(f"{r['pretrain_runs']} pretraining runs{train}")
+        train = f"≈ {low:.0f}–{high:.0f} s each" + (
+            f" (Llama ≈ {r['llama_train_seconds']:.0f} s)" if r.get("llama_train_seconds") else "")
+    rows.append(["pretraining", str(r["pretrain_runs"]), train])
     if r.get("finetune_runs"):
-        parts.append(f"+ {r['finetune_runs']} finetune runs ({r['finetune_conditions']} conditions × {len(data['seeds'])} "
-                     f"seeds × {r['finetune_tasks']} task forms, ≈ {r['finetune_seconds'] / 60:.0f} min of CPU in total)")
-    return f"Wall time: {' '.join(parts)}.\n\n{source_line(data)}"
+        runs = (f"{r['finetune_runs']} ({r['finetune_conditions']} conditions × {len(data['seeds'])} seeds × "
+                f"{r['finetune_tasks']} task forms)")
+        rows.append(["finetuning", runs, f"≈ {r['finetune_seconds'] / 60:.0f} min of CPU in total"])
+    return markdown_table(["part", "runs", "time"], rows, ["---", "---:", "---"]) + f"\n\n{source_line(data)}"
 
 
 def finetune(data: dict[str, Any]) -> str:
@@ -227,24 +242,28 @@ def finetune(data: dict[str, Any]) -> str:
         cells = []
         for t in tasks:
             c = next((c for c in data["finetune"][t]["conditions"] if c["condition"] == condition), None)
-            cells.append(f"{c['mean']:.3f} ± {c['std']:.3f} ({', '.join(f'{v:.3f}' for v in c['seeds'])})" if c else "–")
+            cells.append(f"{c['mean']:.3f} ± {c['std']:.3f} ({', '.join(f'{v:.3f}' for v in c['seeds'])})"
+                         if c else "–")
         rows.append([condition, *cells])
     return markdown_table(["condition", *tasks], rows) + f"\n\n{_spread(data)}"
 
 
 def finetune_task(data: dict[str, Any]) -> str:
-    """Size of the finetuning task (the same snippets for both task forms)."""
+    """Size of the finetuning task (the same snippets for both task forms) and its two baselines."""
     task = next(iter(data["finetune"].values()))["task"]
-    return (f"Task size: {task['train_samples']:,} train / {task['validation_samples']:,} validation snippets of "
-            f"{task['mean_tokens']:.1f} tokens on average (inputs truncated at {task['max_seq_length']}); majority "
-            f"class {task['majority']:.3f}, chance {task['chance']:.3f}.")
+    head = ["train snippets", "validation snippets", "tokens per snippet (mean)", "inputs truncated at",
+            "majority class", "chance"]
+    row = [f"{task['train_samples']:,}", f"{task['validation_samples']:,}", f"{task['mean_tokens']:.1f}",
+           str(task["max_seq_length"]), f"{task['majority']:.3f}", f"{task['chance']:.3f}"]
+    return markdown_table(head, [row], ["---:"] * len(head))
 
 
 # --------------------------------------------------------------------------------------------------
 # relu² `fixed` vs `dynamic` over every run: the study, its re-runs and the runs others reported
 # --------------------------------------------------------------------------------------------------
 def _runs(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """The study, then its ``reruns``, then the ``reported`` runs, each with a ``label`` naming its CPU and date."""
+    """The study, then its ``reruns``, then the ``reported`` runs, each with a ``label`` naming its CPU and
+    date."""
     runs = [{**data, "label": f"{_cpu(data)}, {data['date']} (the study)"}]
     runs += [{**r, "label": f"{_cpu(r)}, {r['date']} (re-run)"} for r in data.get("reruns", [])]
     runs += [{**r, "label": f"{_cpu(r)}, {r['date']} (reported)"} for r in data.get("reported", [])]
@@ -306,13 +325,15 @@ def relu2_finetune_runs(data: dict[str, Any]) -> str:
             if any(cell != "–" for cell in cells):
                 rows.append([condition, run["label"], *cells])
     return (markdown_table(["condition", "run", *tasks], rows)
-            + f"\n\n*Mean ± sample standard deviation over seeds {_seeds(data)}, per run (the runs are listed "
+            + f"\n\n*Mean ± sample standard deviation over seeds {_seeds(data)}, per run (the runs are "
+              "listed "
             "under the table above).*")
 
 
 def relu2_fixed_minus_dynamic(data: dict[str, Any]) -> str:
-    """relu² `fixed` − `dynamic` on the same weights, every run: zero-shot MLM loss below and beyond L (negative =
-    `fixed` better) and finetune accuracy after finetuning at shorter lengths (positive = `fixed` better)."""
+    """relu² `fixed` − `dynamic` on the same weights, every run: zero-shot MLM loss below and beyond L
+    (negative = `fixed` better) and finetune accuracy after finetuning at shorter lengths (positive = `fixed`
+    better)."""
     tasks = list(data.get("finetune") or {})
     rows = []
     for run in _runs(data):
@@ -321,109 +342,76 @@ def relu2_fixed_minus_dynamic(data: dict[str, Any]) -> str:
                      *[_difference_cell(_finetune_differences(run, task)) for task in tasks]])
     head = ["run", "zero-shot loss, lengths < L", "zero-shot loss, lengths > L",
             *[f"finetune accuracy, {task}" for task in tasks]]
-    return (markdown_table(head, rows) + "\n\n*Mean ± sample standard deviation (the values: per seed, and per "
-            "length for the zero-shot columns).*\n\n" + relu2_sources(data))
+    return (markdown_table(head, rows) + "\n\n*Mean ± sample standard deviation (the values: per seed, and "
+            "per length for the zero-shot columns).*")
 
 
 def relu2_sources(data: dict[str, Any]) -> str:
-    """Where each run of the relu² comparison comes from."""
-    lines = []
+    """Where each run of the relu² comparison comes from: one row per run."""
+    rows = []
     for index, run in enumerate(_runs(data)):
         if index == 0:
-            how = f"the study on this page ({format_versions(run.get('versions') or {})}; source under its run time)"
+            how = (f"the study on this page ({format_versions(run.get('versions') or {})}; source under its "
+                   "run time)")
         elif run.get("source"):
             how = run["source"] + (f"; {format_versions(run['versions'])}" if run.get("versions") else "")
         else:
             how = (f"`{run['command']}` on {run['machine']} ({format_versions(run.get('versions') or {})})"
                    + (f", {run['code']}" if run.get("code") else ""))
-        lines.append(f"- {run['label']}: {how}.")
-    return "Runs:\n\n" + "\n".join(lines)
+        rows.append([run["label"], how])
+    return markdown_table(["run", "source"], rows)
 
 
-def _sign_summary(values: list[float], negative: str, positive: str, noun: str) -> str:
-    """``"<negative> in all 9 <noun>"`` when every value is below 0, the same with ``positive`` when every value is
-    above 0, else ``""`` (the sign differs between seeds or runs, or a value is 0)."""
+NOT_RESOLVED = "**not resolved at this scale**"
+"""The verdict of a comparison whose sign differs between seeds or runs (or is 0 somewhere)."""
+
+
+def _verdict(values: list[float], lower: str, higher: str) -> str:
+    """``lower`` when every value is below 0, ``higher`` when every value is above 0, else
+    ``NOT_RESOLVED``."""
     if values and all(v < 0 for v in values):
-        return f"{negative} in all {len(values)} {noun}"
+        return lower
     if values and all(v > 0 for v in values):
-        return f"{positive} in all {len(values)} {noun}"
-    return ""
+        return higher
+    return NOT_RESOLVED
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count != 1 else ''}"
+
+
+def _zero_shot_row(runs: list[dict[str, Any]], shorter: bool) -> list[str] | None:
+    values = [v for r in runs for v in (_zero_shot_differences(r, shorter) or [])]
+    if not values:
+        return None
+    counted = sum(1 for r in runs if _zero_shot_differences(r, shorter))
+    return [f"zero-shot MLM loss, lengths {'<' if shorter else '>'} L",
+            f"{_plural(len(values), 'seed × length cell')} of {_plural(counted, 'run')}",
+            f"{signed(min(values))} to {signed(max(values))}",
+            _verdict(values, "`fixed` lower in every one", "`fixed` higher in every one")]
+
+
+def _finetune_row(runs: list[dict[str, Any]], task: str) -> list[str] | None:
+    per_run = [(r, d) for r in runs if (d := _finetune_differences(r, task))]
+    values = [v for _, d in per_run for v in d]
+    if not values:
+        return None
+    cpus = _listed(sorted({_cpu(r) for r, _ in per_run}))
+    means = [_mean_std(d)[0] for _, d in per_run]
+    return [f"finetune accuracy, {task}",
+            f"{_plural(len(values), 'seed')} of {_plural(len(per_run), 'run')} on {cpus}",
+            f"{signed(min(values))} to {signed(max(values))} (run means {signed(min(means))} to "
+            f"{signed(max(means))})",
+            _verdict(values, "`fixed` worse in every one", "`fixed` better in every one")]
 
 
 def relu2_verdict(data: dict[str, Any]) -> str:
-    """One paragraph: Su's relu² claim (`fixed` n transfers better than `dynamic` n) over every seed of every run,
-    zero-shot below and beyond L and after finetuning; a comparison whose sign differs between seeds or runs is
-    "not resolved at this scale"."""
+    """Su's relu² claim (`fixed` n transfers better than `dynamic` n) over every seed of every run: one row
+    per comparison (zero-shot below and beyond L, each finetune task), the range of `fixed` − `dynamic` and
+    whether its sign holds in every value; a comparison whose sign differs between seeds or runs is
+    ``NOT_RESOLVED``."""
     runs = _runs(data)
-    shorter = [v for r in runs for v in (_zero_shot_differences(r, True) or [])]
-    longer = [v for r in runs for v in (_zero_shot_differences(r, False) or [])]
-    zero_shot_runs = sum(1 for r in runs if _zero_shot_differences(r, True))
-    parts = []
-    if shorter and longer:
-        noun = f"seed × length cells of {zero_shot_runs} run{'s' if zero_shot_runs != 1 else ''}"
-        below = _sign_summary(shorter, "lower", "higher", noun)
-        beyond = _sign_summary(longer, "lower", "higher", noun)
-        below_text = (f"a {below.split(' in all ')[0]} MLM loss than the dynamic one (n = the keys a row sees) below L "
-                      f"in all {below.split(' in all ')[1]}" if below else
-                      "an MLM loss neither consistently lower nor higher than the dynamic one below L "
-                      f"({signed(min(shorter))} to {signed(max(shorter))}: not resolved at this scale)")
-        beyond_text = (f"a {beyond.split(' in all ')[0]} one beyond L in all {beyond.split(' in all ')[1]}" if beyond
-                       else f"neither consistently beyond L ({signed(min(longer))} to {signed(max(longer))}: not "
-                       "resolved at this scale)")
-        parts.append(f"Zero-shot, on the same weights, a fixed relu² normaliser (n = L) gave {below_text}, and "
-                     f"{beyond_text}.")
-    finetune = []
-    for task in data.get("finetune") or {}:
-        per_run = [(r, d) for r in runs if (d := _finetune_differences(r, task))]
-        values = [v for _, d in per_run for v in d]
-        if not values:
-            continue
-        cpus = sorted({_cpu(r) for r, _ in per_run})
-        means = [_mean_std(d)[0] for _, d in per_run]
-        consistent = _sign_summary([-v for v in values], "better", "worse", f"seeds of {len(per_run)} runs")
-        where = f"{len(per_run)} run{'s' if len(per_run) != 1 else ''} on {_listed(cpus)}"
-        if consistent:
-            finetune.append(f"on the {task} task `fixed` was {consistent} ({signed(min(values))} to "
-                            f"{signed(max(values))} accuracy; {where})")
-        else:
-            finetune.append(f"on the {task} task the accuracy of `fixed` minus `dynamic` ranged from "
-                            f"{signed(min(values))} to {signed(max(values))} per seed (run means "
-                            f"{signed(min(means))} to {signed(max(means))}; {where})")
-    if finetune:
-        resolved = all(" was " in text for text in finetune)
-        parts.append("After finetuning on inputs shorter than L, "
-                     + ("" if resolved else "whether `fixed` is better is **not resolved at this scale**: ")
-                     + "; ".join(finetune) + ".")
-    return " ".join(parts)
-
-
-def relu2_readme(data: dict[str, Any]) -> str:
-    """The README's sentence on relu² `fixed` vs `dynamic`: zero-shot and after finetuning, over every run."""
-    runs = _runs(data)
-    shorter = [v for r in runs for v in (_zero_shot_differences(r, True) or [])]
-    longer = [v for r in runs for v in (_zero_shot_differences(r, False) or [])]
-    finetuned = [(r, d) for task in data.get("finetune") or {} for r in runs if (d := _finetune_differences(r, task))]
-    values = [v for _, d in finetuned for v in d]
-    zero_shot_runs = sum(1 for r in runs if _zero_shot_differences(r, True))
-    if shorter and all(v < 0 for v in shorter) and longer and all(v > 0 for v in longer):
-        text = (f"a fixed relu² normaliser (n = L) beat the dynamic one zero-shot at shorter lengths (as Su reports) "
-                f"but was worse beyond L, in every seed of {zero_shot_runs} run{'s' if zero_shot_runs != 1 else ''}")
-    else:
-        text = ("zero-shot, a fixed relu² normaliser (n = L) against the dynamic one is not resolved at this scale "
-                "(the sign of the difference changes between seeds or runs)")
-    if values:
-        spreads = []
-        for task in data.get("finetune") or {}:
-            pairs = [(r, d) for r, d in ((r, _finetune_differences(r, task)) for r in runs) if d]
-            if pairs:
-                task_values = [v for _, d in pairs for v in d]
-                task_cpus = _listed(sorted({_cpu(r) for r, _ in pairs}))
-                spreads.append(f"{task}: {signed(min(task_values))} to {signed(max(task_values))} per seed over "
-                               f"{len(pairs)} run{'s' if len(pairs) != 1 else ''} on {task_cpus}")
-        spread = "accuracy of `fixed` − `dynamic`, " + "; ".join(spreads)
-        if all(v > 0 for v in values) or all(v < 0 for v in values):
-            verdict = "better" if values[0] > 0 else "worse"
-            text += f"; after finetuning on short inputs it was {verdict} in every seed ({spread})"
-        else:
-            text += f"; whether it finetunes better on short inputs is **not resolved at this scale** ({spread})"
-    return text[0].upper() + text[1:] + "."
+    rows = [_zero_shot_row(runs, shorter=True), _zero_shot_row(runs, shorter=False),
+            *[_finetune_row(runs, task) for task in data.get("finetune") or {}]]
+    head = ["comparison", "values", "`fixed` − `dynamic`", "sign"]
+    return markdown_table(head, [row for row in rows if row is not None])

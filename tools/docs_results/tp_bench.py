@@ -34,7 +34,8 @@ def _ratio(run: dict[str, Any], family: str) -> tuple[float | None, float | None
 
 
 def table(data: dict[str, Any]) -> str:
-    """The settings, one row per family with every run's times side by side (``a / b``), and the source line."""
+    """The settings, one row per family with every run's times side by side (``a / b``), and the source
+    line."""
     settings, runs = data["settings"], data["runs"]
     families = list(dict.fromkeys(r["family"] for run in runs for r in run["rows"]))
     tp = max(r["tp"] for run in runs for r in run["rows"])
@@ -47,14 +48,17 @@ def table(data: dict[str, Any]) -> str:
         split = " / ".join(f"{c[1]:.2f} s" if c[1] is not None else "–" for c in cells)
         ratio = " / ".join(f"{c[2]:.2f}×" if c[2] is not None else "–" for c in cells)
         slower = all(c[2] is not None and c[2] > 1 for c in cells)
-        rows.append([_family_label(family, settings["hidden"]), one, split, ratio + (" slower" if slower else "")])
+        rows.append([_family_label(family, settings["hidden"]), one, split,
+                     ratio + (" slower" if slower else "")])
     notes = [run.get("note") for run in runs if run.get("note")]
-    intro = (f"`scripts/tp_bench.py` (hidden {settings['hidden']}, {settings['layers']} layers, {settings['batch']} × "
-             f"{settings['length']} tokens, forward + backward, median of {settings['repeats']}), the same CPU cores "
-             f"either way, {len(runs)} run{'s' if len(runs) > 1 else ''}"
+    intro = (f"`scripts/tp_bench.py` (hidden {settings['hidden']}, {settings['layers']} layers, "
+             f"{settings['batch']} × {settings['length']} tokens, forward + backward, median of "
+             f"{settings['repeats']}), the same CPU cores either way, {len(runs)} "
+             f"run{'s' if len(runs) > 1 else ''}"
              + (f" ({'; '.join(notes)})" if notes else "") + ":")
     body = markdown_table(
-        ["family", f"one process, {threads_one} threads", f"TP = {tp}, {threads_tp} thread{'s' if threads_tp != 1 else ''} each",
+        ["family", f"one process, {threads_one} threads",
+         f"TP = {tp}, {threads_tp} thread{'s' if threads_tp != 1 else ''} each",
          "TP / one"],
         rows, ["---", "---:", "---:", "---:"])
     return f"{intro}\n\n{body}\n\n{source_line(data)}"

@@ -2,24 +2,23 @@
 ``hf-attn-variants bench``; format in ``hf_attn_variants.bench.store``).
 
 - ``report``: the whole of docs/benchmarks.md below its title (targets, tables, plots, notes).
-- ``speed_summary``: the README's **Speed.** paragraph.
+- ``speed_summary``: the **Speed.** paragraph of docs/benchmarks.md.
 - ``gau_table``: docs/gau.md's quadratic-vs-FLASH measurements.
 - ``synthesizer_table``: docs/synthesizer.md's component timings.
-- ``targets``: the targets table of a run of its own kept beside the report (docs/benchmarks.md's run on oneMKL's
-  Intel code path).
+- ``targets``: the targets table of a run of its own kept beside the report (docs/benchmarks.md's run on
+  oneMKL's Intel code path).
 
-All of them compute their figures with the same functions (``hf_attn_variants.bench.report``), so a
-figure has one value wherever it is quoted. They live with the benchmark, which owns the file format;
-``hf_attn_variants.results`` finds them through ``TOOL_VIEWS`` (the renderer imports no tool).
+All of them compute their figures with the same functions as the report ``bench`` writes for a run of its own
+(``hf_attn_variants.bench.report``), so a figure has one value wherever it is quoted.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import report as _report
-from . import store as _store
-from .plots import plot_names as _plot_names
+from hf_attn_variants.bench import report as _report
+from hf_attn_variants.bench import store as _store
+from hf_attn_variants.bench.plots import plot_names as _plot_names
 
 
 def report(data: dict[str, Any]) -> str:
@@ -31,7 +30,7 @@ def report(data: dict[str, Any]) -> str:
 
 
 def speed_summary(data: dict[str, Any]) -> str:
-    """The README's speed paragraph."""
+    """The speed paragraph (docs/benchmarks.md)."""
     run = _store.from_results(data)
     return _report.speed_summary(run, _store.report_path(run.device).as_posix())
 

@@ -1,19 +1,25 @@
 """Every number in README.md and docs/ comes from a committed results file, rendered here.
 
 A results file is one JSON object under ``docs/results/<name>.json`` written by the command that measured it
-(``bench``, the studies in ``scripts/``, ``lengthgen``…). It names its ``kind`` — the module
-``hf_attn_variants.results.<kind>`` (or the tool's module in ``TOOL_VIEWS``) that knows how to render it — and its provenance: ``command``,
-``machine``, ``versions``, ``date``, and ``replaced`` (rows a later partial run merged in, shown by the view).
+(``bench``, the studies in ``scripts/``, ``tools/publish_study.py``…). It names its ``kind`` — the module
+``tools.docs_results.<kind>`` that knows how to render it — and its provenance: ``command``, ``machine``,
+``versions``, ``date``, and ``replaced`` (rows a later partial run merged in, shown by the view).
 
-A Markdown file embeds a rendered view between two comments::
+A Markdown file embeds a rendered view between two comments. A block region holds a table (with the line under
+it naming where its numbers come from) or a list::
 
     <!-- results: benchmarks-cpu speed_summary -->
     …generated text, never edited by hand…
     <!-- /results -->
 
-``render_markdown`` fills every such region from ``<kind module>.<view>(data) -> str``; the maintainer script
-``scripts/render_docs.py`` (not part of the installed tool) rewrites the files, ``--check`` only reports regions that differ (tests/test_docs_results.py
-runs it, so a hand edit or a results file changed without re-rendering fails the suite).
+An inline region holds one figure inside a sentence written by hand:
+``took <!-- results: demo-cpu wall_time -->1 min 42 s<!-- /results --> on``. The sentences around the regions
+are the docs' own text; they do not restate a figure.
+
+``render_markdown`` fills every such region from ``<kind module>.<view>(data) -> str``;
+``tools/render_docs.py`` rewrites the files, ``--check`` only reports regions that differ
+(tests/test_docs_results.py runs it, so a hand edit or a results file changed without re-rendering fails the
+suite).
 """
 
 from __future__ import annotations
@@ -25,14 +31,19 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from hf_attn_variants.records import format_results
+
 RESULTS_DIR = Path("docs") / "results"
 """Where results files live, relative to the repository root."""
 
 REGION = re.compile(
-    r"(?P<open><!-- results: (?P<name>[\w.-]+) (?P<view>\w+) -->\n)(?P<body>.*?)(?P<close><!-- /results -->)",
+    r"(?P<open><!-- results: (?P<name>[\w.-]+) (?P<view>\w+) -->)"
+    r"(?:(?P<block>\n)(?P<body>.*?)|(?P<inline>[^\n]*?))(?P<close><!-- /results -->)",
     re.DOTALL,
 )
-"""An embedded view: the opening comment names the results file (without ``.json``) and the view."""
+"""An embedded view: the opening comment names the results file (without ``.json``) and the view; a newline
+right after it makes a block region (``body``), none an inline one (``inline``: one figure, on the line of its
+sentence)."""
 
 
 class ResultsError(ValueError):
@@ -54,7 +65,8 @@ def load_results(root: Path, name: str) -> dict[str, Any]:
 
 
 def read_results_file(path: Path) -> dict[str, Any]:
-    """The results object in ``path``; ``ResultsError`` naming it when it is not a JSON object with a ``kind``."""
+    """The results object in ``path``; ``ResultsError`` naming it when it is not a JSON object with a
+    ``kind``."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
@@ -62,23 +74,6 @@ def read_results_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
         raise ResultsError(f"{path}: a results file is a JSON object with a string 'kind'.")
     return data
-
-
-def format_results(data: Any, *, inline_depth: int | None = None) -> str:
-    """``data`` as JSON text, keys in order, 2-space indent; with ``inline_depth`` every list or object nested
-    deeper than that many levels is written on one line (e.g. 2: one line per row of a top-level list of rows),
-    which keeps files of many small rows short and their diffs one line per changed row."""
-
-    def encode(value: Any, level: int) -> str:
-        if not isinstance(value, (dict, list)) or not value or (inline_depth is not None and level >= inline_depth):
-            return json.dumps(value, ensure_ascii=False)
-        pad, inner = "  " * level, "  " * (level + 1)
-        if isinstance(value, dict):
-            items = [f"{inner}{json.dumps(str(k), ensure_ascii=False)}: {encode(v, level + 1)}" for k, v in value.items()]
-            return "{\n" + ",\n".join(items) + f"\n{pad}}}"
-        return "[\n" + ",\n".join(f"{inner}{encode(v, level + 1)}" for v in value) + f"\n{pad}]"
-
-    return encode(data, 0) + "\n"
 
 
 def write_results(root: Path, name: str, data: dict[str, Any], *, inline_depth: int | None = None) -> Path:
@@ -91,18 +86,14 @@ def write_results(root: Path, name: str, data: dict[str, Any], *, inline_depth: 
     return path
 
 
-TOOL_VIEWS = {"bench": "hf_attn_variants.bench.views"}
-"""Kinds whose views live with the tool that owns their file format (imported by name, so this renderer imports
-no tool and every tool may import it)."""
-
-
 def view_function(kind: str, view: str) -> Callable[[dict[str, Any]], str]:
-    """``<kind module>.<view>``: the module is ``TOOL_VIEWS[kind]`` or ``hf_attn_variants.results.<kind>``;
-    ``ResultsError`` when either does not exist."""
-    module_name = TOOL_VIEWS.get(kind, f"{__name__}.{kind.replace('-', '_')}")
+    """``tools.docs_results.<kind>.<view>``; ``ResultsError`` when either does not exist."""
+    module_name = f"{__name__}.{kind.replace('-', '_')}"
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as error:
+        if error.name != module_name:
+            raise
         raise ResultsError(f"no renderer module {module_name} for results kind {kind!r}.") from None
     function = getattr(module, view, None)
     if not callable(function) or view.startswith("_"):
@@ -110,20 +101,26 @@ def view_function(kind: str, view: str) -> Callable[[dict[str, Any]], str]:
     return function
 
 
+def _fill(root: Path, match: re.Match[str], source: str) -> str:
+    """One region re-rendered: a block keeps its lines, an inline region must render one line."""
+    name, view = match["name"], match["view"]
+    data = load_results(root, name)
+    render = view_function(data["kind"], view)
+    try:
+        body = render(data)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ResultsError(f"{source}: view {view!r} of {name}.json failed: {error!r}") from error
+    if match["block"]:
+        return match["open"] + "\n" + body.rstrip("\n") + "\n" + match["close"]
+    if "\n" in body.strip():
+        raise ResultsError(f"{source}: view {view!r} of {name}.json is more than one figure; give it a block "
+                           "region (a newline after the opening comment).")
+    return match["open"] + body.strip() + match["close"]
+
+
 def render_markdown(root: Path, text: str, *, source: str = "<markdown>") -> str:
     """``text`` with every results region re-rendered from its results file."""
-
-    def fill(match: re.Match[str]) -> str:
-        name, view = match["name"], match["view"]
-        data = load_results(root, name)
-        render = view_function(data["kind"], view)
-        try:
-            body = render(data)
-        except (KeyError, TypeError, ValueError) as error:
-            raise ResultsError(f"{source}: view {view!r} of {name}.json failed: {error!r}") from error
-        return match["open"] + body.rstrip("\n") + "\n" + match["close"]
-
-    return REGION.sub(fill, text)
+    return REGION.sub(lambda match: _fill(root, match, source), text)
 
 
 def markdown_files(root: Path) -> list[Path]:

@@ -1,0 +1,121 @@
+"""Size limits of the code, so that a later change cannot grow them silently (issue 36).
+
+- Exported remote code: the lines of every file a causal LM's folder holds, per family, and of the family's
+  own ``modeling_<family>.py`` (what a Hub user reads before running ``trust_remote_code=True``).
+- Repeated code in ``src``: runs of ``WINDOW`` identical statement lines (stripped; blank lines, comments,
+  docstrings and imports left out) that stand in two places, one count per pair of places.
+- Function length in ``src``.
+
+A limit is raised only on purpose, with the reason next to it. Issue 36's targets were 60 % of the exported
+totals of 2026-11-26 (entropy-invariant 1,450, GAU 2,150, Synthesizer 1,550 lines) and a family file of at
+most 700 lines (GAU 1,100); where a limit is above its target, the reason says what the lines hold.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import itertools
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+import hf_attn_variants
+from hf_attn_variants.models.standalone import exported_files
+
+SRC = Path(hf_attn_variants.__file__).resolve().parent
+
+EXPORTED_LINES = {
+    # Above the 1,450 target: the shared file (1,622 lines, counted in every family) holds compat for
+    # 5.0–5.24, RoPE, norms, masks and nᵢ, the config base, the backbone, five heads, the FSDP tie and
+    # sharded-save fixes that remote code needs under FSDP2, and two tensor-parallel styles.
+    "entropy_invariant": 2070,
+    # Above the 2,150 target: the shared file, FLASH's torch kernels, chunk cache and packed-document layout,
+    # and the Triton kernels (gau_triton.py, 321 lines, imported on CUDA only).
+    "gau": 3470,
+    # Above the 1,550 target: the shared file, as for the entropy-invariant family.
+    "synthesizer": 2270,
+}
+FAMILY_FILE_LINES = {
+    "entropy_invariant": 700,
+    # Above the 1,100 target: FLASH's torch kernels (373 lines) and its decoding cache are inlined here.
+    "gau": 1340,
+    "synthesizer": 700,
+}
+WINDOW = 6
+DUPLICATE_PAIRS = 8
+FUNCTION_LINES = 80
+
+
+def line_count(text: str) -> int:
+    return text.count("\n")
+
+
+@pytest.mark.parametrize("family", list(EXPORTED_LINES))
+def test_exported_remote_code_stays_within_its_limits(family: str) -> None:
+    files = exported_files(f"configuration_{family}", f"modeling_{family}")
+    sizes = {name: line_count(bundle.text) for name, bundle in files.items()}
+    assert sum(sizes.values()) <= EXPORTED_LINES[family], (family, sizes)
+    assert sizes[f"modeling_{family}"] <= FAMILY_FILE_LINES[family], (family, sizes)
+
+
+def code_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, stripped text) of the statement lines: no blank lines, comments, docstrings or imports
+    (an import list or a sentence says nothing about repeated logic)."""
+    source = path.read_text(encoding="utf-8")
+    skipped: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        value = getattr(node, "value", None)
+        docstring = (isinstance(node, ast.Expr) and isinstance(value, ast.Constant)
+                     and isinstance(value.value, str))
+        if docstring or isinstance(node, (ast.Import, ast.ImportFrom)):
+            skipped.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    return [(number, line.strip()) for number, line in enumerate(source.splitlines(), 1)
+            if number not in skipped and line.strip() and not line.strip().startswith("#")]
+
+
+def duplicate_runs(root: Path, window: int = WINDOW, most_places: int = 8) -> list[str]:
+    """Runs of at least ``window`` identical statement lines that stand in two places of ``root``'s Python
+    files, one entry per pair of places (``a.py:10 ~ b.py:40``); a window standing in more than
+    ``most_places`` places is too common to count (boilerplate)."""
+    index: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    numbers: dict[str, list[int]] = {}
+    for path in sorted(root.rglob("*.py")):
+        name = str(path.relative_to(root))
+        lines = code_lines(path)
+        numbers[name] = [number for number, _ in lines]
+        for start in range(len(lines) - window + 1):
+            chunk = "\n".join(text for _, text in lines[start:start + window])
+            index[hashlib.sha1(chunk.encode()).hexdigest()].append((name, start))
+    matches: dict[tuple[str, str], set[tuple[int, int]]] = defaultdict(set)
+    for places in index.values():
+        if len(places) <= most_places:
+            for (file_a, a), (file_b, b) in itertools.combinations(places, 2):
+                matches[(file_a, file_b)].add((a, b))
+    return [f"{file_a}:{numbers[file_a][a]} ~ {file_b}:{numbers[file_b][b]}"
+            for (file_a, file_b), starts in sorted(matches.items()) for a, b in sorted(starts)
+            if (a - 1, b - 1) not in starts]
+
+
+def test_repeated_code_in_src_stays_within_its_limit() -> None:
+    runs = duplicate_runs(SRC)
+    assert len(runs) <= DUPLICATE_PAIRS, runs
+
+
+def test_the_repeat_finder_finds_a_copied_function(tmp_path) -> None:
+    body = "".join(f"    x{i} = x{i - 1} + {i}\n" for i in range(1, 8))
+    (tmp_path / "a.py").write_text(f"def f(x0):\n{body}    return x7\n")
+    (tmp_path / "b.py").write_text(f'"""Doc."""\nimport os\n\n\ndef g(x0):\n{body}    return os.sep\n')
+    assert duplicate_runs(tmp_path) == ["a.py:2 ~ b.py:6"]
+
+
+def test_no_function_in_src_is_longer_than_the_limit() -> None:
+    long = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > FUNCTION_LINES:
+                    long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long
