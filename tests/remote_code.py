@@ -68,21 +68,21 @@ for case in manifest:
 
 def assert_standalone_code(folder: Path, family: str, *, model: bool = True) -> None:
     """The folder's code is ``configuration_<family>.py`` and the shared file (+ ``modeling_<family>.py``, and
-    for GAU ``gau_triton.py``), each generated with a header, importing only torch, transformers and the
-    standard library outside ``try`` blocks (optional packages, which Transformers' import check skips too),
-    and relatively only the shared file, ``.configuration_<family>`` (the modeling file) and ``.gau_triton``
-    (GAU's modeling file). The shared file is the same bytes for every family: the package's
-    ``shared_bundle``."""
+    for GAU ``gau_kernels.py`` and ``gau_triton.py``), each generated with a header, importing only torch,
+    transformers and the standard library outside ``try`` blocks (optional packages, which Transformers'
+    import check skips too), and relatively only the shared file, ``.configuration_<family>`` (the modeling
+    file) and GAU's kernel files (GAU's modeling file). The shared file is the same bytes for every family:
+    the package's ``shared_bundle``."""
     from hf_attn_variants.models.standalone import SHARED_FILE, shared_bundle
 
     expected = {f"configuration_{family}.py", f"{SHARED_FILE}.py"}
     if model:
-        expected |= {f"modeling_{family}.py", *(["gau_triton.py"] if family == "gau" else [])}
+        expected |= {f"modeling_{family}.py", *(["gau_kernels.py", "gau_triton.py"] * (family == "gau"))}
     assert {p.name for p in Path(folder).glob("*.py")} == expected
     assert (Path(folder) / f"{SHARED_FILE}.py").read_text() == shared_bundle().text
     allowed = {f"configuration_{family}.py": {SHARED_FILE}, f"{SHARED_FILE}.py": set(),
-               "gau_triton.py": set(),
-               f"modeling_{family}.py": {SHARED_FILE, f"configuration_{family}", "gau_triton"}}
+               "gau_triton.py": set(), "gau_kernels.py": {SHARED_FILE},
+               f"modeling_{family}.py": {SHARED_FILE, f"configuration_{family}", "gau_kernels", "gau_triton"}}
     for name in expected:
         source = (Path(folder) / name).read_text()
         assert source.startswith(

@@ -8,7 +8,8 @@ In the package the model code is split into modules; a Hub folder holds, per fam
 - ``attn_variants_common.py`` (``SHARED_FILE``): the code every family shares (``SHARED_MODULES``, whole),
   byte for byte the same in every folder of one package release, so a reader who audited it once recognises it
   by its sha256 (``shared_code_sha256``, printed in the model card);
-- GAU only: ``gau_triton.py``, its Triton kernels, which the modeling file imports on CUDA only.
+- GAU only: ``gau_kernels.py`` (its torch kernels) and ``gau_triton.py`` (its Triton kernels, imported on CUDA
+  only), which the modeling file imports.
 
 The family files import the shared file (and the config) with one direct relative import each: every
 Transformers release from 5.0 on copies the direct relative imports of the file it loads (releases before 5.10
@@ -45,8 +46,9 @@ PRELUDE = "compat"
 SHARED_MODULES = ("compat", "layers", "configuration_common", "modeling_common", "tensor_parallel")
 """The modules every family uses; the shared file holds all of them, whole."""
 SHARED_FILE = "attn_variants_common"
-SEPARATE_FILES = ("gau_triton",)
-"""Modules exported as files of their own (imported by a family file, not inlined into it)."""
+SEPARATE_FILES = ("gau_kernels", "gau_triton")
+"""Modules exported as files of their own, imported by the family file: GAU's torch kernels (plain tensor
+functions, so the family file reads as the model) and its Triton kernels (imported on CUDA only)."""
 
 
 @dataclass
@@ -417,7 +419,9 @@ def exported_files(config_module: str, modeling_module: str | None = None,
         bundles[modeling_module] = modeling
         for name in SEPARATE_FILES:
             if f"from .{name} import" in modeling.text:
-                bundles[name] = bundle_module(name, package_dir=package_dir)
+                external = _external_files(config_module, package_dir)
+                del external[name]
+                bundles[name] = bundle_module(name, external=external, package_dir=package_dir)
     return bundles
 
 
