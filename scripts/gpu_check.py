@@ -62,14 +62,21 @@ RESULT_FILES = ("environment-gpu", "tests-gpu", "benchmarks-gpu", "decoding-gpu"
 """The results files a run writes to its output folder (``<name>.json``), one per stage, in stage order."""
 
 PAGE = Path("docs") / "benchmarks-gpu.md"
-PAGE_SECTIONS: tuple[tuple[str, str, str], ...] = (
-    ("environment-gpu", "environment", ""),
-    ("tests-gpu", "tests", "## CUDA tests"),
-    ("decoding-gpu", "table", "## Decoding"),
-    ("benchmarks-gpu", "report", ""),
+PAGE_SECTIONS: tuple[tuple[str, str, str, str], ...] = (
+    ("environment-gpu", "environment", "",
+     "The machine: the GPU, its driver, the speed of one bf16 matrix product, and the versions of the "
+     "packages the check used (and the wheels it brought along)."),
+    ("tests-gpu", "tests", "## CUDA tests",
+     "The CUDA test selection: its outcome and command, the counts per test file, the run's notes, each "
+     "failure with its message, and the skipped tests grouped by reason."),
+    ("decoding-gpu", "table", "## Decoding",
+     "Greedy `generate` of the settings' number of new tokens after a random prompt of the context's length. "
+     "A cell of the second table is tokens per second (batch ÷ the median decoding step; in brackets ÷ the "
+     "Llama's) and that median step; the prefill is not in it."),
+    ("benchmarks-gpu", "report", "", ""),
 )
-"""(results file, view, heading) of docs/benchmarks-gpu.md, in page order; a section is there only when its
-file is."""
+"""(results file, view, heading, the page's own sentence before the region) of docs/benchmarks-gpu.md, in page
+order; a section is there only when its file is."""
 
 PACKAGES = ("torch", "triton", "transformers", "accelerate", "peft", "safetensors", "huggingface_hub",
             "tokenizers",
@@ -705,10 +712,10 @@ def page_text(present: Sequence[str]) -> str:
              "(../CONTRIBUTING.md#the-gpu-check)), published with `python scripts/gpu_check.py publish DIR`. "
              "Do not edit by hand: every section is rendered from `docs/results/*-gpu.json`.")
     parts = ["# GPU benchmarks", "", intro, ""]
-    for name, view, heading in PAGE_SECTIONS:
+    for name, view, heading, sentence in PAGE_SECTIONS:
         if name in present:
-            parts += ([heading, ""] if heading else []) + [f"<!-- results: {name} {view} -->",
-                                                           "<!-- /results -->", ""]
+            parts += ([heading, ""] if heading else []) + ([sentence, ""] if sentence else []) + [
+                f"<!-- results: {name} {view} -->", "<!-- /results -->", ""]
     return "\n".join(parts)
 
 

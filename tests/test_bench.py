@@ -171,7 +171,7 @@ def test_merge_replaces_rows_and_marks_them(quick_run, tmp_path, monkeypatch) ->
     report = (tmp_path / "docs" / "benchmarks.md").read_text()
     assert "`ei_decoder_sdpa` [merge 1]" in report and f"**merge 1**: `{CALLED_FROM_PYTHON}" in report
     assert "`bert_sdpa` [merge" not in report
-    assert "1 partial re-run(s) merged" in (tmp_path / "README.md").read_text()
+    assert "| partial re-runs merged | 1 |" in (tmp_path / "README.md").read_text()
     assert render_docs(tmp_path, check=True) == []
 
 

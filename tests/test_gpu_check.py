@@ -104,7 +104,12 @@ def check_the_environment_and_tests_files(dry_run: Path) -> None:
     assert {"tests/test_cuda.py", "tests/test_flex_attention.py", "tests/test_generation_caches.py"} <= tests[
         "files"].keys()
     for name in ("environment", "tests"):
-        assert view_function("gpu_check", name)(read(dry_run, f"{name}-gpu.json"))
+        assert view_function("gpu_check", name)(read(dry_run, f"{name}-gpu.json")).startswith(
+            "| setting | value |\n|---|---|\n| dry run | yes: on CPU")  # tables, no sentences
+    shown = view_function("gpu_check", "environment")(read(dry_run, "environment-gpu.json"))
+    assert "| device | no CUDA device |" in shown and "| package torch |" in shown
+    shown = view_function("gpu_check", "tests")(read(dry_run, "tests-gpu.json"))
+    assert "| status | **passed** |" in shown and "| exit | pytest exit status 0 |" in shown
 
 
 def check_the_bench_file(dry_run: Path) -> None:
@@ -127,7 +132,8 @@ def check_the_decoding_file(dry_run: Path) -> None:
     expected = len(data["models"]) * len(settings["batches"]) * len(settings["contexts"])
     assert len(data["models"]) == 4 and len(data["rows"]) == expected and data["gpu_check"]["complete"]
     assert "synthesizer" in settings["excluded"]
-    assert view_function("decoding", "table")(data).startswith("Greedy `generate`")
+    text = view_function("decoding", "table")(data)
+    assert text.startswith("| setting | value |") and "| new tokens (greedy `generate`) |" in text
 
 
 def check_publish(dry_run: Path, tmp_path: Path) -> None:
@@ -143,6 +149,7 @@ def check_publish(dry_run: Path, tmp_path: Path) -> None:
                  "benchmarks-gpu report"):
         assert f"<!-- results: {name} -->" in text
     assert "## Results" in text and "FLASH GAU (Triton kernels and torch path)" in text
+    assert "The CUDA test selection: its outcome" in text  # the page's own sentences, outside the regions
     assert render_docs(tmp_path, [page], check=True) == []
     assert {p.relative_to(tmp_path).parts[0] for p in tmp_path.rglob("*")} == {"docs"}  # nothing else
 
@@ -247,9 +254,11 @@ def gpu_environment() -> dict:
 
 def test_the_environment_view_of_a_gpu_run() -> None:
     text = view_function("gpu_check", "environment")(gpu_environment())
-    assert ("1 × NVIDIA H100 80GB HBM3 (compute capability 9.0, 79.2 GiB, 132 multiprocessors), CUDA "
-            "13.0") in text
-    assert "ran at 781 TFLOP/s" in text and "flash-attn (not installed)" in text
+    for row in ("| device | 1 × NVIDIA H100 80GB HBM3 |", "| compute capability | 9.0 |",
+                "| memory | 79.2 GiB |", "| multiprocessors | 132 |", "| CUDA | 13.0 |"):
+        assert row in text
+    assert "| bf16 8192 × 8192 × 8192 matrix product | 781 TFLOP/s |" in text
+    assert "| package flash-attn | not installed |" in text
     assert "transformers-5.24.0-py3-none-any.whl" in text and "dry run" not in text
     with pytest.raises(KeyError, match="without 'tests'"):
         view_function("gpu_check", "tests")(gpu_environment())

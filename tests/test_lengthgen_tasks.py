@@ -212,7 +212,7 @@ def test_quick_task_study_writes_results_and_plot(tmp_path, task):
         point = summary[("ei_entropy_invariant+nope", 16)]
         assert cells[1] == f"0.83 / {point['accuracy_mean']:.2f} ± {point['accuracy_std']:.2f}"
         assert cells[3:] == ["0.78 / –", "0.78 / –"]  # 16× and 64× (256, 1024 tokens) were not run
-        assert "Re-run: L = 16, 3 steps × batch 4" in text
+        assert "| L (training length) | 16 |" in text and "| steps × batch | 3 × 4 |" in text
 
 
 def test_llama_modes_rescale_the_same_weights():

@@ -152,6 +152,12 @@ def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]],
     return "\n".join(lines)
 
 
+def settings_table(rows: Sequence[tuple[str, str]]) -> str:
+    """The settings of a measurement as a two-column table (setting | value), rendered above its results
+    table; the docs' own sentences say what the settings mean."""
+    return markdown_table(["setting", "value"], [[name, value] for name, value in rows])
+
+
 __all__ = [
     "MKL_PATH_NAMES",
     "PROVENANCE_FIELDS",
@@ -165,6 +171,7 @@ __all__ = [
     "minutes",
     "number",
     "run_metadata",
+    "settings_table",
     "signed",
     "source_line",
     "versions",

@@ -2,7 +2,7 @@
 ``hf-attn-variants bench``; format in ``hf_attn_variants.bench.store``).
 
 - ``report``: the whole of docs/benchmarks.md below its title (targets, tables, plots, notes).
-- ``speed_summary``: the **Speed.** paragraph of docs/benchmarks.md.
+- ``speed_summary``: the **Speed.** summary table of docs/benchmarks.md (its sentence is the page's own).
 - ``gau_table``: docs/gau.md's quadratic-vs-FLASH measurements.
 - ``synthesizer_table``: docs/synthesizer.md's component timings.
 - ``targets``: the targets table of a run of its own kept beside the report (docs/benchmarks.md's run on
@@ -30,7 +30,7 @@ def report(data: dict[str, Any]) -> str:
 
 
 def speed_summary(data: dict[str, Any]) -> str:
-    """The speed paragraph (docs/benchmarks.md)."""
+    """The speed summary table (docs/benchmarks.md)."""
     run = _store.from_results(data)
     return _report.speed_summary(run, _store.report_path(run.device).as_posix())
 

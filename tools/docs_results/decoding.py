@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import markdown_table, source_line
+from ._common import markdown_table, settings_table, source_line
 
 BASELINE = "llama"
 
@@ -24,8 +24,9 @@ def _row(data: dict[str, Any], model: str, batch: int, context: int) -> dict[str
 
 
 def table(data: dict[str, Any]) -> str:
-    """Tokens/s and median decoding step per model × batch × context, the ratio to the Llama's tokens/s, and
-    each model's growth of the step from the shortest to the longest context."""
+    """The settings (new tokens, dtype, threads or device, models not timed), then tokens/s and median
+    decoding step per model × batch × context, the ratio to the Llama's tokens/s, and each model's growth of
+    the step from the shortest to the longest context."""
     settings = data["settings"]
     batches, contexts = settings["batches"], settings["contexts"]
     head = ["model", "non-embedding parameters",
@@ -50,15 +51,13 @@ def table(data: dict[str, Any]) -> str:
         rows.append([f"`{model}`: {description}", f"{parameters / 1e6:.2f}M", *cells,
                      ", ".join(growth) or "–"])
     body = markdown_table(head, rows, ["---", "---:", *["---:"] * (len(head) - 2)])
-    where = (f"on {settings['device']}" if settings.get("device", "cpu") != "cpu"
-             else f"{settings['threads']} thread(s)")
-    note = (f"Greedy `generate` of {settings['new_tokens']} new tokens after a random prompt of the "
-            f"context's length, {settings.get('dtype', 'float32')}, {where}; a cell is tokens per second "
-            "(batch ÷ the median decoding step; in brackets ÷ the Llama's) and that median step. The prefill "
-            "is not in it.")
-    for model, reason in (settings.get("excluded") or {}).items():
-        note += f" Not timed here: `{model}`: {reason}."
-    return f"{note}\n\n{body}\n\n{source_line(data)}"
+    where = (("device", settings["device"]) if settings.get("device", "cpu") != "cpu"
+             else ("threads", str(settings["threads"])))
+    rows_of_settings = [("new tokens (greedy `generate`)", str(settings["new_tokens"])),
+                        ("dtype", settings.get("dtype", "float32")), where]
+    rows_of_settings += [(f"not timed: `{model}`", reason)
+                         for model, reason in (settings.get("excluded") or {}).items()]
+    return f"{settings_table(rows_of_settings)}\n\n{body}\n\n{source_line(data)}"
 
 
 __all__ = ["table"]

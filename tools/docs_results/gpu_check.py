@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import markdown_table, source_line
+from ._common import markdown_table, settings_table, source_line
 
 OUTCOMES = ("passed", "failed", "errors", "skipped")
 
@@ -31,37 +31,34 @@ def _section(data: dict[str, Any], key: str) -> dict[str, Any]:
     return data[key]
 
 
-def _dry_run_note(data: dict[str, Any]) -> str:
-    return ("> A dry run on CPU (`scripts/gpu_check.sh --dry-run`): it shows that the steps run, not what a "
-            "GPU measures.\n\n" if data.get("dry_run") else "")
+def _dry_run_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """A row saying the file comes from a dry run on CPU, when it does (never published)."""
+    return ([("dry run", "yes: on CPU (`scripts/gpu_check.sh --dry-run`); the steps ran, no GPU measured")]
+            if data.get("dry_run") else [])
 
 
 def environment(data: dict[str, Any]) -> str:
-    """The GPU, its driver, the measured bf16 matrix-product speed and the versions of the packages the check
-    used."""
+    """A table (setting | value) of the GPU, its driver, the measured bf16 matrix-product speed and the
+    versions of the packages the check used."""
     env = _section(data, "environment")
     gpu = env["gpu"]
+    rows = _dry_run_rows(data)
     if gpu.get("available"):
-        device = (f"{gpu['count']} × {gpu['name']} (compute capability {gpu['capability']}, "
-                  f"{gpu['memory_gib']} GiB, {gpu['multiprocessors']} multiprocessors), CUDA {gpu['cuda']}, "
-                  f"cuDNN {gpu['cudnn']}")
+        rows += [("device", f"{gpu['count']} × {gpu['name']}"),
+                 ("compute capability", str(gpu["capability"])),
+                 ("memory", f"{gpu['memory_gib']} GiB"), ("multiprocessors", str(gpu["multiprocessors"])),
+                 ("CUDA", str(gpu["cuda"])), ("cuDNN", str(gpu["cudnn"]))]
     else:
-        device = "no CUDA device"
+        rows.append(("device", "no CUDA device"))
+    if env.get("matmul_tflops"):
+        rows.append(("bf16 8192 × 8192 × 8192 matrix product", f"{env['matmul_tflops']:.0f} TFLOP/s"))
     smi = env.get("nvidia_smi") or {}
-    driver = f"`nvidia-smi`: {smi['query']}" if smi.get("query") else ("`nvidia-smi`: "
-                                                                       f"{smi.get('error', 'not run')}")
-    matmul = (f"; a bf16 8192 × 8192 × 8192 matrix product ran at {env['matmul_tflops']:.0f} TFLOP/s"
-              if env.get("matmul_tflops") else "")
-    packages = ", ".join(f"{name} {version}" if version else f"{name} (not installed)"
-                         for name, version in env["packages"].items())
-    wheels = ", ".join(env.get("wheels") or []) or "none (the machine's own packages)"
-    lines = [
-        f"- Device: {device}{matmul}.",
-        f"- {driver}.",
-        f"- Python `{env['python']}`; packages: {packages}.",
-        f"- Wheels brought along and installed before the run: {wheels}.",
-    ]
-    return _dry_run_note(data) + "\n".join(lines) + f"\n\n{source_line(data)}"
+    rows.append(("`nvidia-smi`", smi["query"] if smi.get("query") else smi.get("error", "not run")))
+    rows.append(("Python", f"`{env['python']}`"))
+    rows += [(f"package {name}", version or "not installed") for name, version in env["packages"].items()]
+    rows.append(("wheels installed before the run",
+                 ", ".join(env.get("wheels") or []) or "none (the machine's own packages)"))
+    return settings_table(rows) + f"\n\n{source_line(data)}"
 
 
 def _counts(counts: dict[str, int]) -> list[str]:
@@ -69,24 +66,28 @@ def _counts(counts: dict[str, int]) -> list[str]:
 
 
 def tests(data: dict[str, Any]) -> str:
-    """The CUDA test selection: status, counts per file, every failure with its message, skips grouped by
-    reason."""
+    """Tables of the CUDA test selection: its outcome (status, exit, duration, counts, command), counts per
+    file, the run's notes, every failure with its message, and the skips grouped by reason."""
     run = _section(data, "tests")
     exit = "stopped at its time budget" if run["exit_code"] is None else ("pytest exit status "
                                                                           f"{run['exit_code']}")
-    summary = (f"**{run['status']}** ({exit}) in {run['duration_s']:.0f} s: "
-               + ", ".join(f"{run['counts'].get(outcome, 0)} {outcome}" for outcome in OUTCOMES) + ".")
+    summary = [*_dry_run_rows(data), ("status", f"**{run['status']}**"), ("exit", exit),
+               ("duration", f"{run['duration_s']:.0f} s"),
+               *[(outcome, str(run["counts"].get(outcome, 0))) for outcome in OUTCOMES],
+               ("command", f"`{run['command']}`")]
+    parts = [settings_table(summary)]
     rows = [[f"`{name}`", *_counts(counts)] for name, counts in run["files"].items()]
-    parts = [_dry_run_note(data) + summary, f"Command: `{run['command']}`."]
     if rows:
         parts.append(markdown_table(["file", *OUTCOMES], rows, ["---", *["---:"] * len(OUTCOMES)]))
     if run.get("notes"):
-        parts.append("\n".join(f"- {note}" for note in run["notes"]))
+        parts.append(markdown_table(["note"], [[note] for note in run["notes"]]))
     if run.get("failures"):
-        parts.append("Failures:\n\n" + "\n".join(f"- `{f['test']}`: {f['message']}" for f in run["failures"]))
+        parts.append(markdown_table(["failed test", "message"],
+                                    [[f"`{f['test']}`", f["message"]] for f in run["failures"]]))
     if run.get("skipped"):
-        parts.append("Skipped:\n\n" + "\n".join(f"- {len(s['tests'])} × {s['reason']}"
-                                                for s in run["skipped"]))
+        parts.append(markdown_table(["skipped for", "tests"],
+                                    [[s["reason"], str(len(s["tests"]))] for s in run["skipped"]],
+                                    ["---", "---:"]))
     parts.append(source_line(data))
     return "\n\n".join(parts)
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import markdown_table, source_line
+from ._common import markdown_table, settings_table, source_line
 
 PAIRS = (("gau_flash", "flash_pytorch", "bidirectional"),
          ("gau_flash_causal", "flash_pytorch_causal", "causal"))
 
 
 def table(data: dict[str, Any]) -> str:
-    """Milliseconds per step by operator group, ours / the peer's, per direction and length."""
+    """The settings, then milliseconds per step by operator group, ours / the peer's, per direction and
+    length."""
     rows_by = {(r["model"], r["length"]): r["ms"] for r in data["rows"]}
     groups = [g for g in data["rows"][0]["ms"] if g != "total"]
     head = ["direction, n", *groups, "total"]
@@ -29,9 +30,10 @@ def table(data: dict[str, Any]) -> str:
                 rows.append([f"{direction}, {length}",
                              *[f"{a[g]:.0f} / {b[g]:.0f}" for g in [*groups, "total"]]])
     body = markdown_table(head, rows, ["---", *["---:"] * (len(head) - 1)])
-    return (f"Self CPU milliseconds per fwd+bwd step, ours / FLASH-pytorch's (`torch.profiler`, mean of "
-            f"{data['settings']['steps']} steps, {data['settings']['threads']} "
-            f"thread).\n\n{body}\n\n{source_line(data)}")
+    settings = settings_table([("profiler", "`torch.profiler`, self CPU time"),
+                               ("steps averaged", str(data["settings"]["steps"])),
+                               ("threads", str(data["settings"]["threads"]))])
+    return f"{settings}\n\n{body}\n\n{source_line(data)}"
 
 
 __all__ = ["table"]

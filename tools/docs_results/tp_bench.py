@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import markdown_table, source_line
+from ._common import markdown_table, settings_table, source_line
 
 FAMILY_LABELS = {
     "gau": "GAU (e = {e}, s = 128)",
@@ -51,11 +51,11 @@ def table(data: dict[str, Any]) -> str:
         rows.append([_family_label(family, settings["hidden"]), one, split,
                      ratio + (" slower" if slower else "")])
     notes = [run.get("note") for run in runs if run.get("note")]
-    intro = (f"`scripts/tp_bench.py` (hidden {settings['hidden']}, {settings['layers']} layers, "
-             f"{settings['batch']} × {settings['length']} tokens, forward + backward, median of "
-             f"{settings['repeats']}), the same CPU cores either way, {len(runs)} "
-             f"run{'s' if len(runs) > 1 else ''}"
-             + (f" ({'; '.join(notes)})" if notes else "") + ":")
+    intro = settings_table([
+        ("hidden", str(settings["hidden"])), ("layers", str(settings["layers"])),
+        ("tokens per step (batch × length)", f"{settings['batch']} × {settings['length']}"),
+        ("repeats (median)", str(settings["repeats"])),
+        ("runs", str(len(runs)) + (f" ({'; '.join(notes)})" if notes else ""))])
     body = markdown_table(
         ["family", f"one process, {threads_one} threads",
          f"TP = {tp}, {threads_tp} thread{'s' if threads_tp != 1 else ''} each",

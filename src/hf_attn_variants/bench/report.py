@@ -756,54 +756,53 @@ def targets_of_run(run: BenchRun) -> str:
 
 
 def speed_summary(run: BenchRun, report: str = "docs/benchmarks.md") -> str:
-    """The README's **Speed.** paragraph: the headline figures of the targets table."""
-    parts = []
+    """The **Speed.** summary as a table (measure | figure): the headline figures of the targets table, then
+    the run they come from and the report that holds them all."""
+    rows = []
     ratios = entropy_invariant_ratios(run)
     if ratios:
         medians = [r.median for _, _, r in ratios]
         lengths = sorted({n for _, n, _ in ratios})
         met = sum(m <= 1.05 for m in medians)
-        parts.append(f"the entropy-invariant encoder and decoder take {min(medians):.2f}–{max(medians):.2f}× "
-                     f"the fwd+bwd time of stock SDPA models (BERT, Llama) at n = {lengths[0]}–{lengths[-1]} "
-                     f"(target ≤ 1.05×: met at {met} of {len(medians)} lengths)")
+        rows += [[f"entropy-invariant encoder and decoder, fwd+bwd time ÷ stock SDPA models (BERT, Llama), "
+                  f"n = {lengths[0]}–{lengths[-1]}", f"{min(medians):.2f}–{max(medians):.2f}×"],
+                 ["target ≤ 1.05× met at", f"{met} of {len(medians)} lengths"]]
     large = max(run.preset.lengths)
     faster = speedup(run, "gau_flash", "gau_quadratic", "train", large)
     growth = per_token_growth(run, "gau_flash", "time")
     if faster is not None:
-        text = (f"FLASH GAU is {faster.median:.2f}× faster than quadratic GAU at {large} tokens"
-                if faster.median >= 1
-                else f"FLASH GAU is {1 / faster.median:.2f}× slower than quadratic GAU at {large} tokens")
+        rows.append([f"FLASH GAU vs quadratic GAU, fwd+bwd at {large} tokens",
+                     f"{faster.median:.2f}× faster" if faster.median >= 1
+                     else f"{1 / faster.median:.2f}× slower"])
         if growth is not None:
-            text += (f" with {'flat' if growth[2] <= 1.3 else 'growing'} time per token (×{growth[2]:.2f} "
-                     f"from {growth[0]} to {growth[1]})")
-        parts.append(text)
+            rows.append([f"FLASH GAU, time per token from {growth[0]} to {growth[1]} tokens",
+                         f"×{growth[2]:.2f} ({'flat' if growth[2] <= 1.3 else 'growing'})"])
     longest = max((r.length for r in run.results if r.variant == "llama_equal_sdpa" and _ok(r)), default=None)
     faster = speedup(run, "gau_flash_causal", "llama_equal_sdpa", "train", longest) if longest else None
     if faster is not None:
-        parts.append(f"causal FLASH trains {faster.median:.2f}× as fast as Llama (SDPA) at equal parameters "
-                     f"at {longest} tokens")
+        rows.append([f"causal FLASH vs Llama (SDPA) at equal parameters, training at {longest} tokens",
+                     f"{faster.median:.2f}× as fast"])
     memory = per_token_growth(run, "gau_quadratic", "memory")
     if memory is not None:
-        parts.append("quadratic GAU's activation memory per token "
-                     f"{'stays flat' if memory[2] <= 1.3 else 'grows'} too (×{memory[2]:.2f} from "
-                     f"{memory[0]} to {memory[1]} tokens)")
+        rows.append([f"quadratic GAU, activation memory per token from {memory[0]} to {memory[1]} tokens",
+                     f"×{memory[2]:.2f} ({'flat' if memory[2] <= 1.3 else 'growing'})"])
     small = min(run.preset.lengths)
     faster = speedup(run, "syn_random", "syn_vanilla", "train", small)
     if faster is not None:
-        parts.append(f"the Synthesizer's `random` trains {faster.median:.2f}× faster than `vanilla` at n = "
-                     f"{small}")
+        rows.append([f"the Synthesizer's `random` vs `vanilla`, training at n = {small}",
+                     f"{faster.median:.2f}× faster"])
     prune_n = min(run.preset.prune_lengths)
     faster = speedup(run, "ei_8h_pruned50", "ei_8h", "infer", prune_n)
     if faster is not None:
-        parts.append(f"a 50 %-head-pruned model infers {faster.median:.2f}× faster at n = {prune_n}")
+        rows.append([f"a 50 %-head-pruned model vs unpruned, inference at n = {prune_n}",
+                     f"{faster.median:.2f}× faster"])
     env = run.environment
-    where = "On CPU" if run.device == "cpu" else f"On {env.get('gpu') or run.device}"
-    merges = f", {len(run.replaced)} partial re-run(s) merged" if run.replaced else ""
-    return (
-        "**Speed.** `make bench` times every family against stock Transformers models in the same run (BERT "
-        f"with SDPA for encoders, Llama with SDPA for decoders), eager and `torch.compile`d. {where} "
-        f"({env['date'][:10]}{merges}): " + "; ".join(parts) + f" ([{report}]({report}))."
-    )
+    rows.append(["device", "CPU" if run.device == "cpu" else str(env.get("gpu") or run.device)])
+    rows.append(["date", env["date"][:10]])
+    if run.replaced:
+        rows.append(["partial re-runs merged", str(len(run.replaced))])
+    rows.append(["all figures", f"[{report}]({report})"])
+    return "\n".join(_table(["measure", "figure"], rows))
 
 
 def _measured_by(run: BenchRun, results: list[Result]) -> str:
@@ -823,7 +822,8 @@ def _measured_by(run: BenchRun, results: list[Result]) -> str:
 
 
 def gau_measurements(run: BenchRun) -> str:
-    """docs/gau.md's quadratic-vs-FLASH table: fwd+bwd time, paired ratio and peak memory per length."""
+    """docs/gau.md's quadratic-vs-FLASH tables: the settings; fwd+bwd time, paired ratio and peak memory per
+    length; how time and peak grow between the two longest lengths."""
     p = run.preset
     rows = []
     lengths = [n for n in p.lengths if _ok(run.find("gau_quadratic", "eager", "train", n))
@@ -841,16 +841,16 @@ def gau_measurements(run: BenchRun) -> str:
     clock = "single-threaded process CPU time" if run.timer == "cpu" else "wall-clock time"
     measured = [r for n in lengths for r in (run.find("gau_quadratic", "eager", "train", n),
                                              run.find("gau_flash", "eager", "train", n))]
+    settings = [["model", "`GAUModel`"], ["hidden", str(p.hidden_size)],
+                ["layers", str(p.gau_layers or p.num_layers)], ["e", str(2 * p.hidden_size)],
+                ["s", str(p.gau_key_size)], ["attention", "relu²"], ["batch", str(p.batch_size)],
+                ["FLASH chunk g", str(p.gau_chunk_size)],
+                ["step", "forward + backward of loss = mean of the squared last hidden state"],
+                ["rows of [benchmarks.md](benchmarks.md)", "`gau_quadratic`, `gau_flash`"],
+                ["measured by", _measured_by(run, measured)], ["timer", clock],
+                ["interleaved rounds (median)", ", ".join(f"{p.repeats_at(n)} at n = {n}" for n in lengths)]]
     lines = [
-        (f"`GAUModel` with hidden {p.hidden_size}, {p.gau_layers or p.num_layers} layers, e = "
-         f"{2 * p.hidden_size}, s = {p.gau_key_size}, relu², batch {p.batch_size}, FLASH chunk g = "
-         f"{p.gau_chunk_size}; forward + backward of loss = mean of the squared last hidden state. These are "
-         "the `gau_quadratic` and `gau_flash` rows of [benchmarks.md](benchmarks.md) "
-         f"({_measured_by(run, measured)}): {clock}, median of "
-         f"{', '.join(f'{p.repeats_at(n)}' for n in lengths)} interleaved rounds at n = "
-         f"{', '.join(map(str, lengths))}; the ratio is the median of the per-round ratios (smallest–largest "
-         "round). Peak: tensor memory allocated during one fwd+bwd step (activations, gradients, "
-         "temporaries)."),
+        *_table(["setting", "value"], settings),
         "",
         *_table(["n", "quadratic fwd+bwd (ms)", "FLASH fwd+bwd (ms)", "quadratic / FLASH",
                  "quadratic peak (MiB)",
@@ -863,17 +863,18 @@ def gau_measurements(run: BenchRun) -> str:
             x, y = run.find(name, "eager", "train", a), run.find(name, "eager", "train", b)
             growth[name] = (y.median(run.timer) / x.median(run.timer), y.peak_bytes / x.peak_bytes)
         linear = growth["gau_quadratic"][1] <= 1.3 * b / a
-        lines += ["", (f"From {a} to {b} tokens ({b / a:g}×) FLASH's time grows "
-                       f"{growth['gau_flash'][0]:.1f}× and its peak {growth['gau_flash'][1]:.1f}×; quadratic "
-                       f"GAU's time grows {growth['gau_quadratic'][0]:.1f}× (its n² terms) and its peak "
-                       f"{growth['gau_quadratic'][1]:.1f}×"
-                       + (" (linear too: above 16 MiB of scores the blocked kernel keeps no n×n tensor for "
-                          "backward)."
-                          if linear else "."))]
+        lines += ["", *_table(
+            [f"from {a} to {b} tokens ({b / a:g}×)", "time grows", "peak grows", "why"],
+            [["FLASH", f"{growth['gau_flash'][0]:.1f}×", f"{growth['gau_flash'][1]:.1f}×", "–"],
+             ["quadratic GAU", f"{growth['gau_quadratic'][0]:.1f}×", f"{growth['gau_quadratic'][1]:.1f}×",
+              "time: its n² terms" + ("; peak linear too: above 16 MiB of scores the blocked kernel keeps no "
+                                      "n×n tensor for backward" if linear else "")]])]
     first = speedup(run, "gau_flash", "gau_quadratic", "train", lengths[0])
     if first is not None and first.median < 1:
-        lines += ["", (f"At n = {lengths[0]} ({lengths[0] // p.gau_chunk_size} chunks) FLASH has little to "
-                       "skip and its linear-attention summaries cost a little more than they save.")]
+        lines += ["", *_table(["n", "chunks", "FLASH slower because"],
+                              [[str(lengths[0]), str(lengths[0] // p.gau_chunk_size),
+                                "little to skip: its linear-attention summaries cost a little more than they "
+                                "save"]])]
     return "\n".join(lines)
 
 
