@@ -120,3 +120,16 @@ def test_push_to_hub_from_save_pretrained_uploads_the_rewritten_folder(tmp_path,
     assert calls == [("someone/tiny", {"private": True},
                       ["attn_variants_common.py", "configuration_entropy_invariant.py",
                        "modeling_entropy_invariant.py"])]
+
+
+def test_saving_the_config_again_keeps_the_models_other_files(tmp_path) -> None:
+    """``config.save_pretrained`` into a model's folder rewrites the config's files and removes only the
+    package modules Transformers copied: the model's kernel files stay, so the folder still loads."""
+    from hf_attn_variants import GAUConfig, GAUForCausalLM
+    from tests.remote_code import assert_standalone_code
+
+    config = GAUConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, attention_key_size=8, chunk_size=4,
+                       attention_normalization="relu2")
+    GAUForCausalLM(config).save_pretrained(tmp_path)
+    config.save_pretrained(tmp_path)
+    assert_standalone_code(tmp_path, "gau")

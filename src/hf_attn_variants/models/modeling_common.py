@@ -346,11 +346,11 @@ class AttnVariantBackbone(ModelMixinBase):
         given = inputs_embeds if input_ids is None else input_ids
         if given is None or (input_ids is not None and inputs_embeds is not None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
-        name, shape = ("input_ids", "(batch, seq)") if input_ids is not None else ("inputs_embeds",
-                                                                                   "(batch, seq, hidden)")
-        if given.dim() != shape.count(",") + 1:
+        name, shape, rank = (("input_ids", "(batch, seq)", 2) if input_ids is not None
+                             else ("inputs_embeds", "(batch, seq, hidden)", 3))
+        if given.dim() != rank:
             raise ValueError(f"{name} must have shape {shape}, got {tuple(given.shape)}.")
-        if given.numel() == 0:
+        if 0 in given.shape[:2]:
             raise ValueError(f"Empty input: batch size {given.shape[0]}, sequence length {given.shape[1]}.")
         return given
 

@@ -287,13 +287,17 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         logits = {name: SYNTHESIZED_LOGITS[name](self, hidden_states, query_offset, key_length,
                                                  synthesizer_positions)
                   for name in self.components if name != "vanilla"}
-        logits["vanilla"] = vanilla  # type: ignore[assignment]
-        alpha = self.mixing_weights()
-        mixed = sum(alpha[i] * upcast(logits[name]) for i, name in enumerate(self.components))
+        if vanilla is not None:
+            logits["vanilla"] = vanilla
+        if self.mixing_logits is None:  # one component: its logits as they are
+            mixed = upcast(logits[self.components[0]])
+        else:
+            alpha = self.mixing_weights()
+            mixed = sum(alpha[i] * upcast(logits[name])  # type: ignore[assignment]
+                        for i, name in enumerate(self.components))
         if attention_mask is None:
             attention_mask = geometry.causal_mask(key_length)
-        probs = masked_softmax(mixed.expand(batch_size, -1, -1, -1), attention_mask)  # type: ignore[union-attr]
-        probs = probs.to(value.dtype)
+        probs = masked_softmax(mixed.expand(batch_size, -1, -1, -1), attention_mask).to(value.dtype)
         probs = F.dropout(probs, p=self.config.attention_probs_dropout_prob, training=self.training)
         output = torch.matmul(probs, value).transpose(1, 2).reshape(batch_size, seq_length, -1)
         return self.o_proj(output), probs

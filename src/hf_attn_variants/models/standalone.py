@@ -450,8 +450,10 @@ def write_standalone_code(save_directory: str | Path, obj: Any) -> list[Path]:
         path = folder / f"{name}.py"
         path.write_text(bundle.text, encoding="utf-8")
         written.append(path)
-    copied = ({source for bundle in bundles.values() for source in bundle.sources}
-              | set(_external_files(None, PACKAGE_DIR)))
+    # What Transformers copied besides them: the package modules the bundles were built from (a config save
+    # copies the shared modules too). Files of this family written by an earlier save (a model's kernels when
+    # the config alone is saved again) stay.
+    copied = {source for bundle in bundles.values() for source in bundle.sources} | set(SHARED_MODULES)
     for name in copied - set(bundles):
         (folder / f"{name}.py").unlink(missing_ok=True)
     return written
