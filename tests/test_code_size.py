@@ -27,15 +27,17 @@ from hf_attn_variants.models.standalone import exported_files
 SRC = Path(hf_attn_variants.__file__).resolve().parent
 
 EXPORTED_LINES = {
-    # Above the 1,450 target: the shared file (1,622 lines, counted in every family) holds compat for
-    # 5.0–5.24, RoPE, norms, masks and nᵢ, the config base, the backbone, five heads, the FSDP tie and
-    # sharded-save fixes that remote code needs under FSDP2, and two tensor-parallel styles.
-    "entropy_invariant": 2070,
+    # Above the 1,450 target: the shared file (1,591 lines, counted in every family). By capability:
+    # Transformers 5.0-5.24 compat 74, tensor parallelism from remote code 150, pruned heads 81, packed
+    # documents 38, RoPE/norms 137, masks, nᵢ and log-n 147, config and its validation 254, geometry, layer
+    # and feed-forward 103, PreTrainedModel base (init, FSDP2 tie and sharded save) 87, backbone with input
+    # checks 174, the five task heads 226; imports, module docstring and __all__ the rest (CONTRIBUTING.md).
+    "entropy_invariant": 1970,
     # Above the 2,150 target: the shared file, GAU's torch kernels (gau_kernels.py: blocked quadratic kernels,
     # FLASH and its packed-document layout), its chunk cache, and the Triton kernels (gau_triton.py).
-    "gau": 3500,
+    "gau": 3350,
     # Above the 1,550 target: the shared file, as for the entropy-invariant family.
-    "synthesizer": 2270,
+    "synthesizer": 2180,
 }
 FAMILY_FILE_LINES = {
     "entropy_invariant": 700,

@@ -141,14 +141,8 @@ class Relu2Attention(torch.autograd.Function):
                                    _relu2_block_gradients)
 
 
-def relu2_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    causal_offset: int | None = None,
-    blocked: bool = False,
-) -> torch.Tensor:
+def relu2_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                    causal_offset: int | None = None, blocked: bool = False) -> torch.Tensor:
     """Σⱼ relu(q_i·k_j)² v_j over visible keys: quadratic relu² GAU with every positive factor in q.
 
     ``query`` ``(batch, q, s)``, ``key`` ``(batch, k, s)``, ``value`` ``(batch, k, e)`` (float32 or float64),
@@ -208,14 +202,8 @@ class SoftmaxAttention(torch.autograd.Function):
         )
 
 
-def softmax_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    causal_offset: int | None = None,
-    blocked: bool = False,
-) -> torch.Tensor:
+def softmax_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                      causal_offset: int | None = None, blocked: bool = False) -> torch.Tensor:
     """softmax(q kᵀ) v over visible keys for a q already carrying the logit scale; float32/float64 in and out.
 
     Shapes as ``relu2_attention``; rows without a visible key give zeros. One expression keeps a single n×n

@@ -208,19 +208,11 @@ def visible_keys(mask: torch.Tensor) -> torch.Tensor:
     return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
 
 
-def visible_key_counts(
-    attention_mask: torch.Tensor | None,
-    *,
-    batch_size: int,
-    query_length: int,
-    key_length: int,
-    query_offset: int | torch.Tensor = 0,
-    causal: bool,
-    device: torch.device,
-    dtype: torch.dtype = torch.float32,
-    position_ids: torch.Tensor | None = None,
-    document_ids: torch.Tensor | None = None,
-) -> torch.Tensor:
+def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, query_length: int,
+                       key_length: int, query_offset: int | torch.Tensor = 0, causal: bool,
+                       device: torch.device, dtype: torch.dtype = torch.float32,
+                       position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None
+                       ) -> torch.Tensor:
     """nᵢ: how many keys query i may attend to in its own row, ``(batch, query_length)`` in ``dtype``.
 
     ``attention_mask``: 2D ``(batch, key_length)`` padding mask (1 = token, cache included), a prepared 4D
@@ -283,17 +275,10 @@ def entropy_invariant_factor(
     return log_key_counts(key_counts, min_length) / log_base
 
 
-def boolean_attention_mask(
-    attention_mask: torch.Tensor | None,
-    *,
-    batch_size: int,
-    query_length: int,
-    key_length: int,
-    query_offset: int | torch.Tensor = 0,
-    causal: bool,
-    device: torch.device,
-    document_ids: torch.Tensor | None = None,
-) -> torch.Tensor | None:
+def boolean_attention_mask(attention_mask: torch.Tensor | None, *, batch_size: int, query_length: int,
+                           key_length: int, query_offset: int | torch.Tensor = 0, causal: bool,
+                           device: torch.device, document_ids: torch.Tensor | None = None
+                           ) -> torch.Tensor | None:
     """A boolean mask ``(batch, 1, query_length, key_length)``, ``True`` where query i may see key j.
 
     Combines the 2D padding mask (or takes a prepared 4D mask as is) with causality, and with ``document_ids``

@@ -2,8 +2,9 @@
 backbone and the task heads. A family defines its attention and layer, then composes:
 
 ```python
-class FooModel(AttnVariantBackbone, FooPreTrainedModel): ...       # layer_class + _attention_inputs()
-class FooForCausalLM(CausalLMHeadMixin, FooPreTrainedModel, GenerationMixin): base_model_class = FooModel
+class FooPreTrainedModel(AttnVariantPreTrainedModel): ...  # config_class, layer_class = FooLayer
+class FooModel(AttnVariantBackbone, FooPreTrainedModel): ...  # _attention_inputs()
+FooForMaskedLM, FooForCausalLM, ... = task_heads(FooPreTrainedModel, FooModel, __name__)
 ```
 
 The heads build the base model directly (not through ``AutoModel``, which remote code cannot rely on) and pool
@@ -22,6 +23,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
@@ -32,7 +34,7 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import PreTrainedModel
-from transformers.utils import can_return_tuple
+from transformers.utils import ModelOutput, can_return_tuple
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .compat import CACHE_FIELD, accepts_cache_alias, output_cache, record_outputs
@@ -175,9 +177,18 @@ class AttnVariantPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _skip_keys_device_placement = ["cache", "past_key_values"]  # the names of 5.24+ and of 5.0–5.23
-    family_prefix: ClassVar[str] = ""
     serving_limitation: ClassVar[str | None] = None
     """Why vLLM's paged softmax attention cannot compute this family; ``None`` where it can."""
+    layer_class: ClassVar[type[nn.Module]]
+    """The family's layer, taking ``(config, layer_idx)``; its ``attention_class`` is the attention module.
+    Both name the modules FSDP/``device_map`` keep whole and the outputs ``output_*`` records."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        layer = cls.__dict__.get("layer_class")
+        if layer is not None:
+            cls._no_split_modules = [layer.__name__]
+            cls._can_record_outputs = {"hidden_states": layer, "attentions": layer.attention_class}
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -213,7 +224,8 @@ class AttnVariantPreTrainedModel(PreTrainedModel):
         """Why vLLM cannot serve this family and what to use instead, in one sentence (``None`` if it can)."""
         if cls.serving_limitation is None:
             return None
-        return (f"{cls.family_prefix} models cannot be served by vLLM (its paged softmax attention): "
+        family = cls.config_class.__name__.removesuffix("Config")
+        return (f"{family} models cannot be served by vLLM (its paged softmax attention): "
                 f"{cls.serving_limitation} Generate with Transformers instead "
                 "(model.generate with its cache).")
 
@@ -242,12 +254,9 @@ class AttnVariantPreTrainedModel(PreTrainedModel):
 class AttnVariantBackbone(ModelMixinBase):
     """Embeddings → layer stack → final norm, shared by the three base models (mixin).
 
-    A family sets ``layer_class`` (a ``GradientCheckpointingLayer`` taking ``(config, layer_idx)``) and
-    implements ``_attention_inputs``. Every layer gets the ``AttentionGeometry`` (``geometry``), the RoPE
-    tables, the cache and the family's inputs.
+    A family implements ``_attention_inputs``; its ``PreTrainedModel`` names the ``layer_class``. Every layer
+    gets the ``AttentionGeometry`` (``geometry``), the RoPE tables, the cache and the family's inputs.
     """
-
-    layer_class: ClassVar[type[nn.Module]]
 
     def __init__(self, config: AttnVariantConfig) -> None:
         super().__init__(config)
@@ -264,7 +273,8 @@ class AttnVariantBackbone(ModelMixinBase):
         self.embed_norm = config_norm(config) if post else nn.Identity()
         self.norm = nn.Identity() if post else config_norm(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.layers = nn.ModuleList([self.layer_class(config, i) for i in range(config.num_hidden_layers)])
+        layers = [self.layer_class(config, i) for i in range(config.num_hidden_layers)]  # type: ignore[operator]
+        self.layers = nn.ModuleList(layers)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -468,39 +478,34 @@ class _HeadMixin(ModelMixinBase):
         return nn.Dropout(p)
 
 
-class MaskedLMHeadMixin(_HeadMixin):
-    """Masked language modelling: logits = lm_head(h), tied to ``embed_tokens`` by default."""
+class _SingleOutputHead(_HeadMixin):
+    """A head whose forward is encode → ``_logits`` → ``_loss`` (with ``labels``) → ``output_class``."""
 
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-    _tp_plan = {"lm_head": "colwise_gather_output"}
+    output_class: ClassVar[type[ModelOutput]]
 
-    def __init__(self, config: AttnVariantConfig) -> None:
-        config = self._build_base(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._tie_before_fsdp(config)
-        self.post_init()
+    def _logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        raise NotImplementedError
 
     @can_return_tuple
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                labels: torch.LongTensor | None = None, **kwargs: Any) -> MaskedLMOutput:
-        """``labels``: token ids at masked positions, -100 elsewhere."""
+                labels: torch.LongTensor | None = None, **kwargs: Any) -> ModelOutput:
+        """``labels``: as the head's class docstring says."""
         outputs = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
-        logits = self.lm_head(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                              attentions=outputs.attentions)
+        logits = self._logits(outputs.last_hidden_state)  # type: ignore[arg-type]
+        loss = None if labels is None else self._loss(logits, labels, kwargs)
+        return self.output_class(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                 attentions=outputs.attentions)
 
 
-class CausalLMHeadMixin(_HeadMixin):
-    """Causal language modelling with a ``Cache``; the family class also lists ``GenerationMixin``."""
+class _LanguageModelHead(_HeadMixin):
+    """``lm_head`` over the vocabulary, tied to ``embed_tokens`` by default (``tie_word_embeddings``)."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}
-    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}  # type: ignore[dict-item]
-    is_decoder_head = True
 
     def __init__(self, config: AttnVariantConfig) -> None:
         config = self._build_base(config)
@@ -508,21 +513,35 @@ class CausalLMHeadMixin(_HeadMixin):
         self._tie_before_fsdp(config)
         self.post_init()
 
+
+class MaskedLMHeadMixin(_LanguageModelHead, _SingleOutputHead):
+    """Masked language modelling: logits = lm_head(h). ``labels``: token ids at masked positions, -100
+    elsewhere."""
+
+    output_class = MaskedLMOutput
+
+    def _logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden_states)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        return self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+
+
+class CausalLMHeadMixin(_LanguageModelHead):
+    """Causal language modelling with a ``Cache`` and ``generate``. ``labels``: the input ids (shifted inside
+    the loss)."""
+
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}  # type: ignore[dict-item]
+    is_decoder_head = True
+
     @accepts_cache_alias
     @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        **kwargs: Any,
-    ) -> CausalLMOutputWithPast:
-        """``labels``: the input ids (shifted inside the loss); ``logits_to_keep``: 0 = all positions."""
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
+                **kwargs: Any) -> CausalLMOutputWithPast:
+        """``logits_to_keep``: 0 = all positions."""
         outputs = self._encode(input_ids, attention_mask, position_ids, inputs_embeds,
                                {"cache": cache, "use_cache": use_cache, **kwargs})
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
@@ -549,8 +568,11 @@ class ClassificationHead(nn.Module):
         return self.out_proj(self.dropout(pooled))
 
 
-class SequenceClassificationHeadMixin(_HeadMixin):
-    """Sequence classification / regression from the first token; loss by ``config.problem_type``."""
+class SequenceClassificationHeadMixin(_SingleOutputHead):
+    """Sequence classification / regression from the first token; loss by ``config.problem_type``.
+    ``labels``: class ids ``(batch,)``, floats for regression, or multi-hot for multi-label."""
+
+    output_class = SequenceClassifierOutput
 
     def __init__(self, config: AttnVariantConfig) -> None:
         config = self._build_base(config)
@@ -558,22 +580,18 @@ class SequenceClassificationHeadMixin(_HeadMixin):
         self.classifier = ClassificationHead(config, self._dropout(config))
         self.post_init()
 
-    @can_return_tuple
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                labels: torch.LongTensor | None = None, **kwargs: Any) -> SequenceClassifierOutput:
-        """``labels``: class ids ``(batch,)``, floats for regression, or multi-hot for multi-label."""
-        outputs = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
-        logits = self.classifier(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
-        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                        attentions=outputs.attentions)
+    def _logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.classifier(hidden_states)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        return self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
 
 
-class TokenClassificationHeadMixin(_HeadMixin):
-    """Per-token classification (NER, POS): classifier(drop(h))."""
+class TokenClassificationHeadMixin(_SingleOutputHead):
+    """Per-token classification (NER, POS): classifier(drop(h)). ``labels``: a label id per token, -100 where
+    no loss is wanted."""
+
+    output_class = TokenClassifierOutput
 
     def __init__(self, config: AttnVariantConfig) -> None:
         config = self._build_base(config)
@@ -582,18 +600,11 @@ class TokenClassificationHeadMixin(_HeadMixin):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)  # type: ignore[arg-type]
         self.post_init()
 
-    @can_return_tuple
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                labels: torch.LongTensor | None = None, **kwargs: Any) -> TokenClassifierOutput:
-        """``labels``: a label id per token, -100 where no loss is wanted."""
-        outputs = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
-        logits = self.classifier(self.dropout(outputs.last_hidden_state))
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, self.config, **kwargs)
-        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                     attentions=outputs.attentions)
+    def _logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.dropout(hidden_states))
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        return self.loss_function(logits, labels, self.config, **kwargs)
 
 
 class QuestionAnsweringHeadMixin(_HeadMixin):
@@ -622,6 +633,32 @@ class QuestionAnsweringHeadMixin(_HeadMixin):
                                             attentions=outputs.attentions)
 
 
+TASK_HEADS: dict[str, type[_HeadMixin]] = {
+    "ForMaskedLM": MaskedLMHeadMixin,
+    "ForCausalLM": CausalLMHeadMixin,
+    "ForSequenceClassification": SequenceClassificationHeadMixin,
+    "ForTokenClassification": TokenClassificationHeadMixin,
+    "ForQuestionAnswering": QuestionAnsweringHeadMixin,
+}
+
+
+def task_heads(pretrained: type[PreTrainedModel], base: type[PreTrainedModel], module: str
+               ) -> tuple[type, ...]:
+    """The family's five task classes, in ``TASK_HEADS`` order: ``<Family><suffix>`` = the head mixin over
+    ``pretrained`` (the causal LM also over ``GenerationMixin``), building ``base`` as ``self.model``.
+    ``<Family>`` is ``pretrained``'s name less ``PreTrainedModel``; ``module`` is the caller's
+    ``__name__``, so the classes pickle and save as that module's."""
+    family = pretrained.__name__.removesuffix("PreTrainedModel")
+    heads = []
+    for suffix, head in TASK_HEADS.items():
+        bases = (head, pretrained, GenerationMixin) if head.is_decoder_head else (head, pretrained)
+        name = family + suffix
+        namespace = {"base_model_class": base, "__module__": module, "__qualname__": name,
+                     "__doc__": f"{family}: {head.__doc__}"}
+        heads.append(type(name, bases, namespace))
+    return tuple(heads)
+
+
 __all__ = [
     "AttentionGeometry",
     "AttentionMLPLayer",
@@ -633,7 +670,9 @@ __all__ = [
     "MaskedLMHeadMixin",
     "QuestionAnsweringHeadMixin",
     "SequenceClassificationHeadMixin",
+    "TASK_HEADS",
     "TokenClassificationHeadMixin",
     "config_norm",
     "residual_block",
+    "task_heads",
 ]

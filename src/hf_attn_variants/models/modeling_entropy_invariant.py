@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
-from transformers.generation import GenerationMixin
 from transformers.masking_utils import (
     create_bidirectional_mask,
     create_causal_mask,
@@ -47,11 +46,7 @@ from .modeling_common import (
     AttentionMLPLayer,
     AttnVariantBackbone,
     AttnVariantPreTrainedModel,
-    CausalLMHeadMixin,
-    MaskedLMHeadMixin,
-    QuestionAnsweringHeadMixin,
-    SequenceClassificationHeadMixin,
-    TokenClassificationHeadMixin,
+    task_heads,
 )
 from .tensor_parallel import ShardedUnits, register_parallel_styles
 
@@ -185,16 +180,10 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         log_n = log_key_counts(key_counts, self.config.entropy_min_length)
         return self.ssmax_scale.to(log_n.dtype)[None, :, None, None] * log_n[:, None, :, None]  # type: ignore[union-attr]
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        geometry: AttentionGeometry,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        key_counts: torch.Tensor | None = None,
-        cache: Cache | None = None,
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, hidden_states: torch.Tensor, geometry: AttentionGeometry,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                attention_mask: torch.Tensor | None = None, key_counts: torch.Tensor | None = None,
+                cache: Cache | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_length = hidden_states.shape[:2]
         query_offset = geometry.query_offset
         if self.num_heads == 0:
@@ -230,6 +219,7 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         output = self.o_proj(output.reshape(batch_size, seq_length, -1).contiguous())
         return output, weights
 
+
 class EntropyInvariantLayer(AttentionMLPLayer):
     """Entropy-invariant attention + feed-forward block with pre- or post-norm residuals."""
 
@@ -241,13 +231,11 @@ class EntropyInvariantPreTrainedModel(AttnVariantPreTrainedModel):
 
     config_class = EntropyInvariantConfig
     config: EntropyInvariantConfig
-    family_prefix = "EntropyInvariant"
-    _no_split_modules = ["EntropyInvariantLayer"]
+    layer_class = EntropyInvariantLayer
     _supports_sdpa = True
     _supports_flex_attn = True  # the factor is folded into q; masks come from Transformers' mask utilities
     _supports_attention_backend = True
     _can_compile_fullgraph = True  # static-cache decoding: one graph (tests/test_generation_caches.py)
-    _can_record_outputs = {"hidden_states": EntropyInvariantLayer, "attentions": EntropyInvariantAttention}
 
     def _init_family_weights(self, module: nn.Module) -> None:
         if isinstance(module, EntropyInvariantAttention) and module.ssmax_scale is not None:
@@ -256,8 +244,6 @@ class EntropyInvariantPreTrainedModel(AttnVariantPreTrainedModel):
 
 class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel):
     """The bare entropy-invariant encoder (bidirectional) or decoder (``config.is_decoder``)."""
-
-    layer_class = EntropyInvariantLayer
 
     def _attention_inputs(
         self, geometry: AttentionGeometry, hidden_states: torch.Tensor, cache: Cache | None
@@ -298,35 +284,10 @@ class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel
         return position_ids
 
 
-class EntropyInvariantForMaskedLM(MaskedLMHeadMixin, EntropyInvariantPreTrainedModel):
-    """Entropy-invariant encoder with a masked-language-modelling head."""
-
-    base_model_class = EntropyInvariantModel
-
-
-class EntropyInvariantForCausalLM(CausalLMHeadMixin, EntropyInvariantPreTrainedModel, GenerationMixin):
-    """Entropy-invariant decoder with a causal LM head; supports ``generate`` and a ``DynamicCache``."""
-
-    base_model_class = EntropyInvariantModel
-
-
-class EntropyInvariantForSequenceClassification(SequenceClassificationHeadMixin,
-                                                EntropyInvariantPreTrainedModel):
-    """Entropy-invariant encoder with a first-token classification / regression head."""
-
-    base_model_class = EntropyInvariantModel
-
-
-class EntropyInvariantForTokenClassification(TokenClassificationHeadMixin, EntropyInvariantPreTrainedModel):
-    """Entropy-invariant encoder with a per-token classification head."""
-
-    base_model_class = EntropyInvariantModel
-
-
-class EntropyInvariantForQuestionAnswering(QuestionAnsweringHeadMixin, EntropyInvariantPreTrainedModel):
-    """Entropy-invariant encoder with an extractive question-answering (span) head."""
-
-    base_model_class = EntropyInvariantModel
+# The task heads shared by the three families (modeling_common.TASK_HEADS) over this family's model.
+(EntropyInvariantForMaskedLM, EntropyInvariantForCausalLM, EntropyInvariantForSequenceClassification,
+ EntropyInvariantForTokenClassification, EntropyInvariantForQuestionAnswering) = task_heads(
+    EntropyInvariantPreTrainedModel, EntropyInvariantModel, __name__)
 
 
 __all__ = [

@@ -35,7 +35,6 @@ from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
-from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
@@ -65,12 +64,8 @@ from .modeling_common import (
     AttentionGeometry,
     AttnVariantBackbone,
     AttnVariantPreTrainedModel,
-    CausalLMHeadMixin,
-    MaskedLMHeadMixin,
-    QuestionAnsweringHeadMixin,
-    SequenceClassificationHeadMixin,
-    TokenClassificationHeadMixin,
     residual_block,
+    task_heads,
 )
 from .tensor_parallel import ShardedUnits, register_parallel_styles
 
@@ -418,38 +413,20 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
     def tp_units(self) -> tuple[int, str]:
         return self.width, "expansion units (intermediate_width)"
 
-    def attention_path(
-        self,
-        query_length: int,
-        key_length: int,
-        device: torch.device | str,
-        *,
-        cached: bool = False,
-        output_attentions: bool = False,
-        packed: bool = False,
-        layout: bool = True,
-    ) -> GAUPath:
+    def attention_path(self, query_length: int, key_length: int, device: torch.device | str,
+                       **mode: bool) -> GAUPath:
         """Which computation (a ``GAU_ATTENTION_PATHS`` key) this unit runs for ``query_length`` queries over
-        ``key_length`` keys on ``device``: ``gau_attention_path`` with its config, direction and mode."""
-        return gau_attention_path(
-            self.config, query_length, key_length, causal=self.is_causal, device=device,
-            training=self.training, cached=cached, output_attentions=output_attentions, packed=packed,
-            layout=layout,
-        )
+        ``key_length`` keys on ``device``: ``gau_attention_path`` with its config, direction and training
+        mode; ``mode``: its ``cached``, ``output_attentions``, ``packed`` and ``layout``."""
+        return gau_attention_path(self.config, query_length, key_length, causal=self.is_causal, device=device,
+                                  training=self.training, **mode)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        geometry: AttentionGeometry,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        key_mask: torch.Tensor | None = None,
-        key_counts: torch.Tensor | None = None,
-        cache: Cache | None = None,
-        output_attentions: bool = False,
-        documents: DocumentChunks | None = None,
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, hidden_states: torch.Tensor, geometry: AttentionGeometry,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                attention_mask: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
+                key_counts: torch.Tensor | None = None, cache: Cache | None = None,
+                output_attentions: bool = False, documents: DocumentChunks | None = None,
+                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``output_attentions``: also return the attention map (see the class docstring). ``documents``:
         FLASH's layout of rows packing several documents (the quadratic unit gets their block-diagonal
         ``attention_mask`` instead)."""
@@ -662,10 +639,12 @@ output_attentions)`` → ``(numerator, map or None)``."""
 class GAULayer(GradientCheckpointingLayer):
     """A GAU with its residual connection: x + drop(GAU(norm(x))) (pre) or norm(x + drop(GAU(x))) (post)."""
 
+    attention_class = GatedAttentionUnit
+
     def __init__(self, config: GAUConfig, layer_idx: int) -> None:
         super().__init__()
         self.norm_position = config.norm_position
-        self.gau = GatedAttentionUnit(config, layer_idx)
+        self.gau = self.attention_class(config, layer_idx)
         self.norm = build_norm(
             config.norm_type, config.hidden_size, config.layer_norm_eps, config.norm_elementwise_affine
         )
@@ -693,17 +672,12 @@ class GAUPreTrainedModel(AttnVariantPreTrainedModel):
 
     config_class = GAUConfig
     config: GAUConfig
-    family_prefix = "GAU"
+    layer_class = GAULayer
     serving_limitation = (
         "GAU attends with one gated head whose values are wider than its keys, normalised by default by "
         "relu² with a per-row divisor (and with chunk_size through a linear-attention state carried across "
         "chunks), which a paged multi-head softmax kernel with one head size does not compute."
     )
-    _no_split_modules = ["GAULayer"]
-    _can_record_outputs = {
-        "hidden_states": GAULayer,
-        "attentions": GatedAttentionUnit,
-    }
 
     def _init_family_weights(self, module: nn.Module) -> None:
         """``gau_init="gau_alpha"``: γ = 1 and fan-in truncated-normal projections (GAU-α's code);
@@ -728,8 +702,6 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
     path also takes a prepared 4D mask; FLASH needs the 2D one (its chunks are fixed positions: right padding
     gives the unpadded result, masked keys contribute exactly zero).
     """
-
-    layer_class = GAULayer
 
     def _rotary_dim(self, config: GAUConfig) -> int:
         return config.attention_key_size
@@ -761,34 +733,9 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
         return {"key_mask": key_mask, "key_counts": key_counts, "documents": documents}
 
 
-class GAUForMaskedLM(MaskedLMHeadMixin, GAUPreTrainedModel):
-    """GAU encoder with a masked-language-modelling head (GAU-α's pretraining task)."""
-
-    base_model_class = GAUModel
-
-
-class GAUForCausalLM(CausalLMHeadMixin, GAUPreTrainedModel, GenerationMixin):
-    """GAU decoder with a causal LM head; ``generate`` and a ``DynamicCache`` (FLASH: chunk state cache)."""
-
-    base_model_class = GAUModel
-
-
-class GAUForSequenceClassification(SequenceClassificationHeadMixin, GAUPreTrainedModel):
-    """GAU encoder with a first-token classification / regression head."""
-
-    base_model_class = GAUModel
-
-
-class GAUForTokenClassification(TokenClassificationHeadMixin, GAUPreTrainedModel):
-    """GAU encoder with a per-token classification head."""
-
-    base_model_class = GAUModel
-
-
-class GAUForQuestionAnswering(QuestionAnsweringHeadMixin, GAUPreTrainedModel):
-    """GAU encoder with an extractive question-answering (span) head."""
-
-    base_model_class = GAUModel
+# The task heads shared by the three families (modeling_common.TASK_HEADS) over this family's model.
+(GAUForMaskedLM, GAUForCausalLM, GAUForSequenceClassification, GAUForTokenClassification,
+ GAUForQuestionAnswering) = task_heads(GAUPreTrainedModel, GAUModel, __name__)
 
 
 __all__ = [

@@ -33,7 +33,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
-from transformers.generation import GenerationMixin
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .configuration_synthesizer import SynthesizerConfig
@@ -51,11 +50,7 @@ from .modeling_common import (
     AttentionMLPLayer,
     AttnVariantBackbone,
     AttnVariantPreTrainedModel,
-    CausalLMHeadMixin,
-    MaskedLMHeadMixin,
-    QuestionAnsweringHeadMixin,
-    SequenceClassificationHeadMixin,
-    TokenClassificationHeadMixin,
+    task_heads,
 )
 from .tensor_parallel import ShardedUnits, register_parallel_styles
 
@@ -261,16 +256,10 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
             key, value = update_cache(cache, key, value, self.layer_idx, query_offset)
         return torch.matmul(query, key.transpose(-1, -2)) * self.scaling, value
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        geometry: AttentionGeometry,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        synthesizer_positions: Positions | None = None,
-        cache: Cache | None = None,
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, hidden_states: torch.Tensor, geometry: AttentionGeometry,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                attention_mask: torch.Tensor | None = None, synthesizer_positions: Positions | None = None,
+                cache: Cache | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``attention_mask``: boolean ``(batch, 1, q, k)`` (True = visible, causality included) or None;
         ``synthesizer_positions``: rows and columns of the l×l patterns (``SynthesizerModel._positions``)."""
         batch_size, seq_length = hidden_states.shape[:2]
@@ -328,18 +317,13 @@ class SynthesizerPreTrainedModel(AttnVariantPreTrainedModel):
 
     config_class = SynthesizerConfig
     config: SynthesizerConfig
-    family_prefix = "Synthesizer"
+    layer_class = SynthesizerLayer
     serving_limitation = (
         "the Synthesizer's attention weights are synthesized from each query token alone (dense) or learned "
         "per absolute position (random), not computed from query-key dot products over cached keys, so a "
         "paged softmax kernel cannot produce them."
     )
-    _no_split_modules = ["SynthesizerLayer"]
     _supports_sdpa = False
-    _can_record_outputs = {
-        "hidden_states": SynthesizerLayer,
-        "attentions": SynthesizerAttention,
-    }
 
     def _init_family_weights(self, module: nn.Module) -> None:
         """Dense branches ~ N(0, initializer_range) with zero biases; R ~ N(0, σ_R); R₁, R₂ ~ N(0, √(σ_R/√k)).
@@ -379,8 +363,6 @@ class SynthesizerPreTrainedModel(AttnVariantPreTrainedModel):
 
 class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
     """The bare Synthesizer encoder (bidirectional) or decoder (``config.is_decoder``)."""
-
-    layer_class = SynthesizerLayer
 
     def _check_inputs(
         self, input_ids: torch.Tensor | None, total_length: int, attention_mask: torch.Tensor | None
@@ -437,34 +419,10 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
         return keys[:, query_offset : query_offset + query_length], keys
 
 
-class SynthesizerForMaskedLM(MaskedLMHeadMixin, SynthesizerPreTrainedModel):
-    """Synthesizer encoder with a masked-language-modelling head."""
-
-    base_model_class = SynthesizerModel
-
-
-class SynthesizerForCausalLM(CausalLMHeadMixin, SynthesizerPreTrainedModel, GenerationMixin):
-    """Synthesizer decoder with a causal LM head; supports ``generate`` and a ``DynamicCache``."""
-
-    base_model_class = SynthesizerModel
-
-
-class SynthesizerForSequenceClassification(SequenceClassificationHeadMixin, SynthesizerPreTrainedModel):
-    """Synthesizer encoder with a first-token classification / regression head."""
-
-    base_model_class = SynthesizerModel
-
-
-class SynthesizerForTokenClassification(TokenClassificationHeadMixin, SynthesizerPreTrainedModel):
-    """Synthesizer encoder with a per-token classification head."""
-
-    base_model_class = SynthesizerModel
-
-
-class SynthesizerForQuestionAnswering(QuestionAnsweringHeadMixin, SynthesizerPreTrainedModel):
-    """Synthesizer encoder with an extractive question-answering (span) head."""
-
-    base_model_class = SynthesizerModel
+# The task heads shared by the three families (modeling_common.TASK_HEADS) over this family's model.
+(SynthesizerForMaskedLM, SynthesizerForCausalLM, SynthesizerForSequenceClassification,
+ SynthesizerForTokenClassification, SynthesizerForQuestionAnswering) = task_heads(
+    SynthesizerPreTrainedModel, SynthesizerModel, __name__)
 
 
 __all__ = [

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import sys
+import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -289,12 +290,18 @@ def _sorted_imports(lines: Iterable[str], skip: set[str]) -> list[str]:
     return result
 
 
+def _filled(items: list[str], width: int = 110) -> str:
+    """``items`` comma-separated in lines indented by four spaces and at most ``width`` long."""
+    return textwrap.fill(", ".join(items) + ",", width, initial_indent="    ", subsequent_indent="    ",
+                         break_long_words=False, break_on_hyphens=False)
+
+
 def _from_import(module: str, names: list[str], width: int = 110) -> str:
-    """``from module import a, b``, wrapped in parentheses one name a line when longer than ``width``."""
+    """``from module import a, b``, the names in parentheses filling lines when longer than ``width``."""
     line = f"from {module} import {', '.join(names)}"
     if len(line) <= width:
         return line
-    return f"from {module} import (\n" + "".join(f"    {name},\n" for name in names) + ")"
+    return f"from {module} import (\n{_filled(names, width)}\n)"
 
 
 def package_version() -> str:
@@ -360,7 +367,7 @@ def bundle_module(
             text += gap + statement.text.rstrip("\n")
         parts.append(f"# {'-' * 30} from {name}.py {'-' * 30}\n" + text + "\n")
     all_names = [n for name in entries for n in bundler.modules[name].all_names or []]
-    parts.append("__all__ = [\n" + "".join(f'    "{n}",\n' for n in sorted(set(all_names))) + "]\n")
+    parts.append("__all__ = [\n" + _filled([f'"{n}"' for n in sorted(set(all_names))]) + "\n]\n")
     return Bundle("\n\n".join(parts), order)
 
 
@@ -463,6 +470,7 @@ HUB_ARGUMENTS = ("repo_id", "commit_message", "commit_description", "private", "
                  "revision")
 """Keyword arguments of ``save_pretrained(..., push_to_hub=True)`` that belong to the upload."""
 
+
 def family_auto_map(model: Any, suffixes: Iterable[str]) -> dict[str, str]:
     """``auto_map`` entries for AutoConfig and for ``AutoModel<suffix>`` of every class suffix
     (``AUTO_CLASSES``'s keys: ``"Model"``, ``"ForCausalLM"`` …) that the model's family module defines."""
@@ -471,8 +479,9 @@ def family_auto_map(model: Any, suffixes: Iterable[str]) -> dict[str, str]:
     module = sys.modules[code_class(type(model)).__module__]
     config_class = code_class(type(model.config))
     auto_map = {"AutoConfig": f"{config_class.__module__.rsplit('.', 1)[-1]}.{config_class.__name__}"}
+    family = config_class.__name__.removesuffix("Config")
     for suffix in suffixes:
-        name = f"{model.family_prefix}{suffix}"
+        name = f"{family}{suffix}"
         if hasattr(module, name):
             auto_map[f"AutoModel{suffix.removeprefix('Model')}"] = (
                 f"{module.__name__.rsplit('.', 1)[-1]}.{name}")
