@@ -17,6 +17,8 @@
 #   WORKERS=2 scripts/run_length_study.sh          # two processes share the runs (run folders are locked)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/study_workers.sh
+source scripts/study_workers.sh
 OUT=${OUT:-runs/length_study}
 SEEDS=${SEEDS:-"0 1 2"}
 STEPS=${STEPS:-400}
@@ -38,14 +40,7 @@ WORKERS=${WORKERS:-1}
 RESULTS=${RESULTS-length-study}
 mkdir -p "$OUT"
 STARTED=$SECONDS
-for i in $(seq 2 "$WORKERS"); do
-  study "$@" > "$OUT/worker_$i.log" 2>&1 &
-done
-study "$@"
-wait
-if [ "$WORKERS" -gt 1 ]; then
-  study "$@"  # every run is finished now: reuse them all and write the complete outputs
-fi
+run_workers study "$@"
 for objective in mlm clm; do
   if [ -f "$OUT/lengthgen_$objective.png" ]; then
     cp "$OUT/lengthgen_$objective.png" "docs/${DOC_PLOT_PREFIX:-length_generalization}_$objective.png"

@@ -16,6 +16,8 @@
 #   TASKS=passkey SEEDS="0 1" scripts/run_retrieval_study.sh --variants ei_standard ei_entropy_invariant
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/study_workers.sh
+source scripts/study_workers.sh
 OUT=${OUT:-runs/retrieval_study}
 SEEDS=${SEEDS:-"0 1 2"}
 TASKS=${TASKS:-"passkey mqar"}
@@ -41,14 +43,7 @@ WORKERS=${WORKERS:-1}
 RESULTS=${RESULTS-retrieval-study}
 mkdir -p "$OUT"
 STARTED=$SECONDS
-for i in $(seq 2 "$WORKERS"); do
-  all_tasks "$@" > "$OUT/worker_$i.log" 2>&1 &
-done
-all_tasks "$@"
-wait
-if [ "$WORKERS" -gt 1 ]; then
-  all_tasks "$@"  # every run is finished now: reuse them all and write the complete outputs
-fi
+run_workers all_tasks "$@"
 if [ -n "$RESULTS" ]; then
   COMMAND="WORKERS=$WORKERS SEEDS=\"$SEEDS\" L=$L${STEPS:+ STEPS=$STEPS}"
   COMMAND+=" scripts/run_retrieval_study.sh${*:+ $*}"

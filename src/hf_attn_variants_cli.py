@@ -71,6 +71,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "lengthgen": Subcommand("hf_attn_variants.lengthgen.cli",
                             "Length-generalisation study: train variants at length L, evaluate at L/4…8L "
                             "(JSON/CSV/plots, resumable).", ("train", "plots"), ("--no_plot", "--no-plot")),
+    "entropy": Subcommand("hf_attn_variants.entropy.cli",
+                          "Attention entropy per layer and head against the number of keys a row sees, with "
+                          "its slope dH/dlog n (JSON and plot).", ("plots",), ("--no_plot", "--no-plot")),
 }
 """name → what runs it. Maintainer commands (re-rendering the docs from the results files, publishing a study)
 are tools of the repository (``tools/render_docs.py``, ``tools/publish_study.py``), not subcommands of the

@@ -33,6 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "hub": {"models", "training", "cli_utils"},
     "lengthgen": {"models", "training", "records", "cli_utils"},
     "bench": {"models", "pruning", "training", "records", "cli_utils"},
+    "entropy": {"models", "stock", "training", "lengthgen", "records", "cli_utils"},
     "demo": {"models", "training", "hub", "cli_utils"},
     "cli": set(),  # imports its subcommands by name (importlib), so every tool stays lazy
     "__main__": {"cli"},

@@ -78,6 +78,7 @@ DEMO = ("--output_dir", "{new}")
 PRUNE = ("--model_name_or_path", "{model}", "--train_file", "{txt}", "--output_dir", "{new}")
 BENCH = ("--quick", "--output", "{out}/bench.md")
 LENGTHGEN = ("--output_dir", "{new}", "--variants", "ei_standard")
+ENTROPY = ("--models", "{model}", "--output", "{new}/entropy.json")
 # {model} is no GAU-α port: checked after output_dir
 CONVERT = ("--checkpoint", "{model}", "--output_dir", "{new}")
 RENDER_DOCS = ("--check",)
@@ -460,6 +461,41 @@ CASES: list[Case] = [
         ("--eval_samples", ("--task", "passkey", "--eval_samples", "0"), "zero"),
         ("--eval_memory_gib", ("--task", "passkey", "--eval_memory_gib", "0"), "zero"),
         ("--mixed_length", ("--task", "passkey", "--mixed_length", "true"), "lm-only"),
+        ("--num_hidden_layers", ("--task", "passkey", "--position_embedding_types", "nope_every_4"),
+         "two-for-nope-every-4"),
+        ("--task_bos", ("--task", "passkey", "--task_bos", "maybe"), "not-bool"),
+        ("--task_bos", ("--task_bos", "false"), "lm-only"),
+        ("--weight_decay", ("--task", "passkey", "--weight_decay", "-0.1"), "negative"),
+        ("--weight_decay", ("--weight_decay", "0"), "lm-only"),
+        ("--save_models", ("--task", "passkey", "--save_models", "maybe"), "not-bool"),
+        ("--save_models", ("--save_models", "true"), "lm-only"),
+    ]),
+    # ------------------------------------------------------------------ entropy
+    *cases("entropy", ENTROPY, [
+        ("--models", ("--models", "{missing}"), "missing"),
+        ("--models", ("--models", "{notmodel}"), "no-config"),
+        ("--models", ("--models", "{noweights}"), "no-weights"),
+        ("--models", ("--models", "{badconfig}"), "bad-config"),
+        ("--names", ("--names", "a", "b"), "count"),
+        ("--output", ("--output", "{out}"), "folder"),
+        ("--output", ("--output", "{file}/entropy.json"), "inside-file"),
+        ("--no_plot", ("--no_plot", "maybe"), "not-bool"),
+        ("--task", ("--task", "sorting"), "choice"),
+        ("--train_length", ("--train_length", "2"), "too-small"),
+        ("--train_length", ("--train_length", "long"), "not-int"),
+        ("--lengths", ("--lengths", "1"), "too-small"),
+        ("--lengths", ("--task", "passkey", "--lengths", "6"), "shorter-than-an-example"),
+        ("--samples", ("--samples", "0"), "zero"),
+        ("--seed", ("--seed", "-1"), "negative"),
+        ("--text_file", ("--text_file", "{missing}.txt"), "missing"),
+        ("--text_file", ("--task", "passkey", "--text_file", "{txt}"), "with-a-task"),
+        ("--task_vocab_size", ("--task", "passkey", "--task_vocab_size", "1"), "too-small"),
+        ("--task_vocab_size", ("--task", "passkey", "--task_vocab_size", "99999"), "beyond-the-model"),
+        ("--passkey_digits", ("--task", "passkey", "--passkey_digits", "0"), "zero"),
+        ("--num_kv_pairs", ("--task", "mqar", "--num_kv_pairs", "0"), "zero"),
+        ("--stock_modes", ("--stock_modes", "flash"), "unknown"),
+        ("--stock_scope", ("--stock_scope", "some"), "choice"),
+        ("--memory_gib", ("--memory_gib", "0"), "zero"),
     ]),
 ]
 
@@ -489,6 +525,7 @@ ANY_VALUE: dict[str, dict[str, str]] = {
         "--publish": "a switch (store_true), takes no value; its refusals: tests/test_bench.py",
     },
     "lengthgen": {},
+    "entropy": {},
     "convert-gau-alpha": {},
     "render-docs": {"--check": "a switch (store_true), takes no value"},
 }
@@ -574,6 +611,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
 
     import hf_attn_variants.bench.runner
     import hf_attn_variants.demo
+    import hf_attn_variants.entropy.cli
     import hf_attn_variants.lengthgen.study
     import hf_attn_variants.pruning.cli
 
@@ -587,6 +625,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hf_attn_variants.pruning.cli, "compute_head_importance", started)
     monkeypatch.setattr(hf_attn_variants.lengthgen.study, "run_study", started)
     monkeypatch.setattr(hf_attn_variants.demo, "demo", started)
+    monkeypatch.setattr(hf_attn_variants.entropy.cli, "measure", started)
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", started)
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", started)
 
@@ -666,6 +705,7 @@ VALID: dict[str, tuple[str, ...]] = {
     "prune": PRUNE,
     "bench": BENCH,
     "lengthgen": LENGTHGEN,
+    "entropy": ENTROPY,
 }
 """The base argv of the sweep, which is valid: the commands whose work ``no_work`` blocks reach it."""
 

@@ -32,7 +32,9 @@ EXPORTED_LINES = {
     # documents 38, RoPE/norms 137, masks, nᵢ and log-n 147, config and its validation 254, geometry, layer
     # and feed-forward 103, PreTrainedModel base (init, FSDP2 tie and sharded save) 87, backbone with input
     # checks 174, the five task heads 226; imports, module docstring and __all__ the rest (CONTRIBUTING.md).
-    "entropy_invariant": 1970,
+    # The family's own files grew by the per-layer position schemes of issue 39 (no_rope_layers and
+    # attention_scale_layers, their checks and docstrings): 2,000 lines in all.
+    "entropy_invariant": 2010,
     # Above the 2,150 target: the shared file, GAU's torch kernels (gau_kernels.py: blocked quadratic kernels,
     # FLASH and its packed-document layout), its chunk cache, and the Triton kernels (gau_triton.py).
     "gau": 3350,

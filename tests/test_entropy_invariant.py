@@ -45,6 +45,70 @@ def tiny(model_class=EntropyInvariantModel, implementation: str = "sdpa", seed: 
     return model_class(config).eval()
 
 
+# ---------------------------------------------------------------------- per-layer position schemes
+HYBRID = {"no_rope_layers": [1, 0], "attention_scale_layers": "no_rope"}
+
+
+@pytest.mark.parametrize("model_class", [EntropyInvariantModel, EntropyInvariantForCausalLM])
+def test_no_rope_layers_of_zeros_is_no_position_embedding_and_of_ones_is_rope(model_class) -> None:
+    model = tiny(model_class, attention_scale="entropy_invariant")
+    ids, mask = right_padded(random_ids(2, 10), [10, 6])
+    rope = properties.hidden(model, ids, mask)
+    torch.testing.assert_close(properties.hidden(clone_with_config(model, no_rope_layers=[1, 1]), ids, mask),
+                               rope)
+    nope = properties.hidden(clone_with_config(model, no_rope_layers=[0, 0]), ids, mask)
+    torch.testing.assert_close(
+        nope, properties.hidden(clone_with_config(model, position_embedding_type="none"), ids, mask))
+    assert not torch.allclose(nope, rope, atol=1e-3)
+
+
+def test_no_rope_scale_layers_apply_the_factor_on_the_nope_layers_only() -> None:
+    model = tiny(EntropyInvariantForCausalLM, attention_scale="entropy_invariant", **HYBRID)
+    ids = random_ids(2, 12)
+    standard = clone_with_config(model, attention_scale="standard", attention_scale_layers="all")
+    everywhere = clone_with_config(model, attention_scale_layers="all")
+    with torch.no_grad():
+        states = {name: m(ids, output_hidden_states=True).hidden_states
+                  for name, m in (("hybrid", model), ("standard", standard), ("everywhere", everywhere))}
+    # Layer 0 has RoPE, so it is standard attention; layer 1 has none, so it is scaled.
+    torch.testing.assert_close(states["hybrid"][1], states["standard"][1])
+    assert not torch.allclose(states["hybrid"][1], states["everywhere"][1], atol=1e-4)
+    assert not torch.allclose(states["hybrid"][2], states["standard"][2], atol=1e-4)
+    # With every layer RoPE, attention_scale_layers="no_rope" scales nothing.
+    all_rope = clone_with_config(model, no_rope_layers=[1, 1])
+    torch.testing.assert_close(properties.hidden(all_rope, ids),
+                               properties.hidden(clone_with_config(standard, no_rope_layers=[1, 1]), ids))
+
+
+def test_ssmax_scales_exist_only_in_the_layers_they_scale() -> None:
+    model = tiny(EntropyInvariantModel, attention_scale="ssmax", **HYBRID)
+    assert model.layers[0].self_attn.ssmax_scale is None
+    assert model.layers[1].self_attn.ssmax_scale is not None
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"no_rope_layers": [1]}, "no_rope_layers must be a list of num_hidden_layers=2"),
+    ({"no_rope_layers": [1, 2]}, "each 1 \\(RoPE\\) or 0"),
+    ({"no_rope_layers": [True, False]}, "no_rope_layers must be a list"),
+    ({"no_rope_layers": [1, 0], "position_embedding_type": "absolute"},
+     "needs position_embedding_type='rope'"),
+    ({"attention_scale_layers": "no_rope"}, "set no_rope_layers"),
+    ({"attention_scale_layers": "rope"}, "attention_scale_layers must be one of"),
+])
+def test_bad_per_layer_schemes_raise_one_error_naming_the_field(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**fields)
+
+
+def test_no_rope_layers_round_trip_through_save_and_auto_class(tmp_path) -> None:
+    model = tiny(EntropyInvariantForCausalLM, attention_scale="ssmax", **HYBRID)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.no_rope_layers == [1, 0] and loaded.config.attention_scale_layers == "no_rope"
+    ids = random_ids(2, 9)
+    torch.testing.assert_close(properties.hidden(loaded, ids), properties.hidden(model, ids))
+
+
 # -------------------------------------------------------------------------------------- scaling
 def test_beyond_scope_is_standard_attention_up_to_base_length() -> None:
     """``entropy_invariant_scope="beyond"``: causal rows seeing ≤ base_length keys are standard attention."""

@@ -18,10 +18,13 @@ from tests.utils import left_padded, random_ids, right_padded
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("scale", ["entropy_invariant", "ssmax"])
+@pytest.mark.parametrize("fields", [
+    {"attention_scale": "entropy_invariant"}, {"attention_scale": "ssmax"},
+    {"attention_scale": "entropy_invariant", "no_rope_layers": [1, 0], "attention_scale_layers": "no_rope"},
+], ids=["entropy_invariant", "ssmax", "no_rope_layers"])
 @pytest.mark.parametrize("model_class", [EntropyInvariantModel, EntropyInvariantForCausalLM])
-def test_flex_attention_equals_sdpa_with_padding_and_causality(model_class, scale: str) -> None:
-    model = tiny(model_class, attention_scale=scale)
+def test_flex_attention_equals_sdpa_with_padding_and_causality(model_class, fields: dict) -> None:
+    model = tiny(model_class, **fields)
     ids, mask = (left_padded if model_class is EntropyInvariantForCausalLM
                  else right_padded)(random_ids(2, 10), [10, 6])
     reference = properties.hidden(model, ids, mask)

@@ -47,6 +47,11 @@ VARIANTS = {
                                                {**HEADS, "attention_scale": scale,
                                                 "attn_implementation": kernel})
        for scale in ("standard", "entropy_invariant", "ssmax") for kernel in ("eager", "sdpa")},
+    **{f"entropy_invariant-no_rope_layers-{kernel}": (
+        EntropyInvariantForCausalLM, EntropyInvariantConfig,
+        {**HEADS, "no_rope_layers": [1, 0], "attention_scale_layers": "no_rope",
+         "attn_implementation": kernel})
+       for kernel in ("eager", "sdpa")},
     **{f"gau-{name}": (GAUForCausalLM, GAUConfig, {"attention_key_size": 16, **fields})
        for name, fields in {
            "softmax": {"attention_normalization": "softmax"},

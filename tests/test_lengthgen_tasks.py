@@ -236,3 +236,113 @@ def test_llama_modes_rescale_the_same_weights():
     assert torch.equal(logits["entropy_invariant_beyond_L", 32], logits["sdpa", 32])
     assert not torch.allclose(logits["entropy_invariant_beyond_L", 128], logits["sdpa", 128])
     assert not torch.allclose(logits["entropy_invariant_all", 32], logits["sdpa", 32])
+
+
+def test_sequences_without_bos_start_with_filler_or_the_key_block():
+    spec = TaskSpec("passkey", vocab_size=54, digits=3, bos=False)
+    batch = make_batch(spec, 8, seed=0, start=0, count=64)  # one token shorter than with BOS
+    ids = batch["input_ids"]
+    assert (ids != BOS).all() and (ids[:, 0] == KEY).all()  # no filler fits: the KEY block opens every row
+    longer = make_batch(spec, 40, seed=0, start=0, count=64)["input_ids"]
+    assert (longer != BOS).all() and (longer[:, 0] >= spec.vocab.filler[0]).any()
+    assert longer[:, 0].eq(KEY).any()  # the KEY block may start the sequence
+    for row in longer:
+        at = int((row == KEY).nonzero())
+        assert row[at + 1: at + 4].tolist() == row[-3:].tolist()
+
+
+def test_nope_every_4_position_scheme_and_its_variants():
+    from hf_attn_variants.lengthgen.variants import ModelSize, config_fields, with_position
+
+    variants = ["ei_standard", "ei_entropy_invariant_nope_layers", "gau_softmax", "llama"]
+    args = LengthGenArguments(task="passkey", num_hidden_layers=8, variants=variants,
+                              position_embedding_types=["rope", "none", "nope_every_4"])
+    names = [v.name for v in study_variants(args)]
+    assert names == ["ei_standard", "gau_softmax", "llama", "ei_standard+nope", "gau_softmax+nope",
+                     "ei_standard+nope_every_4", "ei_entropy_invariant_nope_layers+nope_every_4"]
+    hybrid = with_position(get_variant("ei_entropy_invariant_nope_layers"), "nope_every_4")
+    fields = config_fields(hybrid, ModelSize(num_hidden_layers=8), 32)
+    assert fields["no_rope_layers"] == [1, 1, 1, 0, 1, 1, 1, 0] and "no_rope_interval" not in fields
+    config = task_config(hybrid, fields, 64)
+    assert config.attention_scale_layers == "no_rope"
+    assert config.layer_attention_scale(3) == "entropy_invariant"
+    assert config.layer_attention_scale(0) == "standard" and hybrid.position == "nope_every_4"
+
+
+@pytest.mark.parametrize(("kwargs", "flag", "message"), [
+    ({"position_embedding_types": ["nope_every_4"]}, "num_hidden_layers", "needs at least 4 layers"),
+    ({"variants": ["ei_entropy_invariant_nope_layers"], "position_embedding_types": ["rope", "none"]},
+     "variants", "runs with none of"),
+    ({"variants": ["gau_softmax"], "position_embedding_types": ["nope_every_4"], "num_hidden_layers": 4},
+     "variants", "runs with none of"),
+    ({"weight_decay": -0.1}, "weight_decay", "weight_decay"),
+])
+def test_bad_hybrid_flags_name_the_flag(kwargs, flag, message):
+    with pytest.raises(FlagError, match=message) as caught:
+        LengthGenArguments(task="passkey", **kwargs)
+    assert caught.value.flag == flag
+
+
+@pytest.mark.parametrize("flag", [{"task_bos": False}, {"weight_decay": 0.0}, {"save_models": True}])
+def test_task_only_flags_are_refused_for_the_language_model_study(flag):
+    with pytest.raises(FlagError) as caught:
+        LengthGenArguments(task="lm", **flag)
+    assert caught.value.flag == next(iter(flag))
+
+
+def test_quick_hybrid_study_keeps_its_models_and_entropy_measures_them(tmp_path):
+    """The hybrid study's ``--quick`` run (what scripts/run_hybrid_study.sh runs at full size), its models
+    kept for ``hf-attn-variants entropy``; a run whose model is missing is redone."""
+    out = tmp_path / "hybrid"
+    argv = ["lengthgen", "--task", "passkey", "--quick", "--output_dir", str(out), "--variants",
+            "ei_standard", "ei_entropy_invariant", "ei_entropy_invariant_nope_layers",
+            "--position_embedding_types", "rope", "none", "nope_every_4", "--save_models", "--task_bos",
+            "false", "--weight_decay", "0", "--num_threads", "1", "--disable_tqdm", "--no_plot"]
+    assert main(argv) == 0
+    report = json.loads((out / "results.json").read_text())
+    series = list(dict.fromkeys(r["series"] for r in report["summary"]))
+    assert series == ["ei_standard", "ei_entropy_invariant", "ei_standard+nope", "ei_entropy_invariant+nope",
+                      "ei_standard+nope_every_4", "ei_entropy_invariant+nope_every_4",
+                      "ei_entropy_invariant_nope_layers+nope_every_4"]
+    positions = {r["series"]: r["position_embedding_type"] for r in report["summary"]}
+    assert positions["ei_entropy_invariant_nope_layers+nope_every_4"] == "nope_every_4"
+    models = [out / "runs" / name / "seed_0" / "model" for name in series]
+    config = json.loads((models[-1] / "config.json").read_text())
+    assert config["no_rope_layers"] == [1, 1, 1, 0] and config["attention_scale_layers"] == "no_rope"
+    output = tmp_path / "entropy.json"
+    assert main(["entropy", "--models", *map(str, models), "--names", *series, "--task", "passkey",
+                 "--train_length", "16", "--lengths", "16", "32", "64", "--samples", "2",
+                 "--output", str(output)]) == 0
+    entropy = json.loads(output.read_text())
+    assert [entry["name"] for entry in entropy["series"]] == series
+    # what scripts/run_hybrid_study.sh and run_entropy_study.sh publish, and the views the docs render
+    assert publish_study(["hybrid", "hybrid-test", str(out / "results.json"), "--entropy", str(output),
+                          "--command", "test", "--root", str(tmp_path)]) == 0
+    data = load_results(tmp_path, "hybrid-test")
+    assert data["kind"] == "hybrid" and data["entropy"]["passkey"]["ei_standard"] == [
+        round(entropy["series"][0]["slope"], 4)]
+    text = render_markdown(tmp_path, "".join(f"<!-- results: hybrid-test {view} -->\n<!-- /results -->\n"
+                                             for view in ("setup", "passkey", "claims", "slopes")))
+    assert "`ei_entropy_invariant_nope_layers+nope_every_4` − `ei_standard+nope_every_4`" in text
+    assert "| passkey | `ei_standard+nope_every_4` |" in text
+    assert publish_study(["entropy", str(output), "entropy-test", "--study", str(out / "results.json"),
+                          "--command", "test", "--root", str(tmp_path)]) == 0
+    text = render_markdown(tmp_path, "<!-- results: entropy-test slopes -->\n<!-- /results -->\n")
+    assert "| `ei_entropy_invariant+nope` | entropy_invariant scale, no position embedding | 1 |" in text
+    assert "RoPE 1 1 1 0, scaled on NoPE layers only | 1 |" in text and "accuracy beyond L" in text
+    assert publish_study(["retrieval", "probe-test", str(out / "results.json"), "--command", "test",
+                          "--root", str(tmp_path)]) == 0
+    assert publish_study(["replication", str(out / "results.json"), "probe-test", "--key", "probe",
+                          "--command", "probe", "--root", str(tmp_path)]) == 0
+    text = render_markdown(tmp_path, "<!-- results: probe-test probe -->\n<!-- /results -->\n")
+    assert "| AdamW weight decay | 0.0 |" in text and "BOS: no" in text
+    assert publish_study(["calibration", "cal-test", str(out / "results.json"), "--command", "calibrate",
+                          "--root", str(tmp_path)]) == 0
+    text = render_markdown(tmp_path, "<!-- results: cal-test table -->\n<!-- /results -->\n")
+    assert "| 2 | 16 | 4 | 32 | 3 | 4 | 0.003 | `ei_standard` |" in text and "| 0.75 |" in text
+    import shutil
+
+    shutil.rmtree(models[0])
+    assert main(argv) == 0
+    rerun = json.loads((out / "results.json").read_text())
+    assert rerun["skipped_runs"] == len(series) - 1 and (models[0] / "config.json").is_file()

@@ -59,8 +59,9 @@ def build_models() -> dict[str, tuple[torch.nn.Module, bool]]:
     synth = {**COMMON, **HEADS, "max_position_embeddings": 32, "factorized_random_rank": 4}
     models = {
         "ei": EntropyInvariantForCausalLM(ei),
-        "ei_tied": EntropyInvariantForCausalLM(
-            EntropyInvariantConfig(**{**COMMON, "tie_word_embeddings": True}, **HEADS)),
+        "ei_tied": EntropyInvariantForCausalLM(EntropyInvariantConfig(
+            **{**COMMON, "tie_word_embeddings": True}, **HEADS, no_rope_layers=[0, 1],
+            attention_scale_layers="no_rope")),
         "ei_pruned_even": prune_heads(EntropyInvariantForCausalLM(ei), {0: [1, 3]}),
         "ei_pruned_odd": prune_heads(EntropyInvariantForCausalLM(ei), {1: [0]}),
         "synth_all": SynthesizerForCausalLM(SynthesizerConfig(**synth, synthesizer_components=[

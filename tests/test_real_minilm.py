@@ -57,3 +57,24 @@ def test_pruning_tools_apply_to_the_real_model(tmp_path) -> None:
     reloaded = load_pruned(tmp_path).eval()
     assert reloaded.config.pruned_heads == {0: [0, 5], 3: [11], 5: list(range(12))}
     torch.testing.assert_close(mean_pooled(reloaded, batch), masked, atol=1e-5, rtol=1e-4)
+
+
+def test_entropy_command_measures_the_real_model_up_to_its_512_positions(tmp_path) -> None:
+    """``hf-attn-variants entropy`` on the real MiniLM (bidirectional, learned positions to 512): text windows
+    of the embedded corpus at 64 … 2048 tokens stop at 512; stock log-n (scope beyond, L = 128) leaves rows
+    of at most 128 keys alone and sharpens the longer ones."""
+    import json
+
+    from hf_attn_variants.cli import main
+
+    output = tmp_path / "minilm.json"
+    assert main(["entropy", "--models", str(extracted_folder()), "--names", "MiniLM", "--train_length", "128",
+                 "--lengths", "64", "128", "256", "512", "2048", "--samples", "2", "--output", str(output),
+                 "--no_plot"]) == 0
+    eager, log_n = json.loads(output.read_text())["series"]
+    assert (eager["name"], log_n["name"]) == ("MiniLM", "MiniLM + log-n")
+    assert eager["lengths"] == [64, 128, 256, 512] and eager["skipped_lengths"] == [2048]
+    assert not eager["causal"] and len(eager["entropy"][0]) == 6 and len(eager["entropy"][0][0]) == 12
+    assert log_n["mean_entropy"][:2] == eager["mean_entropy"][:2]
+    assert all(s < e for s, e in zip(log_n["mean_entropy"][2:], eager["mean_entropy"][2:]))
+    assert 0 < eager["slope"] < 1

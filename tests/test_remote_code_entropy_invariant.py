@@ -17,6 +17,7 @@ def test_all_classes_load_with_trust_remote_code_in_a_clean_environment(tmp_path
     for index, (suffix, model_class) in enumerate(classes.items()):
         torch.manual_seed(index)
         scale = ("standard", "entropy_invariant", "ssmax")[index % 3]
-        model = model_class(tiny_config(attention_scale=scale, num_labels=3))
+        layers = {"no_rope_layers": [1, 0], "attention_scale_layers": "no_rope"} if index % 2 else {}
+        model = model_class(tiny_config(attention_scale=scale, num_labels=3, **layers))
         cases.append(class_case(suffix, model, {"input_ids": ids, "attention_mask": mask}))
     assert_remote_code_matches(cases, tmp_path)

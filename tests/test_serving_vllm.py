@@ -322,7 +322,8 @@ def mismatches(expected: dict[str, dict], got: dict[str, dict], atol: float = 1e
 
 
 def test_vllm_serves_entropy_invariant_models_with_transformers_tokens(vllm: Path, tmp_path: Path) -> None:
-    """Every attention_scale, and a uniformly pruned model, through
+    """Every attention_scale, log-n on the NoPE layer only (``no_rope_layers``), and a uniformly pruned model,
+    through
     ``vllm.LLM(..., model_impl="transformers")``: greedy tokens equal Transformers' ``generate`` on every
     prompt; GAU and the Synthesizer refuse clearly."""
     tokenizer = embedded_tokenizer()
@@ -333,6 +334,13 @@ def test_vllm_serves_entropy_invariant_models_with_transformers_tokens(vllm: Pat
         model = EntropyInvariantForCausalLM(decoder_config(tokenizer, attention_scale=scale)).eval()
         models.append({"name": scale, "folder": save(model, tokenizer, tmp_path / scale), "expect": "serve"})
         expected[scale] = greedy(model, prompt_list)
+    torch.manual_seed(0)
+    hybrid = EntropyInvariantForCausalLM(decoder_config(
+        tokenizer, attention_scale="entropy_invariant", no_rope_layers=[1, 0],
+        attention_scale_layers="no_rope")).eval()
+    models.append({"name": "no_rope_layers", "folder": save(hybrid, tokenizer, tmp_path / "no_rope_layers"),
+                   "expect": "serve"})
+    expected["no_rope_layers"] = greedy(hybrid, prompt_list)
     pruned = uniformly_pruned(tokenizer)
     models.append({"name": "uniformly_pruned", "folder": save(pruned, tokenizer, tmp_path / "pruned"),
                    "expect": "serve"})

@@ -196,3 +196,24 @@ def test_packed_sequences_follow_their_positions(scope: str) -> None:
     together = properties.hidden(model, packed, position_ids=positions, use_cache=False)
     alone = properties.hidden(model, second, use_cache=False)
     torch.testing.assert_close(together[:, 7:], alone, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scope", ["all", "beyond"])
+def test_eager_variant_equals_the_sdpa_one_and_returns_the_weights(scope: str) -> None:
+    """``entropy_invariant_eager``: the same scaling over eager attention (GQA, padding, causality), with the
+    probabilities for ``output_attentions`` (what ``hf-attn-variants entropy`` reads)."""
+    for model, ids, mask in ((tiny_llama(base_length=8, entropy_invariant_scope=scope),
+                              *left_padded(random_ids(2, 20), [20, 13])),
+                             (tiny_bert(base_length=8, entropy_invariant_scope=scope),
+                              *right_padded(random_ids(2, 20), [20, 13]))):
+        reference = properties.hidden(model, ids, mask)
+        model.set_attn_implementation("entropy_invariant_eager")
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+        real = mask.bool()
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits
+        torch.testing.assert_close(hidden[real], reference[real], atol=1e-5, rtol=1e-4)
+        weights = out.attentions[0]
+        assert weights.shape == (2, 4, 20, 20)
+        torch.testing.assert_close(weights.sum(-1)[0], torch.ones(4, 20))
+        assert (weights[1][:, real[1]][..., ~real[1]] == 0).all()  # a real row gives padded keys no weight

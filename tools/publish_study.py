@@ -11,6 +11,12 @@ Run from the repository root::
     runs/r/mqar/results.json \\
         --command "…" --plot docs/length_generalization_retrieval.png
     python tools/publish_study.py replication runs/passkey_64/results.json retrieval-study --command "…"
+    python tools/publish_study.py hybrid hybrid-study runs/h/passkey/results.json runs/h/mqar/results.json \
+        --entropy runs/h/passkey/entropy.json runs/h/mqar/entropy.json --command "…"
+    python tools/publish_study.py entropy runs/e/entropy.json attention-entropy --study runs/e/results.json \
+        --command "…" --plot docs/length_generalization_entropy.png
+    python tools/publish_study.py calibration mqar-calibration runs/c1/results.json runs/c2/results.json \
+        --command "…"
 
 Prints the file it wrote; a study that cannot be published exits with status 1 and one line saying why.
 """
@@ -27,6 +33,9 @@ if __package__ in (None, ""):  # run as a file: the repository root makes ``tool
 
 from tools.docs_results.publish import (  # noqa: E402
     publish,
+    publish_calibration,
+    publish_entropy,
+    publish_hybrid,
     publish_replication,
     publish_rerun,
     publish_retrieval,
@@ -34,7 +43,7 @@ from tools.docs_results.publish import (  # noqa: E402
 
 
 def parser() -> argparse.ArgumentParser:
-    """The four subcommands and their flags."""
+    """The seven subcommands and their flags."""
     main_parser = argparse.ArgumentParser(prog="tools/publish_study.py", description=__doc__.splitlines()[0])
     steps = main_parser.add_subparsers(dest="step", required=True)
     for step, what in (("length", "a length-generalisation study (kind lengthgen)"),
@@ -50,12 +59,33 @@ def parser() -> argparse.ArgumentParser:
     retrieval.add_argument("results_jsons", type=Path, nargs="+", help="Each task study's results.json.")
     retrieval.add_argument("--plot", type=Path, default=None,
                            help="Also draw the combined accuracy figure here.")
+    hybrid = steps.add_parser("hybrid", help="Publish the hybrid position study (kind hybrid) from its tasks "
+                                             "and the entropy of their models.")
+    hybrid.add_argument("name", help="The results file under docs/results/, without .json.")
+    hybrid.add_argument("results_jsons", type=Path, nargs="+", help="Each task study's results.json.")
+    hybrid.add_argument("--entropy", type=Path, nargs="+", required=True,
+                        help="hf-attn-variants entropy's output for each task's models.")
+    hybrid.add_argument("--plot", type=Path, default=None, help="Also draw the accuracy figure here.")
+    entropy = steps.add_parser("entropy", help="Publish an output of hf-attn-variants entropy (kind "
+                                               "attention_entropy).")
+    entropy.add_argument("entropy_json", type=Path, help="The command's results file.")
+    entropy.add_argument("name", help="The results file under docs/results/, without .json.")
+    entropy.add_argument("--study", type=Path, default=None,
+                         help="The results.json of the study that trained the models (their accuracy).")
+    entropy.add_argument("--plot", type=Path, default=None, help="Copy the command's figure here.")
+    calibration = steps.add_parser("calibration", help="Publish single calibration runs (kind calibration).")
+    calibration.add_argument("name", help="The results file under docs/results/, without .json.")
+    calibration.add_argument("results_jsons", type=Path, nargs="+", help="Each run's results.json.")
     for sub in steps.choices.values():
         sub.add_argument("--command", required=True, help="The command line that ran the study (recorded).")
         sub.add_argument("--root", type=Path, default=Path("."), help="Repository root (default: here).")
-        if sub is not steps.choices["replication"]:
+        if sub not in (steps.choices["replication"], steps.choices["entropy"], steps.choices["calibration"]):
             sub.add_argument("--wall-seconds", type=float, default=None, help="How long the study took.")
     steps.choices["rerun"].add_argument("--code", default=None, help="The commit or tree the re-run ran.")
+    steps.choices["replication"].add_argument(
+        "--key", default="replication", choices=("replication", "probe"),
+        help="replication: the author's length, steps and sizes; probe: the full setting of issue 39's "
+             "probe.")
     return main_parser
 
 
@@ -68,7 +98,14 @@ def run(args: argparse.Namespace) -> Path:
         return publish_rerun(args.results_json, args.name, wall_seconds=args.wall_seconds, code=args.code,
                              **common)
     if args.step == "replication":
-        return publish_replication(args.results_json, args.name, **common)
+        return publish_replication(args.results_json, args.name, key=args.key, **common)
+    if args.step == "calibration":
+        return publish_calibration(args.results_jsons, args.name, **common)
+    if args.step == "entropy":
+        return publish_entropy(args.entropy_json, args.name, study_json=args.study, plot=args.plot, **common)
+    if args.step == "hybrid":
+        return publish_hybrid(args.results_jsons, args.entropy, args.name, wall_seconds=args.wall_seconds,
+                              plot=args.plot, **common)
     return publish_retrieval(args.results_jsons, args.name, wall_seconds=args.wall_seconds, plot=args.plot,
                              **common)
 

@@ -1,9 +1,10 @@
 """Transformers' common model tests (``ModelTesterMixin``) on every entropy-invariant class.
 
-Two configurations run against all six classes: the default ``entropy_invariant`` scale (SDPA kernel,
+Three configurations run against all six classes: the default ``entropy_invariant`` scale (SDPA kernel,
 RoPE, pre-norm) with the full upstream suite, and ``ssmax`` (a learnable per-head parameter that goes
 through the init/save/load tests) with post-norm RMSNorm and learned absolute positions, which covers
-the other code paths of the shared backbone.
+the other code paths of the shared backbone. A third runs RoPE in layer 0 only (``no_rope_layers``) with
+SSMax on the NoPE layer only (``attention_scale_layers="no_rope"``): one layer has the parameter, one none.
 """
 
 from __future__ import annotations
@@ -42,5 +43,13 @@ TestEntropyInvariantSSMaxCommon = make_common_test_case(
         "norm_position": "post",
         "position_embedding_type": "absolute",
     },
+    all_model_classes=ALL_CLASSES,
+)
+
+TestEntropyInvariantNoRopeLayersCommon = make_common_test_case(
+    "TestEntropyInvariantNoRopeLayersCommon",
+    config_class=EntropyInvariantConfig,
+    config_kwargs={**TINY, "attention_scale": "ssmax", "no_rope_layers": [1, 0],
+                   "attention_scale_layers": "no_rope"},
     all_model_classes=ALL_CLASSES,
 )

@@ -206,14 +206,14 @@ REPORTED_PASSKEY: dict[str, Any] = {
 """The passkey table of issue 29 (its author's runs; ratios = evaluation length / training length)."""
 
 
-def publish_replication(results_json: str | Path, name: str, *, root: str | Path = ".", command: str) -> Path:
-    """Add to ``docs/results/<name>.json`` the ``replication``: a passkey study at the issue author's setting
-    (its ``results.json``), run by ``command``, which the ``replication`` view sets beside the reported
-    table."""
+def publish_replication(results_json: str | Path, name: str, *, root: str | Path = ".", command: str,
+                        key: str = "replication") -> Path:
+    """Add to ``docs/results/<name>.json`` under ``key`` a passkey study at the issue author's setting (its
+    ``results.json``), run by ``command``, which the view of that name (``replication``, ``probe``) sets
+    beside the reported table."""
     report = json.loads(Path(results_json).read_text(encoding="utf-8"))
     data = load_results(Path(root), name)
-    data["replication"] = {"command": command, "date": datetime.date.today().isoformat(),
-                           **compact_task(report)}
+    data[key] = {"command": command, "date": datetime.date.today().isoformat(), **compact_task(report)}
     return write_results(Path(root), name, data, inline_depth=4)
 
 
@@ -244,6 +244,93 @@ def publish_retrieval(results_jsons: list[str | Path], name: str, *, root: str |
     return write_results(Path(root), name, data, inline_depth=4)
 
 
+def seed_accuracy(report: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+    """Per series of a task study's ``results.json``: ``at_L`` (accuracy per seed at L) and ``beyond_L`` (per
+    seed, the mean over the evaluated lengths beyond L where the series ran)."""
+    train = report["args"]["train_length"]
+    out: dict[str, dict[str, list[float]]] = {}
+    for series in dict.fromkeys(row["series"] for row in report["summary"]):
+        rows = [r for r in report["summary"] if r["series"] == series and r["status"] == "ok"]
+        at_l = next((r["per_seed"] for r in rows if r["length"] == train), [])
+        beyond = [r["per_seed"] for r in rows if r["length"] > train]
+        means = [sum(values) / len(values) for values in zip(*beyond)] if beyond else []
+        out[series] = {"at_L": at_l, "beyond_L": [round(v, 4) for v in means]}
+    return out
+
+
+STOCK_ACCURACY = {"llama": "llama/sdpa", "llama + log-n": "llama/entropy_invariant_beyond_L"}
+"""The stock Llama's entropy series (eager; stock log-n, scope ``beyond``) → the study series of the same
+weights and attention whose accuracy they take."""
+
+
+def publish_entropy(entropy_json: str | Path, name: str, *, root: str | Path = ".", command: str,
+                    study_json: str | Path | None = None, plot: str | Path | None = None) -> Path:
+    """Write ``docs/results/<name>.json`` (kind ``attention_entropy``) from the output of ``hf-attn-variants
+    entropy`` run by ``command``, with the accuracy of the study that trained the models (``study_json``,
+    its ``results.json``) and, with ``plot``, the command's figure copied there."""
+    import shutil
+
+    entropy = json.loads(Path(entropy_json).read_text(encoding="utf-8"))
+    data = {**run_metadata("attention_entropy", command), **{k: v for k, v in entropy.items()
+                                                             if k not in ("kind", "date")}}
+    data["cpu"] = entropy["cpu"]
+    if study_json is not None:
+        accuracy = seed_accuracy(json.loads(Path(study_json).read_text(encoding="utf-8")))
+        for measured, evaluated in STOCK_ACCURACY.items():
+            if evaluated in accuracy:
+                accuracy[measured] = accuracy[evaluated]
+        data["accuracy"] = accuracy
+    if plot is not None:
+        shutil.copyfile(Path(entropy_json).with_suffix(".png"), plot)
+    return write_results(Path(root), name, data, inline_depth=4)
+
+
+def publish_hybrid(results_jsons: list[str | Path], entropy_jsons: list[str | Path], name: str, *,
+                   root: str | Path = ".", command: str, wall_seconds: float | None = None,
+                   plot: str | Path | None = None) -> Path:
+    """Write ``docs/results/<name>.json`` (kind ``hybrid``): the task studies as ``publish_retrieval`` keeps
+    them, and per task the entropy slopes (``entropy``: series → slope per seed) of ``hf-attn-variants
+    entropy`` run on their models (``entropy_jsons``, one per task, series named ``<series>@<seed>``)."""
+    path = publish_retrieval(results_jsons, name, root=root, command=command, wall_seconds=wall_seconds,
+                             plot=plot)
+    data = load_results(Path(root), name)
+    data["kind"] = "hybrid"
+    data.pop("reported", None)
+    data["entropy"] = {}
+    for entropy_json in entropy_jsons:
+        entropy = json.loads(Path(entropy_json).read_text(encoding="utf-8"))
+        slopes: dict[str, list[float]] = {}
+        for entry in entropy["series"]:
+            slopes.setdefault(entry["name"].rsplit("@", 1)[0], []).append(round(entry["slope"], 4))
+        data["entropy"][entropy["task"]] = slopes
+    write_results(Path(root), name, data, inline_depth=4)
+    return path
+
+
+CALIBRATION_SETTINGS = ("task", "train_length", "num_kv_pairs", "num_hidden_layers", "hidden_size",
+                        "max_train_steps", "per_device_train_batch_size", "learning_rate", "seeds")
+"""The flags a calibration run records."""
+
+
+def publish_calibration(results_jsons: list[str | Path], name: str, *, root: str | Path = ".",
+                        command: str) -> Path:
+    """Write ``docs/results/<name>.json`` (kind ``calibration``) from the ``results.json`` of single
+    calibration runs of ``lengthgen`` (their settings, accuracy at L and training time)."""
+    data = run_metadata("calibration", command)
+    data["runs"] = []
+    for path in results_jsons:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+        args = report["args"]
+        train = args["train_length"]
+        data["runs"].append({
+            "settings": {key: args[key] for key in CALIBRATION_SETTINGS},
+            "accuracy": {row["series"]: round(row["accuracy_mean"], 4) for row in report["summary"]
+                         if row["length"] == train and row["status"] == "ok"},
+            "seconds": round(sum(run["train"]["seconds"] for run in report["runs"]), 1),
+        })
+    return write_results(Path(root), name, data, inline_depth=3)
+
+
 def compact_task(report: dict[str, Any]) -> dict[str, Any]:
     """The compact data of one task study: its settings, and per series the points (mean, std, per-seed
     accuracy)."""
@@ -262,7 +349,9 @@ def compact_task(report: dict[str, Any]) -> dict[str, Any]:
                          seeds=row["per_seed"])
         entry["points"].append(point)
     seconds = [run["train"]["seconds"] + run["train"].get("eval_seconds", 0) for run in runs]
-    return {"settings": {k: args[k] for k in keep}, "runs": len(runs),
+    optional = ("intermediate_size", "task_bos", "weight_decay")  # flags added later: kept where set
+    settings = {**{k: args[k] for k in keep}, **{k: args[k] for k in optional if args.get(k) is not None}}
+    return {"settings": settings, "runs": len(runs),
             "run_seconds": [round(min(seconds), 1), round(max(seconds), 1)] if seconds else None,
             "series": series}
 
@@ -275,7 +364,11 @@ __all__ = [
     "compact_task",
     "paired_differences",
     "publish",
+    "publish_calibration",
+    "publish_entropy",
+    "publish_hybrid",
     "publish_replication",
     "publish_rerun",
     "publish_retrieval",
+    "seed_accuracy",
 ]

@@ -207,13 +207,11 @@ def reported(data: dict[str, Any]) -> str:
     return markdown_table(head, rows) + "\n\n" + sides
 
 
-def replication(data: dict[str, Any]) -> str:
-    """The issue author's passkey table beside this package's run of the same models at the author's setting
-    (``replication``: L, steps and evaluation lengths as reported), with the difference of the log-n rows at
-    4×."""
-    report, rerun = data.get("replication"), data.get("reported")
+def _rerun(data: dict[str, Any], key: str, extra: list[tuple[str, str]]) -> str:
+    """The issue author's passkey table beside a re-run of the same models (``data[key]``)."""
+    report, rerun = data.get(key), data.get("reported")
     if not report or not rerun:
-        return "*No replication.*"
+        return f"*No {key}.*"
     settings = report["settings"]
     train, ratios = settings["train_length"], rerun["ratios"]
     head = ["model", *[f"{r}× ({r * train}): reported / re-run" for r in ratios]]
@@ -228,7 +226,7 @@ def replication(data: dict[str, Any]) -> str:
     rerun_settings = settings_table([
         ("L (training length)", str(train)),
         ("steps × batch", f"{settings['max_train_steps']} × {settings['per_device_train_batch_size']}"),
-        ("lr", str(settings["learning_rate"])), ("seeds", ", ".join(map(str, settings["seeds"]))),
+        ("lr", str(settings["learning_rate"])), *extra, ("seeds", ", ".join(map(str, settings["seeds"]))),
         ("sequences per length", str(settings["eval_samples"])), ("cells", "mean ± std over seeds"),
         ("command", f"`{report['command']}`"),
         ("date, machine", f"{report.get('date', data['date'])}, {data.get('cpu') or data['machine']}"),
@@ -236,6 +234,27 @@ def replication(data: dict[str, Any]) -> str:
     return markdown_table(head, rows) + "\n\n" + rerun_settings
 
 
-__all__ = ["CLAIMS", "claim_rows", "claims", "learned_threshold", "mqar", "passkey", "replication",
+def replication(data: dict[str, Any]) -> str:
+    """The issue author's passkey table beside this package's run of the same models at the author's setting
+    (``replication``: L, steps and evaluation lengths as reported)."""
+    return _rerun(data, "replication", [])
+
+
+def probe(data: dict[str, Any]) -> str:
+    """The issue author's passkey table beside a run at the probe's full setting as issue 39 gives it
+    (``probe``: also the vocabulary, no BOS, no weight decay, the FFN width)."""
+    settings = (data.get("probe") or {}).get("settings") or {}
+    bos = "no" if settings.get("task_bos") is False else "yes"
+    decay = settings.get("weight_decay")
+    return _rerun(data, "probe", [
+        ("AdamW weight decay", "0.01" if decay is None else str(decay)),
+        ("model", f"hidden {settings.get('hidden_size')}, {settings.get('num_hidden_layers')} layers, "
+                  f"{settings.get('num_attention_heads')} heads, FFN {settings.get('intermediate_size')}"),
+        ("vocabulary", f"{settings.get('task_vocab_size')} (4 special, 10 digits, the rest filler); "
+                       f"BOS: {bos}"),
+    ])
+
+
+__all__ = ["CLAIMS", "claim_rows", "claims", "learned_threshold", "mqar", "passkey", "probe", "replication",
            "reported",
            "setup", "verdict"]

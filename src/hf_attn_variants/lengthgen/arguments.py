@@ -18,15 +18,17 @@ from ..cli_utils import (
     names_in_message,
     quiet_progress,
 )
-from .tasks import TASKS, min_length, vocabulary
+from .tasks import TASK_WEIGHT_DECAY, TASKS, min_length, vocabulary
 from .variants import (
     DEFAULT_VARIANTS,
+    NOPE_INTERVAL,
+    POSITION_SCHEMES,
     QUICK_VARIANTS,
     TASK_VARIANTS,
     ModelSize,
     config_fields,
     get_variant,
-    with_position,
+    position_applies,
 )
 
 QUICK_SETTINGS: dict[str, Any] = {
@@ -59,7 +61,7 @@ QUICK_TASK_SETTINGS: dict[str, Any] = {
 }
 """What ``--quick`` sets for ``--task passkey|mqar`` (eval lengths L, 2L, 4L; variants as for lm)."""
 TASK_ONLY_FIELDS = ("task", "position_embedding_types", "num_kv_pairs", "passkey_digits", "task_vocab_size",
-                    "eval_samples", "eval_memory_gib")
+                    "eval_samples", "eval_memory_gib", "task_bos", "weight_decay", "save_models")
 """Flags of the retrieval tasks only: ``--task lm`` leaves them out of ``run.json`` (as before they
 existed)."""
 LM_ONLY_FLAGS = {"mixed_length": False, "finetune": False, "train_file": None, "validation_file": None}
@@ -127,15 +129,25 @@ class LengthGenArguments:
                                 f"{TASK_DEFAULTS['num_warmup_steps']})."})
     position_embedding_types: list[str] | None = field(
         default=None,
-        metadata={"help": "Position schemes, a study axis of the tasks: rope and/or none (series "
-                                "'<variant>+nope'; the stock Llama is RoPE only). Default lm: rope; tasks: "
-                                "rope none."})
+        metadata={"help": "Position schemes, a study axis of the tasks: rope, none (series "
+                                "'<variant>+nope') and/or nope_every_4 (RoPE with every 4th layer without, "
+                                "entropy-invariant family only; series '<variant>+nope_every_4'); the stock "
+                                "Llama is RoPE only. Default lm: rope; tasks: rope none."})
     num_kv_pairs: int = field(default=2,
                               metadata={"help": "mqar: key-value pairs per example (all queried)."})
     passkey_digits: int = field(default=3, metadata={"help": "passkey: digits of the passkey."})
     task_vocab_size: int = field(default=64,
                                  metadata={"help": "Tasks: vocabulary size (4 special tokens, digits or "
                                                        "keys and values, filler)."})
+    task_bos: bool | None = field(
+        default=None, metadata={"help": "Tasks: start every sequence with BOS (default yes; false: filler "
+                                        "from the first token on)."})
+    weight_decay: float | None = field(
+        default=None, metadata={"help": f"Tasks: AdamW weight decay (default {TASK_WEIGHT_DECAY})."})
+    save_models: bool = field(
+        default=False, metadata={"help": "Tasks: keep each trained model in runs/<series>/seed_<s>/model "
+                                         "(for hf-attn-variants entropy); a finished run without one is "
+                                         "redone."})
     eval_samples: int = field(default=32,
                               metadata={"help": "Tasks: evaluation sequences per length (the same for "
                                                     "every run: seeded by eval_seed)."})
@@ -254,6 +266,8 @@ class LengthGenArguments:
             settings = QUICK_TASK_SETTINGS if self.is_task else QUICK_SETTINGS
             for key, value in settings.items():
                 setattr(self, key, value)
+            if "nope_every_4" in (self.position_embedding_types or ()):  # the scheme needs its 4 layers
+                self.num_hidden_layers = NOPE_INTERVAL
             if self.variants is None:
                 self.variants = list(QUICK_VARIANTS)
             if self.eval_lengths is None:
@@ -271,16 +285,28 @@ class LengthGenArguments:
     def _check_task(self) -> None:
         """The task flags: positive sizes, an example that fits in L, position schemes, no lm-only flag."""
         types = self.position_embedding_types
-        if (not types or len(set(types)) != len(types) or any(t not in ("rope", "none") for t in types)
+        if (not types or len(set(types)) != len(types) or any(t not in POSITION_SCHEMES for t in types)
                 or (not self.is_task and types != ["rope"])):
-            allowed = "distinct values of 'rope', 'none'" if self.is_task else "['rope'] for --task lm"
+            allowed = (f"distinct values of {', '.join(map(repr, POSITION_SCHEMES))}" if self.is_task
+                       else "['rope'] for --task lm")
             raise FlagError("position_embedding_types",
                             f"position_embedding_types must be {allowed}, got {types}.")
+        if "nope_every_4" in types and self.num_hidden_layers < NOPE_INTERVAL:
+            raise FlagError("num_hidden_layers", f"num_hidden_layers={self.num_hidden_layers}: the position "
+                            f"scheme nope_every_4 needs at least {NOPE_INTERVAL} layers.")
         for name in ("num_kv_pairs", "passkey_digits", "eval_samples"):
             _positive(name, getattr(self, name))
         _positive("task_vocab_size", self.task_vocab_size, 2)
         check_number("eval_memory_gib", self.eval_memory_gib, 0, open_low=True)
+        if self.weight_decay is not None:
+            check_number("weight_decay", self.weight_decay, 0)
         if not self.is_task:
+            for name in ("task_bos", "weight_decay"):
+                if getattr(self, name) is not None:
+                    raise FlagError(name, f"{name} applies to --task passkey|mqar only.")
+            if self.save_models:
+                raise FlagError("save_models", "save_models applies to --task passkey|mqar only (the lm "
+                                               "study keeps its models).")
             return
         for name, default in LM_ONLY_FLAGS.items():
             if getattr(self, name) != default:
@@ -288,10 +314,10 @@ class LengthGenArguments:
         if any(get_variant(name).mixed_length for name in self.variants):
             raise FlagError("variants",
                             f"variants: '+mixed' copies apply to --task lm only, not to --task {self.task}.")
-        for name in self.variants:  # the stock Llama is RoPE only: it runs once, without a '+nope' copy
-            if get_variant(name).model_type != "llama":
-                for position in self.position_embedding_types:
-                    with_position(get_variant(name), position)
+        for name in self.variants:  # each runs with the schemes that apply to it (the Llama: RoPE only)
+            if not any(position_applies(get_variant(name), position) for position in types):
+                raise FlagError("variants", f"variants: {name} runs with none of position_embedding_types "
+                                f"{types}.")
         try:
             vocabulary(self.task, self.task_vocab_size, self.num_kv_pairs)
         except ValueError as error:

@@ -44,8 +44,7 @@ def _legacy_arguments(folder: Path) -> dict[str, Any] | None:
 LENGTHGEN_RULE = OutputRule(
     command="lengthgen",
     aside=STUDY_EXTENT | {"checkpointing_steps", "num_threads", "quick", "disable_tqdm", "no_plot",
-                          "eval_batch_size",
-                          "eval_memory_gib"},
+                          "save_models", "eval_batch_size", "eval_memory_gib"},
     run_files=("runs", "finetune", "results.json", "results.csv", "summary.csv", "results.md",
                "lengthgen_*.png"),
     refuse_finished=False,  # rerunning a finished study reuses its runs

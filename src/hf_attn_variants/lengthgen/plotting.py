@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .variants import POSITION_SCHEMES
+
 ROWS = {
     "mlm": (("loss", "MLM loss (validation)"), ("loss_delta", "loss − same run's loss at L"),
             ("accuracy", "masked-token accuracy")),
@@ -78,10 +80,10 @@ def plot_summary(summary: Sequence[dict[str, Any]], path: str | Path, *, objecti
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _save(fig: Any, path: str | Path) -> Path:
+def save_figure(fig: Any, path: str | Path) -> Path:
     """Save ``fig`` to ``path`` through a unique staging name (several workers may write one plot at once)."""
     import matplotlib.pyplot as plt
 
@@ -120,8 +122,8 @@ def _accuracy_panel(ax: Any, rows: Sequence[dict[str, Any]], names: Sequence[str
 def plot_accuracy(summaries: dict[str, Sequence[dict[str, Any]]], path: str | Path, *, train_length: int,
                   title: str | None = None) -> Path | None:
     """Accuracy against evaluation length (log₂ x) of the retrieval tasks: one row of panels per task (key of
-    ``summaries``), one column per position scheme (RoPE, none), one line per series, band = min–max over
-    seeds. ``None`` when there is nothing to plot."""
+    ``summaries``), one column per position scheme (``POSITION_SCHEMES``), one line per series, band =
+    min–max over seeds. ``None`` when there is nothing to plot."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -147,14 +149,14 @@ def plot_accuracy(summaries: dict[str, Sequence[dict[str, Any]]], path: str | Pa
             ax.xaxis.set_minor_locator(NullLocator())
             ax.set_ylim(-0.03, 1.03)
             ax.grid(True, alpha=0.3)
-            ax.set_title(f"{task}, {'RoPE' if position == 'rope' else 'no position embedding'}")
+            ax.set_title(f"{task}, {POSITION_SCHEMES[position][1]}")
             ax.set_ylabel("exact-match accuracy" if col == 0 else "")
             ax.set_xlabel(f"evaluation length (dotted: L = {train_length})")
             ax.legend(fontsize=6.5, loc="best", ncol=2)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 __all__ = ["plot_accuracy", "plot_summary"]

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .runfolders import fingerprint
-from .tasks import BOS, PAD, TaskSpec, answer_hits, make_batch, score
+from .tasks import BOS, PAD, TASK_WEIGHT_DECAY, TaskSpec, answer_hits, make_batch, score
 from .variants import (
     EvalMode,
     Variant,
@@ -33,6 +33,7 @@ from .variants import (
     get_variant,
     max_length_of,
     resolved_config,
+    position_applies,
     with_position,
 )
 
@@ -46,7 +47,8 @@ EVAL_STREAM = 7_919
 
 def task_spec(args: Any) -> TaskSpec:
     """The ``TaskSpec`` of the study's flags."""
-    return TaskSpec(args.task, args.task_vocab_size, args.passkey_digits, args.num_kv_pairs)
+    return TaskSpec(args.task, args.task_vocab_size, args.passkey_digits, args.num_kv_pairs,
+                    args.task_bos is not False)
 
 
 def task_config(variant: Variant, fields: dict[str, Any], vocab_size: int) -> Any:
@@ -69,9 +71,8 @@ def study_variants(args: Any) -> list[Any]:
     for position in args.position_embedding_types:
         for name in args.variants:
             variant = get_variant(name)
-            if variant.model_type == "llama" and position != "rope":
-                continue
-            out.append(with_position(variant, position))
+            if position_applies(variant, position):
+                out.append(with_position(variant, position))
     return out
 
 
@@ -85,12 +86,22 @@ class TaskRunPlan:
     run_dir: Path
     fingerprint: str
 
+    @property
+    def model_dir(self) -> Path:
+        """Where ``--save_models`` keeps the trained model."""
+        return self.run_dir / "model"
+
 
 def plan_task_run(variant: Variant, seed: int, args: Any) -> TaskRunPlan:
     """The plan of ``variant`` (already carrying its position scheme) × ``seed`` under the study ``args``."""
     fields = config_fields(variant, args.size, args.train_length)
+    task = asdict(task_spec(args))
+    bos = task.pop("bos")
+    # Runs with BOS and the default weight decay keep the keys they had before those flags existed.
+    settings = {**({} if bos else {"bos": False}),
+                **({} if args.weight_decay is None else {"weight_decay": args.weight_decay})}
     key = {
-        "version": FORMAT_VERSION, "task": asdict(task_spec(args)), "variant": variant.name, "fields": fields,
+        "version": FORMAT_VERSION, "task": {**task, **settings}, "variant": variant.name, "fields": fields,
         "config": resolved_config(variant, fields) if variant.model_type != "llama" else fields, "seed": seed,
         "train_length": args.train_length, "steps": args.max_train_steps,
         "batch": args.per_device_train_batch_size,
@@ -114,13 +125,14 @@ def build_model(plan: TaskRunPlan, spec: TaskSpec) -> Any:
 
 
 def train_task_model(model: Any, plan: TaskRunPlan, spec: TaskSpec, args: Any) -> dict[str, Any]:
-    """Train ``model`` for ``max_train_steps`` (AdamW, weight decay 0.01, linear warm-up and decay); returns
+    """Train ``model`` for ``max_train_steps`` (AdamW, ``--weight_decay``, linear warm-up and decay); returns
     the training summary (seconds, final loss, loss curve). ``TrainingPreempted`` after a stop signal."""
     from transformers import get_linear_schedule_with_warmup
 
     from ..training.preemption import StopSignals, TrainingPreempted
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.01)
+    decay = TASK_WEIGHT_DECAY if args.weight_decay is None else args.weight_decay
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=decay)
     schedule = get_linear_schedule_with_warmup(optimizer, args.num_warmup_steps, args.max_train_steps)
     batch_size, curve, started = args.per_device_train_batch_size, [], time.perf_counter()
     every = max(1, args.max_train_steps // 20)
@@ -206,6 +218,8 @@ def run_task(plan: TaskRunPlan, args: Any) -> dict[str, Any]:
     spec = task_spec(args)
     model = build_model(plan, spec)
     train = train_task_model(model, plan, spec, args)
+    if args.save_models:
+        model.save_pretrained(plan.model_dir)
     started = time.perf_counter()
     rows = evaluate_task_run(model, plan, spec, args)
     train["eval_seconds"] = time.perf_counter() - started
@@ -218,7 +232,7 @@ def run_task(plan: TaskRunPlan, args: Any) -> dict[str, Any]:
     return {"fingerprint": plan.fingerprint, "variant": plan.variant.name, "seed": plan.seed,
             "model_type": plan.variant.model_type, "description": plan.variant.description,
             "objective": args.task,
-            "position_embedding_type": plan.fields.get("position_embedding_type", "rope"),
+            "position_embedding_type": plan.variant.position,
             "config_fields": plan.fields, "parameters": params,
             "train": {k: v for k, v in train.items() if k != "loss_curve"}, "loss_curve": train["loss_curve"],
             "rows": rows}

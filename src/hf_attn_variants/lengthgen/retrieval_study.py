@@ -122,7 +122,8 @@ def run_retrieval_study(args: Any) -> dict[str, Any]:
                 elsewhere += 1
                 continue
             done = read_json(plan.run_dir / "result.json")
-            if done and done.get("fingerprint") == plan.fingerprint:
+            kept = not args.save_models or (plan.model_dir / "config.json").is_file()
+            if done and done.get("fingerprint") == plan.fingerprint and kept:
                 results.append(done)
                 skipped += 1
                 continue

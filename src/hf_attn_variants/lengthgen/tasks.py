@@ -6,6 +6,8 @@ examples. Tokens come from a small task vocabulary (``TaskVocabulary``)::
 
     PAD = 0, BOS = 1, KEY = 2, QUERY = 3, then digits (passkey) or keys and values (MQAR), then filler tokens.
 
+Every sequence starts with BOS unless ``TaskSpec.bos`` is False; then filler (or the KEY block) starts it.
+
 - **Passkey retrieval** (Mohtashami & Jaggi 2023, "Landmark Attention: Random-Access Infinite Context Length
   for Transformers", arXiv:2305.16300, §4.2; as in the issue's experiment with random filler tokens instead of
   the repeated sentence): ``[BOS, filler…, KEY, d1…dk, filler…, QUERY, d1…dk]``; the KEY block sits at a
@@ -33,6 +35,8 @@ PAD, BOS, KEY, QUERY = 0, 1, 2, 3
 SPECIAL_TOKENS = 4
 TASKS = ("passkey", "mqar")
 IGNORE_INDEX = -100
+TASK_WEIGHT_DECAY = 0.01
+"""The tasks' AdamW weight decay where ``lengthgen --weight_decay`` is not given."""
 
 
 @dataclass(frozen=True)
@@ -73,18 +77,21 @@ def vocabulary(task: str, vocab_size: int, num_kv_pairs: int = 1) -> TaskVocabul
 
 
 def min_length(task: str, *, digits: int = 3, num_kv_pairs: int = 4) -> int:
-    """The shortest sequence that holds one example of ``task`` (no filler)."""
+    """The shortest sequence that holds one example of ``task`` (no filler) after a BOS."""
     return 2 * digits + 3 if task == "passkey" else 4 * num_kv_pairs + 2
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One task's settings: ``task``, ``vocab_size``, ``digits`` (passkey) and ``num_kv_pairs`` (MQAR)."""
+    """One task's settings: ``task``, ``vocab_size``, ``digits`` (passkey), ``num_kv_pairs`` (MQAR) and
+    ``bos``."""
 
     task: str
     vocab_size: int = 64
     digits: int = 3
     num_kv_pairs: int = 4
+    bos: bool = True
+    """Whether every sequence starts with BOS (without: filler from the first token on)."""
 
     @property
     def vocab(self) -> TaskVocabulary:
@@ -104,15 +111,22 @@ def _randint(gen: torch.Generator, span: tuple[int, int], count: int) -> torch.T
     return torch.randint(span[0], span[1], (count,), generator=gen)
 
 
+def _filled(spec: TaskSpec, length: int, gen: torch.Generator) -> torch.Tensor:
+    """``length`` filler tokens, the first one BOS when ``spec.bos``."""
+    ids = torch.empty(length, dtype=torch.long)
+    start = int(spec.bos)
+    ids[:start] = BOS
+    ids[start:] = _randint(gen, spec.vocab.filler, length - start)
+    return ids
+
+
 def passkey_example(spec: TaskSpec, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_ids, answer_positions)`` of one passkey example of exactly ``length`` tokens."""
-    vocab, k = spec.vocab, spec.digits
-    filler = length - min_length("passkey", digits=k)
-    ids = torch.empty(length, dtype=torch.long)
-    ids[0] = BOS
-    ids[1:] = _randint(gen, vocab.filler, length - 1)
+    vocab, k, start = spec.vocab, spec.digits, int(spec.bos)
+    filler = length - min_length("passkey", digits=k) + 1 - start
+    ids = _filled(spec, length, gen)
     digits = _randint(gen, vocab.answers, k)
-    at = 1 + int(torch.randint(0, filler + 1, (1,), generator=gen))
+    at = start + int(torch.randint(0, filler + 1, (1,), generator=gen))
     ids[at] = KEY
     ids[at + 1: at + 1 + k] = digits
     ids[length - k - 1] = QUERY
@@ -122,14 +136,12 @@ def passkey_example(spec: TaskSpec, length: int, gen: torch.Generator) -> tuple[
 
 def mqar_example(spec: TaskSpec, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_ids, answer_positions)`` of one MQAR example of exactly ``length`` tokens."""
-    vocab, pairs = spec.vocab, spec.num_kv_pairs
-    filler = length - min_length("mqar", num_kv_pairs=pairs)
+    vocab, pairs, start = spec.vocab, spec.num_kv_pairs, int(spec.bos)
+    filler = length - min_length("mqar", num_kv_pairs=pairs) + 1 - start
     keys = vocab.keys[0] + torch.randperm(vocab.keys[1] - vocab.keys[0], generator=gen)[:pairs]
     values = _randint(gen, vocab.answers, pairs)
-    ids = torch.empty(length, dtype=torch.long)
-    ids[0] = BOS
-    ids[1:] = _randint(gen, vocab.filler, length - 1)
-    at = 1 + int(torch.randint(0, filler + 1, (1,), generator=gen))
+    ids = _filled(spec, length, gen)
+    at = start + int(torch.randint(0, filler + 1, (1,), generator=gen))
     context = torch.stack([keys, values], dim=1).reshape(-1)
     ids[at: at + 2 * pairs] = context
     query_start = length - 2 * pairs
@@ -144,7 +156,7 @@ def make_batch(spec: TaskSpec, length: int, seed: int, start: int, count: int) -
     """Examples ``start … start + count − 1`` of the stream ``seed`` at ``length`` tokens: ``input_ids``,
     ``labels`` (-100 except the answers) and ``answer_positions`` (``count × answers_per_example``).
     ``ValueError`` naming the length when one example does not fit."""
-    need = min_length(spec.task, digits=spec.digits, num_kv_pairs=spec.num_kv_pairs)
+    need = min_length(spec.task, digits=spec.digits, num_kv_pairs=spec.num_kv_pairs) - 1 + int(spec.bos)
     if length < need:
         raise ValueError(f"length {length} is shorter than one {spec.task} example ({need} tokens).")
     example = passkey_example if spec.task == "passkey" else mqar_example
@@ -183,6 +195,7 @@ __all__ = [
     "QUERY",
     "SPECIAL_TOKENS",
     "TASKS",
+    "TASK_WEIGHT_DECAY",
     "TaskSpec",
     "TaskVocabulary",
     "answer_hits",

@@ -85,6 +85,8 @@ class Variant:
     objective: str | None = None
     eval_modes: tuple[EvalMode, ...] = (DEFAULT_MODE,)
     mixed_length: bool = False
+    position: str = "rope"
+    """Its position scheme (``POSITION_SCHEMES``)."""
 
     def series(self, mode: EvalMode) -> str:
         """The result-series name of this variant evaluated with ``mode``."""
@@ -96,7 +98,7 @@ class Variant:
             return self
         return Variant(self.name + MIXED_SUFFIX, self.model_type,
                        self.description + "; mixed-length pretraining",
-                       dict(self.fields), self.objective, self.eval_modes, True)
+                       dict(self.fields), self.objective, self.eval_modes, True, self.position)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -109,6 +111,9 @@ VARIANTS: dict[str, Variant] = {
                 {"attention_scale": "entropy_invariant"}),
         Variant("ei_ssmax", "entropy_invariant", "softmax attention, logits s_h·log n·q·k/√d (s_h learned)",
                 {"attention_scale": "ssmax"}),
+        Variant("ei_entropy_invariant_nope_layers", "entropy_invariant",
+                "softmax attention, logits (log n / log L)·q·k/√d in the layers without RoPE only (Llama 4)",
+                {"attention_scale": "entropy_invariant", "attention_scale_layers": "no_rope"}),
         Variant("gau_softmax", "gau", "GAU, softmax(q·k/√s)", {"attention_normalization": "softmax"}),
         Variant("gau_softmax_plus", "gau", "GAU, softmax((log n / log L)·q·k/√s) (GAU-α)",
                 {"attention_normalization": "softmax_plus"}),
@@ -131,29 +136,68 @@ VARIANTS: dict[str, Variant] = {
 }
 """The registry, in the order studies report them."""
 
-DEFAULT_VARIANTS = tuple(name for name in VARIANTS if name != "gau_flash")
+NOPE_LAYERS_ONLY = ("ei_entropy_invariant_nope_layers",)
+"""Variants that scale only the layers without RoPE: they differ from their twins only with NoPE layers among
+RoPE ones (``nope_every_4``), so only that scheme runs them."""
+DEFAULT_VARIANTS = tuple(name for name in VARIANTS if name != "gau_flash" and name not in NOPE_LAYERS_ONLY)
 """The language-model study's default variants (as before ``gau_flash`` existed; name it to add it)."""
-TASK_VARIANTS = tuple(VARIANTS)
-"""The retrieval tasks' default variants: every one."""
+TASK_VARIANTS = tuple(name for name in VARIANTS if name not in NOPE_LAYERS_ONLY)
+"""The retrieval tasks' default variants: every one that runs with RoPE and without position embedding."""
 NOPE_SUFFIX = "+nope"
 """Series suffix of a variant trained and evaluated without position embedding
 (``position_embedding_type="none"``)."""
+NOPE_INTERVAL = 4
+POSITION_SCHEMES = {
+    "rope": ("", "RoPE in every layer"),
+    "none": (NOPE_SUFFIX, "no position embedding"),
+    "nope_every_4": ("+nope_every_4", f"RoPE, but every {NOPE_INTERVAL}th layer without (SmolLM3's "
+                                      "no_rope_layers)"),
+}
+"""Position scheme → (series suffix, description). ``nope_every_4``: ``no_rope_layers`` with 0 at layers 3,
+7, … (layer i has no RoPE when (i + 1) is a multiple of 4), as SmolLM3 and Llama 4 place theirs."""
 QUICK_VARIANTS = ("ei_entropy_invariant", "synthesizer_random_vanilla")
 
 
-def with_position(variant: Variant, position_embedding_type: str) -> Variant:
-    """``variant`` with ``position_embedding_type`` (``"rope"``: unchanged; ``"none"``: name + ``"+nope"``).
-    ``FlagError`` naming ``position_embedding_types`` for the stock Llama without RoPE (it has no NoPE
-    option)."""
-    if position_embedding_type == "rope":
-        return variant
+def position_refusal(variant: Variant, scheme: str) -> str | None:
+    """Why ``variant`` does not run with the position ``scheme``, or ``None`` when it does: the stock Llama
+    runs with RoPE only, ``nope_every_4`` exists in the entropy-invariant family only, and the
+    NoPE-layers-only variants need ``nope_every_4``."""
     if variant.model_type == "llama":
-        raise FlagError("position_embedding_types", f"position_embedding_types: the stock Llama has no "
-                        f"position_embedding_type {position_embedding_type!r} (RoPE only).")
-    return Variant(variant.name + NOPE_SUFFIX, variant.model_type,
-                   variant.description + "; no position embedding",
-                   {**variant.fields, "position_embedding_type": position_embedding_type}, variant.objective,
-                   variant.eval_modes, variant.mixed_length)
+        return None if scheme == "rope" else "the stock Llama has RoPE only"
+    if variant.name.removesuffix(MIXED_SUFFIX) in NOPE_LAYERS_ONLY:
+        return None if scheme == "nope_every_4" else ("it scales only the layers without RoPE, which "
+                                                      "nope_every_4 has")
+    if scheme == "nope_every_4" and variant.model_type != "entropy_invariant":
+        return "per-layer RoPE (no_rope_layers) exists in the entropy-invariant family only"
+    return None
+
+
+def position_applies(variant: Variant, scheme: str) -> bool:
+    """Whether ``variant`` runs with the position ``scheme`` (``position_refusal``)."""
+    return position_refusal(variant, scheme) is None
+
+
+def no_rope_layers(num_layers: int) -> list[int]:
+    """``nope_every_4``'s ``no_rope_layers``: 1 (RoPE) except every ``NOPE_INTERVAL``th layer."""
+    return [0 if (i + 1) % NOPE_INTERVAL == 0 else 1 for i in range(num_layers)]
+
+
+def with_position(variant: Variant, scheme: str) -> Variant:
+    """``variant`` with the position ``scheme`` (``"rope"``: unchanged; else its name + the scheme's
+    suffix). ``FlagError`` naming ``position_embedding_types`` where the scheme does not apply
+    (``position_applies``)."""
+    refusal = position_refusal(variant, scheme)
+    if refusal is not None:
+        raise FlagError("position_embedding_types", f"position_embedding_types: {variant.name} does not run "
+                        f"with {scheme!r}: {refusal}.")
+    if scheme == "rope":
+        return variant
+    suffix, description = POSITION_SCHEMES[scheme]
+    fields = ({"position_embedding_type": "none"} if scheme == "none"
+              else {"position_embedding_type": "rope", "no_rope_interval": NOPE_INTERVAL})
+    return Variant(variant.name + suffix, variant.model_type, f"{variant.description}; {description}",
+                   {**variant.fields, **fields}, variant.objective, variant.eval_modes, variant.mixed_length,
+                   scheme)
 
 
 def get_variant(name: str) -> Variant:
@@ -220,7 +264,10 @@ def config_fields(variant: Variant, size: ModelSize, train_length: int) -> dict[
             fields["base_length"] = train_length
         if variant.model_type == "synthesizer":
             fields["max_position_embeddings"] = size.synthesizer_length_factor * train_length
-    return {**fields, **variant.fields}
+    fields = {**fields, **variant.fields}
+    if fields.pop("no_rope_interval", None) is not None:
+        fields["no_rope_layers"] = no_rope_layers(fields["num_hidden_layers"])
+    return fields
 
 
 def resolved_config(variant: Variant, fields: dict[str, Any]) -> dict[str, Any]:
@@ -247,7 +294,10 @@ __all__ = [
     "DEFAULT_VARIANTS",
     "LLAMA_EVAL_MODES",
     "MIXED_SUFFIX",
+    "NOPE_INTERVAL",
+    "NOPE_LAYERS_ONLY",
     "NOPE_SUFFIX",
+    "POSITION_SCHEMES",
     "QUICK_VARIANTS",
     "TASK_VARIANTS",
     "VARIANTS",
@@ -257,6 +307,9 @@ __all__ = [
     "config_fields",
     "get_variant",
     "max_length_of",
+    "no_rope_layers",
+    "position_applies",
+    "position_refusal",
     "resolved_config",
     "with_position",
 ]

@@ -126,7 +126,8 @@ def eager_attention_forward(
 
 
 class EntropyInvariantAttention(ShardedUnits, nn.Module):
-    """Multi-head attention with logits s(nᵢ) · q·k/√d, s given by ``config.attention_scale`` .
+    """Multi-head attention with logits s(nᵢ) · q·k/√d, s given by ``config.attention_scale`` (in the layers
+    ``attention_scale_layers`` names; RoPE in the layers ``no_rope_layers`` marks 1).
 
     - ``standard``: s = 1.
     - ``entropy_invariant``: s = log max(nᵢ, entropy_min_length) / log base_length (with
@@ -147,6 +148,8 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         self.num_key_value_groups = 1
         self.scaling = self.head_dim**-0.5
         self.is_causal = config.is_decoder
+        self.use_rope = config.layer_uses_rope(layer_idx)
+        self.attention_scale = config.layer_attention_scale(layer_idx)
         inner = self.num_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, inner, bias=config.use_bias)
         self.k_proj = nn.Linear(config.hidden_size, inner, bias=config.use_bias)
@@ -154,7 +157,7 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         self.o_proj = nn.Linear(inner, config.hidden_size, bias=config.use_bias)
         self.ssmax_scale = (
             nn.Parameter(torch.full((self.num_heads,), self.ssmax_init(config)))
-            if config.attention_scale == "ssmax"
+            if self.attention_scale == "ssmax"
             else None
         )
         self.tp_sharded_parameters = ("ssmax_scale",) if self.ssmax_scale is not None else ()
@@ -169,7 +172,7 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
 
     def logit_scale(self, key_counts: torch.Tensor | None) -> torch.Tensor | None:
         """Factor multiplying q, broadcastable to ``(batch, heads, q, 1)``, or ``None`` for ``standard``."""
-        scale = self.config.attention_scale
+        scale = self.attention_scale
         if scale == "standard" or key_counts is None:
             return None
         if scale == "entropy_invariant":
@@ -192,7 +195,7 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
         key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
         value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-        if position_embeddings is not None:
+        if self.use_rope and position_embeddings is not None:
             cos, sin = position_embeddings
             query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
         if cache is not None:

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from transformers import AttentionInterface, PreTrainedConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from ..models.layers import (
     ENTROPY_INVARIANT_SCOPES,
@@ -46,6 +46,7 @@ from ..models.layers import (
 )
 
 ENTROPY_INVARIANT = "entropy_invariant"
+ENTROPY_INVARIANT_EAGER = "entropy_invariant_eager"
 DEFAULT_MIN_LENGTH = 16
 DEFAULT_BASE_LENGTH = 512
 FORMULAS = ("log_ratio", "llama4")
@@ -95,6 +96,39 @@ def entropy_invariant_attention_forward(
                                 causal=bool(getattr(module, "is_causal", False)))
     query = (upcast(query) * factor[:, None, :, None]).to(query.dtype)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def entropy_invariant_eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``entropy_invariant_attention_forward`` over eager attention: softmax(f(nᵢ)·q·kᵀ·scaling + mask) v,
+    returning the probabilities ``(batch, heads, q, k)`` too (``output_attentions``; ``hf-attn-variants
+    entropy``). Keys and values are repeated for grouped-query attention; ``attention_mask`` is the additive
+    mask of ``eager_mask`` (or ``None``: causal rows then see the keys up to their own position)."""
+    config = getattr(module, "config", None)
+    causal = bool(getattr(module, "is_causal", False))
+    factor = stock_logit_factor(config, query, key, attention_mask, kwargs.get("position_ids"), causal=causal)
+    query = upcast(query) * factor[:, None, :, None]
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, upcast(key).transpose(-1, -2)) * (scaling or query.shape[-1] ** -0.5)
+    if attention_mask is not None:
+        scores = scores + attention_mask[..., : key.shape[-2]].to(scores.dtype)
+    elif causal:
+        query_length, key_length = scores.shape[-2:]
+        hidden = torch.ones(query_length, key_length, dtype=torch.bool, device=scores.device).triu(
+            key_length - query_length + 1)
+        scores = scores.masked_fill(hidden, torch.finfo(scores.dtype).min)
+    probs = scores.softmax(-1).to(value.dtype)
+    probs = nn.functional.dropout(probs, p=dropout, training=module.training)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
 
 def stock_logit_factor(
@@ -147,14 +181,19 @@ def stock_logit_factor(
 
 
 def register_stock_attention() -> None:
-    """Register ``"entropy_invariant"`` with Transformers' attention and attention-mask interfaces."""
+    """Register ``"entropy_invariant"`` (over SDPA) and ``"entropy_invariant_eager"`` (over eager attention,
+    with the weights) with Transformers' attention and attention-mask interfaces."""
     AttentionInterface.register(ENTROPY_INVARIANT, entropy_invariant_attention_forward)
     AttentionMaskInterface.register(ENTROPY_INVARIANT, sdpa_mask)
+    AttentionInterface.register(ENTROPY_INVARIANT_EAGER, entropy_invariant_eager_attention_forward)
+    AttentionMaskInterface.register(ENTROPY_INVARIANT_EAGER, eager_mask)
 
 
 __all__ = [
     "ENTROPY_INVARIANT",
+    "ENTROPY_INVARIANT_EAGER",
     "entropy_invariant_attention_forward",
+    "entropy_invariant_eager_attention_forward",
     "register_stock_attention",
     "resolve_base_length",
     "stock_logit_factor",

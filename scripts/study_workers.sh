@@ -1,0 +1,18 @@
+# Sourced by the study scripts (run_length_study.sh, run_retrieval_study.sh, run_hybrid_study.sh,
+# run_entropy_study.sh); not run by itself.
+#
+# run_workers COMMAND [ARGS...]: COMMAND in $WORKERS processes that share the study's run folders (each run
+# folder is claimed by one process; the others skip it, logging to $OUT/worker_<i>.log), then, with more than one
+# worker, once more here: every run is finished by then, so this pass reuses them all and writes the complete
+# outputs.
+run_workers() {
+  local i
+  for i in $(seq 2 "$WORKERS"); do
+    "$@" > "$OUT/worker_$i.log" 2>&1 &
+  done
+  "$@"
+  wait
+  if [ "$WORKERS" -gt 1 ]; then
+    "$@"
+  fi
+}

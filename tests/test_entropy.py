@@ -1,0 +1,145 @@
+"""``hf-attn-variants entropy``: the measurement (uniform rows give log n, the fitted slope), the command's
+results file and plot for this package's softmax families and a stock Llama with and without stock log-n, and
+one error line per bad flag with nothing written."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_attn_variants import (
+    EntropyInvariantConfig,
+    EntropyInvariantForCausalLM,
+    EntropyInvariantModel,
+    GAUConfig,
+    GAUForCausalLM,
+)
+from hf_attn_variants.cli import main
+from hf_attn_variants.entropy.cli import default_lengths
+from hf_attn_variants.entropy.measure import entropy_by_length, fit_slope, mean_log_keys, row_entropy
+
+TINY = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "initializer_range": 0.5}
+
+
+def test_row_entropy_of_uniform_and_one_hot_rows() -> None:
+    uniform = torch.full((3, 8), 1 / 8)
+    torch.testing.assert_close(row_entropy(uniform), torch.full((3,), math.log(8), dtype=torch.float64))
+    assert row_entropy(torch.eye(4)).abs().max() == 0
+    relu2 = torch.tensor([[0.0, 2.0, 2.0, 0.0]])  # not a probability row: normalised first
+    torch.testing.assert_close(row_entropy(relu2, normalize=True), torch.tensor([math.log(2)],
+                                                                                dtype=torch.float64))
+
+
+def test_fit_slope_is_the_least_squares_slope() -> None:
+    x = [math.log(n) for n in (8, 16, 32, 64)]
+    assert fit_slope(x, [0.7 * v + 1.0 for v in x]) == pytest.approx(0.7)
+    assert math.isnan(fit_slope([1.0], [2.0]))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_uniform_attention_has_entropy_log_n_and_slope_one(causal: bool) -> None:
+    torch.manual_seed(0)
+    config = EntropyInvariantConfig(**TINY, num_attention_heads=4, intermediate_size=64, is_decoder=causal,
+                                    attn_implementation="eager")
+    model = EntropyInvariantModel(config).eval()
+    for layer in model.layers:  # q = k = 0: every visible key gets the same weight
+        torch.nn.init.zeros_(layer.self_attn.q_proj.weight)
+    lengths = [8, 16, 32]
+    points = entropy_by_length(model, lambda n: [torch.randint(0, 64, (2, n))], lengths, causal=causal)
+    for point in points:
+        assert point.log_keys == pytest.approx(mean_log_keys(point.length, causal))
+        torch.testing.assert_close(torch.tensor(point.entropy, dtype=torch.float64),
+                                   torch.full((2, 4), point.log_keys, dtype=torch.float64), atol=1e-6, rtol=0)
+    assert fit_slope([p.log_keys for p in points], [p.mean_entropy for p in points]) == pytest.approx(1.0)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("entropy-models")
+    torch.manual_seed(0)
+    heads = {"num_attention_heads": 4, "intermediate_size": 64}
+    EntropyInvariantForCausalLM(EntropyInvariantConfig(**TINY, **heads, base_length=16, is_decoder=True)
+                                ).save_pretrained(root / "ei")
+    GAUForCausalLM(GAUConfig(**TINY, attention_key_size=16, base_length=16, is_decoder=True,
+                             attention_normalization="softmax_plus")).save_pretrained(root / "gau")
+    GAUForCausalLM(GAUConfig(**TINY, attention_key_size=16, base_length=16, is_decoder=True,
+                             attention_normalization="relu2")).save_pretrained(root / "relu2")
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                                         max_position_embeddings=16, initializer_range=0.5))
+    llama.save_pretrained(root / "llama")
+    EntropyInvariantForCausalLM(EntropyInvariantConfig(
+        **TINY, **heads, is_decoder=True, position_embedding_type="absolute", max_position_embeddings=32)
+    ).save_pretrained(root / "absolute")
+    return root
+
+
+def test_command_writes_results_and_plot_for_every_kind_of_model(folders, tmp_path) -> None:
+    output = tmp_path / "entropy.json"
+    names = ("ei", "gau", "relu2", "llama", "absolute")
+    argv = ["entropy", "--models", *(str(folders / name) for name in names), "--task", "passkey",
+            "--train_length", "16", "--samples", "2", "--output", str(output)]
+    assert main(argv) == 0
+    results = json.loads(output.read_text())
+    series = {entry["name"]: entry for entry in results["series"]}
+    assert list(series) == ["ei", "gau", "relu2", "llama", "llama + log-n", "absolute"]
+    assert results["train_length"] == 16 and output.with_suffix(".png").stat().st_size > 10_000
+    lengths = [n for n in default_lengths(16) if n >= 9]  # a passkey example needs 9 tokens
+    for name, entry in series.items():
+        assert entry["causal"] and all(math.isfinite(s) for row in entry["head_slopes"] for s in row)
+        heads = 1 if entry["model_type"] == "gau" else 4
+        assert [len(layer) for layer in entry["entropy"][0]] == [heads, heads]
+        expected = [n for n in lengths if name != "absolute" or n <= 32]
+        assert entry["lengths"] == expected and entry["skipped_lengths"] == [n for n in lengths
+                                                                           if n not in expected]
+    assert series["relu2"]["normalized"] and not series["gau"]["normalized"]
+    eager, log_n = series["llama"], series["llama + log-n"]
+    assert eager["attn_implementation"] == "eager"
+    assert log_n["attn_implementation"] == "entropy_invariant_eager"
+    # scope beyond: rows that see at most L = 16 keys are untouched, longer ones sharpened (lower entropy)
+    assert log_n["mean_entropy"][0] == pytest.approx(eager["mean_entropy"][0])
+    assert all(s < e for s, e in zip(log_n["mean_entropy"][2:], eager["mean_entropy"][2:]))
+
+
+def test_text_inputs_use_the_embedded_tokenizer_where_the_folder_has_none(folders, tmp_path) -> None:
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 50)
+    output = tmp_path / "text.json"
+    folder = tmp_path / "ei_text"
+    from hf_attn_variants.training.corpus import embedded_tokenizer
+
+    tokenizer = embedded_tokenizer()
+    torch.manual_seed(0)
+    EntropyInvariantForCausalLM(EntropyInvariantConfig(**{**TINY, "vocab_size": len(tokenizer)},
+                                                       num_attention_heads=4, intermediate_size=64,
+                                                       is_decoder=True)).save_pretrained(folder)
+    assert main(["entropy", "--models", str(folder), "--text_file", str(text), "--lengths", "8", "32",
+                 "--samples", "2", "--output", str(output), "--no_plot"]) == 0
+    entry = json.loads(output.read_text())["series"][0]
+    assert entry["lengths"] == [8, 32] and not output.with_suffix(".png").exists()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--names", "a", "b"], "--names: 2 names for 1 models"),
+    (["--task", "passkey", "--lengths", "4"], "--lengths: 4 is shorter than one passkey example"),
+    (["--stock_modes", "flash"], "--stock_modes: 'flash' is not one of"),
+    (["--task", "passkey", "--text_file", "x.txt"], "--text_file: inputs are the passkey task's"),
+    (["--task", "mqar", "--task_vocab_size", "200"], "--task_vocab_size=200 exceeds the vocab_size=64"),
+    (["--samples", "0"], "--samples"),
+])
+def test_bad_flags_give_one_line_naming_the_flag_and_write_nothing(folders, tmp_path, capsys, extra,
+                                                                   message) -> None:
+    output = tmp_path / "out.json"
+    assert main(["entropy", "--models", str(folders / "ei"), "--output", str(output), *extra]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("hf-attn-variants entropy: error: ") and message in error and "\n" not in error
+    assert not output.exists() and not output.with_suffix(".png").exists()
+
+
+def test_a_folder_without_a_model_is_refused(tmp_path, capsys) -> None:
+    assert main(["entropy", "--models", str(tmp_path), "--output", str(tmp_path / "o.json")]) == 2
+    assert "is not a model folder" in capsys.readouterr().err
