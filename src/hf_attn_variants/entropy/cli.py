@@ -14,8 +14,9 @@ and with this package's stock log-n scaling (``attn_implementation="entropy_inva
 ``lengthgen`` generates them) or windows of text (``--task text``: ``--text_file`` or the embedded corpus,
 tokenized by the model's tokenizer). The results file holds, per series, the entropy per length, layer and
 head, the slope dH/d log n of every head and their mean, and the slope over the diffuse heads (H at L at least
-half the uniform row's); the plot shows the mean entropy against n, one line per series, with log n (the
-uniform row) for scale.
+half the uniform row's). The plot shows the mean entropy against n, one panel per position scheme and one line
+per study series (``<series>@<seed>`` labels averaged over their seeds), with log n (the uniform row) for
+scale.
 """
 
 from __future__ import annotations
