@@ -14,8 +14,8 @@ from typing import Any
 from ._common import markdown_table, source_line
 
 COLUMNS = (("num_kv_pairs", "pairs"), ("train_length", "L"), ("num_hidden_layers", "layers"),
-           ("hidden_size", "hidden"), ("max_train_steps", "steps"), ("per_device_train_batch_size", "batch"),
-           ("learning_rate", "lr"))
+           ("hidden_size", "hidden"), ("num_attention_heads", "heads"), ("max_train_steps", "steps"),
+           ("per_device_train_batch_size", "batch"), ("learning_rate", "lr"))
 
 
 def elimination(pairs: int) -> float:

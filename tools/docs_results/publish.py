@@ -308,7 +308,8 @@ def publish_hybrid(results_jsons: list[str | Path], entropy_jsons: list[str | Pa
 
 
 CALIBRATION_SETTINGS = ("task", "train_length", "num_kv_pairs", "num_hidden_layers", "hidden_size",
-                        "max_train_steps", "per_device_train_batch_size", "learning_rate", "seeds")
+                        "num_attention_heads", "max_train_steps", "per_device_train_batch_size",
+                        "learning_rate", "num_warmup_steps", "seeds")
 """The flags a calibration run records."""
 
 
