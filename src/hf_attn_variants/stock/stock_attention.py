@@ -39,11 +39,13 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 
 from ..models.layers import (
     ENTROPY_INVARIANT_SCOPES,
+    boolean_attention_mask,
     compute_dtype,
     entropy_invariant_factor,
     upcast,
     visible_key_counts,
 )
+from ..models.modeling_entropy_invariant import eager_attention_forward
 
 ENTROPY_INVARIANT = "entropy_invariant"
 ENTROPY_INVARIANT_EAGER = "entropy_invariant_eager"
@@ -108,27 +110,27 @@ def entropy_invariant_eager_attention_forward(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``entropy_invariant_attention_forward`` over eager attention: softmax(f(nᵢ)·q·kᵀ·scaling + mask) v,
-    returning the probabilities ``(batch, heads, q, k)`` too (``output_attentions``; ``hf-attn-variants
-    entropy``). Keys and values are repeated for grouped-query attention; ``attention_mask`` is the additive
-    mask of ``eager_mask`` (or ``None``: causal rows then see the keys up to their own position)."""
+    """``entropy_invariant_attention_forward`` over eager attention (the entropy-invariant family's
+    ``eager_attention_forward``), returning the probabilities ``(batch, heads, q, k)`` too
+    (``output_attentions``; ``hf-attn-variants entropy``). Keys and values are repeated for grouped-query
+    attention; ``attention_mask`` is the additive mask of ``eager_mask``, or ``None`` (causal rows then see
+    the keys up to their own position)."""
     config = getattr(module, "config", None)
     causal = bool(getattr(module, "is_causal", False))
     factor = stock_logit_factor(config, query, key, attention_mask, kwargs.get("position_ids"), causal=causal)
-    query = upcast(query) * factor[:, None, :, None]
+    query = (upcast(query) * factor[:, None, :, None]).to(query.dtype)
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(query, upcast(key).transpose(-1, -2)) * (scaling or query.shape[-1] ** -0.5)
-    if attention_mask is not None:
-        scores = scores + attention_mask[..., : key.shape[-2]].to(scores.dtype)
-    elif causal:
-        query_length, key_length = scores.shape[-2:]
-        hidden = torch.ones(query_length, key_length, dtype=torch.bool, device=scores.device).triu(
-            key_length - query_length + 1)
-        scores = scores.masked_fill(hidden, torch.finfo(scores.dtype).min)
-    probs = scores.softmax(-1).to(value.dtype)
-    probs = nn.functional.dropout(probs, p=dropout, training=module.training)
-    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+    batch_size, _, query_length, _ = query.shape
+    key_length = key.shape[2]
+    if attention_mask is None:
+        attention_mask = boolean_attention_mask(None, batch_size=batch_size, query_length=query_length,
+                                                key_length=key_length, query_offset=key_length - query_length,
+                                                causal=causal, device=query.device)
+    else:
+        attention_mask = attention_mask[..., :key_length]
+    return eager_attention_forward(module, query, key, value, attention_mask,
+                                   scaling=scaling or query.shape[-1] ** -0.5, dropout=dropout)
 
 
 def stock_logit_factor(
