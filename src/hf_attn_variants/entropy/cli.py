@@ -133,17 +133,14 @@ def mode_label(name: str, mode: str) -> str:
     return f"{base} + log-n@{seed}" if at else f"{name} + log-n"
 
 
-def series_of(args: EntropyArguments) -> list[Series]:
+def series_of(args: EntropyArguments, configs: dict[str, Any]) -> list[Series]:
     """The series to measure: one per model of this package, one per ``--stock_modes`` of a stock model."""
-    from transformers import AutoConfig
+    from ..models import FAMILIES
 
-    from ..models import FAMILIES, register_families
-
-    register_families()
     names = args.names or [Path(path).resolve().name for path in args.models]
     series = []
     for name, path in zip(names, args.models):
-        if AutoConfig.from_pretrained(path).model_type in FAMILIES:
+        if configs[path].model_type in FAMILIES:
             series.append(Series(name, path, "eager", stock=False))
             continue
         for mode in args.stock_modes:
@@ -151,15 +148,17 @@ def series_of(args: EntropyArguments) -> list[Series]:
     return series
 
 
-def load(series: Series, args: EntropyArguments, train_length: int) -> tuple[Any, Any]:
-    """The base model of ``series`` in eval mode and its config (stock log-n: ``base_length`` = L and
-    ``--stock_scope`` set on the config)."""
-    from transformers import AutoConfig, AutoModel
+def load(series: Series, args: EntropyArguments, train_length: int, config: Any) -> tuple[Any, Any]:
+    """The base model of ``series`` in eval mode and its config, a copy of ``config`` (stock log-n:
+    ``base_length`` = L and ``--stock_scope`` set on it)."""
+    import copy
+
+    from transformers import AutoModel
 
     from ..stock.stock_attention import register_stock_attention
 
     register_stock_attention()
-    config = AutoConfig.from_pretrained(series.path)
+    config = copy.deepcopy(config)
     if series.attn_implementation == STOCK_MODES["log_n"]:
         config.base_length = train_length
         config.entropy_invariant_scope = args.stock_scope
@@ -168,10 +167,7 @@ def load(series: Series, args: EntropyArguments, train_length: int) -> tuple[Any
     return model.eval(), config
 
 
-def default_train_length(path: str) -> int:
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(path)
+def default_train_length(config: Any) -> int:
     return int(getattr(config, "base_length", None) or config.max_position_embeddings)
 
 
@@ -277,11 +273,11 @@ def text_batches(stream: list[int], first: int | None, length: int, count: int, 
     return windows
 
 
-def input_source(args: EntropyArguments, series: Series, config: Any) -> Callable[[int], Any]:
-    """length → ``(samples, length)`` input ids for ``series`` (task sequences, or text windows)."""
-
+def input_source(args: EntropyArguments, path: str, config: Any) -> Callable[[int], Any]:
+    """length → ``(samples, length)`` input ids for the model in ``path`` (task sequences, or text windows:
+    the text is tokenized here, once per model)."""
     if args.task == "text":
-        stream, first = text_stream(args, series.path, config.vocab_size)
+        stream, first = text_stream(args, path, config.vocab_size)
         return lambda length: text_batches(stream, first, length, args.samples, args.seed)
     from ..lengthgen.tasks import make_batch
 
@@ -302,9 +298,9 @@ def task_spec(args: EntropyArguments) -> Any:
     return spec
 
 
-def check_models(args: EntropyArguments) -> None:
-    """Each model's config reads (``FlagError`` naming ``models``) and takes the task's token ids (naming
-    ``task_vocab_size``)."""
+def check_models(args: EntropyArguments) -> dict[str, Any]:
+    """Each model's config (path → config): it reads (``FlagError`` naming ``models``) and takes the task's
+    token ids (naming ``task_vocab_size``)."""
     from transformers import AutoConfig
 
     from ..cli_utils import FlagError
@@ -313,15 +309,18 @@ def check_models(args: EntropyArguments) -> None:
     register_families()
     if args.task != "text":
         task_spec(args)
+    configs = {}
     for path in args.models:
         try:
-            vocab_size = AutoConfig.from_pretrained(path).vocab_size
+            configs[path] = AutoConfig.from_pretrained(path)
         except (OSError, ValueError, KeyError) as error:
             raise FlagError("models", f"models: the config of {path} cannot be read "
                             f"({' '.join(str(error).split())}).") from error
+        vocab_size = configs[path].vocab_size
         if args.task != "text" and args.task_vocab_size > vocab_size:
             raise FlagError("task_vocab_size", f"task_vocab_size={args.task_vocab_size} exceeds the "
                             f"vocab_size={vocab_size} of {path}.")
+    return configs
 
 
 def batched(source: Callable[[int], Any], per_sample_bytes: Callable[[int], float],
@@ -335,21 +334,21 @@ def batched(source: Callable[[int], Any], per_sample_bytes: Callable[[int], floa
     return batches
 
 
-def measure(series: Series, args: EntropyArguments, train_length: int,
-            lengths: Sequence[int]) -> dict[str, Any]:
-    """The results entry of one series."""
+def measure(series: Series, args: EntropyArguments, train_length: int, lengths: Sequence[int],
+            config: Any, source: Callable[[int], Any]) -> dict[str, Any]:
+    """The results entry of one series (its model's ``config`` and input ``source``)."""
     from tqdm.auto import tqdm
 
     from .measure import diffuse_heads, entropy_by_length, fit_slope, head_slopes
 
-    model, config = load(series, args, train_length)
+    model, config = load(series, args, train_length, config)
     cap = length_cap(config)
     usable = [length for length in lengths if cap is None or length <= cap]
     causal = is_causal(model)
     layers = config.num_hidden_layers
     heads = getattr(config, "num_attention_heads", 1) if config.model_type != "gau" else 1
     per_sample = lambda length: 2.0 * layers * heads * length * length * 8  # noqa: E731 (float64 entropy)
-    batches = batched(input_source(args, series, config), per_sample, args.memory_gib)
+    batches = batched(source, per_sample, args.memory_gib)
     with tqdm(total=len(usable), desc=series.name, unit="length") as bar:
         points = entropy_by_length(model, batches, usable, causal=causal, normalize=normalizes_rows(config),
                                    progress=lambda _: bar.update())
@@ -443,13 +442,14 @@ def measure_all(args: EntropyArguments) -> dict[str, Any]:
     from ..records import format_results
 
     check_arguments(args)
-    check_models(args)
-    train_length = args.train_length or default_train_length(args.models[0])
+    configs = check_models(args)
+    train_length = args.train_length or default_train_length(configs[args.models[0]])
     lengths = input_lengths(args, train_length)
-    series = series_of(args)
+    sources = {path: input_source(args, path, config) for path, config in configs.items()}
     results = {"kind": "attention_entropy", **environment(), "task": args.task, "train_length": train_length,
                "settings": dataclasses.asdict(args),
-               "series": [measure(one, args, train_length, lengths) for one in series]}
+               "series": [measure(one, args, train_length, lengths, configs[one.path], sources[one.path])
+                          for one in series_of(args, configs)]}
     output = Path(args.output)
     atomic_write_text(output, format_results(results, inline_depth=3))
     if not args.no_plot:

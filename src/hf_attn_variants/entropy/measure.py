@@ -84,13 +84,12 @@ def entropy_by_length(
     """One ``LengthPoint`` per length of ``lengths``: the mean entropy per layer and head over the
     ``measured_rows`` of every sequence of ``batches(length)`` (a list of ``(batch, length)`` id tensors)."""
     points = []
-    rows = None
     for length in lengths:
         totals: torch.Tensor | None = None
         count = 0
+        rows = measured_rows(length, causal)
         for input_ids in batches(length):
             maps = attention_maps(model, input_ids)
-            rows = measured_rows(length, causal)
             # (layers, batch, heads, rows) → sum over batch and rows
             entropy = torch.stack([row_entropy(layer[:, :, rows], normalize) for layer in maps])
             summed = entropy.sum(dim=(1, 3))
