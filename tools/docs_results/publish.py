@@ -217,12 +217,12 @@ def publish_replication(results_json: str | Path, name: str, *, root: str | Path
     return write_results(Path(root), name, data, inline_depth=4)
 
 
-def publish_retrieval(results_jsons: list[str | Path], name: str, *, root: str | Path = ".", command: str,
-                      wall_seconds: float | None = None, plot: str | Path | None = None) -> Path:
-    """Write ``docs/results/<name>.json`` (kind ``retrieval``) from the ``results.json`` of one or more task
-    studies (and, with ``plot``, the combined accuracy figure); then ``python tools/render_docs.py``."""
+def retrieval_data(results_jsons: list[str | Path], kind: str, *, command: str,
+                   wall_seconds: float | None = None, plot: str | Path | None = None) -> dict[str, Any]:
+    """The results object (``kind``) of one or more task studies (their ``results.json``), and, with ``plot``,
+    their combined accuracy figure drawn there."""
     reports = [json.loads(Path(p).read_text(encoding="utf-8")) for p in results_jsons]
-    data = run_metadata("retrieval", command)
+    data = run_metadata(kind, command)
     if reports[0]["machine"].get("environment") is not None:
         data["environment"] = reports[0]["machine"]["environment"]
     data["cpu"] = cpu_name(data["environment"])
@@ -231,7 +231,6 @@ def publish_retrieval(results_jsons: list[str | Path], name: str, *, root: str |
     for report in reports:
         data["tasks"][report["args"]["task"]] = compact_task(report)
     data["wall_seconds"] = wall_seconds
-    data["reported"] = REPORTED_PASSKEY
     if plot is not None:
         from hf_attn_variants.lengthgen.plotting import plot_accuracy
 
@@ -241,6 +240,15 @@ def publish_retrieval(results_jsons: list[str | Path], name: str, *, root: str |
                       train_length=first["train_length"],
                       title=f"trained at L = {first['train_length']} ({steps}), seeds {first['seeds']}; "
                             "band: min–max over seeds")
+    return data
+
+
+def publish_retrieval(results_jsons: list[str | Path], name: str, *, root: str | Path = ".", command: str,
+                      wall_seconds: float | None = None, plot: str | Path | None = None) -> Path:
+    """Write ``docs/results/<name>.json`` (kind ``retrieval``) from the ``results.json`` of one or more task
+    studies (and, with ``plot``, the combined accuracy figure); then ``python tools/render_docs.py``."""
+    data = retrieval_data(results_jsons, "retrieval", command=command, wall_seconds=wall_seconds, plot=plot)
+    data["reported"] = REPORTED_PASSKEY
     return write_results(Path(root), name, data, inline_depth=4)
 
 
@@ -291,11 +299,7 @@ def publish_hybrid(results_jsons: list[str | Path], entropy_jsons: list[str | Pa
     """Write ``docs/results/<name>.json`` (kind ``hybrid``): the task studies as ``publish_retrieval`` keeps
     them, and per task the entropy slopes (``entropy``: series → slope per seed) of ``hf-attn-variants
     entropy`` run on their models (``entropy_jsons``, one per task, series named ``<series>@<seed>``)."""
-    path = publish_retrieval(results_jsons, name, root=root, command=command, wall_seconds=wall_seconds,
-                             plot=plot)
-    data = load_results(Path(root), name)
-    data["kind"] = "hybrid"
-    data.pop("reported", None)
+    data = retrieval_data(results_jsons, "hybrid", command=command, wall_seconds=wall_seconds, plot=plot)
     data["entropy"] = {}
     for entropy_json in entropy_jsons:
         entropy = json.loads(Path(entropy_json).read_text(encoding="utf-8"))
@@ -303,8 +307,7 @@ def publish_hybrid(results_jsons: list[str | Path], entropy_jsons: list[str | Pa
         for entry in entropy["series"]:
             slopes.setdefault(entry["name"].rsplit("@", 1)[0], []).append(round(entry["slope"], 4))
         data["entropy"][entropy["task"]] = slopes
-    write_results(Path(root), name, data, inline_depth=4)
-    return path
+    return write_results(Path(root), name, data, inline_depth=4)
 
 
 CALIBRATION_SETTINGS = ("task", "train_length", "num_kv_pairs", "num_hidden_layers", "hidden_size",
@@ -371,5 +374,6 @@ __all__ = [
     "publish_replication",
     "publish_rerun",
     "publish_retrieval",
+    "retrieval_data",
     "seed_accuracy",
 ]
