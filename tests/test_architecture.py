@@ -34,6 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "lengthgen": {"models", "training", "records", "cli_utils"},
     "bench": {"models", "pruning", "training", "records", "cli_utils"},
     "entropy": {"models", "stock", "training", "lengthgen", "records", "cli_utils"},
+    "serving": {"models", "stock"},
     "demo": {"models", "training", "hub", "cli_utils"},
     "cli": set(),  # imports its subcommands by name (importlib), so every tool stays lazy
     "__main__": {"cli"},

@@ -203,6 +203,32 @@ def test_serving_publish_turns_the_raw_file_into_the_results_file(tmp_path):
     assert view_function("serving", "earlier_runs")(data) == ""
 
 
+def test_gau_serving_publish_and_views(tmp_path):
+    """``scripts/gau_serving_bench.py publish`` turns the raw rows into the results file; the views give one
+    row per batch and context with a column per engine, and the bytes vLLM reserves per sequence."""
+    script = load_script("gau_serving_bench")
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "parameters.json").write_text(json.dumps({"flash": 2_760_000, "llama": 2_790_000}))
+    raw = {"throughput": [{"engine": "flash_vllm", "context": 4096, "batch": 16, "seconds": 5.0,
+                           "tokens_per_s": 102.4},
+                          {"engine": "llama_vllm", "context": 4096, "batch": 16, "seconds": 6.4,
+                           "tokens_per_s": 80.0}],
+           "memory": [{"model": "FLASH (prefix caching off)", "context": 512, "kv_cache_tokens": 34816.0,
+                       "request_tokens": 544.0, "concurrency": 64.0, "bytes_per_sequence": 4194304.0}],
+           "load_average": [1.0, 1.5], "threads": 2,
+           "versions": {"vllm": "0.32.0", "transformers": "5.19.0", "torch": "2.13.0+cpu",
+                        "python": "3.11.7"}}
+    (folder / "raw.json").write_text(json.dumps(raw))
+    script.publish(folder, tmp_path)
+    data = load_results(tmp_path, "gau-serving-cpu")
+    assert data["kind"] == "gau_serving" and data["versions"]["vllm"] == "0.32.0"
+    throughput = view_function("gau_serving", "throughput")(data)
+    assert "| 16 | 4,096 | 102 | – | 80 |" in throughput and "FLASH 2.76 M parameters" in throughput
+    memory = view_function("gau_serving", "memory")(data)
+    assert "| FLASH (prefix caching off) | 512 | 34,816 | 64× | 4.00 MiB |" in memory and "256 MiB" in memory
+
+
 def test_demo_and_gau_init_views_render_fresh_data():
     from tools.docs_results import demo, gau_init
 

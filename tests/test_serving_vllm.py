@@ -26,7 +26,6 @@ import pytest
 import torch
 from filelock import FileLock
 
-import hf_attn_variants
 from hf_attn_variants import (
     EntropyInvariantConfig,
     EntropyInvariantForCausalLM,
@@ -243,14 +242,6 @@ def test_plugin_wrapper_scales_queries_only_for_models_that_ask() -> None:
 
 
 # ------------------------------------------------------------------------------- with vLLM
-@pytest.fixture(scope="module")
-def vllm() -> Path:
-    reason = vllm_unavailable()
-    if reason:
-        pytest.skip(reason)
-    return vllm_python()
-
-
 LM_EVAL_REQUIREMENT = "lm-eval==0.4.13"
 
 
@@ -284,17 +275,15 @@ def lm_eval_overlay(vllm: Path) -> Path:
 
 
 def run_vllm(vllm: Path, tmp_path: Path, models: list[dict], prompt_list: list[list[int]],
-             plugin_path: Path | None = None, lm_eval: dict | None = None) -> dict:
-    """Serve ``models`` in the vLLM environment (``vllm_child.py``); with ``plugin_path``, this package's
-    source and a distribution record declaring its vLLM plugin are on ``PYTHONPATH``, as if it were installed
-    there."""
+             package_path: Path | None = None, lm_eval: dict | None = None) -> dict:
+    """Serve ``models`` in the vLLM environment (``vllm_child.py``); with ``package_path`` (the
+    ``package_overlay``), this package's installed wheel is on ``PYTHONPATH``, so vLLM loads its plugin."""
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps({"models": models, "prompts": prompt_list, "max_tokens": NEW_TOKENS,
-                                    "with_package": plugin_path is not None, "lm_eval": lm_eval}))
+                                    "with_package": package_path is not None, "lm_eval": lm_eval}))
     env = child_env(tmp_path)
-    if plugin_path is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(plugin_path),
-                                             str(Path(hf_attn_variants.__file__).parents[1])])
+    if package_path is not None:
+        env["PYTHONPATH"] = str(package_path)
     if lm_eval is not None:
         env.update(PYTHONPATH=str(lm_eval_overlay(vllm)), HF_DATASETS_OFFLINE="1",
                    HF_DATASETS_CACHE=str(tmp_path / "datasets"))
@@ -358,6 +347,8 @@ def test_vllm_serves_entropy_invariant_models_with_transformers_tokens(vllm: Pat
     for family, name in (("GAU", "gau"), ("Synthesizer", "synthesizer")):
         error = got[name]["error"]
         assert error is not None and f"{family} models cannot be served by vLLM" in error, error
+    # Without this package in vLLM's environment the remote code says how to serve FLASH and softmax GAU.
+    assert "pip install hf_attn_variants" in got["gau"]["error"]
 
 
 def free_port() -> int:
@@ -378,6 +369,41 @@ def stop(process: subprocess.Popen) -> None:
         process.wait(timeout=30)
 
 
+def completion_from_server(command: list[str], env: dict[str, str], folder: Path,
+                           prompt: list[int]) -> tuple[dict, str]:
+    """Start vLLM's OpenAI-compatible server (``command``, served model name ``"model"``, on the port it
+    names) in ``folder``, wait for ``/health``, send one greedy ``/v1/completions`` request for ``prompt``
+    (``NEW_TOKENS`` tokens, ``return_token_ids``) and stop the server: ``(reply, server log)``."""
+    port = command[command.index("--port") + 1]
+    log = folder / "server.log"
+    with log.open("w") as sink:
+        server = subprocess.Popen(command, cwd=folder, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, (f"server exited with {server.returncode}:\n"
+                                           f"{log.read_text()[-6000:]}")
+            assert time.monotonic() < deadline, f"server not up after 300 s:\n{log.read_text()[-6000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                time.sleep(1)
+        body = {"model": "model", "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0.0,
+                "ignore_eos": True, "return_token_ids": True}
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                         data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            reply = json.loads(response.read())
+    finally:
+        stop(server)
+    assert server.returncode is not None
+    return reply, log.read_text()
+
+
 def test_vllm_openai_server_completes_a_request(vllm: Path, tmp_path: Path) -> None:
     """vLLM's OpenAI-compatible server (``--trust-remote-code --model-impl transformers``) on a loopback port:
     one ``/v1/completions`` request returns Transformers' greedy tokens; the server is stopped by its PID."""
@@ -393,51 +419,14 @@ def test_vllm_openai_server_completes_a_request(vllm: Path, tmp_path: Path) -> N
     command = [str(vllm), "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
                "--trust-remote-code", "--model-impl", "transformers", "--dtype", "float32", "--enforce-eager",
                "--max-model-len", "256", "--kv-cache-memory-bytes", str(256 * 2**20), "--host", "127.0.0.1",
-               "--port", str(port), "--served-model-name", "ei"]
-    log = tmp_path / "server.log"
-    with log.open("w") as sink:
-        server = subprocess.Popen(command, cwd=tmp_path, env=child_env(tmp_path), stdout=sink,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert server.poll() is None, (f"server exited with {server.returncode}:\n"
-                                           f"{log.read_text()[-6000:]}")
-            assert time.monotonic() < deadline, f"server not up after 300 s:\n{log.read_text()[-6000:]}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                time.sleep(1)
-        body = {"model": "ei", "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0.0,
-                "ignore_eos": True, "return_token_ids": True}
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
-                                         data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=120) as response:
-            reply = json.loads(response.read())
-    finally:
-        stop(server)
-    assert server.returncode is not None
+               "--port", str(port), "--served-model-name", "model"]
+    reply = completion_from_server(command, child_env(tmp_path), tmp_path, prompt)[0]
     assert reply["choices"][0]["token_ids"] == want
     assert reply["usage"]["completion_tokens"] == NEW_TOKENS
 
 
-def plugin_distribution(root: Path) -> Path:
-    """A ``.dist-info`` record under ``root`` declaring this package's vLLM plugin (what ``pip install``
-    writes)."""
-    record = root / f"hf_attn_variants-{hf_attn_variants.__version__}.dist-info"
-    record.mkdir(parents=True)
-    (record / "METADATA").write_text("Metadata-Version: 2.1\nName: hf_attn_variants\nVersion: "
-                                     f"{hf_attn_variants.__version__}\n")
-    (record / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nhf_attn_variants_log_n = hf_attn_variants.stock.vllm_plugin:register\n"
-    )
-    return root
-
-
-def test_vllm_plugin_applies_log_n_scaling_to_a_stock_llama(vllm: Path, tmp_path: Path) -> None:
+def test_vllm_plugin_applies_log_n_scaling_to_a_stock_llama(vllm: Path, package_overlay: Path,
+                                                            tmp_path: Path) -> None:
     """A stock Llama whose config names ``entropy_invariant_formula``, served through the Transformers backend
     with this package's plugin: tokens equal Transformers' ``attn_implementation="entropy_invariant"`` and
     differ from the unscaled model on prompts past ``base_length``; a Llama without the field is served
@@ -462,7 +451,7 @@ def test_vllm_plugin_applies_log_n_scaling_to_a_stock_llama(vllm: Path, tmp_path
     assert expected["log_n"]["tokens"][-1] != plain_tokens["tokens"][-1], (
         "the scale must matter on a long prompt")
     models = [{"name": name, "folder": str(tmp_path / name), "expect": "serve"} for name in expected]
-    got = run_vllm(vllm, tmp_path, models, prompt_list, plugin_path=plugin_distribution(tmp_path / "plugin"))
+    got = run_vllm(vllm, tmp_path, models, prompt_list, package_path=package_overlay)
     assert not mismatches(expected, got), "\n".join(mismatches(expected, got))
 
 

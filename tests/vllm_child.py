@@ -4,8 +4,9 @@
 
 The models always load as remote code. This package is importable only where the manifest says
 ``with_package`` (the test of its vLLM plugin puts it on ``PYTHONPATH``); otherwise the script refuses to run.
-The manifest lists ``models`` (``name``, ``folder``, ``expect``: ``"serve"`` or ``"refuse"``), ``prompts``
-(token ids) and ``max_tokens``. For a model to serve, the greedy tokens of every prompt (and their
+The manifest lists ``models`` (``name``, ``folder``, ``expect``: ``"serve"`` or ``"refuse"``; optionally
+their own ``prompts``, ``engine`` settings over the defaults below and ``rounds``), ``prompts`` (token ids)
+and ``max_tokens``. For a model to serve, the greedy tokens of every prompt (and their
 log-probabilities) are written; for one to refuse, the error message. Each model gets its own ``LLM``,
 deleted before the next. Settings: float32, eager, 256 MiB of KV cache, in-process engine. With ``lm_eval``
 (``folder``, ``tasks``, ``include_path``), lm-evaluation-harness's ``vllm`` model runs those tasks with the
@@ -36,27 +37,40 @@ ENGINE_ARGS = {
 }
 
 
-def serve(folder: str, prompts: list[list[int]], max_tokens: int) -> dict:
-    """Greedy tokens and their log-probabilities for each prompt, with the engine's start time."""
+def engine_args(engine: dict | None) -> dict:
+    """``ENGINE_ARGS`` with a model's ``engine`` entries over them (``None`` removes a setting)."""
+    merged = {**ENGINE_ARGS, **(engine or {})}
+    return {key: value for key, value in merged.items() if value is not None}
+
+
+def serve(folder: str, prompts: list[list[int]], max_tokens: int, engine: dict | None = None,
+          rounds: int = 1) -> dict:
+    """Greedy tokens and their log-probabilities for each prompt (all prompts in one ``generate`` call, so
+    they run concurrently), with the engine's start time. ``rounds`` > 1 generates again on the same engine
+    (prefix caching then reuses the first round's prompts); every round must give the same tokens."""
     start = time.perf_counter()
-    llm = LLM(model=folder, **ENGINE_ARGS)
+    llm = LLM(model=folder, **engine_args(engine))
     started = time.perf_counter() - start
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    logprobs = [
-        [step[token].logprob for step, token in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
-        for o in outputs
-    ]
+    results = []
+    for _ in range(rounds):
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        results.append(([list(o.outputs[0].token_ids) for o in outputs], [
+            [step[token].logprob for step, token in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
+            for o in outputs
+        ], [o.num_cached_tokens or 0 for o in outputs]))
     del llm
     gc.collect()
-    return {"tokens": tokens, "logprobs": logprobs, "engine_start_s": started}
+    tokens, logprobs, _ = results[0]
+    return {"tokens": tokens, "logprobs": logprobs, "engine_start_s": started,
+            "later_rounds": [round_tokens for round_tokens, _, _ in results[1:]],
+            "cached_tokens": [cached for _, _, cached in results]}
 
 
-def refuse(folder: str) -> dict:
+def refuse(folder: str, engine: dict | None = None) -> dict:
     """The error vLLM raises for a model it must not serve (``None`` if it served it)."""
     try:
-        llm = LLM(model=folder, **ENGINE_ARGS)
+        llm = LLM(model=folder, **engine_args(engine))
     except Exception as error:  # noqa: BLE001 (the message is the result)
         return {"error": f"{type(error).__name__}: {error}"}
     del llm
@@ -87,9 +101,11 @@ def main(manifest_path: str, results_path: str) -> None:
     results = {}
     for model in manifest["models"]:
         if model["expect"] == "serve":
-            results[model["name"]] = serve(model["folder"], manifest["prompts"], manifest["max_tokens"])
+            results[model["name"]] = serve(model["folder"], model.get("prompts", manifest["prompts"]),
+                                           manifest["max_tokens"], model.get("engine"),
+                                           model.get("rounds", 1))
         else:
-            results[model["name"]] = refuse(model["folder"])
+            results[model["name"]] = refuse(model["folder"], model.get("engine"))
         print("done", model["name"], flush=True)
     if manifest.get("lm_eval"):
         results["lm_eval"] = lm_eval_vllm(manifest["lm_eval"])

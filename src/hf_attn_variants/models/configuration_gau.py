@@ -137,6 +137,16 @@ class GAUConfig(AttnVariantConfig):
             )
 
     @property
+    def layer_types(self) -> list[str]:
+        """Transformers' (and vLLM's) per-layer attention kinds, derived and never saved: every quadratic
+        GAU layer is ``"full_attention"`` (a cache of every key). FLASH has no such attribute
+        (``AttributeError``): its constant-size state is no cache layer Transformers builds (the model
+        installs ``GAUChunkCacheLayer``), and vLLM then serves it as a model of state layers."""
+        if self.chunk_size is not None:
+            raise AttributeError("GAU with chunk_size (FLASH) declares no layer_types.")
+        return ["full_attention"] * self.num_hidden_layers
+
+    @property
     def intermediate_width(self) -> int:
         """e = expansion_factor · hidden_size, the width of the gates u and v."""
         return round(self.expansion_factor * self.hidden_size)

@@ -292,6 +292,45 @@ def flash_mixed_chunk_attention(
     return numerator.reshape(batch, chunks * chunk_size, width)[:, :length], state
 
 
+def flash_decode_step(
+    quad_q: torch.Tensor,
+    lin_q: torch.Tensor,
+    quad_k: torch.Tensor,
+    lin_k: torch.Tensor,
+    value: torch.Tensor,
+    state: torch.Tensor | None,
+    visible: torch.Tensor | None = None,
+    closing: torch.Tensor | bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One causal FLASH step per row, for a new token whose open chunk (itself included) is given:
+    ``(numerator, state)``.
+
+    ``quad_q``, ``lin_q`` ``(batch, 1, s)`` carry their factors; ``quad_k``, ``lin_k`` ``(batch, m, s)`` and
+    ``value`` ``(batch, m, e)`` are the open chunk's rows, ``visible`` ``(batch, m)`` bool which of them row b
+    sees (``None``: all; a hidden row may hold any finite values), ``state`` ``(batch, s, e)`` Σ k'ᵀv over the
+    closed chunks (``None``: none yet). numerator = Σ_{j visible} relu(q·k_j)² v_j + q'·state. ``closing``
+    (bool, or ``(batch,)`` bool per row) says whether the token completes its chunk: the chunk's m rows (all
+    of them its own, k' of padding zero) are then folded into the returned state. O(m·(s + e) + s·e) per row.
+    """
+    weights = F.relu(torch.matmul(quad_q, upcast(quad_k).transpose(-1, -2))).square()
+    if visible is not None:
+        weights = weights.masked_fill(~visible[:, None], 0.0)
+    value = upcast(value)
+    numerator = torch.matmul(weights, value)
+    if state is None:
+        state = value.new_zeros(value.shape[0], lin_k.shape[-1], value.shape[-1])
+    else:
+        state = state.to(numerator.dtype)
+        numerator = numerator + torch.matmul(lin_q, state)
+    if closing is False:
+        return numerator, state
+    if closing is True:
+        return numerator, state + torch.matmul(upcast(lin_k).transpose(-1, -2), value)
+    rows = closing.nonzero()[:, 0]
+    closed = torch.matmul(upcast(lin_k[rows]).transpose(-1, -2), value[rows])
+    return numerator, state.index_add(0, rows, closed)
+
+
 def segmented_chunk_sums(summaries: torch.Tensor, segments: torch.Tensor, causal: bool) -> torch.Tensor:
     """Per chunk c, the sum of the summaries k'ᵀv ``(batch, C, s, e)`` of the chunks of its own document:
     those before c (``causal``, exclusive) or all of them. A document's chunks are contiguous and start at
@@ -432,6 +471,7 @@ __all__ = [
     "DocumentChunks",
     "Relu2Attention",
     "SoftmaxAttention",
+    "flash_decode_step",
     "flash_effective_weights",
     "flash_mixed_chunk_attention",
     "flash_visibility",

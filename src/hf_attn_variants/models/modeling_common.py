@@ -391,6 +391,8 @@ class AttnVariantBackbone(ModelMixinBase):
         """Run the stack. ``attention_mask``: 2D ``(batch, past + seq)``, 1 = token, or a prepared 4D mask."""
         given = self._input(input_ids, inputs_embeds)
         batch_size, seq_length = given.shape[:2]
+        if isinstance(attention_mask, dict):  # generate's masks per layer type, for configs with layer_types
+            attention_mask = attention_mask["full_attention"]
         if position_ids is not None:
             position_ids = position_ids.view(-1, position_ids.shape[-1]).expand(batch_size, -1)
         if not self.is_causal or (self.gradient_checkpointing and self.training and torch.is_grad_enabled()):

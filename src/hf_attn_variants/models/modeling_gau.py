@@ -42,6 +42,7 @@ from .configuration_gau import GAUConfig
 from .gau_cache import GAUChunkCacheLayer, check_chunk_cache, chunk_cache_layer
 from .gau_kernels import (
     DocumentChunks,
+    flash_decode_step,
     flash_effective_weights,
     flash_mixed_chunk_attention,
     flash_visibility,
@@ -430,13 +431,7 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         """``output_attentions``: also return the attention map (see the class docstring). ``documents``:
         FLASH's layout of rows packing several documents (the quadratic unit gets their block-diagonal
         ``attention_mask`` instead)."""
-        u, v, z = self.act_fn(self.in_proj(hidden_states)).split([self.width, self.width, self.key_size],
-                                                                 dim=-1)
-        share = self.tp_slice(self.width)
-        u, v = u[..., share], v[..., share]
-        qk = (z.unsqueeze(2) * self.qk_scale + self.qk_offset).transpose(1, 2)  # (batch, rows, n, s)
-        if position_embeddings is not None:
-            qk = apply_rotary(qk, *position_embeddings)
+        u, v, qk = self.project(hidden_states, position_embeddings)
         if self.chunk_size is None:
             attended, weights = self._quadratic(
                 qk, v, attention_mask, key_counts, cache, geometry.query_offset, output_attentions
@@ -445,6 +440,20 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
             attended, weights = self._chunked(qk, v, key_mask, key_counts, cache, output_attentions,
                                               documents)
         return self.out_proj(u * attended.to(u.dtype)), weights
+
+    def project(
+        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Gates u and values v ``(batch, n, e)``, and the rows q, k (q', k') ``(batch, rows, n, s)`` of the
+        scale-offset base z, rotated by RoPE when ``position_embeddings`` are given."""
+        u, v, z = self.act_fn(self.in_proj(hidden_states)).split([self.width, self.width, self.key_size],
+                                                                 dim=-1)
+        share = self.tp_slice(self.width)
+        u, v = u[..., share], v[..., share]
+        qk = (z.unsqueeze(2) * self.qk_scale + self.qk_offset).transpose(1, 2)
+        if position_embeddings is not None:
+            qk = apply_rotary(qk, *position_embeddings)
+        return u, v, qk
 
     def _quadratic(
         self, qk: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, key_counts: torch.Tensor | None,
@@ -475,21 +484,26 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """FLASH on the rows q, k, q', k' of ``qk`` and values ``v`` (module docstring), through the runner of
         its ``attention_path`` (``FLASH_RUNNERS``); ``documents``: the layout of packed rows."""
-        quad_q, quad_k, lin_q, lin_k = qk.unbind(1)  # each (batch, n, s)
-        length = quad_q.shape[1]
+        length = qk.shape[2]
         layer = chunk_cache_layer(cache, self.layer_idx) if cache is not None and self.is_causal else None
         past = 0 if layer is None else layer.get_seq_length()
         path = self.attention_path(
-            length, past + length, quad_q.device, cached=layer is not None,
+            length, past + length, qk.device, cached=layer is not None,
             output_attentions=output_attentions, packed=documents is not None,
             layout=documents is None or documents.segment is not None,
         )
-        # relu(a·q·k)²/L + (a·q'·k')/L with a = 1/√s: every factor folded into the queries (O(n·s) work).
+        inputs = self.flash_inputs(qk, v, key_mask, key_counts)
+        return FLASH_RUNNERS[path](self, inputs, path, layer, documents, output_attentions)
+
+    def flash_inputs(self, qk: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
+                     key_counts: torch.Tensor | None) -> FlashInputs:
+        """FLASH's inputs from the rows q, k, q', k' of ``qk`` and ``v``, with relu(a·q·k)²/L + (a·q'·k')/L
+        (a = 1/√s) folded into the queries: q·a/√L and q'·a/L (O(n·s) work)."""
+        quad_q, quad_k, lin_q, lin_k = qk.unbind(1)
         lengths = self.normalization.lengths(key_counts, quad_q)  # type: ignore[attr-defined]
         quad_q = upcast(quad_q) * (self.scaling * lengths.rsqrt())[..., None]
         lin_q = upcast(lin_q) * (self.scaling / lengths)[..., None]
-        inputs = FlashInputs(quad_q, quad_k, lin_q, lin_k, v, key_mask)
-        return FLASH_RUNNERS[path](self, inputs, path, layer, documents, output_attentions)
+        return FlashInputs(quad_q, quad_k, lin_q, lin_k, v, key_mask)
 
     @property
     def _options(self) -> dict[str, Any]:
@@ -568,26 +582,14 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         return keys, values, opened, state
 
     def _decode_step(self, layer: GAUChunkCacheLayer, x: FlashInputs) -> torch.Tensor:
-        """One new token per row after the cache: its row of ``_chunked_with_cache`` in O(g·(s + e) + s·e).
-
-        numerator = Σ_{j ∈ open chunk ‖ itself, visible} relu(q·k_j)² v_j + q' S (the queries carry their
-        factors), with S the closed chunks' Σ k'ᵀv; the token joins the open chunk, and a chunk it completes
-        is folded into S.
-        """
+        """One new token per row after the cache: its row of ``_chunked_with_cache`` in O(g·(s + e) + s·e)
+        (``flash_decode_step``); the token joins the open chunk, and a chunk it completes is folded into the
+        state."""
         keys, values, opened, state = self._segment(layer, x)
-        seg_quad_k, seg_lin_k = upcast(keys.squeeze(1)).split(self.key_size, dim=-1)
-        seg_values = upcast(values.squeeze(1))
-        weights = F.relu(torch.matmul(x.quad_q, seg_quad_k.transpose(-1, -2))).square()
-        if x.key_mask is not None:
-            weights = weights.masked_fill(~x.key_mask[:, None, -(opened + 1):].bool(), 0.0)
-        numerator = torch.matmul(weights, seg_values)
-        if state is not None:
-            numerator = numerator + torch.matmul(x.lin_q, state.to(numerator.dtype))
-        if keys.shape[-2] == self.chunk_size:  # the token closes its chunk: fold the chunk into the state
-            closed = torch.matmul(seg_lin_k.transpose(-1, -2), seg_values)
-            state = closed if state is None else state.to(closed.dtype) + closed
-        elif state is None:
-            state = seg_values.new_zeros(seg_values.shape[0], self.key_size, seg_values.shape[-1])
+        seg_quad_k, seg_lin_k = keys.squeeze(1).split(self.key_size, dim=-1)
+        visible = None if x.key_mask is None else x.key_mask[:, -(opened + 1):].bool()
+        numerator, state = flash_decode_step(x.quad_q, x.lin_q, seg_quad_k, seg_lin_k, values.squeeze(1),
+                                             state, visible, closing=keys.shape[-2] == self.chunk_size)
         layer.store(keys, values, state, added=1, chunk_size=self.chunk_size)
         return numerator
 
@@ -676,7 +678,9 @@ class GAUPreTrainedModel(AttnVariantPreTrainedModel):
     serving_limitation = (
         "GAU attends with one gated head whose values are wider than its keys, normalised by default by "
         "relu² with a per-row divisor (and with chunk_size through a linear-attention state carried across "
-        "chunks), which a paged multi-head softmax kernel with one head size does not compute."
+        "chunks), which vLLM's Transformers backend does not compute; with hf_attn_variants installed in "
+        "vLLM's environment (pip install hf_attn_variants), its plugin serves FLASH (chunk_size) and softmax "
+        "GAU natively."
     )
 
     def _init_family_weights(self, module: nn.Module) -> None:

@@ -2,10 +2,10 @@
 
 vLLM runs a Transformers model through its own attention (``attn_implementation="vllm"``), so the
 ``"entropy_invariant"`` implementation of ``stock_attention`` — like Qwen's ``use_logn_attn`` before it — has
-no effect there. With this package installed in vLLM's environment, vLLM loads ``register`` at start-up
-(entry point ``hf_attn_variants_log_n``) and every model served through the Transformers backend
-(``model_impl="transformers"``) whose config names ``entropy_invariant_formula`` gets the same per-row factor
-as ``stock_attention`` on its queries before vLLM's paged kernel runs:
+no effect there. With this package installed in vLLM's environment, vLLM runs ``register`` at start-up
+(through the package's entry point, ``serving.vllm_plugin.register``), and every model served through the
+Transformers backend (``model_impl="transformers"``) whose config names ``entropy_invariant_formula`` gets
+the same per-row factor as ``stock_attention`` on its queries before vLLM's paged kernel runs:
 
     factor(nᵢ) = max(1, log nᵢ / log base_length)   (``entropy_invariant_scope="beyond"``, the default)
 

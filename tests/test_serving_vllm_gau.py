@@ -1,0 +1,150 @@
+"""GAU served natively by vLLM (issue 37): this package's wheel in vLLM's environment registers
+``GAUForCausalLM`` (``serving/vllm_plugin.py``), and vLLM runs ``serving/vllm_gau.GAUVllmForCausalLM``.
+
+Each check saves tiny causal GAU folders (hidden 64, 2 layers, s = 32, e = 128, the embedded tokenizer) and
+serves them with ``vllm.LLM`` in the cached vLLM environment of tests/test_serving_vllm.py, one engine per
+model (float32, ``enforce_eager``, in-process engine). vLLM's greedy tokens must equal Transformers'
+``generate`` on every prompt, and the log-probabilities of the chosen tokens agree within 1e-4. Every call
+to ``generate`` in vLLM holds 8 prompts of different lengths, so they run concurrently.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from hf_attn_variants import GAUConfig, GAUForCausalLM, SynthesizerConfig, SynthesizerForCausalLM
+from hf_attn_variants.training.corpus import embedded_tokenizer
+from tests.test_serving_vllm import (
+    child_env,
+    completion_from_server,
+    free_port,
+    greedy,
+    mismatches,
+    run_vllm,
+    save,
+    vllm_python,
+)
+
+
+def gau_config(tokenizer, **overrides) -> GAUConfig:
+    """A tiny causal GAU whose greedy tokens vary (FLASH's initialisation at a wide range)."""
+    values = {"vocab_size": len(tokenizer), "hidden_size": 64, "num_hidden_layers": 2,
+              "attention_key_size": 32, "expansion_factor": 2, "is_decoder": True, "gau_init": "flash",
+              "initializer_range": 0.5,
+              "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "max_position_embeddings": 256,
+              "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None, "eos_token_id": None}
+    values.update(overrides)
+    return GAUConfig(**values)
+
+
+def chunk_prompts(chunk_size: int, vocab_size: int) -> list[list[int]]:
+    """8 prompts: g − 1, g, g + 1 and 3g + 5 tokens (the issue's cases), and 4 other lengths."""
+    lengths = [chunk_size - 1, chunk_size, chunk_size + 1, 3 * chunk_size + 5, 1, 2, 2 * chunk_size + 3, 41]
+    generator = torch.Generator().manual_seed(chunk_size)
+    return [torch.randint(5, vocab_size, (n,), generator=generator).tolist() for n in lengths]
+
+
+def model_case(name: str, config: GAUConfig, tokenizer, folder: Path, prompt_list: list[list[int]],
+               **extra) -> tuple[dict, dict]:
+    """The manifest entry of a GAU folder to serve natively (no ``model_impl``), and Transformers' tokens."""
+    torch.manual_seed(0)
+    model = GAUForCausalLM(config).eval()
+    entry = {"name": name, "folder": save(model, tokenizer, folder), "expect": "serve",
+             "prompts": prompt_list, "engine": {"model_impl": None, **extra.pop("engine", {})}, **extra}
+    return entry, greedy(model, prompt_list)
+
+
+def test_vllm_serves_flash_and_softmax_gau_with_transformers_tokens(vllm: Path, package_overlay: Path,
+                                                                    tmp_path: Path) -> None:
+    """FLASH with chunk sizes 4 and 16 (prompts of g−1, g, g+1 and 3g+5 tokens among 8 concurrent ones), with
+    a ``max_num_batched_tokens`` of 8 that splits prefills mid-chunk, and with prefix caching hit by a second
+    round of the same prompts; softmax and softmax_plus GAU on paged attention: every greedy token equals
+    ``generate``."""
+    tokenizer = embedded_tokenizer()
+    vocab = len(tokenizer)
+    cases = [
+        ("flash_g4", gau_config(tokenizer, chunk_size=4, attention_normalization="relu2"),
+         chunk_prompts(4, vocab), {}),
+        ("flash_g16", gau_config(tokenizer, chunk_size=16, attention_normalization="relu2"),
+         chunk_prompts(16, vocab), {}),
+        ("flash_g4_chunked_prefill", gau_config(tokenizer, chunk_size=4, attention_normalization="relu2"),
+         chunk_prompts(4, vocab), {"engine": {"max_num_batched_tokens": 8, "max_num_seqs": 8,
+                                              "enable_prefix_caching": False}}),
+        ("flash_g4_fixed_length", gau_config(tokenizer, chunk_size=4, attention_normalization="relu2",
+                                             relu2_length="fixed", base_length=8),
+         chunk_prompts(4, vocab), {}),
+        ("flash_g4_prefix_cache", gau_config(tokenizer, chunk_size=4, attention_normalization="relu2",
+                                             max_position_embeddings=512),
+         [chunk_prompts(16, vocab)[6] * 8 + tail for tail in chunk_prompts(4, vocab)],
+         {"engine": {"enable_prefix_caching": True, "max_model_len": 512}, "rounds": 2}),
+        ("softmax", gau_config(tokenizer, attention_normalization="softmax"), chunk_prompts(16, vocab), {}),
+        ("softmax_plus", gau_config(tokenizer, attention_normalization="softmax_plus", base_length=8),
+         chunk_prompts(16, vocab), {}),
+    ]
+    models, expected = [], {}
+    for name, config, prompt_list, extra in cases:
+        entry, expected[name] = model_case(name, config, tokenizer, tmp_path / name, prompt_list, **extra)
+        models.append(entry)
+    assert expected["softmax"]["tokens"] != expected["softmax_plus"]["tokens"], "log n must matter here"
+    got = run_vllm(vllm, tmp_path, models, [], package_path=package_overlay)
+    assert not mismatches(expected, got), "\n".join(mismatches(expected, got))
+    cached = got["flash_g4_prefix_cache"]
+    assert cached["later_rounds"] == [expected["flash_g4_prefix_cache"]["tokens"]]
+    assert min(cached["cached_tokens"][1]) > 0, cached["cached_tokens"]  # the second round hit the cache
+
+
+def test_vllm_refuses_gau_it_cannot_serve_in_one_sentence(vllm: Path, package_overlay: Path,
+                                                          tmp_path: Path) -> None:
+    """With the package installed: quadratic relu² GAU raises ``native_refusal``'s sentence (naming what
+    serves), and the Synthesizer (not registered, so vLLM takes its Transformers backend) raises its remote
+    code's refusal."""
+    tokenizer = embedded_tokenizer()
+    relu2 = GAUForCausalLM(gau_config(tokenizer, attention_normalization="relu2"))
+    synthesizer = SynthesizerForCausalLM(SynthesizerConfig(vocab_size=len(tokenizer), hidden_size=64,
+                                                           num_hidden_layers=1, num_attention_heads=2,
+                                                           is_decoder=True, max_position_embeddings=256))
+    models = [{"name": "relu2", "folder": save(relu2, tokenizer, tmp_path / "relu2"), "expect": "refuse",
+               "engine": {"model_impl": None}},
+              {"name": "synthesizer", "folder": save(synthesizer, tokenizer, tmp_path / "synthesizer"),
+               "expect": "refuse"}]
+    got = run_vllm(vllm, tmp_path, models, [], package_path=package_overlay)
+    relu2_error = got["relu2"]["error"]
+    assert relu2_error is not None, "quadratic relu² GAU was served"
+    assert "GAU with attention_normalization='relu2' and no chunk_size" in relu2_error, relu2_error
+    assert "chunk_size (FLASH)" in relu2_error and "'softmax_plus'" in relu2_error, relu2_error
+    assert got["synthesizer"]["error"] is not None
+    assert "Synthesizer models cannot be served by vLLM" in got["synthesizer"]["error"]
+
+
+def test_gau_config_declares_its_layer_types_for_vllm() -> None:
+    """vLLM serves a class declared hybrid as a plain decoder when every ``layer_types`` entry is full
+    attention: quadratic GAU declares that, FLASH has no such attribute (a model of state layers). It is
+    derived, never written to config.json."""
+    config = GAUConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, attention_key_size=16)
+    assert config.layer_types == ["full_attention", "full_attention"]
+    assert "layer_types" not in config.to_dict()
+    config.chunk_size, config.attention_normalization = 4, "relu2"
+    assert getattr(config, "layer_types", None) is None and not hasattr(config, "layer_types")
+
+
+def test_vllm_openai_server_serves_a_flash_folder(vllm: Path, package_overlay: Path, tmp_path: Path) -> None:
+    """vLLM's OpenAI-compatible server on a FLASH folder (no ``--model-impl``): one ``/v1/completions``
+    request returns Transformers' greedy tokens."""
+    tokenizer = embedded_tokenizer()
+    torch.manual_seed(0)
+    model = GAUForCausalLM(gau_config(tokenizer, chunk_size=4, attention_normalization="relu2")).eval()
+    folder = save(model, tokenizer, tmp_path / "flash")
+    prompt = chunk_prompts(4, len(tokenizer))[3]
+    want = greedy(model, [prompt])["tokens"][0]
+    port = free_port()
+    command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
+               "--trust-remote-code", "--dtype", "float32", "--enforce-eager", "--max-model-len", "256",
+               "--kv-cache-memory-bytes", str(64 * 2**20), "--host", "127.0.0.1", "--port", str(port),
+               "--served-model-name", "model"]
+    env = child_env(tmp_path)
+    env["PYTHONPATH"] = str(package_overlay)
+    reply, log = completion_from_server(command, env, tmp_path, prompt)
+    assert "Resolved architecture: GAUForCausalLM" in log
+    assert reply["choices"][0]["token_ids"] == want
