@@ -7,9 +7,11 @@ kernels, ``residual_block``); only where the attention's past lives is vLLM's:
 
 - **FLASH** (``chunk_size`` = g). Each layer's ``FlashChunkState`` is a ``MambaBase`` layer with, per
   sequence, three tensors of fixed size: the open chunk's keys [k ‖ k'] ``(g, 2s)``, its values ``(g, e)`` and
-  Σ k'ᵀv over the closed chunks ``(s, e)`` (float32). A prefill (or a chunk of one) continues from them
-  through ``GatedAttentionUnit._chunked_with_cache``; the decodes of a step run together through
-  ``gau_kernels.flash_decode_step``, each row at its own place in its chunk (r = position mod g).
+  Σ k'ᵀv over the closed chunks ``(s, e)`` (float32). A new sequence's prefill runs the unit's parallel path
+  (``_run_parallel``: Triton inside the chunks on CUDA) and stores its state; a later piece of a chunked
+  prefill continues from the slot through ``GatedAttentionUnit._chunked_with_cache``; the decodes of a step
+  run together through ``gau_kernels.flash_decode_step``, each row at its own place in its chunk
+  (r = position mod g).
 - **Softmax GAU** (``softmax``, ``softmax_plus``; no ``chunk_size``). The value of width e splits into h = e/s
   heads of size s that share q and k (exact: softmax weights do not depend on v), so vLLM's paged
   ``Attention`` with h heads of size s computes A·v; ``softmax_plus``'s factor log nᵢ / log ``base_length`` is
@@ -41,7 +43,13 @@ from ..models.configuration_gau import GAUConfig
 from ..models.gau_kernels import flash_decode_step
 from ..models.layers import compute_dtype
 from ..models.modeling_common import residual_block
-from ..models.modeling_gau import FlashInputs, GatedAttentionUnit, GAUForCausalLM
+from ..models.modeling_gau import (
+    FlashInputs,
+    GatedAttentionUnit,
+    GAUForCausalLM,
+    GAUPath,
+    use_triton_kernel,
+)
 
 NATIVE_NORMALIZATIONS = ("softmax", "softmax_plus")
 """Quadratic normalisations served on vLLM's paged attention (FLASH is relu² and served through its state)."""
@@ -266,11 +274,15 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
             numerator[0, :decodes] = flash_decodes(unit, rows, slots, index[:decodes],
                                                    positions[:decodes])[:, 0]
         starts = metadata.query_start_loc.tolist()
+        parallel = GAUPath.FLASH_TRITON if use_triton_kernel(self.config, x.value.device) else GAUPath.FLASH
         for request in range(metadata.num_decodes, metadata.num_decodes + metadata.num_prefills):
             start, end = starts[request], starts[request + 1]
             part = FlashInputs(*(t[:, start:end] for t in x[:5]), None)
             sequence = SequenceState(slots, int(index[request]), int(positions[start]), unit.chunk_size)
-            numerator[:, start:end] = unit._chunked_with_cache(sequence, part)  # type: ignore[arg-type]
+            if sequence.seen:  # continues a sequence: from its open chunk and state
+                numerator[:, start:end] = unit._chunked_with_cache(sequence, part)  # type: ignore[arg-type]
+            else:  # a new sequence: the parallel path (Triton inside chunks on CUDA), as generate's prefill
+                numerator[:, start:end] = unit._run_parallel(part, parallel, sequence)[0]  # type: ignore
         return numerator
 
     # ------------------------------------------------------------------------------ state declarations
