@@ -339,7 +339,7 @@ def test_quick_hybrid_study_keeps_its_models_and_entropy_measures_them(tmp_path)
     assert publish_study(["calibration", "cal-test", str(out / "results.json"), "--command", "calibrate",
                           "--root", str(tmp_path)]) == 0
     text = render_markdown(tmp_path, "<!-- results: cal-test table -->\n<!-- /results -->\n")
-    assert "| 2 | 16 | 4 | 32 | 2 | 3 | 4 | 0.003 | `ei_standard` |" in text and "| 0.75 |" in text
+    assert "| 2 | 16 | 64 | 4 | 32 | 2 | 3 | 4 | 0.003 | `ei_standard` |" in text and "| 0.75 |" in text
     import shutil
 
     shutil.rmtree(models[0])

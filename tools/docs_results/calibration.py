@@ -3,8 +3,8 @@ that search for the budget at which a model learns a retrieval task at L, publis
 ``tools/publish_study.py calibration`` (docs/length_generalization.md, "MQAR at L").
 
 Data: ``runs``, one per calibration run: its ``settings`` (the study flags that vary: steps, batch, learning
-rate, width, depth, pairs), ``series`` and ``accuracy`` (at L, per series), ``seconds`` (training), and the
-``command`` that ran it; the provenance fields.
+rate, width, depth, pairs, task vocabulary), ``series`` and ``accuracy`` (at L, per series), ``seconds``
+(training), and the ``command`` that ran it; the provenance fields.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 
 from ._common import markdown_table, source_line
 
-COLUMNS = (("num_kv_pairs", "pairs"), ("train_length", "L"), ("num_hidden_layers", "layers"),
+COLUMNS = (("num_kv_pairs", "pairs"), ("train_length", "L"), ("task_vocab_size", "vocabulary"),
+           ("num_hidden_layers", "layers"),
            ("hidden_size", "hidden"), ("num_attention_heads", "heads"), ("max_train_steps", "steps"),
            ("per_device_train_batch_size", "batch"), ("learning_rate", "lr"))
 

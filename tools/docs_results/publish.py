@@ -310,9 +310,9 @@ def publish_hybrid(results_jsons: list[str | Path], entropy_jsons: list[str | Pa
     return write_results(Path(root), name, data, inline_depth=4)
 
 
-CALIBRATION_SETTINGS = ("task", "train_length", "num_kv_pairs", "num_hidden_layers", "hidden_size",
-                        "num_attention_heads", "max_train_steps", "per_device_train_batch_size",
-                        "learning_rate", "num_warmup_steps", "seeds")
+CALIBRATION_SETTINGS = ("task", "train_length", "num_kv_pairs", "task_vocab_size", "num_hidden_layers",
+                        "hidden_size", "num_attention_heads", "max_train_steps",
+                        "per_device_train_batch_size", "learning_rate", "num_warmup_steps", "seeds")
 """The flags a calibration run records."""
 
 
