@@ -20,8 +20,6 @@ SEEDS=${SEEDS:-"0 1 2"}
 L=${L:-32}
 MEMORY=${MEMORY:-3}
 VARIANTS="ei_standard ei_entropy_invariant ei_ssmax gau_softmax gau_softmax_plus llama"
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
 study() {
   # shellcheck disable=SC2086
   "$PY" -m hf_attn_variants lengthgen --task passkey --output_dir "$OUT/passkey" --train_length "$L" \

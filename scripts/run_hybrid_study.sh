@@ -29,8 +29,6 @@ VARIANTS="ei_standard ei_entropy_invariant ei_entropy_invariant_nope_layers"
 POSITIONS="rope none nope_every_4"
 SERIES="ei_standard ei_entropy_invariant ei_standard+nope ei_entropy_invariant+nope ei_standard+nope_every_4
 ei_entropy_invariant+nope_every_4 ei_entropy_invariant_nope_layers+nope_every_4"
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
 study() {
   local task=$1 steps=()
   [ "$task" = mqar ] && steps=(--max_train_steps "$MQAR_STEPS")

@@ -23,8 +23,6 @@ OUT=${OUT:-runs/length_study}
 SEEDS=${SEEDS:-"0 1 2"}
 STEPS=${STEPS:-400}
 L=${L:-64}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
 study() {
   # shellcheck disable=SC2086
   "$PY" -m hf_attn_variants lengthgen \

@@ -24,8 +24,6 @@ TASKS=${TASKS:-"passkey mqar"}
 L=${L:-32}
 STEPS=${STEPS:-}
 MEMORY=${MEMORY:-3}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
 study() {
   local task=$1
   shift
