@@ -3,9 +3,9 @@
 #
 # The entropy-invariant family with standard attention, log-n everywhere, and log-n on the layers without RoPE
 # only (Llama 4), crossed with RoPE in every layer, no position embedding, and every fourth layer without RoPE
-# (SmolLM3's no_rope_layers): 7 series x 3 seeds per task, 4 layers, trained at L on passkey (TASKS="passkey mqar"
-# adds MQAR, once a budget, MQAR_STEPS, learns it: docs/length_generalization.md, "MQAR at L"), scored at
-# L ... 64L. Each model is kept and its attention entropy measured (hf-attn-variants entropy). CPU-sized:
+# (SmolLM3's no_rope_layers): 7 series x 3 seeds per task, 4 layers, trained at L on passkey and on MQAR
+# (MQAR_STEPS steps, the first half on lengthgen's copy warm-up: docs/length_generalization.md, "MQAR at L"),
+# scored at L ... 64L. Each model is kept and its attention entropy measured (hf-attn-variants entropy). CPU-sized:
 # under an hour with WORKERS=2 on 2 cores. Resumable: rerunning skips finished runs. Results:
 # $OUT/<task>/results.{md,json}, $OUT/<task>/entropy.{json,png}; docs/results/$RESULTS.json (default
 # hybrid-study; RESULTS= to skip) and docs/length_generalization_hybrid.png, rendered by
@@ -20,10 +20,10 @@ cd "$(dirname "$0")/.."
 source scripts/study_workers.sh
 OUT=${OUT:-runs/hybrid_study}
 SEEDS=${SEEDS:-"0 1 2"}
-TASKS=${TASKS:-passkey}
+TASKS=${TASKS:-"passkey mqar"}
 L=${L:-32}
 LAYERS=${LAYERS:-4}
-MQAR_STEPS=${MQAR_STEPS:-2000}
+MQAR_STEPS=${MQAR_STEPS:-1500}
 MEMORY=${MEMORY:-3}
 VARIANTS="ei_standard ei_entropy_invariant ei_entropy_invariant_nope_layers"
 POSITIONS="rope none nope_every_4"

@@ -24,12 +24,20 @@ TASKS=${TASKS:-"passkey mqar"}
 L=${L:-32}
 STEPS=${STEPS:-}
 MEMORY=${MEMORY:-3}
+# The published study predates lengthgen's MQAR defaults (1,500 steps, the first 750 on the copy warm-up):
+# its MQAR runs are 500 steps without the warm-up, unless STEPS or MQAR_WARMUP say otherwise.
+MQAR_WARMUP=${MQAR_WARMUP:-0}
 study() {
-  local task=$1
+  local task=$1 budget=()
   shift
+  if [ "$task" = mqar ]; then
+    budget=(--max_train_steps "${STEPS:-500}" --copy_warmup_steps "$MQAR_WARMUP")
+  elif [ -n "$STEPS" ]; then
+    budget=(--max_train_steps "$STEPS")
+  fi
   # shellcheck disable=SC2086
   "$PY" -m hf_attn_variants lengthgen --task "$task" \
-    --output_dir "$OUT/$task" --train_length "$L" --seeds $SEEDS ${STEPS:+--max_train_steps $STEPS} \
+    --output_dir "$OUT/$task" --train_length "$L" --seeds $SEEDS "${budget[@]}" \
     --eval_memory_gib "$MEMORY" --num_threads "${THREADS:-1}" --disable_tqdm "$@"
 }
 all_tasks() {
@@ -44,6 +52,7 @@ STARTED=$SECONDS
 run_workers all_tasks "$@"
 if [ -n "$RESULTS" ]; then
   COMMAND="WORKERS=$WORKERS SEEDS=\"$SEEDS\" L=$L${STEPS:+ STEPS=$STEPS}"
+  [ "$MQAR_WARMUP" = 0 ] || COMMAND+=" MQAR_WARMUP=$MQAR_WARMUP"
   COMMAND+=" scripts/run_retrieval_study.sh${*:+ $*}"
   FILES=()
   for task in $TASKS; do FILES+=("$OUT/$task/results.json"); done

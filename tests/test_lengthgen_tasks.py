@@ -11,9 +11,11 @@ import torch
 from hf_attn_variants.cli import main
 from hf_attn_variants.cli_utils import FlagError
 from hf_attn_variants.lengthgen.arguments import LengthGenArguments
+from hf_attn_variants.lengthgen import retrieval
 from hf_attn_variants.lengthgen.retrieval import eval_batch_size, study_variants, task_config
 from hf_attn_variants.lengthgen.tasks import (
     BOS,
+    COPY,
     IGNORE_INDEX,
     KEY,
     QUERY,
@@ -25,7 +27,7 @@ from hf_attn_variants.lengthgen.tasks import (
 from hf_attn_variants.lengthgen.variants import get_variant
 from tools.docs_results import load_results, render_markdown
 from tools.docs_results.publish import publish_replication, publish_retrieval
-from tools.docs_results.retrieval import verdict
+from tools.docs_results.retrieval import elimination, verdict
 from tools.publish_study import main as publish_study
 
 
@@ -74,6 +76,49 @@ def test_mqar_keys_are_distinct_and_answers_are_their_values():
         assert [i for i, x in enumerate(label.tolist()) if x != IGNORE_INDEX] == [33, 35, 37, 39]
 
 
+def test_copy_warmup_repeats_an_earlier_span():
+    spec = TaskSpec("mqar", vocab_size=64, num_kv_pairs=2)
+    batch = make_batch(spec, 31, seed=3, start=0, count=32, example=COPY)
+    ids, labels = batch["input_ids"], batch["labels"]
+    # a span of 10; its first token cannot be known, the other 9 are the answers
+    assert batch["answer_positions"].tolist() == [list(range(22, 31))] * 32
+    offsets = set()
+    for row, label in zip(ids.tolist(), labels.tolist()):
+        assert row[0] == BOS and all(4 <= t < 64 for t in row[1:])
+        copy = row[21:]
+        at = next(i for i in range(1, 12) if row[i: i + 10] == copy)  # an earlier span, before the copy
+        offsets.add(at)
+        assert [i for i, x in enumerate(label) if x != IGNORE_INDEX] == list(range(22, 31))
+        assert label[22:] == copy[1:]
+    assert len(offsets) > 3  # the span moves
+    again = make_batch(spec, 31, seed=3, start=5, count=2, example=COPY)["input_ids"]
+    assert torch.equal(again, ids[5:7])
+    assert not torch.equal(make_batch(spec, 31, seed=3, start=5, count=2)["input_ids"], again)  # MQAR's own
+    no_bos = TaskSpec("mqar", 64, num_kv_pairs=1, bos=False)
+    for row in make_batch(no_bos, 6, 0, 0, 8, example=COPY)["input_ids"].tolist():  # spans of 2, no BOS
+        assert BOS not in row and row[4:] in (row[0:2], row[1:3], row[2:4])
+    with pytest.raises(ValueError, match="length 6 is shorter than one copy example"):
+        make_batch(spec, 6, 0, 0, 1, example=COPY)
+
+
+def test_copy_warmup_trains_first_then_the_task(monkeypatch):
+    seen = []
+
+    def recording(spec, length, seed, start, count, example=None):
+        seen.append((example, start))
+        return make_batch(spec, length, seed, start, count, example)
+
+    monkeypatch.setattr(retrieval, "make_batch", recording)
+    args = LengthGenArguments(task="mqar", quick=True, copy_warmup_steps=2, output_dir="unused")  # 3 steps
+    plan = retrieval.plan_task_run(study_variants(args)[0], 0, args)
+    spec = retrieval.task_spec(args)
+    summary = retrieval.train_task_model(retrieval.build_model(plan, spec), plan, spec, args)
+    assert seen == [(COPY, 0), (COPY, 4), ("mqar", 8)]  # batches of 4: examples 0…3, 4…7, then MQAR's
+    assert summary["copy_warmup_steps"] == 2 and summary["steps"] == 3
+    without = LengthGenArguments(task="mqar", quick=True, copy_warmup_steps=0, output_dir="unused")
+    assert retrieval.plan_task_run(study_variants(without)[0], 0, without).fingerprint != plan.fingerprint
+
+
 def test_metric_from_hand_made_logits():
     ids = torch.tensor([[1, 9, 9, 3, 5, 6, 7], [1, 9, 9, 3, 5, 6, 7]])
     positions = torch.tensor([[4, 5, 6], [4, 5, 6]])
@@ -102,6 +147,10 @@ def test_metric_from_hand_made_logits():
     ({"task": "passkey", "eval_samples": 0}, "eval_samples"),
     ({"task": "passkey", "eval_lengths": [4, 64]}, "eval_lengths"),
     ({"task": "sorting"}, "task"),
+    ({"task": "mqar", "max_train_steps": 100, "copy_warmup_steps": 100}, "copy_warmup_steps"),
+    ({"task": "mqar", "copy_warmup_steps": -1}, "copy_warmup_steps"),
+    ({"task": "mqar", "train_length": 6, "num_kv_pairs": 1, "copy_warmup_steps": 1, "eval_lengths": [6],
+      "mixed_length_splits": [1, 2]}, "copy_warmup_steps"),
 ])
 def test_bad_task_flags_name_the_flag(kwargs, flag):
     with pytest.raises(FlagError) as caught:
@@ -122,6 +171,12 @@ def test_task_defaults_and_axes():
     assert len(names) == 2 * len(task.variants) - 1
     # an explicit value stays
     assert LengthGenArguments(task="passkey", max_train_steps=7).max_train_steps == 7
+    # the copy warm-up: MQAR's default (at most half the steps), none for passkey, an explicit value stays
+    mqar = LengthGenArguments(task="mqar")
+    assert (mqar.max_train_steps, mqar.copy_warmup_steps) == (1500, 750)
+    assert LengthGenArguments(task="mqar", max_train_steps=100).copy_warmup_steps == 50
+    assert LengthGenArguments(task="mqar", copy_warmup_steps=0).copy_warmup_steps == 0
+    assert task.copy_warmup_steps == 0 and lm.copy_warmup_steps is None
     config = task_config(get_variant("gau_flash"), {"chunk_size": 16, "attention_normalization": "relu2"}, 64)
     assert config.chunk_size == 16 and config.vocab_size == 64
     with pytest.raises(FlagError, match="stock Llama"):
@@ -165,8 +220,11 @@ def test_claim_verdicts():
     assert verdict(task, "b", "b")[0] == "not resolved (mean difference below 0.05)"
     assert verdict(task, "d", "b")[0] == "not resolved (not learned at L)"
     assert verdict(task, "f", "b")[0] == "**holds** (1 of 2 seeds; equal in the other)"
-    task["settings"].update(task="mqar", num_kv_pairs=2)  # MQAR: learned means halfway above guessing, 0.75
-    task["series"]["e"] = _task({"e": [[0.7, 0.7], [0.0, 0.0], [0.0, 0.0]]})["series"]["e"]
+    # MQAR with 2 pairs: answering by elimination (no key bound to its value) scores 0.75; learned means
+    # halfway from there to 1, 0.875
+    assert elimination(2) == 0.75 and elimination(4) == pytest.approx((1 + 1 / 2 + 1 / 3 + 1 / 4) / 4)
+    task["settings"].update(task="mqar", num_kv_pairs=2)
+    task["series"]["e"] = _task({"e": [[0.85, 0.85], [0.0, 0.0], [0.0, 0.0]]})["series"]["e"]
     assert verdict(task, "a", "b")[0] == "**holds**"
     assert verdict(task, "e", "b")[0] == "not resolved (not learned at L)"
 
@@ -283,7 +341,8 @@ def test_bad_hybrid_flags_name_the_flag(kwargs, flag, message):
     assert caught.value.flag == flag
 
 
-@pytest.mark.parametrize("flag", [{"task_bos": False}, {"weight_decay": 0.0}, {"save_models": True}])
+@pytest.mark.parametrize("flag", [{"task_bos": False}, {"weight_decay": 0.0}, {"copy_warmup_steps": 0},
+                                  {"save_models": True}])
 def test_task_only_flags_are_refused_for_the_language_model_study(flag):
     with pytest.raises(FlagError) as caught:
         LengthGenArguments(task="lm", **flag)
@@ -339,7 +398,7 @@ def test_quick_hybrid_study_keeps_its_models_and_entropy_measures_them(tmp_path)
     assert publish_study(["calibration", "cal-test", str(out / "results.json"), "--command", "calibrate",
                           "--root", str(tmp_path)]) == 0
     text = render_markdown(tmp_path, "<!-- results: cal-test table -->\n<!-- /results -->\n")
-    assert "| 2 | 16 | 64 | 4 | 32 | 2 | 3 | 4 | 0.003 | `ei_standard` |" in text and "| 0.75 |" in text
+    assert "| 2 | 16 | 64 | 4 | 32 | 2 | 3 | 0 | 4 | 0.003 | `ei_standard` |" in text and "| 0.75 |" in text
     import shutil
 
     shutil.rmtree(models[0])

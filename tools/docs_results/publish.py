@@ -311,7 +311,7 @@ def publish_hybrid(results_jsons: list[str | Path], entropy_jsons: list[str | Pa
 
 
 CALIBRATION_SETTINGS = ("task", "train_length", "num_kv_pairs", "task_vocab_size", "num_hidden_layers",
-                        "hidden_size", "num_attention_heads", "max_train_steps",
+                        "hidden_size", "num_attention_heads", "max_train_steps", "copy_warmup_steps",
                         "per_device_train_batch_size", "learning_rate", "num_warmup_steps", "seeds")
 """The flags a calibration run records."""
 
@@ -353,7 +353,7 @@ def compact_task(report: dict[str, Any]) -> dict[str, Any]:
                          seeds=row["per_seed"])
         entry["points"].append(point)
     seconds = [run["train"]["seconds"] + run["train"].get("eval_seconds", 0) for run in runs]
-    optional = ("intermediate_size", "task_bos", "weight_decay")  # flags added later: kept where set
+    optional = ("intermediate_size", "task_bos", "weight_decay", "copy_warmup_steps")  # flags added later
     settings = {**{k: args[k] for k in keep}, **{k: args[k] for k in optional if args.get(k) is not None}}
     return {"settings": settings, "runs": len(runs),
             "run_seconds": [round(min(seconds), 1), round(max(seconds), 1)] if seconds else None,

@@ -18,7 +18,7 @@ from ..cli_utils import (
     names_in_message,
     quiet_progress,
 )
-from .tasks import TASK_WEIGHT_DECAY, TASKS, min_length, vocabulary
+from .tasks import COPY, TASK_WEIGHT_DECAY, TASKS, min_length, vocabulary
 from .variants import (
     DEFAULT_VARIANTS,
     NOPE_INTERVAL,
@@ -50,8 +50,11 @@ TASK_DEFAULTS: dict[str, Any] = {
 """The retrieval tasks' defaults of the same flags (calibrated in docs/length_generalization.md:
 ``ei_standard`` with RoPE learns each task at L within this budget, and the whole study fits about 30 minutes
 on 2 shared cores)."""
-TASK_STEPS = {"passkey": 400, "mqar": 500}
+TASK_STEPS = {"passkey": 400, "mqar": 1500}
 """The retrieval tasks' default ``max_train_steps``."""
+TASK_COPY_WARMUP = {"passkey": 0, "mqar": 750}
+"""The retrieval tasks' default ``copy_warmup_steps`` (at most half of ``max_train_steps``): MQAR is
+learned at L only after the copy warm-up (docs/length_generalization.md, "MQAR at L")."""
 TASK_EVAL_RATIOS = (1, 2, 4, 8, 16, 32, 64)
 """The retrieval tasks' default evaluation lengths, in multiples of L (L … 64L)."""
 QUICK_TASK_SETTINGS: dict[str, Any] = {
@@ -61,7 +64,8 @@ QUICK_TASK_SETTINGS: dict[str, Any] = {
 }
 """What ``--quick`` sets for ``--task passkey|mqar`` (eval lengths L, 2L, 4L; variants as for lm)."""
 TASK_ONLY_FIELDS = ("task", "position_embedding_types", "num_kv_pairs", "passkey_digits", "task_vocab_size",
-                    "eval_samples", "eval_memory_gib", "task_bos", "weight_decay", "save_models")
+                    "eval_samples", "eval_memory_gib", "task_bos", "weight_decay", "copy_warmup_steps",
+                    "save_models")
 """Flags of the retrieval tasks only: ``--task lm`` leaves them out of ``run.json`` (as before they
 existed)."""
 LM_ONLY_FLAGS = {"mixed_length": False, "finetune": False, "train_file": None, "validation_file": None}
@@ -144,6 +148,11 @@ class LengthGenArguments:
                                         "from the first token on)."})
     weight_decay: float | None = field(
         default=None, metadata={"help": f"Tasks: AdamW weight decay (default {TASK_WEIGHT_DECAY})."})
+    copy_warmup_steps: int | None = field(
+        default=None, metadata={"help": "Tasks: the first N of max_train_steps train on a copy task (the "
+                                        "last third of each sequence repeats an earlier span), which builds "
+                                        "the induction circuit MQAR needs. Default: passkey 0; mqar "
+                                        f"{TASK_COPY_WARMUP['mqar']}, at most half the steps."})
     save_models: bool = field(
         default=False, metadata={"help": "Tasks: keep each trained model in runs/<series>/seed_<s>/model "
                                          "(for hf-attn-variants entropy); a finished run without one is "
@@ -279,6 +288,8 @@ class LengthGenArguments:
         for key, value in defaults.items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
+        if self.is_task and self.copy_warmup_steps is None:
+            self.copy_warmup_steps = min(TASK_COPY_WARMUP[self.task], self.max_train_steps // 2)
         if self.position_embedding_types is None:
             self.position_embedding_types = ["rope", "none"] if self.is_task else ["rope"]
 
@@ -301,7 +312,7 @@ class LengthGenArguments:
         if self.weight_decay is not None:
             check_number("weight_decay", self.weight_decay, 0)
         if not self.is_task:
-            for name in ("task_bos", "weight_decay"):
+            for name in ("task_bos", "weight_decay", "copy_warmup_steps"):
                 if getattr(self, name) is not None:
                     raise FlagError(name, f"{name} applies to --task passkey|mqar only.")
             if self.save_models:
@@ -322,6 +333,14 @@ class LengthGenArguments:
             vocabulary(self.task, self.task_vocab_size, self.num_kv_pairs)
         except ValueError as error:
             raise FlagError("task_vocab_size", str(error)) from None
+        _positive("copy_warmup_steps", self.copy_warmup_steps, 0)
+        if self.copy_warmup_steps >= self.max_train_steps:
+            raise FlagError("copy_warmup_steps", f"copy_warmup_steps={self.copy_warmup_steps} leaves no step "
+                                                 f"of the task in max_train_steps={self.max_train_steps}.")
+        copy_need = min_length(COPY) - int(self.task_bos is False)
+        if self.copy_warmup_steps and self.train_length < copy_need:
+            raise FlagError("copy_warmup_steps", f"copy_warmup_steps: a copy example needs {copy_need} "
+                                                 f"tokens, more than train_length={self.train_length}.")
         need = min_length(self.task, digits=self.passkey_digits, num_kv_pairs=self.num_kv_pairs)
         if self.train_length < need:
             flag = "passkey_digits" if self.task == "passkey" else "num_kv_pairs"
@@ -415,6 +434,7 @@ __all__ = [
     "QUICK_TASK_SETTINGS",
     "STUDY_FLAG_OF_CONFIG_FIELD",
     "TASK_DEFAULTS",
+    "TASK_COPY_WARMUP",
     "TASK_ONLY_FIELDS",
     "TASK_STEPS",
     "LengthGenArguments",

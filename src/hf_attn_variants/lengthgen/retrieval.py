@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .runfolders import fingerprint
-from .tasks import BOS, PAD, TASK_WEIGHT_DECAY, TaskSpec, answer_hits, make_batch, score
+from .tasks import BOS, COPY, PAD, TASK_WEIGHT_DECAY, TaskSpec, answer_hits, make_batch, score
 from .variants import (
     EvalMode,
     Variant,
@@ -97,9 +97,11 @@ def plan_task_run(variant: Variant, seed: int, args: Any) -> TaskRunPlan:
     fields = config_fields(variant, args.size, args.train_length)
     task = asdict(task_spec(args))
     bos = task.pop("bos")
-    # Runs with BOS and the default weight decay keep the keys they had before those flags existed.
+    # Runs with BOS, the default weight decay and no copy warm-up keep the keys they had before those flags
+    # existed.
     settings = {**({} if bos else {"bos": False}),
-                **({} if args.weight_decay is None else {"weight_decay": args.weight_decay})}
+                **({} if args.weight_decay is None else {"weight_decay": args.weight_decay}),
+                **({"copy_warmup_steps": args.copy_warmup_steps} if args.copy_warmup_steps else {})}
     key = {
         "version": FORMAT_VERSION, "task": {**task, **settings}, "variant": variant.name, "fields": fields,
         "config": resolved_config(variant, fields) if variant.model_type != "llama" else fields, "seed": seed,
@@ -125,8 +127,9 @@ def build_model(plan: TaskRunPlan, spec: TaskSpec) -> Any:
 
 
 def train_task_model(model: Any, plan: TaskRunPlan, spec: TaskSpec, args: Any) -> dict[str, Any]:
-    """Train ``model`` for ``max_train_steps`` (AdamW, ``--weight_decay``, linear warm-up and decay); returns
-    the training summary (seconds, final loss, loss curve). ``TrainingPreempted`` after a stop signal."""
+    """Train ``model`` for ``max_train_steps`` (AdamW, ``--weight_decay``, linear warm-up and decay), the
+    first ``copy_warmup_steps`` of them on the copy warm-up; returns the training summary (seconds, final
+    loss, loss curve). ``TrainingPreempted`` after a stop signal."""
     from transformers import get_linear_schedule_with_warmup
 
     from ..training.preemption import StopSignals, TrainingPreempted
@@ -139,7 +142,8 @@ def train_task_model(model: Any, plan: TaskRunPlan, spec: TaskSpec, args: Any) -
     model.train()
     with StopSignals() as stop:
         for step in range(args.max_train_steps):
-            batch = make_batch(spec, args.train_length, plan.seed, step * batch_size, batch_size)
+            example = COPY if step < args.copy_warmup_steps else spec.task
+            batch = make_batch(spec, args.train_length, plan.seed, step * batch_size, batch_size, example)
             loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -153,7 +157,8 @@ def train_task_model(model: Any, plan: TaskRunPlan, spec: TaskSpec, args: Any) -
                                         note="a task run is short and is redone from the start by the same "
                                              "command")
     model.eval()
-    return {"steps": args.max_train_steps, "seconds": time.perf_counter() - started,
+    return {"steps": args.max_train_steps, "copy_warmup_steps": args.copy_warmup_steps,
+            "seconds": time.perf_counter() - started,
             "final_train_loss": curve[-1][1] if curve else None, "loss_curve": curve}
 
 

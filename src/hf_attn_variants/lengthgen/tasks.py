@@ -16,6 +16,11 @@ Every sequence starts with BOS unless ``TaskSpec.bos`` is False; then filler (or
   arXiv:2312.04927, §3.1): ``[BOS, filler…, k1 v1 … kP vP, filler…, QUERY, q1 a1 … qP aP]``: P distinct keys
   each bound to a value (values may repeat) at a uniformly drawn offset, then the P keys again in a random
   order, each followed by its value; the answers are those values.
+- **Copy warm-up** (``copy_example``, the first ``--copy_warmup_steps`` of an MQAR run): random non-special
+  tokens whose last third repeats an earlier span at a uniformly drawn offset; the answers are the repeated
+  tokens after the first. It trains the induction circuit (a previous-token head, then a head that attends to
+  the token after an earlier occurrence of the current one) that MQAR's key-value binding needs and that
+  MQAR's own loss, a few answers per sequence, does not build in a CPU budget.
 
 The loss is taken on the answer tokens only: ``labels`` are -100 everywhere else (Transformers' causal LMs
 shift the labels, so the logits at position i − 1 predict the answer at i). The metric is the teacher-forced
@@ -34,6 +39,8 @@ import torch
 PAD, BOS, KEY, QUERY = 0, 1, 2, 3
 SPECIAL_TOKENS = 4
 TASKS = ("passkey", "mqar")
+COPY = "copy"
+"""The warm-up task (``make_batch(..., example=COPY)``)."""
 IGNORE_INDEX = -100
 TASK_WEIGHT_DECAY = 0.01
 """The tasks' AdamW weight decay where ``lengthgen --weight_decay`` is not given."""
@@ -77,7 +84,10 @@ def vocabulary(task: str, vocab_size: int, num_kv_pairs: int = 1) -> TaskVocabul
 
 
 def min_length(task: str, *, digits: int = 3, num_kv_pairs: int = 4) -> int:
-    """The shortest sequence that holds one example of ``task`` (no filler) after a BOS."""
+    """The shortest sequence that holds one example of ``task`` (no filler; copy: a span of 2) after a
+    BOS."""
+    if task == COPY:
+        return 7
     return 2 * digits + 3 if task == "passkey" else 4 * num_kv_pairs + 2
 
 
@@ -152,15 +162,34 @@ def mqar_example(spec: TaskSpec, length: int, gen: torch.Generator) -> tuple[tor
     return ids, torch.arange(query_start + 1, length, 2)
 
 
-def make_batch(spec: TaskSpec, length: int, seed: int, start: int, count: int) -> dict[str, torch.Tensor]:
-    """Examples ``start … start + count − 1`` of the stream ``seed`` at ``length`` tokens: ``input_ids``,
-    ``labels`` (-100 except the answers) and ``answer_positions`` (``count × answers_per_example``).
-    ``ValueError`` naming the length when one example does not fit."""
-    need = min_length(spec.task, digits=spec.digits, num_kv_pairs=spec.num_kv_pairs) - 1 + int(spec.bos)
+def copy_example(spec: TaskSpec, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, answer_positions)`` of one copy warm-up example of exactly ``length`` tokens: random
+    non-special ids (after BOS when ``spec.bos``) whose last ``n = (length − BOS) // 3`` repeat the span of
+    ``n`` at a uniformly drawn offset before them; the answers are the ``n − 1`` repeated tokens after the
+    first."""
+    start = int(spec.bos)
+    span = (length - start) // 3
+    ids = torch.randint(SPECIAL_TOKENS, spec.vocab_size, (length,), generator=gen)
+    ids[:start] = BOS
+    at = start + int(torch.randint(0, length - 2 * span - start + 1, (1,), generator=gen))
+    ids[length - span:] = ids[at: at + span]
+    return ids, torch.arange(length - span + 1, length)
+
+
+EXAMPLES = {"passkey": passkey_example, "mqar": mqar_example, COPY: copy_example}
+
+
+def make_batch(spec: TaskSpec, length: int, seed: int, start: int, count: int,
+               example: str | None = None) -> dict[str, torch.Tensor]:
+    """Examples ``start … start + count − 1`` of the stream ``seed`` at ``length`` tokens of ``example``
+    (default ``spec.task``; ``COPY``: the warm-up): ``input_ids``, ``labels`` (-100 except the answers) and
+    ``answer_positions``. ``ValueError`` naming the length when one example does not fit."""
+    kind = example or spec.task
+    need = min_length(kind, digits=spec.digits, num_kv_pairs=spec.num_kv_pairs) - 1 + int(spec.bos)
     if length < need:
-        raise ValueError(f"length {length} is shorter than one {spec.task} example ({need} tokens).")
-    example = passkey_example if spec.task == "passkey" else mqar_example
-    rows, positions = zip(*(example(spec, length, _generator(seed, i)) for i in range(start, start + count)))
+        raise ValueError(f"length {length} is shorter than one {kind} example ({need} tokens).")
+    make = EXAMPLES[kind]
+    rows, positions = zip(*(make(spec, length, _generator(seed, i)) for i in range(start, start + count)))
     input_ids = torch.stack(rows)
     answer_positions = torch.stack(positions)
     labels = torch.full_like(input_ids, IGNORE_INDEX)
@@ -189,6 +218,8 @@ def score(task: str, hits: torch.Tensor) -> dict[str, Any]:
 
 __all__ = [
     "BOS",
+    "COPY",
+    "EXAMPLES",
     "IGNORE_INDEX",
     "KEY",
     "PAD",
@@ -199,6 +230,7 @@ __all__ = [
     "TaskSpec",
     "TaskVocabulary",
     "answer_hits",
+    "copy_example",
     "make_batch",
     "min_length",
     "mqar_example",
