@@ -247,7 +247,11 @@ def test_quick_task_study_writes_results_and_plot(tmp_path, task):
     assert json.loads((out / "runs/ei_entropy_invariant+nope/seed_0/result.json").read_text())[
         "config_fields"]["position_embedding_type"] == "none"
     assert (out / "lengthgen_" f"{task}.png").stat().st_size > 10_000
-    assert (out / "results.md").read_text().count("\n| `") == 4
+    markdown = (out / "results.md").read_text()
+    assert markdown.count("\n| `") == 4
+    assert markdown.startswith("# passkey: exact-match accuracy" if task == "passkey" else
+                               "# mqar: accuracy per query")
+    assert ("3 steps (the first 1 on the copy warm-up) × batch 4" in markdown) == (task == "mqar")
     assert main(argv) == 0  # rerun: every run reused
     assert json.loads((out / "results.json").read_text())["skipped_runs"] == 4
     if task == "passkey":  # what scripts/run_retrieval_study.sh runs: the repository's tools/publish_study.py

@@ -235,7 +235,9 @@ def retrieval_data(results_jsons: list[str | Path], kind: str, *, command: str,
         from hf_attn_variants.lengthgen.plotting import plot_accuracy
 
         first = reports[0]["args"]
-        steps = ", ".join(f"{r['args']['task']} {r['args']['max_train_steps']} steps" for r in reports)
+        steps = ", ".join(f"{r['args']['task']} {r['args']['max_train_steps']} steps"
+                          + (f", {r['args']['copy_warmup_steps']} of them copy warm-up"
+                             if r["args"].get("copy_warmup_steps") else "") for r in reports)
         plot_accuracy({r["args"]["task"]: r["summary"] for r in reports}, plot,
                       train_length=first["train_length"],
                       title=f"trained at L = {first['train_length']} ({steps}), seeds {first['seeds']}; "

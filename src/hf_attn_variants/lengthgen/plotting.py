@@ -1,7 +1,7 @@
 """PNG plots of a study: metric vs evaluation length (log₂ x axis), one line per series, ± seed std.
 
-The retrieval tasks (``plot_accuracy``): exact-match accuracy vs length, one panel per task × position scheme,
-one line per series, a band for the min–max over seeds.
+The retrieval tasks (``plot_accuracy``): accuracy (``tasks.METRICS``) vs length, one panel per task × position
+scheme, one line per series, a band for the min–max over seeds.
 
 matplotlib with the non-interactive Agg backend (no display needed). One figure per objective: columns
 are the families present, rows the metrics (MLM: loss, loss minus the same run's loss at L (paired per
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .tasks import METRICS
 from .variants import POSITION_SCHEMES
 
 ROWS = {
@@ -150,7 +151,7 @@ def plot_accuracy(summaries: dict[str, Sequence[dict[str, Any]]], path: str | Pa
             ax.set_ylim(-0.03, 1.03)
             ax.grid(True, alpha=0.3)
             ax.set_title(f"{task}, {POSITION_SCHEMES[position][1]}")
-            ax.set_ylabel("exact-match accuracy" if col == 0 else "")
+            ax.set_ylabel(METRICS.get(task, "accuracy") if col == 0 else "")
             ax.set_xlabel(f"evaluation length (dotted: L = {train_length})")
             ax.legend(fontsize=6.5, loc="best", ncol=2)
     if title:

@@ -21,6 +21,7 @@ from typing import Any
 from .results import atomic_write_json, atomic_write_text, describe, read_json, to_csv
 from .retrieval import plan_task_run, run_task, study_variants
 from .runfolders import claim
+from .tasks import METRICS
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +60,10 @@ def summarize_task_rows(rows: list[dict[str, Any]], positions: dict[str, str]) -
 def task_markdown(args: Any, summary: list[dict[str, Any]]) -> str:
     """The study's accuracy table as markdown (mean ± std over seeds; n/a past a model's length)."""
     lengths = args.eval_lengths
-    lines = [f"# {args.task}: exact-match accuracy by evaluation length (trained at L = {args.train_length})",
+    warmup = f" (the first {args.copy_warmup_steps} on the copy warm-up)" if args.copy_warmup_steps else ""
+    lines = [f"# {args.task}: {METRICS[args.task]} by evaluation length (trained at L = {args.train_length})",
              "",
-             (f"{args.max_train_steps} steps × batch {args.per_device_train_batch_size}, lr "
+             (f"{args.max_train_steps} steps{warmup} × batch {args.per_device_train_batch_size}, lr "
               f"{args.learning_rate}, "
              f"seeds {args.seeds}, {args.eval_samples} sequences per length; mean ± std over seeds."), "",
              "| series | " + " | ".join(f"{n}{' (L)' if n == args.train_length else ''}"

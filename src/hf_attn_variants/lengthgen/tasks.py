@@ -41,6 +41,8 @@ SPECIAL_TOKENS = 4
 TASKS = ("passkey", "mqar")
 COPY = "copy"
 """The warm-up task (``make_batch(..., example=COPY)``)."""
+METRICS = {"passkey": "exact-match accuracy", "mqar": "accuracy per query"}
+"""What each task's ``accuracy`` (``score``) counts, as plots and tables name it."""
 IGNORE_INDEX = -100
 TASK_WEIGHT_DECAY = 0.01
 """The tasks' AdamW weight decay where ``lengthgen --weight_decay`` is not given."""
@@ -222,6 +224,7 @@ __all__ = [
     "EXAMPLES",
     "IGNORE_INDEX",
     "KEY",
+    "METRICS",
     "PAD",
     "QUERY",
     "SPECIAL_TOKENS",
