@@ -52,7 +52,7 @@ def claims(data: dict[str, Any]) -> str:
             rows.append([claim, name, f"`{a}` − `{b}`", f"{at_l[0]:.2f} / {at_l[1]:.2f}",
                          ", ".join(f"{d:+.2f}" for d in diffs), result,
                          f"{_slope(data, name, a)} / {_slope(data, name, b)}"])
-    bars = ", ".join(f"{name} {learned_threshold(task):.2f}" for name, task in data["tasks"].items())
+    bars = ", ".join(f"{name} {learned_threshold(task):g}" for name, task in data["tasks"].items())
     return (markdown_table(head, rows) + f"\n\n*Learned at L: accuracy at least {bars}. {_where(data)}*")
 
 
