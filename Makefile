@@ -66,14 +66,16 @@ compat: install
 # accelerate, peft, pytest, pytest-xdist and every other package the check imports, but its own transformers; these
 # bring the lock's, so the GPU numbers come from the version the suite runs on (without .whl/ the check uses the
 # machine's). Downloaded for that machine: CPython 3.12, manylinux x86-64, no dependencies (the rest is there).
+# The package's own wheel is built beside them: the check's wheel stage installs it on the machine's torch.
 GPU_WHEELS ?= transformers==$(shell sed -n 's/^transformers==//p' $(LOCK))
 GPU_WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
 	manylinux1_x86_64
 
-gpu-wheels:
+gpu-wheels: install
 	rm -rf .whl && mkdir -p .whl
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		$(addprefix --platform ,$(GPU_WHEEL_PLATFORMS)) -d .whl $(GPU_WHEELS)
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation -w .whl .
 	@du -ch .whl/*.whl | tail -n 1 | sed 's/total$$/in .whl\/ (bring it along with the working tree)/'
 
 # ruff (E501 at pyproject's 110 characters included) and mypy on the model code (pyproject's [tool.mypy]),

@@ -30,6 +30,7 @@ import argparse
 import gc
 import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -45,7 +46,6 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
-from xml.etree import ElementTree
 
 import torch
 
@@ -55,28 +55,40 @@ sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is a
 from tools.docs_results import ResultsError, format_results, read_results_file, render_docs  # noqa: E402
 from tools.docs_results._common import machine_description, run_metadata  # noqa: E402
 
+sys.path.insert(0, str(REPO / "scripts"))  # the pytest plugin, also when this file is imported by a test
+from gpu_check_pytest import REPORTS_ENV, REPORTS_FILE, crashes  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 KIND = "gpu_check"
 
-RESULT_FILES = ("environment-gpu", "tests-gpu", "benchmarks-gpu", "decoding-gpu")
+RESULT_FILES = ("environment-gpu", "tests-gpu", "wheel-gpu", "benchmarks-gpu", "decoding-gpu")
 """The results files a run writes to its output folder (``<name>.json``), one per stage, in stage order."""
 
 PAGE = Path("docs") / "benchmarks-gpu.md"
-PAGE_SECTIONS: tuple[tuple[str, str, str, str], ...] = (
-    ("environment-gpu", "environment", "",
-     "The machine: the GPU, its driver, the speed of one bf16 matrix product, and the versions of the "
-     "packages the check used (and the wheels it brought along)."),
-    ("tests-gpu", "tests", "## CUDA tests",
-     "The CUDA test selection: its outcome and command, the counts per test file, the run's notes, each "
-     "failure with its message, and the skipped tests grouped by reason."),
-    ("decoding-gpu", "table", "## Decoding",
+RUN_SECTIONS: tuple[tuple[str, str, str, str], ...] = (
+    ("environment-gpu", "environment", "The machine",
+     "The GPU, its driver, the speed of one bf16 matrix product, and the versions of the packages the check "
+     "used (and the wheels it brought along)."),
+    ("tests-gpu", "tests", "CUDA tests",
+     "The CUDA test selection (and, from the second run on, the model tests on this machine's torch with CPU "
+     "tensors): the outcome and command, the counts per test file, the run's notes, each failure with its "
+     "message, and the skipped tests grouped by reason."),
+    ("wheel-gpu", "wheel", "The package on this machine's torch",
+     "The wheel installed as a user installs it, on the machine's own torch: what pip says of its "
+     "requirements, the README quickstarts run from it, and quickstart 1's model reloaded through its remote "
+     "code alone."),
+    ("decoding-gpu", "table", "Decoding",
      "Greedy `generate` of the settings' number of new tokens after a random prompt of the context's length. "
-     "A cell of the second table is tokens per second (batch ÷ the median decoding step; in brackets ÷ the "
-     "Llama's) and that median step; the prefill is not in it."),
-    ("benchmarks-gpu", "report", "", ""),
+     "A cell is tokens per second (batch ÷ the median decoding step; in brackets ÷ the Llama's with the same "
+     "cache) and that median step; the prefill is not in it."),
+    ("decoding-gpu", "profiles", "Where a decoding step goes",
+     "`torch.profiler` over one batch-1 `generate` per model: a step's time against the GPU's share of it, "
+     "and the calls, launches and host syncs that fill the rest."),
+    ("benchmarks-gpu", "report", "Training and prefill speed", ""),
 )
-"""(results file, view, heading, the page's own sentence before the region) of docs/benchmarks-gpu.md, in page
-order; a section is there only when its file is."""
+"""(results file, view, heading, the page's own sentence) of one run's section of docs/benchmarks-gpu.md, in
+page order; a section is there only when the run brought its file back (the profiles only when it has
+them)."""
 
 PACKAGES = ("torch", "triton", "transformers", "accelerate", "peft", "safetensors", "huggingface_hub",
             "tokenizers",
@@ -216,19 +228,26 @@ CUDA_TESTS = (
 training steps of every family, the entropy-invariant family under sdpa / flash_attention_2 / flex_attention
 with backward, packed FLASH on CUDA tensors) and the CUDA-only tests of other files, by node id."""
 
-OPTIONAL_TESTS = (("tests/test_packed_flash.py", "packed FLASH in linear time (issue 38)"),)
-"""Files selected by name when this checkout has them: (path, what they check). Like tests/test_gau_triton.py
-they check the Triton kernels on CPU tensors, which only Triton's interpreter runs, so they run in a second
-pytest run with ``TRITON_INTERPRET=1``, as ``make test`` runs them on a machine without a GPU: the device's
-torch, Triton and Transformers under the same checks. Packed FLASH on CUDA tensors, compiled, is in
-tests/test_cuda.py."""
+CPU_TESTS = (
+    ("tests/test_configuration.py", "configs"), ("tests/test_layers.py", "shared layers"),
+    ("tests/test_gau.py", "GAU"), ("tests/test_entropy_invariant.py", "entropy-invariant"),
+    ("tests/test_synthesizer.py", "Synthesizer"), ("tests/test_generation_caches.py", "every cache"),
+    ("tests/test_standalone.py", "exported code"), ("tests/test_packed_documents.py", "packed documents"),
+    ("tests/test_packed_flash.py", "packed FLASH in linear time"),
+    ("tests/test_stock_attention.py", "stock log-n"),
+    ("tests/test_pruning.py", "head pruning"),
+)
+"""The model tests, run a second time on CPU tensors (``CUDA_VISIBLE_DEVICES=""``, Triton interpreted) as
+``make test`` runs them: the device's torch and Triton under the checks that decide the declared minimums
+(pyproject's ``torch>=``). Files this checkout lacks are noted, not selected."""
 
 TEST_TIMEOUT_S = 90
 """Seconds one test may take (compiling kernels included) before pytest-timeout fails it and the others go
 on."""
 
 RESULT_WORD = re.compile(r"\b(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
-NODE_ID = re.compile(r"(tests/\S+\.py::\S+)")
+PLUGIN = "gpu_check_pytest"
+"""``scripts/gpu_check_pytest.py``: writes each outcome as it happens and keeps a crash's traceback."""
 
 
 @dataclass
@@ -244,7 +263,7 @@ class PytestRun:
 def tests_selection(root: Path) -> tuple[list[str], list[str], list[str]]:
     """(CUDA node ids, optional files this checkout has, notes on the optional files it lacks)."""
     present, notes = [], []
-    for path, purpose in OPTIONAL_TESTS:
+    for path, purpose in CPU_TESTS:
         if (root / path).is_file():
             present.append(path)
         else:
@@ -260,10 +279,11 @@ def stop_group(process: subprocess.Popen) -> None:
         pass
 
 
-def run_streaming(command: list[str], env: dict[str, str], timeout: float, cwd: Path) -> PytestRun:
-    """Run ``command`` in a process group of its own, echoing and keeping its output lines; after ``timeout``
-    seconds, or when this process is told to stop (SIGTERM), kill the group (then the exit status is
-    ``None``)."""
+def run_streaming(command: list[str], env: dict[str, str], timeout: float, cwd: Path,
+                  on_line: Callable[[str], None] | None = None) -> PytestRun:
+    """Run ``command`` in a process group of its own, echoing and keeping its output lines (each passed to
+    ``on_line`` too); after ``timeout`` seconds, or when this process is told to stop (SIGTERM), kill the
+    group (then the exit status is ``None``)."""
     start = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                cwd=cwd,
@@ -282,6 +302,8 @@ def run_streaming(command: list[str], env: dict[str, str], timeout: float, cwd: 
         for line in process.stdout:
             print(line, end="", flush=True)
             lines.append(line.rstrip("\n"))
+            if on_line is not None:
+                on_line(line)
         process.wait()
     finally:
         timer.cancel()
@@ -295,37 +317,32 @@ def one_line(text: str | None, limit: int = 300) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-def junit_cases(path: Path) -> list[dict[str, str]]:
-    """``[{test, file, outcome, message}]`` of a pytest junit XML file (outcome: passed, failed, errors,
-    skipped)."""
-    outcomes = (("failure", "failed"), ("error", "errors"), ("skipped", "skipped"))
-    cases = []
-    for case in ElementTree.parse(path).getroot().iter("testcase"):
-        file = case.get("classname", "").replace(".", "/") + ".py"
-        outcome, message = "passed", ""
-        for tag, name in outcomes:
-            found = case.find(tag)
-            if found is not None:
-                text = (found.text or "").strip().splitlines()
-                outcome, message = name, found.get("message") or (text[-1] if text else "")
-                break
-        cases.append({"test": f"{file}::{case.get('name')}", "file": file, "outcome": outcome,
-                      "message": one_line(message)})
-    return cases
+def read_reports(folder: Path) -> list[dict[str, Any]]:
+    """The lines ``gpu_check_pytest`` wrote to ``folder`` (a half-written last line is left for later), then a
+    line for each crash that no line reports (pytest itself killed, without xdist)."""
+    path, lines = folder / REPORTS_FILE, []
+    if path.is_file():
+        for text in path.read_text(encoding="utf-8").splitlines():
+            try:
+                lines.append(json.loads(text))
+            except json.JSONDecodeError:
+                continue
+    reported = {line["test"] for line in lines}
+    return lines + [crash for crash in crashes(folder) if crash["test"] not in reported]
 
 
-def cases_from_output(lines: list[str]) -> list[dict[str, str]]:
-    """The outcomes ``pytest -v`` printed (for a run stopped before it wrote its junit file)."""
-    words = {"PASSED": "passed", "XPASS": "passed", "FAILED": "failed", "ERROR": "errors",
-             "SKIPPED": "skipped",
-             "XFAIL": "skipped"}
-    cases = {}
+def cases_from_reports(lines: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """One case per test from its phase lines: failed (errors, for a setup or teardown) when a phase failed,
+    else skipped when one skipped, else passed; ``[{test, file, outcome, message, traceback}]``."""
+    rank = {"passed": 0, "skipped": 1, "failed": 2, "errors": 2}
+    cases: dict[str, dict[str, str]] = {}
     for line in lines:
-        node, word = NODE_ID.search(line), RESULT_WORD.search(line)
-        if node and word and not line.startswith(("FAILED ", "ERROR ", "SKIPPED ")):
-            test = node.group(1)
-            cases[test] = {"test": test, "file": test.split("::")[0], "outcome": words[word.group(1)],
-                           "message": ""}
+        test = line["test"]
+        case = cases.setdefault(test, {"test": test, "file": test.split("::")[0], "outcome": "passed",
+                                       "message": "", "traceback": ""})
+        if rank[line["outcome"]] > rank[case["outcome"]]:
+            case.update(outcome=line["outcome"], message=one_line(line["message"]),
+                        traceback=line.get("traceback", ""))
     return list(cases.values())
 
 
@@ -340,20 +357,18 @@ def summarise(cases: list[dict[str, str]]) -> dict[str, Any]:
         per_file[case["outcome"]] = per_file.get(case["outcome"], 0) + 1
         if case["outcome"] == "skipped":
             skipped.setdefault(case["message"] or "(no reason given)", []).append(case["test"])
-    failures = [{"test": c["test"], "message": c["message"]} for c in cases
-                if c["outcome"] in ("failed", "errors")]
+    failures = [{"test": c["test"], "message": c["message"], "traceback": c.get("traceback", "")}
+                for c in cases if c["outcome"] in ("failed", "errors")]
     return {"counts": counts, "files": files, "failures": failures,
             "skipped": [{"reason": reason, "tests": tests} for reason, tests in skipped.items()]}
 
 
-def pytest_command(selection: Sequence[str], junit: Path, workers: int) -> list[str]:
-    """pytest over ``selection``, verbose (outcomes can be read from its output), with a junit file,
-    ``workers`` pytest-xdist processes where it is installed, and at most ``TEST_TIMEOUT_S`` per test with
-    pytest-timeout."""
+def pytest_command(selection: Sequence[str], workers: int) -> list[str]:
+    """pytest over ``selection``, verbose, with the ``gpu_check_pytest`` plugin, ``workers`` pytest-xdist
+    processes where it is installed, and at most ``TEST_TIMEOUT_S`` per test with pytest-timeout."""
     xdist = ["-n", str(workers)] if workers > 1 and importlib.util.find_spec("xdist") else []
     timeout = [f"--timeout={TEST_TIMEOUT_S}"] if importlib.util.find_spec("pytest_timeout") else []
-    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rfEs", f"--junitxml={junit}",
-            *xdist,
+    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", PLUGIN, "-v", "-rfEs", *xdist,
             *timeout, *selection]
 
 
@@ -366,78 +381,344 @@ def tests_status(exit_code: int | None) -> str:
 
 
 def pytest_cases(selection: Sequence[str], env: dict[str, str], workers: int, timeout: float,
-                 notes: list[str]) -> tuple[PytestRun, list[dict[str, str]], str]:
-    """Run ``selection``; (the run, its test outcomes, the command as recorded). A run stopped at ``timeout``
-    keeps the outcomes it printed, and says so in ``notes``."""
-    with tempfile.TemporaryDirectory(prefix="gpu-check-junit-") as scratch:
-        junit = Path(scratch) / "junit.xml"
-        command = pytest_command(selection, junit, workers)
-        run = run_streaming(command, env, timeout, ROOT)
-        if run.exit_code is not None and junit.is_file():
-            cases = junit_cases(junit)
-        else:
-            cases = cases_from_output(run.lines)
-            notes.append(f"pytest over {' '.join(selection)} was stopped at the stage's time budget: the "
-                         "outcomes are those it printed before.")
-    if tests_status(run.exit_code) == "error":
+                 notes: list[str], on_cases: Callable[[list[dict[str, str]]], None] | None = None,
+                 ) -> tuple[PytestRun, list[dict[str, str]], str]:
+    """Run ``selection``; (the run, its test outcomes, the command as recorded). Outcomes come from the
+    plugin's lines, read again (and handed to ``on_cases``) whenever pytest prints an outcome, so a run
+    stopped at ``timeout`` or killed keeps every outcome and failure message it had, and a crashed process's
+    test is a failure with the crash's traceback."""
+    with tempfile.TemporaryDirectory(prefix="gpu-check-reports-") as scratch:
+        folder = Path(scratch)
+        scripts = str(ROOT / "scripts")
+        env = {**env, REPORTS_ENV: scratch,
+               "PYTHONPATH": os.pathsep.join(p for p in (scripts, env.get("PYTHONPATH", "")) if p)}
+        command = pytest_command(selection, workers)
+
+        def outcome_printed(line: str) -> None:
+            if on_cases is not None and RESULT_WORD.search(line):
+                on_cases(cases_from_reports(read_reports(folder)))
+
+        run = run_streaming(command, env, timeout, ROOT, outcome_printed)
+        cases = cases_from_reports(read_reports(folder))
+    if run.exit_code is None:
+        notes.append(f"pytest over {' '.join(selection)} was stopped at the stage's time budget: the "
+                     "outcomes are those it had reported.")
+    elif tests_status(run.exit_code) == "error" and not any(c["outcome"] != "passed" for c in cases):
         notes.append("pytest could not run the selection: " + one_line(" ".join(run.lines[-5:]), 500))
-    shown = [a for a in command[1:] if not a.startswith("--junitxml")]
-    return run, cases, shlex.join(["python", *shown])
+    return run, cases, shlex.join(["python", *command[1:]])
 
 
-def interpreted_tests(present: list[str], env: dict[str, str], budget: Budget,
-                      notes: list[str]) -> tuple[list[PytestRun], list[dict[str, str]], list[str]]:
-    """The optional files in a pytest run of their own under ``TRITON_INTERPRET=1``; (runs, outcomes,
+def cpu_tests(present: list[str], env: dict[str, str], workers: int, budget: Budget, notes: list[str],
+              on_cases: Callable[[list[dict[str, str]]], None],
+              ) -> tuple[list[PytestRun], list[dict[str, str]], list[str]]:
+    """The model test files on CPU tensors in a pytest run of their own, the GPU hidden and Triton
+    interpreted; the CUDA tests inside them are deselected (they ran on the GPU). (runs, outcomes,
     commands)."""
     if not present:
         return [], [], []
-    files = ", ".join(f"`{p}`" for p in present)
     if budget.left() - budget.margin < 15:
-        notes.append(f"{files}: not run, the stage's time budget was spent on the CUDA tests.")
+        notes.append("The model tests on CPU tensors were not run: the stage's time budget was spent on the "
+                     "CUDA tests.")
         return [], [], []
-    notes.append(f"{files}: run with `TRITON_INTERPRET=1` (their Triton checks use CPU tensors); packed "
-                 "FLASH compiled on CUDA tensors is in `tests/test_cuda.py`.")
-    run, cases, command = pytest_cases(present, {**env, "TRITON_INTERPRET": "1"}, 0,
-                                       budget.left() - budget.margin,
-                                       notes)
-    return [run], cases, [f"TRITON_INTERPRET=1 {command}"]
+    notes.append("The model tests ran a second time on CPU tensors (`CUDA_VISIBLE_DEVICES=\"\" "
+                 "TRITON_INTERPRET=1`), on this machine's torch and Triton: "
+                 f"{', '.join(f'`{p}`' for p in present)}.")
+    cuda_nodes = [f"--deselect={node}" for node in CUDA_TESTS if node.split("::")[0] in present]
+    cpu = {**env, "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
+    run, cases, command = pytest_cases([*present, *cuda_nodes], cpu, workers, budget.left() - budget.margin,
+                                       notes, on_cases)
+    return [run], cases, [f'CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1 {command}']
 
 
-def deselected(lines: list[str]) -> int:
-    """How many tests pytest's last summary line says it deselected."""
-    found = [int(m.group(1)) for line in lines if (m := re.search(r"(\d+) deselected", line))]
-    return found[-1] if found else 0
+def collected(files: Sequence[str], env: dict[str, str]) -> int:
+    """How many tests ``pytest --collect-only`` finds in ``files`` (imported, none run)."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+                           *files], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=False)
+    found = [int(m.group(1)) for line in done.stdout.splitlines()
+             if (m := re.search(r"(\d+) tests? collected", line))]
+    if done.returncode != 0 or not found:
+        raise RuntimeError("collecting the model tests failed: " + one_line(done.stdout[-1500:], 800))
+    return found[-1]
+
+
+@dataclass
+class TestsFile:
+    """tests-gpu.json of one stage, rewritten whenever an outcome arrives (``status`` "running" until the
+    end)."""
+
+    out: Path
+    dry_run: bool
+    selection: list[str]
+    notes: list[str]
+    cases: list[dict[str, str]] = field(default_factory=list)
+    runs: list[PytestRun] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+
+    def running(self, cases: list[dict[str, str]]) -> None:
+        """Write the outcomes so far: the finished runs' and ``cases`` of the run under way."""
+        self.write("running", None, self.cases + cases)
+
+    def finish(self) -> str:
+        statuses = [tests_status(r.exit_code) for r in self.runs]
+        status = next((s for s in ("error", "timed out", "failed") if s in statuses), "passed")
+        if status == "passed" and any(c["outcome"] in ("failed", "errors") for c in self.cases):
+            status = "failed"  # a crash found only in a fault file
+        self.write(status, next((r.exit_code for r in self.runs if r.exit_code != 0), 0), self.cases)
+        return status
+
+    def write(self, status: str, exit_code: int | None, cases: list[dict[str, str]]) -> Path:
+        summary = summarise(cases)
+        tests = {"status": status, "exit_code": exit_code,
+                 "duration_s": round(sum(r.seconds for r in self.runs), 1),
+                 "command": " && ".join(self.commands), "selection": self.selection, "notes": self.notes,
+                 **summary}
+        return write_json(self.out, "tests-gpu", {**provenance(self.dry_run), "tests": tests})
 
 
 def tests_stage(args: argparse.Namespace) -> int:
-    """The CUDA tests (pytest-xdist workers on the GPU), then the optional files interpreted. A dry run makes
-    one pytest run on CPU in which every CUDA test skips and the optional files are collected (imported), not
-    run: on CPU they are part of ``make test``."""
+    """The CUDA tests (pytest-xdist workers on the GPU), then the model tests on CPU tensors. A dry run makes
+    one pytest run on CPU in which every CUDA test skips and the model test files are collected (imported),
+    not run: on CPU they are ``make test``'s. tests-gpu.json is rewritten at every outcome."""
     budget = Budget(args.budget, margin=5.0)
     selection, present, notes = tests_selection(ROOT)
+    record = TestsFile(args.out, args.dry_run, [*selection, *present], notes)
+    record.running([])
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if args.dry_run:
-        extra = [*present, *(f"--deselect={path}" for path in present)]
-        run, cases, command = pytest_cases([*selection, *extra], env, 0, budget.left() - budget.margin, notes)
+        run, cases, command = pytest_cases(selection, env, 0, budget.left() - budget.margin, notes,
+                                           record.running)
         if present:
-            notes.append(f"dry run: {deselected(run.lines)} tests of {', '.join(f'`{p}`' for p in present)} "
-                         "collected, not run.")
-        runs, commands = [run], [command]
+            files = ", ".join(f"`{p}`" for p in present)
+            notes.append(f"dry run: {collected(present, env)} tests of {files} collected, not run.")
+        record.runs, record.cases, record.commands = [run], cases, [command]
     else:
-        share = 0.75 if present else 1.0  # the interpreted files take the rest
+        share = 0.7 if present else 1.0  # the model tests on CPU tensors take the rest
         run, cases, command = pytest_cases(selection, env, args.workers,
-                                           share * budget.left() - budget.margin, notes)
-        more_runs, more_cases, more_commands = interpreted_tests(present, env, budget, notes)
-        runs, cases, commands = [run, *more_runs], cases + more_cases, [command, *more_commands]
-    summary = summarise(cases)
-    statuses = [tests_status(r.exit_code) for r in runs]
-    status = next((s for s in ("error", "timed out", "failed") if s in statuses), "passed")
-    tests = {"status": status, "exit_code": next((r.exit_code for r in runs if r.exit_code != 0), 0),
-             "duration_s": round(sum(r.seconds for r in runs), 1), "command": " && ".join(commands),
-             "selection": [*selection, *present], "notes": notes, **summary}
-    path = write_json(args.out, "tests-gpu", {**provenance(args.dry_run), "tests": tests})
-    log(f"tests: {status}: {summary['counts']} in {tests['duration_s']:.0f} s → {path}")
+                                           share * budget.left() - budget.margin, notes, record.running)
+        record.runs, record.cases, record.commands = [run], cases, [command]
+        more_runs, more_cases, more_commands = cpu_tests(present, env, args.workers, budget, notes,
+                                                         record.running)
+        record.runs += more_runs
+        record.cases += more_cases
+        record.commands += more_commands
+    status = record.finish()
+    counts = summarise(record.cases)["counts"]
+    log(f"tests: {status}: {counts} in {sum(r.seconds for r in record.runs):.0f} s → "
+        f"{args.out / 'tests-gpu.json'}")
+    for case in record.cases:
+        if case["outcome"] in ("failed", "errors"):
+            log(f"  {case['outcome']}: {case['test']}: {case['message']}")
     return {"passed": 0, "failed": 1}.get(status, 2)
+
+
+# ---------------------------------------------------------------------------------------------- wheel
+QUICKSTART_BLOCK = re.compile(
+    r"```python\n(?P<code>.*?)```(?:\s*<!-- output -->\s*```text\n(?P<output>.*?)```)?", re.DOTALL)
+IMPORTED = re.compile(r"^(?:from|import)\s+([A-Za-z_]\w*)", re.MULTILINE)
+FIND_SPEC = re.compile(r"find_spec\(\s*[\"']([A-Za-z_]\w*)")
+REMOTE_LOAD = """\
+import sys
+import torch
+from transformers import AutoModelForCausalLM
+
+model = AutoModelForCausalLM.from_pretrained("runs/quickstart/gau", trust_remote_code=True)
+print(model.generate(torch.tensor([[3, 4, 5, 6]]), max_new_tokens=6, do_sample=False).tolist())
+print("class from", type(model).__module__.split(".")[0],
+      "| package imported:", "hf_attn_variants" in sys.modules)
+"""
+"""Reload the model quickstart 1 saved through its own code (``trust_remote_code``), without the package."""
+
+
+@dataclass(frozen=True)
+class Quickstart:
+    """A python block of the README's Quickstart section and the output block after it (``None``: none)."""
+
+    number: int
+    code: str
+    output: str | None
+
+    def needs(self) -> list[str]:
+        """Top-level modules it imports or looks up with ``find_spec``, this package's excepted."""
+        names = {*IMPORTED.findall(self.code), *FIND_SPEC.findall(self.code)}
+        return sorted(names - {"hf_attn_variants", "__future__"})
+
+
+def readme_quickstarts(readme: Path) -> list[Quickstart]:
+    """The python blocks of ``readme``'s "## Quickstart" section, numbered from 1."""
+    text = readme.read_text(encoding="utf-8")
+    section = text.split("\n## Quickstart", 1)[1].split("\n## ", 1)[0]
+    return [Quickstart(number, match["code"], match["output"])
+            for number, match in enumerate(QUICKSTART_BLOCK.finditer(section), start=1)]
+
+
+def own_wheel(scratch: Path) -> tuple[Path, str]:
+    """The package's wheel: the newest ``.whl/hf_attn_variants-*.whl`` (``make gpu-wheels``), else one built
+    from this checkout into ``scratch``; (path, where it came from)."""
+    carried = sorted((ROOT / ".whl").glob("hf_attn_variants-*.whl"), key=lambda p: p.stat().st_mtime)
+    if carried:
+        return carried[-1], "carried in .whl/"
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                           "--no-build-isolation", "--no-index", "-w", str(scratch), str(ROOT)],
+                          capture_output=True, text=True, timeout=240, check=False)
+    built = sorted(scratch.glob("hf_attn_variants-*.whl"))
+    if done.returncode != 0 or not built:
+        raise RuntimeError("building the wheel failed: " + one_line(done.stderr or done.stdout, 600))
+    return built[0], "built from this checkout (pip wheel --no-deps --no-build-isolation)"
+
+
+def wheel_requirements(wheel: Path) -> list[str]:
+    """The wheel's ``Requires-Dist`` lines without extras (what ``pip install`` of the core needs)."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = archive.read(name).decode("utf-8")
+    return [line.split(":", 1)[1].strip() for line in metadata.splitlines()
+            if line.startswith("Requires-Dist:") and "extra ==" not in line]
+
+
+def resolve(wheel: Path, scratch: Path) -> dict[str, Any]:
+    """``pip install --dry-run`` of ``wheel`` against this environment, offline (links: ``.whl/`` and the
+    wheel's folder): whether pip accepts the installed torch and the other requirements, and what it would
+    install."""
+    report = scratch / "resolution.json"
+    links = [arg for folder in {wheel.parent, ROOT / ".whl"} if folder.is_dir()
+             for arg in ("--find-links", str(folder))]
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-index",
+                           *links, "--report", str(report), str(wheel)], capture_output=True, text=True,
+                          timeout=120, check=False)
+    if done.returncode != 0:
+        return {"status": "failed", "message": one_line(done.stderr or done.stdout, 800)}
+    planned = json.loads(report.read_text(encoding="utf-8")).get("install", [])
+    return {"status": "ok", "would_install": [f"{item['metadata']['name']} {item['metadata']['version']}"
+                                              for item in planned]}
+
+
+def torch_admitted(requirements: Sequence[str]) -> bool:
+    """Whether the wheel's torch requirement admits the installed torch (its release, without a local
+    ``+cu130``)."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    wanted = next((Requirement(r) for r in requirements if Requirement(r).name == "torch"), None)
+    return wanted is None or wanted.specifier.contains(Version(torch.__version__).base_version,
+                                                       prereleases=True)
+
+
+def run_python(code: str, env: dict[str, str], cwd: Path, timeout: float) -> tuple[int | None, str, float]:
+    """Run ``code`` in a fresh interpreter with stdin closed; (exit status or ``None`` on time-out, output,
+    seconds)."""
+    started = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=max(timeout, 1.0), check=False)
+    except subprocess.TimeoutExpired as error:
+        return None, str(error.stdout or ""), time.monotonic() - started
+    return done.returncode, done.stdout + (done.stderr if done.returncode else ""), time.monotonic() - started
+
+
+def isolated_env(paths: Sequence[Path], scratch: Path) -> dict[str, str]:
+    """This environment with ``PYTHONPATH`` set to ``paths`` alone (no ``src/``) and Hugging Face's caches in
+    ``scratch``."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return {**env, "PYTHONPATH": os.pathsep.join(str(p) for p in paths), "HF_HOME": str(scratch / "hf-home"),
+            "HF_MODULES_CACHE": str(scratch / "hf-modules"), "PYTHONNOUSERSITE": "1"}
+
+
+def run_quickstart(quickstart: Quickstart, env: dict[str, str], cwd: Path, budget: Budget) -> dict[str, Any]:
+    """``quickstart`` run as a user would, its output compared with the README's; "not run" when it needs a
+    module this machine lacks or the budget is spent."""
+    entry: dict[str, Any] = {"quickstart": quickstart.number, "first_line": quickstart.code.splitlines()[0]}
+    missing = [name for name in quickstart.needs() if importlib.util.find_spec(name) is None]
+    if missing:
+        return {**entry, "status": "not run", "reason": f"needs {', '.join(missing)}, not installed here"}
+    if budget.left() - budget.margin < 20:
+        return {**entry, "status": "not run", "reason": "the stage's time budget was spent"}
+    code, output, seconds = run_python(quickstart.code, env, cwd, budget.left() - budget.margin)
+    entry.update(seconds=round(seconds, 1), output=output.strip()[-2000:])
+    if code != 0:
+        return {**entry, "status": "failed", "reason": "timed out" if code is None else one_line(
+            output.strip().splitlines()[-1] if output.strip() else f"exit status {code}")}
+    expected = (quickstart.output or "").strip()
+    if expected and output.strip() != expected:
+        return {**entry, "status": "failed", "reason": "its output differs from the README's",
+                "expected": expected}
+    return {**entry, "status": "ok"}
+
+
+def remote_load(env: dict[str, str], cwd: Path, budget: Budget, expected: str | None) -> dict[str, Any]:
+    """Reload quickstart 1's saved model through its own code, the package absent from ``PYTHONPATH`` and not
+    imported: its class must come from the folder (``transformers_modules``) and generate what quickstart 1
+    printed."""
+    if not (cwd / "runs" / "quickstart" / "gau" / "config.json").is_file():
+        return {"status": "not run", "reason": "quickstart 1 saved no model"}
+    code, output, seconds = run_python(REMOTE_LOAD, env, cwd, budget.left() - budget.margin)
+    lines = output.strip().splitlines()
+    result = {"seconds": round(seconds, 1), "output": output.strip()[-2000:]}
+    wanted = [*(expected.strip().splitlines()[-1:] if expected else []),
+              "class from transformers_modules | package imported: False"]
+    if code != 0:
+        reason = lines[-1] if lines else f"exit status {code}"
+        return {**result, "status": "failed", "reason": one_line(reason)}
+    if lines[-len(wanted):] != wanted:
+        return {**result, "status": "failed", "reason": f"expected {' / '.join(wanted)}"}
+    return {**result, "status": "ok"}
+
+
+def wheel_stage(args: argparse.Namespace) -> int:
+    """wheel-gpu.json: the package as a user installs it on this machine's torch. Status 1 when the resolver
+    refuses the wheel, a quickstart fails or the reload through remote code does."""
+    budget = Budget(args.budget, margin=5.0)
+    data: dict[str, Any] = {**provenance(args.dry_run), "wheel": {"status": "running"}}
+    with tempfile.TemporaryDirectory(prefix="gpu-check-wheel-") as scratch_name:
+        scratch = Path(scratch_name)
+        wheel, origin = own_wheel(scratch)
+        result: dict[str, Any] = {"file": wheel.name, "origin": origin, "requires": wheel_requirements(wheel),
+                                  "torch": torch.__version__}
+        result["resolution"] = resolve(wheel, scratch)
+        result["torch_admitted"] = torch_admitted(result["requires"])
+        data["wheel"] = {**result, "status": "running"}
+        write_json(args.out, "wheel-gpu", data)
+        package, deps = scratch / "package", scratch / "deps"
+        carried = [w for w in sorted((ROOT / ".whl").glob("*.whl"))
+                   if not w.name.startswith("hf_attn_variants-")]
+        for target, wheels in ((package, [wheel]), (deps, carried)):
+            if wheels:
+                subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                                "--no-compile", "--target", str(target), *map(str, wheels)], check=True,
+                               capture_output=True, timeout=120)
+        work = scratch / "work"
+        work.mkdir()
+        with_package = isolated_env([package, deps], scratch)
+        _, where, _ = run_python("import hf_attn_variants; print(hf_attn_variants.__file__)", with_package,
+                                 work, 60)
+        result["imported_from"] = where.strip().replace(str(scratch), "<scratch>")
+        quickstarts = readme_quickstarts(ROOT / "README.md")
+        result["quickstarts"] = []
+        for quickstart in quickstarts:
+            result["quickstarts"].append(run_quickstart(quickstart, with_package, work, budget))
+            data["wheel"] = {**result, "status": "running"}
+            write_json(args.out, "wheel-gpu", data)
+        result["remote_code"] = remote_load(isolated_env([deps], scratch), work, budget,
+                                            quickstarts[0].output if quickstarts else None)
+    failed = ([f"resolution: {result['resolution'].get('message')}"] if result["resolution"]["status"] != "ok"
+              else [])
+    if not result["torch_admitted"]:
+        failed.append(f"the wheel's requirements {result['requires']} exclude the installed torch "
+                      f"{torch.__version__}")
+    failed += [f"quickstart {q['quickstart']}: {q['reason']}" for q in result["quickstarts"]
+               if q["status"] == "failed"]
+    if result["remote_code"]["status"] == "failed":
+        failed.append(f"remote code: {result['remote_code']['reason']}")
+    data["wheel"] = {**result, "status": "failed" if failed else "ok"}
+    path = write_json(args.out, "wheel-gpu", data)
+    log(f"wheel: {wheel.name} on torch {torch.__version__}: resolution {result['resolution']['status']}, "
+        f"quickstarts {[q['status'] for q in result['quickstarts']]}, remote code "
+        f"{result['remote_code']['status']} → {path}")
+    for line in failed:
+        log(f"  failed: {line}")
+    return 1 if failed else 0
 
 
 # ---------------------------------------------------------------------------------------------- bench
@@ -651,10 +932,41 @@ def decoding_settings(dry_run: bool) -> dict[str, Any]:
     return {"size": size, "batches": [1, 64], "contexts": [512, 4096], "new_tokens": 32, "dtype": "bfloat16"}
 
 
+STATIC_NOTE = ("`cache_implementation=\"static\"`: Transformers compiles the decoding step (torch.compile, "
+               "CUDA graphs) on CUDA; measured at batch 1 and the shortest context only (one compilation per "
+               "model fits the budget), after one compiling generation.")
+
+
+def static_rows(model: torch.nn.Module, name: str, plan: dict[str, Any], device: str,
+                budget: Budget, predicted: float) -> tuple[list[dict[str, Any]], str | None]:
+    """Batch-1 rows at the shortest context with the static cache (compiled by Transformers on CUDA; a dry
+    run's CPU runs it uncompiled); (rows, why there are none)."""
+    from hf_attn_variants.bench.decoding import DECODING_SDPA_BACKENDS, measure_model
+
+    if not budget.fits(predicted):
+        return [], f"not run: the decoding budget ({budget.seconds:.0f} s) would be exceeded"
+    try:
+        rows = measure_model(model, name, [1], [min(plan["contexts"])], plan["new_tokens"], log,
+                             cache_implementation="static", sdpa_backends=DECODING_SDPA_BACKENDS)
+    except ValueError as error:  # a model that refuses a static cache says why in one sentence
+        return [], f"refused: {one_line(str(error), 400)}"
+    for row in rows:
+        row["compiled"] = device == "cuda"
+    return rows, None
+
+
 def decoding_stage(args: argparse.Namespace) -> int:
-    """decoding-gpu.json, rewritten after every model; a model that fails (e.g. out of memory) is recorded and
-    the others still run (status 1), one the budget cannot hold is recorded as skipped."""
-    from hf_attn_variants.bench.decoding import DECODERS, measure
+    """decoding-gpu.json, rewritten after every model: the dynamic cache's rows, a profile of a batch-1
+    ``generate`` (top kernels and operators, time per step), and the static cache's compiled rows. A model
+    that fails (e.g. out of memory) is recorded and the others still run (status 1); one the budget cannot
+    hold is recorded as skipped."""
+    from hf_attn_variants.bench.decoding import (
+        DECODERS,
+        DECODING_SDPA_BACKENDS,
+        build_decoder,
+        measure_model,
+        profile_generate,
+    )
 
     budget = Budget(args.budget)
     device = stage_device(args, "decoding")
@@ -665,37 +977,62 @@ def decoding_stage(args: argparse.Namespace) -> int:
     settings = {"batches": plan["batches"], "contexts": plan["contexts"], "new_tokens": plan["new_tokens"],
                 "threads": torch.get_num_threads(), "size": asdict(size),
                 "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "dtype": dtype,
-                "excluded": DECODING_EXCLUDED}
+                "excluded": DECODING_EXCLUDED, "caches": {"dynamic": "the default `DynamicCache`",
+                                                          "static": STATIC_NOTE},
+                "sdpa_backends": [backend.name for backend in DECODING_SDPA_BACKENDS]}
     data = {**run_metadata("decoding", command_line(args.dry_run), machine=machine_description()),
-            "dry_run": args.dry_run, "settings": settings, "models": {}, "rows": [],
-            "gpu_check": {"complete": False}}
+            "dry_run": args.dry_run, "settings": settings, "models": {}, "rows": [], "profiles": {},
+            "not_measured": [], "gpu_check": {"complete": False}}
     last, failed = None, []
+    longest = max(plan["contexts"]) + plan["new_tokens"]
     for name in DECODING_MODELS:
-        if last is not None and not budget.fits(last * 1.5):
+        if last is not None and not budget.fits(last):
             data["gpu_check"].setdefault("skipped", []).append(name)
             log(f"decoding: {name} skipped (budget: {budget.left():.0f} s left)")
             continue
         started = time.monotonic()
         try:
-            rows = measure([name], plan["batches"], plan["contexts"], plan["new_tokens"], size, log=log,
-                           device=device, dtype=getattr(torch, dtype))
+            model = build_decoder(name, size, longest, device, getattr(torch, dtype))
+            rows = measure_model(model, name, plan["batches"], plan["contexts"], plan["new_tokens"], log,
+                                 sdpa_backends=DECODING_SDPA_BACKENDS)
+            data["models"][name] = DECODERS[name][0]
+            data["rows"] += rows
+            data["profiles"][name] = profile_generate(model, 1, min(plan["contexts"]), plan["new_tokens"],
+                                                      sdpa_backends=DECODING_SDPA_BACKENDS)
+            if name == DECODING_MODELS[0]:  # the baseline once more, with every backend torch would pick
+                data["profiles"][f"{name}, default SDPA backends"] = profile_generate(
+                    model, 1, min(plan["contexts"]), plan["new_tokens"])
+            write_json(args.out, "decoding-gpu", rounded(data))
+            static, why = static_rows(model, name, plan, device, budget, time.monotonic() - started)
+            data["rows"] += static
+            if why:
+                data["not_measured"].append({"model": name, "cache": "static", "reason": why})
         except Exception as error:  # noqa: BLE001 - e.g. out of memory: recorded, the other models still run
             failed.append(f"{name}: {type(error).__name__}: {one_line(str(error), 200)}")
             data["gpu_check"].setdefault("failed", []).append(failed[-1])
             log(f"decoding: {failed[-1]}")
             continue
         finally:
+            model = None
             if device == "cuda":
+                torch._dynamo.reset()  # each model's compiled step starts afresh
                 torch.cuda.empty_cache()
         last = time.monotonic() - started
-        data["models"][name] = DECODERS[name][0]
-        data["rows"] += [{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
-                         for row in rows]
-        write_json(args.out, "decoding-gpu", data)
+        profile = data["profiles"][name]
+        log(f"  {name}: profile of batch 1: {profile['wall_ms_per_step']:.1f} ms a step, "
+            f"{profile['gpu_ms_per_step']:.2f} ms of it on the GPU, {profile['launches_per_step']:.0f} "
+            f"launches, {profile['syncs_per_step']:.1f} syncs, {profile['cpu_ops_per_step']:.0f} aten calls")
+        write_json(args.out, "decoding-gpu", rounded(data))
     data["gpu_check"]["complete"] = True
-    path = write_json(args.out, "decoding-gpu", data)
+    path = write_json(args.out, "decoding-gpu", rounded(data))
     log(f"decoding: {len(data['rows'])} rows, {len(failed)} models failed → {path}")
     return 1 if failed else 0
+
+
+def rounded(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the floats of its rows to 4 decimals."""
+    rows = [{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()} for row in data["rows"]]
+    return {**data, "rows": rows}
 
 
 # ---------------------------------------------------------------------------------------------- publish
@@ -706,25 +1043,80 @@ def read_results(folder: Path, name: str) -> dict[str, Any] | None:
     return read_results_file(path) if path.is_file() else None
 
 
-def page_text(present: Sequence[str]) -> str:
-    """docs/benchmarks-gpu.md with an empty region per results file in ``present`` (filled by rendering)."""
-    intro = ("What `bash scripts/gpu_check.sh` measured on a machine with a CUDA GPU ([how to run it]"
-             "(../CONTRIBUTING.md#the-gpu-check)), published with `python scripts/gpu_check.py publish DIR`. "
-             "Do not edit by hand: every section is rendered from `docs/results/*-gpu.json`.")
-    parts = ["# GPU benchmarks", "", intro, ""]
-    for name, view, heading, sentence in PAGE_SECTIONS:
-        if name in present:
-            parts += ([heading, ""] if heading else []) + ([sentence, ""] if sentence else []) + [
-                f"<!-- results: {name} {view} -->", "<!-- /results -->", ""]
+def gpu_short_name(found: dict[str, dict[str, Any]]) -> str:
+    """"h200" for an NVIDIA H200 (the GPU's name from environment-gpu.json, else the provenance's machine)."""
+    environment = found.get("environment-gpu", {}).get("environment", {})
+    name = environment.get("gpu", {}).get("name") or next(
+        (data.get("machine", "") for data in found.values()), "")
+    name = name.split(",")[-1]
+    words = [w for w in re.split(r"[^A-Za-z0-9]+", name.replace("NVIDIA", "")) if w]
+    return words[0].lower() if words else "gpu"
+
+
+def published_runs(root: Path) -> list[dict[str, Any]]:
+    """The runs published in ``root/docs/results`` (each file's ``published`` names its run and title), oldest
+    first: ``[{id, title, date, device, torch, files: {stage: results name}}]``."""
+    runs: dict[str, dict[str, Any]] = {}
+    for path in sorted((root / "docs" / "results").glob("*-gpu-*.json")):
+        data = read_results_file(path)
+        published = data.get("published") or {}
+        stage = path.stem.removesuffix(f"-{published.get('run')}")
+        if not published.get("run") or stage not in RESULT_FILES:
+            continue
+        run = runs.setdefault(published["run"], {
+            "id": published["run"], "title": published.get("title", ""), "date": data.get("date", ""),
+            "device": data.get("machine", ""), "torch": (data.get("versions") or {}).get("torch", "?"),
+            "files": {}})
+        run["files"][stage] = path.stem
+    return sorted(runs.values(), key=lambda run: (str(run["date"])[:10], run["id"]))
+
+
+def page_text(runs: list[dict[str, Any]], root: Path) -> str:
+    """docs/benchmarks-gpu.md: the lead tables of the newest runs, then every run, newest first, each with an
+    empty region per results file it brought back (filled by rendering)."""
+    intro = ("What `bash scripts/gpu_check.sh` measured on machines with a CUDA GPU ([how to run it]"
+             "(../CONTRIBUTING.md#the-gpu-check)), one section per run, newest first, each published with "
+             "`python scripts/gpu_check.py publish DIR --title ...` and never overwritten by a later one. Do "
+             "not edit by hand: every table is rendered from `docs/results/*-gpu-<run>.json`.")
+    parts = ["# GPU benchmarks", "", intro, "", "## Fastest on this GPU", ""]
+    newest = {stage: next((run for run in reversed(runs) if stage in run["files"]), None)
+              for stage in ("benchmarks-gpu", "decoding-gpu")}
+    if newest["benchmarks-gpu"]:
+        run = newest["benchmarks-gpu"]
+        parts += [f"Training (fwd+bwd) and prefill (forward), from run `{run['id']}`: per comparison and "
+                  "length, the fastest variant and the baseline it is compared with (the run's section has "
+                  "every row).", "", f"<!-- results: {run['files']['benchmarks-gpu']} fastest -->",
+                  "<!-- /results -->", ""]
+    if newest["decoding-gpu"]:
+        run = newest["decoding-gpu"]
+        parts += [f"Decoding, from run `{run['id']}`: per batch and context, the fastest decoder and cache, "
+                  "and the stock Llama's with the same cache.", "",
+                  f"<!-- results: {run['files']['decoding-gpu']} fastest -->", "<!-- /results -->", ""]
+    parts += ["## Runs", ""]
+    for run in reversed(runs):
+        names = run["files"]
+        parts += [f"### `{run['id']}`: {run['title']}", "",
+                  f"{run['device']}, torch {run['torch']}, {run['date']}.", ""]
+        for stage, view, heading, sentence in RUN_SECTIONS:
+            if stage not in names:
+                continue
+            if view == "profiles" and not read_results_file(
+                    root / "docs" / "results" / f"{names[stage]}.json").get("profiles"):
+                continue
+            parts += [f"#### {heading}", ""] + ([sentence, ""] if sentence else []) + [
+                f"<!-- results: {names[stage]} {view} -->", "<!-- /results -->", ""]
     return "\n".join(parts)
 
 
-def publish(folder: Path, root: Path, allow_dry_run: bool = False) -> list[str]:
-    """Copy the results files of ``folder`` into ``root/docs/results/``, draw the bench plots, write and
-    render ``root/docs/benchmarks-gpu.md``; returns the files written. ``ResultsError`` when ``folder`` holds
-    none, or a dry run's files (unless ``allow_dry_run``)."""
+def publish(folder: Path, root: Path, title: str, allow_dry_run: bool = False) -> list[str]:
+    """Add the run whose results files are in ``folder`` to ``root``'s docs: each file copied to
+    ``docs/results/<file>-<run>.json`` (the run: its date and GPU, ``2026-11-28-h200``, with ``-2``, ``-3`` …
+    when that is taken), the bench plots drawn as ``docs/benchmarks-gpu-<run>_*.png``, the run listed with
+    ``title`` in each file's ``published``, and docs/benchmarks-gpu.md rebuilt from every published run and
+    rendered. Nothing an earlier run published is overwritten. Returns the files written; ``ResultsError``
+    when ``folder`` holds none, or a dry run's files (unless ``allow_dry_run``), or ``title`` is empty."""
     from hf_attn_variants.bench.plots import write_plots
-    from hf_attn_variants.bench.store import from_results, plot_prefix
+    from hf_attn_variants.bench.store import from_results
 
     found = {name: data for name in RESULT_FILES if (data := read_results(folder, name)) is not None}
     if not found:
@@ -734,24 +1126,37 @@ def publish(folder: Path, root: Path, allow_dry_run: bool = False) -> list[str]:
     if dry and not allow_dry_run:
         raise ResultsError(f"{folder}: {', '.join(dry)} come from a dry run on CPU; publish the results of a "
                            "GPU run.")
+    if not title.strip():
+        raise ResultsError("--title: say in a few words what the run was (e.g. 'the run that found the "
+                           "failures').")
+    results = root / "docs" / "results"
+    taken = {run["id"] for run in published_runs(root)}
+    first = next(iter(found.values()))
+    base = f"{first.get('date', 'undated')}-{gpu_short_name(found)}"
+    run_id = next(candidate for n in range(1, 1000)
+                  if (candidate := base if n == 1 else f"{base}-{n}") not in taken
+                  and not any((results / f"{stage}-{candidate}.json").exists() for stage in RESULT_FILES))
     written = []
     for name, data in found.items():
-        target = root / "docs" / "results" / f"{name}.json"
+        target = results / f"{name}-{run_id}.json"
+        published = {"name": target.stem, "run": run_id, "title": title}
+        if name == "benchmarks-gpu":
+            published["plot_prefix"] = f"benchmarks-gpu-{run_id}"
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(format_results(data, inline_depth=2), encoding="utf-8")
+        target.write_text(format_results({**data, "published": published}, inline_depth=2), encoding="utf-8")
         written.append(str(target))
     if "benchmarks-gpu" in found:
         run = from_results(found["benchmarks-gpu"])
-        written += [str(p) for p in write_plots(run, root / "docs", prefix=plot_prefix(run.device))]
+        written += [str(p) for p in write_plots(run, root / "docs", prefix=f"benchmarks-gpu-{run_id}")]
     page = root / PAGE
-    page.write_text(page_text(list(found)), encoding="utf-8")
+    page.write_text(page_text(published_runs(root), root), encoding="utf-8")
     render_docs(root, [page])
     return [*written, str(page)]
 
 
 def publish_command(args: argparse.Namespace) -> int:
     try:
-        written = publish(args.folder, args.root, args.allow_dry_run)
+        written = publish(args.folder, args.root, args.title, args.allow_dry_run)
     except ModuleNotFoundError as error:
         print(f"gpu_check publish: error: {error.name} is not installed (the plots need it): "
               "pip install 'hf_attn_variants[plots]'", file=sys.stderr)
@@ -767,21 +1172,25 @@ def publish_command(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="scripts/gpu_check.py", description=__doc__.splitlines()[0])
     stages = main.add_subparsers(dest="stage", required=True)
-    for name, budget in (("environment", 20.0), ("tests", 110.0), ("bench", 120.0), ("decoding", 40.0)):
+    for name, budget in (("environment", 20.0), ("tests", 200.0), ("wheel", 70.0), ("bench", 120.0),
+                         ("decoding", 150.0)):
         stage = stages.add_parser(name, help=f"the {name} stage")
         stage.add_argument("--out", type=Path, required=True, help="Folder for the results file.")
         stage.add_argument("--budget", type=float, default=budget, help=f"Seconds (default {budget:.0f}).")
         stage.add_argument("--dry-run", action="store_true", help="On CPU with tiny sizes.")
         if name == "tests":
-            stage.add_argument("--workers", type=int, default=6,
-                               help="pytest-xdist workers sharing the GPU (default 6: compiling kernels is "
-                                    "CPU work).")
+            workers = min(12, max(2, (os.cpu_count() or 4) - 4))
+            stage.add_argument("--workers", type=int, default=workers,
+                               help=f"pytest-xdist workers sharing the GPU (default here {workers}: the CPU "
+                                    "count less 4, at most 12; compiling kernels is CPU work).")
         if name == "bench":
             stage.add_argument("--peak-tflops", type=float, default=None,
                                help="The GPU's bf16 peak for the MFU column (default: by its name).")
     publisher = stages.add_parser("publish",
                                   help="copy a run's results into docs/results and render the page")
     publisher.add_argument("folder", type=Path, help="The folder the GPU check wrote (its OUT).")
+    publisher.add_argument("--title", required=True,
+                           help="What the run was, for its heading (e.g. 'the run that found the failures').")
     publisher.add_argument("--root", type=Path, default=ROOT,
                            help="Repository root (default: this checkout).")
     publisher.add_argument("--allow-dry-run", action="store_true",
@@ -790,7 +1199,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 STAGES: dict[str, Callable[[argparse.Namespace], int]] = {
-    "environment": environment_stage, "tests": tests_stage, "bench": bench_stage, "decoding": decoding_stage,
+    "environment": environment_stage, "tests": tests_stage, "wheel": wheel_stage, "bench": bench_stage,
+    "decoding": decoding_stage,
     "publish": publish_command,
 }
 

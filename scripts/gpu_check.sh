@@ -2,31 +2,39 @@
 # Every GPU number in one command, on a machine with one CUDA GPU and no network (CONTRIBUTING.md, "The GPU
 # check").
 #
-#   bash scripts/gpu_check.sh            # the real run, about 5 minutes at most
-#   bash scripts/gpu_check.sh --dry-run  # the same steps on CPU, tiny sizes, CUDA parts skipped
-#                                        # (tests/test_gpu_check.py)
-#   bash scripts/gpu_check.sh --out DIR  # results folder (default: $OUT when set, else runs/gpu-check)
+#   bash scripts/gpu_check.sh               # both parts, about 10 minutes at most
+#   bash scripts/gpu_check.sh --part tests  # environment, tests, wheel: under 5 minutes
+#   bash scripts/gpu_check.sh --part perf   # environment, bench, decoding: under 5 minutes
+#   bash scripts/gpu_check.sh --dry-run     # the same steps on CPU, tiny sizes, CUDA parts skipped
+#                                           # (tests/test_gpu_check.py)
+#   bash scripts/gpu_check.sh --out DIR     # results folder (default: $OUT when set, else runs/gpu-check)
 #
 # Stages, each under a time budget and each writing its results file as soon as it has something to save:
 #   environment  environment-gpu.json GPU, driver, a bf16 matrix-product speed, package versions, wheels
-#   tests        tests-gpu.json       the CUDA tests (scripts/gpu_check.py: CUDA_TESTS), from pytest
+#   tests        tests-gpu.json       the CUDA tests (scripts/gpu_check.py: CUDA_TESTS), from pytest; every
+#                                     outcome written when pytest has it, a crash kept with its traceback
+#   wheel        wheel-gpu.json       the package's wheel resolved against this machine's torch, installed
+#                                     without dependencies, the README quickstarts run from it, a saved
+#                                     model reloaded through its remote code alone
 #   bench        benchmarks-gpu.json  entropy-invariant vs Llama 2k-16k; FLASH (Triton, torch path) vs Llama
 #                                     4k-64k
-#   decoding     decoding-gpu.json    generate tokens/s at batch 1 and 64, contexts 512 and 4096
-# plus gpu-check.log (everything printed) and stages.tsv (stage, verdict, seconds, budget): six files.
+#   decoding     decoding-gpu.json    generate tokens/s at batch 1 and 64, contexts 512 and 4096, dynamic
+#                                     cache (and static cache compiled at batch 1), a profile of each model
+# plus gpu-check.log (everything printed) and stages.tsv (stage, verdict, seconds, budget): seven files.
 #
 # Wheels in .whl/ (`make gpu-wheels`) are installed into a scratch folder first and put on PYTHONPATH; without
-# any the machine's own packages are used. The package itself comes from src/ (PYTHONPATH), not from an
-# install.
+# any the machine's own packages are used. The package itself comes from src/ (PYTHONPATH) for every stage but
+# wheel, which installs its own wheel (.whl/hf_attn_variants-*.whl, or one built from this checkout).
 # Publish what came back: python scripts/gpu_check.py publish DIR (docs/results/*-gpu.json,
 # docs/benchmarks-gpu.md).
 set -euo pipefail
 
 usage() {
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 DRY_RUN=0
+PART=all
 OUT_DIR="${OUT:-}"
 while (($#)); do
     case "$1" in
@@ -34,6 +42,14 @@ while (($#)); do
         --out)
             [[ $# -ge 2 ]] || { echo "gpu_check.sh: --out needs a folder" >&2; exit 2; }
             OUT_DIR="$2"
+            shift
+            ;;
+        --part)
+            [[ $# -ge 2 && "$2" =~ ^(tests|perf|all)$ ]] || {
+                echo "gpu_check.sh: --part takes tests, perf or all" >&2
+                exit 2
+            }
+            PART="$2"
             shift
             ;;
         -h | --help) usage; exit 0 ;;
@@ -59,14 +75,19 @@ if [[ -z "${PYTHON:-}" ]]; then
     fi
 fi
 
-# Seconds per stage: together at most 5 minutes with the wheel install, so that a second run still fits a
-# lease.
-STAGE_NAMES=(environment tests bench decoding)
+# Seconds per stage: each part at most 5 minutes with the wheel install, so that one lease can run a part and
+# run it again.
+case "$PART" in
+    tests) STAGE_NAMES=(environment tests wheel) ;;
+    perf) STAGE_NAMES=(environment bench decoding) ;;
+    *) STAGE_NAMES=(environment tests wheel bench decoding) ;;
+esac
 declare -A BUDGET=(
     [environment]="${GPU_CHECK_BUDGET_ENVIRONMENT:-20}"
-    [tests]="${GPU_CHECK_BUDGET_TESTS:-110}"
+    [tests]="${GPU_CHECK_BUDGET_TESTS:-200}"
+    [wheel]="${GPU_CHECK_BUDGET_WHEEL:-70}"
     [bench]="${GPU_CHECK_BUDGET_BENCH:-120}"
-    [decoding]="${GPU_CHECK_BUDGET_DECODING:-40}"
+    [decoding]="${GPU_CHECK_BUDGET_DECODING:-150}"
 )
 
 SCRATCH="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")"
@@ -81,7 +102,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 if ((DRY_RUN)); then
     # CPU only; GAU's Triton kernels in Triton's interpreter
     export CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1
-    say "dry run on CPU: tiny sizes, CUDA tests skip, Triton interpreted"
+    say "dry run on CPU ($PART): tiny sizes, CUDA tests skip, Triton interpreted"
 else
     # Triton compiles for the GPU (tests/conftest.py keeps a set value)
     export TRITON_INTERPRET=0
@@ -90,7 +111,9 @@ fi
 install_wheels() {
     local wheels=() site="$SCRATCH/site"
     shopt -s nullglob
-    wheels=(.whl/*.whl)
+    for wheel in .whl/*.whl; do
+        [[ "${wheel##*/}" == hf_attn_variants-* ]] || wheels+=("$wheel")  # the wheel stage installs ours
+    done
     shopt -u nullglob
     export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
     export GPU_CHECK_WHEELS=""

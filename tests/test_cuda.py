@@ -40,21 +40,20 @@ from hf_attn_variants import (
 )
 from hf_attn_variants.models.gau_kernels import flash_mixed_chunk_attention, relu2_attention
 from hf_attn_variants.models.gau_triton import (
-    TRITON_AVAILABLE,
     triton_flash_intra_chunk,
     triton_relu2_attention,
 )
 from tests.test_entropy_invariant import tiny_config as ei_config
 from tests.test_gau import tiny_config as gau_config
 from tests.test_synthesizer import tiny_config as synthesizer_config
-from tests.utils import left_padded, random_ids, right_padded
+from tests.utils import left_padded, random_ids, right_padded, triton_skip_reason
 
 ON_CPU = os.environ.get("HF_ATTN_VARIANTS_CUDA_TESTS_ON_CPU") == "1"
 DEVICE = torch.device("cpu" if ON_CPU else "cuda")
 
 pytestmark = pytest.mark.skipif(not ON_CPU and not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (scripts/gpu_check.sh runs these on one)")
-needs_triton = pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed (pip install triton)")
+needs_triton = pytest.mark.skipif(triton_skip_reason() is not None, reason=triton_skip_reason() or "")
 needs_gpu_bf16 = pytest.mark.skipif(ON_CPU,
                                     reason="bf16 on the GPU (HF_ATTN_VARIANTS_CUDA_TESTS_ON_CPU=1: skipped)")
 
@@ -289,7 +288,7 @@ def test_entropy_invariant_attention_implementations_equal_eager(causal: bool, s
         pytest.skip(reason)
     dtype = torch.bfloat16 if implementation == "flash_attention_2" else torch.float32
     torch.manual_seed(0)
-    config = ei_config(attention_scale=scale, is_decoder=causal)
+    config = ei_config(attention_scale=scale, is_decoder=causal, hidden_size=64)  # heads of 16: flex's least
     config._attn_implementation = "eager"
     model = EntropyInvariantModel(config).to(DEVICE, dtype).train()
     ids, mask = (left_padded if causal else right_padded)(random_ids(2, 10), [10, 6])
@@ -305,6 +304,15 @@ def test_entropy_invariant_attention_implementations_equal_eager(causal: bool, s
         return
     assert_close_to_scale(got, expected)
     assert_same_gradients(got_grads, expected_grads)
+
+
+@pytest.mark.skipif(ON_CPU, reason="the head-size limit is FlexAttention's on CUDA (CPU: skipped)")
+def test_flex_attention_on_cuda_refuses_small_heads_in_one_sentence() -> None:
+    model = EntropyInvariantModel(ei_config(attention_scale="entropy_invariant")).to(DEVICE)  # heads of 8
+    model.set_attn_implementation("flex_attention")
+    with pytest.raises(ValueError, match=r"^attn_implementation='flex_attention' on CUDA needs heads of at "
+                                         r"least 16 dimensions .* hidden_size / num_attention_heads is 8"):
+        model(random_ids(1, 6).to(DEVICE))
 
 
 # ---------------------------------------------------------------------------------- packed FLASH

@@ -15,13 +15,12 @@ from hf_attn_variants import GAUConfig, GAUForCausalLM, GAUModel
 from hf_attn_variants.models import gau_triton
 from hf_attn_variants.models.gau_kernels import flash_mixed_chunk_attention, relu2_attention
 from hf_attn_variants.models.gau_triton import (
-    TRITON_AVAILABLE,
     triton_flash_intra_chunk,
     triton_relu2_attention,
 )
-from tests.utils import left_padded, random_ids, right_padded
+from tests.utils import left_padded, needs_triton, random_ids, right_padded
 
-pytestmark = pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed (pip install triton)")
+pytestmark = needs_triton()
 
 
 def tensors(batch: int, n_q: int, n_k: int, s: int = 16, e: int = 24, seed: int = 0):

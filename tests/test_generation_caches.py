@@ -114,7 +114,26 @@ def test_static_caches_generate_what_the_dynamic_cache_does(variant: str, cache_
                                      "synthesizer-random+vanilla"])
 def test_offloaded_caches_generate_what_the_dynamic_cache_does(variant: str,
                                                                cache_implementation: str) -> None:
+    if offloaded_static_crashes(cache_implementation):
+        pytest.skip(OFFLOADED_STATIC_CRASH)
     assert_same_generation(build(variant).cuda(), cache_implementation)
+
+
+OFFLOADED_STATIC_CRASH = (
+    "torch 2.10-2.11 can end a compiled generate with cache_implementation='offloaded_static' in a "
+    "segmentation fault (seen on 2.11.0+cu130: in torch._dynamo's store_user_object_weakrefs, from "
+    "cache_utils' update): each such cache makes a new torch.cuda.Stream, and on these versions a freed "
+    "Stream leaves the weakref that dynamo keeps of it dangling (pytorch/pytorch#183403). The pattern, on "
+    "CUDA: "
+    "f = torch.compile(lambda x, s: (torch.cuda.current_stream().wait_stream(s), x + 1)[1]); "
+    "f(x, torch.cuda.Stream()); f(x, torch.cuda.Stream())"
+)
+"""Why the compiled offloaded static cache is not compared on torch < 2.12 (the GPU image's 2.11 among
+them)."""
+
+
+def offloaded_static_crashes(cache_implementation: str) -> bool:
+    return cache_implementation == "offloaded_static" and version_tuple(torch.__version__) < (2, 12)
 
 
 def flash_gau() -> GAUForCausalLM:

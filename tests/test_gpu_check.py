@@ -21,11 +21,13 @@ from tools.docs_results import ResultsError, render_docs, view_function
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-RESULT_FILES = ("environment-gpu.json", "tests-gpu.json", "benchmarks-gpu.json", "decoding-gpu.json")
+PARTS = {"tests": ("environment-gpu.json", "tests-gpu.json", "wheel-gpu.json"),
+         "perf": ("environment-gpu.json", "benchmarks-gpu.json", "decoding-gpu.json")}
+"""The results files each part of the check writes."""
 OTHER_FILES = ("gpu-check.log", "stages.tsv")
 PROVENANCE = {"kind", "command", "machine", "versions", "date", "dry_run"}
 
-pytestmark = pytest.mark.slow  # one dry run of the whole script: about 40 s on 2 cores
+pytestmark = pytest.mark.slow  # a dry run of each part of the script: about a minute each on 2 cores
 
 
 def load_driver() -> ModuleType:
@@ -54,12 +56,12 @@ def run_script(out: Path, *arguments: str, timeout: float = 300, **env: str) -> 
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def run_dry_run(out: Path) -> Path:
-    """Run the dry run into ``out``; fail with the end of its output when the script does not pass."""
-    done = run_script(out, "--dry-run")
+def run_dry_run(out: Path, part: str) -> Path:
+    """Run one part's dry run into ``out``; fail with the end of its output when the script does not pass."""
+    done = run_script(out, "--dry-run", "--part", part)
     if done.returncode != 0:
-        pytest.fail(f"scripts/gpu_check.sh --dry-run exited {done.returncode}:\n{done.stdout[-6000:]}\n"
-                    f"{done.stderr[-3000:]}", pytrace=False)
+        pytest.fail(f"scripts/gpu_check.sh --dry-run --part {part} exited {done.returncode}:\n"
+                    f"{done.stdout[-6000:]}\n{done.stderr[-3000:]}", pytrace=False)
     return out
 
 
@@ -73,20 +75,21 @@ def test_the_script_is_executable() -> None:
     assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
 
 
-def check_every_file_a_gpu_run_brings_back(dry_run: Path) -> None:
+def check_every_file_a_gpu_run_brings_back(dry_run: Path, part: str) -> None:
     names = sorted(p.name for p in dry_run.iterdir())
-    assert names == sorted((*RESULT_FILES, *OTHER_FILES)), names
-    # what comes back
-    assert len(names) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", name) for name in names)
+    assert names == sorted((*PARTS[part], *OTHER_FILES)), names
+    # what comes back from a lent machine: both parts into one folder stay within 8 files
+    assert len({*PARTS["tests"], *PARTS["perf"], *OTHER_FILES}) <= 8
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", name) for name in names)
     stages = [line.split("\t") for line in (dry_run / "stages.tsv").read_text().splitlines()[1:]]
     assert [(stage[0], stage[1]) for stage in stages] == [
-        ("environment", "ok"), ("tests", "ok"), ("bench", "ok"), ("decoding", "ok")], stages
-    for name in RESULT_FILES:
+        (name.removesuffix("-gpu.json").replace("benchmarks", "bench"), "ok") for name in PARTS[part]], stages
+    for name in PARTS[part]:
         data = read(dry_run, name)
         assert PROVENANCE <= data.keys(), (name, sorted(data))
         assert data["dry_run"] is True, name
     log = (dry_run / "gpu-check.log").read_text()
-    assert "wheels:" in log and "every stage ok" in log
+    assert "wheels:" in log and "every stage ok" in log and f"dry run on CPU ({part})" in log
 
 
 def check_the_environment_and_tests_files(dry_run: Path) -> None:
@@ -96,13 +99,15 @@ def check_the_environment_and_tests_files(dry_run: Path) -> None:
             "python"} <= environment["environment"].keys()
     assert environment["environment"]["gpu"] == {"available": False}
     tests = read(dry_run, "tests-gpu.json")["tests"]
-    assert tests["status"] == "passed" and tests["exit_code"] == 0
+    assert tests["status"] == "passed" and tests["exit_code"] == 0, tests
     assert {"counts", "files", "failures", "skipped", "selection", "notes", "command",
             "duration_s"} <= tests.keys()
     # every CUDA test is selected and skips
     assert tests["counts"].get("skipped", 0) > 50 and not tests["failures"]
     assert {"tests/test_cuda.py", "tests/test_flex_attention.py", "tests/test_generation_caches.py"} <= tests[
         "files"].keys()
+    assert "tests/test_gau.py" in tests["selection"]  # the model tests on CPU tensors: collected, not run
+    assert any("collected, not run" in note for note in tests["notes"]), tests["notes"]
     for name in ("environment", "tests"):
         assert view_function("gpu_check", name)(read(dry_run, f"{name}-gpu.json")).startswith(
             "| setting | value |\n|---|---|\n| dry run | yes: on CPU")  # tables, no sentences
@@ -110,6 +115,22 @@ def check_the_environment_and_tests_files(dry_run: Path) -> None:
     assert "| device | no CUDA device |" in shown and "| package torch |" in shown
     shown = view_function("gpu_check", "tests")(read(dry_run, "tests-gpu.json"))
     assert "| status | **passed** |" in shown and "| exit | pytest exit status 0 |" in shown
+
+
+def check_the_wheel_file(dry_run: Path) -> None:
+    """The package's wheel on this torch: admitted by its requirements, accepted by pip offline, imported from
+    the install (not src/), every README quickstart run as written and its model reloaded by remote code."""
+    run = read(dry_run, "wheel-gpu.json")["wheel"]
+    assert run["status"] == "ok", run
+    assert run["file"].startswith("hf_attn_variants-") and run["torch_admitted"] is True
+    assert any(r.startswith("torch>=2.11") for r in run["requires"]), run["requires"]
+    assert run["resolution"]["status"] == "ok"
+    assert "src/" not in run["imported_from"] and run["imported_from"].startswith("<scratch>/package/")
+    assert [q["status"] for q in run["quickstarts"]] == ["ok", "ok", "ok"], run["quickstarts"]
+    assert run["remote_code"]["status"] == "ok", run["remote_code"]
+    assert "class from transformers_modules | package imported: False" in run["remote_code"]["output"]
+    shown = view_function("gpu_check", "wheel")(read(dry_run, "wheel-gpu.json"))
+    assert "| README quickstart 3 | ok" in shown and "(admitted by the requirements)" in shown
 
 
 def check_the_bench_file(dry_run: Path) -> None:
@@ -129,41 +150,85 @@ def check_the_bench_file(dry_run: Path) -> None:
 def check_the_decoding_file(dry_run: Path) -> None:
     data = read(dry_run, "decoding-gpu.json")
     settings = data["settings"]
-    expected = len(data["models"]) * len(settings["batches"]) * len(settings["contexts"])
-    assert len(data["models"]) == 4 and len(data["rows"]) == expected and data["gpu_check"]["complete"]
+    dynamic = [r for r in data["rows"] if r["cache"] == "dynamic"]
+    assert len(data["models"]) == 4 and data["gpu_check"]["complete"]
+    assert len(dynamic) == len(data["models"]) * len(settings["batches"]) * len(settings["contexts"])
     assert "synthesizer" in settings["excluded"]
+    assert settings["sdpa_backends"] == ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
+    # the static cache at batch 1 for every model that takes one; FLASH refuses it in one sentence
+    static = {r["model"] for r in data["rows"] if r["cache"] == "static"}
+    assert static == {"llama", "entropy_invariant", "gau_softmax_plus"}, static
+    assert [(e["model"], e["cache"]) for e in data["not_measured"]] == [("gau_flash", "static")]
+    assert data["not_measured"][0]["reason"].startswith("refused: ")
+    # a profile per model, the baseline's also with torch's own choice of SDPA kernels
+    assert set(data["profiles"]) == {*data["models"], "llama, default SDPA backends"}
+    profile = data["profiles"]["llama"]
+    assert profile["steps"] == settings["new_tokens"] - 1 and profile["cpu_ops_per_step"] > 0
+    assert profile["top_cpu"] and all(item["calls"] > 0 for item in profile["top_cpu"])
     text = view_function("decoding", "table")(data)
     assert text.startswith("| setting | value |") and "| new tokens (greedy `generate`) |" in text
+    assert "Static cache:" in text and "| not timed: `gau_flash` with the static cache | refused: " in text
+    profiles = view_function("decoding", "profiles")(data)
+    assert "| `llama, default SDPA backends` |" in profiles
+    fastest = view_function("decoding", "fastest")(data)
+    assert fastest.startswith("| batch | context | fastest decoder |")
 
 
 def check_publish(dry_run: Path, tmp_path: Path) -> None:
+    """Two runs published side by side, the first never overwritten; the page leads with the fastest
+    tables of the newest run and has a section per run."""
     driver = load_driver()
     with pytest.raises(ResultsError, match="dry run"):
-        driver.publish(dry_run, tmp_path)
+        driver.publish(dry_run, tmp_path, "a run")
     tmp_path.mkdir()
-    written = driver.publish(dry_run, tmp_path, allow_dry_run=True)
-    page = tmp_path / "docs" / "benchmarks-gpu.md"
-    assert str(page) in written
-    text = page.read_text()
-    for name in ("environment-gpu environment", "tests-gpu tests", "decoding-gpu table",
-                 "benchmarks-gpu report"):
-        assert f"<!-- results: {name} -->" in text
-    assert "## Results" in text and "FLASH GAU (Triton kernels and torch path)" in text
-    assert "The CUDA test selection: its outcome" in text  # the page's own sentences, outside the regions
-    assert render_docs(tmp_path, [page], check=True) == []
+    with pytest.raises(ResultsError, match="^--title: "):
+        driver.publish(dry_run, tmp_path, " ", allow_dry_run=True)
+    written = driver.publish(dry_run, tmp_path, "the first run", allow_dry_run=True)
+    results = tmp_path / "docs" / "results"
+    first = sorted(results.glob("decoding-gpu-*.json"))
+    assert len(first) == 1 and str(first[0]) in written
+    before = first[0].read_bytes()
+    driver.publish(dry_run, tmp_path, "the second run", allow_dry_run=True)
+    runs = driver.published_runs(tmp_path)
+    assert [r["title"] for r in runs] == ["the first run", "the second run"]
+    assert runs[1]["id"] == runs[0]["id"] + "-2" and first[0].read_bytes() == before
+    page = (tmp_path / "docs" / "benchmarks-gpu.md").read_text()
+    assert page.index("## Fastest on this GPU") < page.index("## Runs")
+    newest, oldest = (page.index(f"### `{run['id']}`: the {which} run")
+                      for run, which in ((runs[1], "second"), (runs[0], "first")))
+    assert newest < oldest
+    for view in ("fastest", "table", "profiles", "report"):
+        assert f"-gpu-{runs[1]['id']} {view} -->" in page, view
+    assert f"<!-- results: benchmarks-gpu-{runs[1]['id']} fastest -->" in page  # the lead: the newest run
+    assert (tmp_path / "docs" / f"benchmarks-gpu-{runs[0]['id']}_time.png").is_file()
+    assert render_docs(tmp_path, [tmp_path / "docs" / "benchmarks-gpu.md"], check=True) == []
     assert {p.relative_to(tmp_path).parts[0] for p in tmp_path.rglob("*")} == {"docs"}  # nothing else
 
 
-def test_the_dry_run_goes_through_every_stage_and_its_results_render(tmp_path: Path) -> None:
-    """One dry run (about 40 s on 2 cores; one test, so that pytest-xdist runs it once): every file a GPU run
-    brings back, with what its view reads, and docs/benchmarks-gpu.md rendered from them (a dry run refused
-    for the docs)."""
-    out = run_dry_run(tmp_path / "out")
-    check_every_file_a_gpu_run_brings_back(out)
+def test_the_tests_part_goes_through_its_stages_on_cpu(tmp_path: Path) -> None:
+    """The tests part's dry run (about a minute on 2 cores): the environment, the CUDA selection (every CUDA
+    test skips; the model tests are collected) and the wheel stage in full (build, pip's verdict, the README
+    quickstarts from the installed wheel, the reload through remote code)."""
+    out = run_dry_run(tmp_path / "out", "tests")
+    check_every_file_a_gpu_run_brings_back(out, "tests")
     check_the_environment_and_tests_files(out)
+    check_the_wheel_file(out)
+
+
+def test_the_perf_part_goes_through_its_stages_on_cpu_and_its_results_publish(tmp_path: Path) -> None:
+    """The perf part's dry run (about 40 s on 2 cores): bench and decoding at tiny sizes, then published
+    twice into a scratch docs/ (a dry run refused for the real docs)."""
+    out = run_dry_run(tmp_path / "out", "perf")
+    check_every_file_a_gpu_run_brings_back(out, "perf")
     check_the_bench_file(out)
     check_the_decoding_file(out)
     check_publish(out, tmp_path / "root")
+
+
+def test_a_part_the_script_does_not_have_is_refused_in_one_line(tmp_path: Path) -> None:
+    done = run_script(tmp_path / "out", "--part", "everything", timeout=30)
+    assert done.returncode == 2 and done.stderr == "gpu_check.sh: --part takes tests, perf or all\n"
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_stage_that_fails_or_runs_out_of_time_fails_the_script(tmp_path: Path) -> None:
@@ -173,14 +238,14 @@ def test_a_stage_that_fails_or_runs_out_of_time_fails_the_script(tmp_path: Path)
                     'case "$2" in environment) exit 1 ;; tests) exit 2 ;; *) sleep 30 ;; esac\n')
     fake.chmod(0o755)
     out = tmp_path / "out"
-    done = run_script(out, "--dry-run", timeout=120, PYTHON=str(fake), GPU_CHECK_BUDGET_BENCH="1",
-                      GPU_CHECK_BUDGET_DECODING="1")
+    done = run_script(out, "--dry-run", timeout=120, PYTHON=str(fake), GPU_CHECK_BUDGET_WHEEL="1",
+                      GPU_CHECK_BUDGET_BENCH="1", GPU_CHECK_BUDGET_DECODING="1")
     assert done.returncode == 1, done.stdout
     verdicts = [line.split("\t")[:2] for line in (out / "stages.tsv").read_text().splitlines()[1:]]
-    assert verdicts == [["environment", "failed"], ["tests", "error (exit status 2)"], ["bench", "timed out"],
-                        ["decoding", "timed out"]]
-    assert ("not ok: environment: failed;tests: error (exit status 2);bench: timed out;decoding: timed "
-            "out") in done.stdout
+    assert verdicts == [["environment", "failed"], ["tests", "error (exit status 2)"], ["wheel", "timed out"],
+                        ["bench", "timed out"], ["decoding", "timed out"]]
+    assert ("not ok: environment: failed;tests: error (exit status 2);wheel: timed out;bench: timed out;"
+            "decoding: timed out") in done.stdout
 
 
 def test_the_bench_skips_what_its_budget_cannot_hold(tmp_path: Path) -> None:
@@ -202,37 +267,60 @@ def test_the_bench_skips_what_its_budget_cannot_hold(tmp_path: Path) -> None:
                if r.status == "skipped") and data["gpu_check"]["complete"]
 
 
-JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
-<testcase classname="tests.test_cuda" name="test_a[x]" time="0.1"/>
-<testcase classname="tests.test_cuda" name="test_b" time="0.1">
-<failure message="AssertionError: 1 != 2 | `x`">long
-text</failure></testcase>
-<testcase classname="tests.test_generation_caches" name="test_c" time="0.0">
-<skipped message="needs CUDA"/></testcase>
-<testcase classname="tests.test_cuda" name="test_d" time="0.0">
-<error message="fixture broke"/></testcase>
-</testsuite></testsuites>"""
+SAMPLE_TESTS = """
+import ctypes
+import pytest
+
+def test_passes():
+    pass
+
+def test_fails():
+    assert 1 == 2, "one is not two"
+
+@pytest.mark.skip(reason="needs CUDA")
+def test_skips():
+    pass
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("fixture broke")
+
+def test_errors(broken):
+    pass
+
+def test_crashes():
+    ctypes.string_at(0)  # a segmentation fault
+"""
 
 
-def test_pytest_outcomes_are_read_from_junit_and_from_output(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [0, 2], ids=["one-process", "xdist"])
+def test_every_outcome_and_a_crash_reach_the_results_as_they_happen(tmp_path: Path, workers: int) -> None:
+    """A crash (a segmentation fault) is that test's failure with faulthandler's traceback, with or without
+    pytest-xdist (which replaces the worker); the other outcomes, messages and skip reasons come from the
+    plugin's lines, and the file was rewritten while pytest ran."""
     driver = load_driver()
-    junit = tmp_path / "junit.xml"
-    junit.write_text(JUNIT)
-    summary = driver.summarise(driver.junit_cases(junit))
-    assert summary["counts"] == {"passed": 1, "failed": 1, "skipped": 1, "errors": 1}
-    assert summary["files"]["tests/test_cuda.py"] == {"passed": 1, "failed": 1, "errors": 1}
-    assert summary["failures"][0] == {"test": "tests/test_cuda.py::test_b",
-                                      "message": "AssertionError: 1 != 2 / 'x'"}
-    assert summary["skipped"] == [{"reason": "needs CUDA",
-                                   "tests": ["tests/test_generation_caches.py::test_c"]}]
-    lines = ["tests/test_cuda.py::test_a[x] PASSED    [ 50%]",
-             "[gw1] [ 75%] FAILED tests/test_cuda.py::test_b",
-             "FAILED tests/test_cuda.py::test_b - AssertionError",
-             "tests/test_cuda.py::test_e SKIPPED (why) [ 99%]"]
-    cases = driver.cases_from_output(lines)
-    assert [(c["test"], c["outcome"]) for c in cases] == [
-        ("tests/test_cuda.py::test_a[x]", "passed"), ("tests/test_cuda.py::test_b", "failed"),
-        ("tests/test_cuda.py::test_e", "skipped")]
+    tests = tmp_path / "test_sample.py"
+    tests.write_text(SAMPLE_TESTS)
+    seen: list[int] = []
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run, cases, command = driver.pytest_cases([str(tests)], env, workers, 120, notes := [],
+                                              lambda so_far: seen.append(len(so_far)))
+    outcomes = {case["test"].split("::")[1]: case for case in cases}
+    assert {name: case["outcome"] for name, case in outcomes.items()} == {
+        "test_passes": "passed", "test_fails": "failed", "test_skips": "skipped", "test_errors": "errors",
+        "test_crashes": "failed"}, (run.lines[-40:], notes)
+    assert "one is not two" in outcomes["test_fails"]["message"]
+    assert "fixture broke" in outcomes["test_errors"]["message"]
+    assert outcomes["test_skips"]["message"] == "needs CUDA"
+    crash = outcomes["test_crashes"]
+    assert crash["message"].startswith("the process crashed: Fatal Python error: Segmentation fault"), crash
+    assert "test_sample.py\", line 23 in test_crashes" in crash["traceback"], crash["traceback"]
+    assert seen and max(seen) >= 3  # outcomes were handed over while pytest ran
+    summary = driver.summarise(cases)
+    assert summary["counts"] == {"passed": 1, "failed": 2, "skipped": 1, "errors": 1}
+    assert [(s["reason"], [t.rpartition("/")[2] for t in s["tests"]]) for s in summary["skipped"]] == [
+        ("needs CUDA", ["test_sample.py::test_skips"])]
+    assert "-p gpu_check_pytest" in command
     assert [driver.tests_status(code) for code in (0, 1, 2, 5, None)] == [
         "passed", "failed", "error", "error", "timed out"]
 

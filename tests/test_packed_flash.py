@@ -19,10 +19,9 @@ import torch
 from hf_attn_variants import GAUForCausalLM, GAUForMaskedLM
 from hf_attn_variants.models import gau_kernels, modeling_gau
 from hf_attn_variants.models.gau_kernels import DocumentChunks, flash_mixed_chunk_attention
-from hf_attn_variants.models.gau_triton import TRITON_AVAILABLE
 from hf_attn_variants.models.layers import packed_document_ids
 from tests.test_gau import tiny
-from tests.utils import random_ids
+from tests.utils import needs_triton, random_ids
 
 ROWS = ((8, 8, 16), (16, 4, 12))
 """Document lengths of the two packed rows: multiples of 4 (chunk 4 divides every document)."""
@@ -180,7 +179,7 @@ def test_segmented_sums_equal_each_document_alone(causal) -> None:
         torch.testing.assert_close(got[:, where], alone, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed (pip install triton)")
+@needs_triton()
 @pytest.mark.parametrize("causal", [True, False])
 def test_the_triton_packed_path_equals_the_torch_one(causal) -> None:
     model_class = GAUForCausalLM if causal else GAUForMaskedLM

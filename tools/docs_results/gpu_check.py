@@ -9,8 +9,14 @@ Data (besides the provenance fields): ``dry_run`` (a CPU rehearsal, never publis
   multiprocessors, cuda, cudnn, bf16}, nvidia_smi: {query | error}, matmul_tflops, packages: {name: version |
   None}, wheels: [file names], python, triton_interpret}``;
 - ``tests-gpu.json``: ``tests`` = ``{status, exit_code, duration_s, command, selection, notes, counts:
-  {passed, failed, skipped, errors}, files: {file: counts}, failures: [{test, message}], skipped: [{reason,
-  tests}]}``.
+  {passed, failed, skipped, errors}, files: {file: counts}, failures: [{test, message, traceback}],
+  skipped: [{reason, tests}]}`` (``status`` "running" while pytest runs: the file is rewritten at every
+  outcome);
+- ``wheel-gpu.json``: ``wheel`` = ``{status, file, origin, requires, torch, torch_admitted, resolution:
+  {status, would_install | message}, imported_from, quickstarts: [{quickstart, first_line, status, reason?,
+  seconds?, output?}], remote_code: {status, reason?, output?}}``.
+
+Published runs carry ``published`` (``{name, run, title}``) and are named ``<file>-<run>.json``.
 """
 
 from __future__ import annotations
@@ -92,4 +98,30 @@ def tests(data: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-__all__ = ["environment", "tests"]
+def wheel(data: dict[str, Any]) -> str:
+    """A table of the package as a user installs it on the machine's torch: the wheel, its requirements,
+    pip's verdict, each README quickstart and the reload through remote code."""
+    run = _section(data, "wheel")
+    resolution = run["resolution"]
+    verdict = ("accepted" + (f"; would install {', '.join(resolution['would_install'])}"
+                             if resolution.get("would_install") else "")
+               if resolution["status"] == "ok" else f"refused: {resolution.get('message', '')}")
+    admitted = "admitted" if run["torch_admitted"] else "excluded"
+    rows = [*_dry_run_rows(data), ("status", f"**{run['status']}**"),
+            ("wheel", f"`{run['file']}` ({run['origin']})"),
+            ("requires", ", ".join(f"`{r}`" for r in run["requires"])),
+            ("this machine's torch", f"{run['torch']} ({admitted} by the requirements)"),
+            ("`pip install --dry-run --no-index`", verdict),
+            ("imported from", f"`{run.get('imported_from', '')}`")]
+    for quickstart in run.get("quickstarts") or []:
+        outcome = quickstart["status"] + (f": {quickstart['reason']}" if quickstart.get("reason") else "")
+        took = f" ({quickstart['seconds']:.0f} s)" if quickstart.get("seconds") is not None else ""
+        rows.append((f"README quickstart {quickstart['quickstart']}", outcome + took))
+    remote = run.get("remote_code") or {}
+    if remote:
+        rows.append(("quickstart 1's model reloaded through its remote code alone",
+                     remote["status"] + (f": {remote['reason']}" if remote.get("reason") else "")))
+    return settings_table(rows) + f"\n\n{source_line(data)}"
+
+
+__all__ = ["environment", "tests", "wheel"]

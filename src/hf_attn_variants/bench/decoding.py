@@ -21,6 +21,7 @@ context) ÷ (at the shortest).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from ..models.configuration_entropy_invariant import EntropyInvariantConfig
@@ -120,51 +122,137 @@ class StepClock(LogitsProcessor):
         return scores
 
 
-def time_generate(model: torch.nn.Module, batch: int, context: int, new_tokens: int,
-                  seed: int = 0) -> dict[str, Any]:
+def generate(model: torch.nn.Module, batch: int, context: int, new_tokens: int, clock: StepClock,
+             seed: int = 0, cache_implementation: str | None = None,
+             sdpa_backends: Sequence[SDPBackend] | None = None) -> None:
     """Greedy ``generate`` of ``new_tokens`` (end of sequence never stops it) after a random prompt of
-    ``context`` tokens per row (on the model's device): ``{prefill_s, step_ms (median), steps,
-    tokens_per_s}``."""
+    ``context`` tokens per row, on the model's device, with ``cache_implementation`` (``None``: the default
+    dynamic cache; ``"static"`` is compiled by Transformers on CUDA) and, when given, only ``sdpa_backends``
+    for every ``scaled_dot_product_attention`` (``DECODING_SDPA_BACKENDS``)."""
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(1, model.config.vocab_size, (batch, context), generator=generator, device="cpu")
     prompt = prompt.to(next(model.parameters()).device)
-    clock = StepClock()
-    started = time.perf_counter()
-    with torch.no_grad():
+    cache = {} if cache_implementation is None else {"cache_implementation": cache_implementation}
+    backends = sdpa_kernel(list(sdpa_backends)) if sdpa_backends else contextlib.nullcontext()
+    with torch.no_grad(), backends:
         model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
                        min_new_tokens=new_tokens, do_sample=False,
                        logits_processor=LogitsProcessorList([clock]),
-                       pad_token_id=0)
+                       pad_token_id=0, **cache)
+
+
+def time_generate(model: torch.nn.Module, batch: int, context: int, new_tokens: int,
+                  seed: int = 0, cache_implementation: str | None = None,
+                  sdpa_backends: Sequence[SDPBackend] | None = None) -> dict[str, Any]:
+    """``generate`` timed by a ``StepClock``: ``{prefill_s, step_ms (median), steps, tokens_per_s}``."""
+    clock = StepClock()
+    started = time.perf_counter()
+    generate(model, batch, context, new_tokens, clock, seed, cache_implementation, sdpa_backends)
     steps = [b - a for a, b in zip(clock.times, clock.times[1:])]
     step = statistics.median(steps)
     return {"prefill_s": clock.times[0] - started, "step_ms": 1e3 * step, "steps": len(steps),
             "tokens_per_s": batch / step}
 
 
-def measure(names: Sequence[str], batches: Sequence[int], contexts: Sequence[int], new_tokens: int,
-            size: DecodingSize = DecodingSize(), log: Callable[[str], None] = print, device: str = "cpu",
-            dtype: torch.dtype | None = None) -> list[dict[str, Any]]:
-    """One row per model × batch × context (``time_generate``), each model built once for the longest sequence
-    (on ``device``, its weights cast to ``dtype`` when given), after one short warm-up generation; rows carry
-    the model's parameter count without embeddings."""
+DECODING_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+"""The ``scaled_dot_product_attention`` kernels every decoding measurement allows, for every model alike.
+
+Not cuDNN's: torch tries it first on sm90/sm100 when its cuDNN is 9.15 or newer (torch 2.11's wheels are), and
+cuDNN builds an execution plan for each new shape, so with a dynamic cache at every decoding step (the key
+length grows by one). That is a fixed host cost per step at any batch or context, the shape of the stock
+Llama's 90 ms steps in the first GPU run (its entropy-invariant twin took 19–28 ms); the profiles that
+``scripts/gpu_check.py decoding`` writes show which kernels each model ran."""
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "cudaMemcpyAsync")
+"""Runtime calls that make the host wait for the GPU (a device-to-host copy among them)."""
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
+
+
+def profile_generate(model: torch.nn.Module, batch: int, context: int, new_tokens: int, top: int = 8,
+                     cache_implementation: str | None = None,
+                     sdpa_backends: Sequence[SDPBackend] | None = None) -> dict[str, Any]:
+    """What one greedy ``generate`` spends its decoding steps on, from ``torch.profiler`` (CPU, and CUDA
+    where the model is): ``{steps, wall_ms_per_step, cpu_ops_per_step, kernels_per_step, launches_per_step,
+    syncs_per_step, gpu_ms_per_step, top_cpu: [{name, calls, self_ms}], top_kernels: [{name, calls, ms}]}``,
+    per step counts over the whole call (prefill included) ÷ the steps. A step far slower than its GPU time
+    with few kernels is host-bound; many syncs per step point to a host read of a device value."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_cuda = next(model.parameters()).is_cuda
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_cuda else [])]
+    clock = StepClock()
+    with profile(activities=activities) as profiler:
+        generate(model, batch, context, new_tokens, clock, cache_implementation=cache_implementation,
+                 sdpa_backends=sdpa_backends)
+    events = profiler.key_averages()
+    steps = max(len(clock.times) - 1, 1)
+    per_step = (clock.times[-1] - clock.times[0]) / steps if len(clock.times) > 1 else 0.0
+
+    def device_us(event: Any) -> float:
+        return float(getattr(event, "self_device_time_total", 0.0) or 0.0)
+
+    kernels = [e for e in events if device_us(e) > 0 and not e.key.startswith(("aten::", "cuda", "cu"))]
+    cpu_ops = [e for e in events if e.key.startswith("aten::")]
+    calls = {e.key: e.count for e in events}
+    return {
+        "batch": batch, "context": context, "steps": steps, "cache": cache_implementation or "dynamic",
+        "wall_ms_per_step": round(1e3 * per_step, 3),
+        "cpu_ops_per_step": round(sum(e.count for e in cpu_ops) / steps, 1),
+        "kernels_per_step": round(sum(e.count for e in kernels) / steps, 1),
+        "launches_per_step": round(sum(calls.get(name, 0) for name in LAUNCH_CALLS) / steps, 1),
+        "syncs_per_step": round(sum(calls.get(name, 0) for name in SYNC_CALLS) / steps, 2),
+        "gpu_ms_per_step": round(sum(device_us(e) for e in kernels) / 1e3 / steps, 3),
+        "top_cpu": [{"name": e.key, "calls": e.count, "self_ms": round(e.self_cpu_time_total / 1e3, 2)}
+                    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]],
+        "top_kernels": [{"name": e.key[:120], "calls": e.count, "ms": round(device_us(e) / 1e3, 3)}
+                        for e in sorted(kernels, key=lambda e: -device_us(e))[:top]],
+    }
+
+
+def build_decoder(name: str, size: DecodingSize, longest: int, device: str = "cpu",
+                  dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """``DECODERS[name]`` for sequences of up to ``longest`` tokens, in eval mode, its parameters created on
+    ``device`` (seed 0) and cast to ``dtype`` when given."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = DECODERS[name][1](size, longest).eval()
+    return model if dtype is None else model.to(dtype=dtype)
+
+
+def measure_model(model: torch.nn.Module, name: str, batches: Sequence[int], contexts: Sequence[int],
+                  new_tokens: int, log: Callable[[str], None] = print,
+                  cache_implementation: str | None = None,
+                  sdpa_backends: Sequence[SDPBackend] | None = None) -> list[dict[str, Any]]:
+    """One row per batch × context (``time_generate``) after one short warm-up generation; rows carry the
+    model's parameter count without embeddings and the cache (``"dynamic"`` for the default)."""
+    parameters = model.num_parameters(exclude_embeddings=True)
+    cache = cache_implementation or "dynamic"
+    time_generate(model, 1, min(contexts), 4, cache_implementation=cache_implementation,
+                  sdpa_backends=sdpa_backends)
     rows = []
-    longest = max(contexts) + new_tokens
-    for name in names:
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = DECODERS[name][1](size, longest).eval()
-        if dtype is not None:
-            model = model.to(dtype=dtype)
-        parameters = model.num_parameters(exclude_embeddings=True)
-        time_generate(model, 1, min(contexts), 4)
-        for batch in batches:
-            for context in contexts:
-                row = {"model": name, "batch": batch, "context": context, "parameters": parameters,
-                       **time_generate(model, batch, context, new_tokens)}
-                log(f"  {name:18s} batch {batch:2d} context {context:5d}: prefill {row['prefill_s']:.2f} s, "
-                    f"step {row['step_ms']:.1f} ms, {row['tokens_per_s']:.0f} tokens/s")
-                rows.append(row)
+    for batch in batches:
+        for context in contexts:
+            timing = time_generate(model, batch, context, new_tokens,
+                                   cache_implementation=cache_implementation, sdpa_backends=sdpa_backends)
+            row = {"model": name, "cache": cache, "batch": batch, "context": context,
+                   "parameters": parameters, **timing}
+            log(f"  {name:18s} {cache:7s} batch {batch:2d} context {context:5d}: prefill "
+                f"{row['prefill_s']:.2f} s, step {row['step_ms']:.1f} ms, {row['tokens_per_s']:.0f} tokens/s")
+            rows.append(row)
     return rows
 
 
-__all__ = ["DECODERS", "DecodingSize", "StepClock", "measure", "time_generate"]
+def measure(names: Sequence[str], batches: Sequence[int], contexts: Sequence[int], new_tokens: int,
+            size: DecodingSize = DecodingSize(), log: Callable[[str], None] = print, device: str = "cpu",
+            dtype: torch.dtype | None = None) -> list[dict[str, Any]]:
+    """``measure_model`` of each model, built once for the longest sequence (``build_decoder``), with the
+    default dynamic cache."""
+    longest = max(contexts) + new_tokens
+    return [row for name in names
+            for row in measure_model(build_decoder(name, size, longest, device, dtype), name, batches,
+                                     contexts, new_tokens, log)]
+
+
+__all__ = ["DECODERS", "DECODING_SDPA_BACKENDS", "DecodingSize", "StepClock", "build_decoder", "generate",
+           "measure", "measure_model", "profile_generate", "time_generate"]

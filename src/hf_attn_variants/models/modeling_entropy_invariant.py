@@ -125,6 +125,20 @@ def eager_attention_forward(
     return output, probs
 
 
+FLEX_MIN_HEAD_SIZE = 16
+"""The smallest head size torch's FlexAttention kernel takes on CUDA (its Triton template's ``tl.dot``)."""
+
+
+def check_flex_head_size(head_dim: int) -> None:
+    """One sentence instead of Inductor's deep ``NotImplementedError`` when FlexAttention on CUDA cannot take
+    heads of ``head_dim``."""
+    if head_dim < FLEX_MIN_HEAD_SIZE:
+        raise ValueError(
+            f"attn_implementation='flex_attention' on CUDA needs heads of at least {FLEX_MIN_HEAD_SIZE} "
+            f"dimensions (torch's FlexAttention kernel), but this model's hidden_size / num_attention_heads "
+            f"is {head_dim}: use attn_implementation='sdpa' or 'eager', or fewer, wider heads.")
+
+
 class EntropyInvariantAttention(ShardedUnits, nn.Module):
     """Multi-head attention with logits s(nᵢ) · q·k/√d, s given by ``config.attention_scale`` (in the layers
     ``attention_scale_layers`` names; RoPE in the layers ``no_rope_layers`` marks 1).
@@ -205,6 +219,8 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         if factor is not None:
             query = (upcast(query) * factor).to(query.dtype)
 
+        if self.config._attn_implementation == "flex_attention" and query.is_cuda:
+            check_flex_head_size(self.head_dim)
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
                                                              eager_attention_forward)
         if attention_fn is eager_attention_forward and attention_mask is None:
