@@ -11,8 +11,9 @@
 #
 # Stages, each under a time budget and each writing its results file as soon as it has something to save:
 #   environment  environment-gpu.json GPU, driver, a bf16 matrix-product speed, package versions, wheels
-#   tests        tests-gpu.json       the CUDA tests (scripts/gpu_check.py: CUDA_TESTS), from pytest; every
-#                                     outcome written when pytest has it, a crash kept with its traceback
+#   tests        tests-gpu.json       the CUDA tests (scripts/gpu_check.py: CUDA_TESTS), then the model tests
+#                                     on CPU tensors (CPU_TESTS); every outcome written when pytest has it,
+#                                     a crash kept with its traceback
 #   wheel        wheel-gpu.json       the package's wheel resolved against this machine's torch, installed
 #                                     without dependencies, the README quickstarts run from it, a saved
 #                                     model reloaded through its remote code alone
@@ -25,12 +26,12 @@
 # Wheels in .whl/ (`make gpu-wheels`) are installed into a scratch folder first and put on PYTHONPATH; without
 # any the machine's own packages are used. The package itself comes from src/ (PYTHONPATH) for every stage but
 # wheel, which installs its own wheel (.whl/hf_attn_variants-*.whl, or one built from this checkout).
-# Publish what came back: python scripts/gpu_check.py publish DIR (docs/results/*-gpu.json,
-# docs/benchmarks-gpu.md).
+# Publish what came back as a new run: python scripts/gpu_check.py publish DIR --title "what the run was"
+# (docs/results/*-gpu-<run>.json, docs/benchmarks-gpu.md).
 set -euo pipefail
 
 usage() {
-    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 DRY_RUN=0
@@ -171,7 +172,7 @@ done
 rm -f "$OUT_DIR"/*.tmp
 results=("$OUT_DIR"/*)
 say "results in $OUT_DIR: ${results[*]##*/}"
-say "publish them from the repository root: python scripts/gpu_check.py publish <that folder>"
+say "publish them from the repository root: python scripts/gpu_check.py publish <that folder> --title '...'"
 if ((${#FAILED[@]})); then
     say "done in $SECONDS s; not ok: $(IFS=';'; echo "${FAILED[*]}")"
     exit 1
