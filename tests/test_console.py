@@ -182,4 +182,5 @@ def test_every_subcommand_help_answers_with_the_core_install_alone() -> None:
         assert answer["code"] == 0 and f"usage: hf-attn-variants {name}" in answer["out"], (name, answer)
         assert "--" in answer["out"] and "Traceback" not in answer["err"], (name, answer)
         if SUBCOMMANDS[name].extras:
-            assert "not installed here: pip install 'hf_attn_variants[" in " ".join(answer["out"].split()), name
+            text = " ".join(answer["out"].split())
+            assert "not installed here: pip install 'hf_attn_variants[" in text, name

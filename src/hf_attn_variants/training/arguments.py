@@ -97,7 +97,8 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
             "mlm_probability", "max_train_samples", "max_eval_samples", "preprocessing_num_workers"),
         "output": (
             "output_dir", "overwrite_output_dir", "logging_steps", "eval_steps", "checkpointing_steps",
-            "save_total_limit", "resume_from_checkpoint", "with_tracking", "disable_tqdm"),
+            "checkpointing_minutes", "save_total_limit", "resume_from_checkpoint", "with_tracking",
+            "disable_tqdm"),
         "training": (
             "max_train_steps", "num_train_epochs", "per_device_train_batch_size",
             "per_device_eval_batch_size", "gradient_accumulation_steps", "learning_rate", "lr_scheduler_type",
@@ -185,7 +186,15 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
     gradient_accumulation_steps: int = field(default=1,
                                              metadata={"help": "Micro-batches per optimizer step."})
     checkpointing_steps: str | None = field(
-        default=None, metadata={"help": 'Save a checkpoint every N optimizer steps, or "epoch".'}
+        default=None,
+        metadata={"help": 'Save a checkpoint every N optimizer steps, or "epoch" (besides the one every '
+                  "--checkpointing_minutes)."},
+    )
+    checkpointing_minutes: float = field(
+        default=10.0,
+        metadata={"help": "Also save a checkpoint once this many minutes have passed since the last one (or "
+                  "the start), so that a kill loses at most that much training; 0 = only "
+                  "--checkpointing_steps."},
     )
     save_total_limit: int | None = field(
         default=None,
@@ -310,6 +319,7 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
         check_percentage("validation_split_percentage", self.validation_split_percentage)
         check_seed("seed", self.seed)
         check_number("mlm_probability", self.mlm_probability, 0, 1, open_low=True, open_high=True)
+        check_number("checkpointing_minutes", self.checkpointing_minutes, 0)
         check_adamw(self)
 
     def _check_schedules(self) -> None:
