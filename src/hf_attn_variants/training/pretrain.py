@@ -81,6 +81,7 @@ import torch
 
 from ..cli_utils import FlagError, check_model_source, check_output_dir, quiet_progress
 from .arguments import SCHEDULER_TYPES, PretrainArguments
+from .checkpoint_model import write_model_files
 from .checkpoints import (
     AUTOMATIC,
     CHECKPOINT_DIR,
@@ -495,7 +496,7 @@ def check_output_folder_of(args: PretrainArguments) -> FolderState:
               "tokenizer_name": args.tokenizer_name}
     return check_output_folder(PRETRAIN_RULE, args.output_dir, json_arguments(args),
                                overwrite=args.overwrite_output_dir, resume=args.resume_from_checkpoint,
-                               inputs=inputs)
+                               inputs=inputs, write_into=args.write_into_output_dir)
 
 
 def checkpoint_to_resume(args: PretrainArguments, folder: FolderState) -> Path | None:
@@ -708,11 +709,21 @@ def checkpoint_name(run: TrainingSetup, completed: int, epoch: int, epoch_end: b
     return None
 
 
+def checkpoint_extras(run: TrainingSetup, folder: Path) -> None:
+    """What a checkpoint holds besides the training state (every rank calls it): a streamed run's data
+    position (each rank), and the language model's ``config.json`` and the tokenizer (the main process), so
+    that ``export`` takes the checkpoint (``checkpoint_model.py``)."""
+    if run.stream is not None:
+        run.stream.save(folder)
+    if run.runtime.is_main_process:
+        write_model_files(folder, language_model(run.runtime.unwrap_model(run.model)), run.tokenizer)
+
+
 def checkpoint_state(run: TrainingSetup, state_of_loop: LoopState, epoch: int) -> dict[str, Any]:
-    """``training_state.json``: the step, epoch and tokens trained on (and, for a sharded run, its format and
-    global batch)."""
+    """``training_state.json``: the step, epoch, tokens trained on and the objective (and, for a sharded run,
+    its format and global batch)."""
     state: dict[str, Any] = {"completed_steps": state_of_loop.completed, "epoch": epoch,
-                             "tokens": state_of_loop.tokens}
+                             "tokens": state_of_loop.tokens, "objective": run.args.objective}
     if run.args.layout.sharded:
         state.update(sharded=True,
                      global_batch_size=run.args.per_device_train_batch_size * run.args.layout.dp_size,
@@ -811,7 +822,7 @@ def after_update(run: TrainingSetup, state: LoopState, epoch: int, epoch_end: bo
     if name:
         saved = save_checkpoint(run.runtime, args.output_dir, name, checkpoint_state(run, state, epoch),
                                 limit=args.save_total_limit, keep=run.checkpoint,
-                                write_extra=run.stream.save if run.stream is not None else None,
+                                write_extra=lambda folder: checkpoint_extras(run, folder),
                                 needed=lambda: training_state_bytes(run.model))
         state.last_checkpoint = time.perf_counter()
         if stopping:
