@@ -435,8 +435,9 @@ def check_model_folder(flag: str, path: str | Path, *, weights: bool = False) ->
                         f"{flag}: {str(folder)!r} holds a LoRA adapter, not a full model (finetune with "
                         f"--lora_merge and use {str(folder / 'merged')!r}).")
     if not (folder / "config.json").exists():
-        raise FlagError(flag, f"{flag}: {str(folder)!r} is not a model folder (it has no config.json)"
-                              f"{model_folder_hint(folder)}.")
+        hint = model_folder_hint(folder)
+        message = f"{flag}: {str(folder)!r} is not a model folder (it has no config.json){hint}"
+        raise FlagError(flag, message if message.endswith("?") else message + ".")
     names = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
     if weights and not any((folder / name).is_file() for name in names):
         raise FlagError(flag,
