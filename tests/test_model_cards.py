@@ -83,24 +83,45 @@ def test_every_card_passes_trust_remote_code_to_every_from_pretrained(exported) 
         assert all("trust_remote_code=True" in call for call in calls), (name, code)
 
 
+def pipeline_last(code: str) -> str:
+    """``code`` with its ``pipeline`` lines moved to the end: the tokenizer and the model load first, in a
+    process where no remote code was trusted yet (a pipeline loaded first would have trusted it for them)."""
+    lines = code.splitlines()
+    piped = [line for line in lines if "pipeline(" in line or "pipe(" in line]
+    return "\n".join([line for line in lines if line not in piped] + piped) + "\n"
+
+
+def run_clean(scripts: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    """``RUNNER`` over ``scripts`` in the cached clean environment, stdin closed, the Hub offline."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    environment.update(HF_HUB_OFFLINE="1", PYTHONNOUSERSITE="1", TOKENIZERS_PARALLELISM="false")
+    return subprocess.run([str(clean_python()), "-c", RUNNER, json.dumps(scripts)], cwd=cwd,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+                          env=environment, check=False)
+
+
 def test_every_card_usage_block_runs_unattended_in_a_clean_environment(exported, tmp_path) -> None:
-    scripts = {}
+    """All blocks as written in one process; then, one process per family, the block with the tokenizer and
+    the model loaded before the pipeline: each ``from_pretrained`` must pass ``trust_remote_code=True`` itself
+    (without it, Transformers prompts; with stdin closed it goes on after printing the question)."""
+    scripts, firsts = {}, {}
     for name, folder in exported.items():
         code = usage_block((folder / "README.md").read_text())
         assert f'"{REPO_ID}"' in code, code
-        script = tmp_path / f"{name}.py"
-        script.write_text(code.replace(f'"{REPO_ID}"', json.dumps(str(folder))))
-        scripts[name] = str(script)
-    python = clean_python()
-    environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    environment.update(HF_HUB_OFFLINE="1", PYTHONNOUSERSITE="1", TOKENIZERS_PARALLELISM="false")
-    result = subprocess.run([str(python), "-c", RUNNER, json.dumps(scripts)], cwd=tmp_path,
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
-                            env=environment, check=False)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-5000:]
-    assert "Do you wish to run the custom code" not in output and "=== all blocks ran" in result.stdout
-    printed = result.stdout.split("=== ")
+        code = code.replace(f'"{REPO_ID}"', json.dumps(str(folder)))
+        (tmp_path / f"{name}.py").write_text(code)
+        scripts[name] = str(tmp_path / f"{name}.py")
+        (tmp_path / f"{name}-pipeline-last.py").write_text(pipeline_last(code))
+        firsts.setdefault(CASES[name][0], {name: str(tmp_path / f"{name}-pipeline-last.py")})
+    printed = ""
+    for batch in (scripts, *firsts.values()):
+        result = run_clean(batch, tmp_path)
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, output[-5000:]
+        assert "Do you wish to run the custom code" not in output, (list(batch), output[-3000:])
+        assert "=== all blocks ran" in result.stdout
+        printed = printed or result.stdout
+    printed = printed.split("=== ")
     for name, (family, auto_class, _) in CASES.items():
         block = next(part for part in printed if part.startswith(name + "\n"))
         prefix = {"entropy_invariant": "EntropyInvariant", "gau": "GAU", "synthesizer": "Synthesizer"}[family]
