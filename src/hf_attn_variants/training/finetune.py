@@ -69,7 +69,15 @@ from ..cli_utils import (
 from .arguments import TASKS, FinetuneArguments, check_adamw
 from .checkpoints import announce_resume, broken_checkpoint_error, newest_resumable, probe_files
 from .modeling import build_config, load_pretrained, load_tokenizer
-from .outputs import FolderState, OutputRule, check_output_folder, finish_run, json_arguments, start_run
+from .outputs import (
+    FolderState,
+    OutputRule,
+    check_output_folder,
+    finish_run,
+    json_arguments,
+    refuse_foreign_files,
+    start_run,
+)
 from .preemption import StopSignals, TrainingPreempted, max_over_ranks, run_training_command, stop_signals
 from .runlock import run_lock
 from .safe_state import failing_save_raises, training_state_bytes
@@ -483,6 +491,7 @@ def _start_writing(prepared: _Prepared) -> None:
     """Every rank has checked the folder; the main process clears it (``--overwrite_output_dir``) and records
     the run in ``run.json``; then every rank goes on."""
     training_args = prepared.training_args
+    refuse_foreign_files(FINETUNE_RULE, prepared.folder)  # every rank, before the barrier
     _barrier(training_args)
     if training_args.process_index == 0:
         start_run(FINETUNE_RULE, prepared.folder, prepared.arguments)

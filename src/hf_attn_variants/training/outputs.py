@@ -9,7 +9,8 @@ anything (``check_output_folder``):
 - the folder is new or empty (hidden files and the run lock aside): the run starts there;
 - the folder holds files no run wrote (a person's notes) and no run: ``FlagError`` naming ``--output_dir`` in
   one sentence that names those files, ``--write_into_output_dir`` (write beside them, keeping them) and
-  ``--overwrite_output_dir`` (clear them first);
+  ``--overwrite_output_dir`` (clear them first) — raised by ``refuse_foreign_files`` once the command has
+  checked its other inputs, just before it writes (so that a bad flag is still the one named first);
 - the folder holds an unfinished run of the same command with the same arguments (``OutputRule.aside``
   excepted: the folder itself, the resume flags, the step budget, logging and checkpoint cadence): the run
   resumes it (the command picks the newest complete checkpoint and says which in one line);
@@ -127,6 +128,9 @@ class FolderState:
     clear: bool = False
     """``--overwrite_output_dir`` on a folder with content: ``start_run`` empties it first."""
     record: RunRecord | None = None
+    foreign: tuple[str, ...] = ()
+    """The names of a person's files in a folder that holds no run (``foreign_files_in``), unless
+    ``--write_into_output_dir``: ``refuse_foreign_files`` refuses the folder."""
 
 
 def json_arguments(*argument_objects: Any) -> dict[str, Any]:
@@ -226,14 +230,7 @@ def check_output_folder(rule: OutputRule, output_dir: str | Path, arguments: Map
             check_clearable(folder, inputs)
         return FolderState(folder, clear=has_content)
     if not found:
-        foreign = foreign_files_in(folder)
-        if foreign and not write_into:
-            shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
-            raise FlagError("output_dir",
-                            f"--output_dir {str(folder)!r} holds files that no {rule.command} run wrote "
-                            f"({shown}); choose another --output_dir, pass --write_into_output_dir to write "
-                            "beside them, or --overwrite_output_dir to delete them first.")
-        return FolderState(folder)
+        return FolderState(folder, foreign=() if write_into else tuple(foreign_files_in(folder)))
     record = _record_of(folder, rule)
     if explicit_resume:
         if record is not None and (names := differing_flags(record.arguments, arguments, rule.aside)):
@@ -258,6 +255,19 @@ def check_output_folder(rule: OutputRule, output_dir: str | Path, arguments: Map
 def _refuse_unrecorded(folder: Path, found: list[str]) -> FolderState:
     shown = ", ".join(found[:4]) + (", …" if len(found) > 4 else "")
     raise _refusal(folder, f"files of an earlier run ({shown}) but no {RUN_FILE} recording its arguments")
+
+
+def refuse_foreign_files(rule: OutputRule, state: FolderState) -> None:
+    """``FlagError`` naming ``--output_dir`` (one sentence) when ``state`` found a person's files and no run
+    there (and no ``--write_into_output_dir``); every process of a launch calls it, before the first write."""
+    if not state.foreign:
+        return
+    names = state.foreign
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    raise FlagError("output_dir",
+                    f"--output_dir {str(state.folder)!r} holds files that no {rule.command} run wrote "
+                    f"({shown}); choose another --output_dir, pass --write_into_output_dir to write beside "
+                    "them, or --overwrite_output_dir to delete them first.")
 
 
 def resume_location(folder: str | Path, checkpoint: str | None) -> str | None:
@@ -306,8 +316,10 @@ def clear_folder(folder: Path) -> None:
 
 
 def start_run(rule: OutputRule, state: FolderState, arguments: Mapping[str, Any]) -> None:
-    """The run starts writing (main process only): clear the folder if ``state.clear``, create it, and record
-    ``arguments`` in ``run.json`` (unfinished)."""
+    """The run starts writing (main process only): refuse a folder of a person's files
+    (``refuse_foreign_files``), clear the folder if ``state.clear``, create it, and record ``arguments`` in
+    ``run.json`` (unfinished)."""
+    refuse_foreign_files(rule, state)
     if state.clear:
         logger.info("%s: --overwrite_output_dir: clearing %s", rule.command, state.folder)
         clear_folder(state.folder)
@@ -340,6 +352,7 @@ __all__ = [
     "foreign_files_in",
     "finish_run",
     "json_arguments",
+    "refuse_foreign_files",
     "resume_location",
     "resumes_inside",
     "run_files_in",

@@ -43,8 +43,13 @@ Re-runs and preemption (``outputs.py``, ``preemption.py``). Rerunning the same c
 complete checkpoint in ``--output_dir`` (one line says which); a folder holding a finished model or another
 run's files is refused before anything is written, unless ``--overwrite_output_dir``. On SIGTERM/SIGUSR1 every
 rank finishes the same optimizer step, writes its checkpoint, and the command exits with
-``PREEMPTED_EXIT_CODE`` (75). ``--save_total_limit N`` keeps the newest N checkpoints and the one resumed
-from.
+``PREEMPTED_EXIT_CODE`` (75); on Ctrl-C at the command line the same, with ``INTERRUPTED_EXIT_CODE`` (130).
+Checkpoints come every ``--checkpointing_minutes`` (10) besides ``--checkpointing_steps``, and carry the
+model's ``config.json`` and the tokenizer (``checkpoint_model.py``: ``export`` takes them). A rerun that finds
+no checkpoint keeps the earlier attempt's ``train_log.jsonl`` as ``train_log.earlier-<k>.jsonl``. From the
+command line the run prints what it will do before its first step and what it did at the end, and draws
+``loss_curve.png`` (``summary.py``). ``--save_total_limit N`` keeps the newest N checkpoints and the one
+resumed from.
 
 Mixed-length pretraining (``mixed_length_splits``; Su 2022, "听说Attention与Softmax更配哦~", the second
 remedy for key-count-normalised attention): each micro-batch's blocks are cut into k equal pieces, k drawn
@@ -115,7 +120,15 @@ from .modeling import (
     has_target_only_mlm_head,
     load_tokenizer,
 )
-from .outputs import FolderState, OutputRule, check_output_folder, finish_run, json_arguments, start_run
+from .outputs import (
+    FolderState,
+    OutputRule,
+    check_output_folder,
+    finish_run,
+    json_arguments,
+    refuse_foreign_files,
+    start_run,
+)
 from .preemption import (
     PREEMPTED_EXIT_CODE,
     StopSignals,
@@ -540,7 +553,9 @@ def check_stream_position(checkpoint: Path, args: PretrainArguments) -> None:
 
 def start_writing(args: PretrainArguments, runtime: TrainingRuntime, folder: FolderState) -> None:
     """Every rank has checked everything; the main process clears the folder (``--overwrite_output_dir``) and
-    records the run in ``run.json``; then every rank goes on."""
+    records the run in ``run.json``; then every rank goes on. A folder of a person's files is refused on every
+    rank first (``refuse_foreign_files``)."""
+    refuse_foreign_files(PRETRAIN_RULE, folder)
     runtime.wait_for_everyone()
     if runtime.is_main_process:
         start_run(PRETRAIN_RULE, folder, json_arguments(args))
