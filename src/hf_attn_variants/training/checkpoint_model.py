@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from ..cli_utils import FlagError
 from .checkpoints import STATE_FILE
@@ -31,7 +34,7 @@ def is_pretrain_checkpoint(folder: str | Path) -> bool:
     return (path / STATE_FILE).is_file() and (path / MODEL_FILE).is_file()
 
 
-def write_model_files(folder: Path, model: torch.nn.Module, tokenizer: Any) -> None:
+def write_model_files(folder: Path, model: PreTrainedModel, tokenizer: Any) -> None:
     """Into a checkpoint being written: the language model's ``config.json`` (``architectures`` set, no code
     files) and the tokenizer's files."""
     config = model.config
