@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,19 +38,21 @@ WAIT_S = 240
 pretrain_module = importlib.import_module("hf_attn_variants.training.pretrain")
 
 
-def child_environment() -> dict[str, str]:
-    """One thread, no launcher variables, the sources of this checkout importable."""
+def child_environment(**extra: str) -> dict[str, str]:
+    """One thread, no launcher variables, the sources of this checkout importable, and ``extra``."""
     launcher = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
     environment = {k: v for k, v in os.environ.items() if k not in launcher}
     paths = [str(ROOT / "src"), str(ROOT), environment.get("PYTHONPATH", "")]
-    return {**environment, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    return {**environment, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+            **extra}
 
 
-def interrupt_when(command: list[str], cwd: Path, ready: callable) -> subprocess.CompletedProcess:
+def interrupt_when(command: list[str], cwd: Path, ready: Callable[[], bool],
+                   environment: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``command``; once ``ready()`` holds, send it SIGINT (Ctrl-C) and wait for it to end."""
     with (cwd / "child.out").open("w") as out, (cwd / "child.err").open("w") as err:
-        process = subprocess.Popen(command, env=child_environment(), cwd=cwd, stdout=out, stderr=err,
-                                   stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(command, env=environment or child_environment(), cwd=cwd, stdout=out,
+                                   stderr=err, stdin=subprocess.DEVNULL)
         deadline = time.time() + WAIT_S
         try:
             while time.time() < deadline and process.poll() is None and not ready():
@@ -154,34 +157,36 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def finetune_steps(step_file: Path) -> int:
+    """The step the finetune child wrote last (0 before its first)."""
+    text = step_file.read_text().strip() if step_file.exists() else ""
+    return int(text) if text.isdigit() else 0
+
+
 def test_ctrl_c_during_finetune_checkpoints_exits_130_and_the_same_command_resumes(
     data, base_models, tmp_path
 ) -> None:
     folder = tmp_path / "run"
     step_file = tmp_path / "step.txt"
-    os.environ["STEP_FILE"] = str(step_file)
-    try:
-        command = [sys.executable, "-c", FINETUNE_CHILD, "finetune", "--model_name_or_path",
-                   base_models["entropy_invariant"], "--train_file", data["train"], "--validation_file",
-                   data["dev"], "--max_seq_length", "16", "--output_dir", str(folder), "--max_steps", "8",
-                   "--per_device_train_batch_size", "16", "--learning_rate", "3e-3", "--report_to", "none",
-                   "--disable_tqdm", "true", "--seed", "0", "--use_cpu", "true", "--save_strategy", "no"]
-        result = interrupt_when(command, tmp_path,
-                                lambda: step_file.exists() and step_file.read_text().strip() >= "2")
-        assert result.returncode == 130, result.stderr[-3000:]
-        assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr
-        lines = [line for line in result.stderr.splitlines() if line.startswith("hf-attn-variants finetune:")]
-        assert len(lines) == 1 and "interrupted: stopped by SIGINT (Ctrl-C) after step" in lines[0], lines
-        (checkpoint,) = folder.glob("checkpoint-*")
-        assert (checkpoint / "checkpoint_manifest.json").exists() and f"'{checkpoint}'" in lines[0]
+    environment = child_environment(STEP_FILE=str(step_file))
+    command = [sys.executable, "-c", FINETUNE_CHILD, "finetune", "--model_name_or_path",
+               base_models["entropy_invariant"], "--train_file", data["train"], "--validation_file",
+               data["dev"], "--max_seq_length", "16", "--output_dir", str(folder), "--max_steps", "8",
+               "--per_device_train_batch_size", "16", "--learning_rate", "3e-3", "--report_to", "none",
+               "--disable_tqdm", "true", "--seed", "0", "--use_cpu", "true", "--save_strategy", "no"]
+    result = interrupt_when(command, tmp_path, lambda: finetune_steps(step_file) >= 2, environment)
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("hf-attn-variants finetune:")]
+    assert len(lines) == 1 and "interrupted: stopped by SIGINT (Ctrl-C) after step" in lines[0], lines
+    (checkpoint,) = folder.glob("checkpoint-*")
+    assert (checkpoint / "checkpoint_manifest.json").exists() and f"'{checkpoint}'" in lines[0]
 
-        rerun = subprocess.run(command, env=child_environment(), cwd=tmp_path, capture_output=True, text=True,
-                               timeout=WAIT_S, check=False, stdin=subprocess.DEVNULL)
-        assert rerun.returncode == 0, rerun.stderr[-3000:]
-        assert f"resuming from {checkpoint}" in rerun.stderr
-        assert (folder / "model.safetensors").exists()
-    finally:
-        os.environ.pop("STEP_FILE", None)
+    rerun = subprocess.run(command, env=environment, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=WAIT_S, check=False, stdin=subprocess.DEVNULL)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resuming from {checkpoint}" in rerun.stderr
+    assert (folder / "model.safetensors").exists()
 
 
 SECOND_CTRL_C = r"""
