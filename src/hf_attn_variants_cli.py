@@ -153,11 +153,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+HELP_FLAGS = ("-h", "--help")
+
+
+def asks_for_help(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` asks for a subcommand's ``--help`` (argparse answers it before any other flag is
+    checked)."""
+    return any(arg in HELP_FLAGS for arg in argv if arg != "--")
+
+
 def run_subcommand(command: str, argv: Sequence[str]) -> int:
     """Import the subcommand's module, parse ``argv`` with its flags and run it; a module of an extra that
-    turns out to be missing gives the one install sentence (exit status 1)."""
+    turns out to be missing gives the one install sentence (exit status 1). ``--help`` answers with the core
+    install alone (the subcommand modules import their extras only when they run), and then names the
+    missing extras after the flags."""
     missing = missing_extras(command, argv)
-    if missing:
+    if missing and not asks_for_help(argv):
         print(extra_message(command, missing), file=sys.stderr)
         return 1
     subcommand = SUBCOMMANDS[command]
@@ -165,6 +176,10 @@ def run_subcommand(command: str, argv: Sequence[str]) -> int:
         module = importlib.import_module(subcommand.module)
         parser = argparse.ArgumentParser(prog=f"hf-attn-variants {command}", description=subcommand.help)
         module.add_arguments(parser)
+        if missing:  # --help without the extras: the flags, then what running the command needs
+            modules = ", ".join(module for absent in missing.values() for module in absent)
+            parser.epilog = (f"Running {command} needs {modules}, not installed here: "
+                             f"{install_command(list(missing))}")
         args = parser.parse_args(list(argv))
         return int(module.run(args) or 0)
     except ModuleNotFoundError as error:

@@ -129,8 +129,9 @@ def test_pretrain_checkpoints_hold_no_pickle(pretrained) -> None:
     from hf_attn_variants.training.safe_state import load_weights_only, read_tensors
 
     checkpoint = pretrained / "checkpoints" / "step_2"
-    assert cases(checkpoint) == ["model.safetensors", "optimizer.pt", "rng_state_0.json", "scheduler.json",
-                                 "training_state.json"]
+    assert cases(checkpoint) == ["config.json", "model.safetensors", "optimizer.pt", "rng_state_0.json",
+                                 "scheduler.json", "tokenizer.json", "tokenizer_config.json",
+                                 "training_state.json"]  # config and tokenizer: for export (issue 51)
     assert read_tensors(checkpoint / "model.safetensors")
     assert set(load_weights_only(checkpoint / "optimizer.pt")) == {"state", "param_groups"}
     for name in ("rng_state_0.json", "scheduler.json", "training_state.json"):

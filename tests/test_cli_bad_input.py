@@ -169,6 +169,8 @@ CASES: list[Case] = [
         ("--dp_replicate_size", ("--dp_replicate_size", "-1"), "negative"),
         ("--mixed_precision", ("--fsdp_size", "2", "--mixed_precision", "fp16"), "fp16-sharded"),
         ("--save_total_limit", ("--save_total_limit", "0"), "zero"),
+        ("--checkpointing_minutes", ("--checkpointing_minutes", "-1"), "negative"),
+        ("--write_into_output_dir", ("--write_into_output_dir", "maybe"), "not-bool"),
         ("--overwrite_output_dir", ("--overwrite_output_dir", "maybe"), "not-bool"),
         ("--overwrite_output_dir",
          ("--train_file", "{runs}/pretrain/train.txt", "--output_dir", "{runs}/pretrain",
@@ -223,6 +225,8 @@ CASES: list[Case] = [
         ("--tp_size", ("--tp_size", "two"), "not-int"),
         ("--dp_replicate_size", ("--dp_replicate_size", "-1"), "negative"),
         ("--lora_r", ("--lora_r", "4", "--fsdp_size", "2"), "sharded"),
+        ("--checkpointing_minutes", ("--checkpointing_minutes", "nan"), "nan"),
+        ("--write_into_output_dir", ("--write_into_output_dir", "maybe"), "not-bool"),
         ("--overwrite_output_dir", ("--overwrite_output_dir", "maybe"), "not-bool"),
         ("--output_dir", ("--output_dir", "{runs}/finetune"), "other-run"),
     ]),
@@ -449,6 +453,7 @@ CASES: list[Case] = [
         ("--quick", ("--quick", "maybe"), "not-bool"),
         ("--disable_tqdm", ("--disable_tqdm", "maybe"), "not-bool"),
         ("--no_plot", ("--no_plot", "maybe"), "not-bool"),
+        ("--write_into_output_dir", ("--write_into_output_dir", "maybe"), "not-bool"),
         ("--overwrite_output_dir", ("--overwrite_output_dir", "maybe"), "not-bool"),
         ("--output_dir", ("--output_dir", "{runs}/lengthgen"), "other-run"),
         ("--task", ("--task", "sorting"), "choice"),
@@ -516,6 +521,8 @@ ANY_VALUE: dict[str, dict[str, str]] = {
         "--uniform": "a switch (store_true), takes no value; its bad combinations: tests/test_pruning_cli.py",
         "--overwrite_output_dir": "a switch (store_true), takes no value; what it refuses to clear: the "
                                   "pretrain case holds-an-input and tests/test_resume.py",
+        "--write_into_output_dir": "a switch (store_true), takes no value; what it allows: "
+                                   "tests/test_first_use.py",
     },
     "bench": {
         "--quick": "a switch (store_true), takes no value",

@@ -147,3 +147,40 @@ def test_extras_match_pyproject() -> None:
     assert extra_of("datasets.utils") == "train" and extra_of("json") is None
     assert sorted(r.split(">")[0] for r in project["dependencies"]) == ["huggingface_hub", "safetensors",
                                                                           "torch", "transformers"]
+
+
+HELP_WITHOUT_EXTRAS = """
+import contextlib, io, json, sys
+from hf_attn_variants_cli import EXTRAS, SUBCOMMANDS, main
+for modules in EXTRAS.values():  # the core install: no module of any extra
+    for name in modules:
+        sys.modules[name] = None
+answers = {}
+for name in SUBCOMMANDS:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([name, "--help"])
+        except SystemExit as stop:
+            code = stop.code
+    answers[name] = {"code": code, "out": out.getvalue(), "err": err.getvalue()}
+print(json.dumps(answers))
+"""
+
+
+def test_every_subcommand_help_answers_with_the_core_install_alone() -> None:
+    """Issue 51: ``prune --help`` used to end in the missing-extras error. Without any extra, every
+    subcommand prints its flags (exit 0) and, for a command that needs extras, says which after them; running
+    it still stops with the one install sentence."""
+    import json
+
+    result = subprocess.run([sys.executable, "-c", HELP_WITHOUT_EXTRAS], capture_output=True, text=True,
+                            timeout=300, check=True)
+    answers = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(answers) == set(SUBCOMMANDS)
+    for name, answer in answers.items():
+        assert answer["code"] == 0 and f"usage: hf-attn-variants {name}" in answer["out"], (name, answer)
+        assert "--" in answer["out"] and "Traceback" not in answer["err"], (name, answer)
+        if SUBCOMMANDS[name].extras:
+            text = " ".join(answer["out"].split())
+            assert "not installed here: pip install 'hf_attn_variants[" in text, name

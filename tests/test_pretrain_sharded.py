@@ -284,6 +284,17 @@ def test_fsdp2_kill_after_checkpoint_and_resume_reproduces_the_uninterrupted_run
     loss, weight = max_differences(reference, killed)
     assert loss <= 1e-6 and weight <= 1e-6, (loss, weight)
 
+    # issue 51: export takes a sharded run's checkpoint too (its full state, config.json and tokenizer)
+    from safetensors.torch import load_file
+
+    from hf_attn_variants.cli import main
+    from hf_attn_variants.training.safe_state import read_tensors
+
+    checkpoint, hub = reference / "checkpoints" / f"step_{k}", tmp_path / "hub"
+    assert main(["export", "--model_name_or_path", str(checkpoint), "--output_dir", str(hub)]) == 0
+    stored, exported = read_tensors(checkpoint / "model.safetensors"), load_file(hub / "model.safetensors")
+    assert exported and all(torch.equal(value, stored[name]) for name, value in exported.items())
+
 
 # ---------------------------------------------------------------- accelerate's FSDP2 config on CPU
 @pytest.mark.slow

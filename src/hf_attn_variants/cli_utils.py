@@ -435,12 +435,37 @@ def check_model_folder(flag: str, path: str | Path, *, weights: bool = False) ->
                         f"{flag}: {str(folder)!r} holds a LoRA adapter, not a full model (finetune with "
                         f"--lora_merge and use {str(folder / 'merged')!r}).")
     if not (folder / "config.json").exists():
-        raise FlagError(flag, f"{flag}: {str(folder)!r} is not a model folder (it has no config.json).")
+        hint = model_folder_hint(folder)
+        message = f"{flag}: {str(folder)!r} is not a model folder (it has no config.json){hint}"
+        raise FlagError(flag, message if message.endswith("?") else message + ".")
     names = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
     if weights and not any((folder / name).is_file() for name in names):
         raise FlagError(flag,
                         f"{flag}: {str(folder)!r} holds a config but no weights (none of {list(names)}).")
     return folder
+
+
+def model_folders_below(folder: Path) -> list[Path]:
+    """The folders one level below ``folder`` that hold a model (``config.json``), sorted: ``prune`` writes
+    ``<output_dir>/model``, ``finetune --lora_merge`` ``<output_dir>/merged``."""
+    return sorted(path for path in folder.iterdir() if path.is_dir() and (path / "config.json").is_file())
+
+
+def model_folder_hint(folder: Path) -> str:
+    """What a folder without ``config.json`` points to: ``"; did you mean 'runs/x/model'?"`` when a model is
+    one level down, else (an unfinished ``pretrain`` run) its newest checkpoint, which ``export`` takes;
+    ``""`` when there is nothing to suggest."""
+    below = model_folders_below(folder)
+    if below:
+        names = " or ".join(repr(str(path)) for path in below[:3])
+        return f"; did you mean {names}?"
+    steps = sorted((path for path in (folder / "checkpoints").glob("step_*") if path.is_dir()),
+                   key=lambda path: int(path.name.removeprefix("step_"))
+                   if path.name.removeprefix("step_").isdigit() else -1)
+    if steps:
+        return (f"; it holds an unfinished pretrain run: export takes its checkpoint {str(steps[-1])!r}, or "
+                "rerun the same pretrain command to finish it")
+    return ""
 
 
 def is_hub_id(text: str) -> bool:

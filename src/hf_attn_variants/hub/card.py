@@ -192,6 +192,9 @@ def _training_data(results: dict[str, Any]) -> str:
 
 
 def _usage(model_id: str, task: tuple[str, str, str], model_type: str, mask_token: str | None) -> str:
+    """The card's usage block: a pipeline, then the tokenizer and the model, every ``from_pretrained`` with
+    ``trust_remote_code=True`` (without it Transformers asks "Do you wish to run the custom code? [y/N]" and
+    waits), so that it runs unattended (tests/test_model_cards.py runs it with stdin closed)."""
     pipeline_tag, auto_class, _ = task
     examples = {"fill-mask": f'"the {mask_token or "[MASK]"} statement raises an exception."',
                 "text-generation": '"the assert statement"'}
@@ -202,9 +205,10 @@ def _usage(model_id: str, task: tuple[str, str, str], model_type: str, mask_toke
         "from transformers import AutoTokenizer, " + auto_class + ", pipeline\n\n"
         f'pipe = pipeline("{pipeline_tag}", model="{model_id}", trust_remote_code=True)\n'
         f"print(pipe({example}))\n\n"
-        f'tokenizer = AutoTokenizer.from_pretrained("{model_id}")\n'
+        f'tokenizer = AutoTokenizer.from_pretrained("{model_id}", trust_remote_code=True)\n'
         f'model = {auto_class}.from_pretrained("{model_id}", trust_remote_code=True)  # {model_type} code '
-        'from the repo'
+        'from the repo\n'
+        'print(type(model).__name__, model.num_parameters())'
     )
 
 

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..cli_utils import (
     FlagError,
@@ -40,7 +41,9 @@ LICENSE_PATTERN = re.compile(r"[a-z0-9][a-z0-9.+-]*", re.IGNORECASE)
 class ExportArguments:
     """Arguments of ``export`` (each is also a ``--flag``)."""
 
-    model_name_or_path: str = field(metadata={"help": "Trained model folder (pretrain/finetune output)."})
+    model_name_or_path: str = field(
+        metadata={"help": "Trained model folder (pretrain/finetune output), or a pretrain checkpoint "
+                  "(output_dir/checkpoints/step_N) of a run that did not finish."})
     output_dir: str = field(metadata={"help": "Folder to write (the exact content of the Hub repository)."})
     repo_id: str | None = field(
         default=None,
@@ -107,10 +110,15 @@ def _model_class(config: object) -> type:
 
 
 def check_paths(args: ExportArguments) -> tuple[Path, Path]:
-    """``(source, output)`` folders of ``args``; ``FlagError`` for a source that is not a model folder, an
-    output that is a file, not empty (without ``overwrite``) or holds the source, a missing tokenizer
-    folder or template."""
-    source = check_model_folder("model_name_or_path", args.model_name_or_path, weights=True)
+    """``(source, output)`` folders of ``args``; ``FlagError`` for a source that is neither a model folder nor
+    a pretrain checkpoint, an output that is a file, not empty (without ``overwrite``) or holds the source, a
+    missing tokenizer folder or template."""
+    from ..training.checkpoint_model import is_pretrain_checkpoint
+
+    if is_pretrain_checkpoint(args.model_name_or_path):
+        source = Path(args.model_name_or_path)
+    else:
+        source = check_model_folder("model_name_or_path", args.model_name_or_path, weights=True)
     check_output_dir("output_dir", args.output_dir)
     output = Path(args.output_dir)
     if output.resolve() == source.resolve():
@@ -142,20 +150,41 @@ def check_template(path: str) -> None:
                                                f"{error.message}") from error
 
 
-def export(args: ExportArguments) -> Path:
-    """Write the upload folder (see module docstring) and return its path. Every input is checked (and the
-    model, tokenizer and card are built) before anything is written: a bad one raises ``FlagError``."""
+def load_model_and_tokenizer(args: ExportArguments, source: Path) -> tuple[Any, Any]:
+    """The model to export (eval mode) and its tokenizer: from a model folder, or from a pretrain checkpoint
+    (``checkpoint_model.py``; its tokenizer, else its run's). ``FlagError`` naming the flag otherwise."""
     from transformers import AutoConfig
 
+    from ..training.checkpoint_model import is_pretrain_checkpoint, load_checkpoint_model, tokenizer_source
     from ..training.modeling import load_pretrained, load_tokenizer
 
-    source, output = check_paths(args)
+    flag = "tokenizer_name" if args.tokenizer_name else "model_name_or_path"
+    if is_pretrain_checkpoint(source):
+        with quiet_progress():
+            model = load_checkpoint_model(source)
+        _model_class(model.config)
+        folder = tokenizer_source(source)
+        if folder is None and args.tokenizer_name is None:
+            raise FlagError("tokenizer_name", f"--model_name_or_path {str(source)!r} is a checkpoint "
+                                              "without a tokenizer (nor has its run one); pass "
+                                              "--tokenizer_name.")
+        return model, load_tokenizer(args.tokenizer_name or str(folder), flag=flag)
     try:
         config = AutoConfig.from_pretrained(source)
     except (OSError, ValueError, KeyError) as error:
-        raise FlagError("model_name_or_path", f"model_name_or_path: {source} holds no usable config.json: "
-                                              f"{' '.join(str(error).split())}") from error
+        reason = " ".join(str(error).split())
+        raise FlagError("model_name_or_path",
+                        f"model_name_or_path: {source} holds no usable config.json: {reason}") from error
     model_class = _model_class(config)
+    tokenizer = load_tokenizer(args.tokenizer_name or str(source), flag=flag)
+    with quiet_progress():
+        return load_pretrained(model_class, str(source)).eval(), tokenizer
+
+
+def export(args: ExportArguments) -> Path:
+    """Write the upload folder (see module docstring) and return its path. Every input is checked (and the
+    model, tokenizer and card are built) before anything is written: a bad one raises ``FlagError``."""
+    source, output = check_paths(args)
     if args.onnx:
         import importlib.util
 
@@ -164,10 +193,7 @@ def export(args: ExportArguments) -> Path:
             raise FlagError("onnx",
                             f"--onnx needs the {' and '.join(absent)} package(s), not installed here: "
                             "pip install onnx onnxscript onnxruntime")
-    tokenizer = load_tokenizer(args.tokenizer_name or str(source),
-                               flag="tokenizer_name" if args.tokenizer_name else "model_name_or_path")
-    with quiet_progress():
-        model = load_pretrained(model_class, str(source)).eval()
+    model, tokenizer = load_model_and_tokenizer(args, source)
     repo_id = args.repo_id or f"your-username/{output.resolve().name}"
     card = render_model_card(
         model, source, model_id=repo_id, license=args.license, extra_tags=args.tags,
@@ -249,4 +275,5 @@ def run(namespace: argparse.Namespace) -> int:
         lambda args, folder: f"Exported {folder} ({', '.join(sorted(p.name for p in folder.iterdir()))}).")
 
 
-__all__ = ["ExportArguments", "add_arguments", "check_export", "check_paths", "export", "run"]
+__all__ = ["ExportArguments", "add_arguments", "check_export", "check_paths", "export",
+           "load_model_and_tokenizer", "run"]

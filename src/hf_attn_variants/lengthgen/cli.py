@@ -77,6 +77,7 @@ def _start(namespace: argparse.Namespace) -> Any:
             arguments.pop(name, None)
     folder = check_output_folder(LENGTHGEN_RULE, args.output_dir, arguments,
                                  overwrite=output.overwrite_output_dir,
+                                 write_into=output.write_into_output_dir,
                                  inputs={"train_file": args.train_file,
                                          "validation_file": args.validation_file})
     start_run(LENGTHGEN_RULE, folder, arguments)

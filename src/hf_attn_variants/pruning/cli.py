@@ -174,6 +174,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite_output_dir", action="store_true",
                         help="clear output_dir first (it may hold a finished pruning run or another run's "
                              "files)")
+    parser.add_argument("--write_into_output_dir", action="store_true",
+                        help="write into an output_dir that holds files no run wrote (your notes, say), "
+                             "keeping them; without it such a folder is refused")
 
 
 @dataclass
@@ -270,6 +273,7 @@ def prepare(args: argparse.Namespace) -> PruneInputs:
     check_output_dir("output_dir", args.output_dir)
     arguments = json_arguments(args)
     folder = check_output_folder(PRUNE_RULE, args.output_dir, arguments, overwrite=args.overwrite_output_dir,
+                                 write_into=args.write_into_output_dir,
                                  inputs={name: getattr(args, name) for name in (
                                      "model_name_or_path", "tokenizer_name", "train_file",
                                      "validation_file")})
@@ -376,7 +380,34 @@ def study(args: argparse.Namespace, inputs: PruneInputs) -> None:
     for row in curve:
         logger.info("%5d %8d %10.4f %12.3f%s", row.step, row.heads_pruned, row.metric, row.relative_metric,
                     "" if row.accepted else "  (below threshold, not applied)")
+    adapter = get_adapter(model)
+    for line in pruning_warnings(adapter.alive().sum(-1).tolist(), adapter.num_heads):
+        logger.warning("prune: %s", line)
     finish_run(output)
 
 
-__all__ = ["PRUNE_RULE", "PruneInputs", "add_arguments", "prepare", "run", "study"]
+MOST_HEADS = 0.5
+"""A pruning that leaves at most this share of the heads is called out in the summary."""
+
+
+def pruning_warnings(remaining: list[int], heads_per_layer: int) -> list[str]:
+    """What the summary must call out, given the heads each layer has left and had (``heads_per_layer``):
+    layers left without attention, and a pruning that removed most heads (more than ``1 - MOST_HEADS`` of
+    them), each with the flags that bound it."""
+    lines = []
+    total = heads_per_layer * len(remaining)
+    removed = total - sum(remaining)
+    if total and removed > (1 - MOST_HEADS) * total:
+        lines.append(f"removed {removed} of {total} heads ({removed / total:.0%}): most of the model's "
+                     "attention is gone; bound it with --max_heads_pruned, --threshold or "
+                     "--min_heads_per_layer.")
+    empty = [str(layer) for layer, count in enumerate(remaining) if count == 0]
+    if empty:
+        which = f"layers {', '.join(empty)} have" if len(empty) > 1 else f"layer {empty[0]} has"
+        lines.append(f"{which} no attention head left (the layer keeps its feed-forward part only); pass "
+                     "--min_heads_per_layer 1 to keep one.")
+    return lines
+
+
+__all__ = ["MOST_HEADS", "PRUNE_RULE", "PruneInputs", "add_arguments", "prepare", "pruning_warnings", "run",
+           "study"]

@@ -18,10 +18,11 @@ from .corpus import corpus_splits, embedded_tokenizer, embedded_tokenizer_path
 from .data import group_into_blocks, load_text_datasets, mask_tokens, text_blocks
 from .evaluation import evaluate_lm
 from .modeling import build_config, build_lm_model, load_tokenizer, parse_config_overrides
-from .preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
+from .preemption import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, TrainingPreempted
 from .pretrain import PretrainResult, pretrain
 
 __all__ = [
+    "INTERRUPTED_EXIT_CODE",
     "PREEMPTED_EXIT_CODE",
     "FinetuneArguments",
     "PretrainArguments",

@@ -96,8 +96,9 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
             "text_column_name", "streaming", "packing", "max_seq_length", "validation_split_percentage",
             "mlm_probability", "max_train_samples", "max_eval_samples", "preprocessing_num_workers"),
         "output": (
-            "output_dir", "overwrite_output_dir", "logging_steps", "eval_steps", "checkpointing_steps",
-            "save_total_limit", "resume_from_checkpoint", "with_tracking", "disable_tqdm"),
+            "output_dir", "overwrite_output_dir", "write_into_output_dir", "logging_steps", "eval_steps",
+            "checkpointing_steps", "checkpointing_minutes", "save_total_limit", "resume_from_checkpoint",
+            "with_tracking", "disable_tqdm"),
         "training": (
             "max_train_steps", "num_train_epochs", "per_device_train_batch_size",
             "per_device_eval_batch_size", "gradient_accumulation_steps", "learning_rate", "lr_scheduler_type",
@@ -185,7 +186,15 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
     gradient_accumulation_steps: int = field(default=1,
                                              metadata={"help": "Micro-batches per optimizer step."})
     checkpointing_steps: str | None = field(
-        default=None, metadata={"help": 'Save a checkpoint every N optimizer steps, or "epoch".'}
+        default=None,
+        metadata={"help": 'Save a checkpoint every N optimizer steps, or "epoch" (besides the one every '
+                  "--checkpointing_minutes)."},
+    )
+    checkpointing_minutes: float = field(
+        default=10.0,
+        metadata={"help": "Also save a checkpoint once this many minutes have passed since the last one (or "
+                  "the start), so that a kill loses at most that much training; 0 = only "
+                  "--checkpointing_steps."},
     )
     save_total_limit: int | None = field(
         default=None,
@@ -310,6 +319,7 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
         check_percentage("validation_split_percentage", self.validation_split_percentage)
         check_seed("seed", self.seed)
         check_number("mlm_probability", self.mlm_probability, 0, 1, open_low=True, open_high=True)
+        check_number("checkpointing_minutes", self.checkpointing_minutes, 0)
         check_adamw(self)
 
     def _check_schedules(self) -> None:
@@ -341,7 +351,7 @@ class FinetuneArguments(ShardingArguments, OutputDirArguments):
             "train_file", "validation_file", "validation_split_percentage", "text_column_name",
             "text_pair_column_name", "label_column_name", "max_seq_length", "pad_to_max_length",
             "max_train_samples", "max_eval_samples", "label_all_tokens", "return_entity_level_metrics"),
-        "output": ("overwrite_output_dir",),
+        "output": ("overwrite_output_dir", "write_into_output_dir", "checkpointing_minutes"),
         "LoRA and early stopping": (
             "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_merge",
             "early_stopping_patience", "early_stopping_threshold"),
@@ -396,6 +406,12 @@ class FinetuneArguments(ShardingArguments, OutputDirArguments):
     )
     early_stopping_threshold: float = field(default=0.0,
                                             metadata={"help": "Minimum improvement that counts."})
+    checkpointing_minutes: float = field(
+        default=10.0,
+        metadata={"help": "Also save a checkpoint once this many minutes have passed since the last one (or "
+                  "the start), so that a kill loses at most that much training; 0 = only Trainer's "
+                  "--save_strategy (none with --save_strategy no)."},
+    )
 
     def __post_init__(self) -> None:
         """Check every value that needs no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it.
@@ -417,6 +433,7 @@ class FinetuneArguments(ShardingArguments, OutputDirArguments):
             if getattr(self, name) is not None:
                 check_positive(name, getattr(self, name))
         check_number("early_stopping_threshold", self.early_stopping_threshold, 0)
+        check_number("checkpointing_minutes", self.checkpointing_minutes, 0)
         self._check_lora()
         if self.task == "sequence_classification":
             for name in ("label_all_tokens", "return_entity_level_metrics"):

@@ -46,6 +46,7 @@ stops on SIGTERM without a checkpoint, and a folder of its unfinished run is ref
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -68,7 +69,15 @@ from ..cli_utils import (
 from .arguments import TASKS, FinetuneArguments, check_adamw
 from .checkpoints import announce_resume, broken_checkpoint_error, newest_resumable, probe_files
 from .modeling import build_config, load_pretrained, load_tokenizer
-from .outputs import FolderState, OutputRule, check_output_folder, finish_run, json_arguments, start_run
+from .outputs import (
+    FolderState,
+    OutputRule,
+    check_output_folder,
+    finish_run,
+    json_arguments,
+    refuse_foreign_files,
+    start_run,
+)
 from .preemption import StopSignals, TrainingPreempted, max_over_ranks, run_training_command, stop_signals
 from .runlock import run_lock
 from .safe_state import failing_save_raises, training_state_bytes
@@ -110,7 +119,7 @@ FINETUNE_RULE = OutputRule(
         # evaluation cadence (pretrain: eval_steps)
         "eval_strategy", "eval_steps", "per_device_eval_batch_size",
         "push_to_hub", "hub_token", "hub_private_repo", "hub_model_id", "hub_strategy", "hub_always_push",
-        "hub_revision", "dataloader_num_workers", "local_rank",
+        "hub_revision", "dataloader_num_workers", "local_rank", "checkpointing_minutes",
     }),
     run_files=("checkpoint-*", "trainer_state.json", "all_results.json", "train_results.json",
                "eval_results.json", TASK_CONFIG_FILE, "base_model", "merged", INITIAL_MODEL_DIR),
@@ -404,7 +413,8 @@ def _check_output_folder(args: FinetuneArguments, training_args: Any) -> tuple[F
               "tokenizer_name": args.tokenizer_name}
     folder = check_output_folder(FINETUNE_RULE, training_args.output_dir, arguments,
                                  overwrite=args.overwrite_output_dir,
-                                 resume=training_args.resume_from_checkpoint, inputs=inputs)
+                                 resume=training_args.resume_from_checkpoint, inputs=inputs,
+                                 write_into=args.write_into_output_dir)
     return folder, arguments
 
 
@@ -481,6 +491,7 @@ def _start_writing(prepared: _Prepared) -> None:
     """Every rank has checked the folder; the main process clears it (``--overwrite_output_dir``) and records
     the run in ``run.json``; then every rank goes on."""
     training_args = prepared.training_args
+    refuse_foreign_files(FINETUNE_RULE, prepared.folder)  # every rank, before the barrier
     _barrier(training_args)
     if training_args.process_index == 0:
         start_run(FINETUNE_RULE, prepared.folder, prepared.arguments)
@@ -568,6 +579,12 @@ def _write_task_outputs(args: FinetuneArguments, prepared: _Prepared, trainer: A
     finish_run(output_dir)
 
 
+def timed_checkpoints(args: FinetuneArguments, training_args: Any) -> float:
+    """``--checkpointing_minutes``, or 0 under ``--save_strategy no`` (no periodic checkpoint asked for)."""
+    strategy = getattr(training_args.save_strategy, "value", training_args.save_strategy)
+    return 0.0 if str(strategy) == "no" else args.checkpointing_minutes
+
+
 def finetune(args: FinetuneArguments, training_args: Any, stop: StopSignals | None = None) -> FinetuneResult:
     """Finetune (see module docstring); ``training_args`` is a ``transformers.TrainingArguments``.
 
@@ -585,20 +602,32 @@ def finetune(args: FinetuneArguments, training_args: Any, stop: StopSignals | No
         with quiet_progress():
             prepared = _prepare(args, training_args)
         _start_writing(prepared)  # every input is valid: from here on the run writes
-        model = _final_model(args, prepared)
-        metrics: dict[str, float] = {}
-        output_dir = Path(prepared.training_args.output_dir)
-        with failing_save_raises("finetune", output_dir, lambda: training_state_bytes(model),
-                                 "the checkpoints it completed before are intact", staging=False):
-            with stop_signals(stop) as active:
-                guard = CheckpointGuard(active, can_checkpoint=not args.layout.sharded)
-                trainer = _trainer(args, prepared, model, guard)
-                if prepared.training_args.do_train:
-                    metrics.update(_train(trainer, prepared, guard))
-            if prepared.training_args.do_eval:
-                metrics.update(_evaluate(trainer, prepared))
-            _write_task_outputs(args, prepared, trainer)
-    return FinetuneResult(str(output_dir), metrics, trainer.model, trainer, prepared.label_list)
+        quiet = quiet_progress() if training_args.disable_tqdm else contextlib.nullcontext()
+        with quiet:  # --disable_tqdm: Transformers' "Writing model shards" bars too
+            trainer, metrics = _run_trainer(args, prepared, stop)
+    return FinetuneResult(str(prepared.training_args.output_dir), metrics, trainer.model, trainer,
+                          prepared.label_list)
+
+
+def _run_trainer(args: FinetuneArguments, prepared: _Prepared,
+                 stop: StopSignals | None) -> tuple[Any, dict[str, float]]:
+    """Train and evaluate with ``Trainer`` (stopped by a signal: ``TrainingPreempted`` after its
+    checkpoint), then write the task's outputs; returns the trainer and the metrics."""
+    model = _final_model(args, prepared)
+    metrics: dict[str, float] = {}
+    output_dir = Path(prepared.training_args.output_dir)
+    with failing_save_raises("finetune", output_dir, lambda: training_state_bytes(model),
+                             "the checkpoints it completed before are intact", staging=False):
+        with stop_signals(stop) as active:
+            guard = CheckpointGuard(active, can_checkpoint=not args.layout.sharded,
+                                    checkpoint_minutes=timed_checkpoints(args, prepared.training_args))
+            trainer = _trainer(args, prepared, model, guard)
+            if prepared.training_args.do_train:
+                metrics.update(_train(trainer, prepared, guard))
+        if prepared.training_args.do_eval:
+            metrics.update(_evaluate(trainer, prepared))
+        _write_task_outputs(args, prepared, trainer)
+    return trainer, metrics
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -199,8 +199,10 @@ def build_config(
     """The config of a new or pretrained model of any family.
 
     From scratch (``model_type`` or ``config_name``): ``vocab_size``, ``pad/bos/eos_token_id`` come from the
-    tokenizer unless overridden; ``max_position_embeddings`` is raised to ``max_seq_length`` when smaller,
-    and a family's ``base_length`` (the training length m of the entropy-invariant factor log n / log m,
+    tokenizer unless overridden; an overridden ``hidden_size`` scales the widths that follow from it unless
+    they are overridden too (``follow_hidden_size``); ``max_position_embeddings`` is raised to
+    ``max_seq_length`` when smaller, and a family's ``base_length`` (the training length m of the
+    entropy-invariant factor log n / log m,
     DESIGN §2.1–2.2) is set to ``max_seq_length`` unless given. With ``model_name_or_path`` the pretrained
     config is kept; only the explicit overrides change it. Overrides are validated by the family config.
 
@@ -240,6 +242,8 @@ def build_config(
     values.update(overrides)
     defaults = config_class() if source is None else base
     _check_override_types(defaults, overrides)
+    if from_scratch:
+        values.update(follow_hidden_size(defaults, overrides))
     if from_scratch and max_seq_length is not None:
         current = values.get("max_position_embeddings", defaults.max_position_embeddings)
         if "max_position_embeddings" not in overrides and current < max_seq_length:
@@ -261,6 +265,40 @@ def build_config(
             "pass a matching --tokenizer_name or override vocab_size.",
         )
     return config
+
+
+WIDTHS_OF_HIDDEN_SIZE = ("intermediate_size", "attention_key_size")
+"""Config fields whose default is a width in proportion to ``hidden_size`` (the feed-forward width, GAU's key
+size s): an override of ``hidden_size`` alone scales them by the same ratio (``follow_hidden_size``)."""
+
+
+def follow_hidden_size(defaults: PreTrainedConfig, overrides: dict[str, Any]) -> dict[str, int]:
+    """The sizes that follow from an overridden ``hidden_size``, unless overridden too: the widths of
+    ``WIDTHS_OF_HIDDEN_SIZE`` keep their ratio to it, rounded to an even number (BERT-base's 3072 / 768 = 4:
+    ``hidden_size=32`` gives ``intermediate_size=128``, not 3072), and ``num_attention_heads`` becomes the
+    largest divisor of the new
+    width at most its old count scaled by the ratio (head width kept: 12 heads of 64 → ``hidden_size=256``: 4)
+    when the old count does not divide it. One log line names what changed."""
+    new = overrides.get("hidden_size")
+    old = getattr(defaults, "hidden_size", None)
+    if not isinstance(new, int) or isinstance(new, bool) or new < 1 or not old or new == old:
+        return {}
+    ratio = new / old
+    scaled: dict[str, int] = {}
+    for name in WIDTHS_OF_HIDDEN_SIZE:
+        value = getattr(defaults, name, None)
+        if name not in overrides and isinstance(value, int) and not isinstance(value, bool):
+            scaled[name] = max(2, 2 * round(value * ratio / 2))  # even: RoPE rotates pairs of GAU's s
+    heads = getattr(defaults, "num_attention_heads", None)
+    if "num_attention_heads" not in overrides and isinstance(heads, int) and heads > 0 and new % heads:
+        target = max(1, round(heads * ratio))
+        scaled["num_attention_heads"] = max(d for d in range(1, target + 1) if new % d == 0)
+    changed = {name: value for name, value in scaled.items() if value != getattr(defaults, name)}
+    if changed:
+        logger.info("config_overrides: hidden_size=%d (default %d) also sets %s; override them to choose",
+                    new, old, ", ".join(f"{name}={value} (default {getattr(defaults, name)})"
+                                        for name, value in changed.items()))
+    return changed
 
 
 CONFIG_ERRORS = (ValueError, TypeError, StrictDataclassFieldValidationError,
@@ -386,6 +424,7 @@ __all__ = [
     "check_model_type",
     "config_field_names",
     "family_of",
+    "follow_hidden_size",
     "has_target_only_mlm_head",
     "load_pretrained",
     "load_tokenizer",

@@ -6,7 +6,11 @@ Nothing lost, nothing mixed. When a command starts writing it records what it wa
 — ``finished``). A later command on the same folder then does one of three things, decided before it writes
 anything (``check_output_folder``):
 
-- the folder is new, empty, or holds only files no run wrote (a user's notes): the run starts there;
+- the folder is new or empty (hidden files and the run lock aside): the run starts there;
+- the folder holds files no run wrote (a person's notes) and no run: ``FlagError`` naming ``--output_dir`` in
+  one sentence that names those files, ``--write_into_output_dir`` (write beside them, keeping them) and
+  ``--overwrite_output_dir`` (clear them first) — raised by ``refuse_foreign_files`` once the command has
+  checked its other inputs, just before it writes (so that a bad flag is still the one named first);
 - the folder holds an unfinished run of the same command with the same arguments (``OutputRule.aside``
   excepted: the folder itself, the resume flags, the step budget, logging and checkpoint cadence): the run
   resumes it (the command picks the newest complete checkpoint and says which in one line);
@@ -44,8 +48,10 @@ RUN_FILE = "run.json"
 MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                "adapter_config.json", "adapter_model.safetensors")
 """Files that make a folder hold a model (``save_pretrained`` / peft's ``save_pretrained``)."""
-ALWAYS_ASIDE = frozenset({"output_dir", "overwrite_output_dir", "resume_from_checkpoint"})
-"""Arguments that never make two runs differ: where the folder is, and whether to resume or clear it."""
+ALWAYS_ASIDE = frozenset({"output_dir", "overwrite_output_dir", "write_into_output_dir",
+                          "resume_from_checkpoint"})
+"""Arguments that never make two runs differ: where the folder is, and whether to resume, clear it or write
+beside a person's files."""
 MAX_NAMED_FLAGS = 6
 """How many differing flags a refusal names (then ``and N more``)."""
 
@@ -60,6 +66,11 @@ class OutputDirArguments:
         metadata={"help": "Clear output_dir before writing. Without it, a folder holding an unfinished run "
                   "with the same arguments is resumed, and a folder holding a finished model or another run "
                   "is refused."},
+    )
+    write_into_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Write into an output_dir that holds files no run wrote (your notes, say), keeping "
+                  "them. Without it such a folder is refused."},
     )
 
 
@@ -117,6 +128,9 @@ class FolderState:
     clear: bool = False
     """``--overwrite_output_dir`` on a folder with content: ``start_run`` empties it first."""
     record: RunRecord | None = None
+    foreign: tuple[str, ...] = ()
+    """The names of a person's files in a folder that holds no run (``foreign_files_in``), unless
+    ``--write_into_output_dir``: ``refuse_foreign_files`` refuses the folder."""
 
 
 def json_arguments(*argument_objects: Any) -> dict[str, Any]:
@@ -184,9 +198,19 @@ def _record_of(folder: Path, rule: OutputRule) -> RunRecord | None:
     return record
 
 
+def foreign_files_in(folder: Path) -> list[str]:
+    """The names in ``folder`` that count as a person's files when no run wrote there: everything but the
+    run lock's files and hidden names (``.DS_Store``, a save's staging files), sorted."""
+    if not folder.is_dir():
+        return []
+    return sorted(path.name for path in folder.iterdir()
+                  if path.name not in LOCK_FILES and not path.name.startswith("."))
+
+
 def check_output_folder(rule: OutputRule, output_dir: str | Path, arguments: Mapping[str, Any], *,
                         overwrite: bool = False, resume: str | None = None,
-                        inputs: Mapping[str, str | None] | None = None) -> FolderState:
+                        inputs: Mapping[str, str | None] | None = None,
+                        write_into: bool = False) -> FolderState:
     """Apply the rule (module docstring) to ``output_dir`` for a run of ``rule.command`` with ``arguments``
     (``json_arguments``); reads only. Returns the ``FolderState``; raises ``FlagError`` naming ``output_dir``
     (or ``overwrite_output_dir`` for a folder it must not clear) in one sentence.
@@ -194,7 +218,8 @@ def check_output_folder(rule: OutputRule, output_dir: str | Path, arguments: Map
     ``resume``: ``--resume_from_checkpoint``. A checkpoint of this folder (``latest``, or one inside it)
     continues its run, so the folder may hold that run's files, and ``--overwrite_output_dir`` may not clear
     it; a checkpoint elsewhere starts a run here under the usual rule. ``inputs``: the run's other input paths
-    (flag → path), which ``--overwrite_output_dir`` must not clear either."""
+    (flag → path), which ``--overwrite_output_dir`` must not clear either. ``write_into``:
+    ``--write_into_output_dir``, which lets a run start in a folder of files no run wrote."""
     folder = Path(output_dir)
     inputs = {**(inputs or {}), "resume_from_checkpoint": resume_location(folder, resume)}
     explicit_resume = resumes_inside(folder, resume)
@@ -205,7 +230,7 @@ def check_output_folder(rule: OutputRule, output_dir: str | Path, arguments: Map
             check_clearable(folder, inputs)
         return FolderState(folder, clear=has_content)
     if not found:
-        return FolderState(folder)
+        return FolderState(folder, foreign=() if write_into else tuple(foreign_files_in(folder)))
     record = _record_of(folder, rule)
     if explicit_resume:
         if record is not None and (names := differing_flags(record.arguments, arguments, rule.aside)):
@@ -230,6 +255,19 @@ def check_output_folder(rule: OutputRule, output_dir: str | Path, arguments: Map
 def _refuse_unrecorded(folder: Path, found: list[str]) -> FolderState:
     shown = ", ".join(found[:4]) + (", …" if len(found) > 4 else "")
     raise _refusal(folder, f"files of an earlier run ({shown}) but no {RUN_FILE} recording its arguments")
+
+
+def refuse_foreign_files(rule: OutputRule, state: FolderState) -> None:
+    """``FlagError`` naming ``--output_dir`` (one sentence) when ``state`` found a person's files and no run
+    there (and no ``--write_into_output_dir``); every process of a launch calls it, before the first write."""
+    if not state.foreign:
+        return
+    names = state.foreign
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    raise FlagError("output_dir",
+                    f"--output_dir {str(state.folder)!r} holds files that no {rule.command} run wrote "
+                    f"({shown}); choose another --output_dir, pass --write_into_output_dir to write beside "
+                    "them, or --overwrite_output_dir to delete them first.")
 
 
 def resume_location(folder: str | Path, checkpoint: str | None) -> str | None:
@@ -278,8 +316,10 @@ def clear_folder(folder: Path) -> None:
 
 
 def start_run(rule: OutputRule, state: FolderState, arguments: Mapping[str, Any]) -> None:
-    """The run starts writing (main process only): clear the folder if ``state.clear``, create it, and record
-    ``arguments`` in ``run.json`` (unfinished)."""
+    """The run starts writing (main process only): refuse a folder of a person's files
+    (``refuse_foreign_files``), clear the folder if ``state.clear``, create it, and record ``arguments`` in
+    ``run.json`` (unfinished)."""
+    refuse_foreign_files(rule, state)
     if state.clear:
         logger.info("%s: --overwrite_output_dir: clearing %s", rule.command, state.folder)
         clear_folder(state.folder)
@@ -309,8 +349,10 @@ __all__ = [
     "clear_folder",
     "describe_differences",
     "differing_flags",
+    "foreign_files_in",
     "finish_run",
     "json_arguments",
+    "refuse_foreign_files",
     "resume_location",
     "resumes_inside",
     "run_files_in",

@@ -1,5 +1,5 @@
 """Preemption: SIGTERM or SIGUSR1 → finish the optimizer step, write a checkpoint, exit with
-``PREEMPTED_EXIT_CODE``.
+``PREEMPTED_EXIT_CODE``; Ctrl-C (SIGINT) at the command line → the same stop, exit ``INTERRUPTED_EXIT_CODE``.
 
 Spot instances, Kubernetes and SLURM send SIGTERM (SLURM with ``--signal=USR1@<s>``: SIGUSR1) some seconds
 before they kill a job; ``torchrun`` leaves 30 s between forwarding SIGTERM to its workers and SIGKILL.
@@ -15,6 +15,12 @@ step.
   shell), as if no handler were installed. A repeat within ``REPEAT_WINDOW_S`` of the first is taken as the
   same notice delivered twice (a scheduler signals every process of a job, and ``torchrun`` forwards its own
   copy to the workers), not as a second request.
+- Ctrl-C is what a person at a terminal sends: the command lines of ``pretrain`` and ``finetune``
+  (``run_training_command``) catch SIGINT too (``COMMAND_STOP_SIGNALS``), and a run stopped by it exits with
+  ``INTERRUPTED_EXIT_CODE`` (130, what a shell reports for a process ended by SIGINT) after its checkpoint
+  and one line. A second Ctrl-C ends the process at once (outside ``torchrun`` even within
+  ``REPEAT_WINDOW_S``: only a person sends it twice). Called from Python (``pretrain(args)``, a notebook),
+  SIGINT keeps its usual ``KeyboardInterrupt``.
 - Under ``torchrun``, its agent forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to the workers; to have it
   forward SIGUSR1 too, set ``TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1``.
 
@@ -42,9 +48,25 @@ logger = logging.getLogger(__name__)
 PREEMPTED_EXIT_CODE = 75
 """Exit status of a run stopped by SIGTERM/SIGUSR1 after writing its checkpoint: ``EX_TEMPFAIL`` of sysexits.h
 ("temporary failure; the user is invited to retry"): run the same command again and it resumes."""
+INTERRUPTED_EXIT_CODE = 130
+"""Exit status of a command-line run stopped by Ctrl-C (SIGINT) after writing its checkpoint: 128 + 2, what a
+shell reports for a process ended by SIGINT, so that scripts see an interruption; the same command resumes."""
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
+COMMAND_STOP_SIGNALS: tuple[signal.Signals, ...] = (*STOP_SIGNALS, signal.SIGINT)
+"""What the command lines of ``pretrain`` and ``finetune`` catch: the preemption signals and Ctrl-C."""
 REPEAT_WINDOW_S = 1.0
 """A repeat of the signal within this many seconds of the first is the same notice, not a second request."""
+
+
+def exit_code_for(signal_name: str) -> int:
+    """The exit status of a run stopped by ``signal_name``: ``INTERRUPTED_EXIT_CODE`` for SIGINT (Ctrl-C),
+    ``PREEMPTED_EXIT_CODE`` for the others."""
+    return INTERRUPTED_EXIT_CODE if signal_name == "SIGINT" else PREEMPTED_EXIT_CODE
+
+
+def signal_label(signal_name: str) -> str:
+    """How a message names the signal: ``"SIGINT (Ctrl-C)"``, ``"SIGTERM"``."""
+    return "SIGINT (Ctrl-C)" if signal_name == "SIGINT" else signal_name
 
 
 class TrainingPreempted(Exception):
@@ -52,14 +74,15 @@ class TrainingPreempted(Exception):
 
     def __init__(self, command: str, signal_name: str, step: int, checkpoint: Path | None,
                  note: str = "") -> None:
+        code = exit_code_for(signal_name)
         if checkpoint is not None:
             outcome = (f"wrote the checkpoint {str(checkpoint)!r}; run the same command again to resume "
-                       f"(exit status {PREEMPTED_EXIT_CODE})")
+                       f"(exit status {code})")
         else:
-            outcome = (f"wrote no checkpoint ({note or 'none could be written'}; "
-                       f"exit status {PREEMPTED_EXIT_CODE})")
-        super().__init__(f"stopped by {signal_name} after step {step} and {outcome}.")
+            outcome = f"wrote no checkpoint ({note or 'none could be written'}; exit status {code})"
+        super().__init__(f"stopped by {signal_label(signal_name)} after step {step} and {outcome}.")
         self.command, self.signal_name, self.step, self.checkpoint = command, signal_name, step, checkpoint
+        self.exit_code = code
 
 
 class StopSignals:
@@ -113,14 +136,25 @@ class StopSignals:
         self._first_at = float("inf")  # every further signal counts as a repeat of the first
         self._previous = {number: signal.SIG_IGN for number in self._previous}
 
+    def _repeat_window(self, number: int) -> float:
+        """Seconds within which a repeat of the first signal is the same notice: ``REPEAT_WINDOW_S``, but none
+        for Ctrl-C outside ``torchrun`` (only a person sends it, and a second press means "now"); always
+        infinite after ``ignore_after_exit``."""
+        if self._first_at == float("inf"):
+            return float("inf")
+        if number == signal.SIGINT and not launched_by_torchrun():
+            return 0.0
+        return REPEAT_WINDOW_S
+
     def _handle(self, number: int, frame: FrameType | None) -> None:
         now = self.clock()
         if self.received is None:
             self.received, self._first_at = number, now
-            logger.warning("%s received: finishing this optimizer step, then writing a checkpoint (a second "
-                           "signal ends the process at once)", signal.Signals(number).name)
+            again = "Ctrl-C again" if number == signal.SIGINT else "a second signal"
+            logger.warning("%s received: finishing this optimizer step, then writing a checkpoint (%s ends "
+                           "the process at once)", signal_label(signal.Signals(number).name), again)
             return
-        if now - self._first_at < REPEAT_WINDOW_S:  # (always after ignore_after_exit)
+        if now - self._first_at < self._repeat_window(number):  # (always after ignore_after_exit)
             return
         signal.signal(number, signal.SIG_DFL)
         os.kill(os.getpid(), number)
@@ -142,31 +176,34 @@ def stop_signals(stop: StopSignals | None) -> Iterator[StopSignals]:
 
 
 def preempted_exit(command: str, stopped: TrainingPreempted, stop: StopSignals) -> int:
-    """The CLI's end of a preempted run: its one line (from the main process), the stop signals ignored from
-    now on in a ``torchrun`` worker (``StopSignals.ignore_after_exit``), and ``PREEMPTED_EXIT_CODE``."""
+    """The CLI's end of a stopped run: its one line (from the main process; ``interrupted:`` after Ctrl-C,
+    ``preempted:`` after SIGTERM/SIGUSR1), the stop signals ignored from now on in a ``torchrun`` worker
+    (``StopSignals.ignore_after_exit``), and ``stopped.exit_code`` (``INTERRUPTED_EXIT_CODE`` or
+    ``PREEMPTED_EXIT_CODE``)."""
     from ..cli_utils import fail
 
     if launched_by_torchrun():
         stop.ignore_after_exit()
     if int(os.environ.get("RANK", "0")) == 0:
-        fail(command, str(stopped), label="preempted")
-    return PREEMPTED_EXIT_CODE
+        fail(command, str(stopped), label="interrupted" if stopped.signal_name == "SIGINT" else "preempted")
+    return stopped.exit_code
 
 
 def run_training_command(command: str, train: Callable[..., Any], namespace: argparse.Namespace,
                          *dataclass_types: type) -> int:
-    """The CLI entry of ``pretrain`` and ``finetune``: the stop signals are caught from the start (a signal
-    during setup stops the run after its first step); ``train(*arguments, stop)`` runs with the flags parsed
-    into ``dataclass_types``. Returns 0; 2 after one error line for a bad flag value, output folder or
-    checkpoint file (``FlagError``); ``PREEMPTED_EXIT_CODE`` after a stop signal (``preempted_exit``);
-    ``SAVE_FAILED_EXIT_CODE`` after one line for a save that failed (``safe_state.SaveFailed``: a full
-    disk)."""
+    """The CLI entry of ``pretrain`` and ``finetune``: the stop signals and Ctrl-C (``COMMAND_STOP_SIGNALS``)
+    are caught from the start (a signal during setup stops the run after its first step);
+    ``train(*arguments, stop)`` runs with the flags parsed into ``dataclass_types``. Returns 0; 2 after one
+    error line for a bad flag value, output folder or checkpoint file (``FlagError``);
+    ``PREEMPTED_EXIT_CODE`` after a stop signal, ``INTERRUPTED_EXIT_CODE`` after Ctrl-C
+    (``preempted_exit``); ``SAVE_FAILED_EXIT_CODE`` after one line for a save that failed
+    (``safe_state.SaveFailed``: a full disk)."""
     from ..cli_utils import FlagError, dataclasses_from_namespace, fail, fail_flag
     from .safe_state import SAVE_FAILED_EXIT_CODE, SaveFailed
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logging.getLogger("hf_attn_variants").setLevel(logging.INFO)
-    with StopSignals() as stop:
+    with StopSignals(COMMAND_STOP_SIGNALS) as stop:
         try:
             train(*dataclasses_from_namespace(namespace, *dataclass_types), stop)
         except FlagError as error:
@@ -207,15 +244,19 @@ def max_over_ranks(value: int, device: object = None) -> int:
 
 
 __all__ = [
+    "COMMAND_STOP_SIGNALS",
+    "INTERRUPTED_EXIT_CODE",
     "PREEMPTED_EXIT_CODE",
     "REPEAT_WINDOW_S",
     "STOP_SIGNALS",
     "StopSignals",
     "TrainingPreempted",
     "end_of_launch",
+    "exit_code_for",
     "launched_by_torchrun",
     "max_over_ranks",
     "preempted_exit",
     "run_training_command",
+    "signal_label",
     "stop_signals",
 ]

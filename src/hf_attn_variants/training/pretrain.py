@@ -43,8 +43,13 @@ Re-runs and preemption (``outputs.py``, ``preemption.py``). Rerunning the same c
 complete checkpoint in ``--output_dir`` (one line says which); a folder holding a finished model or another
 run's files is refused before anything is written, unless ``--overwrite_output_dir``. On SIGTERM/SIGUSR1 every
 rank finishes the same optimizer step, writes its checkpoint, and the command exits with
-``PREEMPTED_EXIT_CODE`` (75). ``--save_total_limit N`` keeps the newest N checkpoints and the one resumed
-from.
+``PREEMPTED_EXIT_CODE`` (75); on Ctrl-C at the command line the same, with ``INTERRUPTED_EXIT_CODE`` (130).
+Checkpoints come every ``--checkpointing_minutes`` (10) besides ``--checkpointing_steps``, and carry the
+model's ``config.json`` and the tokenizer (``checkpoint_model.py``: ``export`` takes them). A rerun that finds
+no checkpoint keeps the earlier attempt's ``train_log.jsonl`` as ``train_log.earlier-<k>.jsonl``. From the
+command line the run prints what it will do before its first step and what it did at the end, and draws
+``loss_curve.png`` (``summary.py``). ``--save_total_limit N`` keeps the newest N checkpoints and the one
+resumed from.
 
 Mixed-length pretraining (``mixed_length_splits``; Su 2022, "听说Attention与Softmax更配哦~", the second
 remedy for key-count-normalised attention): each micro-batch's blocks are cut into k equal pieces, k drawn
@@ -66,6 +71,8 @@ steps once per optimizer step (not once per process, as a prepared scheduler wou
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import logging
 import math
@@ -79,6 +86,7 @@ import torch
 
 from ..cli_utils import FlagError, check_model_source, check_output_dir, quiet_progress
 from .arguments import SCHEDULER_TYPES, PretrainArguments
+from .checkpoint_model import write_model_files
 from .checkpoints import (
     AUTOMATIC,
     CHECKPOINT_DIR,
@@ -112,7 +120,15 @@ from .modeling import (
     has_target_only_mlm_head,
     load_tokenizer,
 )
-from .outputs import FolderState, OutputRule, check_output_folder, finish_run, json_arguments, start_run
+from .outputs import (
+    FolderState,
+    OutputRule,
+    check_output_folder,
+    finish_run,
+    json_arguments,
+    refuse_foreign_files,
+    start_run,
+)
 from .preemption import (
     PREEMPTED_EXIT_CODE,
     StopSignals,
@@ -134,11 +150,24 @@ from .sources import (
     training_stream,
 )
 from .streaming import DATA_STATE_DIR, PackedStream, TrainStream
+from .summary import (
+    PLOT_FILE,
+    RunPlan,
+    device_matmul_flops,
+    end_summary,
+    estimate_seconds,
+    parameter_counts,
+    plot_loss_curve,
+    start_summary,
+)
 from .throughput import device_peak_flops, mfu, model_flops_per_token
 
 logger = logging.getLogger(__name__)
 
 LOG_FILE = "train_log.jsonl"
+EARLIER_LOGS = "train_log.earlier-*.jsonl"
+"""Where a rerun that finds no checkpoint to resume from keeps the log of the run before it
+(``keep_earlier_log``)."""
 ARGS_FILE = "pretrain_args.json"
 
 
@@ -154,8 +183,10 @@ def _legacy_arguments(folder: Path) -> dict[str, Any] | None:
 PRETRAIN_RULE = OutputRule(
     command="pretrain",
     aside=frozenset({"max_train_steps", "num_train_epochs", "logging_steps", "eval_steps", "with_tracking",
-                     "disable_tqdm", "checkpointing_steps", "save_total_limit", "preprocessing_num_workers"}),
-    run_files=(CHECKPOINT_DIR, LOG_FILE, ARGS_FILE, "all_results.json", "tensorboard"),
+                     "disable_tqdm", "checkpointing_steps", "checkpointing_minutes", "save_total_limit",
+                     "preprocessing_num_workers"}),
+    run_files=(CHECKPOINT_DIR, LOG_FILE, EARLIER_LOGS, ARGS_FILE, "all_results.json", "tensorboard",
+               PLOT_FILE),
     continue_hint="with checkpoints, --resume_from_checkpoint latest trains it further",
     legacy_arguments=_legacy_arguments,
 )
@@ -238,8 +269,14 @@ class LoopState:
     window_started: float = field(default_factory=time.perf_counter)
     """Tokens trained on since the last ``train_log.jsonl`` row, and when that window began."""
     stop: StopSignals | None = None
-    """SIGTERM/SIGUSR1 (``preemption.py``): after the step they arrive in, every rank checkpoints and
-    stops."""
+    """SIGTERM/SIGUSR1, and Ctrl-C from the command line (``preemption.py``): after the step they arrive in,
+    every rank checkpoints and stops."""
+    last_checkpoint: float = field(default_factory=time.perf_counter)
+    """When the last checkpoint was written (or the run started): ``--checkpointing_minutes`` counts from
+    here."""
+    first_completed: int = 0
+    first_tokens: int = 0
+    """The step and tokens this process started from (a resumed run's checkpoint), for the end summary."""
 
 
 # ---------------------------------------------------------------- small pieces
@@ -248,6 +285,16 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[s
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def keep_earlier_log(path: Path) -> Path:
+    """Rename the ``train_log.jsonl`` of an earlier run that left no checkpoint to the first free
+    ``train_log.earlier-<k>.jsonl`` next to it (never overwritten, never truncated); returns the new path."""
+    index = 1
+    while (kept := path.with_name(f"train_log.earlier-{index}.jsonl")).exists():
+        index += 1
+    path.rename(kept)
+    return kept
 
 
 def truncate_log(path: Path, last_step: int) -> None:
@@ -462,7 +509,7 @@ def check_output_folder_of(args: PretrainArguments) -> FolderState:
               "tokenizer_name": args.tokenizer_name}
     return check_output_folder(PRETRAIN_RULE, args.output_dir, json_arguments(args),
                                overwrite=args.overwrite_output_dir, resume=args.resume_from_checkpoint,
-                               inputs=inputs)
+                               inputs=inputs, write_into=args.write_into_output_dir)
 
 
 def checkpoint_to_resume(args: PretrainArguments, folder: FolderState) -> Path | None:
@@ -506,7 +553,9 @@ def check_stream_position(checkpoint: Path, args: PretrainArguments) -> None:
 
 def start_writing(args: PretrainArguments, runtime: TrainingRuntime, folder: FolderState) -> None:
     """Every rank has checked everything; the main process clears the folder (``--overwrite_output_dir``) and
-    records the run in ``run.json``; then every rank goes on."""
+    records the run in ``run.json``; then every rank goes on. A folder of a person's files is refused on every
+    rank first (``refuse_foreign_files``)."""
+    refuse_foreign_files(PRETRAIN_RULE, folder)
     runtime.wait_for_everyone()
     if runtime.is_main_process:
         start_run(PRETRAIN_RULE, folder, json_arguments(args))
@@ -580,7 +629,8 @@ def setup(args: PretrainArguments, runtime: TrainingRuntime) -> TrainingSetup:
 
 def restore(run: TrainingSetup) -> tuple[int, int]:
     """Load the checkpoint to resume (if any; with ``--streaming`` also the stream's position) and cut
-    ``train_log.jsonl`` back to its step, else remove an old log; returns the optimizer steps and the tokens
+    ``train_log.jsonl`` back to its step; without one, an earlier attempt's log is kept under another name
+    (``keep_earlier_log``, with one warning line), never truncated. Returns the optimizer steps and the tokens
     already done. (``checkpoint_to_resume`` has said which checkpoint: one line.)"""
     completed = tokens = 0
     if run.checkpoint is not None:
@@ -592,7 +642,9 @@ def restore(run: TrainingSetup) -> tuple[int, int]:
         if run.runtime.is_main_process:
             truncate_log(run.log_path, completed)
     elif run.runtime.is_main_process and run.log_path.exists():
-        run.log_path.unlink()
+        kept = keep_earlier_log(run.log_path)
+        logger.warning("pretrain: %s holds no checkpoint of this run to resume from, so it starts at step 0; "
+                       "the earlier attempt's log is kept as %s", run.output_dir, kept)
     run.runtime.wait_for_everyone()
     return completed, tokens
 
@@ -650,6 +702,17 @@ def optimizer_step(run: TrainingSetup) -> torch.Tensor | None:
     return grad_norm
 
 
+def checkpoint_due(run: TrainingSetup, state: LoopState) -> bool:
+    """Whether ``--checkpointing_minutes`` have passed since the last checkpoint on any rank (one all-reduce
+    when several run: every rank answers the same after the same step); never at the last step, which the
+    final save covers."""
+    minutes = run.args.checkpointing_minutes
+    if not minutes or state.completed >= run.max_steps:
+        return False
+    elapsed = time.perf_counter() - state.last_checkpoint >= 60.0 * minutes
+    return max_over_ranks(int(elapsed), run.runtime.device) > 0
+
+
 def checkpoint_name(run: TrainingSetup, completed: int, epoch: int, epoch_end: bool) -> str | None:
     """``step_<k>`` every ``--checkpointing_steps`` steps, ``epoch_<e>`` at epoch ends with ``epoch``, else
     None."""
@@ -661,11 +724,21 @@ def checkpoint_name(run: TrainingSetup, completed: int, epoch: int, epoch_end: b
     return None
 
 
+def checkpoint_extras(run: TrainingSetup, folder: Path) -> None:
+    """What a checkpoint holds besides the training state (every rank calls it): a streamed run's data
+    position (each rank), and the language model's ``config.json`` and the tokenizer (the main process), so
+    that ``export`` takes the checkpoint (``checkpoint_model.py``)."""
+    if run.stream is not None:
+        run.stream.save(folder)
+    if run.runtime.is_main_process:
+        write_model_files(folder, language_model(run.runtime.unwrap_model(run.model)), run.tokenizer)
+
+
 def checkpoint_state(run: TrainingSetup, state_of_loop: LoopState, epoch: int) -> dict[str, Any]:
-    """``training_state.json``: the step, epoch and tokens trained on (and, for a sharded run, its format and
-    global batch)."""
+    """``training_state.json``: the step, epoch, tokens trained on and the objective (and, for a sharded run,
+    its format and global batch)."""
     state: dict[str, Any] = {"completed_steps": state_of_loop.completed, "epoch": epoch,
-                             "tokens": state_of_loop.tokens}
+                             "tokens": state_of_loop.tokens, "objective": run.args.objective}
     if run.args.layout.sharded:
         state.update(sharded=True,
                      global_batch_size=run.args.per_device_train_batch_size * run.args.layout.dp_size,
@@ -754,7 +827,7 @@ def after_update(run: TrainingSetup, state: LoopState, epoch: int, epoch_end: bo
     state.window_loss.zero_()
     stopping = stop_requested(run, state)
     name = (checkpoint_name(run, state.completed, epoch, epoch_end)
-            or (f"step_{state.completed}" if stopping else None))
+            or (f"step_{state.completed}" if stopping or checkpoint_due(run, state) else None))
     eval_due = not stopping and bool(state.completed == run.max_steps or epoch_end
                                      or (args.eval_steps and state.completed % args.eval_steps == 0))
     if eval_due or name or state.completed % args.logging_steps == 0:
@@ -764,8 +837,9 @@ def after_update(run: TrainingSetup, state: LoopState, epoch: int, epoch_end: bo
     if name:
         saved = save_checkpoint(run.runtime, args.output_dir, name, checkpoint_state(run, state, epoch),
                                 limit=args.save_total_limit, keep=run.checkpoint,
-                                write_extra=run.stream.save if run.stream is not None else None,
+                                write_extra=lambda folder: checkpoint_extras(run, folder),
                                 needed=lambda: training_state_bytes(run.model))
+        state.last_checkpoint = time.perf_counter()
         if stopping:
             raise TrainingPreempted("pretrain", state.stop.signal_name, state.completed, saved)
     # a row was written: the next window starts now (evaluation, checkpoint excluded)
@@ -815,7 +889,8 @@ def train(run: TrainingSetup, completed: tuple[int, int], stop: StopSignals | No
     device = runtime.device
     completed, tokens = completed
     state = LoopState(completed=completed, window_loss=torch.zeros((), device=device),
-                      log_loss=torch.zeros((), device=device), stop=stop, tokens=tokens)
+                      log_loss=torch.zeros((), device=device), stop=stop, tokens=tokens,
+                      first_completed=completed, first_tokens=tokens)
     progress = tqdm(total=run.max_steps, initial=state.completed,
                     disable=args.disable_tqdm or not runtime.is_local_main_process,
                     desc=f"pretrain {run.config.model_type} ({args.objective})")
@@ -848,16 +923,22 @@ def dataset_info(args: PretrainArguments) -> dict[str, str]:
             "dataset_description": f"local file(s) {args.train_file}"}
 
 
-def save_outputs(run: TrainingSetup, state: LoopState) -> None:
+def save_outputs(run: TrainingSetup, state: LoopState) -> Path | None:
     """The final folder: model (safetensors, config, remote code), tokenizer, ``all_results.json``,
-    ``pretrain_args.json`` (``train_log.jsonl`` and ``checkpoints/`` are already there)."""
+    ``pretrain_args.json`` and ``loss_curve.png`` (with matplotlib; ``train_log.jsonl`` and ``checkpoints/``
+    are already there). Returns the plot's path, or ``None`` when none was drawn. Under ``--disable_tqdm``
+    Transformers' "Writing model shards" bar is off too."""
     args, runtime = run.args, run.runtime
     runtime.wait_for_everyone()
-    runtime.save_model(run.model, args.output_dir)
+    plot = None
+    with quiet_progress() if args.disable_tqdm else contextlib.nullcontext():
+        runtime.save_model(run.model, args.output_dir)
     if runtime.is_main_process:
         model = language_model(runtime.unwrap_model(run.model))
         run.tokenizer.model_max_length = model.config.max_position_embeddings
         run.tokenizer.save_pretrained(args.output_dir)
+        title = f"pretrain {model.config.model_type} ({args.objective}): {run.output_dir.name}"
+        plot = plot_loss_curve(run.log_path, run.output_dir / PLOT_FILE, title)
         epoch = round(state.completed / run.updates_per_epoch, 4)
         results = {**state.metrics, "train_loss": state.last_row.get("loss"), "step": state.completed,
                    "epoch": epoch}
@@ -880,9 +961,48 @@ def save_outputs(run: TrainingSetup, state: LoopState) -> None:
     runtime.wait_for_everyone()
     if runtime.is_main_process:
         finish_run(args.output_dir)
+    return plot
 
 
-def pretrain(args: PretrainArguments, stop: StopSignals | None = None) -> PretrainResult:
+def checkpoint_cadence(args: PretrainArguments) -> str:
+    """How often the run checkpoints, for the start summary."""
+    parts = []
+    if args.checkpointing_steps == "epoch":
+        parts.append("each epoch")
+    elif args.checkpointing_steps:
+        parts.append(f"every {args.checkpointing_steps} steps")
+    if args.checkpointing_minutes:
+        parts.append(f"every {args.checkpointing_minutes:g} min")
+    return "a checkpoint " + " and ".join(parts) if parts else "no checkpoints (--checkpointing_minutes 0)"
+
+
+def run_plan(run: TrainingSetup, completed: int) -> RunPlan:
+    """What the start summary states about ``run`` (main process): the model's size, where it runs, the
+    steps ahead and a rough time estimate (``summary.py``)."""
+    args, runtime = run.args, run.runtime
+    model = language_model(runtime.unwrap_model(run.model))
+    total, non_embedding = parameter_counts(model)
+    per_process = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    data_parallel = args.layout.dp_size if args.layout.sharded else runtime.num_processes
+    matmul = device_matmul_flops(runtime.device, per_process * args.max_seq_length // max(
+        args.gradient_accumulation_steps, 1), run.config.hidden_size)
+    estimate = estimate_seconds(run.flops_per_token, per_process * args.max_seq_length,
+                                run.max_steps - completed, matmul)
+    return RunPlan(model_type=run.config.model_type, objective=args.objective, parameters=total,
+                   non_embedding_parameters=non_embedding, device=str(runtime.device),
+                   processes=runtime.num_processes, batch_size=per_process * data_parallel,
+                   sequence_length=args.max_seq_length, start_step=completed, max_steps=run.max_steps,
+                   checkpoint_cadence=checkpoint_cadence(args), estimated_seconds=estimate)
+
+
+def print_lines(lines: list[str]) -> None:
+    """The summary lines on stdout, each after ``pretrain:``."""
+    for line in lines:
+        print(f"pretrain: {line}", flush=True)
+
+
+def pretrain(args: PretrainArguments, stop: StopSignals | None = None, *,
+             summary: bool = False) -> PretrainResult:
     """Run MLM/CLM pretraining as described in the module docstring; returns a ``PretrainResult``.
 
     Writes to ``args.output_dir``: ``run.json``, the model (safetensors + remote code + config), the
@@ -891,7 +1011,8 @@ def pretrain(args: PretrainArguments, stop: StopSignals | None = None) -> Pretra
     folder, tokenizer, config, checkpoint, data, model and (sharded) process layout are checked: a bad one
     raises ``FlagError`` naming its argument. SIGTERM/SIGUSR1 end the run after the current optimizer step and
     its checkpoint with ``TrainingPreempted`` (caught during training, or by ``stop`` when the caller
-    installed the handlers).
+    installed the handlers). With ``summary`` (the command line) the main process prints what the run is
+    about to do before its first step and what it did at the end (``summary.py``).
     """
     check_arguments(args)
     runtime = make_runtime(args)
@@ -900,10 +1021,18 @@ def pretrain(args: PretrainArguments, stop: StopSignals | None = None) -> Pretra
                       agree=lambda refused: max_over_ranks(refused, runtime.device)):
             run = setup(args, runtime)
             with stop_signals(stop) as active:
-                state = train(run, restore(run), active)
+                done = restore(run)
+                if summary and runtime.is_main_process:
+                    print_lines(start_summary(run_plan(run, done[0])))
+                state = train(run, done, active)
             with failing_save_raises("pretrain", run.output_dir, lambda: training_state_bytes(run.model),
                                      "its checkpoints are intact", staging=False):
-                save_outputs(run, state)
+                plot = save_outputs(run, state)
+            if summary and runtime.is_main_process:
+                print_lines(end_summary(
+                    args.output_dir, args.objective, state.completed - state.first_completed,
+                    state.tokens - state.first_tokens, time.perf_counter() - state.started,
+                    state.last_row.get("loss"), state.metrics.get("eval_loss"), plot))
     except TrainingPreempted:
         if args.with_tracking:
             runtime.end_training()
@@ -925,7 +1054,8 @@ def run(namespace: argparse.Namespace) -> int:
     """CLI entry: train (``preemption.run_training_command``: a bad flag value or output folder gives one
     error line naming the flag and exit status 2; a stop signal, after its checkpoint, one line and exit
     status 75)."""
-    return run_training_command("pretrain", pretrain, namespace, PretrainArguments)
+    return run_training_command("pretrain", functools.partial(pretrain, summary=True), namespace,
+                                PretrainArguments)
 
 
 __all__ = [

@@ -8,9 +8,12 @@
   checkpoint needs pickle) and writes ``checkpoint_manifest.json`` (size and sha256 of every file, atomically,
   last); ``trainer_checkpoints`` reads a folder without one as a save that did not
   finish, and ``checkpoints.newest_complete`` checks the rest;
-- ``on_step_end``: the ranks agree (``StopSignals.agreed``) whether a stop signal arrived anywhere; if so
-  every rank asks ``Trainer`` to save this step's checkpoint and stop (``stopped_step``), unless this was the
-  last step anyway. A sharded finetune (``DistributedConfig``) stops without a checkpoint: ``Trainer`` can
+- ``on_step_end``: the ranks agree (``StopSignals.agreed``) whether a stop signal (or, from the command line,
+  Ctrl-C) arrived anywhere; if so every rank asks ``Trainer`` to save this step's checkpoint and stop
+  (``stopped_step``), unless this was the last step anyway. Otherwise, once ``checkpoint_minutes`` have passed
+  since the last save (``--checkpointing_minutes``; the ranks agree too), ``Trainer`` saves this step's
+  checkpoint, so that a kill loses at most that much training whatever ``--save_steps`` says. A sharded
+  finetune (``DistributedConfig``) stops without a checkpoint: ``Trainer`` can
   neither checkpoint nor resume the optimizer of a model sharded at load time.
 """
 
@@ -19,13 +22,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
 from .checkpoints import Checkpoint, file_manifest, list_checkpoints, read_json_file
-from .preemption import StopSignals
+from .preemption import StopSignals, max_over_ranks
 
 MANIFEST_FILE = "checkpoint_manifest.json"
 ARGUMENTS_FILE = "training_args.json"
@@ -82,19 +86,33 @@ class CheckpointGuard(TrainerCallback):
     """Manifests for ``Trainer``'s checkpoints and a stop at the same step on every rank (module
     docstring)."""
 
-    def __init__(self, stop: StopSignals, *, can_checkpoint: bool = True) -> None:
+    def __init__(self, stop: StopSignals, *, can_checkpoint: bool = True,
+                 checkpoint_minutes: float = 0.0) -> None:
         self.stop = stop
         self.can_checkpoint = can_checkpoint
+        self.checkpoint_minutes = checkpoint_minutes if can_checkpoint else 0.0
         self.stopped_step: int | None = None
+        self.last_save = time.perf_counter()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        """Stop (and checkpoint) after this step when any rank received a stop signal."""
+        """Stop (and checkpoint) after this step when any rank received a stop signal; else checkpoint when
+        ``checkpoint_minutes`` have passed since the last save."""
         if self.stop.agreed(args.device) and state.global_step < state.max_steps:
             control.should_save = self.can_checkpoint
             control.should_evaluate = False  # the time before the kill is short
             control.should_training_stop = True
             self.stopped_step = state.global_step
+        elif self.checkpoint_due(args) and state.global_step < state.max_steps:
+            control.should_save = True
         return control
+
+    def checkpoint_due(self, args: Any) -> bool:
+        """Whether ``checkpoint_minutes`` have passed since the last save on any rank (one all-reduce when
+        several run, so that every rank answers the same)."""
+        if not self.checkpoint_minutes:
+            return False
+        elapsed = time.perf_counter() - self.last_save >= 60.0 * self.checkpoint_minutes
+        return max_over_ranks(int(elapsed), args.device) > 0
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         """Write the arguments as JSON and the manifest of the checkpoint ``Trainer`` just saved (main
@@ -105,6 +123,7 @@ class CheckpointGuard(TrainerCallback):
             arguments_as_json(folder, args)
             write_manifest(folder, state.global_step)
         _barrier(args)
+        self.last_save = time.perf_counter()
         return control
 
 

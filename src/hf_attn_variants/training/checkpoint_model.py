@@ -1,0 +1,89 @@
+"""The model inside a ``pretrain`` checkpoint (``output_dir/checkpoints/step_<k>``), for ``export``.
+
+A checkpoint holds what resuming needs: the training module's full state (``model.safetensors``; the
+accelerate path's MLMs carry ``TargetOnlyMLMLoss``'s ``model.`` key prefix), the optimizer, the scheduler and
+the random states (``safe_state.py``). So that a run stopped early (Ctrl-C, a preemption, a kill) still leaves
+something usable, every checkpoint also carries the language model's ``config.json`` (with its architecture)
+and the tokenizer (``write_model_files``), and ``training_state.json`` records the objective.
+``load_checkpoint_model`` rebuilds the language model from those files: the training module of the same kind
+the run trained, its state loaded strictly, the ``*ForMaskedLM`` / ``*ForCausalLM`` inside returned.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+from ..cli_utils import FlagError
+from .checkpoints import STATE_FILE
+from .safe_state import MODEL_FILE, load_safely, read_tensors
+
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer_config.json"
+
+
+def is_pretrain_checkpoint(folder: str | Path) -> bool:
+    """Whether ``folder`` is a ``pretrain`` checkpoint (its ``training_state.json`` and weights are there)."""
+    path = Path(folder)
+    return (path / STATE_FILE).is_file() and (path / MODEL_FILE).is_file()
+
+
+def write_model_files(folder: Path, model: PreTrainedModel, tokenizer: Any) -> None:
+    """Into a checkpoint being written: the language model's ``config.json`` (``architectures`` set, no code
+    files) and the tokenizer's files."""
+    config = model.config
+    architectures = config.architectures
+    config.architectures = [type(model).__name__]
+    try:
+        config.to_json_file(folder / CONFIG_FILE)
+    finally:
+        config.architectures = architectures
+    tokenizer.save_pretrained(folder)
+
+
+def tokenizer_source(checkpoint: Path) -> Path | None:
+    """Where the tokenizer of ``checkpoint`` is: the checkpoint itself, else its run's output folder (two
+    levels up) when that holds one; ``None`` otherwise."""
+    for folder in (checkpoint, checkpoint.parent.parent):
+        if (folder / TOKENIZER_FILE).is_file():
+            return folder
+    return None
+
+
+def load_checkpoint_model(checkpoint: str | Path, flag: str = "model_name_or_path") -> torch.nn.Module:
+    """The language model trained up to ``checkpoint`` (a ``pretrain`` checkpoint folder), in eval mode;
+    ``FlagError`` naming ``flag`` in one sentence for a checkpoint that cannot give one."""
+    from transformers import AutoConfig
+
+    from .modeling import TargetOnlyMLMLoss, build_lm_model, has_target_only_mlm_head
+
+    folder = Path(checkpoint)
+    if not (folder / CONFIG_FILE).is_file():
+        raise FlagError(flag, f"{flag}: the checkpoint {str(folder)!r} was written before checkpoints "
+                              "carried config.json; export the run's finished output folder instead, or "
+                              "resume the run for one more checkpoint.")
+    state = json.loads((folder / STATE_FILE).read_text())
+    config = AutoConfig.from_pretrained(folder)
+    objective = state.get("objective") or (
+        "clm" if any(name.endswith("ForCausalLM") for name in config.architectures or ()) else "mlm")
+    model = build_lm_model(config, objective)
+    wrapped = not state.get("sharded") and objective == "mlm" and has_target_only_mlm_head(model)
+    module = TargetOnlyMLMLoss(model) if wrapped else model
+    tensors = load_safely(folder / MODEL_FILE, read_tensors, flag)
+    try:
+        module.load_state_dict(tensors, strict=True)
+    except RuntimeError as error:
+        reason = " ".join(str(error).split())[:300]
+        raise FlagError(flag, f"{flag}: the weights of the checkpoint {str(folder)!r} do not fit its "
+                              f"config.json ({reason}).") from error
+    return model.eval()
+
+
+__all__ = ["CONFIG_FILE", "is_pretrain_checkpoint", "load_checkpoint_model", "tokenizer_source",
+           "write_model_files"]
