@@ -202,9 +202,9 @@ def build_config(
     tokenizer unless overridden; an overridden ``hidden_size`` scales the widths that follow from it unless
     they are overridden too (``follow_hidden_size``); ``max_position_embeddings`` is raised to
     ``max_seq_length`` when smaller, and a family's ``base_length`` (the training length m of the
-    entropy-invariant factor log n / log m,
-    DESIGN §2.1–2.2) is set to ``max_seq_length`` unless given. With ``model_name_or_path`` the pretrained
-    config is kept; only the explicit overrides change it. Overrides are validated by the family config.
+    entropy-invariant factor log n / log m, DESIGN §2.1–2.2) is set to ``max_seq_length`` unless given. With
+    ``model_name_or_path`` the pretrained config is kept; only the explicit overrides change it. Overrides are
+    validated by the family config.
 
     Every bad input raises ``FlagError`` naming its argument: a malformed or unknown override, a value the
     config class rejects, a config source that is not a local config, a ``model_type`` that differs from
@@ -276,9 +276,8 @@ def follow_hidden_size(defaults: PreTrainedConfig, overrides: dict[str, Any]) ->
     """The sizes that follow from an overridden ``hidden_size``, unless overridden too: the widths of
     ``WIDTHS_OF_HIDDEN_SIZE`` keep their ratio to it, rounded to an even number (BERT-base's 3072 / 768 = 4:
     ``hidden_size=32`` gives ``intermediate_size=128``, not 3072), and ``num_attention_heads`` becomes the
-    largest divisor of the new
-    width at most its old count scaled by the ratio (head width kept: 12 heads of 64 → ``hidden_size=256``: 4)
-    when the old count does not divide it. One log line names what changed."""
+    largest divisor of the new width at most its old count scaled by the ratio (head width kept: 12 heads of
+    64 → ``hidden_size=256``: 4) when the old count does not divide it. One log line names what changed."""
     new = overrides.get("hidden_size")
     old = getattr(defaults, "hidden_size", None)
     if not isinstance(new, int) or isinstance(new, bool) or new < 1 or not old or new == old:
