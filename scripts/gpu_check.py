@@ -84,7 +84,9 @@ RUN_SECTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("decoding-gpu", "profiles", "Where a decoding step goes",
      "`torch.profiler` over one batch-1 `generate` per model: a step's time against the GPU's share of it, "
      "and the calls, launches and host syncs that fill the rest."),
-    ("benchmarks-gpu", "report", "Training and prefill speed", ""),
+    ("benchmarks-gpu", "report", "Training and prefill speed",
+     "The bench's report of this run: its settings, targets, tables and plots. How the rows are measured and "
+     "read is in [benchmarks.md](benchmarks.md) (the same bench on CPU)."),
 )
 """(results file, view, heading, the page's own sentence) of one run's section of docs/benchmarks-gpu.md, in
 page order; a section is there only when the run brought its file back (the profiles only when it has

@@ -28,13 +28,14 @@ from ._common import markdown_table
 
 def report(data: dict[str, Any]) -> str:
     """The committed benchmark report (docs/benchmarks.md, or a run of docs/benchmarks-gpu.md: a file that
-    ``scripts/gpu_check.py publish`` copied names itself and its plots in ``published``)."""
+    ``scripts/gpu_check.py publish`` copied names itself and its plots in ``published``, and its report leaves
+    the method notes to docs/benchmarks.md)."""
     run = _store.from_results(data)
     published = data.get("published") or {}
     name = published.get("name") or _store.results_name(run.device)
     prefix = published.get("plot_prefix") or _store.plot_prefix(run.device)
     text = _report.render_report(run, source=f"docs/results/{name}.json", committed=True,
-                                 plots=_plot_names(run, prefix))
+                                 plots=_plot_names(run, prefix), notes=not published)
     return _demoted(text, 2) if published else text
 
 

@@ -706,9 +706,11 @@ def _notes(run: BenchRun) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- report
-def render_report(run: BenchRun, *, source: str, committed: bool, plots: Iterable[str] = ()) -> str:
+def render_report(run: BenchRun, *, source: str, committed: bool, plots: Iterable[str] = (),
+                  notes: bool = True) -> str:
     """The Markdown body of the report (no title): ``source`` names the results file, ``plots`` the PNGs to
-    link (relative to the report), ``committed`` whether it is the committed report or a run of its own."""
+    link (relative to the report), ``committed`` whether it is the committed report or a run of its own,
+    ``notes`` whether the method notes (``notes.md``: how to read, baselines, reproduce) close it."""
     lines = _header(run, source, committed)
     lines += _merges(run)
     lines += _targets(run)
@@ -720,7 +722,8 @@ def render_report(run: BenchRun, *, source: str, committed: bool, plots: Iterabl
             lines += [f"![{Path(plot).stem}]({plot})", ""]
     lines += _compiled_table(run)
     lines += _skipped(run)
-    lines += _notes(run)
+    if notes:
+        lines += _notes(run)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
