@@ -85,8 +85,8 @@ case "$PART" in
 esac
 declare -A BUDGET=(
     [environment]="${GPU_CHECK_BUDGET_ENVIRONMENT:-20}"
-    [tests]="${GPU_CHECK_BUDGET_TESTS:-200}"
-    [wheel]="${GPU_CHECK_BUDGET_WHEEL:-70}"
+    [tests]="${GPU_CHECK_BUDGET_TESTS:-180}"
+    [wheel]="${GPU_CHECK_BUDGET_WHEEL:-100}"
     [bench]="${GPU_CHECK_BUDGET_BENCH:-120}"
     [decoding]="${GPU_CHECK_BUDGET_DECODING:-150}"
 )

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -323,6 +324,17 @@ def test_every_outcome_and_a_crash_reach_the_results_as_they_happen(tmp_path: Pa
     assert "-p gpu_check_pytest" in command
     assert [driver.tests_status(code) for code in (0, 1, 2, 5, None)] == [
         "passed", "failed", "error", "error", "timed out"]
+
+
+def test_a_run_stopped_at_its_limit_returns_even_if_a_process_outside_its_group_holds_the_pipe() -> None:
+    """pip, say, left running in a session of its own with pytest's output pipe open: the stage still ends
+    (its outcomes come from the plugin's file, not from the pipe)."""
+    driver = load_driver()
+    started = time.monotonic()
+    command = ["bash", "-c", "echo started; setsid sleep 60 & sleep 60"]
+    run = driver.run_streaming(command, dict(os.environ), 1, ROOT)
+    assert run.exit_code is None and run.lines == ["started"]
+    assert time.monotonic() - started < 20
 
 
 def gpu_environment() -> dict:
