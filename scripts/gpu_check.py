@@ -237,9 +237,8 @@ CPU_TESTS = (
     ("tests/test_standalone.py", "exported code"), ("tests/test_packed_documents.py", "packed documents"),
     ("tests/test_packed_flash.py", "packed FLASH in linear time"),
     ("tests/test_stock_attention.py", "stock log-n"),
-    ("tests/test_pruning.py", "head pruning"),
 )
-NEEDS_PACKAGE_INDEX = (
+NEEDS_PACKAGE_INDEX: tuple[str, ...] = (
     "tests/test_pruning.py::"
     "test_pruned_checkpoints_of_our_families_load_with_remote_code_in_a_clean_environment",
 )
@@ -322,7 +321,7 @@ def run_streaming(command: list[str], env: dict[str, str], timeout: float, cwd: 
         except subprocess.TimeoutExpired:
             stop()
             process.wait()
-        reader.join(timeout=None if not stopped.is_set() else 5.0)
+        reader.join(timeout=None if not stopped.is_set() else 2.0)
     finally:
         signal.signal(signal.SIGTERM, previous)
     return PytestRun(None if stopped.is_set() else process.returncode, list(lines), time.monotonic() - start)
@@ -502,7 +501,7 @@ def tests_stage(args: argparse.Namespace) -> int:
     """The CUDA tests (pytest-xdist workers on the GPU), then the model tests on CPU tensors. A dry run makes
     one pytest run on CPU in which every CUDA test skips and the model test files are collected (imported),
     not run: on CPU they are ``make test``'s. tests-gpu.json is rewritten at every outcome."""
-    budget = Budget(args.budget, margin=5.0)
+    budget = Budget(args.budget, margin=15.0)  # a stopped pytest's group is killed, then the file is written
     selection, present, notes = tests_selection(ROOT)
     record = TestsFile(args.out, args.dry_run, [*selection, *present], notes)
     record.running([])
@@ -713,8 +712,8 @@ def wheel_stage(args: argparse.Namespace) -> int:
         work = scratch / "work"
         work.mkdir()
         with_package = isolated_env([package, deps], scratch)
-        _, where, _ = run_python("import hf_attn_variants; print(hf_attn_variants.__file__)", with_package,
-                                 work, 60)
+        _, where, _ = run_python("import importlib.util; print(importlib.util.find_spec('hf_attn_variants')"
+                                 ".origin)", with_package, work, 60)  # found, not imported: no torch
         result["imported_from"] = where.strip().replace(str(scratch), "<scratch>")
         quickstarts = readme_quickstarts(ROOT / "README.md")
         result["quickstarts"] = []
@@ -959,12 +958,23 @@ STATIC_NOTE = ("`cache_implementation=\"static\"`: Transformers compiles the dec
                "model fits the budget), after one compiling generation.")
 
 
+STATIC_LEFT_OUT = {
+    "gau_softmax_plus": ("not run: compiling a third model does not fit the perf part's 5 minutes (the "
+                         "second GPU run compiled the Llama and the entropy-invariant model in about 100 s "
+                         "and had no time left for the GAU models)"),
+}
+"""Models whose static-cache rows the GPU check leaves out, and why; FLASH GAU is still asked, and refuses in
+one sentence at once."""
+
+
 def static_rows(model: torch.nn.Module, name: str, plan: dict[str, Any], device: str,
                 budget: Budget, predicted: float) -> tuple[list[dict[str, Any]], str | None]:
     """Batch-1 rows at the shortest context with the static cache (compiled by Transformers on CUDA; a dry
     run's CPU runs it uncompiled); (rows, why there are none)."""
     from hf_attn_variants.bench.decoding import DECODING_SDPA_BACKENDS, measure_model
 
+    if name in STATIC_LEFT_OUT:
+        return [], STATIC_LEFT_OUT[name]
     if not budget.fits(predicted):
         return [], f"not run: the decoding budget ({budget.seconds:.0f} s) would be exceeded"
     try:
@@ -1194,8 +1204,8 @@ def publish_command(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="scripts/gpu_check.py", description=__doc__.splitlines()[0])
     stages = main.add_subparsers(dest="stage", required=True)
-    for name, budget in (("environment", 20.0), ("tests", 180.0), ("wheel", 100.0), ("bench", 120.0),
-                         ("decoding", 150.0)):
+    for name, budget in (("environment", 20.0), ("tests", 190.0), ("wheel", 90.0), ("bench", 100.0),
+                         ("decoding", 180.0)):
         stage = stages.add_parser(name, help=f"the {name} stage")
         stage.add_argument("--out", type=Path, required=True, help="Folder for the results file.")
         stage.add_argument("--budget", type=float, default=budget, help=f"Seconds (default {budget:.0f}).")

@@ -20,7 +20,7 @@
 #   bench        benchmarks-gpu.json  entropy-invariant vs Llama 2k-16k; FLASH (Triton, torch path) vs Llama
 #                                     4k-64k
 #   decoding     decoding-gpu.json    generate tokens/s at batch 1 and 64, contexts 512 and 4096, dynamic
-#                                     cache (and static cache compiled at batch 1), a profile of each model
+#                                     cache (and the static cache compiled at batch 1), a profile of each model
 # plus gpu-check.log (everything printed) and stages.tsv (stage, verdict, seconds, budget): seven files.
 #
 # Wheels in .whl/ (`make gpu-wheels`) are installed into a scratch folder first and put on PYTHONPATH; without
@@ -85,10 +85,10 @@ case "$PART" in
 esac
 declare -A BUDGET=(
     [environment]="${GPU_CHECK_BUDGET_ENVIRONMENT:-20}"
-    [tests]="${GPU_CHECK_BUDGET_TESTS:-180}"
-    [wheel]="${GPU_CHECK_BUDGET_WHEEL:-100}"
-    [bench]="${GPU_CHECK_BUDGET_BENCH:-120}"
-    [decoding]="${GPU_CHECK_BUDGET_DECODING:-150}"
+    [tests]="${GPU_CHECK_BUDGET_TESTS:-190}"
+    [wheel]="${GPU_CHECK_BUDGET_WHEEL:-90}"
+    [bench]="${GPU_CHECK_BUDGET_BENCH:-100}"
+    [decoding]="${GPU_CHECK_BUDGET_DECODING:-180}"
 )
 
 SCRATCH="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")"
