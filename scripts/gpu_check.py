@@ -2,23 +2,26 @@
 """The stages of ``scripts/gpu_check.sh``: every GPU number in one command, each stage's results file written
 to the output folder as soon as the stage (or, for the benchmarks, each length or model) is done.
 
-Stages (``scripts/gpu_check.sh`` runs them in this order, each under its own time budget)::
+Stages (``scripts/gpu_check.sh`` runs them in this order, each under its own time budget; ``--part tests``
+the first three, ``--part perf`` environment, bench and decoding)::
 
     gpu_check.py environment --out DIR  # environment-gpu.json: GPU, driver, versions, wheels (20 s)
-    gpu_check.py tests --out DIR        # tests-gpu.json: the CUDA test selection, summarised (110 s)
-    gpu_check.py bench --out DIR        # benchmarks-gpu.json: the bench's format, kind bench (120 s)
-    gpu_check.py decoding --out DIR     # decoding-gpu.json: scripts/decoding_bench.py's format (40 s)
+    gpu_check.py tests --out DIR        # tests-gpu.json: CUDA tests, then model tests on CPU tensors (190 s)
+    gpu_check.py wheel --out DIR        # wheel-gpu.json: the wheel on this torch, README quickstarts (90 s)
+    gpu_check.py bench --out DIR        # benchmarks-gpu.json: the bench's format, kind bench (100 s)
+    gpu_check.py decoding --out DIR     # decoding-gpu.json: scripts/decoding_bench.py's format (180 s)
 
 (each ``python scripts/gpu_check.py …``; in brackets each stage's default ``--budget``;
 ``scripts/gpu_check.sh`` passes the same, ``GPU_CHECK_BUDGET_<STAGE>`` overrides them there).
 
-``--dry-run`` runs the same steps on CPU with tiny sizes (every CUDA test skips; GAU's Triton kernels run in
-Triton's interpreter, ``TRITON_INTERPRET=1``, set by ``scripts/gpu_check.sh``), for
-``tests/test_gpu_check.py``.
+``--dry-run`` runs the same steps on CPU with tiny sizes (every CUDA test skips, the model tests are
+collected, not run), for ``tests/test_gpu_check.py``.
 
-Publishing what a GPU run brought back (from the repository root, in the development environment)::
+Publishing what a GPU run brought back, as a new run beside the earlier ones (from the repository root, in the
+development environment)::
 
-    python scripts/gpu_check.py publish DIR  # DIR/*-gpu.json → docs/results/, plots, docs/benchmarks-gpu.md
+    python scripts/gpu_check.py publish DIR --title "what the run was"  # → docs/results/*-gpu-<run>.json,
+                                                                        #   plots, docs/benchmarks-gpu.md
 
 Exit status: 0 when the stage ran and everything in it passed; 1 when it ran but something failed (a test, a
 measured row) — its results file says what; 2 when the stage could not run (the message names what failed).
