@@ -39,10 +39,7 @@ from hf_attn_variants import (
     SynthesizerForMaskedLM,
 )
 from hf_attn_variants.models.gau_kernels import flash_mixed_chunk_attention, relu2_attention
-from hf_attn_variants.models.gau_triton import (
-    triton_flash_intra_chunk,
-    triton_relu2_attention,
-)
+from hf_attn_variants.models.gau_triton import triton_relu2_attention
 from tests.test_entropy_invariant import tiny_config as ei_config
 from tests.test_gau import tiny_config as gau_config
 from tests.test_synthesizer import tiny_config as synthesizer_config
@@ -134,21 +131,67 @@ def test_quadratic_kernel_compiled_with_a_cache_offset(past: int, new: int, shap
                        kernel_inputs(new, past + new, s, e))
 
 
+def flash_op_inputs(n: int, s: int, e: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """(q, k, q', k', v) of batch 2 on the device, with gradients; q·k of order 1."""
+    generator = torch.Generator().manual_seed(0)
+    stds = (s**-0.5, 1.0, s**-1.0, 1.0, 0.5)
+    return [(torch.randn(2, n, width, generator=generator) * std).to(DEVICE, dtype).requires_grad_()
+            for width, std in zip((s, s, s, s, e), stds, strict=True)]
+
+
+def flash_op_results(inputs: list[torch.Tensor], implementation: str, **options) -> list[torch.Tensor]:
+    numerator, state = flash_mixed_chunk_attention(*inputs, implementation=implementation, **options)
+    weights = torch.randn(numerator.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    grads = torch.autograd.grad((numerator.float() * weights).sum(), inputs)
+    return [numerator, state.linear, *grads]
+
+
 @needs_triton
 @pytest.mark.parametrize(("chunk", "shape"), [(16, "small"), (5, "small"), (256, "model"), (100, "model")])
 @pytest.mark.parametrize("causal", [False, True])
-def test_intra_chunk_kernel_compiled_equals_flash(causal: bool, chunk: int, shape: str) -> None:
+def test_flash_op_triton_equals_the_chunked_path(causal: bool, chunk: int, shape: str) -> None:
+    """float32 (IEEE products): the op's Triton implementation equals its chunked torch one, gradients too."""
     n, s, e = SHAPES[shape]
     _, keep = right_padded(random_ids(2, n), [n, n * 3 // 4])
-    keep = keep.bool().to(DEVICE)
-    zeros = torch.zeros(2, n, s, device=DEVICE)
+    options = {"chunk_size": chunk, "causal": causal, "key_mask": keep.bool().to(DEVICE)}
+    inputs = flash_op_inputs(n, s, e)
+    expected = flash_op_results(inputs, "chunk", **options)
+    for got, want in zip(flash_op_results(inputs, "triton", **options), expected, strict=True):
+        assert_close_to_scale(got, want)
 
-    def torch_intra(q, k, v):
-        return flash_mixed_chunk_attention(q, k, zeros, zeros, v, chunk_size=chunk, causal=causal,
-                                           key_mask=keep)[0]
 
-    assert_same_kernel(lambda q, k, v: triton_flash_intra_chunk(q, k, v, keep, chunk, causal), torch_intra,
-                       kernel_inputs(n, n, s, e))
+@needs_triton
+@needs_gpu_bf16
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_op_triton_in_bf16_on_the_tensor_cores(causal: bool) -> None:
+    """bf16 inputs (tensor-core products, fp32 accumulators) against the float32 reference: within bf16's
+    rounding, 2 % of each result's scale; the numerator comes back in bf16."""
+    n, s, e = SHAPES["model"]
+    options = {"chunk_size": 256, "causal": causal}
+    reference = flash_op_results(flash_op_inputs(n, s, e), "reference", **options)
+    got = flash_op_results(flash_op_inputs(n, s, e, torch.bfloat16), "triton", **options)
+    assert got[0].dtype == torch.bfloat16
+    for mine, want in zip(got, reference, strict=True):
+        assert_close_to_scale(mine.float(), want, relative=2e-2)
+
+
+@needs_triton
+def test_flash_op_triton_compiles_with_fullgraph() -> None:
+    """``torch.compile(fullgraph=True)`` (inductor) of the op and its backward: no graph break, same
+    values."""
+    n, s, e = SHAPES["model"]
+    inputs = flash_op_inputs(n, s, e)
+
+    def run(*tensors):
+        return flash_mixed_chunk_attention(*tensors, chunk_size=256, causal=True, implementation="triton")[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(run, fullgraph=True)
+    expected, got = run(*inputs), compiled(*inputs)
+    assert_close_to_scale(got, expected)
+    grads = [torch.autograd.grad(out.square().sum(), inputs) for out in (expected, got)]
+    for mine, want in zip(grads[1], grads[0], strict=True):
+        assert_close_to_scale(mine, want)
 
 
 # ---------------------------------------------------------------------------------- GAU models, both kernels

@@ -421,10 +421,15 @@ def test_flash_kernel_state_is_the_sum_over_complete_chunks() -> None:
     torch.manual_seed(0)
     q, k, ql, kl = (torch.randn(1, 10, 4) for _ in range(4))
     v = torch.randn(1, 10, 6)
-    _, state = flash_mixed_chunk_attention(q, k, ql, kl, v, chunk_size=4, causal=True)
-    assert torch.allclose(state, kl[:, :8].transpose(1, 2) @ v[:, :8], atol=1e-5)
-    _, total = flash_mixed_chunk_attention(q, k, ql, kl, v, chunk_size=4, causal=False)
-    assert torch.allclose(total, kl.transpose(1, 2) @ v, atol=1e-5)
+    for implementation in ("reference", "chunk"):
+        _, state = flash_mixed_chunk_attention(q, k, ql, kl, v, chunk_size=4, causal=True,
+                                               implementation=implementation)
+        assert torch.allclose(state.linear, kl[:, :8].transpose(1, 2) @ v[:, :8], atol=1e-5)
+        # The open chunk (tokens 8 and 9) is carried as rows: [k ‖ k'] and v.
+        assert torch.equal(state.keys, torch.cat([k, kl], -1)[:, 8:]) and torch.equal(state.values, v[:, 8:])
+        _, total = flash_mixed_chunk_attention(q, k, ql, kl, v, chunk_size=4, causal=False,
+                                               implementation=implementation)
+        assert torch.allclose(total.linear, kl.transpose(1, 2) @ v, atol=1e-5)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -853,17 +858,18 @@ def test_registered_in_families_and_auto_classes(tmp_path) -> None:
 
 def test_one_token_decoding_steps_skip_the_open_chunks_recomputation(monkeypatch) -> None:
     """A decoding step of one token per row takes ``_decode_step`` (its own row only, O(g)), never the general
-    cached branch, and still equals the full forward across chunk boundaries with left padding."""
-    from hf_attn_variants.models.modeling_gau import GatedAttentionUnit
+    cached branch (``continue_from``), and still equals the full forward across chunk boundaries with left
+    padding."""
+    from hf_attn_variants.models.modeling_gau import FlashGatedAttentionUnit
 
-    general = GatedAttentionUnit._chunked_with_cache
+    general = FlashGatedAttentionUnit.continue_from
     segments: list[int] = []
 
     def counted(self, layer, inputs, *args, **kwargs):
         segments.append(inputs.quad_q.shape[1])
         return general(self, layer, inputs, *args, **kwargs)
 
-    monkeypatch.setattr(GatedAttentionUnit, "_chunked_with_cache", counted)
+    monkeypatch.setattr(FlashGatedAttentionUnit, "continue_from", counted)
     model = tiny(GAUForCausalLM, **chunked(3))
     ids, mask = left_padded(random_ids(2, 11), [11, 8])
     with torch.no_grad():
@@ -877,3 +883,53 @@ def test_one_token_decoding_steps_skip_the_open_chunks_recomputation(monkeypatch
     assert segments == [2, 2]
     diff = (torch.cat(pieces, dim=1) - full).abs().amax(-1)[mask.bool()]
     assert diff.max() < 1e-5, f"max diff {diff.max():.3g}"
+
+
+@pytest.mark.parametrize(("width", "chunk"), [(1024, 256), (1536, 256)])  # the GPU side-by-side, the bench
+def test_flash_triton_kernels_fill_an_h100_at_batch_one_and_4k(width: int, chunk: int) -> None:
+    """At batch 1 and 4,096 tokens every FLASH kernel, forward and backward, launches at least 264 programs:
+    two waves on an H100's (or H200's) 132 SMs, key size 128."""
+    from hf_attn_variants.models.gau_triton import flash_triton_grids
+
+    grids = flash_triton_grids(1, 4096, 128, width, chunk)
+    assert set(grids) == {"chunk_outer", "forward", "backward_query", "backward_key"}
+    for name, grid in grids.items():
+        assert math.prod(grid) >= 264, (name, grid)
+
+
+def saved_bytes_per_token(model: torch.nn.Module, ids: torch.Tensor) -> float:
+    """Bytes autograd keeps for backward after a forward of ``ids``, per token: every distinct storage a
+    ``saved_tensors_hooks`` pack sees, parameters excluded."""
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(input_ids=ids)
+    return sum(storages.values()) / ids.numel()
+
+
+def test_flash_layers_save_no_more_than_llama_per_token_in_bf16_at_8k() -> None:
+    """In bf16 at 8,192 tokens, without activation checkpointing, FLASH (8 layers, key size 128, chunk 256)
+    keeps no more bytes per token for backward than a Llama with SDPA of equal non-embedding parameters (4
+    layers): the unit saves ``in_proj``'s output and recomputes the rest. Hidden 256 here (the GPU
+    side-by-side's 512 keeps the same proportions: docs/gau.md)."""
+    from transformers import LlamaConfig, LlamaModel
+
+    llama = LlamaModel(LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=4, attn_implementation="sdpa"))
+    flash = GAUModel(GAUConfig(vocab_size=64, hidden_size=256, num_hidden_layers=8, attention_key_size=128,
+                               chunk_size=256, attention_normalization="relu2", is_decoder=True,
+                               gau_kernel="torch"))
+    sizes = [sum(p.numel() for name, p in model.named_parameters() if "embed" not in name)
+             for model in (llama, flash)]
+    assert abs(sizes[0] / sizes[1] - 1) < 0.05, sizes
+    ids = random_ids(1, 8192, vocab=64)
+    llama_bytes, flash_bytes = (saved_bytes_per_token(model.to(torch.bfloat16).train(), ids)
+                                for model in (llama, flash))
+    assert flash_bytes <= llama_bytes, (flash_bytes, llama_bytes)

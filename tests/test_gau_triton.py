@@ -1,23 +1,25 @@
 """GAU's Triton kernels equal the torch kernels: outputs and gradients, float32, 1e-4.
 
 Without a GPU the kernels run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``, set by
-tests/conftest.py), so sizes stay small (n ≤ 128). Covered: quadratic relu² with padding, causality, a cache
-offset and a dense mask; FLASH's part inside the chunks, causal and bidirectional, with key padding and a
-length that is not a multiple of the chunk; whole models with ``gau_kernel="triton"`` against ``"torch"``.
+tests/conftest.py), so sizes stay small (n ≤ 150). Covered: quadratic relu² with padding, causality, a cache
+offset and a dense mask; the FLASH op's Triton implementation against its reference, causal and
+bidirectional, with key padding, lengths that chunks do not divide, packed rows and a carried state, and
+under ``torch.compile(fullgraph=True)``; whole models with ``gau_kernel="triton"`` against ``"torch"``.
+The interpreter multiplies bf16 tiles wrongly (``tl.dot`` of two bf16 tiles, Triton 3.9), so bf16 runs
+on a GPU only (tests/test_cuda.py).
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 import torch
 
 from hf_attn_variants import GAUConfig, GAUForCausalLM, GAUModel
 from hf_attn_variants.models import gau_triton
-from hf_attn_variants.models.gau_kernels import flash_mixed_chunk_attention, relu2_attention
-from hf_attn_variants.models.gau_triton import (
-    triton_flash_intra_chunk,
-    triton_relu2_attention,
-)
+from hf_attn_variants.models.gau_kernels import DocumentChunks, flash_mixed_chunk_attention, relu2_attention
+from hf_attn_variants.models.gau_triton import triton_relu2_attention
 from tests.utils import left_padded, needs_triton, random_ids, right_padded
 
 pytestmark = needs_triton()
@@ -63,19 +65,78 @@ def test_quadratic_kernel_with_a_cache_offset_and_no_mask() -> None:
                 tensors(1, new, past + new))
 
 
-@pytest.mark.parametrize("chunk", [16, 5])
+def flash_inputs(batch: int, length: int, s: int = 16, e: int = 24, seed: int = 0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, length, width, generator=generator) * 0.5).requires_grad_()
+            for width in (s, s, s, s, e)]
+
+
+def assert_op_matches_reference(inputs: list[torch.Tensor], **options) -> None:
+    """The op's Triton implementation equals its reference (the dense W): numerator, state and the gradients
+    of all five inputs, to 1e-4 of their scale."""
+    results = []
+    for implementation in ("reference", "triton"):
+        numerator, state = flash_mixed_chunk_attention(*inputs, implementation=implementation, **options)
+        weights = torch.randn(numerator.shape, generator=torch.Generator().manual_seed(1))
+        grads = torch.autograd.grad((numerator * weights).sum(), inputs)
+        results.append((numerator, state.linear, *grads))
+    for got, expected in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-4 * float(expected.detach().abs().max()), rtol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [16, 5, 64])  # a whole block, blocks straddling chunks, 64-token blocks
 @pytest.mark.parametrize("causal", [False, True])
-def test_intra_chunk_kernel_matches_flash(causal: bool, chunk: int) -> None:
-    n = 53  # not a multiple of either chunk size
-    _, keep = right_padded(random_ids(2, n), [n, 38])
-    zeros = torch.zeros(2, n, 16)
+def test_flash_op_triton_equals_the_reference(causal: bool, chunk: int) -> None:
+    """Lengths that chunks do not divide, and key padding."""
+    n = 53 if chunk < 64 else 150
+    _, keep = right_padded(random_ids(2, n), [n, n * 3 // 4])
+    assert_op_matches_reference(flash_inputs(2, n), chunk_size=chunk, causal=causal, key_mask=keep.bool())
 
-    def torch_intra(q, k, v):
-        return flash_mixed_chunk_attention(q, k, zeros, zeros, v, chunk_size=chunk, causal=causal,
-                                           key_mask=keep.bool())[0]
 
-    assert_same(lambda q, k, v: triton_flash_intra_chunk(q, k, v, keep.bool(), chunk, causal), torch_intra,
-                tensors(2, n, n))
+@pytest.mark.parametrize("chunk", [16, 8])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_op_triton_on_packed_rows_equals_the_reference(causal: bool, chunk: int) -> None:
+    """Rows packing documents (``DocumentChunks``' chunk-aligned layout): the state restarts per document, in
+    both directions of the backward's sums over chunks."""
+    ids = torch.tensor([[0] * 10 + [1] * 20 + [2] * 15, [0] * 30 + [1] * 15])
+    documents = DocumentChunks.build(ids, chunk)
+    inputs = [documents.gather(x).detach().requires_grad_() for x in flash_inputs(2, 45)]
+    assert_op_matches_reference(inputs, chunk_size=chunk, causal=causal, key_mask=documents.valid,
+                                segments=documents.segment)
+
+
+@pytest.mark.parametrize("split", [20, 32])  # inside a chunk, on a chunk boundary
+def test_flash_op_triton_continues_from_a_state(split: int) -> None:
+    """Tokens after a ``FlashState`` (open chunk + Σ k'ᵀv) equal the same tokens of one whole call."""
+    inputs = [x.detach() for x in flash_inputs(2, 45)]
+    keep = torch.ones(2, 45, dtype=torch.bool)
+    keep[1, :7] = False
+    options = {"chunk_size": 16, "causal": True, "implementation": "triton"}
+    whole, final = flash_mixed_chunk_attention(*inputs, key_mask=keep, **options)
+    first, state = flash_mixed_chunk_attention(*(x[:, :split] for x in inputs), key_mask=keep[:, :split],
+                                               **options)
+    rest, state = flash_mixed_chunk_attention(*(x[:, split:] for x in inputs), key_mask=keep,
+                                              initial_state=state, **options)
+    torch.testing.assert_close(torch.cat([first, rest], 1), whole, atol=1e-5, rtol=1e-5)
+    for got, expected in zip(state, final, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_flash_op_triton_compiles_without_graph_breaks() -> None:
+    """The kernels are ``torch.library.triton_op``s: ``torch.compile(fullgraph=True)`` traces the op and its
+    backward (``aot_eager`` here, whose kernels then run in the interpreter) and gets the eager results."""
+    inputs = flash_inputs(1, 40)
+
+    def run(*tensors):
+        return flash_mixed_chunk_attention(*tensors, chunk_size=16, causal=True, implementation="triton")[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(run, fullgraph=True, backend="aot_eager")
+    eager, traced = run(*inputs), compiled(*inputs)
+    torch.testing.assert_close(traced, eager)
+    grads = [torch.autograd.grad(out.square().sum(), inputs) for out in (eager, traced)]
+    for got, expected in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(got, expected)
 
 
 @pytest.mark.parametrize(
@@ -137,13 +198,13 @@ def test_triton_kernel_without_triton_is_one_clear_error(monkeypatch) -> None:
                            gau_kernel="triton"))
 
 
-LAUNCHED_KERNELS = ("_forward_kernel", "_grad_query_kernel", "_grad_key_kernel", "_grad_value_kernel")
+LAUNCHED_KERNELS = ("_chunk_outer_kernel", "_flash_forward_kernel", "_flash_backward_query_kernel",
+                    "_flash_backward_key_kernel")
 
 
-def count_launches(monkeypatch) -> dict[str, int]:
-    """Wrap the four launched kernels of ``gau_triton`` so that every ``kernel[grid](…)`` launch is
-    counted."""
-    counts = dict.fromkeys(LAUNCHED_KERNELS, 0)
+def count_launches(monkeypatch) -> Counter:
+    """Wrap the FLASH op's kernels in ``gau_triton`` so that every ``kernel[grid](…)`` launch is counted."""
+    counts: Counter = Counter()
 
     class Counted:
         def __init__(self, name: str, kernel) -> None:
@@ -165,9 +226,9 @@ def count_launches(monkeypatch) -> dict[str, int]:
 
 def test_causal_flash_training_and_prefill_launch_the_triton_kernels(monkeypatch) -> None:
     """Causal FLASH training takes the parallel branch (no cache is built in training, though ``use_cache`` is
-    on by default), so ``gau_kernel="triton"`` runs: one forward launch per layer and one of each gradient
-    kernel. A prefill with a cache takes it too, and the cache it starts decodes exactly as the torch kernels'
-    does."""
+    on by default), so ``gau_kernel="triton"`` runs: the forward kernels twice per layer (once again to
+    recompute) and each gradient kernel once. A prefill with a cache takes it too, and the cache it starts
+    decodes exactly as the torch kernels' does."""
     counts = count_launches(monkeypatch)
     config = GAUConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2, attention_key_size=16,
                        base_length=16, attention_normalization="relu2", chunk_size=16, gau_kernel="triton")
@@ -178,14 +239,17 @@ def test_causal_flash_training_and_prefill_launch_the_triton_kernels(monkeypatch
     out = model(input_ids=ids, labels=ids)
     assert getattr(out, "cache", None) is None and getattr(out, "past_key_values", None) is None
     out.loss.backward()
-    assert counts == dict.fromkeys(LAUNCHED_KERNELS, 2), counts
+    # Per layer: the forward, its recomputation in backward (the unit saves in_proj's output only), and the
+    # backward; k'ᵀv per chunk in each forward, then k'ᵀv and q'ᵀdO in the backward.
+    assert counts == {"_chunk_outer_kernel": 8, "_flash_forward_kernel": 4, "_flash_backward_query_kernel": 2,
+                      "_flash_backward_key_kernel": 2}, counts
 
     model.eval()
-    counts.update(dict.fromkeys(LAUNCHED_KERNELS, 0))
+    counts.clear()
     with torch.no_grad():
         generated = model.generate(ids, max_new_tokens=5, do_sample=False, min_new_tokens=5)
     # the prefill; decoding steps continue from the cached chunk
-    assert counts["_forward_kernel"] == 2, counts
+    assert counts["_flash_forward_kernel"] == 2, counts
     torch.manual_seed(0)
     reference = GAUForCausalLM(GAUConfig(**{**config.to_dict(), "gau_kernel": "torch"})).eval()
     reference.load_state_dict(model.state_dict())

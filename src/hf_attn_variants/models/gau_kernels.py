@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -217,6 +217,24 @@ def softmax_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return attended if mask is None else attended * mask.any(-1, keepdim=True)
 
 
+class FlashState(NamedTuple):
+    """What causal FLASH carries from earlier tokens to the next ones (a cache, a vLLM slot).
+
+    ``linear``: ``(batch, s, e)`` float32, Σ k'ᵀv over every closed chunk (``None``: none yet); ``keys``:
+    ``(batch, m, 2s)`` [k ‖ k'] (k' zero at padding) and ``values`` ``(batch, m, e)`` of the m < g tokens of
+    the open chunk (``None`` when m = 0).
+    """
+
+    linear: torch.Tensor | None
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+FLASH_IMPLEMENTATIONS = ("reference", "chunk", "triton")
+"""The implementations of ``flash_mixed_chunk_attention``: the O(n²) matrix W, the chunked torch path and the
+Triton kernels (``flash_mixed_chunk_triton``)."""
+
+
 def flash_mixed_chunk_attention(
     quad_q: torch.Tensor,
     quad_k: torch.Tensor,
@@ -227,69 +245,279 @@ def flash_mixed_chunk_attention(
     chunk_size: int,
     causal: bool,
     key_mask: torch.Tensor | None = None,
-    initial_state: torch.Tensor | None = None,
+    segments: torch.Tensor | None = None,
+    initial_state: FlashState | None = None,
     dropout: float = 0.0,
     training: bool = False,
-    intra_chunk: bool = True,
-    segments: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    implementation: str = "chunk",
+) -> tuple[torch.Tensor, FlashState]:
     """FLASH mixed-chunk attention (Hua et al. 2022, §3.2) with every factor in the queries:
     ``(numerator, state)``.
 
-    Inputs ``(batch, T, s)`` (``value`` ``(batch, T, e)``), ``key_mask`` ``(batch, T)`` bool. numerator_i =
-    Σ_{j same chunk, visible} relu(q_i·k_j)² v_j + Σ_{j ∈ lin(i)} (q'_i·k'_j) v_j, where lin(i) is every valid
-    key (bidirectional) or the valid keys of earlier chunks plus ``initial_state`` (causal); ``segments``
-    restart the state per document. ``state``: Σ k'ᵀv over the complete chunks (+ ``initial_state``).
-    ``intra_chunk=False`` leaves the relu² part to the caller (the Triton kernel).
+    numerator_i = Σ_{j same chunk, visible} relu(q_i·k_j)² v_j + Σ_{j ∈ lin(i)} (q'_i·k'_j) v_j, where lin(i)
+    is every valid key (bidirectional) or the valid keys of earlier chunks and those folded into
+    ``initial_state`` (causal). With an open chunk in ``initial_state`` the tokens continue it: the segment
+    [open chunk ‖ tokens] starts on a chunk boundary and is chunked exactly as the whole sequence would be.
+
+    Args:
+        quad_q, quad_k, lin_q, lin_k: ``(batch, T, s)`` quadratic and linear queries (every factor folded in)
+            and keys, in the model's dtype.
+        value: ``(batch, T, e)``.
+        chunk_size: g, the tokens of a chunk.
+        causal: each query sees earlier keys only.
+        key_mask: ``(batch, ≥ m + T)`` bool, ``True`` = real token; its last m + T columns are the open
+            chunk's m rows and these tokens. ``None``: no padding.
+        segments: ``(batch, T/g)`` int64, each chunk's document's first chunk, for rows packing documents that
+            each start on a chunk boundary (``DocumentChunks``); the state then restarts per document.
+        initial_state: the state after earlier tokens (causal), or ``None``.
+        dropout, training: dropout on the quadratic weights (``reference`` and ``chunk`` only).
+        implementation: one of ``FLASH_IMPLEMENTATIONS``.
+
+    Returns:
+        ``numerator`` ``(batch, T, e)`` in ``value``'s dtype and the ``FlashState`` after the tokens: Σ k'ᵀv
+        over the closed chunks (bidirectional: over every key; meaningless for packed rows) and, causal, the
+        new open chunk.
     """
-    batch, length, key_size = quad_q.shape
-    width = value.shape[-1]
-    pad = (-length) % chunk_size
-    chunks = (length + pad) // chunk_size
-    lin_k, v = upcast(lin_k), upcast(value)
-    valid = None if key_mask is None else key_mask.bool()
+    if implementation not in FLASH_IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {FLASH_IMPLEMENTATIONS}, got {implementation!r}.")
+    length = quad_q.shape[1]
+    state = initial_state or FlashState(None)
+    opened = 0 if state.keys is None else state.keys.shape[1]
+    valid = None if key_mask is None else key_mask[:, key_mask.shape[1] - opened - length:].bool()
     if valid is not None:
-        lin_k = lin_k * valid[..., None]
+        lin_k = lin_k * valid[:, opened:, None].to(lin_k.dtype)
+    if opened:
+        no_queries = quad_q.new_zeros(quad_q.shape[0], opened, quad_q.shape[2])
+        open_quad_k, open_lin_k = state.keys.split(quad_k.shape[-1], dim=-1)  # type: ignore[union-attr]
+        quad_q, lin_q = torch.cat([no_queries, quad_q], 1), torch.cat([no_queries, lin_q], 1)
+        quad_k, lin_k = torch.cat([open_quad_k, quad_k], 1), torch.cat([open_lin_k, lin_k], 1)
+        value = torch.cat([state.values, value], 1)  # type: ignore[list-item]
+    options: dict[str, Any] = {"chunk_size": chunk_size, "causal": causal, "key_mask": valid,
+                               "segments": segments, "initial_state": state.linear}
+    if implementation == "triton":
+        numerator, linear = flash_mixed_chunk_triton(quad_q, quad_k, lin_q, lin_k, value, **options)
+    else:
+        run = flash_mixed_chunk_reference if implementation == "reference" else flash_mixed_chunk_torch
+        numerator, linear = run(quad_q, quad_k, lin_q, lin_k, value, dropout=dropout, training=training,
+                                **options)
+    if not causal:
+        return numerator[:, opened:], FlashState(linear)
+    closed = (opened + length) // chunk_size * chunk_size
+    keys = torch.cat([quad_k, lin_k], dim=-1)[:, closed:]
+    return numerator[:, opened:], FlashState(linear, keys, value[:, closed:])
 
-    def blocks(x: torch.Tensor) -> torch.Tensor:
-        x = F.pad(upcast(x), (0, 0, 0, pad)) if pad else upcast(x)
-        return x.view(batch, chunks, chunk_size, x.shape[-1])
 
-    v_blocks = blocks(v)
-    numerator = None
-    if intra_chunk:  # exact relu² attention inside each chunk; mask after the activation
-        weights = F.relu(torch.matmul(blocks(quad_q), blocks(quad_k).transpose(-1, -2))).square()
-        visible = None if valid is None else F.pad(valid, (0, pad)).view(batch, chunks, 1, chunk_size)
-        if causal:
-            tril = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=weights.device).tril()
-            visible = tril if visible is None else visible & tril
-        if visible is not None:
-            weights = weights.masked_fill(~visible, 0.0)
-        if dropout > 0.0 and training:
-            weights = F.dropout(weights, p=dropout, training=True)
-        numerator = torch.matmul(weights, v_blocks)
+def chunk_states(summaries: torch.Tensor, segments: torch.Tensor | None, causal: bool,
+                 initial_state: torch.Tensor | None) -> torch.Tensor:
+    """H_c, the linear state the queries of chunk c read, from the chunk summaries S_c = k'_cᵀ v_c.
 
-    # Linear attention across chunks through k'ᵀv summaries (s × e each).
+    H_c = initial + Σ_{c' < c} S_c' (causal) or Σ_c' S_c' (bidirectional), within each document for packed
+    rows (``segmented_chunk_sums``).
+
+    Args:
+        summaries: ``(batch, C, s, e)`` float32.
+        segments: ``(batch, C)`` each chunk's document's first chunk, or ``None``.
+        causal: exclusive prefix sums, or totals.
+        initial_state: ``(batch, s, e)`` float32 added to every state, or ``None``.
+
+    Returns:
+        ``(batch, C, s, e)`` float32, contiguous.
+    """
     if segments is not None:
-        summaries = torch.einsum("bgcs,bgce->bgse", blocks(lin_k), v_blocks)
-        state = segmented_chunk_sums(summaries, segments, causal)
-        linear = torch.einsum("bgcs,bgse->bgce", blocks(lin_q), state)
+        states = segmented_chunk_sums(summaries, segments, causal)
     elif causal:
-        summaries = torch.einsum("bgcs,bgce->bgse", blocks(lin_k), v_blocks)
-        earlier = torch.cat(
-            [summaries.new_zeros(batch, 1, key_size, width), summaries[:, :-1]], dim=1
-        ).cumsum(1)
-        if initial_state is not None:
-            earlier = earlier + initial_state.to(earlier.dtype)[:, None]
-        linear = torch.einsum("bgcs,bgse->bgce", blocks(lin_q), earlier)
-        state = summaries[:, : length // chunk_size].sum(1)
-        if initial_state is not None:
-            state = state + initial_state.to(state.dtype)
-    else:  # every query sees the same total: one product over all positions, no per-chunk summaries
-        state = torch.matmul(lin_k.transpose(-1, -2), v)
-        linear = torch.matmul(blocks(lin_q), state[:, None])
-    numerator = linear if numerator is None else numerator + linear
-    return numerator.reshape(batch, chunks * chunk_size, width)[:, :length], state
+        states = F.pad(summaries.cumsum(1)[:, :-1], (0, 0, 0, 0, 1, 0))
+    else:
+        states = summaries.sum(1, keepdim=True).expand_as(summaries)
+    if initial_state is not None:
+        states = states + initial_state[:, None]
+    return states.contiguous()
+
+
+def chunk_states_backward(grad_states: torch.Tensor, segments: torch.Tensor | None,
+                          causal: bool) -> torch.Tensor:
+    """The gradient of the summaries S_c from that of the states H_c (``chunk_states``' transpose):
+    Σ_{c' > c} ∂L/∂H_c' (causal) or Σ_c' ∂L/∂H_c' (bidirectional), within each document.
+
+    Args:
+        grad_states: ``(batch, C, s, e)`` float32.
+        segments: ``(batch, C)`` or ``None``, as for ``chunk_states``.
+        causal: as for ``chunk_states``.
+
+    Returns:
+        ``(batch, C, s, e)`` float32, contiguous.
+    """
+    if not causal:
+        if segments is None:
+            return grad_states.sum(1, keepdim=True).expand_as(grad_states).contiguous()
+        return segmented_chunk_sums(grad_states, segments, False).contiguous()
+    if segments is None:
+        suffix = grad_states.flip(1).cumsum(1).flip(1)
+        return F.pad(suffix[:, 1:], (0, 0, 0, 0, 0, 1)).contiguous()
+    # Reversed, each document is still a run of chunks, starting at its last one: the exclusive prefix sums
+    # of the reversed chunks within documents are the suffix sums wanted.
+    chunks = segments.shape[1]
+    order = torch.arange(chunks, device=segments.device).expand_as(segments)
+    last = torch.zeros_like(segments).scatter_reduce_(1, segments, order, "amax").gather(1, segments)
+    reversed_segments = (chunks - 1 - last).flip(1)
+    return segmented_chunk_sums(grad_states.flip(1), reversed_segments, True).flip(1).contiguous()
+
+
+def final_state(summaries: torch.Tensor, complete: int, causal: bool,
+                initial_state: torch.Tensor | None) -> torch.Tensor:
+    """The linear state after the tokens: ``initial_state`` + Σ S_c over the ``complete`` closed chunks
+    (causal) or over every chunk (bidirectional); ``(batch, s, e)`` float32."""
+    total = summaries[:, :complete].sum(1) if causal else summaries.sum(1)
+    return total if initial_state is None else total + initial_state
+
+
+def _chunk_blocks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """``(batch, T, w)`` → ``(batch, C, g, w)``, zero-padded to whole chunks."""
+    pad = (-x.shape[1]) % chunk_size
+    x = F.pad(x, (0, 0, 0, pad)) if pad else x
+    return x.view(x.shape[0], -1, chunk_size, x.shape[-1])
+
+
+def flash_mixed_chunk_torch(
+    quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, lin_k: torch.Tensor, value: torch.Tensor,
+    *, chunk_size: int, causal: bool, key_mask: torch.Tensor | None = None,
+    segments: torch.Tensor | None = None, initial_state: torch.Tensor | None = None, dropout: float = 0.0,
+    training: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FLASH in chunks with torch operations, in the inputs' dtype: relu(q kᵀ)² v inside each chunk
+    (O(T·g·(s + e))), and q'·H_c across chunks from the summaries k'ᵀv (O(T·s·e)); float32 for the summaries
+    and the states only.
+
+    Args:
+        quad_q, quad_k, lin_q, lin_k, value, chunk_size, causal, segments, dropout, training: as for
+            ``flash_mixed_chunk_attention`` (``lin_k`` already zero at padding).
+        key_mask: ``(batch, T)`` bool or ``None``.
+        initial_state: ``(batch, s, e)`` float32 or ``None``.
+
+    Returns:
+        ``(numerator (batch, T, e), state (batch, s, e) float32)``: ``final_state``.
+    """
+    batch, length, _ = quad_q.shape
+    dtype = value.dtype
+    v_blocks = _chunk_blocks(value, chunk_size)
+    weights = F.relu(torch.matmul(_chunk_blocks(quad_q, chunk_size),
+                                  _chunk_blocks(quad_k, chunk_size).transpose(-1, -2))).square()
+    visible = None
+    if key_mask is not None:
+        visible = _chunk_blocks(key_mask[..., None], chunk_size).transpose(-1, -2)
+    if causal:
+        tril = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=weights.device).tril()
+        visible = tril if visible is None else visible & tril
+    if visible is not None:
+        weights = weights.masked_fill(~visible, 0.0)
+    if dropout > 0.0 and training:
+        weights = F.dropout(weights, p=dropout, training=True)
+    summaries = upcast(torch.matmul(_chunk_blocks(lin_k, chunk_size).transpose(-1, -2), v_blocks))
+    states = chunk_states(summaries, segments, causal, initial_state)
+    numerator = torch.matmul(weights, v_blocks) + torch.matmul(_chunk_blocks(lin_q, chunk_size),
+                                                               states.to(dtype))
+    final = final_state(summaries, length // chunk_size, causal, initial_state)
+    return numerator.reshape(batch, -1, value.shape[-1])[:, :length], final
+
+
+def flash_mixed_chunk_reference(
+    quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, lin_k: torch.Tensor, value: torch.Tensor,
+    *, chunk_size: int, causal: bool, key_mask: torch.Tensor | None = None,
+    segments: torch.Tensor | None = None, initial_state: torch.Tensor | None = None, dropout: float = 0.0,
+    training: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FLASH written out, the reference the other implementations are checked against: numerator = W v
+    + q'·initial with the dense ``(batch, T, T)`` matrix W (``flash_effective_weights``), in float32 or more.
+
+    Arguments and result as ``flash_mixed_chunk_torch``. O(T²) time and memory.
+    """
+    length = quad_q.shape[1]
+    positions = torch.arange(length, device=quad_q.device)
+    document_ids = None
+    if segments is not None:
+        document_ids = segments.gather(1, (positions // chunk_size).expand(segments.shape[0], -1))
+        positions = positions - document_ids * chunk_size
+    visibility = flash_visibility(positions, chunk_size, causal, document_ids)
+    weights = flash_effective_weights(quad_q, quad_k, lin_q, lin_k, chunk_size=chunk_size, causal=causal,
+                                      key_mask=key_mask, dropout=dropout, training=training,
+                                      visibility=visibility)
+    v = upcast(value)
+    numerator = torch.matmul(weights, v)
+    if initial_state is not None:
+        numerator = numerator + torch.matmul(upcast(lin_q), initial_state.to(numerator.dtype))
+    complete = length // chunk_size * chunk_size if causal else length
+    total = torch.matmul(upcast(lin_k[:, :complete]).transpose(-1, -2), v[:, :complete])
+    final = total if initial_state is None else total + initial_state
+    return numerator.to(value.dtype), final
+
+
+class FlashTritonAttention(torch.autograd.Function):
+    """``flash_mixed_chunk_triton``'s autograd: saves only its inputs (``ctx.save_for_backward``) and
+    recomputes the chunk summaries and states in backward."""
+
+    @staticmethod
+    def forward(ctx: Any, quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor,
+                lin_k: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor | None,
+                segments: torch.Tensor | None, initial_state: torch.Tensor | None,
+                chunk_size: int, causal: bool
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        summaries = torch.ops.hf_attn_variants.flash_chunk_outer(lin_k, value, chunk_size)
+        states = chunk_states(summaries, segments, causal, initial_state)
+        output = torch.ops.hf_attn_variants.flash_forward(quad_q, quad_k, lin_q, value, states, key_mask,
+                                                         chunk_size, causal)
+        final = final_state(summaries, quad_q.shape[1] // chunk_size, causal, initial_state)
+        ctx.mark_non_differentiable(final)
+        ctx.save_for_backward(quad_q, quad_k, lin_q, lin_k, value, key_mask, segments, initial_state)
+        ctx.chunk_size, ctx.causal = chunk_size, causal
+        return output, final
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor, _: Any) -> tuple[torch.Tensor | None, ...]:
+        quad_q, quad_k, lin_q, lin_k, value, key_mask, segments, initial_state = ctx.saved_tensors
+        grad_output = grad_output.contiguous()
+        outer = torch.ops.hf_attn_variants.flash_chunk_outer
+        states = chunk_states(outer(lin_k, value, ctx.chunk_size), segments, ctx.causal, initial_state)
+        grad_states = outer(lin_q, grad_output, ctx.chunk_size)  # ∂L/∂H_c = q'_cᵀ dO_c
+        grad_summaries = chunk_states_backward(grad_states, segments, ctx.causal)
+        grads = torch.ops.hf_attn_variants.flash_backward(quad_q, quad_k, lin_q, lin_k, value, states,
+                                                          grad_summaries, key_mask, grad_output,
+                                                          ctx.chunk_size, ctx.causal)
+        grad_initial = grad_states.sum(1) if ctx.needs_input_grad[7] else None
+        return (*grads, None, None, grad_initial, None, None)
+
+
+def flash_mixed_chunk_triton(
+    quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, lin_k: torch.Tensor, value: torch.Tensor,
+    *, chunk_size: int, causal: bool, key_mask: torch.Tensor | None = None,
+    segments: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FLASH mixed-chunk attention in Triton (``gau_triton``'s kernels): ``flash_mixed_chunk_torch``'s
+    arguments and result.
+
+    Chunk-parallel: k'ᵀv of every chunk at once (``flash_chunk_outer``), the states H_c by a prefix sum over
+    chunks, then one program per (value tile, token block, row) adds relu(q·k)² v over its chunk and q'·H_c
+    (``flash_forward``). Backward recomputes scores, summaries and states. bf16/fp16 inputs run on the
+    tensor cores with fp32 accumulators; float32 inputs multiply in IEEE precision.
+
+    Args:
+        quad_q, quad_k, lin_q, lin_k: ``(batch, T, s)``, the queries with every factor folded in; ``lin_k``
+            already zero at padding.
+        value: ``(batch, T, e)``.
+        chunk_size: g.
+        causal: linear attention over earlier chunks only.
+        key_mask: ``(batch, T)`` bool, ``True`` = real token, or ``None``.
+        segments: ``(batch, T/g)`` int64, each chunk's document's first chunk (packed rows), or ``None``.
+        initial_state: ``(batch, s, e)`` float32 Σ k'ᵀv before these tokens (causal), or ``None``.
+
+    Returns:
+        ``(numerator (batch, T, e) in value's dtype, state (batch, s, e) float32)``.
+    """
+    from . import gau_triton  # noqa: F401  (registers the torch.ops.hf_attn_variants kernels)
+
+    tensors = [x.contiguous() for x in (quad_q, quad_k, lin_q, lin_k, value)]
+    mask = None if key_mask is None else key_mask.to(torch.int8).contiguous()
+    initial = None if initial_state is None else initial_state.float().contiguous()
+    return FlashTritonAttention.apply(*tensors, mask, segments, initial, chunk_size, causal)
 
 
 def flash_decode_step(
@@ -469,11 +697,20 @@ __all__ = [
     "LAPLACE_MU",
     "LAPLACE_SIGMA",
     "DocumentChunks",
+    "FLASH_IMPLEMENTATIONS",
+    "FlashState",
+    "FlashTritonAttention",
     "Relu2Attention",
     "SoftmaxAttention",
     "flash_decode_step",
     "flash_effective_weights",
+    "chunk_states",
+    "chunk_states_backward",
+    "final_state",
     "flash_mixed_chunk_attention",
+    "flash_mixed_chunk_reference",
+    "flash_mixed_chunk_torch",
+    "flash_mixed_chunk_triton",
     "flash_visibility",
     "laplace_attention",
     "relu2_attention",

@@ -17,7 +17,7 @@ dK = dSᵀ q — three kernels (over query blocks for dQ; over key blocks for dK
 ``triton`` is optional (``pip install 'hf_attn_variants[gpu]'``). ``GAUConfig.gau_kernel`` selects these
 kernels (``"auto"``: on CUDA when triton is installed). Under ``TRITON_INTERPRET=1`` Triton runs them on CPU
 tensors, which is how ``make test`` checks them against the torch kernels (tests/test_gau_triton.py).
-Products use ``input_precision="ieee"`` (no TF32), so results match the torch kernels to float32 rounding.
+Products use ``input_precision=PRECISION`` (no TF32), so results match the torch kernels to float32 rounding.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 
 try:  # optional dependency
     import triton
@@ -54,24 +55,21 @@ if TRITON_AVAILABLE:
 
     @triton.jit
     def _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, n_k, offset,
-                      chunk, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                      CHUNKED: tl.constexpr):
+                      HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
+                      PRECISION: tl.constexpr):
         """r = relu(q kᵀ) of a (query block, key block) tile in full float32 precision, 0 where the pair may
         not attend (so r² and dS = 2 r ⊙ dP vanish there)."""
         visible = _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, n_k, offset,
-                           chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
-        return tl.where(visible, tl.maximum(tl.dot(q, tl.trans(k), input_precision="ieee"), 0.0), 0.0)
+                           HAS_MASK, HAS_KEY_MASK, CAUSAL)
+        return tl.where(visible, tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0), 0.0)
 
     @triton.jit
-    def _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, n_k, offset, chunk,
-                 HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                 CHUNKED: tl.constexpr):
-        """Which (query, key) pairs of a tile may attend: in range, causal, same chunk, not masked."""
+    def _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, n_k, offset,
+                 HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr):
+        """Which (query, key) pairs of a tile may attend: in range, causal, not masked."""
         visible = (offs_m[:, None] < n_q) & (offs_n[None, :] < n_k)
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= offs_m[:, None] + offset)
-        if CHUNKED:
-            visible = visible & ((offs_n[None, :] // chunk) == (offs_m[:, None] // chunk))
         if HAS_MASK:
             dense = tl.load(M + b * stride_mb + offs_m[:, None] * stride_mq + offs_n[None, :], mask=visible,
                             other=0)
@@ -82,153 +80,316 @@ if TRITON_AVAILABLE:
         return visible
 
     @triton.jit
-    def _key_range(m_start, m_end, n_k, offset, chunk, CAUSAL: tl.constexpr, CHUNKED: tl.constexpr):
-        """[lo, hi) of the keys the queries [m_start, m_end) may see."""
-        lo = 0
+    def _key_range(m_end, n_k, offset, CAUSAL: tl.constexpr):
+        """[0, hi) of the keys the queries before ``m_end`` may see."""
         hi = n_k
-        if CHUNKED:
-            lo = (m_start // chunk) * chunk
-            hi = tl.minimum(hi, ((m_end - 1) // chunk + 1) * chunk)
         if CAUSAL:
             hi = tl.minimum(hi, m_end + offset)
-        return lo, hi
+        return 0, hi
 
     @triton.jit
-    def _query_range(n_start, n_end, n_q, offset, chunk, CAUSAL: tl.constexpr, CHUNKED: tl.constexpr):
-        """[lo, hi) of the queries that may see the keys [n_start, n_end)."""
+    def _query_range(n_start, n_q, offset, CAUSAL: tl.constexpr):
+        """[lo, n_q) of the queries that may see the keys from ``n_start`` on."""
         lo = 0
-        hi = n_q
-        if CHUNKED:
-            lo = (n_start // chunk) * chunk
-            hi = tl.minimum(hi, ((n_end - 1) // chunk + 1) * chunk)
         if CAUSAL:
             lo = tl.maximum(lo, n_start - offset)
-        return lo, hi
+        return lo, n_q
 
     @triton.jit
     def _forward_kernel(Q, K, V, M, KM, OUT, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
-                        stride_mb, stride_mq, stride_kmb, stride_ob, stride_on, n_q, n_k, S, E, offset, chunk,
+                        stride_mb, stride_mq, stride_kmb, stride_ob, stride_on, n_q, n_k, S, E, offset,
                         HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                        CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
         pid_m, pid_e, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_s = tl.arange(0, BLOCK_S)
         offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
         q = _load_tile(Q, b, stride_qb, stride_qn, offs_m, offs_s, n_q, S)
-        acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=Q.dtype.element_ty)
-        lo, hi = _key_range(pid_m * BLOCK_M, tl.minimum((pid_m + 1) * BLOCK_M, n_q), n_k, offset, chunk,
-                            CAUSAL, CHUNKED)
+        acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+        lo, hi = _key_range(tl.minimum((pid_m + 1) * BLOCK_M, n_q), n_k, offset, CAUSAL)
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             k = _load_tile(K, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
             r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, hi,
-                              offset, chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
+                              offset, HAS_MASK, HAS_KEY_MASK, CAUSAL, PRECISION)
             w = (r * r).to(V.dtype.element_ty)
             v = _load_tile(V, b, stride_vb, stride_vn, offs_n, offs_e, n_k, E)
-            acc += tl.dot(w, v, input_precision="ieee")
-        _store_tile(OUT, acc, b, stride_ob, stride_on, offs_m, offs_e, n_q, E)
+            acc += tl.dot(w, v, input_precision=PRECISION)
+        _store_tile(OUT, acc.to(OUT.dtype.element_ty), b, stride_ob, stride_on, offs_m, offs_e, n_q, E)
 
     @triton.jit
     def _dp_tile(DO, V, b, offs_m, offs_n, stride_ob, stride_on, stride_vb, stride_vn, n_q, n_k, E,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                 PRECISION: tl.constexpr):
         """dP = dO vᵀ for one (query block, key block) tile, summed over every block of e."""
-        dp = tl.zeros((BLOCK_M, BLOCK_N), dtype=DO.dtype.element_ty)
+        dp = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for e0 in range(0, E, BLOCK_E):
             offs_e = e0 + tl.arange(0, BLOCK_E)
             do = _load_tile(DO, b, stride_ob, stride_on, offs_m, offs_e, n_q, E)
             v = _load_tile(V, b, stride_vb, stride_vn, offs_n, offs_e, n_k, E)
-            dp += tl.dot(do, tl.trans(v), input_precision="ieee")
+            dp += tl.dot(do, tl.trans(v), input_precision=PRECISION)
         return dp
 
     @triton.jit
     def _grad_query_kernel(Q, K, V, M, KM, DO, DQ, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb,
                            stride_vn, stride_mb, stride_mq, stride_kmb, stride_ob, stride_on, n_q, n_k, S, E,
-                           offset, chunk, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
-                           CAUSAL: tl.constexpr, CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr,
+                           offset, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
+                           CAUSAL: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
         pid_m, b = tl.program_id(0), tl.program_id(1)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_s = tl.arange(0, BLOCK_S)
         q = _load_tile(Q, b, stride_qb, stride_qn, offs_m, offs_s, n_q, S)
-        dq = tl.zeros((BLOCK_M, BLOCK_S), dtype=Q.dtype.element_ty)
-        lo, hi = _key_range(pid_m * BLOCK_M, tl.minimum((pid_m + 1) * BLOCK_M, n_q), n_k, offset, chunk,
-                            CAUSAL, CHUNKED)
+        dq = tl.zeros((BLOCK_M, BLOCK_S), dtype=tl.float32)
+        lo, hi = _key_range(tl.minimum((pid_m + 1) * BLOCK_M, n_q), n_k, offset, CAUSAL)
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             k = _load_tile(K, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
             r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, hi,
-                              offset, chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
+                              offset, HAS_MASK, HAS_KEY_MASK, CAUSAL, PRECISION)
             dp = _dp_tile(DO, V, b, offs_m, offs_n, stride_ob, stride_on, stride_vb, stride_vn, n_q, n_k, E,
-                          BLOCK_M, BLOCK_N, BLOCK_E)
+                          BLOCK_M, BLOCK_N, BLOCK_E, PRECISION)
             ds = (2.0 * r * dp).to(K.dtype.element_ty)
-            dq += tl.dot(ds, k, input_precision="ieee")
-        _store_tile(DQ, dq, b, stride_qb, stride_qn, offs_m, offs_s, n_q, S)
+            dq += tl.dot(ds, k, input_precision=PRECISION)
+        _store_tile(DQ, dq.to(DQ.dtype.element_ty), b, stride_qb, stride_qn, offs_m, offs_s, n_q, S)
 
     @triton.jit
     def _grad_key_kernel(Q, K, V, M, KM, DO, DK, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb,
                          stride_vn, stride_mb, stride_mq, stride_kmb, stride_ob, stride_on, n_q, n_k, S, E,
-                         offset, chunk, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
-                         CAUSAL: tl.constexpr, CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr,
+                         offset, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
+                         CAUSAL: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
         pid_n, b = tl.program_id(0), tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_s = tl.arange(0, BLOCK_S)
         k = _load_tile(K, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
-        dk = tl.zeros((BLOCK_N, BLOCK_S), dtype=K.dtype.element_ty)
-        lo, hi = _query_range(pid_n * BLOCK_N, tl.minimum((pid_n + 1) * BLOCK_N, n_k), n_q, offset, chunk,
-                              CAUSAL, CHUNKED)
+        dk = tl.zeros((BLOCK_N, BLOCK_S), dtype=tl.float32)
+        lo, hi = _query_range(pid_n * BLOCK_N, n_q, offset, CAUSAL)
         for start in range(lo, hi, BLOCK_M):
             offs_m = start + tl.arange(0, BLOCK_M)
             q = _load_tile(Q, b, stride_qb, stride_qn, offs_m, offs_s, hi, S)
             r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, hi, n_k,
-                              offset, chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
+                              offset, HAS_MASK, HAS_KEY_MASK, CAUSAL, PRECISION)
             dp = _dp_tile(DO, V, b, offs_m, offs_n, stride_ob, stride_on, stride_vb, stride_vn, hi, n_k, E,
-                          BLOCK_M, BLOCK_N, BLOCK_E)
+                          BLOCK_M, BLOCK_N, BLOCK_E, PRECISION)
             ds = (2.0 * r * dp).to(Q.dtype.element_ty)
-            dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
-        _store_tile(DK, dk, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
+            dk += tl.dot(tl.trans(ds), q, input_precision=PRECISION)
+        _store_tile(DK, dk.to(DK.dtype.element_ty), b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
 
     @triton.jit
     def _grad_value_kernel(Q, K, M, KM, DO, DV, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb,
                            stride_vn, stride_mb, stride_mq, stride_kmb, stride_ob, stride_on, n_q, n_k, S, E,
-                           offset, chunk, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
-                           CAUSAL: tl.constexpr, CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr,
+                           offset, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
+                           CAUSAL: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
         pid_n, pid_e, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_s = tl.arange(0, BLOCK_S)
         offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
         k = _load_tile(K, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
-        dv = tl.zeros((BLOCK_N, BLOCK_E), dtype=DO.dtype.element_ty)
-        lo, hi = _query_range(pid_n * BLOCK_N, tl.minimum((pid_n + 1) * BLOCK_N, n_k), n_q, offset, chunk,
-                              CAUSAL, CHUNKED)
+        dv = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
+        lo, hi = _query_range(pid_n * BLOCK_N, n_q, offset, CAUSAL)
         for start in range(lo, hi, BLOCK_M):
             offs_m = start + tl.arange(0, BLOCK_M)
             q = _load_tile(Q, b, stride_qb, stride_qn, offs_m, offs_s, hi, S)
             r = _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, hi, n_k,
-                              offset, chunk, HAS_MASK, HAS_KEY_MASK, CAUSAL, CHUNKED)
+                              offset, HAS_MASK, HAS_KEY_MASK, CAUSAL, PRECISION)
             w = (r * r).to(DO.dtype.element_ty)
             do = _load_tile(DO, b, stride_ob, stride_on, offs_m, offs_e, hi, E)
-            dv += tl.dot(tl.trans(w), do, input_precision="ieee")
-        _store_tile(DV, dv, b, stride_vb, stride_vn, offs_n, offs_e, n_k, E)
+            dv += tl.dot(tl.trans(w), do, input_precision=PRECISION)
+        _store_tile(DV, dv.to(DV.dtype.element_ty), b, stride_vb, stride_vn, offs_n, offs_e, n_k, E)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# FLASH mixed-chunk attention: the whole op (inside and across chunks), tensor-core tiles, fp32 accumulators
+# ------------------------------------------------------------------------------------------------------------
+FLASH_BLOCK_E = 128
+"""Value columns per program of the FLASH forward and backward kernels (the grid's first axis)."""
+FLASH_STATE_BLOCK = 64
+"""Key-size rows and value columns per program of the per-chunk outer products k'ᵀv and q'ᵀdO."""
+
+if TRITON_AVAILABLE:
+
+    @triton.jit
+    def _tile(PTR, base, rows, cols, n_rows, n_cols, width):
+        """The ``(rows, cols)`` tile at ``PTR + base`` of a row-major ``(·, width)`` matrix, 0 outside
+        ``n_rows × n_cols``."""
+        return tl.load(PTR + base + rows[:, None] * width + cols[None, :],
+                       mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+
+    @triton.jit
+    def _relu_scores(q, k, offs_m, offs_n, KM, km_base, n_rows, n_keys, chunk, PRECISION: tl.constexpr,
+                     HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr):
+        """r = relu(q kᵀ) of a (query block, key block) tile (fp32 accumulation), 0 wherever the pair is not
+        in one chunk, is acausal, or the key is padding."""
+        visible = (offs_m[:, None] < n_rows) & (offs_n[None, :] < n_keys)
+        visible = visible & ((offs_n[None, :] // chunk) == (offs_m[:, None] // chunk))
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None])
+        if HAS_KEY_MASK:
+            keep = tl.load(KM + km_base + offs_n, mask=offs_n < n_keys, other=0)
+            visible = visible & (keep[None, :] != 0)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        return tl.where(visible, tl.maximum(scores, 0.0), 0.0)
+
+    @triton.jit
+    def _chunk_outer_kernel(A, X, OUT, T, S, E, chunk, n_chunks, PRECISION: tl.constexpr,
+                            BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
+        """OUT[b, c] = A[b, chunk c]ᵀ X[b, chunk c] for ``A`` ``(B, T, S)`` and ``X`` ``(B, T, E)``: one
+        ``(BLOCK_S, BLOCK_E)`` tile of one chunk per program, fp32."""
+        pid_se, c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+        n_e = tl.cdiv(E, BLOCK_E)
+        offs_s = (pid_se // n_e) * BLOCK_S + tl.arange(0, BLOCK_S)
+        offs_e = (pid_se % n_e) * BLOCK_E + tl.arange(0, BLOCK_E)
+        acc = tl.zeros((BLOCK_S, BLOCK_E), dtype=tl.float32)
+        start = c * chunk
+        stop = tl.minimum(start + chunk, T)
+        for t0 in range(start, stop, BLOCK_T):
+            offs_t = t0 + tl.arange(0, BLOCK_T)
+            a = _tile(A, b * T * S, offs_t, offs_s, stop, S, S)
+            x = _tile(X, b * T * E, offs_t, offs_e, stop, E, E)
+            acc += tl.dot(tl.trans(a), x, input_precision=PRECISION)
+        out = OUT + (b * n_chunks + c) * S * E
+        tl.store(out + offs_s[:, None] * E + offs_e[None, :], acc,
+                 mask=(offs_s[:, None] < S) & (offs_e[None, :] < E))
+
+    @triton.jit
+    def _flash_forward_kernel(Q, K, QL, V, H, KM, OUT, T, S, E, chunk, n_chunks, PRECISION: tl.constexpr,
+                              HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr,
+                              BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
+        """out = Σ_{same chunk, visible} relu(q·k)² v + q'·H_c for one (value tile, token block, row)."""
+        pid_e, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+        m0 = pid_m * BLOCK
+        offs_m = m0 + tl.arange(0, BLOCK)
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+        first = m0 // chunk
+        last = (tl.minimum(m0 + BLOCK, T) - 1) // chunk
+        hi = tl.minimum((last + 1) * chunk, T)
+        if CAUSAL:
+            hi = tl.minimum(hi, m0 + BLOCK)
+        q = _tile(Q, b * T * S, offs_m, offs_s, T, S, S)
+        acc = tl.zeros((BLOCK, BLOCK_E), dtype=tl.float32)
+        for n0 in range(first * chunk, hi, BLOCK):
+            offs_n = n0 + tl.arange(0, BLOCK)
+            k = _tile(K, b * T * S, offs_n, offs_s, hi, S, S)
+            r = _relu_scores(q, k, offs_m, offs_n, KM, b * T, T, hi, chunk, PRECISION, HAS_KEY_MASK, CAUSAL)
+            v = _tile(V, b * T * E, offs_n, offs_e, hi, E, E)
+            acc += tl.dot((r * r).to(v.dtype), v, input_precision=PRECISION)
+        ql = _tile(QL, b * T * S, offs_m, offs_s, T, S, S)
+        for c in range(first, last + 1):  # one chunk unless the chunk is not a multiple of BLOCK
+            h = _tile(H, (b * n_chunks + c) * S * E, offs_s, offs_e, S, E, E).to(ql.dtype)
+            rows = tl.where((offs_m // chunk == c)[:, None], ql, 0.0).to(ql.dtype)
+            acc += tl.dot(rows, h, input_precision=PRECISION)
+        tl.store(OUT + b * T * E + offs_m[:, None] * E + offs_e[None, :], acc.to(OUT.dtype.element_ty),
+                 mask=(offs_m[:, None] < T) & (offs_e[None, :] < E))
+
+    @triton.jit
+    def _flash_backward_query_kernel(Q, K, V, H, KM, DO, DQ, DQL, T, S, E, chunk, n_chunks,
+                                     PRECISION: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
+                                     CAUSAL: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr,
+                                     BLOCK_E: tl.constexpr):
+        """This value tile's share of dq = Σ_j 2 r ⊙ (dO vᵀ) k_j and of dq' = dO H_cᵀ, added into the fp32
+        DQ and DQL."""
+        pid_e, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+        m0 = pid_m * BLOCK
+        offs_m = m0 + tl.arange(0, BLOCK)
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+        first = m0 // chunk
+        last = (tl.minimum(m0 + BLOCK, T) - 1) // chunk
+        hi = tl.minimum((last + 1) * chunk, T)
+        if CAUSAL:
+            hi = tl.minimum(hi, m0 + BLOCK)
+        q = _tile(Q, b * T * S, offs_m, offs_s, T, S, S)
+        do = _tile(DO, b * T * E, offs_m, offs_e, T, E, E)
+        dq = tl.zeros((BLOCK, BLOCK_S), dtype=tl.float32)
+        for n0 in range(first * chunk, hi, BLOCK):
+            offs_n = n0 + tl.arange(0, BLOCK)
+            k = _tile(K, b * T * S, offs_n, offs_s, hi, S, S)
+            r = _relu_scores(q, k, offs_m, offs_n, KM, b * T, T, hi, chunk, PRECISION, HAS_KEY_MASK, CAUSAL)
+            v = _tile(V, b * T * E, offs_n, offs_e, hi, E, E)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            dq += tl.dot((2.0 * r * dp).to(k.dtype), k, input_precision=PRECISION)
+        dql = tl.zeros((BLOCK, BLOCK_S), dtype=tl.float32)
+        for c in range(first, last + 1):
+            h = _tile(H, (b * n_chunks + c) * S * E, offs_s, offs_e, S, E, E).to(do.dtype)
+            rows = tl.where((offs_m // chunk == c)[:, None], do, 0.0).to(do.dtype)
+            dql += tl.dot(rows, tl.trans(h), input_precision=PRECISION)
+        where = b * T * S + offs_m[:, None] * S + offs_s[None, :]
+        inside = (offs_m[:, None] < T) & (offs_s[None, :] < S)
+        tl.atomic_add(DQ + where, dq, mask=inside)
+        tl.atomic_add(DQL + where, dql, mask=inside)
+
+    @triton.jit
+    def _flash_backward_key_kernel(Q, K, KL, V, DSUM, KM, DO, DK, DKL, DV, T, S, E, chunk, n_chunks,
+                                   PRECISION: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
+                                   BLOCK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
+        """dv (this value tile, whole) = Σ_i r²ᵀ dO_i + k'_j dSum_c, and this tile's share of
+        dk = Σ_i (2 r ⊙ dO vᵀ)ᵀ q_i and dk' = v_j dSum_cᵀ, added into fp32 DK, DKL."""
+        pid_e, pid_n, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+        n0 = pid_n * BLOCK
+        offs_n = n0 + tl.arange(0, BLOCK)
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+        first = n0 // chunk
+        last = (tl.minimum(n0 + BLOCK, T) - 1) // chunk
+        hi = tl.minimum((last + 1) * chunk, T)
+        lo = first * chunk
+        if CAUSAL:
+            lo = n0  # a query sees no later key
+        k = _tile(K, b * T * S, offs_n, offs_s, T, S, S)
+        v = _tile(V, b * T * E, offs_n, offs_e, T, E, E)
+        dk = tl.zeros((BLOCK, BLOCK_S), dtype=tl.float32)
+        dv = tl.zeros((BLOCK, BLOCK_E), dtype=tl.float32)
+        for m0 in range(lo, hi, BLOCK):
+            offs_m = m0 + tl.arange(0, BLOCK)
+            q = _tile(Q, b * T * S, offs_m, offs_s, hi, S, S)
+            do = _tile(DO, b * T * E, offs_m, offs_e, hi, E, E)
+            r = _relu_scores(q, k, offs_m, offs_n, KM, b * T, hi, T, chunk, PRECISION, HAS_KEY_MASK, CAUSAL)
+            dv += tl.dot(tl.trans((r * r).to(do.dtype)), do, input_precision=PRECISION)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            dk += tl.dot(tl.trans((2.0 * r * dp).to(q.dtype)), q, input_precision=PRECISION)
+        kl = _tile(KL, b * T * S, offs_n, offs_s, T, S, S)
+        dkl = tl.zeros((BLOCK, BLOCK_S), dtype=tl.float32)
+        for c in range(first, last + 1):
+            dsum = _tile(DSUM, (b * n_chunks + c) * S * E, offs_s, offs_e, S, E, E).to(kl.dtype)
+            mine = (offs_n // chunk == c)[:, None]
+            dv += tl.dot(tl.where(mine, kl, 0.0).to(kl.dtype), dsum, input_precision=PRECISION)
+            dkl += tl.dot(tl.where(mine, v, 0.0).to(v.dtype), tl.trans(dsum), input_precision=PRECISION)
+        tl.store(DV + b * T * E + offs_n[:, None] * E + offs_e[None, :], dv.to(DV.dtype.element_ty),
+                 mask=(offs_n[:, None] < T) & (offs_e[None, :] < E))
+        where = b * T * S + offs_n[:, None] * S + offs_s[None, :]
+        inside = (offs_n[:, None] < T) & (offs_s[None, :] < S)
+        tl.atomic_add(DK + where, dk, mask=inside)
+        tl.atomic_add(DKL + where, dkl, mask=inside)
+
+
+def precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s ``input_precision`` for inputs of ``dtype``: IEEE for float32 (the tests' exact products),
+    else the tensor cores' own (bf16/fp16 products, fp32 accumulators)."""
+    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
+
+
+def _key_size_block(key_size: int) -> int:
+    return max(16, triton.next_power_of_2(key_size))
 
 
 def _launch_arguments(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-    key_mask: torch.Tensor | None, causal_offset: int | None, chunk: int | None,
+    key_mask: torch.Tensor | None, causal_offset: int | None,
 ) -> tuple[list[Any], dict[str, Any]]:
-    """The shape/stride arguments and the constexpr switches shared by the four kernels."""
+    """The shape/stride arguments and the constexpr switches shared by the four quadratic kernels."""
     dense = mask if mask is not None else query.new_zeros(1, 1, dtype=torch.int8)
     keys = key_mask if key_mask is not None else query.new_zeros(1, 1, dtype=torch.int8)
     strides = [query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0),
                value.stride(1), dense.stride(0), dense.stride(1), keys.stride(0)]
-    sizes = [query.shape[1], key.shape[1], query.shape[2], value.shape[2], int(causal_offset or 0),
-             int(chunk or 1)]
+    sizes = [query.shape[1], key.shape[1], query.shape[2], value.shape[2], int(causal_offset or 0)]
     switches = {
         "HAS_MASK": mask is not None, "HAS_KEY_MASK": key_mask is not None,
-        "CAUSAL": causal_offset is not None, "CHUNKED": chunk is not None, "BLOCK_M": BLOCK_M,
-        "BLOCK_N": BLOCK_N, "BLOCK_S": max(16, triton.next_power_of_2(query.shape[2])), "BLOCK_E": BLOCK_E,
+        "CAUSAL": causal_offset is not None, "PRECISION": precision(query.dtype), "BLOCK_M": BLOCK_M,
+        "BLOCK_N": BLOCK_N, "BLOCK_S": _key_size_block(query.shape[2]), "BLOCK_E": BLOCK_E,
     }
     return [dense, keys, strides, sizes], switches
 
@@ -238,29 +399,26 @@ class TritonRelu2Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                mask: torch.Tensor | None, key_mask: torch.Tensor | None, causal_offset: int | None,
-                chunk: int | None) -> torch.Tensor:
+                mask: torch.Tensor | None, causal_offset: int | None) -> torch.Tensor:
         query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
         mask = None if mask is None else mask.to(torch.int8).contiguous()
-        key_mask = None if key_mask is None else key_mask.to(torch.int8).contiguous()
-        (dense, keys, strides, sizes), switches = _launch_arguments(query, key, value, mask, key_mask,
-                                                                    causal_offset, chunk)
+        (dense, keys, strides, sizes), switches = _launch_arguments(query, key, value, mask, None,
+                                                                    causal_offset)
         batch, n_q, width = query.shape[0], query.shape[1], value.shape[2]
         output = torch.empty(batch, n_q, width, device=query.device, dtype=value.dtype)
         grid = (triton.cdiv(n_q, BLOCK_M), triton.cdiv(width, BLOCK_E), batch)
         _forward_kernel[grid](query, key, value, dense, keys, output, *strides, output.stride(0),
                               output.stride(1), *sizes, **switches)
-        ctx.save_for_backward(query, key, value, mask, key_mask)
-        ctx.causal_offset, ctx.chunk = causal_offset, chunk
+        ctx.save_for_backward(query, key, value, mask)
+        ctx.causal_offset = causal_offset
         return output
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        query, key, value, mask, key_mask = ctx.saved_tensors
+        query, key, value, mask = ctx.saved_tensors
         grad_output = grad_output.contiguous()
-        (dense, keys, strides, sizes), switches = _launch_arguments(
-            query, key, value, mask, key_mask, ctx.causal_offset, ctx.chunk
-        )
+        (dense, keys, strides, sizes), switches = _launch_arguments(query, key, value, mask, None,
+                                                                    ctx.causal_offset)
         batch, n_q, n_k, width = query.shape[0], query.shape[1], key.shape[1], value.shape[2]
         grad_query, grad_key, grad_value = (torch.empty_like(query), torch.empty_like(key),
                                             torch.empty_like(value))
@@ -271,7 +429,7 @@ class TritonRelu2Attention(torch.autograd.Function):
             query, key, value, dense, keys, grad_output, grad_key, *common, **switches)
         _grad_value_kernel[(triton.cdiv(n_k, BLOCK_N), triton.cdiv(width, BLOCK_E), batch)](
             query, key, dense, keys, grad_output, grad_value, *common, **switches)
-        return grad_query, grad_key, grad_value, None, None, None, None
+        return grad_query, grad_key, grad_value, None, None
 
 
 def triton_relu2_attention(
@@ -280,28 +438,135 @@ def triton_relu2_attention(
 ) -> torch.Tensor:
     """Quadratic relu² GAU (``gau_kernels.relu2_attention`` with its factors already in ``query``) in Triton.
 
-    ``query`` ``(batch, q, s)``, ``key`` ``(batch, k, s)``, ``value`` ``(batch, k, e)``, ``mask``
-    ``(batch, q, k)`` bool (``True`` = visible) or ``None``; ``causal_offset``: queries are keys
-    ``causal_offset …`` (causal), or ``None`` (bidirectional).
+    Args:
+        query: ``(batch, q, s)``, every positive factor folded in.
+        key: ``(batch, k, s)``.
+        value: ``(batch, k, e)``.
+        mask: ``(batch, q, k)`` bool (``True`` = visible) or ``None``.
+        causal_offset: queries are keys ``causal_offset …`` (causal), or ``None`` (bidirectional).
+
+    Returns:
+        ``(batch, q, e)`` in ``value``'s dtype.
     """
-    return TritonRelu2Attention.apply(query, key, value, mask, None, causal_offset, None)
+    return TritonRelu2Attention.apply(query, key, value, mask, causal_offset)
 
 
-def triton_flash_intra_chunk(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_mask: torch.Tensor | None,
-    chunk_size: int,
-    causal: bool,
-) -> torch.Tensor:
-    """FLASH's relu² attention inside chunks of ``chunk_size`` tokens (positions 0, g, 2g, …) in Triton.
-
-    ``query`` (scaled) and ``key`` ``(batch, T, s)``, ``value`` ``(batch, T, e)``, ``key_mask`` ``(batch, T)``
-    (``True`` = real token) or ``None``. Equals the intra-chunk part of
-    ``gau_kernels.flash_mixed_chunk_attention``.
-    """
-    return TritonRelu2Attention.apply(query, key, value, None, key_mask, 0 if causal else None, chunk_size)
+# ------------------------------------------------------------------------------------------------ FLASH
+def flash_block(chunk_size: int) -> int:
+    """Token rows per program of the FLASH kernels: 64 where the chunk is a multiple of 64, else 32 or 16
+    (a block then straddles chunks, which the kernels mask)."""
+    for block in (64, 32):
+        if chunk_size % block == 0:
+            return block
+    return 16
 
 
-__all__ = ["TRITON_AVAILABLE", "TritonRelu2Attention", "triton_flash_intra_chunk", "triton_relu2_attention"]
+def _state_block(size: int) -> int:
+    return min(FLASH_STATE_BLOCK, max(16, 1 << (max(size, 1) - 1).bit_length()))
+
+
+def _value_block(width: int) -> int:
+    return min(FLASH_BLOCK_E, max(16, 1 << (max(width, 1) - 1).bit_length()))
+
+
+def flash_triton_grids(batch: int, length: int, key_size: int, width: int, chunk_size: int
+                       ) -> dict[str, tuple[int, int, int]]:
+    """The launch grid of each FLASH kernel for ``batch`` rows of ``length`` tokens, key size s = ``key_size``
+    and values of e = ``width``: ``chunk_outer`` (k'ᵀv per chunk, and q'ᵀdO in backward) over (s-tiles ×
+    e-tiles, chunks, rows); ``forward``, ``backward_query`` and ``backward_key`` over (e-tiles, token blocks,
+    rows). Pure arithmetic: what a GPU launches shows on CPU."""
+    chunks = -(-length // chunk_size)
+    state = (-(-key_size // _state_block(key_size)) * -(-width // _state_block(width)), chunks, batch)
+    tokens = (-(-width // _value_block(width)), -(-length // flash_block(chunk_size)), batch)
+    return {"chunk_outer": state, "forward": tokens, "backward_query": tokens, "backward_key": tokens}
+
+
+def _flash_switches(like: torch.Tensor, key_size: int, width: int, chunk_size: int) -> dict[str, Any]:
+    return {"PRECISION": precision(like.dtype), "BLOCK": flash_block(chunk_size),
+            "BLOCK_S": _key_size_block(key_size), "BLOCK_E": _value_block(width)}
+
+
+if TRITON_AVAILABLE:
+
+    @torch.library.custom_op("hf_attn_variants::flash_chunk_outer", mutates_args=())
+    def flash_chunk_outer(a: torch.Tensor, x: torch.Tensor, chunk_size: int) -> torch.Tensor:
+        """Per chunk c, ``a[:, c]ᵀ x[:, c]``: ``a`` ``(batch, T, s)``, ``x`` ``(batch, T, e)`` →
+        ``(batch, C, s, e)`` float32, C = ⌈T / g⌉ (the last chunk may be partial)."""
+        batch, length, key_size = a.shape
+        width = x.shape[-1]
+        grid = flash_triton_grids(batch, length, key_size, width, chunk_size)["chunk_outer"]
+        out = torch.empty(batch, grid[1], key_size, width, device=a.device, dtype=torch.float32)
+        _chunk_outer_kernel[grid](
+            a, x, out, length, key_size, width, chunk_size, grid[1], PRECISION=precision(a.dtype),
+            BLOCK_T=flash_block(chunk_size), BLOCK_S=_state_block(key_size), BLOCK_E=_state_block(width))
+        return out
+
+    @torch.library.custom_op("hf_attn_variants::flash_forward", mutates_args=())
+    def flash_forward(quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, value: torch.Tensor,
+                      states: torch.Tensor, key_mask: torch.Tensor | None, chunk_size: int,
+                      causal: bool) -> torch.Tensor:
+        """FLASH's numerator ``(batch, T, e)`` in ``value``'s dtype from the states H_c ``(batch, C, s, e)``
+        each chunk's queries read (``flash_mixed_chunk_triton``)."""
+        batch, length, key_size = quad_q.shape
+        width = value.shape[-1]
+        out = torch.empty_like(value)
+        grid = flash_triton_grids(batch, length, key_size, width, chunk_size)["forward"]
+        _flash_forward_kernel[grid](
+            quad_q, quad_k, lin_q, value, states, quad_q if key_mask is None else key_mask, out, length,
+            key_size, width, chunk_size, states.shape[1], HAS_KEY_MASK=key_mask is not None, CAUSAL=causal,
+            **_flash_switches(quad_q, key_size, width, chunk_size))
+        return out
+
+    @torch.library.custom_op("hf_attn_variants::flash_backward", mutates_args=())
+    def flash_backward(quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, lin_k: torch.Tensor,
+                       value: torch.Tensor, states: torch.Tensor, grad_summaries: torch.Tensor,
+                       key_mask: torch.Tensor | None, grad_output: torch.Tensor, chunk_size: int,
+                       causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                              torch.Tensor]:
+        """Gradients ``(dq, dk, dq', dk', dv)`` of ``flash_forward`` plus the chunk summaries k'ᵀv, given the
+        gradient of those summaries ``(batch, C, s, e)`` (float32)."""
+        batch, length, key_size = quad_q.shape
+        width = value.shape[-1]
+        grads = [torch.zeros(batch, length, key_size, device=quad_q.device, dtype=torch.float32)
+                 for _ in range(4)]
+        grad_value = torch.empty_like(value)
+        grid = flash_triton_grids(batch, length, key_size, width, chunk_size)
+        mask = quad_q if key_mask is None else key_mask
+        switches = {"HAS_KEY_MASK": key_mask is not None, "CAUSAL": causal,
+                    **_flash_switches(quad_q, key_size, width, chunk_size)}
+        sizes = (length, key_size, width, chunk_size, states.shape[1])
+        _flash_backward_query_kernel[grid["backward_query"]](
+            quad_q, quad_k, value, states, mask, grad_output, grads[0], grads[2], *sizes, **switches)
+        _flash_backward_key_kernel[grid["backward_key"]](
+            quad_q, quad_k, lin_k, value, grad_summaries, mask, grad_output, grads[1], grads[3], grad_value,
+            *sizes, **switches)
+        dq, dk, dlq, dlk = (grad.to(quad_q.dtype) for grad in grads)
+        return dq, dk, dlq, dlk, grad_value
+
+
+    # Shapes for tracing (torch.compile, FakeTensor): the ops are opaque nodes of the graph.
+    @flash_chunk_outer.register_fake
+    def _(a: torch.Tensor, x: torch.Tensor, chunk_size: int) -> torch.Tensor:
+        chunks = -(-a.shape[1] // chunk_size)
+        return a.new_empty(a.shape[0], chunks, a.shape[2], x.shape[2], dtype=torch.float32)
+
+    @flash_forward.register_fake
+    def _(quad_q: torch.Tensor, *args: Any) -> torch.Tensor:
+        return torch.empty_like(args[2])  # value
+
+    @flash_backward.register_fake
+    def _(quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, lin_k: torch.Tensor,
+          value: torch.Tensor, *args: Any) -> tuple[torch.Tensor, ...]:
+        return (*(torch.empty_like(quad_q) for _ in range(4)), torch.empty_like(value))
+
+
+__all__ = [
+    "FLASH_BLOCK_E",
+    "FLASH_STATE_BLOCK",
+    "TRITON_AVAILABLE",
+    "TritonRelu2Attention",
+    "flash_block",
+    "flash_triton_grids",
+    "precision",
+    "triton_relu2_attention",
+]

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
@@ -42,6 +43,7 @@ from .configuration_gau import GAUConfig
 from .gau_cache import GAUChunkCacheLayer, check_chunk_cache, chunk_cache_layer
 from .gau_kernels import (
     DocumentChunks,
+    FlashState,
     flash_decode_step,
     flash_effective_weights,
     flash_mixed_chunk_attention,
@@ -307,9 +309,10 @@ GAU_ATTENTION_PATHS: dict[GAUPath, str] = {
     GAUPath.RELU2: "relu2_attention in one expression (≤ ATTENTION_BLOCK_ELEMENTS scores)",
     GAUPath.RELU2_BLOCKED: "relu2_attention in query blocks (Relu2Attention): nothing n×n saved",
     GAUPath.RELU2_TRITON: "triton_relu2_attention: nothing n×n saved",
-    GAUPath.FLASH: "FLASH mixed-chunk attention (flash_mixed_chunk_attention); a causal prefill's final "
-    "state and open chunk then start the cache",
-    GAUPath.FLASH_TRITON: "flash with its part inside the chunks in Triton (triton_flash_intra_chunk)",
+    GAUPath.FLASH: "FLASH mixed-chunk attention (flash_mixed_chunk_attention, its chunked torch "
+    "implementation); a causal prefill's final state and open chunk then start the cache",
+    GAUPath.FLASH_TRITON: "flash through the op's Triton implementation "
+    "(gau_kernels.flash_mixed_chunk_triton)",
     GAUPath.FLASH_MAP: "FLASH's effective n×n matrix W materialised (flash_effective_weights), out = W v / L",
     GAUPath.FLASH_PACKED: "rows packing several documents, each starting on a chunk boundary "
     "(DocumentChunks), through flash with the linear state summed per document: O(n)",
@@ -378,8 +381,9 @@ def gau_attention_path(
 # The unit and the layer
 # --------------------------------------------------------------------------------------------------
 class GatedAttentionUnit(ShardedUnits, nn.Module):
-    """One GAU (Hua et al. 2022, Code 1): fused gates/values/base projection, scale-offset q/k, RoPE,
-    normalised single-head attention, gating and output projection.
+    """What every GAU (Hua et al. 2022, Code 1) shares: the fused gates/values/base projection, scale-offset
+    q/k, RoPE and the gated output projection. ``QuadraticGatedAttentionUnit`` and
+    ``FlashGatedAttentionUnit`` attend; ``GAULayer`` builds the one its config names, once.
 
     Parameters: ``in_proj`` (d → 2e + s), ``out_proj`` (e → d), ``qk_scale`` γ and ``qk_offset`` β of shape
     ``(2, s)`` (rows q, k) or ``(4, s)`` with ``chunk_size`` (q, k, q', k'). Returns ``(output, weights)``:
@@ -398,7 +402,6 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         self.is_causal = config.is_decoder
         self.width = config.intermediate_width
         self.key_size = config.attention_key_size
-        self.chunk_size: int = config.chunk_size  # type: ignore[assignment]  # None: quadratic GAU
         self.scaling = self.key_size**-0.5
         self.normalization = GAU_NORMALIZATIONS[config.attention_normalization](config)
         if config.gau_kernel == "triton" and not TRITON_AVAILABLE:
@@ -422,40 +425,45 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         return gau_attention_path(self.config, query_length, key_length, causal=self.is_causal, device=device,
                                   training=self.training, **mode)
 
-    def forward(self, hidden_states: torch.Tensor, geometry: AttentionGeometry,
-                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-                attention_mask: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
-                key_counts: torch.Tensor | None = None, cache: Cache | None = None,
-                output_attentions: bool = False, documents: DocumentChunks | None = None,
-                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``output_attentions``: also return the attention map (see the class docstring). ``documents``:
-        FLASH's layout of rows packing several documents (the quadratic unit gets their block-diagonal
-        ``attention_mask`` instead)."""
-        u, v, qk = self.project(hidden_states, position_embeddings)
-        if self.chunk_size is None:
-            attended, weights = self._quadratic(
-                qk, v, attention_mask, key_counts, cache, geometry.query_offset, output_attentions
-            )
-        else:
-            attended, weights = self._chunked(qk, v, key_mask, key_counts, cache, output_attentions,
-                                              documents)
-        return self.out_proj(u * attended.to(u.dtype)), weights
-
     def project(
         self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Gates u and values v ``(batch, n, e)``, and the rows q, k (q', k') ``(batch, rows, n, s)`` of the
         scale-offset base z, rotated by RoPE when ``position_embeddings`` are given."""
-        u, v, z = self.act_fn(self.in_proj(hidden_states)).split([self.width, self.width, self.key_size],
-                                                                 dim=-1)
+        return self.activate(self.in_proj(hidden_states), position_embeddings)
+
+    def activate(
+        self, projected: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``project`` after ``in_proj``: u, v, z = act(``projected``) from ``(batch, n, 2e + s)``, then
+        q, k (q', k') = z·γ + β, rotated. Elementwise, in the model's dtype."""
+        u, v, z = self.act_fn(projected).split([self.width, self.width, self.key_size], dim=-1)
         share = self.tp_slice(self.width)
         u, v = u[..., share], v[..., share]
-        qk = (z.unsqueeze(2) * self.qk_scale + self.qk_offset).transpose(1, 2)
+        qk = (z.unsqueeze(2) * self.qk_scale.to(z.dtype) + self.qk_offset.to(z.dtype)).transpose(1, 2)
         if position_embeddings is not None:
             qk = apply_rotary(qk, *position_embeddings)
         return u, v, qk
 
-    def _quadratic(
+
+class QuadraticGatedAttentionUnit(GatedAttentionUnit):
+    """GAU with quadratic attention over every visible key (no ``chunk_size``): A = norm(q kᵀ / √s) of its
+    ``attention_normalization``, out = (u ⊙ A v) Wo. O(n²) time; the kernels keep nothing n×n."""
+
+    def forward(self, hidden_states: torch.Tensor, geometry: AttentionGeometry,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                attention_mask: torch.Tensor | None = None, key_counts: torch.Tensor | None = None,
+                cache: Cache | None = None, output_attentions: bool = False,
+                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``attention_mask``: boolean ``(batch, 1, q, k)`` (block-diagonal for packed rows);
+        ``key_counts`` nᵢ ``(batch, q)`` where the normalisation reads them; ``output_attentions``: also
+        return A."""
+        u, v, qk = self.project(hidden_states, position_embeddings)
+        attended, weights = self._attend(qk, v, attention_mask, key_counts, cache, geometry.query_offset,
+                                         output_attentions)
+        return self.out_proj(u * attended.to(u.dtype)), weights
+
+    def _attend(
         self, qk: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, key_counts: torch.Tensor | None,
         cache: Cache | None, query_offset: int | torch.Tensor, output_attentions: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -477,33 +485,80 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         return (self.normalization.attend(path, query, key, value, mask, key_counts, causal_offset, dropout),
                 None)
 
-    def _chunked(
-        self, qk: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
-        key_counts: torch.Tensor | None, cache: Cache | None, output_attentions: bool,
-        documents: DocumentChunks | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """FLASH on the rows q, k, q', k' of ``qk`` and values ``v`` (module docstring), through the runner of
-        its ``attention_path`` (``FLASH_RUNNERS``); ``documents``: the layout of packed rows."""
-        length = qk.shape[2]
+
+RECOMPUTED_PATHS = frozenset({GAUPath.FLASH, GAUPath.FLASH_TRITON, GAUPath.FLASH_PACKED,
+                              GAUPath.FLASH_PACKED_TRITON})
+"""FLASH's paths whose unit, under autograd and without a cache, keeps only ``in_proj``'s output for backward
+and recomputes the rest (activations, RoPE, the op's forward, the gate): ``FlashGatedAttentionUnit``."""
+
+
+class FlashGatedAttentionUnit(GatedAttentionUnit):
+    """FLASH (``chunk_size`` = g, Hua et al. 2022 §3): exact relu² inside chunks of g tokens and linear
+    attention across them, through the op ``gau_kernels.flash_mixed_chunk_attention`` (its ``chunk`` or
+    ``triton`` implementation, or the reference with ``output_attentions``), in the model's dtype.
+
+    Memory: in training (autograd on, no cache) the unit saves ``in_proj``'s output ``(batch, n, 2e + s)``
+    and the gated product ``(batch, n, e)`` (``out_proj``'s input) and recomputes everything between them in
+    backward (``torch.utils.checkpoint`` of ``_gate``), so a layer keeps ≈ (2d + 3e + s) values per token.
+    """
+
+    def __init__(self, config: GAUConfig, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.chunk_size: int = config.chunk_size  # type: ignore[assignment]
+
+    def forward(self, hidden_states: torch.Tensor, geometry: AttentionGeometry,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                key_mask: torch.Tensor | None = None, key_counts: torch.Tensor | None = None,
+                cache: Cache | None = None, output_attentions: bool = False,
+                documents: DocumentChunks | None = None, **kwargs: Any
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``key_mask``: the 2D padding mask ``(batch, past + n)``; ``documents``: the chunk-aligned layout of
+        rows packing several documents; ``output_attentions``: also return W / L."""
+        length = hidden_states.shape[1]
         layer = chunk_cache_layer(cache, self.layer_idx) if cache is not None and self.is_causal else None
         past = 0 if layer is None else layer.get_seq_length()
         path = self.attention_path(
-            length, past + length, qk.device, cached=layer is not None,
+            length, past + length, hidden_states.device, cached=layer is not None,
             output_attentions=output_attentions, packed=documents is not None,
             layout=documents is None or documents.segment is not None,
         )
+        projected = self.in_proj(hidden_states)
+        if layer is None and path in RECOMPUTED_PATHS and torch.is_grad_enabled():
+            gated = checkpoint(self._gate, projected, position_embeddings, key_mask, key_counts, path, None,
+                               documents, False, use_reentrant=False)
+            return self.out_proj(gated), None
+        gated, weights = self._gate(projected, position_embeddings, key_mask, key_counts, path, layer,
+                                    documents, output_attentions, with_map=True)
+        return self.out_proj(gated), weights
+
+    def _gate(
+        self, projected: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+        key_mask: torch.Tensor | None, key_counts: torch.Tensor | None, path: GAUPath,
+        layer: GAUChunkCacheLayer | None, documents: DocumentChunks | None, output_attentions: bool,
+        with_map: bool = False,
+    ) -> Any:
+        """u ⊙ FLASH(q, k, q', k', v) / L from ``in_proj``'s output, through the runner of ``path``
+        (``FLASH_RUNNERS``): ``(batch, n, e)``, with the map when ``with_map``."""
+        u, v, qk = self.activate(projected, position_embeddings)
         inputs = self.flash_inputs(qk, v, key_mask, key_counts)
-        return FLASH_RUNNERS[path](self, inputs, path, layer, documents, output_attentions)
+        numerator, weights = FLASH_RUNNERS[path](self, inputs, path, layer, documents, output_attentions)
+        gated = u * numerator.to(u.dtype)
+        return (gated, weights) if with_map else gated
 
     def flash_inputs(self, qk: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
                      key_counts: torch.Tensor | None) -> FlashInputs:
         """FLASH's inputs from the rows q, k, q', k' of ``qk`` and ``v``, with relu(a·q·k)²/L + (a·q'·k')/L
-        (a = 1/√s) folded into the queries: q·a/√L and q'·a/L (O(n·s) work)."""
+        (a = 1/√s) folded into the queries: q·a/√L and q'·a/L, the factors in float32, the products in the
+        model's dtype (O(n·s) work)."""
         quad_q, quad_k, lin_q, lin_k = qk.unbind(1)
         lengths = self.normalization.lengths(key_counts, quad_q)  # type: ignore[attr-defined]
-        quad_q = upcast(quad_q) * (self.scaling * lengths.rsqrt())[..., None]
-        lin_q = upcast(lin_q) * (self.scaling / lengths)[..., None]
+        quad_q = quad_q * (self.scaling * lengths.rsqrt()).to(quad_q.dtype)[..., None]
+        lin_q = lin_q * (self.scaling / lengths).to(lin_q.dtype)[..., None]
         return FlashInputs(quad_q, quad_k, lin_q, lin_k, v, key_mask)
+
+    def implementation(self, path: GAUPath) -> str:
+        """The op's implementation for ``path``: ``triton`` on the Triton paths, else ``chunk``."""
+        return "triton" if path in (GAUPath.FLASH_TRITON, GAUPath.FLASH_PACKED_TRITON) else "chunk"
 
     @property
     def _options(self) -> dict[str, Any]:
@@ -512,24 +567,28 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
 
     def _run_parallel(self, x: FlashInputs, path: GAUPath, layer: GAUChunkCacheLayer | None, *_: Any) -> Any:
         """``flash`` / ``flash_triton``; a causal prefill starts the cache from its state and open chunk."""
-        numerator, state = self._parallel(x, path == GAUPath.FLASH_TRITON)
+        numerator, state = flash_mixed_chunk_attention(*x[:5], key_mask=x.key_mask,
+                                                       implementation=self.implementation(path),
+                                                       **self._options)
         if layer is not None:
-            keys, values = self._segment(layer, x)[:2]
-            layer.store(keys, values, state, added=x.quad_k.shape[1], chunk_size=self.chunk_size)
+            store_flash_state(layer, state, x.quad_q.shape[1], self.chunk_size)
         return numerator, None
 
     def _run_packed(self, x: FlashInputs, path: GAUPath, layer: Any, documents: DocumentChunks,
                     *_: Any) -> Any:
-        """``flash_packed`` (``_triton``): the parallel path on the documents' chunk-aligned layout."""
-        aligned = FlashInputs._make([*(documents.gather(tensor) for tensor in x[:5]), documents.valid])
-        numerator = self._parallel(aligned, path == GAUPath.FLASH_PACKED_TRITON, documents.segment)[0]
+        """``flash_packed`` (``_triton``): the op on the documents' chunk-aligned layout, its state summed per
+        document (``segments``)."""
+        aligned = [documents.gather(tensor) for tensor in x[:5]]
+        numerator = flash_mixed_chunk_attention(
+            *aligned, key_mask=documents.valid, segments=documents.segment,
+            implementation=self.implementation(path), **self._options)[0]
         return documents.restore(numerator), None
 
     def _run_cached(self, x: FlashInputs, path: GAUPath, layer: GAUChunkCacheLayer, *_: Any) -> Any:
         """``flash_cache``: new tokens after earlier ones (one token without dropout: ``_decode_step``)."""
         if x.quad_q.shape[1] == 1 and not (self.training and self.config.attention_probs_dropout_prob > 0):
             return self._decode_step(layer, x), None
-        return self._chunked_with_cache(layer, x), None
+        return self.continue_from(layer, x), None
 
     def _run_map(
         self, x: FlashInputs, path: GAUPath, layer: Any, documents: DocumentChunks | None,
@@ -539,53 +598,29 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         effective ``(batch, n, n)`` matrix W (per document for packed rows), which is the map returned;
         ``flash_cache_map`` advances the cache first. O(n²), like any attention map."""
         if path == GAUPath.FLASH_CACHE_MAP:
-            self._chunked_with_cache(layer, x)
+            self.continue_from(layer, x)
         visibility = None
         if documents is not None:
             ids = documents.document_ids
-            visibility = flash_visibility(document_positions(ids), self.chunk_size, self.is_causal, ids)
+            visibility = flash_visibility(document_positions(ids), self.chunk_size, self.is_causal,
+                                          ids)
         weights = flash_effective_weights(x.quad_q, x.quad_k, x.lin_q, x.lin_k, key_mask=x.key_mask,
                                           visibility=visibility, **self._options).unsqueeze(1)
         attended = torch.matmul(weights, upcast(x.value).unsqueeze(1)).squeeze(1)
         return attended, weights.to(x.value.dtype) if output_attentions else None
 
-    def _parallel(
-        self, x: FlashInputs, triton: bool, segments: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``flash_mixed_chunk_attention`` over a whole segment, its relu² part inside the chunks in Triton
-        when ``triton``; ``(numerator, state)``."""
-        numerator, state = flash_mixed_chunk_attention(*x[:5], key_mask=x.key_mask, segments=segments,
-                                                       intra_chunk=not triton, **self._options)
-        if triton:
-            from .gau_triton import triton_flash_intra_chunk
-
-            numerator = numerator + triton_flash_intra_chunk(
-                x.quad_q, upcast(x.quad_k), upcast(x.value), x.key_mask, self.chunk_size, self.is_causal
-            )
-        return numerator, state
-
-    def _segment(
-        self, layer: GAUChunkCacheLayer, x: FlashInputs
-    ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
-        """[cached open chunk ‖ new tokens]: keys [k ‖ k'] (k' of padding zeroed) and values, each
-        ``(batch, 1, opened + new, ·)``; the open chunk's length; the closed chunks' state Σ k'ᵀv (``None``
-        before the first chunk closes). The segment starts on a chunk boundary."""
+    def _decode_step(self, layer: GAUChunkCacheLayer, x: FlashInputs) -> torch.Tensor:
+        """One new token per row after the cache in O(g·(s + e) + s·e) (``flash_decode_step``); the token
+        joins the open chunk, and a chunk it completes is folded into the state."""
         lin_k = x.lin_k
         if x.key_mask is not None:
-            lin_k = lin_k * x.key_mask[:, layer.get_seq_length():, None].to(lin_k.dtype)
+            lin_k = lin_k * x.key_mask[:, -1:, None].to(lin_k.dtype)
         keys, values = torch.cat([x.quad_k, lin_k], dim=-1).unsqueeze(1), x.value.unsqueeze(1)
         open_keys, open_values, state = layer.open_chunk()
         opened = 0 if open_keys is None else open_keys.shape[-2]
         if opened:
             keys = torch.cat([open_keys, keys], dim=-2)  # type: ignore[list-item]
             values = torch.cat([open_values, values], dim=-2)  # type: ignore[list-item]
-        return keys, values, opened, state
-
-    def _decode_step(self, layer: GAUChunkCacheLayer, x: FlashInputs) -> torch.Tensor:
-        """One new token per row after the cache: its row of ``_chunked_with_cache`` in O(g·(s + e) + s·e)
-        (``flash_decode_step``); the token joins the open chunk, and a chunk it completes is folded into the
-        state."""
-        keys, values, opened, state = self._segment(layer, x)
         seg_quad_k, seg_lin_k = keys.squeeze(1).split(self.key_size, dim=-1)
         visible = None if x.key_mask is None else x.key_mask[:, -(opened + 1):].bool()
         numerator, state = flash_decode_step(x.quad_q, x.lin_q, seg_quad_k, seg_lin_k, values.squeeze(1),
@@ -593,23 +628,18 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         layer.store(keys, values, state, added=1, chunk_size=self.chunk_size)
         return numerator
 
-    def _chunked_with_cache(self, layer: GAUChunkCacheLayer, x: FlashInputs) -> torch.Tensor:
-        """Causal FLASH for new tokens given the open chunk and the closed-chunk state; updates the cache.
-
-        The segment [open chunk ‖ new tokens] starts on a chunk boundary, so it is chunked exactly as the full
-        sequence would be; the open chunk's rows get zero queries and are dropped.
-        """
-        batch, length = x.quad_q.shape[:2]
-        keys, values, opened, state = self._segment(layer, x)
-        seg_quad_k, seg_lin_k = keys.squeeze(1).split(self.key_size, dim=-1)
-        no_queries = x.quad_q.new_zeros(batch, opened, self.key_size)
-        key_mask = None if x.key_mask is None else x.key_mask[:, -(opened + length):]
-        numerator, new_state = flash_mixed_chunk_attention(
-            torch.cat([no_queries, x.quad_q], dim=1), seg_quad_k, torch.cat([no_queries, x.lin_q], dim=1),
-            seg_lin_k, values.squeeze(1), key_mask=key_mask, initial_state=state, **self._options,
-        )
-        layer.store(keys, values, new_state, added=length, chunk_size=self.chunk_size)
-        return numerator[:, opened:]
+    def continue_from(self, layer: Any, x: FlashInputs, implementation: str = "chunk") -> torch.Tensor:
+        """Causal FLASH for new tokens after the ``FlashState`` a cache layer holds (``open_chunk``), through
+        the op's ``implementation``; the layer then holds the new state (``store``). ``layer``: a
+        ``GAUChunkCacheLayer`` or any object with ``open_chunk()`` and ``store()`` (vLLM's
+        ``SequenceState``)."""
+        open_keys, open_values, linear = layer.open_chunk()
+        state = FlashState(linear, None if open_keys is None else open_keys.squeeze(1),
+                           None if open_values is None else open_values.squeeze(1))
+        numerator, state = flash_mixed_chunk_attention(*x[:5], key_mask=x.key_mask, initial_state=state,
+                                                       implementation=implementation, **self._options)
+        store_flash_state(layer, state, x.quad_q.shape[1], self.chunk_size)
+        return numerator
 
 
 class FlashInputs(NamedTuple):
@@ -625,17 +655,23 @@ class FlashInputs(NamedTuple):
 
 
 FLASH_RUNNERS: dict[GAUPath, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
-    GAUPath.FLASH: GatedAttentionUnit._run_parallel,
-    GAUPath.FLASH_TRITON: GatedAttentionUnit._run_parallel,
-    GAUPath.FLASH_PACKED: GatedAttentionUnit._run_packed,
-    GAUPath.FLASH_PACKED_TRITON: GatedAttentionUnit._run_packed,
-    GAUPath.FLASH_CACHE: GatedAttentionUnit._run_cached,
-    GAUPath.FLASH_MAP: GatedAttentionUnit._run_map,
-    GAUPath.FLASH_CACHE_MAP: GatedAttentionUnit._run_map,
-    GAUPath.FLASH_DOCUMENTS: GatedAttentionUnit._run_map,
+    GAUPath.FLASH: FlashGatedAttentionUnit._run_parallel,
+    GAUPath.FLASH_TRITON: FlashGatedAttentionUnit._run_parallel,
+    GAUPath.FLASH_PACKED: FlashGatedAttentionUnit._run_packed,
+    GAUPath.FLASH_PACKED_TRITON: FlashGatedAttentionUnit._run_packed,
+    GAUPath.FLASH_CACHE: FlashGatedAttentionUnit._run_cached,
+    GAUPath.FLASH_MAP: FlashGatedAttentionUnit._run_map,
+    GAUPath.FLASH_CACHE_MAP: FlashGatedAttentionUnit._run_map,
+    GAUPath.FLASH_DOCUMENTS: FlashGatedAttentionUnit._run_map,
 }
 """FLASH's paths → the unit's method that runs each: ``(self, inputs, path, cache layer, documents,
 output_attentions)`` → ``(numerator, map or None)``."""
+
+
+def store_flash_state(layer: Any, state: FlashState, added: int, chunk_size: int) -> None:
+    """Write the op's ``FlashState`` after ``added`` new tokens into a cache layer (``store``)."""
+    layer.store(state.keys.unsqueeze(1), state.values.unsqueeze(1),  # type: ignore[union-attr]
+                state.linear, added=added, chunk_size=chunk_size)
 
 
 class GAULayer(GradientCheckpointingLayer):
@@ -646,7 +682,8 @@ class GAULayer(GradientCheckpointingLayer):
     def __init__(self, config: GAUConfig, layer_idx: int) -> None:
         super().__init__()
         self.norm_position = config.norm_position
-        self.gau = self.attention_class(config, layer_idx)
+        unit = QuadraticGatedAttentionUnit if config.chunk_size is None else FlashGatedAttentionUnit
+        self.gau = unit(config, layer_idx)
         self.norm = build_norm(
             config.norm_type, config.hidden_size, config.layer_norm_eps, config.norm_elementwise_affine
         )
@@ -755,7 +792,9 @@ __all__ = [
     "GAUModel",
     "GAUNormalization",
     "GAUPreTrainedModel",
+    "FlashGatedAttentionUnit",
     "GatedAttentionUnit",
+    "QuadraticGatedAttentionUnit",
     "gau_attention_path",
     "gau_attention_weights",
     "gau_reference_attention",

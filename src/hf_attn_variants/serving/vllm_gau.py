@@ -7,9 +7,9 @@ kernels, ``residual_block``); only where the attention's past lives is vLLM's:
 
 - **FLASH** (``chunk_size`` = g). Each layer's ``FlashChunkState`` is a ``MambaBase`` layer with, per
   sequence, three tensors of fixed size: the open chunk's keys [k ‖ k'] ``(g, 2s)``, its values ``(g, e)`` and
-  Σ k'ᵀv over the closed chunks ``(s, e)`` (float32). A new sequence's prefill runs the unit's parallel path
-  (``_run_parallel``: Triton inside the chunks on CUDA) and stores its state; a later piece of a chunked
-  prefill continues from the slot through ``GatedAttentionUnit._chunked_with_cache``; the decodes of a step
+  Σ k'ᵀv over the closed chunks ``(s, e)`` (float32). Every prefill, a new sequence's or a later piece of a
+  chunked one, runs the op ``flash_mixed_chunk_attention`` from the slot's state
+  (``FlashGatedAttentionUnit.continue_from``; Triton on CUDA) and stores the new state; the decodes of a step
   run together through ``gau_kernels.flash_decode_step``, each row at its own place in its chunk
   (r = position mod g).
 - **Softmax GAU** (``softmax``, ``softmax_plus``; no ``chunk_size``). The value of width e splits into h = e/s
@@ -44,10 +44,10 @@ from ..models.gau_kernels import flash_decode_step
 from ..models.layers import compute_dtype
 from ..models.modeling_common import residual_block
 from ..models.modeling_gau import (
+    FlashGatedAttentionUnit,
     FlashInputs,
-    GatedAttentionUnit,
     GAUForCausalLM,
-    GAUPath,
+    QuadraticGatedAttentionUnit,
     use_triton_kernel,
 )
 
@@ -122,7 +122,7 @@ class FlashChunkState(nn.Module, MambaBase):
 
 class SequenceState:
     """One sequence's FLASH state in its vLLM slot, behind the interface of ``GAUChunkCacheLayer`` that
-    ``GatedAttentionUnit._chunked_with_cache`` reads (``get_seq_length``, ``open_chunk``) and writes
+    ``FlashGatedAttentionUnit.continue_from`` reads (``get_seq_length``, ``open_chunk``) and writes
     (``store``). ``seen`` tokens are already in it; a new sequence (``seen == 0``) starts from a zero
     state."""
 
@@ -152,7 +152,7 @@ class SequenceState:
         self.seen += added
 
 
-def flash_decodes(unit: GatedAttentionUnit, x: FlashInputs, slots: tuple[torch.Tensor, ...],
+def flash_decodes(unit: FlashGatedAttentionUnit, x: FlashInputs, slots: tuple[torch.Tensor, ...],
                   index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """One decoding step of FLASH for a batch of sequences, each at its own place r = position mod g in its
     chunk: the numerators ``(batch, 1, e)``. ``x`` holds one token per row ``(batch, 1, ·)``; its key and
@@ -246,7 +246,7 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
         return set(parameters)
 
     # --------------------------------------------------------------------------------- attention kinds
-    def _softmax(self, i: int, unit: GatedAttentionUnit, qk: torch.Tensor, v: torch.Tensor,
+    def _softmax(self, i: int, unit: QuadraticGatedAttentionUnit, qk: torch.Tensor, v: torch.Tensor,
                  key_counts: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """A·v on vLLM's paged attention: q and k repeated over the h = e/s value heads."""
         query, key = qk[0, 0], qk[0, 1]
@@ -257,13 +257,13 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
         attended = self.attentions[i](query.repeat(1, heads), key.repeat(1, heads), v[0].contiguous())
         return attended[None]
 
-    def _flash(self, i: int, unit: GatedAttentionUnit, qk: torch.Tensor, v: torch.Tensor,
+    def _flash(self, i: int, unit: FlashGatedAttentionUnit, qk: torch.Tensor, v: torch.Tensor,
                key_counts: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """FLASH over the step's sequences: the decodes together, each prefill from its slot."""
         x = unit.flash_inputs(qk, v, None, key_counts)
         state = self.states[i]
         metadata = state.metadata()
-        numerator = x.value.new_zeros(x.value.shape, dtype=x.quad_q.dtype)
+        numerator = x.value.new_zeros(x.value.shape, dtype=compute_dtype(x.value.dtype))
         if metadata is None:  # vLLM's profiling run: no slots
             return numerator
         slots = state.kv_cache
@@ -274,15 +274,13 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
             numerator[0, :decodes] = flash_decodes(unit, rows, slots, index[:decodes],
                                                    positions[:decodes])[:, 0]
         starts = metadata.query_start_loc.tolist()
-        parallel = GAUPath.FLASH_TRITON if use_triton_kernel(self.config, x.value.device) else GAUPath.FLASH
+        implementation = "triton" if use_triton_kernel(self.config, x.value.device) else "chunk"
         for request in range(metadata.num_decodes, metadata.num_decodes + metadata.num_prefills):
             start, end = starts[request], starts[request + 1]
             part = FlashInputs(*(t[:, start:end] for t in x[:5]), None)
             sequence = SequenceState(slots, int(index[request]), int(positions[start]), unit.chunk_size)
-            if sequence.seen:  # continues a sequence: from its open chunk and state
-                numerator[:, start:end] = unit._chunked_with_cache(sequence, part)  # type: ignore[arg-type]
-            else:  # a new sequence: the parallel path (Triton inside chunks on CUDA), as generate's prefill
-                numerator[:, start:end] = unit._run_parallel(part, parallel, sequence)[0]  # type: ignore
+            # The op from the slot's state: empty for a new sequence, else its open chunk and Σ k'ᵀv.
+            numerator[:, start:end] = unit.continue_from(sequence, part, implementation)
         return numerator
 
     # ------------------------------------------------------------------------------ state declarations
