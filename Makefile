@@ -65,9 +65,13 @@ compat: install
 # Wheels for scripts/gpu_check.sh on a lent GPU machine, which has no network: its image holds torch, triton,
 # accelerate, peft, pytest, pytest-xdist and every other package the check imports, but its own transformers; these
 # bring the lock's, so the GPU numbers come from the version the suite runs on (without .whl/ the check uses the
-# machine's). Downloaded for that machine: CPython 3.12, manylinux x86-64, no dependencies (the rest is there).
-# The package's own wheel is built beside them: the check's wheel stage installs it on the machine's torch.
-GPU_WHEELS ?= transformers==$(shell sed -n 's/^transformers==//p' $(LOCK))
+# machine's), and the peer the peers stage times (FLASH-pytorch, with rotary-embedding-torch and einops, all pure
+# Python). Downloaded for that machine: CPython 3.12, manylinux x86-64, no dependencies (the rest is there); the
+# check installs them with pip --no-index --no-deps. The package's own wheel is built beside them: the check's
+# wheel stage installs it on the machine's torch.
+locked = $(1)==$(shell sed -n 's/^$(1)==//p' $(LOCK))
+GPU_WHEELS ?= $(call locked,transformers) $(call locked,FLASH-pytorch) $(call locked,rotary-embedding-torch) \
+	$(call locked,einops)
 GPU_WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
 	manylinux1_x86_64
 

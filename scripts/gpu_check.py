@@ -3,12 +3,14 @@
 to the output folder as soon as the stage (or, for the benchmarks, each length or model) is done.
 
 Stages (``scripts/gpu_check.sh`` runs them in this order, each under its own time budget; ``--part tests``
-the first three, ``--part perf`` environment, bench and decoding)::
+the first three, ``--part perf`` environment, bench, peers and decoding)::
 
     gpu_check.py environment --out DIR  # environment-gpu.json: GPU, driver, versions, wheels (20 s)
     gpu_check.py tests --out DIR        # tests-gpu.json: CUDA tests, then model tests on CPU tensors (190 s)
     gpu_check.py wheel --out DIR        # wheel-gpu.json: the wheel on this torch, README quickstarts (90 s)
     gpu_check.py bench --out DIR        # benchmarks-gpu.json: the bench's format, kind bench (100 s)
+    gpu_check.py peers --out DIR        # peers-gpu.json: FLASH vs FLASH-pytorch vs Llama causal LMs, kind
+                                        # side_by_side (bench/side_by_side.py) (100 s)
     gpu_check.py decoding --out DIR     # decoding-gpu.json: scripts/decoding_bench.py's format (180 s)
 
 (each ``python scripts/gpu_check.py …``; in brackets each stage's default ``--budget``;
@@ -64,7 +66,7 @@ from gpu_check_pytest import REPORTS_ENV, REPORTS_FILE, crashes  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 KIND = "gpu_check"
 
-RESULT_FILES = ("environment-gpu", "tests-gpu", "wheel-gpu", "benchmarks-gpu", "decoding-gpu")
+RESULT_FILES = ("environment-gpu", "tests-gpu", "wheel-gpu", "benchmarks-gpu", "peers-gpu", "decoding-gpu")
 """The results files a run writes to its output folder (``<name>.json``), one per stage, in stage order."""
 
 PAGE = Path("docs") / "benchmarks-gpu.md"
@@ -80,6 +82,11 @@ RUN_SECTIONS: tuple[tuple[str, str, str, str], ...] = (
      "The wheel installed as a user installs it, on the machine's own torch: what pip says of its "
      "requirements, the README quickstarts run from it, and quickstart 1's model reloaded through its remote "
      "code alone."),
+    ("peers-gpu", "table", "FLASH side by side: causal LMs with FLASH-pytorch and Llama",
+     "Our FLASH causal LM (Triton kernels and torch path), lucidrains' FLASH-pytorch and a stock Llama of "
+     "equal non-embedding parameters, fwd+bwd at 65,536 tokens a step with the same chunked cross-entropy on "
+     "each side's final hidden states: median step, tokens/s, MFU from a FLOP formula, peak memory "
+     "(`bench/side_by_side.py`)."),
     ("decoding-gpu", "table", "Decoding",
      "Greedy `generate` of the settings' number of new tokens after a random prompt of the context's length. "
      "A cell is tokens per second (batch ÷ the median decoding step; in brackets ÷ the Llama's with the same "
@@ -930,6 +937,52 @@ def bench_stage(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+# ---------------------------------------------------------------------------------------------- peers
+def peak_source(explicit: float | None, peak: float | None) -> str:
+    """Where the MFU denominator came from."""
+    if explicit:
+        return "--peak-tflops"
+    if peak:
+        return f"dense bf16 peak of the {torch.cuda.get_device_name(0)} (NVIDIA's data sheet)"
+    return ""
+
+
+def peers_stage(args: argparse.Namespace) -> int:
+    """peers-gpu.json, rewritten after every row: our FLASH causal LM (Triton kernels, torch path) against
+    FLASH-pytorch and a stock Llama of equal non-embedding parameters at 16 × 4k, 4 × 16k and 1 × 64k tokens,
+    bf16, fwd+bwd with the same chunked loss (``bench/side_by_side.py``); a dry run's tiny models in float32
+    on CPU. A row the budget cannot hold is recorded as skipped; status 1 when a row failed (out of memory, a
+    peer not installed)."""
+    from hf_attn_variants.bench.side_by_side import GPU_SHAPE, SMOKE_SHAPE, run_side_by_side
+
+    budget = Budget(args.budget)
+    device = stage_device(args, "peers")
+    if device is None:
+        return 2
+    peak = peak_tflops(args.peak_tflops)
+    head = {**run_metadata("side_by_side", command_line(args.dry_run), machine=machine_description()),
+            "dry_run": args.dry_run}
+
+    def write(run: Any, complete: bool) -> Path:
+        results = {**head, **run.as_results(),
+                   "gpu_check": {"complete": complete, "budget_s": budget.seconds}}
+        if device == "cuda":
+            results["settings"]["device"] = torch.cuda.get_device_name(0)
+        return write_json(args.out, "peers-gpu", results)
+
+    run = run_side_by_side(SMOKE_SHAPE if args.dry_run else GPU_SHAPE, device,
+                           torch.float32 if args.dry_run else torch.bfloat16, peak_tflops=peak,
+                           peak_source=peak_source(args.peak_tflops, peak), fits=budget.fits,
+                           on_row=lambda so_far: write(so_far, False), log=log)
+    path = write(run, True)
+    failed = [f"{r['model']} {r['batch']}×{r['length']}: {r['reason']}" for r in run.rows
+              if r["status"] == "failed"]
+    log(f"peers: {len(run.rows)} rows, {len(failed)} failed → {path}")
+    for line in failed:
+        log(f"  failed: {line}")
+    return 1 if failed else 0
+
+
 # ---------------------------------------------------------------------------------------------- decoding
 DECODING_MODELS = ("llama", "entropy_invariant", "gau_softmax_plus", "gau_flash")
 DECODING_EXCLUDED = {
@@ -1115,12 +1168,18 @@ def page_text(runs: list[dict[str, Any]], root: Path) -> str:
              "not edit by hand: every table is rendered from `docs/results/*-gpu-<run>.json`.")
     parts = ["# GPU benchmarks", "", intro, "", "## Fastest on this GPU", ""]
     newest = {stage: next((run for run in reversed(runs) if stage in run["files"]), None)
-              for stage in ("benchmarks-gpu", "decoding-gpu")}
+              for stage in ("benchmarks-gpu", "peers-gpu", "decoding-gpu")}
     if newest["benchmarks-gpu"]:
         run = newest["benchmarks-gpu"]
         parts += [f"Training (fwd+bwd) and prefill (forward), from run `{run['id']}`: per comparison and "
                   "length, the fastest variant and the baseline it is compared with (the run's section has "
                   "every row).", "", f"<!-- results: {run['files']['benchmarks-gpu']} fastest -->",
+                  "<!-- /results -->", ""]
+    if newest["peers-gpu"]:
+        run = newest["peers-gpu"]
+        parts += [f"FLASH as a causal LM against FLASH-pytorch and Llama, from run `{run['id']}`: per length "
+                  "and kernel, our step time as a multiple of theirs and peak memory, against issue 47's "
+                  "targets.", "", f"<!-- results: {run['files']['peers-gpu']} targets -->",
                   "<!-- /results -->", ""]
     if newest["decoding-gpu"]:
         run = newest["decoding-gpu"]
@@ -1208,7 +1267,7 @@ def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="scripts/gpu_check.py", description=__doc__.splitlines()[0])
     stages = main.add_subparsers(dest="stage", required=True)
     for name, budget in (("environment", 20.0), ("tests", 190.0), ("wheel", 90.0), ("bench", 100.0),
-                         ("decoding", 180.0)):
+                         ("peers", 100.0), ("decoding", 180.0)):
         stage = stages.add_parser(name, help=f"the {name} stage")
         stage.add_argument("--out", type=Path, required=True, help="Folder for the results file.")
         stage.add_argument("--budget", type=float, default=budget, help=f"Seconds (default {budget:.0f}).")
@@ -1218,7 +1277,7 @@ def parser() -> argparse.ArgumentParser:
             stage.add_argument("--workers", type=int, default=workers,
                                help=f"pytest-xdist workers sharing the GPU (default here {workers}: the CPU "
                                     "count less 4, at most 12; compiling kernels is CPU work).")
-        if name == "bench":
+        if name in ("bench", "peers"):
             stage.add_argument("--peak-tflops", type=float, default=None,
                                help="The GPU's bf16 peak for the MFU column (default: by its name).")
     publisher = stages.add_parser("publish",
@@ -1235,7 +1294,7 @@ def parser() -> argparse.ArgumentParser:
 
 STAGES: dict[str, Callable[[argparse.Namespace], int]] = {
     "environment": environment_stage, "tests": tests_stage, "wheel": wheel_stage, "bench": bench_stage,
-    "decoding": decoding_stage,
+    "peers": peers_stage, "decoding": decoding_stage,
     "publish": publish_command,
 }
 

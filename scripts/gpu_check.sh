@@ -4,7 +4,7 @@
 #
 #   bash scripts/gpu_check.sh               # both parts, about 10 minutes at most
 #   bash scripts/gpu_check.sh --part tests  # environment, tests, wheel: under 5 minutes
-#   bash scripts/gpu_check.sh --part perf   # environment, bench, decoding: under 5 minutes
+#   bash scripts/gpu_check.sh --part perf   # environment, bench, peers, decoding: under 7 minutes
 #   bash scripts/gpu_check.sh --dry-run     # the same steps on CPU, tiny sizes, CUDA parts skipped
 #                                           # (tests/test_gpu_check.py)
 #   bash scripts/gpu_check.sh --out DIR     # results folder (default: $OUT when set, else runs/gpu-check)
@@ -19,9 +19,11 @@
 #                                     model reloaded through its remote code alone
 #   bench        benchmarks-gpu.json  entropy-invariant vs Llama 2k-16k; FLASH (Triton, torch path) vs Llama
 #                                     4k-64k
+#   peers        peers-gpu.json       FLASH causal LM (Triton, torch path) vs FLASH-pytorch vs Llama at 16 x 4k,
+#                                     4 x 16k, 1 x 64k tokens, fwd+bwd with the same chunked loss, MFU
 #   decoding     decoding-gpu.json    generate tokens/s at batch 1 and 64, contexts 512 and 4096, dynamic
 #                                     cache (and the static cache compiled at batch 1), a profile of each model
-# plus gpu-check.log (everything printed) and stages.tsv (stage, verdict, seconds, budget): seven files.
+# plus gpu-check.log (everything printed) and stages.tsv (stage, verdict, seconds, budget): eight files.
 #
 # Wheels in .whl/ (`make gpu-wheels`) are installed into a scratch folder first and put on PYTHONPATH; without
 # any the machine's own packages are used. The package itself comes from src/ (PYTHONPATH) for every stage but
@@ -31,7 +33,7 @@
 set -euo pipefail
 
 usage() {
-    sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
 }
 
 DRY_RUN=0
@@ -76,18 +78,20 @@ if [[ -z "${PYTHON:-}" ]]; then
     fi
 fi
 
-# Seconds per stage: each part at most 5 minutes with the wheel install, so that one lease can run a part and
-# run it again.
+# Seconds per stage: the tests part at most 5 minutes with the wheel install, the perf part under 7 (the peers
+# stage's twelve rows are seconds each on an H200, plus compiling the Triton kernels once), so that one lease
+# can run a part and run it again.
 case "$PART" in
     tests) STAGE_NAMES=(environment tests wheel) ;;
-    perf) STAGE_NAMES=(environment bench decoding) ;;
-    *) STAGE_NAMES=(environment tests wheel bench decoding) ;;
+    perf) STAGE_NAMES=(environment bench peers decoding) ;;
+    *) STAGE_NAMES=(environment tests wheel bench peers decoding) ;;
 esac
 declare -A BUDGET=(
     [environment]="${GPU_CHECK_BUDGET_ENVIRONMENT:-20}"
     [tests]="${GPU_CHECK_BUDGET_TESTS:-190}"
     [wheel]="${GPU_CHECK_BUDGET_WHEEL:-90}"
     [bench]="${GPU_CHECK_BUDGET_BENCH:-100}"
+    [peers]="${GPU_CHECK_BUDGET_PEERS:-100}"
     [decoding]="${GPU_CHECK_BUDGET_DECODING:-180}"
 )
 

@@ -23,7 +23,7 @@ from tools.docs_results import ResultsError, render_docs, view_function
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 PARTS = {"tests": ("environment-gpu.json", "tests-gpu.json", "wheel-gpu.json"),
-         "perf": ("environment-gpu.json", "benchmarks-gpu.json", "decoding-gpu.json")}
+         "perf": ("environment-gpu.json", "benchmarks-gpu.json", "peers-gpu.json", "decoding-gpu.json")}
 """The results files each part of the check writes."""
 OTHER_FILES = ("gpu-check.log", "stages.tsv")
 PROVENANCE = {"kind", "command", "machine", "versions", "date", "dry_run"}
@@ -148,6 +148,26 @@ def check_the_bench_file(dry_run: Path) -> None:
                                                                     32) in measured
 
 
+def check_the_peers_file(dry_run: Path) -> None:
+    """The side by side's tiny rows: every model at every (batch, n), measured with the chunked loss, the
+    parameters recorded, rendered with the done-when ratios."""
+    data = read(dry_run, "peers-gpu.json")
+    assert data["kind"] == "side_by_side" and data["gpu_check"]["complete"] is True
+    rows = data["rows"]
+    assert {(r["model"], r["batch"], r["length"]) for r in rows} == {
+        (model, batch, length) for model in ("llama_sdpa", "flash_pytorch", "ours_torch", "ours_triton")
+        for batch, length in data["settings"]["rows"]}
+    assert all(r["status"] == "ok" for r in rows), [r for r in rows if r["status"] != "ok"]
+    assert all(r["ms"] > 0 and r["flops"] > 0 and r["mfu"] is None and r["peak_gib"] is None for r in rows)
+    assert {r["gau_kernel"] for r in rows if r["model"].startswith("ours")} == {"triton", "torch"}
+    assert set(data["models"]) == {r["model"] for r in rows}
+    table = view_function("side_by_side", "table")(data)
+    assert table.startswith("| setting | value |\n|---|---|\n| dry run | yes: on CPU")
+    assert "| × Llama's time | × FLASH-pytorch's |" in table
+    targets = view_function("side_by_side", "targets")(data)
+    assert targets.startswith("| batch × n | our FLASH's kernel |") and "`triton`" in targets
+
+
 def check_the_decoding_file(dry_run: Path) -> None:
     data = read(dry_run, "decoding-gpu.json")
     settings = data["settings"]
@@ -199,7 +219,7 @@ def check_publish(dry_run: Path, tmp_path: Path) -> None:
     newest, oldest = (page.index(f"### `{run['id']}`: the {which} run")
                       for run, which in ((runs[1], "second"), (runs[0], "first")))
     assert newest < oldest
-    for view in ("fastest", "table", "profiles", "report"):
+    for view in ("fastest", "table", "profiles", "report", "targets"):
         assert f"-gpu-{runs[1]['id']} {view} -->" in page, view
     assert f"<!-- results: benchmarks-gpu-{runs[1]['id']} fastest -->" in page  # the lead: the newest run
     assert (tmp_path / "docs" / f"benchmarks-gpu-{runs[0]['id']}_time.png").is_file()
@@ -218,11 +238,12 @@ def test_the_tests_part_goes_through_its_stages_on_cpu(tmp_path: Path) -> None:
 
 
 def test_the_perf_part_goes_through_its_stages_on_cpu_and_its_results_publish(tmp_path: Path) -> None:
-    """The perf part's dry run (about 40 s on 2 cores): bench and decoding at tiny sizes, then published
-    twice into a scratch docs/ (a dry run refused for the real docs)."""
+    """The perf part's dry run (about a minute on 2 cores): bench, peers and decoding at tiny sizes, then
+    published twice into a scratch docs/ (a dry run refused for the real docs)."""
     out = run_dry_run(tmp_path / "out", "perf")
     check_every_file_a_gpu_run_brings_back(out, "perf")
     check_the_bench_file(out)
+    check_the_peers_file(out)
     check_the_decoding_file(out)
     check_publish(out, tmp_path / "root")
 
@@ -241,13 +262,13 @@ def test_a_stage_that_fails_or_runs_out_of_time_fails_the_script(tmp_path: Path)
     fake.chmod(0o755)
     out = tmp_path / "out"
     done = run_script(out, "--dry-run", timeout=120, PYTHON=str(fake), GPU_CHECK_BUDGET_WHEEL="1",
-                      GPU_CHECK_BUDGET_BENCH="1", GPU_CHECK_BUDGET_DECODING="1")
+                      GPU_CHECK_BUDGET_BENCH="1", GPU_CHECK_BUDGET_PEERS="1", GPU_CHECK_BUDGET_DECODING="1")
     assert done.returncode == 1, done.stdout
     verdicts = [line.split("\t")[:2] for line in (out / "stages.tsv").read_text().splitlines()[1:]]
     assert verdicts == [["environment", "failed"], ["tests", "error (exit status 2)"], ["wheel", "timed out"],
-                        ["bench", "timed out"], ["decoding", "timed out"]]
+                        ["bench", "timed out"], ["peers", "timed out"], ["decoding", "timed out"]]
     assert ("not ok: environment: failed;tests: error (exit status 2);wheel: timed out;bench: timed out;"
-            "decoding: timed out") in done.stdout
+            "peers: timed out;decoding: timed out") in done.stdout
 
 
 def test_the_bench_skips_what_its_budget_cannot_hold(tmp_path: Path) -> None:

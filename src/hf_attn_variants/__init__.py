@@ -44,6 +44,8 @@ from .models.modeling_synthesizer import (
     SynthesizerModel,
     SynthesizerPreTrainedModel,
 )
+from .models.losses import chunked_cross_entropy
+from .stock.chunked_loss import use_chunked_loss
 from .stock.stock_attention import ENTROPY_INVARIANT, register_stock_attention
 
 register_stock_attention()
@@ -77,6 +79,8 @@ __all__ = [
     "SynthesizerModel",
     "SynthesizerPreTrainedModel",
     "__version__",
+    "chunked_cross_entropy",
     "register_families",
     "register_stock_attention",
+    "use_chunked_loss",
 ]

@@ -58,6 +58,18 @@ def flash_pytorch_model(p: Any, length: int, *, causal: bool) -> nn.Module:
     return PeerBackbone(peer.token_emb, peer.abs_pos_emb, peer.layers, peer.to_logits[0])
 
 
+def flash_pytorch_lm(*, dim: int, vocab_size: int, depth: int, group_size: int, query_key_dim: int,
+                     causal: bool = True) -> tuple[PeerBackbone, nn.Linear]:
+    """FLASH-pytorch's ``FLASHTransformer`` as a causal LM split at its logits: (the backbone up to the
+    LayerNorm of its output head, its vocabulary projection ``to_logits[1]``, a ``Linear`` with bias), token
+    shift off; expansion factor 2 (``bench/side_by_side.py``)."""
+    peer = _flash_pytorch().FLASHTransformer(
+        dim=dim, num_tokens=vocab_size, depth=depth, group_size=group_size, query_key_dim=query_key_dim,
+        expansion_factor=2.0, causal=causal, shift_tokens=False,
+    )
+    return PeerBackbone(peer.token_emb, peer.abs_pos_emb, peer.layers, peer.to_logits[0]), peer.to_logits[1]
+
+
 def gau_pytorch_model(p: Any, length: int, *, causal: bool) -> nn.Module:
     """FLASH-pytorch's quadratic ``GAU`` layers (LayerNorm, T5 bias, relu²(q·k / n)) at the preset's shapes,
     with the ``FLASHTransformer``'s embedding and output norm around them."""
@@ -71,4 +83,4 @@ def gau_pytorch_model(p: Any, length: int, *, causal: bool) -> nn.Module:
                         nn.LayerNorm(p.hidden_size))
 
 
-__all__ = ["INSTALL", "PeerBackbone", "flash_pytorch_model", "gau_pytorch_model"]
+__all__ = ["INSTALL", "PeerBackbone", "flash_pytorch_lm", "flash_pytorch_model", "gau_pytorch_model"]

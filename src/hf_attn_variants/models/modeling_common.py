@@ -50,6 +50,7 @@ from .layers import (
     packed_document_ids,
     visible_key_counts,
 )
+from .losses import chunked_cross_entropy
 
 
 if TYPE_CHECKING:  # the mixins below are combined with a PreTrainedModel subclass
@@ -531,10 +532,33 @@ class MaskedLMHeadMixin(_LanguageModelHead, _SingleOutputHead):
 
 class CausalLMHeadMixin(_LanguageModelHead):
     """Causal language modelling with a ``Cache`` and ``generate``. ``labels``: the input ids (shifted inside
-    the loss)."""
+    the loss).
+
+    Training (gradients enabled) with ``labels`` computes the loss with ``chunked_cross_entropy`` from the
+    final hidden states and the ``lm_head`` weight, the vocabulary's logits chunk by chunk, and returns
+    ``logits=None``: no float32 logits of the whole batch are kept for backward (``models/losses.py``). In
+    eval mode, without ``labels``, with ``logits_to_keep``, with ``chunked_lm_loss = False`` (on the class or
+    the model), or when ``lm_head`` is not a plain ``nn.Linear`` (a tensor-parallel shard, an adapter, hooks),
+    the logits are computed and the loss is ``self.loss_function`` of them, as Transformers' heads do; both
+    give the same loss and gradients.
+    """
 
     _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}  # type: ignore[dict-item]
     is_decoder_head = True
+    chunked_lm_loss: bool = True
+
+    def _chunked_loss_applies(self, labels: torch.Tensor | None, logits_to_keep: int | torch.Tensor) -> bool:
+        """Whether the loss goes through ``chunked_cross_entropy``: training with ``labels``, every position
+        kept, no pipeline stages (their schedule passes the logits on), and an ``lm_head`` that is a plain
+        ``nn.Linear`` on an ordinary tensor (no hooks, no replaced forward as tensor parallelism installs, no
+        DTensor)."""
+        head = self.lm_head
+        stages = getattr(getattr(self.config, "distributed_config", None), "pp_size", None) or 1
+        return (labels is not None and self.training and self.chunked_lm_loss and torch.is_grad_enabled()
+                and isinstance(logits_to_keep, int) and logits_to_keep == 0 and stages == 1
+                and type(head) is nn.Linear and "forward" not in vars(head)
+                and not head._forward_hooks and not head._forward_pre_hooks
+                and type(head.weight) in (nn.Parameter, torch.Tensor))
 
     @accepts_cache_alias
     @can_return_tuple
@@ -546,14 +570,27 @@ class CausalLMHeadMixin(_LanguageModelHead):
         """``logits_to_keep``: 0 = all positions."""
         outputs = self._encode(input_ids, attention_mask, position_ids, inputs_embeds,
                                {"cache": cache, "use_cache": use_cache, **kwargs})
-        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(outputs.last_hidden_state[:, keep, :])  # type: ignore[index]
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
-                                      **kwargs)
+        logits: torch.Tensor | None = None
+        loss: torch.Tensor | None
+        if self._chunked_loss_applies(labels, logits_to_keep):
+            loss = self._chunked_loss(outputs.last_hidden_state, labels, kwargs)  # type: ignore[arg-type]
+        else:
+            keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+            logits = self.lm_head(outputs.last_hidden_state[:, keep, :])  # type: ignore[index]
+            loss = None if labels is None else self.loss_function(
+                logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: output_cache(outputs)},
                                       hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+    def _chunked_loss(self, hidden_states: torch.Tensor, labels: torch.Tensor,
+                      kwargs: dict[str, Any]) -> torch.Tensor:
+        """``ForCausalLMLoss`` of ``lm_head(hidden_states)`` by ``chunked_cross_entropy`` (Transformers'
+        ``shift_labels`` and ``num_items_in_batch`` from ``kwargs``)."""
+        shifted = kwargs.get("shift_labels")
+        return chunked_cross_entropy(hidden_states, self.lm_head.weight,
+                                     labels if shifted is None else shifted, bias=self.lm_head.bias,
+                                     shift=shifted is None,
+                                     num_items_in_batch=kwargs.get("num_items_in_batch"))
 
 
 class ClassificationHead(nn.Module):
