@@ -268,7 +268,8 @@ def _peer_targets(run: BenchRun) -> list[Target]:
 
 def _equal_parameter_targets(run: BenchRun) -> list[Target]:
     """FLASH faster than Llama (SDPA) at equal parameters from n = 4096 (fwd+bwd time ratio < 1), and ≥ 2×
-    faster at n = 32768 (ratio ≤ 0.5); paired, same run (issue 24)."""
+    faster at n = 32768 (ratio ≤ 0.5); paired, same run (issue 24); and, both compiled, no slower (ratio ≤ 1)
+    where both were compiled (issue 47: n = 8192)."""
     out = []
     lengths = sorted({r.length for r in run.results if r.variant == "llama_equal_sdpa" and r.length >= 4096})
     for n in lengths:
@@ -281,6 +282,16 @@ def _equal_parameter_targets(run: BenchRun) -> list[Target]:
         out.append(Target(f"FLASH (causal) fwd+bwd {'≥ 2× faster than' if long else 'faster than'} Llama "
                           f"(SDPA) at equal parameters, n = {n}", f"{ratio.text()}× Llama's time",
                           ratio.median <= 0.5 if long else ratio.median < 1.0, rows))
+    compiled = {r.length for r in run.results if r.variant == "llama_equal_sdpa" and r.mode == "compiled"}
+    for n in sorted(compiled):
+        rows = [run.find("gau_flash_causal", "compiled", "train", n),
+                run.find("llama_equal_sdpa", "compiled", "train", n)]
+        ratio = paired_ratio(run, "gau_flash_causal", "llama_equal_sdpa", "compiled", "train", n)
+        if ratio is None or not all(_ok(r) for r in rows):
+            continue
+        out.append(Target(f"FLASH (causal) fwd+bwd, both `torch.compile`d, within Llama's (SDPA) time at "
+                          f"equal parameters, n = {n}", f"{ratio.text()}× Llama's time", ratio.median <= 1.0,
+                          rows))
     return out
 
 

@@ -110,6 +110,11 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+EQUAL_PARAMETER_COMPILE_LENGTHS = (8192,)
+"""Where FLASH (causal) and Llama of equal parameters are also timed compiled, whatever the preset (issue 47:
+compiled FLASH fwd+bwd at 8k within compiled Llama's time)."""
+
+
 @dataclass(frozen=True)
 class Variant:
     """One model to time. ``build(length)`` returns a fresh bare model for inputs of ``length`` tokens.
@@ -132,6 +137,8 @@ class Variant:
     lengths: tuple[int, ...] | None = None
     extra_lengths: tuple[int, ...] = ()
     """Lengths outside the preset's at which this variant runs too (with the others that list them)."""
+    compile_lengths: tuple[int, ...] = ()
+    """Lengths besides the preset's ``compile_lengths`` at which a ``compile`` variant is also compiled."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def runs_at(self, length: int) -> bool:
@@ -431,7 +438,8 @@ def _peer_variants(p: Preset) -> list[Variant]:
         *peers,
         Variant("gau_flash_causal", "gau", f"GAUModel relu², FLASH chunks of {p.gau_chunk_size}, causal",
                 functools.partial(gau_model, p, normalization="relu2", chunk=p.gau_chunk_size, causal=True),
-                causal=True, compile=True, extra_lengths=(*p.equal_parameter_lengths, *p.flash_long_lengths)),
+                causal=True, compile=True, extra_lengths=(*p.equal_parameter_lengths, *p.flash_long_lengths),
+                compile_lengths=EQUAL_PARAMETER_COMPILE_LENGTHS),
         Variant("gau_flash_causal_packed", "gau",
                 f"the same FLASH on rows packing documents of {PACKED_DOCUMENT_LENGTH} tokens (position_ids "
                 "restart)",
@@ -439,8 +447,8 @@ def _peer_variants(p: Preset) -> list[Variant]:
                 lengths=(8192, 32768), extra_lengths=p.equal_parameter_lengths),
         Variant("llama_equal_sdpa", "stock",
                 "LlamaModel, SDPA, one layer per two GAU layers, MLP width for FLASH's parameter count",
-                functools.partial(llama_equal_model, p), causal=True,
-                extra_lengths=p.equal_parameter_lengths),
+                functools.partial(llama_equal_model, p), causal=True, compile=True,
+                extra_lengths=p.equal_parameter_lengths, compile_lengths=EQUAL_PARAMETER_COMPILE_LENGTHS),
         Variant("gau_quadratic_causal", "gau", "GAUModel relu² (dynamic L), quadratic, causal",
                 functools.partial(gau_model, p, normalization="relu2", causal=True), causal=True,
                 compile=True,
