@@ -268,8 +268,8 @@ def entropy_invariant_factor(
     ``base_length``. ``scope="beyond"``: max(1, log nᵢ / log base_length), scaling only rows past the training
     length (Qwen's ``use_logn_attn``).
     """
-    # Both logarithms in the same precision, so the factor is exactly 1 at nᵢ = base_length.
-    log_base = torch.tensor(float(base_length), device=key_counts.device, dtype=key_counts.dtype).log()
+    # Both logarithms in the same precision (the factor is 1 at nᵢ = base_length); no host-to-GPU copy.
+    log_base = torch.full((), float(base_length), device=key_counts.device, dtype=key_counts.dtype).log()
     if scope == "beyond":
         return (key_counts.clamp(min=1.0).log() / log_base).clamp(min=1.0)
     return log_key_counts(key_counts, min_length) / log_base

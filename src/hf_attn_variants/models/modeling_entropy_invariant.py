@@ -65,7 +65,7 @@ def prepare_attention_mask(
     inputs_embeds: torch.Tensor,
     attention_mask: torch.Tensor | None,
     cache: Any,
-    position_ids: torch.Tensor,
+    position_ids: torch.Tensor | None,
     past_length: int | torch.Tensor,
     document_ids: torch.Tensor | None = None,
 ) -> Any:
@@ -272,11 +272,12 @@ class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel
         key_counts = None
         if self.config.attention_scale != "standard":
             key_counts = geometry.key_counts(compute_dtype(hidden_states.dtype))
-        positions = geometry.positions()
+        positions, documents = geometry.positions(), geometry.document_ids
+        # Transformers reads positions (on the host) to find packed documents: none for rows of one document.
         mask = prepare_attention_mask(
-            causal=self.is_causal, config=self.config, inputs_embeds=hidden_states,
-            attention_mask=geometry.attention_mask, cache=cache, position_ids=positions,
-            past_length=geometry.query_offset, document_ids=geometry.document_ids,
+            causal=self.is_causal, config=self.config, inputs_embeds=hidden_states, cache=cache,
+            attention_mask=geometry.attention_mask, past_length=geometry.query_offset,
+            position_ids=None if documents is None else positions, document_ids=documents,
         )
         inputs = {"attention_mask": mask, "key_counts": key_counts}
         if geometry.document_ids is not None and mask is None:

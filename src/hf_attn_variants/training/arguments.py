@@ -33,6 +33,8 @@ FAMILY_CHOICES = "{" + ",".join(FAMILIES) + "}"
 """How ``--help`` shows the values of ``--model_type`` (checked by ``check_model_type``, which names the flag
 in the command's one error line, rather than by argparse's ``choices``)."""
 SCHEDULER_TYPES = tuple(s.value for s in SchedulerType if s.value not in ("reduce_lr_on_plateau", "greedy"))
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""The modes of ``torch.compile`` (``--torch_compile_mode``; the same as ``TrainingArguments``')."""
 TASKS = ("sequence_classification", "token_classification")
 
 
@@ -103,7 +105,8 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
             "max_train_steps", "num_train_epochs", "per_device_train_batch_size",
             "per_device_eval_batch_size", "gradient_accumulation_steps", "learning_rate", "lr_scheduler_type",
             "num_warmup_steps", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
-            "mixed_precision", "mixed_length_splits", "seed"),
+            "mixed_precision", "mixed_length_splits", "torch_compile", "torch_compile_backend",
+            "torch_compile_mode", "seed"),
         "scale-out (torchrun, docs/scaling.md)": ("fsdp_size", "tp_size", "dp_replicate_size"),
     }
     """How ``pretrain --help`` groups the flags (``cli_utils.add_dataclass_arguments``)."""
@@ -212,6 +215,23 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
     mixed_precision: Literal["no", "fp16", "bf16"] = field(
         default="no", metadata={"help": "Autocast precision (fp16 needs a GPU; bf16 works on recent CPUs)."}
     )
+    torch_compile: bool = field(
+        default=False,
+        metadata={"help": "Compile the model for training with torch.compile (inductor; the first step "
+                  "compiles, which takes a while). Checkpoints and the final model are the plain model's; "
+                  "evaluation runs eagerly."},
+    )
+    torch_compile_backend: str | None = field(
+        default=None,
+        metadata={"help": "torch.compile's backend with --torch_compile (default: inductor; any of "
+                  "torch.compiler.list_backends(exclude_tags=()), e.g. aot_eager to check a model's graphs "
+                  "without generating kernels)."},
+    )
+    torch_compile_mode: str | None = field(
+        default=None,
+        metadata={"help": "torch.compile's mode with --torch_compile (default: torch's own).",
+                  "choices": COMPILE_MODES},
+    )
     mlm_probability: float = field(default=0.15, metadata={"help": "Share of tokens selected for MLM."})
     mixed_length_splits: list[int] | None = field(
         default=None,
@@ -249,6 +269,7 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
         check_choice("objective", self.objective, ("mlm", "clm"))
         check_choice("mixed_precision", self.mixed_precision, ("no", "fp16", "bf16"))
         check_choice("lr_scheduler_type", self.lr_scheduler_type, SCHEDULER_TYPES)
+        self._check_compile()
         self._check_numbers()
         self.check_sizes()
         if self.layout.sharded and self.mixed_precision == "fp16":
@@ -257,6 +278,20 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
                             f"({self.sizes_text()}) has not; use bf16.")
         self._check_data()
         self._check_schedules()
+
+    def _check_compile(self) -> None:
+        """``--torch_compile_mode`` is one of ``COMPILE_MODES``, ``--torch_compile_backend`` one of torch's
+        backends, and both need ``--torch_compile``."""
+        for name in ("torch_compile_backend", "torch_compile_mode"):
+            if getattr(self, name) is not None and not self.torch_compile:
+                raise FlagError(name, f"{name} needs --torch_compile too.")
+        if self.torch_compile_mode is not None:
+            check_choice("torch_compile_mode", self.torch_compile_mode, COMPILE_MODES)
+        if self.torch_compile_backend is not None:
+            import torch
+
+            check_choice("torch_compile_backend", self.torch_compile_backend,
+                         torch.compiler.list_backends(exclude_tags=()))
 
     def _check_data(self) -> None:
         """The data source and how it is read: files or a dataset (not both), and what ``--streaming``
@@ -459,5 +494,5 @@ class FinetuneArguments(ShardingArguments, OutputDirArguments):
             self.lora_target_modules = "all-linear"
 
 
-__all__ = ["SCHEDULER_TYPES", "TASKS", "FinetuneArguments", "PretrainArguments", "ShardingArguments",
-           "check_adamw"]
+__all__ = ["COMPILE_MODES", "SCHEDULER_TYPES", "TASKS", "FinetuneArguments", "PretrainArguments",
+           "ShardingArguments", "check_adamw"]

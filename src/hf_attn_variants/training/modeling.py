@@ -367,10 +367,19 @@ def has_target_only_mlm_head(model: torch.nn.Module) -> bool:
     return isinstance(model, MaskedLMHeadMixin)
 
 
+def target_rows(values: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The rows of ``values`` ``(batch, seq, …)`` at ``targets``: a boolean mask ``(batch, seq)``, or the flat
+    positions of its true entries (``(num_targets,)`` integers, e.g. found on the host: then the number of
+    rows is known without reading the device, and nothing waits for it)."""
+    if targets.dtype == torch.bool:
+        return values[targets]
+    return values.flatten(0, 1).index_select(0, targets)
+
+
 def masked_lm_target_logits(model: torch.nn.Module, input_ids: torch.Tensor, targets: torch.Tensor,
                             position_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """MLM logits at the ``targets`` positions only, ``(num_targets, vocab)`` (``position_ids``: packed
-    documents').
+    """MLM logits at the ``targets`` positions only, ``(num_targets, vocab)`` (``targets``: a boolean mask or
+    flat positions, as ``target_rows`` takes them; ``position_ids``: packed documents').
 
     For this package's MLM heads logits = lm_head(h) position-wise, so the head (hidden × vocab per token, the
     bulk of a small model's compute) is applied to the ~15% target rows instead of every position; the loss
@@ -381,14 +390,16 @@ def masked_lm_target_logits(model: torch.nn.Module, input_ids: torch.Tensor, tar
     if has_target_only_mlm_head(model) and not getattr(model, "is_distributed_loading_by_transformers",
                                                        False):
         hidden = model.model(input_ids=input_ids, position_ids=position_ids).last_hidden_state
-        return model.lm_head(hidden[targets])
-    return model(input_ids=input_ids, position_ids=position_ids).logits[targets]
+        return model.lm_head(target_rows(hidden, targets))
+    return target_rows(model(input_ids=input_ids, position_ids=position_ids).logits, targets)
 
 
 class TargetOnlyMLMLoss(torch.nn.Module):
     """Training wrapper of an MLM: ``forward(input_ids, labels)`` →
     ``MaskedLMOutput(loss=CE over labels != -100)`` computed with ``masked_lm_target_logits`` (2–3× faster for
-    the demo-size models than the full head).
+    the demo-size models than the full head). ``target_index``, the flat positions of the targets
+    (``pretrain`` finds them on the host), selects the same rows without a boolean mask, whose count the host
+    would have to wait for.
 
     The wrapped model is ``self.model`` (so checkpoints hold ``model.*`` keys); ``_no_split_modules`` is
     forwarded for FSDP's wrap policy.
@@ -399,13 +410,14 @@ class TargetOnlyMLMLoss(torch.nn.Module):
         self.model = model
         self._no_split_modules = getattr(model, "_no_split_modules", None)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor,
-                position_ids: torch.Tensor | None = None) -> Any:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor | None = None,
+                target_index: torch.Tensor | None = None) -> Any:
         from transformers.modeling_outputs import MaskedLMOutput
 
-        targets = labels != -100
+        targets = labels != -100 if target_index is None else target_index
         logits = masked_lm_target_logits(self.model, input_ids, targets, position_ids)
-        return MaskedLMOutput(loss=torch.nn.functional.cross_entropy(logits.float(), labels[targets]))
+        return MaskedLMOutput(loss=torch.nn.functional.cross_entropy(logits.float(),
+                                                                     target_rows(labels, targets)))
 
 
 def family_of(config: PreTrainedConfig) -> str:
@@ -429,4 +441,5 @@ __all__ = [
     "load_tokenizer",
     "masked_lm_target_logits",
     "parse_config_overrides",
+    "target_rows",
 ]

@@ -4,13 +4,15 @@
 Spot instances, Kubernetes and SLURM send SIGTERM (SLURM with ``--signal=USR1@<s>``: SIGUSR1) some seconds
 before they kill a job; ``torchrun`` leaves 30 s between forwarding SIGTERM to its workers and SIGKILL.
 ``StopSignals`` turns the first such signal into a request (``requested``) instead of an exit; the training
-loops (``pretrain``'s, and ``finetune``'s ``Trainer`` through a callback) look at it after every optimizer
-step.
+loops (``pretrain``'s, and ``finetune``'s ``Trainer`` through a callback) look at it between optimizer steps.
 
-- Every rank stops at the same step: after each step the ranks agree with one all-reduce
-  (``StopSignals.agreed``: MAX of the signal numbers), so a signal that reached one rank only, or the ranks at
-  different steps, stops all of them after the same step; they write that step's checkpoint together and exit
-  with ``PREEMPTED_EXIT_CODE``.
+- Every rank stops at the same step: the ranks agree with one all-reduce (MAX of the signal numbers), so a
+  signal that reached one rank only, or the ranks at different steps, stops all of them after the same step;
+  they write that step's checkpoint together and exit with ``PREEMPTED_EXIT_CODE``. One process looks after
+  every step (nothing to exchange); several agree at the steps ``Agreement`` picks, about once every
+  ``AGREEMENT_SECONDS`` of training, not after every step: an all-reduce read on the host is a host
+  synchronisation, which on a GPU would stall the queue of kernels once per step. A signal is acted on within
+  that time and one step, well inside ``torchrun``'s 30 s.
 - A second signal ends the process at once, with the signal's default action (status 128 + signal number in a
   shell), as if no handler were installed. A repeat within ``REPEAT_WINDOW_S`` of the first is taken as the
   same notice delivered twice (a scheduler signals every process of a job, and ``torchrun`` forwards its own
@@ -56,6 +58,9 @@ COMMAND_STOP_SIGNALS: tuple[signal.Signals, ...] = (*STOP_SIGNALS, signal.SIGINT
 """What the command lines of ``pretrain`` and ``finetune`` catch: the preemption signals and Ctrl-C."""
 REPEAT_WINDOW_S = 1.0
 """A repeat of the signal within this many seconds of the first is the same notice, not a second request."""
+AGREEMENT_SECONDS = 1.0
+"""With several processes, about how many seconds of training pass between two agreements of the ranks
+(``Agreement``)."""
 
 
 def exit_code_for(signal_name: str) -> int:
@@ -109,11 +114,21 @@ class StopSignals:
         number = self.received or self._agreed
         return signal.Signals(number).name if number else ""
 
+    @property
+    def number(self) -> int:
+        """The number of the signal received in this process, 0 before one arrives."""
+        return self.received or 0
+
     def agreed(self, device: object = None) -> bool:
         """Whether a stop signal arrived in any process of the launch (one all-reduce of the signal numbers
         when ``torch.distributed`` runs several; every rank must call it at the same point of the loop)."""
-        self._agreed = max_over_ranks(self.received or 0, device)
-        return self._agreed > 0
+        return self.settle(max_over_ranks(self.number, device))
+
+    def settle(self, agreed_number: int) -> bool:
+        """Take ``agreed_number``, the largest ``number`` over the ranks (an all-reduce the caller made, e.g.
+        ``Agreement.agree``), as the launch's answer; returns whether a stop signal arrived anywhere."""
+        self._agreed = agreed_number
+        return agreed_number > 0
 
     def __enter__(self) -> StopSignals:  # noqa: PYI034 - Self needs Python 3.11
         if threading.current_thread() is threading.main_thread():
@@ -230,33 +245,90 @@ def end_of_launch() -> None:
         dist.destroy_process_group()
 
 
+def several_processes() -> bool:
+    """Whether ``torch.distributed`` runs more than one process in this launch."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def max_over_ranks(value: int, device: object = None) -> int:
     """The largest ``value`` over every process of the launch (one all-reduce when ``torch.distributed`` runs
     several, ``value`` itself otherwise); all ranks must call it at the same point."""
+    return max_each_over_ranks([value], device)[0]
+
+
+def max_each_over_ranks(values: Sequence[int], device: object = None) -> list[int]:
+    """The largest of each of ``values`` over every process of the launch: one all-reduce (and one read on
+    the host) when ``torch.distributed`` runs several, ``values`` themselves otherwise; all ranks must call it
+    at the same point with as many values."""
     import torch
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return value
-    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    if not several_processes():
+        return list(values)
+    tensor = torch.tensor(list(values), dtype=torch.int64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item())
+    return [int(value) for value in tensor.tolist()]
+
+
+class Agreement:
+    """The steps after which the ranks of a launch agree on what each of them saw (a stop signal, a clock).
+
+    One process agrees after every step, for free. Several agree after their first step, then about once
+    every ``seconds`` of training: each agreement is one all-reduce (``max_each_over_ranks``) that also
+    carries every rank's seconds per step since the previous one, and the slowest rank's figure sets how many
+    steps go by until the next: every rank reads the same numbers, so every rank agrees after the same steps.
+    Between agreements nothing is exchanged and nothing waits for the device.
+    """
+
+    def __init__(self, device: object = None, *, seconds: float = AGREEMENT_SECONDS,
+                 several: bool | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        if not seconds > 0:
+            raise ValueError(f"seconds must be > 0, got {seconds!r}.")
+        self.device = device
+        self.seconds = seconds
+        self.several = several_processes() if several is None else several
+        self.clock = clock
+        self.next_step: int | None = None
+        """The step after which the ranks agree next; ``None``: after the first step this process trains."""
+        self._last: tuple[int, float] | None = None
+
+    def due(self, step: int) -> bool:
+        """Whether the ranks agree after ``step`` (every step in one process)."""
+        return not self.several or self.next_step is None or step >= self.next_step
+
+    def agree(self, step: int, values: Sequence[int]) -> list[int]:
+        """After ``step`` (a step ``due`` answers yes to, on every rank): the largest of each of ``values``
+        over the ranks, and the next step to agree after."""
+        now = self.clock()
+        micros = 0
+        if self._last is not None and step > self._last[0]:
+            micros = round((now - self._last[1]) / (step - self._last[0]) * 1e6)
+        *agreed, slowest = max_each_over_ranks([*values, micros], self.device)
+        self.next_step = step + (max(1, int(self.seconds * 1e6 / slowest)) if slowest > 0 else 1)
+        self._last = (step, now)
+        return agreed
 
 
 __all__ = [
+    "AGREEMENT_SECONDS",
     "COMMAND_STOP_SIGNALS",
     "INTERRUPTED_EXIT_CODE",
     "PREEMPTED_EXIT_CODE",
     "REPEAT_WINDOW_S",
     "STOP_SIGNALS",
+    "Agreement",
     "StopSignals",
     "TrainingPreempted",
     "end_of_launch",
     "exit_code_for",
     "launched_by_torchrun",
+    "max_each_over_ranks",
     "max_over_ranks",
     "preempted_exit",
     "run_training_command",
+    "several_processes",
     "signal_label",
     "stop_signals",
 ]

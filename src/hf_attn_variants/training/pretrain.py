@@ -51,6 +51,13 @@ command line the run prints what it will do before its first step and what it di
 ``loss_curve.png`` (``summary.py``). ``--save_total_limit N`` keeps the newest N checkpoints and the one
 resumed from.
 
+No fixed cost per step. ``--torch_compile`` compiles the training module in place (``compile_model``; the
+checkpoints and the final model are the plain module's). Between logging steps nothing is read back from the
+device: the loaders yield host tensors, ``micro_batch_inputs`` makes the inputs on the host and ``to_device``
+copies them without blocking; the loss stays on the device until ``log_row``; the ranks agree on stop signals
+and timed checkpoints only at the steps ``preemption.Agreement`` picks (``agree``).
+``tests/test_host_syncs.py`` holds the loop to it.
+
 Mixed-length pretraining (``mixed_length_splits``; Su 2022, "听说Attention与Softmax更配哦~", the second
 remedy for key-count-normalised attention): each micro-batch's blocks are cut into k equal pieces, k drawn
 per micro-batch with ``mix_seed(seed, "split", …)`` — identical on every rank and after a resume.
@@ -73,10 +80,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.util
 import json
 import logging
 import math
+import os
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -131,6 +141,7 @@ from .outputs import (
 )
 from .preemption import (
     PREEMPTED_EXIT_CODE,
+    Agreement,
     StopSignals,
     TrainingPreempted,
     max_over_ranks,
@@ -184,14 +195,15 @@ PRETRAIN_RULE = OutputRule(
     command="pretrain",
     aside=frozenset({"max_train_steps", "num_train_epochs", "logging_steps", "eval_steps", "with_tracking",
                      "disable_tqdm", "checkpointing_steps", "checkpointing_minutes", "save_total_limit",
-                     "preprocessing_num_workers"}),
+                     "preprocessing_num_workers", "torch_compile", "torch_compile_backend",
+                     "torch_compile_mode"}),
     run_files=(CHECKPOINT_DIR, LOG_FILE, EARLIER_LOGS, ARGS_FILE, "all_results.json", "tensorboard",
                PLOT_FILE),
     continue_hint="with checkpoints, --resume_from_checkpoint latest trains it further",
     legacy_arguments=_legacy_arguments,
 )
-"""``pretrain``'s output folder (``outputs.py``): the step budget, logging and checkpoint cadence may differ
-within one run; every other flag makes another run."""
+"""``pretrain``'s output folder (``outputs.py``): the step budget, logging and checkpoint cadence, and whether
+the model is compiled may differ within one run; every other flag makes another run."""
 
 
 @dataclass
@@ -229,6 +241,8 @@ class TrainingSetup:
     peak_flops: float | None = None
     """The device's peak FLOP/s (``throughput.device_peak_flops``), ``None`` where unknown: no ``mfu``
     then."""
+    target_only: bool = False
+    """Whether the training module is ``TargetOnlyMLMLoss`` (its micro-batches carry ``target_index``)."""
 
     @property
     def output_dir(self) -> Path:
@@ -269,8 +283,11 @@ class LoopState:
     window_started: float = field(default_factory=time.perf_counter)
     """Tokens trained on since the last ``train_log.jsonl`` row, and when that window began."""
     stop: StopSignals | None = None
-    """SIGTERM/SIGUSR1, and Ctrl-C from the command line (``preemption.py``): after the step they arrive in,
-    every rank checkpoints and stops."""
+    """SIGTERM/SIGUSR1, and Ctrl-C from the command line (``preemption.py``): after the step the ranks next
+    agree (``agreement``), every rank checkpoints and stops."""
+    agreement: Agreement = field(default_factory=Agreement)
+    """The steps after which the ranks agree on stop signals and on a due timed checkpoint: every step in one
+    process, about every second of training with several (``preemption.Agreement``)."""
     last_checkpoint: float = field(default_factory=time.perf_counter)
     """When the last checkpoint was written (or the run started): ``--checkpointing_minutes`` counts from
     here."""
@@ -489,6 +506,40 @@ def remove_initial_model(args: PretrainArguments) -> None:
         folder.parent.rmdir()
 
 
+def check_inductor(device: torch.device) -> None:
+    """``FlagError`` naming ``torch_compile`` when ``torch.compile``'s default backend (inductor) cannot build
+    kernels for ``device``: on a CPU it compiles C++ with ``$CXX`` (default ``g++``; ``clang++`` on macOS),
+    on a CUDA GPU it needs Triton."""
+    if device.type == "cpu":
+        compiler = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
+        if shutil.which(compiler) is None:
+            raise FlagError("torch_compile",
+                            f"torch_compile on the CPU needs a C++ compiler: torch's inductor builds its "
+                            f"kernels with {compiler!r} ($CXX), which is not on PATH; install one (e.g. "
+                            "apt install g++) or drop --torch_compile.")
+    elif device.type == "cuda" and importlib.util.find_spec("triton") is None:
+        raise FlagError("torch_compile",
+                        "torch_compile on a CUDA GPU needs Triton (torch's inductor writes its kernels in "
+                        "it), which is not installed; pip install triton, or drop --torch_compile.")
+
+
+def compile_model(args: PretrainArguments, model: torch.nn.Module) -> None:
+    """``--torch_compile``: compile the training module's forward in place (``nn.Module.compile`` with
+    ``--torch_compile_backend``, default inductor, and ``--torch_compile_mode``; the backward is compiled with
+    it). In place, the module keeps its class and its parameter names, so checkpoints, the final model and
+    ``unwrap_model`` see the plain module (no ``_orig_mod.`` prefix); compilation happens at the first step.
+    Evaluation runs eagerly (``evaluate``)."""
+    model.compile(backend=args.torch_compile_backend or "inductor", mode=args.torch_compile_mode)
+
+
+def compile_description(args: PretrainArguments) -> str | None:
+    """``"torch.compile (inductor, mode max-autotune)"`` under ``--torch_compile``, else ``None``."""
+    if not args.torch_compile:
+        return None
+    mode = f", mode {args.torch_compile_mode}" if args.torch_compile_mode else ""
+    return f"torch.compile ({args.torch_compile_backend or 'inductor'}{mode})"
+
+
 def make_optimizer(args: PretrainArguments, model: torch.nn.Module) -> torch.optim.Optimizer:
     """AdamW over ``parameter_groups``; the fused implementation (one kernel for all tensors, as ``Trainer``'s
     default ``adamw_torch_fused``) except on a sharded model, whose DTensor parameters keep the default
@@ -584,6 +635,8 @@ def setup(args: PretrainArguments, runtime: TrainingRuntime) -> TrainingSetup:
     from transformers import get_scheduler
 
     set_seed(args.seed)
+    if args.torch_compile and args.torch_compile_backend in (None, "inductor"):
+        check_inductor(runtime.device)
     folder = check_output_folder_of(args)
     checkpoint = checkpoint_to_resume(args, folder)
     tokenizer, config = _tokenizer_and_config(args)
@@ -597,6 +650,9 @@ def setup(args: PretrainArguments, runtime: TrainingRuntime) -> TrainingSetup:
     start_writing(args, runtime, folder)  # every input is valid: from here on the run writes
     if model is None:
         model = sharded_model(args, config, runtime)
+    target_only = isinstance(model, TargetOnlyMLMLoss)
+    if args.torch_compile:
+        compile_model(args, model)
 
     if stream is None:
         sampler = EpochShuffleSampler(len(blocks["train"]), args.seed)
@@ -620,7 +676,7 @@ def setup(args: PretrainArguments, runtime: TrainingRuntime) -> TrainingSetup:
         args=args, runtime=runtime, tokenizer=tokenizer, config=config, blocks=blocks, model=model,
         optimizer=optimizer, scheduler=scheduler, batches_per_epoch=batches_per_epoch, max_steps=max_steps,
         num_epochs=math.ceil(max_steps / updates_per_epoch), special_ids=special_token_ids(tokenizer),
-        checkpoint=checkpoint, stream=stream,
+        checkpoint=checkpoint, stream=stream, target_only=target_only,
         flops_per_token=model_flops_per_token(language_model(runtime.unwrap_model(model)), config,
                                               args.max_seq_length),
         peak_flops=device_peak_flops(runtime.device, args.mixed_precision),
@@ -651,15 +707,18 @@ def restore(run: TrainingSetup) -> tuple[int, int]:
 
 # ---------------------------------------------------------------- one step
 def micro_batch_inputs(run: TrainingSetup, batch: dict[str, torch.Tensor], epoch: int,
-                       micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids, labels)`` of the ``micro``-th (1-based) micro-batch of ``epoch``: MLM masks seeded per
-    block; CLM labels are the inputs, except at the first token of each packed document (``--packing
-    documents``: nothing predicts it across the boundary); mixed-length pretraining cuts the blocks into k
-    pieces (k seeded per micro-batch)."""
+                       micro: int) -> dict[str, torch.Tensor]:
+    """The model inputs of the ``micro``-th (1-based) micro-batch of ``epoch``, made on the host from the
+    loader's host tensors (so nothing here waits for the device): ``input_ids`` and ``labels`` — MLM masks
+    seeded per block; CLM labels are the inputs, except at the first token of each packed document
+    (``--packing documents``: nothing predicts it across the boundary); mixed-length pretraining cuts the
+    blocks into k pieces (k seeded per micro-batch) — packed documents' ``position_ids``, and for
+    ``TargetOnlyMLMLoss`` ``target_index``, the flat positions of the targets: the device then gathers a
+    number of rows the host already knows, where a boolean mask would make it wait to learn the count."""
     args = run.args
     input_ids = batch["input_ids"]
     if args.objective == "mlm":
-        seeds = [mix_seed(args.seed, epoch, int(i)) for i in batch["index"]]
+        seeds = [mix_seed(args.seed, epoch, index) for index in batch["index"].tolist()]
         input_ids, labels = mask_tokens(
             input_ids, seeds, mask_token_id=run.tokenizer.mask_token_id, vocab_size=run.config.vocab_size,
             special_ids=run.special_ids, probability=args.mlm_probability,
@@ -672,17 +731,28 @@ def micro_batch_inputs(run: TrainingSetup, batch: dict[str, torch.Tensor], epoch
         splits = args.mixed_length_splits
         k = splits[mix_seed(args.seed, "split", epoch * run.batches_per_epoch + micro) % len(splits)]
         input_ids, labels = (t.reshape(-1, t.shape[1] // k) for t in (input_ids, labels))
-    return input_ids, labels
-
-
-def forward_backward(run: TrainingSetup, input_ids: torch.Tensor, labels: torch.Tensor, window: int,
-                     sync: bool, position_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Loss of one micro-batch and its gradients (scaled by 1/window), reduced across ranks only if ``sync``.
-    ``position_ids``: packed documents' positions (restarting at each document), else none."""
-    runtime = run.runtime
     inputs = {"input_ids": input_ids, "labels": labels}
-    if position_ids is not None:
-        inputs["position_ids"] = position_ids
+    if "position_ids" in batch:
+        inputs["position_ids"] = batch["position_ids"]
+    if run.target_only:
+        inputs["target_index"] = torch.flatten(torch.nonzero(labels.flatten() != -100))
+    return inputs
+
+
+def to_device(inputs: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """Host tensors ``inputs`` on ``device`` without waiting for it: to a GPU from pinned memory with
+    ``non_blocking=True`` (a plain copy to the GPU waits until it has finished the work queued before; this
+    one is queued behind it, and the host goes on queueing the step)."""
+    if device.type != "cuda":
+        return {name: value.to(device) for name, value in inputs.items()}
+    return {name: value.pin_memory().to(device, non_blocking=True) for name, value in inputs.items()}
+
+
+def forward_backward(run: TrainingSetup, inputs: dict[str, torch.Tensor], window: int,
+                     sync: bool) -> torch.Tensor:
+    """Loss of one micro-batch (``inputs`` on the device: ``micro_batch_inputs``) and its gradients (scaled by
+    1/window), reduced across ranks only if ``sync``; the loss stays on the device."""
+    runtime = run.runtime
     with runtime.accumulate(run.model, sync):
         with runtime.forward_context():
             loss = run.model(**inputs).loss
@@ -702,15 +772,19 @@ def optimizer_step(run: TrainingSetup) -> torch.Tensor | None:
     return grad_norm
 
 
-def checkpoint_due(run: TrainingSetup, state: LoopState) -> bool:
-    """Whether ``--checkpointing_minutes`` have passed since the last checkpoint on any rank (one all-reduce
-    when several run: every rank answers the same after the same step); never at the last step, which the
-    final save covers."""
+def agree(run: TrainingSetup, state: LoopState) -> tuple[bool, bool]:
+    """``(stop, timed checkpoint)`` after this step: whether any rank received a stop signal, and whether
+    ``--checkpointing_minutes`` have passed since the last checkpoint on any rank. Asked only at the steps
+    where the ranks agree (``state.agreement``: every step in one process; with several, one all-reduce about
+    every second of training, the same steps on every rank), else ``(False, False)``; never at the last step,
+    which ends the run and whose final save covers it."""
+    if state.completed >= run.max_steps or not state.agreement.due(state.completed):
+        return False, False
     minutes = run.args.checkpointing_minutes
-    if not minutes or state.completed >= run.max_steps:
-        return False
-    elapsed = time.perf_counter() - state.last_checkpoint >= 60.0 * minutes
-    return max_over_ranks(int(elapsed), run.runtime.device) > 0
+    elapsed = bool(minutes) and time.perf_counter() - state.last_checkpoint >= 60.0 * minutes
+    signal, timed = state.agreement.agree(
+        state.completed, [state.stop.number if state.stop is not None else 0, int(elapsed)])
+    return state.stop is not None and state.stop.settle(signal), timed > 0
 
 
 def checkpoint_name(run: TrainingSetup, completed: int, epoch: int, epoch_end: bool) -> str | None:
@@ -765,11 +839,14 @@ def evaluate(run: TrainingSetup) -> dict[str, float]:
     if run.eval_blocks is None:
         return {}
     args = run.args
-    result = evaluate_lm(
-        language_model(run.runtime.unwrap_model(run.model)), run.eval_blocks, objective=args.objective,
-        tokenizer=run.tokenizer, batch_size=args.per_device_eval_batch_size,
-        mlm_probability=args.mlm_probability, seed=args.seed, accelerator=run.runtime,
-    )
+    # --torch_compile: the evaluation is eager (no compilation for its batch shape and eval mode, and the
+    # same numbers as an uncompiled run's)
+    with torch.compiler.set_stance("force_eager") if args.torch_compile else contextlib.nullcontext():
+        result = evaluate_lm(
+            language_model(run.runtime.unwrap_model(run.model)), run.eval_blocks, objective=args.objective,
+            tokenizer=run.tokenizer, batch_size=args.per_device_eval_batch_size,
+            mlm_probability=args.mlm_probability, seed=args.seed, accelerator=run.runtime,
+        )
     run.model.train()
     keys = ("loss", "perplexity", "accuracy") if args.objective == "mlm" else ("loss", "perplexity")
     return {f"eval_{k}": result[k] for k in keys}
@@ -806,28 +883,22 @@ def log_row(run: TrainingSetup, state: LoopState, grad_norm: torch.Tensor | None
 
 
 # ---------------------------------------------------------------- the loop
-def stop_requested(run: TrainingSetup, state: LoopState) -> bool:
-    """Whether any rank received SIGTERM/SIGUSR1 (one all-reduce: every rank answers the same after the same
-    step), and the run still has steps to do (a signal during the last one lets it finish normally)."""
-    return (state.stop is not None and state.stop.agreed(run.runtime.device)
-            and state.completed < run.max_steps)
-
-
 def after_update(run: TrainingSetup, state: LoopState, epoch: int, epoch_end: bool,
                  grad_norm: torch.Tensor | None, progress: Any) -> None:
     """Book-keeping after an optimizer step: progress, logging (every ``--logging_steps``, at evaluations and
-    checkpoints), evaluation (``--eval_steps``, epoch ends, the last step), checkpoints; after a stop signal,
-    the checkpoint of this step (no evaluation: the time before the kill is short) and
-    ``TrainingPreempted``."""
+    checkpoints), evaluation (``--eval_steps``, epoch ends, the last step), checkpoints; after a stop signal
+    (seen where the ranks agree: ``agree``), the checkpoint of this step (no evaluation: the time before the
+    kill is short) and ``TrainingPreempted``. Only the steps that log, evaluate, checkpoint or agree among
+    several processes read anything from the device."""
     args = run.args
     state.completed += 1
     progress.update(1)
     state.log_loss += state.window_loss
     state.log_updates += 1
     state.window_loss.zero_()
-    stopping = stop_requested(run, state)
+    stopping, timed = agree(run, state)
     name = (checkpoint_name(run, state.completed, epoch, epoch_end)
-            or (f"step_{state.completed}" if stopping or checkpoint_due(run, state) else None))
+            or (f"step_{state.completed}" if stopping or timed else None))
     eval_due = not stopping and bool(state.completed == run.max_steps or epoch_end
                                      or (args.eval_steps and state.completed % args.eval_steps == 0))
     if eval_due or name or state.completed % args.logging_steps == 0:
@@ -854,18 +925,16 @@ def train_epoch(run: TrainingSetup, state: LoopState, epoch: int, progress: Any)
     run.model.train()
     skip = (state.completed - epoch * run.updates_per_epoch) * ga
     micro = skip
-    source = (run.stream.batches(runtime.device) if run.stream is not None
-              else runtime.epoch_batches(epoch, skip))
+    source = run.stream.batches() if run.stream is not None else runtime.epoch_batches(epoch, skip)
     for batch in source:
         torch.manual_seed(mix_seed(args.seed, "step", epoch * batches + micro, runtime.process_index))
         window_start = micro // ga * ga
         window = min(ga, batches - window_start)
         micro += 1
         sync = micro - window_start == window
-        input_ids, labels = micro_batch_inputs(run, batch, epoch, micro)
-        positions = batch.get("position_ids")
-        state.window_loss += forward_backward(run, input_ids, labels, window, sync, positions) / window
-        trained = input_ids.numel() * runtime.num_processes
+        inputs = to_device(micro_batch_inputs(run, batch, epoch, micro), runtime.device)
+        state.window_loss += forward_backward(run, inputs, window, sync) / window
+        trained = inputs["input_ids"].numel() * runtime.num_processes
         state.tokens += trained
         state.window_tokens += trained
         if not sync:
@@ -889,8 +958,8 @@ def train(run: TrainingSetup, completed: tuple[int, int], stop: StopSignals | No
     device = runtime.device
     completed, tokens = completed
     state = LoopState(completed=completed, window_loss=torch.zeros((), device=device),
-                      log_loss=torch.zeros((), device=device), stop=stop, tokens=tokens,
-                      first_completed=completed, first_tokens=tokens)
+                      log_loss=torch.zeros((), device=device), stop=stop, agreement=Agreement(device),
+                      tokens=tokens, first_completed=completed, first_tokens=tokens)
     progress = tqdm(total=run.max_steps, initial=state.completed,
                     disable=args.disable_tqdm or not runtime.is_local_main_process,
                     desc=f"pretrain {run.config.model_type} ({args.objective})")
@@ -992,7 +1061,8 @@ def run_plan(run: TrainingSetup, completed: int) -> RunPlan:
                    non_embedding_parameters=non_embedding, device=str(runtime.device),
                    processes=runtime.num_processes, batch_size=per_process * data_parallel,
                    sequence_length=args.max_seq_length, start_step=completed, max_steps=run.max_steps,
-                   checkpoint_cadence=checkpoint_cadence(args), estimated_seconds=estimate)
+                   checkpoint_cadence=checkpoint_cadence(args), estimated_seconds=estimate,
+                   compiled=compile_description(args))
 
 
 def print_lines(lines: list[str]) -> None:

@@ -54,7 +54,11 @@ class TrainingRuntime(Protocol):
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset: Any, sampler: Any,
                 batch_size: int, collate_fn: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]: ...
     def batches_per_epoch(self) -> int: ...
-    def epoch_batches(self, epoch: int, skip: int) -> Iterable[dict[str, torch.Tensor]]: ...
+    def epoch_batches(self, epoch: int, skip: int) -> Iterable[dict[str, torch.Tensor]]:
+        """The micro-batches of ``epoch`` on this rank as host tensors (``pretrain`` makes the inputs on the
+        host and moves them to ``device`` without waiting for it)."""
+        ...
+
     def register_for_checkpointing(self, scheduler: Any) -> None: ...
     def forward_context(self) -> contextlib.AbstractContextManager: ...
     def accumulate(self, model: torch.nn.Module, sync: bool) -> contextlib.AbstractContextManager: ...
@@ -151,14 +155,16 @@ class AccelerateRuntime:
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset: Any, sampler: Any,
                 batch_size: int, collate_fn: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """``accelerator.prepare`` of model, optimizer and a data loader over ``sampler``'s order (accelerate
-        shards its batches across the processes); of model and optimizer only when ``dataset`` is ``None``."""
+        shards its batches across the processes, and leaves them on the host: ``epoch_batches``); of model and
+        optimizer only when ``dataset`` is ``None``."""
         from torch.utils.data import DataLoader
 
         if dataset is None:  # a streamed run reads its own rank's part (streaming.TrainStream)
             self._model, self._optimizer = self.accelerator.prepare(model, optimizer)
             return self._model, self._optimizer
         loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn)
-        self._model, self._optimizer, self._loader = self.accelerator.prepare(model, optimizer, loader)
+        self._model, self._optimizer, self._loader = self.accelerator.prepare(
+            model, optimizer, loader, device_placement=[None, None, False])
         self._sampler = sampler
         return self._model, self._optimizer
 
@@ -167,7 +173,8 @@ class AccelerateRuntime:
         return len(self._loader)
 
     def epoch_batches(self, epoch: int, skip: int) -> Iterable[dict[str, torch.Tensor]]:
-        """The micro-batches of ``epoch`` on this process, the first ``skip`` left out (after a resume)."""
+        """The micro-batches of ``epoch`` on this process (host tensors), the first ``skip`` left out (after a
+        resume)."""
         self._loader.set_epoch(epoch)
         self._sampler.set_epoch(epoch)
         return self.accelerator.skip_first_batches(self._loader, skip) if skip > 0 else self._loader

@@ -280,14 +280,13 @@ class ShardedRuntime:
         return self._batch_sampler().global_batches()
 
     def epoch_batches(self, epoch: int, skip: int) -> Iterator[dict[str, torch.Tensor]]:
-        """This rank's micro-batches of ``epoch`` (its slice of each global batch), the first ``skip`` left
-        out."""
+        """This rank's micro-batches of ``epoch`` (its slice of each global batch; host tensors), the first
+        ``skip`` left out."""
         from torch.utils.data import DataLoader
 
         dataset, sampler, _, collate_fn = self._data
         sampler.set_epoch(epoch)
-        for batch in DataLoader(dataset, batch_sampler=self._batch_sampler(skip), collate_fn=collate_fn):
-            yield {key: value.to(self.device) for key, value in batch.items()}
+        yield from DataLoader(dataset, batch_sampler=self._batch_sampler(skip), collate_fn=collate_fn)
 
     def register_for_checkpointing(self, scheduler: Any) -> None:
         """Save and restore ``scheduler`` with the checkpoints."""

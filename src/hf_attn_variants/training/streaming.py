@@ -104,14 +104,14 @@ class TrainStream:
             self.loader = StatefulDataLoader(dataset, batch_size=batch_size, collate_fn=collate_blocks)
         self._iterator: Iterator[dict[str, torch.Tensor]] | None = None
 
-    def batches(self, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
-        """The next batches on ``device``, without end (one iterator for the whole run: a resumed loader goes
-        on from its loaded state)."""
+    def batches(self, device: torch.device | None = None) -> Iterator[dict[str, torch.Tensor]]:
+        """The next batches, without end (one iterator for the whole run: a resumed loader goes on from its
+        loaded state): on ``device``, or as the loader's host tensors without one (``pretrain``'s loop)."""
         if self._iterator is None:
             with _quiet_loader():
                 self._iterator = iter(self.loader)
         for batch in self._iterator:
-            yield {name: value.to(device) for name, value in batch.items()}
+            yield batch if device is None else {name: value.to(device) for name, value in batch.items()}
 
     def state_file(self, folder: Path) -> Path:
         """``folder/data_state/rank_<r>.json``."""

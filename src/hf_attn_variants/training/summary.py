@@ -1,9 +1,10 @@
 """What ``pretrain`` tells a person at both ends of a run, and the loss curve it draws.
 
-- At the start (``start_summary``): the model (family, objective, parameters with and without the
-  embeddings), the device and processes, the tokens per optimizer step, the steps to do, the checkpoint
-  cadence, and a rough estimate of the time the run takes (``estimate_seconds``), stated before the first
-  step: the default model is BERT-base sized, which a laptop CPU trains at seconds per step.
+- At the start (``start_summary``): the model (family, objective, parameters with and without the embeddings),
+  the device and processes (and ``torch.compile``'s backend and mode under ``--torch_compile``), the tokens
+  per optimizer step, the steps to do, the checkpoint cadence, and a rough estimate of the time the run takes
+  (``estimate_seconds``), stated before the first step: the default model is BERT-base sized, which a laptop
+  CPU trains at seconds per step.
 - At the end (``end_summary``): the steps and tokens trained, tokens per second, the final train and eval loss
   with their perplexities, the output folder, the loss curve, and the next command (export, or load).
 - ``plot_loss_curve``: ``loss_curve.png`` from ``train_log.jsonl`` (train loss per logged row, eval loss where
@@ -52,6 +53,8 @@ class RunPlan:
     max_steps: int
     checkpoint_cadence: str
     estimated_seconds: float | None = None
+    compiled: str | None = None
+    """How the model is compiled (``"torch.compile (inductor)"``), ``None`` when it runs eagerly."""
 
     @property
     def tokens_per_step(self) -> int:
@@ -117,6 +120,8 @@ def start_summary(plan: RunPlan) -> list[str]:
     """The lines ``pretrain`` prints before its first step."""
     steps = plan.max_steps - plan.start_step
     where = f"{plan.device}, {plan.processes} process{'es' * (plan.processes > 1)}"
+    if plan.compiled:
+        where += f", compiled with {plan.compiled}: the first step compiles"
     ahead = f"{steps:,} step{'s' * (steps != 1)}"
     if plan.start_step:
         ahead += f" ({plan.max_steps:,} in all, resuming after step {plan.start_step:,})"

@@ -8,11 +8,13 @@
   checkpoint needs pickle) and writes ``checkpoint_manifest.json`` (size and sha256 of every file, atomically,
   last); ``trainer_checkpoints`` reads a folder without one as a save that did not
   finish, and ``checkpoints.newest_complete`` checks the rest;
-- ``on_step_end``: the ranks agree (``StopSignals.agreed``) whether a stop signal (or, from the command line,
-  Ctrl-C) arrived anywhere; if so every rank asks ``Trainer`` to save this step's checkpoint and stop
-  (``stopped_step``), unless this was the last step anyway. Otherwise, once ``checkpoint_minutes`` have passed
-  since the last save (``--checkpointing_minutes``; the ranks agree too), ``Trainer`` saves this step's
-  checkpoint, so that a kill loses at most that much training whatever ``--save_steps`` says. A sharded
+- ``on_step_end``: at the steps where the ranks agree (``preemption.Agreement``: every step in one process,
+  about every second of training with several; one all-reduce) they settle whether a stop signal (or, from
+  the command line, Ctrl-C) arrived anywhere; if so every rank asks ``Trainer`` to save this step's
+  checkpoint and stop (``stopped_step``), unless this was the last step anyway. Otherwise, once
+  ``checkpoint_minutes`` have passed since the last save on any rank (``--checkpointing_minutes``),
+  ``Trainer`` saves this step's checkpoint, so that a kill loses at most that much training whatever
+  ``--save_steps`` says. A sharded
   finetune (``DistributedConfig``) stops without a checkpoint: ``Trainer`` can
   neither checkpoint nor resume the optimizer of a model sharded at load time.
 """
@@ -29,7 +31,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from .checkpoints import Checkpoint, file_manifest, list_checkpoints, read_json_file
-from .preemption import StopSignals, max_over_ranks
+from .preemption import Agreement, StopSignals
 
 MANIFEST_FILE = "checkpoint_manifest.json"
 ARGUMENTS_FILE = "training_args.json"
@@ -93,26 +95,30 @@ class CheckpointGuard(TrainerCallback):
         self.checkpoint_minutes = checkpoint_minutes if can_checkpoint else 0.0
         self.stopped_step: int | None = None
         self.last_save = time.perf_counter()
+        self.agreement: Agreement | None = None
+        """Made at the first step, on the launch's device."""
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        """Stop (and checkpoint) after this step when any rank received a stop signal; else checkpoint when
-        ``checkpoint_minutes`` have passed since the last save."""
-        if self.stop.agreed(args.device) and state.global_step < state.max_steps:
+        """Where the ranks agree (module docstring), stop (and checkpoint) after this step when any rank
+        received a stop signal; else checkpoint when ``checkpoint_minutes`` have passed since the last save on
+        any rank. Nothing at the last step, which ends the run anyway."""
+        if state.global_step >= state.max_steps:
+            return control
+        if self.agreement is None:
+            self.agreement = Agreement(args.device)
+        if not self.agreement.due(state.global_step):
+            return control
+        minutes = self.checkpoint_minutes
+        elapsed = bool(minutes) and time.perf_counter() - self.last_save >= 60.0 * minutes
+        signal, timed = self.agreement.agree(state.global_step, [self.stop.number, int(elapsed)])
+        if self.stop.settle(signal):
             control.should_save = self.can_checkpoint
             control.should_evaluate = False  # the time before the kill is short
             control.should_training_stop = True
             self.stopped_step = state.global_step
-        elif self.checkpoint_due(args) and state.global_step < state.max_steps:
+        elif timed:
             control.should_save = True
         return control
-
-    def checkpoint_due(self, args: Any) -> bool:
-        """Whether ``checkpoint_minutes`` have passed since the last save on any rank (one all-reduce when
-        several run, so that every rank answers the same)."""
-        if not self.checkpoint_minutes:
-            return False
-        elapsed = time.perf_counter() - self.last_save >= 60.0 * self.checkpoint_minutes
-        return max_over_ranks(int(elapsed), args.device) > 0
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         """Write the arguments as JSON and the manifest of the checkpoint ``Trainer`` just saved (main
