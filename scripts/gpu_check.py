@@ -235,6 +235,7 @@ CUDA_TESTS = (
     "tests/test_flex_attention.py::test_flex_attention_decodes_with_a_cache_like_sdpa",
     "tests/test_generation_caches.py::test_offloaded_caches_generate_what_the_dynamic_cache_does",
     "tests/test_generation_caches.py::test_flash_gau_refuses_a_static_cache_in_one_sentence[offloaded_static]",
+    "tests/test_host_syncs.py::test_on_a_gpu_the_steps_between_logging_steps_make_no_synchronising_call",
 )
 """The tests that need CUDA: tests/test_cuda.py (GAU's Triton kernels compiled against the torch path, bf16
 training steps of every family, the entropy-invariant family under sdpa / flash_attention_2 / flex_attention
