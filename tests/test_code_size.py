@@ -42,13 +42,13 @@ EXPORTED_LINES = {
     # FLASH and its packed-document layout), its chunk cache, and the Triton kernels (gau_triton.py). Issue 37
     # added the one-token FLASH step that Transformers' cache and vLLM's native model share
     # (flash_decode_step), the unit's projection and FLASH inputs as methods vLLM calls, and layer_types.
-    # Issue 47: the chunked causal-LM loss in the shared file, as for the entropy-invariant family (+182), and
-    # FLASH as one op with three implementations (+515): the op's dispatcher, its FlashState (open chunk +
-    # state, so caches and vLLM continue mid-chunk), its reference and the chunk-state sums and their transpose
-    # shared by the torch and Triton paths (gau_kernels.py, +225); the Triton kernels of the whole op (states
-    # per chunk, forward, two backward kernels), their torch.library ops with shapes for tracing and their
-    # launch grids (gau_triton.py, +258); the unit split into a quadratic and a FLASH class with recomputation
-    # (modeling_gau.py, +32).
+    # Issue 47: the chunked causal-LM loss in the shared file, as for the entropy-invariant family (+182),
+    # and FLASH as one op with three implementations (+515): the op's dispatcher, its FlashState (open
+    # chunk + state, so caches and vLLM continue mid-chunk), its reference and the chunk-state sums and their
+    # transpose shared by the torch and Triton paths (gau_kernels.py, +225); the Triton kernels of the whole
+    # op (states per chunk, forward, two backward kernels), their torch.library ops with shapes for tracing
+    # and their launch grids (gau_triton.py, +258); the unit split into a quadratic and a FLASH class with
+    # recomputation (modeling_gau.py, +32).
     "gau": 4100,
     # Above the 1,550 target: the shared file, as for the entropy-invariant family (issue 47's loss included).
     "synthesizer": 2360,
