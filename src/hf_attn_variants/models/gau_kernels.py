@@ -1,10 +1,14 @@
-"""Attention kernels of the Gated Attention Unit, written with torch operations, in at least float32:
+"""Attention kernels of the Gated Attention Unit:
 
-- ``relu2_attention`` / ``softmax_attention``: quadratic attention with every factor in q; blocked autograd
-  Functions (``Relu2Attention``, ``SoftmaxAttention``) keep nothing n×n.
+- ``relu2_attention`` / ``softmax_attention``: quadratic attention with every factor in q, in at least
+  float32; blocked autograd Functions (``Relu2Attention``, ``SoftmaxAttention``) keep nothing n×n.
 - ``laplace_attention``: Mega's Laplace function.
-- ``flash_mixed_chunk_attention`` / ``flash_effective_weights``: FLASH (exact relu² inside chunks of g tokens,
-  linear attention across chunks) and its dense effective matrix (``flash_visibility``: per document).
+- ``flash_mixed_chunk_attention``: the FLASH op (exact relu² inside chunks of g tokens, linear attention
+  across chunks) with three implementations of the same arguments, as flash-linear-attention lays out its
+  ops: ``flash_mixed_chunk_reference`` (the dense effective matrix, ``flash_effective_weights``),
+  ``flash_mixed_chunk_torch`` (chunked, in the inputs' dtype) and ``flash_mixed_chunk_triton``
+  (``gau_triton``'s kernels); ``FlashState`` carries a causal sequence's state (and open chunk) from one call
+  to the next.
 - ``DocumentChunks``: packed documents laid out so that every document starts on a chunk boundary.
 """
 

@@ -1,23 +1,32 @@
-"""Triton kernels of relu² GAU: quadratic attention and FLASH's attention inside chunks, forward and backward.
+"""Triton kernels of relu² GAU, forward and backward: quadratic attention, and the whole FLASH op.
 
-Both compute, for queries that already carry every positive factor (1/√s, and 1/√L for quadratic relu²),
+**Quadratic relu²** (``triton_relu2_attention``), for queries that carry every positive factor (1/√s, 1/√L):
+out_i = Σ_{j visible from i} relu(q_i·k_j)² v_j in one pass over key blocks without any n×n tensor, where
+"visible" combines an optional dense mask ``(batch, q, k)`` and causality (key j ≤ query i + offset; key
+blocks after a query block's last query are skipped). Gradients: with r = relu(q·kᵀ) on visible pairs and
+dP = dO·vᵀ, dV = (r²)ᵀ dO, dS = 2 r ⊙ dP, dQ = dS k, dK = dSᵀ q — three kernels (over query blocks for dQ;
+over key blocks for dK and for dV).
 
-    out_i = Σ_{j visible from i} relu(q_i·k_j)² v_j
+**FLASH** (Hua et al. 2022, §3.2), the ``triton`` implementation of
+``gau_kernels.flash_mixed_chunk_attention`` (``gau_kernels.flash_mixed_chunk_triton`` is its autograd):
+out_i = Σ_{j same chunk, visible} relu(q_i·k_j)² v_j + q'_i·H_c(i), with the states H_c from the per-chunk
+summaries S_c = k'_cᵀ v_c by a prefix sum over chunks.
 
-in one pass over key blocks without keeping any n×n tensor (the backward recomputes the scores), where
-"visible" combines: an optional dense mask ``(batch, q, k)`` (the quadratic path's padding ∧ causal mask, or
-any prepared mask), an optional key mask ``(batch, k)`` (FLASH's padding), causality (key j ≤ query i +
-offset; key blocks after a query block's last query are skipped) and, for FLASH, the chunk (⌊i/g⌋ = ⌊j/g⌋;
-only the key blocks of the query block's chunks are visited). FLASH's linear attention across chunks stays in
-``gau_kernels.flash_mixed_chunk_attention`` (``intra_chunk=False``): it is two small matmuls per chunk.
+- ``_chunk_outer_kernel``: S_c (and, in backward, q'_cᵀ dO_c) for every chunk at once, float32;
+- ``_flash_forward_kernel``: one program per (value tile, token block, row);
+- ``_flash_backward_query_kernel``: dq, dq' (each value tile's share added atomically in float32);
+- ``_flash_backward_key_kernel``: dv, and each value tile's share of dk, dk' (with the gradient of S_c).
 
-Gradients: with r = relu(q·kᵀ) on visible pairs and dP = dO·vᵀ, dV = (r²)ᵀ dO, dS = 2 r ⊙ dP, dQ = dS k,
-dK = dSᵀ q — three kernels (over query blocks for dQ; over key blocks for dK and for dV).
+The backward recomputes scores, summaries and states. The FLASH kernels are ``torch.library`` custom ops
+(``torch.ops.hf_attn_variants.flash_chunk_outer`` / ``flash_forward`` / ``flash_backward``) with shapes for
+tracing, so ``torch.compile(fullgraph=True)`` traces through them; ``flash_triton_grids`` gives their grids.
 
-``triton`` is optional (``pip install 'hf_attn_variants[gpu]'``). ``GAUConfig.gau_kernel`` selects these
-kernels (``"auto"``: on CUDA when triton is installed). Under ``TRITON_INTERPRET=1`` Triton runs them on CPU
-tensors, which is how ``make test`` checks them against the torch kernels (tests/test_gau_triton.py).
-Products use ``input_precision=PRECISION`` (no TF32), so results match the torch kernels to float32 rounding.
+bf16/fp16 inputs multiply on the tensor cores with float32 accumulators; float32 inputs use
+``input_precision="ieee"`` (``precision``), so they match the torch kernels to float32 rounding. ``triton`` is
+optional (``pip install 'hf_attn_variants[gpu]'``); ``GAUConfig.gau_kernel`` selects these kernels
+(``"auto"``: on CUDA when triton is installed). Under ``TRITON_INTERPRET=1`` Triton runs them on CPU
+tensors, which is how ``make test`` checks them (tests/test_gau_triton.py; the interpreter's bf16 products
+are wrong, so bf16 is checked on a GPU: tests/test_cuda.py).
 """
 
 from __future__ import annotations

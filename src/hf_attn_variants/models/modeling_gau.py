@@ -316,7 +316,7 @@ GAU_ATTENTION_PATHS: dict[GAUPath, str] = {
     GAUPath.FLASH_MAP: "FLASH's effective n×n matrix W materialised (flash_effective_weights), out = W v / L",
     GAUPath.FLASH_PACKED: "rows packing several documents, each starting on a chunk boundary "
     "(DocumentChunks), through flash with the linear state summed per document: O(n)",
-    GAUPath.FLASH_PACKED_TRITON: "flash_packed with its part inside the chunks in Triton",
+    GAUPath.FLASH_PACKED_TRITON: "flash_packed through the op's Triton implementation",
     GAUPath.FLASH_DOCUMENTS: "the reference for packed rows: W restricted to each document, chunked from its "
     "start (flash_visibility), out = W v / L; O(n²)",
     GAUPath.FLASH_CACHE: "causal FLASH over new tokens from the cached open chunk and cross-chunk state",
