@@ -209,8 +209,8 @@ class Runner:
             if extra and length not in variant.extra_lengths:
                 continue
             modes = ["eager"]
-            if self.compile and variant.compile and length in (*self.preset.compile_lengths,
-                                                                *variant.compile_lengths):
+            compiled_here = variant.compile and length in self.preset.compile_lengths
+            if self.compile and (compiled_here or length in variant.compile_lengths):
                 modes.append("compiled")
             if not variant.runs_at(length):
                 if variant.lengths is None or length in variant.lengths:

@@ -138,7 +138,8 @@ class Variant:
     extra_lengths: tuple[int, ...] = ()
     """Lengths outside the preset's at which this variant runs too (with the others that list them)."""
     compile_lengths: tuple[int, ...] = ()
-    """Lengths besides the preset's ``compile_lengths`` at which a ``compile`` variant is also compiled."""
+    """Lengths at which this variant is also timed compiled, ``compile`` or not (``compile``: at the preset's
+    ``compile_lengths``)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def runs_at(self, length: int) -> bool:
@@ -447,7 +448,7 @@ def _peer_variants(p: Preset) -> list[Variant]:
                 lengths=(8192, 32768), extra_lengths=p.equal_parameter_lengths),
         Variant("llama_equal_sdpa", "stock",
                 "LlamaModel, SDPA, one layer per two GAU layers, MLP width for FLASH's parameter count",
-                functools.partial(llama_equal_model, p), causal=True, compile=True,
+                functools.partial(llama_equal_model, p), causal=True,
                 extra_lengths=p.equal_parameter_lengths, compile_lengths=EQUAL_PARAMETER_COMPILE_LENGTHS),
         Variant("gau_quadratic_causal", "gau", "GAUModel relu² (dynamic L), quadratic, causal",
                 functools.partial(gau_model, p, normalization="relu2", causal=True), causal=True,

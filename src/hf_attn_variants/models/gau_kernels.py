@@ -516,7 +516,11 @@ def flash_mixed_chunk_triton(
     Returns:
         ``(numerator (batch, T, e) in value's dtype, state (batch, s, e) float32)``.
     """
-    from . import gau_triton  # noqa: F401  (registers the torch.ops.hf_attn_variants kernels)
+    from .gau_triton import TRITON_AVAILABLE  # importing it registers torch.ops.hf_attn_variants.flash_*
+
+    if not TRITON_AVAILABLE:
+        raise ImportError("implementation='triton' needs the triton package: "
+                          "pip install 'hf_attn_variants[gpu]'.")
 
     tensors = [x.contiguous() for x in (quad_q, quad_k, lin_q, lin_k, value)]
     mask = None if key_mask is None else key_mask.to(torch.int8).contiguous()

@@ -394,6 +394,8 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
     """
 
     tp_replicated_parameters = ("qk_scale", "qk_offset")
+    qk_rows = 2
+    """Rows of ``qk_scale`` / ``qk_offset``: q, k (FLASH: q, k, q', k')."""
 
     def __init__(self, config: GAUConfig, layer_idx: int) -> None:
         super().__init__()
@@ -407,11 +409,10 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         if config.gau_kernel == "triton" and not TRITON_AVAILABLE:
             raise ImportError("gau_kernel='triton' needs the triton package: "
                               "pip install 'hf_attn_variants[gpu]'.")
-        rows = 2 if config.chunk_size is None else 4
         self.in_proj = nn.Linear(config.hidden_size, 2 * self.width + self.key_size, bias=config.use_bias)
         self.out_proj = nn.Linear(self.width, config.hidden_size, bias=config.use_bias)
-        self.qk_scale = nn.Parameter(torch.ones(rows, self.key_size))
-        self.qk_offset = nn.Parameter(torch.zeros(rows, self.key_size))
+        self.qk_scale = nn.Parameter(torch.ones(self.qk_rows, self.key_size))
+        self.qk_offset = nn.Parameter(torch.zeros(self.qk_rows, self.key_size))
         self.act_fn = ACT2FN[config.hidden_act]
 
     def tp_units(self) -> tuple[int, str]:
@@ -501,6 +502,8 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
     and the gated product ``(batch, n, e)`` (``out_proj``'s input) and recomputes everything between them in
     backward (``torch.utils.checkpoint`` of ``_gate``), so a layer keeps ≈ (2d + 3e + s) values per token.
     """
+
+    qk_rows = 4
 
     def __init__(self, config: GAUConfig, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
