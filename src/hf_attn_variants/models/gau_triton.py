@@ -264,6 +264,16 @@ if TRITON_AVAILABLE:
                  mask=(offs_s[:, None] < S) & (offs_e[None, :] < E))
 
     @triton.jit
+    def _query_block_keys(m0, T, chunk, CAUSAL: tl.constexpr, BLOCK: tl.constexpr):
+        """The first and last chunk of the queries [m0, m0 + BLOCK), and the end of the keys they see."""
+        first = m0 // chunk
+        last = (tl.minimum(m0 + BLOCK, T) - 1) // chunk
+        hi = tl.minimum((last + 1) * chunk, T)
+        if CAUSAL:
+            hi = tl.minimum(hi, m0 + BLOCK)
+        return first, last, hi
+
+    @triton.jit
     def _flash_forward_kernel(Q, K, QL, V, H, KM, OUT, T, S, E, chunk, n_chunks, PRECISION: tl.constexpr,
                               HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr,
                               BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
@@ -273,11 +283,7 @@ if TRITON_AVAILABLE:
         offs_m = m0 + tl.arange(0, BLOCK)
         offs_s = tl.arange(0, BLOCK_S)
         offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
-        first = m0 // chunk
-        last = (tl.minimum(m0 + BLOCK, T) - 1) // chunk
-        hi = tl.minimum((last + 1) * chunk, T)
-        if CAUSAL:
-            hi = tl.minimum(hi, m0 + BLOCK)
+        first, last, hi = _query_block_keys(m0, T, chunk, CAUSAL, BLOCK)
         q = _tile(Q, b * T * S, offs_m, offs_s, T, S, S)
         acc = tl.zeros((BLOCK, BLOCK_E), dtype=tl.float32)
         for n0 in range(first * chunk, hi, BLOCK):
@@ -306,11 +312,7 @@ if TRITON_AVAILABLE:
         offs_m = m0 + tl.arange(0, BLOCK)
         offs_s = tl.arange(0, BLOCK_S)
         offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
-        first = m0 // chunk
-        last = (tl.minimum(m0 + BLOCK, T) - 1) // chunk
-        hi = tl.minimum((last + 1) * chunk, T)
-        if CAUSAL:
-            hi = tl.minimum(hi, m0 + BLOCK)
+        first, last, hi = _query_block_keys(m0, T, chunk, CAUSAL, BLOCK)
         q = _tile(Q, b * T * S, offs_m, offs_s, T, S, S)
         do = _tile(DO, b * T * E, offs_m, offs_e, T, E, E)
         dq = tl.zeros((BLOCK, BLOCK_S), dtype=tl.float32)
