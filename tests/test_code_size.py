@@ -48,8 +48,9 @@ EXPORTED_LINES = {
     # transpose shared by the torch and Triton paths (gau_kernels.py, +225); the Triton kernels of the whole
     # op (states per chunk, forward, two backward kernels), their torch.library ops with shapes for tracing
     # and their launch grids (gau_triton.py, +258); the unit split into a quadratic and a FLASH class with
-    # recomputation (modeling_gau.py, +32).
-    "gau": 4100,
+    # recomputation (modeling_gau.py, +32); then +24 for the docstrings naming the op's implementations and
+    # kernels, the unit's qk_rows, one jit helper of the kernels and the op's refusal without triton.
+    "gau": 4124,
     # Above the 1,550 target: the shared file, as for the entropy-invariant family (issue 47's loss included).
     "synthesizer": 2360,
 }

@@ -112,8 +112,9 @@ def _check_inputs(hidden_states: torch.Tensor, weight: torch.Tensor, labels: tor
 
 
 def _check_label_range(targets: torch.Tensor, vocab_size: int, ignore_index: int) -> None:
-    """``ValueError`` naming ``labels`` when a scored label is outside [0, V) (skipped while compiling)."""
-    if torch.compiler.is_compiling():
+    """``ValueError`` naming ``labels`` when a scored label is outside [0, V). Only for CPU tensors (elsewhere
+    the check would make the host wait for the device at every training step) and not while compiling."""
+    if torch.compiler.is_compiling() or targets.device.type != "cpu":
         return
     scored = targets[targets != ignore_index]
     if scored.numel() and bool(((scored < 0) | (scored >= vocab_size)).any()):

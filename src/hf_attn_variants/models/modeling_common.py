@@ -331,8 +331,9 @@ class AttnVariantBackbone(ModelMixinBase):
 
     def _check_inputs(self, input_ids: torch.Tensor | None, total_length: int,
                       attention_mask: torch.Tensor | None) -> None:
-        """Clear errors for inputs that would otherwise fail deep inside torch."""
-        if input_ids is not None and input_ids.numel() > 0 and not is_torchdynamo_compiling():
+        """Clear errors for inputs that would fail deep inside torch (ids: on CPU, or outside training)."""
+        if (input_ids is not None and input_ids.numel() > 0 and not is_torchdynamo_compiling()
+                and (input_ids.device.type == "cpu" or not self.training)):
             low, high = int(input_ids.min()), int(input_ids.max())
             if low < 0 or high >= self.config.vocab_size:
                 raise ValueError(
