@@ -35,7 +35,7 @@ from hf_attn_variants.models.modeling_gau import (
 )
 from tests import properties
 from tests.remote_code import assert_standalone_code
-from tests.utils import layer_inputs, left_padded, random_ids, right_padded, rounding_tolerance
+from tests.utils import layer_inputs, left_padded, random_ids, right_padded, rounding_tolerance, saved_bytes
 
 # (attention_normalization, relu2_length): every normalisation, relu² with both lengths.
 NORMALIZATIONS = [
@@ -901,17 +901,7 @@ def saved_bytes_per_token(model: torch.nn.Module, ids: torch.Tensor) -> float:
     """Bytes autograd keeps for backward after a forward of ``ids``, per token: every distinct storage a
     ``saved_tensors_hooks`` pack sees, parameters excluded."""
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    storages: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in parameters:
-            storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(input_ids=ids)
-    return sum(storages.values()) / ids.numel()
+    return saved_bytes(lambda: model(input_ids=ids), parameters) / ids.numel()
 
 
 def test_flash_layers_save_no_more_than_llama_per_token_in_bf16_at_8k() -> None:

@@ -20,6 +20,7 @@ from hf_attn_variants import (
     use_chunked_loss,
 )
 from hf_attn_variants.models.losses import default_chunk_tokens
+from tests.utils import saved_bytes
 
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.bfloat16: dict(rtol=2e-2, atol=2e-3)}
 """bf16: the stock path rounds ∂L/∂W once, the chunked one per chunk (each in float32 accumulation)."""
@@ -140,17 +141,7 @@ def test_the_loss_saves_at_most_one_bf16_row_of_logits_per_token() -> None:
     inputs = {hidden.untyped_storage().data_ptr(), weight.untyped_storage().data_ptr()}
 
     def beyond_inputs(function) -> float:
-        storages: dict[int, int] = {}
-
-        def pack(tensor: torch.Tensor) -> torch.Tensor:
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in inputs:
-                storages[storage.data_ptr()] = storage.nbytes()
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            function(hidden, weight, labels).backward()
-        return sum(storages.values()) / (batch * length)
+        return saved_bytes(lambda: function(hidden, weight, labels).backward(), inputs) / (batch * length)
 
     chunked = beyond_inputs(lambda h, w, y: chunked_cross_entropy(h, w, y, chunk_tokens=256))
     stock = beyond_inputs(stock_loss)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -86,6 +86,23 @@ def with_attn_implementation(model: PreTrainedModel, implementation: str) -> Pre
     """Switch the attention kernel of ``model`` in place (``eager`` / ``sdpa``) and return it."""
     model.set_attn_implementation(implementation)
     return model
+
+
+def saved_bytes(run: Callable[[], Any], exclude: set[int]) -> int:
+    """Bytes autograd keeps for backward while ``run()`` executes: every distinct storage a
+    ``saved_tensors_hooks`` pack sees, less those whose ``data_ptr`` is in ``exclude`` (parameters,
+    inputs)."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in exclude:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return sum(storages.values())
 
 
 @pytest.fixture(autouse=True)
