@@ -325,17 +325,15 @@ def chunk_states(summaries: torch.Tensor, segments: torch.Tensor | None, causal:
         initial_state: ``(batch, s, e)`` float32 added to every state, or ``None``.
 
     Returns:
-        ``(batch, C, s, e)`` float32, contiguous.
+        ``(batch, C, s, e)`` float32; ``(batch, 1, s, e)``, broadcast, where every chunk reads one state.
     """
     if segments is not None:
         states = segmented_chunk_sums(summaries, segments, causal)
     elif causal:
         states = F.pad(summaries.cumsum(1)[:, :-1], (0, 0, 0, 0, 1, 0))
     else:
-        states = summaries.sum(1, keepdim=True).expand_as(summaries)
-    if initial_state is not None:
-        states = states + initial_state[:, None]
-    return states.contiguous()
+        states = summaries.sum(1, keepdim=True)
+    return states if initial_state is None else states + initial_state[:, None]
 
 
 def chunk_states_backward(grad_states: torch.Tensor, segments: torch.Tensor | None,
@@ -349,22 +347,22 @@ def chunk_states_backward(grad_states: torch.Tensor, segments: torch.Tensor | No
         causal: as for ``chunk_states``.
 
     Returns:
-        ``(batch, C, s, e)`` float32, contiguous.
+        ``(batch, C, s, e)`` float32, or ``(batch, 1, s, e)`` as for ``chunk_states``.
     """
     if not causal:
         if segments is None:
-            return grad_states.sum(1, keepdim=True).expand_as(grad_states).contiguous()
-        return segmented_chunk_sums(grad_states, segments, False).contiguous()
+            return grad_states.sum(1, keepdim=True)
+        return segmented_chunk_sums(grad_states, segments, False)
     if segments is None:
         suffix = grad_states.flip(1).cumsum(1).flip(1)
-        return F.pad(suffix[:, 1:], (0, 0, 0, 0, 0, 1)).contiguous()
+        return F.pad(suffix[:, 1:], (0, 0, 0, 0, 0, 1))
     # Reversed, each document is still a run of chunks, starting at its last one: the exclusive prefix sums
     # of the reversed chunks within documents are the suffix sums wanted.
     chunks = segments.shape[1]
     order = torch.arange(chunks, device=segments.device).expand_as(segments)
     last = torch.zeros_like(segments).scatter_reduce_(1, segments, order, "amax").gather(1, segments)
     reversed_segments = (chunks - 1 - last).flip(1)
-    return segmented_chunk_sums(grad_states.flip(1), reversed_segments, True).flip(1).contiguous()
+    return segmented_chunk_sums(grad_states.flip(1), reversed_segments, True).flip(1)
 
 
 def final_state(summaries: torch.Tensor, complete: int, causal: bool,
@@ -455,6 +453,11 @@ def flash_mixed_chunk_reference(
     return numerator.to(value.dtype), final
 
 
+def per_chunk(states: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``states`` ``(batch, C or 1, s, e)`` as the contiguous ``(batch, C, s, e)`` the Triton kernels read."""
+    return states.expand_as(like).contiguous()
+
+
 class FlashTritonAttention(torch.autograd.Function):
     """``flash_mixed_chunk_triton``'s autograd: saves only its inputs (``ctx.save_for_backward``) and
     recomputes the chunk summaries and states in backward."""
@@ -466,7 +469,7 @@ class FlashTritonAttention(torch.autograd.Function):
                 chunk_size: int, causal: bool
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         summaries = torch.ops.hf_attn_variants.flash_chunk_outer(lin_k, value, chunk_size)
-        states = chunk_states(summaries, segments, causal, initial_state)
+        states = per_chunk(chunk_states(summaries, segments, causal, initial_state), summaries)
         output = torch.ops.hf_attn_variants.flash_forward(quad_q, quad_k, lin_q, value, states, key_mask,
                                                          chunk_size, causal)
         final = final_state(summaries, quad_q.shape[1] // chunk_size, causal, initial_state)
@@ -480,9 +483,10 @@ class FlashTritonAttention(torch.autograd.Function):
         quad_q, quad_k, lin_q, lin_k, value, key_mask, segments, initial_state = ctx.saved_tensors
         grad_output = grad_output.contiguous()
         outer = torch.ops.hf_attn_variants.flash_chunk_outer
-        states = chunk_states(outer(lin_k, value, ctx.chunk_size), segments, ctx.causal, initial_state)
+        summaries = outer(lin_k, value, ctx.chunk_size)
+        states = per_chunk(chunk_states(summaries, segments, ctx.causal, initial_state), summaries)
         grad_states = outer(lin_q, grad_output, ctx.chunk_size)  # ∂L/∂H_c = q'_cᵀ dO_c
-        grad_summaries = chunk_states_backward(grad_states, segments, ctx.causal)
+        grad_summaries = per_chunk(chunk_states_backward(grad_states, segments, ctx.causal), grad_states)
         grads = torch.ops.hf_attn_variants.flash_backward(quad_q, quad_k, lin_q, lin_k, value, states,
                                                           grad_summaries, key_mask, grad_output,
                                                           ctx.chunk_size, ctx.causal)
