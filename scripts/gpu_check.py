@@ -1168,25 +1168,21 @@ def page_text(runs: list[dict[str, Any]], root: Path) -> str:
              "`python scripts/gpu_check.py publish DIR --title ...` and never overwritten by a later one. Do "
              "not edit by hand: every table is rendered from `docs/results/*-gpu-<run>.json`.")
     parts = ["# GPU benchmarks", "", intro, "", "## Fastest on this GPU", ""]
-    newest = {stage: next((run for run in reversed(runs) if stage in run["files"]), None)
-              for stage in ("benchmarks-gpu", "peers-gpu", "decoding-gpu")}
-    if newest["benchmarks-gpu"]:
-        run = newest["benchmarks-gpu"]
-        parts += [f"Training (fwd+bwd) and prefill (forward), from run `{run['id']}`: per comparison and "
-                  "length, the fastest variant and the baseline it is compared with (the run's section has "
-                  "every row).", "", f"<!-- results: {run['files']['benchmarks-gpu']} fastest -->",
-                  "<!-- /results -->", ""]
-    if newest["peers-gpu"]:
-        run = newest["peers-gpu"]
-        parts += [f"FLASH as a causal LM against FLASH-pytorch and Llama, from run `{run['id']}`: per length "
-                  "and kernel, our step time as a multiple of theirs and peak memory, against issue 47's "
-                  "targets.", "", f"<!-- results: {run['files']['peers-gpu']} targets -->",
-                  "<!-- /results -->", ""]
-    if newest["decoding-gpu"]:
-        run = newest["decoding-gpu"]
-        parts += [f"Decoding, from run `{run['id']}`: per batch and context, the fastest decoder and cache, "
-                  "and the stock Llama's with the same cache.", "",
-                  f"<!-- results: {run['files']['decoding-gpu']} fastest -->", "<!-- /results -->", ""]
+    leads = (
+        ("benchmarks-gpu", "fastest", "Training (fwd+bwd) and prefill (forward), from run `{}`: per "
+         "comparison and length, the fastest variant and the baseline it is compared with (the run's section "
+         "has every row)."),
+        ("peers-gpu", "targets", "FLASH as a causal LM against FLASH-pytorch and Llama, from run `{}`: per "
+         "length and kernel, our step time as a multiple of theirs and peak memory, against issue 47's "
+         "targets."),
+        ("decoding-gpu", "fastest", "Decoding, from run `{}`: per batch and context, the fastest decoder and "
+         "cache, and the stock Llama's with the same cache."),
+    )
+    for stage, view, text in leads:
+        run = next((run for run in reversed(runs) if stage in run["files"]), None)
+        if run:
+            parts += [text.format(run["id"]), "", f"<!-- results: {run['files'][stage]} {view} -->",
+                      "<!-- /results -->", ""]
     parts += ["## Runs", ""]
     for run in reversed(runs):
         names = run["files"]
