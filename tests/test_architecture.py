@@ -21,6 +21,7 @@ import hf_attn_variants
 
 PACKAGE = "hf_attn_variants"
 PACKAGE_DIR = Path(hf_attn_variants.__file__).parent
+REMOTE_DIR = PACKAGE_DIR / "models" / "remote"
 
 ALLOWED: dict[str, set[str]] = {
     "models": set(),
@@ -38,7 +39,8 @@ ALLOWED: dict[str, set[str]] = {
     "demo": {"models", "training", "hub", "cli_utils"},
     "cli": set(),  # imports its subcommands by name (importlib), so every tool stays lazy
     "__main__": {"cli"},
-    "__init__": {"models", "stock"},
+    "registration": {"models", "stock"},
+    "__init__": {"models", "stock", "registration"},
 }
 """room → the rooms it may import (docs/architecture.md draws the same picture)."""
 
@@ -47,6 +49,8 @@ def module_files() -> dict[str, tuple[Path, bool]]:
     """Dotted module name → (file, is a package ``__init__``) for every module of the package."""
     modules = {}
     for path in PACKAGE_DIR.rglob("*.py"):
+        if REMOTE_DIR in path.parents:  # package data: the committed remote code, never imported in place
+            continue
         parts = [PACKAGE, *path.relative_to(PACKAGE_DIR).with_suffix("").parts]
         is_package = parts[-1] == "__init__"
         modules[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
@@ -143,3 +147,91 @@ def test_no_function_is_longer_than_80_lines():
                 if length > 80:
                     long.append(f"{path.relative_to(PACKAGE_DIR)}:{node.lineno} {node.name} ({length} lines)")
     assert not long, long
+
+
+def model_modules() -> dict[str, Path]:
+    """Dotted name → file of every module of ``models/`` (its ``__init__`` included)."""
+    return {name: path for name, (path, _) in MODULES.items() if room(name) == "models"}
+
+
+def module_level_definitions(tree: ast.Module) -> set[str]:
+    """Names of the ``class`` and ``def`` statements at module level, also inside ``if``/``try`` blocks (a
+    definition chosen by the installed Transformers)."""
+    names, pending = set(), list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.If, ast.Try)):
+            handlers = getattr(node, "handlers", [])
+            pending += [*node.body, *node.orelse, *getattr(node, "finalbody", []),
+                        *(statement for handler in handlers for statement in handler.body)]
+    return names
+
+
+def test_every_public_name_of_the_model_code_is_a_class_or_function_statement():
+    """Every class a reader can import from ``models/`` is a ``class`` statement of its module (so grep and an
+    IDE find it); the other names of an ``__all__`` are functions or constants, never a class made at run
+    time."""
+    import importlib
+
+    made = []
+    for name, path in model_modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        statements = module_level_definitions(tree)
+        module = importlib.import_module(name)
+        for public in getattr(module, "__all__", ()):
+            value = getattr(module, public)
+            defined_here = getattr(value, "__module__", None) == name
+            if isinstance(value, type) and defined_here and public not in statements:
+                made.append(f"{name}.{public}")
+            if callable(value) and defined_here and not isinstance(value, type) and public not in statements:
+                made.append(f"{name}.{public}")
+    assert not made, f"public names that are not class or def statements of their module: {made}"
+
+
+def test_no_class_is_made_by_a_call_in_src():
+    """No ``type(name, bases, namespace)`` and no ``types.new_class`` anywhere in the package."""
+    calls = []
+    for name, (path, _) in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            three_argument_type = isinstance(func, ast.Name) and func.id == "type" and len(node.args) == 3
+            new_class = isinstance(func, ast.Attribute) and func.attr == "new_class"
+            if three_argument_type or new_class:
+                calls.append(f"{path.relative_to(PACKAGE_DIR)}:{node.lineno}")
+    assert not calls, calls
+
+
+def _names_a_class(target: ast.AST) -> bool:
+    """``Cls`` (a capitalised name) or ``type(obj)``."""
+    if isinstance(target, ast.Name):
+        return target.id[:1].isupper()
+    return isinstance(target, ast.Call) and isinstance(target.func, ast.Name) and target.func.id == "type"
+
+
+def _method_assignments(tree: ast.Module) -> list[int]:
+    """Lines of ``Cls.name = <function, lambda or call>`` and of ``setattr(Cls, …)`` in ``tree``."""
+    functions = {node.name for node in ast.walk(tree)
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            method = (isinstance(node.value, (ast.Lambda, ast.Call))
+                      or (isinstance(node.value, ast.Name) and node.value.id in functions))
+            lines += [node.lineno for target in node.targets
+                      if method and isinstance(target, ast.Attribute) and _names_a_class(target.value)]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+              and node.args and _names_a_class(node.args[0])):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_method_is_assigned_onto_a_class_after_its_definition():
+    """``Cls.name = <function>`` (or ``type(obj).name = …``, ``setattr(Cls, …)``) outside a class body: a
+    method nobody can read in the class. Data attributes (``type(self)._auto_class = None``) are allowed."""
+    found = [f"{path.relative_to(PACKAGE_DIR)}:{line}" for path, _ in MODULES.values()
+             for line in _method_assignments(ast.parse(path.read_text(encoding="utf-8")))]
+    assert not found, found

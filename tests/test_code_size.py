@@ -25,6 +25,8 @@ import hf_attn_variants
 from hf_attn_variants.models.standalone import exported_files
 
 SRC = Path(hf_attn_variants.__file__).resolve().parent
+REMOTE = SRC / "models" / "remote"
+"""Package data: the committed remote code, generated from ``models/`` (counted below, per family)."""
 
 EXPORTED_LINES = {
     # Above the 1,450 target: the shared file (1,591 lines, counted in every family). By capability:
@@ -55,6 +57,14 @@ EXPORTED_LINES = {
     # Above the 1,550 target: the shared file, as for the entropy-invariant family (issue 47's loss included).
     "synthesizer": 2360,
 }
+EXPORTED_CODE_LINES = {
+    # Issue 50: the same files' lines less their docstring lines, as measured on 2026-11-28 before that issue
+    # (named head classes, the registration of the parallel styles and the documented arguments); they must
+    # not grow when docstrings do, so EXPORTED_LINES above rises by docstring lines only.
+    "entropy_invariant": 1777,
+    "gau": 3303,
+    "synthesizer": 1895,
+}
 FAMILY_FILE_LINES = {
     "entropy_invariant": 700,
     "gau": 1100,
@@ -69,10 +79,27 @@ def line_count(text: str) -> int:
     return text.count("\n")
 
 
+def docstring_lines(text: str) -> int:
+    """Lines of ``text`` that belong to docstrings (module, class, function and attribute docstrings)."""
+    lines: set[int] = set()
+    for node in ast.walk(ast.parse(text)):
+        value = getattr(node, "value", None)
+        if isinstance(node, ast.Expr) and isinstance(value, ast.Constant) and isinstance(value.value, str):
+            lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    return len(lines)
+
+
+def source_files(root: Path) -> list[Path]:
+    """The Python files of ``root`` that are package source (not the committed remote code)."""
+    return sorted(path for path in root.rglob("*.py") if REMOTE not in path.parents)
+
+
 @pytest.mark.parametrize("family", list(EXPORTED_LINES))
 def test_exported_remote_code_stays_within_its_limits(family: str) -> None:
     files = exported_files(f"configuration_{family}", f"modeling_{family}")
     sizes = {name: line_count(bundle.text) for name, bundle in files.items()}
+    code = sum(sizes.values()) - sum(docstring_lines(bundle.text) for bundle in files.values())
+    assert code <= EXPORTED_CODE_LINES[family], (family, code)
     assert sum(sizes.values()) <= EXPORTED_LINES[family], (family, sizes)
     assert sizes[f"modeling_{family}"] <= FAMILY_FILE_LINES[family], (family, sizes)
 
@@ -98,7 +125,7 @@ def duplicate_runs(root: Path, window: int = WINDOW, most_places: int = 8) -> li
     ``most_places`` places is too common to count (boilerplate)."""
     index: dict[str, list[tuple[str, int]]] = defaultdict(list)
     numbers: dict[str, list[int]] = {}
-    for path in sorted(root.rglob("*.py")):
+    for path in source_files(root):
         name = str(path.relative_to(root))
         lines = code_lines(path)
         numbers[name] = [number for number, _ in lines]
@@ -129,7 +156,7 @@ def test_the_repeat_finder_finds_a_copied_function(tmp_path) -> None:
 
 def test_no_function_in_src_is_longer_than_the_limit() -> None:
     long = []
-    for path in SRC.rglob("*.py"):
+    for path in source_files(SRC):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = (node.end_lineno or node.lineno) - node.lineno + 1

@@ -1,10 +1,10 @@
 """hf_attn_variants: GAU, Synthesizer and entropy-invariant attention as Transformers v5 models.
 
-Importing the package registers every family with ``AutoConfig`` and the six ``AutoModel*`` classes
-(``models/__init__.py``), so ``save_pretrained`` writes an ``auto_map`` and standalone model code (one
-configuration and one modeling file per family, see ``models/standalone.py``): the saved folder loads with
-``trust_remote_code=True`` without this package, on every Transformers 5.x. It also registers the
-``entropy_invariant`` attention function for stock models (``stock/stock_attention.py``).
+Importing the package makes the registrations of ``registration.py``, and only those: every family with
+``AutoConfig`` and the six ``AutoModel*`` classes, so ``save_pretrained`` writes an ``auto_map`` and the
+standalone model code (committed in ``models/remote/``, see ``models/standalone.py``): the saved folder loads
+with ``trust_remote_code=True`` without this package, on every Transformers 5.x. It also registers the
+``entropy_invariant`` attention function for stock models and two tensor-parallel styles.
 
 The layout (docs/architecture.md): ``models/`` is the model code that ships to the Hub; everything else
 (``training/``, ``pruning/``, ``hub/``, ``bench/``, ``lengthgen/``, ``stock/``, ``results/``, ``cli.py``,
@@ -13,7 +13,7 @@ The layout (docs/architecture.md): ``models/`` is the model code that ships to t
 
 from __future__ import annotations
 
-from .models import AUTO_CLASSES, FAMILIES, __version__, register_families
+from .models import AUTO_CLASSES, FAMILIES, __version__
 from .models.configuration_entropy_invariant import EntropyInvariantConfig
 from .models.configuration_gau import GAUConfig
 from .models.configuration_synthesizer import SynthesizerConfig
@@ -46,9 +46,10 @@ from .models.modeling_synthesizer import (
 )
 from .models.losses import chunked_cross_entropy
 from .stock.chunked_loss import use_chunked_loss
+from .registration import register, register_families
 from .stock.stock_attention import ENTROPY_INVARIANT, register_stock_attention
 
-register_stock_attention()
+register()
 
 __all__ = [
     "AUTO_CLASSES",

@@ -155,9 +155,6 @@ def load(series: Series, args: EntropyArguments, train_length: int, config: Any)
 
     from transformers import AutoModel
 
-    from ..stock.stock_attention import register_stock_attention
-
-    register_stock_attention()
     config = copy.deepcopy(config)
     if series.attn_implementation == STOCK_MODES["log_n"]:
         config.base_length = train_length
@@ -304,9 +301,7 @@ def check_models(args: EntropyArguments) -> dict[str, Any]:
     from transformers import AutoConfig
 
     from ..cli_utils import FlagError
-    from ..models import register_families
 
-    register_families()
     if args.task != "text":
         task_spec(args)
     configs = {}

@@ -56,12 +56,9 @@ def task_config(variant: Variant, fields: dict[str, Any], vocab_size: int) -> An
     the config class's own ``ValueError`` for a bad field."""
     from transformers import AutoConfig, LlamaConfig
 
-    from ..models import register_families
-
     special = {"vocab_size": vocab_size, "pad_token_id": PAD, "bos_token_id": BOS, "eos_token_id": None}
     if variant.model_type == "llama":
         return LlamaConfig(**special, **fields)
-    register_families()
     return AutoConfig.for_model(variant.model_type, **special, **fields)
 
 

@@ -1,15 +1,14 @@
-"""The model room: the model code, which ``save_pretrained`` bundles into Hub folders, and its registry.
+"""The model room: the model code, which Hub folders hold as the committed files of ``models/remote/``.
 
 Nothing in ``models/`` imports from the tools around it (training, pruning, hub, bench, lengthgen, stock, the
-CLI); see docs/architecture.md. This ``__init__`` is the families' registry: it registers every family with
-``AutoConfig`` and the six ``AutoModel*`` classes and marks each class for ``register_for_auto_class``, so
-``save_pretrained`` writes an ``auto_map`` and the standalone model code of ``standalone.py``.
+CLI). This ``__init__`` lists the families (``FAMILIES``) and the Auto classes they take (``AUTO_CLASSES``);
+``hf_attn_variants.registration`` registers them with Transformers when the package is imported, so
+``save_pretrained`` writes an ``auto_map`` and the standalone model code (``standalone.py``).
 """
 
 from __future__ import annotations
 
 from transformers import (
-    AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
@@ -19,12 +18,9 @@ from transformers import (
 )
 
 from . import modeling_entropy_invariant, modeling_gau, modeling_synthesizer
-from .configuration_common import AttnVariantConfig
 from .configuration_entropy_invariant import EntropyInvariantConfig
 from .configuration_gau import GAUConfig
 from .configuration_synthesizer import SynthesizerConfig
-from .modeling_common import AttnVariantPreTrainedModel
-from .standalone import install_standalone_saving
 from .version import __version__
 
 AUTO_CLASSES = {
@@ -49,22 +45,4 @@ FAMILIES = {
 classes are its modeling module's ``<Prefix><suffix>`` (``GAUForMaskedLM``)."""
 
 
-def register_families() -> None:
-    """Register every family with the Auto classes and for remote-code saving (idempotent).
-
-    ``save_pretrained`` of every config and model of the package then writes standalone remote code
-    (``hf_attn_variants.models.standalone``).
-    """
-    install_standalone_saving((AttnVariantConfig, AttnVariantPreTrainedModel), AUTO_CLASSES)
-    for model_type, (config_class, classes) in FAMILIES.items():
-        AutoConfig.register(model_type, config_class, exist_ok=True)
-        config_class.register_for_auto_class("AutoConfig")
-        for suffix, model_class in classes.items():
-            auto_class = AUTO_CLASSES[suffix]
-            auto_class.register(config_class, model_class, exist_ok=True)
-            model_class.register_for_auto_class(auto_class.__name__)
-
-
-register_families()
-
-__all__ = ["AUTO_CLASSES", "FAMILIES", "__version__", "register_families"]
+__all__ = ["AUTO_CLASSES", "FAMILIES", "__version__"]

@@ -15,6 +15,7 @@ from transformers.activations import ACT2FN
 
 from .compat import MIN_TRANSFORMERS_VERSION
 from .layers import NORM_TYPES, kept_heads, normalize_pruned_heads
+from .standalone import RemoteCodeSavingMixin
 
 POSITION_EMBEDDING_TYPES = ("rope", "absolute", "none")
 NORM_POSITIONS = ("pre", "post")
@@ -72,7 +73,7 @@ def config_equal(config: PreTrainedConfig, other: Any) -> bool:
     return isinstance(other, PreTrainedConfig) and config.__dict__ == other.__dict__
 
 
-class AttnVariantConfig(PreTrainedConfig):
+class AttnVariantConfig(RemoteCodeSavingMixin, PreTrainedConfig):
     """Fields common to the ``gau``, ``synthesizer`` and ``entropy_invariant`` families (an explicit
     ``__init__``: the form every 5.x release accepts).
 

@@ -4,7 +4,8 @@ backbone and the task heads. A family defines its attention and layer, then comp
 ```python
 class FooPreTrainedModel(AttnVariantPreTrainedModel): ...  # config_class, layer_class = FooLayer
 class FooModel(AttnVariantBackbone, FooPreTrainedModel): ...  # _attention_inputs()
-FooForMaskedLM, FooForCausalLM, ... = task_heads(FooPreTrainedModel, FooModel, __name__)
+class FooForCausalLM(CausalLMHeadMixin, FooPreTrainedModel, GenerationMixin):
+    base_model_class = FooModel  # and so for the other four heads
 ```
 
 The heads build the base model directly (not through ``AutoModel``, which remote code cannot rely on) and pool
@@ -23,7 +24,6 @@ from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
-from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
@@ -51,6 +51,7 @@ from .layers import (
     visible_key_counts,
 )
 from .losses import chunked_cross_entropy
+from .standalone import RemoteCodeSavingMixin
 
 
 if TYPE_CHECKING:  # the mixins below are combined with a PreTrainedModel subclass
@@ -166,7 +167,7 @@ SERVING_ENGINE_ATTENTION = "vllm"
 """The attention implementation vLLM's Transformers backend writes on a config before it builds the model."""
 
 
-class AttnVariantPreTrainedModel(PreTrainedModel):
+class AttnVariantPreTrainedModel(RemoteCodeSavingMixin, PreTrainedModel):
     """Base of every model class of the three families.
 
     ``_init_weights`` covers every parameter (v5 builds models on the meta device, then initialises): linear
@@ -673,32 +674,6 @@ class QuestionAnsweringHeadMixin(_HeadMixin):
                                             attentions=outputs.attentions)
 
 
-TASK_HEADS: dict[str, type[_HeadMixin]] = {
-    "ForMaskedLM": MaskedLMHeadMixin,
-    "ForCausalLM": CausalLMHeadMixin,
-    "ForSequenceClassification": SequenceClassificationHeadMixin,
-    "ForTokenClassification": TokenClassificationHeadMixin,
-    "ForQuestionAnswering": QuestionAnsweringHeadMixin,
-}
-
-
-def task_heads(pretrained: type[PreTrainedModel], base: type[PreTrainedModel], module: str
-               ) -> tuple[type, ...]:
-    """The family's five task classes, in ``TASK_HEADS`` order: ``<Family><suffix>`` = the head mixin over
-    ``pretrained`` (the causal LM also over ``GenerationMixin``), building ``base`` as ``self.model``.
-    ``<Family>`` is ``pretrained``'s name less ``PreTrainedModel``; ``module`` is the caller's
-    ``__name__``, so the classes pickle and save as that module's."""
-    family = pretrained.__name__.removesuffix("PreTrainedModel")
-    heads = []
-    for suffix, head in TASK_HEADS.items():
-        bases = (head, pretrained, GenerationMixin) if head.is_decoder_head else (head, pretrained)
-        name = family + suffix
-        namespace = {"base_model_class": base, "__module__": module, "__qualname__": name,
-                     "__doc__": f"{family}: {head.__doc__}"}
-        heads.append(type(name, bases, namespace))
-    return tuple(heads)
-
-
 __all__ = [
     "AttentionGeometry",
     "AttentionMLPLayer",
@@ -710,9 +685,7 @@ __all__ = [
     "MaskedLMHeadMixin",
     "QuestionAnsweringHeadMixin",
     "SequenceClassificationHeadMixin",
-    "TASK_HEADS",
     "TokenClassificationHeadMixin",
     "config_norm",
     "residual_block",
-    "task_heads",
 ]

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
+from transformers import GenerationMixin
 from transformers.masking_utils import (
     create_bidirectional_mask,
     create_causal_mask,
@@ -46,11 +47,13 @@ from .modeling_common import (
     AttentionMLPLayer,
     AttnVariantBackbone,
     AttnVariantPreTrainedModel,
-    task_heads,
+    CausalLMHeadMixin,
+    MaskedLMHeadMixin,
+    QuestionAnsweringHeadMixin,
+    SequenceClassificationHeadMixin,
+    TokenClassificationHeadMixin,
 )
-from .tensor_parallel import ShardedUnits, register_parallel_styles
-
-register_parallel_styles()
+from .tensor_parallel import ShardedUnits
 
 _MASK_PARAMETERS = {
     True: frozenset(inspect.signature(create_causal_mask).parameters),
@@ -304,10 +307,45 @@ class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel
         return position_ids
 
 
-# The task heads shared by the three families (modeling_common.TASK_HEADS) over this family's model.
-(EntropyInvariantForMaskedLM, EntropyInvariantForCausalLM, EntropyInvariantForSequenceClassification,
- EntropyInvariantForTokenClassification, EntropyInvariantForQuestionAnswering) = task_heads(
-    EntropyInvariantPreTrainedModel, EntropyInvariantModel, __name__)
+class EntropyInvariantForMaskedLM(MaskedLMHeadMixin, EntropyInvariantPreTrainedModel):
+    """``EntropyInvariantModel`` with a masked language-modelling head (``MaskedLMHeadMixin``)."""
+
+    base_model_class = EntropyInvariantModel
+
+
+class EntropyInvariantForCausalLM(CausalLMHeadMixin, EntropyInvariantPreTrainedModel, GenerationMixin):
+    """``EntropyInvariantModel`` with a causal language-modelling head, a cache and ``generate``.
+
+    The head is ``CausalLMHeadMixin``.
+    """
+
+    base_model_class = EntropyInvariantModel
+
+
+class EntropyInvariantForSequenceClassification(
+    SequenceClassificationHeadMixin, EntropyInvariantPreTrainedModel
+):
+    """``EntropyInvariantModel`` with a sequence classification or regression head.
+
+    The head is ``SequenceClassificationHeadMixin``.
+    """
+
+    base_model_class = EntropyInvariantModel
+
+
+class EntropyInvariantForTokenClassification(TokenClassificationHeadMixin, EntropyInvariantPreTrainedModel):
+    """``EntropyInvariantModel`` with a token classification head (``TokenClassificationHeadMixin``)."""
+
+    base_model_class = EntropyInvariantModel
+
+
+class EntropyInvariantForQuestionAnswering(QuestionAnsweringHeadMixin, EntropyInvariantPreTrainedModel):
+    """``EntropyInvariantModel`` with an extractive question-answering head.
+
+    The head is ``QuestionAnsweringHeadMixin``.
+    """
+
+    base_model_class = EntropyInvariantModel
 
 
 __all__ = [

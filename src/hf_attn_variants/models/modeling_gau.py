@@ -36,6 +36,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
+from transformers import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
@@ -67,12 +68,14 @@ from .modeling_common import (
     AttentionGeometry,
     AttnVariantBackbone,
     AttnVariantPreTrainedModel,
+    CausalLMHeadMixin,
+    MaskedLMHeadMixin,
+    QuestionAnsweringHeadMixin,
+    SequenceClassificationHeadMixin,
+    TokenClassificationHeadMixin,
     residual_block,
-    task_heads,
 )
-from .tensor_parallel import ShardedUnits, register_parallel_styles
-
-register_parallel_styles()
+from .tensor_parallel import ShardedUnits
 
 TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
 """Whether ``triton`` is installed; its kernels (``gau_triton.py``) are imported only when paths run them."""
@@ -777,9 +780,40 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
         return {"key_mask": key_mask, "key_counts": key_counts, "documents": documents}
 
 
-# The task heads shared by the three families (modeling_common.TASK_HEADS) over this family's model.
-(GAUForMaskedLM, GAUForCausalLM, GAUForSequenceClassification, GAUForTokenClassification,
- GAUForQuestionAnswering) = task_heads(GAUPreTrainedModel, GAUModel, __name__)
+class GAUForMaskedLM(MaskedLMHeadMixin, GAUPreTrainedModel):
+    """``GAUModel`` with a masked language-modelling head (``MaskedLMHeadMixin``)."""
+
+    base_model_class = GAUModel
+
+
+class GAUForCausalLM(CausalLMHeadMixin, GAUPreTrainedModel, GenerationMixin):
+    """``GAUModel`` with a causal language-modelling head, a cache and ``generate``.
+
+    The head is ``CausalLMHeadMixin``.
+    """
+
+    base_model_class = GAUModel
+
+
+class GAUForSequenceClassification(SequenceClassificationHeadMixin, GAUPreTrainedModel):
+    """``GAUModel`` with a sequence classification or regression head.
+
+    The head is ``SequenceClassificationHeadMixin``.
+    """
+
+    base_model_class = GAUModel
+
+
+class GAUForTokenClassification(TokenClassificationHeadMixin, GAUPreTrainedModel):
+    """``GAUModel`` with a token classification head (``TokenClassificationHeadMixin``)."""
+
+    base_model_class = GAUModel
+
+
+class GAUForQuestionAnswering(QuestionAnsweringHeadMixin, GAUPreTrainedModel):
+    """``GAUModel`` with an extractive question-answering head (``QuestionAnsweringHeadMixin``)."""
+
+    base_model_class = GAUModel
 
 
 __all__ = [

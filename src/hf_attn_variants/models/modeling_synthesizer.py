@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
+from transformers import GenerationMixin
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .configuration_synthesizer import SynthesizerConfig
@@ -50,11 +51,13 @@ from .modeling_common import (
     AttentionMLPLayer,
     AttnVariantBackbone,
     AttnVariantPreTrainedModel,
-    task_heads,
+    CausalLMHeadMixin,
+    MaskedLMHeadMixin,
+    QuestionAnsweringHeadMixin,
+    SequenceClassificationHeadMixin,
+    TokenClassificationHeadMixin,
 )
-from .tensor_parallel import ShardedUnits, register_parallel_styles
-
-register_parallel_styles()
+from .tensor_parallel import ShardedUnits
 
 Positions = tuple[torch.Tensor, torch.Tensor]
 """(query positions ``(batch, q)``, key positions ``(batch, k)``) within each sequence, long."""
@@ -419,10 +422,40 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
         return keys[:, query_offset : query_offset + query_length], keys
 
 
-# The task heads shared by the three families (modeling_common.TASK_HEADS) over this family's model.
-(SynthesizerForMaskedLM, SynthesizerForCausalLM, SynthesizerForSequenceClassification,
- SynthesizerForTokenClassification, SynthesizerForQuestionAnswering) = task_heads(
-    SynthesizerPreTrainedModel, SynthesizerModel, __name__)
+class SynthesizerForMaskedLM(MaskedLMHeadMixin, SynthesizerPreTrainedModel):
+    """``SynthesizerModel`` with a masked language-modelling head (``MaskedLMHeadMixin``)."""
+
+    base_model_class = SynthesizerModel
+
+
+class SynthesizerForCausalLM(CausalLMHeadMixin, SynthesizerPreTrainedModel, GenerationMixin):
+    """``SynthesizerModel`` with a causal language-modelling head, a cache and ``generate``.
+
+    The head is ``CausalLMHeadMixin``.
+    """
+
+    base_model_class = SynthesizerModel
+
+
+class SynthesizerForSequenceClassification(SequenceClassificationHeadMixin, SynthesizerPreTrainedModel):
+    """``SynthesizerModel`` with a sequence classification or regression head.
+
+    The head is ``SequenceClassificationHeadMixin``.
+    """
+
+    base_model_class = SynthesizerModel
+
+
+class SynthesizerForTokenClassification(TokenClassificationHeadMixin, SynthesizerPreTrainedModel):
+    """``SynthesizerModel`` with a token classification head (``TokenClassificationHeadMixin``)."""
+
+    base_model_class = SynthesizerModel
+
+
+class SynthesizerForQuestionAnswering(QuestionAnsweringHeadMixin, SynthesizerPreTrainedModel):
+    """``SynthesizerModel`` with an extractive question-answering head (``QuestionAnsweringHeadMixin``)."""
+
+    base_model_class = SynthesizerModel
 
 
 __all__ = [

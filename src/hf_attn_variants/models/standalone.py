@@ -1,9 +1,9 @@
-"""Standalone remote code: the files ``save_pretrained`` and ``export`` write next to the weights.
+"""Standalone remote code: the files a Hub folder holds next to the weights, generated and committed.
 
 In the package the model code is split into modules; a Hub folder holds, per family:
 
 - ``modeling_<family>.py``: the family's own code (its attention, layers and classes, with the family's
-  private modules such as ``gau_kernels`` inlined);
+  private modules such as ``gau_cache`` inlined);
 - ``configuration_<family>.py``: the family's config;
 - ``attn_variants_common.py`` (``SHARED_FILE``): the code every family shares (``SHARED_MODULES``, whole),
   byte for byte the same in every folder of one package release, so a reader who audited it once recognises it
@@ -16,20 +16,30 @@ Transformers release from 5.0 on copies the direct relative imports of the file 
 copy no others, so the shared file imports nothing relatively). The shared import comes first, so an old
 Transformers fails with ``compat``'s one sentence before any other Transformers import.
 
-Why at save time rather than generated files checked in: the exported text is always the package's current
-source (nothing can drift) and the package keeps one set of classes for its tools. The bundler copies
-top-level definitions verbatim and only drops the relative imports it resolves: ``parse_module`` reads each
-module with ``ast``; a bundle pulls in, transitively, the statements that define the names the included
-statements use, hoisting absolute imports; statements keep their source order and comments.
+Generated and committed, as Transformers' modular files are: ``write_remote_code`` writes every family's files
+to ``REMOTE_DIR`` (the package data folder ``models/remote/``, never imported in place) with a manifest of the
+sha256 of each file and of each package module they were generated from. Reviewers read the exported code in
+the change that alters it, and the package's tests regenerate it and fail on any difference. The bundler
+copies top-level definitions verbatim and only drops the relative imports it resolves: ``parse_module`` reads
+each module with ``ast``; a bundle pulls in, transitively, the statements that define the names the included
+statements use, hoisting absolute imports; statements keep their source order and comments. Names imported
+from ``PACKAGE_ONLY_MODULES`` (this module) are dropped, from the imports and from class bases.
 
-Saving: ``install_standalone_saving`` (called by the families' registry, ``models/__init__``) gives the config
-and model base classes a ``save_pretrained`` that writes these files after Transformers' own save. Exported
-classes do not have it: their files are already standalone, and Transformers copies them as they are.
+Saving: ``RemoteCodeSavingMixin``, a base of the families' config and model base classes in the package only,
+gives ``save_pretrained`` its second step: after Transformers' own save it copies the committed files of the
+object's family into the folder (``write_standalone_code``), refusing when they are stale. Exported classes do
+not have the mixin: their files are already standalone, and Transformers' own ``save_pretrained`` copies them
+as they are.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
+import json
+import os
+import re
+import shutil
 import sys
 import textwrap
 from collections.abc import Iterable
@@ -42,6 +52,14 @@ from .version import __version__
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PACKAGE_NAME = "hf_attn_variants"
+REMOTE_DIR = PACKAGE_DIR / "remote"
+"""The committed exported files: ``attn_variants_common.py`` once, each family's files in ``<family>/``."""
+MANIFEST = "manifest.json"
+REFRESH_COMMAND = "python tools/remote_code.py"
+"""The command (from a source checkout) that regenerates ``REMOTE_DIR``."""
+PACKAGE_ONLY_MODULES = ("standalone",)
+"""Modules whose names exported code never holds: their imports are dropped and their classes left out of the
+bases of the classes that name them (``RemoteCodeSavingMixin``)."""
 PRELUDE = "compat"
 """Module emitted first and whole in the shared file: the Transformers version check, before other imports."""
 SHARED_MODULES = ("compat", "layers", "configuration_common", "modeling_common", "tensor_parallel")
@@ -135,6 +153,23 @@ def _statement_span(node: ast.stmt, lines: list[str]) -> tuple[int, int]:
     return first, node.end_lineno or node.lineno
 
 
+def _without_bases(text: str, node: ast.ClassDef, names: set[str], first_line: int) -> str:
+    """``text`` (a class statement from 0-based line ``first_line``) without the bases ``names``.
+
+    The header is rewritten; the body stays verbatim.
+    """
+    kept = [base for base in node.bases if not (isinstance(base, ast.Name) and base.id in names)]
+    if len(kept) == len(node.bases):
+        return text
+    lines = text.splitlines(keepends=True)
+    header_end = node.body[0].lineno - 1 - first_line
+    header = "".join(lines[:header_end])
+    spelled = ", ".join(ast.unparse(base) for base in kept)
+    header = re.sub(rf"class {node.name}\(.*?\):", f"class {node.name}({spelled}):" if kept
+                    else f"class {node.name}:", header, count=1, flags=re.S)
+    return header + "".join(lines[header_end:])
+
+
 def parse_module(name: str, package_dir: Path = PACKAGE_DIR) -> ParsedModule:
     """Read ``<package_dir>/<name>.py`` and split it into imports and statements."""
     source = (package_dir / f"{name}.py").read_text(encoding="utf-8")
@@ -148,8 +183,12 @@ def parse_module(name: str, package_dir: Path = PACKAGE_DIR) -> ParsedModule:
         body_start = body[0].end_lineno or 0
         body = body[1:]
     module = ParsedModule(name, docstring, "", [])
+    package_only: set[str] = set()
     for node in body:
         if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            continue
+        if isinstance(node, ast.ImportFrom) and node.level and node.module in PACKAGE_ONLY_MODULES:
+            package_only.update(alias.asname or alias.name for alias in node.names)
             continue
         if isinstance(node, ast.ImportFrom) and node.level:
             if node.level != 1:
@@ -173,6 +212,8 @@ def parse_module(name: str, package_dir: Path = PACKAGE_DIR) -> ParsedModule:
             module.statements[-1].text += "".join(lines[start:stop])
         elif not isinstance(node, (ast.Import, ast.ImportFrom)):
             text = "".join(lines[start:stop])
+            if isinstance(node, ast.ClassDef) and package_only:
+                text = _without_bases(text, node, package_only, start)
             compound = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
             module.statements.append(Statement(text, frozenset(_defined_names(node)),
                                                frozenset(_used_names(node)), compound))
@@ -314,8 +355,7 @@ def _header(sources: list[str]) -> str:
         f"# Generated by {PACKAGE_NAME} {package_version()} from {', '.join(f'{s}.py' for s in sources)}:\n"
         f"# standalone remote code for Transformers >= {MIN_TRANSFORMERS_VERSION} with torch. "
         "Do not edit this file;\n"
-        f"# edit those modules of the {PACKAGE_NAME} package "
-        f"(src/{PACKAGE_NAME}/models/) and save the model again.\n"
+        f"# it is generated from those modules of {PACKAGE_NAME}.models.\n"
     )
 
 
@@ -380,16 +420,24 @@ model card); ``modeling_<family>.py`` holds the family's own code and imports wh
 """'''
 
 
+SHARED_REGISTRATIONS = '''
+register_parallel_styles()
+"""What importing this file registers with Transformers: the two parallel styles the families' tensor-parallel
+plans name (``tp_plan="auto"`` looks them up by name). The package registers them in its registration module,
+``hf_attn_variants.registration``."""
+'''
+"""The shared file's last statement: the registration exported code does on its own import."""
+
+
 def shared_bundle(package_dir: Path = PACKAGE_DIR) -> Bundle:
-    """The shared file: ``SHARED_MODULES`` whole."""
-    return bundle_module(SHARED_MODULES, docstring=SHARED_DOCSTRING, package_dir=package_dir)
+    """The shared file: ``SHARED_MODULES`` whole, then ``SHARED_REGISTRATIONS``."""
+    bundle = bundle_module(SHARED_MODULES, docstring=SHARED_DOCSTRING, package_dir=package_dir)
+    return Bundle(bundle.text + SHARED_REGISTRATIONS, bundle.sources)
 
 
-def shared_code_sha256(package_dir: Path = PACKAGE_DIR) -> str:
-    """sha256 (hex) of the shared file as ``save_pretrained`` writes it (UTF-8)."""
-    import hashlib
-
-    return hashlib.sha256(shared_bundle(package_dir).text.encode("utf-8")).hexdigest()
+def shared_code_sha256(remote_dir: Path = REMOTE_DIR) -> str:
+    """sha256 (hex) of the committed shared file, the one ``save_pretrained`` copies into every folder."""
+    return sha256_file(remote_dir / f"{SHARED_FILE}.py")
 
 
 def _external_files(family_config: str | None, package_dir: Path) -> dict[str, str]:
@@ -432,6 +480,84 @@ def exported_files(config_module: str, modeling_module: str | None = None,
     return bundles
 
 
+def family_folder(config_module: str) -> str:
+    """The folder of ``REMOTE_DIR`` holding a family's files: ``configuration_gau`` → ``gau``."""
+    return config_module.removeprefix("configuration_")
+
+
+def families(package_dir: Path = PACKAGE_DIR) -> list[str]:
+    """The config modules of the package's families (``configuration_<family>``, in name order)."""
+    return sorted(path.stem for path in package_dir.glob("configuration_*.py")
+                  if path.stem not in SHARED_MODULES)
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 (hex) of a file's bytes."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def remote_code_files(package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
+    """Every file of ``REMOTE_DIR`` as the package's sources generate it: path relative to that folder → text.
+
+    The shared file once at the top, each family's other files in its folder, and ``MANIFEST``: the sha256 of
+    every file and of every package module they were generated from (this one and ``version`` included).
+    """
+    files = {f"{SHARED_FILE}.py": shared_bundle(package_dir).text}
+    sources = {"standalone", "version", *SHARED_MODULES}
+    for config_module in families(package_dir):
+        modeling_module = config_module.replace("configuration_", "modeling_", 1)
+        for name, bundle in exported_files(config_module, modeling_module, package_dir).items():
+            sources.update(bundle.sources)
+            if name != SHARED_FILE:
+                files[f"{family_folder(config_module)}/{name}.py"] = bundle.text
+    manifest = {
+        "generated_by": REFRESH_COMMAND,
+        "files": {path: hashlib.sha256(text.encode("utf-8")).hexdigest()
+                  for path, text in sorted(files.items())},
+        "sources": {f"{name}.py": sha256_file(package_dir / f"{name}.py") for name in sorted(sources)},
+    }
+    files[MANIFEST] = json.dumps(manifest, indent=2) + "\n"
+    return files
+
+
+def write_remote_code(remote_dir: Path = REMOTE_DIR, package_dir: Path = PACKAGE_DIR) -> list[Path]:
+    """Regenerate ``remote_dir`` from the sources: write ``remote_code_files`` and remove any other file."""
+    files = remote_code_files(package_dir)
+    for stale in remote_dir.rglob("*") if remote_dir.exists() else []:
+        if stale.is_file() and stale.relative_to(remote_dir).as_posix() not in files:
+            stale.unlink()
+    written = []
+    for relative, text in files.items():
+        path = remote_dir / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def check_remote_code(remote_dir: Path = REMOTE_DIR, package_dir: Path = PACKAGE_DIR) -> dict[str, Any]:
+    """The manifest of ``remote_dir`` once its files and the sources they came from are what it records.
+
+    Raises:
+        RuntimeError: a source module changed since the files were generated, or a file was edited or is
+            missing; the message names the file and ``REFRESH_COMMAND``.
+    """
+    manifest_path = remote_dir / MANIFEST
+    if not manifest_path.is_file():
+        raise RuntimeError(f"The exported model code is missing ({manifest_path}); regenerate it with "
+                           f"`{REFRESH_COMMAND}` from a source checkout.")
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    for folder, kind, recorded in ((package_dir, "source module", manifest["sources"]),
+                                   (remote_dir, "exported file", manifest["files"])):
+        for relative, digest in recorded.items():
+            path = folder / relative
+            if not path.is_file() or sha256_file(path) != digest:
+                raise RuntimeError(
+                    f"The exported model code in {remote_dir} is stale: the {kind} {relative} is not the one "
+                    f"it was generated from; regenerate it with `{REFRESH_COMMAND}` from a source checkout.")
+    return manifest
+
+
 def code_class(cls: type) -> type:
     """The class whose module holds the code of ``cls``: ``cls`` itself, or for a subclass made at run time
     (FSDP2's ``fully_shard`` turns a model's class into one defined in torch; sharded training adds its fixes)
@@ -440,29 +566,32 @@ def code_class(cls: type) -> type:
     return next(base for base in cls.__mro__ if base.__module__.rpartition(".")[0] == package)
 
 
-def write_standalone_code(save_directory: str | Path, obj: Any) -> list[Path]:
-    """Write the standalone remote code of ``obj`` (a config or model of this package) to ``save_directory``.
+def write_standalone_code(save_directory: str | os.PathLike[str], obj: Any, remote_dir: Path = REMOTE_DIR
+                          ) -> list[Path]:
+    """Copy the committed remote code of ``obj`` (a config or model of this package) into ``save_directory``.
 
     Replaces the files Transformers' ``save_pretrained`` copied (the family modules and the modules they
-    import) by those of ``exported_files``. Returns the written paths.
+    import) by the family's files of ``remote_dir``, after ``check_remote_code``. Returns the written paths.
     """
+    manifest = check_remote_code(remote_dir)
     folder = Path(save_directory)
     folder.mkdir(parents=True, exist_ok=True)
     config = getattr(obj, "config", obj)
     config_module = code_class(type(config)).__module__.rsplit(".", 1)[-1]
-    modeling_module = None if config is obj else code_class(type(obj)).__module__.rsplit(".", 1)[-1]
-    bundles = exported_files(config_module, modeling_module)
+    family = family_folder(config_module)
+    names = [f"{SHARED_FILE}.py", f"{family}/{config_module}.py"]
+    if config is not obj:
+        names += [path for path in manifest["files"]
+                  if path.startswith(f"{family}/") and path not in names]
     written = []
-    for name, bundle in bundles.items():
-        path = folder / f"{name}.py"
-        path.write_text(bundle.text, encoding="utf-8")
-        written.append(path)
-    # What Transformers copied besides them: the package modules the bundles were built from (a config save
-    # copies the shared modules too). Files of this family written by an earlier save (a model's kernels when
-    # the config alone is saved again) stay.
-    copied = {source for bundle in bundles.values() for source in bundle.sources} | set(SHARED_MODULES)
-    for name in copied - set(bundles):
-        (folder / f"{name}.py").unlink(missing_ok=True)
+    for relative in names:
+        written.append(Path(shutil.copyfile(remote_dir / relative, folder / Path(relative).name)))
+    # What Transformers copied besides them: the package modules it saw imported (a config save copies the
+    # shared modules too). Files of this family written by an earlier save (a model's kernels when the config
+    # alone is saved again) stay.
+    exported = {Path(relative).name for relative in manifest["files"]}
+    for name in set(manifest["sources"]) - exported:
+        (folder / name).unlink(missing_ok=True)
     return written
 
 
@@ -471,63 +600,63 @@ HUB_ARGUMENTS = ("repo_id", "commit_message", "commit_description", "private", "
 """Keyword arguments of ``save_pretrained(..., push_to_hub=True)`` that belong to the upload."""
 
 
-def family_auto_map(model: Any, suffixes: Iterable[str]) -> dict[str, str]:
-    """``auto_map`` entries for AutoConfig and for ``AutoModel<suffix>`` of every class suffix
-    (``AUTO_CLASSES``'s keys: ``"Model"``, ``"ForCausalLM"`` …) that the model's family module defines."""
-    import sys
-
-    module = sys.modules[code_class(type(model)).__module__]
-    config_class = code_class(type(model.config))
+def family_auto_map(obj: Any) -> dict[str, str]:
+    """``auto_map`` of the family of ``obj`` (a model of this package): every class of its modeling module
+    registered for an Auto class (``register_for_auto_class``), and its config for ``AutoConfig``."""
+    module = sys.modules[code_class(type(obj)).__module__]
+    config_class = code_class(type(obj.config))
     auto_map = {"AutoConfig": f"{config_class.__module__.rsplit('.', 1)[-1]}.{config_class.__name__}"}
-    family = config_class.__name__.removesuffix("Config")
-    for suffix in suffixes:
-        name = f"{family}{suffix}"
-        if hasattr(module, name):
-            auto_map[f"AutoModel{suffix.removeprefix('Model')}"] = (
-                f"{module.__name__.rsplit('.', 1)[-1]}.{name}")
+    for name in getattr(module, "__all__", ()):
+        auto_class = getattr(getattr(module, name), "__dict__", {}).get("_auto_class")
+        if isinstance(auto_class, str):
+            auto_map[auto_class] = f"{module.__name__.rsplit('.', 1)[-1]}.{name}"
     return auto_map
 
 
-def _standalone_save_pretrained(save: Any, suffixes: tuple[str, ...]) -> Any:
-    """``save`` (a ``save_pretrained``) followed by ``write_standalone_code``; a model also gets the full
-    ``auto_map``, and ``push_to_hub`` uploads only after the code was rewritten."""
-    import functools
-    import os
+class RemoteCodeSavingMixin:
+    """Package-only base of ``AttnVariantConfig`` and ``AttnVariantPreTrainedModel``: ``save_pretrained`` also
+    writes the family's standalone remote code.
 
-    @functools.wraps(save)
-    def save_pretrained(self: Any, save_directory: Any, *args: Any, push_to_hub: bool = False,
+    Exported files leave this class out of those bases (``PACKAGE_ONLY_MODULES``): a model loaded from a Hub
+    folder saves with Transformers' own ``save_pretrained``, which copies its files as they are.
+    """
+
+    def save_pretrained(self, save_directory: str | os.PathLike[str], *args: Any, push_to_hub: bool = False,
                         **kwargs: Any) -> Any:
-        if self._auto_class is None:
-            return save(self, save_directory, *args, push_to_hub=push_to_hub, **kwargs)
+        """Transformers' ``save_pretrained``, then ``write_standalone_code`` for a registered class.
+
+        A model also gets its family's full ``auto_map`` (``family_auto_map``), and ``push_to_hub`` uploads
+        only after the code was copied.
+
+        Args:
+            save_directory: the folder to write.
+            *args: Transformers' other positional arguments.
+            push_to_hub: upload the folder once written (``HUB_ARGUMENTS`` in ``kwargs`` go to the upload).
+            **kwargs: Transformers' other keyword arguments.
+
+        Returns:
+            What Transformers' ``save_pretrained`` returns.
+        """
+        save = super().save_pretrained  # type: ignore[misc]
+        if getattr(self, "_auto_class", None) is None:
+            return save(save_directory, *args, push_to_hub=push_to_hub, **kwargs)
         if hasattr(self, "config"):
-            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}),
-                                    **family_auto_map(self, suffixes)}
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **family_auto_map(self)}
         hub = {name: kwargs.pop(name) for name in HUB_ARGUMENTS if name in kwargs}
         run_time_class = type(self) is not code_class(type(self))
         # Transformers would copy that class's module as the code; the writer alone writes ours
         if run_time_class:
-            type(self)._auto_class = None
+            type(self)._auto_class = None  # type: ignore[attr-defined]
         try:
-            result = save(self, save_directory, *args, **kwargs)
+            result = save(save_directory, *args, **kwargs)
         finally:
             if run_time_class:
-                del type(self)._auto_class
+                del type(self)._auto_class  # type: ignore[attr-defined]
         write_standalone_code(save_directory, self)
         if push_to_hub:
-            self.push_to_hub(hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory))), **hub)
+            push = self.push_to_hub  # type: ignore[attr-defined]
+            push(hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory))), **hub)
         return result
-
-    return save_pretrained
-
-
-def install_standalone_saving(classes: Iterable[Any], suffixes: Iterable[str]) -> None:
-    """Give each of ``classes`` (the families' config and model bases) a ``save_pretrained`` that writes the
-    standalone files after Transformers' own save, with ``auto_map`` entries for the model class ``suffixes``
-    (idempotent)."""
-    for cls in classes:
-        if not getattr(cls.save_pretrained, "writes_standalone_code", False):
-            cls.save_pretrained = _standalone_save_pretrained(cls.save_pretrained, tuple(suffixes))
-            cls.save_pretrained.writes_standalone_code = True
 
 
 __all__ = [
@@ -538,7 +667,11 @@ __all__ = [
     "code_class",
     "configuration_bundle",
     "exported_files",
-    "install_standalone_saving",
+    "check_remote_code",
+    "family_auto_map",
+    "remote_code_files",
+    "write_remote_code",
+    "RemoteCodeSavingMixin",
     "modeling_bundle",
     "package_version",
     "parse_module",
