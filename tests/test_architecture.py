@@ -7,12 +7,19 @@ sub-package (``models``, ``training``, …) or a module at the package root. The
 - no module imports the package's ``__init__`` (``from hf_attn_variants import …`` inside the package);
 - the module graph has no circle, and the room graph follows ``ALLOWED`` (which has none either);
 - the package root holds at most 8 modules; no function in the package is longer than 80 lines (issue 36: the
-  longest was 92 lines; split a longer one rather than raise the limit).
+  longest was 92 lines; split a longer one rather than raise the limit);
+- the tools hold no maintainers' code (issue 50): every public function and class of a room other than
+  ``models/`` (the public model API) is used by the package itself (its own module, another module, the
+  console script ``hf_attn_variants_cli``), is an entry point (a subcommand's ``add_arguments``/``run``, an
+  entry point in pyproject.toml) or is in ``PUBLIC_API``; what only ``tools/``, ``scripts/`` or the tests use
+  lives there.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -22,6 +29,8 @@ import hf_attn_variants
 PACKAGE = "hf_attn_variants"
 PACKAGE_DIR = Path(hf_attn_variants.__file__).parent
 REMOTE_DIR = PACKAGE_DIR / "models" / "remote"
+CONSOLE_SCRIPT = PACKAGE_DIR.parent / "hf_attn_variants_cli.py"
+PYPROJECT = PACKAGE_DIR.parents[1] / "pyproject.toml"
 
 ALLOWED: dict[str, set[str]] = {
     "models": set(),
@@ -60,6 +69,15 @@ def module_files() -> dict[str, tuple[Path, bool]]:
 MODULES = module_files()
 
 
+def import_target(name: str, node: ast.ImportFrom, is_package: bool) -> str:
+    """The dotted module a ``from … import`` in module ``name`` reads from (relative imports resolved)."""
+    if not node.level:
+        return node.module or ""
+    base = name.split(".") if is_package else name.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
 def imported_modules(name: str) -> set[str]:
     """The package modules ``name`` imports anywhere in its source (``from .x import y`` counts ``.x.y`` when
     that is a module, else ``.x``)."""
@@ -67,12 +85,7 @@ def imported_modules(name: str) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = name.split(".") if is_package else name.split(".")[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                target = node.module or ""
+            target = import_target(name, node, is_package)
             if target == PACKAGE or target.startswith(PACKAGE + "."):
                 found |= {f"{target}.{alias.name}" if f"{target}.{alias.name}" in MODULES else target
                           for alias in node.names}
@@ -235,3 +248,83 @@ def test_no_method_is_assigned_onto_a_class_after_its_definition():
     found = [f"{path.relative_to(PACKAGE_DIR)}:{line}" for path, _ in MODULES.values()
              for line in _method_assignments(ast.parse(path.read_text(encoding="utf-8")))]
     assert not found, found
+
+
+PUBLIC_API = {
+    # Documented for users (docs/training.md: reload a fine-tuned folder, LoRA adapters included).
+    ("hf_attn_variants.training.finetune", "load_finetuned"),
+    # The entry points of bench/'s two measurements that no subcommand runs: the decoding benchmark
+    # (scripts/decoding_bench.py, the GPU check's decoding stage) and the GPU check's side by side of causal
+    # LMs (scripts/gpu_check.py's peers stage); docs/architecture.md keeps them in bench/ beside the other
+    # measurements of the package's models.
+    ("hf_attn_variants.bench.decoding", "measure"),
+    ("hf_attn_variants.bench.decoding", "profile_generate"),
+    ("hf_attn_variants.bench.side_by_side", "run_side_by_side"),
+}
+"""(module, name) of public functions and classes that nothing in the package uses, kept on purpose."""
+
+QUALIFIED_NAME = re.compile(rf"\b({PACKAGE}(?:\.\w+)+)[.:](\w+)\b")
+"""``hf_attn_variants.x.y.name`` or ``hf_attn_variants.x.y:name`` in a string (a lazy import, an entry
+point)."""
+
+
+def public_names(tree: ast.Module) -> set[str]:
+    """The module's public functions and classes: defined at its top level, in its ``__all__`` or not named
+    with a leading underscore."""
+    listed: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            listed = set(ast.literal_eval(node.value))
+    return {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                 ast.ClassDef))
+            and (node.name in listed or not node.name.startswith("_"))}
+
+
+def used_names(name: str, tree: ast.Module, is_package: bool) -> set[tuple[str, str]]:
+    """(module, name) pairs that module ``name`` uses: names it imports from a package module, attributes it
+    reads from a package module it imported (``report.speedup``), names of its own it uses outside their own
+    definition, and qualified names in its strings (a subcommand's module counts its ``add_arguments`` and
+    ``run``)."""
+    used, modules = set(), {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            target = import_target(name, node, is_package)
+            for alias in node.names:
+                if f"{target}.{alias.name}" in MODULES:
+                    modules[alias.asname or alias.name] = f"{target}.{alias.name}"
+                else:
+                    used.add((target, alias.name))
+        elif isinstance(node, ast.Import):
+            modules |= {alias.asname: alias.name for alias in node.names
+                        if alias.asname and alias.name in MODULES}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            used |= set(QUALIFIED_NAME.findall(node.value))
+            if node.value in MODULES:
+                used |= {(node.value, "add_arguments"), (node.value, "run")}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            used.add((modules[node.value.id], node.attr))
+    for top in tree.body:
+        own = getattr(top, "name", None)
+        used |= {(name, node.id) for node in ast.walk(top) if isinstance(node, ast.Name) and node.id != own}
+    return used
+
+
+def test_tools_hold_no_maintainers_code():
+    """What only tools/, scripts/ or the tests call belongs there (docs/architecture.md), not in the
+    package."""
+    used, public = set(), {}
+    for name, (path, is_package) in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        used |= used_names(name, tree, is_package)
+        public[name] = public_names(tree)
+    used |= used_names("hf_attn_variants_cli", ast.parse(CONSOLE_SCRIPT.read_text(encoding="utf-8")), False)
+    project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
+    for group in (project.get("scripts", {}), *project.get("entry-points", {}).values()):
+        used |= {tuple(value.split(":", 1)) for value in group.values()}
+    unused = sorted(f"{name}.{function}" for name, functions in public.items() if room(name) != "models"
+                    for function in functions if (name, function) not in used | PUBLIC_API)
+    assert not unused, f"public, but nothing in the package uses them (move them to tools/): {unused}"
+    stale = sorted(f"{name}.{function}" for name, function in PUBLIC_API
+                   if name not in public or function not in public[name] or (name, function) in used)
+    assert not stale, f"PUBLIC_API entries no longer needed: {stale}"

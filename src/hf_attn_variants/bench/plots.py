@@ -7,6 +7,9 @@ from pathlib import Path
 
 from .runner import BenchRun
 
+METRICS = (("time", "ms per step"), ("memory", "peak MiB per step"))
+"""The plots of a run: (metric, y axis), one PNG each."""
+
 
 def _series(run: BenchRun, variant: str, phase: str, metric: str) -> tuple[list[int], list[float]]:
     xs, ys = [], []
@@ -29,14 +32,17 @@ def _plotted(run: BenchRun) -> list:
 
 
 def plot_names(run: BenchRun, prefix: str = "benchmarks") -> list[str]:
-    """File names ``write_plots`` writes for ``run`` (none when no comparison spans two lengths)."""
-    return [f"{prefix}_{metric}.png" for metric in ("time", "memory")] if _plotted(run) else []
+    """File names ``write_plots`` writes for ``run``, one per metric (none when no comparison spans two
+    lengths); the committed report links them by these names."""
+    return [f"{prefix}_{metric}.png" for metric, _ in METRICS] if _plotted(run) else []
 
 
 def write_plots(run: BenchRun, folder: Path, prefix: str = "benchmarks") -> list[Path]:
-    """``<prefix>_time.png`` and ``<prefix>_memory.png`` in ``folder``; returns the paths written."""
+    """``<prefix>_time.png`` and ``<prefix>_memory.png`` in ``folder`` (``plot_names``); returns the paths
+    written."""
     comparisons = _plotted(run)
-    if not comparisons:
+    names = plot_names(run, prefix)
+    if not names:
         return []
     import matplotlib
 
@@ -45,7 +51,7 @@ def write_plots(run: BenchRun, folder: Path, prefix: str = "benchmarks") -> list
 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
-    for metric, unit in (("time", "ms per step"), ("memory", "peak MiB per step")):
+    for file_name, (metric, unit) in zip(names, METRICS, strict=True):
         columns = min(2, len(comparisons))
         rows = math.ceil(len(comparisons) / columns)
         figure, axes = plt.subplots(rows, columns, figsize=(6.2 * columns, 4.2 * rows), squeeze=False)
@@ -71,7 +77,7 @@ def write_plots(run: BenchRun, folder: Path, prefix: str = "benchmarks") -> list
             f"preset {run.preset.name}", fontsize=10,
         )
         figure.tight_layout()
-        path = folder / f"{prefix}_{metric}.png"
+        path = folder / file_name
         figure.savefig(path, dpi=110)
         plt.close(figure)
         paths.append(path)

@@ -3,9 +3,11 @@
 Every number is computed here from the per-round times, peaks and FLOPs of the results file
 (``store.py``); nothing is typed in by hand. ``notes.md`` next to this module holds the static notes
 (design choices, how to read the numbers); its ``{{name}}`` placeholders are filled from the run (the
-before/after tables of the GAU kernels, compile times). The same figures feed the other views of the
-results file (the repository's ``tools/docs_results/bench.py``): the speed summary and the tables of
-docs/gau.md and docs/synthesizer.md, so a figure is quoted with one value everywhere.
+before/after tables of the GAU kernels, compile times). The other views of the results file (the speed
+summary, the tables of docs/gau.md and docs/synthesizer.md) live with the docs renderer, in the repository's
+``tools/docs_results/bench.py``; they compute their figures with this module's public functions
+(``paired_ratio``, ``speedup``, ``per_token_growth``, ``targets`` and the cell formats), so a figure is quoted
+with one value everywhere.
 """
 
 from __future__ import annotations
@@ -50,11 +52,13 @@ def paired_ratio(run: BenchRun, variant: str, baseline: str, mode: str, phase: s
     return Ratio(statistics.median(pairs), min(pairs), max(pairs))
 
 
-def _ms(seconds: float | None) -> str:
+def format_ms(seconds: float | None) -> str:
+    """Seconds as milliseconds for a table cell (one decimal below 10 s); "–" for none."""
     return "–" if seconds is None else (f"{1e3 * seconds:.1f}" if seconds < 10 else f"{1e3 * seconds:.0f}")
 
 
-def _mib(value: int | None) -> str:
+def format_mib(value: int | None) -> str:
+    """Bytes as MiB for a table cell; "–" for none."""
     return "–" if value is None else f"{value / 2**20:.1f}"
 
 
@@ -99,11 +103,12 @@ def speedup(run: BenchRun, fast: str, slow: str, phase: str, length: int,
     return None if ratio is None else Ratio(1 / ratio.median, 1 / ratio.high, 1 / ratio.low)
 
 
-def _ok(result: Result | None) -> bool:
+def is_ok(result: Result | None) -> bool:
+    """Whether ``result`` is a measured row (not missing, skipped or failed)."""
     return result is not None and result.status == "ok"
 
 
-def _merge_mark(*results: Result | None) -> str:
+def merge_mark(*results: Result | None) -> str:
     """`` [merge k]`` for every partial run among ``results``' rows (empty for rows of the main run)."""
     return "".join(f" [merge {k}]" for k in sorted({r.merge for r in results if r is not None and r.merge}))
 
@@ -116,7 +121,7 @@ def _rows(run: BenchRun, variant: str, phase: str, lengths: Iterable[int],
 def per_token_growth(run: BenchRun, variant: str, metric: str) -> tuple[int, int, float] | None:
     """(shortest n, longest n, (value/n at the longest) ÷ (value/n at the shortest)) of fwd+bwd time or peak
     memory."""
-    lengths = [n for n in run.preset.lengths if _ok(run.find(variant, "eager", "train", n))]
+    lengths = [n for n in run.preset.lengths if is_ok(run.find(variant, "eager", "train", n))]
     if len(lengths) < 2:
         return None
     small, large = min(lengths), max(lengths)
@@ -125,18 +130,6 @@ def per_token_growth(run: BenchRun, variant: str, metric: str) -> tuple[int, int
     if not all(values):
         return None
     return small, large, (values[1] / large) / (values[0] / small)
-
-
-def entropy_invariant_ratios(run: BenchRun) -> list[tuple[str, int, Ratio]]:
-    """(label, n, fwd+bwd ratio to the stock SDPA model) of the entropy-invariant encoder and decoder."""
-    out = []
-    for variant, baseline, label in (("ei_sdpa", "bert_sdpa", "encoder"),
-                                     ("ei_decoder_sdpa", "llama_sdpa", "decoder")):
-        for n in run.preset.lengths:
-            ratio = paired_ratio(run, variant, baseline, "eager", "train", n)
-            if ratio is not None:
-                out.append((label, n, ratio))
-    return out
 
 
 def is_loop(run: BenchRun, comparison: Comparison) -> bool:
@@ -154,7 +147,7 @@ def loop_ratio(run: BenchRun, loop: str, baseline: str) -> Ratio | None:
     with the smallest and largest round; ``None`` unless both ran, in one run, with the same tokens per
     step."""
     a, b = loop_row(run, loop), loop_row(run, baseline)
-    if not (_ok(a) and _ok(b)) or a.length != b.length or a.batch_size != b.batch_size:
+    if not (is_ok(a) and is_ok(b)) or a.length != b.length or a.batch_size != b.batch_size:
         return None
     return paired_ratio(run, baseline, loop, "eager", "train", a.length)
 
@@ -168,7 +161,7 @@ class Target:
 
     def cells(self) -> list[str]:
         verdict = "–" if self.met is None else ("**met**" if self.met else "**missed**")
-        return [self.label, self.measured + _merge_mark(*self.rows), verdict]
+        return [self.label, self.measured + merge_mark(*self.rows), verdict]
 
 
 def targets(run: BenchRun) -> list[Target]:
@@ -252,12 +245,12 @@ def _peer_targets(run: BenchRun) -> list[Target]:
             for n in (n for n in run.preset.lengths if n >= 2048):
                 rows = [run.find(ours, mode, "train", n), run.find(peer, mode, "train", n)]
                 ratio = paired_ratio(run, ours, peer, mode, "train", n)
-                if ratio is None or not all(_ok(r) for r in rows):
+                if ratio is None or not all(is_ok(r) for r in rows):
                     continue
                 mine, theirs = rows[0].peak_bytes, rows[1].peak_bytes
                 how = ", both `torch.compile`d" if mode == "compiled" else ""
                 met = ratio.median <= PEER_TARGET and mine <= theirs
-                measured = f"{ratio.text()}×; peak {_mib(mine)} vs {_mib(theirs)} MiB"
+                measured = f"{ratio.text()}×; peak {format_mib(mine)} vs {format_mib(theirs)} MiB"
                 if ratio.median > PEER_TARGET:
                     measured += (f"; {ratio.median / PEER_TARGET - 1:.0%} above the target time (why: the "
                                  "profile under \"Where the time goes\" in docs/benchmarks.md)")
@@ -276,7 +269,7 @@ def _equal_parameter_targets(run: BenchRun) -> list[Target]:
         rows = [run.find("gau_flash_causal", "eager", "train", n),
                 run.find("llama_equal_sdpa", "eager", "train", n)]
         ratio = paired_ratio(run, "gau_flash_causal", "llama_equal_sdpa", "eager", "train", n)
-        if ratio is None or not all(_ok(r) for r in rows):
+        if ratio is None or not all(is_ok(r) for r in rows):
             continue
         long = n >= 32768
         out.append(Target(f"FLASH (causal) fwd+bwd {'≥ 2× faster than' if long else 'faster than'} Llama "
@@ -287,7 +280,7 @@ def _equal_parameter_targets(run: BenchRun) -> list[Target]:
         rows = [run.find("gau_flash_causal", "compiled", "train", n),
                 run.find("llama_equal_sdpa", "compiled", "train", n)]
         ratio = paired_ratio(run, "gau_flash_causal", "llama_equal_sdpa", "compiled", "train", n)
-        if ratio is None or not all(_ok(r) for r in rows):
+        if ratio is None or not all(is_ok(r) for r in rows):
             continue
         out.append(Target(f"FLASH (causal) fwd+bwd, both `torch.compile`d, within Llama's (SDPA) time at "
                           f"equal parameters, n = {n}", f"{ratio.text()}× Llama's time", ratio.median <= 1.0,
@@ -304,7 +297,7 @@ def per_token_ratio(run: BenchRun, variant: str, short: int, long: int, metric: 
     """(value / n at ``long``) ÷ (value / n at ``short``) of ``variant``'s fwd+bwd time (median) or peak
     memory."""
     rows = [run.find(variant, "eager", "train", n) for n in (short, long)]
-    if not all(_ok(r) for r in rows):
+    if not all(is_ok(r) for r in rows):
         return None
     values = [r.median(run.timer) if metric == "time" else r.peak_bytes for r in rows]
     return None if not all(values) else (values[1] / long) / (values[0] / short)
@@ -348,7 +341,7 @@ def _loop_targets(run: BenchRun) -> list[Target]:
     for comparison in (c for c in run.comparisons if is_loop(run, c)):
         for name in comparison.variants:
             rows = [loop_row(run, name), loop_row(run, comparison.baseline)]
-            if not all(_ok(r) for r in rows):
+            if not all(is_ok(r) for r in rows):
                 continue
             ratio = loop_ratio(run, name, comparison.baseline)
             loop = rows[0].loop
@@ -478,8 +471,8 @@ def _merges(run: BenchRun) -> list[str]:
         for variant, mode, phase, n, previous in entry["rows_replaced"]:
             row = run.find(variant, mode, phase, n)
             now = ("replaced again later" if row is None or row.merge != k
-                   else (f"{_ms(row.median(run.timer))} ms" if row.status == "ok" else row.status))
-            before = f"{_ms(previous / 1e3)} ms" if isinstance(previous, (int, float)) else previous
+                   else (f"{format_ms(row.median(run.timer))} ms" if row.status == "ok" else row.status))
+            before = f"{format_ms(previous / 1e3)} ms" if isinstance(previous, (int, float)) else previous
             changes.append(f"`{variant}` {mode} {PHASE_SHORT[phase]} n = {n}: {before} → {now}")
         added = [f"`{v}` {mode} {PHASE_SHORT[phase]} n = {n}" for v, mode, phase, n in entry["rows_added"]]
         other = {name: value for name, value in entry.get("versions", {}).items()
@@ -496,13 +489,15 @@ def _merges(run: BenchRun) -> list[str]:
     return [*lines, ""]
 
 
-def _ratio_cell(run: BenchRun, variant: str, baseline: str, mode: str, phase: str, n: int,
-                baseline_mode: str | None = None) -> str:
+def ratio_cell(run: BenchRun, variant: str, baseline: str, mode: str, phase: str, n: int,
+               baseline_mode: str | None = None) -> str:
+    """The paired ratio's cell: "median (smallest–largest round)", "runs differ" when the two rows come from
+    different runs, else "–"."""
     ratio = paired_ratio(run, variant, baseline, mode, phase, n, baseline_mode)
     if ratio is not None:
         return ratio.text()
     a, b = run.find(variant, mode, phase, n), run.find(baseline, baseline_mode or mode, phase, n)
-    return "runs differ" if _ok(a) and _ok(b) and a.merge != b.merge else "–"
+    return "runs differ" if is_ok(a) and is_ok(b) and a.merge != b.merge else "–"
 
 
 def _targets(run: BenchRun) -> list[str]:
@@ -538,18 +533,19 @@ def _model_table(run: BenchRun, comparison: Comparison) -> list[str]:
         for name in members:
             train = run.find(name, "eager", "train", n)
             infer = run.find(name, "eager", "infer", n)
-            if not _ok(train):
+            if not is_ok(train):
                 continue
-            ok_infer = _ok(infer)
+            ok_infer = is_ok(infer)
             rows.append([
-                str(n), f"`{name}`{_merge_mark(train, infer)}",
-                _ms(train.median(timer)), _ratio_cell(run, name, comparison.baseline, "eager", "train", n),
-                _ms(infer.median(timer)) if ok_infer else "–",
-                _ratio_cell(run, name, comparison.baseline, "eager", "infer", n),
+                str(n), f"`{name}`{merge_mark(train, infer)}",
+                format_ms(train.median(timer)),
+                ratio_cell(run, name, comparison.baseline, "eager", "train", n),
+                format_ms(infer.median(timer)) if ok_infer else "–",
+                ratio_cell(run, name, comparison.baseline, "eager", "infer", n),
                 _tokens_per_s(train, timer), _tokens_per_s(infer, timer) if ok_infer else "–",
-                _mib(train.peak_bytes), _mib(infer.peak_bytes) if ok_infer else "–",
+                format_mib(train.peak_bytes), format_mib(infer.peak_bytes) if ok_infer else "–",
                 _throughput(train, timer, run.peak_tflops),
-                _ms(train.median("wall")),
+                format_ms(train.median("wall")),
             ])
     return _table(
         ["n", "variant", "fwd+bwd ms", "× baseline", "infer ms", "× baseline", "tok/s fwd+bwd",
@@ -564,7 +560,7 @@ def _loop_table(run: BenchRun, comparison: Comparison) -> list[str]:
     rows = []
     for name in (comparison.baseline, *comparison.variants):
         result = loop_row(run, name)
-        if not _ok(result):
+        if not is_ok(result):
             continue
         loop = result.loop
         if name == comparison.baseline:
@@ -573,10 +569,10 @@ def _loop_table(run: BenchRun, comparison: Comparison) -> list[str]:
             paired = loop_ratio(run, name, comparison.baseline)
             ratio = "runs differ" if paired is None else paired.text()
         rows.append([
-            f"`{name}`{_merge_mark(result)}", f"{loop['batch_size']} × {result.length}",
+            f"`{name}`{merge_mark(result)}", f"{loop['batch_size']} × {result.length}",
             f"{len(result.times(run.timer))} × {loop['steps'] - loop['warmup_steps']}",
-            _ms(result.median(run.timer)), _tokens_per_s(result, run.timer), ratio,
-            f"{statistics.median(loop['train_loss']):.4f}", _ms(result.median("wall")),
+            format_ms(result.median(run.timer)), _tokens_per_s(result, run.timer), ratio,
+            f"{statistics.median(loop['train_loss']):.4f}", format_ms(result.median("wall")),
         ])
     return _table(["loop", "blocks × tokens per step", "rounds × timed steps", "ms per step", "tokens/s",
                    "tokens/s ÷ baseline's", "mean training loss", "wall ms per step"], rows)
@@ -588,19 +584,20 @@ def _compiled_table(run: BenchRun) -> list[str]:
         if result.mode != "compiled":
             continue
         eager = run.find(result.variant, "eager", result.phase, result.length)
-        name = f"`{result.variant}`{_merge_mark(result, eager)}"
+        name = f"`{result.variant}`{merge_mark(result, eager)}"
         if result.status != "ok":
             rows.append([name, str(result.length), PHASE_TITLES[result.phase], "–", "–", "–", "–",
                          result.reason or result.status])
             continue
         rows.append([
             name, str(result.length), PHASE_TITLES[result.phase],
-            _ms(eager.median(run.timer)) if _ok(eager) else "–",
-            _ms(result.median(run.timer)),
-            _ratio_cell(run, result.variant, result.variant, "compiled", result.phase, result.length,
+            format_ms(eager.median(run.timer)) if is_ok(eager) else "–",
+            format_ms(result.median(run.timer)),
+            ratio_cell(run, result.variant, result.variant, "compiled", result.phase, result.length,
                         "eager"),
             f"{result.compile_s:.1f}" if result.compile_s is not None else "–",
-            f"peak {_mib(result.peak_bytes)} MiB (eager {_mib(eager.peak_bytes) if eager else '–'})",
+            f"peak {format_mib(result.peak_bytes)} MiB "
+            f"(eager {format_mib(eager.peak_bytes) if eager else '–'})",
         ])
     if not rows:
         return []
@@ -647,15 +644,15 @@ def _before_after(run: BenchRun, before: str, after: str) -> str:
         cells = [str(n)]
         results = {(v, phase): run.find(v, "eager", phase, n) for v in (before, after)
                    for phase in ("train", "infer")}
-        if not all(_ok(r) for r in results.values()):
+        if not all(is_ok(r) for r in results.values()):
             continue
         for phase in ("train", "infer"):
             b, a = results[before, phase], results[after, phase]
             faster = speedup(run, after, before, phase, n)
             factor = "runs differ" if faster is None else f"{faster.median:.2f}×"
-            cells += [f"{_ms(b.median(run.timer))} → {_ms(a.median(run.timer))} ms "
-                      f"({factor}){_merge_mark(a, b)}",
-                      f"{_mib(b.peak_bytes)} → {_mib(a.peak_bytes)} MiB"]
+            cells += [f"{format_ms(b.median(run.timer))} → {format_ms(a.median(run.timer))} ms "
+                      f"({factor}){merge_mark(a, b)}",
+                      f"{format_mib(b.peak_bytes)} → {format_mib(a.peak_bytes)} MiB"]
         rows.append(cells)
     if not rows:
         return ("(not measured in this run: `hf-attn-variants bench --only gau_optimisation` measures "
@@ -674,8 +671,9 @@ def _flash_vs_kernels(run: BenchRun) -> str:
              ("gau_quadratic_reference", "gau_quadratic", "gau_flash")}
     return (f"What the kernels did to FLASH's lead at n = {n}: its fwd+bwd step is {_faster(old)} than "
             f"quadratic GAU through the attention-map path and {_faster(new)} than through the new kernel "
-            f"(same rounds); fwd+bwd peaks: attention-map path {_mib(peaks['gau_quadratic_reference'])} MiB, "
-            f"kernel {_mib(peaks['gau_quadratic'])} MiB, FLASH {_mib(peaks['gau_flash'])} MiB.")
+            "(same rounds); fwd+bwd peaks: attention-map path "
+            f"{format_mib(peaks['gau_quadratic_reference'])} MiB, "
+            f"kernel {format_mib(peaks['gau_quadratic'])} MiB, FLASH {format_mib(peaks['gau_flash'])} MiB.")
 
 
 def _faster(ratio: Ratio) -> str:
@@ -756,202 +754,22 @@ def _relative(plot: Path, folder: Path) -> str:
         return plot.as_posix()
 
 
-# ---------------------------------------------------------------------------------------------- other views
-def targets_of_run(run: BenchRun) -> str:
-    """The targets table of one (partial) run, under a line saying where, when and by what command it was
-    measured: for a run kept beside the committed report, e.g. on another CPU or oneMKL code path."""
-    env = run.environment
-    where = f"{env['cpu']}, {env['cpu_count']} logical CPUs, {run.threads} thread(s)"
-    versions = ", ".join(f"{name} {env[name]}" for name in ("python", "torch", "transformers")
-                         if env.get(name))
-    body = _targets(run)[2:] or ["*No target was measured in this run.*", ""]
-    return "\n".join([f"*Measured by `{env['command']}` on {env['date']}, on {where} ({versions}).*", "",
-                      *body]).rstrip("\n") + "\n"
-
-
-def speed_summary(run: BenchRun, report: str = "docs/benchmarks.md") -> str:
-    """The **Speed.** summary as a table (measure | figure): the headline figures of the targets table, then
-    the run they come from and the report that holds them all."""
-    rows = []
-    ratios = entropy_invariant_ratios(run)
-    if ratios:
-        medians = [r.median for _, _, r in ratios]
-        lengths = sorted({n for _, n, _ in ratios})
-        met = sum(m <= 1.05 for m in medians)
-        rows += [[f"entropy-invariant encoder and decoder, fwd+bwd time ÷ stock SDPA models (BERT, Llama), "
-                  f"n = {lengths[0]}–{lengths[-1]}", f"{min(medians):.2f}–{max(medians):.2f}×"],
-                 ["target ≤ 1.05× met at", f"{met} of {len(medians)} lengths"]]
-    large = max(run.preset.lengths)
-    faster = speedup(run, "gau_flash", "gau_quadratic", "train", large)
-    growth = per_token_growth(run, "gau_flash", "time")
-    if faster is not None:
-        rows.append([f"FLASH GAU vs quadratic GAU, fwd+bwd at {large} tokens",
-                     f"{faster.median:.2f}× faster" if faster.median >= 1
-                     else f"{1 / faster.median:.2f}× slower"])
-        if growth is not None:
-            rows.append([f"FLASH GAU, time per token from {growth[0]} to {growth[1]} tokens",
-                         f"×{growth[2]:.2f} ({'flat' if growth[2] <= 1.3 else 'growing'})"])
-    longest = max((r.length for r in run.results if r.variant == "llama_equal_sdpa" and _ok(r)), default=None)
-    faster = speedup(run, "gau_flash_causal", "llama_equal_sdpa", "train", longest) if longest else None
-    if faster is not None:
-        rows.append([f"causal FLASH vs Llama (SDPA) at equal parameters, training at {longest} tokens",
-                     f"{faster.median:.2f}× as fast"])
-    memory = per_token_growth(run, "gau_quadratic", "memory")
-    if memory is not None:
-        rows.append([f"quadratic GAU, activation memory per token from {memory[0]} to {memory[1]} tokens",
-                     f"×{memory[2]:.2f} ({'flat' if memory[2] <= 1.3 else 'growing'})"])
-    small = min(run.preset.lengths)
-    faster = speedup(run, "syn_random", "syn_vanilla", "train", small)
-    if faster is not None:
-        rows.append([f"the Synthesizer's `random` vs `vanilla`, training at n = {small}",
-                     f"{faster.median:.2f}× faster"])
-    prune_n = min(run.preset.prune_lengths)
-    faster = speedup(run, "ei_8h_pruned50", "ei_8h", "infer", prune_n)
-    if faster is not None:
-        rows.append([f"a 50 %-head-pruned model vs unpruned, inference at n = {prune_n}",
-                     f"{faster.median:.2f}× faster"])
-    env = run.environment
-    rows.append(["device", "CPU" if run.device == "cpu" else str(env.get("gpu") or run.device)])
-    rows.append(["date", env["date"][:10]])
-    if run.replaced:
-        rows.append(["partial re-runs merged", str(len(run.replaced))])
-    rows.append(["all figures", f"[{report}]({report})"])
-    return "\n".join(_table(["measure", "figure"], rows))
-
-
-def _measured_by(run: BenchRun, results: list[Result]) -> str:
-    """Which run measured ``results``: the full run's command, date, CPU, torch and load, or those of the
-    partial run(s) merged into it (``[merge k]``) when rows come from them."""
-    env = run.environment
-    full = (f"`{env.get('command')}`, {env['date']}, {env['cpu']}, torch {env['torch']}, load average "
-            f"{env.get('load_average_start')} → {env.get('load_average_end')}")
-    merges = sorted({r.merge for r in results if r.merge})
-    parts = [] if merges and all(r.merge for r in results) else [full]
-    for entry in run.replaced:
-        if entry["merge"] in merges:
-            parts.append(f"[merge {entry['merge']}]: `{entry['command']}`, {entry['date']}, "
-                         f"{entry['machine']['cpu']}, torch {entry['versions']['torch']}, load average "
-                         f"{entry.get('load_average_start')} → {entry.get('load_average_end')}")
-    return "; ".join(parts)
-
-
-def gau_measurements(run: BenchRun) -> str:
-    """docs/gau.md's quadratic-vs-FLASH tables: the settings; fwd+bwd time, paired ratio and peak memory per
-    length; how time and peak grow between the two longest lengths."""
-    p = run.preset
-    rows = []
-    lengths = [n for n in p.lengths if _ok(run.find("gau_quadratic", "eager", "train", n))
-               and _ok(run.find("gau_flash", "eager", "train", n))]
-    for n in lengths:
-        q, f = run.find("gau_quadratic", "eager", "train", n), run.find("gau_flash", "eager", "train", n)
-        faster = speedup(run, "gau_flash", "gau_quadratic", "train", n)
-        rows.append([str(n), _ms(q.median(run.timer)), _ms(f.median(run.timer)),
-                     "runs differ" if faster is None
-                     else f"{faster.median:.2f}× ({faster.low:.2f}–{faster.high:.2f})"
-                     + _merge_mark(q, f),
-                     _mib(q.peak_bytes), _mib(f.peak_bytes)])
-    if not rows:
-        return "(no quadratic/FLASH GAU rows in the results file)"
-    clock = "single-threaded process CPU time" if run.timer == "cpu" else "wall-clock time"
-    measured = [r for n in lengths for r in (run.find("gau_quadratic", "eager", "train", n),
-                                             run.find("gau_flash", "eager", "train", n))]
-    settings = [["model", "`GAUModel`"], ["hidden", str(p.hidden_size)],
-                ["layers", str(p.gau_layers or p.num_layers)], ["e", str(2 * p.hidden_size)],
-                ["s", str(p.gau_key_size)], ["attention", "relu²"], ["batch", str(p.batch_size)],
-                ["FLASH chunk g", str(p.gau_chunk_size)],
-                ["step", "forward + backward of loss = mean of the squared last hidden state"],
-                ["rows of [benchmarks.md](benchmarks.md)", "`gau_quadratic`, `gau_flash`"],
-                ["measured by", _measured_by(run, measured)], ["timer", clock],
-                ["interleaved rounds (median)", ", ".join(f"{p.repeats_at(n)} at n = {n}" for n in lengths)]]
-    lines = [
-        *_table(["setting", "value"], settings),
-        "",
-        *_table(["n", "quadratic fwd+bwd (ms)", "FLASH fwd+bwd (ms)", "quadratic / FLASH",
-                 "quadratic peak (MiB)",
-                 "FLASH peak (MiB)"], rows),
-    ]
-    if len(lengths) >= 2:
-        a, b = lengths[-2], lengths[-1]
-        growth = {}
-        for name in ("gau_flash", "gau_quadratic"):
-            x, y = run.find(name, "eager", "train", a), run.find(name, "eager", "train", b)
-            growth[name] = (y.median(run.timer) / x.median(run.timer), y.peak_bytes / x.peak_bytes)
-        linear = growth["gau_quadratic"][1] <= 1.3 * b / a
-        lines += ["", *_table(
-            [f"from {a} to {b} tokens ({b / a:g}×)", "time grows", "peak grows", "why"],
-            [["FLASH", f"{growth['gau_flash'][0]:.1f}×", f"{growth['gau_flash'][1]:.1f}×", "–"],
-             ["quadratic GAU", f"{growth['gau_quadratic'][0]:.1f}×", f"{growth['gau_quadratic'][1]:.1f}×",
-              "time: its n² terms" + ("; peak linear too: above 16 MiB of scores the blocked kernel keeps no "
-                                      "n×n tensor for backward" if linear else "")]])]
-    first = speedup(run, "gau_flash", "gau_quadratic", "train", lengths[0])
-    if first is not None and first.median < 1:
-        lines += ["", *_table(["n", "chunks", "FLASH slower because"],
-                              [[str(lengths[0]), str(lengths[0] // p.gau_chunk_size),
-                                "little to skip: its linear-attention summaries cost a little more than they "
-                                "save"]])]
-    return "\n".join(lines)
-
-
-SYNTHESIZER_ORDER = ("syn_vanilla", "syn_dense", "syn_random", "syn_factorized_dense",
-                     "syn_factorized_random",
-                     "syn_random_vanilla")
-
-
-def synthesizer_measurements(run: BenchRun) -> str:
-    """docs/synthesizer.md's table: fwd+bwd (and inference) time of every component relative to vanilla."""
-    p = run.preset
-    env = run.environment
-    lengths = [n for n in p.lengths if _ok(run.find("syn_vanilla", "eager", "train", n))]
-    if not lengths:
-        return "(no Synthesizer rows in the results file)"
-    header = ["variant"]
-    for n in lengths:
-        header += [f"fwd+bwd ms, n = {n}", "× vanilla", "infer × vanilla"]
-    rows = []
-    for name in SYNTHESIZER_ORDER:
-        if run.variants.get(name) is None:
-            continue
-        cells = [run.variants[name]["description"].split(" ")[1]]
-        for n in lengths:
-            train = run.find(name, "eager", "train", n)
-            if not _ok(train):
-                cells += ["–", "–", "–"]
-                continue
-            cells += [_ms(train.median(run.timer)) + _merge_mark(train),
-                      _ratio_cell(run, name, "syn_vanilla", "eager", "train", n),
-                      _ratio_cell(run, name, "syn_vanilla", "eager", "infer", n)]
-        rows.append(cells)
-    clock = "single-threaded process CPU time" if run.timer == "cpu" else "wall-clock time"
-    return "\n".join([
-        (f"{p.num_layers} layers, hidden {p.hidden_size}, {p.num_heads} heads, FFN {p.intermediate_size}, l "
-         f"= n, batch {p.batch_size}, `SynthesizerModel` in training mode, loss = mean(h²): the Synthesizer "
-         f"rows of [benchmarks.md](benchmarks.md) (`{env.get('command')}`, {env['date']}, {env['cpu']}, "
-         f"torch {env['torch']}, load average {env.get('load_average_start')} → "
-         f"{env.get('load_average_end')}). Times are {clock}, medians of "
-         f"{', '.join(str(p.repeats_at(n)) for n in lengths)} interleaved rounds at n = "
-         f"{', '.join(map(str, lengths))}; a ratio is the median of the per-round ratios to `vanilla` "
-         "(smallest–largest round). Every variant runs eager (the Synthesizer forms its softmax explicitly; "
-         "vanilla does not use SDPA here); \"–\": not timed at that length (see *Skipped or failed* in "
-         "benchmarks.md)."),
-        "",
-        *_table(header, rows),
-    ])
-
-
 __all__ = [
     "LOOP_TARGET",
     "Ratio",
     "Target",
-    "gau_measurements",
+    "format_mib",
+    "format_ms",
     "is_loop",
+    "is_ok",
     "loop_ratio",
     "loop_row",
+    "merge_mark",
     "paired_ratio",
     "per_token_growth",
+    "ratio_cell",
     "render_report",
-    "speed_summary",
     "speedup",
-    "synthesizer_measurements",
     "targets",
     "write_report",
 ]

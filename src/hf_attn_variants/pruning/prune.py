@@ -228,12 +228,16 @@ def _resolve_class(config: Any, model_class: type[PreTrainedModel] | None) -> ty
 def _with_recorded_pruning(model_class: type[PreTrainedModel]) -> type[PreTrainedModel]:
     """A subclass of ``model_class`` whose constructor applies ``config.pruned_heads`` before weights load."""
 
-    def __init__(self: PreTrainedModel, config: Any, *args: Any, **kwargs: Any) -> None:
-        model_class.__init__(self, config, *args, **kwargs)
-        get_adapter(self).apply_recorded_pruning()
+    class RecordedPruning(model_class):  # type: ignore[misc,valid-type]  # a base known at run time
+        def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+            super().__init__(config, *args, **kwargs)
+            get_adapter(self).apply_recorded_pruning()
 
-    return type(model_class.__name__, (model_class,),
-                {"__init__": __init__, "__module__": model_class.__module__})
+    # Its name, qualified name and module are model_class's, so whatever reads the class while it loads
+    # (from_pretrained's messages, the config's ``architectures``) sees model_class.
+    RecordedPruning.__name__ = RecordedPruning.__qualname__ = model_class.__name__
+    RecordedPruning.__module__ = model_class.__module__
+    return RecordedPruning
 
 
 def load_pruned(

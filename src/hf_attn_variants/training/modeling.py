@@ -420,12 +420,6 @@ class TargetOnlyMLMLoss(torch.nn.Module):
                                                                      target_rows(labels, targets)))
 
 
-def family_of(config: PreTrainedConfig) -> str:
-    """The config's ``model_type``, checked to be one of this package's families."""
-    check_model_type(config.model_type)
-    return config.model_type
-
-
 __all__ = [
     "LM_AUTO_CLASSES",
     "OBJECTIVES",
@@ -434,7 +428,6 @@ __all__ = [
     "build_lm_model",
     "check_model_type",
     "config_field_names",
-    "family_of",
     "follow_hidden_size",
     "has_target_only_mlm_head",
     "load_pretrained",
