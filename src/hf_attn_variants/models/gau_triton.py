@@ -54,7 +54,7 @@ if TRITON_AVAILABLE:
 
     @triton.jit
     def _load_tile(PTR, b, stride_b, stride_n, rows, cols, n_rows, n_cols):
-        """The ``(rows, cols)`` tile of batch ``b`` of a ``[B, n, width]`` tensor, 0 outside the bounds."""
+        """Tile ``(rows, cols)`` of batch ``b`` of a ``[B, n, width]`` tensor; 0 outside n_rows × n_cols."""
         return tl.load(PTR + b * stride_b + rows[:, None] * stride_n + cols[None, :],
                        mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
 
