@@ -24,7 +24,7 @@ import torch
 import transformers
 
 MIN_TRANSFORMERS_VERSION = "5.0.0"
-"""Oldest Transformers the model code runs on (the package's tests run the code, remote code included, on it)."""
+"""Oldest Transformers the model code runs on (the package's tests run it, remote code included, there)."""
 
 
 def version_tuple(version: str) -> tuple[int, int, int]:
@@ -93,7 +93,8 @@ class AttentionFunctions:
         """Wrap ``registry``.
 
         Args:
-            registry (Any): Transformers' ``ALL_ATTENTION_FUNCTIONS`` (an ``AttentionInterface`` or a mapping).
+            registry (Any): Transformers' ``ALL_ATTENTION_FUNCTIONS`` (an ``AttentionInterface`` or a
+                mapping).
         """
         self.registry = registry
         self.lookup = getattr(registry, "get_interface", None)

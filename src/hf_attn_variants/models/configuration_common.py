@@ -297,7 +297,7 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
         super().__init__(**kwargs)
 
     def check_fields(self) -> None:
-        """Check the fields of ``AttnVariantConfig``, the heads and the feed-forward; normalise pruned heads."""
+        """Check the shared fields, the heads and the feed-forward; normalise ``pruned_heads``."""
         super().check_fields()
         check_int("num_attention_heads", self.num_attention_heads, 1)
         check_int("intermediate_size", self.intermediate_size, 1)

@@ -36,7 +36,8 @@ class GAUConfig(AttnVariantConfig):
     GAU-α's 0.1). The per-dimension γ and β of q and k always exist (the paper's ``scale_offset``).
 
     Args:
-        expansion_factor (float): e / d (default 2); ``expansion_factor · hidden_size`` must be a whole number.
+        expansion_factor (float): e / d (default 2); ``expansion_factor · hidden_size`` must be a whole
+            number.
         attention_key_size (int): s, the width of z, q and k (default 128); even with RoPE.
         attention_normalization (str): A from the scaled logits a = q·k/√s.
             - ``"softmax"``: softmax(a).
@@ -46,7 +47,8 @@ class GAUConfig(AttnVariantConfig):
             - ``"laplace"``: laplace(a) / L with Mega's 0.5·(1 + erf((a − μ)/(σ√2))), μ = √½, σ = 1/√(4π).
         relu2_length (str): L of relu²/Laplace: ``"dynamic"`` = nᵢ, keys row i sees; ``"fixed"`` =
             ``base_length``.
-        base_length (int): training length m (default 512): softmax_plus equals softmax at nᵢ = m; the fixed L.
+        base_length (int): training length m (default 512): softmax_plus equals softmax at nᵢ = m; the
+            fixed L.
         entropy_min_length (int | None): lower clamp of nᵢ in softmax_plus's log (default 16; formerly
             ``min_length``).
         chunk_size (int | None): ``None`` = quadratic GAU; g = FLASH mixed-chunk attention, relu² inside
@@ -75,7 +77,7 @@ class GAUConfig(AttnVariantConfig):
     model_type = "gau"
     # Tensor parallelism: GAU has one head, so ranks split its expansion width e — each keeps its slice of u
     # and v ("colwise_gather_partial" gathers in_proj's output; z, the shared base of q and k, stays whole on
-    # every rank) and the matching input columns of out_proj (styles: hf_attn_variants.models.tensor_parallel).
+    # every rank) and the matching input columns of out_proj (hf_attn_variants.models.tensor_parallel).
     base_model_tp_plan: ClassVar[dict[str, str]] = {
         "layers.*.gau.in_proj": "colwise_gather_partial",
         "layers.*.gau.out_proj": "rowwise",

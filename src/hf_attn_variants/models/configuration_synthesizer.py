@@ -42,8 +42,9 @@ class SynthesizerConfig(MultiHeadAttnVariantConfig):
     Several components are mixed as softmax(Σᵢ αᵢ Sᵢ(X)) G(X) with α = softmax(per-layer logits).
 
     Args:
-        synthesizer_components (list[str] | None): non-empty list of distinct names from ``SYNTHESIZER_COMPONENTS``
-            (default ``["random", "vanilla"]``, the paper's best mixture on WMT'14 and GLUE/SuperGLUE).
+        synthesizer_components (list[str] | None): non-empty list of distinct names from
+            ``SYNTHESIZER_COMPONENTS`` (default ``["random", "vanilla"]``, the paper's best mixture on WMT'14
+            and GLUE/SuperGLUE).
         random_trainable (bool): whether ``random`` and ``factorized_random`` are learned (default) or frozen
             at their random initialisation (Fixed Random; stored as a persistent buffer, so it is saved,
             reloaded exactly and never touched by an optimizer).
@@ -51,8 +52,8 @@ class SynthesizerConfig(MultiHeadAttnVariantConfig):
             ``initializer_range``). The factors of ``factorized_random`` are drawn so that R₁R₂ᵀ has this std
             as well. With the default 0.02 a *frozen* R is close to uniform averaging; use e.g. 1.0 for a
             peaked fixed pattern.
-        factorized_dense_shape (list[int] | None): ``[a, b]`` with a·b = ``max_position_embeddings`` (``None`` = the most
-            balanced factorisation, e.g. [16, 32] for 512).
+        factorized_dense_shape (list[int] | None): ``[a, b]`` with a·b = ``max_position_embeddings``
+            (``None`` = the most balanced factorisation, e.g. [16, 32] for 512).
         factorized_random_rank (int): k of ``factorized_random`` (default 8: for l = 512 that is 2·l·k = 8192
             parameters per head instead of l² = 262144, 32× fewer; the paper's Long Range Arena runs,
             with sequences of 1K–4K, used k = 32).

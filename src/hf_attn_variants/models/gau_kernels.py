@@ -370,8 +370,8 @@ def flash_mixed_chunk_attention(
         key_mask (torch.Tensor | None): ``[B, ≥ M + T]`` bool, ``True`` = real token; its last M + T columns
             are the open chunk's M rows and these tokens. ``None``: no padding.
         segments (torch.Tensor | None): ``[B, T/g]`` int64, each chunk's document's first chunk, for rows
-            packing documents that each start on a chunk boundary (``DocumentChunks``); the state then restarts
-            per document.
+            packing documents that each start on a chunk boundary (``DocumentChunks``); the state then
+            restarts per document.
         initial_state (FlashState | None): the state after earlier tokens (causal), or ``None``.
         dropout (float): dropout on the quadratic weights (``reference`` and ``chunk`` only).
         training (bool): whether that dropout is active.
@@ -425,7 +425,8 @@ def chunk_states(summaries: torch.Tensor, segments: torch.Tensor | None, causal:
         initial_state (torch.Tensor | None): ``[B, S, E]`` float32 added to every state, or ``None``.
 
     Returns:
-        torch.Tensor: ``[B, C, S, E]`` float32; ``[B, 1, S, E]``, broadcast, where every chunk reads one state.
+        torch.Tensor: ``[B, C, S, E]`` float32; ``[B, 1, S, E]``, broadcast, where every chunk reads one
+        state.
     """
     if segments is not None:
         states = segmented_chunk_sums(summaries, segments, causal)
@@ -470,7 +471,8 @@ def final_state(summaries: torch.Tensor, complete: int, causal: bool,
                 initial_state: torch.Tensor | None) -> torch.Tensor:
     """The linear state after the tokens.
 
-    ``initial_state`` + Σ S_c over the ``complete`` closed chunks (causal) or over every chunk (bidirectional).
+    ``initial_state`` + Σ S_c over the ``complete`` closed chunks (causal) or over every chunk
+    (bidirectional).
 
     Args:
         summaries (torch.Tensor): ``[B, C, S, E]`` float32, S_c = k'_cᵀ v_c.

@@ -60,7 +60,7 @@ class RotaryEmbedding(nn.Module):
     """
 
     def __init__(self, dim: int, base: float = 10000.0) -> None:
-        """Check that ``dim`` is even and keep the base; the arguments are described in the class docstring."""
+        """Check that ``dim`` is even and keep the base; see the class docstring for the arguments."""
         super().__init__()
         if dim % 2 != 0:
             raise ValueError(f"RotaryEmbedding needs an even dimension, got dim={dim}.")
@@ -507,8 +507,8 @@ def update_cache(
         query_offset (int | torch.Tensor): the position of the first new token.
 
     Returns:
-        tuple[torch.Tensor, torch.Tensor]: every cached key ``[B, H, T_k, D_k]`` and value ``[B, H, T_k, D_v]``
-        of the layer (a static cache: all of its slots).
+        tuple[torch.Tensor, torch.Tensor]: every cached key ``[B, H, T_k, D_k]`` and value
+        ``[B, H, T_k, D_v]`` of the layer (a static cache: all of its slots).
     """
     positions = torch.arange(key.shape[-2], device=key.device) + query_offset
     return cache.update(key, value, layer_idx, {"cache_position": positions})
