@@ -327,7 +327,11 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
         self.__dict__["head_dim"] = value
 
     def to_dict(self) -> dict[str, Any]:
-        """As ``PreTrainedConfig.to_dict``, without ``head_dim`` when it is derived (not set explicitly)."""
+        """As ``PreTrainedConfig.to_dict``, without ``head_dim`` when it is derived (not set explicitly).
+
+        Returns:
+            dict[str, Any]: the config's fields, as ``config.json`` stores them.
+        """
         output = super().to_dict()
         if output.get("head_dim", 0) is None:
             del output["head_dim"]
