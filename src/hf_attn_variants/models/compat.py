@@ -24,17 +24,32 @@ import torch
 import transformers
 
 MIN_TRANSFORMERS_VERSION = "5.0.0"
-"""Oldest Transformers the model code runs on (tests/test_transformers_floor.py, tests/remote_code.py)."""
+"""Oldest Transformers the model code runs on (the package's tests run it, remote code included, there)."""
 
 
 def version_tuple(version: str) -> tuple[int, int, int]:
-    """(major, minor, patch) of a version string: ``"5.10.4"`` → (5, 10, 4); ``"5.1.0.dev0"`` → (5, 1, 0)."""
+    """(major, minor, patch) of a version string: ``"5.10.4"`` → (5, 10, 4); ``"5.1.0.dev0"`` → (5, 1, 0).
+
+    Args:
+        version (str): a version string; a local part after ``+`` is ignored, missing parts count as 0.
+
+    Returns:
+        tuple[int, int, int]: the first three numbers of the version.
+    """
     numbers = [int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3]]
     return tuple(numbers + [0] * (3 - len(numbers)))  # type: ignore[return-value]
 
 
 def require_transformers(installed: str, minimum: str = MIN_TRANSFORMERS_VERSION) -> None:
-    """Raise ``ImportError`` with one sentence naming ``minimum`` when ``installed`` is older."""
+    """Raise ``ImportError`` with one sentence naming ``minimum`` when ``installed`` is older.
+
+    Args:
+        installed (str): the installed Transformers version.
+        minimum (str): the oldest version the model code supports.
+
+    Raises:
+        ImportError: ``installed`` is older than ``minimum``; the message says how to upgrade.
+    """
     if version_tuple(installed) < version_tuple(minimum):
         raise ImportError(
             f"This model's code needs transformers>={minimum}, but transformers {installed} is installed; "
@@ -49,7 +64,14 @@ try:  # transformers >= 5.5
     from transformers.utils.output_capturing import capture_outputs
 
     def record_outputs(forward: Callable[..., Any]) -> Callable[..., Any]:
-        """Fill ``use_cache``/``output_*`` from the config, then record outputs (``_can_record_outputs``)."""
+        """Fill ``use_cache``/``output_*`` from the config, then record outputs (``_can_record_outputs``).
+
+        Args:
+            forward (Callable): a base model's ``forward``.
+
+        Returns:
+            Callable: the decorated ``forward``.
+        """
         return merge_with_config_defaults(capture_outputs(forward))
 
 except ImportError:  # transformers 5.0–5.4: one decorator did both
@@ -68,10 +90,26 @@ class AttentionFunctions:
     """
 
     def __init__(self, registry: Any) -> None:
+        """Wrap ``registry``.
+
+        Args:
+            registry (Any): Transformers' ``ALL_ATTENTION_FUNCTIONS`` (an ``AttentionInterface`` or a
+                mapping).
+        """
         self.registry = registry
         self.lookup = getattr(registry, "get_interface", None)
 
     def get_interface(self, implementation: str | None, default: Callable[..., Any]) -> Callable[..., Any]:
+        """The attention kernel registered under ``implementation``.
+
+        Args:
+            implementation (str | None): ``config._attn_implementation``; ``None`` and ``"eager"`` mean
+                ``default``.
+            default (Callable): the module's own eager kernel.
+
+        Returns:
+            Callable: the kernel to call.
+        """
         if implementation in (None, "eager"):
             return default
         if self.lookup is not None:
@@ -83,16 +121,26 @@ ALL_ATTENTION_FUNCTIONS = AttentionFunctions(TRANSFORMERS_ATTENTION_FUNCTIONS)
 
 CACHE_FIELD = ("cache" if "cache" in {f.name for f in dataclasses.fields(BaseModelOutputWithPast)}
                else "past_key_values")
-"""The name under which the installed release's model outputs hold the cache (and ``generate`` reads it back):
-``cache`` from 5.24 on, ``past_key_values`` before."""
+"""The name under which the installed release's model outputs hold the cache (``generate`` reads it back).
+
+``cache`` from 5.24 on, ``past_key_values`` before.
+"""
 
 LEGACY_CACHE_ARGUMENT = "past_key_values"
 
 
 def accepts_cache_alias(forward: Callable[..., Any]) -> Callable[..., Any]:
-    """Let a ``forward`` that declares ``cache`` also be called with ``past_key_values=`` (Transformers
-    5.24's rename; ``generate`` of 5.0–5.23 passes the old name). Both given → ``ValueError``. Where the
-    installed release itself says ``cache``, the old name gets Transformers' ``FutureWarning``.
+    """Let a ``forward`` that declares ``cache`` also be called with ``past_key_values=``.
+
+    Transformers 5.24 renamed the argument; ``generate`` of 5.0–5.23 passes the old name. Both given →
+    ``ValueError``. Where the installed release itself says ``cache``, the old name gets Transformers'
+    ``FutureWarning``.
+
+    Args:
+        forward (Callable): a model's ``forward`` with a ``cache`` argument.
+
+    Returns:
+        Callable: ``forward`` that also accepts ``past_key_values=``.
     """
 
     @functools.wraps(forward)
@@ -116,7 +164,14 @@ def accepts_cache_alias(forward: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def output_cache(outputs: Any) -> Any:
-    """The cache a model output holds, under whichever name (``CACHE_FIELD``) the installed release uses."""
+    """The cache a model output holds, under whichever name (``CACHE_FIELD``) the installed release uses.
+
+    Args:
+        outputs (Any): a model output (a ``ModelOutput``).
+
+    Returns:
+        Any: its cache, or ``None``.
+    """
     return getattr(outputs, CACHE_FIELD, None)
 
 

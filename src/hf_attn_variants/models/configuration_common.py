@@ -22,13 +22,26 @@ NORM_POSITIONS = ("pre", "post")
 
 
 def check_choice(field: str, value: Any, allowed: Sequence[Any]) -> None:
-    """Raise ``ValueError`` unless ``value`` is one of ``allowed``."""
+    """Raise ``ValueError`` unless ``value`` is one of ``allowed``.
+
+    Args:
+        field (str): the field's name, for the message.
+        value (Any): its value.
+        allowed (Sequence): the values it may take.
+    """
     if value not in allowed:
         raise ValueError(f"{field} must be one of {tuple(allowed)}, got {value!r}.")
 
 
 def check_int(field: str, value: Any, minimum: int | None = None, allow_none: bool = False) -> None:
-    """Raise ``TypeError`` unless ``value`` is an int (not bool), ``ValueError`` if below ``minimum``."""
+    """Raise ``TypeError`` unless ``value`` is an int (not bool), ``ValueError`` if below ``minimum``.
+
+    Args:
+        field (str): the field's name, for the message.
+        value (Any): its value.
+        minimum (int | None): the smallest value allowed; ``None`` = no bound.
+        allow_none (bool): whether ``None`` passes.
+    """
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int):
@@ -39,7 +52,15 @@ def check_int(field: str, value: Any, minimum: int | None = None, allow_none: bo
 
 def check_float(field: str, value: Any, low: float, high: float | None = None,
                 allow_none: bool = False) -> None:
-    """Raise ``TypeError`` unless ``value`` is a real number, ``ValueError`` outside [low, high]."""
+    """Raise ``TypeError`` unless ``value`` is a real number, ``ValueError`` outside [low, high].
+
+    Args:
+        field (str): the field's name, for the message.
+        value (Any): its value.
+        low (float): the smallest value allowed.
+        high (float | None): the largest value allowed; ``None`` = no bound.
+        allow_none (bool): whether ``None`` passes.
+    """
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -50,7 +71,12 @@ def check_float(field: str, value: Any, low: float, high: float | None = None,
 
 
 def check_bool(field: str, value: Any) -> None:
-    """Raise ``TypeError`` unless ``value`` is a bool."""
+    """Raise ``TypeError`` unless ``value`` is a bool.
+
+    Args:
+        field (str): the field's name, for the message.
+        value (Any): its value.
+    """
     if not isinstance(value, bool):
         raise TypeError(f"{field} must be a bool, got {value!r} ({type(value).__name__}).")
 
@@ -59,6 +85,16 @@ def renamed_field(kwargs: dict[str, Any], old: str, new: str, value: Any, defaul
     """``value`` of field ``new``, or the value a config saved before the rename stored under ``old``.
 
     Pops ``old`` from ``kwargs``; ``default`` when neither is given; ``ValueError`` when both are.
+
+    Args:
+        kwargs (dict[str, Any]): the config's remaining keyword arguments (``old`` is popped from them).
+        old (str): the field's former name.
+        new (str): its current name, for the message.
+        value (Any): the value passed as ``new`` (``None`` = not given).
+        default (Any): the value when neither name is given.
+
+    Returns:
+        Any: the field's value.
     """
     legacy = kwargs.pop(old, None)
     if legacy is not None and value is not None:
@@ -69,29 +105,49 @@ def renamed_field(kwargs: dict[str, Any], old: str, new: str, value: Any, defaul
 
 
 def config_equal(config: PreTrainedConfig, other: Any) -> bool:
-    """Two configs are equal when every attribute is (what ``PreTrainedConfig.__eq__`` means)."""
+    """Two configs are equal when every attribute is (what ``PreTrainedConfig.__eq__`` means).
+
+    Args:
+        config (PreTrainedConfig): one config.
+        other (Any): the object compared with it.
+
+    Returns:
+        bool: whether ``other`` is a config with the same attributes.
+    """
     return isinstance(other, PreTrainedConfig) and config.__dict__ == other.__dict__
 
 
 class AttnVariantConfig(RemoteCodeSavingMixin, PreTrainedConfig):
-    """Fields common to the ``gau``, ``synthesizer`` and ``entropy_invariant`` families (an explicit
-    ``__init__``: the form every 5.x release accepts).
+    """Fields common to the ``gau``, ``synthesizer`` and ``entropy_invariant`` families.
+
+    The config has an explicit ``__init__``: the form every 5.x release accepts.
+    ``min_transformers_version`` (read-only, in ``config.json``) is the oldest Transformers the code supports.
 
     Args:
-        vocab_size, hidden_size, num_hidden_layers: vocabulary, width d, depth.
-        hidden_act: activation of the feed-forward / gating units (a key of ``ACT2FN``).
-        max_position_embeddings: longest sequence for learned absolute positions (and the Synthesizer's l).
-        hidden_dropout_prob, attention_probs_dropout_prob: dropout on residual branches / attention weights.
-        initializer_range: std of the normal initialisation of weight matrices.
-        layer_norm_eps, norm_type (``"layernorm"``, ``"rmsnorm"``, ``"scalenorm"``), norm_position (``"pre"``,
-            or ``"post"`` as BERT and GAU-α), norm_elementwise_affine: the norms.
-        position_embedding_type: ``"rope"`` (default), ``"absolute"`` (learned) or ``"none"``.
-        rope_theta: RoPE base. use_bias: biases in the projections. classifier_dropout: of classification
-            heads (``None`` = hidden dropout).
-        is_decoder: causal attention (``*ForCausalLM`` sets it). use_cache, pad/bos/eos_token_id,
-            tie_word_embeddings: as in Transformers.
-
-    ``min_transformers_version`` (read-only, in ``config.json``) is the oldest Transformers the code supports.
+        vocab_size (int): vocabulary size.
+        hidden_size (int): model width d.
+        num_hidden_layers (int): depth.
+        hidden_act (str): activation of the feed-forward / gating units (a key of ``ACT2FN``).
+        max_position_embeddings (int): longest sequence for learned absolute positions (and the
+            Synthesizer's l).
+        hidden_dropout_prob (float): dropout on residual branches.
+        attention_probs_dropout_prob (float): dropout on attention weights.
+        initializer_range (float): std of the normal initialisation of weight matrices.
+        layer_norm_eps (float): epsilon of the norms.
+        norm_type (str): ``"layernorm"``, ``"rmsnorm"`` or ``"scalenorm"``.
+        norm_position (str): ``"pre"``, or ``"post"`` as BERT and GAU-α.
+        norm_elementwise_affine (bool): learned scale (and shift) in the norms.
+        position_embedding_type (str): ``"rope"`` (default), ``"absolute"`` (learned) or ``"none"``.
+        rope_theta (float): RoPE base.
+        use_bias (bool): biases in the projections.
+        classifier_dropout (float | None): dropout of classification heads (``None`` = hidden dropout).
+        is_decoder (bool): causal attention (``*ForCausalLM`` sets it).
+        use_cache (bool): as in Transformers.
+        pad_token_id (int | None): as in Transformers.
+        bos_token_id (int | None): as in Transformers.
+        eos_token_id (int | list[int] | None): as in Transformers.
+        tie_word_embeddings (bool): as in Transformers.
+        **kwargs: passed to ``PreTrainedConfig``.
     """
 
     # Pipeline parallelism (Transformers' DistributedConfig(pp_size=…)): stages split ``layers``; the first
@@ -132,6 +188,7 @@ class AttnVariantConfig(RemoteCodeSavingMixin, PreTrainedConfig):
         tie_word_embeddings: bool = True,
         **kwargs: Any,
     ) -> None:
+        """Set the fields and check them; the arguments are described in the class docstring."""
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
@@ -162,9 +219,15 @@ class AttnVariantConfig(RemoteCodeSavingMixin, PreTrainedConfig):
         super().__init__(**kwargs)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Give every subclass ``config_equal`` as ``__eq__``.
+
+        Transformers >= 5.5 turns every config subclass into a dataclass, whose generated ``__eq__`` would
+        compare only the base class's dataclass fields (so configs of different sizes would be "equal").
+
+        Args:
+            **kwargs: passed to ``PreTrainedConfig.__init_subclass__``.
+        """
         super().__init_subclass__(**kwargs)
-        # Transformers >= 5.5 turns every config subclass into a dataclass, whose generated __eq__ would
-        # compare only the base class's dataclass fields (so configs of different sizes would be "equal").
         cls.__eq__ = config_equal  # type: ignore[method-assign, assignment]
 
     __eq__ = config_equal
@@ -196,10 +259,14 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
     """Adds multi-head attention and a feed-forward block to ``AttnVariantConfig``.
 
     Args:
-        num_attention_heads: heads per layer before pruning. intermediate_size: the feed-forward width.
-        pruned_heads: ``{layer: [original head indices removed]}``: ``from_pretrained`` rebuilds the shapes.
-        head_dim: size of one head (Llama's field); ``None`` = hidden_size / num_attention_heads. Written to
-            ``config.json`` only when set (a uniformly pruned model keeps its original ``head_dim``).
+        num_attention_heads (int): heads per layer before pruning.
+        intermediate_size (int): the feed-forward width.
+        pruned_heads (dict | None): ``{layer: [original head indices removed]}``: ``from_pretrained`` rebuilds
+            the shapes.
+        head_dim (int | None): size of one head (Llama's field); ``None`` = hidden_size / num_attention_heads.
+            Written to ``config.json`` only when set (a uniformly pruned model keeps its original
+            ``head_dim``).
+        **kwargs: the fields of ``AttnVariantConfig``.
     """
 
     # Tensor parallelism (Megatron-LM's split): each rank owns whole heads — their q/k/v rows, o columns and
@@ -223,6 +290,7 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
         head_dim: int | None = None,
         **kwargs: Any,
     ) -> None:
+        """Set the fields; the arguments are described in the class docstring."""
         self.num_attention_heads = num_attention_heads
         self.intermediate_size = intermediate_size
         self.pruned_heads = pruned_heads
@@ -230,6 +298,7 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
         super().__init__(**kwargs)
 
     def check_fields(self) -> None:
+        """Check the shared fields, the heads and the feed-forward; normalise ``pruned_heads``."""
         super().check_fields()
         check_int("num_attention_heads", self.num_attention_heads, 1)
         check_int("intermediate_size", self.intermediate_size, 1)
@@ -259,14 +328,25 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
         self.__dict__["head_dim"] = value
 
     def to_dict(self) -> dict[str, Any]:
-        """As ``PreTrainedConfig.to_dict``, without ``head_dim`` when it is derived (not set explicitly)."""
+        """As ``PreTrainedConfig.to_dict``, without ``head_dim`` when it is derived (not set explicitly).
+
+        Returns:
+            dict[str, Any]: the config's fields, as ``config.json`` stores them.
+        """
         output = super().to_dict()
         if output.get("head_dim", 0) is None:
             del output["head_dim"]
         return output
 
     def layer_heads(self, layer_idx: int) -> list[int]:
-        """Original indices of the heads layer ``layer_idx`` keeps after pruning."""
+        """Original indices of the heads layer ``layer_idx`` keeps after pruning.
+
+        Args:
+            layer_idx (int): the layer.
+
+        Returns:
+            list[int]: the kept heads' original indices, ascending.
+        """
         return kept_heads(self.pruned_heads or {}, layer_idx, self.num_attention_heads)
 
 

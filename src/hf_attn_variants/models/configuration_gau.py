@@ -9,8 +9,11 @@ from .configuration_common import AttnVariantConfig, check_choice, check_float, 
 ATTENTION_NORMALIZATIONS = ("softmax", "softmax_plus", "relu2", "relu2_normalized", "laplace")
 RELU2_LENGTHS = ("dynamic", "fixed")
 GAU_KERNELS = ("auto", "torch", "triton", "reference")
-"""Attention kernels: ``auto`` = Triton on CUDA when triton is installed, else torch; ``reference`` =
-the written-out formula with the attention map materialised (``modeling_gau.gau_reference_attention``)."""
+"""Attention kernels of GAU.
+
+``auto`` = Triton on CUDA when triton is installed, else torch; ``reference`` = the written-out formula with
+the attention map materialised (``modeling_gau.gau_reference_attention``).
+"""
 GAU_INITS = ("gau_alpha", "flash")
 """How a GAU unit is initialised: GAU-α's code (the default) or the FLASH pseudocode (see ``gau_init``)."""
 #: Normalisations the FLASH mixed-chunk path (``chunk_size`` set) implements: relu² inside chunks,
@@ -28,29 +31,40 @@ class GAUConfig(AttnVariantConfig):
     z = silu(X Wz); q = z·γq + βq, k = z·γk + βk; RoPE on q and k; A = norm(q kᵀ); out = (u ⊙ A v) Wo; then
     residual + norm. No ``num_attention_heads``, no ``intermediate_size`` (u, v play the feed-forward role).
 
+    Defaults differing from ``AttnVariantConfig``: ``hidden_act="silu"``, ``use_bias=False`` and
+    ``attention_probs_dropout_prob=0`` (the FLASH pseudocode has no dropout on A; ``gau_alpha_base()`` keeps
+    GAU-α's 0.1). The per-dimension γ and β of q and k always exist (the paper's ``scale_offset``).
+
     Args:
-        expansion_factor: e / d (default 2); ``expansion_factor · hidden_size`` must be a whole number.
-        attention_key_size: s, the width of z, q and k (default 128); even with RoPE.
-        attention_normalization: A from the scaled logits a = q·k/√s.
+        expansion_factor (float): e / d (default 2); ``expansion_factor · hidden_size`` must be a whole
+            number.
+        attention_key_size (int): s, the width of z, q and k (default 128); even with RoPE.
+        attention_normalization (str): A from the scaled logits a = q·k/√s.
             - ``"softmax"``: softmax(a).
             - ``"softmax_plus"``: softmax((log nᵢ/log ``base_length``)·a), GAU-α's entropy-invariant softmax.
             - ``"relu2"``: relu(a)² / L with L from ``relu2_length`` (the paper's GAU and FLASH).
             - ``"relu2_normalized"``: relu(a)² / (Σⱼ relu(a)² + ε).
             - ``"laplace"``: laplace(a) / L with Mega's 0.5·(1 + erf((a − μ)/(σ√2))), μ = √½, σ = 1/√(4π).
-        relu2_length: L of relu²/Laplace: ``"dynamic"`` = nᵢ, keys row i sees; ``"fixed"`` = ``base_length``.
-        base_length: training length m (default 512): softmax_plus equals softmax at nᵢ = m; the fixed L.
-        entropy_min_length: lower clamp of nᵢ in softmax_plus's log (default 16; formerly ``min_length``).
-        chunk_size: ``None`` = quadratic GAU; g = FLASH mixed-chunk attention, relu² inside chunks of g tokens
-            plus linear attention across chunks (earlier chunks only when causal), O(n). Needs ``"relu2"``.
-        gau_init: ``"gau_alpha"`` (default, GAU-α's code): γ = 1, projections ~ truncated normal on ±2σ with
-            σ = 1.13684723 / √fan_in · num_hidden_layers^(−1/3); ``"flash"`` (the FLASH pseudocode): γ and
-            projections ~ N(0, ``initializer_range``). β = 0 either way.
-        gau_kernel: ``"auto"`` (Triton on CUDA when installed, else torch), ``"torch"``, ``"triton"`` (also on
-            CPU under ``TRITON_INTERPRET=1``), or ``"reference"``: the written-out formula with the n×n map.
-
-    Defaults differing from ``AttnVariantConfig``: ``hidden_act="silu"``, ``use_bias=False`` and
-    ``attention_probs_dropout_prob=0`` (the FLASH pseudocode has no dropout on A; ``gau_alpha_base()`` keeps
-    GAU-α's 0.1). The per-dimension γ and β of q and k always exist (the paper's ``scale_offset``).
+        relu2_length (str): L of relu²/Laplace: ``"dynamic"`` = nᵢ, keys row i sees; ``"fixed"`` =
+            ``base_length``.
+        base_length (int): training length m (default 512): softmax_plus equals softmax at nᵢ = m; the
+            fixed L.
+        entropy_min_length (int | None): lower clamp of nᵢ in softmax_plus's log (default 16; formerly
+            ``min_length``).
+        chunk_size (int | None): ``None`` = quadratic GAU; g = FLASH mixed-chunk attention, relu² inside
+            chunks of g tokens plus linear attention across chunks (earlier chunks only when causal), O(n).
+            Needs ``"relu2"``.
+        gau_init (str): ``"gau_alpha"`` (default, GAU-α's code): γ = 1, projections ~ truncated normal on ±2σ
+            with σ = 1.13684723 / √fan_in · num_hidden_layers^(−1/3); ``"flash"`` (the FLASH pseudocode): γ
+            and projections ~ N(0, ``initializer_range``). β = 0 either way.
+        gau_kernel (str): ``"auto"`` (Triton on CUDA when installed, else torch), ``"torch"``, ``"triton"``
+            (also on CPU under ``TRITON_INTERPRET=1``), or ``"reference"``: the written-out formula with the
+            n×n map.
+        hidden_act (str): as in ``AttnVariantConfig`` (default ``"silu"``).
+        use_bias (bool): as in ``AttnVariantConfig`` (default ``False``).
+        attention_probs_dropout_prob (float): dropout on A (default 0).
+        **kwargs: the other fields of ``AttnVariantConfig``; ``num_attention_heads`` and
+            ``intermediate_size`` raise ``ValueError``.
 
     Example:
         ```python
@@ -63,7 +77,7 @@ class GAUConfig(AttnVariantConfig):
     model_type = "gau"
     # Tensor parallelism: GAU has one head, so ranks split its expansion width e — each keeps its slice of u
     # and v ("colwise_gather_partial" gathers in_proj's output; z, the shared base of q and k, stays whole on
-    # every rank) and the matching input columns of out_proj. See tensor_parallel.py and docs/scaling.md.
+    # every rank) and the matching input columns of out_proj (hf_attn_variants.models.tensor_parallel).
     base_model_tp_plan: ClassVar[dict[str, str]] = {
         "layers.*.gau.in_proj": "colwise_gather_partial",
         "layers.*.gau.out_proj": "rowwise",
@@ -86,6 +100,7 @@ class GAUConfig(AttnVariantConfig):
         attention_probs_dropout_prob: float = 0.0,
         **kwargs: Any,
     ) -> None:
+        """Set the fields; the arguments are described in the class docstring."""
         for field in ("num_attention_heads", "intermediate_size"):
             if field in kwargs:
                 raise ValueError(
@@ -108,6 +123,7 @@ class GAUConfig(AttnVariantConfig):
         )
 
     def check_fields(self) -> None:
+        """Check the shared fields, then the unit's widths, normalisation, chunking, init and kernel."""
         super().check_fields()
         check_float("expansion_factor", self.expansion_factor, 0.0)
         expanded = self.expansion_factor * self.hidden_size
@@ -138,24 +154,33 @@ class GAUConfig(AttnVariantConfig):
 
     @property
     def layer_types(self) -> list[str]:
-        """Transformers' (and vLLM's) per-layer attention kinds, derived and never saved: every quadratic
-        GAU layer is ``"full_attention"`` (a cache of every key). FLASH has no such attribute
+        """Transformers' (and vLLM's) per-layer attention kinds, derived and never saved.
+
+        Every quadratic GAU layer is ``"full_attention"`` (a cache of every key). FLASH has no such attribute
         (``AttributeError``): its constant-size state is no cache layer Transformers builds (the model
-        installs ``GAUChunkCacheLayer``), and vLLM then serves it as a model of state layers."""
+        installs ``GAUChunkCacheLayer``), and vLLM then serves it as a model of state layers.
+        """
         if self.chunk_size is not None:
             raise AttributeError("GAU with chunk_size (FLASH) declares no layer_types.")
         return ["full_attention"] * self.num_hidden_layers
 
     @property
     def intermediate_width(self) -> int:
-        """e = expansion_factor · hidden_size, the width of the gates u and v."""
+        """The width e = expansion_factor · hidden_size of the gates u and v."""
         return round(self.expansion_factor * self.hidden_size)
 
     @classmethod
     def gau_alpha_base(cls, **overrides: Any) -> GAUConfig:
-        """The GAU-α architecture (Su 2022, bert4keras): 24 GAU layers, hidden 768, e = 1536, s = 128,
-        softmax_plus with base length 512 and no clamp of n, post-norm with a parameter-free RMSNorm (ε =
-        1e-12), no biases, dropout 0.1, vocabulary 12000, RoPE. ``overrides`` replace any field.
+        """The GAU-α architecture (Su 2022, bert4keras).
+
+        24 GAU layers, hidden 768, e = 1536, s = 128, softmax_plus with base length 512 and no clamp of n,
+        post-norm with a parameter-free RMSNorm (ε = 1e-12), no biases, dropout 0.1, vocabulary 12000, RoPE.
+
+        Args:
+            **overrides: fields that replace GAU-α's.
+
+        Returns:
+            GAUConfig: the config.
         """
         values: dict[str, Any] = dict(
             vocab_size=12000, hidden_size=768, num_hidden_layers=24, expansion_factor=2,

@@ -27,18 +27,42 @@ class GAUChunkCacheLayer(DynamicLayer):
     is_croppable = False
 
     def __init__(self, **kwargs: Any) -> None:
+        """An empty layer: no open chunk, no state, no tokens seen.
+
+        Args:
+            **kwargs: passed to ``DynamicLayer``.
+        """
         super().__init__(**kwargs)
         self.linear_state: torch.Tensor | None = None
         self.cumulative_length = 0
 
     def get_seq_length(self) -> int:
+        """The number of tokens seen (closed chunks included), not the number of keys held.
+
+        Returns:
+            int: the tokens seen.
+        """
         return self.cumulative_length
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """The mask's key length and offset for ``query_length`` new tokens: every token seen plus them, 0.
+
+        Args:
+            query_length (int): the number of new tokens.
+
+        Returns:
+            tuple[int, int]: ``(kv_length, kv_offset)``.
+        """
         return self.cumulative_length + query_length, 0
 
     def open_chunk(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-        """``(keys, values, linear_state)`` of the open chunk (``None`` before the first update)."""
+        """``(keys, values, linear_state)`` of the open chunk (``None`` before the first update).
+
+        Returns:
+            tuple: ``keys`` ``[B, 1, r, 2s]``, ``values`` ``[B, 1, r, e]`` (the model dtype; ``None`` when no
+            chunk is open) and ``linear_state`` ``[B, s, e]`` (≥ float32; ``None`` before the first chunk
+            closed).
+        """
         if not self.is_initialized or self.keys.numel() == 0:  # type: ignore[union-attr]
             return None, None, self.linear_state
         return self.keys, self.values, self.linear_state
@@ -46,7 +70,16 @@ class GAUChunkCacheLayer(DynamicLayer):
     def store(
         self, keys: torch.Tensor, values: torch.Tensor, state: torch.Tensor, added: int, chunk_size: int
     ) -> None:
-        """Keep the trailing incomplete chunk of a segment that starts on a chunk boundary."""
+        """Keep the trailing incomplete chunk of a segment that starts on a chunk boundary.
+
+        Args:
+            keys (torch.Tensor): ``[B, 1, n, 2s]``, [k ‖ k'·mask] of the segment (the open chunk's earlier
+                tokens included), the model dtype.
+            values (torch.Tensor): ``[B, 1, n, e]``, their v.
+            state (torch.Tensor): ``[B, s, e]`` (≥ float32), Σ k'ᵀv over every closed chunk.
+            added (int): the number of new tokens in the segment.
+            chunk_size (int): g.
+        """
         if not self.is_initialized:
             self.lazy_initialization(keys, values)
         closed = (keys.shape[-2] // chunk_size) * chunk_size
@@ -55,38 +88,80 @@ class GAUChunkCacheLayer(DynamicLayer):
         self.cumulative_length += added
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """Refuse: the layer is written by ``store``, not by ``Cache.update``.
+
+        Args:
+            key_states (torch.Tensor): unused.
+            value_states (torch.Tensor): unused.
+            *args: unused.
+            **kwargs: unused.
+
+        Raises:
+            RuntimeError: always.
+        """
         raise RuntimeError(
             "GAUChunkCacheLayer is written by GatedAttentionUnit.store(), not by Cache.update()."
         )
 
     def reset(self) -> None:
+        """Empty the open chunk, the state and the token count."""
         super().reset()
         self.linear_state = None
         self.cumulative_length = 0
 
     def crop(self, tokens_to_remove: int) -> None:
+        """Refuse: a sum of closed chunks cannot be rolled back.
+
+        Args:
+            tokens_to_remove (int): unused.
+
+        Raises:
+            ValueError: always.
+        """
         raise ValueError(
             "A FLASH (chunk_size) cache cannot be cropped: closed chunks are summed into one state."
         )
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Reorder the batch (beam search): the open chunk and the state alike.
+
+        Args:
+            beam_idx (torch.LongTensor): ``[B]``, the batch row each new row takes.
+        """
         super().reorder_cache(beam_idx)
         if self.linear_state is not None:
             self.linear_state = self.linear_state.index_select(0, beam_idx.to(self.linear_state.device))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat every batch row ``repeats`` times: the open chunk and the state alike.
+
+        Args:
+            repeats (int): copies per row.
+        """
         super().batch_repeat_interleave(repeats)
         if self.linear_state is not None:
             self.linear_state = self.linear_state.repeat_interleave(repeats, dim=0)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the batch rows ``indices``: the open chunk and the state alike.
+
+        Args:
+            indices (torch.Tensor): ``[B']`` batch indices (int64) or a ``[B]`` bool mask.
+        """
         super().batch_select_indices(indices)
         if self.linear_state is not None:
             self.linear_state = self.linear_state[indices, ...]
 
 
 def check_chunk_cache(cache: Cache | None) -> None:
-    """Refuse, in one sentence, a cache that cannot hold the FLASH chunk state (any but a dynamic cache)."""
+    """Refuse, in one sentence, a cache that cannot hold the FLASH chunk state (any but a dynamic cache).
+
+    Args:
+        cache (Cache | None): the cache passed to the model.
+
+    Raises:
+        ValueError: a layer of ``cache`` is not a ``DynamicLayer`` (static caches and their variants).
+    """
     fixed = sorted({type(layer).__name__ for layer in getattr(cache, "layers", ())
                     if not isinstance(layer, DynamicLayer)})
     if fixed:
@@ -98,7 +173,18 @@ def check_chunk_cache(cache: Cache | None) -> None:
 
 
 def chunk_cache_layer(cache: Cache, layer_idx: int) -> GAUChunkCacheLayer:
-    """The ``GAUChunkCacheLayer`` of ``layer_idx``, installed in place of an unused ``DynamicLayer``."""
+    """The ``GAUChunkCacheLayer`` of ``layer_idx``, installed in place of an unused ``DynamicLayer``.
+
+    Args:
+        cache (Cache): a ``DynamicCache`` (layers are appended up to ``layer_idx``).
+        layer_idx (int): the layer.
+
+    Returns:
+        GAUChunkCacheLayer: the layer's chunk cache.
+
+    Raises:
+        TypeError: the cache's layer is of another type and already holds tokens.
+    """
     while len(cache.layers) <= layer_idx:
         cache.layers.append(GAUChunkCacheLayer())
     layer = cache.layers[layer_idx]

@@ -1,4 +1,7 @@
-"""Attention kernels of the Gated Attention Unit:
+"""Attention kernels of the Gated Attention Unit.
+
+Shapes: B batch, T tokens (T_q queries, T_k keys), S = s the key size, E = e the expansion width (values),
+G = g the chunk size, C = ⌈T/g⌉ chunks. GAU has one head, so no head dimension.
 
 - ``relu2_attention`` / ``softmax_attention``: quadratic attention with every factor in q, in at least
   float32; blocked autograd Functions (``Relu2Attention``, ``SoftmaxAttention``) keep nothing n×n.
@@ -34,6 +37,12 @@ def laplace_attention(scores: torch.Tensor) -> torch.Tensor:
     Ma et al. (2023), "Mega: Moving Average Equipped Gated Attention", §3.3: chosen to approximate relu² near
     μ while staying bounded in [0, 1] with non-vanishing gradients, a stabler drop-in for relu². Unlike
     relu² it is positive for every logit, so hidden keys are zeroed after it (as for relu²).
+
+    Args:
+        scores (torch.Tensor): a = q·k/√s, any shape (``[B, 1, T_q, T_k]``), at least float32.
+
+    Returns:
+        torch.Tensor: the same shape and dtype, in [0, 1].
     """
     return 0.5 * (1.0 + torch.erf((scores - LAPLACE_MU) / (LAPLACE_SIGMA * math.sqrt(2.0))))
 
@@ -43,8 +52,17 @@ ATTENTION_BLOCK_ELEMENTS = 1 << 22
 
 
 def uses_blocks(queries: int, keys: int) -> bool:
-    """Whether quadratic attention runs in query blocks at this size: more than ``ATTENTION_BLOCK_ELEMENTS``
-    scores (``modeling_gau.gau_attention_path`` decides with it)."""
+    """Whether quadratic attention runs in query blocks at this size.
+
+    It does beyond ``ATTENTION_BLOCK_ELEMENTS`` scores (``modeling_gau.gau_attention_path`` decides with it).
+
+    Args:
+        queries (int): T_q.
+        keys (int): T_k.
+
+    Returns:
+        bool: whether T_q·T_k > ``ATTENTION_BLOCK_ELEMENTS``.
+    """
     return queries * keys > ATTENTION_BLOCK_ELEMENTS
 
 
@@ -66,8 +84,10 @@ def _forward_in_blocks(
     causal_offset: int | None,
     block: Callable[..., tuple[torch.Tensor, ...]],
 ) -> list[torch.Tensor]:
-    """``block(query rows, keys, values, mask)`` over the query blocks (each with the keys it may see), every
-    output of ``block`` concatenated along the query rows."""
+    """``block(query rows, keys, values, mask)`` over the query blocks (each with the keys it may see).
+
+    Every output of ``block`` is concatenated along the query rows.
+    """
     parts = []
     for start, stop, limit in _query_blocks(query.shape[-2], key.shape[-2], causal_offset):
         block_mask = None if mask is None else mask[..., start:stop, :limit]
@@ -85,10 +105,12 @@ def _backward_in_blocks(
     block: Callable[..., tuple[torch.Tensor, torch.Tensor]],
     *row_stats: torch.Tensor,
 ) -> tuple[torch.Tensor | None, ...]:
-    """Gradients of out = P v with P = f(q kᵀ) from one block at a time:
+    """Gradients of out = P v with P = f(q kᵀ) from one block at a time.
+
     ``block(query rows, keys, values, mask, dO rows, *row_stats rows)`` recomputes the block's weights P and
     returns them with dS = ∂L/∂(q kᵀ); then dV += Pᵀ dO, dQ = dS K, dK += dSᵀ Q. Returns the gradients of
-    ``Function.forward``'s five inputs."""
+    ``Function.forward``'s five inputs.
+    """
     grad_query = torch.empty_like(query)
     grad_key = torch.zeros_like(key)
     grad_value = torch.zeros_like(value)
@@ -118,21 +140,35 @@ def _relu2_block_output(query, key, value, mask) -> tuple[torch.Tensor]:
 
 
 def _relu2_block_gradients(query, key, value, mask, grad) -> tuple[torch.Tensor, torch.Tensor]:
-    """d relu(a)²/da = 2 relu(a), 0 wherever the key is hidden or a ≤ 0 (no separate activation mask)."""
+    """The block's weights and dS, with d relu(a)²/da = 2 relu(a), 0 wherever the key is hidden or a ≤ 0."""
     activation = _relu2_block_weights(query, key, mask)
     grad_scores = torch.matmul(grad, value.transpose(-1, -2)).mul_(activation).mul_(2.0)
     return activation.square_(), grad_scores
 
 
 class Relu2Attention(torch.autograd.Function):
-    """out = relu(q kᵀ)² v over the visible keys in blocks of query rows, saving only q, k, v (scores are
-    recomputed in backward). The gradient uses d relu(a)²/da = 2 relu(a), which is 0 wherever a key is hidden
-    or a ≤ 0; ``causal_offset`` lets a block skip the keys after its last query.
+    """out = relu(q kᵀ)² v over the visible keys in blocks of query rows, saving only q, k, v.
+
+    Scores are recomputed in backward. The gradient uses d relu(a)²/da = 2 relu(a), which is 0 wherever a key
+    is hidden or a ≤ 0; ``causal_offset`` lets a block skip the keys after its last query.
     """
 
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 mask: torch.Tensor | None, causal_offset: int | None) -> torch.Tensor:
+        """Attend block by block; arguments and result as ``relu2_attention``.
+
+        Args:
+            ctx (Any): autograd's context.
+            query (torch.Tensor): ``[B, T_q, S]``, float32 or float64.
+            key (torch.Tensor): ``[B, T_k, S]``, the query's dtype.
+            value (torch.Tensor): ``[B, T_k, E]``, the query's dtype.
+            mask (torch.Tensor | None): ``[B, T_q, T_k]`` bool (``True`` = visible), or ``None``.
+            causal_offset (int | None): the first query's position (causal), or ``None``.
+
+        Returns:
+            torch.Tensor: ``[B, T_q, E]``, the query's dtype.
+        """
         (output,) = _forward_in_blocks(query, key, value, mask, causal_offset, _relu2_block_output)
         ctx.save_for_backward(query, key, value, mask)
         ctx.causal_offset = causal_offset
@@ -140,6 +176,15 @@ class Relu2Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """Recompute each block's scores and return the gradients of q, k, v.
+
+        Args:
+            ctx (Any): autograd's context.
+            grad_output (torch.Tensor): ``[B, T_q, E]``, ∂L/∂out.
+
+        Returns:
+            tuple: ∂L/∂q ``[B, T_q, S]``, ∂L/∂k ``[B, T_k, S]``, ∂L/∂v ``[B, T_k, E]``, ``None``, ``None``.
+        """
         query, key, value, mask = ctx.saved_tensors
         return _backward_in_blocks(query, key, value, mask, grad_output, ctx.causal_offset,
                                    _relu2_block_gradients)
@@ -149,10 +194,21 @@ def relu2_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     causal_offset: int | None = None, blocked: bool = False) -> torch.Tensor:
     """Σⱼ relu(q_i·k_j)² v_j over visible keys: quadratic relu² GAU with every positive factor in q.
 
-    ``query`` ``(batch, q, s)``, ``key`` ``(batch, k, s)``, ``value`` ``(batch, k, e)`` (float32 or float64),
-    ``mask`` ``(batch, q, k)`` bool (``True`` = visible) or ``None``. One expression (mask and relu in place
-    on the score buffer): autograd keeps two n×n tensors, no-grad inference one. ``blocked``: query blocks
-    through ``Relu2Attention`` instead, nothing n×n kept (``uses_blocks`` says where the unit chooses it).
+    One expression (mask and relu in place on the score buffer): autograd keeps two n×n tensors, no-grad
+    inference one.
+
+    Args:
+        query (torch.Tensor): ``[B, T_q, S]`` with every factor in it, float32 or float64.
+        key (torch.Tensor): ``[B, T_k, S]``, the query's dtype.
+        value (torch.Tensor): ``[B, T_k, E]``, the query's dtype.
+        mask (torch.Tensor | None): ``[B, T_q, T_k]`` bool (``True`` = visible), or ``None``.
+        causal_offset (int | None): the first query's position when causal (a block then skips the keys after
+            its last query), or ``None``.
+        blocked (bool): query blocks through ``Relu2Attention`` instead, nothing n×n kept (``uses_blocks``
+            says where the unit chooses it).
+
+    Returns:
+        torch.Tensor: ``[B, T_q, E]``, the query's dtype.
     """
     if blocked:
         return Relu2Attention.apply(query, key, value, mask, causal_offset)
@@ -163,7 +219,7 @@ def relu2_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 
 def _masked_scores(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """q kᵀ with hidden keys at the most negative logit (in place on the fresh score buffer)."""
+    """The scores q kᵀ with hidden keys at the most negative logit (in place on the fresh score buffer)."""
     scores = torch.matmul(query, key.transpose(-1, -2))
     if mask is not None:
         scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
@@ -184,14 +240,29 @@ def _softmax_block_gradients(query, key, value, mask, grad, lse, delta) -> tuple
 
 
 class SoftmaxAttention(torch.autograd.Function):
-    """out = softmax(q kᵀ) v over the visible keys in blocks of query rows (FlashAttention's recomputation,
-    Dao et al. 2022, with torch matmuls), saving q, k, v, the output and the per-row log-sum-exp. Backward per
-    block: P = exp(S − lse), dV += Pᵀ dO, dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)), dQ = dS K, dK += dSᵀ Q.
+    """out = softmax(q kᵀ) v over the visible keys in blocks of query rows.
+
+    FlashAttention's recomputation (Dao et al. 2022, arXiv:2205.14135) with torch matmuls, saving q, k, v,
+    the output and the per-row log-sum-exp. Backward per block: P = exp(S − lse), dV += Pᵀ dO,
+    dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)), dQ = dS K, dK += dSᵀ Q.
     """
 
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 mask: torch.Tensor | None, causal_offset: int | None) -> torch.Tensor:
+        """Attend block by block, keeping each row's log-sum-exp; arguments as ``Relu2Attention.forward``.
+
+        Args:
+            ctx (Any): autograd's context.
+            query (torch.Tensor): ``[B, T_q, S]`` carrying the logit scale, float32 or float64.
+            key (torch.Tensor): ``[B, T_k, S]``, the query's dtype.
+            value (torch.Tensor): ``[B, T_k, E]``, the query's dtype.
+            mask (torch.Tensor | None): ``[B, T_q, T_k]`` bool (``True`` = visible), or ``None``.
+            causal_offset (int | None): the first query's position (causal), or ``None``.
+
+        Returns:
+            torch.Tensor: ``[B, T_q, E]``, the query's dtype.
+        """
         output, lse = _forward_in_blocks(query, key, value, mask, causal_offset, _softmax_block_output)
         ctx.save_for_backward(query, key, value, mask, output, lse)
         ctx.causal_offset = causal_offset
@@ -199,6 +270,15 @@ class SoftmaxAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """Recompute each block's probabilities from the saved log-sum-exp; the gradients of q, k, v.
+
+        Args:
+            ctx (Any): autograd's context.
+            grad_output (torch.Tensor): ``[B, T_q, E]``, ∂L/∂out.
+
+        Returns:
+            tuple: ∂L/∂q ``[B, T_q, S]``, ∂L/∂k ``[B, T_k, S]``, ∂L/∂v ``[B, T_k, E]``, ``None``, ``None``.
+        """
         query, key, value, mask, output, lse = ctx.saved_tensors
         delta = (grad_output * output).sum(-1, keepdim=True)
         return _backward_in_blocks(
@@ -208,11 +288,21 @@ class SoftmaxAttention(torch.autograd.Function):
 
 def softmax_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                       causal_offset: int | None = None, blocked: bool = False) -> torch.Tensor:
-    """softmax(q kᵀ) v over visible keys for a q already carrying the logit scale; float32/float64 in and out.
+    """Softmax(q kᵀ) v over visible keys for a q already carrying the logit scale; float32/float64 in and out.
 
-    Shapes as ``relu2_attention``; rows without a visible key give zeros. One expression keeps a single n×n
-    tensor (the probabilities) for backward; ``blocked``: ``SoftmaxAttention`` (recomputed, activation memory
-    linear in n).
+    Rows without a visible key give zeros. One expression keeps a single n×n tensor (the probabilities) for
+    backward.
+
+    Args:
+        query (torch.Tensor): ``[B, T_q, S]`` carrying the logit scale, float32 or float64.
+        key (torch.Tensor): ``[B, T_k, S]``, the query's dtype.
+        value (torch.Tensor): ``[B, T_k, E]``, the query's dtype.
+        mask (torch.Tensor | None): ``[B, T_q, T_k]`` bool (``True`` = visible), or ``None``.
+        causal_offset (int | None): the first query's position when causal, or ``None``.
+        blocked (bool): ``SoftmaxAttention`` instead (recomputed, activation memory linear in n).
+
+    Returns:
+        torch.Tensor: ``[B, T_q, E]``, the query's dtype.
     """
     if blocked:
         attended = SoftmaxAttention.apply(query, key, value, mask, causal_offset)
@@ -224,9 +314,12 @@ def softmax_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 class FlashState(NamedTuple):
     """What causal FLASH carries from earlier tokens to the next ones (a cache, a vLLM slot).
 
-    ``linear``: ``(batch, s, e)`` float32, Σ k'ᵀv over every closed chunk (``None``: none yet); ``keys``:
-    ``(batch, m, 2s)`` [k ‖ k'] (k' zero at padding) and ``values`` ``(batch, m, e)`` of the m < g tokens of
-    the open chunk (``None`` when m = 0).
+    Attributes:
+        linear (torch.Tensor | None): ``[B, S, E]`` float32, Σ k'ᵀv over every closed chunk (``None``: none
+            yet).
+        keys (torch.Tensor | None): ``[B, M, 2S]`` [k ‖ k'] (k' zero at padding) of the M < g tokens of the
+            open chunk, the model dtype (``None`` when M = 0).
+        values (torch.Tensor | None): ``[B, M, E]``, their values (``None`` when M = 0).
     """
 
     linear: torch.Tensor | None
@@ -235,8 +328,10 @@ class FlashState(NamedTuple):
 
 
 FLASH_IMPLEMENTATIONS = ("reference", "chunk", "triton")
-"""The implementations of ``flash_mixed_chunk_attention``: the O(n²) matrix W, the chunked torch path and the
-Triton kernels (``flash_mixed_chunk_triton``)."""
+"""The implementations of ``flash_mixed_chunk_attention``.
+
+The O(n²) matrix W, the chunked torch path and the Triton kernels (``flash_mixed_chunk_triton``).
+"""
 
 
 def flash_mixed_chunk_attention(
@@ -255,8 +350,7 @@ def flash_mixed_chunk_attention(
     training: bool = False,
     implementation: str = "chunk",
 ) -> tuple[torch.Tensor, FlashState]:
-    """FLASH mixed-chunk attention (Hua et al. 2022, §3.2) with every factor in the queries:
-    ``(numerator, state)``.
+    """FLASH mixed-chunk attention (Hua et al. 2022, §3.2) with every factor in the queries.
 
     numerator_i = Σ_{j same chunk, visible} relu(q_i·k_j)² v_j + Σ_{j ∈ lin(i)} (q'_i·k'_j) v_j, where lin(i)
     is every valid key (bidirectional) or the valid keys of earlier chunks and those folded into
@@ -264,23 +358,29 @@ def flash_mixed_chunk_attention(
     [open chunk ‖ tokens] starts on a chunk boundary and is chunked exactly as the whole sequence would be.
 
     Args:
-        quad_q, quad_k, lin_q, lin_k: ``(batch, T, s)`` quadratic and linear queries (every factor folded in)
-            and keys, in the model's dtype.
-        value: ``(batch, T, e)``.
-        chunk_size: g, the tokens of a chunk.
-        causal: each query sees earlier keys only.
-        key_mask: ``(batch, ≥ m + T)`` bool, ``True`` = real token; its last m + T columns are the open
-            chunk's m rows and these tokens. ``None``: no padding.
-        segments: ``(batch, T/g)`` int64, each chunk's document's first chunk, for rows packing documents that
-            each start on a chunk boundary (``DocumentChunks``); the state then restarts per document.
-        initial_state: the state after earlier tokens (causal), or ``None``.
-        dropout, training: dropout on the quadratic weights (``reference`` and ``chunk`` only).
-        implementation: one of ``FLASH_IMPLEMENTATIONS``.
+        quad_q (torch.Tensor): ``[B, T, S]`` queries of the quadratic part (every factor folded in), the
+            model dtype.
+        quad_k (torch.Tensor): ``[B, T, S]`` keys of the quadratic part, the model dtype.
+        lin_q (torch.Tensor): ``[B, T, S]`` queries of the linear part (every factor folded in), the model
+            dtype.
+        lin_k (torch.Tensor): ``[B, T, S]`` keys of the linear part, the model dtype.
+        value (torch.Tensor): ``[B, T, E]``, the model dtype.
+        chunk_size (int): g, the tokens of a chunk.
+        causal (bool): each query sees earlier keys only.
+        key_mask (torch.Tensor | None): ``[B, ≥ M + T]`` bool, ``True`` = real token; its last M + T columns
+            are the open chunk's M rows and these tokens. ``None``: no padding.
+        segments (torch.Tensor | None): ``[B, T/g]`` int64, each chunk's document's first chunk, for rows
+            packing documents that each start on a chunk boundary (``DocumentChunks``); the state then
+            restarts per document.
+        initial_state (FlashState | None): the state after earlier tokens (causal), or ``None``.
+        dropout (float): dropout on the quadratic weights (``reference`` and ``chunk`` only).
+        training (bool): whether that dropout is active.
+        implementation (str): one of ``FLASH_IMPLEMENTATIONS``.
 
     Returns:
-        ``numerator`` ``(batch, T, e)`` in ``value``'s dtype and the ``FlashState`` after the tokens: Σ k'ᵀv
-        over the closed chunks (bidirectional: over every key; meaningless for packed rows) and, causal, the
-        new open chunk.
+        tuple[torch.Tensor, FlashState]: ``numerator`` ``[B, T, E]`` in ``value``'s dtype and the
+        ``FlashState`` after the tokens: Σ k'ᵀv over the closed chunks (bidirectional: over every key;
+        meaningless for packed rows) and, causal, the new open chunk.
     """
     if implementation not in FLASH_IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {FLASH_IMPLEMENTATIONS}, got {implementation!r}.")
@@ -319,13 +419,14 @@ def chunk_states(summaries: torch.Tensor, segments: torch.Tensor | None, causal:
     rows (``segmented_chunk_sums``).
 
     Args:
-        summaries: ``(batch, C, s, e)`` float32.
-        segments: ``(batch, C)`` each chunk's document's first chunk, or ``None``.
-        causal: exclusive prefix sums, or totals.
-        initial_state: ``(batch, s, e)`` float32 added to every state, or ``None``.
+        summaries (torch.Tensor): ``[B, C, S, E]`` float32.
+        segments (torch.Tensor | None): ``[B, C]`` int64, each chunk's document's first chunk, or ``None``.
+        causal (bool): exclusive prefix sums, or totals.
+        initial_state (torch.Tensor | None): ``[B, S, E]`` float32 added to every state, or ``None``.
 
     Returns:
-        ``(batch, C, s, e)`` float32; ``(batch, 1, s, e)``, broadcast, where every chunk reads one state.
+        torch.Tensor: ``[B, C, S, E]`` float32; ``[B, 1, S, E]``, broadcast, where every chunk reads one
+        state.
     """
     if segments is not None:
         states = segmented_chunk_sums(summaries, segments, causal)
@@ -338,16 +439,19 @@ def chunk_states(summaries: torch.Tensor, segments: torch.Tensor | None, causal:
 
 def chunk_states_backward(grad_states: torch.Tensor, segments: torch.Tensor | None,
                           causal: bool) -> torch.Tensor:
-    """The gradient of the summaries S_c from that of the states H_c (``chunk_states``' transpose):
-    Σ_{c' > c} ∂L/∂H_c' (causal) or Σ_c' ∂L/∂H_c' (bidirectional), within each document.
+    """The gradient of the summaries S_c from that of the states H_c (``chunk_states``' transpose).
+
+    Σ_{c' > c} ∂L/∂H_c' (causal) or Σ_c' ∂L/∂H_c' (bidirectional), within each document. For packed causal
+    rows: reversed, each document is still a run of chunks, starting at its last one, so the exclusive prefix
+    sums of the reversed chunks within documents are the suffix sums wanted.
 
     Args:
-        grad_states: ``(batch, C, s, e)`` float32.
-        segments: ``(batch, C)`` or ``None``, as for ``chunk_states``.
-        causal: as for ``chunk_states``.
+        grad_states (torch.Tensor): ``[B, C, S, E]`` float32.
+        segments (torch.Tensor | None): ``[B, C]`` int64 or ``None``, as for ``chunk_states``.
+        causal (bool): as for ``chunk_states``.
 
     Returns:
-        ``(batch, C, s, e)`` float32, or ``(batch, 1, s, e)`` as for ``chunk_states``.
+        torch.Tensor: ``[B, C, S, E]`` float32, or ``[B, 1, S, E]`` as for ``chunk_states``.
     """
     if not causal:
         if segments is None:
@@ -356,8 +460,6 @@ def chunk_states_backward(grad_states: torch.Tensor, segments: torch.Tensor | No
     if segments is None:
         suffix = grad_states.flip(1).cumsum(1).flip(1)
         return F.pad(suffix[:, 1:], (0, 0, 0, 0, 0, 1))
-    # Reversed, each document is still a run of chunks, starting at its last one: the exclusive prefix sums
-    # of the reversed chunks within documents are the suffix sums wanted.
     chunks = segments.shape[1]
     order = torch.arange(chunks, device=segments.device).expand_as(segments)
     last = torch.zeros_like(segments).scatter_reduce_(1, segments, order, "amax").gather(1, segments)
@@ -367,14 +469,26 @@ def chunk_states_backward(grad_states: torch.Tensor, segments: torch.Tensor | No
 
 def final_state(summaries: torch.Tensor, complete: int, causal: bool,
                 initial_state: torch.Tensor | None) -> torch.Tensor:
-    """The linear state after the tokens: ``initial_state`` + Σ S_c over the ``complete`` closed chunks
-    (causal) or over every chunk (bidirectional); ``(batch, s, e)`` float32."""
+    """The linear state after the tokens.
+
+    ``initial_state`` + Σ S_c over the ``complete`` closed chunks (causal) or over every chunk
+    (bidirectional).
+
+    Args:
+        summaries (torch.Tensor): ``[B, C, S, E]`` float32, S_c = k'_cᵀ v_c.
+        complete (int): the number of closed chunks.
+        causal (bool): sum the closed chunks only.
+        initial_state (torch.Tensor | None): ``[B, S, E]`` float32, or ``None``.
+
+    Returns:
+        torch.Tensor: ``[B, S, E]`` float32.
+    """
     total = summaries[:, :complete].sum(1) if causal else summaries.sum(1)
     return total if initial_state is None else total + initial_state
 
 
 def _chunk_blocks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """``(batch, T, w)`` → ``(batch, C, g, w)``, zero-padded to whole chunks."""
+    """``[B, T, W]`` → ``[B, C, G, W]``, zero-padded to whole chunks."""
     pad = (-x.shape[1]) % chunk_size
     x = F.pad(x, (0, 0, 0, pad)) if pad else x
     return x.view(x.shape[0], -1, chunk_size, x.shape[-1])
@@ -386,18 +500,29 @@ def flash_mixed_chunk_torch(
     segments: torch.Tensor | None = None, initial_state: torch.Tensor | None = None, dropout: float = 0.0,
     training: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FLASH in chunks with torch operations, in the inputs' dtype: relu(q kᵀ)² v inside each chunk
-    (O(T·g·(s + e))), and q'·H_c across chunks from the summaries k'ᵀv (O(T·s·e)); float32 for the summaries
-    and the states only.
+    """FLASH in chunks with torch operations, in the inputs' dtype.
+
+    relu(q kᵀ)² v inside each chunk (O(T·g·(s + e))), and q'·H_c across chunks from the summaries k'ᵀv
+    (O(T·s·e)); float32 for the summaries and the states only.
 
     Args:
-        quad_q, quad_k, lin_q, lin_k, value, chunk_size, causal, segments, dropout, training: as for
-            ``flash_mixed_chunk_attention`` (``lin_k`` already zero at padding).
-        key_mask: ``(batch, T)`` bool or ``None``.
-        initial_state: ``(batch, s, e)`` float32 or ``None``.
+        quad_q (torch.Tensor): ``[B, T, S]`` quadratic queries (factors folded in), the model dtype.
+        quad_k (torch.Tensor): ``[B, T, S]`` quadratic keys, the model dtype.
+        lin_q (torch.Tensor): ``[B, T, S]`` linear queries (factors folded in), the model dtype.
+        lin_k (torch.Tensor): ``[B, T, S]`` linear keys, already zero at padding, the model dtype.
+        value (torch.Tensor): ``[B, T, E]``, the model dtype.
+        chunk_size (int): g.
+        causal (bool): as for ``flash_mixed_chunk_attention``.
+        key_mask (torch.Tensor | None): ``[B, T]`` bool or ``None``.
+        segments (torch.Tensor | None): ``[B, ⌈T/g⌉]`` int64 or ``None``, as for
+            ``flash_mixed_chunk_attention``.
+        initial_state (torch.Tensor | None): ``[B, S, E]`` float32 or ``None``.
+        dropout (float): dropout on the quadratic weights.
+        training (bool): whether that dropout is active.
 
     Returns:
-        ``(numerator (batch, T, e), state (batch, s, e) float32)``: ``final_state``.
+        tuple[torch.Tensor, torch.Tensor]: numerator ``[B, T, E]`` in the value's dtype, and the state
+        ``[B, S, E]`` float32 (``final_state``).
     """
     batch, length, _ = quad_q.shape
     dtype = value.dtype
@@ -428,10 +553,28 @@ def flash_mixed_chunk_reference(
     segments: torch.Tensor | None = None, initial_state: torch.Tensor | None = None, dropout: float = 0.0,
     training: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FLASH written out, the reference the other implementations are checked against: numerator = W v
-    + q'·initial with the dense ``(batch, T, T)`` matrix W (``flash_effective_weights``), in float32 or more.
+    """FLASH written out, the reference the other implementations are checked against.
 
-    Arguments and result as ``flash_mixed_chunk_torch``. O(T²) time and memory.
+    numerator = W v + q'·initial with the dense ``[B, T, T]`` matrix W (``flash_effective_weights``), in
+    float32 or more. O(T²) time and memory.
+
+    Args:
+        quad_q (torch.Tensor): ``[B, T, S]`` quadratic queries (factors folded in), the model dtype.
+        quad_k (torch.Tensor): ``[B, T, S]`` quadratic keys, the model dtype.
+        lin_q (torch.Tensor): ``[B, T, S]`` linear queries (factors folded in), the model dtype.
+        lin_k (torch.Tensor): ``[B, T, S]`` linear keys, already zero at padding, the model dtype.
+        value (torch.Tensor): ``[B, T, E]``, the model dtype.
+        chunk_size (int): g.
+        causal (bool): as for ``flash_mixed_chunk_attention``.
+        key_mask (torch.Tensor | None): ``[B, T]`` bool or ``None``.
+        segments (torch.Tensor | None): ``[B, ⌈T/g⌉]`` int64 or ``None``.
+        initial_state (torch.Tensor | None): ``[B, S, E]`` float32 or ``None``.
+        dropout (float): dropout on the quadratic weights.
+        training (bool): whether that dropout is active.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: numerator ``[B, T, E]`` in the value's dtype, and the state
+        ``[B, S, E]`` (float32 or more).
     """
     length = quad_q.shape[1]
     positions = torch.arange(length, device=quad_q.device)
@@ -454,13 +597,24 @@ def flash_mixed_chunk_reference(
 
 
 def per_chunk(states: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``states`` ``(batch, C or 1, s, e)`` as the contiguous ``(batch, C, s, e)`` the Triton kernels read."""
+    """``states`` ``[B, C or 1, S, E]`` as the contiguous ``[B, C, S, E]`` the Triton kernels read.
+
+    Args:
+        states (torch.Tensor): ``[B, C, S, E]`` or ``[B, 1, S, E]`` (``chunk_states``), float32.
+        like (torch.Tensor): ``[B, C, S, E]``, the shape wanted.
+
+    Returns:
+        torch.Tensor: ``[B, C, S, E]`` contiguous, float32.
+    """
     return states.expand_as(like).contiguous()
 
 
 class FlashTritonAttention(torch.autograd.Function):
-    """``flash_mixed_chunk_triton``'s autograd: saves only its inputs (``ctx.save_for_backward``) and
-    recomputes the chunk summaries and states in backward."""
+    """``flash_mixed_chunk_triton``'s autograd.
+
+    Saves only its inputs (``ctx.save_for_backward``) and recomputes the chunk summaries and states in
+    backward.
+    """
 
     @staticmethod
     def forward(ctx: Any, quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor,
@@ -468,6 +622,25 @@ class FlashTritonAttention(torch.autograd.Function):
                 segments: torch.Tensor | None, initial_state: torch.Tensor | None,
                 chunk_size: int, causal: bool
                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summaries, states, then the output through the Triton kernels.
+
+        Args:
+            ctx (Any): autograd's context.
+            quad_q (torch.Tensor): ``[B, T, S]`` contiguous, the model dtype.
+            quad_k (torch.Tensor): ``[B, T, S]`` contiguous, the model dtype.
+            lin_q (torch.Tensor): ``[B, T, S]`` contiguous, the model dtype.
+            lin_k (torch.Tensor): ``[B, T, S]`` contiguous, zero at padding, the model dtype.
+            value (torch.Tensor): ``[B, T, E]`` contiguous, the model dtype.
+            key_mask (torch.Tensor | None): ``[B, T]`` int8 (1 = real token), or ``None``.
+            segments (torch.Tensor | None): ``[B, ⌈T/g⌉]`` int64, or ``None``.
+            initial_state (torch.Tensor | None): ``[B, S, E]`` float32 contiguous, or ``None``.
+            chunk_size (int): g.
+            causal (bool): linear attention over earlier chunks only.
+
+        Returns:
+            tuple[torch.Tensor, torch.Tensor]: numerator ``[B, T, E]`` in the value's dtype, and the final
+            state ``[B, S, E]`` float32 (not differentiable).
+        """
         summaries = torch.ops.hf_attn_variants.flash_chunk_outer(lin_k, value, chunk_size)
         states = per_chunk(chunk_states(summaries, segments, causal, initial_state), summaries)
         output = torch.ops.hf_attn_variants.flash_forward(quad_q, quad_k, lin_q, value, states, key_mask,
@@ -480,6 +653,17 @@ class FlashTritonAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor, _: Any) -> tuple[torch.Tensor | None, ...]:
+        """Recompute summaries and states; the gradients of the five inputs and of the initial state.
+
+        Args:
+            ctx (Any): autograd's context.
+            grad_output (torch.Tensor): ``[B, T, E]``, ∂L/∂numerator.
+            _ (Any): the final state's gradient (not differentiable, ignored).
+
+        Returns:
+            tuple: ∂L/∂(quad_q, quad_k, lin_q, lin_k) ``[B, T, S]``, ∂L/∂value ``[B, T, E]``, ``None``,
+            ``None``, ∂L/∂initial_state ``[B, S, E]`` float32 (or ``None``), ``None``, ``None``.
+        """
         quad_q, quad_k, lin_q, lin_k, value, key_mask, segments, initial_state = ctx.saved_tensors
         grad_output = grad_output.contiguous()
         outer = torch.ops.hf_attn_variants.flash_chunk_outer
@@ -499,26 +683,31 @@ def flash_mixed_chunk_triton(
     *, chunk_size: int, causal: bool, key_mask: torch.Tensor | None = None,
     segments: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FLASH mixed-chunk attention in Triton (``gau_triton``'s kernels): ``flash_mixed_chunk_torch``'s
-    arguments and result.
+    """FLASH mixed-chunk attention in Triton (``gau_triton``'s kernels).
 
+    ``flash_mixed_chunk_torch``'s arguments (without dropout) and result.
     Chunk-parallel: k'ᵀv of every chunk at once (``flash_chunk_outer``), the states H_c by a prefix sum over
     chunks, then one program per (value tile, token block, row) adds relu(q·k)² v over its chunk and q'·H_c
     (``flash_forward``). Backward recomputes scores, summaries and states. bf16/fp16 inputs run on the
     tensor cores with fp32 accumulators; float32 inputs multiply in IEEE precision.
 
     Args:
-        quad_q, quad_k, lin_q, lin_k: ``(batch, T, s)``, the queries with every factor folded in; ``lin_k``
-            already zero at padding.
-        value: ``(batch, T, e)``.
-        chunk_size: g.
-        causal: linear attention over earlier chunks only.
-        key_mask: ``(batch, T)`` bool, ``True`` = real token, or ``None``.
-        segments: ``(batch, T/g)`` int64, each chunk's document's first chunk (packed rows), or ``None``.
-        initial_state: ``(batch, s, e)`` float32 Σ k'ᵀv before these tokens (causal), or ``None``.
+        quad_q (torch.Tensor): ``[B, T, S]`` quadratic queries with every factor folded in, the model dtype.
+        quad_k (torch.Tensor): ``[B, T, S]`` quadratic keys, the model dtype.
+        lin_q (torch.Tensor): ``[B, T, S]`` linear queries with every factor folded in, the model dtype.
+        lin_k (torch.Tensor): ``[B, T, S]`` linear keys, already zero at padding, the model dtype.
+        value (torch.Tensor): ``[B, T, E]``, the model dtype.
+        chunk_size (int): g.
+        causal (bool): linear attention over earlier chunks only.
+        key_mask (torch.Tensor | None): ``[B, T]`` bool, ``True`` = real token, or ``None``.
+        segments (torch.Tensor | None): ``[B, T/g]`` int64, each chunk's document's first chunk (packed rows),
+            or ``None``.
+        initial_state (torch.Tensor | None): ``[B, S, E]`` float32 Σ k'ᵀv before these tokens (causal), or
+            ``None``.
 
     Returns:
-        ``(numerator (batch, T, e) in value's dtype, state (batch, s, e) float32)``.
+        tuple[torch.Tensor, torch.Tensor]: numerator ``[B, T, E]`` in the value's dtype, and the state
+        ``[B, S, E]`` float32.
     """
     from .gau_triton import TRITON_AVAILABLE  # importing it registers torch.ops.hf_attn_variants.flash_*
 
@@ -542,15 +731,28 @@ def flash_decode_step(
     visible: torch.Tensor | None = None,
     closing: torch.Tensor | bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One causal FLASH step per row, for a new token whose open chunk (itself included) is given:
-    ``(numerator, state)``.
+    """One causal FLASH step per row, for a new token whose open chunk (itself included) is given.
 
-    ``quad_q``, ``lin_q`` ``(batch, 1, s)`` carry their factors; ``quad_k``, ``lin_k`` ``(batch, m, s)`` and
-    ``value`` ``(batch, m, e)`` are the open chunk's rows, ``visible`` ``(batch, m)`` bool which of them row b
-    sees (``None``: all; a hidden row may hold any finite values), ``state`` ``(batch, s, e)`` Σ k'ᵀv over the
-    closed chunks (``None``: none yet). numerator = Σ_{j visible} relu(q·k_j)² v_j + q'·state. ``closing``
-    (bool, or ``(batch,)`` bool per row) says whether the token completes its chunk: the chunk's m rows (all
-    of them its own, k' of padding zero) are then folded into the returned state. O(m·(s + e) + s·e) per row.
+    numerator = Σ_{j visible} relu(q·k_j)² v_j + q'·state. When the token completes its chunk, the chunk's M
+    rows (all of them its own, k' of padding zero) are folded into the returned state. O(M·(s + e) + s·e) per
+    row. The products run in at least float32 (``quad_k`` and ``value`` are upcast, ``state`` cast to their
+    dtype), so the queries must be float32 or float64 as well.
+
+    Args:
+        quad_q (torch.Tensor): ``[B, 1, S]`` the new token's quadratic query, carrying its factors.
+        lin_q (torch.Tensor): ``[B, 1, S]`` its linear query, carrying its factors.
+        quad_k (torch.Tensor): ``[B, M, S]`` the open chunk's quadratic keys, the model dtype.
+        lin_k (torch.Tensor): ``[B, M, S]`` its linear keys (zero at padding), the model dtype.
+        value (torch.Tensor): ``[B, M, E]`` its values, the model dtype.
+        state (torch.Tensor | None): ``[B, S, E]`` (≥ float32) Σ k'ᵀv over the closed chunks (``None``: none
+            yet).
+        visible (torch.Tensor | None): ``[B, M]`` bool, which of the open chunk's rows row b sees (``None``:
+            all; a hidden row may hold any finite values).
+        closing (torch.Tensor | bool): whether the token completes its chunk: a bool, or ``[B]`` bool per row.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: numerator ``[B, 1, E]`` and the state ``[B, S, E]``, both in at
+        least float32.
     """
     weights = F.relu(torch.matmul(quad_q, upcast(quad_k).transpose(-1, -2))).square()
     if visible is not None:
@@ -572,11 +774,21 @@ def flash_decode_step(
 
 
 def segmented_chunk_sums(summaries: torch.Tensor, segments: torch.Tensor, causal: bool) -> torch.Tensor:
-    """Per chunk c, the sum of the summaries k'ᵀv ``(batch, C, s, e)`` of the chunks of its own document:
-    those before c (``causal``, exclusive) or all of them. A document's chunks are contiguous and start at
+    """Per chunk c, the sum of the summaries k'ᵀv of the chunks of its own document.
+
+    Those before c (``causal``, exclusive) or all of them. A document's chunks are contiguous and start at
     ``segments[:, c]``, so the causal sum is a difference of prefix sums (taken in float64, so that the
     documents before it cost no precision: each document gets its lone run's sum) and the full one a
-    scatter-add per document. O(C·s·e), no C×C term."""
+    scatter-add per document. O(C·s·e), no C×C term.
+
+    Args:
+        summaries (torch.Tensor): ``[B, C, S, E]`` float32.
+        segments (torch.Tensor): ``[B, C]`` int64, each chunk's document's first chunk.
+        causal (bool): exclusive sums of the earlier chunks, or each document's total.
+
+    Returns:
+        torch.Tensor: ``[B, C, S, E]``, the summaries' dtype.
+    """
     rows = torch.arange(summaries.shape[0], device=summaries.device)[:, None]
     if causal:
         prefix = F.pad(summaries.double().cumsum(1), (0, 0, 0, 0, 1, 0))  # prefix[c] = Σ_{c' < c}
@@ -592,10 +804,18 @@ class DocumentChunks:
     """Rows packing several documents, laid out so that every document starts on a chunk boundary.
 
     Document d takes the slots [o_d, o_d + |d|) with o_d = Σ_{d' < d} ⌈|d'| / g⌉·g, so no chunk straddles two
-    documents (T' ≤ T + D·(g − 1) slots). ``segment`` ``(batch, T'/g)``: each chunk's document's first chunk;
-    ``valid``: the slots holding a token; ``source`` / ``destination``: flat indices between slots and tokens
-    (``None`` when the slots are the tokens). While compiling (static shapes) ``build(layout=False)`` keeps
-    the ids alone.
+    documents (T' ≤ T + D·(g − 1) slots). While compiling (static shapes) ``build(layout=False)`` keeps the
+    ids alone.
+
+    Attributes:
+        document_ids (torch.Tensor): ``[B, T]`` int64, each token's document.
+        slots (int): T', the slots per row (0 without a layout).
+        segment (torch.Tensor | None): ``[B, T'/g]`` int64, each chunk's document's first chunk.
+        valid (torch.Tensor | None): ``[B, T']`` bool, the slots holding a token (``None`` when the slots are
+            the tokens).
+        source (torch.Tensor | None): ``[B·T']`` int64 flat indices of each slot's token (into the tokens
+            padded by one zero row), or ``None`` when the slots are the tokens.
+        destination (torch.Tensor | None): ``[B·T]`` int64 flat indices of each token's slot, or ``None``.
     """
 
     document_ids: torch.Tensor
@@ -607,8 +827,16 @@ class DocumentChunks:
 
     @classmethod
     def build(cls, document_ids: torch.Tensor, chunk_size: int, layout: bool = True) -> DocumentChunks:
-        """The layout of ``document_ids`` ``(batch, T)`` for chunks of ``chunk_size`` (the ids alone without
-        ``layout``); O(T), one host sync."""
+        """The layout of ``document_ids`` for chunks of ``chunk_size``; O(T), one host sync.
+
+        Args:
+            document_ids (torch.Tensor): ``[B, T]`` int64, documents numbered from 0 in each row.
+            chunk_size (int): g.
+            layout (bool): build the slots; without it (while compiling), the ids alone.
+
+        Returns:
+            DocumentChunks: the layout.
+        """
         if not layout:
             return cls(document_ids)
         batch, length = document_ids.shape
@@ -630,14 +858,28 @@ class DocumentChunks:
                    (destination + rows * slots).flatten())
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``(batch, T, f)`` → ``(batch, T', f)``: each token in its slot, empty slots zero."""
+        """``[B, T, F]`` → ``[B, T', F]``: each token in its slot, empty slots zero.
+
+        Args:
+            tensor (torch.Tensor): ``[B, T, F]``, any dtype.
+
+        Returns:
+            torch.Tensor: ``[B, T', F]``, the same dtype.
+        """
         if self.source is None:
             return tensor
         padded = F.pad(tensor, (0, 0, 0, 1)).flatten(0, 1)
         return padded.index_select(0, self.source).view(tensor.shape[0], self.slots, tensor.shape[-1])
 
     def restore(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``(batch, T', f)`` → ``(batch, T, f)``: each token's slot back in token order."""
+        """``[B, T', F]`` → ``[B, T, F]``: each token's slot back in token order.
+
+        Args:
+            tensor (torch.Tensor): ``[B, T', F]``, any dtype.
+
+        Returns:
+            torch.Tensor: ``[B, T, F]``, the same dtype.
+        """
         if self.destination is None:
             return tensor
         return (tensor.flatten(0, 1).index_select(0, self.destination)
@@ -647,14 +889,24 @@ class DocumentChunks:
 def flash_visibility(
     positions: torch.Tensor, chunk_size: int, causal: bool, document_ids: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Which keys FLASH's two parts give each query: boolean ``(quadratic, linear)`` of shape ``(…, T, T)``.
+    """Which keys FLASH's two parts give each query: boolean ``(quadratic, linear)``.
 
     With the chunk c(t) = ⌊p_t / g⌋ of position p_t (Hua et al. 2022, §3.2): quadratic_ij = [c(j) = c(i)]
     (∧ p_j ≤ p_i if ``causal``); linear_ij = [c(j) < c(i)] if ``causal``, else every key (``None``).
-    ``positions`` ``(T,)`` are the tensor columns 0 … T − 1 of an ordinary row. For rows packing documents,
-    ``positions`` ``(batch, T)`` are each token's index within its document (``layers.document_positions``)
-    and ``document_ids`` add [d(j) = d(i)] to both, so every document is chunked from its own start and its
-    linear state starts empty — exactly its lone run.
+    For rows packing documents, ``document_ids`` add [d(j) = d(i)] to both, so every document is chunked from
+    its own start and its linear state starts empty — exactly its lone run.
+
+    Args:
+        positions (torch.Tensor): ``[T]`` int64, the tensor columns 0 … T − 1 of an ordinary row; for rows
+            packing documents ``[B, T]``, each token's index within its document
+            (``layers.document_positions``).
+        chunk_size (int): g.
+        causal (bool): whether queries see only earlier keys.
+        document_ids (torch.Tensor | None): ``[B, T]`` int64 documents of packed rows, or ``None``.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor | None]: ``quadratic`` ``[..., T, T]`` bool and ``linear``
+        ``[..., T, T]`` bool (``None``: every key), with the leading dimensions of ``positions``.
     """
     chunk = positions // chunk_size
     quadratic = chunk[..., :, None] == chunk[..., None, :]
@@ -681,13 +933,26 @@ def flash_effective_weights(
     training: bool = False,
     visibility: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
-    """The dense (batch, T, T) matrix W with numerator = W v for ``flash_mixed_chunk_attention`` (factors in
-    the queries, as there).
+    """The dense matrix W with numerator = W v for ``flash_mixed_chunk_attention`` (factors in the queries).
 
     W_ij = relu(q_i·k_j)² [same chunk, visible] + (q'_i·k'_j) [j ∈ lin(i)], dropout on the
-    quadratic part as in the chunked kernel; the two brackets are ``visibility`` (``flash_visibility``: of the
-    tensor columns when ``None``, per document for packed rows). O(T²): built for ``output_attentions`` and
-    for packed documents.
+    quadratic part as in the chunked kernel. O(T²): built for ``output_attentions`` and for packed documents.
+
+    Args:
+        quad_q (torch.Tensor): ``[B, T, S]`` quadratic queries (factors folded in), the model dtype.
+        quad_k (torch.Tensor): ``[B, T, S]`` quadratic keys, the model dtype.
+        lin_q (torch.Tensor): ``[B, T, S]`` linear queries (factors folded in), the model dtype.
+        lin_k (torch.Tensor): ``[B, T, S]`` linear keys, the model dtype.
+        chunk_size (int): g.
+        causal (bool): whether queries see only earlier keys.
+        key_mask (torch.Tensor | None): ``[B, T]`` bool (``True`` = real token), or ``None``.
+        dropout (float): dropout on the quadratic part.
+        training (bool): whether that dropout is active.
+        visibility (tuple | None): the two brackets, ``flash_visibility``'s ``(quadratic, linear)``: of the
+            tensor columns when ``None``, per document for packed rows.
+
+    Returns:
+        torch.Tensor: ``[B, T, T]`` in at least float32.
     """
     if visibility is None:
         visibility = flash_visibility(torch.arange(quad_q.shape[1], device=quad_q.device), chunk_size, causal)

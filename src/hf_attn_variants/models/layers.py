@@ -1,5 +1,7 @@
-"""Building blocks shared by the three families: rotary position embeddings, the norms, masks, the per-row key
-count nᵢ, the entropy-invariant factor, a softmax that never returns NaN, and pruned-head bookkeeping.
+"""Building blocks shared by the three families.
+
+Rotary position embeddings, the norms, masks, the per-row key count nᵢ, the entropy-invariant factor, a
+softmax that never returns NaN, and pruned-head bookkeeping.
 
 Computations that must not overflow in fp16/bf16 (norms, logits, softmax, RoPE angles) run in
 ``compute_dtype(x.dtype)``: at least float32, float64 stays float64.
@@ -19,12 +21,26 @@ NORM_TYPES = ("layernorm", "rmsnorm", "scalenorm")
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The compute dtype for inputs of ``dtype``: ``torch.promote_types(dtype, float32)`` (never lower)."""
+    """The compute dtype for inputs of ``dtype``: ``torch.promote_types(dtype, float32)`` (never lower).
+
+    Args:
+        dtype (torch.dtype): the inputs' dtype.
+
+    Returns:
+        torch.dtype: float32 for half precision and float32, float64 for float64.
+    """
     return torch.promote_types(dtype, torch.float32)
 
 
 def upcast(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` in ``compute_dtype(tensor.dtype)``: fp16/bf16 → float32, float32/float64 unchanged."""
+    """``tensor`` in ``compute_dtype(tensor.dtype)``: fp16/bf16 → float32, float32/float64 unchanged.
+
+    Args:
+        tensor (torch.Tensor): any shape, a floating dtype.
+
+    Returns:
+        torch.Tensor: the same shape, in the compute dtype.
+    """
     return tensor.to(compute_dtype(tensor.dtype))
 
 
@@ -37,9 +53,14 @@ class RotaryEmbedding(nn.Module):
     Position p rotates the pair (x_j, x_{j+d/2}) by the angle p·θ_j with θ_j = base^(-2j/d), so that
     ⟨R_m q, R_n k⟩ depends on m − n only. The frequencies are recomputed on the fly (a d/2-vector),
     which keeps the module free of buffers that meta-device construction would leave uninitialised.
+
+    Args:
+        dim (int): d, the rotated width (even).
+        base (float): the RoPE base (``rope_theta``).
     """
 
     def __init__(self, dim: int, base: float = 10000.0) -> None:
+        """Check that ``dim`` is even and keep the base; see the class docstring for the arguments."""
         super().__init__()
         if dim % 2 != 0:
             raise ValueError(f"RotaryEmbedding needs an even dimension, got dim={dim}.")
@@ -47,14 +68,29 @@ class RotaryEmbedding(nn.Module):
         self.base = float(base)
 
     def inv_freq(self, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """θ_j = base^(-2j/d) for j = 0 … d/2 − 1, in ``dtype``."""
+        """θ_j = base^(-2j/d) for j = 0 … d/2 − 1, in ``dtype``.
+
+        Args:
+            device (torch.device): where to build the frequencies.
+            dtype (torch.dtype): their dtype.
+
+        Returns:
+            torch.Tensor: ``[d/2]``, ``dtype``.
+        """
         exponent = torch.arange(0, self.dim, 2, device=device, dtype=dtype) / self.dim
         return 1.0 / (self.base**exponent)
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return ``(cos, sin)`` shaped ``(batch, seq, dim)`` for ``position_ids`` of shape ``(batch, seq)``.
+        """Return ``(cos, sin)`` of the rotation angles of ``position_ids``.
 
         Angles are computed in ``compute_dtype(dtype)`` (float32 for half precision, float64 for float64).
+
+        Args:
+            position_ids (torch.Tensor): ``[B, T]`` integer positions.
+            dtype (torch.dtype): the dtype of the returned tables (the model dtype).
+
+        Returns:
+            tuple[torch.Tensor, torch.Tensor]: ``cos`` and ``sin``, each ``[B, T, d]`` in ``dtype``.
         """
         angle_dtype = compute_dtype(dtype)
         freqs = position_ids.to(angle_dtype)[..., None] * self.inv_freq(position_ids.device, angle_dtype)
@@ -62,19 +98,35 @@ class RotaryEmbedding(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def extra_repr(self) -> str:
+        """The module's line in ``print(model)``: its dimension and base."""
         return f"dim={self.dim}, base={self.base}"
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x₁, x₂) ↦ (−x₂, x₁) on the two halves of the last dimension."""
+    """(x₁, x₂) ↦ (−x₂, x₁) on the two halves of the last dimension.
+
+    Args:
+        x (torch.Tensor): ``[..., d]`` with d even, any dtype.
+
+    Returns:
+        torch.Tensor: ``[..., d]``, the same dtype.
+    """
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` of shape ``(batch, heads, seq, dim)`` by ``cos``/``sin`` of shape ``(batch, seq, dim)``.
+    """Rotate ``x`` by the angles whose ``cos``/``sin`` ``RotaryEmbedding`` returned.
 
     x ↦ x·cos + rotate_half(x)·sin (RoFormer, eq. 34, in the half-split layout Transformers uses).
+
+    Args:
+        x (torch.Tensor): ``[B, H, T, d]`` queries or keys (H = 1 for GAU's single head).
+        cos (torch.Tensor): ``[B, T, d]``, x's dtype.
+        sin (torch.Tensor): ``[B, T, d]``, x's dtype.
+
+    Returns:
+        torch.Tensor: ``[B, H, T, d]``, the rotated ``x``.
     """
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return x * cos + rotate_half(x) * sin
@@ -82,7 +134,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 def default_position_ids(batch_size: int, seq_length: int, past_length: int | torch.Tensor,
                          device: torch.device) -> torch.Tensor:
-    """Positions ``past_length … past_length + seq_length − 1`` for every row, shape ``(batch, seq)``."""
+    """Positions ``past_length … past_length + seq_length − 1`` for every row.
+
+    Args:
+        batch_size (int): B.
+        seq_length (int): T, the new tokens.
+        past_length (int | torch.Tensor): the tokens already cached (a scalar tensor while compiling).
+        device (torch.device): where to build the positions.
+
+    Returns:
+        torch.Tensor: ``[B, T]`` int64 (an expanded view of one row).
+    """
     positions = torch.arange(seq_length, device=device) + past_length
     return positions.unsqueeze(0).expand(batch_size, -1)
 
@@ -95,15 +157,29 @@ class RMSNorm(nn.Module):
 
     With ``elementwise_affine=False`` there is no gain g (GAU-α's parameter-free RMSNorm).
     Computed in at least float32 and cast back, so fp16/bf16 inputs do not overflow in x².
+
+    Args:
+        hidden_size (int): d, the normalised width.
+        eps (float): ε.
+        elementwise_affine (bool): whether the gain g (``weight``, ``[d]``, initialised to 1) exists.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, elementwise_affine: bool = True) -> None:
+        """Create the gain; the arguments are described in the class docstring."""
         super().__init__()
         self.hidden_size = hidden_size
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size)) if elementwise_affine else None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Normalise the last dimension.
+
+        Args:
+            hidden_states (torch.Tensor): ``[..., d]``, the model dtype.
+
+        Returns:
+            torch.Tensor: ``[..., d]``, the input's dtype.
+        """
         dtype = hidden_states.dtype
         x = upcast(hidden_states)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -112,6 +188,7 @@ class RMSNorm(nn.Module):
         return x.to(dtype)
 
     def extra_repr(self) -> str:
+        """The module's line in ``print(model)``: width, ε and whether it has a gain."""
         return f"{self.hidden_size}, eps={self.eps}, elementwise_affine={self.weight is not None}"
 
 
@@ -120,15 +197,29 @@ class ScaleNorm(nn.Module):
 
     The single gain is stored as ``weight`` (initialised to 1) and used as g = weight · √d, which is
     the paper's initialisation g = √d while keeping the stored parameter at the usual norm value 1.
+
+    Args:
+        hidden_size (int): d, the normalised width.
+        eps (float): ε, the smallest norm divided by.
+        elementwise_affine (bool): whether the gain (``weight``, ``[1]``) is learned; without it g = √d.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, elementwise_affine: bool = True) -> None:
+        """Create the gain; the arguments are described in the class docstring."""
         super().__init__()
         self.hidden_size = hidden_size
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(1)) if elementwise_affine else None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Scale the last dimension to norm g.
+
+        Args:
+            hidden_states (torch.Tensor): ``[..., d]``, the model dtype.
+
+        Returns:
+            torch.Tensor: ``[..., d]``, the input's dtype.
+        """
         dtype = hidden_states.dtype
         x = upcast(hidden_states)
         norm = x.norm(dim=-1, keepdim=True).clamp(min=self.eps)
@@ -136,6 +227,7 @@ class ScaleNorm(nn.Module):
         return (x * (gain / norm)).to(dtype)
 
     def extra_repr(self) -> str:
+        """The module's line in ``print(model)``: width, ε and whether it has a gain."""
         return f"{self.hidden_size}, eps={self.eps}, elementwise_affine={self.weight is not None}"
 
 
@@ -143,6 +235,14 @@ class LayerNorm(nn.LayerNorm):
     """``torch.nn.LayerNorm`` (Ba et al. 2016) computed in at least float32 for fp16/bf16 inputs."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Normalise the last dimension.
+
+        Args:
+            hidden_states (torch.Tensor): ``[..., d]``, the model dtype.
+
+        Returns:
+            torch.Tensor: ``[..., d]``, the input's dtype.
+        """
         dtype = hidden_states.dtype
         x = upcast(hidden_states)
         weight = self.weight.to(x.dtype) if self.weight is not None else None
@@ -152,7 +252,17 @@ class LayerNorm(nn.LayerNorm):
 
 
 def build_norm(norm_type: str, hidden_size: int, eps: float, elementwise_affine: bool = True) -> nn.Module:
-    """Return the norm named ``norm_type`` (one of ``NORM_TYPES``)."""
+    """Return the norm named ``norm_type`` (one of ``NORM_TYPES``).
+
+    Args:
+        norm_type (str): ``"layernorm"``, ``"rmsnorm"`` or ``"scalenorm"``.
+        hidden_size (int): d, the normalised width.
+        eps (float): ε.
+        elementwise_affine (bool): whether the norm has learned parameters.
+
+    Returns:
+        nn.Module: the norm.
+    """
     if norm_type == "layernorm":
         return LayerNorm(hidden_size, eps=eps, elementwise_affine=elementwise_affine)
     if norm_type == "rmsnorm":
@@ -171,40 +281,75 @@ def _query_positions(query_length: int, query_offset: int | torch.Tensor,
 
 
 def packed_document_ids(position_ids: torch.Tensor) -> torch.Tensor:
-    """dₜ: the document of token t in rows packing several documents, ``(batch, n)`` long.
+    """dₜ: the document of token t in rows packing several documents.
 
     A packing pipeline numbers every document from 0 without a mask: a document starts at column 0 and
     wherever the position does not increase, dₜ = Σ_{t′ ≤ t} [p_{t′} ≤ p_{t′−1}]. O(n).
+
+    Args:
+        position_ids (torch.Tensor): ``[B, T]`` integer positions p.
+
+    Returns:
+        torch.Tensor: ``[B, T]`` int64, the documents numbered from 0 in each row.
     """
     restarts = (position_ids[:, 1:] <= position_ids[:, :-1]).long()
     return F.pad(restarts.cumsum(-1), (1, 0))
 
 
 def document_lengths(document_ids: torch.Tensor) -> torch.Tensor:
-    """|d(t)|: the token count of token t's document, ``(batch, n)`` long, for ``packed_document_ids``'s dₜ.
+    """|d(t)|: the token count of token t's document, for ``packed_document_ids``'s dₜ.
 
-    Counts per document with one ``scatter_add`` (document indices are < n), read back per token: O(n)."""
+    Counts per document with one ``scatter_add`` (document indices are < n), read back per token: O(n).
+
+    Args:
+        document_ids (torch.Tensor): ``[B, T]`` int64 dₜ.
+
+    Returns:
+        torch.Tensor: ``[B, T]`` int64.
+    """
     sizes = torch.zeros_like(document_ids).scatter_add_(-1, document_ids, torch.ones_like(document_ids))
     return sizes.gather(-1, document_ids)
 
 
 def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
-    """t − s(t): token t's index in its document (s(t) = that document's first column), ``(batch, n)``.
+    """Token t's index in its document, t − s(t) (s(t) = that document's first column).
 
-    What the same token's column is when its document is run alone, whatever the positions say; O(n)."""
+    What the same token's column is when its document is run alone, whatever the positions say; O(n).
+
+    Args:
+        document_ids (torch.Tensor): ``[B, T]`` int64 dₜ.
+
+    Returns:
+        torch.Tensor: ``[B, T]`` int64.
+    """
     columns = torch.arange(document_ids.shape[-1], device=document_ids.device)
     starts = F.pad(document_ids[:, 1:] != document_ids[:, :-1], (1, 0), value=True)
     return columns - torch.where(starts, columns, 0).cummax(-1).values
 
 
 def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
-    """[d(i) = d(j)]: boolean ``(batch, 1, n, n)``, ``True`` where query i and key j share a document — the
-    block-diagonal mask of packed rows (Transformers' ``packed_sequence_mask_function``, materialised)."""
+    """[d(i) = d(j)]: ``True`` where query i and key j share a document.
+
+    The block-diagonal mask of packed rows (Transformers' ``packed_sequence_mask_function``, materialised).
+
+    Args:
+        document_ids (torch.Tensor): ``[B, T]`` int64 dₜ.
+
+    Returns:
+        torch.Tensor: ``[B, 1, T, T]`` bool.
+    """
     return (document_ids[:, :, None] == document_ids[:, None, :]).unsqueeze(1)
 
 
 def visible_keys(mask: torch.Tensor) -> torch.Tensor:
-    """A prepared mask as booleans, ``True`` where a key is visible (boolean as is; additive: 0 = visible)."""
+    """A prepared mask as booleans, ``True`` where a key is visible (boolean as is; additive: 0 = visible).
+
+    Args:
+        mask (torch.Tensor): ``[B, 1, T_q, T_k]`` (any shape), bool or an additive float mask.
+
+    Returns:
+        torch.Tensor: the same shape, bool.
+    """
     return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
 
 
@@ -213,16 +358,30 @@ def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, 
                        device: torch.device, dtype: torch.dtype = torch.float32,
                        position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None
                        ) -> torch.Tensor:
-    """nᵢ: how many keys query i may attend to in its own row, ``(batch, query_length)`` in ``dtype``.
+    """nᵢ: how many keys query i may attend to in its own row.
 
-    ``attention_mask``: 2D ``(batch, key_length)`` padding mask (1 = token, cache included), a prepared 4D
-    mask (boolean, or additive with 0 = visible) or ``None``. A causal query at position p =
-    ``query_offset`` + i sees the non-padded keys at positions ≤ p; the 2D case is O(batch · key_length), no
-    n×n tensor. ``position_ids`` (the caller's, when given) decide causal rows: nᵢ = position + 1. That equals
-    the mask's count for every real token when the positions number the tokens 0, 1, … (as ``generate`` does),
-    and it is all a serving engine (packed tokens, no mask) provides. ``document_ids`` (packed rows): a
-    bidirectional row sees its document (``document_lengths``), a causal row its document up to itself
-    (``document_positions`` + 1).
+    A causal query at position p = ``query_offset`` + i sees the non-padded keys at positions ≤ p; the 2D case
+    is O(batch · key_length), no n×n tensor. ``position_ids`` (the caller's, when given) decide causal rows:
+    nᵢ = position + 1. That equals the mask's count for every real token when the positions number the tokens
+    0, 1, … (as ``generate`` does), and it is all a serving engine (packed tokens, no mask) provides.
+    ``document_ids`` (packed rows): a bidirectional row sees its document (``document_lengths``), a causal row
+    its document up to itself (``document_positions`` + 1).
+
+    Args:
+        attention_mask (torch.Tensor | None): a 2D ``[B, T_k]`` padding mask (1 = token, cache included), a
+            prepared 4D ``[B, 1, T_q, T_k]`` mask (boolean, or additive with 0 = visible) or ``None``.
+        batch_size (int): B.
+        query_length (int): T_q, the new tokens.
+        key_length (int): T_k, the keys (cache included).
+        query_offset (int | torch.Tensor): the position of the first query (the cached tokens).
+        causal (bool): whether queries see only earlier keys.
+        device (torch.device): where to build the counts.
+        dtype (torch.dtype): their dtype.
+        position_ids (torch.Tensor | None): ``[B, T_q]`` or ``[1, T_q]`` integer positions (causal rows only).
+        document_ids (torch.Tensor | None): ``[B, T_q]`` int64 dₜ of packed rows.
+
+    Returns:
+        torch.Tensor: ``[B, T_q]`` in ``dtype``.
     """
     if causal and position_ids is not None:
         counts = position_ids.to(device=device, dtype=dtype) + 1
@@ -252,7 +411,15 @@ def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, 
 
 
 def log_key_counts(key_counts: torch.Tensor, min_length: int) -> torch.Tensor:
-    """log(max(nᵢ, ``min_length``)), the clamp bert4keras uses since 2023 (rows with few keys stay stable)."""
+    """log(max(nᵢ, ``min_length``)), the clamp bert4keras uses since 2023 (rows with few keys stay stable).
+
+    Args:
+        key_counts (torch.Tensor): ``[B, T]`` nᵢ, a floating dtype.
+        min_length (int): the clamp.
+
+    Returns:
+        torch.Tensor: ``[B, T]``, ``key_counts``' dtype.
+    """
     return key_counts.clamp(min=float(min_length)).log()
 
 
@@ -266,9 +433,18 @@ def entropy_invariant_factor(
 
     Multiplying q·k/√d by it is softmax(κ log n / d · QKᵀ) with κ such that it is standard attention at nᵢ =
     ``base_length``. ``scope="beyond"``: max(1, log nᵢ / log base_length), scaling only rows past the training
-    length (Qwen's ``use_logn_attn``).
+    length (Qwen's ``use_logn_attn``). Both logarithms are taken in the same precision (the factor is 1 at
+    nᵢ = base_length), with no host-to-GPU copy.
+
+    Args:
+        key_counts (torch.Tensor): ``[B, T]`` nᵢ, a floating dtype.
+        base_length (int): the training length m at which the factor is 1.
+        min_length (int): the lower clamp of nᵢ (scope ``"all"``).
+        scope (str): ``"all"`` or ``"beyond"``.
+
+    Returns:
+        torch.Tensor: ``[B, T]``, ``key_counts``' dtype.
     """
-    # Both logarithms in the same precision (the factor is 1 at nᵢ = base_length); no host-to-GPU copy.
     log_base = torch.full((), float(base_length), device=key_counts.device, dtype=key_counts.dtype).log()
     if scope == "beyond":
         return (key_counts.clamp(min=1.0).log() / log_base).clamp(min=1.0)
@@ -279,11 +455,25 @@ def boolean_attention_mask(attention_mask: torch.Tensor | None, *, batch_size: i
                            key_length: int, query_offset: int | torch.Tensor = 0, causal: bool,
                            device: torch.device, document_ids: torch.Tensor | None = None
                            ) -> torch.Tensor | None:
-    """A boolean mask ``(batch, 1, query_length, key_length)``, ``True`` where query i may see key j.
+    """A boolean mask, ``True`` where query i may see key j.
 
     Combines the 2D padding mask (or takes a prepared 4D mask as is) with causality, and with ``document_ids``
-    (packed rows: no mask, no cache, so queries are the keys) with ``document_mask``. Returns ``None``
-    when every key is visible to every query (bidirectional, no padding, one document per row).
+    (packed rows: no mask, no cache, so queries are the keys) with ``document_mask``.
+
+    Args:
+        attention_mask (torch.Tensor | None): a 2D ``[B, T_k]`` padding mask (1 = token, cache included), a
+            prepared 4D ``[B, 1, T_q, T_k]`` mask (boolean, or additive with 0 = visible) or ``None``.
+        batch_size (int): B.
+        query_length (int): T_q, the new tokens.
+        key_length (int): T_k, the keys (cache included).
+        query_offset (int | torch.Tensor): the position of the first query (the cached tokens).
+        causal (bool): whether queries see only earlier keys.
+        device (torch.device): where to build the mask.
+        document_ids (torch.Tensor | None): ``[B, T]`` int64 dₜ of packed rows.
+
+    Returns:
+        torch.Tensor | None: ``[B, 1, T_q, T_k]`` bool, or ``None`` when every key is visible to every query
+        (bidirectional, no padding, one document per row).
     """
     if attention_mask is not None and attention_mask.dim() == 4:
         return visible_keys(attention_mask)
@@ -308,7 +498,17 @@ def update_cache(
 
     The positions are passed as ``cache_position``: Transformers 5.0's static cache writes exactly there
     (without them it would overwrite the prompt); later releases count the length themselves and ignore them.
-    Returns every cached key and value of the layer (a static cache: all of its slots).
+
+    Args:
+        cache (Cache): the model's cache.
+        key (torch.Tensor): ``[B, H, T, D_k]``, the new keys.
+        value (torch.Tensor): ``[B, H, T, D_v]``, their values.
+        layer_idx (int): the layer.
+        query_offset (int | torch.Tensor): the position of the first new token.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: every cached key ``[B, H, T_k, D_k]`` and value
+        ``[B, H, T_k, D_v]`` of the layer (a static cache: all of its slots).
     """
     positions = torch.arange(key.shape[-2], device=key.device) + query_offset
     return cache.update(key, value, layer_idx, {"cache_position": positions})
@@ -320,7 +520,13 @@ def update_cache(
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Softmax over the last dimension in at least float32, where rows with no visible key give exact zeros.
 
-    ``mask`` is boolean (``True`` = visible) or additive float (0 = visible, very negative = hidden).
+    Args:
+        scores (torch.Tensor): ``[B, H, T_q, T_k]`` logits, any floating dtype.
+        mask (torch.Tensor | None): broadcastable to ``scores`` (``[B, 1, T_q, T_k]``), boolean (``True`` =
+            visible) or additive float (0 = visible, very negative = hidden).
+
+    Returns:
+        torch.Tensor: ``[B, H, T_q, T_k]`` probabilities in ``compute_dtype(scores.dtype)``.
     """
     scores = upcast(scores)
     if mask is None:
@@ -345,6 +551,15 @@ def check_head_indices(
     Raises ``ValueError`` naming ``what`` (the argument the heads came from) and ``layer`` if given:
     "{what}: heads [..] (of layer l) are out of range [0, num_heads)." or
     "{what}(: layer l) lists a head twice: [..].".
+
+    Args:
+        heads (Iterable[int]): head indices.
+        num_heads (int): the number of heads.
+        what (str): the argument the heads came from, for the message.
+        layer (int | None): the layer, for the message.
+
+    Returns:
+        list[int]: the heads, sorted.
     """
     heads = [int(h) for h in heads]
     bad = [h for h in heads if not 0 <= h < num_heads]
@@ -364,6 +579,14 @@ def normalize_pruned_heads(
 
     JSON stores the layer keys as strings; they are converted back here. Raises ``ValueError``
     naming ``pruned_heads`` for a layer or head index out of range or a repeated head.
+
+    Args:
+        pruned_heads (Mapping | None): ``{layer: [heads]}`` (layer keys int or str), or ``None``.
+        num_layers (int): the number of layers.
+        num_heads (int): the heads per layer before pruning.
+
+    Returns:
+        dict[int, list[int]]: the layers with pruned heads, ascending, each with its heads sorted.
     """
     if pruned_heads is None:
         return {}
@@ -384,7 +607,16 @@ def normalize_pruned_heads(
 
 
 def kept_heads(pruned_heads: Mapping[int, list[int]], layer_idx: int, num_heads: int) -> list[int]:
-    """Original indices of the heads that layer ``layer_idx`` still has."""
+    """Original indices of the heads that layer ``layer_idx`` still has.
+
+    Args:
+        pruned_heads (Mapping[int, list[int]]): ``{layer: [removed heads]}``.
+        layer_idx (int): the layer.
+        num_heads (int): the heads per layer before pruning.
+
+    Returns:
+        list[int]: the kept heads, ascending.
+    """
     removed = set(pruned_heads.get(layer_idx, ()))
     return [h for h in range(num_heads) if h not in removed]
 
@@ -398,10 +630,21 @@ def headless_attention_output(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(output, weights)`` of an attention layer whose heads were all pruned.
 
-    output = ``output_projection`` of the empty ``(batch, seq, 0)`` context (its bias), or that context when
-    ``output_projection`` is ``None``; weights = an empty ``(batch, 0, seq, k)`` tensor. With a ``cache``, a
-    one-channel placeholder is stored as the layer's keys and values (caches derive their length from a
-    layer's keys), at ``query_offset`` … when given (``update_cache``), else with a plain ``cache.update``.
+    With a ``cache``, a one-channel placeholder is stored as the layer's keys and values (caches derive their
+    length from a layer's keys), at ``query_offset`` … when given (``update_cache``), else with a plain
+    ``cache.update``.
+
+    Args:
+        hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+        output_projection (nn.Module | None): the layer's output projection, or ``None``.
+        cache (Cache | None): the model's cache.
+        layer_idx (int): the layer.
+        query_offset (int | torch.Tensor | None): the position of the first new token, or ``None``.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: output = ``output_projection`` of the empty ``[B, T, 0]`` context
+        (its bias, ``[B, T, D]``), or that context when ``output_projection`` is ``None``; weights = an empty
+        ``[B, 0, T, T_k]`` tensor (T_k = the cached keys with the new ones).
     """
     batch_size, seq_length = hidden_states.shape[:2]
     key_length = seq_length

@@ -29,19 +29,30 @@ IGNORE_INDEX = -100
 """Label of a token that is not scored (Transformers' and ``torch.nn.functional.cross_entropy``'s default)."""
 
 CHUNK_ELEMENTS = 2**25
-"""Logits per chunk when ``chunk_tokens`` is not given: chunk_tokens = CHUNK_ELEMENTS // V (1,048 tokens at
-V = 32,000: 67 MB of bf16 logits and 134 MB of float32 ones at a time)."""
+"""Logits per chunk when ``chunk_tokens`` is not given: chunk_tokens = CHUNK_ELEMENTS // V.
+
+That is 1,048 tokens at V = 32,000: 67 MB of bf16 logits and 134 MB of float32 ones at a time.
+"""
 
 
 def default_chunk_tokens(vocab_size: int) -> int:
-    """Tokens per chunk for a vocabulary of ``vocab_size``: ``CHUNK_ELEMENTS // vocab_size``, at least 1."""
+    """Tokens per chunk for a vocabulary of ``vocab_size``: ``CHUNK_ELEMENTS // vocab_size``, at least 1.
+
+    Args:
+        vocab_size (int): V.
+
+    Returns:
+        int: the tokens per chunk.
+    """
     return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
-    """Loss and gradients chunk by chunk in forward (see the module docstring); backward scales the saved
-    gradients. Inputs: ``hidden`` (T, d), ``weight`` (V, d), ``bias`` (V,) or ``None``, ``targets`` (T,)
-    int64, ``denominator`` a float32 scalar tensor."""
+    """Loss and gradients chunk by chunk in forward (see the module docstring).
+
+    Backward scales the saved gradients. Inputs: ``hidden`` [T, d], ``weight`` [V, d], ``bias`` [V] or
+    ``None``, ``targets`` [T] int64, ``denominator`` a float32 scalar tensor.
+    """
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor,  # type: ignore[override]
@@ -84,8 +95,11 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 
 
 def _targets(labels: torch.Tensor, shift: bool, ignore_index: int) -> torch.Tensor:
-    """Labels (…, n) → per-token targets (T,): shifted left by one with ``ignore_index`` at each row's end
-    when ``shift`` (position t predicts token t + 1), as ``ForCausalLMLoss``."""
+    """Labels [..., n] → per-token targets [T].
+
+    With ``shift``, shifted left by one with ``ignore_index`` at each row's end (position t predicts token
+    t + 1), as ``ForCausalLMLoss``.
+    """
     if shift:
         labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     return labels.reshape(-1).long()
@@ -112,8 +126,11 @@ def _check_inputs(hidden_states: torch.Tensor, weight: torch.Tensor, labels: tor
 
 
 def _check_label_range(targets: torch.Tensor, vocab_size: int, ignore_index: int) -> None:
-    """``ValueError`` naming ``labels`` when a scored label is outside [0, V). Only for CPU tensors (elsewhere
-    the check would make the host wait for the device at every training step) and not while compiling."""
+    """``ValueError`` naming ``labels`` when a scored label is outside [0, V).
+
+    Only for CPU tensors (elsewhere the check would make the host wait for the device at every training step)
+    and not while compiling.
+    """
     if torch.compiler.is_compiling() or targets.device.type != "cpu":
         return
     scored = targets[targets != ignore_index]
@@ -127,28 +144,34 @@ def chunked_cross_entropy(hidden_states: torch.Tensor, weight: torch.Tensor, lab
                           ignore_index: int = IGNORE_INDEX,
                           num_items_in_batch: torch.Tensor | int | None = None,
                           chunk_tokens: int | None = None) -> torch.Tensor:
-    """Causal-LM cross-entropy of the logits ``hidden_states @ weightᵀ + bias``, never holding the logits of
-    more than ``chunk_tokens`` tokens: L = (1/D) Σₜ [logsumexp(zₜ) − zₜ,yₜ] over the tokens whose label is not
-    ``ignore_index``, D = their number or ``num_items_in_batch``. Equals Transformers' ``ForCausalLMLoss`` on
-    the full logits (float32 log-softmax of logits in the weight's dtype), gradients included.
+    """Causal-LM cross-entropy of the logits ``hidden_states @ weightᵀ + bias``, chunk by chunk.
+
+    Never holds the logits of more than ``chunk_tokens`` tokens: L = (1/D) Σₜ [logsumexp(zₜ) − zₜ,yₜ] over the
+    tokens whose label is not ``ignore_index``, D = their number or ``num_items_in_batch``. Equals
+    Transformers' ``ForCausalLMLoss`` on the full logits (float32 log-softmax of logits in the weight's
+    dtype), gradients included. Saved for backward: ∂L/∂h ``[T, d]`` in the hidden states' dtype and ∂L/∂W,
+    ∂L/∂b in the weight's, computed here when gradients are enabled (module docstring).
 
     Args:
-        hidden_states: ``(batch, n, d)`` (or ``(T, d)`` with ``shift=False``), the final hidden states (the LM
-            head's input), float32 / bf16 / fp16; under ``torch.autocast`` cast to its dtype, as the head is.
-        weight: ``(V, d)``, the LM head's weight (tied to the input embedding or not).
-        labels: ``(batch, n)`` integer token ids, the hidden states' shape without ``d``; with ``shift`` (the
-            default) the input ids, position t predicting token t + 1; with ``shift=False`` already shifted
-            (Transformers' ``shift_labels``).
-        bias: ``(V,)`` or ``None``.
-        shift: shift ``labels`` left by one inside (``ignore_index`` at the end of each row).
-        ignore_index: label of tokens that are not scored (padding, prompts).
-        num_items_in_batch: the denominator D instead of the number of scored tokens (Trainer's gradient
-            accumulation); a tensor or an int.
-        chunk_tokens: tokens whose logits exist at once (default ``default_chunk_tokens(V)``, ≈ 2²⁵ logits).
+        hidden_states (torch.Tensor): ``[B, T, d]`` (or ``[T, d]`` with ``shift=False``), the final hidden
+            states (the LM head's input), float32 / bf16 / fp16; under ``torch.autocast`` cast to its dtype,
+            as the head is.
+        weight (torch.Tensor): ``[V, d]``, the LM head's weight (tied to the input embedding or not), the
+            hidden states' dtype.
+        labels (torch.Tensor): ``[B, T]`` integer token ids, the hidden states' shape without ``d``; with
+            ``shift`` (the default) the input ids, position t predicting token t + 1; with ``shift=False``
+            already shifted (Transformers' ``shift_labels``).
+        bias (torch.Tensor | None): ``[V]``, the weight's dtype, or ``None``.
+        shift (bool): shift ``labels`` left by one inside (``ignore_index`` at the end of each row).
+        ignore_index (int): label of tokens that are not scored (padding, prompts).
+        num_items_in_batch (torch.Tensor | int | None): the denominator D instead of the number of scored
+            tokens (Trainer's gradient accumulation); a tensor or an int.
+        chunk_tokens (int | None): tokens whose logits exist at once (default ``default_chunk_tokens(V)``,
+            ≈ 2²⁵ logits).
 
-    Returns a float32 scalar (NaN when no token is scored and ``num_items_in_batch`` is not given, as
-    Transformers' loss). Saved for backward: ∂L/∂h ``(T, d)`` in the hidden states' dtype and ∂L/∂W, ∂L/∂b in
-    the weight's, computed here when gradients are enabled (module docstring).
+    Returns:
+        torch.Tensor: a float32 scalar (NaN when no token is scored and ``num_items_in_batch`` is not given,
+        as Transformers' loss).
     """
     _check_inputs(hidden_states, weight, labels, bias, chunk_tokens)
     device_type = hidden_states.device.type

@@ -1,5 +1,7 @@
-"""Model pieces shared by the three families: the attention geometry, the ``PreTrainedModel`` base, the
-backbone and the task heads. A family defines its attention and layer, then composes:
+"""Model pieces shared by the three families.
+
+The attention geometry, the ``PreTrainedModel`` base, the backbone and the task heads. A family defines its
+attention and layer, then composes:
 
 ```python
 class FooPreTrainedModel(AttnVariantPreTrainedModel): ...  # config_class, layer_class = FooLayer
@@ -63,11 +65,19 @@ else:
 class AttentionGeometry(NamedTuple):
     """Where the queries of one forward pass sit among the keys; the backbone builds it once for every layer.
 
-    ``query_offset``: the cached tokens before the queries (a tensor with a static cache, whose updates
-    advance it); the keys are the ``query_offset + query_length`` tokens. ``attention_mask``: the caller's 2D
-    ``(batch, keys)`` or prepared 4D mask. ``position_ids``: the caller's positions, ``None`` when defaulted
-    (only the caller's positions may decide nᵢ). ``document_ids``: the document of each token of rows packing
-    several documents (``packed_document_ids``), else ``None``.
+    Attributes:
+        batch_size (int): B.
+        query_length (int): T, the new tokens.
+        query_offset (int | torch.Tensor): the cached tokens before the queries (a tensor with a static cache,
+            whose updates advance it); the keys are the ``query_offset + query_length`` tokens.
+        causal (bool): whether queries see only earlier keys.
+        device (torch.device): the inputs' device.
+        attention_mask (torch.Tensor | None): the caller's 2D ``[B, T_k]`` or prepared 4D ``[B, 1, T, T_k]``
+            mask.
+        position_ids (torch.Tensor | None): ``[B, T]``, the caller's positions, ``None`` when defaulted (only
+            the caller's positions may decide nᵢ).
+        document_ids (torch.Tensor | None): ``[B, T]`` int64, the document of each token of rows packing
+            several documents (``packed_document_ids``), else ``None``.
     """
 
     batch_size: int
@@ -81,10 +91,15 @@ class AttentionGeometry(NamedTuple):
 
     @property
     def key_length(self) -> int | torch.Tensor:
+        """T_k = ``query_offset + query_length``, the keys with the cache."""
         return self.query_offset + self.query_length
 
     def positions(self) -> torch.Tensor:
-        """Positions used ``(batch, query_length)``: the caller's, else offset … offset + query_length − 1."""
+        """Positions used: the caller's, else offset … offset + query_length − 1.
+
+        Returns:
+            torch.Tensor: ``[B, T]`` integer positions.
+        """
         if self.position_ids is not None:
             return self.position_ids
         return default_position_ids(self.batch_size, self.query_length, self.query_offset, self.device)
@@ -95,37 +110,75 @@ class AttentionGeometry(NamedTuple):
                 "query_offset": self.query_offset, "device": self.device}
 
     def key_counts(self, dtype: torch.dtype) -> torch.Tensor:
-        """nᵢ, the keys each query sees ``(batch, query_length)`` (``visible_key_counts``)."""
+        """nᵢ, the keys each query sees (``visible_key_counts``).
+
+        Args:
+            dtype (torch.dtype): the counts' dtype.
+
+        Returns:
+            torch.Tensor: ``[B, T]`` in ``dtype``.
+        """
         return visible_key_counts(self.attention_mask, **self._shape(), dtype=dtype,
                                   position_ids=self.position_ids, document_ids=self.document_ids)
 
     def boolean_mask(self) -> torch.Tensor | None:
-        """Padding ∧ causality (∧ same document) as a boolean ``(batch, 1, q, k)`` mask
-        (``boolean_attention_mask``)."""
+        """Padding ∧ causality (∧ same document) as a boolean mask (``boolean_attention_mask``).
+
+        Returns:
+            torch.Tensor | None: ``[B, 1, T, T_k]`` bool, or ``None`` when every key is visible.
+        """
         return boolean_attention_mask(self.attention_mask, **self._shape(), document_ids=self.document_ids)
 
     def causal_mask(self, key_length: int) -> torch.Tensor | None:
-        """Causality alone over ``key_length`` keys (a static cache's slots): the mask a kernel that needs one
-        gets when the caller's mask was prepared as ``None`` (SDPA's ``is_causal``). ``None`` for a
-        bidirectional pass."""
+        """Causality alone over ``key_length`` keys (a static cache's slots).
+
+        The mask a kernel that needs one gets when the caller's mask was prepared as ``None`` (SDPA's
+        ``is_causal``).
+
+        Args:
+            key_length (int): the keys (a static cache: all of its slots).
+
+        Returns:
+            torch.Tensor | None: ``[B, 1, T, key_length]`` bool, or ``None`` for a bidirectional pass.
+        """
         return boolean_attention_mask(None, **self._shape(key_length)) if self.causal else None
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward block: down_proj(act(up_proj(x))) (Vaswani et al. 2017)."""
+    """Position-wise feed-forward block: down_proj(act(up_proj(x))) (Vaswani et al. 2017, arXiv:1706.03762).
+
+    Args:
+        config (AttnVariantConfig): ``hidden_size``, ``intermediate_size``, ``hidden_act`` and ``use_bias``.
+    """
 
     def __init__(self, config: AttnVariantConfig) -> None:
+        """Build the two projections; the argument is described in the class docstring."""
         super().__init__()
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.use_bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """down_proj(act(up_proj(x))).
+
+        Args:
+            hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+
+        Returns:
+            torch.Tensor: ``[B, T, D]``, the model dtype.
+        """
         return self.down_proj(self.act_fn(self.up_proj(hidden_states)))
 
 
 def config_norm(config: AttnVariantConfig) -> nn.Module:
-    """The norm the config names (``norm_type``, ``layer_norm_eps``, ``norm_elementwise_affine``)."""
+    """The norm the config names (``norm_type``, ``layer_norm_eps``, ``norm_elementwise_affine``).
+
+    Args:
+        config (AttnVariantConfig): the model's config.
+
+    Returns:
+        nn.Module: a norm over ``hidden_size``.
+    """
     return build_norm(config.norm_type, config.hidden_size, config.layer_norm_eps,
                       config.norm_elementwise_affine)
 
@@ -133,19 +186,38 @@ def config_norm(config: AttnVariantConfig) -> nn.Module:
 def residual_block(
     hidden_states: torch.Tensor, sublayer: Any, norm: nn.Module, dropout: nn.Module, norm_position: str
 ) -> torch.Tensor:
-    """Pre-norm x + drop(f(norm(x))) or post-norm norm(x + drop(f(x))) for the callable ``sublayer`` f."""
+    """Pre-norm x + drop(f(norm(x))) or post-norm norm(x + drop(f(x))) for the callable ``sublayer`` f.
+
+    Args:
+        hidden_states (torch.Tensor): ``[B, T, D]`` x, the model dtype.
+        sublayer (Callable): f, ``[B, T, D]`` → ``[B, T, D]``.
+        norm (nn.Module): the block's norm.
+        dropout (nn.Module): the residual branch's dropout.
+        norm_position (str): ``"pre"`` or ``"post"``.
+
+    Returns:
+        torch.Tensor: ``[B, T, D]``, the model dtype.
+    """
     if norm_position == "pre":
         return hidden_states + dropout(sublayer(norm(hidden_states)))
     return norm(hidden_states + dropout(sublayer(hidden_states)))
 
 
 class AttentionMLPLayer(GradientCheckpointingLayer):
-    """Attention, then the feed-forward network, each inside ``residual_block``. A family names its
-    ``attention_class`` (taking ``(config, layer_idx)``), given the layer's keyword arguments unchanged."""
+    """Attention, then the feed-forward network, each inside ``residual_block``.
+
+    A family names its ``attention_class`` (taking ``(config, layer_idx)``), given the layer's keyword
+    arguments unchanged.
+
+    Args:
+        config (AttnVariantConfig): the model's config.
+        layer_idx (int): the layer's index.
+    """
 
     attention_class: ClassVar[type[nn.Module]]
 
     def __init__(self, config: AttnVariantConfig, layer_idx: int) -> None:
+        """Build the attention, the feed-forward block, their norms and dropout; see the class docstring."""
         super().__init__()
         self.norm_position = config.norm_position
         self.self_attn = self.attention_class(config, layer_idx)
@@ -155,6 +227,17 @@ class AttentionMLPLayer(GradientCheckpointingLayer):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: torch.Tensor, **attention_kwargs: Any) -> torch.Tensor:
+        """Attention block, then feed-forward block.
+
+        Args:
+            hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+            **attention_kwargs: the attention's keyword inputs (geometry, RoPE tables, masks, nᵢ, cache),
+                passed through unchanged.
+
+        Returns:
+            torch.Tensor: ``[B, T, D]``, the model dtype.
+        """
+
         def attend(x: torch.Tensor) -> torch.Tensor:
             return self.self_attn(x, **attention_kwargs)[0]
 
@@ -186,6 +269,11 @@ class AttnVariantPreTrainedModel(RemoteCodeSavingMixin, PreTrainedModel):
     Both name the modules FSDP/``device_map`` keep whole and the outputs ``output_*`` records."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Derive ``_no_split_modules`` and ``_can_record_outputs`` from a subclass's ``layer_class``.
+
+        Args:
+            **kwargs: passed to ``PreTrainedModel.__init_subclass__``.
+        """
         super().__init_subclass__(**kwargs)
         layer = cls.__dict__.get("layer_class")
         if layer is not None:
@@ -215,7 +303,15 @@ class AttnVariantPreTrainedModel(RemoteCodeSavingMixin, PreTrainedModel):
         """Initialise parameters and buffers specific to a family (override in the family)."""
 
     def __init__(self, config: AttnVariantConfig, *args: Any, **kwargs: Any) -> None:
-        # vLLM goes on past is_backend_compatible() == False and builds the model under its own attention.
+        """Refuse vLLM's attention for a family it cannot compute, then build as ``PreTrainedModel``.
+
+        vLLM goes on past ``is_backend_compatible() == False`` and builds the model under its own attention.
+
+        Args:
+            config (AttnVariantConfig): the model's config.
+            *args: passed to ``PreTrainedModel``.
+            **kwargs: passed to ``PreTrainedModel``.
+        """
         if (self.serving_limitation
                 and getattr(config, "_attn_implementation", None) == SERVING_ENGINE_ATTENTION):
             raise ValueError(self.serving_refusal())
@@ -223,7 +319,11 @@ class AttnVariantPreTrainedModel(RemoteCodeSavingMixin, PreTrainedModel):
 
     @classmethod
     def serving_refusal(cls) -> str | None:
-        """Why vLLM cannot serve this family and what to use instead, in one sentence (``None`` if it can)."""
+        """Why vLLM cannot serve this family and what to use instead, in one sentence.
+
+        Returns:
+            str | None: the sentence, or ``None`` if vLLM can serve it.
+        """
         if cls.serving_limitation is None:
             return None
         family = cls.config_class.__name__.removesuffix("Config")
@@ -232,8 +332,11 @@ class AttnVariantPreTrainedModel(RemoteCodeSavingMixin, PreTrainedModel):
                 "(model.generate with its cache).")
 
     def init_parallel_plans(self) -> None:
-        """Transformers' parallel plans, less the tensor-parallel rules that name no module or parameter of
-        this configuration (the Synthesizer's q/k projections exist only with ``vanilla``)."""
+        """Transformers' parallel plans, less the tensor-parallel rules that name nothing of this model.
+
+        A rule is dropped when it names no module or parameter of this configuration (the Synthesizer's q/k
+        projections exist only with ``vanilla``).
+        """
         super().init_parallel_plans()
         names = {
             re.sub(r"\.\d+(\.|$)", r".*\1", name)  # layer numbers as wildcards, as the plans write them
@@ -243,9 +346,19 @@ class AttnVariantPreTrainedModel(RemoteCodeSavingMixin, PreTrainedModel):
 
     def gather_sharded_state_dict_for_save(self, model_to_save: Any, state_dict: dict, *args: Any,
                                            **kwargs: Any) -> dict:
-        """Transformers' gather of a sharded model's weights, with each tied name pointing at its source's
-        tensor again: the gather returns a tensor per name, and the tie removal before writing finds ties by
-        storage."""
+        """Transformers' gather of a sharded model's weights, each tied name pointing at its source again.
+
+        The gather returns a tensor per name, and the tie removal before writing finds ties by storage.
+
+        Args:
+            model_to_save (Any): the model being saved.
+            state_dict (dict): its sharded state dict.
+            *args: passed to Transformers' gather.
+            **kwargs: passed to Transformers' gather.
+
+        Returns:
+            dict: the gathered state dict.
+        """
         gathered = super().gather_sharded_state_dict_for_save(model_to_save, state_dict, *args, **kwargs)
         for target, source in (getattr(model_to_save, "all_tied_weights_keys", None) or {}).items():
             if target in gathered and source in gathered:
@@ -258,9 +371,14 @@ class AttnVariantBackbone(ModelMixinBase):
 
     A family implements ``_attention_inputs``; its ``PreTrainedModel`` names the ``layer_class``. Every layer
     gets the ``AttentionGeometry`` (``geometry``), the RoPE tables, the cache and the family's inputs.
+    Post-norm stacks (BERT, GAU-α) normalise the embeddings; pre-norm stacks normalise at the end.
+
+    Args:
+        config (AttnVariantConfig): the model's config.
     """
 
     def __init__(self, config: AttnVariantConfig) -> None:
+        """Build the embeddings, RoPE, the norms and the layers; the argument is in the class docstring."""
         super().__init__(config)
         self.is_causal = config.is_decoder
         self.embed_tokens: nn.Module = nn.Embedding(config.vocab_size, config.hidden_size,
@@ -270,7 +388,6 @@ class AttnVariantBackbone(ModelMixinBase):
         self.embed_positions = (nn.Embedding(config.max_position_embeddings, config.hidden_size) if absolute
                                 else None)
         self.rotary_emb = RotaryEmbedding(self._rotary_dim(config), config.rope_theta) if rope else None
-        # Post-norm stacks (BERT, GAU-α) normalise the embeddings; pre-norm stacks normalise at the end.
         post = config.norm_position == "post"
         self.embed_norm = config_norm(config) if post else nn.Identity()
         self.norm = nn.Identity() if post else config_norm(config)
@@ -285,9 +402,19 @@ class AttnVariantBackbone(ModelMixinBase):
         return config.head_dim
 
     def get_input_embeddings(self) -> nn.Module:
+        """The token embedding ``embed_tokens``.
+
+        Returns:
+            nn.Module: the embedding.
+        """
         return self.embed_tokens
 
     def set_input_embeddings(self, value: nn.Module) -> None:
+        """Replace the token embedding.
+
+        Args:
+            value (nn.Module): the new embedding (``vocab_size`` × ``hidden_size``).
+        """
         self.embed_tokens = value
 
     def _attention_inputs(
@@ -299,7 +426,16 @@ class AttnVariantBackbone(ModelMixinBase):
     def layer_inputs(
         self, geometry: AttentionGeometry, hidden_states: torch.Tensor, cache: Cache | None = None
     ) -> dict[str, Any]:
-        """Every layer keyword argument but the RoPE tables: the geometry, the cache, the family's inputs."""
+        """Every layer keyword argument but the RoPE tables: the geometry, the cache, the family's inputs.
+
+        Args:
+            geometry (AttentionGeometry): the call's geometry.
+            hidden_states (torch.Tensor): ``[B, T, D]`` embeddings (for their dtype), the model dtype.
+            cache (Cache | None): the model's cache.
+
+        Returns:
+            dict[str, Any]: the layers' keyword arguments.
+        """
         return {"geometry": geometry, "cache": cache,
                 **self._attention_inputs(geometry, hidden_states, cache)}
 
@@ -369,9 +505,11 @@ class AttnVariantBackbone(ModelMixinBase):
 
     def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
                positions: torch.Tensor) -> torch.Tensor:
-        """Token (+ learned position) embeddings, embedding norm and dropout. A later stage of Transformers'
-        pipeline parallelism (layer 0 replaced by a ``PipelineIdentityLayer``) gets the previous stage's
-        hidden states as ``inputs_embeds``, which are not embedded again."""
+        """Token (+ learned position) embeddings, embedding norm and dropout.
+
+        A later stage of Transformers' pipeline parallelism (layer 0 replaced by a ``PipelineIdentityLayer``)
+        gets the previous stage's hidden states as ``inputs_embeds``, which are not embedded again.
+        """
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         if type(self.layers[0]).__name__ == "PipelineIdentityLayer":
             return hidden_states
@@ -391,7 +529,24 @@ class AttnVariantBackbone(ModelMixinBase):
         use_cache: bool | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
-        """Run the stack. ``attention_mask``: 2D ``(batch, past + seq)``, 1 = token, or a prepared 4D mask."""
+        """Run the stack: embeddings, every layer, the final norm.
+
+        Args:
+            input_ids (torch.LongTensor | None): ``[B, T]`` token ids (or ``inputs_embeds``).
+            attention_mask (torch.Tensor | None): 2D ``[B, past + T]``, 1 = token, or a prepared 4D
+                ``[B, 1, T, T_k]`` mask (or generate's dict of masks per layer type).
+            position_ids (torch.Tensor | None): ``[B, T]`` or ``[1, T]`` positions; restarting inside a row
+                without a mask, they mark packed documents.
+            cache (Cache | None): the cache of earlier tokens (causal models; also accepted as
+                ``past_key_values``).
+            inputs_embeds (torch.Tensor | None): ``[B, T, D]`` embeddings in the model dtype, instead of
+                ``input_ids``.
+            use_cache (bool | None): return a cache (a new ``DynamicCache`` when none is given).
+            **kwargs: Transformers' output switches and attention keyword arguments, passed to the layers.
+
+        Returns:
+            BaseModelOutputWithPast: ``last_hidden_state`` ``[B, T, D]`` in the model dtype and the cache.
+        """
         given = self._input(input_ids, inputs_embeds)
         batch_size, seq_length = given.shape[:2]
         if isinstance(attention_mask, dict):  # generate's masks per layer type, for configs with layer_types
@@ -454,10 +609,12 @@ class _HeadMixin(ModelMixinBase):
         return config
 
     def _tie_before_fsdp(self, config: AttnVariantConfig) -> None:
-        """Tie ``lm_head`` to ``embed_tokens`` at construction when FSDP2 will shard the model: Transformers
-        ties them only after ``fully_shard``, when FSDP2 manages them as two parameters, and the head would
-        keep its initial weights (docs/scaling.md). Tensor parallelism ties correctly afterwards; with FSDP
-        too, refused."""
+        """Tie ``lm_head`` to ``embed_tokens`` at construction when FSDP2 will shard the model.
+
+        Transformers ties them only after ``fully_shard``, when FSDP2 manages them as two parameters, and the
+        head would keep its initial weights (an upstream problem of Transformers' ties under FSDP2). Tensor
+        parallelism ties correctly afterwards; with FSDP too, refused.
+        """
         distributed = getattr(config, "distributed_config", None)
         tensor_parallel = getattr(distributed, "tp_size", None) or 1
         data_parallel = ((getattr(distributed, "fsdp_size", None) or 1)
@@ -498,7 +655,19 @@ class _SingleOutputHead(_HeadMixin):
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
                 labels: torch.LongTensor | None = None, **kwargs: Any) -> ModelOutput:
-        """``labels``: as the head's class docstring says."""
+        """Encode, then the head's logits and, with ``labels``, its loss.
+
+        Args:
+            input_ids (torch.LongTensor | None): ``[B, T]`` token ids (or ``inputs_embeds``).
+            attention_mask (torch.Tensor | None): ``[B, T]`` padding mask (1 = token), or a prepared 4D mask.
+            position_ids (torch.LongTensor | None): ``[B, T]`` positions, or ``None``.
+            inputs_embeds (torch.Tensor | None): ``[B, T, D]`` embeddings in the model dtype.
+            labels (torch.LongTensor | None): as the head's class docstring says.
+            **kwargs: passed to the base model and the loss.
+
+        Returns:
+            ModelOutput: the head's output (``loss``, ``logits``, ``hidden_states``, ``attentions``).
+        """
         outputs = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
         logits = self._logits(outputs.last_hidden_state)  # type: ignore[arg-type]
         loss = None if labels is None else self._loss(logits, labels, kwargs)
@@ -513,6 +682,11 @@ class _LanguageModelHead(_HeadMixin):
     _tp_plan = {"lm_head": "colwise_gather_output"}
 
     def __init__(self, config: AttnVariantConfig) -> None:
+        """Build the base model and ``lm_head``, tied before FSDP2 where needed.
+
+        Args:
+            config (AttnVariantConfig): the model's config.
+        """
         config = self._build_base(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self._tie_before_fsdp(config)
@@ -520,8 +694,10 @@ class _LanguageModelHead(_HeadMixin):
 
 
 class MaskedLMHeadMixin(_LanguageModelHead, _SingleOutputHead):
-    """Masked language modelling: logits = lm_head(h). ``labels``: token ids at masked positions, -100
-    elsewhere."""
+    """Masked language modelling: logits = lm_head(h).
+
+    ``labels``: ``[B, T]`` token ids at masked positions, -100 elsewhere. ``logits``: ``[B, T, V]``.
+    """
 
     output_class = MaskedLMOutput
 
@@ -533,16 +709,17 @@ class MaskedLMHeadMixin(_LanguageModelHead, _SingleOutputHead):
 
 
 class CausalLMHeadMixin(_LanguageModelHead):
-    """Causal language modelling with a ``Cache`` and ``generate``. ``labels``: the input ids (shifted inside
-    the loss).
+    """Causal language modelling with a ``Cache`` and ``generate``.
+
+    ``labels``: ``[B, T]``, the input ids (shifted inside the loss).
 
     Training (gradients enabled) with ``labels`` computes the loss with ``chunked_cross_entropy`` from the
     final hidden states and the ``lm_head`` weight, the vocabulary's logits chunk by chunk, and returns
-    ``logits=None``: no float32 logits of the whole batch are kept for backward (``models/losses.py``). In
-    eval mode, without ``labels``, with ``logits_to_keep``, with ``chunked_lm_loss = False`` (on the class or
-    the model), or when ``lm_head`` is not a plain ``nn.Linear`` (a tensor-parallel shard, an adapter, hooks),
-    the logits are computed and the loss is ``self.loss_function`` of them, as Transformers' heads do; both
-    give the same loss and gradients.
+    ``logits=None``: no float32 logits of the whole batch are kept for backward
+    (``hf_attn_variants.models.losses``). In eval mode, without ``labels``, with ``logits_to_keep``, with
+    ``chunked_lm_loss = False`` (on the class or the model), or when ``lm_head`` is not a plain ``nn.Linear``
+    (a tensor-parallel shard, an adapter, hooks), the logits are computed and the loss is
+    ``self.loss_function`` of them, as Transformers' heads do; both give the same loss and gradients.
     """
 
     _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}  # type: ignore[dict-item]
@@ -550,10 +727,12 @@ class CausalLMHeadMixin(_LanguageModelHead):
     chunked_lm_loss: bool = True
 
     def _chunked_loss_applies(self, labels: torch.Tensor | None, logits_to_keep: int | torch.Tensor) -> bool:
-        """Whether the loss goes through ``chunked_cross_entropy``: training with ``labels``, every position
-        kept, no pipeline stages (their schedule passes the logits on), and an ``lm_head`` that is a plain
-        ``nn.Linear`` on an ordinary tensor (no hooks, no replaced forward as tensor parallelism installs, no
-        DTensor)."""
+        """Whether the loss goes through ``chunked_cross_entropy``.
+
+        It does when training with ``labels``, every position kept, no pipeline stages (their schedule passes
+        the logits on), and an ``lm_head`` that is a plain ``nn.Linear`` on an ordinary tensor (no hooks, no
+        replaced forward as tensor parallelism installs, no DTensor).
+        """
         head = self.lm_head
         stages = getattr(getattr(self.config, "distributed_config", None), "pp_size", None) or 1
         return (labels is not None and self.training and self.chunked_lm_loss and torch.is_grad_enabled()
@@ -569,7 +748,25 @@ class CausalLMHeadMixin(_LanguageModelHead):
                 inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
                 use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
                 **kwargs: Any) -> CausalLMOutputWithPast:
-        """``logits_to_keep``: 0 = all positions."""
+        """Encode, then the logits (or the chunked loss in training with ``labels``).
+
+        Args:
+            input_ids (torch.LongTensor | None): ``[B, T]`` token ids (or ``inputs_embeds``).
+            attention_mask (torch.Tensor | None): ``[B, past + T]`` padding mask (1 = token), or a prepared 4D
+                mask.
+            position_ids (torch.LongTensor | None): ``[B, T]`` positions, or ``None``.
+            cache (Cache | None): the cache of earlier tokens (also accepted as ``past_key_values``).
+            inputs_embeds (torch.Tensor | None): ``[B, T, D]`` embeddings in the model dtype.
+            labels (torch.LongTensor | None): ``[B, T]``, the input ids (shifted inside the loss).
+            use_cache (bool | None): return the cache.
+            logits_to_keep (int | torch.Tensor): the last positions whose logits are computed; 0 = all, or
+                the indices to keep.
+            **kwargs: passed to the base model and the loss (``num_items_in_batch``, ``shift_labels``).
+
+        Returns:
+            CausalLMOutputWithPast: ``loss`` (float32 scalar), ``logits`` ``[B, T', V]`` (``None`` with the
+            chunked loss), the cache, ``hidden_states`` and ``attentions``.
+        """
         outputs = self._encode(input_ids, attention_mask, position_ids, inputs_embeds,
                                {"cache": cache, "use_cache": use_cache, **kwargs})
         logits: torch.Tensor | None = None
@@ -586,8 +783,10 @@ class CausalLMHeadMixin(_LanguageModelHead):
 
     def _chunked_loss(self, hidden_states: torch.Tensor, labels: torch.Tensor,
                       kwargs: dict[str, Any]) -> torch.Tensor:
-        """``ForCausalLMLoss`` of ``lm_head(hidden_states)`` by ``chunked_cross_entropy`` (Transformers'
-        ``shift_labels`` and ``num_items_in_batch`` from ``kwargs``)."""
+        """``ForCausalLMLoss`` of ``lm_head(hidden_states)`` by ``chunked_cross_entropy``.
+
+        Transformers' ``shift_labels`` and ``num_items_in_batch`` come from ``kwargs``.
+        """
         shifted = kwargs.get("shift_labels")
         return chunked_cross_entropy(hidden_states, self.lm_head.weight,
                                      labels if shifted is None else shifted, bias=self.lm_head.bias,
@@ -596,26 +795,48 @@ class CausalLMHeadMixin(_LanguageModelHead):
 
 
 class ClassificationHead(nn.Module):
-    """Sentence-level head on the first token: out_proj(drop(tanh(dense(drop(h₀))))) (BERT/RoBERTa pooler)."""
+    """Sentence-level head on the first token: out_proj(drop(tanh(dense(drop(h₀))))) (BERT/RoBERTa pooler).
+
+    Args:
+        config (AttnVariantConfig): ``hidden_size`` and ``num_labels``.
+        dropout (nn.Dropout): the classifier dropout.
+    """
 
     def __init__(self, config: AttnVariantConfig, dropout: nn.Dropout) -> None:
+        """Build the pooler and the output projection; the arguments are described in the class docstring."""
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = dropout
         self.out_proj = nn.Linear(config.hidden_size, config.num_labels)  # type: ignore[arg-type]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Pool the first token and classify it.
+
+        Args:
+            hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+
+        Returns:
+            torch.Tensor: ``[B, num_labels]`` logits, the model dtype.
+        """
         pooled = torch.tanh(self.dense(self.dropout(hidden_states[:, 0])))
         return self.out_proj(self.dropout(pooled))
 
 
 class SequenceClassificationHeadMixin(_SingleOutputHead):
     """Sequence classification / regression from the first token; loss by ``config.problem_type``.
-    ``labels``: class ids ``(batch,)``, floats for regression, or multi-hot for multi-label."""
+
+    ``labels``: class ids ``[B]``, floats for regression, or multi-hot ``[B, num_labels]`` for multi-label.
+    ``logits``: ``[B, num_labels]``.
+    """
 
     output_class = SequenceClassifierOutput
 
     def __init__(self, config: AttnVariantConfig) -> None:
+        """Build the base model and the classification head.
+
+        Args:
+            config (AttnVariantConfig): the model's config (``num_labels``).
+        """
         config = self._build_base(config)
         self.num_labels = config.num_labels
         self.classifier = ClassificationHead(config, self._dropout(config))
@@ -629,12 +850,20 @@ class SequenceClassificationHeadMixin(_SingleOutputHead):
 
 
 class TokenClassificationHeadMixin(_SingleOutputHead):
-    """Per-token classification (NER, POS): classifier(drop(h)). ``labels``: a label id per token, -100 where
-    no loss is wanted."""
+    """Per-token classification (NER, POS): classifier(drop(h)).
+
+    ``labels``: ``[B, T]``, a label id per token, -100 where no loss is wanted. ``logits``:
+    ``[B, T, num_labels]``.
+    """
 
     output_class = TokenClassifierOutput
 
     def __init__(self, config: AttnVariantConfig) -> None:
+        """Build the base model and the per-token classifier.
+
+        Args:
+            config (AttnVariantConfig): the model's config (``num_labels``).
+        """
         config = self._build_base(config)
         self.num_labels = config.num_labels
         self.dropout = self._dropout(config)
@@ -652,6 +881,11 @@ class QuestionAnsweringHeadMixin(_HeadMixin):
     """Extractive QA: start and end logits from qa_outputs(h) (SQuAD-style span prediction)."""
 
     def __init__(self, config: AttnVariantConfig) -> None:
+        """Build the base model and the span head.
+
+        Args:
+            config (AttnVariantConfig): the model's config.
+        """
         config = self._build_base(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
@@ -662,7 +896,21 @@ class QuestionAnsweringHeadMixin(_HeadMixin):
                 start_positions: torch.LongTensor | None = None,
                 end_positions: torch.LongTensor | None = None,
                 **kwargs: Any) -> QuestionAnsweringModelOutput:
-        """``start_positions``/``end_positions``: answer span token indices ``(batch,)``."""
+        """Encode, then start and end logits and, with both positions, the span loss.
+
+        Args:
+            input_ids (torch.LongTensor | None): ``[B, T]`` token ids (or ``inputs_embeds``).
+            attention_mask (torch.Tensor | None): ``[B, T]`` padding mask (1 = token), or a prepared 4D mask.
+            position_ids (torch.LongTensor | None): ``[B, T]`` positions, or ``None``.
+            inputs_embeds (torch.Tensor | None): ``[B, T, D]`` embeddings in the model dtype.
+            start_positions (torch.LongTensor | None): ``[B]``, the answer spans' first token indices.
+            end_positions (torch.LongTensor | None): ``[B]``, their last token indices.
+            **kwargs: passed to the base model and the loss.
+
+        Returns:
+            QuestionAnsweringModelOutput: ``start_logits`` and ``end_logits`` ``[B, T]`` (the model dtype),
+            ``loss``, ``hidden_states`` and ``attentions``.
+        """
         outputs = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).split(1, dim=-1)
         start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()

@@ -20,7 +20,11 @@ its document, and the mask keeps each document to itself, so every document gets
 dense(X)) that it gets alone.
 
 Cost. ``dense``, ``factorized_dense``, ``random`` and ``factorized_random`` never compute q·kᵀ and
-have no q/k projections; only ``vanilla`` does. See docs/synthesizer.md for the parameter counts.
+have no q/k projections; only ``vanilla`` does. Parameters per layer, with hidden d, H heads of size d_h,
+dense width e, l = ``max_position_embeddings``, rank k and factorized widths [a, b] (biases on): value and
+output projections (H·d_h·d + H·d_h) + (H·d_h·d + d) always; ``vanilla`` 2·(d·H·d_h + H·d_h); ``dense``
+H·(d·e + e + e·l + l); ``factorized_dense`` H·(2·(d·e + e) + e·(a + b) + a + b); ``random`` H·l² (none
+trainable when frozen); ``factorized_random`` 2·H·l·k; plus C mixing logits for C > 1 components.
 """
 
 from __future__ import annotations
@@ -60,18 +64,24 @@ from .modeling_common import (
 from .tensor_parallel import ShardedUnits
 
 Positions = tuple[torch.Tensor, torch.Tensor]
-"""(query positions ``(batch, q)``, key positions ``(batch, k)``) within each sequence, long."""
+"""(query positions ``[B, T]``, key positions ``[B, T_k]``) within each sequence, int64."""
 
 
 class SynthesizerDenseBranch(nn.Module):
     """Per-head two-layer synthesizer F(x) = relu(x W₁ + b₁) W₂ + b₂ (Tay et al. 2021, eq. 1).
 
-    Parameters carry the head as their first dimension: ``w1`` (heads, d, e), ``b1`` (heads, e),
-    ``w2`` (heads, e, width), ``b2`` (heads, width). Returns ``(batch, heads, seq, width)`` scores, or only
-    the first ``columns`` of them (cheaper when the sequence is shorter than l).
+    Parameters carry the head as their first dimension: ``w1`` [H, D, e], ``b1`` [H, e], ``w2`` [H, e, width],
+    ``b2`` [H, width].
+
+    Args:
+        num_heads (int): H, the layer's heads.
+        hidden_size (int): d.
+        inner_size (int): e, the hidden layer's width per head.
+        width (int): the scores per query (l, or a / b of ``factorized_dense``).
     """
 
     def __init__(self, num_heads: int, hidden_size: int, inner_size: int, width: int) -> None:
+        """Create the (uninitialised) parameters; the arguments are described in the class docstring."""
         super().__init__()
         self.width = width
         self.w1 = nn.Parameter(torch.empty(num_heads, hidden_size, inner_size))
@@ -80,11 +90,22 @@ class SynthesizerDenseBranch(nn.Module):
         self.b2 = nn.Parameter(torch.empty(num_heads, width))
 
     def forward(self, hidden_states: torch.Tensor, columns: int | None = None) -> torch.Tensor:
+        """The synthesized scores of every query.
+
+        Args:
+            hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+            columns (int | None): compute only the first ``columns`` scores (cheaper when the sequence is
+                shorter than l); ``None``: all ``width``.
+
+        Returns:
+            torch.Tensor: ``[B, H, T, width]`` (or ``[B, H, T, columns]``), the model dtype.
+        """
         inner = torch.relu(torch.einsum("bnd,hde->bhne", hidden_states, self.w1) + self.b1[None, :, None, :])
         w2, b2 = (self.w2, self.b2) if columns is None else (self.w2[..., :columns], self.b2[..., :columns])
         return torch.matmul(inner, w2.unsqueeze(0)) + b2[None, :, None, :]
 
     def extra_repr(self) -> str:
+        """The module's line in ``print(model)``: heads, widths."""
         heads, hidden, inner = self.w1.shape
         return f"heads={heads}, hidden={hidden}, inner={inner}, width={self.width}"
 
@@ -107,6 +128,10 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
     only when ``"vanilla"`` is a component. Every per-head tensor has the head as its first dimension,
     and ``prune_heads_`` removes heads in place. Tensor parallelism gives each rank whole heads with all of
     their tensors (``tp_sharded_parameters``; a fixed random buffer stays whole and is sliced per rank).
+
+    Args:
+        config (SynthesizerConfig): the model's config.
+        layer_idx (int): the layer's index (its kept heads and cache layer).
     """
 
     # Present only for the components that use them (else None); the component table calls them.
@@ -120,6 +145,7 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
     random_right: Any
 
     def __init__(self, config: SynthesizerConfig, layer_idx: int) -> None:
+        """Build the projections and the components' tensors; the arguments are in the class docstring."""
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
@@ -167,6 +193,11 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         self.tp_sharded_inputs = tuple(branches)
 
     def tp_units(self) -> tuple[int, str]:
+        """Tensor parallelism splits the heads.
+
+        Returns:
+            tuple[int, str]: the layer's heads and their name.
+        """
         return self.num_heads, "attention heads"
 
     def _register_random(self, name: str, shape: tuple[int, ...], used: bool) -> None:
@@ -179,7 +210,11 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
 
     # ------------------------------------------------------------------------------------------ mixing
     def mixing_weights(self) -> torch.Tensor:
-        """α = softmax(mixing logits), one weight per component in ``self.components`` order (Σα = 1)."""
+        """α = softmax(mixing logits), one weight per component in ``self.components`` order (Σα = 1).
+
+        Returns:
+            torch.Tensor: ``[C]``, at least float32 (``[1]`` of ones for a single component).
+        """
         if self.mixing_logits is None:
             return torch.ones(1)
         return upcast(self.mixing_logits).softmax(-1)
@@ -187,7 +222,7 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
     # ------------------------------------------------------------------------------------------ components
     @staticmethod
     def _gather_columns(scores: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
-        """scores ``(b, h, q, l)`` → ``(b, h, q, k)`` at the key positions ``(b, k)`` of each row."""
+        """Scores ``[B, H, T, l]`` → ``[B, H, T, T_k]`` at the key positions ``[B, T_k]`` of each row."""
         index = key_positions[:, None, None, :].expand(*scores.shape[:3], key_positions.shape[-1])
         return scores.gather(-1, index)
 
@@ -213,8 +248,11 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
                 * self._gather_columns(b_scores, keys % width_b))
 
     def _head_tensor(self, name: str) -> torch.Tensor:
-        """Random tensor ``name`` for this module's heads: under tensor parallelism a parameter already is the
-        rank's shard, while a fixed (buffer) one is whole on every rank and sliced to its heads here."""
+        """Random tensor ``name`` for this module's heads.
+
+        Under tensor parallelism a parameter already is the rank's shard, while a fixed (buffer) one is whole
+        on every rank and sliced to its heads here.
+        """
         tensor = getattr(self, name)
         return tensor[self.tp_slice(tensor.shape[0])] if name in self._buffers else tensor
 
@@ -242,8 +280,10 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         cache: Cache | None, query_offset: int | torch.Tensor,
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """``(vanilla logits q·kᵀ/√d or None, values)`` after the cache (if any) stored the new tokens.
+
         Without ``vanilla`` no key exists: the cache keeps a one-channel placeholder as keys (it derives its
-        length from them; Transformers 5.0's static cache counts the non-zero ones) next to the values."""
+        length from them; Transformers 5.0's static cache counts the non-zero ones) next to the values.
+        """
         shape = (*hidden_states.shape[:2], -1, self.head_dim)  # -1: the rank's heads under tensor parallelism
         value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
         if self.q_proj is None:
@@ -263,8 +303,24 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
                 position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
                 attention_mask: torch.Tensor | None = None, synthesizer_positions: Positions | None = None,
                 cache: Cache | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``attention_mask``: boolean ``(batch, 1, q, k)`` (True = visible, causality included) or None;
-        ``synthesizer_positions``: rows and columns of the l×l patterns (``SynthesizerModel._positions``)."""
+        """Mix the components' logits, softmax over the visible keys, attend to the values, project back.
+
+        Args:
+            hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+            geometry (AttentionGeometry): the call's geometry (query offset, causal mask).
+            position_embeddings (tuple | None): RoPE's ``(cos, sin)``, each ``[B, T, D_h]`` (``vanilla``), or
+                ``None``.
+            attention_mask (torch.Tensor | None): ``[B, 1, T, T_k]`` bool (``True`` = visible, causality
+                included), or ``None``.
+            synthesizer_positions (Positions | None): rows ``[B, T]`` and columns ``[B, T_k]`` of the l×l
+                patterns (``SynthesizerModel._positions``), or ``None`` to slice them from ``query_offset``.
+            cache (Cache | None): the model's cache (new values, and keys or a placeholder, are added to it).
+            **kwargs: the other layer inputs, ignored.
+
+        Returns:
+            tuple[torch.Tensor, torch.Tensor | None]: the output ``[B, T, D]`` and the probabilities
+            ``[B, H, T, T_k]``, both in the model dtype.
+        """
         batch_size, seq_length = hidden_states.shape[:2]
         query_offset = geometry.query_offset
         if self.num_heads == 0:
@@ -295,6 +351,7 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         return self.o_proj(output), probs
 
     def extra_repr(self) -> str:
+        """The module's line in ``print(model)``: components, heads, head size and l."""
         return (f"components={self.components}, heads={self.num_heads}, head_dim={self.head_dim}, "
                 f"l={self.max_length}")
 
@@ -305,8 +362,11 @@ SYNTHESIZED_LOGITS = {
     "factorized_dense": SynthesizerAttention._factorized_dense_logits,
     "factorized_random": SynthesizerAttention._factorized_random_logits,
 }
-"""Synthesized component → its logits ``(self, hidden_states, query_offset, key_length, positions)``
-→ ``(batch | 1, heads, q, k)``; ``vanilla`` (q·kᵀ/√d) comes with the keys (``_keys_and_values``)."""
+"""Synthesized component → its logits method.
+
+``(self, hidden_states, query_offset, key_length, positions)`` → ``[B or 1, H, T, T_k]``; ``vanilla``
+(q·kᵀ/√d) comes with the keys (``_keys_and_values``).
+"""
 
 
 class SynthesizerLayer(AttentionMLPLayer):
@@ -354,8 +414,11 @@ class SynthesizerPreTrainedModel(AttnVariantPreTrainedModel):
                 init.zeros_(module.mixing_logits)
 
     def mixing_weights(self) -> torch.Tensor:
-        """Current α per layer, shape ``(num_layers, num_components)`` in ``config.synthesizer_components``
-        order; each row sums to 1 (detached, at least float32)."""
+        """Current α per layer, in ``config.synthesizer_components`` order; each row sums to 1.
+
+        Returns:
+            torch.Tensor: ``[num_layers, num_components]``, detached, on the CPU, at least float32.
+        """
         rows = [
             m.mixing_weights().detach().cpu() for m in self.modules() if isinstance(m, SynthesizerAttention)
         ]
@@ -381,10 +444,12 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
     def _attention_inputs(
         self, geometry: AttentionGeometry, hidden_states: torch.Tensor, cache: Cache | None
     ) -> dict[str, Any]:
-        """The boolean mask (padding ∧ causality, ∧ same document for packed rows) and the positions that
-        index the synthesized patterns. A packed document's tokens take the rows and columns of their index
-        within the document (``document_positions``), which is where a lone run of the document slices
-        R[:n, :n] and dense(X)[:, :n]."""
+        """The boolean mask and the positions that index the synthesized patterns.
+
+        The mask is padding ∧ causality (∧ same document for packed rows). A packed document's tokens take
+        the rows and columns of their index within the document (``document_positions``), which is where a
+        lone run of the document slices R[:n, :n] and dense(X)[:, :n].
+        """
         positions: Positions | None = None
         if geometry.document_ids is not None:
             within = document_positions(geometry.document_ids.to(geometry.device))
@@ -403,7 +468,8 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
         ``None`` lets the components slice their matrices (row offset = ``query_offset``) instead of
         gathering. The leading padding comes from the 2D mask, or from a prepared 4D mask (what ``generate``
         passes with a static cache) as the keys hidden before the first key the last query sees; a 4D mask
-        also sets the number of key slots.
+        also sets the number of key slots. Traced (torch.export / ONNX, torch.compile), there is no
+        data-dependent branch: gathering at offset 0 equals slicing.
         """
         if attention_mask is None:
             return None
@@ -414,8 +480,6 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
         else:
             keep = attention_mask[:, -key_length:] != 0
         leading = (keep.int().cumsum(-1) == 0).sum(-1, keepdim=True)
-        # Traced (torch.export / ONNX, torch.compile): no data-dependent branch; gathering at offset 0 equals
-        # slicing.
         if not is_torchdynamo_compiling() and not bool(leading.any()):
             return None
         keys = (torch.arange(key_length, device=keep.device)[None, :] - leading).clamp(min=0)

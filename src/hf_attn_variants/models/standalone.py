@@ -72,8 +72,13 @@ functions, so the family file reads as the model) and its Triton kernels (import
 
 @dataclass
 class Statement:
-    """One top-level statement of a module: its source text (with leading comments), and the names it
-    defines and uses."""
+    """One top-level statement of a module.
+
+    Attributes:
+        text: its source text, with the comment lines just above it.
+        defines: the names it binds at module level.
+        uses: every name it reads (locals included; unknown names are ignored when resolving).
+    """
 
     text: str
     defines: frozenset[str]
@@ -95,7 +100,14 @@ class ParsedModule:
     all_names: list[str] | None = None
 
     def definition(self, name: str) -> int | None:
-        """Index of the statement that defines ``name``, if any."""
+        """The statement that defines a name.
+
+        Args:
+            name: a module-level name.
+
+        Returns:
+            Its index in ``statements``, or ``None`` when the module does not define it.
+        """
         for index, statement in enumerate(self.statements):
             if name in statement.defines:
                 return index
@@ -171,7 +183,18 @@ def _without_bases(text: str, node: ast.ClassDef, names: set[str], first_line: i
 
 
 def parse_module(name: str, package_dir: Path = PACKAGE_DIR) -> ParsedModule:
-    """Read ``<package_dir>/<name>.py`` and split it into imports and statements."""
+    """Read a package module and split it into imports and statements.
+
+    Args:
+        name: the module, e.g. ``"layers"`` for ``<package_dir>/layers.py``.
+        package_dir: the folder of the modules.
+
+    Returns:
+        The parsed module: its docstring, statements, absolute and relative imports and ``__all__``.
+
+    Raises:
+        ValueError: a relative import that is not single-dot or renames a name (the bundler cannot resolve it).
+    """
     source = (package_dir / f"{name}.py").read_text(encoding="utf-8")
     lines = source.splitlines(keepends=True)
     tree = ast.parse(source)
@@ -366,11 +389,22 @@ def bundle_module(
     docstring: str | None = None,
     package_dir: Path = PACKAGE_DIR,
 ) -> Bundle:
-    """One source file holding modules ``whole`` of the package completely, and what they need of the sibling
-    modules they import (inlined), except the modules of ``external`` (module → exported file stem), whose
-    names stay relative imports of that file. The prelude (``compat``), when bundled, comes first with its own
-    imports. ``docstring``: the file's (default: the first module's). Raises ``ValueError`` if two inlined
-    modules define the same name.
+    """One source file holding modules ``whole`` of the package and what they need of their siblings.
+
+    The sibling modules' statements are inlined, except those of ``external``, whose names stay relative
+    imports of that file. The prelude (``compat``), when bundled, comes first with its own imports.
+
+    Args:
+        whole: the module (or modules) held completely, e.g. ``"modeling_gau"``.
+        external: module → exported file stem whose names stay imports (``{"layers": SHARED_FILE}``).
+        docstring: the file's docstring (default: the first module's).
+        package_dir: the folder of the modules.
+
+    Returns:
+        The file's text and the modules it was built from.
+
+    Raises:
+        ValueError: two inlined modules define the same name, or their imports form a circle.
     """
     entries = [whole] if isinstance(whole, str) else list(whole)
     bundler = _Bundler(dict(external or {}), package_dir)
@@ -430,18 +464,32 @@ plans name (``tp_plan="auto"`` looks them up by name). The package registers the
 
 
 def shared_bundle(package_dir: Path = PACKAGE_DIR) -> Bundle:
-    """The shared file: ``SHARED_MODULES`` whole, then ``SHARED_REGISTRATIONS``."""
+    """The shared file: ``SHARED_MODULES`` whole, then ``SHARED_REGISTRATIONS``.
+
+    Args:
+        package_dir: the folder of the modules.
+
+    Returns:
+        The shared file's bundle.
+    """
     bundle = bundle_module(SHARED_MODULES, docstring=SHARED_DOCSTRING, package_dir=package_dir)
     return Bundle(bundle.text + SHARED_REGISTRATIONS, bundle.sources)
 
 
 def shared_code_sha256(remote_dir: Path = REMOTE_DIR) -> str:
-    """sha256 (hex) of the committed shared file, the one ``save_pretrained`` copies into every folder."""
+    """The sha256 of the committed shared file, the one ``save_pretrained`` copies into every folder.
+
+    Args:
+        remote_dir: the folder of the committed remote code.
+
+    Returns:
+        The hex digest (printed in model cards).
+    """
     return sha256_file(remote_dir / f"{SHARED_FILE}.py")
 
 
 def _external_files(family_config: str | None, package_dir: Path) -> dict[str, str]:
-    """module → exported file for a family bundle: shared modules, separate files, and the family's config."""
+    """Module → exported file for a family bundle: shared modules, separate files, the family's config."""
     external = {name: SHARED_FILE for name in SHARED_MODULES}
     external.update({name: name for name in SEPARATE_FILES})
     external.update({path.stem: family_config or path.stem for path in package_dir.glob("configuration_*.py")
@@ -450,23 +498,49 @@ def _external_files(family_config: str | None, package_dir: Path) -> dict[str, s
 
 
 def configuration_bundle(config_module: str, package_dir: Path = PACKAGE_DIR) -> Bundle:
-    """The standalone ``configuration_<family>.py``: the family config, importing from the shared file."""
+    """The standalone ``configuration_<family>.py``: the family config, importing from the shared file.
+
+    Args:
+        config_module: the family's config module, e.g. ``"configuration_gau"``.
+        package_dir: the folder of the modules.
+
+    Returns:
+        The file's bundle.
+    """
     external = _external_files(None, package_dir)
     del external[config_module]
     return bundle_module(config_module, external=external, package_dir=package_dir)
 
 
 def modeling_bundle(modeling_module: str, config_module: str, package_dir: Path = PACKAGE_DIR) -> Bundle:
-    """The standalone ``modeling_<family>.py``: config classes from ``.<config_module>``, shared code from the
-    shared file, the family's private modules inlined."""
+    """The standalone ``modeling_<family>.py``, with the family's private modules inlined.
+
+    Config classes come from ``.<config_module>``, shared code from the shared file.
+
+    Args:
+        modeling_module: the family's modeling module, e.g. ``"modeling_gau"``.
+        config_module: the family's config module, e.g. ``"configuration_gau"``.
+        package_dir: the folder of the modules.
+
+    Returns:
+        The file's bundle.
+    """
     return bundle_module(modeling_module, external=_external_files(config_module, package_dir),
                          package_dir=package_dir)
 
 
 def exported_files(config_module: str, modeling_module: str | None = None,
                    package_dir: Path = PACKAGE_DIR) -> dict[str, Bundle]:
-    """File stem → bundle of everything a folder of this family holds (the config alone without
-    ``modeling_module``)."""
+    """Everything a folder of this family holds, generated from the sources.
+
+    Args:
+        config_module: the family's config module, e.g. ``"configuration_gau"``.
+        modeling_module: the family's modeling module; ``None`` for a folder of the config alone.
+        package_dir: the folder of the modules.
+
+    Returns:
+        File stem → bundle: the shared file, the config, and the modeling file with the files it imports.
+    """
     bundles = {SHARED_FILE: shared_bundle(package_dir),
                config_module: configuration_bundle(config_module, package_dir)}
     if modeling_module is not None:
@@ -481,26 +555,53 @@ def exported_files(config_module: str, modeling_module: str | None = None,
 
 
 def family_folder(config_module: str) -> str:
-    """The folder of ``REMOTE_DIR`` holding a family's files: ``configuration_gau`` → ``gau``."""
+    """The folder of ``REMOTE_DIR`` holding a family's files.
+
+    Args:
+        config_module: the family's config module, e.g. ``"configuration_gau"``.
+
+    Returns:
+        The folder's name, e.g. ``"gau"``.
+    """
     return config_module.removeprefix("configuration_")
 
 
 def families(package_dir: Path = PACKAGE_DIR) -> list[str]:
-    """The config modules of the package's families (``configuration_<family>``, in name order)."""
+    """The config modules of the package's families.
+
+    Args:
+        package_dir: the folder of the modules.
+
+    Returns:
+        ``configuration_<family>`` of every family, in name order.
+    """
     return sorted(path.stem for path in package_dir.glob("configuration_*.py")
                   if path.stem not in SHARED_MODULES)
 
 
 def sha256_file(path: Path) -> str:
-    """sha256 (hex) of a file's bytes."""
+    """The sha256 of a file's bytes.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The hex digest.
+    """
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def remote_code_files(package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
-    """Every file of ``REMOTE_DIR`` as the package's sources generate it: path relative to that folder → text.
+    """Every file of ``REMOTE_DIR`` as the package's sources generate it.
 
     The shared file once at the top, each family's other files in its folder, and ``MANIFEST``: the sha256 of
     every file and of every package module they were generated from (this one and ``version`` included).
+
+    Args:
+        package_dir: the folder of the source modules.
+
+    Returns:
+        Path relative to ``REMOTE_DIR`` → text.
     """
     files = {f"{SHARED_FILE}.py": shared_bundle(package_dir).text}
     sources = {"standalone", "version", *SHARED_MODULES}
@@ -521,7 +622,15 @@ def remote_code_files(package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
 
 
 def write_remote_code(remote_dir: Path = REMOTE_DIR, package_dir: Path = PACKAGE_DIR) -> list[Path]:
-    """Regenerate ``remote_dir`` from the sources: write ``remote_code_files`` and remove any other file."""
+    """Regenerate ``remote_dir`` from the sources: write ``remote_code_files`` and remove any other file.
+
+    Args:
+        remote_dir: the folder to write.
+        package_dir: the folder of the source modules.
+
+    Returns:
+        The written paths.
+    """
     files = remote_code_files(package_dir)
     for stale in remote_dir.rglob("*") if remote_dir.exists() else []:
         if stale.is_file() and stale.relative_to(remote_dir).as_posix() not in files:
@@ -537,6 +646,13 @@ def write_remote_code(remote_dir: Path = REMOTE_DIR, package_dir: Path = PACKAGE
 
 def check_remote_code(remote_dir: Path = REMOTE_DIR, package_dir: Path = PACKAGE_DIR) -> dict[str, Any]:
     """The manifest of ``remote_dir`` once its files and the sources they came from are what it records.
+
+    Args:
+        remote_dir: the folder of the committed remote code.
+        package_dir: the folder of the source modules the manifest names.
+
+    Returns:
+        The manifest: ``files`` and ``sources`` (relative path → sha256) and ``generated_by``.
 
     Raises:
         RuntimeError: a source module changed since the files were generated, or a file was edited or is
@@ -559,9 +675,15 @@ def check_remote_code(remote_dir: Path = REMOTE_DIR, package_dir: Path = PACKAGE
 
 
 def code_class(cls: type) -> type:
-    """The class whose module holds the code of ``cls``: ``cls`` itself, or for a subclass made at run time
-    (FSDP2's ``fully_shard`` turns a model's class into one defined in torch; sharded training adds its fixes)
-    its first base defined in ``hf_attn_variants.models``."""
+    """The class whose module holds the code of ``cls``.
+
+    Args:
+        cls: a class of this package, or a subclass made at run time (FSDP2's ``fully_shard`` turns a model's
+            class into one defined in torch; sharded training adds its fixes).
+
+    Returns:
+        ``cls`` itself, or its first base defined in ``hf_attn_variants.models``.
+    """
     package = __name__.rpartition(".")[0]
     return next(base for base in cls.__mro__ if base.__module__.rpartition(".")[0] == package)
 
@@ -571,7 +693,19 @@ def write_standalone_code(save_directory: str | os.PathLike[str], obj: Any, remo
     """Copy the committed remote code of ``obj`` (a config or model of this package) into ``save_directory``.
 
     Replaces the files Transformers' ``save_pretrained`` copied (the family modules and the modules they
-    import) by the family's files of ``remote_dir``, after ``check_remote_code``. Returns the written paths.
+    import) by the family's files of ``remote_dir``, after ``check_remote_code`` (nothing is written when it
+    refuses).
+
+    Args:
+        save_directory: the folder being saved.
+        obj: a config or model of this package.
+        remote_dir: the folder of the committed remote code.
+
+    Returns:
+        The written paths.
+
+    Raises:
+        RuntimeError: the committed remote code is stale (``check_remote_code``).
     """
     manifest = check_remote_code(remote_dir)
     folder = Path(save_directory)
@@ -601,8 +735,15 @@ HUB_ARGUMENTS = ("repo_id", "commit_message", "commit_description", "private", "
 
 
 def family_auto_map(obj: Any) -> dict[str, str]:
-    """``auto_map`` of the family of ``obj`` (a model of this package): every class of its modeling module
-    registered for an Auto class (``register_for_auto_class``), and its config for ``AutoConfig``."""
+    """The ``auto_map`` of the family of ``obj``.
+
+    Args:
+        obj: a model of this package.
+
+    Returns:
+        Auto class name → ``"<module>.<class>"``: every class of the model's module registered for an Auto
+        class (``register_for_auto_class``), and its config for ``AutoConfig``.
+    """
     module = sys.modules[code_class(type(obj)).__module__]
     config_class = code_class(type(obj.config))
     auto_map = {"AutoConfig": f"{config_class.__module__.rsplit('.', 1)[-1]}.{config_class.__name__}"}
@@ -614,8 +755,9 @@ def family_auto_map(obj: Any) -> dict[str, str]:
 
 
 class RemoteCodeSavingMixin:
-    """Package-only base of ``AttnVariantConfig`` and ``AttnVariantPreTrainedModel``: ``save_pretrained`` also
-    writes the family's standalone remote code.
+    """Package-only base of ``AttnVariantConfig`` and ``AttnVariantPreTrainedModel``.
+
+    Its ``save_pretrained`` also writes the family's standalone remote code.
 
     Exported files leave this class out of those bases (``PACKAGE_ONLY_MODULES``): a model loaded from a Hub
     folder saves with Transformers' own ``save_pretrained``, which copies its files as they are.

@@ -40,7 +40,14 @@ except ImportError:  # one statement, so the standalone export copies the fallba
 
 
 def mesh_group(mesh: Any) -> Any:
-    """The process group of a 1-D tensor-parallel mesh (or of the ``"tp"`` dimension of a larger one)."""
+    """The process group of a 1-D tensor-parallel mesh (or of the ``"tp"`` dimension of a larger one).
+
+    Args:
+        mesh (DeviceMesh): the tensor-parallel device mesh.
+
+    Returns:
+        ProcessGroup: its (``"tp"``) process group.
+    """
     return mesh.get_group() if mesh.ndim == 1 else mesh.get_group("tp")
 
 
@@ -72,6 +79,15 @@ class LocalShardParallel(TensorParallelLayer):
     """
 
     def install_forward(self, module: Any, mesh: Any) -> nn.Module:
+        """Set the module up for its rank, on the meta device, before the weights load.
+
+        Args:
+            module (nn.Module): a ``ShardedUnits`` module.
+            mesh (DeviceMesh): the tensor-parallel device mesh.
+
+        Returns:
+            nn.Module: the module, with its sharded parameters as ``Shard(0)`` DTensors.
+        """
         size, rank, group = mesh.size(), mesh.get_local_rank(), mesh_group(mesh)
         module.check_tensor_parallel(size)
         module.set_tensor_parallel_rank(rank, size)
@@ -94,6 +110,15 @@ class LocalShardParallel(TensorParallelLayer):
 
     @contextlib.contextmanager
     def context_around_forward(self, module: Any, mesh: Any) -> Iterator[None]:
+        """During ``forward``: local shards for the sharded parameters, summed gradients for the replicated.
+
+        Args:
+            module (nn.Module): a ``ShardedUnits`` module.
+            mesh (DeviceMesh): the tensor-parallel device mesh.
+
+        Yields:
+            None: the module's parameters are restored afterwards.
+        """
         group = mesh_group(mesh)
         originals: list[tuple[nn.Module, str, Any]] = []
         for owner, name in _named_slots(module, module.tp_sharded_parameters):
@@ -131,6 +156,16 @@ class GatheredPartialColwiseParallel(ColwiseParallel):
 
     def transform_output_post_forward(self, module: nn.Linear, output: torch.Tensor,
                                       mesh: Any) -> torch.Tensor:
+        """All-gather the rank's rows of the output; backward sums and scatters the gradient.
+
+        Args:
+            module (nn.Linear): the colwise linear.
+            output (torch.Tensor): ``[..., out_features / tp_size]``, the rank's share (or a DTensor).
+            mesh (DeviceMesh): the tensor-parallel device mesh.
+
+        Returns:
+            torch.Tensor: ``[..., out_features]``, the whole output on every rank.
+        """
         if not isinstance(output, DTensor):
             shape = torch.Size((*output.shape[:-1], module.out_features))
             stride = torch.empty(shape, device="meta").stride()
@@ -155,11 +190,19 @@ class ShardedUnits:
     layer_idx: int
 
     def tp_units(self) -> tuple[int, str]:
-        """(count, name) of what tensor parallelism splits across ranks, e.g. ``(8, "attention heads")``."""
+        """(count, name) of what tensor parallelism splits across ranks, e.g. ``(8, "attention heads")``.
+
+        Returns:
+            tuple[int, str]: the count and the name of the units.
+        """
         raise NotImplementedError
 
     def check_tensor_parallel(self, tp_size: int) -> None:
-        """Raise one ``ValueError`` sentence when ``tp_size`` does not divide ``tp_units()``."""
+        """Raise one ``ValueError`` sentence when ``tp_size`` does not divide ``tp_units()``.
+
+        Args:
+            tp_size (int): the number of tensor-parallel ranks.
+        """
         count, what = self.tp_units()
         if count % tp_size:
             raise ValueError(
@@ -170,11 +213,23 @@ class ShardedUnits:
             )
 
     def set_tensor_parallel_rank(self, rank: int, size: int) -> None:
-        """Record this module's tensor-parallel rank and the number of ranks."""
+        """Record this module's tensor-parallel rank and the number of ranks.
+
+        Args:
+            rank (int): this rank.
+            size (int): the number of ranks.
+        """
         self.tp_rank, self.tp_size = rank, size
 
     def tp_slice(self, count: int) -> slice:
-        """The rank's share of ``count`` units: [rank·count/size, (rank+1)·count/size)."""
+        """The rank's share of ``count`` units: [rank·count/size, (rank+1)·count/size).
+
+        Args:
+            count (int): the number of units (divisible by the number of ranks).
+
+        Returns:
+            slice: the rank's units.
+        """
         share = count // self.tp_size
         return slice(self.tp_rank * share, (self.tp_rank + 1) * share)
 

@@ -22,17 +22,32 @@ import torch
 import transformers
 
 MIN_TRANSFORMERS_VERSION = "5.0.0"
-"""Oldest Transformers the model code runs on (tests/test_transformers_floor.py, tests/remote_code.py)."""
+"""Oldest Transformers the model code runs on (the package's tests run it, remote code included, there)."""
 
 
 def version_tuple(version: str) -> tuple[int, int, int]:
-    """(major, minor, patch) of a version string: ``"5.10.4"`` → (5, 10, 4); ``"5.1.0.dev0"`` → (5, 1, 0)."""
+    """(major, minor, patch) of a version string: ``"5.10.4"`` → (5, 10, 4); ``"5.1.0.dev0"`` → (5, 1, 0).
+
+    Args:
+        version (str): a version string; a local part after ``+`` is ignored, missing parts count as 0.
+
+    Returns:
+        tuple[int, int, int]: the first three numbers of the version.
+    """
     numbers = [int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3]]
     return tuple(numbers + [0] * (3 - len(numbers)))  # type: ignore[return-value]
 
 
 def require_transformers(installed: str, minimum: str = MIN_TRANSFORMERS_VERSION) -> None:
-    """Raise ``ImportError`` with one sentence naming ``minimum`` when ``installed`` is older."""
+    """Raise ``ImportError`` with one sentence naming ``minimum`` when ``installed`` is older.
+
+    Args:
+        installed (str): the installed Transformers version.
+        minimum (str): the oldest version the model code supports.
+
+    Raises:
+        ImportError: ``installed`` is older than ``minimum``; the message says how to upgrade.
+    """
     if version_tuple(installed) < version_tuple(minimum):
         raise ImportError(
             f"This model's code needs transformers>={minimum}, but transformers {installed} is installed; "
@@ -47,7 +62,14 @@ try:  # transformers >= 5.5
     from transformers.utils.output_capturing import capture_outputs
 
     def record_outputs(forward: Callable[..., Any]) -> Callable[..., Any]:
-        """Fill ``use_cache``/``output_*`` from the config, then record outputs (``_can_record_outputs``)."""
+        """Fill ``use_cache``/``output_*`` from the config, then record outputs (``_can_record_outputs``).
+
+        Args:
+            forward (Callable): a base model's ``forward``.
+
+        Returns:
+            Callable: the decorated ``forward``.
+        """
         return merge_with_config_defaults(capture_outputs(forward))
 
 except ImportError:  # transformers 5.0–5.4: one decorator did both
@@ -66,10 +88,26 @@ class AttentionFunctions:
     """
 
     def __init__(self, registry: Any) -> None:
+        """Wrap ``registry``.
+
+        Args:
+            registry (Any): Transformers' ``ALL_ATTENTION_FUNCTIONS`` (an ``AttentionInterface`` or a
+                mapping).
+        """
         self.registry = registry
         self.lookup = getattr(registry, "get_interface", None)
 
     def get_interface(self, implementation: str | None, default: Callable[..., Any]) -> Callable[..., Any]:
+        """The attention kernel registered under ``implementation``.
+
+        Args:
+            implementation (str | None): ``config._attn_implementation``; ``None`` and ``"eager"`` mean
+                ``default``.
+            default (Callable): the module's own eager kernel.
+
+        Returns:
+            Callable: the kernel to call.
+        """
         if implementation in (None, "eager"):
             return default
         if self.lookup is not None:
@@ -81,16 +119,26 @@ ALL_ATTENTION_FUNCTIONS = AttentionFunctions(TRANSFORMERS_ATTENTION_FUNCTIONS)
 
 CACHE_FIELD = ("cache" if "cache" in {f.name for f in dataclasses.fields(BaseModelOutputWithPast)}
                else "past_key_values")
-"""The name under which the installed release's model outputs hold the cache (and ``generate`` reads it back):
-``cache`` from 5.24 on, ``past_key_values`` before."""
+"""The name under which the installed release's model outputs hold the cache (``generate`` reads it back).
+
+``cache`` from 5.24 on, ``past_key_values`` before.
+"""
 
 LEGACY_CACHE_ARGUMENT = "past_key_values"
 
 
 def accepts_cache_alias(forward: Callable[..., Any]) -> Callable[..., Any]:
-    """Let a ``forward`` that declares ``cache`` also be called with ``past_key_values=`` (Transformers
-    5.24's rename; ``generate`` of 5.0–5.23 passes the old name). Both given → ``ValueError``. Where the
-    installed release itself says ``cache``, the old name gets Transformers' ``FutureWarning``.
+    """Let a ``forward`` that declares ``cache`` also be called with ``past_key_values=``.
+
+    Transformers 5.24 renamed the argument; ``generate`` of 5.0–5.23 passes the old name. Both given →
+    ``ValueError``. Where the installed release itself says ``cache``, the old name gets Transformers'
+    ``FutureWarning``.
+
+    Args:
+        forward (Callable): a model's ``forward`` with a ``cache`` argument.
+
+    Returns:
+        Callable: ``forward`` that also accepts ``past_key_values=``.
     """
 
     @functools.wraps(forward)
@@ -114,7 +162,14 @@ def accepts_cache_alias(forward: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def output_cache(outputs: Any) -> Any:
-    """The cache a model output holds, under whichever name (``CACHE_FIELD``) the installed release uses."""
+    """The cache a model output holds, under whichever name (``CACHE_FIELD``) the installed release uses.
+
+    Args:
+        outputs (Any): a model output (a ``ModelOutput``).
+
+    Returns:
+        Any: its cache, or ``None``.
+    """
     return getattr(outputs, CACHE_FIELD, None)
 
 
@@ -145,12 +200,26 @@ NORM_TYPES = ("layernorm", "rmsnorm", "scalenorm")
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The compute dtype for inputs of ``dtype``: ``torch.promote_types(dtype, float32)`` (never lower)."""
+    """The compute dtype for inputs of ``dtype``: ``torch.promote_types(dtype, float32)`` (never lower).
+
+    Args:
+        dtype (torch.dtype): the inputs' dtype.
+
+    Returns:
+        torch.dtype: float32 for half precision and float32, float64 for float64.
+    """
     return torch.promote_types(dtype, torch.float32)
 
 
 def upcast(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` in ``compute_dtype(tensor.dtype)``: fp16/bf16 → float32, float32/float64 unchanged."""
+    """``tensor`` in ``compute_dtype(tensor.dtype)``: fp16/bf16 → float32, float32/float64 unchanged.
+
+    Args:
+        tensor (torch.Tensor): any shape, a floating dtype.
+
+    Returns:
+        torch.Tensor: the same shape, in the compute dtype.
+    """
     return tensor.to(compute_dtype(tensor.dtype))
 
 
@@ -163,9 +232,14 @@ class RotaryEmbedding(nn.Module):
     Position p rotates the pair (x_j, x_{j+d/2}) by the angle p·θ_j with θ_j = base^(-2j/d), so that
     ⟨R_m q, R_n k⟩ depends on m − n only. The frequencies are recomputed on the fly (a d/2-vector),
     which keeps the module free of buffers that meta-device construction would leave uninitialised.
+
+    Args:
+        dim (int): d, the rotated width (even).
+        base (float): the RoPE base (``rope_theta``).
     """
 
     def __init__(self, dim: int, base: float = 10000.0) -> None:
+        """Check that ``dim`` is even and keep the base; see the class docstring for the arguments."""
         super().__init__()
         if dim % 2 != 0:
             raise ValueError(f"RotaryEmbedding needs an even dimension, got dim={dim}.")
@@ -173,14 +247,29 @@ class RotaryEmbedding(nn.Module):
         self.base = float(base)
 
     def inv_freq(self, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """θ_j = base^(-2j/d) for j = 0 … d/2 − 1, in ``dtype``."""
+        """θ_j = base^(-2j/d) for j = 0 … d/2 − 1, in ``dtype``.
+
+        Args:
+            device (torch.device): where to build the frequencies.
+            dtype (torch.dtype): their dtype.
+
+        Returns:
+            torch.Tensor: ``[d/2]``, ``dtype``.
+        """
         exponent = torch.arange(0, self.dim, 2, device=device, dtype=dtype) / self.dim
         return 1.0 / (self.base**exponent)
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return ``(cos, sin)`` shaped ``(batch, seq, dim)`` for ``position_ids`` of shape ``(batch, seq)``.
+        """Return ``(cos, sin)`` of the rotation angles of ``position_ids``.
 
         Angles are computed in ``compute_dtype(dtype)`` (float32 for half precision, float64 for float64).
+
+        Args:
+            position_ids (torch.Tensor): ``[B, T]`` integer positions.
+            dtype (torch.dtype): the dtype of the returned tables (the model dtype).
+
+        Returns:
+            tuple[torch.Tensor, torch.Tensor]: ``cos`` and ``sin``, each ``[B, T, d]`` in ``dtype``.
         """
         angle_dtype = compute_dtype(dtype)
         freqs = position_ids.to(angle_dtype)[..., None] * self.inv_freq(position_ids.device, angle_dtype)
@@ -188,19 +277,35 @@ class RotaryEmbedding(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def extra_repr(self) -> str:
+        """The module's line in ``print(model)``: its dimension and base."""
         return f"dim={self.dim}, base={self.base}"
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x₁, x₂) ↦ (−x₂, x₁) on the two halves of the last dimension."""
+    """(x₁, x₂) ↦ (−x₂, x₁) on the two halves of the last dimension.
+
+    Args:
+        x (torch.Tensor): ``[..., d]`` with d even, any dtype.
+
+    Returns:
+        torch.Tensor: ``[..., d]``, the same dtype.
+    """
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` of shape ``(batch, heads, seq, dim)`` by ``cos``/``sin`` of shape ``(batch, seq, dim)``.
+    """Rotate ``x`` by the angles whose ``cos``/``sin`` ``RotaryEmbedding`` returned.
 
     x ↦ x·cos + rotate_half(x)·sin (RoFormer, eq. 34, in the half-split layout Transformers uses).
+
+    Args:
+        x (torch.Tensor): ``[B, H, T, d]`` queries or keys (H = 1 for GAU's single head).
+        cos (torch.Tensor): ``[B, T, d]``, x's dtype.
+        sin (torch.Tensor): ``[B, T, d]``, x's dtype.
+
+    Returns:
+        torch.Tensor: ``[B, H, T, d]``, the rotated ``x``.
     """
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return x * cos + rotate_half(x) * sin
@@ -208,7 +313,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 def default_position_ids(batch_size: int, seq_length: int, past_length: int | torch.Tensor,
                          device: torch.device) -> torch.Tensor:
-    """Positions ``past_length … past_length + seq_length − 1`` for every row, shape ``(batch, seq)``."""
+    """Positions ``past_length … past_length + seq_length − 1`` for every row.
+
+    Args:
+        batch_size (int): B.
+        seq_length (int): T, the new tokens.
+        past_length (int | torch.Tensor): the tokens already cached (a scalar tensor while compiling).
+        device (torch.device): where to build the positions.
+
+    Returns:
+        torch.Tensor: ``[B, T]`` int64 (an expanded view of one row).
+    """
     positions = torch.arange(seq_length, device=device) + past_length
     return positions.unsqueeze(0).expand(batch_size, -1)
 
@@ -221,15 +336,29 @@ class RMSNorm(nn.Module):
 
     With ``elementwise_affine=False`` there is no gain g (GAU-α's parameter-free RMSNorm).
     Computed in at least float32 and cast back, so fp16/bf16 inputs do not overflow in x².
+
+    Args:
+        hidden_size (int): d, the normalised width.
+        eps (float): ε.
+        elementwise_affine (bool): whether the gain g (``weight``, ``[d]``, initialised to 1) exists.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, elementwise_affine: bool = True) -> None:
+        """Create the gain; the arguments are described in the class docstring."""
         super().__init__()
         self.hidden_size = hidden_size
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size)) if elementwise_affine else None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Normalise the last dimension.
+
+        Args:
+            hidden_states (torch.Tensor): ``[..., d]``, the model dtype.
+
+        Returns:
+            torch.Tensor: ``[..., d]``, the input's dtype.
+        """
         dtype = hidden_states.dtype
         x = upcast(hidden_states)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -238,6 +367,7 @@ class RMSNorm(nn.Module):
         return x.to(dtype)
 
     def extra_repr(self) -> str:
+        """The module's line in ``print(model)``: width, ε and whether it has a gain."""
         return f"{self.hidden_size}, eps={self.eps}, elementwise_affine={self.weight is not None}"
 
 
@@ -246,15 +376,29 @@ class ScaleNorm(nn.Module):
 
     The single gain is stored as ``weight`` (initialised to 1) and used as g = weight · √d, which is
     the paper's initialisation g = √d while keeping the stored parameter at the usual norm value 1.
+
+    Args:
+        hidden_size (int): d, the normalised width.
+        eps (float): ε, the smallest norm divided by.
+        elementwise_affine (bool): whether the gain (``weight``, ``[1]``) is learned; without it g = √d.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, elementwise_affine: bool = True) -> None:
+        """Create the gain; the arguments are described in the class docstring."""
         super().__init__()
         self.hidden_size = hidden_size
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(1)) if elementwise_affine else None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Scale the last dimension to norm g.
+
+        Args:
+            hidden_states (torch.Tensor): ``[..., d]``, the model dtype.
+
+        Returns:
+            torch.Tensor: ``[..., d]``, the input's dtype.
+        """
         dtype = hidden_states.dtype
         x = upcast(hidden_states)
         norm = x.norm(dim=-1, keepdim=True).clamp(min=self.eps)
@@ -262,6 +406,7 @@ class ScaleNorm(nn.Module):
         return (x * (gain / norm)).to(dtype)
 
     def extra_repr(self) -> str:
+        """The module's line in ``print(model)``: width, ε and whether it has a gain."""
         return f"{self.hidden_size}, eps={self.eps}, elementwise_affine={self.weight is not None}"
 
 
@@ -269,6 +414,14 @@ class LayerNorm(nn.LayerNorm):
     """``torch.nn.LayerNorm`` (Ba et al. 2016) computed in at least float32 for fp16/bf16 inputs."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Normalise the last dimension.
+
+        Args:
+            hidden_states (torch.Tensor): ``[..., d]``, the model dtype.
+
+        Returns:
+            torch.Tensor: ``[..., d]``, the input's dtype.
+        """
         dtype = hidden_states.dtype
         x = upcast(hidden_states)
         weight = self.weight.to(x.dtype) if self.weight is not None else None
@@ -278,7 +431,17 @@ class LayerNorm(nn.LayerNorm):
 
 
 def build_norm(norm_type: str, hidden_size: int, eps: float, elementwise_affine: bool = True) -> nn.Module:
-    """Return the norm named ``norm_type`` (one of ``NORM_TYPES``)."""
+    """Return the norm named ``norm_type`` (one of ``NORM_TYPES``).
+
+    Args:
+        norm_type (str): ``"layernorm"``, ``"rmsnorm"`` or ``"scalenorm"``.
+        hidden_size (int): d, the normalised width.
+        eps (float): ε.
+        elementwise_affine (bool): whether the norm has learned parameters.
+
+    Returns:
+        nn.Module: the norm.
+    """
     if norm_type == "layernorm":
         return LayerNorm(hidden_size, eps=eps, elementwise_affine=elementwise_affine)
     if norm_type == "rmsnorm":
@@ -297,40 +460,75 @@ def _query_positions(query_length: int, query_offset: int | torch.Tensor,
 
 
 def packed_document_ids(position_ids: torch.Tensor) -> torch.Tensor:
-    """dₜ: the document of token t in rows packing several documents, ``(batch, n)`` long.
+    """dₜ: the document of token t in rows packing several documents.
 
     A packing pipeline numbers every document from 0 without a mask: a document starts at column 0 and
     wherever the position does not increase, dₜ = Σ_{t′ ≤ t} [p_{t′} ≤ p_{t′−1}]. O(n).
+
+    Args:
+        position_ids (torch.Tensor): ``[B, T]`` integer positions p.
+
+    Returns:
+        torch.Tensor: ``[B, T]`` int64, the documents numbered from 0 in each row.
     """
     restarts = (position_ids[:, 1:] <= position_ids[:, :-1]).long()
     return F.pad(restarts.cumsum(-1), (1, 0))
 
 
 def document_lengths(document_ids: torch.Tensor) -> torch.Tensor:
-    """|d(t)|: the token count of token t's document, ``(batch, n)`` long, for ``packed_document_ids``'s dₜ.
+    """|d(t)|: the token count of token t's document, for ``packed_document_ids``'s dₜ.
 
-    Counts per document with one ``scatter_add`` (document indices are < n), read back per token: O(n)."""
+    Counts per document with one ``scatter_add`` (document indices are < n), read back per token: O(n).
+
+    Args:
+        document_ids (torch.Tensor): ``[B, T]`` int64 dₜ.
+
+    Returns:
+        torch.Tensor: ``[B, T]`` int64.
+    """
     sizes = torch.zeros_like(document_ids).scatter_add_(-1, document_ids, torch.ones_like(document_ids))
     return sizes.gather(-1, document_ids)
 
 
 def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
-    """t − s(t): token t's index in its document (s(t) = that document's first column), ``(batch, n)``.
+    """Token t's index in its document, t − s(t) (s(t) = that document's first column).
 
-    What the same token's column is when its document is run alone, whatever the positions say; O(n)."""
+    What the same token's column is when its document is run alone, whatever the positions say; O(n).
+
+    Args:
+        document_ids (torch.Tensor): ``[B, T]`` int64 dₜ.
+
+    Returns:
+        torch.Tensor: ``[B, T]`` int64.
+    """
     columns = torch.arange(document_ids.shape[-1], device=document_ids.device)
     starts = F.pad(document_ids[:, 1:] != document_ids[:, :-1], (1, 0), value=True)
     return columns - torch.where(starts, columns, 0).cummax(-1).values
 
 
 def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
-    """[d(i) = d(j)]: boolean ``(batch, 1, n, n)``, ``True`` where query i and key j share a document — the
-    block-diagonal mask of packed rows (Transformers' ``packed_sequence_mask_function``, materialised)."""
+    """[d(i) = d(j)]: ``True`` where query i and key j share a document.
+
+    The block-diagonal mask of packed rows (Transformers' ``packed_sequence_mask_function``, materialised).
+
+    Args:
+        document_ids (torch.Tensor): ``[B, T]`` int64 dₜ.
+
+    Returns:
+        torch.Tensor: ``[B, 1, T, T]`` bool.
+    """
     return (document_ids[:, :, None] == document_ids[:, None, :]).unsqueeze(1)
 
 
 def visible_keys(mask: torch.Tensor) -> torch.Tensor:
-    """A prepared mask as booleans, ``True`` where a key is visible (boolean as is; additive: 0 = visible)."""
+    """A prepared mask as booleans, ``True`` where a key is visible (boolean as is; additive: 0 = visible).
+
+    Args:
+        mask (torch.Tensor): ``[B, 1, T_q, T_k]`` (any shape), bool or an additive float mask.
+
+    Returns:
+        torch.Tensor: the same shape, bool.
+    """
     return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
 
 
@@ -339,16 +537,30 @@ def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, 
                        device: torch.device, dtype: torch.dtype = torch.float32,
                        position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None
                        ) -> torch.Tensor:
-    """nᵢ: how many keys query i may attend to in its own row, ``(batch, query_length)`` in ``dtype``.
+    """nᵢ: how many keys query i may attend to in its own row.
 
-    ``attention_mask``: 2D ``(batch, key_length)`` padding mask (1 = token, cache included), a prepared 4D
-    mask (boolean, or additive with 0 = visible) or ``None``. A causal query at position p =
-    ``query_offset`` + i sees the non-padded keys at positions ≤ p; the 2D case is O(batch · key_length), no
-    n×n tensor. ``position_ids`` (the caller's, when given) decide causal rows: nᵢ = position + 1. That equals
-    the mask's count for every real token when the positions number the tokens 0, 1, … (as ``generate`` does),
-    and it is all a serving engine (packed tokens, no mask) provides. ``document_ids`` (packed rows): a
-    bidirectional row sees its document (``document_lengths``), a causal row its document up to itself
-    (``document_positions`` + 1).
+    A causal query at position p = ``query_offset`` + i sees the non-padded keys at positions ≤ p; the 2D case
+    is O(batch · key_length), no n×n tensor. ``position_ids`` (the caller's, when given) decide causal rows:
+    nᵢ = position + 1. That equals the mask's count for every real token when the positions number the tokens
+    0, 1, … (as ``generate`` does), and it is all a serving engine (packed tokens, no mask) provides.
+    ``document_ids`` (packed rows): a bidirectional row sees its document (``document_lengths``), a causal row
+    its document up to itself (``document_positions`` + 1).
+
+    Args:
+        attention_mask (torch.Tensor | None): a 2D ``[B, T_k]`` padding mask (1 = token, cache included), a
+            prepared 4D ``[B, 1, T_q, T_k]`` mask (boolean, or additive with 0 = visible) or ``None``.
+        batch_size (int): B.
+        query_length (int): T_q, the new tokens.
+        key_length (int): T_k, the keys (cache included).
+        query_offset (int | torch.Tensor): the position of the first query (the cached tokens).
+        causal (bool): whether queries see only earlier keys.
+        device (torch.device): where to build the counts.
+        dtype (torch.dtype): their dtype.
+        position_ids (torch.Tensor | None): ``[B, T_q]`` or ``[1, T_q]`` integer positions (causal rows only).
+        document_ids (torch.Tensor | None): ``[B, T_q]`` int64 dₜ of packed rows.
+
+    Returns:
+        torch.Tensor: ``[B, T_q]`` in ``dtype``.
     """
     if causal and position_ids is not None:
         counts = position_ids.to(device=device, dtype=dtype) + 1
@@ -378,7 +590,15 @@ def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, 
 
 
 def log_key_counts(key_counts: torch.Tensor, min_length: int) -> torch.Tensor:
-    """log(max(nᵢ, ``min_length``)), the clamp bert4keras uses since 2023 (rows with few keys stay stable)."""
+    """log(max(nᵢ, ``min_length``)), the clamp bert4keras uses since 2023 (rows with few keys stay stable).
+
+    Args:
+        key_counts (torch.Tensor): ``[B, T]`` nᵢ, a floating dtype.
+        min_length (int): the clamp.
+
+    Returns:
+        torch.Tensor: ``[B, T]``, ``key_counts``' dtype.
+    """
     return key_counts.clamp(min=float(min_length)).log()
 
 
@@ -392,9 +612,18 @@ def entropy_invariant_factor(
 
     Multiplying q·k/√d by it is softmax(κ log n / d · QKᵀ) with κ such that it is standard attention at nᵢ =
     ``base_length``. ``scope="beyond"``: max(1, log nᵢ / log base_length), scaling only rows past the training
-    length (Qwen's ``use_logn_attn``).
+    length (Qwen's ``use_logn_attn``). Both logarithms are taken in the same precision (the factor is 1 at
+    nᵢ = base_length), with no host-to-GPU copy.
+
+    Args:
+        key_counts (torch.Tensor): ``[B, T]`` nᵢ, a floating dtype.
+        base_length (int): the training length m at which the factor is 1.
+        min_length (int): the lower clamp of nᵢ (scope ``"all"``).
+        scope (str): ``"all"`` or ``"beyond"``.
+
+    Returns:
+        torch.Tensor: ``[B, T]``, ``key_counts``' dtype.
     """
-    # Both logarithms in the same precision (the factor is 1 at nᵢ = base_length); no host-to-GPU copy.
     log_base = torch.full((), float(base_length), device=key_counts.device, dtype=key_counts.dtype).log()
     if scope == "beyond":
         return (key_counts.clamp(min=1.0).log() / log_base).clamp(min=1.0)
@@ -405,11 +634,25 @@ def boolean_attention_mask(attention_mask: torch.Tensor | None, *, batch_size: i
                            key_length: int, query_offset: int | torch.Tensor = 0, causal: bool,
                            device: torch.device, document_ids: torch.Tensor | None = None
                            ) -> torch.Tensor | None:
-    """A boolean mask ``(batch, 1, query_length, key_length)``, ``True`` where query i may see key j.
+    """A boolean mask, ``True`` where query i may see key j.
 
     Combines the 2D padding mask (or takes a prepared 4D mask as is) with causality, and with ``document_ids``
-    (packed rows: no mask, no cache, so queries are the keys) with ``document_mask``. Returns ``None``
-    when every key is visible to every query (bidirectional, no padding, one document per row).
+    (packed rows: no mask, no cache, so queries are the keys) with ``document_mask``.
+
+    Args:
+        attention_mask (torch.Tensor | None): a 2D ``[B, T_k]`` padding mask (1 = token, cache included), a
+            prepared 4D ``[B, 1, T_q, T_k]`` mask (boolean, or additive with 0 = visible) or ``None``.
+        batch_size (int): B.
+        query_length (int): T_q, the new tokens.
+        key_length (int): T_k, the keys (cache included).
+        query_offset (int | torch.Tensor): the position of the first query (the cached tokens).
+        causal (bool): whether queries see only earlier keys.
+        device (torch.device): where to build the mask.
+        document_ids (torch.Tensor | None): ``[B, T]`` int64 dₜ of packed rows.
+
+    Returns:
+        torch.Tensor | None: ``[B, 1, T_q, T_k]`` bool, or ``None`` when every key is visible to every query
+        (bidirectional, no padding, one document per row).
     """
     if attention_mask is not None and attention_mask.dim() == 4:
         return visible_keys(attention_mask)
@@ -434,7 +677,17 @@ def update_cache(
 
     The positions are passed as ``cache_position``: Transformers 5.0's static cache writes exactly there
     (without them it would overwrite the prompt); later releases count the length themselves and ignore them.
-    Returns every cached key and value of the layer (a static cache: all of its slots).
+
+    Args:
+        cache (Cache): the model's cache.
+        key (torch.Tensor): ``[B, H, T, D_k]``, the new keys.
+        value (torch.Tensor): ``[B, H, T, D_v]``, their values.
+        layer_idx (int): the layer.
+        query_offset (int | torch.Tensor): the position of the first new token.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: every cached key ``[B, H, T_k, D_k]`` and value
+        ``[B, H, T_k, D_v]`` of the layer (a static cache: all of its slots).
     """
     positions = torch.arange(key.shape[-2], device=key.device) + query_offset
     return cache.update(key, value, layer_idx, {"cache_position": positions})
@@ -446,7 +699,13 @@ def update_cache(
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Softmax over the last dimension in at least float32, where rows with no visible key give exact zeros.
 
-    ``mask`` is boolean (``True`` = visible) or additive float (0 = visible, very negative = hidden).
+    Args:
+        scores (torch.Tensor): ``[B, H, T_q, T_k]`` logits, any floating dtype.
+        mask (torch.Tensor | None): broadcastable to ``scores`` (``[B, 1, T_q, T_k]``), boolean (``True`` =
+            visible) or additive float (0 = visible, very negative = hidden).
+
+    Returns:
+        torch.Tensor: ``[B, H, T_q, T_k]`` probabilities in ``compute_dtype(scores.dtype)``.
     """
     scores = upcast(scores)
     if mask is None:
@@ -471,6 +730,15 @@ def check_head_indices(
     Raises ``ValueError`` naming ``what`` (the argument the heads came from) and ``layer`` if given:
     "{what}: heads [..] (of layer l) are out of range [0, num_heads)." or
     "{what}(: layer l) lists a head twice: [..].".
+
+    Args:
+        heads (Iterable[int]): head indices.
+        num_heads (int): the number of heads.
+        what (str): the argument the heads came from, for the message.
+        layer (int | None): the layer, for the message.
+
+    Returns:
+        list[int]: the heads, sorted.
     """
     heads = [int(h) for h in heads]
     bad = [h for h in heads if not 0 <= h < num_heads]
@@ -490,6 +758,14 @@ def normalize_pruned_heads(
 
     JSON stores the layer keys as strings; they are converted back here. Raises ``ValueError``
     naming ``pruned_heads`` for a layer or head index out of range or a repeated head.
+
+    Args:
+        pruned_heads (Mapping | None): ``{layer: [heads]}`` (layer keys int or str), or ``None``.
+        num_layers (int): the number of layers.
+        num_heads (int): the heads per layer before pruning.
+
+    Returns:
+        dict[int, list[int]]: the layers with pruned heads, ascending, each with its heads sorted.
     """
     if pruned_heads is None:
         return {}
@@ -510,7 +786,16 @@ def normalize_pruned_heads(
 
 
 def kept_heads(pruned_heads: Mapping[int, list[int]], layer_idx: int, num_heads: int) -> list[int]:
-    """Original indices of the heads that layer ``layer_idx`` still has."""
+    """Original indices of the heads that layer ``layer_idx`` still has.
+
+    Args:
+        pruned_heads (Mapping[int, list[int]]): ``{layer: [removed heads]}``.
+        layer_idx (int): the layer.
+        num_heads (int): the heads per layer before pruning.
+
+    Returns:
+        list[int]: the kept heads, ascending.
+    """
     removed = set(pruned_heads.get(layer_idx, ()))
     return [h for h in range(num_heads) if h not in removed]
 
@@ -524,10 +809,21 @@ def headless_attention_output(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(output, weights)`` of an attention layer whose heads were all pruned.
 
-    output = ``output_projection`` of the empty ``(batch, seq, 0)`` context (its bias), or that context when
-    ``output_projection`` is ``None``; weights = an empty ``(batch, 0, seq, k)`` tensor. With a ``cache``, a
-    one-channel placeholder is stored as the layer's keys and values (caches derive their length from a
-    layer's keys), at ``query_offset`` … when given (``update_cache``), else with a plain ``cache.update``.
+    With a ``cache``, a one-channel placeholder is stored as the layer's keys and values (caches derive their
+    length from a layer's keys), at ``query_offset`` … when given (``update_cache``), else with a plain
+    ``cache.update``.
+
+    Args:
+        hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+        output_projection (nn.Module | None): the layer's output projection, or ``None``.
+        cache (Cache | None): the model's cache.
+        layer_idx (int): the layer.
+        query_offset (int | torch.Tensor | None): the position of the first new token, or ``None``.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: output = ``output_projection`` of the empty ``[B, T, 0]`` context
+        (its bias, ``[B, T, D]``), or that context when ``output_projection`` is ``None``; weights = an empty
+        ``[B, 0, T, T_k]`` tensor (T_k = the cached keys with the new ones).
     """
     batch_size, seq_length = hidden_states.shape[:2]
     key_length = seq_length
@@ -549,13 +845,26 @@ NORM_POSITIONS = ("pre", "post")
 
 
 def check_choice(field: str, value: Any, allowed: Sequence[Any]) -> None:
-    """Raise ``ValueError`` unless ``value`` is one of ``allowed``."""
+    """Raise ``ValueError`` unless ``value`` is one of ``allowed``.
+
+    Args:
+        field (str): the field's name, for the message.
+        value (Any): its value.
+        allowed (Sequence): the values it may take.
+    """
     if value not in allowed:
         raise ValueError(f"{field} must be one of {tuple(allowed)}, got {value!r}.")
 
 
 def check_int(field: str, value: Any, minimum: int | None = None, allow_none: bool = False) -> None:
-    """Raise ``TypeError`` unless ``value`` is an int (not bool), ``ValueError`` if below ``minimum``."""
+    """Raise ``TypeError`` unless ``value`` is an int (not bool), ``ValueError`` if below ``minimum``.
+
+    Args:
+        field (str): the field's name, for the message.
+        value (Any): its value.
+        minimum (int | None): the smallest value allowed; ``None`` = no bound.
+        allow_none (bool): whether ``None`` passes.
+    """
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int):
@@ -566,7 +875,15 @@ def check_int(field: str, value: Any, minimum: int | None = None, allow_none: bo
 
 def check_float(field: str, value: Any, low: float, high: float | None = None,
                 allow_none: bool = False) -> None:
-    """Raise ``TypeError`` unless ``value`` is a real number, ``ValueError`` outside [low, high]."""
+    """Raise ``TypeError`` unless ``value`` is a real number, ``ValueError`` outside [low, high].
+
+    Args:
+        field (str): the field's name, for the message.
+        value (Any): its value.
+        low (float): the smallest value allowed.
+        high (float | None): the largest value allowed; ``None`` = no bound.
+        allow_none (bool): whether ``None`` passes.
+    """
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -577,7 +894,12 @@ def check_float(field: str, value: Any, low: float, high: float | None = None,
 
 
 def check_bool(field: str, value: Any) -> None:
-    """Raise ``TypeError`` unless ``value`` is a bool."""
+    """Raise ``TypeError`` unless ``value`` is a bool.
+
+    Args:
+        field (str): the field's name, for the message.
+        value (Any): its value.
+    """
     if not isinstance(value, bool):
         raise TypeError(f"{field} must be a bool, got {value!r} ({type(value).__name__}).")
 
@@ -586,6 +908,16 @@ def renamed_field(kwargs: dict[str, Any], old: str, new: str, value: Any, defaul
     """``value`` of field ``new``, or the value a config saved before the rename stored under ``old``.
 
     Pops ``old`` from ``kwargs``; ``default`` when neither is given; ``ValueError`` when both are.
+
+    Args:
+        kwargs (dict[str, Any]): the config's remaining keyword arguments (``old`` is popped from them).
+        old (str): the field's former name.
+        new (str): its current name, for the message.
+        value (Any): the value passed as ``new`` (``None`` = not given).
+        default (Any): the value when neither name is given.
+
+    Returns:
+        Any: the field's value.
     """
     legacy = kwargs.pop(old, None)
     if legacy is not None and value is not None:
@@ -596,29 +928,49 @@ def renamed_field(kwargs: dict[str, Any], old: str, new: str, value: Any, defaul
 
 
 def config_equal(config: PreTrainedConfig, other: Any) -> bool:
-    """Two configs are equal when every attribute is (what ``PreTrainedConfig.__eq__`` means)."""
+    """Two configs are equal when every attribute is (what ``PreTrainedConfig.__eq__`` means).
+
+    Args:
+        config (PreTrainedConfig): one config.
+        other (Any): the object compared with it.
+
+    Returns:
+        bool: whether ``other`` is a config with the same attributes.
+    """
     return isinstance(other, PreTrainedConfig) and config.__dict__ == other.__dict__
 
 
 class AttnVariantConfig(PreTrainedConfig):
-    """Fields common to the ``gau``, ``synthesizer`` and ``entropy_invariant`` families (an explicit
-    ``__init__``: the form every 5.x release accepts).
+    """Fields common to the ``gau``, ``synthesizer`` and ``entropy_invariant`` families.
+
+    The config has an explicit ``__init__``: the form every 5.x release accepts.
+    ``min_transformers_version`` (read-only, in ``config.json``) is the oldest Transformers the code supports.
 
     Args:
-        vocab_size, hidden_size, num_hidden_layers: vocabulary, width d, depth.
-        hidden_act: activation of the feed-forward / gating units (a key of ``ACT2FN``).
-        max_position_embeddings: longest sequence for learned absolute positions (and the Synthesizer's l).
-        hidden_dropout_prob, attention_probs_dropout_prob: dropout on residual branches / attention weights.
-        initializer_range: std of the normal initialisation of weight matrices.
-        layer_norm_eps, norm_type (``"layernorm"``, ``"rmsnorm"``, ``"scalenorm"``), norm_position (``"pre"``,
-            or ``"post"`` as BERT and GAU-α), norm_elementwise_affine: the norms.
-        position_embedding_type: ``"rope"`` (default), ``"absolute"`` (learned) or ``"none"``.
-        rope_theta: RoPE base. use_bias: biases in the projections. classifier_dropout: of classification
-            heads (``None`` = hidden dropout).
-        is_decoder: causal attention (``*ForCausalLM`` sets it). use_cache, pad/bos/eos_token_id,
-            tie_word_embeddings: as in Transformers.
-
-    ``min_transformers_version`` (read-only, in ``config.json``) is the oldest Transformers the code supports.
+        vocab_size (int): vocabulary size.
+        hidden_size (int): model width d.
+        num_hidden_layers (int): depth.
+        hidden_act (str): activation of the feed-forward / gating units (a key of ``ACT2FN``).
+        max_position_embeddings (int): longest sequence for learned absolute positions (and the
+            Synthesizer's l).
+        hidden_dropout_prob (float): dropout on residual branches.
+        attention_probs_dropout_prob (float): dropout on attention weights.
+        initializer_range (float): std of the normal initialisation of weight matrices.
+        layer_norm_eps (float): epsilon of the norms.
+        norm_type (str): ``"layernorm"``, ``"rmsnorm"`` or ``"scalenorm"``.
+        norm_position (str): ``"pre"``, or ``"post"`` as BERT and GAU-α.
+        norm_elementwise_affine (bool): learned scale (and shift) in the norms.
+        position_embedding_type (str): ``"rope"`` (default), ``"absolute"`` (learned) or ``"none"``.
+        rope_theta (float): RoPE base.
+        use_bias (bool): biases in the projections.
+        classifier_dropout (float | None): dropout of classification heads (``None`` = hidden dropout).
+        is_decoder (bool): causal attention (``*ForCausalLM`` sets it).
+        use_cache (bool): as in Transformers.
+        pad_token_id (int | None): as in Transformers.
+        bos_token_id (int | None): as in Transformers.
+        eos_token_id (int | list[int] | None): as in Transformers.
+        tie_word_embeddings (bool): as in Transformers.
+        **kwargs: passed to ``PreTrainedConfig``.
     """
 
     # Pipeline parallelism (Transformers' DistributedConfig(pp_size=…)): stages split ``layers``; the first
@@ -659,6 +1011,7 @@ class AttnVariantConfig(PreTrainedConfig):
         tie_word_embeddings: bool = True,
         **kwargs: Any,
     ) -> None:
+        """Set the fields and check them; the arguments are described in the class docstring."""
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
@@ -689,9 +1042,15 @@ class AttnVariantConfig(PreTrainedConfig):
         super().__init__(**kwargs)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Give every subclass ``config_equal`` as ``__eq__``.
+
+        Transformers >= 5.5 turns every config subclass into a dataclass, whose generated ``__eq__`` would
+        compare only the base class's dataclass fields (so configs of different sizes would be "equal").
+
+        Args:
+            **kwargs: passed to ``PreTrainedConfig.__init_subclass__``.
+        """
         super().__init_subclass__(**kwargs)
-        # Transformers >= 5.5 turns every config subclass into a dataclass, whose generated __eq__ would
-        # compare only the base class's dataclass fields (so configs of different sizes would be "equal").
         cls.__eq__ = config_equal  # type: ignore[method-assign, assignment]
 
     __eq__ = config_equal
@@ -723,10 +1082,14 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
     """Adds multi-head attention and a feed-forward block to ``AttnVariantConfig``.
 
     Args:
-        num_attention_heads: heads per layer before pruning. intermediate_size: the feed-forward width.
-        pruned_heads: ``{layer: [original head indices removed]}``: ``from_pretrained`` rebuilds the shapes.
-        head_dim: size of one head (Llama's field); ``None`` = hidden_size / num_attention_heads. Written to
-            ``config.json`` only when set (a uniformly pruned model keeps its original ``head_dim``).
+        num_attention_heads (int): heads per layer before pruning.
+        intermediate_size (int): the feed-forward width.
+        pruned_heads (dict | None): ``{layer: [original head indices removed]}``: ``from_pretrained`` rebuilds
+            the shapes.
+        head_dim (int | None): size of one head (Llama's field); ``None`` = hidden_size / num_attention_heads.
+            Written to ``config.json`` only when set (a uniformly pruned model keeps its original
+            ``head_dim``).
+        **kwargs: the fields of ``AttnVariantConfig``.
     """
 
     # Tensor parallelism (Megatron-LM's split): each rank owns whole heads — their q/k/v rows, o columns and
@@ -750,6 +1113,7 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
         head_dim: int | None = None,
         **kwargs: Any,
     ) -> None:
+        """Set the fields; the arguments are described in the class docstring."""
         self.num_attention_heads = num_attention_heads
         self.intermediate_size = intermediate_size
         self.pruned_heads = pruned_heads
@@ -757,6 +1121,7 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
         super().__init__(**kwargs)
 
     def check_fields(self) -> None:
+        """Check the shared fields, the heads and the feed-forward; normalise ``pruned_heads``."""
         super().check_fields()
         check_int("num_attention_heads", self.num_attention_heads, 1)
         check_int("intermediate_size", self.intermediate_size, 1)
@@ -786,14 +1151,25 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
         self.__dict__["head_dim"] = value
 
     def to_dict(self) -> dict[str, Any]:
-        """As ``PreTrainedConfig.to_dict``, without ``head_dim`` when it is derived (not set explicitly)."""
+        """As ``PreTrainedConfig.to_dict``, without ``head_dim`` when it is derived (not set explicitly).
+
+        Returns:
+            dict[str, Any]: the config's fields, as ``config.json`` stores them.
+        """
         output = super().to_dict()
         if output.get("head_dim", 0) is None:
             del output["head_dim"]
         return output
 
     def layer_heads(self, layer_idx: int) -> list[int]:
-        """Original indices of the heads layer ``layer_idx`` keeps after pruning."""
+        """Original indices of the heads layer ``layer_idx`` keeps after pruning.
+
+        Args:
+            layer_idx (int): the layer.
+
+        Returns:
+            list[int]: the kept heads' original indices, ascending.
+        """
         return kept_heads(self.pruned_heads or {}, layer_idx, self.num_attention_heads)
 
 
@@ -801,19 +1177,30 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
 IGNORE_INDEX = -100
 """Label of a token that is not scored (Transformers' and ``torch.nn.functional.cross_entropy``'s default)."""
 CHUNK_ELEMENTS = 2**25
-"""Logits per chunk when ``chunk_tokens`` is not given: chunk_tokens = CHUNK_ELEMENTS // V (1,048 tokens at
-V = 32,000: 67 MB of bf16 logits and 134 MB of float32 ones at a time)."""
+"""Logits per chunk when ``chunk_tokens`` is not given: chunk_tokens = CHUNK_ELEMENTS // V.
+
+That is 1,048 tokens at V = 32,000: 67 MB of bf16 logits and 134 MB of float32 ones at a time.
+"""
 
 
 def default_chunk_tokens(vocab_size: int) -> int:
-    """Tokens per chunk for a vocabulary of ``vocab_size``: ``CHUNK_ELEMENTS // vocab_size``, at least 1."""
+    """Tokens per chunk for a vocabulary of ``vocab_size``: ``CHUNK_ELEMENTS // vocab_size``, at least 1.
+
+    Args:
+        vocab_size (int): V.
+
+    Returns:
+        int: the tokens per chunk.
+    """
     return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
-    """Loss and gradients chunk by chunk in forward (see the module docstring); backward scales the saved
-    gradients. Inputs: ``hidden`` (T, d), ``weight`` (V, d), ``bias`` (V,) or ``None``, ``targets`` (T,)
-    int64, ``denominator`` a float32 scalar tensor."""
+    """Loss and gradients chunk by chunk in forward (see the module docstring).
+
+    Backward scales the saved gradients. Inputs: ``hidden`` [T, d], ``weight`` [V, d], ``bias`` [V] or
+    ``None``, ``targets`` [T] int64, ``denominator`` a float32 scalar tensor.
+    """
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor,  # type: ignore[override]
@@ -856,8 +1243,11 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 
 
 def _targets(labels: torch.Tensor, shift: bool, ignore_index: int) -> torch.Tensor:
-    """Labels (…, n) → per-token targets (T,): shifted left by one with ``ignore_index`` at each row's end
-    when ``shift`` (position t predicts token t + 1), as ``ForCausalLMLoss``."""
+    """Labels [..., n] → per-token targets [T].
+
+    With ``shift``, shifted left by one with ``ignore_index`` at each row's end (position t predicts token
+    t + 1), as ``ForCausalLMLoss``.
+    """
     if shift:
         labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     return labels.reshape(-1).long()
@@ -884,8 +1274,11 @@ def _check_inputs(hidden_states: torch.Tensor, weight: torch.Tensor, labels: tor
 
 
 def _check_label_range(targets: torch.Tensor, vocab_size: int, ignore_index: int) -> None:
-    """``ValueError`` naming ``labels`` when a scored label is outside [0, V). Only for CPU tensors (elsewhere
-    the check would make the host wait for the device at every training step) and not while compiling."""
+    """``ValueError`` naming ``labels`` when a scored label is outside [0, V).
+
+    Only for CPU tensors (elsewhere the check would make the host wait for the device at every training step)
+    and not while compiling.
+    """
     if torch.compiler.is_compiling() or targets.device.type != "cpu":
         return
     scored = targets[targets != ignore_index]
@@ -899,28 +1292,34 @@ def chunked_cross_entropy(hidden_states: torch.Tensor, weight: torch.Tensor, lab
                           ignore_index: int = IGNORE_INDEX,
                           num_items_in_batch: torch.Tensor | int | None = None,
                           chunk_tokens: int | None = None) -> torch.Tensor:
-    """Causal-LM cross-entropy of the logits ``hidden_states @ weightᵀ + bias``, never holding the logits of
-    more than ``chunk_tokens`` tokens: L = (1/D) Σₜ [logsumexp(zₜ) − zₜ,yₜ] over the tokens whose label is not
-    ``ignore_index``, D = their number or ``num_items_in_batch``. Equals Transformers' ``ForCausalLMLoss`` on
-    the full logits (float32 log-softmax of logits in the weight's dtype), gradients included.
+    """Causal-LM cross-entropy of the logits ``hidden_states @ weightᵀ + bias``, chunk by chunk.
+
+    Never holds the logits of more than ``chunk_tokens`` tokens: L = (1/D) Σₜ [logsumexp(zₜ) − zₜ,yₜ] over the
+    tokens whose label is not ``ignore_index``, D = their number or ``num_items_in_batch``. Equals
+    Transformers' ``ForCausalLMLoss`` on the full logits (float32 log-softmax of logits in the weight's
+    dtype), gradients included. Saved for backward: ∂L/∂h ``[T, d]`` in the hidden states' dtype and ∂L/∂W,
+    ∂L/∂b in the weight's, computed here when gradients are enabled (module docstring).
 
     Args:
-        hidden_states: ``(batch, n, d)`` (or ``(T, d)`` with ``shift=False``), the final hidden states (the LM
-            head's input), float32 / bf16 / fp16; under ``torch.autocast`` cast to its dtype, as the head is.
-        weight: ``(V, d)``, the LM head's weight (tied to the input embedding or not).
-        labels: ``(batch, n)`` integer token ids, the hidden states' shape without ``d``; with ``shift`` (the
-            default) the input ids, position t predicting token t + 1; with ``shift=False`` already shifted
-            (Transformers' ``shift_labels``).
-        bias: ``(V,)`` or ``None``.
-        shift: shift ``labels`` left by one inside (``ignore_index`` at the end of each row).
-        ignore_index: label of tokens that are not scored (padding, prompts).
-        num_items_in_batch: the denominator D instead of the number of scored tokens (Trainer's gradient
-            accumulation); a tensor or an int.
-        chunk_tokens: tokens whose logits exist at once (default ``default_chunk_tokens(V)``, ≈ 2²⁵ logits).
+        hidden_states (torch.Tensor): ``[B, T, d]`` (or ``[T, d]`` with ``shift=False``), the final hidden
+            states (the LM head's input), float32 / bf16 / fp16; under ``torch.autocast`` cast to its dtype,
+            as the head is.
+        weight (torch.Tensor): ``[V, d]``, the LM head's weight (tied to the input embedding or not), the
+            hidden states' dtype.
+        labels (torch.Tensor): ``[B, T]`` integer token ids, the hidden states' shape without ``d``; with
+            ``shift`` (the default) the input ids, position t predicting token t + 1; with ``shift=False``
+            already shifted (Transformers' ``shift_labels``).
+        bias (torch.Tensor | None): ``[V]``, the weight's dtype, or ``None``.
+        shift (bool): shift ``labels`` left by one inside (``ignore_index`` at the end of each row).
+        ignore_index (int): label of tokens that are not scored (padding, prompts).
+        num_items_in_batch (torch.Tensor | int | None): the denominator D instead of the number of scored
+            tokens (Trainer's gradient accumulation); a tensor or an int.
+        chunk_tokens (int | None): tokens whose logits exist at once (default ``default_chunk_tokens(V)``,
+            ≈ 2²⁵ logits).
 
-    Returns a float32 scalar (NaN when no token is scored and ``num_items_in_batch`` is not given, as
-    Transformers' loss). Saved for backward: ∂L/∂h ``(T, d)`` in the hidden states' dtype and ∂L/∂W, ∂L/∂b in
-    the weight's, computed here when gradients are enabled (module docstring).
+    Returns:
+        torch.Tensor: a float32 scalar (NaN when no token is scored and ``num_items_in_batch`` is not given,
+        as Transformers' loss).
     """
     _check_inputs(hidden_states, weight, labels, bias, chunk_tokens)
     device_type = hidden_states.device.type
@@ -954,11 +1353,19 @@ else:
 class AttentionGeometry(NamedTuple):
     """Where the queries of one forward pass sit among the keys; the backbone builds it once for every layer.
 
-    ``query_offset``: the cached tokens before the queries (a tensor with a static cache, whose updates
-    advance it); the keys are the ``query_offset + query_length`` tokens. ``attention_mask``: the caller's 2D
-    ``(batch, keys)`` or prepared 4D mask. ``position_ids``: the caller's positions, ``None`` when defaulted
-    (only the caller's positions may decide nᵢ). ``document_ids``: the document of each token of rows packing
-    several documents (``packed_document_ids``), else ``None``.
+    Attributes:
+        batch_size (int): B.
+        query_length (int): T, the new tokens.
+        query_offset (int | torch.Tensor): the cached tokens before the queries (a tensor with a static cache,
+            whose updates advance it); the keys are the ``query_offset + query_length`` tokens.
+        causal (bool): whether queries see only earlier keys.
+        device (torch.device): the inputs' device.
+        attention_mask (torch.Tensor | None): the caller's 2D ``[B, T_k]`` or prepared 4D ``[B, 1, T, T_k]``
+            mask.
+        position_ids (torch.Tensor | None): ``[B, T]``, the caller's positions, ``None`` when defaulted (only
+            the caller's positions may decide nᵢ).
+        document_ids (torch.Tensor | None): ``[B, T]`` int64, the document of each token of rows packing
+            several documents (``packed_document_ids``), else ``None``.
     """
 
     batch_size: int
@@ -972,10 +1379,15 @@ class AttentionGeometry(NamedTuple):
 
     @property
     def key_length(self) -> int | torch.Tensor:
+        """T_k = ``query_offset + query_length``, the keys with the cache."""
         return self.query_offset + self.query_length
 
     def positions(self) -> torch.Tensor:
-        """Positions used ``(batch, query_length)``: the caller's, else offset … offset + query_length − 1."""
+        """Positions used: the caller's, else offset … offset + query_length − 1.
+
+        Returns:
+            torch.Tensor: ``[B, T]`` integer positions.
+        """
         if self.position_ids is not None:
             return self.position_ids
         return default_position_ids(self.batch_size, self.query_length, self.query_offset, self.device)
@@ -986,37 +1398,75 @@ class AttentionGeometry(NamedTuple):
                 "query_offset": self.query_offset, "device": self.device}
 
     def key_counts(self, dtype: torch.dtype) -> torch.Tensor:
-        """nᵢ, the keys each query sees ``(batch, query_length)`` (``visible_key_counts``)."""
+        """nᵢ, the keys each query sees (``visible_key_counts``).
+
+        Args:
+            dtype (torch.dtype): the counts' dtype.
+
+        Returns:
+            torch.Tensor: ``[B, T]`` in ``dtype``.
+        """
         return visible_key_counts(self.attention_mask, **self._shape(), dtype=dtype,
                                   position_ids=self.position_ids, document_ids=self.document_ids)
 
     def boolean_mask(self) -> torch.Tensor | None:
-        """Padding ∧ causality (∧ same document) as a boolean ``(batch, 1, q, k)`` mask
-        (``boolean_attention_mask``)."""
+        """Padding ∧ causality (∧ same document) as a boolean mask (``boolean_attention_mask``).
+
+        Returns:
+            torch.Tensor | None: ``[B, 1, T, T_k]`` bool, or ``None`` when every key is visible.
+        """
         return boolean_attention_mask(self.attention_mask, **self._shape(), document_ids=self.document_ids)
 
     def causal_mask(self, key_length: int) -> torch.Tensor | None:
-        """Causality alone over ``key_length`` keys (a static cache's slots): the mask a kernel that needs one
-        gets when the caller's mask was prepared as ``None`` (SDPA's ``is_causal``). ``None`` for a
-        bidirectional pass."""
+        """Causality alone over ``key_length`` keys (a static cache's slots).
+
+        The mask a kernel that needs one gets when the caller's mask was prepared as ``None`` (SDPA's
+        ``is_causal``).
+
+        Args:
+            key_length (int): the keys (a static cache: all of its slots).
+
+        Returns:
+            torch.Tensor | None: ``[B, 1, T, key_length]`` bool, or ``None`` for a bidirectional pass.
+        """
         return boolean_attention_mask(None, **self._shape(key_length)) if self.causal else None
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward block: down_proj(act(up_proj(x))) (Vaswani et al. 2017)."""
+    """Position-wise feed-forward block: down_proj(act(up_proj(x))) (Vaswani et al. 2017, arXiv:1706.03762).
+
+    Args:
+        config (AttnVariantConfig): ``hidden_size``, ``intermediate_size``, ``hidden_act`` and ``use_bias``.
+    """
 
     def __init__(self, config: AttnVariantConfig) -> None:
+        """Build the two projections; the argument is described in the class docstring."""
         super().__init__()
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.use_bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """down_proj(act(up_proj(x))).
+
+        Args:
+            hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+
+        Returns:
+            torch.Tensor: ``[B, T, D]``, the model dtype.
+        """
         return self.down_proj(self.act_fn(self.up_proj(hidden_states)))
 
 
 def config_norm(config: AttnVariantConfig) -> nn.Module:
-    """The norm the config names (``norm_type``, ``layer_norm_eps``, ``norm_elementwise_affine``)."""
+    """The norm the config names (``norm_type``, ``layer_norm_eps``, ``norm_elementwise_affine``).
+
+    Args:
+        config (AttnVariantConfig): the model's config.
+
+    Returns:
+        nn.Module: a norm over ``hidden_size``.
+    """
     return build_norm(config.norm_type, config.hidden_size, config.layer_norm_eps,
                       config.norm_elementwise_affine)
 
@@ -1024,19 +1474,38 @@ def config_norm(config: AttnVariantConfig) -> nn.Module:
 def residual_block(
     hidden_states: torch.Tensor, sublayer: Any, norm: nn.Module, dropout: nn.Module, norm_position: str
 ) -> torch.Tensor:
-    """Pre-norm x + drop(f(norm(x))) or post-norm norm(x + drop(f(x))) for the callable ``sublayer`` f."""
+    """Pre-norm x + drop(f(norm(x))) or post-norm norm(x + drop(f(x))) for the callable ``sublayer`` f.
+
+    Args:
+        hidden_states (torch.Tensor): ``[B, T, D]`` x, the model dtype.
+        sublayer (Callable): f, ``[B, T, D]`` → ``[B, T, D]``.
+        norm (nn.Module): the block's norm.
+        dropout (nn.Module): the residual branch's dropout.
+        norm_position (str): ``"pre"`` or ``"post"``.
+
+    Returns:
+        torch.Tensor: ``[B, T, D]``, the model dtype.
+    """
     if norm_position == "pre":
         return hidden_states + dropout(sublayer(norm(hidden_states)))
     return norm(hidden_states + dropout(sublayer(hidden_states)))
 
 
 class AttentionMLPLayer(GradientCheckpointingLayer):
-    """Attention, then the feed-forward network, each inside ``residual_block``. A family names its
-    ``attention_class`` (taking ``(config, layer_idx)``), given the layer's keyword arguments unchanged."""
+    """Attention, then the feed-forward network, each inside ``residual_block``.
+
+    A family names its ``attention_class`` (taking ``(config, layer_idx)``), given the layer's keyword
+    arguments unchanged.
+
+    Args:
+        config (AttnVariantConfig): the model's config.
+        layer_idx (int): the layer's index.
+    """
 
     attention_class: ClassVar[type[nn.Module]]
 
     def __init__(self, config: AttnVariantConfig, layer_idx: int) -> None:
+        """Build the attention, the feed-forward block, their norms and dropout; see the class docstring."""
         super().__init__()
         self.norm_position = config.norm_position
         self.self_attn = self.attention_class(config, layer_idx)
@@ -1046,6 +1515,17 @@ class AttentionMLPLayer(GradientCheckpointingLayer):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: torch.Tensor, **attention_kwargs: Any) -> torch.Tensor:
+        """Attention block, then feed-forward block.
+
+        Args:
+            hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+            **attention_kwargs: the attention's keyword inputs (geometry, RoPE tables, masks, nᵢ, cache),
+                passed through unchanged.
+
+        Returns:
+            torch.Tensor: ``[B, T, D]``, the model dtype.
+        """
+
         def attend(x: torch.Tensor) -> torch.Tensor:
             return self.self_attn(x, **attention_kwargs)[0]
 
@@ -1077,6 +1557,11 @@ class AttnVariantPreTrainedModel(PreTrainedModel):
     Both name the modules FSDP/``device_map`` keep whole and the outputs ``output_*`` records."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Derive ``_no_split_modules`` and ``_can_record_outputs`` from a subclass's ``layer_class``.
+
+        Args:
+            **kwargs: passed to ``PreTrainedModel.__init_subclass__``.
+        """
         super().__init_subclass__(**kwargs)
         layer = cls.__dict__.get("layer_class")
         if layer is not None:
@@ -1106,7 +1591,15 @@ class AttnVariantPreTrainedModel(PreTrainedModel):
         """Initialise parameters and buffers specific to a family (override in the family)."""
 
     def __init__(self, config: AttnVariantConfig, *args: Any, **kwargs: Any) -> None:
-        # vLLM goes on past is_backend_compatible() == False and builds the model under its own attention.
+        """Refuse vLLM's attention for a family it cannot compute, then build as ``PreTrainedModel``.
+
+        vLLM goes on past ``is_backend_compatible() == False`` and builds the model under its own attention.
+
+        Args:
+            config (AttnVariantConfig): the model's config.
+            *args: passed to ``PreTrainedModel``.
+            **kwargs: passed to ``PreTrainedModel``.
+        """
         if (self.serving_limitation
                 and getattr(config, "_attn_implementation", None) == SERVING_ENGINE_ATTENTION):
             raise ValueError(self.serving_refusal())
@@ -1114,7 +1607,11 @@ class AttnVariantPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def serving_refusal(cls) -> str | None:
-        """Why vLLM cannot serve this family and what to use instead, in one sentence (``None`` if it can)."""
+        """Why vLLM cannot serve this family and what to use instead, in one sentence.
+
+        Returns:
+            str | None: the sentence, or ``None`` if vLLM can serve it.
+        """
         if cls.serving_limitation is None:
             return None
         family = cls.config_class.__name__.removesuffix("Config")
@@ -1123,8 +1620,11 @@ class AttnVariantPreTrainedModel(PreTrainedModel):
                 "(model.generate with its cache).")
 
     def init_parallel_plans(self) -> None:
-        """Transformers' parallel plans, less the tensor-parallel rules that name no module or parameter of
-        this configuration (the Synthesizer's q/k projections exist only with ``vanilla``)."""
+        """Transformers' parallel plans, less the tensor-parallel rules that name nothing of this model.
+
+        A rule is dropped when it names no module or parameter of this configuration (the Synthesizer's q/k
+        projections exist only with ``vanilla``).
+        """
         super().init_parallel_plans()
         names = {
             re.sub(r"\.\d+(\.|$)", r".*\1", name)  # layer numbers as wildcards, as the plans write them
@@ -1134,9 +1634,19 @@ class AttnVariantPreTrainedModel(PreTrainedModel):
 
     def gather_sharded_state_dict_for_save(self, model_to_save: Any, state_dict: dict, *args: Any,
                                            **kwargs: Any) -> dict:
-        """Transformers' gather of a sharded model's weights, with each tied name pointing at its source's
-        tensor again: the gather returns a tensor per name, and the tie removal before writing finds ties by
-        storage."""
+        """Transformers' gather of a sharded model's weights, each tied name pointing at its source again.
+
+        The gather returns a tensor per name, and the tie removal before writing finds ties by storage.
+
+        Args:
+            model_to_save (Any): the model being saved.
+            state_dict (dict): its sharded state dict.
+            *args: passed to Transformers' gather.
+            **kwargs: passed to Transformers' gather.
+
+        Returns:
+            dict: the gathered state dict.
+        """
         gathered = super().gather_sharded_state_dict_for_save(model_to_save, state_dict, *args, **kwargs)
         for target, source in (getattr(model_to_save, "all_tied_weights_keys", None) or {}).items():
             if target in gathered and source in gathered:
@@ -1149,9 +1659,14 @@ class AttnVariantBackbone(ModelMixinBase):
 
     A family implements ``_attention_inputs``; its ``PreTrainedModel`` names the ``layer_class``. Every layer
     gets the ``AttentionGeometry`` (``geometry``), the RoPE tables, the cache and the family's inputs.
+    Post-norm stacks (BERT, GAU-α) normalise the embeddings; pre-norm stacks normalise at the end.
+
+    Args:
+        config (AttnVariantConfig): the model's config.
     """
 
     def __init__(self, config: AttnVariantConfig) -> None:
+        """Build the embeddings, RoPE, the norms and the layers; the argument is in the class docstring."""
         super().__init__(config)
         self.is_causal = config.is_decoder
         self.embed_tokens: nn.Module = nn.Embedding(config.vocab_size, config.hidden_size,
@@ -1161,7 +1676,6 @@ class AttnVariantBackbone(ModelMixinBase):
         self.embed_positions = (nn.Embedding(config.max_position_embeddings, config.hidden_size) if absolute
                                 else None)
         self.rotary_emb = RotaryEmbedding(self._rotary_dim(config), config.rope_theta) if rope else None
-        # Post-norm stacks (BERT, GAU-α) normalise the embeddings; pre-norm stacks normalise at the end.
         post = config.norm_position == "post"
         self.embed_norm = config_norm(config) if post else nn.Identity()
         self.norm = nn.Identity() if post else config_norm(config)
@@ -1176,9 +1690,19 @@ class AttnVariantBackbone(ModelMixinBase):
         return config.head_dim
 
     def get_input_embeddings(self) -> nn.Module:
+        """The token embedding ``embed_tokens``.
+
+        Returns:
+            nn.Module: the embedding.
+        """
         return self.embed_tokens
 
     def set_input_embeddings(self, value: nn.Module) -> None:
+        """Replace the token embedding.
+
+        Args:
+            value (nn.Module): the new embedding (``vocab_size`` × ``hidden_size``).
+        """
         self.embed_tokens = value
 
     def _attention_inputs(
@@ -1190,7 +1714,16 @@ class AttnVariantBackbone(ModelMixinBase):
     def layer_inputs(
         self, geometry: AttentionGeometry, hidden_states: torch.Tensor, cache: Cache | None = None
     ) -> dict[str, Any]:
-        """Every layer keyword argument but the RoPE tables: the geometry, the cache, the family's inputs."""
+        """Every layer keyword argument but the RoPE tables: the geometry, the cache, the family's inputs.
+
+        Args:
+            geometry (AttentionGeometry): the call's geometry.
+            hidden_states (torch.Tensor): ``[B, T, D]`` embeddings (for their dtype), the model dtype.
+            cache (Cache | None): the model's cache.
+
+        Returns:
+            dict[str, Any]: the layers' keyword arguments.
+        """
         return {"geometry": geometry, "cache": cache,
                 **self._attention_inputs(geometry, hidden_states, cache)}
 
@@ -1260,9 +1793,11 @@ class AttnVariantBackbone(ModelMixinBase):
 
     def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
                positions: torch.Tensor) -> torch.Tensor:
-        """Token (+ learned position) embeddings, embedding norm and dropout. A later stage of Transformers'
-        pipeline parallelism (layer 0 replaced by a ``PipelineIdentityLayer``) gets the previous stage's
-        hidden states as ``inputs_embeds``, which are not embedded again."""
+        """Token (+ learned position) embeddings, embedding norm and dropout.
+
+        A later stage of Transformers' pipeline parallelism (layer 0 replaced by a ``PipelineIdentityLayer``)
+        gets the previous stage's hidden states as ``inputs_embeds``, which are not embedded again.
+        """
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         if type(self.layers[0]).__name__ == "PipelineIdentityLayer":
             return hidden_states
@@ -1282,7 +1817,24 @@ class AttnVariantBackbone(ModelMixinBase):
         use_cache: bool | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
-        """Run the stack. ``attention_mask``: 2D ``(batch, past + seq)``, 1 = token, or a prepared 4D mask."""
+        """Run the stack: embeddings, every layer, the final norm.
+
+        Args:
+            input_ids (torch.LongTensor | None): ``[B, T]`` token ids (or ``inputs_embeds``).
+            attention_mask (torch.Tensor | None): 2D ``[B, past + T]``, 1 = token, or a prepared 4D
+                ``[B, 1, T, T_k]`` mask (or generate's dict of masks per layer type).
+            position_ids (torch.Tensor | None): ``[B, T]`` or ``[1, T]`` positions; restarting inside a row
+                without a mask, they mark packed documents.
+            cache (Cache | None): the cache of earlier tokens (causal models; also accepted as
+                ``past_key_values``).
+            inputs_embeds (torch.Tensor | None): ``[B, T, D]`` embeddings in the model dtype, instead of
+                ``input_ids``.
+            use_cache (bool | None): return a cache (a new ``DynamicCache`` when none is given).
+            **kwargs: Transformers' output switches and attention keyword arguments, passed to the layers.
+
+        Returns:
+            BaseModelOutputWithPast: ``last_hidden_state`` ``[B, T, D]`` in the model dtype and the cache.
+        """
         given = self._input(input_ids, inputs_embeds)
         batch_size, seq_length = given.shape[:2]
         if isinstance(attention_mask, dict):  # generate's masks per layer type, for configs with layer_types
@@ -1345,10 +1897,12 @@ class _HeadMixin(ModelMixinBase):
         return config
 
     def _tie_before_fsdp(self, config: AttnVariantConfig) -> None:
-        """Tie ``lm_head`` to ``embed_tokens`` at construction when FSDP2 will shard the model: Transformers
-        ties them only after ``fully_shard``, when FSDP2 manages them as two parameters, and the head would
-        keep its initial weights (docs/scaling.md). Tensor parallelism ties correctly afterwards; with FSDP
-        too, refused."""
+        """Tie ``lm_head`` to ``embed_tokens`` at construction when FSDP2 will shard the model.
+
+        Transformers ties them only after ``fully_shard``, when FSDP2 manages them as two parameters, and the
+        head would keep its initial weights (an upstream problem of Transformers' ties under FSDP2). Tensor
+        parallelism ties correctly afterwards; with FSDP too, refused.
+        """
         distributed = getattr(config, "distributed_config", None)
         tensor_parallel = getattr(distributed, "tp_size", None) or 1
         data_parallel = ((getattr(distributed, "fsdp_size", None) or 1)
@@ -1389,7 +1943,19 @@ class _SingleOutputHead(_HeadMixin):
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
                 labels: torch.LongTensor | None = None, **kwargs: Any) -> ModelOutput:
-        """``labels``: as the head's class docstring says."""
+        """Encode, then the head's logits and, with ``labels``, its loss.
+
+        Args:
+            input_ids (torch.LongTensor | None): ``[B, T]`` token ids (or ``inputs_embeds``).
+            attention_mask (torch.Tensor | None): ``[B, T]`` padding mask (1 = token), or a prepared 4D mask.
+            position_ids (torch.LongTensor | None): ``[B, T]`` positions, or ``None``.
+            inputs_embeds (torch.Tensor | None): ``[B, T, D]`` embeddings in the model dtype.
+            labels (torch.LongTensor | None): as the head's class docstring says.
+            **kwargs: passed to the base model and the loss.
+
+        Returns:
+            ModelOutput: the head's output (``loss``, ``logits``, ``hidden_states``, ``attentions``).
+        """
         outputs = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
         logits = self._logits(outputs.last_hidden_state)  # type: ignore[arg-type]
         loss = None if labels is None else self._loss(logits, labels, kwargs)
@@ -1404,6 +1970,11 @@ class _LanguageModelHead(_HeadMixin):
     _tp_plan = {"lm_head": "colwise_gather_output"}
 
     def __init__(self, config: AttnVariantConfig) -> None:
+        """Build the base model and ``lm_head``, tied before FSDP2 where needed.
+
+        Args:
+            config (AttnVariantConfig): the model's config.
+        """
         config = self._build_base(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self._tie_before_fsdp(config)
@@ -1411,8 +1982,10 @@ class _LanguageModelHead(_HeadMixin):
 
 
 class MaskedLMHeadMixin(_LanguageModelHead, _SingleOutputHead):
-    """Masked language modelling: logits = lm_head(h). ``labels``: token ids at masked positions, -100
-    elsewhere."""
+    """Masked language modelling: logits = lm_head(h).
+
+    ``labels``: ``[B, T]`` token ids at masked positions, -100 elsewhere. ``logits``: ``[B, T, V]``.
+    """
 
     output_class = MaskedLMOutput
 
@@ -1424,16 +1997,17 @@ class MaskedLMHeadMixin(_LanguageModelHead, _SingleOutputHead):
 
 
 class CausalLMHeadMixin(_LanguageModelHead):
-    """Causal language modelling with a ``Cache`` and ``generate``. ``labels``: the input ids (shifted inside
-    the loss).
+    """Causal language modelling with a ``Cache`` and ``generate``.
+
+    ``labels``: ``[B, T]``, the input ids (shifted inside the loss).
 
     Training (gradients enabled) with ``labels`` computes the loss with ``chunked_cross_entropy`` from the
     final hidden states and the ``lm_head`` weight, the vocabulary's logits chunk by chunk, and returns
-    ``logits=None``: no float32 logits of the whole batch are kept for backward (``models/losses.py``). In
-    eval mode, without ``labels``, with ``logits_to_keep``, with ``chunked_lm_loss = False`` (on the class or
-    the model), or when ``lm_head`` is not a plain ``nn.Linear`` (a tensor-parallel shard, an adapter, hooks),
-    the logits are computed and the loss is ``self.loss_function`` of them, as Transformers' heads do; both
-    give the same loss and gradients.
+    ``logits=None``: no float32 logits of the whole batch are kept for backward
+    (``hf_attn_variants.models.losses``). In eval mode, without ``labels``, with ``logits_to_keep``, with
+    ``chunked_lm_loss = False`` (on the class or the model), or when ``lm_head`` is not a plain ``nn.Linear``
+    (a tensor-parallel shard, an adapter, hooks), the logits are computed and the loss is
+    ``self.loss_function`` of them, as Transformers' heads do; both give the same loss and gradients.
     """
 
     _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}  # type: ignore[dict-item]
@@ -1441,10 +2015,12 @@ class CausalLMHeadMixin(_LanguageModelHead):
     chunked_lm_loss: bool = True
 
     def _chunked_loss_applies(self, labels: torch.Tensor | None, logits_to_keep: int | torch.Tensor) -> bool:
-        """Whether the loss goes through ``chunked_cross_entropy``: training with ``labels``, every position
-        kept, no pipeline stages (their schedule passes the logits on), and an ``lm_head`` that is a plain
-        ``nn.Linear`` on an ordinary tensor (no hooks, no replaced forward as tensor parallelism installs, no
-        DTensor)."""
+        """Whether the loss goes through ``chunked_cross_entropy``.
+
+        It does when training with ``labels``, every position kept, no pipeline stages (their schedule passes
+        the logits on), and an ``lm_head`` that is a plain ``nn.Linear`` on an ordinary tensor (no hooks, no
+        replaced forward as tensor parallelism installs, no DTensor).
+        """
         head = self.lm_head
         stages = getattr(getattr(self.config, "distributed_config", None), "pp_size", None) or 1
         return (labels is not None and self.training and self.chunked_lm_loss and torch.is_grad_enabled()
@@ -1460,7 +2036,25 @@ class CausalLMHeadMixin(_LanguageModelHead):
                 inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
                 use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
                 **kwargs: Any) -> CausalLMOutputWithPast:
-        """``logits_to_keep``: 0 = all positions."""
+        """Encode, then the logits (or the chunked loss in training with ``labels``).
+
+        Args:
+            input_ids (torch.LongTensor | None): ``[B, T]`` token ids (or ``inputs_embeds``).
+            attention_mask (torch.Tensor | None): ``[B, past + T]`` padding mask (1 = token), or a prepared 4D
+                mask.
+            position_ids (torch.LongTensor | None): ``[B, T]`` positions, or ``None``.
+            cache (Cache | None): the cache of earlier tokens (also accepted as ``past_key_values``).
+            inputs_embeds (torch.Tensor | None): ``[B, T, D]`` embeddings in the model dtype.
+            labels (torch.LongTensor | None): ``[B, T]``, the input ids (shifted inside the loss).
+            use_cache (bool | None): return the cache.
+            logits_to_keep (int | torch.Tensor): the last positions whose logits are computed; 0 = all, or
+                the indices to keep.
+            **kwargs: passed to the base model and the loss (``num_items_in_batch``, ``shift_labels``).
+
+        Returns:
+            CausalLMOutputWithPast: ``loss`` (float32 scalar), ``logits`` ``[B, T', V]`` (``None`` with the
+            chunked loss), the cache, ``hidden_states`` and ``attentions``.
+        """
         outputs = self._encode(input_ids, attention_mask, position_ids, inputs_embeds,
                                {"cache": cache, "use_cache": use_cache, **kwargs})
         logits: torch.Tensor | None = None
@@ -1477,8 +2071,10 @@ class CausalLMHeadMixin(_LanguageModelHead):
 
     def _chunked_loss(self, hidden_states: torch.Tensor, labels: torch.Tensor,
                       kwargs: dict[str, Any]) -> torch.Tensor:
-        """``ForCausalLMLoss`` of ``lm_head(hidden_states)`` by ``chunked_cross_entropy`` (Transformers'
-        ``shift_labels`` and ``num_items_in_batch`` from ``kwargs``)."""
+        """``ForCausalLMLoss`` of ``lm_head(hidden_states)`` by ``chunked_cross_entropy``.
+
+        Transformers' ``shift_labels`` and ``num_items_in_batch`` come from ``kwargs``.
+        """
         shifted = kwargs.get("shift_labels")
         return chunked_cross_entropy(hidden_states, self.lm_head.weight,
                                      labels if shifted is None else shifted, bias=self.lm_head.bias,
@@ -1487,26 +2083,48 @@ class CausalLMHeadMixin(_LanguageModelHead):
 
 
 class ClassificationHead(nn.Module):
-    """Sentence-level head on the first token: out_proj(drop(tanh(dense(drop(h₀))))) (BERT/RoBERTa pooler)."""
+    """Sentence-level head on the first token: out_proj(drop(tanh(dense(drop(h₀))))) (BERT/RoBERTa pooler).
+
+    Args:
+        config (AttnVariantConfig): ``hidden_size`` and ``num_labels``.
+        dropout (nn.Dropout): the classifier dropout.
+    """
 
     def __init__(self, config: AttnVariantConfig, dropout: nn.Dropout) -> None:
+        """Build the pooler and the output projection; the arguments are described in the class docstring."""
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = dropout
         self.out_proj = nn.Linear(config.hidden_size, config.num_labels)  # type: ignore[arg-type]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Pool the first token and classify it.
+
+        Args:
+            hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+
+        Returns:
+            torch.Tensor: ``[B, num_labels]`` logits, the model dtype.
+        """
         pooled = torch.tanh(self.dense(self.dropout(hidden_states[:, 0])))
         return self.out_proj(self.dropout(pooled))
 
 
 class SequenceClassificationHeadMixin(_SingleOutputHead):
     """Sequence classification / regression from the first token; loss by ``config.problem_type``.
-    ``labels``: class ids ``(batch,)``, floats for regression, or multi-hot for multi-label."""
+
+    ``labels``: class ids ``[B]``, floats for regression, or multi-hot ``[B, num_labels]`` for multi-label.
+    ``logits``: ``[B, num_labels]``.
+    """
 
     output_class = SequenceClassifierOutput
 
     def __init__(self, config: AttnVariantConfig) -> None:
+        """Build the base model and the classification head.
+
+        Args:
+            config (AttnVariantConfig): the model's config (``num_labels``).
+        """
         config = self._build_base(config)
         self.num_labels = config.num_labels
         self.classifier = ClassificationHead(config, self._dropout(config))
@@ -1520,12 +2138,20 @@ class SequenceClassificationHeadMixin(_SingleOutputHead):
 
 
 class TokenClassificationHeadMixin(_SingleOutputHead):
-    """Per-token classification (NER, POS): classifier(drop(h)). ``labels``: a label id per token, -100 where
-    no loss is wanted."""
+    """Per-token classification (NER, POS): classifier(drop(h)).
+
+    ``labels``: ``[B, T]``, a label id per token, -100 where no loss is wanted. ``logits``:
+    ``[B, T, num_labels]``.
+    """
 
     output_class = TokenClassifierOutput
 
     def __init__(self, config: AttnVariantConfig) -> None:
+        """Build the base model and the per-token classifier.
+
+        Args:
+            config (AttnVariantConfig): the model's config (``num_labels``).
+        """
         config = self._build_base(config)
         self.num_labels = config.num_labels
         self.dropout = self._dropout(config)
@@ -1543,6 +2169,11 @@ class QuestionAnsweringHeadMixin(_HeadMixin):
     """Extractive QA: start and end logits from qa_outputs(h) (SQuAD-style span prediction)."""
 
     def __init__(self, config: AttnVariantConfig) -> None:
+        """Build the base model and the span head.
+
+        Args:
+            config (AttnVariantConfig): the model's config.
+        """
         config = self._build_base(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
@@ -1553,7 +2184,21 @@ class QuestionAnsweringHeadMixin(_HeadMixin):
                 start_positions: torch.LongTensor | None = None,
                 end_positions: torch.LongTensor | None = None,
                 **kwargs: Any) -> QuestionAnsweringModelOutput:
-        """``start_positions``/``end_positions``: answer span token indices ``(batch,)``."""
+        """Encode, then start and end logits and, with both positions, the span loss.
+
+        Args:
+            input_ids (torch.LongTensor | None): ``[B, T]`` token ids (or ``inputs_embeds``).
+            attention_mask (torch.Tensor | None): ``[B, T]`` padding mask (1 = token), or a prepared 4D mask.
+            position_ids (torch.LongTensor | None): ``[B, T]`` positions, or ``None``.
+            inputs_embeds (torch.Tensor | None): ``[B, T, D]`` embeddings in the model dtype.
+            start_positions (torch.LongTensor | None): ``[B]``, the answer spans' first token indices.
+            end_positions (torch.LongTensor | None): ``[B]``, their last token indices.
+            **kwargs: passed to the base model and the loss.
+
+        Returns:
+            QuestionAnsweringModelOutput: ``start_logits`` and ``end_logits`` ``[B, T]`` (the model dtype),
+            ``loss``, ``hidden_states`` and ``attentions``.
+        """
         outputs = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).split(1, dim=-1)
         start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
@@ -1583,7 +2228,14 @@ except ImportError:  # one statement, so the standalone export copies the fallba
 
 
 def mesh_group(mesh: Any) -> Any:
-    """The process group of a 1-D tensor-parallel mesh (or of the ``"tp"`` dimension of a larger one)."""
+    """The process group of a 1-D tensor-parallel mesh (or of the ``"tp"`` dimension of a larger one).
+
+    Args:
+        mesh (DeviceMesh): the tensor-parallel device mesh.
+
+    Returns:
+        ProcessGroup: its (``"tp"``) process group.
+    """
     return mesh.get_group() if mesh.ndim == 1 else mesh.get_group("tp")
 
 
@@ -1615,6 +2267,15 @@ class LocalShardParallel(TensorParallelLayer):
     """
 
     def install_forward(self, module: Any, mesh: Any) -> nn.Module:
+        """Set the module up for its rank, on the meta device, before the weights load.
+
+        Args:
+            module (nn.Module): a ``ShardedUnits`` module.
+            mesh (DeviceMesh): the tensor-parallel device mesh.
+
+        Returns:
+            nn.Module: the module, with its sharded parameters as ``Shard(0)`` DTensors.
+        """
         size, rank, group = mesh.size(), mesh.get_local_rank(), mesh_group(mesh)
         module.check_tensor_parallel(size)
         module.set_tensor_parallel_rank(rank, size)
@@ -1637,6 +2298,15 @@ class LocalShardParallel(TensorParallelLayer):
 
     @contextlib.contextmanager
     def context_around_forward(self, module: Any, mesh: Any) -> Iterator[None]:
+        """During ``forward``: local shards for the sharded parameters, summed gradients for the replicated.
+
+        Args:
+            module (nn.Module): a ``ShardedUnits`` module.
+            mesh (DeviceMesh): the tensor-parallel device mesh.
+
+        Yields:
+            None: the module's parameters are restored afterwards.
+        """
         group = mesh_group(mesh)
         originals: list[tuple[nn.Module, str, Any]] = []
         for owner, name in _named_slots(module, module.tp_sharded_parameters):
@@ -1674,6 +2344,16 @@ class GatheredPartialColwiseParallel(ColwiseParallel):
 
     def transform_output_post_forward(self, module: nn.Linear, output: torch.Tensor,
                                       mesh: Any) -> torch.Tensor:
+        """All-gather the rank's rows of the output; backward sums and scatters the gradient.
+
+        Args:
+            module (nn.Linear): the colwise linear.
+            output (torch.Tensor): ``[..., out_features / tp_size]``, the rank's share (or a DTensor).
+            mesh (DeviceMesh): the tensor-parallel device mesh.
+
+        Returns:
+            torch.Tensor: ``[..., out_features]``, the whole output on every rank.
+        """
         if not isinstance(output, DTensor):
             shape = torch.Size((*output.shape[:-1], module.out_features))
             stride = torch.empty(shape, device="meta").stride()
@@ -1698,11 +2378,19 @@ class ShardedUnits:
     layer_idx: int
 
     def tp_units(self) -> tuple[int, str]:
-        """(count, name) of what tensor parallelism splits across ranks, e.g. ``(8, "attention heads")``."""
+        """(count, name) of what tensor parallelism splits across ranks, e.g. ``(8, "attention heads")``.
+
+        Returns:
+            tuple[int, str]: the count and the name of the units.
+        """
         raise NotImplementedError
 
     def check_tensor_parallel(self, tp_size: int) -> None:
-        """Raise one ``ValueError`` sentence when ``tp_size`` does not divide ``tp_units()``."""
+        """Raise one ``ValueError`` sentence when ``tp_size`` does not divide ``tp_units()``.
+
+        Args:
+            tp_size (int): the number of tensor-parallel ranks.
+        """
         count, what = self.tp_units()
         if count % tp_size:
             raise ValueError(
@@ -1713,11 +2401,23 @@ class ShardedUnits:
             )
 
     def set_tensor_parallel_rank(self, rank: int, size: int) -> None:
-        """Record this module's tensor-parallel rank and the number of ranks."""
+        """Record this module's tensor-parallel rank and the number of ranks.
+
+        Args:
+            rank (int): this rank.
+            size (int): the number of ranks.
+        """
         self.tp_rank, self.tp_size = rank, size
 
     def tp_slice(self, count: int) -> slice:
-        """The rank's share of ``count`` units: [rank·count/size, (rank+1)·count/size)."""
+        """The rank's share of ``count`` units: [rank·count/size, (rank+1)·count/size).
+
+        Args:
+            count (int): the number of units (divisible by the number of ranks).
+
+        Returns:
+            slice: the rank's units.
+        """
         share = count // self.tp_size
         return slice(self.tp_rank * share, (self.tp_rank + 1) * share)
 

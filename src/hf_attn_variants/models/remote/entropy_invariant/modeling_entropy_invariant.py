@@ -7,9 +7,9 @@ Su Jianlin (2021–2022), "从熵不变性看Attention的Scale操作" (Looking a
 invariance): softmax(κ log n / d · QKᵀ) V keeps the attention entropy stable when the number of keys n
 changes, so models extrapolate to lengths they were not trained on. Practical form used here:
 logits = (log nᵢ / log m) · q·k / √d with m = ``base_length``; the Scalable-Softmax variant
-(Nakanishi 2025) learns the per-head factor instead. nᵢ counts the keys query i really sees.
+(Nakanishi 2025, arXiv:2501.19399) learns the per-head factor instead. nᵢ counts the keys query i really sees.
 
-The per-row factor is folded into q (a ``(batch, 1, q, 1)`` broadcast, never an n×n tensor), so the
+The per-row factor is folded into q (a ``[B, 1, T, 1]`` broadcast, never an n×n tensor), so the
 rest runs through Transformers' attention interface: eager, SDPA, FlexAttention (and any other registered
 kernel).
 """
@@ -70,6 +70,20 @@ def prepare_attention_mask(
     bidirectional one reads no positions, so it gets Transformers' ``packed_sequence_mask_function`` of
     ``document_ids`` as its ``and_mask_function`` — block-diagonal in every kernel's format (a boolean or
     additive tensor, a flex BlockMask).
+
+    Args:
+        causal (bool): a causal or a bidirectional mask.
+        config (Any): the model's config (its ``_attn_implementation``).
+        inputs_embeds (torch.Tensor): ``[B, T, D]`` hidden states (shape, dtype and device).
+        attention_mask (torch.Tensor | None): the caller's 2D ``[B, past + T]`` or 4D mask, or ``None``.
+        cache (Any): the model's cache, or ``None``.
+        position_ids (torch.Tensor | None): ``[B, T]`` positions (packed documents only), or ``None``.
+        past_length (int | torch.Tensor): the cached tokens.
+        document_ids (torch.Tensor | None): ``[B, T]`` int64 documents of packed rows, or ``None``.
+
+    Returns:
+        Any: the kernel's mask: ``[B, 1, T, T_k]`` bool or additive in the model dtype, a flex ``BlockMask``,
+        or ``None`` where the kernel needs none.
     """
     parameters = _MASK_PARAMETERS[causal]
     values: dict[str, Any] = {
@@ -101,12 +115,26 @@ def eager_attention_forward(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q·kᵀ·scaling + mask) v for ``(batch, heads, seq, dim)`` tensors.
+    """Softmax(q·kᵀ·scaling + mask) v, Transformers' eager attention.
 
     The signature is Transformers' attention interface, so this is the ``"eager"`` counterpart of
     ``ALL_ATTENTION_FUNCTIONS["sdpa"]``. Unlike a plain additive mask, a row whose keys are all
-    hidden gives zeros (as SDPA does), so eager and SDPA agree on every row. Returns the output in
-    ``(batch, seq, heads, dim)`` layout and the attention probabilities.
+    hidden gives zeros (as SDPA does), so eager and SDPA agree on every row.
+
+    Args:
+        module (nn.Module): the attention module (its ``training`` flag).
+        query (torch.Tensor): ``[B, H, T_q, D_h]``, the model dtype.
+        key (torch.Tensor): ``[B, H, T_k, D_h]``, the model dtype.
+        value (torch.Tensor): ``[B, H, T_k, D_h]``, the model dtype.
+        attention_mask (torch.Tensor | None): ``[B, 1, T_q, T_k]`` bool (``True`` = visible) or additive
+            float, or ``None``.
+        scaling (float): the logit scale (1/√d).
+        dropout (float): dropout probability on the weights (in training).
+        **kwargs: the interface's other arguments, ignored.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: the output ``[B, T_q, H, D_h]`` and the probabilities
+        ``[B, H, T_q, T_k]``, both in the value's dtype.
     """
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     probs = masked_softmax(scores, attention_mask).to(value.dtype)
@@ -120,8 +148,14 @@ FLEX_MIN_HEAD_SIZE = 16
 
 
 def check_flex_head_size(head_dim: int) -> None:
-    """One sentence instead of Inductor's deep ``NotImplementedError`` when FlexAttention on CUDA cannot take
-    heads of ``head_dim``."""
+    """One sentence instead of Inductor's deep ``NotImplementedError`` for heads FlexAttention cannot take.
+
+    Args:
+        head_dim (int): the model's head size.
+
+    Raises:
+        ValueError: ``head_dim`` is below ``FLEX_MIN_HEAD_SIZE``.
+    """
     if head_dim < FLEX_MIN_HEAD_SIZE:
         raise ValueError(
             f"attn_implementation='flex_attention' on CUDA needs heads of at least {FLEX_MIN_HEAD_SIZE} "
@@ -130,8 +164,9 @@ def check_flex_head_size(head_dim: int) -> None:
 
 
 class EntropyInvariantAttention(ShardedUnits, nn.Module):
-    """Multi-head attention with logits s(nᵢ) · q·k/√d, s given by ``config.attention_scale`` (in the layers
-    ``attention_scale_layers`` names; RoPE in the layers ``no_rope_layers`` marks 1).
+    """Multi-head attention with logits s(nᵢ) · q·k/√d, s given by ``config.attention_scale``.
+
+    s applies in the layers ``attention_scale_layers`` names; RoPE in the layers ``no_rope_layers`` marks 1.
 
     - ``standard``: s = 1.
     - ``entropy_invariant``: s = log max(nᵢ, entropy_min_length) / log base_length (with
@@ -141,9 +176,14 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
     The projections are named as in Llama (q/k/v/o_proj) so ``peft`` and the pruning tools find them.
     A layer whose heads were all pruned returns the output projection's bias (zeros without bias).
     Tensor parallelism (``config.base_model_tp_plan``) gives each rank whole heads and their ``ssmax_scale``.
+
+    Args:
+        config (EntropyInvariantConfig): the model's config.
+        layer_idx (int): the layer's index (its kept heads, position scheme and cache layer).
     """
 
     def __init__(self, config: EntropyInvariantConfig, layer_idx: int) -> None:
+        """Build the projections of the layer's kept heads and sₕ; see the class docstring."""
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
@@ -167,15 +207,35 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         self.tp_sharded_parameters = ("ssmax_scale",) if self.ssmax_scale is not None else ()
 
     def tp_units(self) -> tuple[int, str]:
+        """Tensor parallelism splits the heads.
+
+        Returns:
+            tuple[int, str]: the layer's heads and their name.
+        """
         return self.num_heads, "attention heads"
 
     @staticmethod
     def ssmax_init(config: EntropyInvariantConfig) -> float:
-        """sₕ at initialisation: 1 / log base_length, so SSMax starts equal to ``entropy_invariant``."""
+        """sₕ at initialisation: 1 / log base_length, so SSMax starts equal to ``entropy_invariant``.
+
+        Args:
+            config (EntropyInvariantConfig): the model's config.
+
+        Returns:
+            float: the initial sₕ.
+        """
         return 1.0 / math.log(config.base_length)
 
     def logit_scale(self, key_counts: torch.Tensor | None) -> torch.Tensor | None:
-        """Factor multiplying q, broadcastable to ``(batch, heads, q, 1)``, or ``None`` for ``standard``."""
+        """Factor multiplying q, or ``None`` for ``standard``.
+
+        Args:
+            key_counts (torch.Tensor | None): ``[B, T_q]`` nᵢ (at least float32), or ``None``.
+
+        Returns:
+            torch.Tensor | None: ``[B, 1, T_q, 1]`` (``entropy_invariant``) or ``[B, H, T_q, 1]``
+            (``ssmax``), nᵢ's dtype; ``None`` for ``standard`` or without counts.
+        """
         scale = self.attention_scale
         if scale == "standard" or key_counts is None:
             return None
@@ -191,6 +251,22 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
                 position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
                 attention_mask: torch.Tensor | None = None, key_counts: torch.Tensor | None = None,
                 cache: Cache | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Project, rotate, cache, fold the factor into q, then the configured attention kernel.
+
+        Args:
+            hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+            geometry (AttentionGeometry): the call's geometry (query offset, causal mask for eager).
+            position_embeddings (tuple | None): RoPE's ``(cos, sin)``, each ``[B, T, D_h]``, or ``None``.
+            attention_mask (Any): the mask of ``config._attn_implementation`` (``prepare_attention_mask``):
+                ``[B, 1, T, T_k]`` bool or additive, a flex ``BlockMask``, or ``None``.
+            key_counts (torch.Tensor | None): ``[B, T]`` nᵢ (at least float32), or ``None`` for ``standard``.
+            cache (Cache | None): the model's cache (new keys and values are added to it).
+            **kwargs: passed to the attention kernel (e.g. ``position_ids`` for padding-free kernels).
+
+        Returns:
+            tuple[torch.Tensor, torch.Tensor | None]: the output ``[B, T, D]`` in the model dtype and the
+            weights ``[B, H, T, T_k]`` (eager; ``None`` from kernels that return none).
+        """
         batch_size, seq_length = hidden_states.shape[:2]
         query_offset = geometry.query_offset
         if self.num_heads == 0:
@@ -244,9 +320,10 @@ class EntropyInvariantPreTrainedModel(AttnVariantPreTrainedModel):
     _supports_sdpa = True
     _supports_flex_attn = True  # the factor is folded into q; masks come from Transformers' mask utilities
     _supports_attention_backend = True
-    _can_compile_fullgraph = True  # static-cache decoding: one graph (tests/test_generation_caches.py)
+    _can_compile_fullgraph = True  # static-cache decoding compiles to one graph
 
     def _init_family_weights(self, module: nn.Module) -> None:
+        """Set SSMax's sₕ to its initial value."""
         if isinstance(module, EntropyInvariantAttention) and module.ssmax_scale is not None:
             init.constant_(module.ssmax_scale, EntropyInvariantAttention.ssmax_init(self.config))
 
@@ -257,13 +334,16 @@ class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel
     def _attention_inputs(
         self, geometry: AttentionGeometry, hidden_states: torch.Tensor, cache: Cache | None
     ) -> dict[str, Any]:
-        """The mask of ``config._attn_implementation`` (``prepare_attention_mask``; block-diagonal for packed
-        documents) and nᵢ (per document for packed rows)."""
+        """The mask of ``config._attn_implementation`` and nᵢ, for every layer.
+
+        The mask comes from ``prepare_attention_mask`` (block-diagonal for packed documents); nᵢ is counted
+        per document for packed rows. Transformers reads positions (on the host) to find packed documents, so
+        rows of one document pass none.
+        """
         key_counts = None
         if self.config.attention_scale != "standard":
             key_counts = geometry.key_counts(compute_dtype(hidden_states.dtype))
         positions, documents = geometry.positions(), geometry.document_ids
-        # Transformers reads positions (on the host) to find packed documents: none for rows of one document.
         mask = prepare_attention_mask(
             causal=self.is_causal, config=self.config, inputs_embeds=hidden_states, cache=cache,
             attention_mask=geometry.attention_mask, past_length=geometry.query_offset,

@@ -28,8 +28,11 @@ bf16/fp16 inputs multiply on the tensor cores with float32 accumulators; float32
 ``input_precision="ieee"`` (``precision``), so they match the torch kernels to float32 rounding. ``triton`` is
 optional (``pip install 'hf_attn_variants[gpu]'``); ``GAUConfig.gau_kernel`` selects these kernels
 (``"auto"``: on CUDA when triton is installed). Under ``TRITON_INTERPRET=1`` Triton runs them on CPU
-tensors, which is how ``make test`` checks them (tests/test_gau_triton.py; the interpreter's bf16 products
-are wrong, so bf16 is checked on a GPU: tests/test_cuda.py).
+tensors, which is how the package's CPU tests check them (the interpreter's bf16 products are wrong, so bf16
+is checked on a GPU).
+
+Shapes: B batch, T tokens (T_q queries, T_k keys), S = s the key size, E = e the expansion width (values),
+C = ⌈T/g⌉ chunks of g tokens. GAU has one head, so no head dimension.
 """
 
 from __future__ import annotations
@@ -53,8 +56,7 @@ if TRITON_AVAILABLE:
 
     @triton.jit
     def _load_tile(PTR, b, stride_b, stride_n, rows, cols, n_rows, n_cols):
-        """The ``(rows, cols)`` tile of batch ``b`` of a ``(batch, n, width)`` tensor, 0 outside
-        ``n_rows × n_cols``."""
+        """Tile ``(rows, cols)`` of batch ``b`` of a ``[B, n, width]`` tensor; 0 outside n_rows × n_cols."""
         return tl.load(PTR + b * stride_b + rows[:, None] * stride_n + cols[None, :],
                        mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
 
@@ -68,8 +70,10 @@ if TRITON_AVAILABLE:
     def _visible_relu(q, k, offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, n_k, offset,
                       HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
                       PRECISION: tl.constexpr):
-        """r = relu(q kᵀ) of a (query block, key block) tile in full float32 precision, 0 where the pair may
-        not attend (so r² and dS = 2 r ⊙ dP vanish there)."""
+        """The tile r = relu(q kᵀ) of a (query block, key block) in full float32 precision.
+
+        It is 0 where the pair may not attend (so r² and dS = 2 r ⊙ dP vanish there).
+        """
         visible = _visible(offs_m, offs_n, b, M, KM, stride_mb, stride_mq, stride_kmb, n_q, n_k, offset,
                            HAS_MASK, HAS_KEY_MASK, CAUSAL)
         return tl.where(visible, tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0), 0.0)
@@ -133,7 +137,7 @@ if TRITON_AVAILABLE:
     def _dp_tile(DO, V, b, offs_m, offs_n, stride_ob, stride_on, stride_vb, stride_vn, n_q, n_k, E,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
                  PRECISION: tl.constexpr):
-        """dP = dO vᵀ for one (query block, key block) tile, summed over every block of e."""
+        """The tile dP = dO vᵀ for one (query block, key block), summed over every block of e."""
         dp = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for e0 in range(0, E, BLOCK_E):
             offs_e = e0 + tl.arange(0, BLOCK_E)
@@ -221,16 +225,20 @@ if TRITON_AVAILABLE:
 
     @triton.jit
     def _tile(PTR, base, rows, cols, n_rows, n_cols, width):
-        """The ``(rows, cols)`` tile at ``PTR + base`` of a row-major ``(·, width)`` matrix, 0 outside
-        ``n_rows × n_cols``."""
+        """The ``(rows, cols)`` tile at ``PTR + base`` of a row-major ``[·, width]`` matrix.
+
+        It is 0 outside ``n_rows × n_cols``.
+        """
         return tl.load(PTR + base + rows[:, None] * width + cols[None, :],
                        mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
 
     @triton.jit
     def _relu_scores(q, k, offs_m, offs_n, KM, km_base, n_rows, n_keys, chunk, PRECISION: tl.constexpr,
                      HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr):
-        """r = relu(q kᵀ) of a (query block, key block) tile (fp32 accumulation), 0 wherever the pair is not
-        in one chunk, is acausal, or the key is padding."""
+        """The tile r = relu(q kᵀ) of a (query block, key block) (fp32 accumulation).
+
+        It is 0 wherever the pair is not in one chunk, is acausal, or the key is padding.
+        """
         visible = (offs_m[:, None] < n_rows) & (offs_n[None, :] < n_keys)
         visible = visible & ((offs_n[None, :] // chunk) == (offs_m[:, None] // chunk))
         if CAUSAL:
@@ -244,8 +252,10 @@ if TRITON_AVAILABLE:
     @triton.jit
     def _chunk_outer_kernel(A, X, OUT, T, S, E, chunk, n_chunks, PRECISION: tl.constexpr,
                             BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
-        """OUT[b, c] = A[b, chunk c]ᵀ X[b, chunk c] for ``A`` ``(B, T, S)`` and ``X`` ``(B, T, E)``: one
-        ``(BLOCK_S, BLOCK_E)`` tile of one chunk per program, fp32."""
+        """OUT[b, c] = A[b, chunk c]ᵀ X[b, chunk c] for ``A`` ``[B, T, S]`` and ``X`` ``[B, T, E]``.
+
+        One ``(BLOCK_S, BLOCK_E)`` tile of one chunk per program, fp32.
+        """
         pid_se, c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         n_e = tl.cdiv(E, BLOCK_E)
         offs_s = (pid_se // n_e) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -276,7 +286,7 @@ if TRITON_AVAILABLE:
     def _flash_forward_kernel(Q, K, QL, V, H, KM, OUT, T, S, E, chunk, n_chunks, PRECISION: tl.constexpr,
                               HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr,
                               BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
-        """out = Σ_{same chunk, visible} relu(q·k)² v + q'·H_c for one (value tile, token block, row)."""
+        """The output Σ_{same chunk, visible} relu(q·k)² v + q'·H_c for one (value tile, token block, row)."""
         pid_e, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         m0 = pid_m * BLOCK
         offs_m = m0 + tl.arange(0, BLOCK)
@@ -304,8 +314,10 @@ if TRITON_AVAILABLE:
                                      PRECISION: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
                                      CAUSAL: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr,
                                      BLOCK_E: tl.constexpr):
-        """This value tile's share of dq = Σ_j 2 r ⊙ (dO vᵀ) k_j and of dq' = dO H_cᵀ, added into the fp32
-        DQ and DQL."""
+        """This value tile's share of dq = Σ_j 2 r ⊙ (dO vᵀ) k_j and of dq' = dO H_cᵀ.
+
+        Both are added into the fp32 DQ and DQL.
+        """
         pid_e, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         m0 = pid_m * BLOCK
         offs_m = m0 + tl.arange(0, BLOCK)
@@ -336,8 +348,11 @@ if TRITON_AVAILABLE:
     def _flash_backward_key_kernel(Q, K, KL, V, DSUM, KM, DO, DK, DKL, DV, T, S, E, chunk, n_chunks,
                                    PRECISION: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
                                    BLOCK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
-        """dv (this value tile, whole) = Σ_i r²ᵀ dO_i + k'_j dSum_c, and this tile's share of
-        dk = Σ_i (2 r ⊙ dO vᵀ)ᵀ q_i and dk' = v_j dSum_cᵀ, added into fp32 DK, DKL."""
+        """The whole dv of this value tile, and its share of dk and dk'.
+
+        dv = Σ_i r²ᵀ dO_i + k'_j dSum_c; dk = Σ_i (2 r ⊙ dO vᵀ)ᵀ q_i and dk' = v_j dSum_cᵀ are added into the
+        fp32 DK, DKL.
+        """
         pid_e, pid_n, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         n0 = pid_n * BLOCK
         offs_n = n0 + tl.arange(0, BLOCK)
@@ -377,8 +392,17 @@ if TRITON_AVAILABLE:
 
 
 def precision(dtype: torch.dtype) -> str:
-    """``tl.dot``'s ``input_precision`` for inputs of ``dtype``: IEEE for float32 (the tests' exact products),
-    else the tensor cores' own (bf16/fp16 products, fp32 accumulators)."""
+    """``tl.dot``'s ``input_precision`` for inputs of ``dtype``.
+
+    IEEE for float32 (the tests' exact products), else the tensor cores' own (bf16/fp16 products, fp32
+    accumulators).
+
+    Args:
+        dtype (torch.dtype): the kernel inputs' dtype.
+
+    Returns:
+        str: ``"ieee"`` or ``"tf32"``.
+    """
     return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
 
 
@@ -410,6 +434,19 @@ class TritonRelu2Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 mask: torch.Tensor | None, causal_offset: int | None) -> torch.Tensor:
+        """One pass of ``_forward_kernel`` over key blocks; arguments as ``triton_relu2_attention``.
+
+        Args:
+            ctx (Any): autograd's context.
+            query (torch.Tensor): ``[B, T_q, S]``, every positive factor folded in.
+            key (torch.Tensor): ``[B, T_k, S]``, the query's dtype.
+            value (torch.Tensor): ``[B, T_k, E]``, the query's dtype.
+            mask (torch.Tensor | None): ``[B, T_q, T_k]`` bool (``True`` = visible), or ``None``.
+            causal_offset (int | None): the first query's position (causal), or ``None``.
+
+        Returns:
+            torch.Tensor: ``[B, T_q, E]``, the value's dtype.
+        """
         query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
         mask = None if mask is None else mask.to(torch.int8).contiguous()
         (dense, keys, strides, sizes), switches = _launch_arguments(query, key, value, mask, None,
@@ -425,6 +462,15 @@ class TritonRelu2Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """Three kernels: dQ over query blocks, dK and dV over key blocks.
+
+        Args:
+            ctx (Any): autograd's context.
+            grad_output (torch.Tensor): ``[B, T_q, E]``, ∂L/∂out.
+
+        Returns:
+            tuple: ∂L/∂q ``[B, T_q, S]``, ∂L/∂k ``[B, T_k, S]``, ∂L/∂v ``[B, T_k, E]``, ``None``, ``None``.
+        """
         query, key, value, mask = ctx.saved_tensors
         grad_output = grad_output.contiguous()
         (dense, keys, strides, sizes), switches = _launch_arguments(query, key, value, mask, None,
@@ -449,22 +495,33 @@ def triton_relu2_attention(
     """Quadratic relu² GAU (``gau_kernels.relu2_attention`` with its factors already in ``query``) in Triton.
 
     Args:
-        query: ``(batch, q, s)``, every positive factor folded in.
-        key: ``(batch, k, s)``.
-        value: ``(batch, k, e)``.
-        mask: ``(batch, q, k)`` bool (``True`` = visible) or ``None``.
-        causal_offset: queries are keys ``causal_offset …`` (causal), or ``None`` (bidirectional).
+        query (torch.Tensor): ``[B, T_q, S]``, every positive factor folded in; float32 or float64 (the unit
+            upcasts), or bf16/fp16.
+        key (torch.Tensor): ``[B, T_k, S]``, the query's dtype.
+        value (torch.Tensor): ``[B, T_k, E]``, the query's dtype.
+        mask (torch.Tensor | None): ``[B, T_q, T_k]`` bool (``True`` = visible) or ``None``.
+        causal_offset (int | None): queries are keys ``causal_offset …`` (causal), or ``None``
+            (bidirectional).
 
     Returns:
-        ``(batch, q, e)`` in ``value``'s dtype.
+        torch.Tensor: ``[B, T_q, E]`` in ``value``'s dtype.
     """
     return TritonRelu2Attention.apply(query, key, value, mask, causal_offset)
 
 
 # ------------------------------------------------------------------------------------------------ FLASH
 def flash_block(chunk_size: int) -> int:
-    """Token rows per program of the FLASH kernels: 64 where the chunk is a multiple of 64, else 32 or 16
-    (a block then straddles chunks, which the kernels mask)."""
+    """Token rows per program of the FLASH kernels.
+
+    64 where the chunk is a multiple of 64, else 32 or 16 (a block then straddles chunks, which the kernels
+    mask).
+
+    Args:
+        chunk_size (int): g.
+
+    Returns:
+        int: 64, 32 or 16.
+    """
     for block in (64, 32):
         if chunk_size % block == 0:
             return block
@@ -481,10 +538,22 @@ def _value_block(width: int) -> int:
 
 def flash_triton_grids(batch: int, length: int, key_size: int, width: int, chunk_size: int
                        ) -> dict[str, tuple[int, int, int]]:
-    """The launch grid of each FLASH kernel for ``batch`` rows of ``length`` tokens, key size s = ``key_size``
-    and values of e = ``width``: ``chunk_outer`` (k'ᵀv per chunk, and q'ᵀdO in backward) over (s-tiles ×
-    e-tiles, chunks, rows); ``forward``, ``backward_query`` and ``backward_key`` over (e-tiles, token blocks,
-    rows). Pure arithmetic: what a GPU launches shows on CPU."""
+    """The launch grid of each FLASH kernel.
+
+    ``chunk_outer`` (k'ᵀv per chunk, and q'ᵀdO in backward) runs over (s-tiles × e-tiles, chunks, rows);
+    ``forward``, ``backward_query`` and ``backward_key`` over (e-tiles, token blocks, rows). Pure arithmetic:
+    what a GPU launches shows on CPU.
+
+    Args:
+        batch (int): B, the rows.
+        length (int): T, the tokens per row.
+        key_size (int): s.
+        width (int): e, the value width.
+        chunk_size (int): g.
+
+    Returns:
+        dict[str, tuple[int, int, int]]: each kernel's grid.
+    """
     chunks = -(-length // chunk_size)
     state = (-(-key_size // _state_block(key_size)) * -(-width // _state_block(width)), chunks, batch)
     tokens = (-(-width // _value_block(width)), -(-length // flash_block(chunk_size)), batch)
@@ -500,8 +569,16 @@ if TRITON_AVAILABLE:
 
     @torch.library.custom_op("hf_attn_variants::flash_chunk_outer", mutates_args=())
     def flash_chunk_outer(a: torch.Tensor, x: torch.Tensor, chunk_size: int) -> torch.Tensor:
-        """Per chunk c, ``a[:, c]ᵀ x[:, c]``: ``a`` ``(batch, T, s)``, ``x`` ``(batch, T, e)`` →
-        ``(batch, C, s, e)`` float32, C = ⌈T / g⌉ (the last chunk may be partial)."""
+        """Per chunk c, ``a[:, c]ᵀ x[:, c]`` (the last chunk may be partial).
+
+        Args:
+            a (torch.Tensor): ``[B, T, S]`` contiguous (k' in forward, q' in backward), the model dtype.
+            x (torch.Tensor): ``[B, T, E]`` contiguous (v in forward, dO in backward), ``a``'s dtype.
+            chunk_size (int): g.
+
+        Returns:
+            torch.Tensor: ``[B, C, S, E]`` float32, C = ⌈T / g⌉.
+        """
         batch, length, key_size = a.shape
         width = x.shape[-1]
         grid = flash_triton_grids(batch, length, key_size, width, chunk_size)["chunk_outer"]
@@ -515,8 +592,22 @@ if TRITON_AVAILABLE:
     def flash_forward(quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, value: torch.Tensor,
                       states: torch.Tensor, key_mask: torch.Tensor | None, chunk_size: int,
                       causal: bool) -> torch.Tensor:
-        """FLASH's numerator ``(batch, T, e)`` in ``value``'s dtype from the states H_c ``(batch, C, s, e)``
-        each chunk's queries read (``flash_mixed_chunk_triton``)."""
+        """FLASH's numerator from the states H_c each chunk's queries read (``flash_mixed_chunk_triton``).
+
+        Args:
+            quad_q (torch.Tensor): ``[B, T, S]`` contiguous quadratic queries (factors folded in), the model
+                dtype.
+            quad_k (torch.Tensor): ``[B, T, S]`` contiguous quadratic keys.
+            lin_q (torch.Tensor): ``[B, T, S]`` contiguous linear queries (factors folded in).
+            value (torch.Tensor): ``[B, T, E]`` contiguous.
+            states (torch.Tensor): ``[B, C, S, E]`` float32 contiguous H_c (``per_chunk``).
+            key_mask (torch.Tensor | None): ``[B, T]`` int8 (1 = real token), or ``None``.
+            chunk_size (int): g.
+            causal (bool): queries see earlier keys of their chunk only.
+
+        Returns:
+            torch.Tensor: ``[B, T, E]`` in ``value``'s dtype.
+        """
         batch, length, key_size = quad_q.shape
         width = value.shape[-1]
         out = torch.empty_like(value)
@@ -533,8 +624,24 @@ if TRITON_AVAILABLE:
                        key_mask: torch.Tensor | None, grad_output: torch.Tensor, chunk_size: int,
                        causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                               torch.Tensor]:
-        """Gradients ``(dq, dk, dq', dk', dv)`` of ``flash_forward`` plus the chunk summaries k'ᵀv, given the
-        gradient of those summaries ``(batch, C, s, e)`` (float32)."""
+        """Gradients ``(dq, dk, dq', dk', dv)`` of ``flash_forward`` plus the chunk summaries k'ᵀv.
+
+        Args:
+            quad_q (torch.Tensor): ``[B, T, S]`` contiguous quadratic queries, the model dtype.
+            quad_k (torch.Tensor): ``[B, T, S]`` contiguous quadratic keys.
+            lin_q (torch.Tensor): ``[B, T, S]`` contiguous linear queries.
+            lin_k (torch.Tensor): ``[B, T, S]`` contiguous linear keys (zero at padding).
+            value (torch.Tensor): ``[B, T, E]`` contiguous.
+            states (torch.Tensor): ``[B, C, S, E]`` float32 H_c, recomputed.
+            grad_summaries (torch.Tensor): ``[B, C, S, E]`` float32, the gradient of the summaries k'ᵀv.
+            key_mask (torch.Tensor | None): ``[B, T]`` int8 (1 = real token), or ``None``.
+            grad_output (torch.Tensor): ``[B, T, E]`` contiguous, ∂L/∂numerator.
+            chunk_size (int): g.
+            causal (bool): as for ``flash_forward``.
+
+        Returns:
+            tuple: dq, dk, dq', dk' ``[B, T, S]`` in the queries' dtype, and dv ``[B, T, E]`` in the value's.
+        """
         batch, length, key_size = quad_q.shape
         width = value.shape[-1]
         grads = [torch.zeros(batch, length, key_size, device=quad_q.device, dtype=torch.float32)
@@ -554,9 +661,9 @@ if TRITON_AVAILABLE:
         return dq, dk, dlq, dlk, grad_value
 
 
-    # Shapes for tracing (torch.compile, FakeTensor): the ops are opaque nodes of the graph.
     @flash_chunk_outer.register_fake
     def _(a: torch.Tensor, x: torch.Tensor, chunk_size: int) -> torch.Tensor:
+        """Shapes for tracing (torch.compile, FakeTensor): the ops are opaque nodes of the graph."""
         chunks = -(-a.shape[1] // chunk_size)
         return a.new_empty(a.shape[0], chunks, a.shape[2], x.shape[2], dtype=torch.float32)
 

@@ -22,6 +22,9 @@ the quadratic (q, k) and linear (q', k') parts,
 lin(i) = every valid key (bidirectional) or those of earlier chunks (causal); L_i is relu²'s length, so one
 chunk covering a causal sequence is quadratic relu² GAU. O(n·g·(s + e) + n·s·e). Packed documents: every
 document starts on a chunk boundary (``DocumentChunks``) and its linear state is summed per document, O(n).
+
+Shapes in the docstrings: B batch, T new tokens (T_q queries, T_k keys with the cache), D = d the hidden size,
+S = s the key size, E = e the expansion width; GAU has one head.
 """
 
 from __future__ import annotations
@@ -71,18 +74,42 @@ class GAUChunkCacheLayer(DynamicLayer):
     is_croppable = False
 
     def __init__(self, **kwargs: Any) -> None:
+        """An empty layer: no open chunk, no state, no tokens seen.
+
+        Args:
+            **kwargs: passed to ``DynamicLayer``.
+        """
         super().__init__(**kwargs)
         self.linear_state: torch.Tensor | None = None
         self.cumulative_length = 0
 
     def get_seq_length(self) -> int:
+        """The number of tokens seen (closed chunks included), not the number of keys held.
+
+        Returns:
+            int: the tokens seen.
+        """
         return self.cumulative_length
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """The mask's key length and offset for ``query_length`` new tokens: every token seen plus them, 0.
+
+        Args:
+            query_length (int): the number of new tokens.
+
+        Returns:
+            tuple[int, int]: ``(kv_length, kv_offset)``.
+        """
         return self.cumulative_length + query_length, 0
 
     def open_chunk(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-        """``(keys, values, linear_state)`` of the open chunk (``None`` before the first update)."""
+        """``(keys, values, linear_state)`` of the open chunk (``None`` before the first update).
+
+        Returns:
+            tuple: ``keys`` ``[B, 1, r, 2s]``, ``values`` ``[B, 1, r, e]`` (the model dtype; ``None`` when no
+            chunk is open) and ``linear_state`` ``[B, s, e]`` (≥ float32; ``None`` before the first chunk
+            closed).
+        """
         if not self.is_initialized or self.keys.numel() == 0:  # type: ignore[union-attr]
             return None, None, self.linear_state
         return self.keys, self.values, self.linear_state
@@ -90,7 +117,16 @@ class GAUChunkCacheLayer(DynamicLayer):
     def store(
         self, keys: torch.Tensor, values: torch.Tensor, state: torch.Tensor, added: int, chunk_size: int
     ) -> None:
-        """Keep the trailing incomplete chunk of a segment that starts on a chunk boundary."""
+        """Keep the trailing incomplete chunk of a segment that starts on a chunk boundary.
+
+        Args:
+            keys (torch.Tensor): ``[B, 1, n, 2s]``, [k ‖ k'·mask] of the segment (the open chunk's earlier
+                tokens included), the model dtype.
+            values (torch.Tensor): ``[B, 1, n, e]``, their v.
+            state (torch.Tensor): ``[B, s, e]`` (≥ float32), Σ k'ᵀv over every closed chunk.
+            added (int): the number of new tokens in the segment.
+            chunk_size (int): g.
+        """
         if not self.is_initialized:
             self.lazy_initialization(keys, values)
         closed = (keys.shape[-2] // chunk_size) * chunk_size
@@ -99,38 +135,80 @@ class GAUChunkCacheLayer(DynamicLayer):
         self.cumulative_length += added
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """Refuse: the layer is written by ``store``, not by ``Cache.update``.
+
+        Args:
+            key_states (torch.Tensor): unused.
+            value_states (torch.Tensor): unused.
+            *args: unused.
+            **kwargs: unused.
+
+        Raises:
+            RuntimeError: always.
+        """
         raise RuntimeError(
             "GAUChunkCacheLayer is written by GatedAttentionUnit.store(), not by Cache.update()."
         )
 
     def reset(self) -> None:
+        """Empty the open chunk, the state and the token count."""
         super().reset()
         self.linear_state = None
         self.cumulative_length = 0
 
     def crop(self, tokens_to_remove: int) -> None:
+        """Refuse: a sum of closed chunks cannot be rolled back.
+
+        Args:
+            tokens_to_remove (int): unused.
+
+        Raises:
+            ValueError: always.
+        """
         raise ValueError(
             "A FLASH (chunk_size) cache cannot be cropped: closed chunks are summed into one state."
         )
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Reorder the batch (beam search): the open chunk and the state alike.
+
+        Args:
+            beam_idx (torch.LongTensor): ``[B]``, the batch row each new row takes.
+        """
         super().reorder_cache(beam_idx)
         if self.linear_state is not None:
             self.linear_state = self.linear_state.index_select(0, beam_idx.to(self.linear_state.device))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat every batch row ``repeats`` times: the open chunk and the state alike.
+
+        Args:
+            repeats (int): copies per row.
+        """
         super().batch_repeat_interleave(repeats)
         if self.linear_state is not None:
             self.linear_state = self.linear_state.repeat_interleave(repeats, dim=0)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the batch rows ``indices``: the open chunk and the state alike.
+
+        Args:
+            indices (torch.Tensor): ``[B']`` batch indices (int64) or a ``[B]`` bool mask.
+        """
         super().batch_select_indices(indices)
         if self.linear_state is not None:
             self.linear_state = self.linear_state[indices, ...]
 
 
 def check_chunk_cache(cache: Cache | None) -> None:
-    """Refuse, in one sentence, a cache that cannot hold the FLASH chunk state (any but a dynamic cache)."""
+    """Refuse, in one sentence, a cache that cannot hold the FLASH chunk state (any but a dynamic cache).
+
+    Args:
+        cache (Cache | None): the cache passed to the model.
+
+    Raises:
+        ValueError: a layer of ``cache`` is not a ``DynamicLayer`` (static caches and their variants).
+    """
     fixed = sorted({type(layer).__name__ for layer in getattr(cache, "layers", ())
                     if not isinstance(layer, DynamicLayer)})
     if fixed:
@@ -142,7 +220,18 @@ def check_chunk_cache(cache: Cache | None) -> None:
 
 
 def chunk_cache_layer(cache: Cache, layer_idx: int) -> GAUChunkCacheLayer:
-    """The ``GAUChunkCacheLayer`` of ``layer_idx``, installed in place of an unused ``DynamicLayer``."""
+    """The ``GAUChunkCacheLayer`` of ``layer_idx``, installed in place of an unused ``DynamicLayer``.
+
+    Args:
+        cache (Cache): a ``DynamicCache`` (layers are appended up to ``layer_idx``).
+        layer_idx (int): the layer.
+
+    Returns:
+        GAUChunkCacheLayer: the layer's chunk cache.
+
+    Raises:
+        TypeError: the cache's layer is of another type and already holds tokens.
+    """
     while len(cache.layers) <= layer_idx:
         cache.layers.append(GAUChunkCacheLayer())
     layer = cache.layers[layer_idx]
@@ -159,11 +248,13 @@ def chunk_cache_layer(cache: Cache, layer_idx: int) -> GAUChunkCacheLayer:
 
 # ------------------------------ from modeling_gau.py ------------------------------
 TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
-"""Whether ``triton`` is installed; its kernels (``gau_triton.py``) are imported only when paths run them."""
+"""Whether ``triton`` is installed; its kernels (``gau_triton``) are imported only when paths run them."""
 RELU2_NORMALIZED_EPS = 1e-6
 TRUNCATED_NORMAL_GAIN = 1.13684723
-"""1 / std of a standard normal truncated to ±2: bert4keras scales its truncated normal by it, so σ is the
-real std."""
+"""1 / std of a standard normal truncated to ±2.
+
+bert4keras scales its truncated normal by it, so σ is the real std.
+"""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -172,60 +263,130 @@ real std."""
 class GAUNormalization:
     """One ``attention_normalization``: ``weights`` gives A (the map), ``attend`` A·v through a kernel.
 
-    ``weights(scores, mask, key_counts)``: ``scores`` a = q·kᵀ/√s ``(batch, 1, q, k)`` (≥ float32), ``mask``
-    bool ``(batch, 1, q, k)`` (``True`` = visible) or ``None``, ``key_counts`` nᵢ ``(batch, q)``. Hidden keys
-    get exactly 0 (relu², Laplace: masked *after* the function) and a row without visible keys is all zeros.
+    Hidden keys get exactly 0 (relu², Laplace: masked *after* the function) and a row without visible keys is
+    all zeros.
+
+    Args:
+        config (GAUConfig): the unit's config.
     """
 
     def __init__(self, config: GAUConfig) -> None:
+        """Keep the config and the logit scale 1/√s; the argument is described in the class docstring."""
         self.config = config
         self.scaling = config.attention_key_size**-0.5
 
     @staticmethod
     def counts_needed(config: GAUConfig) -> bool:
-        """Whether this normalisation reads nᵢ for ``config`` (the backbone computes them only then)."""
+        """Whether this normalisation reads nᵢ for ``config`` (the backbone computes them only then).
+
+        Args:
+            config (GAUConfig): the model's config.
+
+        Returns:
+            bool: whether nᵢ is needed.
+        """
         return False
 
     @staticmethod
     def kernel_path(dropout: bool, triton: bool, blocked: bool) -> GAUPath | None:
-        """The ``GAUPath`` of this normalisation's kernel for quadratic attention, or ``None`` where it has
-        none (the unit then materialises A). ``dropout``: attention dropout is active; ``triton``: the Triton
-        kernels are chosen; ``blocked``: the score matrix is large enough for the blocked torch kernels."""
+        """The ``GAUPath`` of this normalisation's kernel for quadratic attention.
+
+        Args:
+            dropout (bool): attention dropout is active.
+            triton (bool): the Triton kernels are chosen.
+            blocked (bool): the score matrix is large enough for the blocked torch kernels.
+
+        Returns:
+            GAUPath | None: the path, or ``None`` where it has no kernel (the unit then materialises A).
+        """
         return None
 
     def weights(self, scores: torch.Tensor, mask: torch.Tensor | None,
                 key_counts: torch.Tensor | None) -> torch.Tensor:
+        """The map A from the scaled logits.
+
+        Args:
+            scores (torch.Tensor): ``[B, 1, T_q, T_k]`` a = q·kᵀ/√s, at least float32.
+            mask (torch.Tensor | None): ``[B, 1, T_q, T_k]`` bool (``True`` = visible), or ``None``.
+            key_counts (torch.Tensor | None): ``[B, T_q]`` nᵢ, where the normalisation reads them.
+
+        Returns:
+            torch.Tensor: ``[B, 1, T_q, T_k]`` A, the scores' dtype.
+        """
         raise NotImplementedError
 
     def attend(
         self, path: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         mask: torch.Tensor | None, key_counts: torch.Tensor | None, causal_offset: int | None, dropout: float,
     ) -> torch.Tensor:
-        """Σⱼ Aᵢⱼ vⱼ through the kernel of ``path`` (one of ``kernel_path``'s) for ``(batch, n, ·)`` q, k, v
-        and a ``(batch, q, k)`` mask, without an n×n map kept for backward."""
+        """Σⱼ Aᵢⱼ vⱼ through the kernel of ``path``, without an n×n map kept for backward.
+
+        Args:
+            path (str): one of ``kernel_path``'s ``GAUPath`` values.
+            query (torch.Tensor): ``[B, T_q, S]`` unscaled queries, at least float32.
+            key (torch.Tensor): ``[B, T_k, S]``, the query's dtype.
+            value (torch.Tensor): ``[B, T_k, E]``, the query's dtype.
+            mask (torch.Tensor | None): ``[B, T_q, T_k]`` bool (``True`` = visible), or ``None``.
+            key_counts (torch.Tensor | None): ``[B, T_q]`` nᵢ, where the normalisation reads them.
+            causal_offset (int | None): the first query's position when causal, or ``None``.
+            dropout (float): attention dropout probability (0 outside training).
+
+        Returns:
+            torch.Tensor: ``[B, T_q, E]``, the query's dtype.
+        """
         raise NotImplementedError(
             f"attention_normalization={self.config.attention_normalization!r} has no kernel.")
 
 
 class SoftmaxNormalization(GAUNormalization):
-    """``softmax``: softmax(a); ``softmax_plus``: softmax((log nᵢ / log ``base_length``)·a), GAU-α's."""
+    """``softmax``: softmax(a); ``softmax_plus``: softmax((log nᵢ / log ``base_length``)·a), GAU-α's.
+
+    Args:
+        config (GAUConfig): the unit's config.
+    """
 
     def __init__(self, config: GAUConfig) -> None:
+        """Note whether the logits get softmax_plus's factor; see the class docstring for the argument."""
         super().__init__(config)
         self.plus = config.attention_normalization == "softmax_plus"
 
     @staticmethod
     def counts_needed(config: GAUConfig) -> bool:
+        """Whether nᵢ is read: for softmax_plus only.
+
+        Args:
+            config (GAUConfig): the model's config.
+
+        Returns:
+            bool: whether nᵢ is needed.
+        """
         return config.attention_normalization == "softmax_plus"
 
     @staticmethod
     def kernel_path(dropout: bool, triton: bool, blocked: bool) -> GAUPath | None:
+        """SDPA under attention dropout, else the (blocked) torch kernel; softmax has no Triton kernel.
+
+        Args:
+            dropout (bool): attention dropout is active.
+            triton (bool): the Triton kernels are chosen (ignored).
+            blocked (bool): the score matrix is large enough for the blocked torch kernel.
+
+        Returns:
+            GAUPath | None: the path.
+        """
         if dropout:
             return GAUPath.SOFTMAX_SDPA
         return GAUPath.SOFTMAX_BLOCKED if blocked else GAUPath.SOFTMAX
 
     def logit_factor(self, key_counts: torch.Tensor | None) -> torch.Tensor | None:
-        """The per-row factor ``(batch, q)`` of softmax_plus, or ``None`` for softmax."""
+        """The per-row factor of softmax_plus, or ``None`` for softmax.
+
+        Args:
+            key_counts (torch.Tensor | None): ``[B, T_q]`` nᵢ (softmax_plus).
+
+        Returns:
+            torch.Tensor | None: ``[B, T_q]``, ``key_counts``' dtype.
+        """
         if not self.plus:
             return None
         return entropy_invariant_factor(key_counts, self.config.base_length,  # type: ignore[arg-type]
@@ -233,12 +394,38 @@ class SoftmaxNormalization(GAUNormalization):
 
     def weights(self, scores: torch.Tensor, mask: torch.Tensor | None,
                 key_counts: torch.Tensor | None) -> torch.Tensor:
+        """A = softmax(factor · a) over the visible keys; arguments as ``GAUNormalization.weights``.
+
+        Args:
+            scores (torch.Tensor): ``[B, 1, T_q, T_k]`` a, at least float32.
+            mask (torch.Tensor | None): ``[B, 1, T_q, T_k]`` bool, or ``None``.
+            key_counts (torch.Tensor | None): ``[B, T_q]`` nᵢ (softmax_plus).
+
+        Returns:
+            torch.Tensor: ``[B, 1, T_q, T_k]``, the scores' dtype.
+        """
         factor = self.logit_factor(key_counts)
         return masked_softmax(scores if factor is None else scores * factor[:, None, :, None], mask)
 
     def attend(self, path, query, key, value, mask, key_counts, causal_offset, dropout):
-        """The logit scale multiplies q (O(n·s), not the n×n logits); then ``softmax_attention``, or under
-        attention dropout (which needs the probabilities) SDPA, which applies it without returning them."""
+        """Softmax attention with the logit scale multiplying q (O(n·s), not the n×n logits).
+
+        Then ``softmax_attention``, or under attention dropout (which needs the probabilities) SDPA, which
+        applies it without returning them.
+
+        Args:
+            path (str): ``softmax``, ``softmax_blocked`` or ``softmax_sdpa``.
+            query (torch.Tensor): ``[B, T_q, S]`` unscaled queries, at least float32.
+            key (torch.Tensor): ``[B, T_k, S]``, the query's dtype.
+            value (torch.Tensor): ``[B, T_k, E]``, the query's dtype.
+            mask (torch.Tensor | None): ``[B, T_q, T_k]`` bool, or ``None``.
+            key_counts (torch.Tensor | None): ``[B, T_q]`` nᵢ (softmax_plus).
+            causal_offset (int | None): the first query's position when causal, or ``None``.
+            dropout (float): attention dropout probability.
+
+        Returns:
+            torch.Tensor: ``[B, T_q, E]``, the query's dtype.
+        """
         factor = self.logit_factor(key_counts)
         query = query * (self.scaling if factor is None else (factor * self.scaling)[:, :, None])
         if path == GAUPath.SOFTMAX_SDPA:
@@ -256,10 +443,26 @@ class LengthNormalization(GAUNormalization):
 
     @staticmethod
     def counts_needed(config: GAUConfig) -> bool:
+        """Whether nᵢ is read: for ``relu2_length="dynamic"``.
+
+        Args:
+            config (GAUConfig): the model's config.
+
+        Returns:
+            bool: whether nᵢ is needed.
+        """
         return config.relu2_length == "dynamic"
 
     def lengths(self, key_counts: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-        """L per query, shape ``(batch, q)``, for ``like`` ``(batch, q, ·)``."""
+        """L per query.
+
+        Args:
+            key_counts (torch.Tensor | None): ``[B, T_q]`` nᵢ (``dynamic``).
+            like (torch.Tensor): ``[B, T_q, ...]``, the queries.
+
+        Returns:
+            torch.Tensor: ``[B, T_q]`` in ``compute_dtype(like.dtype)`` (``fixed``) or nᵢ's upcast dtype.
+        """
         if self.config.relu2_length == "fixed":
             return torch.full(like.shape[:2], float(self.config.base_length), device=like.device,
                               dtype=compute_dtype(like.dtype))
@@ -268,10 +471,28 @@ class LengthNormalization(GAUNormalization):
         return upcast(key_counts).clamp(min=1.0)
 
     def function(self, scores: torch.Tensor) -> torch.Tensor:
+        """The function f applied to the logits.
+
+        Args:
+            scores (torch.Tensor): ``[B, 1, T_q, T_k]`` a, at least float32.
+
+        Returns:
+            torch.Tensor: f(a), the same shape and dtype.
+        """
         raise NotImplementedError
 
     def weights(self, scores: torch.Tensor, mask: torch.Tensor | None,
                 key_counts: torch.Tensor | None) -> torch.Tensor:
+        """A = f(a) / L, hidden keys zeroed after f.
+
+        Args:
+            scores (torch.Tensor): ``[B, 1, T_q, T_k]`` a, at least float32.
+            mask (torch.Tensor | None): ``[B, 1, T_q, T_k]`` bool, or ``None``.
+            key_counts (torch.Tensor | None): ``[B, T_q]`` nᵢ (``dynamic``).
+
+        Returns:
+            torch.Tensor: ``[B, 1, T_q, T_k]``, the scores' dtype.
+        """
         weights = self.function(scores)
         if mask is not None:
             weights = weights.masked_fill(~mask, 0.0)
@@ -282,11 +503,28 @@ class Relu2Normalization(LengthNormalization):
     """``relu2``: relu(a)² / L, the paper's GAU and FLASH."""
 
     def function(self, scores: torch.Tensor) -> torch.Tensor:
+        """relu(a)².
+
+        Args:
+            scores (torch.Tensor): ``[B, 1, T_q, T_k]`` a, at least float32.
+
+        Returns:
+            torch.Tensor: the same shape and dtype.
+        """
         return F.relu(scores).square()
 
     @staticmethod
     def kernel_path(dropout: bool, triton: bool, blocked: bool) -> GAUPath | None:
-        """Dropout on A needs the map: no kernel then."""
+        """The Triton or (blocked) torch relu² kernel; dropout on A needs the map: no kernel then.
+
+        Args:
+            dropout (bool): attention dropout is active.
+            triton (bool): the Triton kernels are chosen.
+            blocked (bool): the score matrix is large enough for the blocked torch kernel.
+
+        Returns:
+            GAUPath | None: the path, or ``None`` under dropout.
+        """
         if dropout:
             return None
         if triton:
@@ -294,8 +532,23 @@ class Relu2Normalization(LengthNormalization):
         return GAUPath.RELU2_BLOCKED if blocked else GAUPath.RELU2
 
     def attend(self, path, query, key, value, mask, key_counts, causal_offset, dropout):
-        """relu(a·scaling)²/L = relu((q·scaling/√L)·k)²: every factor folded into q (``relu2_attention``, or
-        its Triton kernel)."""
+        """relu(a·scaling)²/L = relu((q·scaling/√L)·k)²: every factor folded into q.
+
+        Then ``relu2_attention``, or its Triton kernel.
+
+        Args:
+            path (str): ``relu2``, ``relu2_blocked`` or ``relu2_triton``.
+            query (torch.Tensor): ``[B, T_q, S]`` unscaled queries, at least float32.
+            key (torch.Tensor): ``[B, T_k, S]``, the query's dtype.
+            value (torch.Tensor): ``[B, T_k, E]``, the query's dtype.
+            mask (torch.Tensor | None): ``[B, T_q, T_k]`` bool, or ``None``.
+            key_counts (torch.Tensor | None): ``[B, T_q]`` nᵢ (``dynamic``).
+            causal_offset (int | None): the first query's position when causal, or ``None``.
+            dropout (float): unused (0: relu² has no kernel under dropout).
+
+        Returns:
+            torch.Tensor: ``[B, T_q, E]``, the query's dtype.
+        """
         query = query * (self.scaling * self.lengths(key_counts, query).rsqrt())[..., None]
         if path == GAUPath.RELU2_TRITON:
             from .gau_triton import triton_relu2_attention
@@ -308,6 +561,14 @@ class LaplaceNormalization(LengthNormalization):
     """``laplace``: laplace(a) / L with Mega's Laplace function (``gau_kernels.laplace_attention``)."""
 
     def function(self, scores: torch.Tensor) -> torch.Tensor:
+        """Mega's laplace(a).
+
+        Args:
+            scores (torch.Tensor): ``[B, 1, T_q, T_k]`` a, at least float32.
+
+        Returns:
+            torch.Tensor: the same shape and dtype, in [0, 1].
+        """
         return laplace_attention(scores)
 
 
@@ -316,6 +577,16 @@ class Relu2RowNormalization(GAUNormalization):
 
     def weights(self, scores: torch.Tensor, mask: torch.Tensor | None,
                 key_counts: torch.Tensor | None) -> torch.Tensor:
+        """A = relu(a)² / (Σⱼ relu(a)² + ε), hidden keys zeroed before the sum.
+
+        Args:
+            scores (torch.Tensor): ``[B, 1, T_q, T_k]`` a, at least float32.
+            mask (torch.Tensor | None): ``[B, 1, T_q, T_k]`` bool, or ``None``.
+            key_counts (torch.Tensor | None): unused.
+
+        Returns:
+            torch.Tensor: ``[B, 1, T_q, T_k]``, the scores' dtype.
+        """
         weights = F.relu(scores).square()
         if mask is not None:
             weights = weights.masked_fill(~mask, 0.0)
@@ -335,8 +606,17 @@ GAU_NORMALIZATIONS: dict[str, type[GAUNormalization]] = {
 def gau_attention_weights(
     scores: torch.Tensor, mask: torch.Tensor | None, key_counts: torch.Tensor | None, config: GAUConfig
 ) -> torch.Tensor:
-    """A = norm(a) of ``config.attention_normalization`` for scaled logits a ``(batch, 1, q, k)``
-    (≥ float32)."""
+    """A = norm(a) of ``config.attention_normalization`` for the scaled logits a.
+
+    Args:
+        scores (torch.Tensor): ``[B, 1, T_q, T_k]`` a = q·kᵀ/√s, at least float32.
+        mask (torch.Tensor | None): ``[B, 1, T_q, T_k]`` bool (``True`` = visible), or ``None``.
+        key_counts (torch.Tensor | None): ``[B, T_q]`` nᵢ, where the normalisation reads them.
+        config (GAUConfig): the model's config.
+
+    Returns:
+        torch.Tensor: ``[B, 1, T_q, T_k]`` A, the scores' dtype.
+    """
     return GAU_NORMALIZATIONS[config.attention_normalization](config).weights(scores, mask, key_counts)
 
 
@@ -344,12 +624,24 @@ def gau_reference_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
     key_counts: torch.Tensor | None, config: GAUConfig, dropout: float = 0.0, training: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAU's attention written out, the reference every kernel is compared against:
-    a = q kᵀ / √s, A = norm(a) (``gau_attention_weights``), out = A v, with dropout on A when ``training``.
+    """GAU's attention written out, the reference every kernel is compared against.
 
-    ``query`` ``(batch, q, s)``, ``key`` ``(batch, k, s)``, ``value`` ``(batch, k, e)``, ``mask``
-    ``(batch, q, k)`` bool or ``None``, ``key_counts`` nᵢ ``(batch, q)``. Returns ``(A v, A)``:
-    ``(batch, q, e)`` and ``(batch, 1, q, k)``, in at least float32 (O(n²) memory).
+    a = q kᵀ / √s, A = norm(a) (``gau_attention_weights``), out = A v, with dropout on A when ``training``.
+    O(n²) memory.
+
+    Args:
+        query (torch.Tensor): ``[B, T_q, S]``, any floating dtype (upcast).
+        key (torch.Tensor): ``[B, T_k, S]``.
+        value (torch.Tensor): ``[B, T_k, E]``.
+        mask (torch.Tensor | None): ``[B, T_q, T_k]`` bool (``True`` = visible), or ``None``.
+        key_counts (torch.Tensor | None): ``[B, T_q]`` nᵢ, where the normalisation reads them.
+        config (GAUConfig): the model's config.
+        dropout (float): dropout probability on A.
+        training (bool): whether that dropout is active.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: ``(A v, A)``: ``[B, T_q, E]`` and ``[B, 1, T_q, T_k]``, in at least
+        float32.
     """
     scores = (torch.matmul(upcast(query), upcast(key).transpose(-1, -2)).unsqueeze(1)
               * config.attention_key_size**-0.5)
@@ -362,8 +654,10 @@ def gau_reference_attention(
 # Which computation a unit runs: decided once per call, from the input's shape and the settings
 # --------------------------------------------------------------------------------------------------
 class GAUPath(enum.StrEnum):
-    """The computations a GAU unit can run (``gau_attention_path`` picks one per call; ``GAU_ATTENTION_PATHS``
-    says what each computes)."""
+    """The computations a GAU unit can run.
+
+    ``gau_attention_path`` picks one per call; ``GAU_ATTENTION_PATHS`` says what each computes.
+    """
 
     ATTENTION_MAP = "attention_map"
     SOFTMAX_SDPA = "softmax_sdpa"
@@ -411,8 +705,18 @@ GAU_ATTENTION_PATHS: dict[GAUPath, str] = {
 
 
 def use_triton_kernel(config: GAUConfig, device: torch.device | str) -> bool:
-    """``gau_kernel``: ``"triton"`` always, ``"auto"`` on CUDA when triton is installed, ``"torch"`` and
-    ``"reference"`` never."""
+    """Whether the unit runs its Triton kernels.
+
+    ``gau_kernel``: ``"triton"`` always, ``"auto"`` on CUDA when triton is installed, ``"torch"`` and
+    ``"reference"`` never.
+
+    Args:
+        config (GAUConfig): the model's config.
+        device (torch.device | str): where the unit runs.
+
+    Returns:
+        bool: whether the Triton kernels are chosen.
+    """
     auto = config.gau_kernel == "auto" and torch.device(device).type == "cuda" and TRITON_AVAILABLE
     return config.gau_kernel == "triton" or auto
 
@@ -430,9 +734,7 @@ def gau_attention_path(
     packed: bool = False,
     layout: bool = True,
 ) -> GAUPath:
-    """The computation a GAU unit of ``config`` runs for ``query_length`` queries over ``key_length`` keys
-    (earlier cached tokens included), ``causal`` or not, on ``device``, in training mode or not, with a cache
-    or not.
+    """The computation a GAU unit of ``config`` runs for one call.
 
     The map is materialised for ``gau_kernel="reference"`` and ``output_attentions``; otherwise each
     normalisation names its kernel (``GAUNormalization.kernel_path``) or has none. FLASH with a causal cache
@@ -440,6 +742,21 @@ def gau_attention_path(
     empty cache) runs the parallel path, whose final state and open chunk start the cache. Packed rows (never
     cached) run the chunked kernels on ``DocumentChunks``' layout, or the map per document (the reference, and
     while compiling: no ``layout``). Quadratic GAU takes packed rows through its usual kernels, with the mask.
+
+    Args:
+        config (GAUConfig): the model's config.
+        query_length (int): T_q, the new tokens.
+        key_length (int): T_k, the keys (earlier cached tokens included).
+        causal (bool): whether queries see only earlier keys.
+        device (torch.device | str): where the unit runs.
+        training (bool): training mode (attention dropout).
+        cached (bool): whether a cache is given.
+        output_attentions (bool): whether the map is returned.
+        packed (bool): rows packing several documents.
+        layout (bool): whether the documents' chunk-aligned layout was built (not while compiling).
+
+    Returns:
+        GAUPath: the path (a ``GAU_ATTENTION_PATHS`` key).
     """
     dropout = training and config.attention_probs_dropout_prob > 0
     reference = output_attentions or config.gau_kernel == "reference"
@@ -465,16 +782,22 @@ def gau_attention_path(
 # The unit and the layer
 # --------------------------------------------------------------------------------------------------
 class GatedAttentionUnit(ShardedUnits, nn.Module):
-    """What every GAU (Hua et al. 2022, Code 1) shares: the fused gates/values/base projection, scale-offset
-    q/k, RoPE and the gated output projection. ``QuadraticGatedAttentionUnit`` and
-    ``FlashGatedAttentionUnit`` attend; ``GAULayer`` builds the one its config names, once.
+    """What every GAU (Hua et al. 2022, Code 1) shares.
+
+    The fused gates/values/base projection, scale-offset q/k, RoPE and the gated output projection.
+    ``QuadraticGatedAttentionUnit`` and ``FlashGatedAttentionUnit`` attend; ``GAULayer`` builds the one its
+    config names, once.
 
     Parameters: ``in_proj`` (d → 2e + s), ``out_proj`` (e → d), ``qk_scale`` γ and ``qk_offset`` β of shape
-    ``(2, s)`` (rows q, k) or ``(4, s)`` with ``chunk_size`` (q, k, q', k'). Returns ``(output, weights)``:
-    ``weights`` only with ``output_attentions``, ``(batch, 1, q, k)`` (FLASH: its effective matrix W / L;
-    ``None`` while decoding from a non-empty cache, whose old keys are folded into the state). Tensor
-    parallelism splits e: each rank keeps its slice of u and v (and ``out_proj``'s matching columns) and all
-    of z.
+    ``[2, S]`` (rows q, k) or ``[4, S]`` with ``chunk_size`` (q, k, q', k'). ``forward`` returns
+    ``(output, weights)``: ``weights`` only with ``output_attentions``, ``[B, 1, T_q, T_k]`` (FLASH: its
+    effective matrix W / L; ``None`` while decoding from a non-empty cache, whose old keys are folded into the
+    state). Tensor parallelism splits e: each rank keeps its slice of u and v (and ``out_proj``'s matching
+    columns) and all of z.
+
+    Args:
+        config (GAUConfig): the model's config.
+        layer_idx (int): the layer's index (its cache layer).
     """
 
     tp_replicated_parameters = ("qk_scale", "qk_offset")
@@ -482,6 +805,7 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
     """Rows of ``qk_scale`` / ``qk_offset``: q, k (FLASH: q, k, q', k')."""
 
     def __init__(self, config: GAUConfig, layer_idx: int) -> None:
+        """Build the projections and γ, β; the arguments are described in the class docstring."""
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
@@ -500,28 +824,62 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         self.act_fn = ACT2FN[config.hidden_act]
 
     def tp_units(self) -> tuple[int, str]:
+        """Tensor parallelism splits the expansion width e.
+
+        Returns:
+            tuple[int, str]: e and the units' name.
+        """
         return self.width, "expansion units (intermediate_width)"
 
     def attention_path(self, query_length: int, key_length: int, device: torch.device | str,
                        **mode: bool) -> GAUPath:
-        """Which computation (a ``GAU_ATTENTION_PATHS`` key) this unit runs for ``query_length`` queries over
-        ``key_length`` keys on ``device``: ``gau_attention_path`` with its config, direction and training
-        mode; ``mode``: its ``cached``, ``output_attentions``, ``packed`` and ``layout``."""
+        """Which computation (a ``GAU_ATTENTION_PATHS`` key) this unit runs.
+
+        ``gau_attention_path`` with the unit's config, direction and training mode.
+
+        Args:
+            query_length (int): T_q, the new tokens.
+            key_length (int): T_k, the keys (cache included).
+            device (torch.device | str): where the unit runs.
+            **mode: ``gau_attention_path``'s ``cached``, ``output_attentions``, ``packed`` and ``layout``.
+
+        Returns:
+            GAUPath: the path.
+        """
         return gau_attention_path(self.config, query_length, key_length, causal=self.is_causal, device=device,
                                   training=self.training, **mode)
 
     def project(
         self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Gates u and values v ``(batch, n, e)``, and the rows q, k (q', k') ``(batch, rows, n, s)`` of the
-        scale-offset base z, rotated by RoPE when ``position_embeddings`` are given."""
+        """Gates u, values v and the rows q, k (q', k') of the scale-offset base z.
+
+        Args:
+            hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+            position_embeddings (tuple | None): RoPE's ``(cos, sin)``, each ``[B, T, S]``, or ``None``.
+
+        Returns:
+            tuple[torch.Tensor, torch.Tensor, torch.Tensor]: u ``[B, T, E]``, v ``[B, T, E]`` (E: the rank's
+            share under tensor parallelism) and q, k (q', k') ``[B, rows, T, S]`` (rows = ``qk_rows``),
+            rotated by RoPE when ``position_embeddings`` are given; the model dtype.
+        """
         return self.activate(self.in_proj(hidden_states), position_embeddings)
 
     def activate(
         self, projected: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``project`` after ``in_proj``: u, v, z = act(``projected``) from ``(batch, n, 2e + s)``, then
-        q, k (q', k') = z·γ + β, rotated. Elementwise, in the model's dtype."""
+        """``project`` after ``in_proj``: u, v, z = act(``projected``), then q, k (q', k') = z·γ + β, rotated.
+
+        Elementwise, in the model's dtype.
+
+        Args:
+            projected (torch.Tensor): ``[B, T, 2E + S]``, ``in_proj``'s output.
+            position_embeddings (tuple | None): RoPE's ``(cos, sin)``, each ``[B, T, S]``, or ``None``.
+
+        Returns:
+            tuple[torch.Tensor, torch.Tensor, torch.Tensor]: u ``[B, T, E]``, v ``[B, T, E]``, and
+            ``[B, rows, T, S]``, as ``project``.
+        """
         u, v, z = self.act_fn(projected).split([self.width, self.width, self.key_size], dim=-1)
         share = self.tp_slice(self.width)
         u, v = u[..., share], v[..., share]
@@ -532,17 +890,34 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
 
 
 class QuadraticGatedAttentionUnit(GatedAttentionUnit):
-    """GAU with quadratic attention over every visible key (no ``chunk_size``): A = norm(q kᵀ / √s) of its
-    ``attention_normalization``, out = (u ⊙ A v) Wo. O(n²) time; the kernels keep nothing n×n."""
+    """GAU with quadratic attention over every visible key (no ``chunk_size``).
+
+    A = norm(q kᵀ / √s) of its ``attention_normalization``, out = (u ⊙ A v) Wo. O(n²) time; the kernels keep
+    nothing n×n.
+    """
 
     def forward(self, hidden_states: torch.Tensor, geometry: AttentionGeometry,
                 position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
                 attention_mask: torch.Tensor | None = None, key_counts: torch.Tensor | None = None,
                 cache: Cache | None = None, output_attentions: bool = False,
                 **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``attention_mask``: boolean ``(batch, 1, q, k)`` (block-diagonal for packed rows);
-        ``key_counts`` nᵢ ``(batch, q)`` where the normalisation reads them; ``output_attentions``: also
-        return A."""
+        """Attend, gate and project back: (u ⊙ A v) Wo.
+
+        Args:
+            hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+            geometry (AttentionGeometry): the call's geometry (its ``query_offset``: the cached tokens).
+            position_embeddings (tuple | None): RoPE's ``(cos, sin)``, each ``[B, T, S]``, or ``None``.
+            attention_mask (torch.Tensor | None): ``[B, 1, T_q, T_k]`` bool (block-diagonal for packed rows),
+                or ``None``.
+            key_counts (torch.Tensor | None): ``[B, T_q]`` nᵢ, where the normalisation reads them.
+            cache (Cache | None): the model's cache (new keys and values are added to it).
+            output_attentions (bool): also return A.
+            **kwargs: the other layer inputs, ignored.
+
+        Returns:
+            tuple[torch.Tensor, torch.Tensor | None]: the output ``[B, T, D]`` in the model dtype, and A
+            ``[B, 1, T_q, T_k]`` (with ``output_attentions``) or ``None``.
+        """
         u, v, qk = self.project(hidden_states, position_embeddings)
         attended, weights = self._attend(qk, v, attention_mask, key_counts, cache, geometry.query_offset,
                                          output_attentions)
@@ -573,23 +948,33 @@ class QuadraticGatedAttentionUnit(GatedAttentionUnit):
 
 RECOMPUTED_PATHS = frozenset({GAUPath.FLASH, GAUPath.FLASH_TRITON, GAUPath.FLASH_PACKED,
                               GAUPath.FLASH_PACKED_TRITON})
-"""FLASH's paths whose unit, under autograd and without a cache, keeps only ``in_proj``'s output for backward
-and recomputes the rest (activations, RoPE, the op's forward, the gate): ``FlashGatedAttentionUnit``."""
+"""FLASH's paths whose unit recomputes in backward.
+
+Under autograd and without a cache, ``FlashGatedAttentionUnit`` keeps only ``in_proj``'s output for backward
+and recomputes the rest (activations, RoPE, the op's forward, the gate).
+"""
 
 
 class FlashGatedAttentionUnit(GatedAttentionUnit):
-    """FLASH (``chunk_size`` = g, Hua et al. 2022 §3): exact relu² inside chunks of g tokens and linear
-    attention across them, through the op ``gau_kernels.flash_mixed_chunk_attention`` (its ``chunk`` or
-    ``triton`` implementation, or the reference with ``output_attentions``), in the model's dtype.
+    """FLASH (``chunk_size`` = g, Hua et al. 2022 §3): relu² inside chunks, linear attention across them.
 
-    Memory: in training (autograd on, no cache) the unit saves ``in_proj``'s output ``(batch, n, 2e + s)``
-    and the gated product ``(batch, n, e)`` (``out_proj``'s input) and recomputes everything between them in
+    Exact relu² inside chunks of g tokens and linear attention across them, through the op
+    ``gau_kernels.flash_mixed_chunk_attention`` (its ``chunk`` or ``triton`` implementation, or the reference
+    with ``output_attentions``), in the model's dtype.
+
+    Memory: in training (autograd on, no cache) the unit saves ``in_proj``'s output ``[B, T, 2E + S]``
+    and the gated product ``[B, T, E]`` (``out_proj``'s input) and recomputes everything between them in
     backward (``torch.utils.checkpoint`` of ``_gate``), so a layer keeps ≈ (2d + 3e + s) values per token.
+
+    Args:
+        config (GAUConfig): the model's config (``chunk_size`` set).
+        layer_idx (int): the layer's index (its cache layer).
     """
 
     qk_rows = 4
 
     def __init__(self, config: GAUConfig, layer_idx: int) -> None:
+        """Build the unit and keep g; the arguments are described in the class docstring."""
         super().__init__(config, layer_idx)
         self.chunk_size: int = config.chunk_size  # type: ignore[assignment]
 
@@ -599,8 +984,23 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
                 cache: Cache | None = None, output_attentions: bool = False,
                 documents: DocumentChunks | None = None, **kwargs: Any
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``key_mask``: the 2D padding mask ``(batch, past + n)``; ``documents``: the chunk-aligned layout of
-        rows packing several documents; ``output_attentions``: also return W / L."""
+        """FLASH on the new tokens, gated and projected back: (u ⊙ FLASH(q, k, q', k', v) / L) Wo.
+
+        Args:
+            hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+            geometry (AttentionGeometry): the call's geometry (unused: the cache layer counts the past).
+            position_embeddings (tuple | None): RoPE's ``(cos, sin)``, each ``[B, T, S]``, or ``None``.
+            key_mask (torch.Tensor | None): ``[B, past + T]`` bool, the 2D padding mask, or ``None``.
+            key_counts (torch.Tensor | None): ``[B, T]`` nᵢ (``relu2_length="dynamic"``).
+            cache (Cache | None): a dynamic cache (causal: its ``GAUChunkCacheLayer`` holds the state).
+            output_attentions (bool): also return W / L.
+            documents (DocumentChunks | None): the chunk-aligned layout of rows packing several documents.
+            **kwargs: the other layer inputs, ignored.
+
+        Returns:
+            tuple[torch.Tensor, torch.Tensor | None]: the output ``[B, T, D]`` in the model dtype, and W / L
+            ``[B, 1, T, T]`` (with ``output_attentions``; ``None`` while decoding from a non-empty cache).
+        """
         length = hidden_states.shape[1]
         layer = chunk_cache_layer(cache, self.layer_idx) if cache is not None and self.is_causal else None
         past = 0 if layer is None else layer.get_seq_length()
@@ -624,8 +1024,10 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         layer: GAUChunkCacheLayer | None, documents: DocumentChunks | None, output_attentions: bool,
         with_map: bool = False,
     ) -> Any:
-        """u ⊙ FLASH(q, k, q', k', v) / L from ``in_proj``'s output, through the runner of ``path``
-        (``FLASH_RUNNERS``): ``(batch, n, e)``, with the map when ``with_map``."""
+        """The gated u ⊙ FLASH(q, k, q', k', v) / L from ``in_proj``'s output, through the runner of ``path``.
+
+        The runner is ``FLASH_RUNNERS[path]``; the result is ``[B, T, E]``, with the map when ``with_map``.
+        """
         u, v, qk = self.activate(projected, position_embeddings)
         inputs = self.flash_inputs(qk, v, key_mask, key_counts)
         numerator, weights = FLASH_RUNNERS[path](self, inputs, path, layer, documents, output_attentions)
@@ -634,9 +1036,20 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
 
     def flash_inputs(self, qk: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
                      key_counts: torch.Tensor | None) -> FlashInputs:
-        """FLASH's inputs from the rows q, k, q', k' of ``qk`` and ``v``, with relu(a·q·k)²/L + (a·q'·k')/L
-        (a = 1/√s) folded into the queries: q·a/√L and q'·a/L, the factors in float32, the products in the
-        model's dtype (O(n·s) work)."""
+        """FLASH's inputs from the rows q, k, q', k' of ``qk`` and ``v``, with every factor in the queries.
+
+        relu(a·q·k)²/L + (a·q'·k')/L (a = 1/√s) is folded into the queries: q·a/√L and q'·a/L, the factors in
+        float32, the products in the model's dtype (O(n·s) work).
+
+        Args:
+            qk (torch.Tensor): ``[B, 4, T, S]``, the rows q, k, q', k' (``activate``), the model dtype.
+            v (torch.Tensor): ``[B, T, E]``, the model dtype.
+            key_mask (torch.Tensor | None): ``[B, past + T]`` bool, or ``None``.
+            key_counts (torch.Tensor | None): ``[B, T]`` nᵢ (``relu2_length="dynamic"``).
+
+        Returns:
+            FlashInputs: the queries, keys and values ``[B, T, ·]`` in the model dtype, and ``key_mask``.
+        """
         quad_q, quad_k, lin_q, lin_k = qk.unbind(1)
         lengths = self.normalization.lengths(key_counts, quad_q)  # type: ignore[attr-defined]
         quad_q = quad_q * (self.scaling * lengths.rsqrt()).to(quad_q.dtype)[..., None]
@@ -644,7 +1057,14 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         return FlashInputs(quad_q, quad_k, lin_q, lin_k, v, key_mask)
 
     def implementation(self, path: GAUPath) -> str:
-        """The op's implementation for ``path``: ``triton`` on the Triton paths, else ``chunk``."""
+        """The op's implementation for ``path``: ``triton`` on the Triton paths, else ``chunk``.
+
+        Args:
+            path (GAUPath): the unit's path.
+
+        Returns:
+            str: one of ``gau_kernels.FLASH_IMPLEMENTATIONS``.
+        """
         return "triton" if path in (GAUPath.FLASH_TRITON, GAUPath.FLASH_PACKED_TRITON) else "chunk"
 
     @property
@@ -663,8 +1083,10 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
 
     def _run_packed(self, x: FlashInputs, path: GAUPath, layer: Any, documents: DocumentChunks,
                     *_: Any) -> Any:
-        """``flash_packed`` (``_triton``): the op on the documents' chunk-aligned layout, its state summed per
-        document (``segments``)."""
+        """``flash_packed`` (``_triton``): the op on the documents' chunk-aligned layout.
+
+        Its state is summed per document (``segments``).
+        """
         aligned = [documents.gather(tensor) for tensor in x[:5]]
         numerator = flash_mixed_chunk_attention(
             *aligned, key_mask=documents.valid, segments=documents.segment,
@@ -681,9 +1103,11 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         self, x: FlashInputs, path: GAUPath, layer: Any, documents: DocumentChunks | None,
         output_attentions: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``flash_map`` / ``flash_documents`` / ``flash_cache_map``: the reference, out = W v with the
-        effective ``(batch, n, n)`` matrix W (per document for packed rows), which is the map returned;
-        ``flash_cache_map`` advances the cache first. O(n²), like any attention map."""
+        """``flash_map`` / ``flash_documents`` / ``flash_cache_map``: the reference, out = W v.
+
+        W is the effective ``[B, T, T]`` matrix (per document for packed rows), which is the map returned;
+        ``flash_cache_map`` advances the cache first. O(n²), like any attention map.
+        """
         if path == GAUPath.FLASH_CACHE_MAP:
             self.continue_from(layer, x)
         visibility = None
@@ -697,8 +1121,10 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         return attended, weights.to(x.value.dtype) if output_attentions else None
 
     def _decode_step(self, layer: GAUChunkCacheLayer, x: FlashInputs) -> torch.Tensor:
-        """One new token per row after the cache in O(g·(s + e) + s·e) (``flash_decode_step``); the token
-        joins the open chunk, and a chunk it completes is folded into the state."""
+        """One new token per row after the cache in O(g·(s + e) + s·e) (``flash_decode_step``).
+
+        The token joins the open chunk, and a chunk it completes is folded into the state.
+        """
         lin_k = x.lin_k
         if x.key_mask is not None:
             lin_k = lin_k * x.key_mask[:, -1:, None].to(lin_k.dtype)
@@ -716,10 +1142,19 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         return numerator
 
     def continue_from(self, layer: Any, x: FlashInputs, implementation: str = "chunk") -> torch.Tensor:
-        """Causal FLASH for new tokens after the ``FlashState`` a cache layer holds (``open_chunk``), through
-        the op's ``implementation``; the layer then holds the new state (``store``). ``layer``: a
-        ``GAUChunkCacheLayer`` or any object with ``open_chunk()`` and ``store()`` (vLLM's
-        ``SequenceState``)."""
+        """Causal FLASH for new tokens after the ``FlashState`` a cache layer holds (``open_chunk``).
+
+        Runs the op's ``implementation``; the layer then holds the new state (``store``).
+
+        Args:
+            layer (Any): a ``GAUChunkCacheLayer`` or any object with ``open_chunk()`` and ``store()`` (vLLM's
+                ``SequenceState``).
+            x (FlashInputs): the new tokens' inputs (``flash_inputs``), ``[B, T, ·]``.
+            implementation (str): one of ``gau_kernels.FLASH_IMPLEMENTATIONS``.
+
+        Returns:
+            torch.Tensor: the numerator ``[B, T, E]`` in the value's dtype.
+        """
         open_keys, open_values, linear = layer.open_chunk()
         state = FlashState(linear, None if open_keys is None else open_keys.squeeze(1),
                            None if open_values is None else open_values.squeeze(1))
@@ -730,8 +1165,16 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
 
 
 class FlashInputs(NamedTuple):
-    """FLASH's per-call tensors: quadratic and linear queries (factors folded in) and keys ``(batch, n, s)``,
-    values ``(batch, n, e)`` and the 2D key mask ``(batch, past + n)`` (``None`` without padding)."""
+    """FLASH's per-call tensors.
+
+    Attributes:
+        quad_q (torch.Tensor): ``[B, T, S]`` quadratic queries (factors folded in), the model dtype.
+        quad_k (torch.Tensor): ``[B, T, S]`` quadratic keys.
+        lin_q (torch.Tensor): ``[B, T, S]`` linear queries (factors folded in).
+        lin_k (torch.Tensor): ``[B, T, S]`` linear keys.
+        value (torch.Tensor): ``[B, T, E]``.
+        key_mask (torch.Tensor | None): ``[B, past + T]`` bool, the 2D key mask (``None`` without padding).
+    """
 
     quad_q: torch.Tensor
     quad_k: torch.Tensor
@@ -751,22 +1194,37 @@ FLASH_RUNNERS: dict[GAUPath, Callable[..., tuple[torch.Tensor, torch.Tensor | No
     GAUPath.FLASH_CACHE_MAP: FlashGatedAttentionUnit._run_map,
     GAUPath.FLASH_DOCUMENTS: FlashGatedAttentionUnit._run_map,
 }
-"""FLASH's paths → the unit's method that runs each: ``(self, inputs, path, cache layer, documents,
-output_attentions)`` → ``(numerator, map or None)``."""
+"""FLASH's paths → the unit's method that runs each.
+
+``(self, inputs, path, cache layer, documents, output_attentions)`` → ``(numerator, map or None)``.
+"""
 
 
 def store_flash_state(layer: Any, state: FlashState, added: int, chunk_size: int) -> None:
-    """Write the op's ``FlashState`` after ``added`` new tokens into a cache layer (``store``)."""
+    """Write the op's ``FlashState`` after ``added`` new tokens into a cache layer (``store``).
+
+    Args:
+        layer (Any): a ``GAUChunkCacheLayer`` or any object with ``store()``.
+        state (FlashState): the causal state after the tokens (open chunk included).
+        added (int): the new tokens.
+        chunk_size (int): g.
+    """
     layer.store(state.keys.unsqueeze(1), state.values.unsqueeze(1),  # type: ignore[union-attr]
                 state.linear, added=added, chunk_size=chunk_size)
 
 
 class GAULayer(GradientCheckpointingLayer):
-    """A GAU with its residual connection: x + drop(GAU(norm(x))) (pre) or norm(x + drop(GAU(x))) (post)."""
+    """A GAU with its residual connection: x + drop(GAU(norm(x))) (pre) or norm(x + drop(GAU(x))) (post).
+
+    Args:
+        config (GAUConfig): the model's config.
+        layer_idx (int): the layer's index.
+    """
 
     attention_class = GatedAttentionUnit
 
     def __init__(self, config: GAUConfig, layer_idx: int) -> None:
+        """Build the unit its config names, the norm and the dropout; see the class docstring."""
         super().__init__()
         self.norm_position = config.norm_position
         unit = QuadraticGatedAttentionUnit if config.chunk_size is None else FlashGatedAttentionUnit
@@ -779,8 +1237,18 @@ class GAULayer(GradientCheckpointingLayer):
     def forward(
         self, hidden_states: torch.Tensor, output_attentions: bool | None = None, **unit_inputs: Any
     ) -> torch.Tensor:
-        """``unit_inputs``: the keyword inputs of ``GatedAttentionUnit.forward`` (RoPE tables, masks, nᵢ,
-        cache, query offset), passed through unchanged."""
+        """Run the unit inside the residual block.
+
+        Args:
+            hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+            output_attentions (bool | None): whether the unit computes its map (``None``: the config's);
+                the layer returns the hidden states only.
+            **unit_inputs: the keyword inputs of the unit's ``forward`` (geometry, RoPE tables, masks, nᵢ,
+                cache, documents), passed through unchanged.
+
+        Returns:
+            torch.Tensor: ``[B, T, D]``, the model dtype.
+        """
         if output_attentions is None:
             output_attentions = self.gau.config.output_attentions
 
@@ -808,8 +1276,11 @@ class GAUPreTrainedModel(AttnVariantPreTrainedModel):
     )
 
     def _init_family_weights(self, module: nn.Module) -> None:
-        """``gau_init="gau_alpha"``: γ = 1 and fan-in truncated-normal projections (GAU-α's code);
-        ``"flash"``: γ and projections ~ N(0, ``initializer_range``) (the FLASH pseudocode); β = 0."""
+        """Initialise a unit by ``gau_init``.
+
+        ``"gau_alpha"``: γ = 1 and fan-in truncated-normal projections (GAU-α's code); ``"flash"``: γ and
+        projections ~ N(0, ``initializer_range``) (the FLASH pseudocode); β = 0.
+        """
         if not isinstance(module, GatedAttentionUnit):
             return
         init.zeros_(module.qk_offset)
@@ -826,7 +1297,7 @@ class GAUPreTrainedModel(AttnVariantPreTrainedModel):
 class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
     """The bare GAU stack: bidirectional encoder, or causal decoder with ``config.is_decoder``.
 
-    RoPE rotates the s-dimensional q and k. Masks: a 2D padding mask ``(batch, past + seq)``; the quadratic
+    RoPE rotates the s-dimensional q and k. Masks: a 2D padding mask ``[B, past + T]``; the quadratic
     path also takes a prepared 4D mask; FLASH needs the 2D one (its chunks are fixed positions: right padding
     gives the unpadded result, masked keys contribute exactly zero).
     """
@@ -837,9 +1308,11 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
     def _attention_inputs(
         self, geometry: AttentionGeometry, hidden_states: torch.Tensor, cache: Cache | None
     ) -> dict[str, Any]:
-        """nᵢ where the normalisation reads it (per document for packed rows), and the masks: quadratic GAU a
-        boolean ``attention_mask`` (block-diagonal for packed rows), FLASH the 2D ``key_mask`` and, for packed
-        rows, their chunk-aligned layout (``DocumentChunks``)."""
+        """The unit's inputs: nᵢ where the normalisation reads it (per document for packed rows), and masks.
+
+        Quadratic GAU gets a boolean ``attention_mask`` (block-diagonal for packed rows), FLASH the 2D
+        ``key_mask`` and, for packed rows, their chunk-aligned layout (``DocumentChunks``).
+        """
         config = self.config
         key_counts = None
         if GAU_NORMALIZATIONS[config.attention_normalization].counts_needed(config):

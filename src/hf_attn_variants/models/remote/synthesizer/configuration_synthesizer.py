@@ -21,6 +21,12 @@ def balanced_factorization(length: int) -> list[int]:
     """The most balanced ``[a, b]`` with a·b = ``length`` and a ≤ b (a = largest divisor ≤ √length).
 
     512 → [16, 32], 64 → [8, 8], 12 → [3, 4]; a prime length gives [1, length].
+
+    Args:
+        length (int): l, the number to factorise (positive).
+
+    Returns:
+        list[int]: ``[a, b]``.
     """
     a = max(d for d in range(1, math.isqrt(length) + 1) if length % d == 0)
     return [a, length // a]
@@ -42,21 +48,25 @@ class SynthesizerConfig(MultiHeadAttnVariantConfig):
     Several components are mixed as softmax(Σᵢ αᵢ Sᵢ(X)) G(X) with α = softmax(per-layer logits).
 
     Args:
-        synthesizer_components: non-empty list of distinct names from ``SYNTHESIZER_COMPONENTS``
-            (default ``["random", "vanilla"]``, the paper's best mixture on WMT'14 and GLUE/SuperGLUE).
-        random_trainable: whether ``random`` and ``factorized_random`` are learned (default) or frozen
+        synthesizer_components (list[str] | None): non-empty list of distinct names from
+            ``SYNTHESIZER_COMPONENTS`` (default ``["random", "vanilla"]``, the paper's best mixture on WMT'14
+            and GLUE/SuperGLUE).
+        random_trainable (bool): whether ``random`` and ``factorized_random`` are learned (default) or frozen
             at their random initialisation (Fixed Random; stored as a persistent buffer, so it is saved,
             reloaded exactly and never touched by an optimizer).
-        random_init_std: std of the random matrix R at initialisation (``None`` = ``initializer_range``).
-            The factors of ``factorized_random`` are drawn so that R₁R₂ᵀ has this std as well. With the
-            default 0.02 a *frozen* R is close to uniform averaging; use e.g. 1.0 for a peaked fixed pattern.
-        factorized_dense_shape: ``[a, b]`` with a·b = ``max_position_embeddings`` (``None`` = the most
-            balanced factorisation, e.g. [16, 32] for 512).
-        factorized_random_rank: k of ``factorized_random`` (default 8: for l = 512 that is 2·l·k = 8192
+        random_init_std (float | None): std of the random matrix R at initialisation (``None`` =
+            ``initializer_range``). The factors of ``factorized_random`` are drawn so that R₁R₂ᵀ has this std
+            as well. With the default 0.02 a *frozen* R is close to uniform averaging; use e.g. 1.0 for a
+            peaked fixed pattern.
+        factorized_dense_shape (list[int] | None): ``[a, b]`` with a·b = ``max_position_embeddings``
+            (``None`` = the most balanced factorisation, e.g. [16, 32] for 512).
+        factorized_random_rank (int): k of ``factorized_random`` (default 8: for l = 512 that is 2·l·k = 8192
             parameters per head instead of l² = 262144, 32× fewer; the paper's Long Range Arena runs,
             with sequences of 1K–4K, used k = 32).
-        dense_hidden_size: width e of the hidden layer W₁ of each ``dense`` / ``factorized_dense`` branch,
-            per head (``None`` = ``head_dim``, so that the heads together have the paper's d×d first layer).
+        dense_hidden_size (int | None): width e of the hidden layer W₁ of each ``dense`` /
+            ``factorized_dense`` branch, per head (``None`` = ``head_dim``, so that the heads together have
+            the paper's d×d first layer).
+        **kwargs: the fields of ``MultiHeadAttnVariantConfig`` and ``AttnVariantConfig``.
 
     Example:
         ```python
@@ -82,6 +92,7 @@ class SynthesizerConfig(MultiHeadAttnVariantConfig):
         dense_hidden_size: int | None = None,
         **kwargs: Any,
     ) -> None:
+        """Set the fields and check the components; the arguments are described in the class docstring."""
         if synthesizer_components is None:
             synthesizer_components = ["random", "vanilla"]
         self.synthesizer_components = self._validated_components(synthesizer_components)
@@ -93,6 +104,7 @@ class SynthesizerConfig(MultiHeadAttnVariantConfig):
         super().__init__(**kwargs)
 
     def check_fields(self) -> None:
+        """Check the shared fields, then the random and dense components' fields."""
         super().check_fields()
         check_bool("random_trainable", self.random_trainable)
         check_float("random_init_std", self.random_init_std, 0.0, allow_none=True)
