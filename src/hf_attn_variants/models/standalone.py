@@ -193,7 +193,7 @@ def parse_module(name: str, package_dir: Path = PACKAGE_DIR) -> ParsedModule:
         The parsed module: its docstring, statements, absolute and relative imports and ``__all__``.
 
     Raises:
-        ValueError: a relative import that is not single-dot or renames a name (the bundler cannot resolve it).
+        ValueError: a relative import that is not single-dot or that renames (the bundler cannot resolve it).
     """
     source = (package_dir / f"{name}.py").read_text(encoding="utf-8")
     lines = source.splitlines(keepends=True)
