@@ -39,7 +39,10 @@ EXPORTED_LINES = {
     # one-sentence refusal of FlexAttention on CUDA with heads under 16 dimensions (check_flex_head_size).
     # Issue 47 added the chunked causal-LM cross-entropy the causal LM heads train with (losses.py, inlined
     # into the shared file with the head's choice of it: 182 lines in every family's total).
-    "entropy_invariant": 2205,
+    # Issue 50 documented every argument of the model code with its shape and dtype (Google convention, ruff's
+    # D rules on models/): +817 docstring lines in this family's folder (the shared file +703 of them), while
+    # its lines less docstrings fell from 1,777 to 1,772 (EXPORTED_CODE_LINES).
+    "entropy_invariant": 3015,
     # Above the 2,150 target: the shared file, GAU's torch kernels (gau_kernels.py: blocked quadratic kernels,
     # FLASH and its packed-document layout), its chunk cache, and the Triton kernels (gau_triton.py). Issue 37
     # added the one-token FLASH step that Transformers' cache and vLLM's native model share
@@ -53,9 +56,12 @@ EXPORTED_LINES = {
     # recomputation (modeling_gau.py, +32); then +24 for the docstrings naming the op's implementations and
     # kernels, the unit's qk_rows, one jit helper of the kernels and the op's refusal without triton; +4
     # for per_chunk, so that the torch path broadcasts the one bidirectional state instead of copying it.
-    "gau": 4128,
+    # Issue 50: +1,587 docstring lines for the documented arguments (shared file +703, gau_kernels +267,
+    # modeling_gau +484, gau_triton +108, config +25); lines less docstrings 3,303 → 3,295.
+    "gau": 5707,
     # Above the 1,550 target: the shared file, as for the entropy-invariant family (issue 47's loss included).
-    "synthesizer": 2360,
+    # Issue 50: +792 docstring lines for the documented arguments; lines less docstrings 1,895 → 1,887.
+    "synthesizer": 3138,
 }
 EXPORTED_CODE_LINES = {
     # Issue 50: the same files' lines less their docstring lines, as measured on 2026-11-28 before that issue
@@ -67,7 +73,9 @@ EXPORTED_CODE_LINES = {
 }
 FAMILY_FILE_LINES = {
     "entropy_invariant": 700,
-    "gau": 1100,
+    # Issue 50: 875 → 1,379 lines, +484 of them docstring lines (documented arguments) and +20 the five named
+    # head classes that replaced the shared head factory; the file's lines less docstrings are 731.
+    "gau": 1380,
     "synthesizer": 700,
 }
 WINDOW = 6
