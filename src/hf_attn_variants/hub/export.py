@@ -1,8 +1,9 @@
 """``hf-attn-variants export``: write the exact folder that ``push`` would upload.
 
 Contents: ``config.json`` with ``auto_map`` for AutoConfig and the six Auto classes, the standalone model
-code (``configuration_<family>.py`` and ``modeling_<family>.py``, written by ``save_pretrained`` through
-``hf_attn_variants.models.standalone``; they run on every Transformers release from 5.0.0 on),
+code (``configuration_<family>.py``, ``modeling_<family>.py`` and the shared file: the committed files of
+``hf_attn_variants/models/remote/``, which ``save_pretrained`` copies after checking they are not stale; they
+run on every Transformers release from 5.0.0 on),
 ``model.safetensors`` (no pickle files), the tokenizer, and ``README.md`` (the model card, see ``card.py``);
 with ``--sentence_transformers`` the sentence-transformers files (``sentence_transformers.py``), with
 ``--onnx`` ``onnx/model.onnx`` (``onnx_export.py``). The folder is assembled
