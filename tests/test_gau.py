@@ -536,6 +536,17 @@ def test_generate_is_greedy_argmax(overrides: dict) -> None:
     assert model.generation_config.min_length in (None, 0), "config.min_length leaked into generation"
 
 
+def test_chunked_bf16_generate_decodes_like_the_full_forward() -> None:
+    """A bf16 FLASH model's one-token steps (``flash_decode_step``, products in float32) pick the tokens
+    the full forward's argmax picks over the generated sequence."""
+    model = tiny(GAUForCausalLM, **chunked(3)).to(torch.bfloat16)
+    ids = random_ids(2, 5)
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=7, do_sample=False, pad_token_id=0)
+        full = model(out).logits[:, ids.shape[1] - 1:-1].argmax(-1)
+    assert torch.equal(out[:, ids.shape[1]:], full)
+
+
 def test_chunked_beam_search_with_cache_equals_without_cache() -> None:
     """Beam search reorders the cache (``reorder_cache``), including the FLASH linear state."""
     model = tiny(GAUForCausalLM, **chunked(3))

@@ -741,12 +741,13 @@ def flash_decode_step(
 
     numerator = Σ_{j visible} relu(q·k_j)² v_j + q'·state. When the token completes its chunk, the chunk's M
     rows (all of them its own, k' of padding zero) are folded into the returned state. O(M·(s + e) + s·e) per
-    row. The products run in at least float32 (``quad_k`` and ``value`` are upcast, ``state`` cast to their
-    dtype), so the queries must be float32 or float64 as well.
+    row. The products run in at least float32 (queries, keys and values are upcast, ``state`` cast to their
+    dtype), so a bf16 model decodes with float32 sums.
 
     Args:
-        quad_q (torch.Tensor): ``[B, 1, S]`` the new token's quadratic query, carrying its factors.
-        lin_q (torch.Tensor): ``[B, 1, S]`` its linear query, carrying its factors.
+        quad_q (torch.Tensor): ``[B, 1, S]`` the new token's quadratic query, carrying its factors, the model
+            dtype.
+        lin_q (torch.Tensor): ``[B, 1, S]`` its linear query, carrying its factors, the model dtype.
         quad_k (torch.Tensor): ``[B, M, S]`` the open chunk's quadratic keys, the model dtype.
         lin_k (torch.Tensor): ``[B, M, S]`` its linear keys (zero at padding), the model dtype.
         value (torch.Tensor): ``[B, M, E]`` its values, the model dtype.
@@ -760,7 +761,7 @@ def flash_decode_step(
         tuple[torch.Tensor, torch.Tensor]: numerator ``[B, 1, E]`` and the state ``[B, S, E]``, both in at
         least float32.
     """
-    weights = F.relu(torch.matmul(quad_q, upcast(quad_k).transpose(-1, -2))).square()
+    weights = F.relu(torch.matmul(upcast(quad_q), upcast(quad_k).transpose(-1, -2))).square()
     if visible is not None:
         weights = weights.masked_fill(~visible[:, None], 0.0)
     value = upcast(value)
@@ -769,7 +770,7 @@ def flash_decode_step(
         state = value.new_zeros(value.shape[0], lin_k.shape[-1], value.shape[-1])
     else:
         state = state.to(numerator.dtype)
-        numerator = numerator + torch.matmul(lin_q, state)
+        numerator = numerator + torch.matmul(upcast(lin_q), state)
     if closing is False:
         return numerator, state
     if closing is True:
