@@ -71,6 +71,22 @@ def test_saving_with_a_stale_folder_writes_no_code(tmp_path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_save_pretrained_with_stale_code_writes_nothing(tmp_path, monkeypatch) -> None:
+    """The model's ``save_pretrained`` checks the committed code before Transformers writes anything."""
+    import hf_attn_variants.models.standalone as standalone
+
+    remote = tmp_path / "remote"
+    shutil.copytree(REMOTE_DIR, remote)
+    (remote / "attn_variants_common.py").write_text("# edited\n")
+    monkeypatch.setattr(standalone, "REMOTE_DIR", remote)
+    monkeypatch.setattr(standalone.check_remote_code, "__defaults__", (remote, PACKAGE_DIR))
+    model = EntropyInvariantForMaskedLM(EntropyInvariantConfig(
+        vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32))
+    with pytest.raises(RuntimeError, match=r"stale: the exported file attn_variants_common\.py"):
+        model.save_pretrained(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_manifest_names_every_file_and_source() -> None:
     manifest = check_remote_code()
     assert set(manifest["files"]) == set(committed_files()) - {MANIFEST}

@@ -778,10 +778,14 @@ class RemoteCodeSavingMixin:
 
         Returns:
             What Transformers' ``save_pretrained`` returns.
+
+        Raises:
+            RuntimeError: the committed remote code is stale (``check_remote_code``); nothing is written.
         """
         save = super().save_pretrained  # type: ignore[misc]
         if getattr(self, "_auto_class", None) is None:
             return save(save_directory, *args, push_to_hub=push_to_hub, **kwargs)
+        check_remote_code()  # before anything is written: a stale folder refuses the whole save
         if hasattr(self, "config"):
             self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **family_auto_map(self)}
         hub = {name: kwargs.pop(name) for name in HUB_ARGUMENTS if name in kwargs}
@@ -802,22 +806,22 @@ class RemoteCodeSavingMixin:
 
 
 __all__ = [
+    "Bundle",
+    "RemoteCodeSavingMixin",
     "SHARED_FILE",
     "SHARED_MODULES",
-    "Bundle",
     "bundle_module",
+    "check_remote_code",
     "code_class",
     "configuration_bundle",
     "exported_files",
-    "check_remote_code",
     "family_auto_map",
-    "remote_code_files",
-    "write_remote_code",
-    "RemoteCodeSavingMixin",
     "modeling_bundle",
     "package_version",
     "parse_module",
+    "remote_code_files",
     "shared_bundle",
     "shared_code_sha256",
+    "write_remote_code",
     "write_standalone_code",
 ]
