@@ -1,0 +1,1057 @@
+#!/usr/bin/env python
+"""The length-generalisation study at a real scale (issue 49), part 1: causal language models trained at
+L = 512 with 10–30M non-embedding parameters, evaluated out to 32× (16k), in unattended GPU leases.
+
+Subcommands (``scripts/gpu_study.sh`` runs ``run``; from the repository root)::
+
+    gpu_study.py run --out DIR [--dry-run] [--budget 360] [--deadline 540]  # one lease's work
+    gpu_study.py absorb DIR            # here, after a lease: its new runs into docs/results/gpu-study/
+    gpu_study.py publish [--runs F] [--out D]  # results tables, verdicts and a plot of the committed runs
+    gpu_study.py plan [--dry-run]      # the variants, their non-embedding parameters, nothing trained
+
+``run``:
+
+1. builds the corpus (``build_corpus``) from the Python files installed with the interpreter that runs it:
+   the standard library's ``.py`` files, then the ``transformers`` package's, in sorted path order,
+   tokenized with the embedded WordPiece tokenizer the CPU study uses (4,096 ids); documents of at least
+   16,384 tokens are held out (every third, up to 8) and evaluated on their first 16,384 tokens; records
+   the sources, the Python version and the sha256 of the corpus and of the tokenizer;
+2. plans the variants (``VARIANTS``) at one shared size, equal in non-embedding parameters within 5 %
+   (counted on the real configs, on the meta device);
+3. times 10 training steps of every variant (after 3 warm-up steps, which include ``torch.compile``), and one
+   evaluation forward at the longest length, and sets the step count so that one seed of every variant
+   fits ``--budget`` seconds, evaluation included — unless committed runs of the same corpus, tokenizer and
+   settings pin it already (runs with different step counts could not be pooled over seeds), in which case
+   the timing is skipped;
+4. trains and evaluates every (variant, seed) that is neither committed (``docs/results/gpu-study/*.jsonl``)
+   nor in the output folder already, seed by seed, and appends each finished run at once to
+   ``gpu-study-runs.jsonl``; it starts no run that its prediction says would end past ``--deadline``
+   seconds after the command started, so the lease's 10-minute limit never cuts a write.
+
+Training is a plain loop here (AdamW, bf16 autocast, ``torch.compile`` per variant where it compiles):
+``training.pretrain`` needs ``datasets``, which the GPU image does not have, and would tokenize the corpus
+again for every run. The configs, the evaluation (``lengthgen.evaluation.evaluate_at_lengths``, the
+evaluation modes of ``lengthgen.study.load_for_eval``) and the entropy measurement
+(``entropy.measure.entropy_by_length``) are the CPU study's.
+
+The output folder gets at most five files: ``gpu-study-runs.jsonl`` (one line per finished run),
+``gpu-study-plan.json`` (corpus, sizes, timing, steps, what ran and what was skipped and why),
+``gpu-study.log`` (written by the shell wrapper), and after ``publish --out`` ``gpu-study-results.md`` and
+``gpu-study-perplexity.png``.
+
+Exit status: 0 when every run it started finished; 1 when one failed (the plan file says which); 2 for a bad
+argument (one line naming the flag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import math
+import os
+import sys
+import sysconfig
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = ROOT / "docs" / "results" / "gpu-study"
+RUNS_FILE = "gpu-study-runs.jsonl"
+PLAN_FILE = "gpu-study-plan.json"
+RESULTS_FILE = "gpu-study-results.md"
+PLOT_FILE = "gpu-study-perplexity.png"
+FORMAT_VERSION = 1
+COMMAND_LIMIT_S = 600.0
+"""A lease's limit on one command; ``--deadline`` must stay under it."""
+
+VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("ei_standard", {}),
+    ("ei_entropy_invariant", {}),
+    ("ei_ssmax", {}),
+    ("ei_entropy_invariant_nope_layers+nope_every_4", {}),
+    ("gau_softmax_plus", {}),
+    ("gau_relu2_fixed", {}),
+    ("gau_relu2_dynamic", {}),
+    ("gau_flash", {"chunk_size": 128}),
+    ("llama", {}),
+)
+"""Part 1's variants: (``lengthgen`` variant name, config fields changed here). The hybrid is the
+entropy-invariant family with every 4th layer without RoPE and log-n on those layers only
+(``ei_entropy_invariant_nope_layers`` with the position scheme ``nope_every_4``); FLASH gets chunks of 128
+(the dry run: L/4)."""
+
+CLAIMS: tuple[tuple[str, str, str], ...] = (
+    ("softmax with log n (`softmax_plus`) beats relu²/n with n = L (`fixed`), GAU", "gau_softmax_plus",
+     "gau_relu2_fixed"),
+    ("softmax with log n (`softmax_plus`) beats relu²/n with n = the row's keys (`dynamic`), GAU",
+     "gau_softmax_plus", "gau_relu2_dynamic"),
+    ("log-n scale beats the standard 1/√d, multi-head family", "ei_entropy_invariant", "ei_standard"),
+    ("SSMax (learned log-n) beats the standard 1/√d, multi-head family", "ei_ssmax", "ei_standard"),
+    ("every 4th layer NoPE with log-n there beats RoPE everywhere",
+     "ei_entropy_invariant_nope_layers+nope_every_4", "ei_standard"),
+)
+"""The seed claims (claim, a, b): "a has lower held-out loss than b", at L and at 32×."""
+MIN_SEEDS = 3
+"""The issue-29 rule: a verdict other than "not resolved" needs this many seeds."""
+MARGIN = 0.02
+"""The issue-29 rule's margin, here in nats of loss: the mean over seeds of loss(b) − loss(a) must be at
+least this large, with no seed of the other sign."""
+
+
+class UsageError(Exception):
+    """A bad argument: ``flag`` names it."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(f"{flag}: {message}")
+        self.flag = flag
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a run's numbers depend on besides the variant and the seed (all in the fingerprint)."""
+
+    train_length: int = 512
+    eval_lengths: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)
+    hidden_size: int = 512
+    num_hidden_layers: int = 8
+    num_attention_heads: int = 8
+    attention_key_size: int = 128
+    gau_layer_factor: int = 2
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.1
+    warmup_fraction: float = 0.1
+    dtype: str = "bf16"
+    heldout_docs: int = 8
+    eval_batch_tokens: int = 65536
+    entropy_max_gib: float = 20.0
+    """Attention maps at a length are measured only where every layer's maps of one sequence fit this."""
+    train_token_cap: int = 40_000_000
+    file_cap: int | None = None
+    size_tolerance: float = 0.05
+    timing_steps: int = 10
+    """Steps timed per variant, after ``timing_warmup`` steps (which compile)."""
+    timing_warmup: int = 3
+    max_steps: int | None = None
+    """A cap on the step count the timing gives (the dry run's)."""
+    """Every variant's non-embedding parameters within this fraction of their mean."""
+
+    @property
+    def eval_doc_tokens(self) -> int:
+        return max(self.eval_lengths)
+
+
+DRY_SETTINGS = Settings(train_length=32, eval_lengths=(32, 64, 128, 256, 512, 1024), hidden_size=64,
+                        num_hidden_layers=4, num_attention_heads=4, attention_key_size=32, batch_size=8,
+                        dtype="fp32", heldout_docs=2, eval_batch_tokens=2048, entropy_max_gib=0.01,
+                        train_token_cap=60_000, file_cap=120, size_tolerance=0.25,
+                        timing_steps=2, timing_warmup=1, max_steps=4)
+"""The dry run's sizes: the same steps on CPU in well under a minute (fp32: CPU autocast to bf16 is slow)."""
+
+
+# ---------------------------------------------------------------------------------------------- files
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def fingerprint(data: Any) -> str:
+    return sha256_text(json.dumps(data, sort_keys=True, default=str))
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
+def append_run(path: Path, record: dict[str, Any]) -> None:
+    """One finished run as one line, flushed to disk before the next run starts."""
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, sort_keys=True) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_runs(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """Every run of the given ``.jsonl`` files (folders: their ``*.jsonl``); a torn last line is skipped."""
+    files: list[Path] = []
+    for path in paths:
+        files += sorted(path.glob("*.jsonl")) if path.is_dir() else [path] if path.exists() else []
+    runs = []
+    for file in files:
+        for line in file.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                if line.strip():
+                    runs.append(json.loads(line))
+    return runs
+
+
+def log(message: str) -> None:
+    print(f"gpu-study: {message}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- corpus
+@dataclass
+class Corpus:
+    train: torch.Tensor
+    """All training tokens, documents concatenated (int32)."""
+    heldout: torch.Tensor
+    """The held-out documents' first ``eval_doc_tokens`` tokens each, concatenated."""
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def corpus_sources(file_cap: int | None) -> list[tuple[str, Path]]:
+    """(name, path) of every corpus file in order: the standard library's ``.py`` files, then the
+    ``transformers`` package's (sorted paths; no ``site-packages`` or ``__pycache__`` of the standard
+    library). ``file_cap``: the first N only (the dry run)."""
+    import transformers
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    package = Path(transformers.__file__).parent
+    found: list[tuple[str, Path]] = []
+    for prefix, root in (("stdlib", stdlib), ("transformers", package)):
+        for path in sorted(root.rglob("*.py")):
+            parts = path.relative_to(root).parts
+            if "site-packages" in parts or "__pycache__" in parts or "dist-packages" in parts:
+                continue
+            found.append((f"{prefix}/{'/'.join(parts)}", path))
+            if file_cap is not None and len(found) >= file_cap:
+                return found
+    return found
+
+
+def tokenizer_sha256(tokenizer: Any) -> str:
+    """sha256 of the tokenizer's vocabulary and special tokens."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return fingerprint({"vocab": vocab, "special": tokenizer.all_special_tokens,
+                        "class": type(tokenizer).__name__})
+
+
+def build_corpus(settings: Settings, tokenizer: Any) -> Corpus:
+    """The corpus of ``settings`` (deterministic for one Python installation; see the module's docstring)."""
+    started = time.perf_counter()
+    sources = corpus_sources(settings.file_cap)
+    digest = hashlib.sha256()
+    need = settings.eval_doc_tokens
+    train: list[torch.Tensor] = []
+    heldout: list[str] = []
+    held: list[torch.Tensor] = []
+    train_tokens = long_docs = 0
+    for start in range(0, len(sources), 64):
+        chunk = sources[start:start + 64]
+        texts = [path.read_text(encoding="utf-8", errors="replace") for _, path in chunk]
+        ids = tokenizer(texts, return_attention_mask=False)["input_ids"]
+        for (name, _), text, row in zip(chunk, texts, ids):
+            digest.update(name.encode() + b"\0" + text.encode("utf-8", errors="replace") + b"\0")
+            if len(row) >= need:
+                long_docs += 1
+                if long_docs % 3 == 1 and len(heldout) < settings.heldout_docs:
+                    heldout.append(name)
+                    held.append(torch.tensor(row[:need], dtype=torch.int32))
+                    continue
+            if train_tokens < settings.train_token_cap:
+                train.append(torch.tensor(row, dtype=torch.int32))
+                train_tokens += len(row)
+    if len(held) < settings.heldout_docs:
+        raise RuntimeError(f"the corpus holds {len(held)} documents of at least {need} tokens, "
+                           f"{settings.heldout_docs} are needed for evaluation")
+    train_ids = torch.cat(train)[:settings.train_token_cap]
+    digest.update(f"heldout={heldout};need={need};cap={settings.train_token_cap}".encode())
+    import transformers
+
+    info = {"sha256": digest.hexdigest(), "tokenizer_sha256": tokenizer_sha256(tokenizer),
+            "tokenizer": f"embedded WordPiece, {len(tokenizer)} ids (hf_attn_variants.training.embedded_"
+                         "tokenizer, as the CPU study)",
+            "sources": f"Python {sys.version.split()[0]} standard library *.py, then transformers "
+                       f"{transformers.__version__}'s *.py, sorted paths",
+            "python": sys.version.split()[0], "transformers": transformers.__version__,
+            "files": len(sources), "train_tokens": int(train_ids.numel()),
+            "heldout_documents": heldout, "heldout_tokens_each": need,
+            "seconds": round(time.perf_counter() - started, 1)}
+    return Corpus(train_ids, torch.cat(held), info)
+
+
+# ---------------------------------------------------------------------------------------------- variants
+@dataclass
+class Planned:
+    """One variant at the study's size: its ``lengthgen`` variant, config fields and parameter counts."""
+
+    name: str
+    variant: Any
+    fields: dict[str, Any]
+    parameters: dict[str, int]
+
+
+def model_size(settings: Settings, intermediate_size: int | None = None) -> Any:
+    from hf_attn_variants.lengthgen.variants import ModelSize
+
+    return ModelSize(hidden_size=settings.hidden_size, num_hidden_layers=settings.num_hidden_layers,
+                     num_attention_heads=settings.num_attention_heads, intermediate_size=intermediate_size,
+                     attention_key_size=settings.attention_key_size,
+                     gau_layer_factor=settings.gau_layer_factor, hidden_dropout_prob=0.0)
+
+
+def lengthgen_variant(name: str) -> Any:
+    from hf_attn_variants.lengthgen.variants import get_variant, with_position
+
+    base, _, scheme = name.partition("+")
+    return with_position(get_variant(base), scheme or "rope")
+
+
+def build_model(variant: Any, fields: dict[str, Any], tokenizer: Any, train_length: int) -> Any:
+    """The causal LM of ``variant`` with ``fields``, as ``lengthgen`` builds it for ``training.pretrain``."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from hf_attn_variants.training import build_config
+
+    if variant.model_type == "llama":
+        config = LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                             bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+                             **fields)
+    else:
+        config = build_config(variant.model_type, config_overrides=dict(fields), tokenizer=tokenizer,
+                              max_seq_length=train_length)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def count_parameters(variant: Any, fields: dict[str, Any], tokenizer: Any,
+                     train_length: int) -> dict[str, int]:
+    with torch.device("meta"):
+        model = build_model(variant, fields, tokenizer, train_length)
+    return {"total": model.num_parameters(), "non_embedding": model.num_parameters(exclude_embeddings=True)}
+
+
+def plan_variants(settings: Settings, tokenizer: Any, names: Sequence[str] | None = None) -> list[Planned]:
+    """Every variant of ``VARIANTS`` (or ``names``) at the study's size. GAU layers hold fewer parameters than
+    attention + FFN layers: GAU gets ``gau_layer_factor`` × the layers (as ``lengthgen``), and the FFN width
+    of the multi-head families (and the Llama's SwiGLU from it) is set, in steps of 64, to the width that
+    brings their non-embedding parameters nearest GAU softmax_plus's. ``RuntimeError`` when a variant ends
+    more than ``size_tolerance`` (5 %; the dry run's tiny sizes 25 %) from the mean."""
+    from hf_attn_variants.lengthgen.variants import config_fields
+
+    length = settings.train_length
+    gau = lengthgen_variant("gau_softmax_plus")
+    target = count_parameters(gau, config_fields(gau, model_size(settings), length), tokenizer,
+                              length)["non_embedding"]
+    ei = lengthgen_variant("ei_standard")
+
+    def distance(ffn: int) -> int:
+        fields = config_fields(ei, model_size(settings, ffn), length)
+        return abs(count_parameters(ei, fields, tokenizer, length)["non_embedding"] - target)
+
+    best = min(range(64, 8 * settings.hidden_size + 1, 64), key=distance)
+    size = model_size(settings, best)
+    planned = []
+    for name, changes in VARIANTS:
+        if names is not None and name not in names:
+            continue
+        variant = lengthgen_variant(name)
+        fields = {**config_fields(variant, size, length), **changes}
+        if "chunk_size" in changes:
+            fields["chunk_size"] = min(changes["chunk_size"], max(4, length // 4))
+        planned.append(Planned(name, variant, fields, count_parameters(variant, fields, tokenizer, length)))
+    counts = [p.parameters["non_embedding"] for p in planned]
+    mean = sum(counts) / len(counts)
+    off = [p.name for p in planned if abs(p.parameters["non_embedding"] / mean - 1) > settings.size_tolerance]
+    if off:
+        raise RuntimeError(f"non-embedding parameters differ by more than {settings.size_tolerance:.0%} from "
+                           f"the mean {mean:,.0f}: {off}")
+    return planned
+
+
+# ---------------------------------------------------------------------------------------------- train
+class Device:
+    """What ``training.evaluate_lm`` needs of an accelerator: the device, one process, and autocast."""
+
+    process_index = 0
+    num_processes = 1
+
+    def __init__(self, device: torch.device, dtype: str) -> None:
+        self.device = device
+        self.dtype = dtype
+
+    def autocast(self) -> Any:
+        enabled = self.dtype == "bf16"
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def batches(stream: torch.Tensor, length: int, batch: int, seed: int) -> Iterator[torch.Tensor]:
+    """Blocks of ``length`` tokens of the training stream in a seeded random order, epoch after epoch."""
+    blocks = stream[: stream.numel() // length * length].view(-1, length)
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        order = torch.randperm(len(blocks), generator=generator)
+        for start in range(0, len(order) - batch + 1, batch):
+            yield blocks[order[start:start + batch]].long()
+
+
+@dataclass
+class Trainer:
+    """One model, its optimizer and schedule; ``step`` trains one batch and returns its loss."""
+
+    model: Any
+    device: Device
+    steps: int
+    learning_rate: float
+    weight_decay: float
+    warmup: int
+    compiled: Any = None
+    compile_error: str | None = None
+    optimizer: Any = None
+    done: int = 0
+
+    def __post_init__(self) -> None:
+        decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
+        rest = [p for n, p in self.model.named_parameters() if p.dim() < 2]
+        fused = {"fused": True} if self.device.device.type == "cuda" else {}
+        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": self.weight_decay},
+                                            {"params": rest, "weight_decay": 0.0}],
+                                           lr=self.learning_rate, betas=(0.9, 0.95), **fused)
+
+    def rate(self, step: int) -> float:
+        if step < self.warmup:
+            return self.learning_rate * (step + 1) / self.warmup
+        left = max(1, self.steps - self.warmup)
+        return self.learning_rate * (0.1 + 0.9 * max(0.0, 1 - (step - self.warmup) / left))
+
+    def forward(self) -> Any:
+        return self.compiled if self.compiled is not None else self.model
+
+    def step(self, input_ids: torch.Tensor) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.rate(self.done)
+        input_ids = input_ids.to(self.device.device, non_blocking=True)
+        with self.device.autocast():
+            loss = self.forward()(input_ids=input_ids, labels=input_ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.done += 1
+        return float(loss.detach())
+
+
+def new_trainer(planned: Planned, settings: Settings, tokenizer: Any, device: Device, steps: int, seed: int,
+                compile_model: bool) -> Trainer:
+    from transformers import set_seed
+
+    set_seed(seed)
+    model = build_model(planned.variant, planned.fields, tokenizer, settings.train_length).to(device.device)
+    model.train()
+    trainer = Trainer(model, device, steps, settings.learning_rate, settings.weight_decay,
+                      max(1, int(steps * settings.warmup_fraction)))
+    if compile_model:
+        try:
+            trainer.compiled = torch.compile(model)
+        except Exception as error:  # noqa: BLE001 - recorded, the run goes on eagerly
+            trainer.compile_error = f"{type(error).__name__}: {error}"[:300]
+    return trainer
+
+
+def first_step(trainer: Trainer, batch: torch.Tensor) -> float:
+    """The first step, compiled if it compiles; a compile failure falls back to eager (recorded)."""
+    if trainer.compiled is None:
+        return trainer.step(batch)
+    try:
+        return trainer.step(batch)
+    except Exception as error:  # noqa: BLE001 - a variant that does not compile trains eagerly
+        trainer.compile_error = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        trainer.compiled = None
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.done = 0
+        return trainer.step(batch)
+
+
+def synchronize(device: Device) -> None:
+    if device.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_variant(planned: Planned, settings: Settings, tokenizer: Any, corpus: Corpus, device: Device,
+                 compile_model: bool) -> dict[str, Any]:
+    """``timing_warmup`` steps (compiling) and ``timing_steps`` timed ones; one evaluation forward at the
+    longest length."""
+    warmup, steps = settings.timing_warmup, settings.timing_steps
+    started = time.perf_counter()
+    trainer = new_trainer(planned, settings, tokenizer, device, 1000, 0, compile_model)
+    data = batches(corpus.train, settings.train_length, settings.batch_size, 0)
+    first_step(trainer, next(data))
+    for _ in range(warmup - 1):
+        trainer.step(next(data))
+    synchronize(device)
+    warm = time.perf_counter() - started
+    timed = time.perf_counter()
+    for _ in range(steps):
+        trainer.step(next(data))
+    synchronize(device)
+    per_step = (time.perf_counter() - timed) / steps
+    trainer.model.eval()
+    block = corpus.heldout[: settings.eval_doc_tokens].long().view(1, -1).to(device.device)
+    with torch.no_grad(), device.autocast():
+        forward = time.perf_counter()
+        trainer.model(input_ids=block).logits.float()
+        synchronize(device)
+        eval_forward = time.perf_counter() - forward
+    result = {"seconds_per_step": per_step, "setup_seconds": max(0.0, warm - warmup * per_step),
+              "eval_forward_seconds": eval_forward, "compiled": trainer.compiled is not None,
+              "compile_error": trainer.compile_error}
+    del trainer
+    free_memory(device)
+    return result
+
+
+def free_memory(device: Device) -> None:
+    import gc
+
+    gc.collect()
+    if device.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def predicted_seconds(timing: dict[str, Any], steps: int, settings: Settings, modes: int) -> float:
+    """A run's predicted seconds: set-up and compile as timed, the steps, and evaluation bounded by one
+    forward at the longest length per held-out document, length and evaluation mode (shorter lengths cost
+    less per token), doubled for the entropy and the model's save and reload."""
+    evaluation = (timing["eval_forward_seconds"] * settings.heldout_docs * len(settings.eval_lengths)
+                  * modes * 2)
+    return timing["setup_seconds"] + steps * timing["seconds_per_step"] + evaluation + 2.0
+
+
+def choose_steps(timings: dict[str, dict[str, Any]], planned: Sequence[Planned], settings: Settings,
+                 budget: float) -> int:
+    """The most steps for which one seed of every variant fits ``budget`` seconds (``UsageError`` naming
+    ``--budget`` when not even one step fits)."""
+    fixed = sum(predicted_seconds(timings[p.name], 0, settings, len(p.variant.eval_modes)) for p in planned)
+    per_step = sum(timings[p.name]["seconds_per_step"] for p in planned)
+    steps = int((budget - fixed) / per_step)
+    if steps < 1:
+        raise UsageError("--budget", f"{budget:.0f} s does not fit one step of every variant: set-up, "
+                         f"compile and evaluation alone are predicted at {fixed:.0f} s")
+    return steps
+
+
+# ---------------------------------------------------------------------------------------------- run
+def run_fingerprint(planned: Planned, seed: int, settings: Settings, steps: int,
+                    corpus: dict[str, Any]) -> str:
+    """sha256 over the variant, the seed, the settings (sizes, config, steps, L, evaluation lengths, dtype)
+    and the sha256 of the corpus and of the tokenizer."""
+    return fingerprint({"version": FORMAT_VERSION, "variant": planned.name, "seed": seed,
+                        "fields": planned.fields, "settings": asdict(settings), "steps": steps,
+                        "corpus_sha256": corpus["sha256"], "tokenizer_sha256": corpus["tokenizer_sha256"]})
+
+
+def base_fingerprint(settings: Settings, corpus: dict[str, Any]) -> str:
+    """What pins the step count: the settings and the corpus and tokenizer (not the variant or seed)."""
+    return fingerprint({"version": FORMAT_VERSION, "settings": asdict(settings),
+                        "corpus_sha256": corpus["sha256"], "tokenizer_sha256": corpus["tokenizer_sha256"]})
+
+
+def pending(planned: Sequence[Planned], seeds: Sequence[int], settings: Settings, steps: int,
+            corpus: dict[str, Any],
+            done: Sequence[dict[str, Any]]) -> tuple[list[tuple[Planned, int]], int, str]:
+    """The (variant, seed) runs still to do, seed by seed; how many were skipped as done; and a sentence on
+    why runs that exist were not skipped (different fingerprints: corpus, tokenizer or settings)."""
+    finished = {run["fingerprint"] for run in done}
+    todo, skipped, current = [], 0, set()
+    for seed in seeds:
+        for plan in planned:
+            key = run_fingerprint(plan, seed, settings, steps, corpus)
+            current.add(key)
+            if key in finished:
+                skipped += 1
+            else:
+                todo.append((plan, seed))
+    other = [run for run in done if run["fingerprint"] not in current]
+    reasons = sorted({why_different(run, settings, corpus) for run in other})
+    note = (f"{len(other)} earlier run(s) not reused: " + "; ".join(reasons)) if other else ""
+    return todo, skipped, note
+
+
+def why_different(run: dict[str, Any], settings: Settings, corpus: dict[str, Any]) -> str:
+    if run.get("corpus", {}).get("sha256") != corpus["sha256"]:
+        return (f"a different corpus (sha256 {str(run.get('corpus', {}).get('sha256'))[:12]}… from Python "
+                f"{run.get('corpus', {}).get('python')}, this one {corpus['sha256'][:12]}… from Python "
+                f"{corpus['python']})")
+    if run.get("corpus", {}).get("tokenizer_sha256") != corpus["tokenizer_sha256"]:
+        return "a different tokenizer"
+    if run.get("settings") != json.loads(json.dumps(asdict(settings))):
+        return "different settings"
+    return "a different step count or variant config"
+
+
+def evaluate(model_dir: Path, planned: Planned, settings: Settings, tokenizer: Any, corpus: Corpus,
+             device: Device) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Perplexity at every evaluation length in every evaluation mode of the variant (``load_for_eval``),
+    and the attention entropy against log n where the attention maps fit."""
+    from hf_attn_variants.lengthgen.evaluation import evaluate_at_lengths
+    from hf_attn_variants.lengthgen.study import RunPlan, load_for_eval
+
+    plan = RunPlan(planned.variant, 0, "clm", planned.fields, model_dir.parent, "", "")
+    stream = corpus.heldout.tolist()
+    rows = []
+    for mode in planned.variant.eval_modes:
+        model = load_for_eval(plan, mode).to(device.device)
+        for length in settings.eval_lengths:
+            batch = max(1, settings.eval_batch_tokens // length)
+            for point in evaluate_at_lengths(model, stream, [length], objective="clm",
+                                             train_length=settings.train_length, batch_size=batch,
+                                             accelerator=device):
+                rows.append({"series": planned.variant.series(mode), "mode": mode.name,
+                             **{k: v for k, v in point.items()}})
+        del model
+        free_memory(device)
+    return rows, measure_entropy(plan, settings, corpus, device)
+
+
+def measure_entropy(plan: Any, settings: Settings, corpus: Corpus, device: Device) -> dict[str, Any]:
+    """``entropy.measure.entropy_by_length`` of the model as saved (eager attention), one held-out sequence
+    per length, at the lengths whose attention maps (every layer, fp32) fit ``entropy_max_gib``."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_attn_variants.entropy.cli import normalizes_rows
+    from hf_attn_variants.entropy.measure import entropy_by_length, mean_log_keys
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(plan.model_dir, attn_implementation="eager").eval()
+        model = model.to(device.device)
+        config = model.config
+        heads = getattr(config, "num_attention_heads", 1) if config.model_type != "gau" else 1
+        layers = config.num_hidden_layers
+        lengths = [n for n in settings.eval_lengths
+                   if layers * heads * n * n * 4 / 2**30 <= settings.entropy_max_gib]
+        skipped = [n for n in settings.eval_lengths if n not in lengths]
+        if not lengths:
+            return {"status": "skipped: no length's attention maps fit entropy_max_gib", "skipped": skipped}
+
+        def sequences(length: int) -> list[torch.Tensor]:
+            return [corpus.heldout[:length].long().view(1, -1).to(device.device)]
+
+        with device.autocast():
+            points = entropy_by_length(model, sequences, lengths, causal=True,
+                                       normalize=normalizes_rows(config))
+        del model
+        free_memory(device)
+        if not all(math.isfinite(p.mean_entropy) for p in points):
+            return {"status": "not measured: the attention maps returned are not probabilities (non-finite "
+                              "entropy; FLASH's chunked attention)"}
+        return {"status": "ok", "skipped_lengths": skipped,
+                "points": [{"length": p.length, "log_keys": p.log_keys, "mean_entropy": p.mean_entropy,
+                            "uniform": mean_log_keys(p.length, True)} for p in points]}
+    except Exception as error:  # noqa: BLE001 - recorded; perplexity stands without it
+        return {"status": f"not measured: {type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+
+
+def train_and_evaluate(planned: Planned, seed: int, settings: Settings, steps: int, tokenizer: Any,
+                       corpus: Corpus, device: Device, compile_model: bool) -> dict[str, Any]:
+    """One run: train ``steps`` steps, save to a scratch folder, evaluate, measure the entropy."""
+    started = time.perf_counter()
+    trainer = new_trainer(planned, settings, tokenizer, device, steps, seed, compile_model)
+    data = batches(corpus.train, settings.train_length, settings.batch_size, seed)
+    losses = [first_step(trainer, next(data))]
+    for _ in range(steps - 1):
+        losses.append(trainer.step(next(data)))
+    synchronize(device)
+    train_seconds = time.perf_counter() - started
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = Path(scratch) / "model"
+        trainer.model.save_pretrained(model_dir)
+        compiled, compile_error = trainer.compiled is not None, trainer.compile_error
+        del trainer
+        free_memory(device)
+        rows, entropy = evaluate(model_dir, planned, settings, tokenizer, corpus, device)
+    every = max(1, steps // 20)
+    return {"train_seconds": round(train_seconds, 2), "seconds": round(time.perf_counter() - started, 2),
+            "compiled": compiled, "compile_error": compile_error,
+            "final_train_loss": sum(losses[-10:]) / len(losses[-10:]),
+            "loss_curve": [[i + 1, round(loss, 4)] for i, loss in enumerate(losses) if (i + 1) % every == 0],
+            "rows": rows, "entropy": entropy}
+
+
+@dataclass
+class Options:
+    out: Path
+    dry_run: bool = False
+    budget: float = 360.0
+    deadline: float = 540.0
+    seeds: tuple[int, ...] = (0, 1, 2)
+    committed: Path = COMMITTED
+    variants: tuple[str, ...] | None = None
+    compile: str = "auto"
+    retime: bool = False
+    steps: int | None = None
+
+
+def check_options(options: Options) -> None:
+    """``UsageError`` naming the flag of the first bad value."""
+    if options.out.exists() and not options.out.is_dir():
+        raise UsageError("--out", f"{str(options.out)!r} is a file, not a folder")
+    if not math.isfinite(options.budget) or options.budget <= 0:
+        raise UsageError("--budget", f"must be a positive number of seconds, got {options.budget:g}")
+    if not math.isfinite(options.deadline) or not 0 < options.deadline < COMMAND_LIMIT_S:
+        raise UsageError("--deadline", f"must be between 0 and {COMMAND_LIMIT_S:.0f} seconds (a lease's "
+                         f"limit on one command), got {options.deadline:g}")
+    if not options.seeds or len(set(options.seeds)) != len(options.seeds) or min(options.seeds) < 0:
+        raise UsageError("--seeds", f"must be distinct non-negative integers, got {list(options.seeds)}")
+    names = [name for name, _ in VARIANTS]
+    for name in options.variants or ():
+        if name not in names:
+            raise UsageError("--variants", f"unknown variant {name!r}; allowed: {names}")
+    if options.steps is not None and options.steps < 1:
+        raise UsageError("--steps", f"must be at least 1, got {options.steps}")
+    if options.compile not in ("auto", "yes", "no"):
+        raise UsageError("--compile", f"must be auto, yes or no, got {options.compile!r}")
+
+
+def run(options: Options) -> int:
+    """One lease's work (the module's docstring, ``run``)."""
+    from hf_attn_variants.training import embedded_tokenizer
+
+    started = time.monotonic()
+    check_options(options)
+    options.out.mkdir(parents=True, exist_ok=True)
+    settings = DRY_SETTINGS if options.dry_run else Settings()
+    cuda = torch.cuda.is_available() and not options.dry_run
+    if not cuda and not options.dry_run:
+        log("no CUDA device: running on CPU at the full sizes (use --dry-run for the tiny ones)")
+    device = Device(torch.device("cuda" if cuda else "cpu"),
+                    settings.dtype if cuda or options.dry_run else "fp32")
+    compile_model = options.compile == "yes" or (options.compile == "auto" and cuda)
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    tokenizer = embedded_tokenizer()
+    corpus = build_corpus(settings, tokenizer)
+    log(f"corpus: {corpus.info['train_tokens']:,} training tokens, {len(corpus.info['heldout_documents'])} "
+        f"held-out documents of {settings.eval_doc_tokens:,} tokens, sha256 {corpus.info['sha256'][:16]}…, "
+        f"{corpus.info['seconds']} s")
+    planned = plan_variants(settings, tokenizer, options.variants)
+    for p in planned:
+        log(f"variant {p.name}: {p.parameters['non_embedding']:,} non-embedding parameters")
+    plan_path = options.out / PLAN_FILE
+    runs_path = options.out / RUNS_FILE
+    done = read_runs([options.committed, runs_path])
+    base = base_fingerprint(settings, corpus.info)
+    pinned = sorted({run["steps"] for run in done if run.get("base_fingerprint") == base})
+    report: dict[str, Any] = {
+        "kind": "gpu_study", "format": FORMAT_VERSION, "dry_run": options.dry_run,
+        "command": "bash scripts/gpu_study.sh" + (" --dry-run" if options.dry_run else ""),
+        "machine": machine(), "settings": asdict(settings), "corpus": corpus.info,
+        "base_fingerprint": base, "budget_s": options.budget, "deadline_s": options.deadline,
+        "variants": [{"name": p.name, "model_type": p.variant.model_type,
+                      "description": p.variant.description,
+                      "fields": p.fields, "parameters": p.parameters} for p in planned],
+    }
+    timings: dict[str, dict[str, Any]] = {}
+    if options.steps is not None:
+        steps, how = options.steps, "--steps"
+    elif pinned and not options.retime:
+        steps = pinned[-1]
+        how = "pinned by earlier runs (committed or in --out) of the same corpus, tokenizer and settings"
+    else:
+        for p in planned:
+            timings[p.name] = time_variant(p, settings, tokenizer, corpus, device, compile_model)
+            log(f"timing {p.name}: {timings[p.name]['seconds_per_step'] * 1000:.1f} ms a step, set-up "
+                f"{timings[p.name]['setup_seconds']:.1f} s, compiled {timings[p.name]['compiled']}")
+        steps = choose_steps(timings, planned, settings, options.budget)
+        if settings.max_steps is not None:
+            steps = min(steps, settings.max_steps)
+        how = f"timed: one seed of every variant in {options.budget:.0f} s" + (
+            f" (at most {settings.max_steps})" if settings.max_steps is not None else "")
+    tokens = steps * settings.batch_size * settings.train_length
+    report.update(timing=timings, steps=steps, steps_from=how, tokens_per_run=tokens,
+                  tokens_per_parameter={p.name: round(tokens / p.parameters["non_embedding"], 3)
+                                        for p in planned},
+                  epochs=round(tokens / corpus.info["train_tokens"], 3))
+    todo, skipped, note = pending(planned, options.seeds, settings, steps, corpus.info, done)
+    report.update(skipped_runs=skipped, not_reused=note, started_runs=[], finished_runs=[], failed_runs=[],
+                  not_started=[])
+    log(f"{steps} steps ({how}), {tokens:,} tokens a run; {skipped} run(s) done earlier, skipped; "
+        f"{len(todo)} to do" + (f"; {note}" if note else ""))
+    atomic_write(plan_path, json.dumps(report, indent=1) + "\n")
+    failed = 0
+    estimate = {p.name: predicted_seconds(timings[p.name], steps, settings, len(p.variant.eval_modes))
+                for p in planned if p.name in timings}
+    for index, (p, seed) in enumerate(todo):
+        elapsed = time.monotonic() - started
+        predicted = estimate.get(p.name, max(estimate.values(), default=0.0))
+        if elapsed + predicted + 5 > options.deadline:
+            report["not_started"] = [f"{q.name} seed {s}" for q, s in todo[index:]]
+            log(f"deadline: {elapsed:.0f} s gone, {p.name} seed {seed} is predicted at {predicted:.0f} s; "
+                f"{len(todo) - index} run(s) left for the next lease")
+            break
+        log(f"run {p.name} seed {seed}")
+        report["started_runs"].append(f"{p.name} seed {seed}")
+        try:
+            result = train_and_evaluate(p, seed, settings, steps, tokenizer, corpus, device, compile_model)
+        except Exception as error:  # noqa: BLE001 - recorded; the next run goes on
+            failed += 1
+            report["failed_runs"].append({"run": f"{p.name} seed {seed}",
+                                          "error": "".join(
+                                              traceback.format_exception_only(error)).strip()[:800]})
+            log(f"run {p.name} seed {seed} failed: {error}")
+            free_memory(device)
+            atomic_write(plan_path, json.dumps(report, indent=1) + "\n")
+            continue
+        estimate[p.name] = max(estimate.get(p.name, 0.0), result["seconds"])
+        record = {"fingerprint": run_fingerprint(p, seed, settings, steps, corpus.info),
+                  "base_fingerprint": base,
+                  "variant": p.name, "seed": seed, "model_type": p.variant.model_type, "steps": steps,
+                  "tokens": tokens, "parameters": p.parameters, "fields": p.fields,
+                  "settings": asdict(settings), "corpus": corpus.info, "dry_run": options.dry_run,
+                  "machine": report["machine"], "date": time.strftime("%Y-%m-%d"), **result}
+        append_run(runs_path, record)
+        report["finished_runs"].append(f"{p.name} seed {seed}")
+        atomic_write(plan_path, json.dumps(report, indent=1) + "\n")
+        at = {row["length"]: row for row in result["rows"] if row["mode"] in ("default", "sdpa")}
+        log(f"run {p.name} seed {seed}: {result['seconds']:.0f} s, perplexity at L "
+            f"{at[settings.train_length]['perplexity']:.2f}, at {max(at)}: {at[max(at)]['perplexity']:.2f}")
+    report["seconds"] = round(time.monotonic() - started, 1)
+    atomic_write(plan_path, json.dumps(report, indent=1) + "\n")
+    log(f"done in {report['seconds']} s: {len(report['finished_runs'])} run(s) finished, {failed} failed, "
+        f"{len(report['not_started'])} left")
+    return 1 if failed else 0
+
+
+def machine() -> dict[str, Any]:
+    import transformers
+
+    info: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__,
+                            "transformers": transformers.__version__, "cpu_count": os.cpu_count()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+# ---------------------------------------------------------------------------------------------- publish
+def series_losses(runs: Sequence[dict[str, Any]], series: str, length: int) -> dict[int, float]:
+    """Seed → held-out loss of ``series`` at ``length``."""
+    found = {}
+    for run in runs:
+        for row in run["rows"]:
+            if row["series"] == series and row["length"] == length and row.get("status", "ok") == "ok":
+                found[run["seed"]] = row["loss"]
+    return found
+
+
+def verdict(runs: Sequence[dict[str, Any]], a: str, b: str, length: int) -> tuple[str, list[float]]:
+    """The issue-29 rule on "a has lower loss than b at ``length``": per seed d = loss(b) − loss(a);
+    **holds** with at least ``MIN_SEEDS`` seeds, a mean of at least ``MARGIN`` and no negative seed;
+    **fails** the other way round; else not resolved (saying why)."""
+    la, lb = series_losses(runs, a, length), series_losses(runs, b, length)
+    seeds = sorted(set(la) & set(lb))
+    diffs = [lb[s] - la[s] for s in seeds]
+    if not diffs:
+        return "not run", diffs
+    if len(diffs) < MIN_SEEDS:
+        return f"not resolved ({len(diffs)} of {MIN_SEEDS} seeds)", diffs
+    mean = sum(diffs) / len(diffs)
+    if abs(mean) < MARGIN:
+        return f"not resolved (mean difference below {MARGIN})", diffs
+    sign = 1 if mean > 0 else -1
+    if any(d * sign < 0 for d in diffs):
+        return "not resolved (sign differs between seeds)", diffs
+    return ("**holds**" if sign > 0 else "**fails**"), diffs
+
+
+def publishable(runs: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """The runs of the newest base fingerprint (never mixed with others), and a note on the rest."""
+    if not runs:
+        return [], ""
+    newest = runs[-1]["base_fingerprint"]
+    kept = [run for run in runs if run["base_fingerprint"] == newest]
+    other = len(runs) - len(kept)
+    note = (f"{other} run(s) of other settings or another corpus are left out: runs with different "
+            "fingerprints are never mixed.") if other else ""
+    return kept, note
+
+
+def results_markdown(runs: Sequence[dict[str, Any]]) -> str:
+    """The tables and verdicts of ``runs`` ("no runs yet" without any)."""
+    lines = ["# The length-generalisation study at L = 512 (issue 49), part 1", ""]
+    kept, note = publishable(runs)
+    if not kept:
+        return "\n".join(lines + ["No runs yet: part 1 has not run on a GPU. `bash scripts/gpu_study.sh` on "
+                                  "a lease runs it (CONTRIBUTING.md, \"The GPU study\")."]) + "\n"
+    first = kept[0]
+    settings, corpus = first["settings"], first["corpus"]
+    length, lengths = settings["train_length"], settings["eval_lengths"]
+    longest = max(lengths)
+    lines += [f"{len(kept)} run(s); {first['steps']} steps × {settings['batch_size']} × {length} tokens "
+              f"({first['tokens']:,} tokens a run), {settings['dtype']}; corpus sha256 "
+              f"{corpus['sha256'][:16]}… "
+              f"({corpus['sources']}); "
+              + ", ".join(f"{key} {value}" for key, value in first["machine"].items()) + "."
+              + (" **Dry run.**" if first["dry_run"] else ""),
+              ""]
+    if note:
+        lines += [note, ""]
+    series = list(dict.fromkeys(row["series"] for run in kept for row in run["rows"]))
+    lines += ["## Held-out perplexity by evaluation length (mean over seeds)", "",
+              "| series | seeds | non-embedding parameters | " + " | ".join(map(str, lengths)) + " |",
+              "|---|---|---|" + "---|" * len(lengths)]
+    for name in series:
+        cells = []
+        for n in lengths:
+            values = list(series_losses(kept, name, n).values())
+            cells.append(f"{math.exp(sum(values) / len(values)):.2f}" if values else "–")
+        variant = name.split("/")[0]
+        params = next(run["parameters"]["non_embedding"] for run in kept if run["variant"] == variant)
+        seeds = len(series_losses(kept, name, length))
+        lines.append(f"| `{name}` | {seeds} | {params:,} | " + " | ".join(cells) + " |")
+    lines += ["", f"## Verdicts (issue-29 rule: {MIN_SEEDS} seeds, mean loss difference at least {MARGIN} "
+                  "nats, no seed of the other sign)", "",
+              "| claim | a − b | at | loss(b) − loss(a) per seed | verdict |", "|---|---|---|---|---|"]
+    for claim, a, b in CLAIMS:
+        for at, label in ((length, f"L = {length}"), (longest, f"{longest // length}× ({longest})")):
+            result, diffs = verdict(kept, a, b, at)
+            values = ", ".join(f"{d:+.3f}" for d in diffs) or "–"
+            lines.append(f"| {claim} | `{a}` − `{b}` | {label} | {values} "
+                         f"| {result} |")
+    entropy = [(run["variant"], run["seed"], run["entropy"]) for run in kept]
+    lines += ["", "## Attention entropy against log n (mean over layers and heads, nats)", ""]
+    for variant, seed, found in entropy:
+        if found.get("status") == "ok":
+            points = ", ".join(f"{p['length']}: {p['mean_entropy']:.2f} (log n {p['log_keys']:.2f})"
+                               for p in found["points"])
+            lines.append(f"- `{variant}` seed {seed}: {points}")
+        else:
+            lines.append(f"- `{variant}` seed {seed}: {found.get('status')}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: Sequence[dict[str, Any]], path: Path) -> Path | None:
+    """Held-out perplexity against the evaluation length, one line per series (``None`` without runs or
+    matplotlib)."""
+    kept, _ = publishable(runs)
+    if not kept:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    lengths = kept[0]["settings"]["eval_lengths"]
+    figure, axis = plt.subplots(figsize=(8, 5))
+    for name in dict.fromkeys(row["series"] for run in kept for row in run["rows"]):
+        points = [(n, v) for n in lengths if (v := list(series_losses(kept, name, n).values()))]
+        axis.plot([n for n, _ in points], [math.exp(sum(v) / len(v)) for _, v in points], marker="o",
+                  label=name)
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.axvline(kept[0]["settings"]["train_length"], color="grey", linestyle=":")
+    axis.set_xlabel("evaluation length (tokens)")
+    axis.set_ylabel("held-out perplexity")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def publish(runs_paths: Sequence[Path], out: Path | None) -> str:
+    runs = read_runs(runs_paths)
+    text = results_markdown(runs)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / RESULTS_FILE, text)
+        plot(runs, out / PLOT_FILE)
+    return text
+
+
+def absorb(folder: Path, committed: Path = COMMITTED) -> int:
+    """Append the new runs of a lease's ``gpu-study-runs.jsonl`` to ``committed/runs.jsonl`` (dry runs
+    refused, fingerprints already there skipped); returns how many were added."""
+    source = folder / RUNS_FILE if folder.is_dir() else folder
+    if not source.is_file():
+        raise UsageError("absorb", f"no {RUNS_FILE} in {str(folder)!r}")
+    known = {run["fingerprint"] for run in read_runs([committed])}
+    added = 0
+    for record in read_runs([source]):
+        if record.get("dry_run"):
+            raise UsageError("absorb", f"{str(source)!r} holds dry-run results, which are never committed")
+        if record["fingerprint"] not in known:
+            committed.mkdir(parents=True, exist_ok=True)
+            append_run(committed / "runs.jsonl", record)
+            known.add(record["fingerprint"])
+            added += 1
+    return added
+
+
+# ---------------------------------------------------------------------------------------------- command line
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="gpu_study.py", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    go = commands.add_parser("run", help="one lease's work")
+    go.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "runs/gpu-study"))
+    go.add_argument("--dry-run", action="store_true")
+    go.add_argument("--budget", type=float, default=360.0,
+                    help="seconds for one seed of every variant, evaluation included (default 360)")
+    go.add_argument("--deadline", type=float, default=540.0,
+                    help="start no run predicted to end later than this many seconds after the start (540)")
+    go.add_argument("--seeds", type=int, nargs="+", default=None,
+                    help="seeds, in order (default 0 1 2; the dry run 0)")
+    go.add_argument("--committed", type=Path, default=COMMITTED,
+                    help="folder of committed runs (*.jsonl) to skip (default docs/results/gpu-study)")
+    go.add_argument("--variants", nargs="+", default=None)
+    go.add_argument("--compile", default="auto", help="torch.compile: auto (on CUDA), yes or no")
+    go.add_argument("--retime", action="store_true", help="time the variants even where committed runs "
+                    "pin the step count (the step count stays pinned only if --steps says so)")
+    go.add_argument("--steps", type=int, default=None, help="set the step count instead of timing")
+    take = commands.add_parser("absorb", help="a lease's runs into docs/results/gpu-study/runs.jsonl")
+    take.add_argument("folder", type=Path)
+    show = commands.add_parser("publish", help="tables, verdicts and a plot of the runs")
+    show.add_argument("--runs", type=Path, nargs="+", default=[COMMITTED])
+    show.add_argument("--out", type=Path, default=None)
+    sizes = commands.add_parser("plan", help="the variants and their non-embedding parameters")
+    sizes.add_argument("--dry-run", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    try:
+        if args.command == "run":
+            return run(Options(out=args.out, dry_run=args.dry_run, budget=args.budget, deadline=args.deadline,
+                               seeds=tuple(args.seeds or ([0] if args.dry_run else [0, 1, 2])),
+                               committed=args.committed,
+                               variants=tuple(args.variants) if args.variants else None, compile=args.compile,
+                               retime=args.retime, steps=args.steps))
+        if args.command == "absorb":
+            log(f"{absorb(args.folder)} new run(s) added to {COMMITTED / 'runs.jsonl'}")
+            return 0
+        if args.command == "publish":
+            if args.out is not None and args.out.exists() and not args.out.is_dir():
+                raise UsageError("--out", f"{str(args.out)!r} is a file, not a folder")
+            print(publish(args.runs, args.out), end="")
+            return 0
+        from hf_attn_variants.training import embedded_tokenizer
+
+        settings = DRY_SETTINGS if args.dry_run else Settings()
+        for p in plan_variants(settings, embedded_tokenizer()):
+            print(f"{p.name}\t{p.parameters['non_embedding']}\t{p.parameters['total']}\t{p.fields}")
+        return 0
+    except UsageError as error:
+        print(f"gpu_study.py: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["CLAIMS", "DRY_SETTINGS", "Options", "Settings", "UsageError", "absorb", "build_corpus", "main",
+           "pending", "plan_variants", "publish", "replace", "results_markdown", "run", "verdict"]

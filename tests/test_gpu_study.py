@@ -1,0 +1,138 @@
+"""``scripts/gpu_study.sh``, the length-generalisation study at L = 512 in GPU leases (issue 49): its dry run
+goes through every step on CPU in well under a minute and writes its files; a second dry run skips the
+finished runs; runs of another corpus are never reused; bad arguments give one line naming the flag; the
+publishing says "no runs yet" without runs and applies the issue-29 rule."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_study.sh"
+
+
+def load_driver() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_study", ROOT / "scripts" / "gpu_study.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_study"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+driver = load_driver()
+
+
+def dry_run(out: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    env = {**os.environ, "PYTHON": sys.executable,
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    started = time.monotonic()
+    done = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--out", str(out)], capture_output=True,
+                          text=True, env=env, timeout=240, check=False)
+    return done, time.monotonic() - started
+
+
+def test_dry_run_end_to_end_then_skips(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done, seconds = dry_run(out)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    files = sorted(path.name for path in out.iterdir())
+    assert files == sorted([driver.RUNS_FILE, driver.PLAN_FILE, "gpu-study.log", driver.RESULTS_FILE,
+                            driver.PLOT_FILE]), files
+    runs = driver.read_runs([out / driver.RUNS_FILE])
+    assert sorted(run["variant"] for run in runs) == sorted(name for name, _ in driver.VARIANTS)
+    plan = json.loads((out / driver.PLAN_FILE).read_text())
+    assert plan["dry_run"] and plan["corpus"]["sha256"] and plan["corpus"]["tokenizer_sha256"]
+    assert set(plan["timing"]) == {name for name, _ in driver.VARIANTS} and plan["steps"] >= 1
+    lengths = driver.DRY_SETTINGS.eval_lengths
+    for run in runs:
+        assert run["dry_run"] and run["entropy"]["status"]
+        assert {row["length"] for row in run["rows"]} == set(lengths)
+    results = (out / driver.RESULTS_FILE).read_text()
+    assert "Verdicts" in results and "not resolved (1 of 3 seeds)" in results
+    assert seconds < 60, f"the dry run took {seconds:.0f} s"
+
+    again, _ = dry_run(out)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"{len(runs)} run(s) done earlier, skipped; 0 to do" in again.stdout
+    assert "pinned by earlier runs" in again.stdout
+    assert len(driver.read_runs([out / driver.RUNS_FILE])) == len(runs)
+
+
+def fake_planned() -> list:
+    return [driver.Planned(name, None, {"hidden_size": 8}, {"non_embedding": 1})
+            for name, _ in driver.VARIANTS]
+
+
+def test_a_changed_corpus_skips_nothing() -> None:
+    settings = driver.DRY_SETTINGS
+    corpus = {"sha256": "a" * 64, "tokenizer_sha256": "t" * 64, "python": "3.12.3"}
+    planned = fake_planned()
+    done = [{"fingerprint": driver.run_fingerprint(p, 0, settings, 4, corpus), "corpus": corpus,
+             "settings": json.loads(json.dumps(driver.asdict(settings)))} for p in planned]
+    todo, skipped, note = driver.pending(planned, [0], settings, 4, corpus, done)
+    assert (len(todo), skipped, note) == (0, len(planned), "")
+    other = {**corpus, "sha256": "b" * 64, "python": "3.11.7"}
+    todo, skipped, note = driver.pending(planned, [0], settings, 4, other, done)
+    assert (len(todo), skipped) == (len(planned), 0)
+    assert "a different corpus" in note and "3.12.3" in note
+    todo, skipped, _ = driver.pending(planned, [0], settings, 5, corpus, done)  # another step count
+    assert (len(todo), skipped) == (len(planned), 0)
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["--out", "FILE"], "--out"), (["--budget", "0"], "--budget"), (["--budget", "-5"], "--budget"),
+    (["--deadline", "700"], "--deadline"), (["--seeds", "1", "1"], "--seeds"),
+    (["--variants", "nope"], "--variants"), (["--steps", "0"], "--steps"),
+])
+def test_bad_arguments_name_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                     flag: str) -> None:
+    (tmp_path / "FILE").write_text("x")
+    argv = [str(tmp_path / "FILE") if a == "FILE" else a for a in argv]
+    flags = argv if "--out" in argv else ["--out", str(tmp_path), *argv]
+    status = driver.main(["run", "--dry-run", *flags])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1 and f": {flag}: " in err, err
+
+
+def test_publish_without_runs(tmp_path: Path) -> None:
+    text = driver.publish([tmp_path / "empty"], tmp_path / "published")
+    assert "No runs yet" in text
+    assert (tmp_path / "published" / driver.RESULTS_FILE).read_text() == text
+
+
+def test_the_issue_29_rule() -> None:
+    def runs(losses_a: list[float], losses_b: list[float]) -> list[dict]:
+        return [{"seed": seed, "rows": [{"series": "a", "length": 512, "loss": la},
+                                        {"series": "b", "length": 512, "loss": lb}]}
+                for seed, (la, lb) in enumerate(zip(losses_a, losses_b))]
+
+    assert driver.verdict(runs([1.0, 1.0, 1.0], [1.1, 1.2, 1.05]), "a", "b", 512)[0] == "**holds**"
+    assert driver.verdict(runs([1.2, 1.2, 1.2], [1.1, 1.0, 1.05]), "a", "b", 512)[0] == "**fails**"
+    assert driver.verdict(runs([1.0, 1.0], [1.1, 1.2]), "a", "b", 512)[0] == "not resolved (2 of 3 seeds)"
+    assert driver.verdict(runs([1.0, 1.0, 1.0], [1.1, 0.95, 1.2]), "a", "b", 512)[0].startswith(
+        "not resolved (sign")
+    assert driver.verdict(runs([1.0, 1.0, 1.0], [1.01, 1.0, 1.0]), "a", "b", 512)[0].startswith(
+        "not resolved (mean")
+
+
+def test_absorb_refuses_dry_runs_and_adds_new_runs_once(tmp_path: Path) -> None:
+    lease = tmp_path / "lease"
+    lease.mkdir()
+    record = {"fingerprint": "f1", "base_fingerprint": "b", "dry_run": False}
+    driver.append_run(lease / driver.RUNS_FILE, record)
+    committed = tmp_path / "committed"
+    assert driver.absorb(lease, committed) == 1
+    assert driver.absorb(lease, committed) == 0
+    driver.append_run(lease / driver.RUNS_FILE, {**record, "fingerprint": "f2", "dry_run": True})
+    with pytest.raises(driver.UsageError, match="dry-run"):
+        driver.absorb(lease, committed)
