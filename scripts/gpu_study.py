@@ -1,6 +1,14 @@
 #!/usr/bin/env python
 """The length-generalisation study at a real scale (issue 49), part 1: causal language models trained at
-L = 512 with 10–30M non-embedding parameters, evaluated out to 32× (16k), in unattended GPU leases.
+L = 512 with 10–30M non-embedding parameters, evaluated out to 32× (16k), in unattended GPU leases; part 2
+(``--part 2``): passkey and MQAR models of the same variants and sizes.
+
+Part 2 differs from what follows only where retrieval needs it: no corpus (the examples of
+``lengthgen.tasks`` are generated from seeds; the sha256 of some of them and of the task vocabularies take
+the corpus's and the tokenizer's place in the fingerprint), the task vocabulary of 64 ids instead of the
+tokenizer, one run per variant, task and seed (MQAR's first steps on the copy warm-up, ``task_steps``),
+evaluation by ``lengthgen.retrieval.evaluate_task_run`` (accuracy at every length), and its own files
+(``FILES[2]``: ``gpu-study-retrieval-*``, committed as ``retrieval-runs.jsonl``; records carry ``part``).
 
 Subcommands (``scripts/gpu_study.sh`` runs ``run``; from the repository root)::
 
@@ -59,7 +67,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -69,6 +77,29 @@ RUNS_FILE = "gpu-study-runs.jsonl"
 PLAN_FILE = "gpu-study-plan.json"
 RESULTS_FILE = "gpu-study-results.md"
 PLOT_FILE = "gpu-study-perplexity.png"
+
+
+@dataclass(frozen=True)
+class PartFiles:
+    """One part's file names: in a lease's output folder (``runs``, ``plan``, ``log``; ``results`` and
+    ``plot`` after ``publish --out``) and under ``docs/results/gpu-study/`` (``committed``)."""
+
+    runs: str
+    plan: str
+    results: str
+    plot: str
+    log: str
+    committed: str
+
+
+FILES = {1: PartFiles(RUNS_FILE, PLAN_FILE, RESULTS_FILE, PLOT_FILE, "gpu-study.log", "runs.jsonl"),
+         2: PartFiles("gpu-study-retrieval-runs.jsonl", "gpu-study-retrieval-plan.json",
+                      "gpu-study-retrieval-results.md", "gpu-study-retrieval-accuracy.png",
+                      "gpu-study-retrieval.log", "retrieval-runs.jsonl")}
+"""Part 1, the language model, and part 2, retrieval. Every record holds its ``part`` (part 1's first ones
+may not: part 1), and ``read_runs`` never returns another part's."""
+TASKS: tuple[str, ...] = ("passkey", "mqar")
+"""Part 2's tasks (``lengthgen.tasks``): one model per variant, task and seed."""
 FORMAT_VERSION = 1
 COMMAND_LIMIT_S = 600.0
 """A lease's limit on one command; ``--deadline`` must stay under it."""
@@ -105,6 +136,9 @@ MIN_SEEDS = 3
 MARGIN = 0.02
 """The issue-29 rule's margin, here in nats of loss: the mean over seeds of loss(b) − loss(a) must be at
 least this large, with no seed of the other sign."""
+TASK_MARGIN = 0.05
+"""Part 2's margin, in accuracy: the retrieval study's (``tools/docs_results/retrieval.py``'s ``MARGIN``; with
+32 sequences per length and seed one sequence is 0.03)."""
 
 
 class UsageError(Exception):
@@ -116,8 +150,9 @@ class UsageError(Exception):
 
 
 @dataclass(frozen=True)
-class Settings:
-    """What a run's numbers depend on besides the variant and the seed (all in the fingerprint)."""
+class ModelSettings:
+    """What a run's numbers depend on besides the variant and the seed, in both parts (all in the
+    fingerprint)."""
 
     train_length: int = 512
     eval_lengths: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)
@@ -131,23 +166,62 @@ class Settings:
     weight_decay: float = 0.1
     warmup_fraction: float = 0.1
     dtype: str = "bf16"
+    size_tolerance: float = 0.05
+    """Every variant's non-embedding parameters within this fraction of their mean."""
+    timing_steps: int = 10
+    """Steps timed per variant, after ``timing_warmup`` steps (which compile)."""
+    timing_warmup: int = 3
+    max_steps: int | None = None
+    """A cap on the step count the timing gives (the dry run's)."""
+
+    def eval_forwards(self) -> float:
+        """An upper bound on a run's evaluation cost per evaluation mode, in forwards of one sequence at the
+        longest length (``predicted_seconds``)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Settings(ModelSettings):
+    """Part 1's settings: the model sizes and the corpus."""
+
     heldout_docs: int = 8
     eval_batch_tokens: int = 65536
     entropy_max_gib: float = 20.0
     """Attention maps at a length are measured only where every layer's maps of one sequence fit this."""
     train_token_cap: int = 40_000_000
     file_cap: int | None = None
-    size_tolerance: float = 0.05
-    timing_steps: int = 10
-    """Steps timed per variant, after ``timing_warmup`` steps (which compile)."""
-    timing_warmup: int = 3
-    max_steps: int | None = None
-    """A cap on the step count the timing gives (the dry run's)."""
-    """Every variant's non-embedding parameters within this fraction of their mean."""
 
     @property
     def eval_doc_tokens(self) -> int:
         return max(self.eval_lengths)
+
+    def eval_forwards(self) -> float:
+        """Every held-out document at every length (shorter lengths cost less per token), doubled for the
+        entropy and the model's save and reload."""
+        return self.heldout_docs * len(self.eval_lengths) * 2
+
+
+@dataclass(frozen=True)
+class TaskSettings(ModelSettings):
+    """Part 2's settings: the model sizes of part 1 and the tasks of the CPU retrieval study
+    (``lengthgen.tasks``: the task vocabulary of 64 ids, 3 passkey digits, 2 MQAR key-value pairs, BOS)."""
+
+    weight_decay: float = 0.01
+    """``lengthgen.tasks.TASK_WEIGHT_DECAY``, as the CPU retrieval study."""
+    task_vocab_size: int = 64
+    passkey_digits: int = 3
+    num_kv_pairs: int = 2
+    eval_samples: int = 32
+    """Sequences per evaluation length (the same for every run: the stream of ``eval_seed`` and the
+    length)."""
+    eval_seed: int = 0
+    eval_memory_gib: float = 40.0
+    """``lengthgen.retrieval.eval_batch_size``'s memory for one evaluation batch."""
+
+    def eval_forwards(self) -> float:
+        """``eval_samples`` sequences at each length; a length costs at least twice its half, so all lengths
+        together cost at most twice the longest."""
+        return self.eval_samples * 2
 
 
 DRY_SETTINGS = Settings(train_length=32, eval_lengths=(32, 64, 128, 256, 512, 1024), hidden_size=64,
@@ -156,6 +230,12 @@ DRY_SETTINGS = Settings(train_length=32, eval_lengths=(32, 64, 128, 256, 512, 10
                         train_token_cap=60_000, file_cap=120, size_tolerance=0.25,
                         timing_steps=2, timing_warmup=1, max_steps=4)
 """The dry run's sizes: the same steps on CPU in well under a minute (fp32: CPU autocast to bf16 is slow)."""
+DRY_TASK_SETTINGS = TaskSettings(train_length=16, eval_lengths=(16, 32, 64, 128, 256, 512), hidden_size=64,
+                                 num_hidden_layers=2, num_attention_heads=4, attention_key_size=32,
+                                 batch_size=8, dtype="fp32", eval_samples=2, eval_memory_gib=0.25,
+                                 size_tolerance=0.25, timing_steps=2, timing_warmup=1, max_steps=4)
+"""Part 2's dry run: L = 16 (the shortest that holds an example of each task), to 32×; 2 layers (18 runs,
+not 9, in about the time of part 1's)."""
 
 
 # ---------------------------------------------------------------------------------------------- files
@@ -182,8 +262,9 @@ def append_run(path: Path, record: dict[str, Any]) -> None:
         os.fsync(handle.fileno())
 
 
-def read_runs(paths: Sequence[Path]) -> list[dict[str, Any]]:
-    """Every run of the given ``.jsonl`` files (folders: their ``*.jsonl``); a torn last line is skipped."""
+def read_runs(paths: Sequence[Path], part: int | None = 1) -> list[dict[str, Any]]:
+    """Every run of ``part`` (``None``: of both) in the given ``.jsonl`` files (folders: their ``*.jsonl``);
+    a torn last line is skipped."""
     files: list[Path] = []
     for path in paths:
         files += sorted(path.glob("*.jsonl")) if path.is_dir() else [path] if path.exists() else []
@@ -193,7 +274,7 @@ def read_runs(paths: Sequence[Path]) -> list[dict[str, Any]]:
             with contextlib.suppress(json.JSONDecodeError):
                 if line.strip():
                     runs.append(json.loads(line))
-    return runs
+    return [run for run in runs if part is None or run.get("part", 1) == part]
 
 
 def log(message: str) -> None:
@@ -292,7 +373,7 @@ class Planned:
     parameters: dict[str, int]
 
 
-def model_size(settings: Settings, intermediate_size: int | None = None) -> Any:
+def model_size(settings: ModelSettings, intermediate_size: int | None = None) -> Any:
     from hf_attn_variants.lengthgen.variants import ModelSize
 
     return ModelSize(hidden_size=settings.hidden_size, num_hidden_layers=settings.num_hidden_layers,
@@ -309,12 +390,18 @@ def lengthgen_variant(name: str) -> Any:
 
 
 def build_model(variant: Any, fields: dict[str, Any], tokenizer: Any, train_length: int) -> Any:
-    """The causal LM of ``variant`` with ``fields``, as ``lengthgen`` builds it for ``training.pretrain``."""
+    """The causal LM of ``variant`` with ``fields``, as ``lengthgen`` builds it for ``training.pretrain``;
+    with a task vocabulary size for ``tokenizer`` (part 2), as ``lengthgen.retrieval.build_model`` does."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
+    from hf_attn_variants.lengthgen.retrieval import task_config
     from hf_attn_variants.training import build_config
 
-    if variant.model_type == "llama":
+    if isinstance(tokenizer, int):
+        config = task_config(variant, fields, tokenizer)
+        if variant.model_type == "llama":
+            config._attn_implementation = "sdpa"
+    elif variant.model_type == "llama":
         config = LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                              bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
                              **fields)
@@ -331,7 +418,8 @@ def count_parameters(variant: Any, fields: dict[str, Any], tokenizer: Any,
     return {"total": model.num_parameters(), "non_embedding": model.num_parameters(exclude_embeddings=True)}
 
 
-def plan_variants(settings: Settings, tokenizer: Any, names: Sequence[str] | None = None) -> list[Planned]:
+def plan_variants(settings: ModelSettings, tokenizer: Any,
+                  names: Sequence[str] | None = None) -> list[Planned]:
     """Every variant of ``VARIANTS`` (or ``names``) at the study's size. GAU layers hold fewer parameters than
     attention + FFN layers: GAU gets ``gau_layer_factor`` × the layers (as ``lengthgen``), and the FFN width
     of the multi-head families (and the Llama's SwiGLU from it) is set, in steps of 64, to the width that
@@ -385,14 +473,31 @@ class Device:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
-def batches(stream: torch.Tensor, length: int, batch: int, seed: int) -> Iterator[torch.Tensor]:
+Batch = tuple[torch.Tensor, torch.Tensor | None]
+"""``(input_ids, labels)``; labels ``None``: the input ids (the language model)."""
+
+
+def batches(stream: torch.Tensor, length: int, batch: int, seed: int) -> Iterator[Batch]:
     """Blocks of ``length`` tokens of the training stream in a seeded random order, epoch after epoch."""
     blocks = stream[: stream.numel() // length * length].view(-1, length)
     generator = torch.Generator().manual_seed(seed)
     while True:
         order = torch.randperm(len(blocks), generator=generator)
         for start in range(0, len(order) - batch + 1, batch):
-            yield blocks[order[start:start + batch]].long()
+            yield blocks[order[start:start + batch]].long(), None
+
+
+def task_batches(settings: TaskSettings, task: str, seed: int, warmup: int) -> Iterator[Batch]:
+    """Part 2's training stream: ``lengthgen.tasks.make_batch`` of the run's seed at L, the first ``warmup``
+    batches on the copy warm-up (the stream ``lengthgen.retrieval.train_task_model`` trains on)."""
+    from hf_attn_variants.lengthgen.tasks import COPY, make_batch
+
+    spec, step = task_spec(settings, task), 0
+    while True:
+        made = make_batch(spec, settings.train_length, seed, step * settings.batch_size, settings.batch_size,
+                          COPY if step < warmup else task)
+        step += 1
+        yield made["input_ids"], made["labels"]
 
 
 @dataclass
@@ -427,12 +532,13 @@ class Trainer:
     def forward(self) -> Any:
         return self.compiled if self.compiled is not None else self.model
 
-    def step(self, input_ids: torch.Tensor) -> float:
+    def step(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> float:
         for group in self.optimizer.param_groups:
             group["lr"] = self.rate(self.done)
         input_ids = input_ids.to(self.device.device, non_blocking=True)
+        labels = input_ids if labels is None else labels.to(self.device.device, non_blocking=True)
         with self.device.autocast():
-            loss = self.forward()(input_ids=input_ids, labels=input_ids).loss
+            loss = self.forward()(input_ids=input_ids, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
@@ -441,8 +547,8 @@ class Trainer:
         return float(loss.detach())
 
 
-def new_trainer(planned: Planned, settings: Settings, tokenizer: Any, device: Device, steps: int, seed: int,
-                compile_model: bool) -> Trainer:
+def new_trainer(planned: Planned, settings: ModelSettings, tokenizer: Any, device: Device, steps: int,
+                seed: int, compile_model: bool) -> Trainer:
     from transformers import set_seed
 
     set_seed(seed)
@@ -458,18 +564,34 @@ def new_trainer(planned: Planned, settings: Settings, tokenizer: Any, device: De
     return trainer
 
 
-def first_step(trainer: Trainer, batch: torch.Tensor) -> float:
+def first_step(trainer: Trainer, batch: Batch) -> float:
     """The first step, compiled if it compiles; a compile failure falls back to eager (recorded)."""
     if trainer.compiled is None:
-        return trainer.step(batch)
+        return trainer.step(*batch)
     try:
-        return trainer.step(batch)
+        return trainer.step(*batch)
     except Exception as error:  # noqa: BLE001 - a variant that does not compile trains eagerly
         trainer.compile_error = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
         trainer.compiled = None
         trainer.optimizer.zero_grad(set_to_none=True)
         trainer.done = 0
-        return trainer.step(batch)
+        return trainer.step(*batch)
+
+
+def train_steps(trainer: Trainer, data: Iterator[Batch], steps: int) -> tuple[list[float], float]:
+    """``steps`` training steps (the first compiling); their losses and seconds."""
+    started = time.perf_counter()
+    losses = [first_step(trainer, next(data))]
+    for _ in range(steps - 1):
+        losses.append(trainer.step(*next(data)))
+    synchronize(trainer.device)
+    return losses, time.perf_counter() - started
+
+
+def loss_summary(losses: Sequence[float]) -> dict[str, Any]:
+    every = max(1, len(losses) // 20)
+    return {"final_train_loss": sum(losses[-10:]) / len(losses[-10:]),
+            "loss_curve": [[i + 1, round(loss, 4)] for i, loss in enumerate(losses) if (i + 1) % every == 0]}
 
 
 def synchronize(device: Device) -> None:
@@ -477,26 +599,19 @@ def synchronize(device: Device) -> None:
         torch.cuda.synchronize()
 
 
-def time_variant(planned: Planned, settings: Settings, tokenizer: Any, corpus: Corpus, device: Device,
-                 compile_model: bool) -> dict[str, Any]:
-    """``timing_warmup`` steps (compiling) and ``timing_steps`` timed ones; one evaluation forward at the
-    longest length."""
+def time_variant(planned: Planned, settings: ModelSettings, tokenizer: Any, data: Iterator[Batch],
+                 block: torch.Tensor, device: Device, compile_model: bool) -> dict[str, Any]:
+    """``timing_warmup`` steps (compiling) and ``timing_steps`` timed ones of ``data``; one evaluation forward
+    of ``block`` (one sequence at the longest length)."""
     warmup, steps = settings.timing_warmup, settings.timing_steps
     started = time.perf_counter()
     trainer = new_trainer(planned, settings, tokenizer, device, 1000, 0, compile_model)
-    data = batches(corpus.train, settings.train_length, settings.batch_size, 0)
-    first_step(trainer, next(data))
-    for _ in range(warmup - 1):
-        trainer.step(next(data))
-    synchronize(device)
+    train_steps(trainer, data, warmup)
     warm = time.perf_counter() - started
-    timed = time.perf_counter()
-    for _ in range(steps):
-        trainer.step(next(data))
-    synchronize(device)
-    per_step = (time.perf_counter() - timed) / steps
+    _, timed = train_steps(trainer, data, steps)
+    per_step = timed / steps
     trainer.model.eval()
-    block = corpus.heldout[: settings.eval_doc_tokens].long().view(1, -1).to(device.device)
+    block = block.long().view(1, -1).to(device.device)
     with torch.no_grad(), device.autocast():
         forward = time.perf_counter()
         trainer.model(input_ids=block).logits.float()
@@ -518,21 +633,21 @@ def free_memory(device: Device) -> None:
         torch.cuda.empty_cache()
 
 
-def predicted_seconds(timing: dict[str, Any], steps: int, settings: Settings, modes: int) -> float:
-    """A run's predicted seconds: set-up and compile as timed, the steps, and evaluation bounded by one
-    forward at the longest length per held-out document, length and evaluation mode (shorter lengths cost
-    less per token), doubled for the entropy and the model's save and reload."""
-    evaluation = (timing["eval_forward_seconds"] * settings.heldout_docs * len(settings.eval_lengths)
-                  * modes * 2)
+def predicted_seconds(timing: dict[str, Any], steps: int, settings: ModelSettings, modes: int) -> float:
+    """A run's predicted seconds: set-up and compile as timed, the steps, and evaluation bounded by
+    ``settings.eval_forwards()`` forwards at the longest length per evaluation mode."""
+    evaluation = timing["eval_forward_seconds"] * settings.eval_forwards() * modes
     return timing["setup_seconds"] + steps * timing["seconds_per_step"] + evaluation + 2.0
 
 
-def choose_steps(timings: dict[str, dict[str, Any]], planned: Sequence[Planned], settings: Settings,
-                 budget: float) -> int:
-    """The most steps for which one seed of every variant fits ``budget`` seconds (``UsageError`` naming
-    ``--budget`` when not even one step fits)."""
-    fixed = sum(predicted_seconds(timings[p.name], 0, settings, len(p.variant.eval_modes)) for p in planned)
-    per_step = sum(timings[p.name]["seconds_per_step"] for p in planned)
+def choose_steps(timings: dict[str, dict[str, Any]], planned: Sequence[Planned], settings: ModelSettings,
+                 budget: float, fractions: Sequence[float] = (1.0,)) -> int:
+    """The most steps for which one seed of every variant fits ``budget`` seconds: one run per variant and
+    entry of ``fractions``, each training that fraction of the steps (part 2: passkey and MQAR).
+    ``UsageError`` naming ``--budget`` when not even one step fits."""
+    fixed = len(fractions) * sum(predicted_seconds(timings[p.name], 0, settings, len(p.variant.eval_modes))
+                                 for p in planned)
+    per_step = sum(fractions) * sum(timings[p.name]["seconds_per_step"] for p in planned)
     steps = int((budget - fixed) / per_step)
     if steps < 1:
         raise UsageError("--budget", f"{budget:.0f} s does not fit one step of every variant: set-up, "
@@ -541,43 +656,47 @@ def choose_steps(timings: dict[str, dict[str, Any]], planned: Sequence[Planned],
 
 
 # ---------------------------------------------------------------------------------------------- run
-def run_fingerprint(planned: Planned, seed: int, settings: Settings, steps: int,
-                    corpus: dict[str, Any]) -> str:
+def run_fingerprint(planned: Planned, seed: int, settings: ModelSettings, steps: int,
+                    corpus: dict[str, Any], task: str | None = None) -> str:
     """sha256 over the variant, the seed, the settings (sizes, config, steps, L, evaluation lengths, dtype)
-    and the sha256 of the corpus and of the tokenizer."""
+    and the sha256 of the corpus (part 2: of the task examples) and of the tokenizer (part 2: of the task
+    vocabulary); part 2's also over its task."""
     return fingerprint({"version": FORMAT_VERSION, "variant": planned.name, "seed": seed,
                         "fields": planned.fields, "settings": asdict(settings), "steps": steps,
-                        "corpus_sha256": corpus["sha256"], "tokenizer_sha256": corpus["tokenizer_sha256"]})
+                        "corpus_sha256": corpus["sha256"], "tokenizer_sha256": corpus["tokenizer_sha256"],
+                        **({"task": task} if task is not None else {})})
 
 
-def base_fingerprint(settings: Settings, corpus: dict[str, Any]) -> str:
+def base_fingerprint(settings: ModelSettings, corpus: dict[str, Any]) -> str:
     """What pins the step count: the settings and the corpus and tokenizer (not the variant or seed)."""
     return fingerprint({"version": FORMAT_VERSION, "settings": asdict(settings),
                         "corpus_sha256": corpus["sha256"], "tokenizer_sha256": corpus["tokenizer_sha256"]})
 
 
-def pending(planned: Sequence[Planned], seeds: Sequence[int], settings: Settings, steps: int,
-            corpus: dict[str, Any],
-            done: Sequence[dict[str, Any]]) -> tuple[list[tuple[Planned, int]], int, str]:
-    """The (variant, seed) runs still to do, seed by seed; how many were skipped as done; and a sentence on
-    why runs that exist were not skipped (different fingerprints: corpus, tokenizer or settings)."""
+def pending(planned: Sequence[Planned], seeds: Sequence[int], settings: ModelSettings, steps: int,
+            corpus: dict[str, Any], done: Sequence[dict[str, Any]],
+            tasks: Sequence[str | None] = (None,)) -> tuple[list[tuple[Planned, int, str | None]], int, str]:
+    """The (variant, seed, task) runs still to do, seed by seed (part 1: task ``None``); how many were
+    skipped as done; and a sentence on why runs that exist were not skipped (different fingerprints: corpus,
+    tokenizer or settings)."""
     finished = {run["fingerprint"] for run in done}
     todo, skipped, current = [], 0, set()
     for seed in seeds:
-        for plan in planned:
-            key = run_fingerprint(plan, seed, settings, steps, corpus)
-            current.add(key)
-            if key in finished:
-                skipped += 1
-            else:
-                todo.append((plan, seed))
+        for task in tasks:
+            for plan in planned:
+                key = run_fingerprint(plan, seed, settings, steps, corpus, task)
+                current.add(key)
+                if key in finished:
+                    skipped += 1
+                else:
+                    todo.append((plan, seed, task))
     other = [run for run in done if run["fingerprint"] not in current]
     reasons = sorted({why_different(run, settings, corpus) for run in other})
     note = (f"{len(other)} earlier run(s) not reused: " + "; ".join(reasons)) if other else ""
     return todo, skipped, note
 
 
-def why_different(run: dict[str, Any], settings: Settings, corpus: dict[str, Any]) -> str:
+def why_different(run: dict[str, Any], settings: ModelSettings, corpus: dict[str, Any]) -> str:
     if run.get("corpus", {}).get("sha256") != corpus["sha256"]:
         return (f"a different corpus (sha256 {str(run.get('corpus', {}).get('sha256'))[:12]}… from Python "
                 f"{run.get('corpus', {}).get('python')}, this one {corpus['sha256'][:12]}… from Python "
@@ -657,11 +776,7 @@ def train_and_evaluate(planned: Planned, seed: int, settings: Settings, steps: i
     started = time.perf_counter()
     trainer = new_trainer(planned, settings, tokenizer, device, steps, seed, compile_model)
     data = batches(corpus.train, settings.train_length, settings.batch_size, seed)
-    losses = [first_step(trainer, next(data))]
-    for _ in range(steps - 1):
-        losses.append(trainer.step(next(data)))
-    synchronize(device)
-    train_seconds = time.perf_counter() - started
+    losses, train_seconds = train_steps(trainer, data, steps)
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(scratch) / "model"
         trainer.model.save_pretrained(model_dir)
@@ -669,12 +784,95 @@ def train_and_evaluate(planned: Planned, seed: int, settings: Settings, steps: i
         del trainer
         free_memory(device)
         rows, entropy = evaluate(model_dir, planned, settings, tokenizer, corpus, device)
-    every = max(1, steps // 20)
     return {"train_seconds": round(train_seconds, 2), "seconds": round(time.perf_counter() - started, 2),
-            "compiled": compiled, "compile_error": compile_error,
-            "final_train_loss": sum(losses[-10:]) / len(losses[-10:]),
-            "loss_curve": [[i + 1, round(loss, 4)] for i, loss in enumerate(losses) if (i + 1) % every == 0],
+            "compiled": compiled, "compile_error": compile_error, **loss_summary(losses),
             "rows": rows, "entropy": entropy}
+
+
+# ---------------------------------------------------------------------------------------------- part 2
+def task_spec(settings: TaskSettings, task: str) -> Any:
+    """The ``lengthgen.tasks.TaskSpec`` of ``task`` under ``settings``."""
+    from hf_attn_variants.lengthgen.tasks import TaskSpec
+
+    return TaskSpec(task, settings.task_vocab_size, settings.passkey_digits, settings.num_kv_pairs, True)
+
+
+def task_steps(steps: int, task: str) -> tuple[int, int]:
+    """(training steps, the first of them on the copy warm-up) of ``task`` when MQAR trains ``steps``: the
+    ratio of ``lengthgen``'s calibrated defaults (``TASK_STEPS``: passkey 400 to MQAR's 1,500) and its copy
+    warm-up rule (``TASK_COPY_WARMUP``: MQAR 750, at most half the steps; passkey none)."""
+    from hf_attn_variants.lengthgen.arguments import TASK_COPY_WARMUP, TASK_STEPS
+
+    count = steps if task == "mqar" else max(1, round(steps * TASK_STEPS[task] / TASK_STEPS["mqar"]))
+    return count, min(TASK_COPY_WARMUP[task], count // 2)
+
+
+def task_data(settings: TaskSettings) -> dict[str, Any]:
+    """What stands for part 1's corpus in part 2's fingerprints: the sha256 of generated examples (the first
+    training batch of each task and of the copy warm-up, the first evaluation batch at L) and of the task
+    vocabularies."""
+    from hf_attn_variants.lengthgen.retrieval import EVAL_STREAM
+    from hf_attn_variants.lengthgen.tasks import COPY, make_batch
+
+    digest, length, vocab = hashlib.sha256(), settings.train_length, {}
+    for task in TASKS:
+        spec = task_spec(settings, task)
+        vocab[task] = asdict(spec.vocab)
+        for kind, seed in ((task, 0), (COPY, 0), (task, settings.eval_seed * EVAL_STREAM + length)):
+            digest.update(make_batch(spec, length, seed, 0, 4, kind)["input_ids"].numpy().tobytes())
+    return {"sha256": digest.hexdigest(), "tokenizer_sha256": fingerprint(vocab),
+            "tokenizer": f"the tasks' vocabulary of {settings.task_vocab_size} ids "
+                         "(lengthgen.tasks.vocabulary)",
+            "sources": "passkey and MQAR examples generated from seeds (lengthgen.tasks.make_batch)",
+            "python": sys.version.split()[0], "vocabulary": vocab}
+
+
+class OnDevice:
+    """A model on the device for ``lengthgen.retrieval.evaluate_task_run``, which feeds CPU tensors and
+    compares the logits with them: inputs go to the device, the logits come back in fp32 on the CPU (the
+    task vocabulary is small); every other attribute is the model's (``config``, ``set_attn_implementation``
+    for the Llama's evaluation modes)."""
+
+    def __init__(self, model: Any, device: Device) -> None:
+        self.model = model
+        self.device = device
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def __call__(self, input_ids: torch.Tensor) -> Any:
+        from types import SimpleNamespace
+
+        with torch.no_grad(), self.device.autocast():
+            logits = self.model(input_ids=input_ids.to(self.device.device)).logits
+        return SimpleNamespace(logits=logits.float().cpu())
+
+
+def train_and_evaluate_task(planned: Planned, seed: int, task: str, settings: TaskSettings, steps: int,
+                            device: Device, compile_model: bool) -> dict[str, Any]:
+    """One part-2 run: train on ``task`` (MQAR: the copy warm-up first) and evaluate the task metrics at
+    every length in every evaluation mode (``lengthgen.retrieval.evaluate_task_run``)."""
+    from types import SimpleNamespace
+
+    from hf_attn_variants.lengthgen.retrieval import TaskRunPlan, evaluate_task_run
+
+    started = time.perf_counter()
+    count, warmup = task_steps(steps, task)
+    trainer = new_trainer(planned, settings, settings.task_vocab_size, device, count, seed, compile_model)
+    losses, train_seconds = train_steps(trainer, task_batches(settings, task, seed, warmup), count)
+    model, compiled, compile_error = trainer.model.eval(), trainer.compiled is not None, trainer.compile_error
+    del trainer
+    free_memory(device)
+    args = SimpleNamespace(task=task, train_length=settings.train_length, eval_lengths=settings.eval_lengths,
+                           eval_samples=settings.eval_samples, eval_seed=settings.eval_seed,
+                           eval_memory_gib=settings.eval_memory_gib)
+    plan = TaskRunPlan(planned.variant, seed, planned.fields, Path(), "")
+    rows = evaluate_task_run(OnDevice(model, device), plan, task_spec(settings, task), args)
+    del model
+    free_memory(device)
+    return {"task_steps": count, "copy_warmup_steps": warmup, "train_seconds": round(train_seconds, 2),
+            "seconds": round(time.perf_counter() - started, 2), "compiled": compiled,
+            "compile_error": compile_error, **loss_summary(losses), "rows": rows}
 
 
 @dataclass
@@ -689,10 +887,20 @@ class Options:
     compile: str = "auto"
     retime: bool = False
     steps: int | None = None
+    part: int = 1
+
+
+def parse_part(value: str | int) -> int:
+    """``--part``: 1 (the language model) or 2 (retrieval); ``UsageError`` naming the flag otherwise."""
+    if str(value) not in ("1", "2"):
+        raise UsageError("--part", f"must be 1 (the language model) or 2 (retrieval: passkey and MQAR), "
+                         f"got {value!r}")
+    return int(value)
 
 
 def check_options(options: Options) -> None:
     """``UsageError`` naming the flag of the first bad value."""
+    parse_part(options.part)
     if options.out.exists() and not options.out.is_dir():
         raise UsageError("--out", f"{str(options.out)!r} is a file, not a folder")
     if not math.isfinite(options.budget) or options.budget <= 0:
@@ -719,7 +927,8 @@ def run(options: Options) -> int:
     started = time.monotonic()
     check_options(options)
     options.out.mkdir(parents=True, exist_ok=True)
-    settings = DRY_SETTINGS if options.dry_run else Settings()
+    part, files = options.part, FILES[options.part]
+    settings: ModelSettings = part_settings(part, options.dry_run)
     cuda = torch.cuda.is_available() and not options.dry_run
     if not cuda and not options.dry_run:
         log("no CUDA device: running on CPU at the full sizes (use --dry-run for the tiny ones)")
@@ -731,23 +940,31 @@ def run(options: Options) -> int:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
-    tokenizer = embedded_tokenizer()
-    corpus = build_corpus(settings, tokenizer)
-    log(f"corpus: {corpus.info['train_tokens']:,} training tokens, {len(corpus.info['heldout_documents'])} "
-        f"held-out documents of {settings.eval_doc_tokens:,} tokens, sha256 {corpus.info['sha256'][:16]}…, "
-        f"{corpus.info['seconds']} s")
+    corpus: Corpus | None = None
+    tasks: list[str | None] = [None]
+    if isinstance(settings, Settings):
+        tokenizer: Any = embedded_tokenizer()
+        corpus = build_corpus(settings, tokenizer)
+        info = corpus.info
+        log(f"corpus: {info['train_tokens']:,} training tokens, {len(info['heldout_documents'])} held-out "
+            f"documents of {settings.eval_doc_tokens:,} tokens, sha256 {info['sha256'][:16]}…, "
+            f"{info['seconds']} s")
+    else:
+        tokenizer, info, tasks = settings.task_vocab_size, task_data(settings), list(TASKS)
+        log(f"tasks {', '.join(TASKS)}: examples generated from seeds, sha256 {info['sha256'][:16]}…")
     planned = plan_variants(settings, tokenizer, options.variants)
     for p in planned:
         log(f"variant {p.name}: {p.parameters['non_embedding']:,} non-embedding parameters")
-    plan_path = options.out / PLAN_FILE
-    runs_path = options.out / RUNS_FILE
-    done = read_runs([options.committed, runs_path])
-    base = base_fingerprint(settings, corpus.info)
+    plan_path = options.out / files.plan
+    runs_path = options.out / files.runs
+    done = read_runs([options.committed, runs_path], part)
+    base = base_fingerprint(settings, info)
     pinned = sorted({run["steps"] for run in done if run.get("base_fingerprint") == base})
     report: dict[str, Any] = {
-        "kind": "gpu_study", "format": FORMAT_VERSION, "dry_run": options.dry_run,
-        "command": "bash scripts/gpu_study.sh" + (" --dry-run" if options.dry_run else ""),
-        "machine": machine(), "settings": asdict(settings), "corpus": corpus.info,
+        "kind": "gpu_study", "format": FORMAT_VERSION, "part": part, "dry_run": options.dry_run,
+        "command": "bash scripts/gpu_study.sh" + (" --dry-run" if options.dry_run else "")
+                   + (f" --part {part}" if part != 1 else ""),
+        "machine": machine(), "settings": asdict(settings), "corpus": info, "tasks": tasks,
         "base_fingerprint": base, "budget_s": options.budget, "deadline_s": options.deadline,
         "variants": [{"name": p.name, "model_type": p.variant.model_type,
                       "description": p.variant.description,
@@ -761,67 +978,109 @@ def run(options: Options) -> int:
         how = "pinned by earlier runs (committed or in --out) of the same corpus, tokenizer and settings"
     else:
         for p in planned:
-            timings[p.name] = time_variant(p, settings, tokenizer, corpus, device, compile_model)
+            data, block = timing_data(settings, corpus)
+            timings[p.name] = time_variant(p, settings, tokenizer, data, block, device, compile_model)
             log(f"timing {p.name}: {timings[p.name]['seconds_per_step'] * 1000:.1f} ms a step, set-up "
                 f"{timings[p.name]['setup_seconds']:.1f} s, compiled {timings[p.name]['compiled']}")
-        steps = choose_steps(timings, planned, settings, options.budget)
+        fractions = [1.0] if part == 1 else [task_steps(1500, task)[0] / 1500 for task in TASKS]
+        steps = choose_steps(timings, planned, settings, options.budget, fractions)
         if settings.max_steps is not None:
             steps = min(steps, settings.max_steps)
         how = f"timed: one seed of every variant in {options.budget:.0f} s" + (
             f" (at most {settings.max_steps})" if settings.max_steps is not None else "")
-    tokens = steps * settings.batch_size * settings.train_length
-    report.update(timing=timings, steps=steps, steps_from=how, tokens_per_run=tokens,
-                  tokens_per_parameter={p.name: round(tokens / p.parameters["non_embedding"], 3)
-                                        for p in planned},
-                  epochs=round(tokens / corpus.info["train_tokens"], 3))
-    todo, skipped, note = pending(planned, options.seeds, settings, steps, corpus.info, done)
+    counts = {task: task_steps(steps, task) if task else (steps, 0) for task in tasks}
+    tokens = {task: counts[task][0] * settings.batch_size * settings.train_length for task in tasks}
+    report.update(timing=timings, steps=steps, steps_from=how,
+                  tokens_per_run=tokens[None] if part == 1 else tokens,
+                  tokens_per_parameter={f"{p.name}{'/' + task if task else ''}":
+                                        round(tokens[task] / p.parameters["non_embedding"], 3)
+                                        for task in tasks for p in planned})
+    if part == 1:
+        report["epochs"] = round(tokens[None] / info["train_tokens"], 3)
+    else:
+        report["task_steps"] = {task: {"steps": counts[task][0], "copy_warmup_steps": counts[task][1]}
+                                for task in TASKS}
+    todo, skipped, note = pending(planned, options.seeds, settings, steps, info, done, tasks)
     report.update(skipped_runs=skipped, not_reused=note, started_runs=[], finished_runs=[], failed_runs=[],
                   not_started=[])
-    log(f"{steps} steps ({how}), {tokens:,} tokens a run; {skipped} run(s) done earlier, skipped; "
-        f"{len(todo)} to do" + (f"; {note}" if note else ""))
+    log(f"{steps} steps ({how}), " + ", ".join(f"{task or 'a run'}: {counts[task][0]} steps, "
+                                               f"{tokens[task]:,} tokens" for task in tasks)
+        + f"; {skipped} run(s) done earlier, skipped; {len(todo)} to do" + (f"; {note}" if note else ""))
     atomic_write(plan_path, json.dumps(report, indent=1) + "\n")
     failed = 0
-    estimate = {p.name: predicted_seconds(timings[p.name], steps, settings, len(p.variant.eval_modes))
-                for p in planned if p.name in timings}
-    for index, (p, seed) in enumerate(todo):
+    estimate = {(p.name, task): predicted_seconds(timings[p.name], counts[task][0], settings,
+                                                  len(p.variant.eval_modes))
+                for p in planned if p.name in timings for task in tasks}
+    for index, (p, seed, task) in enumerate(todo):
+        name = f"{p.name}{' ' + task if task else ''} seed {seed}"
         elapsed = time.monotonic() - started
-        predicted = estimate.get(p.name, max(estimate.values(), default=0.0))
+        predicted = estimate.get((p.name, task), max(estimate.values(), default=0.0))
         if elapsed + predicted + 5 > options.deadline:
-            report["not_started"] = [f"{q.name} seed {s}" for q, s in todo[index:]]
-            log(f"deadline: {elapsed:.0f} s gone, {p.name} seed {seed} is predicted at {predicted:.0f} s; "
+            report["not_started"] = [f"{q.name}{' ' + t if t else ''} seed {s}" for q, s, t in todo[index:]]
+            log(f"deadline: {elapsed:.0f} s gone, {name} is predicted at {predicted:.0f} s; "
                 f"{len(todo) - index} run(s) left for the next lease")
             break
-        log(f"run {p.name} seed {seed}")
-        report["started_runs"].append(f"{p.name} seed {seed}")
+        log(f"run {name}")
+        report["started_runs"].append(name)
         try:
-            result = train_and_evaluate(p, seed, settings, steps, tokenizer, corpus, device, compile_model)
+            if corpus is not None:
+                result = train_and_evaluate(p, seed, cast(Settings, settings), steps, tokenizer, corpus,
+                                            device, compile_model)
+            else:
+                result = train_and_evaluate_task(p, seed, str(task), cast(TaskSettings, settings), steps,
+                                                 device, compile_model)
         except Exception as error:  # noqa: BLE001 - recorded; the next run goes on
             failed += 1
-            report["failed_runs"].append({"run": f"{p.name} seed {seed}",
-                                          "error": "".join(
-                                              traceback.format_exception_only(error)).strip()[:800]})
-            log(f"run {p.name} seed {seed} failed: {error}")
+            report["failed_runs"].append({"run": name, "error": "".join(
+                traceback.format_exception_only(error)).strip()[:800]})
+            log(f"run {name} failed: {error}")
             free_memory(device)
             atomic_write(plan_path, json.dumps(report, indent=1) + "\n")
             continue
-        estimate[p.name] = max(estimate.get(p.name, 0.0), result["seconds"])
-        record = {"fingerprint": run_fingerprint(p, seed, settings, steps, corpus.info),
-                  "base_fingerprint": base,
+        estimate[(p.name, task)] = max(estimate.get((p.name, task), 0.0), result["seconds"])
+        record = {"fingerprint": run_fingerprint(p, seed, settings, steps, info, task),
+                  "base_fingerprint": base, "part": part, **({"task": task} if task else {}),
                   "variant": p.name, "seed": seed, "model_type": p.variant.model_type, "steps": steps,
-                  "tokens": tokens, "parameters": p.parameters, "fields": p.fields,
-                  "settings": asdict(settings), "corpus": corpus.info, "dry_run": options.dry_run,
+                  "tokens": tokens[task], "parameters": p.parameters, "fields": p.fields,
+                  "settings": asdict(settings), "corpus": info, "dry_run": options.dry_run,
                   "machine": report["machine"], "date": time.strftime("%Y-%m-%d"), **result}
         append_run(runs_path, record)
-        report["finished_runs"].append(f"{p.name} seed {seed}")
+        report["finished_runs"].append(name)
         atomic_write(plan_path, json.dumps(report, indent=1) + "\n")
-        at = {row["length"]: row for row in result["rows"] if row["mode"] in ("default", "sdpa")}
-        log(f"run {p.name} seed {seed}: {result['seconds']:.0f} s, perplexity at L "
-            f"{at[settings.train_length]['perplexity']:.2f}, at {max(at)}: {at[max(at)]['perplexity']:.2f}")
+        log(f"run {name}: {result['seconds']:.0f} s, " + run_summary(result, settings))
     report["seconds"] = round(time.monotonic() - started, 1)
     atomic_write(plan_path, json.dumps(report, indent=1) + "\n")
     log(f"done in {report['seconds']} s: {len(report['finished_runs'])} run(s) finished, {failed} failed, "
         f"{len(report['not_started'])} left")
     return 1 if failed else 0
+
+
+def part_settings(part: int, dry_run: bool) -> ModelSettings:
+    if part == 1:
+        return DRY_SETTINGS if dry_run else Settings()
+    return DRY_TASK_SETTINGS if dry_run else TaskSettings()
+
+
+def timing_data(settings: ModelSettings, corpus: Corpus | None) -> tuple[Iterator[Batch], torch.Tensor]:
+    """The timing's training batches and its evaluation sequence at the longest length: the corpus's
+    (part 1), or passkey examples (part 2: both tasks train the same model on sequences of L)."""
+    if corpus is not None:
+        return (batches(corpus.train, settings.train_length, settings.batch_size, 0),
+                corpus.heldout[: max(settings.eval_lengths)])
+    from hf_attn_variants.lengthgen.tasks import make_batch
+
+    task_settings = cast(TaskSettings, settings)
+    spec = task_spec(task_settings, "passkey")
+    return (task_batches(task_settings, "passkey", 0, 0),
+            make_batch(spec, max(settings.eval_lengths), 0, 0, 1)["input_ids"][0])
+
+
+def run_summary(result: dict[str, Any], settings: ModelSettings) -> str:
+    """The log's line on a finished run: perplexity (part 1) or accuracy (part 2) at L and the longest."""
+    at = {row["length"]: row for row in result["rows"] if row["mode"] in ("default", "sdpa")}
+    key, label = ("accuracy", "accuracy") if "task_steps" in result else ("perplexity", "perplexity")
+    value = {n: f"{row[key]:.2f}" if row.get("status", "ok") == "ok" else "n/a" for n, row in at.items()}
+    return f"{label} at L {value[settings.train_length]}, at {max(at)}: {value[max(at)]}"
 
 
 def machine() -> dict[str, Any]:
@@ -835,30 +1094,35 @@ def machine() -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- publish
-def series_losses(runs: Sequence[dict[str, Any]], series: str, length: int) -> dict[int, float]:
-    """Seed → held-out loss of ``series`` at ``length``."""
+def series_losses(runs: Sequence[dict[str, Any]], series: str, length: int,
+                  key: str = "loss") -> dict[int, float]:
+    """Seed → held-out loss (``key``: another metric of the rows, part 2's ``accuracy``) of ``series`` at
+    ``length``."""
     found = {}
     for run in runs:
         for row in run["rows"]:
             if row["series"] == series and row["length"] == length and row.get("status", "ok") == "ok":
-                found[run["seed"]] = row["loss"]
+                found[run["seed"]] = row[key]
     return found
 
 
-def verdict(runs: Sequence[dict[str, Any]], a: str, b: str, length: int) -> tuple[str, list[float]]:
+def verdict(runs: Sequence[dict[str, Any]], a: str, b: str, length: int,
+            key: str = "loss") -> tuple[str, list[float]]:
     """The issue-29 rule on "a has lower loss than b at ``length``": per seed d = loss(b) − loss(a);
     **holds** with at least ``MIN_SEEDS`` seeds, a mean of at least ``MARGIN`` and no negative seed;
-    **fails** the other way round; else not resolved (saying why)."""
-    la, lb = series_losses(runs, a, length), series_losses(runs, b, length)
+    **fails** the other way round; else not resolved (saying why). ``key="accuracy"`` (part 2): "a has
+    higher accuracy", d = accuracy(a) − accuracy(b), with ``TASK_MARGIN``."""
+    la, lb = series_losses(runs, a, length, key), series_losses(runs, b, length, key)
     seeds = sorted(set(la) & set(lb))
-    diffs = [lb[s] - la[s] for s in seeds]
+    diffs = [lb[s] - la[s] if key == "loss" else la[s] - lb[s] for s in seeds]
+    margin = MARGIN if key == "loss" else TASK_MARGIN
     if not diffs:
         return "not run", diffs
     if len(diffs) < MIN_SEEDS:
         return f"not resolved ({len(diffs)} of {MIN_SEEDS} seeds)", diffs
     mean = sum(diffs) / len(diffs)
-    if abs(mean) < MARGIN:
-        return f"not resolved (mean difference below {MARGIN})", diffs
+    if abs(mean) < margin:
+        return f"not resolved (mean difference below {margin})", diffs
     sign = 1 if mean > 0 else -1
     if any(d * sign < 0 for d in diffs):
         return "not resolved (sign differs between seeds)", diffs
@@ -879,22 +1143,13 @@ def publishable(runs: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], s
 
 def results_markdown(runs: Sequence[dict[str, Any]]) -> str:
     """The tables and verdicts of ``runs`` ("no runs yet" without any)."""
-    lines = ["# The length-generalisation study at L = 512 (issue 49), part 1", ""]
-    kept, note = publishable(runs)
+    lines, kept, note = results_start(runs, 1)
     if not kept:
-        return "\n".join(lines + ["No runs yet: part 1 has not run on a GPU. `bash scripts/gpu_study.sh` on "
-                                  "a lease runs it (CONTRIBUTING.md, \"The GPU study\")."]) + "\n"
-    first = kept[0]
-    settings, corpus = first["settings"], first["corpus"]
-    length, lengths = settings["train_length"], settings["eval_lengths"]
-    longest = max(lengths)
+        return no_runs(lines, 1)
+    first, settings = kept[0], kept[0]["settings"]
+    length, lengths, longest = study_lengths(settings)
     lines += [f"{len(kept)} run(s); {first['steps']} steps × {settings['batch_size']} × {length} tokens "
-              f"({first['tokens']:,} tokens a run), {settings['dtype']}; corpus sha256 "
-              f"{corpus['sha256'][:16]}… "
-              f"({corpus['sources']}); "
-              + ", ".join(f"{key} {value}" for key, value in first["machine"].items()) + "."
-              + (" **Dry run.**" if first["dry_run"] else ""),
-              ""]
+              f"({first['tokens']:,} tokens a run), {settings['dtype']}; corpus " + provenance(first), ""]
     if note:
         lines += [note, ""]
     series = list(dict.fromkeys(row["series"] for run in kept for row in run["rows"]))
@@ -931,9 +1186,110 @@ def results_markdown(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(runs: Sequence[dict[str, Any]], path: Path) -> Path | None:
-    """Held-out perplexity against the evaluation length, one line per series (``None`` without runs or
-    matplotlib)."""
+def results_start(runs: Sequence[dict[str, Any]],
+                  part: int) -> tuple[list[str], list[dict[str, Any]], str]:
+    """The results' title, the runs to publish and the note on the others (``publishable``)."""
+    title = ["part 1", "part 2: retrieval"][part - 1]
+    return [f"# The length-generalisation study at L = 512 (issue 49), {title}", ""], *publishable(runs)
+
+
+def study_lengths(settings: dict[str, Any]) -> tuple[int, list[int], int]:
+    """L, the evaluation lengths and the longest."""
+    return settings["train_length"], settings["eval_lengths"], max(settings["eval_lengths"])
+
+
+def no_runs(lines: list[str], part: int) -> str:
+    command = "bash scripts/gpu_study.sh" + (f" --part {part}" if part != 1 else "")
+    return "\n".join(lines + [f"No runs yet: part {part} has not run on a GPU. `{command}` on a lease runs "
+                              "it (CONTRIBUTING.md, \"The GPU study\")."]) + "\n"
+
+
+def provenance(first: dict[str, Any]) -> str:
+    """The results' line on where the runs come from: the data's sha256 and sources, the machine."""
+    corpus = first["corpus"]
+    return (f"sha256 {corpus['sha256'][:16]}… ({corpus['sources']}); "
+            + ", ".join(f"{key} {value}" for key, value in first["machine"].items()) + "."
+            + (" **Dry run.**" if first["dry_run"] else ""))
+
+
+def learned_threshold(task: str, settings: dict[str, Any]) -> float:
+    """The accuracy at L that counts as having learned ``task``: the retrieval study's
+    (``tools/docs_results/retrieval.py``: passkey 0.5; MQAR halfway between answering by elimination and
+    1)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tools.docs_results.retrieval import learned_threshold as threshold
+
+    return threshold({"settings": {"task": task, "num_kv_pairs": settings["num_kv_pairs"]}})
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    mean = sum(values) / len(values)
+    spread = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+    return mean, math.sqrt(spread)
+
+
+def task_results_markdown(runs: Sequence[dict[str, Any]]) -> str:
+    """Part 2's tables (accuracy by length per series and task, mean ± std over seeds) and verdicts ("no
+    runs yet" without any)."""
+    lines, kept, note = results_start(runs, 2)
+    if not kept:
+        return no_runs(lines, 2)
+    first, settings = kept[0], kept[0]["settings"]
+    length, lengths, longest = study_lengths(settings)
+    counts = {task: task_steps(first["steps"], task) for task in TASKS}
+    lines += [f"{len(kept)} run(s); " + ", ".join(
+        f"{task} {count} steps" + (f" (the first {warmup} on the copy warm-up)" if warmup else "")
+        for task, (count, warmup) in counts.items())
+        + f", × {settings['batch_size']} sequences of {length} tokens, {settings['dtype']}; "
+          f"{settings['eval_samples']} sequences per length; task examples " + provenance(first), ""]
+    if note:
+        lines += [note, ""]
+    head = " | ".join(f"{n} ({n // length}L)" if n != length else f"{n} (L)" for n in lengths)
+    learned: dict[tuple[str, str], float] = {}
+    for task in TASKS:
+        of_task = [run for run in kept if run["task"] == task]
+        metric = ("exact-match accuracy" if task == "passkey"
+                  else f"accuracy per query, {settings['num_kv_pairs']} key-value pairs")
+        lines += [f"## {task} ({metric}; mean ± std over seeds; at least "
+                  f"{learned_threshold(task, settings):.3g} at L counts as learned)", "",
+                  f"| series | seeds | non-embedding parameters | {head} |",
+                  "|---|---|---|" + "---|" * len(lengths)]
+        for name in dict.fromkeys(row["series"] for run in of_task for row in run["rows"]):
+            cells = []
+            for n in lengths:
+                values = list(series_losses(of_task, name, n, "accuracy").values())
+                cells.append("{:.2f} ± {:.2f}".format(*mean_std(values)) if values else "–")
+                if n == length and values:
+                    learned[(task, name)] = mean_std(values)[0]
+            params = next(run["parameters"]["non_embedding"] for run in of_task
+                          if run["variant"] == name.split("/")[0])
+            seeds = len(series_losses(of_task, name, length, "accuracy"))
+            lines.append(f"| `{name}` | {seeds} | {params:,} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += [f"## Verdicts (issue-29 rule on accuracy: {MIN_SEEDS} seeds, mean difference at least "
+              f"{TASK_MARGIN}, no seed of the other sign; at {longest // length}× only where both models "
+              "learned the task at L)", "",
+              "| claim | task | a − b | at | accuracy(a) − accuracy(b) per seed | verdict |",
+              "|---|---|---|---|---|---|"]
+    for claim, a, b in CLAIMS:
+        for task in TASKS:
+            of_task = [run for run in kept if run["task"] == task]
+            bar = learned_threshold(task, settings)
+            for at, label in ((length, f"L = {length}"), (longest, f"{longest // length}× ({longest})")):
+                result, diffs = verdict(of_task, a, b, at, "accuracy")
+                worst = min(learned.get((task, a), 0.0), learned.get((task, b), 0.0))
+                if at != length and diffs and worst < bar:
+                    result = "not resolved (not learned at L)"
+                values = ", ".join(f"{d:+.2f}" for d in diffs) or "–"
+                lines.append(f"| {claim} | {task} | `{a}` − `{b}` | {label} | {values} | {result} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: Sequence[dict[str, Any]], path: Path, part: int = 1) -> Path | None:
+    """Part 1: held-out perplexity against the evaluation length, one line per series; part 2: accuracy, one
+    panel per task (``None`` without runs or matplotlib)."""
     kept, _ = publishable(runs)
     if not kept:
         return None
@@ -945,47 +1301,55 @@ def plot(runs: Sequence[dict[str, Any]], path: Path) -> Path | None:
     except ImportError:
         return None
     lengths = kept[0]["settings"]["eval_lengths"]
-    figure, axis = plt.subplots(figsize=(8, 5))
-    for name in dict.fromkeys(row["series"] for run in kept for row in run["rows"]):
-        points = [(n, v) for n in lengths if (v := list(series_losses(kept, name, n).values()))]
-        axis.plot([n for n, _ in points], [math.exp(sum(v) / len(v)) for _, v in points], marker="o",
-                  label=name)
-    axis.set_xscale("log", base=2)
-    axis.set_yscale("log")
-    axis.axvline(kept[0]["settings"]["train_length"], color="grey", linestyle=":")
-    axis.set_xlabel("evaluation length (tokens)")
-    axis.set_ylabel("held-out perplexity")
-    axis.legend(fontsize=7)
+    panels = ([("held-out perplexity", kept, "loss")] if part == 1 else
+              [(f"{task} accuracy", [run for run in kept if run["task"] == task], "accuracy")
+               for task in TASKS])
+    figure, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 5), squeeze=False)
+    for axis, (label, of_panel, key) in zip(axes[0], panels):
+        for name in dict.fromkeys(row["series"] for run in of_panel for row in run["rows"]):
+            points = [(n, sum(v) / len(v)) for n in lengths
+                      if (v := list(series_losses(of_panel, name, n, key).values()))]
+            axis.plot([n for n, _ in points], [math.exp(v) if key == "loss" else v for _, v in points],
+                      marker="o", label=name)
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log" if key == "loss" else "linear")
+        axis.axvline(kept[0]["settings"]["train_length"], color="grey", linestyle=":")
+        axis.set_xlabel("evaluation length (tokens)")
+        axis.set_ylabel(label)
+        axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
 
 
-def publish(runs_paths: Sequence[Path], out: Path | None) -> str:
-    runs = read_runs(runs_paths)
-    text = results_markdown(runs)
+def publish(runs_paths: Sequence[Path], out: Path | None, part: int = 1) -> str:
+    runs = read_runs(runs_paths, part)
+    text = results_markdown(runs) if part == 1 else task_results_markdown(runs)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / RESULTS_FILE, text)
-        plot(runs, out / PLOT_FILE)
+        atomic_write(out / FILES[part].results, text)
+        plot(runs, out / FILES[part].plot, part)
     return text
 
 
 def absorb(folder: Path, committed: Path = COMMITTED) -> int:
-    """Append the new runs of a lease's ``gpu-study-runs.jsonl`` to ``committed/runs.jsonl`` (dry runs
-    refused, fingerprints already there skipped); returns how many were added."""
-    source = folder / RUNS_FILE if folder.is_dir() else folder
-    if not source.is_file():
-        raise UsageError("absorb", f"no {RUNS_FILE} in {str(folder)!r}")
-    known = {run["fingerprint"] for run in read_runs([committed])}
+    """Append the new runs of a lease's runs files (``gpu-study-runs.jsonl``, part 1, and
+    ``gpu-study-retrieval-runs.jsonl``, part 2) to their part's file under ``committed`` (``runs.jsonl``,
+    ``retrieval-runs.jsonl``; dry runs refused, fingerprints already there skipped); returns how many were
+    added."""
+    sources = ([folder / FILES[part].runs for part in FILES if (folder / FILES[part].runs).is_file()]
+               if folder.is_dir() else [folder] if folder.is_file() else [])
+    if not sources:
+        raise UsageError("absorb", f"no {' or '.join(f.runs for f in FILES.values())} in {str(folder)!r}")
+    known = {run["fingerprint"] for run in read_runs([committed], None)}
     added = 0
-    for record in read_runs([source]):
+    for record in read_runs(sources, None):
         if record.get("dry_run"):
-            raise UsageError("absorb", f"{str(source)!r} holds dry-run results, which are never committed")
+            raise UsageError("absorb", f"{str(folder)!r} holds dry-run results, which are never committed")
         if record["fingerprint"] not in known:
             committed.mkdir(parents=True, exist_ok=True)
-            append_run(committed / "runs.jsonl", record)
+            append_run(committed / FILES[record.get("part", 1)].committed, record)
             known.add(record["fingerprint"])
             added += 1
     return added
@@ -1010,38 +1374,45 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     go.add_argument("--compile", default="auto", help="torch.compile: auto (on CUDA), yes or no")
     go.add_argument("--retime", action="store_true", help="time the variants even where committed runs "
                     "pin the step count (the step count stays pinned only if --steps says so)")
-    go.add_argument("--steps", type=int, default=None, help="set the step count instead of timing")
-    take = commands.add_parser("absorb", help="a lease's runs into docs/results/gpu-study/runs.jsonl")
+    go.add_argument("--steps", type=int, default=None, help="set the step count instead of timing (part 2: "
+                    "MQAR's; passkey trains 400/1500 of it)")
+    take = commands.add_parser("absorb", help="a lease's runs (both parts) into docs/results/gpu-study/")
     take.add_argument("folder", type=Path)
     show = commands.add_parser("publish", help="tables, verdicts and a plot of the runs")
-    show.add_argument("--runs", type=Path, nargs="+", default=[COMMITTED])
+    show.add_argument("--runs", type=Path, nargs="+", default=[COMMITTED],
+                      help="runs files or folders (their *.jsonl; only the part's runs are read)")
     show.add_argument("--out", type=Path, default=None)
     sizes = commands.add_parser("plan", help="the variants and their non-embedding parameters")
     sizes.add_argument("--dry-run", action="store_true")
+    for command in (go, show, sizes):
+        command.add_argument("--part", default="1",
+                             help="1: the language model (default); 2: retrieval, passkey and MQAR")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     try:
+        part = parse_part(getattr(args, "part", 1))
         if args.command == "run":
             return run(Options(out=args.out, dry_run=args.dry_run, budget=args.budget, deadline=args.deadline,
                                seeds=tuple(args.seeds or ([0] if args.dry_run else [0, 1, 2])),
                                committed=args.committed,
                                variants=tuple(args.variants) if args.variants else None, compile=args.compile,
-                               retime=args.retime, steps=args.steps))
+                               retime=args.retime, steps=args.steps, part=part))
         if args.command == "absorb":
-            log(f"{absorb(args.folder)} new run(s) added to {COMMITTED / 'runs.jsonl'}")
+            log(f"{absorb(args.folder)} new run(s) added under {COMMITTED}")
             return 0
         if args.command == "publish":
             if args.out is not None and args.out.exists() and not args.out.is_dir():
                 raise UsageError("--out", f"{str(args.out)!r} is a file, not a folder")
-            print(publish(args.runs, args.out), end="")
+            print(publish(args.runs, args.out, part), end="")
             return 0
         from hf_attn_variants.training import embedded_tokenizer
 
-        settings = DRY_SETTINGS if args.dry_run else Settings()
-        for p in plan_variants(settings, embedded_tokenizer()):
+        settings = part_settings(part, args.dry_run)
+        vocabulary = embedded_tokenizer() if part == 1 else cast(TaskSettings, settings).task_vocab_size
+        for p in plan_variants(settings, vocabulary):
             print(f"{p.name}\t{p.parameters['non_embedding']}\t{p.parameters['total']}\t{p.fields}")
         return 0
     except UsageError as error:
@@ -1053,5 +1424,6 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["CLAIMS", "DRY_SETTINGS", "Options", "Settings", "UsageError", "absorb", "build_corpus", "main",
-           "pending", "plan_variants", "publish", "replace", "results_markdown", "run", "verdict"]
+__all__ = ["CLAIMS", "DRY_SETTINGS", "DRY_TASK_SETTINGS", "FILES", "Options", "Settings", "TaskSettings",
+           "UsageError", "absorb", "build_corpus", "main", "pending", "plan_variants", "publish", "replace",
+           "results_markdown", "run", "task_results_markdown", "task_steps", "verdict"]

@@ -1,7 +1,8 @@
 """``scripts/gpu_study.sh``, the length-generalisation study at L = 512 in GPU leases (issue 49): its dry run
-goes through every step on CPU in well under a minute and writes its files; a second dry run skips the
-finished runs; runs of another corpus are never reused; bad arguments give one line naming the flag; the
-publishing says "no runs yet" without runs and applies the issue-29 rule."""
+goes through every step on CPU in well under a minute and writes its files, for part 1 (the language model)
+and part 2 (passkey and MQAR); a second dry run skips the finished runs; runs of another corpus are never
+reused; bad arguments give one line naming the flag; the publishing says "no runs yet" without runs and
+applies the issue-29 rule."""
 
 from __future__ import annotations
 
@@ -32,11 +33,11 @@ def load_driver() -> ModuleType:
 driver = load_driver()
 
 
-def dry_run(out: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+def dry_run(out: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], float]:
     env = {**os.environ, "PYTHON": sys.executable,
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     started = time.monotonic()
-    done = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--out", str(out)], capture_output=True,
+    done = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--out", str(out), *extra], capture_output=True,
                           text=True, env=env, timeout=240, check=False)
     return done, time.monotonic() - started
 
@@ -68,6 +69,38 @@ def test_dry_run_end_to_end_then_skips(tmp_path: Path) -> None:
     assert len(driver.read_runs([out / driver.RUNS_FILE])) == len(runs)
 
 
+def test_part_2_dry_run_end_to_end_then_skips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    done, seconds = dry_run(out, "--part", "2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    files = driver.FILES[2]
+    assert sorted(path.name for path in out.iterdir()) == sorted(
+        [files.runs, files.plan, files.log, files.results, files.plot])
+    runs = driver.read_runs([out / files.runs], 2)
+    names = sorted(name for name, _ in driver.VARIANTS)
+    assert sorted((run["task"], run["variant"]) for run in runs) == sorted(
+        (task, name) for task in driver.TASKS for name in names)
+    assert not driver.read_runs([out], 1)  # the parts are never mixed
+    plan = json.loads((out / files.plan).read_text())
+    assert plan["part"] == 2 and plan["corpus"]["sha256"] and plan["corpus"]["tokenizer_sha256"]
+    warmup = plan["task_steps"]["mqar"]["copy_warmup_steps"]
+    assert warmup >= 1 and plan["task_steps"]["passkey"]["copy_warmup_steps"] == 0
+    for run in runs:
+        assert run["part"] == 2 and run["dry_run"] and run["copy_warmup_steps"] == (
+            warmup if run["task"] == "mqar" else 0)
+        assert {row["length"] for row in run["rows"]} == set(driver.DRY_TASK_SETTINGS.eval_lengths)
+        assert all(0 <= row["accuracy"] <= 1 for row in run["rows"])
+    results = (out / files.results).read_text()
+    assert "part 2: retrieval" in results and "not resolved (1 of 3 seeds)" in results
+    assert "| passkey |" in results and "| mqar |" in results
+    assert seconds < 60, f"the dry run took {seconds:.0f} s"
+
+    # the rerun in this process (the shell's steps ran above): it skips every run
+    assert driver.main(["run", "--dry-run", "--part", "2", "--out", str(out)]) == 0
+    assert f"{len(runs)} run(s) done earlier, skipped; 0 to do" in capsys.readouterr().out
+    assert len(driver.read_runs([out / files.runs], 2)) == len(runs)
+
+
 def fake_planned() -> list:
     return [driver.Planned(name, None, {"hidden_size": 8}, {"non_embedding": 1})
             for name, _ in driver.VARIANTS]
@@ -92,7 +125,7 @@ def test_a_changed_corpus_skips_nothing() -> None:
 @pytest.mark.parametrize(("argv", "flag"), [
     (["--out", "FILE"], "--out"), (["--budget", "0"], "--budget"), (["--budget", "-5"], "--budget"),
     (["--deadline", "700"], "--deadline"), (["--seeds", "1", "1"], "--seeds"),
-    (["--variants", "nope"], "--variants"), (["--steps", "0"], "--steps"),
+    (["--variants", "nope"], "--variants"), (["--steps", "0"], "--steps"), (["--part", "3"], "--part"),
 ])
 def test_bad_arguments_name_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
                                      flag: str) -> None:
@@ -104,10 +137,11 @@ def test_bad_arguments_name_the_flag(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert status == 2 and len(err.splitlines()) == 1 and f": {flag}: " in err, err
 
 
-def test_publish_without_runs(tmp_path: Path) -> None:
-    text = driver.publish([tmp_path / "empty"], tmp_path / "published")
-    assert "No runs yet" in text
-    assert (tmp_path / "published" / driver.RESULTS_FILE).read_text() == text
+@pytest.mark.parametrize("part", [1, 2])
+def test_publish_without_runs(tmp_path: Path, part: int) -> None:
+    text = driver.publish([tmp_path / "empty"], tmp_path / "published", part)
+    assert "No runs yet" in text and f"part {part}" in text
+    assert (tmp_path / "published" / driver.FILES[part].results).read_text() == text
 
 
 def test_the_issue_29_rule() -> None:
@@ -125,6 +159,18 @@ def test_the_issue_29_rule() -> None:
         "not resolved (mean")
 
 
+def test_the_issue_29_rule_on_accuracy() -> None:
+    def runs(accuracy_a: list[float], accuracy_b: list[float]) -> list[dict]:
+        return [{"seed": seed, "rows": [{"series": "a", "length": 512, "accuracy": xa},
+                                        {"series": "b", "length": 512, "accuracy": xb}]}
+                for seed, (xa, xb) in enumerate(zip(accuracy_a, accuracy_b))]
+
+    assert driver.verdict(runs([0.9, 0.8, 1.0], [0.5, 0.7, 0.9]), "a", "b", 512, "accuracy")[0] == "**holds**"
+    assert driver.verdict(runs([0.5, 0.7, 0.9], [0.9, 0.8, 1.0]), "a", "b", 512, "accuracy")[0] == "**fails**"
+    assert driver.verdict(runs([0.9, 0.9, 0.9], [0.88, 0.86, 0.9]), "a", "b", 512, "accuracy")[0] == (
+        f"not resolved (mean difference below {driver.TASK_MARGIN})")
+
+
 def test_absorb_refuses_dry_runs_and_adds_new_runs_once(tmp_path: Path) -> None:
     lease = tmp_path / "lease"
     lease.mkdir()
@@ -133,6 +179,11 @@ def test_absorb_refuses_dry_runs_and_adds_new_runs_once(tmp_path: Path) -> None:
     committed = tmp_path / "committed"
     assert driver.absorb(lease, committed) == 1
     assert driver.absorb(lease, committed) == 0
+    driver.append_run(lease / driver.FILES[2].runs, {**record, "fingerprint": "r1", "part": 2})
+    assert driver.absorb(lease, committed) == 1
+    part_2 = driver.read_runs([committed / driver.FILES[2].committed], 2)
+    assert [run["fingerprint"] for run in part_2] == ["r1"]
+    assert [run["fingerprint"] for run in driver.read_runs([committed])] == ["f1"]
     driver.append_run(lease / driver.RUNS_FILE, {**record, "fingerprint": "f2", "dry_run": True})
     with pytest.raises(driver.UsageError, match="dry-run"):
         driver.absorb(lease, committed)
