@@ -56,9 +56,9 @@ EXPORTED_LINES = {
     # recomputation (modeling_gau.py, +32); then +24 for the docstrings naming the op's implementations and
     # kernels, the unit's qk_rows, one jit helper of the kernels and the op's refusal without triton; +4
     # for per_chunk, so that the torch path broadcasts the one bidirectional state instead of copying it.
-    # Issue 50: +1,587 docstring lines for the documented arguments (shared file +703, gau_kernels +267,
+    # Issue 50: +1,588 docstring lines for the documented arguments (shared file +703, gau_kernels +268,
     # modeling_gau +484, gau_triton +108, config +25); lines less docstrings 3,303 → 3,295.
-    "gau": 5707,
+    "gau": 5708,
     # Above the 1,550 target: the shared file, as for the entropy-invariant family (issue 47's loss included).
     # Issue 50: +792 docstring lines for the documented arguments; lines less docstrings 1,895 → 1,887.
     "synthesizer": 3138,

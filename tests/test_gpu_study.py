@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -33,13 +33,20 @@ def load_driver() -> ModuleType:
 driver = load_driver()
 
 
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def dry_run(out: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    """The dry run's result and the CPU seconds it used (its own work, whatever else loads the cores: the
+    suite's other worker; with one thread its CPU time is its wall time on an idle core)."""
     env = {**os.environ, "PYTHON": sys.executable,
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    started = time.monotonic()
+    started = children_cpu_seconds()
     done = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--out", str(out), *extra], capture_output=True,
-                          text=True, env=env, timeout=240, check=False)
-    return done, time.monotonic() - started
+                          text=True, env=env, timeout=600, check=False)
+    return done, children_cpu_seconds() - started
 
 
 def test_dry_run_end_to_end_then_skips(tmp_path: Path) -> None:
@@ -60,7 +67,7 @@ def test_dry_run_end_to_end_then_skips(tmp_path: Path) -> None:
         assert {row["length"] for row in run["rows"]} == set(lengths)
     results = (out / driver.RESULTS_FILE).read_text()
     assert "Verdicts" in results and "not resolved (1 of 3 seeds)" in results
-    assert seconds < 60, f"the dry run took {seconds:.0f} s"
+    assert seconds < 60, f"the dry run took {seconds:.0f} CPU seconds"
 
     again, _ = dry_run(out)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -93,7 +100,7 @@ def test_part_2_dry_run_end_to_end_then_skips(tmp_path: Path, capsys: pytest.Cap
     results = (out / files.results).read_text()
     assert "part 2: retrieval" in results and "not resolved (1 of 3 seeds)" in results
     assert "| passkey |" in results and "| mqar |" in results
-    assert seconds < 60, f"the dry run took {seconds:.0f} s"
+    assert seconds < 60, f"the dry run took {seconds:.0f} CPU seconds"
 
     # the rerun in this process (the shell's steps ran above): it skips every run
     assert driver.main(["run", "--dry-run", "--part", "2", "--out", str(out)]) == 0
