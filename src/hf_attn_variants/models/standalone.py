@@ -369,7 +369,11 @@ def _from_import(module: str, names: list[str], width: int = 110) -> str:
 
 
 def package_version() -> str:
-    """This package's version (``hf_attn_variants.__version__``, also when it runs from a source tree)."""
+    """This package's version, also when it runs from a source tree.
+
+    Returns:
+        ``hf_attn_variants.__version__``, which every exported file's header names.
+    """
     return __version__
 
 
