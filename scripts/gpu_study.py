@@ -71,6 +71,9 @@ from typing import Any, cast
 
 import torch
 
+from hf_attn_variants.lengthgen.results import atomic_write_json, atomic_write_text
+from hf_attn_variants.lengthgen.study import machine_info
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "docs" / "results" / "gpu-study"
 RUNS_FILE = "gpu-study-runs.jsonl"
@@ -245,13 +248,6 @@ def sha256_text(text: str) -> str:
 
 def fingerprint(data: Any) -> str:
     return sha256_text(json.dumps(data, sort_keys=True, default=str))
-
-
-def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
 
 
 def append_run(path: Path, record: dict[str, Any]) -> None:
@@ -1006,7 +1002,7 @@ def run(options: Options) -> int:
     log(f"{steps} steps ({how}), " + ", ".join(f"{task or 'a run'}: {counts[task][0]} steps, "
                                                f"{tokens[task]:,} tokens" for task in tasks)
         + f"; {skipped} run(s) done earlier, skipped; {len(todo)} to do" + (f"; {note}" if note else ""))
-    atomic_write(plan_path, json.dumps(report, indent=1) + "\n")
+    atomic_write_json(plan_path, report)
     failed = 0
     estimate = {(p.name, task): predicted_seconds(timings[p.name], counts[task][0], settings,
                                                   len(p.variant.eval_modes))
@@ -1035,7 +1031,7 @@ def run(options: Options) -> int:
                 traceback.format_exception_only(error)).strip()[:800]})
             log(f"run {name} failed: {error}")
             free_memory(device)
-            atomic_write(plan_path, json.dumps(report, indent=1) + "\n")
+            atomic_write_json(plan_path, report)
             continue
         estimate[(p.name, task)] = max(estimate.get((p.name, task), 0.0), result["seconds"])
         record = {"fingerprint": run_fingerprint(p, seed, settings, steps, info, task),
@@ -1046,10 +1042,10 @@ def run(options: Options) -> int:
                   "machine": report["machine"], "date": time.strftime("%Y-%m-%d"), **result}
         append_run(runs_path, record)
         report["finished_runs"].append(name)
-        atomic_write(plan_path, json.dumps(report, indent=1) + "\n")
+        atomic_write_json(plan_path, report)
         log(f"run {name}: {result['seconds']:.0f} s, " + run_summary(result, settings))
     report["seconds"] = round(time.monotonic() - started, 1)
-    atomic_write(plan_path, json.dumps(report, indent=1) + "\n")
+    atomic_write_json(plan_path, report)
     log(f"done in {report['seconds']} s: {len(report['finished_runs'])} run(s) finished, {failed} failed, "
         f"{len(report['not_started'])} left")
     return 1 if failed else 0
@@ -1084,10 +1080,8 @@ def run_summary(result: dict[str, Any], settings: ModelSettings) -> str:
 
 
 def machine() -> dict[str, Any]:
-    import transformers
-
-    info: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__,
-                            "transformers": transformers.__version__, "cpu_count": os.cpu_count()}
+    """``lengthgen``'s record of the machine and versions, and the GPU's name on a device."""
+    info = machine_info()
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
@@ -1328,7 +1322,7 @@ def publish(runs_paths: Sequence[Path], out: Path | None, part: int = 1) -> str:
     text = results_markdown(runs) if part == 1 else task_results_markdown(runs)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / FILES[part].results, text)
+        atomic_write_text(out / FILES[part].results, text)
         plot(runs, out / FILES[part].plot, part)
     return text
 
