@@ -20,7 +20,16 @@ from hf_attn_variants import (
 )
 from hf_attn_variants.cli import main
 from hf_attn_variants.entropy.cli import default_lengths
-from hf_attn_variants.entropy.measure import entropy_by_length, fit_slope, mean_log_keys, row_entropy
+from hf_attn_variants.entropy import measure
+from hf_attn_variants.entropy.measure import (
+    attention_maps,
+    entropy_by_length,
+    fit_slope,
+    layer_entropy_sums,
+    mean_log_keys,
+    measured_rows,
+    row_entropy,
+)
 
 TINY = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "initializer_range": 0.5}
 
@@ -55,6 +64,64 @@ def test_uniform_attention_has_entropy_log_n_and_slope_one(causal: bool) -> None
         torch.testing.assert_close(torch.tensor(point.entropy, dtype=torch.float64),
                                    torch.full((2, 4), point.log_keys, dtype=torch.float64), atol=1e-6, rtol=0)
     assert fit_slope([p.log_keys for p in points], [p.mean_entropy for p in points]) == pytest.approx(1.0)
+
+
+def streamed_model(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    heads = {"num_attention_heads": 4, "intermediate_size": 64, "attn_implementation": "eager"}
+    if name == "ei":
+        return EntropyInvariantForCausalLM(EntropyInvariantConfig(**TINY, **heads, base_length=16,
+                                                                  is_decoder=True))
+    if name == "ei_bidirectional":
+        return EntropyInvariantModel(EntropyInvariantConfig(**TINY, **heads))
+    if name == "gau":
+        return GAUForCausalLM(GAUConfig(**TINY, attention_key_size=16, is_decoder=True,
+                                        attention_normalization="relu2"))
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=3,
+                                        num_key_value_heads=2, initializer_range=0.5, **heads))
+
+
+@pytest.mark.parametrize("name", ["ei", "ei_bidirectional", "gau", "llama"])
+def test_layer_by_layer_entropy_equals_the_whole_models_maps(name, monkeypatch) -> None:
+    """``layer_entropy_sums`` gives the entropies of ``output_attentions``' maps, and each layer's map is
+    freed before the next layer attends (a weak reference to it is dead by then), nor passed on."""
+    model = streamed_model(name).eval()
+    causal = name != "ei_bidirectional"
+    normalize = name == "gau"
+    input_ids = torch.randint(0, 64, (2, 24))
+    rows = measured_rows(24, causal)
+    expected = torch.stack([row_entropy(layer[:, :, rows], normalize).sum(dim=(0, 2))
+                            for layer in attention_maps(model, input_ids)])
+
+    import weakref
+
+    seen: list[weakref.ref] = []
+    reduce = measure.summed_row_entropy
+
+    def remember(attention, *args):
+        assert all(ref() is None for ref in seen), "an earlier layer's map is still alive"
+        seen.append(weakref.ref(attention))
+        return reduce(attention, *args)
+
+    passed_on: list[object] = []
+    attention_modules = [module for module in model.modules()
+                         if type(module).__name__.endswith(("Attention", "AttentionUnit"))]
+    assert len(attention_modules) == model.config.num_hidden_layers
+    for module in attention_modules:
+        module.register_forward_hook(lambda _m, _a, output: passed_on.append(output[1]))
+    monkeypatch.setattr(measure, "summed_row_entropy", remember)
+    streamed = layer_entropy_sums(model, input_ids, rows, normalize)
+    torch.testing.assert_close(streamed, expected)
+    assert len(seen) == model.config.num_hidden_layers and all(ref() is None for ref in seen)
+    assert passed_on == [None] * len(attention_modules)
+
+
+def test_layer_by_layer_entropy_needs_attention_weights() -> None:
+    config = LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                         intermediate_size=64, attn_implementation="sdpa")
+    model = LlamaForCausalLM(config)
+    with pytest.raises(ValueError, match="attn_implementation='eager'"):
+        layer_entropy_sums(model, torch.randint(0, 64, (1, 8)), measured_rows(8, True))
 
 
 @pytest.fixture(scope="module")

@@ -63,7 +63,14 @@ def test_dry_run_end_to_end_then_skips(tmp_path: Path) -> None:
     assert set(plan["timing"]) == {name for name, _ in driver.VARIANTS} and plan["steps"] >= 1
     lengths = driver.DRY_SETTINGS.eval_lengths
     for run in runs:
-        assert run["dry_run"] and run["entropy"]["status"]
+        assert run["dry_run"]
+        entropy = run["entropy"]
+        if run["variant"] == "gau_flash":
+            assert entropy["status"] == driver.FLASH_ENTROPY
+        else:  # one layer's maps at a time: the lengths up to the memory limit, the longer ones skipped
+            assert entropy["status"] == "ok", entropy
+            measured = [point["length"] for point in entropy["points"]]
+            assert len(measured) >= 3 and measured + entropy["skipped_lengths"] == list(lengths)
         assert {row["length"] for row in run["rows"]} == set(lengths)
     results = (out / driver.RESULTS_FILE).read_text()
     assert "Verdicts" in results and "not resolved (1 of 3 seeds)" in results

@@ -68,8 +68,8 @@ class EntropyArguments:
                                                      "training-free log-n scaling)."})
     stock_scope: Literal["beyond", "all"] = field(
         default="beyond", metadata={"help": "Stock log-n: scale rows beyond L only, or all rows."})
-    memory_gib: float = field(default=2.0, metadata={"help": "Batches sized to hold this much of attention "
-                                                             "maps."})
+    memory_gib: float = field(default=2.0, metadata={"help": "Batches sized so that one layer's attention "
+                                                             "maps (fp32) and their entropy fit this much."})
 
 
 @dataclass(frozen=True)
@@ -334,16 +334,14 @@ def measure(series: Series, args: EntropyArguments, train_length: int, lengths: 
     """The results entry of one series (its model's ``config`` and input ``source``)."""
     from tqdm.auto import tqdm
 
-    from .measure import diffuse_heads, entropy_by_length, fit_slope, head_slopes
+    from .measure import diffuse_heads, entropy_by_length, fit_slope, head_slopes, layer_memory_bytes
 
     model, config = load(series, args, train_length, config)
     cap = length_cap(config)
     usable = [length for length in lengths if cap is None or length <= cap]
     causal = is_causal(model)
-    layers = config.num_hidden_layers
     heads = getattr(config, "num_attention_heads", 1) if config.model_type != "gau" else 1
-    per_sample = lambda length: 2.0 * layers * heads * length * length * 8  # noqa: E731 (float64 entropy)
-    batches = batched(source, per_sample, args.memory_gib)
+    batches = batched(source, lambda length: layer_memory_bytes(length, heads), args.memory_gib)
     with tqdm(total=len(usable), desc=series.name, unit="length") as bar:
         points = entropy_by_length(model, batches, usable, causal=causal, normalize=normalizes_rows(config),
                                    progress=lambda _: bar.update())

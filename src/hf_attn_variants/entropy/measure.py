@@ -5,7 +5,9 @@ keys has H = log nᵢ; Su's entropy-invariance argument (2021, "从熵不变性�
 asks for logits scaled by log nᵢ so that H stays put as nᵢ grows.
 
 ``entropy_by_length`` measures H per layer and head at each input length n: every row of a bidirectional
-model (nᵢ = n), the rows of the second half of a causal one (nᵢ ∈ (n/2, n]). ``fit_slope`` gives
+model (nᵢ = n), the rows of the second half of a causal one (nᵢ ∈ (n/2, n]). It reduces each layer's map
+as the layer returns it (``layer_entropy_sums``), so one layer's map is alive at a time, not the model's:
+8 layers × 8 heads at 16k tokens are 64 GiB of fp32 maps together, 8 GiB one at a time. ``fit_slope`` gives
 dH/d log n by least squares over the lengths: near 0 where the entropy holds still, near 1 where a head
 stays as diffuse as the uniform row.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -59,6 +62,57 @@ def row_entropy(attention: torch.Tensor, normalize: bool = False) -> torch.Tenso
     return torch.special.entr(probs).sum(-1)
 
 
+def layer_memory_bytes(length: int, heads: int) -> float:
+    """Bytes ``layer_entropy_sums`` needs per sequence of ``length`` tokens for a layer of ``heads`` heads:
+    the layer's fp32 scores and probabilities (2 · 4 · heads · n²) and one head's float64 copy and entropy
+    terms (2 · 8 · n²). 20 GiB at 16k tokens and 8 heads."""
+    return (8.0 * heads + 16.0) * length * length
+
+
+def summed_row_entropy(attention: torch.Tensor, rows: slice, normalize: bool = False) -> torch.Tensor:
+    """Σ over batch and ``rows`` of ``row_entropy`` for a map ``(batch, heads, q, k)`` → ``(heads,)`` float64,
+    one head at a time, so the float64 copy is one head's."""
+    return torch.stack([row_entropy(attention[:, head, rows], normalize).sum()
+                        for head in range(attention.shape[1])])
+
+
+def is_attention_map(value: Any, length: int) -> bool:
+    """Whether ``value`` is an attention map ``(batch, heads, length, length)``."""
+    return (isinstance(value, torch.Tensor) and value.dim() == 4
+            and tuple(value.shape[-2:]) == (length, length))
+
+
+@torch.no_grad()
+def layer_entropy_sums(model: torch.nn.Module, input_ids: torch.Tensor, rows: slice,
+                       normalize: bool = False) -> torch.Tensor:
+    """Σ over batch and ``rows`` of every layer's row entropies, ``(layers, heads)`` float64, layer by layer.
+
+    The model runs with ``output_attentions``; a forward hook, put before every other hook (``prepend``),
+    takes the map from each module that returns ``(output, map, ...)``, reduces it with
+    ``summed_row_entropy`` and passes ``(output, None, ...)`` on, so neither the layers nor Transformers'
+    output recording keep it.
+    ``ValueError`` when no module returned a map (e.g. SDPA)."""
+    length = input_ids.shape[-1]
+    sums: list[torch.Tensor] = []
+
+    def reduce(module: torch.nn.Module, args: Any, output: Any) -> Any:
+        if not (isinstance(output, tuple) and len(output) > 1 and is_attention_map(output[1], length)):
+            return None
+        sums.append(summed_row_entropy(output[1], rows, normalize))
+        return (output[0], None, *output[2:])
+
+    handles = [module.register_forward_hook(reduce, prepend=True) for module in model.modules()]
+    try:
+        model(input_ids=input_ids, output_attentions=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not sums:
+        raise ValueError("the model returned no attention weights: load it with attn_implementation='eager' "
+                         "(stock log-n: 'entropy_invariant_eager').")
+    return torch.stack(sums)
+
+
 @torch.no_grad()
 def attention_maps(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Every layer's attention probabilities ``(batch, heads, n, n)`` for ``input_ids``
@@ -82,19 +136,17 @@ def entropy_by_length(
     progress: Callable[[int], None] | None = None,
 ) -> list[LengthPoint]:
     """One ``LengthPoint`` per length of ``lengths``: the mean entropy per layer and head over the
-    ``measured_rows`` of every sequence of ``batches(length)`` (a list of ``(batch, length)`` id tensors)."""
+    ``measured_rows`` of every sequence of ``batches(length)`` (a list of ``(batch, length)`` id tensors),
+    one layer's map at a time (``layer_entropy_sums``)."""
     points = []
     for length in lengths:
         totals: torch.Tensor | None = None
         count = 0
         rows = measured_rows(length, causal)
         for input_ids in batches(length):
-            maps = attention_maps(model, input_ids)
-            # (layers, batch, heads, rows) → sum over batch and rows
-            entropy = torch.stack([row_entropy(layer[:, :, rows], normalize) for layer in maps])
-            summed = entropy.sum(dim=(1, 3))
+            summed = layer_entropy_sums(model, input_ids, rows, normalize)
             totals = summed if totals is None else totals + summed
-            count += entropy.shape[1] * entropy.shape[3]
+            count += input_ids.shape[0] * len(range(length)[rows])
         if totals is None:
             raise ValueError(f"no input sequences at length {length}.")
         points.append(LengthPoint(length, mean_log_keys(length, causal), (totals / count).tolist(), count))
@@ -136,7 +188,11 @@ __all__ = [
     "entropy_by_length",
     "fit_slope",
     "head_slopes",
+    "is_attention_map",
+    "layer_memory_bytes",
+    "layer_entropy_sums",
     "mean_log_keys",
     "measured_rows",
     "row_entropy",
+    "summed_row_entropy",
 ]
