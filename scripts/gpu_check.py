@@ -8,10 +8,10 @@ the first three, ``--part perf`` environment, bench, peers and decoding)::
     gpu_check.py environment --out DIR  # environment-gpu.json: GPU, driver, versions, wheels (20 s)
     gpu_check.py tests --out DIR        # tests-gpu.json: CUDA tests, then model tests on CPU tensors (190 s)
     gpu_check.py wheel --out DIR        # wheel-gpu.json: the wheel on this torch, README quickstarts (90 s)
-    gpu_check.py bench --out DIR        # benchmarks-gpu.json: the bench's format, kind bench (100 s)
+    gpu_check.py bench --out DIR        # benchmarks-gpu.json: the bench's format, kind bench (65 s)
     gpu_check.py peers --out DIR        # peers-gpu.json: FLASH vs FLASH-pytorch vs Llama causal LMs, kind
-                                        # side_by_side (bench/side_by_side.py) (100 s)
-    gpu_check.py decoding --out DIR     # decoding-gpu.json: scripts/decoding_bench.py's format (180 s)
+                                        # side_by_side (bench/side_by_side.py) (80 s)
+    gpu_check.py decoding --out DIR     # decoding-gpu.json: scripts/decoding_bench.py's format (135 s)
 
 (each ``python scripts/gpu_check.py …``; in brackets each stage's default ``--budget``;
 ``scripts/gpu_check.sh`` passes the same, ``GPU_CHECK_BUDGET_<STAGE>`` overrides them there).
@@ -763,7 +763,9 @@ class BenchPart:
     variants: dict[str, Any]
     lengths: tuple[int, ...]
     growth: float
-    """Predicted time factor from one length to the next (2 for linear time, 4 for quadratic)."""
+    """Predicted time factor from one length to the next: 2 for linear time at doubled lengths, 4 for
+    quadratic; the FLASH part's lengths grow 4× (the first H200 run's rows took 4.2× from 16k to 64k, the
+    Llama's 7×)."""
 
 
 FLASH_NOTE = (
@@ -804,7 +806,8 @@ def bench_preset(dry_run: bool) -> Any:
 
 def bench_parts(preset: Any, dry_run: bool, device: str) -> list[BenchPart]:
     """Entropy-invariant vs Llama decoders (2k–16k), then FLASH (Triton, torch path) vs Llama at equal
-    parameters (4k–64k); a dry run measures both at the preset's tiny lengths."""
+    parameters at 4k, 16k and 64k (the side by side's lengths); a dry run measures both at the preset's tiny
+    lengths."""
     from hf_attn_variants.bench.specs import COMPARISONS, Comparison, Variant, build_variants, gau_model
 
     def placed(variant: Any) -> Any:  # built on the device; measured at the part's lengths only
@@ -836,7 +839,7 @@ def bench_parts(preset: Any, dry_run: bool, device: str) -> list[BenchPart]:
         BenchPart(decoder, {n: placed(stock[n]) for n in (decoder.baseline, *decoder.variants)},
                   tiny or (2048, 4096, 8192, 16384), growth=3.0),
         BenchPart(comparison, {n: placed(v) for n, v in flash_variants.items()},
-                  tiny or (4096, 8192, 16384, 32768, 65536), growth=2.5),
+                  tiny or (4096, 16384, 65536), growth=5.0),
     ]
 
 
@@ -1024,16 +1027,17 @@ STATIC_LEFT_OUT = {
 one sentence at once."""
 
 
-def static_rows(model: torch.nn.Module, name: str, plan: dict[str, Any], device: str,
-                budget: Budget, predicted: float) -> tuple[list[dict[str, Any]], str | None]:
+STATIC_SECONDS = 50.0
+"""The predicted seconds of the first model's static-cache rows (compiling its decoding step, then timing
+it) before one was measured; each later model is predicted at the previous one's measured time."""
+
+
+def static_rows(model: torch.nn.Module, name: str, plan: dict[str, Any],
+                device: str) -> tuple[list[dict[str, Any]], str | None]:
     """Batch-1 rows at the shortest context with the static cache (compiled by Transformers on CUDA; a dry
     run's CPU runs it uncompiled); (rows, why there are none)."""
     from hf_attn_variants.bench.decoding import DECODING_SDPA_BACKENDS, measure_model
 
-    if name in STATIC_LEFT_OUT:
-        return [], STATIC_LEFT_OUT[name]
-    if not budget.fits(predicted):
-        return [], f"not run: the decoding budget ({budget.seconds:.0f} s) would be exceeded"
     try:
         rows = measure_model(model, name, [1], [min(plan["contexts"])], plan["new_tokens"], log,
                              cache_implementation="static", sdpa_backends=DECODING_SDPA_BACKENDS)
@@ -1044,11 +1048,31 @@ def static_rows(model: torch.nn.Module, name: str, plan: dict[str, Any], device:
     return rows, None
 
 
+def refuses_static_cache(model: torch.nn.Module) -> bool:
+    """Whether ``model`` refuses a static cache at once, before compiling anything: FLASH GAU
+    (``chunk_size``; ``gau_cache.check_chunk_cache``)."""
+    return getattr(model.config, "chunk_size", None) is not None
+
+
+def free_device(device: str) -> None:
+    """After a model: its compiled step forgotten (the next starts afresh) and its memory returned."""
+    if device == "cuda":
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+
+
+def log_profile(name: str, profile: dict[str, Any]) -> None:
+    log(f"  {name}: profile of batch 1: {profile['wall_ms_per_step']:.1f} ms a step, "
+        f"{profile['gpu_ms_per_step']:.2f} ms of it on the GPU, {profile['launches_per_step']:.0f} "
+        f"launches, {profile['syncs_per_step']:.1f} syncs, {profile['cpu_ops_per_step']:.0f} aten calls")
+
+
 def decoding_stage(args: argparse.Namespace) -> int:
-    """decoding-gpu.json, rewritten after every model: the dynamic cache's rows, a profile of a batch-1
-    ``generate`` (top kernels and operators, time per step), and the static cache's compiled rows. A model
-    that fails (e.g. out of memory) is recorded and the others still run (status 1); one the budget cannot
-    hold is recorded as skipped."""
+    """decoding-gpu.json, rewritten after every model. First every model's dynamic-cache rows and a profile of
+    a batch-1 ``generate`` (top kernels and operators, time per step); then, as the budget allows, the static
+    cache's compiled rows, model by model (compiling is the stage's most expensive step, so a short budget
+    costs static rows, never a model's dynamic rows). A model that fails (e.g. out of memory) is recorded and
+    the others still run (status 1); one the budget cannot hold is recorded as skipped."""
     from hf_attn_variants.bench.decoding import (
         DECODERS,
         DECODING_SDPA_BACKENDS,
@@ -1072,45 +1096,69 @@ def decoding_stage(args: argparse.Namespace) -> int:
     data = {**run_metadata("decoding", command_line(args.dry_run), machine=machine_description()),
             "dry_run": args.dry_run, "settings": settings, "models": {}, "rows": [], "profiles": {},
             "not_measured": [], "gpu_check": {"complete": False}}
-    last, failed = None, []
     longest = max(plan["contexts"]) + plan["new_tokens"]
-    for name in DECODING_MODELS:
+
+    def build(name: str) -> torch.nn.Module:
+        return build_decoder(name, size, longest, device, getattr(torch, dtype))
+
+    def failure(name: str, error: Exception) -> None:
+        failed.append(f"{name}: {type(error).__name__}: {one_line(str(error), 200)}")
+        data["gpu_check"].setdefault("failed", []).append(failed[-1])
+        log(f"decoding: {failed[-1]}")
+
+    last, failed, measured = None, [], []
+    for name in DECODING_MODELS:  # the dynamic cache and a profile of every model
         if last is not None and not budget.fits(last):
             data["gpu_check"].setdefault("skipped", []).append(name)
             log(f"decoding: {name} skipped (budget: {budget.left():.0f} s left)")
             continue
         started = time.monotonic()
         try:
-            model = build_decoder(name, size, longest, device, getattr(torch, dtype))
-            rows = measure_model(model, name, plan["batches"], plan["contexts"], plan["new_tokens"], log,
-                                 sdpa_backends=DECODING_SDPA_BACKENDS)
+            model = build(name)
+            data["rows"] += measure_model(model, name, plan["batches"], plan["contexts"], plan["new_tokens"],
+                                          log, sdpa_backends=DECODING_SDPA_BACKENDS)
             data["models"][name] = DECODERS[name][0]
-            data["rows"] += rows
             data["profiles"][name] = profile_generate(model, 1, min(plan["contexts"]), plan["new_tokens"],
                                                       sdpa_backends=DECODING_SDPA_BACKENDS)
             if name == DECODING_MODELS[0]:  # the baseline once more, with every backend torch would pick
                 data["profiles"][f"{name}, default SDPA backends"] = profile_generate(
                     model, 1, min(plan["contexts"]), plan["new_tokens"])
-            write_json(args.out, "decoding-gpu", rounded(data))
-            static, why = static_rows(model, name, plan, device, budget, time.monotonic() - started)
-            data["rows"] += static
-            if why:
-                data["not_measured"].append({"model": name, "cache": "static", "reason": why})
         except Exception as error:  # noqa: BLE001 - e.g. out of memory: recorded, the other models still run
-            failed.append(f"{name}: {type(error).__name__}: {one_line(str(error), 200)}")
-            data["gpu_check"].setdefault("failed", []).append(failed[-1])
-            log(f"decoding: {failed[-1]}")
+            failure(name, error)
             continue
         finally:
             model = None
-            if device == "cuda":
-                torch._dynamo.reset()  # each model's compiled step starts afresh
-                torch.cuda.empty_cache()
+            free_device(device)
         last = time.monotonic() - started
-        profile = data["profiles"][name]
-        log(f"  {name}: profile of batch 1: {profile['wall_ms_per_step']:.1f} ms a step, "
-            f"{profile['gpu_ms_per_step']:.2f} ms of it on the GPU, {profile['launches_per_step']:.0f} "
-            f"launches, {profile['syncs_per_step']:.1f} syncs, {profile['cpu_ops_per_step']:.0f} aten calls")
+        measured.append(name)
+        log_profile(name, data["profiles"][name])
+        write_json(args.out, "decoding-gpu", rounded(data))
+    predicted = STATIC_SECONDS
+    for name in measured:  # then the static cache, compiled, model by model as the budget allows
+        if name in STATIC_LEFT_OUT:
+            data["not_measured"].append({"model": name, "cache": "static", "reason": STATIC_LEFT_OUT[name]})
+            continue
+        started = time.monotonic()
+        try:
+            model = build(name)
+            cost = 0.0 if refuses_static_cache(model) else predicted
+            if not budget.fits(cost):
+                data["not_measured"].append({"model": name, "cache": "static", "reason": (
+                    f"not run: the decoding budget ({budget.seconds:.0f} s) would be exceeded (predicted "
+                    f"{cost:.0f} s, {budget.left():.0f} s left)")})
+                continue
+            static, why = static_rows(model, name, plan, device)
+        except Exception as error:  # noqa: BLE001 - recorded, the other models still run
+            failure(f"{name}, static cache", error)
+            continue
+        finally:
+            model = None
+            free_device(device)
+        data["rows"] += static
+        if why:
+            data["not_measured"].append({"model": name, "cache": "static", "reason": why})
+        else:
+            predicted = time.monotonic() - started
         write_json(args.out, "decoding-gpu", rounded(data))
     data["gpu_check"]["complete"] = True
     path = write_json(args.out, "decoding-gpu", rounded(data))
@@ -1263,8 +1311,8 @@ def publish_command(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="scripts/gpu_check.py", description=__doc__.splitlines()[0])
     stages = main.add_subparsers(dest="stage", required=True)
-    for name, budget in (("environment", 20.0), ("tests", 190.0), ("wheel", 90.0), ("bench", 100.0),
-                         ("peers", 100.0), ("decoding", 180.0)):
+    for name, budget in (("environment", 20.0), ("tests", 190.0), ("wheel", 90.0), ("bench", 65.0),
+                         ("peers", 80.0), ("decoding", 135.0)):
         stage = stages.add_parser(name, help=f"the {name} stage")
         stage.add_argument("--out", type=Path, required=True, help="Folder for the results file.")
         stage.add_argument("--budget", type=float, default=budget, help=f"Seconds (default {budget:.0f}).")
