@@ -28,9 +28,10 @@ Subcommands (``scripts/gpu_study.sh`` runs ``run``; from the repository root)::
    (counted on the real configs, on the meta device);
 3. times 10 training steps of every variant (after 3 warm-up steps, which include ``torch.compile``), and one
    evaluation forward at the longest length, and sets the step count so that one seed of every variant
-   fits ``--budget`` seconds, evaluation included — unless committed runs of the same corpus, tokenizer and
-   settings pin it already (runs with different step counts could not be pooled over seeds), in which case
-   the timing is skipped;
+   fits ``--budget`` seconds, evaluation included, but not below the settings' ``min_steps`` (part 2:
+   1,500, the count its tasks need) — unless committed runs of the same corpus, tokenizer and settings pin it
+   already (runs with different step counts could not be pooled over seeds), in which case the timing is
+   skipped;
 4. trains and evaluates every (variant, seed) that is neither committed (``docs/results/gpu-study/*.jsonl``)
    nor in the output folder already, seed by seed, and appends each finished run at once to
    ``gpu-study-runs.jsonl``; it starts no run that its prediction says would end past ``--deadline``
@@ -176,6 +177,9 @@ class ModelSettings:
     timing_warmup: int = 3
     max_steps: int | None = None
     """A cap on the step count the timing gives (the dry run's)."""
+    min_steps: int = 1
+    """A floor on the step count the timing gives: part 2's runs need enough steps to learn their task at L
+    whatever a lease holds; the runs of one seed then spread over more leases."""
 
     def eval_forwards(self) -> float:
         """An upper bound on a run's evaluation cost per evaluation mode, in forwards of one sequence at the
@@ -222,6 +226,11 @@ class TaskSettings(ModelSettings):
     eval_seed: int = 0
     eval_memory_gib: float = 40.0
     """``lengthgen.retrieval.eval_batch_size``'s memory for one evaluation batch."""
+    min_steps: int = 1500
+    """MQAR's calibrated step count (``lengthgen.arguments.TASK_STEPS``; passkey then trains 400, the first
+    750 of MQAR's on the copy warm-up). A CPU pilot at L = 512
+    (``docs/results/gpu-study/pilot-mqar-cpu.json``, a 0.8M-parameter model) learned neither the copy
+    warm-up nor MQAR in the 230 steps that one lease's budget would give."""
 
     def eval_forwards(self) -> float:
         """``eval_samples`` sequences at each length; a length costs at least twice its half, so all lengths
@@ -653,6 +662,19 @@ def choose_steps(timings: dict[str, dict[str, Any]], planned: Sequence[Planned],
     return steps
 
 
+def part_fractions(part: int) -> list[float]:
+    """Each run of a variant's share of the step count: part 1 one run; part 2 a run per task
+    (``task_steps``: MQAR all of them, passkey 400/1,500)."""
+    return [1.0] if part == 1 else [task_steps(1500, task)[0] / 1500 for task in TASKS]
+
+
+def seed_seconds(timings: dict[str, dict[str, Any]], planned: Sequence[Planned], settings: ModelSettings,
+                 steps: int, fractions: Sequence[float] = (1.0,)) -> float:
+    """The predicted seconds of one seed of every variant (and entry of ``fractions``) at ``steps``."""
+    return sum(predicted_seconds(timings[p.name], round(steps * fraction), settings,
+                                 len(p.variant.eval_modes)) for p in planned for fraction in fractions)
+
+
 # ---------------------------------------------------------------------------------------------- run
 def run_fingerprint(planned: Planned, seed: int, settings: ModelSettings, steps: int,
                     corpus: dict[str, Any], task: str | None = None) -> str:
@@ -987,14 +1009,23 @@ def run(options: Options) -> int:
             timings[p.name] = time_variant(p, settings, tokenizer, data, block, device, compile_model)
             log(f"timing {p.name}: {timings[p.name]['seconds_per_step'] * 1000:.1f} ms a step, set-up "
                 f"{timings[p.name]['setup_seconds']:.1f} s, compiled {timings[p.name]['compiled']}")
-        fractions = [1.0] if part == 1 else [task_steps(1500, task)[0] / 1500 for task in TASKS]
-        steps = choose_steps(timings, planned, settings, options.budget, fractions)
+        fractions = part_fractions(part)
+        fitted = choose_steps(timings, planned, settings, options.budget, fractions)
+        steps = max(fitted, settings.min_steps)
+        report["fitted_steps"] = fitted
+        how = f"timed: one seed of every variant in {options.budget:.0f} s"
+        if fitted < settings.min_steps:
+            budgets = seed_seconds(timings, planned, settings, steps, fractions) / options.budget
+            how += (f", {fitted} steps, raised to the floor of {settings.min_steps} (one seed then takes "
+                    f"{budgets:.1f} budgets)")
         if settings.max_steps is not None:
             steps = min(steps, settings.max_steps)
-        how = f"timed: one seed of every variant in {options.budget:.0f} s" + (
-            f" (at most {settings.max_steps})" if settings.max_steps is not None else "")
+            how += f" (at most {settings.max_steps})"
     counts = {task: task_steps(steps, task) if task else (steps, 0) for task in tasks}
     tokens = {task: counts[task][0] * settings.batch_size * settings.train_length for task in tasks}
+    if timings:
+        report["predicted_seconds_per_seed"] = round(seed_seconds(timings, planned, settings, steps,
+                                                                  part_fractions(part)), 1)
     report.update(timing=timings, steps=steps, steps_from=how,
                   tokens_per_run=tokens[None] if part == 1 else tokens,
                   tokens_per_parameter={f"{p.name}{'/' + task if task else ''}":

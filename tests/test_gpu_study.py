@@ -61,6 +61,7 @@ def test_dry_run_end_to_end_then_skips(tmp_path: Path) -> None:
     plan = json.loads((out / driver.PLAN_FILE).read_text())
     assert plan["dry_run"] and plan["corpus"]["sha256"] and plan["corpus"]["tokenizer_sha256"]
     assert set(plan["timing"]) == {name for name, _ in driver.VARIANTS} and plan["steps"] >= 1
+    assert "floor" not in plan["steps_from"] and plan["predicted_seconds_per_seed"] > 0
     lengths = driver.DRY_SETTINGS.eval_lengths
     for run in runs:
         assert run["dry_run"]
@@ -97,6 +98,10 @@ def test_part_2_dry_run_end_to_end_then_skips(tmp_path: Path, capsys: pytest.Cap
     assert not driver.read_runs([out], 1)  # the parts are never mixed
     plan = json.loads((out / files.plan).read_text())
     assert plan["part"] == 2 and plan["corpus"]["sha256"] and plan["corpus"]["tokenizer_sha256"]
+    # the timing's step count is raised to MQAR's calibrated floor, then capped by the dry run's 4 steps
+    assert plan["fitted_steps"] >= 1500 or "raised to the floor of 1500" in plan["steps_from"]
+    assert plan["steps"] == 4
+    assert plan["predicted_seconds_per_seed"] > 0
     warmup = plan["task_steps"]["mqar"]["copy_warmup_steps"]
     assert warmup >= 1 and plan["task_steps"]["passkey"]["copy_warmup_steps"] == 0
     for run in runs:
