@@ -113,19 +113,6 @@ def layer_entropy_sums(model: torch.nn.Module, input_ids: torch.Tensor, rows: sl
     return torch.stack(sums)
 
 
-@torch.no_grad()
-def attention_maps(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Every layer's attention probabilities ``(batch, heads, n, n)`` for ``input_ids``
-    (``output_attentions``; ``ValueError`` when the model's attention implementation returns none, e.g.
-    SDPA)."""
-    outputs = model(input_ids=input_ids, output_attentions=True)
-    maps = outputs.attentions
-    if not maps or any(layer is None for layer in maps):
-        raise ValueError("the model returned no attention weights: load it with attn_implementation='eager' "
-                         "(stock log-n: 'entropy_invariant_eager').")
-    return tuple(maps)
-
-
 def entropy_by_length(
     model: torch.nn.Module,
     batches: Callable[[int], Sequence[torch.Tensor]],
@@ -183,7 +170,6 @@ def diffuse_heads(points: Sequence[LengthPoint], reference: int,
 
 __all__ = [
     "LengthPoint",
-    "attention_maps",
     "diffuse_heads",
     "entropy_by_length",
     "fit_slope",
