@@ -72,6 +72,7 @@ from typing import Any, cast
 
 import torch
 
+from hf_attn_variants.lengthgen.arguments import TASK_COPY_WARMUP, TASK_STEPS
 from hf_attn_variants.lengthgen.results import atomic_write_json, atomic_write_text
 from hf_attn_variants.lengthgen.study import machine_info
 
@@ -226,7 +227,7 @@ class TaskSettings(ModelSettings):
     eval_seed: int = 0
     eval_memory_gib: float = 40.0
     """``lengthgen.retrieval.eval_batch_size``'s memory for one evaluation batch."""
-    min_steps: int = 1500
+    min_steps: int = TASK_STEPS["mqar"]
     """MQAR's calibrated step count (``lengthgen.arguments.TASK_STEPS``; passkey then trains 400, the first
     750 of MQAR's on the copy warm-up). A CPU pilot at L = 512
     (``docs/results/gpu-study/pilot-mqar-cpu.json``, a 0.8M-parameter model) learned neither the copy
@@ -640,7 +641,7 @@ def free_memory(device: Device) -> None:
         torch.cuda.empty_cache()
 
 
-def predicted_seconds(timing: dict[str, Any], steps: int, settings: ModelSettings, modes: int) -> float:
+def predicted_seconds(timing: dict[str, Any], steps: float, settings: ModelSettings, modes: int) -> float:
     """A run's predicted seconds: set-up and compile as timed, the steps, and evaluation bounded by
     ``settings.eval_forwards()`` forwards at the longest length per evaluation mode."""
     evaluation = timing["eval_forward_seconds"] * settings.eval_forwards() * modes
@@ -652,9 +653,8 @@ def choose_steps(timings: dict[str, dict[str, Any]], planned: Sequence[Planned],
     """The most steps for which one seed of every variant fits ``budget`` seconds: one run per variant and
     entry of ``fractions``, each training that fraction of the steps (part 2: passkey and MQAR).
     ``UsageError`` naming ``--budget`` when not even one step fits."""
-    fixed = len(fractions) * sum(predicted_seconds(timings[p.name], 0, settings, len(p.variant.eval_modes))
-                                 for p in planned)
-    per_step = sum(fractions) * sum(timings[p.name]["seconds_per_step"] for p in planned)
+    fixed = seed_seconds(timings, planned, settings, 0, fractions)
+    per_step = seed_seconds(timings, planned, settings, 1, fractions) - fixed
     steps = int((budget - fixed) / per_step)
     if steps < 1:
         raise UsageError("--budget", f"{budget:.0f} s does not fit one step of every variant: set-up, "
@@ -665,14 +665,14 @@ def choose_steps(timings: dict[str, dict[str, Any]], planned: Sequence[Planned],
 def part_fractions(part: int) -> list[float]:
     """Each run of a variant's share of the step count: part 1 one run; part 2 a run per task
     (``task_steps``: MQAR all of them, passkey 400/1,500)."""
-    return [1.0] if part == 1 else [task_steps(1500, task)[0] / 1500 for task in TASKS]
+    return [1.0] if part == 1 else [TASK_STEPS[task] / TASK_STEPS["mqar"] for task in TASKS]
 
 
 def seed_seconds(timings: dict[str, dict[str, Any]], planned: Sequence[Planned], settings: ModelSettings,
-                 steps: int, fractions: Sequence[float] = (1.0,)) -> float:
+                 steps: float, fractions: Sequence[float] = (1.0,)) -> float:
     """The predicted seconds of one seed of every variant (and entry of ``fractions``) at ``steps``."""
-    return sum(predicted_seconds(timings[p.name], round(steps * fraction), settings,
-                                 len(p.variant.eval_modes)) for p in planned for fraction in fractions)
+    return sum(predicted_seconds(timings[p.name], steps * fraction, settings, len(p.variant.eval_modes))
+               for p in planned for fraction in fractions)
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -763,7 +763,7 @@ def measure_entropy(plan: Any, settings: Settings, corpus: Corpus, device: Devic
     (``layer_memory_bytes``)."""
     from transformers import AutoModelForCausalLM
 
-    from hf_attn_variants.entropy.cli import normalizes_rows
+    from hf_attn_variants.entropy.cli import attention_heads, normalizes_rows
     from hf_attn_variants.entropy.measure import entropy_by_length, layer_memory_bytes, mean_log_keys
 
     if plan.fields.get("chunk_size") is not None:
@@ -772,9 +772,8 @@ def measure_entropy(plan: Any, settings: Settings, corpus: Corpus, device: Devic
         model = AutoModelForCausalLM.from_pretrained(plan.model_dir, attn_implementation="eager").eval()
         model = model.to(device.device)
         config = model.config
-        heads = getattr(config, "num_attention_heads", 1) if config.model_type != "gau" else 1
         lengths = [n for n in settings.eval_lengths
-                   if layer_memory_bytes(n, heads) / 2**30 <= settings.entropy_max_gib]
+                   if layer_memory_bytes(n, attention_heads(config)) / 2**30 <= settings.entropy_max_gib]
         skipped = [n for n in settings.eval_lengths if n not in lengths]
         if not lengths:
             return {"status": "skipped: no length's attention maps fit entropy_max_gib", "skipped": skipped}
@@ -828,8 +827,6 @@ def task_steps(steps: int, task: str) -> tuple[int, int]:
     """(training steps, the first of them on the copy warm-up) of ``task`` when MQAR trains ``steps``: the
     ratio of ``lengthgen``'s calibrated defaults (``TASK_STEPS``: passkey 400 to MQAR's 1,500) and its copy
     warm-up rule (``TASK_COPY_WARMUP``: MQAR 750, at most half the steps; passkey none)."""
-    from hf_attn_variants.lengthgen.arguments import TASK_COPY_WARMUP, TASK_STEPS
-
     count = steps if task == "mqar" else max(1, round(steps * TASK_STEPS[task] / TASK_STEPS["mqar"]))
     return count, min(TASK_COPY_WARMUP[task], count // 2)
 

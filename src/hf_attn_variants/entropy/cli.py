@@ -223,6 +223,11 @@ def describe_attention(config: Any, series: Series) -> str:
     return ", ".join(words)
 
 
+def attention_heads(config: Any) -> int:
+    """The maps per layer a model returns: its heads; GAU's one shared map."""
+    return 1 if config.model_type == "gau" else getattr(config, "num_attention_heads", 1)
+
+
 def normalizes_rows(config: Any) -> bool:
     """GAU's relu² and Laplace rows are not probabilities: they are normalised before H."""
     return config.model_type == "gau" and config.attention_normalization not in QUADRATIC_SOFTMAX
@@ -340,7 +345,7 @@ def measure(series: Series, args: EntropyArguments, train_length: int, lengths: 
     cap = length_cap(config)
     usable = [length for length in lengths if cap is None or length <= cap]
     causal = is_causal(model)
-    heads = getattr(config, "num_attention_heads", 1) if config.model_type != "gau" else 1
+    heads = attention_heads(config)
     batches = batched(source, lambda length: layer_memory_bytes(length, heads), args.memory_gib)
     with tqdm(total=len(usable), desc=series.name, unit="length") as bar:
         points = entropy_by_length(model, batches, usable, causal=causal, normalize=normalizes_rows(config),
