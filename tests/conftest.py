@@ -121,12 +121,23 @@ def pytest_pycollect_makemodule(module_path, parent):  # type: ignore[no-untyped
     return None
 
 
+ONE_WORKER_MODULES = {
+    "tests/test_clients.py": "the clients fixture builds and exports every model, then runs a child (≈ 60 s)",
+    "tests/test_parallelism.py": "the parallel_run fixture saves the models and runs two torchruns (≈ 40 s)",
+    "tests/test_bench.py": "the quick_run fixture runs bench --quick (≈ 15 s)",
+}
+"""Test modules whose tests all go to one xdist worker: each has a module-scoped fixture that costs the
+seconds given, and on two workers both paid it (the second one waiting on the first's file lock, which the
+fixtures keep, so that the module still passes under any other ``--dist``)."""
+
+
 # a hook of pytest-xdist, absent from the clean environments of the floor tests
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
     """Under ``-n`` with the default ``--dist load``: every test is scheduled on its own, as with ``load``,
     except that the blocks of one document (node ids ``<file>.md::…``) go to one worker together, in order,
-    because they share a namespace and a working folder. (``--dist loadgroup`` with ``xdist_group`` marks
+    because they share a namespace and a working folder, and so do the tests of each of
+    ``ONE_WORKER_MODULES``, which share an expensive fixture. (``--dist loadgroup`` with ``xdist_group`` marks
     would say the same, but pytest-xdist 3.8 cannot rename pytest 9's node ids, so its groups are ignored.)
     Other ``--dist`` modes are left to xdist."""
     if config.getvalue("dist") != "load":
@@ -136,7 +147,7 @@ def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
     class DocumentScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return path if path.endswith(".md") else nodeid
+            return path if path.endswith(".md") or path in ONE_WORKER_MODULES else nodeid
 
     return DocumentScheduling(config, log)
 
