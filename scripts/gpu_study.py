@@ -662,10 +662,16 @@ def choose_steps(timings: dict[str, dict[str, Any]], planned: Sequence[Planned],
     return steps
 
 
+def task_share(task: str) -> float:
+    """``task``'s steps per MQAR step: the ratio of ``lengthgen``'s calibrated defaults (``TASK_STEPS``:
+    passkey 400 to MQAR's 1,500)."""
+    return TASK_STEPS[task] / TASK_STEPS["mqar"]
+
+
 def part_fractions(part: int) -> list[float]:
     """Each run of a variant's share of the step count: part 1 one run; part 2 a run per task
-    (``task_steps``: MQAR all of them, passkey 400/1,500)."""
-    return [1.0] if part == 1 else [TASK_STEPS[task] / TASK_STEPS["mqar"] for task in TASKS]
+    (``task_share``)."""
+    return [1.0] if part == 1 else [task_share(task) for task in TASKS]
 
 
 def seed_seconds(timings: dict[str, dict[str, Any]], planned: Sequence[Planned], settings: ModelSettings,
@@ -763,8 +769,9 @@ def measure_entropy(plan: Any, settings: Settings, corpus: Corpus, device: Devic
     (``layer_memory_bytes``)."""
     from transformers import AutoModelForCausalLM
 
-    from hf_attn_variants.entropy.cli import attention_heads, normalizes_rows
+    from hf_attn_variants.entropy.cli import normalizes_rows
     from hf_attn_variants.entropy.measure import entropy_by_length, layer_memory_bytes, mean_log_keys
+    from hf_attn_variants.lengthgen.retrieval import attention_heads
 
     if plan.fields.get("chunk_size") is not None:
         return {"status": FLASH_ENTROPY}
@@ -824,10 +831,10 @@ def task_spec(settings: TaskSettings, task: str) -> Any:
 
 
 def task_steps(steps: int, task: str) -> tuple[int, int]:
-    """(training steps, the first of them on the copy warm-up) of ``task`` when MQAR trains ``steps``: the
-    ratio of ``lengthgen``'s calibrated defaults (``TASK_STEPS``: passkey 400 to MQAR's 1,500) and its copy
-    warm-up rule (``TASK_COPY_WARMUP``: MQAR 750, at most half the steps; passkey none)."""
-    count = steps if task == "mqar" else max(1, round(steps * TASK_STEPS[task] / TASK_STEPS["mqar"]))
+    """(training steps, the first of them on the copy warm-up) of ``task`` when MQAR trains ``steps``: its
+    ``task_share`` of them and ``lengthgen``'s copy warm-up rule (``TASK_COPY_WARMUP``: MQAR 750, at most half
+    the steps; passkey none)."""
+    count = steps if task == "mqar" else max(1, round(steps * task_share(task)))
     return count, min(TASK_COPY_WARMUP[task], count // 2)
 
 

@@ -249,8 +249,9 @@ def clients(tmp_path_factory) -> dict:
     manifest["mteb"] = {"folder": str(tmp / "export" / "entropy_invariant-encoder"),
                         "pairs": str(tmp / "sts.jsonl")}
     (tmp / "manifest.json").write_text(json.dumps(manifest))
-    # Under xdist the module's tests may land on both workers: the first runs the child, the other reads its
-    # results (the models are built from fixed seeds, so both workers' expected values are the same).
+    # make test sends this module to one xdist worker (ONE_WORKER_MODULES in tests/conftest.py); under another
+    # --dist its tests may land on several: the first runs the child, the others read its results (the
+    # models are built from fixed seeds, so every worker's expected values are the same).
     shared = tmp_path_factory.getbasetemp()
     shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
     with FileLock(shared / "clients-child.lock"):

@@ -124,10 +124,12 @@ def run_children(root: Path, names: list[tuple[str, str]], causal: dict[str, boo
 
 @pytest.fixture(scope="module")
 def parallel_run(tmp_path_factory) -> dict[str, Any]:
-    """Save the models and run both torchruns once per session: the first xdist worker does it under a file
-    lock in the session's shared temporary folder, the other reuses the results. That folder is the parent of
-    an xdist worker's own (``popen-gw<n>``), but without workers it is the session's own: its parent holds
-    every session of this user, whose results (of another checkout, or of older code) must not be reused."""
+    """Save the models and run both torchruns once per session. make test sends this module to one xdist
+    worker (``ONE_WORKER_MODULES`` in tests/conftest.py); under another ``--dist`` the first worker does it
+    under a file lock in the session's shared temporary folder, the others reuse the results. That folder is
+    the parent of an xdist worker's own (``popen-gw<n>``), but without workers it is the session's own: its
+    parent holds every session of this user, whose results (of another checkout, or of older code) must not
+    be reused."""
     basetemp = tmp_path_factory.getbasetemp()
     root = (basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp) / "parallel"
     root.mkdir(exist_ok=True)

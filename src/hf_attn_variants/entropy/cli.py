@@ -223,11 +223,6 @@ def describe_attention(config: Any, series: Series) -> str:
     return ", ".join(words)
 
 
-def attention_heads(config: Any) -> int:
-    """The maps per layer a model returns: its heads; GAU's one shared map."""
-    return 1 if config.model_type == "gau" else getattr(config, "num_attention_heads", 1)
-
-
 def normalizes_rows(config: Any) -> bool:
     """GAU's relu² and Laplace rows are not probabilities: they are normalised before H."""
     return config.model_type == "gau" and config.attention_normalization not in QUADRATIC_SOFTMAX
@@ -339,6 +334,7 @@ def measure(series: Series, args: EntropyArguments, train_length: int, lengths: 
     """The results entry of one series (its model's ``config`` and input ``source``)."""
     from tqdm.auto import tqdm
 
+    from ..lengthgen.retrieval import attention_heads
     from .measure import diffuse_heads, entropy_by_length, fit_slope, head_slopes, layer_memory_bytes
 
     model, config = load(series, args, train_length, config)

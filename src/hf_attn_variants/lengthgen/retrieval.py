@@ -159,11 +159,16 @@ def train_task_model(model: Any, plan: TaskRunPlan, spec: TaskSpec, args: Any) -
             "final_train_loss": curve[-1][1] if curve else None, "loss_curve": curve}
 
 
+def attention_heads(config: Any) -> int:
+    """The attention maps per layer a model computes: its heads; GAU's one shared map."""
+    return 1 if config.model_type == "gau" else getattr(config, "num_attention_heads", 1)
+
+
 def eval_batch_size(length: int, model: Any, memory_gib: float, samples: int) -> int:
     """Sequences per evaluation batch at ``length`` so that the attention maps (heads × n² floats, three live
     copies) and activations fit ``memory_gib``; at least 1, at most ``samples``."""
     config = model.config
-    heads = getattr(config, "num_attention_heads", 1) if config.model_type != "gau" else 1
+    heads = attention_heads(config)
     per_sequence = 4 * (3 * heads * length * length + 64 * length * config.hidden_size)
     return max(1, min(samples, int(memory_gib * 2**30 // per_sequence)))
 
@@ -245,6 +250,7 @@ __all__ = [
     "FORMAT_VERSION",
     "TaskRunPlan",
     "accuracy_at",
+    "attention_heads",
     "build_model",
     "eval_batch_size",
     "evaluate_task_run",
