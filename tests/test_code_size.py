@@ -58,7 +58,9 @@ EXPORTED_LINES = {
     # for per_chunk, so that the torch path broadcasts the one bidirectional state instead of copying it.
     # Issue 50: +1,588 docstring lines for the documented arguments (shared file +703, gau_kernels +268,
     # modeling_gau +484, gau_triton +108, config +25); lines less docstrings 3,303 → 3,295.
-    "gau": 5708,
+    # Issue 47, the kernels' resources (EXPORTED_CODE_LINES): +34 code lines and +48 docstring lines for the
+    # launch options, the transposed scores of the key kernel and the whole-chunk switch.
+    "gau": 5790,
     # Above the 1,550 target: the shared file, as for the entropy-invariant family (issue 47's loss included).
     # Issue 50: +792 docstring lines for the documented arguments; lines less docstrings 1,895 → 1,887.
     "synthesizer": 3138,
@@ -68,7 +70,11 @@ EXPORTED_CODE_LINES = {
     # (named head classes, the registration of the parallel styles and the documented arguments); they must
     # not grow when docstrings do, so EXPORTED_LINES above rises by docstring lines only.
     "entropy_invariant": 1777,
-    "gau": 3303,
+    # Issue 47, after the first compile for sm_90/sm_80 on CPU (scripts/triton_resources.py): +34 for each
+    # kernel's launch options as data (FLASH_LAUNCH, flash_launch_options, relu2_launch_options), the key
+    # kernel's transposed scores (_relu_scores_by_key) and the whole-chunk switch (_rows_of_chunk), which
+    # took the FLASH kernels' register spills to 0.
+    "gau": 3337,
     "synthesizer": 1895,
 }
 FAMILY_FILE_LINES = {

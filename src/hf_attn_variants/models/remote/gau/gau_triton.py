@@ -52,6 +52,8 @@ except ImportError:
 TRITON_AVAILABLE = triton is not None
 """Whether the ``triton`` package can be imported here."""
 BLOCK_M, BLOCK_N, BLOCK_E = 32, 32, 64
+RELU2_LAUNCH = {"num_warps": 4, "num_stages": 3}
+"""Warps and pipeline stages of the quadratic relu² kernels."""
 if TRITON_AVAILABLE:
 
     @triton.jit
@@ -217,10 +219,21 @@ if TRITON_AVAILABLE:
 # ------------------------------------------------------------------------------------------------------------
 # FLASH mixed-chunk attention: the whole op (inside and across chunks), tensor-core tiles, fp32 accumulators
 # ------------------------------------------------------------------------------------------------------------
-FLASH_BLOCK_E = 128
-"""Value columns per program of the FLASH forward and backward kernels (the grid's first axis)."""
 FLASH_STATE_BLOCK = 64
 """Key-size rows and value columns per program of the per-chunk outer products k'ᵀv and q'ᵀdO."""
+FLASH_LAUNCH: dict[str, dict[str, int]] = {
+    "chunk_outer": {"BLOCK_E": FLASH_STATE_BLOCK, "num_warps": 4, "num_stages": 3},
+    "forward": {"BLOCK_E": 128, "num_warps": 8, "num_stages": 2},
+    "backward_query": {"BLOCK_E": 128, "num_warps": 8, "num_stages": 2},
+    "backward_key": {"BLOCK_E": 64, "num_warps": 8, "num_stages": 1},
+}
+"""Each FLASH kernel's value columns per program (the grid's first axis), warps and pipeline stages.
+
+Chosen by compiling each kernel for sm_90 and sm_80 without a GPU (Triton's compiler for a ``GPUTarget``) and
+reading its registers, spills and shared memory: at key size 128 in bf16 none spills a register and each fits
+an A100's shared memory. With 4 warps the three token-block kernels spilled; so did the key kernel's second
+pipeline stage on sm_80.
+"""
 if TRITON_AVAILABLE:
 
     @triton.jit
@@ -250,6 +263,23 @@ if TRITON_AVAILABLE:
         return tl.where(visible, tl.maximum(scores, 0.0), 0.0)
 
     @triton.jit
+    def _relu_scores_by_key(k, q, offs_n, offs_m, KM, km_base, n_rows, n_keys, chunk, PRECISION: tl.constexpr,
+                            HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr):
+        """``_relu_scores`` transposed: rᵀ = relu(k qᵀ), ``(key block, query block)``, from tiles as loaded.
+
+        The backward's key kernel multiplies rᵀ on the left, so no computed tile is transposed in registers.
+        """
+        visible = (offs_m[None, :] < n_rows) & (offs_n[:, None] < n_keys)
+        visible = visible & ((offs_n[:, None] // chunk) == (offs_m[None, :] // chunk))
+        if CAUSAL:
+            visible = visible & (offs_n[:, None] <= offs_m[None, :])
+        if HAS_KEY_MASK:
+            keep = tl.load(KM + km_base + offs_n, mask=offs_n < n_keys, other=0)
+            visible = visible & (keep[:, None] != 0)
+        scores = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+        return tl.where(visible, tl.maximum(scores, 0.0), 0.0)
+
+    @triton.jit
     def _chunk_outer_kernel(A, X, OUT, T, S, E, chunk, n_chunks, PRECISION: tl.constexpr,
                             BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
         """OUT[b, c] = A[b, chunk c]ᵀ X[b, chunk c] for ``A`` ``[B, T, S]`` and ``X`` ``[B, T, E]``.
@@ -273,6 +303,16 @@ if TRITON_AVAILABLE:
                  mask=(offs_s[:, None] < S) & (offs_e[None, :] < E))
 
     @triton.jit
+    def _rows_of_chunk(x, offs, chunk, c, WHOLE: tl.constexpr):
+        """The rows of the tile ``x`` (token rows ``offs``) that lie in chunk ``c``, the others 0.
+
+        ``WHOLE``: the chunk is a multiple of the block, so every row of a block lies in one chunk.
+        """
+        if WHOLE:
+            return x
+        return tl.where((offs // chunk == c)[:, None], x, 0.0).to(x.dtype)
+
+    @triton.jit
     def _query_block_keys(m0, T, chunk, CAUSAL: tl.constexpr, BLOCK: tl.constexpr):
         """The first and last chunk of the queries [m0, m0 + BLOCK), and the end of the keys they see."""
         first = m0 // chunk
@@ -285,7 +325,7 @@ if TRITON_AVAILABLE:
     @triton.jit
     def _flash_forward_kernel(Q, K, QL, V, H, KM, OUT, T, S, E, chunk, n_chunks, PRECISION: tl.constexpr,
                               HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr,
-                              BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
+                              BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr, WHOLE: tl.constexpr):
         """The output Σ_{same chunk, visible} relu(q·k)² v + q'·H_c for one (value tile, token block, row)."""
         pid_e, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         m0 = pid_m * BLOCK
@@ -304,7 +344,7 @@ if TRITON_AVAILABLE:
         ql = _tile(QL, b * T * S, offs_m, offs_s, T, S, S)
         for c in range(first, last + 1):  # one chunk unless the chunk is not a multiple of BLOCK
             h = _tile(H, (b * n_chunks + c) * S * E, offs_s, offs_e, S, E, E).to(ql.dtype)
-            rows = tl.where((offs_m // chunk == c)[:, None], ql, 0.0).to(ql.dtype)
+            rows = _rows_of_chunk(ql, offs_m, chunk, c, WHOLE)
             acc += tl.dot(rows, h, input_precision=PRECISION)
         tl.store(OUT + b * T * E + offs_m[:, None] * E + offs_e[None, :], acc.to(OUT.dtype.element_ty),
                  mask=(offs_m[:, None] < T) & (offs_e[None, :] < E))
@@ -313,7 +353,7 @@ if TRITON_AVAILABLE:
     def _flash_backward_query_kernel(Q, K, V, H, KM, DO, DQ, DQL, T, S, E, chunk, n_chunks,
                                      PRECISION: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
                                      CAUSAL: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr,
-                                     BLOCK_E: tl.constexpr):
+                                     BLOCK_E: tl.constexpr, WHOLE: tl.constexpr):
         """This value tile's share of dq = Σ_j 2 r ⊙ (dO vᵀ) k_j and of dq' = dO H_cᵀ.
 
         Both are added into the fp32 DQ and DQL.
@@ -337,7 +377,7 @@ if TRITON_AVAILABLE:
         dql = tl.zeros((BLOCK, BLOCK_S), dtype=tl.float32)
         for c in range(first, last + 1):
             h = _tile(H, (b * n_chunks + c) * S * E, offs_s, offs_e, S, E, E).to(do.dtype)
-            rows = tl.where((offs_m // chunk == c)[:, None], do, 0.0).to(do.dtype)
+            rows = _rows_of_chunk(do, offs_m, chunk, c, WHOLE)
             dql += tl.dot(rows, tl.trans(h), input_precision=PRECISION)
         where = b * T * S + offs_m[:, None] * S + offs_s[None, :]
         inside = (offs_m[:, None] < T) & (offs_s[None, :] < S)
@@ -347,7 +387,8 @@ if TRITON_AVAILABLE:
     @triton.jit
     def _flash_backward_key_kernel(Q, K, KL, V, DSUM, KM, DO, DK, DKL, DV, T, S, E, chunk, n_chunks,
                                    PRECISION: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                                   BLOCK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
+                                   BLOCK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
+                                   WHOLE: tl.constexpr):
         """The whole dv of this value tile, and its share of dk and dk'.
 
         dv = Σ_i r²ᵀ dO_i + k'_j dSum_c; dk = Σ_i (2 r ⊙ dO vᵀ)ᵀ q_i and dk' = v_j dSum_cᵀ are added into the
@@ -364,31 +405,33 @@ if TRITON_AVAILABLE:
         lo = first * chunk
         if CAUSAL:
             lo = n0  # a query sees no later key
-        k = _tile(K, b * T * S, offs_n, offs_s, T, S, S)
         v = _tile(V, b * T * E, offs_n, offs_e, T, E, E)
-        dk = tl.zeros((BLOCK, BLOCK_S), dtype=tl.float32)
+        where = b * T * S + offs_n[:, None] * S + offs_s[None, :]
+        inside = (offs_n[:, None] < T) & (offs_s[None, :] < S)
+        # The state part first: its tiles and dk' are dead before the loop's dk takes the registers.
+        kl = _tile(KL, b * T * S, offs_n, offs_s, T, S, S)
         dv = tl.zeros((BLOCK, BLOCK_E), dtype=tl.float32)
+        dkl = tl.zeros((BLOCK, BLOCK_S), dtype=tl.float32)
+        for c in range(first, last + 1):
+            dsum = _tile(DSUM, (b * n_chunks + c) * S * E, offs_s, offs_e, S, E, E).to(kl.dtype)
+            dv += tl.dot(_rows_of_chunk(kl, offs_n, chunk, c, WHOLE), dsum, input_precision=PRECISION)
+            dkl += tl.dot(_rows_of_chunk(v, offs_n, chunk, c, WHOLE), tl.trans(dsum),
+                          input_precision=PRECISION)
+        tl.atomic_add(DKL + where, dkl, mask=inside)
+        k = _tile(K, b * T * S, offs_n, offs_s, T, S, S)
+        dk = tl.zeros((BLOCK, BLOCK_S), dtype=tl.float32)
         for m0 in range(lo, hi, BLOCK):
             offs_m = m0 + tl.arange(0, BLOCK)
             q = _tile(Q, b * T * S, offs_m, offs_s, hi, S, S)
             do = _tile(DO, b * T * E, offs_m, offs_e, hi, E, E)
-            r = _relu_scores(q, k, offs_m, offs_n, KM, b * T, hi, T, chunk, PRECISION, HAS_KEY_MASK, CAUSAL)
-            dv += tl.dot(tl.trans((r * r).to(do.dtype)), do, input_precision=PRECISION)
-            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-            dk += tl.dot(tl.trans((2.0 * r * dp).to(q.dtype)), q, input_precision=PRECISION)
-        kl = _tile(KL, b * T * S, offs_n, offs_s, T, S, S)
-        dkl = tl.zeros((BLOCK, BLOCK_S), dtype=tl.float32)
-        for c in range(first, last + 1):
-            dsum = _tile(DSUM, (b * n_chunks + c) * S * E, offs_s, offs_e, S, E, E).to(kl.dtype)
-            mine = (offs_n // chunk == c)[:, None]
-            dv += tl.dot(tl.where(mine, kl, 0.0).to(kl.dtype), dsum, input_precision=PRECISION)
-            dkl += tl.dot(tl.where(mine, v, 0.0).to(v.dtype), tl.trans(dsum), input_precision=PRECISION)
+            rt = _relu_scores_by_key(k, q, offs_n, offs_m, KM, b * T, hi, T, chunk, PRECISION, HAS_KEY_MASK,
+                                     CAUSAL)
+            dv += tl.dot((rt * rt).to(do.dtype), do, input_precision=PRECISION)
+            dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+            dk += tl.dot((2.0 * rt * dpt).to(q.dtype), q, input_precision=PRECISION)
         tl.store(DV + b * T * E + offs_n[:, None] * E + offs_e[None, :], dv.to(DV.dtype.element_ty),
                  mask=(offs_n[:, None] < T) & (offs_e[None, :] < E))
-        where = b * T * S + offs_n[:, None] * S + offs_s[None, :]
-        inside = (offs_n[:, None] < T) & (offs_s[None, :] < S)
         tl.atomic_add(DK + where, dk, mask=inside)
-        tl.atomic_add(DKL + where, dkl, mask=inside)
 
 
 def precision(dtype: torch.dtype) -> str:
@@ -420,12 +463,28 @@ def _launch_arguments(
     strides = [query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0),
                value.stride(1), dense.stride(0), dense.stride(1), keys.stride(0)]
     sizes = [query.shape[1], key.shape[1], query.shape[2], value.shape[2], int(causal_offset or 0)]
-    switches = {
-        "HAS_MASK": mask is not None, "HAS_KEY_MASK": key_mask is not None,
-        "CAUSAL": causal_offset is not None, "PRECISION": precision(query.dtype), "BLOCK_M": BLOCK_M,
-        "BLOCK_N": BLOCK_N, "BLOCK_S": _key_size_block(query.shape[2]), "BLOCK_E": BLOCK_E,
-    }
+    switches = relu2_launch_options(query.dtype, query.shape[2], has_mask=mask is not None,
+                                    has_key_mask=key_mask is not None, causal=causal_offset is not None)
     return [dense, keys, strides, sizes], switches
+
+
+def relu2_launch_options(dtype: torch.dtype, key_size: int, *, has_mask: bool, has_key_mask: bool,
+                         causal: bool) -> dict[str, Any]:
+    """The compile-time switches and launch options of the four quadratic relu² kernels.
+
+    Args:
+        dtype (torch.dtype): the inputs' dtype.
+        key_size (int): s.
+        has_mask (bool): a dense ``[B, T_q, T_k]`` mask is passed.
+        has_key_mask (bool): a ``[B, T_k]`` key mask is passed.
+        causal (bool): causal, with an offset.
+
+    Returns:
+        dict[str, Any]: the ``tl.constexpr`` arguments, ``num_warps`` and ``num_stages``.
+    """
+    return {"HAS_MASK": has_mask, "HAS_KEY_MASK": has_key_mask, "CAUSAL": causal,
+            "PRECISION": precision(dtype), "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
+            "BLOCK_S": _key_size_block(key_size), "BLOCK_E": BLOCK_E, **RELU2_LAUNCH}
 
 
 class TritonRelu2Attention(torch.autograd.Function):
@@ -532,8 +591,8 @@ def _state_block(size: int) -> int:
     return min(FLASH_STATE_BLOCK, max(16, 1 << (max(size, 1) - 1).bit_length()))
 
 
-def _value_block(width: int) -> int:
-    return min(FLASH_BLOCK_E, max(16, 1 << (max(width, 1) - 1).bit_length()))
+def _value_block(width: int, kernel: str) -> int:
+    return min(FLASH_LAUNCH[kernel]["BLOCK_E"], max(16, 1 << (max(width, 1) - 1).bit_length()))
 
 
 def flash_triton_grids(batch: int, length: int, key_size: int, width: int, chunk_size: int
@@ -555,14 +614,36 @@ def flash_triton_grids(batch: int, length: int, key_size: int, width: int, chunk
         dict[str, tuple[int, int, int]]: each kernel's grid.
     """
     chunks = -(-length // chunk_size)
-    state = (-(-key_size // _state_block(key_size)) * -(-width // _state_block(width)), chunks, batch)
-    tokens = (-(-width // _value_block(width)), -(-length // flash_block(chunk_size)), batch)
-    return {"chunk_outer": state, "forward": tokens, "backward_query": tokens, "backward_key": tokens}
+    tiles = -(-key_size // _state_block(key_size)) * -(-width // _state_block(width))
+    grids = {"chunk_outer": (tiles, chunks, batch)}
+    blocks = -(-length // flash_block(chunk_size))
+    for kernel in ("forward", "backward_query", "backward_key"):
+        grids[kernel] = (-(-width // _value_block(width, kernel)), blocks, batch)
+    return grids
 
 
-def _flash_switches(like: torch.Tensor, key_size: int, width: int, chunk_size: int) -> dict[str, Any]:
-    return {"PRECISION": precision(like.dtype), "BLOCK": flash_block(chunk_size),
-            "BLOCK_S": _key_size_block(key_size), "BLOCK_E": _value_block(width)}
+def flash_launch_options(kernel: str, dtype: torch.dtype, key_size: int, width: int, chunk_size: int
+                         ) -> dict[str, Any]:
+    """The compile-time switches and launch options of one FLASH kernel, as its launch passes them.
+
+    Args:
+        kernel (str): ``"chunk_outer"``, ``"forward"``, ``"backward_query"`` or ``"backward_key"``.
+        dtype (torch.dtype): the inputs' dtype (the model's).
+        key_size (int): s.
+        width (int): e, the value width.
+        chunk_size (int): g.
+
+    Returns:
+        dict[str, Any]: the ``tl.constexpr`` arguments (``PRECISION``, the block sizes, ``WHOLE``) and
+        ``num_warps``, ``num_stages``; ``HAS_KEY_MASK`` and ``CAUSAL`` come from the call.
+    """
+    launch = {option: FLASH_LAUNCH[kernel][option] for option in ("num_warps", "num_stages")}
+    if kernel == "chunk_outer":
+        return {"PRECISION": precision(dtype), "BLOCK_T": flash_block(chunk_size),
+                "BLOCK_S": _state_block(key_size), "BLOCK_E": _state_block(width), **launch}
+    block = flash_block(chunk_size)
+    return {"PRECISION": precision(dtype), "BLOCK": block, "BLOCK_S": _key_size_block(key_size),
+            "BLOCK_E": _value_block(width, kernel), "WHOLE": chunk_size % block == 0, **launch}
 
 
 if TRITON_AVAILABLE:
@@ -583,9 +664,8 @@ if TRITON_AVAILABLE:
         width = x.shape[-1]
         grid = flash_triton_grids(batch, length, key_size, width, chunk_size)["chunk_outer"]
         out = torch.empty(batch, grid[1], key_size, width, device=a.device, dtype=torch.float32)
-        _chunk_outer_kernel[grid](
-            a, x, out, length, key_size, width, chunk_size, grid[1], PRECISION=precision(a.dtype),
-            BLOCK_T=flash_block(chunk_size), BLOCK_S=_state_block(key_size), BLOCK_E=_state_block(width))
+        _chunk_outer_kernel[grid](a, x, out, length, key_size, width, chunk_size, grid[1],
+                                  **flash_launch_options("chunk_outer", a.dtype, key_size, width, chunk_size))
         return out
 
     @torch.library.custom_op("hf_attn_variants::flash_forward", mutates_args=())
@@ -615,7 +695,7 @@ if TRITON_AVAILABLE:
         _flash_forward_kernel[grid](
             quad_q, quad_k, lin_q, value, states, quad_q if key_mask is None else key_mask, out, length,
             key_size, width, chunk_size, states.shape[1], HAS_KEY_MASK=key_mask is not None, CAUSAL=causal,
-            **_flash_switches(quad_q, key_size, width, chunk_size))
+            **flash_launch_options("forward", quad_q.dtype, key_size, width, chunk_size))
         return out
 
     @torch.library.custom_op("hf_attn_variants::flash_backward", mutates_args=())
@@ -649,14 +729,15 @@ if TRITON_AVAILABLE:
         grad_value = torch.empty_like(value)
         grid = flash_triton_grids(batch, length, key_size, width, chunk_size)
         mask = quad_q if key_mask is None else key_mask
-        switches = {"HAS_KEY_MASK": key_mask is not None, "CAUSAL": causal,
-                    **_flash_switches(quad_q, key_size, width, chunk_size)}
+        switches = {"HAS_KEY_MASK": key_mask is not None, "CAUSAL": causal}
         sizes = (length, key_size, width, chunk_size, states.shape[1])
         _flash_backward_query_kernel[grid["backward_query"]](
-            quad_q, quad_k, value, states, mask, grad_output, grads[0], grads[2], *sizes, **switches)
+            quad_q, quad_k, value, states, mask, grad_output, grads[0], grads[2], *sizes, **switches,
+            **flash_launch_options("backward_query", quad_q.dtype, key_size, width, chunk_size))
         _flash_backward_key_kernel[grid["backward_key"]](
             quad_q, quad_k, lin_k, value, grad_summaries, mask, grad_output, grads[1], grads[3], grad_value,
-            *sizes, **switches)
+            *sizes, **switches,
+            **flash_launch_options("backward_key", quad_q.dtype, key_size, width, chunk_size))
         dq, dk, dlq, dlk = (grad.to(quad_q.dtype) for grad in grads)
         return dq, dk, dlq, dlk, grad_value
 
@@ -678,6 +759,7 @@ if TRITON_AVAILABLE:
 
 
 __all__ = [
-    "FLASH_BLOCK_E", "FLASH_STATE_BLOCK", "TRITON_AVAILABLE", "TritonRelu2Attention", "flash_block",
-    "flash_triton_grids", "precision", "triton_relu2_attention",
+    "FLASH_LAUNCH", "FLASH_STATE_BLOCK", "TRITON_AVAILABLE", "TritonRelu2Attention", "flash_block",
+    "flash_launch_options", "flash_triton_grids", "precision", "relu2_launch_options",
+    "triton_relu2_attention",
 ]
