@@ -77,6 +77,7 @@ from hf_attn_variants import (
     GAUForMaskedLM,
 )
 from hf_attn_variants.models.layers import visible_key_counts
+from hf_attn_variants.models.modeling_common import AttentionGeometry
 from hf_attn_variants.models.modeling_gau import gau_attention_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -384,7 +385,9 @@ def gau_layer_bytes(config: GAUConfig, n: int) -> LayerBytes:
                      n×n per sequence, i.e. per token a multiple of n.
     """
     d, e, s = config.hidden_size, config.intermediate_width, config.attention_key_size
-    path = gau_attention_path(config, n, n, causal=config.is_decoder, device="cuda", training=True)
+    # the quadratic unit hands its kernels float32 q, k, v (it upcasts them), whatever the model's dtype
+    path = gau_attention_path(config, n, n, causal=config.is_decoder, device="cuda", dtype=torch.float32,
+                              training=True)
     relu2_map = path == "attention_map" and config.attention_normalization == "relu2"
     if not (path in GAU_QUADRATIC_PATHS or relu2_map) or config.norm_type != "rmsnorm":
         raise NotImplementedError(f"gau_layer_bytes has no formula for {path!r}; use trace_layer.")
@@ -528,13 +531,14 @@ def trace_layer(spec: ModelSpec, n: int, model_class: type[nn.Module] | None = N
     positions = torch.arange(n, device="meta")[None]
     cos, sin = backbone.rotary_emb(positions, torch.bfloat16)
     exclude |= {cos.untyped_storage()._cdata, sin.untyped_storage()._cdata}
+    geometry = AttentionGeometry(1, n, 0, config.is_decoder, hidden.device, None, positions)
     if isinstance(config, EntropyInvariantConfig):  # unpadded causal batch: SDPA runs with is_causal, no mask
         counts = visible_key_counts(None, batch_size=1, query_length=n, key_length=n, causal=True,
                                     device="meta")
-        inputs = {"attention_mask": None,
+        inputs = {"geometry": geometry, "attention_mask": None,
                   "key_counts": counts if config.attention_scale != "standard" else None}
     else:
-        inputs = backbone._attention_inputs(hidden, None, None, positions, 0, None)
+        inputs = backbone.layer_inputs(geometry, hidden)
     with cuda_like_kernels():
         total = saved_bytes(lambda: layer(hidden, position_embeddings=(cos, sin), **inputs), exclude)
     return total / n
@@ -696,12 +700,13 @@ def trace_layer_autocast(spec: ModelSpec, lengths: tuple[int, int] = (32, 64)) -
         positions = torch.arange(n)[None]
         cos, sin = backbone.rotary_emb(positions, torch.float32)
         shared = exclude | {cos.untyped_storage()._cdata, sin.untyped_storage()._cdata}
+        geometry = AttentionGeometry(1, n, 0, config.is_decoder, hidden.device, None, positions)
         if isinstance(config, EntropyInvariantConfig):
             counts = visible_key_counts(None, batch_size=1, query_length=n, key_length=n, causal=True,
                                         device="cpu")
-            inputs = {"attention_mask": None, "key_counts": counts}
+            inputs = {"geometry": geometry, "attention_mask": None, "key_counts": counts}
         else:
-            inputs = backbone._attention_inputs(hidden, None, None, positions, 0, None)
+            inputs = backbone.layer_inputs(geometry, hidden)
         with cuda_like_kernels(), torch.autocast("cpu", dtype=torch.bfloat16):
             run = functools.partial(layer, hidden, position_embeddings=(cos, sin), **inputs)
             totals.append(saved_bytes(run, shared))
@@ -791,14 +796,14 @@ GAU_VARIANTS: tuple[tuple[str, dict[str, Any], str], ...] = (
     ("relu², no attention dropout, torch kernel (`relu2_attention`)",
      {"attention_normalization": "relu2", "attention_probs_dropout_prob": 0.0, "gau_kernel": "torch"},
      "trace"),
-    # "triton": the kernel "auto" picks on CUDA where triton is installed, whether or not it is installed
-    # here.
-    ("relu², no attention dropout, Triton kernel (`gau_kernel=\"auto\"` on CUDA)",
+    # "triton" whether or not triton is installed here ("auto" takes the torch kernels: the unit hands
+    # quadratic attention float32 inputs, and the Triton kernels use the tensor cores for bf16/fp16 only).
+    ("relu², no attention dropout, Triton kernel (`gau_kernel=\"triton\"`)",
      {"attention_normalization": "relu2", "attention_probs_dropout_prob": 0.0, "gau_kernel": "triton"},
      "formula"),
     ("relu², attention dropout 0.1 (any kernel: dropout needs the map A)",
      {"attention_normalization": "relu2"}, "trace"),
-    ("FLASH mixed-chunk, chunk_size 256, relu², no attention dropout, bidirectional (torch intra-chunk part)",
+    ("FLASH mixed-chunk, chunk_size 256, relu², no attention dropout, bidirectional (torch kernels)",
      {"attention_normalization": "relu2", "chunk_size": 256, "attention_probs_dropout_prob": 0.0,
       "gau_kernel": "torch"}, "trace"),
     ("FLASH mixed-chunk, chunk_size 256, relu², no attention dropout, causal (`GAUForCausalLM`)",

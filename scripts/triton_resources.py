@@ -10,11 +10,14 @@ spills) from the cubin; the PTX gives the tensor-core instructions (``wgmma.mma_
 ``mma.sync``); Triton's metadata gives the shared memory, checked against the target's limit per block.
 
 Targets: sm_90 (H100, H200) and sm_80 (A100). Shapes: key size 128, value width 1,024 and chunk 256 (the GPU
-side-by-side's), bf16; every integer argument is then a multiple of 16, which Triton's launcher specialises
-on, and so does this compile. Variants: causal without a key mask (causal-LM training) and bidirectional with
-one (a padded masked-LM batch); quadratic relu²: causal, and bidirectional with a dense mask.
+side-by-side's); every integer argument is then a multiple of 16, which Triton's launcher specialises on, and
+so does this compile. Variants: causal without a key mask (causal-LM training) and bidirectional with one (a
+padded masked-LM batch); quadratic relu²: causal, and bidirectional with a dense mask. Every kernel in bf16;
+FLASH's causal kernels also in float32 (IEEE products: what ``gau_kernel="triton"`` runs for a float32
+model, and the CUDA tests' exact comparisons).
 
-Exit status 1 when a kernel spills, exceeds its target's shared memory or (bf16) uses no tensor core.
+Exit status 1 when a bf16 kernel spills, uses no tensor core, or any kernel exceeds its target's shared
+memory.
 
 Usage (from the repository root; 20 s on 2 cores), with the lock's Triton and then with the GPU image's::
 
@@ -55,8 +58,10 @@ TARGETS: dict[str, dict[str, Any]] = {
     "sm_80": {"arch": 80, "gpus": "A100", "shared_limit": 166_912},
 }
 """Each target's compute capability, its GPUs and its most shared memory per block (227 KiB, 163 KiB)."""
-SHAPE = {"key_size": 128, "width": 1024, "chunk_size": 256, "dtype": "bfloat16"}
+SHAPE = {"key_size": 128, "width": 1024, "chunk_size": 256}
 """The shape every kernel is compiled for: the GPU side-by-side's."""
+DTYPES = ("bfloat16", "float32")
+"""Every kernel is compiled in bf16; FLASH's causal kernels also in float32."""
 POINTERS: dict[str, dict[str, str]] = {
     "_chunk_outer_kernel": {"A": "model", "X": "model", "OUT": "fp32"},
     "_flash_forward_kernel": {"Q": "model", "K": "model", "QL": "model", "V": "model", "H": "fp32",
@@ -82,12 +87,12 @@ VARIANTS = {
     "relu2": {"causal": {"CAUSAL": True, "HAS_MASK": False},
               "bidirectional, dense mask": {"CAUSAL": False, "HAS_MASK": True}},
 }
-TRITON_TYPES = {"model": "bf16", "fp32": "fp32", "i8": "i8"}
+TRITON_TYPES = {"bfloat16": "bf16", "float32": "fp32", "fp32": "fp32", "i8": "i8"}
 
 
-def kernel_options(kernel: str, variant: str) -> dict[str, Any]:
+def kernel_options(kernel: str, variant: str, dtype_name: str) -> dict[str, Any]:
     """The ``tl.constexpr`` arguments and launch options ``kernel`` is launched with at ``SHAPE``."""
-    dtype = getattr(torch, SHAPE["dtype"])
+    dtype = getattr(torch, dtype_name)
     if kernel in FLASH_KERNELS:
         options = gau_triton.flash_launch_options(FLASH_KERNELS[kernel], dtype, SHAPE["key_size"],
                                                   SHAPE["width"], SHAPE["chunk_size"])
@@ -98,19 +103,20 @@ def kernel_options(kernel: str, variant: str) -> dict[str, Any]:
                                            has_key_mask=False, causal=relu2["CAUSAL"])
 
 
-def kernel_source(kernel: str, variant: str) -> Any:
+def kernel_source(kernel: str, variant: str, dtype_name: str) -> Any:
     """The ``triton.compiler.ASTSource`` of ``kernel`` with its launch's constants and argument types."""
     import triton.compiler
 
     function = getattr(gau_triton, kernel)
-    options = kernel_options(kernel, variant)
+    options = kernel_options(kernel, variant, dtype_name)
     signature, attrs, constants = {}, {}, {}
     for index, name in enumerate(function.arg_names):
         if name in options:
             signature[name], constants[name] = "constexpr", options[name]
             continue
         pointer = POINTERS[kernel].get(name)
-        signature[name] = f"*{TRITON_TYPES[pointer]}" if pointer else "i32"
+        element = dtype_name if pointer == "model" else pointer
+        signature[name] = f"*{TRITON_TYPES[element]}" if pointer else "i32"
         attrs[(index,)] = [["tt.divisibility", 16]]  # 16-byte aligned pointers, integers multiples of 16
     return triton.compiler.ASTSource(function, signature, constants, attrs)
 
@@ -122,13 +128,14 @@ def cuobjdump() -> Path:
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
-def compile_kernel(kernel: str, variant: str, target: str, scratch: Path) -> dict[str, Any]:
+def compile_kernel(kernel: str, variant: str, target: str, dtype_name: str, scratch: Path) -> dict[str, Any]:
     """Compile ``kernel`` for ``target`` and read what it costs.
 
     Args:
         kernel (str): a kernel's name in ``gau_triton`` (a key of ``POINTERS``).
         variant (str): a key of ``VARIANTS["flash"]`` or ``VARIANTS["relu2"]``.
         target (str): a key of ``TARGETS``.
+        dtype_name (str): the model dtype, one of ``DTYPES``.
         scratch (Path): a folder for the cubin that ``cuobjdump`` reads.
 
     Returns:
@@ -138,11 +145,11 @@ def compile_kernel(kernel: str, variant: str, target: str, scratch: Path) -> dic
     import triton
     from triton.backends.compiler import GPUTarget
 
-    options = kernel_options(kernel, variant)
-    compiled = triton.compile(kernel_source(kernel, variant),
+    options = kernel_options(kernel, variant, dtype_name)
+    compiled = triton.compile(kernel_source(kernel, variant, dtype_name),
                               target=GPUTarget("cuda", TARGETS[target]["arch"], 32),
                               options={key: options[key] for key in ("num_warps", "num_stages")})
-    cubin = scratch / f"{kernel}-{target}-{re.sub(r'[^a-z]+', '_', variant)}.cubin"
+    cubin = scratch / f"{kernel}-{target}-{dtype_name}-{re.sub(r'[^a-z]+', '_', variant)}.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
     usage = subprocess.run([str(cuobjdump()), "-res-usage", str(cubin)], capture_output=True, text=True,
                            check=True).stdout
@@ -150,7 +157,8 @@ def compile_kernel(kernel: str, variant: str, target: str, scratch: Path) -> dic
     if found is None:
         raise RuntimeError(f"cuobjdump -res-usage gave no REG/STACK line for {kernel}: {usage!r}")
     ptx = compiled.asm["ptx"]
-    return {"kernel": kernel, "variant": variant, "target": target, "num_warps": options["num_warps"],
+    return {"kernel": kernel, "variant": variant, "target": target, "dtype": dtype_name,
+            "num_warps": options["num_warps"],
             "num_stages": options["num_stages"],
             "blocks": {k: v for k, v in options.items() if k.startswith("BLOCK")},
             "registers": int(found[1]), "spill_bytes": int(found[2]),
@@ -160,12 +168,15 @@ def compile_kernel(kernel: str, variant: str, target: str, scratch: Path) -> dic
 
 
 def problems(row: dict[str, Any]) -> list[str]:
-    """What is wrong with a compiled kernel: spills, too much shared memory, no tensor core."""
+    """What is wrong with a compiled kernel: too much shared memory (it would not launch); in bf16 also
+    spills and no tensor core (float32's IEEE products have neither tensor cores nor the registers)."""
     found = []
-    if row["spill_bytes"]:
-        found.append(f"spills {row['spill_bytes']} bytes per thread")
     if row["shared_bytes"] > row["shared_limit"]:
         found.append(f"needs {row['shared_bytes']} bytes of shared memory, more than {row['shared_limit']}")
+    if row["dtype"] == "float32":
+        return found
+    if row["spill_bytes"]:
+        found.append(f"spills {row['spill_bytes']} bytes per thread")
     if not row["wgmma"] + row["mma_sync"]:
         found.append("uses no tensor-core instruction")
     return found
@@ -184,20 +195,25 @@ def results_path(triton_version: str) -> Path:
     return RESULTS / f"triton-resources-{'.'.join(triton_version.split('.')[:2])}.json"
 
 
-def jobs(kernels: list[str] | None = None, targets: list[str] | None = None) -> list[tuple[str, str, str]]:
-    """Every (kernel, variant, target) to compile: all of them, or those of ``kernels`` on ``targets``."""
+def jobs(kernels: list[str] | None = None, targets: list[str] | None = None,
+         dtypes: list[str] | None = None) -> list[tuple[str, str, str, str]]:
+    """Every (kernel, variant, target, dtype) to compile: all of them, or those of ``kernels`` on ``targets``
+    in ``dtypes``."""
     found = []
-    for target in targets or TARGETS:
-        for kernel in kernels or POINTERS:
-            family = "flash" if kernel in FLASH_KERNELS else "relu2"
-            variants = ["causal"] if kernel == "_chunk_outer_kernel" else list(VARIANTS[family])
-            found.extend((kernel, variant, target) for variant in variants)
+    for dtype_name in dtypes or DTYPES:
+        for target in targets or TARGETS:
+            for kernel in kernels or POINTERS:
+                family = "flash" if kernel in FLASH_KERNELS else "relu2"
+                variants = ["causal"] if kernel == "_chunk_outer_kernel" else list(VARIANTS[family])
+                if dtype_name == "float32":
+                    variants = ["causal"] if family == "flash" else []
+                found.extend((kernel, variant, target, dtype_name) for variant in variants)
     return found
 
 
-def _compile_job(job: tuple[str, str, str, str]) -> dict[str, Any]:
-    kernel, variant, target, scratch = job
-    return compile_kernel(kernel, variant, target, Path(scratch))
+def _compile_job(job: tuple[str, str, str, str, str]) -> dict[str, Any]:
+    kernel, variant, target, dtype_name, scratch = job
+    return compile_kernel(kernel, variant, target, dtype_name, Path(scratch))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="compile this kernel only (repeatable; default: every kernel)")
     parser.add_argument("--target", action="append", choices=list(TARGETS),
                         help="for this target only (repeatable; default: every target)")
+    parser.add_argument("--dtype", action="append", choices=list(DTYPES),
+                        help="in this dtype only (repeatable; default: both)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("triton_resources: TRITON_INTERPRET is set, so Triton interprets the kernels instead of "
@@ -226,21 +244,24 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as scratch, ProcessPoolExecutor(args.workers) as pool:
         rows = []
-        for row in pool.map(_compile_job, [(*job, scratch) for job in jobs(args.kernel, args.target)]):
+        todo = [(*job, scratch) for job in jobs(args.kernel, args.target, args.dtype)]
+        for row in pool.map(_compile_job, todo):
             rows.append(row)
-            print(f"{row['target']} {row['kernel']} ({row['variant']}): {row['registers']} registers, "
-                  f"{row['spill_bytes']} B spilled, {row['shared_bytes']} B shared, "
-                  f"{row['wgmma'] + row['mma_sync']} tensor-core instructions", flush=True)
+            print(f"{row['target']} {row['dtype']} {row['kernel']} ({row['variant']}): "
+                  f"{row['registers']} registers, {row['spill_bytes']} B spilled, "
+                  f"{row['shared_bytes']} B shared, {row['wgmma'] + row['mma_sync']} tensor-core "
+                  "instructions", flush=True)
     data = {**run_metadata("triton_resources", ["scripts/triton_resources.py", *(argv or [])],
                            triton=triton.__version__, ptxas=ptxas_version()),
             "source_sha256": hashlib.sha256(SOURCE.read_bytes()).hexdigest(),
-            "settings": {"shape": SHAPE, "targets": TARGETS, "variants": VARIANTS}, "rows": rows}
+            "settings": {"shape": SHAPE, "dtypes": list(DTYPES), "targets": TARGETS, "variants": VARIANTS},
+            "rows": rows}
     out = args.out or results_path(triton.__version__)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(format_results(data, inline_depth=2), encoding="utf-8")
     print(f"wrote {out}")
-    failed = [f"{r['target']} {r['kernel']} ({r['variant']}): {', '.join(problems(r))}" for r in rows
-              if problems(r)]
+    failed = [f"{r['target']} {r['dtype']} {r['kernel']} ({r['variant']}): {', '.join(problems(r))}"
+              for r in rows if problems(r)]
     for line in failed:
         print(f"triton_resources: {line}", file=sys.stderr)
     return 1 if failed else 0

@@ -764,7 +764,7 @@ def test_torch_kernels_match_the_reference_path(overrides: dict, blocked: bool, 
             torch.testing.assert_close(got_grads[name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
 
 
-PATH_DEFAULTS = {"query_length": 8, "key_length": 8, "causal": False, "device": "cpu"}
+PATH_DEFAULTS = {"query_length": 8, "key_length": 8, "causal": False, "device": "cpu", "dtype": torch.float32}
 
 
 @pytest.mark.parametrize(
@@ -773,8 +773,15 @@ PATH_DEFAULTS = {"query_length": 8, "key_length": 8, "causal": False, "device": 
         ({"attention_normalization": "relu2"}, {}, "relu2"),
         ({"attention_normalization": "relu2"}, {"query_length": 4096, "key_length": 4096}, "relu2_blocked"),
         ({"attention_normalization": "relu2", "gau_kernel": "triton"}, {}, "relu2_triton"),
-        ({"attention_normalization": "relu2"}, {"device": "cuda"},
+        # "auto" on CUDA: the Triton kernels for half-precision inputs (tensor cores), the torch path for fp32
+        ({"attention_normalization": "relu2"}, {"device": "cuda", "dtype": torch.bfloat16},
          "relu2_triton" if TRITON_AVAILABLE else "relu2"),
+        ({"attention_normalization": "relu2"}, {"device": "cuda", "dtype": torch.float16},
+         "relu2_triton" if TRITON_AVAILABLE else "relu2"),
+        ({"attention_normalization": "relu2"}, {"device": "cuda"}, "relu2"),
+        (chunked(4), {"device": "cuda", "dtype": torch.bfloat16},
+         "flash_triton" if TRITON_AVAILABLE else "flash"),
+        (chunked(4), {"device": "cuda"}, "flash"),
         ({"attention_normalization": "relu2", "gau_kernel": "reference"}, {"device": "cuda"},
          "attention_map"),
         ({"attention_normalization": "relu2"}, {"output_attentions": True}, "attention_map"),
@@ -832,7 +839,7 @@ def autograd_node_names(tensor: torch.Tensor) -> set[str]:
 def test_the_unit_runs_the_path_it_names(fields: dict, path: str, node: str | None, monkeypatch) -> None:
     monkeypatch.setattr(gau_kernels, "ATTENTION_BLOCK_ELEMENTS", 12)
     model = tiny(num_hidden_layers=1, **fields).train()
-    assert model.layers[0].gau.attention_path(9, 9, "cpu") == path
+    assert model.layers[0].gau.attention_path(9, 9, "cpu", torch.float32) == path
     output, _ = run_unit(model, torch.randn(1, 9, 32), torch.ones(1, 9, dtype=torch.bool), False)
     names = autograd_node_names(output)
     blocked = {"Relu2AttentionBackward", "SoftmaxAttentionBackward"} & names

@@ -164,6 +164,17 @@ def test_memory_estimates_results_render_without_traces(tmp_path):
         assert getattr(views, view)(data).strip(), view
 
 
+def test_memory_estimates_traces_run_and_match_the_committed_results(tmp_path):
+    """The traced run (the layers' real forwards on the meta device) works with today's model code and gives
+    the committed numbers: a change to what a layer saves shows here, not in a stale docs table."""
+    script = load_script("memory_estimates")
+    assert script.main(["--root", str(tmp_path)]) == 0
+    provenance = {"kind", "command", "machine", "versions", "date", "environment"}
+    fresh = {k: v for k, v in load_results(tmp_path, "memory-estimates").items() if k not in provenance}
+    kept = {k: v for k, v in load_results(ROOT, "memory-estimates").items() if k not in provenance}
+    assert fresh == kept, "rerun `python scripts/memory_estimates.py` and `python tools/render_docs.py`"
+
+
 def test_tp_bench_keeps_other_runs_and_replaces_its_own(tmp_path):
     script = load_script("tp_bench")
     settings = {"hidden": 8, "layers": 1, "batch": 1, "length": 4, "repeats": 1}

@@ -55,17 +55,19 @@ def test_committed_results_are_of_these_kernels_and_clean(path: Path) -> None:
     assert data["source_sha256"] == hashlib.sha256(Path(gau_triton.__file__).read_bytes()).hexdigest(), (
         f"{path.name} was compiled from another gau_triton.py: " + RERUN)
     script = load_script()
-    assert {(r["kernel"], r["variant"], r["target"]) for r in data["rows"]} == set(script.jobs())
-    problems = {f"{r['target']} {r['kernel']} ({r['variant']})": script.problems(r) for r in data["rows"]}
+    assert {(r["kernel"], r["variant"], r["target"], r["dtype"]) for r in data["rows"]} == set(script.jobs())
+    problems = {f"{r['target']} {r['dtype']} {r['kernel']} ({r['variant']})": script.problems(r)
+                for r in data["rows"]}
     assert not {k: v for k, v in problems.items() if v}
-    hopper = [r for r in data["rows"] if r["target"] == "sm_90" and r["kernel"] in script.FLASH_KERNELS]
-    assert hopper and all(r["wgmma"] for r in hopper), "a FLASH kernel does not use Hopper's wgmma"
+    hopper = [r for r in data["rows"] if r["target"] == "sm_90" and r["kernel"] in script.FLASH_KERNELS
+              and r["dtype"] == "bfloat16"]
+    assert hopper and all(r["wgmma"] for r in hopper), "a FLASH kernel does not use Hopper's wgmma in bf16"
 
 
 def test_compiled_options_are_the_launches() -> None:
     """The script compiles with what ``flash_launch_options`` gives, which is what the launches pass."""
     script = load_script()
-    options = script.kernel_options("_flash_backward_key_kernel", "causal")
+    options = script.kernel_options("_flash_backward_key_kernel", "causal", "bfloat16")
     assert options["num_warps"] == gau_triton.FLASH_LAUNCH["backward_key"]["num_warps"]
     assert options["BLOCK_E"] == gau_triton.FLASH_LAUNCH["backward_key"]["BLOCK_E"]
     assert options["WHOLE"] and options["CAUSAL"] and not options["HAS_KEY_MASK"]
@@ -80,15 +82,15 @@ def test_a_kernel_compiled_here_gives_the_committed_row(tmp_path: Path) -> None:
     out = tmp_path / "one.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     command = [sys.executable, str(SCRIPT), "--kernel", "_flash_forward_kernel", "--target", "sm_90",
-               "--workers", "1", "--out", str(out)]
+               "--dtype", "bfloat16", "--workers", "1", "--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(out.read_text(encoding="utf-8"))["rows"]
     assert len(rows) == 2
     kept = json.loads(load_script().results_path(triton.__version__).read_text(encoding="utf-8"))
-    by = {(r["kernel"], r["variant"], r["target"]): r for r in kept["rows"]}
+    by = {(r["kernel"], r["variant"], r["target"], r["dtype"]): r for r in kept["rows"]}
     for row in rows:
-        assert row == by[(row["kernel"], row["variant"], row["target"])]
+        assert row == by[(row["kernel"], row["variant"], row["target"], row["dtype"])]
 
 
 def test_interpreted_kernels_are_one_clear_error(monkeypatch, capsys, tmp_path: Path) -> None:

@@ -57,9 +57,9 @@ class GAUConfig(AttnVariantConfig):
         gau_init (str): ``"gau_alpha"`` (default, GAU-α's code): γ = 1, projections ~ truncated normal on ±2σ
             with σ = 1.13684723 / √fan_in · num_hidden_layers^(−1/3); ``"flash"`` (the FLASH pseudocode): γ
             and projections ~ N(0, ``initializer_range``). β = 0 either way.
-        gau_kernel (str): ``"auto"`` (Triton on CUDA when installed, else torch), ``"torch"``, ``"triton"``
-            (also on CPU under ``TRITON_INTERPRET=1``), or ``"reference"``: the written-out formula with the
-            n×n map.
+        gau_kernel (str): ``"auto"`` (Triton on CUDA when installed and the kernels' inputs are bf16 or
+            fp16, else torch), ``"torch"``, ``"triton"`` (also on CPU under ``TRITON_INTERPRET=1``), or
+            ``"reference"``: the written-out formula with the n×n map.
         hidden_act (str): as in ``AttnVariantConfig`` (default ``"silu"``).
         use_bias (bool): as in ``AttnVariantConfig`` (default ``False``).
         attention_probs_dropout_prob (float): dropout on A (default 0).

@@ -274,7 +274,8 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
             numerator[0, :decodes] = flash_decodes(unit, rows, slots, index[:decodes],
                                                    positions[:decodes])[:, 0]
         starts = metadata.query_start_loc.tolist()
-        implementation = "triton" if use_triton_kernel(self.config, x.value.device) else "chunk"
+        triton = use_triton_kernel(self.config, x.value.device, x.value.dtype)
+        implementation = "triton" if triton else "chunk"
         for request in range(metadata.num_decodes, metadata.num_decodes + metadata.num_prefills):
             start, end = starts[request], starts[request + 1]
             part = FlashInputs(*(t[:, start:end] for t in x[:5]), None)

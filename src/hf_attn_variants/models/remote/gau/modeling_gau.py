@@ -704,20 +704,23 @@ GAU_ATTENTION_PATHS: dict[GAUPath, str] = {
 """What each path computes."""
 
 
-def use_triton_kernel(config: GAUConfig, device: torch.device | str) -> bool:
+def use_triton_kernel(config: GAUConfig, device: torch.device | str, dtype: torch.dtype) -> bool:
     """Whether the unit runs its Triton kernels.
 
-    ``gau_kernel``: ``"triton"`` always, ``"auto"`` on CUDA when triton is installed, ``"torch"`` and
-    ``"reference"`` never.
+    ``gau_kernel``: ``"triton"`` always; ``"auto"`` on CUDA when triton is installed and the kernels' inputs
+    are bf16 or fp16, where their products run on the tensor cores (float32 inputs multiply in IEEE float32
+    without them, so the torch path's cuBLAS products are taken); ``"torch"`` and ``"reference"`` never.
 
     Args:
         config (GAUConfig): the model's config.
         device (torch.device | str): where the unit runs.
+        dtype (torch.dtype): the dtype of the tensors the kernels would take.
 
     Returns:
         bool: whether the Triton kernels are chosen.
     """
-    auto = config.gau_kernel == "auto" and torch.device(device).type == "cuda" and TRITON_AVAILABLE
+    auto = (config.gau_kernel == "auto" and torch.device(device).type == "cuda" and TRITON_AVAILABLE
+            and dtype in (torch.bfloat16, torch.float16))
     return config.gau_kernel == "triton" or auto
 
 
@@ -728,6 +731,7 @@ def gau_attention_path(
     *,
     causal: bool,
     device: torch.device | str,
+    dtype: torch.dtype,
     training: bool = False,
     cached: bool = False,
     output_attentions: bool = False,
@@ -749,6 +753,7 @@ def gau_attention_path(
         key_length (int): T_k, the keys (earlier cached tokens included).
         causal (bool): whether queries see only earlier keys.
         device (torch.device | str): where the unit runs.
+        dtype (torch.dtype): the dtype of the attention's inputs (``use_triton_kernel``).
         training (bool): training mode (attention dropout).
         cached (bool): whether a cache is given.
         output_attentions (bool): whether the map is returned.
@@ -760,7 +765,7 @@ def gau_attention_path(
     """
     dropout = training and config.attention_probs_dropout_prob > 0
     reference = output_attentions or config.gau_kernel == "reference"
-    triton = use_triton_kernel(config, device) and not dropout
+    triton = use_triton_kernel(config, device, dtype) and not dropout
     if config.chunk_size is None:
         if reference:
             return GAUPath.ATTENTION_MAP
@@ -832,7 +837,7 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         return self.width, "expansion units (intermediate_width)"
 
     def attention_path(self, query_length: int, key_length: int, device: torch.device | str,
-                       **mode: bool) -> GAUPath:
+                       dtype: torch.dtype, **mode: bool) -> GAUPath:
         """Which computation (a ``GAU_ATTENTION_PATHS`` key) this unit runs.
 
         ``gau_attention_path`` with the unit's config, direction and training mode.
@@ -841,13 +846,14 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
             query_length (int): T_q, the new tokens.
             key_length (int): T_k, the keys (cache included).
             device (torch.device | str): where the unit runs.
+            dtype (torch.dtype): the dtype of the attention's inputs.
             **mode: ``gau_attention_path``'s ``cached``, ``output_attentions``, ``packed`` and ``layout``.
 
         Returns:
             GAUPath: the path.
         """
         return gau_attention_path(self.config, query_length, key_length, causal=self.is_causal, device=device,
-                                  training=self.training, **mode)
+                                  dtype=dtype, training=self.training, **mode)
 
     def project(
         self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None
@@ -933,8 +939,8 @@ class QuadraticGatedAttentionUnit(GatedAttentionUnit):
             key, value = update_cache(cache, key, value, self.layer_idx, query_offset)
         query, key, value = upcast(query[:, 0]), upcast(key[:, 0]), upcast(value[:, 0])
         mask = None if mask is None else mask[:, 0]
-        path = self.attention_path(query.shape[-2], key.shape[-2], query.device, cached=cache is not None,
-                                   output_attentions=output_attentions)
+        path = self.attention_path(query.shape[-2], key.shape[-2], query.device, query.dtype,
+                                   cached=cache is not None, output_attentions=output_attentions)
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
         if path == GAUPath.ATTENTION_MAP:
             attended, weights = gau_reference_attention(
@@ -1004,12 +1010,12 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         length = hidden_states.shape[1]
         layer = chunk_cache_layer(cache, self.layer_idx) if cache is not None and self.is_causal else None
         past = 0 if layer is None else layer.get_seq_length()
+        projected = self.in_proj(hidden_states)  # under autocast already in the op's dtype
         path = self.attention_path(
-            length, past + length, hidden_states.device, cached=layer is not None,
+            length, past + length, hidden_states.device, projected.dtype, cached=layer is not None,
             output_attentions=output_attentions, packed=documents is not None,
             layout=documents is None or documents.segment is not None,
         )
-        projected = self.in_proj(hidden_states)
         if layer is None and path in RECOMPUTED_PATHS and torch.is_grad_enabled():
             gated = checkpoint(self._gate, projected, position_embeddings, key_mask, key_counts, path, None,
                                documents, False, use_reentrant=False)
