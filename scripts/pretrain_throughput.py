@@ -67,9 +67,13 @@ def measure(family: str, corpus: str, steps: int, folder: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=12,
+                        help="optimizer steps per family, at least 4 (a row every 2; the first is warm-up)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     options = parser.parse_args()
+    if options.steps < 4:
+        parser.error(f"--steps must be at least 4 (a row is logged every 2 steps and the first row is "
+                     f"warm-up), got {options.steps}")
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         (folder / "corpus").mkdir()
@@ -80,6 +84,7 @@ def main() -> None:
             "settings": {"hidden_size": HIDDEN, "layers": LAYERS, "block": BLOCK, "batch": BATCH,
                          "steps": options.steps, "overrides": OVERRIDES, "processes": 1},
             "rows": rows}
+    options.output.parent.mkdir(parents=True, exist_ok=True)
     options.output.write_text(format_results(data))
     print(options.output.read_text())
 

@@ -35,6 +35,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -140,15 +141,18 @@ def compile_kernel(kernel: str, variant: str, target: str, dtype_name: str, scra
 
     Returns:
         dict[str, Any]: the row: kernel, variant, target, warps, stages, block sizes, registers, spilled
-        (stack) bytes, shared bytes and limit, tensor-core instructions.
+        (stack) bytes, shared bytes and limit, tensor-core instructions, and the seconds the compile took
+        (with an empty cache: ``main`` points Triton's cache at a new folder).
     """
     import triton
     from triton.backends.compiler import GPUTarget
 
     options = kernel_options(kernel, variant, dtype_name)
+    start = time.perf_counter()
     compiled = triton.compile(kernel_source(kernel, variant, dtype_name),
                               target=GPUTarget("cuda", TARGETS[target]["arch"], 32),
                               options={key: options[key] for key in ("num_warps", "num_stages")})
+    seconds = time.perf_counter() - start
     cubin = scratch / f"{kernel}-{target}-{dtype_name}-{re.sub(r'[^a-z]+', '_', variant)}.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
     usage = subprocess.run([str(cuobjdump()), "-res-usage", str(cubin)], capture_output=True, text=True,
@@ -164,7 +168,7 @@ def compile_kernel(kernel: str, variant: str, target: str, dtype_name: str, scra
             "registers": int(found[1]), "spill_bytes": int(found[2]),
             "shared_bytes": compiled.metadata.shared, "shared_limit": TARGETS[target]["shared_limit"],
             "wgmma": len(re.findall(r"\bwgmma\.mma_async", ptx)),
-            "mma_sync": len(re.findall(r"\bmma\.sync", ptx))}
+            "mma_sync": len(re.findall(r"\bmma\.sync", ptx)), "compile_s": round(seconds, 1)}
 
 
 def problems(row: dict[str, Any]) -> list[str]:
@@ -216,6 +220,19 @@ def _compile_job(job: tuple[str, str, str, str, str]) -> dict[str, Any]:
     return compile_kernel(kernel, variant, target, dtype_name, Path(scratch))
 
 
+def compile_all(todo: list[tuple[str, str, str, str]], scratch: Path, workers: int) -> list[dict[str, Any]]:
+    """Compile every job (``jobs``), ``workers`` at a time, printing a line per kernel; the rows in order."""
+    rows = []
+    with ProcessPoolExecutor(workers) as pool:
+        for row in pool.map(_compile_job, [(*job, str(scratch)) for job in todo]):
+            rows.append(row)
+            print(f"{row['target']} {row['dtype']} {row['kernel']} ({row['variant']}): "
+                  f"{row['registers']} registers, {row['spill_bytes']} B spilled, "
+                  f"{row['shared_bytes']} B shared, {row['wgmma'] + row['mma_sync']} tensor-core "
+                  f"instructions, {row['compile_s']} s", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="the results file (default: docs/results/"
@@ -242,15 +259,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import triton
 
-    with tempfile.TemporaryDirectory() as scratch, ProcessPoolExecutor(args.workers) as pool:
-        rows = []
-        todo = [(*job, scratch) for job in jobs(args.kernel, args.target, args.dtype)]
-        for row in pool.map(_compile_job, todo):
-            rows.append(row)
-            print(f"{row['target']} {row['dtype']} {row['kernel']} ({row['variant']}): "
-                  f"{row['registers']} registers, {row['spill_bytes']} B spilled, "
-                  f"{row['shared_bytes']} B shared, {row['wgmma'] + row['mma_sync']} tensor-core "
-                  "instructions", flush=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        os.environ["TRITON_CACHE_DIR"] = scratch  # every compile from scratch: compile_s is the cold cost
+        rows = compile_all(jobs(args.kernel, args.target, args.dtype), Path(scratch), args.workers)
     data = {**run_metadata("triton_resources", ["scripts/triton_resources.py", *(argv or [])],
                            triton=triton.__version__, ptxas=ptxas_version()),
             "source_sha256": hashlib.sha256(SOURCE.read_bytes()).hexdigest(),

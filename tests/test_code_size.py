@@ -60,8 +60,9 @@ EXPORTED_LINES = {
     # modeling_gau +484, gau_triton +108, config +25); lines less docstrings 3,303 → 3,295.
     # Issue 47, the kernels' resources (EXPORTED_CODE_LINES): +34 code lines and +48 docstring lines for the
     # launch options, the transposed scores of the key kernel and the whole-chunk switch; +6 (2 code, 4
-    # docstring) for "auto" taking the Triton kernels for bf16/fp16 inputs only.
-    "gau": 5796,
+    # docstring) for "auto" taking the Triton kernels for bf16/fp16 inputs only; +28 (11 code, 17 docstring)
+    # for the float32 launch.
+    "gau": 5824,
     # Above the 1,550 target: the shared file, as for the entropy-invariant family (issue 47's loss included).
     # Issue 50: +792 docstring lines for the documented arguments; lines less docstrings 1,895 → 1,887.
     "synthesizer": 3138,
@@ -75,8 +76,9 @@ EXPORTED_CODE_LINES = {
     # kernel's launch options as data (FLASH_LAUNCH, flash_launch_options, relu2_launch_options), the key
     # kernel's transposed scores (_relu_scores_by_key) and the whole-chunk switch (_rows_of_chunk), which
     # took the FLASH kernels' register spills to 0; +2 for "auto" taking the Triton kernels for bf16/fp16
-    # inputs only (use_triton_kernel's dtype).
-    "gau": 3339,
+    # inputs only (use_triton_kernel's dtype); +11 for the float32 launch (FLASH_LAUNCH_FLOAT32,
+    # flash_launch_table, the grids' dtype), whose smaller tiles compile faster and spill less.
+    "gau": 3350,
     "synthesizer": 1895,
 }
 FAMILY_FILE_LINES = {

@@ -4,7 +4,7 @@ instructions), from Triton's compiler for sm_90 and sm_80, without a GPU.
 
 Data: ``settings`` (``shape``, ``dtypes``, ``targets``: ``{name: {arch, gpus, shared_limit}}``, ``variants``),
 ``rows`` of ``{kernel, variant, target, dtype, num_warps, num_stages, blocks, registers, spill_bytes,
-shared_bytes, shared_limit, wgmma, mma_sync}``.
+shared_bytes, shared_limit, wgmma, mma_sync, compile_s}``.
 """
 
 from __future__ import annotations
@@ -27,22 +27,23 @@ def table(data: dict[str, Any]) -> str:
     head = ["kernel", "variant", "dtype", "warps, stages"]
     for name, target in targets.items():
         head += [f"{name}: registers", "spilled B", f"shared KiB (of {_kib(target['shared_limit'])})",
-                 "tensor-core instr."]
+                 "tensor-core instr.", "compile s"]
     rows = []
     for kernel, variant, dtype in order:
         first = next(by[(kernel, variant, dtype, t)] for t in targets if (kernel, variant, dtype, t) in by)
         row = [f"`{kernel}`", variant, dtype, f"{first['num_warps']}, {first['num_stages']}"]
         for name in targets:
             found = by.get((kernel, variant, dtype, name))
-            row += (["—"] * 4 if found is None else
+            row += (["—"] * 5 if found is None else
                     [str(found["registers"]), str(found["spill_bytes"]), _kib(found["shared_bytes"]),
-                     str(found["wgmma"] + found["mma_sync"])])
+                     str(found["wgmma"] + found["mma_sync"]), f"{found['compile_s']:.1f}"])
         rows.append(row)
     body = markdown_table(head, rows, ["---", "---", "---", "---:", *["---:"] * (len(head) - 4)])
     shape = data["settings"]["shape"]
     setting = (f"Key size {shape['key_size']}, value width {shape['width']}, chunk {shape['chunk_size']}; "
                f"Triton {data['versions']['triton']}, ptxas {data['versions']['ptxas']}; "
-               + "; ".join(f"{name}: {t['gpus']}" for name, t in targets.items()) + ".")
+               + "; ".join(f"{name}: {t['gpus']}" for name, t in targets.items())
+               + "; compile s: with an empty cache, two compiles at a time on the machine below.")
     return f"{setting}\n\n{body}\n\n{source_line(data)}"
 
 

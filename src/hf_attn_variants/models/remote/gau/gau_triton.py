@@ -222,17 +222,27 @@ if TRITON_AVAILABLE:
 FLASH_STATE_BLOCK = 64
 """Key-size rows and value columns per program of the per-chunk outer products k'ᵀv and q'ᵀdO."""
 FLASH_LAUNCH: dict[str, dict[str, int]] = {
-    "chunk_outer": {"BLOCK_E": FLASH_STATE_BLOCK, "num_warps": 4, "num_stages": 3},
-    "forward": {"BLOCK_E": 128, "num_warps": 8, "num_stages": 2},
-    "backward_query": {"BLOCK_E": 128, "num_warps": 8, "num_stages": 2},
-    "backward_key": {"BLOCK_E": 64, "num_warps": 8, "num_stages": 1},
+    "chunk_outer": {"BLOCK": 64, "BLOCK_E": FLASH_STATE_BLOCK, "num_warps": 4, "num_stages": 3},
+    "forward": {"BLOCK": 64, "BLOCK_E": 128, "num_warps": 8, "num_stages": 2},
+    "backward_query": {"BLOCK": 64, "BLOCK_E": 128, "num_warps": 8, "num_stages": 2},
+    "backward_key": {"BLOCK": 64, "BLOCK_E": 64, "num_warps": 8, "num_stages": 1},
 }
-"""Each FLASH kernel's value columns per program (the grid's first axis), warps and pipeline stages.
+"""Each FLASH kernel's launch for bf16/fp16 inputs: token rows per program at most (``BLOCK``, see
+``flash_block``), value columns per program (the grid's first axis), warps and pipeline stages.
 
 Chosen by compiling each kernel for sm_90 and sm_80 without a GPU (Triton's compiler for a ``GPUTarget``) and
 reading its registers, spills and shared memory: at key size 128 in bf16 none spills a register and each fits
 an A100's shared memory. With 4 warps the three token-block kernels spilled; so did the key kernel's second
 pipeline stage on sm_80.
+"""
+FLASH_LAUNCH_FLOAT32: dict[str, dict[str, int]] = {
+    "chunk_outer": FLASH_LAUNCH["chunk_outer"],
+    **dict.fromkeys(("forward", "backward_query", "backward_key"),
+                    {"BLOCK": 32, "BLOCK_E": 32, "num_warps": 4, "num_stages": 1}),
+}
+"""The same for float32 inputs (IEEE products, no tensor cores: the CUDA tests, and ``gau_kernel="triton"`` on
+a float32 model). Smaller tiles: at the bf16 launch the float32 kernels spill kilobytes per thread and take
+ptxas much longer to compile, which the GPU check's test stage pays once per specialisation.
 """
 if TRITON_AVAILABLE:
 
@@ -569,20 +579,35 @@ def triton_relu2_attention(
 
 
 # ------------------------------------------------------------------------------------------------ FLASH
-def flash_block(chunk_size: int) -> int:
-    """Token rows per program of the FLASH kernels.
+def flash_launch_table(dtype: torch.dtype) -> dict[str, dict[str, int]]:
+    """The FLASH kernels' launches for inputs of ``dtype``.
 
-    64 where the chunk is a multiple of 64, else 32 or 16 (a block then straddles chunks, which the kernels
-    mask).
+    ``FLASH_LAUNCH_FLOAT32`` for float32/float64, else ``FLASH_LAUNCH``.
+
+    Args:
+        dtype (torch.dtype): the inputs' dtype.
+
+    Returns:
+        dict[str, dict[str, int]]: each kernel's ``BLOCK``, ``BLOCK_E``, ``num_warps`` and ``num_stages``.
+    """
+    return FLASH_LAUNCH_FLOAT32 if dtype in (torch.float32, torch.float64) else FLASH_LAUNCH
+
+
+def flash_block(chunk_size: int, largest: int = 64) -> int:
+    """Token rows per program of a FLASH kernel.
+
+    The largest of ``largest``, 32 and 16 that divides the chunk, else 16 (a block then straddles chunks,
+    which the kernels mask).
 
     Args:
         chunk_size (int): g.
+        largest (int): the kernel's ``BLOCK`` (``FLASH_LAUNCH``), 64 or 32.
 
     Returns:
         int: 64, 32 or 16.
     """
     for block in (64, 32):
-        if chunk_size % block == 0:
+        if block <= largest and chunk_size % block == 0:
             return block
     return 16
 
@@ -591,12 +616,12 @@ def _state_block(size: int) -> int:
     return min(FLASH_STATE_BLOCK, max(16, 1 << (max(size, 1) - 1).bit_length()))
 
 
-def _value_block(width: int, kernel: str) -> int:
-    return min(FLASH_LAUNCH[kernel]["BLOCK_E"], max(16, 1 << (max(width, 1) - 1).bit_length()))
+def _value_block(width: int, launch: dict[str, int]) -> int:
+    return min(launch["BLOCK_E"], max(16, 1 << (max(width, 1) - 1).bit_length()))
 
 
-def flash_triton_grids(batch: int, length: int, key_size: int, width: int, chunk_size: int
-                       ) -> dict[str, tuple[int, int, int]]:
+def flash_triton_grids(batch: int, length: int, key_size: int, width: int, chunk_size: int,
+                       dtype: torch.dtype = torch.bfloat16) -> dict[str, tuple[int, int, int]]:
     """The launch grid of each FLASH kernel.
 
     ``chunk_outer`` (k'ᵀv per chunk, and q'ᵀdO in backward) runs over (s-tiles × e-tiles, chunks, rows);
@@ -609,6 +634,7 @@ def flash_triton_grids(batch: int, length: int, key_size: int, width: int, chunk
         key_size (int): s.
         width (int): e, the value width.
         chunk_size (int): g.
+        dtype (torch.dtype): the inputs' dtype (``flash_launch_table``).
 
     Returns:
         dict[str, tuple[int, int, int]]: each kernel's grid.
@@ -616,9 +642,10 @@ def flash_triton_grids(batch: int, length: int, key_size: int, width: int, chunk
     chunks = -(-length // chunk_size)
     tiles = -(-key_size // _state_block(key_size)) * -(-width // _state_block(width))
     grids = {"chunk_outer": (tiles, chunks, batch)}
-    blocks = -(-length // flash_block(chunk_size))
     for kernel in ("forward", "backward_query", "backward_key"):
-        grids[kernel] = (-(-width // _value_block(width, kernel)), blocks, batch)
+        launch = flash_launch_table(dtype)[kernel]
+        blocks = -(-length // flash_block(chunk_size, launch["BLOCK"]))
+        grids[kernel] = (-(-width // _value_block(width, launch)), blocks, batch)
     return grids
 
 
@@ -637,13 +664,14 @@ def flash_launch_options(kernel: str, dtype: torch.dtype, key_size: int, width: 
         dict[str, Any]: the ``tl.constexpr`` arguments (``PRECISION``, the block sizes, ``WHOLE``) and
         ``num_warps``, ``num_stages``; ``HAS_KEY_MASK`` and ``CAUSAL`` come from the call.
     """
-    launch = {option: FLASH_LAUNCH[kernel][option] for option in ("num_warps", "num_stages")}
+    table = flash_launch_table(dtype)[kernel]
+    launch = {option: table[option] for option in ("num_warps", "num_stages")}
+    block = flash_block(chunk_size, table["BLOCK"])
     if kernel == "chunk_outer":
-        return {"PRECISION": precision(dtype), "BLOCK_T": flash_block(chunk_size),
-                "BLOCK_S": _state_block(key_size), "BLOCK_E": _state_block(width), **launch}
-    block = flash_block(chunk_size)
+        return {"PRECISION": precision(dtype), "BLOCK_T": block, "BLOCK_S": _state_block(key_size),
+                "BLOCK_E": _state_block(width), **launch}
     return {"PRECISION": precision(dtype), "BLOCK": block, "BLOCK_S": _key_size_block(key_size),
-            "BLOCK_E": _value_block(width, kernel), "WHOLE": chunk_size % block == 0, **launch}
+            "BLOCK_E": _value_block(width, table), "WHOLE": chunk_size % block == 0, **launch}
 
 
 if TRITON_AVAILABLE:
@@ -662,7 +690,7 @@ if TRITON_AVAILABLE:
         """
         batch, length, key_size = a.shape
         width = x.shape[-1]
-        grid = flash_triton_grids(batch, length, key_size, width, chunk_size)["chunk_outer"]
+        grid = flash_triton_grids(batch, length, key_size, width, chunk_size, a.dtype)["chunk_outer"]
         out = torch.empty(batch, grid[1], key_size, width, device=a.device, dtype=torch.float32)
         _chunk_outer_kernel[grid](a, x, out, length, key_size, width, chunk_size, grid[1],
                                   **flash_launch_options("chunk_outer", a.dtype, key_size, width, chunk_size))
@@ -691,7 +719,7 @@ if TRITON_AVAILABLE:
         batch, length, key_size = quad_q.shape
         width = value.shape[-1]
         out = torch.empty_like(value)
-        grid = flash_triton_grids(batch, length, key_size, width, chunk_size)["forward"]
+        grid = flash_triton_grids(batch, length, key_size, width, chunk_size, quad_q.dtype)["forward"]
         _flash_forward_kernel[grid](
             quad_q, quad_k, lin_q, value, states, quad_q if key_mask is None else key_mask, out, length,
             key_size, width, chunk_size, states.shape[1], HAS_KEY_MASK=key_mask is not None, CAUSAL=causal,
@@ -727,7 +755,7 @@ if TRITON_AVAILABLE:
         grads = [torch.zeros(batch, length, key_size, device=quad_q.device, dtype=torch.float32)
                  for _ in range(4)]
         grad_value = torch.empty_like(value)
-        grid = flash_triton_grids(batch, length, key_size, width, chunk_size)
+        grid = flash_triton_grids(batch, length, key_size, width, chunk_size, quad_q.dtype)
         mask = quad_q if key_mask is None else key_mask
         switches = {"HAS_KEY_MASK": key_mask is not None, "CAUSAL": causal}
         sizes = (length, key_size, width, chunk_size, states.shape[1])
@@ -759,7 +787,7 @@ if TRITON_AVAILABLE:
 
 
 __all__ = [
-    "FLASH_LAUNCH", "FLASH_STATE_BLOCK", "TRITON_AVAILABLE", "TritonRelu2Attention", "flash_block",
-    "flash_launch_options", "flash_triton_grids", "precision", "relu2_launch_options",
-    "triton_relu2_attention",
+    "FLASH_LAUNCH", "FLASH_LAUNCH_FLOAT32", "FLASH_STATE_BLOCK", "TRITON_AVAILABLE", "TritonRelu2Attention",
+    "flash_block", "flash_launch_options", "flash_launch_table", "flash_triton_grids", "precision",
+    "relu2_launch_options", "triton_relu2_attention",
 ]
