@@ -17,9 +17,10 @@ FLASH's causal kernels also in float32 (IEEE products: what ``gau_kernel="triton
 model, and the CUDA tests' exact comparisons).
 
 Exit status 1 when a bf16 kernel spills, uses no tensor core, or any kernel exceeds its target's shared
-memory.
+memory; 2 when nothing can be compiled here (no triton, or ``TRITON_INTERPRET`` set).
 
-Usage (from the repository root; 20 s on 2 cores), with the lock's Triton and then with the GPU image's::
+Usage (from the repository root; about 30 s on 2 cores), with the lock's Triton and then with the GPU
+image's::
 
     .venv/bin/python scripts/triton_resources.py
     .venv/bin/python -m pip install --target /tmp/triton-3.6 --no-deps triton==3.6.0

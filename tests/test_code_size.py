@@ -60,9 +60,9 @@ EXPORTED_LINES = {
     # modeling_gau +484, gau_triton +108, config +25); lines less docstrings 3,303 → 3,295.
     # Issue 47, the kernels' resources (EXPORTED_CODE_LINES): +34 code lines and +48 docstring lines for the
     # launch options, the transposed scores of the key kernel and the whole-chunk switch; +6 (2 code, 4
-    # docstring) for "auto" taking the Triton kernels for bf16/fp16 inputs only; +28 (11 code, 17 docstring)
+    # docstring) for "auto" taking the Triton kernels for bf16/fp16 inputs only; +29 (11 code, 18 docstring)
     # for the float32 launch.
-    "gau": 5824,
+    "gau": 5825,
     # Above the 1,550 target: the shared file, as for the entropy-invariant family (issue 47's loss included).
     # Issue 50: +792 docstring lines for the documented arguments; lines less docstrings 1,895 → 1,887.
     "synthesizer": 3138,

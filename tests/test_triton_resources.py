@@ -98,6 +98,7 @@ def test_a_kernel_compiled_here_gives_the_committed_row(tmp_path: Path) -> None:
         assert {**row, "compile_s": None} == {**kept_row, "compile_s": None}
 
 
+@pytest.mark.skipif(not gau_triton.TRITON_AVAILABLE, reason="triton is not installed")
 def test_interpreted_kernels_are_one_clear_error(monkeypatch, capsys, tmp_path: Path) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert load_script().main(["--out", str(tmp_path / "none.json")]) == 2

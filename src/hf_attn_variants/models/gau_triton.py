@@ -22,9 +22,10 @@ The backward recomputes scores, summaries and states. The FLASH kernels are ``to
 tracing, so ``torch.compile(fullgraph=True)`` traces through them; ``flash_triton_grids`` gives their grids.
 
 bf16/fp16 inputs multiply on the tensor cores with float32 accumulators; float32 inputs use
-``input_precision="ieee"`` (``precision``), so they match the torch kernels to float32 rounding. ``triton`` is
-optional (``pip install 'hf_attn_variants[gpu]'``); ``GAUConfig.gau_kernel`` selects these kernels
-(``"auto"``: on CUDA when triton is installed). Under ``TRITON_INTERPRET=1`` Triton runs them on CPU
+``input_precision="ieee"`` (``precision``), so they match the torch kernels to float32 rounding, with smaller
+tiles (``FLASH_LAUNCH_FLOAT32``). ``triton`` is optional (``pip install 'hf_attn_variants[gpu]'``);
+``GAUConfig.gau_kernel`` selects these kernels (``"auto"``: on CUDA when triton is installed, for bf16/fp16
+inputs). Under ``TRITON_INTERPRET=1`` Triton runs them on CPU
 tensors, which is how the package's CPU tests check them (the interpreter's bf16 products are wrong, so bf16
 is checked on a GPU).
 
