@@ -7,10 +7,10 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
 
 # run_workers COMMAND [ARGS...]: COMMAND in $WORKERS processes that share the study's run folders (each run
-# folder is claimed by one process; the others skip it, logging to $OUT/.worker_<i>.log), then, with more than one
-# worker, once more here: every run is finished by then, so this pass reuses them all and writes the complete
-# outputs. The logs are hidden names: a run refuses an output folder holding files that no run wrote, and hidden
-# names are not counted.
+# folder is claimed by one process; the others skip it, logging to $OUT/.worker_<i>.log), then, with more than
+# one worker, once more here: every run is finished by then, so this pass reuses them all and writes the
+# complete outputs. The logs are hidden names: a run refuses an output folder holding files that no run wrote,
+# and hidden names are not counted.
 run_workers() {
   local i
   mkdir -p "$OUT"

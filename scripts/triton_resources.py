@@ -260,11 +260,18 @@ def main(argv: list[str] | None = None) -> int:
 
     import triton
 
+    metadata = run_metadata("triton_resources", ["scripts/triton_resources.py", *(argv or [])],
+                            triton=triton.__version__, ptxas=ptxas_version())
+    cache = os.environ.get("TRITON_CACHE_DIR")
     with tempfile.TemporaryDirectory() as scratch:
         os.environ["TRITON_CACHE_DIR"] = scratch  # every compile from scratch: compile_s is the cold cost
-        rows = compile_all(jobs(args.kernel, args.target, args.dtype), Path(scratch), args.workers)
-    data = {**run_metadata("triton_resources", ["scripts/triton_resources.py", *(argv or [])],
-                           triton=triton.__version__, ptxas=ptxas_version()),
+        try:
+            rows = compile_all(jobs(args.kernel, args.target, args.dtype), Path(scratch), args.workers)
+        finally:
+            os.environ.pop("TRITON_CACHE_DIR")
+            if cache is not None:
+                os.environ["TRITON_CACHE_DIR"] = cache
+    data = {**metadata,
             "source_sha256": hashlib.sha256(SOURCE.read_bytes()).hexdigest(),
             "settings": {"shape": SHAPE, "dtypes": list(DTYPES), "targets": TARGETS, "variants": VARIANTS},
             "rows": rows}

@@ -229,7 +229,8 @@ FLASH_LAUNCH: dict[str, dict[str, int]] = {
     "backward_key": {"BLOCK": 64, "BLOCK_E": 64, "num_warps": 8, "num_stages": 1},
 }
 """Each FLASH kernel's launch for bf16/fp16 inputs: token rows per program at most (``BLOCK``, see
-``flash_block``), value columns per program (the grid's first axis), warps and pipeline stages.
+``flash_block``), value columns per program (the grid's first axis; ``chunk_outer``: key-size rows and value
+columns, ``FLASH_STATE_BLOCK``), warps and pipeline stages.
 
 Chosen by compiling each kernel for sm_90 and sm_80 without a GPU (Triton's compiler for a ``GPUTarget``) and
 reading its registers, spills and shared memory: at key size 128 in bf16 none spills a register and each fits
@@ -614,11 +615,8 @@ def flash_block(chunk_size: int, largest: int = 64) -> int:
     return 16
 
 
-def _state_block(size: int) -> int:
-    return min(FLASH_STATE_BLOCK, max(16, 1 << (max(size, 1) - 1).bit_length()))
-
-
 def _value_block(width: int, launch: dict[str, int]) -> int:
+    """Columns per program: the launch's ``BLOCK_E``, or the power of two ≥ 16 that covers ``width``."""
     return min(launch["BLOCK_E"], max(16, 1 << (max(width, 1) - 1).bit_length()))
 
 
@@ -642,7 +640,8 @@ def flash_triton_grids(batch: int, length: int, key_size: int, width: int, chunk
         dict[str, tuple[int, int, int]]: each kernel's grid.
     """
     chunks = -(-length // chunk_size)
-    tiles = -(-key_size // _state_block(key_size)) * -(-width // _state_block(width))
+    outer = FLASH_LAUNCH["chunk_outer"]  # the same in both tables
+    tiles = -(-key_size // _value_block(key_size, outer)) * -(-width // _value_block(width, outer))
     grids = {"chunk_outer": (tiles, chunks, batch)}
     for kernel in ("forward", "backward_query", "backward_key"):
         launch = flash_launch_table(dtype)[kernel]
@@ -670,8 +669,8 @@ def flash_launch_options(kernel: str, dtype: torch.dtype, key_size: int, width: 
     launch = {option: table[option] for option in ("num_warps", "num_stages")}
     block = flash_block(chunk_size, table["BLOCK"])
     if kernel == "chunk_outer":
-        return {"PRECISION": precision(dtype), "BLOCK_T": block, "BLOCK_S": _state_block(key_size),
-                "BLOCK_E": _state_block(width), **launch}
+        return {"PRECISION": precision(dtype), "BLOCK_T": block, "BLOCK_S": _value_block(key_size, table),
+                "BLOCK_E": _value_block(width, table), **launch}
     return {"PRECISION": precision(dtype), "BLOCK": block, "BLOCK_S": _key_size_block(key_size),
             "BLOCK_E": _value_block(width, table), "WHOLE": chunk_size % block == 0, **launch}
 
