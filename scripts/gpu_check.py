@@ -462,16 +462,18 @@ def cpu_tests(present: list[str], env: dict[str, str], workers: int, budget: Bud
     return [run], cases, [f'CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1 {command}']
 
 
-def collected(files: Sequence[str], env: dict[str, str]) -> int:
-    """How many tests ``pytest --collect-only`` finds in ``files`` (imported, none run)."""
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
-                           *files], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          check=False)
-    found = [int(m.group(1)) for line in done.stdout.splitlines()
-             if (m := re.search(r"(\d+) tests? collected", line))]
-    if done.returncode != 0 or not found:
-        raise RuntimeError("collecting the model tests failed: " + one_line(done.stdout[-1500:], 800))
-    return found[-1]
+def collected_not_run(present: Sequence[str], selection: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The model test files to collect (import) and deselect in a dry run's one pytest run, and pytest's
+    arguments for that: the files of ``present`` that ``selection`` does not name a test of (those it does are
+    imported by their selected tests), each followed by its ``--deselect``."""
+    files = [path for path in present if not any(node.split("::")[0] == path for node in selection)]
+    return files, [argument for path in files for argument in (path, f"--deselect={path}::")]
+
+
+def deselected(lines: Sequence[str]) -> int:
+    """How many tests pytest's summary says it deselected (0 when it names none)."""
+    found = [int(m.group(1)) for line in lines if (m := re.search(r"(\d+) deselected", line))]
+    return found[-1] if found else 0
 
 
 @dataclass
@@ -517,12 +519,13 @@ def tests_stage(args: argparse.Namespace) -> int:
     record = TestsFile(args.out, args.dry_run, [*selection, *present], notes)
     record.running([])
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if args.dry_run:
-        run, cases, command = pytest_cases(selection, env, 0, budget.left() - budget.margin, notes,
-                                           record.running)
-        if present:
-            files = ", ".join(f"`{p}`" for p in present)
-            notes.append(f"dry run: {collected(present, env)} tests of {files} collected, not run.")
+    if args.dry_run:  # one pytest run: the CUDA tests skip, the model test files are imported and deselected
+        files, arguments = collected_not_run(present, selection)
+        run, cases, command = pytest_cases([*selection, *arguments], env, 0, budget.left() - budget.margin,
+                                           notes, record.running)
+        if files:
+            names = ", ".join(f"`{p}`" for p in files)
+            notes.append(f"dry run: {deselected(run.lines)} tests of {names} collected, not run.")
         record.runs, record.cases, record.commands = [run], cases, [command]
     else:
         share = 0.7 if present else 1.0  # the model tests on CPU tensors take the rest

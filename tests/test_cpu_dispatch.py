@@ -2,8 +2,10 @@
 other.
 
 CI lands on an Intel Xeon one day and an AMD EPYC the next, and oneMKL sums float32 products in a different
-order on each (``tests/mkl_dispatch.py``). The suite itself runs on this CPU's own path; this file runs the
-numerics tests again on the other vendor's path, so both are checked on every run whichever CPU it gets.
+order on each (``tests/mkl_dispatch.py``). The suite itself runs on this CPU's own path; the numerics tests
+run again on the other vendor's path, so both are checked on every run whichever CPU it gets: the model test
+files in ``tests/test_transformers_floor.py`` (on the oldest Transformers), the kernel and peer comparisons
+here.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from tests.mkl_dispatch import mkl_code_path, native_env, native_vendor, other_v
 from tests.test_transformers_floor import MODEL_TEST_FILES
 
 REPO = Path(__file__).resolve().parents[1]
-# The model tests plus the files that compare our kernels and peers against references in float32.
-NUMERICS_TEST_FILES = (*MODEL_TEST_FILES, "tests/test_peers.py", "tests/test_flex_attention.py",
-                       "tests/test_gau_triton.py")
+# The files that compare our kernels and peers against references in float32. The model tests
+# (``MODEL_TEST_FILES``) take the other vendor's path in tests/test_transformers_floor.py, on the oldest
+# Transformers: one run of them covers both axes.
+NUMERICS_TEST_FILES = ("tests/test_peers.py", "tests/test_flex_attention.py", "tests/test_gau_triton.py")
+assert not set(NUMERICS_TEST_FILES) & set(MODEL_TEST_FILES)
 
 
 def test_the_shim_switches_onemkl_to_the_other_vendors_code_path() -> None:
@@ -41,7 +45,7 @@ def test_the_numerics_tests_pass_on_the_other_vendors_onemkl_path() -> None:
     assert result.returncode == 0, (
         f"on oneMKL's path {mkl_code_path(env)!r}:\n{result.stdout[-6000:]}\n{result.stderr[-2000:]}"
     )
-    assert counts.get("passed", 0) > 500 and not counts.get("failed") and not counts.get("errors"), counts
+    assert counts.get("passed", 0) >= 30 and not counts.get("failed") and not counts.get("errors"), counts
 
 
 def test_results_name_the_forced_path_only_when_the_shim_is_really_preloaded(monkeypatch) -> None:

@@ -2,16 +2,18 @@
 ``GAUForCausalLM`` (``serving/vllm_plugin.py``), and vLLM runs ``serving/vllm_gau.GAUVllmForCausalLM``.
 
 Each check saves tiny causal GAU folders (hidden 64, 2 layers, s = 32, e = 128, the embedded tokenizer) and
-serves them with ``vllm.LLM`` in the cached vLLM environment of tests/test_serving_vllm.py, one engine per
-model (float32, ``enforce_eager``, in-process engine). vLLM's greedy tokens must equal Transformers'
-``generate`` on every prompt, and the log-probabilities of the chosen tokens agree within 1e-4. Every call
-to ``generate`` in vLLM holds 8 prompts of different lengths, so they run concurrently.
+serves them with ``vllm.LLM`` in the cached vLLM environment of tests/test_serving_vllm.py (one child for the
+checks of ``served``), one engine per model (float32, ``enforce_eager``, in-process engine). vLLM's greedy
+tokens must equal Transformers' ``generate`` on every prompt, and the log-probabilities of the chosen tokens
+agree within 1e-4. Every call to ``generate`` in vLLM holds 8 prompts of different lengths, so they run
+concurrently.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from hf_attn_variants import GAUConfig, GAUForCausalLM, SynthesizerConfig, SynthesizerForCausalLM
@@ -56,12 +58,19 @@ def model_case(name: str, config: GAUConfig, tokenizer, folder: Path, prompt_lis
     return entry, greedy(model, prompt_list)
 
 
-def test_vllm_serves_flash_and_softmax_gau_with_transformers_tokens(vllm: Path, package_overlay: Path,
-                                                                    tmp_path: Path) -> None:
-    """FLASH with chunk sizes 4 and 16 (prompts of g−1, g, g+1 and 3g+5 tokens among 8 concurrent ones), with
-    a ``max_num_batched_tokens`` of 8 that splits prefills mid-chunk, and with prefix caching hit by a second
-    round of the same prompts; softmax and softmax_plus GAU on paged attention: every greedy token equals
-    ``generate``."""
+@pytest.fixture(scope="module")
+def served(vllm: Path, package_overlay: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One vLLM child (with this package's wheel) for both checks below, which read their models from it:
+    ``{"expected": Transformers' tokens per served model, "got": the child's results}``. The GAU folders to
+    serve:
+
+    - FLASH with chunk sizes 4 and 16 (prompts of g−1, g, g+1 and 3g+5 tokens among 8 concurrent ones), with a
+      ``max_num_batched_tokens`` of 8 that splits prefills mid-chunk, and with prefix caching hit by a second
+      round of the same prompts;
+    - softmax and softmax_plus GAU on paged attention;
+
+    and the two it must refuse: quadratic relu² GAU and the Synthesizer."""
+    tmp_path = tmp_path_factory.mktemp("vllm_gau")
     tokenizer = embedded_tokenizer()
     vocab = len(tokenizer)
     cases = [
@@ -87,29 +96,34 @@ def test_vllm_serves_flash_and_softmax_gau_with_transformers_tokens(vllm: Path, 
     for name, config, prompt_list, extra in cases:
         entry, expected[name] = model_case(name, config, tokenizer, tmp_path / name, prompt_list, **extra)
         models.append(entry)
-    assert expected["softmax"]["tokens"] != expected["softmax_plus"]["tokens"], "log n must matter here"
+    relu2 = GAUForCausalLM(gau_config(tokenizer, attention_normalization="relu2"))
+    synthesizer = SynthesizerForCausalLM(SynthesizerConfig(vocab_size=len(tokenizer), hidden_size=64,
+                                                           num_hidden_layers=1, num_attention_heads=2,
+                                                           is_decoder=True, max_position_embeddings=256))
+    models += [{"name": "relu2", "folder": save(relu2, tokenizer, tmp_path / "relu2"), "expect": "refuse",
+                "engine": {"model_impl": None}},
+               {"name": "synthesizer", "folder": save(synthesizer, tokenizer, tmp_path / "synthesizer"),
+                "expect": "refuse"}]
     got = run_vllm(vllm, tmp_path, models, [], package_path=package_overlay)
+    return {"expected": expected, "got": got}
+
+
+def test_vllm_serves_flash_and_softmax_gau_with_transformers_tokens(served: dict) -> None:
+    """FLASH (chunk sizes, split prefills, prefix caching) and softmax / softmax_plus GAU (``served``): every
+    greedy token equals ``generate``."""
+    expected, got = served["expected"], served["got"]
+    assert expected["softmax"]["tokens"] != expected["softmax_plus"]["tokens"], "log n must matter here"
     assert not mismatches(expected, got), "\n".join(mismatches(expected, got))
     cached = got["flash_g4_prefix_cache"]
     assert cached["later_rounds"] == [expected["flash_g4_prefix_cache"]["tokens"]]
     assert min(cached["cached_tokens"][1]) > 0, cached["cached_tokens"]  # the second round hit the cache
 
 
-def test_vllm_refuses_gau_it_cannot_serve_in_one_sentence(vllm: Path, package_overlay: Path,
-                                                          tmp_path: Path) -> None:
+def test_vllm_refuses_gau_it_cannot_serve_in_one_sentence(served: dict) -> None:
     """With the package installed: quadratic relu² GAU raises ``native_refusal``'s sentence (naming what
     serves), and the Synthesizer (not registered, so vLLM takes its Transformers backend) raises its remote
     code's refusal."""
-    tokenizer = embedded_tokenizer()
-    relu2 = GAUForCausalLM(gau_config(tokenizer, attention_normalization="relu2"))
-    synthesizer = SynthesizerForCausalLM(SynthesizerConfig(vocab_size=len(tokenizer), hidden_size=64,
-                                                           num_hidden_layers=1, num_attention_heads=2,
-                                                           is_decoder=True, max_position_embeddings=256))
-    models = [{"name": "relu2", "folder": save(relu2, tokenizer, tmp_path / "relu2"), "expect": "refuse",
-               "engine": {"model_impl": None}},
-              {"name": "synthesizer", "folder": save(synthesizer, tokenizer, tmp_path / "synthesizer"),
-               "expect": "refuse"}]
-    got = run_vllm(vllm, tmp_path, models, [], package_path=package_overlay)
+    got = served["got"]
     relu2_error = got["relu2"]["error"]
     assert relu2_error is not None, "quadratic relu² GAU was served"
     assert "GAU with attention_normalization='relu2' and no chunk_size" in relu2_error, relu2_error

@@ -150,6 +150,8 @@ import transformers
 from transformers import PreTrainedConfig, PreTrainedModel
 
 __all__ = [
+    "ATTENTION_INDEPENDENT_TESTS",
+    "attention_independent_skips",
     "TASKS",
     "CommonModelTest",
     "ConfigTester",
@@ -167,6 +169,45 @@ __all__ = [
     "upstream_cache_dir",
     "upstream_load_error",
 ]
+
+#: Upstream tests that never depend on the attention component: embeddings, heads and losses, tied weights,
+#: output containers, dtype keyword handling, torch.utils.checkpoint modes. A family's extra configurations
+#: skip them (``attention_independent_skips``); they run once, for its default configuration. Every test that
+#: runs a forward/backward pass through attention, saves/loads/initialises its tensors or inspects attentions
+#: stays on for every configuration.
+ATTENTION_INDEPENDENT_TESTS = (
+    "test_bc_torch_dtype",  # torch_dtype= vs dtype= keyword handling of from_pretrained
+    "test_resize_tokens_embeddings",  # embed_tokens / lm_head
+    "test_resize_embeddings_untied",
+    "test_resize_embeddings_untied_no_reinit_on_post_init",
+    "test_model_get_set_embeddings",
+    "test_inputs_embeds",
+    "test_inputs_embeds_matches_input_ids",
+    "test_enable_input_require_grads_with_gradient_checkpointing",  # embedding hook
+    # torch.utils.checkpoint modes; test_training_gradient_checkpointing stays on
+    "test_training_gradient_checkpointing_use_reentrant_true",
+    "test_training_gradient_checkpointing_use_reentrant_false",
+    "test_problem_types",  # classification losses
+    "test_causal_lm_loss_honors_shift_labels",
+    "test_feed_forward_chunking",  # FeedForward block
+    "test_model_outputs_equivalence",  # tuple vs ModelOutput containers
+    "test_capture_outputs_decorator",  # output recording (test_attention_outputs stays on)
+    "test_can_capture_specific_layers_hidden_states",
+    "test_load_save_without_tied_weights",  # tied lm_head
+    "test_model_weights_reload_no_missing_tied_weights",
+    "test_tied_weights_keys",
+    "test_base_model_prefix_loads_base_weights",  # head ↔ base-model prefix mapping
+    "test_load_with_mismatched_shapes",  # classifier shapes
+    "test_can_load_ignoring_mismatched_shapes",
+)
+
+
+def attention_independent_skips(default_case: str) -> dict[str, str]:
+    """``skip_tests`` for a family's extra configuration: ``ATTENTION_INDEPENDENT_TESTS``, each with the
+    reason that names ``default_case``, the test case that runs them."""
+    reason = f"independent of the attention component; runs for the default mixture ({default_case})"
+    return dict.fromkeys(ATTENTION_INDEPENDENT_TESTS, reason)
+
 
 #: Private package name under which the upstream test files are imported.
 UPSTREAM_PACKAGE = "_transformers_upstream_tests"

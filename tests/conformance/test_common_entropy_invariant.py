@@ -5,13 +5,16 @@ RoPE, pre-norm) with the full upstream suite, and ``ssmax`` (a learnable per-hea
 through the init/save/load tests) with post-norm RMSNorm and learned absolute positions, which covers
 the other code paths of the shared backbone. A third runs RoPE in layer 0 only (``no_rope_layers``) with
 SSMax on the NoPE layer only (``attention_scale_layers="no_rope"``): one layer has the parameter, one none.
+Its backbone is the default's, so it skips the upstream tests that never depend on the attention
+component (``harness.ATTENTION_INDEPENDENT_TESTS``), as the Synthesizer's single components do. ``ssmax``
+keeps them: its norms and positions are other code paths.
 """
 
 from __future__ import annotations
 
 from hf_attn_variants import FAMILIES, EntropyInvariantConfig
 
-from .harness import make_common_test_case
+from .harness import attention_independent_skips, make_common_test_case
 
 TINY = {
     "vocab_size": 99,
@@ -52,4 +55,5 @@ TestEntropyInvariantNoRopeLayersCommon = make_common_test_case(
     config_kwargs={**TINY, "attention_scale": "ssmax", "no_rope_layers": [1, 0],
                    "attention_scale_layers": "no_rope"},
     all_model_classes=ALL_CLASSES,
+    skip_tests=attention_independent_skips("TestEntropyInvariantCommon"),
 )

@@ -6,10 +6,8 @@ configuration uses a frozen R (``random_trainable=False``, the paper's Fixed Ran
 persistent-buffer path goes through the save/load/init tests too.
 
 To keep ``make test`` within its budget on 2 CPU cores, the single-component configurations skip
-the upstream tests that never depend on the attention component (embeddings, heads and losses,
-tied weights, output containers, dtype keyword handling, torch.utils.checkpoint modes); they run
-once, for the default mixture. Every test that runs a forward/backward pass through attention,
-saves/loads/initialises its tensors or inspects attentions stays on for every component.
+the upstream tests that never depend on the attention component (``harness.ATTENTION_INDEPENDENT_TESTS``);
+they run once, for the default mixture.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ from hf_attn_variants import (
 )
 from hf_attn_variants.models.configuration_synthesizer import SYNTHESIZER_COMPONENTS
 
-from .harness import make_common_test_case
+from .harness import attention_independent_skips, make_common_test_case
 
 TINY = {
     "vocab_size": 99,
@@ -53,37 +51,7 @@ CONFIGS = {
 }
 CONFIGS["random"].update(random_trainable=False, random_init_std=1.0)
 
-_SAME_FOR_EVERY_COMPONENT = (
-    "independent of the attention component; runs for the default mixture (TestSynthesizer_default_Common)"
-)
-COMPONENT_INDEPENDENT_TESTS = {
-    name: _SAME_FOR_EVERY_COMPONENT
-    for name in (
-        "test_bc_torch_dtype",  # torch_dtype= vs dtype= keyword handling of from_pretrained
-        "test_resize_tokens_embeddings",  # embed_tokens / lm_head
-        "test_resize_embeddings_untied",
-        "test_resize_embeddings_untied_no_reinit_on_post_init",
-        "test_model_get_set_embeddings",
-        "test_inputs_embeds",
-        "test_inputs_embeds_matches_input_ids",
-        "test_enable_input_require_grads_with_gradient_checkpointing",  # embedding hook
-        # torch.utils.checkpoint modes; test_training_gradient_checkpointing stays on
-        "test_training_gradient_checkpointing_use_reentrant_true",
-        "test_training_gradient_checkpointing_use_reentrant_false",
-        "test_problem_types",  # classification losses
-        "test_causal_lm_loss_honors_shift_labels",
-        "test_feed_forward_chunking",  # FeedForward block
-        "test_model_outputs_equivalence",  # tuple vs ModelOutput containers
-        "test_capture_outputs_decorator",  # output recording (test_attention_outputs stays on)
-        "test_can_capture_specific_layers_hidden_states",
-        "test_load_save_without_tied_weights",  # tied lm_head
-        "test_model_weights_reload_no_missing_tied_weights",
-        "test_tied_weights_keys",
-        "test_base_model_prefix_loads_base_weights",  # head ↔ base-model prefix mapping
-        "test_load_with_mismatched_shapes",  # classifier shapes
-        "test_can_load_ignoring_mismatched_shapes",
-    )
-}
+COMPONENT_INDEPENDENT_TESTS = attention_independent_skips("TestSynthesizer_default_Common")
 
 FIXED_RANDOM_SKIPS = {
     "test_init_weights_can_init_buffers": (
