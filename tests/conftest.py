@@ -125,7 +125,7 @@ ONE_WORKER_MODULES = {
     "tests/test_clients.py": "the clients fixture builds and exports every model, then runs a child (≈ 60 s)",
     "tests/test_parallelism.py": "the parallel_run fixture saves the models and runs two torchruns (≈ 40 s)",
     "tests/test_bench.py": "the quick_run fixture runs bench --quick (≈ 15 s)",
-    "tests/test_serving_vllm_gau.py": "the served fixture saves GAU folders and runs one vLLM child (≈ 45 s)",
+    "tests/test_serving_vllm_gau.py": "the served fixture saves GAU folders and runs one vLLM child (≈ 50 s)",
 }
 """Test modules whose tests all go to one xdist worker: each has a module-scoped fixture that costs the
 seconds given, and on two workers both paid it (the second one waiting on the first's file lock, which the
