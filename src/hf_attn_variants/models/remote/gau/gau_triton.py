@@ -639,11 +639,12 @@ def flash_triton_grids(batch: int, length: int, key_size: int, width: int, chunk
         dict[str, tuple[int, int, int]]: each kernel's grid.
     """
     chunks = -(-length // chunk_size)
-    outer = FLASH_LAUNCH["chunk_outer"]  # the same in both tables
+    table = flash_launch_table(dtype)
+    outer = table["chunk_outer"]
     tiles = -(-key_size // _value_block(key_size, outer)) * -(-width // _value_block(width, outer))
     grids = {"chunk_outer": (tiles, chunks, batch)}
     for kernel in ("forward", "backward_query", "backward_key"):
-        launch = flash_launch_table(dtype)[kernel]
+        launch = table[kernel]
         blocks = -(-length // flash_block(chunk_size, launch["BLOCK"]))
         grids[kernel] = (-(-width // _value_block(width, launch)), blocks, batch)
     return grids
