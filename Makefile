@@ -24,20 +24,18 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/nu
 
 .PHONY: install test demo bench lint lock compat clean gpu-wheels
 
-# --no-compile: Python compiles a module when it is first imported, and one run imports a small part of what is
-# installed; byte-compiling all of it at install time about doubled the install (CONTRIBUTING.md: caches).
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip -c $(LOCK)
 ifeq ($(HAS_CUDA),yes)
-	$(BIN)/python -m pip install --quiet --no-compile "torch>=2.4" -c $(LOCK) $(TORCH_PIP_ARGS)
+	$(BIN)/python -m pip install --quiet "torch>=2.4" -c $(LOCK) $(TORCH_PIP_ARGS)
 else
-	$(BIN)/python -m pip install --quiet --no-compile "torch==$(TORCH_VERSION)" -c $(LOCK) $(TORCH_PIP_ARGS)
+	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)" -c $(LOCK) $(TORCH_PIP_ARGS)
 endif
 
 # --no-deps: exactly the lock's set (the optional test packages included, which pin other stacks), no resolution.
 $(VENV)/.installed: $(BIN)/python pyproject.toml $(LOCK)
-	$(BIN)/python -m pip install --quiet --no-compile --no-deps -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps -r $(LOCK)
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 

@@ -186,18 +186,12 @@ def cached_venv(tag: str, install: Callable[[Callable[..., None]], None]) -> Pat
     """Path to the Python of the virtual environment ``cache_root()/tag``, created once: ``install(pip)``
     fills it, where ``pip(*args)`` runs that environment's pip (outside this one's
     ``PYTHONPATH``/``VIRTUAL_ENV``) and raises when it fails. A file lock lets parallel xdist workers build it
-    once; ``.ready`` marks a finished build.
-
-    Installs skip byte-compiling (``pip install --no-compile``): Python compiles a module when it is first
-    imported, and the tests import a small part of torch, Transformers or vLLM, whereas compiling all of it
-    took about half of a cold build (CONTRIBUTING.md, the paragraph on caches)."""
+    once; ``.ready`` marks a finished build."""
     env_dir = cache_root() / tag
     python = env_dir / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
 
     def pip(*args: str) -> None:
-        if args[:1] == ("install",):
-            args = ("install", "--no-compile", *args[1:])
         result = subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args], check=False,
                                 env=env, capture_output=True, text=True)
         if result.returncode != 0:

