@@ -205,7 +205,7 @@ ATTENTION_INDEPENDENT_TESTS = (
 def attention_independent_skips(default_case: str) -> dict[str, str]:
     """``skip_tests`` for a family's extra configuration: ``ATTENTION_INDEPENDENT_TESTS``, each with the
     reason that names ``default_case``, the test case that runs them."""
-    reason = f"independent of the attention component; runs for the default mixture ({default_case})"
+    reason = f"independent of the attention component; runs for the default configuration ({default_case})"
     return dict.fromkeys(ATTENTION_INDEPENDENT_TESTS, reason)
 
 
