@@ -2,11 +2,11 @@
 
 ``clean_python(version)`` creates (once, cached under ``$HF_ATTN_VARIANTS_CACHE`` or
 ``~/.cache/hf_attn_variants``) a virtual environment holding only torch, safetensors (and pytest/hypothesis)
-at the versions installed here and the given Transformers release, never this package, and
-``assert_remote_code_matches`` saves each model, loads it there through the named Auto class — for every
-release of ``releases_under_test()`` — and checks the outputs (and, for causal LMs, greedy ``generate``
-tokens) equal the originals; each loaded model is saved again there with Transformers' own ``save_pretrained``
-(the same code files, byte for byte) and reloaded to the same outputs.
+at the versions installed here and the given Transformers release, with their dependencies, never this
+package, and ``assert_remote_code_matches`` saves each model, loads it there through the named Auto class —
+for every release of ``releases_under_test()`` — and checks the outputs (and, for causal LMs, greedy
+``generate`` tokens) equal the originals; each loaded model is saved again there with Transformers' own
+``save_pretrained`` (the same code files, byte for byte) and reloaded to the same outputs.
 
 The Transformers releases the exported code is tested on are listed once, in ``TRANSFORMERS_RELEASES``.
 ``make test`` runs the oldest and the installed one; ``HF_ATTN_VARIANTS_REMOTE_RELEASES=all`` runs every
@@ -25,6 +25,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -34,6 +35,8 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from transformers import PreTrainedModel
 
 import hf_attn_variants
@@ -182,24 +185,100 @@ def pinned_requirements(transformers_version: str | None = None) -> list[str]:
     return [f"{name}=={version}" for name, version in versions.items()]
 
 
-def cached_venv(tag: str, install: Callable[[Callable[..., None]], None]) -> Path:
-    """Path to the Python of the virtual environment ``cache_root()/tag``, created once: ``install(pip)``
-    fills it, where ``pip(*args)`` runs that environment's pip (outside this one's
-    ``PYTHONPATH``/``VIRTUAL_ENV``) and raises when it fails. A file lock lets parallel xdist workers build it
-    once; ``.ready`` marks a finished build."""
+def distribution_closure(name: str) -> list[importlib.metadata.Distribution]:
+    """The distribution ``name`` installed here and, recursively, the installed distributions it requires
+    (requirements behind an ``extra`` or a marker false here left out), each once, ``name`` first."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    pending = [name]
+    while pending:
+        key = canonicalize_name(pending.pop())
+        if key in found:
+            continue
+        try:
+            found[key] = importlib.metadata.distribution(key)
+        except importlib.metadata.PackageNotFoundError:
+            continue  # pip installs it
+        for line in found[key].requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                pending.append(requirement.name)
+    return list(found.values())
+
+
+def seed_distributions(env_dir: Path, names: tuple[str, ...]) -> None:
+    """Put the distributions ``names`` installed here, with their dependencies (``distribution_closure``),
+    into the new virtual environment ``env_dir`` as hard links to this environment's files (copies across
+    file systems), byte-compiled files included: what ``pip install`` would unpack and compile again (torch
+    is 750 MB and 14,600 files; about 20 s of an idle core, 40 s under the suite's load, per environment).
+    pip then finds them installed. A distribution the new environment already has (the ``setuptools`` of
+    ``ensurepip``) is left to pip, and so is every file outside ``site-packages`` but console scripts, which
+    are written with the new environment's interpreter."""
+    (site,) = env_dir.glob("lib/python*/site-packages")
+    installed = importlib.metadata.distributions(path=[str(site)])
+    present = {canonicalize_name(d.metadata["Name"]) for d in installed}
+    for name in names:
+        for dist in distribution_closure(name):
+            if canonicalize_name(dist.metadata["Name"]) in present:
+                continue
+            for file in dist.files or []:
+                source = Path(dist.locate_file(file))
+                if file.parts[0] == "..":
+                    if file.parts[-2] == "bin" and source.is_file():
+                        script = env_dir / "bin" / file.name
+                        first, newline, rest = source.read_bytes().partition(b"\n")
+                        if first.startswith(b"#!"):
+                            first = f"#!{env_dir / 'bin' / 'python'}".encode()
+                        script.write_bytes(first + newline + rest)
+                        script.chmod(source.stat().st_mode)
+                    continue
+                target = site / file
+                if not source.is_file() or target.exists():
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(source, target)
+                except OSError:
+                    shutil.copy2(source, target)
+            present.add(canonicalize_name(dist.metadata["Name"]))
+
+
+def installed_here(requirements: list[str]) -> tuple[str, ...]:
+    """The names of the ``name==version`` requirements that this environment has at that (public) version:
+    the ones ``seed_distributions`` can link in."""
+    names = []
+    for line in requirements:
+        requirement = Requirement(line)
+        try:
+            version = importlib.metadata.version(requirement.name).split("+")[0]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if str(requirement.specifier) == f"=={version}":
+            names.append(requirement.name)
+    return tuple(names)
+
+
+def cached_venv(tag: str, install: Callable[[Callable[..., str]], object],
+                seed: tuple[str, ...] = ()) -> Path:
+    """Path to the Python of the virtual environment ``cache_root()/tag``, created once: the distributions
+    ``seed`` installed here are linked in (``seed_distributions``), then ``install(pip)`` fills it, where
+    ``pip(*args)`` runs that environment's pip (outside this one's ``PYTHONPATH``/``VIRTUAL_ENV``), returns
+    its output and raises when it fails. A file lock lets parallel xdist workers build it once; ``.ready``
+    marks a finished build."""
     env_dir = cache_root() / tag
     python = env_dir / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
 
-    def pip(*args: str) -> None:
+    def pip(*args: str) -> str:
         result = subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args], check=False,
                                 env=env, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"building {env_dir}: pip {' '.join(args)} failed:\n{result.stderr[-3000:]}")
+        return result.stdout
 
     with FileLock(cache_root() / f"{tag}.lock"):
         if not (env_dir / ".ready").exists():
             venv.create(env_dir, with_pip=True, clear=True)
+            seed_distributions(env_dir, seed)
             install(pip)
             (env_dir / ".ready").touch()
     return python
@@ -207,11 +286,14 @@ def cached_venv(tag: str, install: Callable[[Callable[..., None]], None]) -> Pat
 
 def clean_python(transformers_version: str | None = None) -> Path:
     """Path to the Python of the cached clean environment for ``transformers_version`` (default: the installed
-    one), created on first use (about a minute)."""
+    one), created on first use: each pinned package that this environment has at its version is linked in from
+    here with its dependencies (``seed_distributions``: about 10 s for the installed Transformers, 20 s for
+    another release, which pip installs)."""
     requirements = pinned_requirements(transformers_version)
     tag = ("-".join(r.replace("==", "") for r in requirements)
            + f"-py{sys.version_info[0]}{sys.version_info[1]}")
-    return cached_venv(f"clean-env-{tag}", lambda pip: pip("install", "--quiet", *requirements))
+    return cached_venv(f"clean-env-{tag}", lambda pip: pip("install", "--quiet", *requirements),
+                       seed=installed_here(requirements))
 
 
 CLIENT_PACKAGES = ("sentence-transformers==6.2.0", "lm-eval==0.4.13", "accelerate==1.15.0", "mteb==2.26.24",
@@ -226,6 +308,8 @@ def clean_python_with(packages: tuple[str, ...] | list[str], name: str,
     """Path to the Python of a cached clean environment holding ``pinned_requirements()`` (torch,
     transformers, safetensors and the test runners at the versions installed here) plus ``packages``, resolved
     under the pip constraint file ``constraints`` (exact pins, e.g. a ``pip freeze``); never this package.
+    The pinned packages are linked in from here first (``seed_distributions``), and pip replaces any of their
+    dependencies that ``constraints`` pins otherwise.
     Created on first use under ``cache_root()``; a change of the packages, the pins or the constraint file's
     text makes a new one."""
 
@@ -234,7 +318,8 @@ def clean_python_with(packages: tuple[str, ...] | list[str], name: str,
     digest = hashlib.sha256("\n".join([*requirements, text]).encode()).hexdigest()[:12]
     tag = f"{name}-{digest}-py{sys.version_info[0]}{sys.version_info[1]}"
     constraint_args = ["-c", str(constraints)] if constraints is not None else []
-    return cached_venv(tag, lambda pip: pip("install", "--quiet", *constraint_args, *requirements))
+    return cached_venv(tag, lambda pip: pip("install", "--quiet", *constraint_args, *requirements),
+                       seed=installed_here(pinned_requirements()))
 
 
 def client_python() -> Path:

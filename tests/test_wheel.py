@@ -5,7 +5,8 @@ there.
 the checkout is not touched). Two environments are cached under ``$HF_ATTN_VARIANTS_CACHE``
 (tests/remote_code.py's ``cached_venv``), keyed by the hash of the lock and of the declared dependencies: one
 gets the wheel with its core dependencies only, one the wheel with ``[train,plots]``, each resolved by pip
-under the lock's versions (``-c locks/requirements.txt``, torch at the installed version). Later sessions
+under the lock's versions (``-c locks/requirements.txt``, torch at the installed version), after the declared
+packages were linked in from this environment (``wheel_python``). Later sessions
 reinstall only the new wheel (``--no-deps --force-reinstall``), so a warm run costs seconds of installing.
 
 - **The core** (``CORE_SCRIPT``): none of the extras' modules is there; ``import hf_attn_variants`` registers
@@ -36,6 +37,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from tests.remote_code import cached_venv
 
@@ -181,16 +183,27 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
+def declared_names(extras: str) -> tuple[str, ...]:
+    """The names of the packages pyproject.toml declares for the core and ``extras`` (comma-separated)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    optional = project["optional-dependencies"]
+    chosen = [line for extra in filter(None, extras.split(",")) for line in optional[extra]]
+    return tuple(Requirement(line).name for line in [*project["dependencies"], *chosen])
+
+
 def wheel_python(wheel: Path, extras: str) -> Path:
     """The Python of the cached environment for ``extras`` ("" = the core), holding ``wheel`` (installed
-    now)."""
+    now). The declared packages are linked in from here with their dependencies (this environment holds the
+    lock; ``seed_distributions``), then pip resolves the wheel's requirements under the lock and installs what
+    is missing."""
     torch_version = importlib.metadata.version("torch").split("+")[0]
     requirement = f"{wheel}[{extras}]" if extras else str(wheel)
     python_tag = f"py{sys.version_info[0]}{sys.version_info[1]}"
     name = f"wheel-{extras.replace(',', '-') or 'core'}-{dependency_key(extras)}-{python_tag}"
     python = cached_venv(name,
                          lambda pip: pip("install", "--quiet", "-c", str(LOCK), f"torch=={torch_version}",
-                                               requirement))
+                                         requirement),
+                         seed=declared_names(extras))
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
                     str(wheel)],
                    check=True, capture_output=True, text=True, env=clean_environment(python))

@@ -10,8 +10,8 @@ and ``max_tokens``. For a model to serve, the greedy tokens of every prompt (and
 log-probabilities) are written; for one to refuse, the error message. Each model gets its own ``LLM``,
 deleted before the next. Settings: float32, eager, 256 MiB of KV cache, in-process engine. With ``lm_eval``
 (``folder``, ``tasks``, ``include_path``), lm-evaluation-harness's ``vllm`` model runs those tasks with the
-same settings (lm-eval comes from an overlay on ``PYTHONPATH``, see ``lm_eval_overlay`` in
-test_serving_vllm.py).
+same settings (lm-eval is installed in the vLLM environment; the record of a package named "vllm" that its
+backend asks for comes from an overlay on ``PYTHONPATH``, see ``lm_eval_overlay`` in test_serving_vllm.py).
 """
 
 from __future__ import annotations
