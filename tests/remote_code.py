@@ -257,6 +257,11 @@ def installed_here(requirements: list[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
+def frozen_pins(text: str) -> list[str]:
+    """The ``name==version`` lines of a ``pip freeze`` (a lock's text), comments left out."""
+    return [line.strip() for line in text.splitlines() if "==" in line and not line.lstrip().startswith("#")]
+
+
 def cached_venv(tag: str, install: Callable[[Callable[..., str]], object],
                 seed: tuple[str, ...] = ()) -> Path:
     """Path to the Python of the virtual environment ``cache_root()/tag``, created once: the distributions
@@ -315,7 +320,7 @@ def clean_python_with(packages: tuple[str, ...] | list[str], name: str,
 
     requirements = [*pinned_requirements(), *packages]
     text = constraints.read_text() if constraints is not None else ""
-    frozen = [line.strip() for line in text.splitlines() if "==" in line and not line.startswith("#")]
+    frozen = frozen_pins(text)
     digest = hashlib.sha256("\n".join([*requirements, text]).encode()).hexdigest()[:12]
     tag = f"{name}-{digest}-py{sys.version_info[0]}{sys.version_info[1]}"
     constraint_args = ["-c", str(constraints)] if constraints is not None else []

