@@ -208,11 +208,11 @@ def distribution_closure(name: str) -> list[importlib.metadata.Distribution]:
 def seed_distributions(env_dir: Path, names: tuple[str, ...]) -> None:
     """Put the distributions ``names`` installed here, with their dependencies (``distribution_closure``),
     into the new virtual environment ``env_dir`` as hard links to this environment's files (copies across
-    file systems), byte-compiled files included: what ``pip install`` would unpack and compile again (torch
-    is 750 MB and 14,600 files; about 20 s of an idle core, 40 s under the suite's load, per environment).
-    pip then finds them installed. A distribution the new environment already has (the ``setuptools`` of
-    ``ensurepip``) is left to pip, and so is every file outside ``site-packages`` but console scripts, which
-    are written with the new environment's interpreter."""
+    file systems), byte-compiled files included: what ``pip install`` would unpack and compile again
+    (CONTRIBUTING.md, the paragraph on caches, gives what that saves). pip then finds them installed. A
+    distribution the new environment already has (the ``setuptools`` of ``ensurepip``) is left to pip, and so
+    is every file outside ``site-packages`` but console scripts, which are written with the new environment's
+    interpreter."""
     (site,) = env_dir.glob("lib/python*/site-packages")
     installed = importlib.metadata.distributions(path=[str(site)])
     present = {canonicalize_name(d.metadata["Name"]) for d in installed}
@@ -320,12 +320,11 @@ def clean_python_with(packages: tuple[str, ...] | list[str], name: str,
 
     requirements = [*pinned_requirements(), *packages]
     text = constraints.read_text() if constraints is not None else ""
-    frozen = frozen_pins(text)
     digest = hashlib.sha256("\n".join([*requirements, text]).encode()).hexdigest()[:12]
     tag = f"{name}-{digest}-py{sys.version_info[0]}{sys.version_info[1]}"
     constraint_args = ["-c", str(constraints)] if constraints is not None else []
     return cached_venv(tag, lambda pip: pip("install", "--quiet", *constraint_args, *requirements),
-                       seed=installed_here([*pinned_requirements(), *frozen]))
+                       seed=installed_here([*requirements, *frozen_pins(text)]))
 
 
 def client_python() -> Path:

@@ -151,10 +151,15 @@ print("tools ok")
 """
 
 
+def project_table() -> dict:
+    """pyproject.toml's ``[project]`` table."""
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+
 def dependency_key(extras: str) -> str:
     """What decides an environment's contents: the lock, the declared dependencies, torch's version, the
     extras."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    project = project_table()
     declared = json.dumps([project["dependencies"], project["optional-dependencies"]], sort_keys=True)
     text = "\n".join([LOCK.read_text(encoding="utf-8"), declared, importlib.metadata.version("torch"),
                       extras])
@@ -185,7 +190,7 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def declared_names(extras: str) -> tuple[str, ...]:
     """The names of the packages pyproject.toml declares for the core and ``extras`` (comma-separated)."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    project = project_table()
     optional = project["optional-dependencies"]
     chosen = [line for extra in filter(None, extras.split(",")) for line in optional[extra]]
     return tuple(Requirement(line).name for line in [*project["dependencies"], *chosen])
