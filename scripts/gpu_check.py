@@ -812,6 +812,7 @@ def bench_parts(preset: Any, dry_run: bool, device: str) -> list[BenchPart]:
     parameters at 4k, 16k and 64k (the side by side's lengths); a dry run measures both at the preset's tiny
     lengths."""
     from hf_attn_variants.bench.specs import COMPARISONS, Comparison, Variant, build_variants, gau_model
+    from hf_attn_variants.bench.measure import triton_skip_reason
 
     def placed(variant: Any) -> Any:  # built on the device; measured at the part's lengths only
         return replace(variant, build=partial(on_device, variant.build, device), extra_lengths=())
@@ -820,8 +821,8 @@ def bench_parts(preset: Any, dry_run: bool, device: str) -> list[BenchPart]:
     decoder = next(c for c in COMPARISONS if c.key == "decoder")
     flash = partial(gau_model, preset, normalization="relu2", chunk=preset.gau_chunk_size, causal=True)
     chunks = f"GAUModel relu², FLASH chunks of {preset.gau_chunk_size}, causal"
-    no_triton = {} if importlib.util.find_spec("triton") else {"max_length": 0,
-                                                               "skip_reason": "triton is not installed"}
+    reason = triton_skip_reason()  # not installed, or (a dry run) an interpreter that cannot run the kernels
+    no_triton = {} if reason is None else {"max_length": 0, "skip_reason": reason}
     flash_variants = {
         "llama_equal_sdpa": stock["llama_equal_sdpa"],
         "gau_flash_causal": Variant("gau_flash_causal", "gau", f"{chunks}, Triton kernels",

@@ -176,12 +176,14 @@ TEST_RUNNERS = ("pytest", "hypothesis")
 (tests/test_transformers_floor.py); they import nothing of this package."""
 
 
-def pinned_requirements(transformers_version: str | None = None) -> list[str]:
-    """torch, safetensors and the test runners at the installed (public) versions, transformers at
-    ``transformers_version``."""
+def pinned_requirements(transformers_version: str | None = None,
+                        torch_version: str | None = None) -> list[str]:
+    """safetensors and the test runners at the installed (public) versions, transformers at
+    ``transformers_version`` and torch at ``torch_version`` (each defaulting to the installed one)."""
     names = ("torch", "transformers", "safetensors", *TEST_RUNNERS)
     versions = {name: importlib.metadata.version(name).split("+")[0] for name in names}
     versions["transformers"] = transformers_version or versions["transformers"]
+    versions["torch"] = torch_version or versions["torch"]
     return [f"{name}=={version}" for name, version in versions.items()]
 
 
@@ -289,12 +291,14 @@ def cached_venv(tag: str, install: Callable[[Callable[..., str]], object],
     return python
 
 
-def clean_python(transformers_version: str | None = None) -> Path:
-    """Path to the Python of the cached clean environment for ``transformers_version`` (default: the installed
-    one), created on first use: each pinned package that this environment has at its version is linked in from
-    here with its dependencies (``seed_distributions``: about 10 s for the installed Transformers, 20 s for
-    another release, which pip installs)."""
-    requirements = pinned_requirements(transformers_version)
+def clean_python(transformers_version: str | None = None, torch_version: str | None = None) -> Path:
+    """Path to the Python of the cached clean environment for ``transformers_version`` and ``torch_version``
+    (default: the installed ones), created on first use: each pinned package that this environment has at its
+    version is linked in from here with its dependencies (``seed_distributions``: about 10 s for the installed
+    Transformers, 20 s for another release, which pip installs). Another torch comes from the package index:
+    on x86-64 Linux that is a CUDA build of several GB, which runs on the CPU (``scripts/compat.py
+    --torch``)."""
+    requirements = pinned_requirements(transformers_version, torch_version)
     tag = ("-".join(r.replace("==", "") for r in requirements)
            + f"-py{sys.version_info[0]}{sys.version_info[1]}")
     return cached_venv(f"clean-env-{tag}", lambda pip: pip("install", "--quiet", *requirements),

@@ -62,7 +62,10 @@ EXPORTED_LINES = {
     # launch options, the transposed scores of the key kernel and the whole-chunk switch; +6 (2 code, 4
     # docstring) for "auto" taking the Triton kernels for bf16/fp16 inputs only; +29 (11 code, 18 docstring)
     # for the float32 launch.
-    "gau": 5825,
+    # Issue 48, the declared minimum torch 2.7: +9 (FlashInputs.tensors, 2 code and 7 docstring lines, and
+    # RECOMPUTED_PATHS as a tuple on one line), as dynamo 2.7–2.8 cannot trace a frozenset's `in` nor a slice
+    # of a named tuple.
+    "gau": 5834,
     # Above the 1,550 target: the shared file, as for the entropy-invariant family (issue 47's loss included).
     # Issue 50: +792 docstring lines for the documented arguments; lines less docstrings 1,895 → 1,887.
     "synthesizer": 3138,
@@ -86,7 +89,8 @@ FAMILY_FILE_LINES = {
     # Issue 50: 875 → 1,379 lines, +484 of them docstring lines (documented arguments) and +20 the five named
     # head classes that replaced the shared head factory; the file's lines less docstrings are 731.
     # Issue 47: +5 for "auto" taking the Triton kernels for bf16/fp16 inputs only (the dtype argument).
-    "gau": 1385,
+    # Issue 48: +9 for compiling FLASH on torch 2.7–2.8 (FlashInputs.tensors; EXPORTED_LINES says why).
+    "gau": 1394,
     "synthesizer": 700,
 }
 WINDOW = 6

@@ -17,6 +17,7 @@ from pathlib import Path
 from tools.docs_results.suite import pytest_counts
 from tests.mkl_dispatch import mkl_code_path, native_env, native_vendor, other_vendor, vendor_env
 from tests.test_transformers_floor import MODEL_TEST_FILES
+from tests.utils import triton_skip_reason
 
 REPO = Path(__file__).resolve().parents[1]
 # The files that compare our kernels and peers against references in float32. The model tests
@@ -45,7 +46,10 @@ def test_the_numerics_tests_pass_on_the_other_vendors_onemkl_path() -> None:
     assert result.returncode == 0, (
         f"on oneMKL's path {mkl_code_path(env)!r}:\n{result.stdout[-6000:]}\n{result.stderr[-2000:]}"
     )
-    assert counts.get("passed", 0) >= 30 and not counts.get("failed") and not counts.get("errors"), counts
+    # test_gau_triton.py's 25 cases skip where Triton's interpreter cannot run the kernels (``needs_triton``:
+    # Triton 3.6 with numpy >= 2.4); the peers and flex files still pass 11.
+    least = 30 if triton_skip_reason() is None else 11
+    assert counts.get("passed", 0) >= least and not counts.get("failed") and not counts.get("errors"), counts
 
 
 def test_results_name_the_forced_path_only_when_the_shim_is_really_preloaded(monkeypatch) -> None:

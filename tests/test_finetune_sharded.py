@@ -33,6 +33,7 @@ from tests.remote_code import assert_standalone_code
 from tests.test_finetune import training_args, write_sentiment
 from tests.test_parallelism import assert_sharded_as_planned
 from tests.test_pretrain import tiny_overrides
+from tests.utils import needs_fsdp2_torch
 
 TOLERANCE = 1e-4
 
@@ -68,6 +69,7 @@ def cli(inputs: dict[str, str], output_dir: str, **extra: object) -> list[str]:
 
 
 @pytest.mark.slow
+@needs_fsdp2_torch()
 def test_fsdp2_finetune_equals_one_process_with_the_same_global_batch(tmp_path, inputs) -> None:
     single, sharded = tmp_path / "single", tmp_path / "fsdp"
     args = FinetuneArguments(model_name_or_path=inputs["base"], train_file=inputs["train"],
@@ -135,6 +137,7 @@ def test_bad_sharding_flags_give_one_clear_error(tmp_path, capsys, monkeypatch, 
     assert not out.exists()
 
 
+@needs_fsdp2_torch()  # the checks after check_layout's, which refuses FSDP2 on older torch
 @pytest.mark.parametrize(
     ("sizes", "trainer_flags", "extra", "flag", "expected"),
     [
@@ -169,6 +172,7 @@ def test_what_trainer_cannot_do_sharded_is_refused_naming_the_flag(tmp_path, mon
     assert error.value.flag == flag
 
 
+@needs_fsdp2_torch()
 def test_model_only_checkpoints_pass_the_sharded_check(tmp_path, monkeypatch, inputs) -> None:
     args = FinetuneArguments(model_name_or_path=inputs["base"], train_file=inputs["train"], fsdp_size=2)
     trainer_args = [training_args(tmp_path, save_strategy=strategy, save_only_model=True)

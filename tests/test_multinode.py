@@ -33,6 +33,7 @@ import pytest
 
 from tests.test_pretrain import REPO, cli_flags, free_port, train_file
 from tests.test_pretrain_sharded import LAUNCH_TIMEOUT, clm_args, launch_env, max_differences
+from tests.utils import needs_fsdp2_torch
 
 __all__ = ["train_file"]  # the module-scoped fixture of test_pretrain.py
 
@@ -160,7 +161,8 @@ def rendezvous_result(agent: Agent) -> tuple[int, int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("sharding", "distributed_type"),
-                         [({}, "DistributedType.MULTI_CPU"), ({"fsdp_size": 2}, "FSDP2"),
+                         [({}, "DistributedType.MULTI_CPU"),
+                          pytest.param({"fsdp_size": 2}, "FSDP2", marks=needs_fsdp2_torch()),
                           ({"streaming": True, "packing": "documents"}, "DistributedType.MULTI_CPU")],
                          ids=["ddp", "fsdp2", "ddp-streaming"])
 def test_two_nodes_on_loopback_equal_one_node_with_two_processes(tmp_path, train_file, sharding: dict,

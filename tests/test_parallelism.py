@@ -40,6 +40,7 @@ from hf_attn_variants import (
     SynthesizerForCausalLM,
 )
 from hf_attn_variants.pruning import prune_heads
+from tests.utils import needs_fsdp2_torch
 
 from .test_pretrain import free_port
 
@@ -259,8 +260,9 @@ def test_tensor_parallel_logits_gradients_and_generate_equal_one_process(
 @pytest.mark.parametrize(("case", "message"), [
     ("ei_pruned_odd-tp", ("ValueError: Tensor parallelism splits attention heads evenly across ranks, "
                           "but layer 1 has 3 attention heads, which tp_size=2 does not divide")),
-    ("ei_tied-tp_fsdp", ("ValueError: tie_word_embeddings=True cannot be trained with tensor parallelism and "
-                         "FSDP together (tp_size=2, fsdp × replicas = 2)")),
+    pytest.param("ei_tied-tp_fsdp", ("ValueError: tie_word_embeddings=True cannot be trained with tensor "
+                                     "parallelism and FSDP together (tp_size=2, fsdp × replicas = 2)"),
+                 marks=needs_fsdp2_torch()),
 ])
 def test_what_cannot_be_sharded_right_is_refused_in_one_sentence(
     parallel_run, case: str, message: str
@@ -273,6 +275,7 @@ def test_what_cannot_be_sharded_right_is_refused_in_one_sentence(
 @pytest.mark.parametrize(("name", "mode"), [case for case in CASES + FOUR_PROCESS_CASES
                                             if case[1] in ("fsdp", "hsdp", "tp_fsdp")
                                             and case != ("ei_tied", "tp_fsdp")])
+@needs_fsdp2_torch()
 def test_fsdp2_logits_and_one_optimizer_step_equal_one_process(parallel_run, name: str, mode: str) -> None:
     """FSDP2 and HSDP (two replicas) on two processes; tensor parallel × FSDP2 (2 × 2) with gradient
     checkpointing on four."""

@@ -44,6 +44,7 @@ from tests.test_pretrain import (
     train_file,
     weights,
 )
+from tests.utils import needs_fsdp2_torch
 
 __all__ = ["train_file"]  # the module-scoped fixture, shared with test_pretrain.py
 
@@ -164,6 +165,7 @@ def has_tp_plan(family: str) -> bool:
 # ---------------------------------------------------------------- equality with one process
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
+@needs_fsdp2_torch()
 def test_fsdp2_pretrain_equals_one_process_with_the_same_global_batch(tmp_path, train_file,
                                                                       family: str) -> None:
     single, sharded = tmp_path / "single", tmp_path / "fsdp"
@@ -200,6 +202,7 @@ def test_tensor_parallel_pretrain_equals_one_process(tmp_path, train_file, famil
 
 
 @pytest.mark.slow
+@needs_fsdp2_torch()
 def test_tensor_parallel_times_fsdp2_pretrain_on_four_processes_equals_one_process(tmp_path,
                                                                                    train_file) -> None:
     """TP 2 × FSDP2 2 (the smallest layout with both): GAU, whose TP split is its own style, with an untied LM
@@ -236,6 +239,7 @@ WORKER_PID = ("import os, pathlib; pathlib.Path(os.environ['PID_DIR'], os.enviro
 
 
 @pytest.mark.slow
+@needs_fsdp2_torch()
 def test_fsdp2_kill_after_checkpoint_and_resume_reproduces_the_uninterrupted_run(tmp_path,
                                                                                  train_file) -> None:
     k = 3

@@ -21,6 +21,7 @@ from hf_attn_variants.bench.side_by_side import (
     step_flops,
     train_step,
 )
+from tests.utils import needs_triton
 from tools.docs_results import view_function
 
 pytest.importorskip("flash_pytorch")
@@ -59,6 +60,7 @@ def test_the_flop_formula_is_the_counters_less_what_causality_skips() -> None:
     assert formula["ours_torch"] <= counted["ours_torch"] <= formula["ours_torch"] + full_maps + recomputed
 
 
+@needs_triton()
 def test_the_smoke_run_measures_every_model_on_cpu() -> None:
     """The dry run's tiny models (our Triton kernels in Triton's interpreter): every row measured, written
     after each row, losses near log V at initialisation."""

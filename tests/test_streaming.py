@@ -23,6 +23,7 @@ from hf_attn_variants.training.sources import open_stream, rank_token_stream, st
 from hf_attn_variants.training.streaming import PackedStream, TrainStream
 from tests.test_pretrain import cli_flags, read_log, tiny_args, tiny_overrides, weights
 from tests.test_pretrain_sharded import LAUNCH_TIMEOUT, kill_job, launch_env
+from tests.utils import needs_fsdp2_torch
 
 STEPS, CHECKPOINT = 6, 3
 
@@ -296,7 +297,7 @@ def launch(command: list[str], cwd: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("processes", ["one", "ddp", "fsdp2"])
+@pytest.mark.parametrize("processes", ["one", "ddp", pytest.param("fsdp2", marks=needs_fsdp2_torch())])
 def test_kill_9_after_a_checkpoint_loses_nothing(tmp_path, shards, dataset_folder, processes: str) -> None:
     """kill -9 after step 3's checkpoint (a later step already ran); the same command resumes from it
     (mid-stream: stream position and packer buffer) and ends with the uninterrupted run's weights, under one

@@ -39,14 +39,18 @@ def committed() -> list[Path]:
     return sorted((ROOT / "docs" / "results").glob("triton-resources-*.json"))
 
 
+def locked_triton() -> str:
+    """The Triton version ``locks/requirements.txt`` pins."""
+    lock = (ROOT / "locks" / "requirements.txt").read_text(encoding="utf-8")
+    (version,) = [line.split("==")[1].strip() for line in lock.splitlines() if line.startswith("triton==")]
+    return version
+
+
 def test_results_exist_for_the_lock_and_the_gpu_image() -> None:
     names = {path.name for path in committed()}
     assert "triton-resources-3.6.json" in names, "no results for the GPU image's Triton 3.6: " + RERUN
-    if gau_triton.TRITON_AVAILABLE:
-        import triton
-
-        assert load_script().results_path(triton.__version__).name in names, (
-            f"no results for this Triton ({triton.__version__}): " + RERUN)
+    assert load_script().results_path(locked_triton()).name in names, (
+        f"no results for the lock's Triton ({locked_triton()}): " + RERUN)
 
 
 @pytest.mark.parametrize("path", committed(), ids=lambda path: path.stem)
@@ -83,6 +87,9 @@ def test_a_kernel_compiled_here_gives_the_committed_row(tmp_path: Path) -> None:
     process), equals its committed row: same registers, spills and shared memory."""
     import triton
 
+    if not load_script().results_path(triton.__version__).is_file():  # an older torch's Triton, say
+        pytest.skip(f"no committed results for this Triton ({triton.__version__}), only for the lock's "
+                    f"({locked_triton()}) and the GPU image's (3.6)")
     out = tmp_path / "one.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     command = [sys.executable, str(SCRIPT), "--kernel", "_flash_forward_kernel", "--target", "sm_90",

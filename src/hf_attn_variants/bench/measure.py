@@ -18,6 +18,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import os
 import sys
 import time
@@ -28,6 +30,46 @@ import torch
 from torch import nn
 
 StepFn = Callable[[], None]
+
+
+TRITON_INTERPRETER_INDEX_BUG = (
+    "Triton's interpreter cannot run a loop over a range computed from kernel arguments with this Triton and "
+    "numpy: it converts the bounds with int() on one-element arrays, which numpy ≥ 2.4 refuses "
+    "(triton-lang/triton#9171; Triton 3.9, the lock's, has the fix). Reproducer, with TRITON_INTERPRET=1: "
+    "@triton.jit def k(X, n): [tl.store(X + i, 1.0) for i in range(0, n)] → InterpreterError: "
+    "TypeError('only 0-dimensional arrays can be converted to Python scalars')"
+)
+"""Why Triton kernels cannot run here in Triton's interpreter (see ``triton_skip_reason``)."""
+
+
+@functools.cache
+def triton_skip_reason() -> str | None:
+    """Why GAU's Triton kernels cannot run in this environment, or ``None``: the reason a bench row or a test
+    of them is skipped.
+
+    Not installed; or, under ``TRITON_INTERPRET=1``, an interpreter that fails the minimal reproducer of
+    triton-lang/triton#9171 (Triton 3.6 with numpy ≥ 2.4, as on the GPU image of 2026-11): found by running
+    the reproducer, so only the affected versions skip. Compiled for a GPU, Triton 3.6 runs the kernels."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install triton)"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return None
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def ranged_store(X, n):
+        for i in range(0, n):
+            tl.store(X + i, 1.0)
+
+    out = torch.zeros(4)
+    try:
+        ranged_store[(1,)](out, 3)
+    except Exception as error:  # noqa: BLE001 - any failure of the reproducer is the bug
+        if "0-dimensional" in str(error):
+            return TRITON_INTERPRETER_INDEX_BUG
+        raise
+    return None
 
 
 @dataclass

@@ -34,7 +34,6 @@ work are left out.
 from __future__ import annotations
 
 import gc
-import importlib.util
 import statistics
 import time
 from collections.abc import Callable
@@ -45,6 +44,7 @@ import torch
 from torch import nn
 
 from ..models.losses import chunked_cross_entropy
+from .measure import triton_skip_reason
 
 MODELS = ("llama_sdpa", "flash_pytorch", "ours_torch", "ours_triton")
 """In the order each shape measures them: the baseline first, so a budget cut keeps it."""
@@ -281,8 +281,8 @@ def measure_row(name: str, shape: SideBySideShape, batch: int, length: int, devi
     (out of memory, a missing peer) is a row with status ``failed`` and the reason."""
     row: dict[str, Any] = {"model": name, "gau_kernel": GAU_KERNELS.get(name), "batch": batch,
                            "length": length, "tokens": batch * length}
-    if name == "ours_triton" and importlib.util.find_spec("triton") is None:
-        return {**row, "status": "skipped", "reason": "triton is not installed"}
+    if name == "ours_triton" and (reason := triton_skip_reason()) is not None:
+        return {**row, "status": "skipped", "reason": reason}
     side = None
     try:
         side = build_side(name, shape, device, dtype)

@@ -270,7 +270,7 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
         index = metadata.state_indices_tensor.long()
         decodes = metadata.num_decode_tokens
         if decodes:
-            rows = FlashInputs(*(t[0, :decodes, None] for t in x[:5]), None)
+            rows = FlashInputs(*(t[0, :decodes, None] for t in x.tensors()), None)
             numerator[0, :decodes] = flash_decodes(unit, rows, slots, index[:decodes],
                                                    positions[:decodes])[:, 0]
         starts = metadata.query_start_loc.tolist()
@@ -278,7 +278,7 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
         implementation = "triton" if triton else "chunk"
         for request in range(metadata.num_decodes, metadata.num_decodes + metadata.num_prefills):
             start, end = starts[request], starts[request + 1]
-            part = FlashInputs(*(t[:, start:end] for t in x[:5]), None)
+            part = FlashInputs(*(t[:, start:end] for t in x.tensors()), None)
             sequence = SequenceState(slots, int(index[request]), int(positions[start]), unit.chunk_size)
             # The op from the slot's state: empty for a new sequence, else its open chunk and Σ k'ᵀv.
             numerator[:, start:end] = unit.continue_from(sequence, part, implementation)

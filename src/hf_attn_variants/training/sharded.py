@@ -110,9 +110,21 @@ class ParallelLayout:
                                  dp_replicate_size=self.dp_replicate_size)
 
 
-def check_layout(layout: ParallelLayout, environ: dict[str, str] | None = None) -> None:
-    """``FlagError`` naming a size flag unless the sizes multiply to the launch's ``WORLD_SIZE`` (a sharded
-    run needs ``torchrun``), and the launch is not also accelerate's FSDP."""
+SHARDED_MIN_TORCH = "2.11.0"
+"""The oldest torch an FSDP2 or HSDP run is allowed on: the lowest release its tests passed on (CPU, gloo;
+tensor parallelism alone passed on 2.7 and 2.8).
+On 2.8.0 FSDP2's logits and first step differ from one process's, and Transformers refuses FSDP2 on 2.7
+itself; 2.9 and 2.10 were not run (CONTRIBUTING.md, "Which versions are tested where")."""
+
+
+def check_layout(layout: ParallelLayout, environ: dict[str, str] | None = None,
+                 torch_version: str | None = None) -> None:
+    """``FlagError`` naming a size flag when the sizes do not multiply to the launch's ``WORLD_SIZE`` (a
+    sharded run needs ``torchrun``), when the launch is also accelerate's FSDP, or when the layout shards
+    data (FSDP2, HSDP) and ``torch_version`` (default: the installed torch) is older than
+    ``SHARDED_MIN_TORCH``."""
+    from ..models.compat import version_tuple
+
     environ = os.environ if environ is None else environ
     flag = layout.flag()
     sizes = " × ".join(f"{name}={getattr(layout, name)}"
@@ -130,6 +142,13 @@ def check_layout(layout: ParallelLayout, environ: dict[str, str] | None = None) 
         raise FlagError(flag,
                         f"{flag}: this is an accelerate FSDP launch, which shards the model itself; launch "
                         "the DistributedConfig sizes with torchrun (scripts/accelerate/launch_sharded.sh).")
+    torch_version = torch_version or torch.__version__
+    if layout.dp_size > 1 and version_tuple(torch_version) < version_tuple(SHARDED_MIN_TORCH):
+        flag = "fsdp_size" if layout.fsdp_size > 1 else "dp_replicate_size"
+        raise FlagError(flag, f"{flag}: FSDP2 through Transformers' DistributedConfig needs torch>="
+                              f"{SHARDED_MIN_TORCH} (older releases train other numbers than one process, or "
+                              f"refuse FSDP2), and this is torch {torch_version}; upgrade torch, or train "
+                              "without the size flags (data parallel with accelerate).")
 
 
 def check_parallel_plans(model: Any, layout: ParallelLayout) -> None:

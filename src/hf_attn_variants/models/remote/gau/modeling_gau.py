@@ -952,9 +952,8 @@ class QuadraticGatedAttentionUnit(GatedAttentionUnit):
                 None)
 
 
-RECOMPUTED_PATHS = frozenset({GAUPath.FLASH, GAUPath.FLASH_TRITON, GAUPath.FLASH_PACKED,
-                              GAUPath.FLASH_PACKED_TRITON})
-"""FLASH's paths whose unit recomputes in backward.
+RECOMPUTED_PATHS = (GAUPath.FLASH, GAUPath.FLASH_TRITON, GAUPath.FLASH_PACKED, GAUPath.FLASH_PACKED_TRITON)
+"""FLASH's paths whose unit recomputes in backward (a tuple: dynamo 2.7–2.8 cannot trace ``in`` a frozenset).
 
 Under autograd and without a cache, ``FlashGatedAttentionUnit`` keeps only ``in_proj``'s output for backward
 and recomputes the rest (activations, RoPE, the op's forward, the gate).
@@ -1080,7 +1079,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
 
     def _run_parallel(self, x: FlashInputs, path: GAUPath, layer: GAUChunkCacheLayer | None, *_: Any) -> Any:
         """``flash`` / ``flash_triton``; a causal prefill starts the cache from its state and open chunk."""
-        numerator, state = flash_mixed_chunk_attention(*x[:5], key_mask=x.key_mask,
+        numerator, state = flash_mixed_chunk_attention(*x.tensors(), key_mask=x.key_mask,
                                                        implementation=self.implementation(path),
                                                        **self._options)
         if layer is not None:
@@ -1093,7 +1092,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
 
         Its state is summed per document (``segments``).
         """
-        aligned = [documents.gather(tensor) for tensor in x[:5]]
+        aligned = [documents.gather(tensor) for tensor in x.tensors()]
         numerator = flash_mixed_chunk_attention(
             *aligned, key_mask=documents.valid, segments=documents.segment,
             implementation=self.implementation(path), **self._options)[0]
@@ -1164,7 +1163,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         open_keys, open_values, linear = layer.open_chunk()
         state = FlashState(linear, None if open_keys is None else open_keys.squeeze(1),
                            None if open_values is None else open_values.squeeze(1))
-        numerator, state = flash_mixed_chunk_attention(*x[:5], key_mask=x.key_mask, initial_state=state,
+        numerator, state = flash_mixed_chunk_attention(*x.tensors(), key_mask=x.key_mask, initial_state=state,
                                                        implementation=implementation, **self._options)
         store_flash_state(layer, state, x.quad_q.shape[1], self.chunk_size)
         return numerator
@@ -1188,6 +1187,16 @@ class FlashInputs(NamedTuple):
     lin_k: torch.Tensor
     value: torch.Tensor
     key_mask: torch.Tensor | None
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The op's first five arguments, named one by one.
+
+        Dynamo 2.7–2.8 fails inside on a slice of a named tuple (``x[:5]``).
+
+        Returns:
+            tuple[torch.Tensor, ...]: ``(quad_q, quad_k, lin_q, lin_k, value)``.
+        """
+        return self.quad_q, self.quad_k, self.lin_q, self.lin_k, self.value
 
 
 FLASH_RUNNERS: dict[GAUPath, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
