@@ -111,10 +111,10 @@ class ParallelLayout:
 
 
 SHARDED_MIN_TORCH = "2.11.0"
-"""The oldest torch an FSDP2 or HSDP run is allowed on: the lowest release its tests passed on (CPU, gloo;
-tensor parallelism alone passed on 2.7 and 2.8).
+"""The oldest torch an FSDP2 or HSDP run is allowed on: the lowest release its tests passed on (CPU, gloo).
 On 2.8.0 FSDP2's logits and first step differ from one process's, and Transformers refuses FSDP2 on 2.7
-itself; 2.9 and 2.10 were not run (CONTRIBUTING.md, "Which versions are tested where")."""
+itself; tensor parallelism alone passed on both, and 2.9 and 2.10 were not run (CONTRIBUTING.md, "Which
+versions are tested where")."""
 
 
 def check_layout(layout: ParallelLayout, environ: dict[str, str] | None = None,
