@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
-from tools.docs_results import load_results
 from tests.remote_code import installed_transformers
+from tools.docs_results import load_results
 from tools.docs_results.version_floor import lowest_passing, passed, release_key, table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def test_floor_flags_without_torch_are_refused_in_one_line(flags: list[str]) -> 
     done = subprocess.run([sys.executable, "scripts/compat.py", *flags], cwd=ROOT, capture_output=True,
                           text=True, check=False, timeout=120)
     assert done.returncode == 2 and "--record and --keep-envs go with --torch" in done.stderr
-    assert not (ROOT / "runs" / "compat").exists() or done.stdout == ""
+    assert done.stdout == "" and "Traceback" not in done.stderr  # refused before anything ran
 
 
 @pytest.mark.parametrize(("torch_version", "refused"), [("2.8.0+cu128", True), ("2.11.0+cu130", False),
