@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -19,17 +18,19 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
+from hf_attn_variants.models.compat import MIN_TRANSFORMERS_VERSION, version_tuple
 from tests.remote_code import installed_transformers
+from tests.test_wheel import project_table
 from tools.docs_results import load_results
-from tools.docs_results.version_floor import lowest_passing, passed, release_key, table
+from tools.docs_results.version_floor import lowest_passing, passed, table
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def declared_torch_minimum() -> str:
     """The version of pyproject's ``torch>=X``."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    (torch,) = [Requirement(line) for line in project["dependencies"] if Requirement(line).name == "torch"]
+    requirements = [Requirement(line) for line in project_table()["dependencies"]]
+    (torch,) = [requirement for requirement in requirements if requirement.name == "torch"]
     (spec,) = torch.specifier
     assert spec.operator == ">=", torch
     return spec.version
@@ -54,21 +55,19 @@ def test_the_declared_torch_is_the_lowest_that_passed() -> None:
     """pyproject's ``torch>=X``: every recorded release from X up passed the model tests with the oldest and
     the lock's Transformers; every lower one failed, or is named above with the reason."""
     data = load_results(ROOT, "version-floor")
-    declared = release_key(declared_torch_minimum())
-    declared += (0,) * (3 - len(declared))
-    from hf_attn_variants.models.compat import MIN_TRANSFORMERS_VERSION
-
-    at_or_above = [row for row in data["rows"] if release_key(row["torch"]) >= declared]
-    assert {row["transformers"] for row in at_or_above if release_key(row["torch"]) == declared} >= {
+    declared = version_tuple(declared_torch_minimum())
+    at_or_above = [row for row in data["rows"] if version_tuple(row["torch"]) >= declared]
+    assert {row["transformers"] for row in at_or_above if version_tuple(row["torch"]) == declared} >= {
         MIN_TRANSFORMERS_VERSION, installed_transformers()}, "the minimum was not run with both Transformers"
     assert all(passed(row) for row in at_or_above), [r for r in at_or_above if not passed(r)]
-    below = {row["torch"] for row in data["rows"] if release_key(row["torch"]) < declared}
+    below = {row["torch"] for row in data["rows"] if version_tuple(row["torch"]) < declared}
     passing_below = {release for release in below
                      if all(passed(row) for row in data["rows"] if row["torch"] == release)}
     assert passing_below <= set(PASSED_BUT_BELOW_THE_MINIMUM), (
         f"{sorted(passing_below)} passed: lower the declared minimum, or say why not")
     assert below - passing_below, "no recorded release below the minimum fails: it may not be the lowest"
-    assert release_key(lowest_passing(data)) in {declared, *map(release_key, PASSED_BUT_BELOW_THE_MINIMUM)}
+    left_out = set(map(version_tuple, PASSED_BUT_BELOW_THE_MINIMUM))
+    assert version_tuple(lowest_passing(data)) in {declared, *left_out}
 
 
 def test_the_floor_table_renders_every_row_newest_first() -> None:

@@ -138,10 +138,8 @@ def needs_triton() -> pytest.MarkDecorator:
 def needs_fsdp2_torch() -> pytest.MarkDecorator:
     """Skip where this torch is older than ``training.sharded.SHARDED_MIN_TORCH``: ``pretrain`` and
     ``finetune`` refuse FSDP2 there, and Transformers' FSDP2 trains other numbers than one process."""
-    from hf_attn_variants.models.compat import version_tuple
-    from hf_attn_variants.training.sharded import SHARDED_MIN_TORCH
+    from hf_attn_variants.training.sharded import SHARDED_MIN_TORCH, fsdp2_torch_too_old
 
-    too_old = version_tuple(torch.__version__) < version_tuple(SHARDED_MIN_TORCH)
     reason = (f"FSDP2 needs torch>={SHARDED_MIN_TORCH} (training/sharded.py: SHARDED_MIN_TORCH); this is "
               f"{torch.__version__}")
-    return pytest.mark.skipif(too_old, reason=reason)
+    return pytest.mark.skipif(fsdp2_torch_too_old(), reason=reason)

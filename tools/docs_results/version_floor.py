@@ -12,12 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hf_attn_variants.models.compat import version_tuple
+
 from ._common import markdown_table
-
-
-def release_key(version: str) -> tuple[int, ...]:
-    """``"2.10.0"`` → ``(2, 10, 0)``: releases in numeric order."""
-    return tuple(int(part) for part in version.split("+")[0].split("."))
 
 
 def passed(row: dict[str, Any]) -> bool:
@@ -28,7 +25,7 @@ def passed(row: dict[str, Any]) -> bool:
 def lowest_passing(data: dict[str, Any]) -> str:
     """The lowest torch release of ``data`` whose every row passed, with every recorded release above it
     passing too; ``ValueError`` when there is none."""
-    releases = sorted({row["torch"] for row in data["rows"]}, key=release_key, reverse=True)
+    releases = sorted({row["torch"] for row in data["rows"]}, key=version_tuple, reverse=True)
     lowest = None
     for release in releases:
         if not all(passed(row) for row in data["rows"] if row["torch"] == release):
@@ -43,8 +40,9 @@ def table(data: dict[str, Any]) -> str:
     """One row per torch × Transformers pair, newest torch first: what pip installed, pytest's counts, where
     and when."""
     rows = []
-    for row in sorted(data["rows"], key=lambda r: (release_key(r["torch"]), release_key(r["transformers"])),
-                      reverse=True):
+    order = sorted(data["rows"], key=lambda r: (version_tuple(r["torch"]), version_tuple(r["transformers"])),
+                   reverse=True)
+    for row in order:
         installed = row.get("installed") or {}
         build = ", ".join(f"{name} {installed[name]}" for name in ("torch", "triton", "numpy")
                           if name in installed)

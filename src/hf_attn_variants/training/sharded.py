@@ -117,14 +117,19 @@ itself; tensor parallelism alone passed on both, and 2.9 and 2.10 were not run (
 versions are tested where")."""
 
 
+def fsdp2_torch_too_old(torch_version: str | None = None) -> bool:
+    """Whether ``torch_version`` (default: the installed torch) is older than ``SHARDED_MIN_TORCH``."""
+    from ..models.compat import version_tuple
+
+    return version_tuple(torch_version or torch.__version__) < version_tuple(SHARDED_MIN_TORCH)
+
+
 def check_layout(layout: ParallelLayout, environ: dict[str, str] | None = None,
                  torch_version: str | None = None) -> None:
     """``FlagError`` naming a size flag when the sizes do not multiply to the launch's ``WORLD_SIZE`` (a
     sharded run needs ``torchrun``), when the launch is also accelerate's FSDP, or when the layout shards
     data (FSDP2, HSDP) and ``torch_version`` (default: the installed torch) is older than
     ``SHARDED_MIN_TORCH``."""
-    from ..models.compat import version_tuple
-
     environ = os.environ if environ is None else environ
     flag = layout.flag()
     sizes = " × ".join(f"{name}={getattr(layout, name)}"
@@ -143,7 +148,7 @@ def check_layout(layout: ParallelLayout, environ: dict[str, str] | None = None,
                         f"{flag}: this is an accelerate FSDP launch, which shards the model itself; launch "
                         "the DistributedConfig sizes with torchrun (scripts/accelerate/launch_sharded.sh).")
     torch_version = torch_version or torch.__version__
-    if layout.dp_size > 1 and version_tuple(torch_version) < version_tuple(SHARDED_MIN_TORCH):
+    if layout.dp_size > 1 and fsdp2_torch_too_old(torch_version):
         flag = "fsdp_size" if layout.fsdp_size > 1 else "dp_replicate_size"
         raise FlagError(flag, f"{flag}: FSDP2 through Transformers' DistributedConfig needs torch>="
                               f"{SHARDED_MIN_TORCH} (older releases train other numbers than one process, or "
