@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import getpass
 import os
+import re
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -151,6 +155,32 @@ def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
             return path if path.endswith(".md") or path in ONE_WORKER_MODULES else nodeid
 
     return DocumentScheduling(config, log)
+
+
+def inductor_cache_default() -> str:
+    """Inductor's cache folder when ``TORCHINDUCTOR_CACHE_DIR`` is unset: ``torchinductor_<user>`` in the
+    temporary folder (torch's documented default, "Compile Time Caching Configuration")."""
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_in_the_basetemp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every temporary file of the tests and of the processes they start goes under pytest's base temporary
+    folder, which pytest prunes (it keeps the last three sessions), instead of staying in ``/tmp`` for good:
+    torchrun's log folders (``torchelastic_*``, one per launch), vLLM's (``vllm_dist_*``) and pip's build
+    folders. Inductor's compile cache is a cache, so it stays where it was. Set per process (each xdist
+    worker has its own base folder); subprocesses inherit ``TMPDIR``."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_cache_default())
+    folder = tmp_path_factory.mktemp("tmp")
+    before = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = str(folder)
+    yield folder
+    if before[0] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before[0]
+    tempfile.tempdir = before[1]
 
 
 # ----------------------------------------------- vLLM (tests/test_serving_vllm*.py)

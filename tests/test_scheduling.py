@@ -1,16 +1,20 @@
 """How ``make test`` spreads the suite over its xdist workers (``pytest_xdist_make_scheduler`` in
 tests/conftest.py): a document's blocks stay together and in order, and so do the tests of each module that
-shares one expensive fixture; every other test is scheduled on its own."""
+shares one expensive fixture; every other test is scheduled on its own. Also where the suite's temporary
+files go (``temporary_files_in_the_basetemp``)."""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import ONE_WORKER_MODULES, pytest_xdist_make_scheduler
+from tests.conftest import ONE_WORKER_MODULES, inductor_cache_default, pytest_xdist_make_scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,3 +49,18 @@ def test_each_one_worker_module_exists_and_has_a_module_scoped_fixture(module: s
               for keyword in decorator.keywords
               if keyword.arg == "scope" and isinstance(keyword.value, ast.Constant)]
     assert "module" in scopes, f"{module} has no module-scoped fixture: drop it from ONE_WORKER_MODULES"
+
+
+def test_temporary_files_of_tests_and_their_subprocesses_go_under_the_basetemp(
+        temporary_files_in_the_basetemp: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """torchrun makes a ``torchelastic_*`` log folder in the temporary folder at every launch, and nothing
+    removes it: the suite's subprocesses inherit ``TMPDIR``, so such folders end under the base folder that
+    pytest prunes. Inductor's cache keeps its place, not the session's folder (every run would start cold)."""
+    folder = temporary_files_in_the_basetemp
+    assert folder.is_relative_to(tmp_path_factory.getbasetemp())
+    child = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+                           capture_output=True, text=True, check=True)
+    assert Path(child.stdout.strip()) == folder
+    inductor = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    assert not inductor.is_relative_to(folder), inductor
+    assert Path(inductor_cache_default()).is_relative_to(folder)  # what torch would use without the setting
