@@ -157,11 +157,12 @@ def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
     return DocumentScheduling(config, log)
 
 
-def inductor_cache_default() -> str:
+def inductor_cache_default() -> Path:
     """Inductor's cache folder when ``TORCHINDUCTOR_CACHE_DIR`` is unset: ``torchinductor_<user>`` in the
-    temporary folder (torch's documented default, "Compile Time Caching Configuration")."""
+    temporary folder (torch's documented default, "Compile Time Caching Configuration"). Its precompiled
+    headers go there even when that variable is set."""
     user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
-    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+    return Path(tempfile.gettempdir()) / f"torchinductor_{user}"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -169,10 +170,14 @@ def temporary_files_in_the_basetemp(tmp_path_factory: pytest.TempPathFactory) ->
     """Every temporary file of the tests and of the processes they start goes under pytest's base temporary
     folder, which pytest prunes (it keeps the last three sessions), instead of staying in ``/tmp`` for good:
     torchrun's log folders (``torchelastic_*``, one per launch), vLLM's (``vllm_dist_*``) and pip's build
-    folders. Inductor's compile cache is a cache, so it stays where it was. Set per process (each xdist
-    worker has its own base folder); subprocesses inherit ``TMPDIR``."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_cache_default())
+    folders. Set per process (each xdist worker has its own base folder); subprocesses inherit ``TMPDIR``.
+
+    Inductor's cache (compiled kernels, precompiled headers) is a cache, not a temporary file: the session's
+    ``torchinductor_<user>`` is a link to the one in the machine's temporary folder, so no run starts cold."""
+    shared_inductor_cache = inductor_cache_default()
+    shared_inductor_cache.mkdir(parents=True, exist_ok=True)
     folder = tmp_path_factory.mktemp("tmp")
+    (folder / shared_inductor_cache.name).symlink_to(shared_inductor_cache, target_is_directory=True)
     before = os.environ.get("TMPDIR"), tempfile.tempdir
     os.environ["TMPDIR"] = tempfile.tempdir = str(folder)
     yield folder
