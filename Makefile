@@ -28,7 +28,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip -c $(LOCK)
 ifeq ($(HAS_CUDA),yes)
-	$(BIN)/python -m pip install --quiet "torch>=2.4" -c $(LOCK) $(TORCH_PIP_ARGS)
+	$(BIN)/python -m pip install --quiet "torch>=2.7" -c $(LOCK) $(TORCH_PIP_ARGS)
 else
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)" -c $(LOCK) $(TORCH_PIP_ARGS)
 endif

@@ -70,6 +70,13 @@ def test_the_declared_torch_is_the_lowest_that_passed() -> None:
     assert version_tuple(lowest_passing(data)) in {declared, *left_out}
 
 
+def test_make_install_on_a_cuda_machine_asks_for_the_declared_minimum() -> None:
+    """On a machine with CUDA, ``make install`` lets pip choose a CUDA torch; it asks for no less than
+    pyproject declares."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert f'pip install --quiet "torch>={declared_torch_minimum()}" -c $(LOCK)' in makefile
+
+
 def test_the_floor_table_renders_every_row_newest_first() -> None:
     data = {"command": "python scripts/compat.py --torch 2.6.0 2.10.0 --record", "rows": [
         {"torch": "2.6.0", "transformers": "5.0.0", "installed": {"torch": "2.6.0+cu124"}, "passed": 600,
