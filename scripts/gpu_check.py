@@ -26,7 +26,8 @@ development environment)::
                                                                         #   plots, docs/benchmarks-gpu.md
 
 Exit status: 0 when the stage ran and everything in it passed; 1 when it ran but something failed (a test, a
-measured row) — its results file says what; 2 when the stage could not run (the message names what failed).
+measured row) — its results file says what; 2 when the stage could not run (the message names what failed);
+124 when the tests stage was stopped, at its budget or by SIGTERM (its file has the outcomes it had).
 """
 
 from __future__ import annotations
@@ -52,7 +53,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
+STARTED = time.monotonic()
+"""When this process began its imports: a stage's budget counts from here, as the shell's ``timeout`` does
+(torch and the package take seconds to import on a cold machine)."""
+
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is at the repository root
@@ -150,12 +155,13 @@ def write_json(out: Path, name: str, data: dict[str, Any]) -> Path:
 
 @dataclass
 class Budget:
-    """A stage's time budget: ``fits(seconds)`` says whether a step predicted to take that long ends inside
+    """A stage's time budget, counted from when this process started (``STARTED``), as ``gpu_check.sh``'s
+    ``timeout`` counts it: ``fits(seconds)`` says whether a step predicted to take that long ends inside
     it."""
 
     seconds: float
     margin: float = 10.0
-    start: float = field(default_factory=time.monotonic)
+    start: float = STARTED
 
     def left(self) -> float:
         return self.seconds - (time.monotonic() - self.start)
@@ -186,7 +192,7 @@ def nvidia_smi() -> dict[str, str]:
     try:
         done = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
                               capture_output=True,
-                              text=True, timeout=30, check=False)
+                              text=True, timeout=8, check=False)  # inside the 20 s stage
     except (OSError, subprocess.TimeoutExpired) as error:
         return {"error": f"not run ({type(error).__name__}: {error})"}
     if done.returncode != 0:
@@ -273,11 +279,13 @@ PLUGIN = "gpu_check_pytest"
 @dataclass
 class PytestRun:
     """What one pytest run did: exit status (``None`` when stopped at its time limit), output lines,
-    seconds."""
+    seconds, and whether it was stopped because this process was told to stop (SIGTERM: the shell's
+    ``timeout``), when nothing more may start."""
 
     exit_code: int | None
     lines: list[str]
     seconds: float
+    told_to_stop: bool = False
 
 
 def tests_selection(root: Path) -> tuple[list[str], list[str], list[str]]:
@@ -303,13 +311,14 @@ def run_streaming(command: list[str], env: dict[str, str], timeout: float, cwd: 
                   on_line: Callable[[str], None] | None = None) -> PytestRun:
     """Run ``command`` in a process group of its own, echoing and keeping its output lines (each passed to
     ``on_line`` too); after ``timeout`` seconds, or when this process is told to stop (SIGTERM), kill the
-    group (then the exit status is ``None``). The lines are read by a thread of their own, so a process that
-    left the group and still holds the pipe (pip's, say) cannot keep this one waiting past its stop."""
+    group (then the exit status is ``None``) and return, so that the caller writes what it has before the
+    shell's ``--kill-after``. The lines are read by a thread of their own, so a process that left the group
+    and still holds the pipe (pip's, say) cannot keep this one waiting past its stop or its time limit."""
     start = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                cwd=cwd,
                                start_new_session=True)
-    stopped = threading.Event()
+    stopped, told = threading.Event(), threading.Event()
     lines: list[str] = []
 
     def read() -> None:
@@ -323,7 +332,11 @@ def run_streaming(command: list[str], env: dict[str, str], timeout: float, cwd: 
         stopped.set()
         stop_group(process)
 
-    previous = signal.signal(signal.SIGTERM, lambda *_: (stop(), sys.exit(124)))
+    def told_so(*_: Any) -> None:
+        told.set()
+        stop()
+
+    previous = signal.signal(signal.SIGTERM, told_so)
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
@@ -332,10 +345,11 @@ def run_streaming(command: list[str], env: dict[str, str], timeout: float, cwd: 
         except subprocess.TimeoutExpired:
             stop()
             process.wait()
-        reader.join(timeout=None if not stopped.is_set() else 2.0)
+        reader.join(timeout=2.0 if stopped.is_set() else max(timeout - (time.monotonic() - start), 2.0))
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return PytestRun(None if stopped.is_set() else process.returncode, list(lines), time.monotonic() - start)
+    return PytestRun(None if stopped.is_set() else process.returncode, list(lines), time.monotonic() - start,
+                     told.is_set())
 
 
 def one_line(text: str | None, limit: int = 300) -> str:
@@ -532,11 +546,15 @@ def tests_stage(args: argparse.Namespace) -> int:
         run, cases, command = pytest_cases(selection, env, args.workers,
                                            share * budget.left() - budget.margin, notes, record.running)
         record.runs, record.cases, record.commands = [run], cases, [command]
-        more_runs, more_cases, more_commands = cpu_tests(present, env, args.workers, budget, notes,
-                                                         record.running)
-        record.runs += more_runs
-        record.cases += more_cases
-        record.commands += more_commands
+        if run.told_to_stop:
+            notes.append("The stage was told to stop (SIGTERM) during the CUDA tests: the model tests on CPU "
+                         "tensors were not run.")
+        else:
+            more_runs, more_cases, more_commands = cpu_tests(present, env, args.workers, budget, notes,
+                                                             record.running)
+            record.runs += more_runs
+            record.cases += more_cases
+            record.commands += more_commands
     status = record.finish()
     counts = summarise(record.cases)["counts"]
     log(f"tests: {status}: {counts} in {sum(r.seconds for r in record.runs):.0f} s → "
@@ -544,7 +562,7 @@ def tests_stage(args: argparse.Namespace) -> int:
     for case in record.cases:
         if case["outcome"] in ("failed", "errors"):
             log(f"  {case['outcome']}: {case['test']}: {case['message']}")
-    return {"passed": 0, "failed": 1}.get(status, 2)
+    return {"passed": 0, "failed": 1, "timed out": 124}.get(status, 2)
 
 
 # ---------------------------------------------------------------------------------------------- wheel
@@ -913,8 +931,8 @@ def bench_stage(args: argparse.Namespace) -> int:
     preset = bench_preset(args.dry_run)
     peak, total, command = peak_tflops(args.peak_tflops), None, command_line(args.dry_run)
     for part in bench_parts(preset, args.dry_run, device):
-        last = None
-        for length in part.lengths:
+        last = None  # each comparison's first length runs whatever is left: a row it may get, and one
+        for length in part.lengths:  # cut off loses nothing, as every finished length is written at once
             if last is not None and not budget.fits(last * part.growth):
                 log(f"bench: {part.comparison.key} n = {length} skipped (budget: {budget.left():.0f} s left)")
                 total.results += budget_skips(part, length, preset.batch_size, budget.seconds)

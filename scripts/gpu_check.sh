@@ -2,7 +2,8 @@
 # Every GPU number in one command, on a machine with one CUDA GPU and no network (CONTRIBUTING.md, "The GPU
 # check").
 #
-#   bash scripts/gpu_check.sh               # both parts, up to 10 minutes (a lease: two commands)
+#   bash scripts/gpu_check.sh               # both parts, about 10 minutes: on a lease, whose commands
+#                                           # stop at 10 minutes, run the two parts as two commands
 #   bash scripts/gpu_check.sh --part tests  # environment, tests, wheel: under 5 minutes
 #   bash scripts/gpu_check.sh --part perf   # environment, bench, peers, decoding: under 5 minutes
 #   bash scripts/gpu_check.sh --dry-run     # the same steps on CPU, tiny sizes, CUDA parts skipped

@@ -27,8 +27,11 @@ Subcommands (``scripts/gpu_study.sh`` runs ``run``; from the repository root)::
    corpus and of the tokenizer;
 2. plans the variants (``VARIANTS``) at one shared size, equal in non-embedding parameters within 5 %
    (counted on the real configs, on the meta device);
-3. times 10 training steps of every variant (after 3 warm-up steps, which include ``torch.compile``), and one
-   evaluation forward at the longest length, and sets the step count so that one seed of every variant
+3. times 10 training steps of every variant (after 3 warm-up steps, which include ``torch.compile``), the
+   set-up of a second build (what each run pays: the compiled code is cached in the process by then), and one
+   evaluation forward at the longest length after a warm-up one, writing the plan after each variant (a
+   variant whose timing would end past ``--deadline`` is not started: the lease stops and the next one times
+   again), and sets the step count so that one seed of every variant
    fits ``--budget`` seconds, evaluation included, but not below the settings' ``min_steps`` (part 2:
    1,500, the count its tasks need) — unless committed runs of the same corpus, tokenizer and settings pin it
    already (runs with different step counts could not be pooled over seeds), in which case the timing is
@@ -634,8 +637,16 @@ def synchronize(device: Device) -> None:
 
 def time_variant(planned: Planned, settings: ModelSettings, tokenizer: Any, data: Iterator[Batch],
                  block: torch.Tensor, device: Device, compile_model: bool) -> dict[str, Any]:
-    """``timing_warmup`` steps (compiling) and ``timing_steps`` timed ones of ``data``; one evaluation forward
-    of ``block`` (one sequence at the longest length)."""
+    """What a run of ``planned`` costs, in seconds:
+
+    - ``first_setup_seconds``: building the model and compiling it, cold (``timing_warmup`` steps, less their
+      share of ``seconds_per_step``); paid once per variant and process, here;
+    - ``seconds_per_step``: ``timing_steps`` timed steps of ``data``;
+    - ``setup_seconds``: what each run pays (a second model built and its first step taken, less a step):
+      the compiled code and the kernels are then cached in this process, as they are for the runs;
+    - ``eval_forward_seconds``: one evaluation forward of ``block`` (one sequence at the longest length),
+      timed after a first one that warms its kernels (they are compiled once, not per forward).
+    """
     warmup, steps = settings.timing_warmup, settings.timing_steps
     started = time.perf_counter()
     trainer = new_trainer(planned, settings, tokenizer, device, 1000, 0, compile_model)
@@ -643,16 +654,25 @@ def time_variant(planned: Planned, settings: ModelSettings, tokenizer: Any, data
     warm = time.perf_counter() - started
     _, timed = train_steps(trainer, data, steps)
     per_step = timed / steps
+    compiled, compile_error = trainer.compiled is not None, trainer.compile_error
+    del trainer
+    free_memory(device)
+    again = time.perf_counter()
+    trainer = new_trainer(planned, settings, tokenizer, device, 1000, 1, compile_model)
+    train_steps(trainer, data, 1)
+    run_setup = time.perf_counter() - again - per_step
     trainer.model.eval()
     block = block.long().view(1, -1).to(device.device)
     with torch.no_grad(), device.autocast():
+        trainer.model(input_ids=block).logits.float()
+        synchronize(device)
         forward = time.perf_counter()
         trainer.model(input_ids=block).logits.float()
         synchronize(device)
         eval_forward = time.perf_counter() - forward
-    result = {"seconds_per_step": per_step, "setup_seconds": max(0.0, warm - warmup * per_step),
-              "eval_forward_seconds": eval_forward, "compiled": trainer.compiled is not None,
-              "compile_error": trainer.compile_error}
+    result = {"seconds_per_step": per_step, "first_setup_seconds": max(0.0, warm - warmup * per_step),
+              "setup_seconds": max(0.0, run_setup), "eval_forward_seconds": eval_forward,
+              "compiled": compiled, "compile_error": compile_error}
     del trainer
     free_memory(device)
     return result
@@ -676,15 +696,11 @@ def predicted_seconds(timing: dict[str, Any], steps: float, settings: ModelSetti
 def choose_steps(timings: dict[str, dict[str, Any]], planned: Sequence[Planned], settings: ModelSettings,
                  budget: float, fractions: Sequence[float] = (1.0,)) -> int:
     """The most steps for which one seed of every variant fits ``budget`` seconds: one run per variant and
-    entry of ``fractions``, each training that fraction of the steps (part 2: passkey and MQAR).
-    ``UsageError`` naming ``--budget`` when not even one step fits."""
+    entry of ``fractions``, each training that fraction of the steps (part 2: passkey and MQAR); 0 when
+    set-up and evaluation alone fill it (the caller then trains its floor, and says so)."""
     fixed = seed_seconds(timings, planned, settings, 0, fractions)
     per_step = seed_seconds(timings, planned, settings, 1, fractions) - fixed
-    steps = int((budget - fixed) / per_step)
-    if steps < 1:
-        raise UsageError("--budget", f"{budget:.0f} s does not fit one step of every variant: set-up, "
-                         f"compile and evaluation alone are predicted at {fixed:.0f} s")
-    return steps
+    return max(0, int((budget - fixed) / per_step))
 
 
 def task_share(task: str) -> float:
@@ -1033,11 +1049,24 @@ def run(options: Options) -> int:
         steps = pinned[-1]
         how = "pinned by earlier runs (committed or in --out) of the same corpus, tokenizer and settings"
     else:
+        longest = 0.0
         for p in planned:
+            if time.monotonic() - started + longest + 5 > options.deadline:
+                report["timing_stopped"] = (f"{time.monotonic() - started:.0f} s gone, the next timing is "
+                                            f"predicted at {longest:.0f} s: stopped before {p.name}")
+                atomic_write_json(plan_path, report)
+                log(f"deadline: {report['timing_stopped']}; no run started, the next lease times again")
+                return 1
+            timed_at = time.monotonic()
             data, block = timing_data(settings, corpus)
-            timings[p.name] = time_variant(p, settings, tokenizer, data, block, device, compile_model)
-            log(f"timing {p.name}: {timings[p.name]['seconds_per_step'] * 1000:.1f} ms a step, set-up "
-                f"{timings[p.name]['setup_seconds']:.1f} s, compiled {timings[p.name]['compiled']}")
+            timing = time_variant(p, settings, tokenizer, data, block, device, compile_model)
+            timings[p.name] = timing
+            longest = max(longest, time.monotonic() - timed_at)
+            report["timing"] = timings
+            atomic_write_json(plan_path, report)  # a lease stopped while timing keeps what it measured
+            log(f"timing {p.name}: {timing['seconds_per_step'] * 1000:.1f} ms a step, set-up "
+                f"{timing['first_setup_seconds']:.1f} s cold, {timing['setup_seconds']:.1f} s a run, an "
+                f"evaluation forward {timing['eval_forward_seconds']:.2f} s, compiled {timing['compiled']}")
         fractions = part_fractions(part)
         fitted = choose_steps(timings, planned, settings, options.budget, fractions)
         steps = max(fitted, settings.min_steps)

@@ -122,6 +122,41 @@ def test_flash_op_triton_continues_from_a_state(split: int) -> None:
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_gradients_flow_through_the_state_as_in_the_reference(causal: bool) -> None:
+    """Training across calls (the state of one call fed to the next, the loss reading both numerators and
+    the last state): every input's gradient, through the linear state and the open chunk, is the
+    reference's."""
+    results = []
+    for implementation in ("reference", "chunk", "triton"):
+        inputs = flash_inputs(2, 45)
+        options = {"chunk_size": 16, "causal": causal, "implementation": implementation}
+        first, state = flash_mixed_chunk_attention(*(x[:, :20] for x in inputs), **options)
+        if causal:
+            rest, state = flash_mixed_chunk_attention(*(x[:, 20:] for x in inputs), initial_state=state,
+                                                      **options)
+        else:
+            rest = first
+        generator = torch.Generator().manual_seed(1)
+        loss = sum((tensor * torch.randn(tensor.shape, generator=generator)).sum()
+                   for tensor in (first, rest, state.linear))
+        results.append(torch.autograd.grad(loss, inputs))
+    for implementation, grads in zip(("chunk", "triton"), results[1:], strict=True):
+        for got, expected in zip(grads, results[0], strict=True):
+            torch.testing.assert_close(got, expected, atol=1e-4 * float(expected.abs().max()), rtol=1e-4,
+                                       msg=lambda text, name=implementation: f"{name}: {text}")
+
+
+def test_the_triton_op_refuses_dropout_while_training_in_one_sentence() -> None:
+    """It has no attention dropout: a dropout it would ignore is an error naming it, not a silent no-op."""
+    inputs = [x.detach() for x in flash_inputs(1, 20)]
+    with pytest.raises(ValueError, match=r"^dropout=0.1 while training: implementation='triton'"):
+        flash_mixed_chunk_attention(*inputs, chunk_size=8, causal=True, dropout=0.1, training=True,
+                                    implementation="triton")
+    flash_mixed_chunk_attention(*inputs, chunk_size=8, causal=True, dropout=0.1, training=False,
+                                implementation="triton")  # evaluation: no dropout to apply
+
+
 def test_flash_op_triton_compiles_without_graph_breaks() -> None:
     """The kernels are ``torch.library.triton_op``s: ``torch.compile(fullgraph=True)`` traces the op and its
     backward (``aot_eager`` here, whose kernels then run in the interpreter) and gets the eager results."""

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -387,6 +388,33 @@ def test_a_run_stopped_at_its_limit_returns_even_if_a_process_outside_its_group_
     run = driver.run_streaming(command, dict(os.environ), 1, ROOT)
     assert run.exit_code is None and run.lines == ["started"]
     assert time.monotonic() - started < 20
+
+
+def test_a_tests_stage_told_to_stop_writes_its_outcomes_as_timed_out(tmp_path: Path) -> None:
+    """The shell's ``timeout`` sends SIGTERM: the stage kills pytest's group, writes tests-gpu.json as "timed
+    out" with what it had (not "running"), starts nothing more and exits 124 inside the shell's
+    ``--kill-after``."""
+    sample = tmp_path / "test_slow.py"
+    sample.write_text("import time\n\ndef test_quick():\n    pass\n\ndef test_slow():\n    time.sleep(60)\n")
+    code = ("import sys; sys.argv[0] = 'gpu_check.py'; sys.path.insert(0, 'scripts'); import gpu_check as d; "
+            f"d.tests_selection = lambda root: ([{str(sample)!r}], [], []); "
+            "sys.exit(d.main(sys.argv[1:]))")
+    env = script_env(CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT / "src"))
+    process = subprocess.Popen([sys.executable, "-c", code, "tests", "--out", str(tmp_path / "out"),
+                                "--budget", "120", "--workers", "0"], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    results = tmp_path / "out" / "tests-gpu.json"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (results.is_file() and '"passed": 1' in results.read_text()):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    told = time.monotonic()
+    output, _ = process.communicate(timeout=60)
+    assert time.monotonic() - told < 10, output[-3000:]
+    assert process.returncode == 124, output[-3000:]
+    tests = read(tmp_path / "out", "tests-gpu.json")["tests"]
+    assert tests["status"] == "timed out" and tests["counts"]["passed"] == 1, tests
+    assert any("told to stop" in note for note in tests["notes"]), tests["notes"]
 
 
 def gpu_environment() -> dict:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from types import SimpleNamespace
 from types import ModuleType
 
 import pytest
@@ -63,6 +64,8 @@ def test_dry_run_end_to_end_then_skips(tmp_path: Path, capsys: pytest.CaptureFix
     assert plan["dry_run"] and plan["corpus"]["sha256"] and plan["corpus"]["tokenizer_sha256"]
     assert set(plan["timing"]) == {name for name, _ in driver.VARIANTS} and plan["steps"] >= 1
     assert "floor" not in plan["steps_from"] and plan["predicted_seconds_per_seed"] > 0
+    assert all({"first_setup_seconds", "setup_seconds", "eval_forward_seconds"} <= set(timing)
+               for timing in plan["timing"].values())
     lengths = driver.DRY_SETTINGS.eval_lengths
     for run in runs:
         assert run["dry_run"]
@@ -126,6 +129,17 @@ def test_part_2_dry_run_end_to_end_then_skips(tmp_path: Path, capsys: pytest.Cap
 def fake_planned() -> list:
     return [driver.Planned(name, None, {"hidden_size": 8}, {"non_embedding": 1})
             for name, _ in driver.VARIANTS]
+
+
+def test_a_budget_that_set_up_and_evaluation_fill_trains_the_floor() -> None:
+    """``choose_steps`` gives 0 steps, not an error, when the set-up and evaluation of every variant fill the
+    budget: the run then trains the settings' floor and its plan says so (a lease always writes its plan)."""
+    planned = [driver.Planned(name=name, variant=SimpleNamespace(eval_modes=("default",)), fields={},
+                              parameters={}) for name in ("a", "b")]
+    timing = {"seconds_per_step": 0.1, "setup_seconds": 200.0, "eval_forward_seconds": 0.01}
+    timings = {p.name: timing for p in planned}
+    assert driver.choose_steps(timings, planned, driver.Settings(), 360.0) == 0
+    assert driver.choose_steps(timings, planned, driver.Settings(), 1000.0) > 0
 
 
 def test_a_changed_corpus_skips_nothing() -> None:

@@ -13,6 +13,7 @@ logs, evaluates nor checkpoints must read nothing.
 from __future__ import annotations
 
 import importlib
+import sys
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_attn_variants.training.preemption import Agreement
 from hf_attn_variants.training.runtime import AccelerateRuntime
-from tests.test_pretrain import tiny_args, tiny_overrides, train_file  # noqa: F401 - train_file: a fixture
+from tests.test_pretrain import read_log, tiny_args, tiny_overrides, train_file  # noqa: F401 - train_file: a fixture
 
 pretrain_module = importlib.import_module("hf_attn_variants.training.pretrain")
 aten = torch.ops.aten
@@ -157,12 +158,35 @@ def test_steps_between_logging_steps_read_nothing_from_the_device(tmp_path, trai
     assert any(site[:2] == ("training/pretrain.py", "log_row") for site in logged), syncs.calls
 
 
+def blocks_without_datasets(args: Any, tokenizer: Any, runtime: Any) -> dict[str, Any]:
+    """``pretrain``'s training blocks made without ``datasets``, which the GPU image lacks: the lines of
+    ``--train_file`` tokenized and cut into blocks of ``--max_seq_length`` ids; no validation blocks. The test
+    below is about the steps, not the data."""
+    lines = Path(args.train_file).read_text().splitlines()
+    ids = [i for row in tokenizer(lines, add_special_tokens=False)["input_ids"] for i in row]
+    size = args.max_seq_length
+    return {"train": [ids[start:start + size] for start in range(0, len(ids) - size + 1, size)],
+            "validation": None}
+
+
+def test_the_gpu_test_trains_without_datasets(tmp_path, train_file, monkeypatch) -> None:  # noqa: F811
+    """The GPU test below runs where ``datasets`` is not installed (the GPU image): with its blocks, 5 steps
+    train and log without importing ``datasets``."""
+    monkeypatch.setitem(sys.modules, "datasets", None)  # any import of it raises ImportError
+    monkeypatch.setattr(pretrain_module, "_training_blocks", blocks_without_datasets)
+    result = pretrain_module.pretrain(tiny_args(tmp_path, train_file=train_file, max_train_steps=5,
+                                                logging_steps=4))
+    assert result.completed_steps == 5
+    assert [row["step"] for row in read_log(tmp_path)] == [4, 5]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch's sync debug mode)")
 def test_on_a_gpu_the_steps_between_logging_steps_make_no_synchronising_call(tmp_path, train_file,  # noqa: F811
                                                                              monkeypatch) -> None:
     """On a GPU torch itself reports every synchronising CUDA call (``torch.cuda.set_sync_debug_mode``), the
     copies of the batch to the GPU included: steps 2 and 3 make none (step 1 allocates the optimizer state and
-    warms the caches), step 4 (a row) does."""
+    warms the caches), step 4 (a row) does. The blocks are made without ``datasets``
+    (``blocks_without_datasets``)."""
     sites: list[tuple[int, tuple[str, str, int]]] = []
     step = [0]
     after_update = pretrain_module.after_update
@@ -176,6 +200,7 @@ def test_on_a_gpu_the_steps_between_logging_steps_make_no_synchronising_call(tmp
             sites.append((step[0], calling_site()))
 
     monkeypatch.setattr(pretrain_module, "after_update", counted_update)
+    monkeypatch.setattr(pretrain_module, "_training_blocks", blocks_without_datasets)
     monkeypatch.setattr(warnings, "showwarning", show)
     args = tiny_args(tmp_path, train_file=train_file, max_train_steps=5, logging_steps=4)
     torch.cuda.set_sync_debug_mode("warn")

@@ -373,7 +373,8 @@ def flash_mixed_chunk_attention(
             packing documents that each start on a chunk boundary (``DocumentChunks``); the state then
             restarts per document.
         initial_state (FlashState | None): the state after earlier tokens (causal), or ``None``.
-        dropout (float): dropout on the quadratic weights (``reference`` and ``chunk`` only).
+        dropout (float): dropout on the quadratic weights (``reference`` and ``chunk`` only: ``triton``
+            refuses a dropout above 0 while training).
         training (bool): whether that dropout is active.
         implementation (str): one of ``FLASH_IMPLEMENTATIONS``.
 
@@ -384,6 +385,9 @@ def flash_mixed_chunk_attention(
     """
     if implementation not in FLASH_IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {FLASH_IMPLEMENTATIONS}, got {implementation!r}.")
+    if implementation == "triton" and training and dropout > 0:
+        raise ValueError(f"dropout={dropout:g} while training: implementation='triton' has no attention "
+                         "dropout; use 'chunk' (the models do so by themselves) or dropout=0.")
     length = quad_q.shape[1]
     state = initial_state or FlashState(None)
     opened = 0 if state.keys is None else state.keys.shape[1]
@@ -639,26 +643,30 @@ class FlashTritonAttention(torch.autograd.Function):
 
         Returns:
             tuple[torch.Tensor, torch.Tensor]: numerator ``[B, T, E]`` in the value's dtype, and the final
-            state ``[B, S, E]`` float32 (not differentiable).
+            state ``[B, S, E]`` float32.
         """
         summaries = torch.ops.hf_attn_variants.flash_chunk_outer(lin_k, value, chunk_size)
         states = per_chunk(chunk_states(summaries, segments, causal, initial_state), summaries)
         output = torch.ops.hf_attn_variants.flash_forward(quad_q, quad_k, lin_q, value, states, key_mask,
                                                          chunk_size, causal)
         final = final_state(summaries, quad_q.shape[1] // chunk_size, causal, initial_state)
-        ctx.mark_non_differentiable(final)
         ctx.save_for_backward(quad_q, quad_k, lin_q, lin_k, value, key_mask, segments, initial_state)
         ctx.chunk_size, ctx.causal = chunk_size, causal
         return output, final
 
     @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor, _: Any) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, grad_output: torch.Tensor,
+                 grad_final: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         """Recompute summaries and states; the gradients of the five inputs and of the initial state.
+
+        The final state is ``initial + Σ S_c`` over the chunks ``final_state`` sums, so ∂L/∂S_c gains
+        ∂L/∂final for each of those chunks, and ∂L/∂initial gains it once.
 
         Args:
             ctx (Any): autograd's context.
             grad_output (torch.Tensor): ``[B, T, E]``, ∂L/∂numerator.
-            _ (Any): the final state's gradient (not differentiable, ignored).
+            grad_final (torch.Tensor | None): ``[B, S, E]``, ∂L/∂(final state) (zero when the state is not
+                used).
 
         Returns:
             tuple: ∂L/∂(quad_q, quad_k, lin_q, lin_k) ``[B, T, S]``, ∂L/∂value ``[B, T, E]``, ``None``,
@@ -671,10 +679,15 @@ class FlashTritonAttention(torch.autograd.Function):
         states = per_chunk(chunk_states(summaries, segments, ctx.causal, initial_state), summaries)
         grad_states = outer(lin_q, grad_output, ctx.chunk_size)  # ∂L/∂H_c = q'_cᵀ dO_c
         grad_summaries = per_chunk(chunk_states_backward(grad_states, segments, ctx.causal), grad_states)
+        if grad_final is not None:
+            summed = quad_q.shape[1] // ctx.chunk_size if ctx.causal else grad_summaries.shape[1]
+            grad_summaries[:, :summed] += grad_final.float()[:, None]
         grads = torch.ops.hf_attn_variants.flash_backward(quad_q, quad_k, lin_q, lin_k, value, states,
                                                           grad_summaries, key_mask, grad_output,
                                                           ctx.chunk_size, ctx.causal)
         grad_initial = grad_states.sum(1) if ctx.needs_input_grad[7] else None
+        if grad_initial is not None and grad_final is not None:
+            grad_initial = grad_initial + grad_final.float()
         return (*grads, None, None, grad_initial, None, None)
 
 

@@ -30,7 +30,8 @@ tensors, which is how the package's CPU tests check them (the interpreter's bf16
 is checked on a GPU).
 
 Shapes: B batch, T tokens (T_q queries, T_k keys), S = s the key size, E = e the expansion width (values),
-C = ⌈T/g⌉ chunks of g tokens. GAU has one head, so no head dimension.
+C = ⌈T/g⌉ chunks of g tokens. GAU has one head, so no head dimension. Every kernel offsets its row in int64
+(the row's program id cast), as does the dense mask's query row: B·T_q·T_k passes 2³¹ at B = 8, T = 16k.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ if TRITON_AVAILABLE:
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= offs_m[:, None] + offset)
         if HAS_MASK:
-            dense = tl.load(M + b * stride_mb + offs_m[:, None] * stride_mq + offs_n[None, :], mask=visible,
-                            other=0)
+            rows = offs_m[:, None].to(tl.int64) * stride_mq  # T_q·T_k passes 2³¹ from T ≈ 46k
+            dense = tl.load(M + b * stride_mb + rows + offs_n[None, :], mask=visible, other=0)
             visible = visible & (dense != 0)
         if HAS_KEY_MASK:
             keys = tl.load(KM + b * stride_kmb + offs_n, mask=offs_n < n_k, other=0)
@@ -117,7 +118,7 @@ if TRITON_AVAILABLE:
                         HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
                         PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
-        pid_m, pid_e, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        pid_m, pid_e, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_s = tl.arange(0, BLOCK_S)
         offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -153,7 +154,7 @@ if TRITON_AVAILABLE:
                            offset, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
                            CAUSAL: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
-        pid_m, b = tl.program_id(0), tl.program_id(1)
+        pid_m, b = tl.program_id(0), tl.program_id(1).to(tl.int64)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_s = tl.arange(0, BLOCK_S)
         q = _load_tile(Q, b, stride_qb, stride_qn, offs_m, offs_s, n_q, S)
@@ -176,7 +177,7 @@ if TRITON_AVAILABLE:
                          offset, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
                          CAUSAL: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
-        pid_n, b = tl.program_id(0), tl.program_id(1)
+        pid_n, b = tl.program_id(0), tl.program_id(1).to(tl.int64)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_s = tl.arange(0, BLOCK_S)
         k = _load_tile(K, b, stride_kb, stride_kn, offs_n, offs_s, n_k, S)
@@ -199,7 +200,7 @@ if TRITON_AVAILABLE:
                            offset, HAS_MASK: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
                            CAUSAL: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr):
-        pid_n, pid_e, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        pid_n, pid_e, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_s = tl.arange(0, BLOCK_S)
         offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
