@@ -1007,6 +1007,13 @@ def run(options: Options) -> int:
     device = Device(torch.device("cuda" if cuda else "cpu"),
                     settings.dtype if cuda or options.dry_run else "fp32")
     compile_model = options.compile == "yes" or (options.compile == "auto" and cuda)
+    if compile_model:
+        # Every model of this package's families enters through one frame (``compat.accepts_cache_alias``'s
+        # wrapper of the shared forwards, as Transformers' ``can_return_tuple`` is one frame for its models),
+        # and dynamo keeps at most ``recompile_limit`` (8) compiled versions of a frame: the 8 variants of our
+        # families fill it exactly (TORCH_LOGS=recompiles on a dry run), and a ninth config would train
+        # eagerly without an error.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
     from transformers.utils import logging as transformers_logging
