@@ -1,12 +1,14 @@
 """GAU's Triton kernels equal the torch kernels: outputs and gradients, float32, 1e-4.
 
 Without a GPU the kernels run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``, set by
-tests/conftest.py), so sizes stay small (n ≤ 150). Covered: quadratic relu² with padding, causality, a cache
-offset and a dense mask; the FLASH op's Triton implementation against its reference, causal and
-bidirectional, with key padding, lengths that chunks do not divide, packed rows and a carried state, and
-under ``torch.compile(fullgraph=True)``; whole models with ``gau_kernel="triton"`` against ``"torch"``.
-The interpreter multiplies bf16 tiles wrongly (``tl.dot`` of two bf16 tiles, Triton 3.9), so bf16 runs
-on a GPU only (tests/test_cuda.py).
+tests/conftest.py), so sizes stay small (n ≤ 200). Covered: quadratic relu² with padding, causality, a cache
+offset and a dense mask (also one broadcast over rows or queries); the FLASH op's Triton implementation
+against its reference, causal and bidirectional, with key padding, lengths that chunks do not divide, packed
+rows, a carried state and gradients through it, and under ``torch.compile(fullgraph=True)``; whole models
+with ``gau_kernel="triton"`` against ``"torch"``. The interpreter multiplies bf16 tiles wrongly (``tl.dot``
+of two bf16 tiles, Triton 3.9), so bf16 runs on a GPU only (tests/test_cuda.py); float16, which takes the
+same launch (``FLASH_LAUNCH``) and casts, it multiplies right, so the half-precision kernels are checked here
+in float16.
 """
 
 from __future__ import annotations
@@ -63,6 +65,35 @@ def test_quadratic_kernel_with_a_cache_offset_and_no_mask() -> None:
                 lambda q, k, v: relu2_attention(q, k, v, torch.ones(new, past + new).tril(past).bool()[None],
                                                 past),
                 tensors(1, new, past + new))
+
+
+@pytest.mark.parametrize("shape", ["batch 1", "no batch", "one query row"])
+def test_quadratic_kernel_takes_a_broadcast_mask_as_the_torch_kernel_does(shape: str) -> None:
+    """A mask broadcast over rows (``[1, T_q, T_k]``, ``[T_q, T_k]``) or queries (``[B, 1, T_k]``): each row
+    of the batch reads it at stride 0, not the memory after it."""
+    n = 40
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    keys = torch.ones(2, 1, n, dtype=torch.bool)
+    keys[1, :, 30:] = False
+    mask = {"batch 1": causal[None], "no batch": causal, "one query row": keys}[shape]
+    assert_same(lambda q, k, v: triton_relu2_attention(q, k, v, mask, None),
+                lambda q, k, v: relu2_attention(q, k, v, mask, None), tensors(2, n, n))
+
+
+def test_a_model_given_a_4d_mask_for_every_row_at_once_gives_the_torch_kernels_result() -> None:
+    """``attention_mask`` ``[1, 1, T, T]`` for a batch of 2 (Transformers' broadcast 4D mask), quadratic
+    relu²: the Triton kernels' outputs are the torch kernels'."""
+    ids = random_ids(2, 20, vocab=61)
+    mask = torch.ones(20, 20, dtype=torch.bool).tril()[None, None]
+    outputs = []
+    for kernel in ("torch", "triton"):
+        torch.manual_seed(0)
+        config = GAUConfig(vocab_size=61, hidden_size=32, num_hidden_layers=1, attention_key_size=16,
+                           attention_normalization="relu2", gau_kernel=kernel, is_decoder=True)
+        model = GAUModel(config).eval()
+        with torch.no_grad():
+            outputs.append(model(input_ids=ids, attention_mask=mask).last_hidden_state)
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
 
 
 def flash_inputs(batch: int, length: int, s: int = 16, e: int = 24, seed: int = 0) -> list[torch.Tensor]:
@@ -155,6 +186,56 @@ def test_the_triton_op_refuses_dropout_while_training_in_one_sentence() -> None:
                                     implementation="triton")
     flash_mixed_chunk_attention(*inputs, chunk_size=8, causal=True, dropout=0.1, training=False,
                                 implementation="triton")  # evaluation: no dropout to apply
+
+
+def half_and_exact(inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``inputs`` rounded to float16, and the same values in float64, each a leaf that takes gradients."""
+    half = [x.detach().half().requires_grad_() for x in inputs]
+    return half, [x.detach().double().requires_grad_() for x in half]
+
+
+def assert_within_half_rounding(got: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    """float16 results within 4e-3 of the largest exact value (float16 rounds at 5e-4 relative)."""
+    for mine, exact in zip(got, expected, strict=True):
+        torch.testing.assert_close(mine.detach().double(), exact.detach(), rtol=0,
+                                   atol=4e-3 * float(exact.detach().abs().max()))
+
+
+@pytest.mark.parametrize("chunk", [128, 64, 40])  # two blocks a chunk, one, blocks straddling chunks
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_op_triton_in_half_precision_equals_the_exact_op(causal: bool, chunk: int) -> None:
+    """The launch a GPU runs for bf16 and fp16 (``FLASH_LAUNCH``: 64-token blocks, 128 value columns, the
+    casts to the input dtype before each product), here with float16 inputs, whose products Triton's
+    interpreter computes right (bf16's it does not): numerator, state and the five inputs' gradients, within
+    float16 rounding of the chunked path in float64 on the same values, with key padding."""
+    n = 200
+    _, keep = right_padded(random_ids(2, n), [n, 150])
+    half, exact = half_and_exact(flash_inputs(2, n, s=128, e=256))
+    results = []
+    for implementation, inputs in (("triton", half), ("chunk", exact)):
+        numerator, state = flash_mixed_chunk_attention(*inputs, chunk_size=chunk, causal=causal,
+                                                       key_mask=keep.bool(), implementation=implementation)
+        weights = torch.randn(numerator.shape, generator=torch.Generator().manual_seed(1),
+                              dtype=torch.float64)
+        results.append([numerator, state.linear,
+                        *torch.autograd.grad((numerator.double() * weights).sum(), inputs)])
+    assert half[0].dtype == results[0][0].dtype == torch.float16
+    assert_within_half_rounding(results[0], results[1])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_quadratic_kernel_in_half_precision_equals_the_exact_kernel(causal: bool) -> None:
+    """The quadratic relu² kernels with float16 inputs (their tensor-core products on a GPU) against the
+    torch kernel in float64: output and gradients within float16 rounding."""
+    n = 70
+    mask = torch.ones(n, n, dtype=torch.bool).tril()[None] if causal else None
+    half, exact = half_and_exact(list(tensors(2, n, n, s=64, e=96)))
+    outputs = [triton_relu2_attention(*half, mask, 0 if causal else None),
+               relu2_attention(*exact, mask, 0 if causal else None)]
+    weights = torch.randn(outputs[1].shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    results = [[out, *torch.autograd.grad((out.double() * weights).sum(), inputs)]
+               for out, inputs in zip(outputs, (half, exact), strict=True)]
+    assert_within_half_rounding(results[0], results[1])
 
 
 def test_flash_op_triton_compiles_without_graph_breaks() -> None:

@@ -513,14 +513,15 @@ class TritonRelu2Attention(torch.autograd.Function):
             query (torch.Tensor): ``[B, T_q, S]``, every positive factor folded in.
             key (torch.Tensor): ``[B, T_k, S]``, the query's dtype.
             value (torch.Tensor): ``[B, T_k, E]``, the query's dtype.
-            mask (torch.Tensor | None): ``[B, T_q, T_k]`` bool (``True`` = visible), or ``None``.
+            mask (torch.Tensor | None): bool (``True`` = visible) broadcastable to ``[B, T_q, T_k]``, or
+                ``None``.
             causal_offset (int | None): the first query's position (causal), or ``None``.
 
         Returns:
             torch.Tensor: ``[B, T_q, E]``, the value's dtype.
         """
         query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
-        mask = None if mask is None else mask.to(torch.int8).contiguous()
+        mask = None if mask is None else dense_mask(mask, query.shape[0], query.shape[1], key.shape[1])
         (dense, keys, strides, sizes), switches = _launch_arguments(query, key, value, mask, None,
                                                                     causal_offset)
         batch, n_q, width = query.shape[0], query.shape[1], value.shape[2]
@@ -560,6 +561,27 @@ class TritonRelu2Attention(torch.autograd.Function):
         return grad_query, grad_key, grad_value, None, None
 
 
+def dense_mask(mask: torch.Tensor, batch: int, n_q: int, n_k: int) -> torch.Tensor:
+    """``mask`` as the int8 ``[B, T_q, T_k]`` the kernels read, its keys at unit stride.
+
+    A mask broadcast over rows or queries (``[1, T_q, T_k]``, ``[T_q, T_k]``, ``[B, 1, T_k]``, as
+    ``relu2_attention`` takes) keeps stride 0 there, so nothing is copied per row and no row reads past it.
+
+    Args:
+        mask (torch.Tensor): bool, broadcastable to ``[B, T_q, T_k]``.
+        batch (int): B.
+        n_q (int): T_q.
+        n_k (int): T_k.
+
+    Returns:
+        torch.Tensor: ``[B, T_q, T_k]`` int8.
+    """
+    mask = mask.to(torch.int8)
+    if mask.shape[-1] != n_k or mask.stride(-1) != 1:
+        mask = mask.expand(*mask.shape[:-1], n_k).contiguous()
+    return mask.expand(batch, n_q, n_k)
+
+
 def triton_relu2_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
     causal_offset: int | None
@@ -571,7 +593,8 @@ def triton_relu2_attention(
             upcasts), or bf16/fp16.
         key (torch.Tensor): ``[B, T_k, S]``, the query's dtype.
         value (torch.Tensor): ``[B, T_k, E]``, the query's dtype.
-        mask (torch.Tensor | None): ``[B, T_q, T_k]`` bool (``True`` = visible) or ``None``.
+        mask (torch.Tensor | None): bool (``True`` = visible) broadcastable to ``[B, T_q, T_k]``, as for
+            ``relu2_attention`` (a broadcast row or query dimension is read at stride 0), or ``None``.
         causal_offset (int | None): queries are keys ``causal_offset …`` (causal), or ``None``
             (bidirectional).
 
