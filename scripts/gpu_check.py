@@ -784,9 +784,19 @@ class BenchPart:
     variants: dict[str, Any]
     lengths: tuple[int, ...]
     growth: float
-    """Predicted time factor from one length to the next: 2 for linear time at doubled lengths, 4 for
-    quadratic; the FLASH part's lengths grow 4× (the first H200 run's rows took 4.2× from 16k to 64k, the
-    Llama's 7×)."""
+    """Predicted factor of the timed steps from one length to the next (``length_seconds``): 2 for linear
+    time at doubled lengths, 4 for quadratic; the FLASH part's lengths grow 4× (the first H200 run's rows
+    took 4.2× from 16k to 64k, the Llama's 7×)."""
+
+
+def length_seconds(run: Any, wall: float, growth: float) -> float:
+    """The predicted seconds of the next length after a length's bench ``run`` took ``wall`` seconds.
+
+    Building the models and compiling kernels (what ``wall`` holds beyond the timed steps) is paid again
+    as it was; the steps, with their warm-ups (as many again, at most), grow by ``growth``.
+    """
+    steps = sum(sum(result.wall) for result in run.results if result.status == "ok")
+    return max(0.0, wall - steps) + 2 * steps * growth
 
 
 FLASH_NOTE = (
@@ -800,8 +810,8 @@ FLASH_NOTE = (
 
 
 OPTIONAL_FLASH_VARIANTS = ("gau_flash_causal_packed",)
-"""Variants of ``bench/specs.py`` measured with FLASH when they exist: packed documents (at the lengths they
-list)."""
+"""Variants of ``bench/specs.py`` measured with FLASH when they exist: packed documents (at the FLASH part's
+lengths, not the bench's own)."""
 
 
 def on_device(build: Callable[[int], torch.nn.Module], device: str, length: int) -> torch.nn.Module:
@@ -826,14 +836,15 @@ def bench_preset(dry_run: bool) -> Any:
 
 
 def bench_parts(preset: Any, dry_run: bool, device: str) -> list[BenchPart]:
-    """Entropy-invariant vs Llama decoders (2k–16k), then FLASH (Triton, torch path) vs Llama at equal
-    parameters at 4k, 16k and 64k (the side by side's lengths); a dry run measures both at the preset's tiny
-    lengths."""
+    """FLASH (Triton, torch path, packed documents) vs Llama at equal parameters at 4k, 16k and 64k (the side
+    by side's lengths; issue 47's rows, first, so that the budget holds them), then entropy-invariant vs
+    Llama decoders (2k–16k); a dry run measures both at the preset's tiny lengths."""
     from hf_attn_variants.bench.specs import COMPARISONS, Comparison, Variant, build_variants, gau_model
     from hf_attn_variants.bench.measure import triton_skip_reason
 
     def placed(variant: Any) -> Any:  # built on the device; measured at the part's lengths only
-        return replace(variant, build=partial(on_device, variant.build, device), extra_lengths=())
+        return replace(variant, build=partial(on_device, variant.build, device), lengths=None,
+                       extra_lengths=())
 
     stock = build_variants(preset)
     decoder = next(c for c in COMPARISONS if c.key == "decoder")
@@ -858,10 +869,10 @@ def bench_parts(preset: Any, dry_run: bool, device: str) -> list[BenchPart]:
                             note=FLASH_NOTE)
     tiny = preset.lengths if dry_run else None
     return [
-        BenchPart(decoder, {n: placed(stock[n]) for n in (decoder.baseline, *decoder.variants)},
-                  tiny or (2048, 4096, 8192, 16384), growth=3.0),
         BenchPart(comparison, {n: placed(v) for n, v in flash_variants.items()},
                   tiny or (4096, 16384, 65536), growth=5.0),
+        BenchPart(decoder, {n: placed(stock[n]) for n in (decoder.baseline, *decoder.variants)},
+                  tiny or (2048, 4096, 8192, 16384), growth=3.0),
     ]
 
 
@@ -931,9 +942,9 @@ def bench_stage(args: argparse.Namespace) -> int:
     preset = bench_preset(args.dry_run)
     peak, total, command = peak_tflops(args.peak_tflops), None, command_line(args.dry_run)
     for part in bench_parts(preset, args.dry_run, device):
-        last = None  # each comparison's first length runs whatever is left: a row it may get, and one
+        guess = None  # each comparison's first length runs whatever is left: a row it may get, and one
         for length in part.lengths:  # cut off loses nothing, as every finished length is written at once
-            if last is not None and not budget.fits(last * part.growth):
+            if guess is not None and not budget.fits(guess):
                 log(f"bench: {part.comparison.key} n = {length} skipped (budget: {budget.left():.0f} s left)")
                 total.results += budget_skips(part, length, preset.batch_size, budget.seconds)
                 total.preset = replace(total.preset, lengths=tuple(sorted({*total.preset.lengths, length})))
@@ -952,7 +963,7 @@ def bench_stage(args: argparse.Namespace) -> int:
                 torch.cuda.empty_cache()
             run.environment["command"] = command
             total = add_run(total, run)
-            last = time.monotonic() - started
+            guess = length_seconds(run, time.monotonic() - started, part.growth)
             write_json(args.out, "benchmarks-gpu", bench_results(total, False, budget, args.dry_run))
     path = write_json(args.out, "benchmarks-gpu", bench_results(total, True, budget, args.dry_run))
     failed = [f"{r.variant} n={r.length} {r.phase}: {r.reason}" for r in total.results
@@ -1077,9 +1088,11 @@ def refuses_static_cache(model: torch.nn.Module) -> bool:
 
 
 def free_device(device: str) -> None:
-    """After a model: its compiled step forgotten (the next starts afresh) and its memory returned."""
+    """After a model: its compiled step forgotten (the next starts afresh) and its memory returned, that of
+    a model a failure left in reference cycles (its traceback's frames) included."""
     if device == "cuda":
         torch._dynamo.reset()
+        gc.collect()
         torch.cuda.empty_cache()
 
 

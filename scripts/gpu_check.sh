@@ -18,8 +18,8 @@
 #   wheel        wheel-gpu.json       the package's wheel resolved against this machine's torch, installed
 #                                     without dependencies, the README quickstarts run from it, a saved
 #                                     model reloaded through its remote code alone
-#   bench        benchmarks-gpu.json  entropy-invariant vs Llama 2k-16k; FLASH (Triton, torch path) vs Llama
-#                                     at 4k, 16k and 64k
+#   bench        benchmarks-gpu.json  FLASH (Triton, torch path, packed documents) vs Llama at 4k, 16k and
+#                                     64k; then entropy-invariant vs Llama 2k-16k
 #   peers        peers-gpu.json       FLASH causal LM (Triton, torch path) vs FLASH-pytorch vs Llama at 16 x 4k,
 #                                     4 x 16k, 1 x 64k tokens, fwd+bwd with the same chunked loss, MFU
 #   decoding     decoding-gpu.json    generate tokens/s at batch 1 and 64, contexts 512 and 4096, dynamic

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -142,15 +142,16 @@ def check_the_wheel_file(dry_run: Path) -> None:
 def check_the_bench_file(dry_run: Path) -> None:
     data = read(dry_run, "benchmarks-gpu.json")
     run = from_results(data)
-    assert [c.key for c in run.comparisons] == ["decoder", "flash_vs_llama"]
+    assert [c.key for c in run.comparisons] == ["flash_vs_llama", "decoder"]  # issue 47's rows first
     assert set(run.variants) >= {"llama_sdpa", "ei_decoder_sdpa", "llama_equal_sdpa", "gau_flash_causal",
-                                 "gau_flash_causal_torch"}
+                                 "gau_flash_causal_torch", "gau_flash_causal_packed"}
     assert data["gpu_check"]["complete"] is True
     failed = [(r.variant, r.length, r.reason) for r in run.results if r.status == "failed"]
     assert not failed
     measured = {(r.variant, r.phase, r.length) for r in run.results if r.status == "ok"}
     assert ("gau_flash_causal_torch", "train", 64) in measured and ("ei_decoder_sdpa", "infer",
                                                                     32) in measured
+    assert ("gau_flash_causal_packed", "train", 64) in measured  # at the FLASH part's lengths
 
 
 def check_the_peers_file(dry_run: Path) -> None:
@@ -277,6 +278,16 @@ def test_a_stage_that_fails_or_runs_out_of_time_fails_the_script(tmp_path: Path)
             "peers: timed out;decoding: timed out") in done.stdout
 
 
+def test_the_next_length_is_predicted_from_the_timed_steps_not_the_set_up() -> None:
+    """A length that took 30 s, 2 of them timed steps: the next is predicted at 28 s of building and
+    compiling again plus the steps and as many warm-ups grown 5× (20 s), not 5 × 30 s."""
+    driver = load_driver()
+    run = SimpleNamespace(results=[SimpleNamespace(status="ok", wall=[0.5, 0.5]),
+                                   SimpleNamespace(status="ok", wall=[1.0]),
+                                   SimpleNamespace(status="skipped", wall=[])])
+    assert driver.length_seconds(run, 30.0, 5.0) == pytest.approx(28.0 + 20.0)
+
+
 @needs_triton()  # the dry run's Triton rows run in Triton's interpreter
 def test_the_bench_skips_what_its_budget_cannot_hold(tmp_path: Path) -> None:
     """With no time left after the first length of each comparison, the later lengths are recorded as skipped,
@@ -292,7 +303,7 @@ def test_the_bench_skips_what_its_budget_cannot_hold(tmp_path: Path) -> None:
     skipped = {(r.variant, r.length) for r in run.results if r.status == "skipped"}
     assert skipped == {(v, 64)
                        for v in ("llama_sdpa", "ei_decoder_sdpa", "llama_equal_sdpa", "gau_flash_causal",
-                                         "gau_flash_causal_torch")}
+                                         "gau_flash_causal_torch", "gau_flash_causal_packed")}
     assert all("budget" in r.reason for r in run.results
                if r.status == "skipped") and data["gpu_check"]["complete"]
 
