@@ -86,9 +86,10 @@ EXPORTED_CODE_LINES = {
     # flash_launch_table, the grids' dtype), whose smaller tiles compile faster and spill less.
     # Issue 47, a review of the op: +8 for the Triton implementation's final state carrying its gradient, as
     # the reference's and the chunked path's do (training across calls), and its one-sentence refusal of a
-    # dropout it would ignore; +7 for dense_mask, so that the quadratic kernels read a mask broadcast over
-    # rows or queries (a [1, 1, T, T] attention mask) at stride 0 instead of past its end.
-    "gau": 3365,
+    # dropout it would ignore (+1 so that an unused state costs the backward nothing); +7 for dense_mask, so
+    # that the quadratic kernels read a mask broadcast over rows or queries (a [1, 1, T, T] attention mask)
+    # at stride 0 instead of past its end.
+    "gau": 3366,
     "synthesizer": 1895,
 }
 FAMILY_FILE_LINES = {

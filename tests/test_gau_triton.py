@@ -156,8 +156,8 @@ def test_flash_op_triton_continues_from_a_state(split: int) -> None:
 @pytest.mark.parametrize("causal", [True, False])
 def test_gradients_flow_through_the_state_as_in_the_reference(causal: bool) -> None:
     """Training across calls (the state of one call fed to the next, the loss reading both numerators and
-    the last state): every input's gradient, through the linear state and the open chunk, is the
-    reference's."""
+    the last state), and a loss of the state alone: every input's gradient, through the linear state and the
+    open chunk, is the reference's."""
     results = []
     for implementation in ("reference", "chunk", "triton"):
         inputs = flash_inputs(2, 45)
@@ -172,8 +172,11 @@ def test_gradients_flow_through_the_state_as_in_the_reference(causal: bool) -> N
         loss = sum((tensor * torch.randn(tensor.shape, generator=generator)).sum()
                    for tensor in (first, rest, state.linear))
         results.append(torch.autograd.grad(loss, inputs))
-    for implementation, grads in zip(("chunk", "triton"), results[1:], strict=True):
-        for got, expected in zip(grads, results[0], strict=True):
+        state_only = flash_mixed_chunk_attention(*inputs, **options)[1].linear  # the numerator unused
+        results.append(torch.autograd.grad(state_only.sum(), inputs, materialize_grads=True))
+    for implementation, grads, expected_grads in zip(("chunk", "chunk", "triton", "triton"), results[2:],
+                                                     results[:2] * 2, strict=True):
+        for got, expected in zip(grads, expected_grads, strict=True):
             torch.testing.assert_close(got, expected, atol=1e-4 * float(expected.abs().max()), rtol=1e-4,
                                        msg=lambda text, name=implementation: f"{name}: {text}")
 

@@ -658,6 +658,7 @@ class FlashTritonAttention(torch.autograd.Function):
         final = final_state(summaries, quad_q.shape[1] // chunk_size, causal, initial_state)
         ctx.save_for_backward(quad_q, quad_k, lin_q, lin_k, value, key_mask, segments, initial_state)
         ctx.chunk_size, ctx.causal = chunk_size, causal
+        ctx.set_materialize_grads(False)  # an unused final state costs its backward nothing
         return output, final
 
     @staticmethod
@@ -670,16 +671,15 @@ class FlashTritonAttention(torch.autograd.Function):
 
         Args:
             ctx (Any): autograd's context.
-            grad_output (torch.Tensor): ``[B, T, E]``, ∂L/∂numerator.
-            grad_final (torch.Tensor | None): ``[B, S, E]``, ∂L/∂(final state) (zero when the state is not
-                used).
+            grad_output (torch.Tensor | None): ``[B, T, E]``, ∂L/∂numerator (``None``: not used).
+            grad_final (torch.Tensor | None): ``[B, S, E]``, ∂L/∂(final state) (``None``: not used).
 
         Returns:
             tuple: ∂L/∂(quad_q, quad_k, lin_q, lin_k) ``[B, T, S]``, ∂L/∂value ``[B, T, E]``, ``None``,
             ``None``, ∂L/∂initial_state ``[B, S, E]`` float32 (or ``None``), ``None``, ``None``.
         """
         quad_q, quad_k, lin_q, lin_k, value, key_mask, segments, initial_state = ctx.saved_tensors
-        grad_output = grad_output.contiguous()
+        grad_output = torch.zeros_like(value) if grad_output is None else grad_output.contiguous()
         outer = torch.ops.hf_attn_variants.flash_chunk_outer
         summaries = outer(lin_k, value, ctx.chunk_size)
         states = per_chunk(chunk_states(summaries, segments, ctx.causal, initial_state), summaries)
