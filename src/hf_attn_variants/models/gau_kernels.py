@@ -649,7 +649,8 @@ class FlashTritonAttention(torch.autograd.Function):
         states = per_chunk(chunk_states(summaries, segments, causal, initial_state), summaries)
         output = torch.ops.hf_attn_variants.flash_forward(quad_q, quad_k, lin_q, value, states, key_mask,
                                                          chunk_size, causal)
-        final = final_state(summaries, quad_q.shape[1] // chunk_size, causal, initial_state)
+        ctx.summed = quad_q.shape[1] // chunk_size if causal else summaries.shape[1]  # the chunks in final
+        final = final_state(summaries, ctx.summed, causal, initial_state)
         ctx.save_for_backward(quad_q, quad_k, lin_q, lin_k, value, key_mask, segments, initial_state)
         ctx.chunk_size, ctx.causal = chunk_size, causal
         ctx.set_materialize_grads(False)  # an unused final state costs its backward nothing
@@ -680,8 +681,7 @@ class FlashTritonAttention(torch.autograd.Function):
         grad_states = outer(lin_q, grad_output, ctx.chunk_size)  # ∂L/∂H_c = q'_cᵀ dO_c
         grad_summaries = per_chunk(chunk_states_backward(grad_states, segments, ctx.causal), grad_states)
         if grad_final is not None:
-            summed = quad_q.shape[1] // ctx.chunk_size if ctx.causal else grad_summaries.shape[1]
-            grad_summaries[:, :summed] += grad_final.float()[:, None]
+            grad_summaries[:, :ctx.summed] += grad_final.float()[:, None]
         grads = torch.ops.hf_attn_variants.flash_backward(quad_q, quad_k, lin_q, lin_k, value, states,
                                                           grad_summaries, key_mask, grad_output,
                                                           ctx.chunk_size, ctx.causal)
