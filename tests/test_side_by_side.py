@@ -61,6 +61,23 @@ def test_the_flop_formula_is_the_counters_less_what_causality_skips() -> None:
 
 
 @needs_triton()
+def test_flash_pytorch_keeps_its_absolute_positions_in_float32_when_cast_to_bf16() -> None:
+    """``.to(torch.bfloat16)`` would round the peer's ``arange(n)`` positions above 256 (4,097 → 4,096); the
+    side keeps its position table float32, as autocast would, and adds it in bf16."""
+    shape = replace(SMOKE_SHAPE, hidden_size=64, vocab_size=300)
+    side = build_side("flash_pytorch", shape, "cpu", torch.bfloat16)
+    positions = side.backbone.positions
+    assert positions.inv_freq.dtype == torch.float32
+    hidden = torch.zeros(1, 4100, shape.hidden_size, dtype=torch.bfloat16)
+    table = positions(hidden)
+    exact = torch.arange(4100, dtype=torch.float64)[:, None] * positions.inv_freq.double()
+    assert torch.allclose(table[:, : shape.hidden_size // 2].double(), exact.sin() * positions.scale.double(),
+                          atol=1e-3)
+    assert not torch.equal(table[4096], table[4097])
+    ids = torch.randint(0, shape.vocab_size, (1, 300), generator=torch.Generator().manual_seed(0))
+    assert side.backbone(ids).last_hidden_state.dtype == torch.bfloat16
+
+
 def test_the_smoke_run_measures_every_model_on_cpu() -> None:
     """The dry run's tiny models (our Triton kernels in Triton's interpreter): every row measured, written
     after each row, losses near log V at initialisation."""

@@ -41,10 +41,24 @@ class PeerBackbone(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, **_: Any) -> BaseModelOutput:
         hidden = self.embedding(input_ids)
-        hidden = hidden + self.positions(hidden)
+        hidden = hidden + self.positions(hidden).to(hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden)
         return BaseModelOutput(last_hidden_state=self.norm(hidden))
+
+
+def keep_positions_float32(backbone: PeerBackbone) -> PeerBackbone:
+    """``backbone`` with its absolute position table back in float32 after a cast of the whole model.
+
+    FLASH-pytorch's ``ScaledSinuEmbedding`` builds its positions as ``arange(n)`` in its ``inv_freq``'s
+    dtype, so a model cast with ``.to(torch.bfloat16)`` rounds every position above 256 (bf16 keeps 8
+    significant bits: 4,097 becomes 4,096). Under autocast, as its author trains it, the buffer stays
+    float32; this restores that. Its rotary embedding builds positions in the activations' dtype whatever
+    the cast, under autocast too, so that rounding is the peer's own and stays. ``forward`` adds the table
+    in the activations' dtype.
+    """
+    backbone.positions.float()
+    return backbone
 
 
 def flash_pytorch_model(p: Any, length: int, *, causal: bool) -> nn.Module:
@@ -83,4 +97,5 @@ def gau_pytorch_model(p: Any, length: int, *, causal: bool) -> nn.Module:
                         nn.LayerNorm(p.hidden_size))
 
 
-__all__ = ["INSTALL", "PeerBackbone", "flash_pytorch_lm", "flash_pytorch_model", "gau_pytorch_model"]
+__all__ = ["INSTALL", "PeerBackbone", "flash_pytorch_lm", "flash_pytorch_model", "gau_pytorch_model",
+           "keep_positions_float32"]

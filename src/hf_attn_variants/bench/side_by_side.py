@@ -6,7 +6,8 @@ Models (``MODELS``), all bf16 weights on the GPU:
 - ``ours_triton``, ``ours_torch``: ``GAUForCausalLM``, FLASH (relu², ``chunk_size`` 256, key size 128,
   expansion 2, causal), 8 layers of width 512, with ``gau_kernel="triton"`` / ``"torch"``;
 - ``flash_pytorch``: lucidrains' FLASH-pytorch 0.1.9 ``FLASHTransformer`` at the same shapes (token shift off,
-  as in ``bench/peers.py``), split at its logits: its backbone and its vocabulary projection;
+  as in ``bench/peers.py``), split at its logits: its backbone and its vocabulary projection; its absolute
+  position table stays float32, as under autocast (``peers.keep_positions_float32``);
 - ``llama_sdpa``: a stock ``LlamaForCausalLM`` (SDPA) with 4 layers, one per two GAU layers (FLASH's
   Transformer++ baseline), and the MLP width (a multiple of 64) that gives it the non-embedding parameters of
   our FLASH (13.2M against 13.1M at the GPU shape; each run records both counts).
@@ -45,6 +46,7 @@ from torch import nn
 
 from ..models.losses import chunked_cross_entropy
 from .measure import triton_skip_reason
+from .peers import PeerBackbone, keep_positions_float32
 
 MODELS = ("llama_sdpa", "flash_pytorch", "ours_torch", "ours_triton")
 """In the order each shape measures them: the baseline first, so a budget cut keeps it."""
@@ -161,6 +163,8 @@ def build_side(name: str, shape: SideBySideShape, device: str, dtype: torch.dtyp
         else:
             raise ValueError(f"name: expected one of {', '.join(MODELS)}, got {name!r}")
     side.model.to(dtype).train()
+    if isinstance(side.backbone, PeerBackbone):
+        keep_positions_float32(side.backbone)
     return side
 
 
