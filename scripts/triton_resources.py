@@ -14,10 +14,11 @@ side-by-side's); every integer argument is then a multiple of 16, which Triton's
 so does this compile. Variants: causal without a key mask (causal-LM training) and bidirectional with one (a
 padded masked-LM batch); quadratic relu²: causal, and bidirectional with a dense mask. Every kernel in bf16;
 FLASH's causal kernels also in float32 (IEEE products: what ``gau_kernel="triton"`` runs for a float32
-model, and the CUDA tests' exact comparisons).
+model, and the CUDA tests' exact comparisons); FLASH's causal kernels that read the states also in float16
+(``SCALED``: each state divided by its power of two, ``gau_triton.state_scales``).
 
-Exit status 1 when a bf16 kernel spills, uses no tensor core, or any kernel exceeds its target's shared
-memory; 2 when nothing can be compiled here (no triton, or ``TRITON_INTERPRET`` set).
+Exit status 1 when a bf16 or fp16 kernel spills, uses no tensor core, or any kernel exceeds its target's
+shared memory; 2 when nothing can be compiled here (no triton, or ``TRITON_INTERPRET`` set).
 
 Usage (from the repository root; about 30 s on 2 cores), with the lock's Triton and then with the GPU
 image's::
@@ -62,14 +63,17 @@ TARGETS: dict[str, dict[str, Any]] = {
 """Each target's compute capability, its GPUs and its most shared memory per block (227 KiB, 163 KiB)."""
 SHAPE = {"key_size": 128, "width": 1024, "chunk_size": 256}
 """The shape every kernel is compiled for: the GPU side-by-side's."""
-DTYPES = ("bfloat16", "float32")
-"""Every kernel is compiled in bf16; FLASH's causal kernels also in float32."""
+DTYPES = ("bfloat16", "float32", "float16")
+"""Every kernel is compiled in bf16; FLASH's causal kernels also in float32, and those that read the states
+(``SCALED``) in float16."""
+SCALED_KERNELS = ("_flash_forward_kernel", "_flash_backward_query_kernel")
+"""The kernels whose float16 launch differs from bf16's: they scale the states (``SCALED``)."""
 POINTERS: dict[str, dict[str, str]] = {
     "_chunk_outer_kernel": {"A": "model", "X": "model", "OUT": "fp32"},
     "_flash_forward_kernel": {"Q": "model", "K": "model", "QL": "model", "V": "model", "H": "fp32",
-                              "KM": "i8", "OUT": "model"},
-    "_flash_backward_query_kernel": {"Q": "model", "K": "model", "V": "model", "H": "fp32", "KM": "i8",
-                                     "DO": "model", "DQ": "fp32", "DQL": "fp32"},
+                              "SC": "fp32", "KM": "i8", "OUT": "model"},
+    "_flash_backward_query_kernel": {"Q": "model", "K": "model", "V": "model", "H": "fp32", "SC": "fp32",
+                                     "KM": "i8", "DO": "model", "DQ": "fp32", "DQL": "fp32"},
     "_flash_backward_key_kernel": {"Q": "model", "K": "model", "KL": "model", "V": "model", "DSUM": "fp32",
                                    "KM": "i8", "DO": "model", "DK": "fp32", "DKL": "fp32", "DV": "model"},
     "_forward_kernel": {"Q": "model", "K": "model", "V": "model", "M": "i8", "KM": "i8", "OUT": "model"},
@@ -89,7 +93,7 @@ VARIANTS = {
     "relu2": {"causal": {"CAUSAL": True, "HAS_MASK": False},
               "bidirectional, dense mask": {"CAUSAL": False, "HAS_MASK": True}},
 }
-TRITON_TYPES = {"bfloat16": "bf16", "float32": "fp32", "fp32": "fp32", "i8": "i8"}
+TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "fp32": "fp32", "i8": "i8"}
 
 
 def kernel_options(kernel: str, variant: str, dtype_name: str) -> dict[str, Any]:
@@ -173,8 +177,8 @@ def compile_kernel(kernel: str, variant: str, target: str, dtype_name: str, scra
 
 
 def problems(row: dict[str, Any]) -> list[str]:
-    """What is wrong with a compiled kernel: too much shared memory (it would not launch); in bf16 also
-    spills and no tensor core (float32's IEEE products have neither tensor cores nor the registers)."""
+    """What is wrong with a compiled kernel: too much shared memory (it would not launch); in bf16 and fp16
+    also spills and no tensor core (float32's IEEE products have neither tensor cores nor the registers)."""
     found = []
     if row["shared_bytes"] > row["shared_limit"]:
         found.append(f"needs {row['shared_bytes']} bytes of shared memory, more than {row['shared_limit']}")
@@ -212,6 +216,8 @@ def jobs(kernels: list[str] | None = None, targets: list[str] | None = None,
                 variants = ["causal"] if kernel == "_chunk_outer_kernel" else list(VARIANTS[family])
                 if dtype_name == "float32":
                     variants = ["causal"] if family == "flash" else []
+                if dtype_name == "float16":
+                    variants = ["causal"] if kernel in SCALED_KERNELS else []
                 found.extend((kernel, variant, target, dtype_name) for variant in variants)
     return found
 

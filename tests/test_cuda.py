@@ -175,6 +175,28 @@ def test_flash_op_triton_in_bf16_on_the_tensor_cores(causal: bool) -> None:
         assert_close_to_scale(mine.float(), want, relative=2e-2)
 
 
+@pytest.mark.parametrize("implementation", [pytest.param("triton", marks=needs_triton), "chunk"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_op_in_float16_with_states_past_its_range(causal: bool, implementation: str) -> None:
+    """float16 (tensor-core products) with k'·v ≈ 100, so that the states Σ k'ᵀv reach about 10⁵, past
+    float16's 65,504: divided by their power of two (``gau_triton.state_scales``) before the cast, the
+    numerator is within float16 rounding (4e-3 of its scale) of the float64 reference, not NaN."""
+    n, s, e = SHAPES["model"]
+    generator = torch.Generator().manual_seed(0)
+    means, stds = (0.0, 0.0, 1.0, 10.0, 10.0), (s**-0.5, 1.0, s**-1.0, 0.5, 0.5)
+    scales = (1 / 16, 1.0, 1 / 4096, 1.0, 1.0)
+    inputs = [(torch.randn(2, n, width, generator=generator) * std + mean) * scale
+              for width, mean, std, scale in zip((s, s, s, s, e), means, stds, scales, strict=True)]
+    options = {"chunk_size": 256, "causal": causal}
+    exact, state = flash_mixed_chunk_attention(*(x.to(DEVICE, torch.float64) for x in inputs),
+                                               implementation="reference", **options)
+    assert float(state.linear.abs().max()) > 65504
+    half = flash_mixed_chunk_attention(*(x.to(DEVICE, torch.float16) for x in inputs),
+                                       implementation=implementation, **options)[0]
+    assert half.dtype == torch.float16 and bool(half.isfinite().all())
+    assert_close_to_scale(half.double(), exact, relative=4e-3)
+
+
 @needs_triton
 def test_flash_op_triton_compiles_with_fullgraph() -> None:
     """``torch.compile(fullgraph=True)`` (inductor) of the op and its backward: no graph break, same

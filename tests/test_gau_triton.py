@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from hf_attn_variants import GAUConfig, GAUForCausalLM, GAUModel
-from hf_attn_variants.models import gau_triton
+from hf_attn_variants.models import gau_kernels, gau_triton
 from hf_attn_variants.models.gau_kernels import DocumentChunks, flash_mixed_chunk_attention, relu2_attention
 from hf_attn_variants.models.gau_triton import triton_relu2_attention
 from tests.utils import left_padded, needs_triton, random_ids, right_padded
@@ -224,6 +224,44 @@ def test_flash_op_triton_in_half_precision_equals_the_exact_op(causal: bool, chu
                         *torch.autograd.grad((numerator.double() * weights).sum(), inputs)])
     assert half[0].dtype == results[0][0].dtype == torch.float16
     assert_within_half_rounding(results[0], results[1])
+
+
+@pytest.mark.parametrize("implementation", ["chunk", "triton"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_float16_flash_states_past_65504_give_the_exact_numerator(causal: bool, implementation: str) -> None:
+    """Σ k'ᵀv over 1,024 tokens of k'·v ≈ 100 reaches about 10⁵, past float16's 65,504: cast as it is, the
+    state gave ±inf and the numerator NaN in both implementations. Scaled by its power of two
+    (``state_scales``), the numerator (about 500) is within float16 rounding of the float64 one, also after a
+    carried state. (The gradient of the linear queries, dO·Hᵀ ≈ 10⁶, is past float16's range itself: train
+    in bf16.)"""
+    generator = torch.Generator().manual_seed(0)
+    def make(width: int, mean: float, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(2, 1024, width, generator=generator) * 0.5 + mean) * scale
+
+    inputs = [make(16, 0.0, 1 / 16), make(16, 0.0), make(16, 1.0, 1 / 4096), make(16, 10.0), make(32, 10.0)]
+    options = {"chunk_size": 64, "causal": causal}
+    exact, state = flash_mixed_chunk_attention(*(x.double() for x in inputs), implementation="reference",
+                                               **options)
+    assert float(state.linear.abs().max()) > 65504
+    half, _ = flash_mixed_chunk_attention(*(x.half() for x in inputs), implementation=implementation,
+                                          **options)
+    assert half.dtype == torch.float16
+    assert_within_half_rounding([half], [exact])
+    if causal:  # the next tokens read the carried state (5·10⁵) as well
+        carried = gau_kernels.FlashState(state.linear.float())
+        exact_next = flash_mixed_chunk_attention(*(x.double() for x in inputs), initial_state=state,
+                                                 implementation="reference", **options)[0]
+        half_next = flash_mixed_chunk_attention(*(x.half() for x in inputs), initial_state=carried,
+                                                implementation=implementation, **options)[0]
+        assert_within_half_rounding([half_next], [exact_next])
+
+
+def test_state_scales_are_powers_of_two_from_one_to_their_limit() -> None:
+    states = torch.tensor([0.3, -7.0, 5000.0, 1e12]).reshape(1, 4, 1, 1).expand(1, 4, 2, 3)
+    assert gau_triton.state_scales(states).tolist() == [[1.0, 8.0, 8192.0, 2.0**14]]
+    assert gau_triton.STATE_SCALE_LIMIT == 2.0**14
+    assert gau_triton.scales_states(torch.float16)
+    assert not any(gau_triton.scales_states(dtype) for dtype in (torch.bfloat16, torch.float32))
 
 
 @pytest.mark.parametrize("causal", [False, True])

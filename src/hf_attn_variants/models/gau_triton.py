@@ -21,7 +21,8 @@ The backward recomputes scores, summaries and states. The FLASH kernels are ``to
 (``torch.ops.hf_attn_variants.flash_chunk_outer`` / ``flash_forward`` / ``flash_backward``) with shapes for
 tracing, so ``torch.compile(fullgraph=True)`` traces through them; ``flash_triton_grids`` gives their grids.
 
-bf16/fp16 inputs multiply on the tensor cores with float32 accumulators; float32 inputs use
+bf16/fp16 inputs multiply on the tensor cores with float32 accumulators (float16 reads each state H_c divided
+by a power of two that keeps it in range, ``state_scales``); float32 inputs use
 ``input_precision="ieee"`` (``precision``), so they match the torch kernels to float32 rounding, with smaller
 tiles (``FLASH_LAUNCH_FLOAT32``). ``triton`` is optional (``pip install 'hf_attn_variants[gpu]'``);
 ``GAUConfig.gau_kernel`` selects these kernels (``"auto"``: on CUDA when triton is installed, for bf16/fp16
@@ -337,10 +338,14 @@ if TRITON_AVAILABLE:
         return first, last, hi
 
     @triton.jit
-    def _flash_forward_kernel(Q, K, QL, V, H, KM, OUT, T, S, E, chunk, n_chunks, PRECISION: tl.constexpr,
+    def _flash_forward_kernel(Q, K, QL, V, H, SC, KM, OUT, T, S, E, chunk, n_chunks, PRECISION: tl.constexpr,
                               HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr,
-                              BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr, WHOLE: tl.constexpr):
-        """The output Σ_{same chunk, visible} relu(q·k)² v + q'·H_c for one (value tile, token block, row)."""
+                              BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr, WHOLE: tl.constexpr,
+                              SCALED: tl.constexpr):
+        """The output Σ_{same chunk, visible} relu(q·k)² v + q'·H_c for one (value tile, token block, row).
+
+        ``SCALED`` (float16): q'·H_c is σ_c · (q'·(H_c / σ_c)) with ``SC`` ``[B, C]`` σ_c (``state_scales``).
+        """
         pid_e, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         m0 = pid_m * BLOCK
         offs_m = m0 + tl.arange(0, BLOCK)
@@ -357,20 +362,24 @@ if TRITON_AVAILABLE:
             acc += tl.dot((r * r).to(v.dtype), v, input_precision=PRECISION)
         ql = _tile(QL, b * T * S, offs_m, offs_s, T, S, S)
         for c in range(first, last + 1):  # one chunk unless the chunk is not a multiple of BLOCK
-            h = _tile(H, (b * n_chunks + c) * S * E, offs_s, offs_e, S, E, E).to(ql.dtype)
+            h = _tile(H, (b * n_chunks + c) * S * E, offs_s, offs_e, S, E, E)
             rows = _rows_of_chunk(ql, offs_m, chunk, c, WHOLE)
-            acc += tl.dot(rows, h, input_precision=PRECISION)
+            if SCALED:
+                scale = tl.load(SC + b * n_chunks + c)
+                acc += scale * tl.dot(rows, (h / scale).to(ql.dtype), input_precision=PRECISION)
+            else:
+                acc += tl.dot(rows, h.to(ql.dtype), input_precision=PRECISION)
         tl.store(OUT + b * T * E + offs_m[:, None] * E + offs_e[None, :], acc.to(OUT.dtype.element_ty),
                  mask=(offs_m[:, None] < T) & (offs_e[None, :] < E))
 
     @triton.jit
-    def _flash_backward_query_kernel(Q, K, V, H, KM, DO, DQ, DQL, T, S, E, chunk, n_chunks,
+    def _flash_backward_query_kernel(Q, K, V, H, SC, KM, DO, DQ, DQL, T, S, E, chunk, n_chunks,
                                      PRECISION: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
                                      CAUSAL: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr,
-                                     BLOCK_E: tl.constexpr, WHOLE: tl.constexpr):
+                                     BLOCK_E: tl.constexpr, WHOLE: tl.constexpr, SCALED: tl.constexpr):
         """This value tile's share of dq = Σ_j 2 r ⊙ (dO vᵀ) k_j and of dq' = dO H_cᵀ.
 
-        Both are added into the fp32 DQ and DQL.
+        Both are added into the fp32 DQ and DQL; ``SCALED`` as in ``_flash_forward_kernel``.
         """
         pid_e, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         m0 = pid_m * BLOCK
@@ -390,9 +399,13 @@ if TRITON_AVAILABLE:
             dq += tl.dot((2.0 * r * dp).to(k.dtype), k, input_precision=PRECISION)
         dql = tl.zeros((BLOCK, BLOCK_S), dtype=tl.float32)
         for c in range(first, last + 1):
-            h = _tile(H, (b * n_chunks + c) * S * E, offs_s, offs_e, S, E, E).to(do.dtype)
+            h = _tile(H, (b * n_chunks + c) * S * E, offs_s, offs_e, S, E, E)
             rows = _rows_of_chunk(do, offs_m, chunk, c, WHOLE)
-            dql += tl.dot(rows, tl.trans(h), input_precision=PRECISION)
+            if SCALED:
+                scale = tl.load(SC + b * n_chunks + c)
+                dql += scale * tl.dot(rows, tl.trans((h / scale).to(do.dtype)), input_precision=PRECISION)
+            else:
+                dql += tl.dot(rows, tl.trans(h.to(do.dtype)), input_precision=PRECISION)
         where = b * T * S + offs_m[:, None] * S + offs_s[None, :]
         inside = (offs_m[:, None] < T) & (offs_s[None, :] < S)
         tl.atomic_add(DQ + where, dq, mask=inside)
@@ -446,6 +459,43 @@ if TRITON_AVAILABLE:
         tl.store(DV + b * T * E + offs_n[:, None] * E + offs_e[None, :], dv.to(DV.dtype.element_ty),
                  mask=(offs_n[:, None] < T) & (offs_e[None, :] < E))
         tl.atomic_add(DK + where, dk, mask=inside)
+
+
+STATE_SCALE_LIMIT = 2.0**14
+"""The largest σ_c of ``state_scales``: a power of two that float16 holds exactly, so H_c / σ_c passes
+float16's 65,504 only where max|H_c| passes 10⁹."""
+
+
+def scales_states(dtype: torch.dtype) -> bool:
+    """Whether q'·H_c in ``dtype`` divides the states by ``state_scales`` before casting them: float16 only.
+
+    H_c = Σ k'ᵀv grows with the tokens summed and passes float16's 65,504 at long context (16k tokens of
+    k'·v ≈ 9 give ±inf, then NaN). bf16 has float32's range; float32 and float64 states are not cast.
+
+    Args:
+        dtype (torch.dtype): the model's dtype, that of the products.
+
+    Returns:
+        bool: ``dtype`` is ``torch.float16``.
+    """
+    return dtype == torch.float16
+
+
+def state_scales(states: torch.Tensor) -> torch.Tensor:
+    """σ_c = 2^⌈log₂ max|H_c|⌉ per row and chunk, clamped to [1, 2¹⁴] (``STATE_SCALE_LIMIT``).
+
+    q'·H_c is then σ_c · (q'·(H_c / σ_c)) with H_c / σ_c in float16's range. σ_c is a power of two, so the
+    division and the product are exact, and a state within [-1, 1] is not scaled at all. No gradient flows
+    through σ_c (it is a constant of the product).
+
+    Args:
+        states (torch.Tensor): ``[B, C, S, E]`` (or ``[B, 1, S, E]``) float32 H_c.
+
+    Returns:
+        torch.Tensor: ``[B, C]`` (or ``[B, 1]``) float32 σ_c.
+    """
+    peak = states.detach().abs().amax(dim=(-2, -1)).clamp(1.0, STATE_SCALE_LIMIT)
+    return torch.exp2(torch.ceil(torch.log2(peak)))
 
 
 def precision(dtype: torch.dtype) -> str:
@@ -687,8 +737,9 @@ def flash_launch_options(kernel: str, dtype: torch.dtype, key_size: int, width: 
         chunk_size (int): g.
 
     Returns:
-        dict[str, Any]: the ``tl.constexpr`` arguments (``PRECISION``, the block sizes, ``WHOLE``) and
-        ``num_warps``, ``num_stages``; ``HAS_KEY_MASK`` and ``CAUSAL`` come from the call.
+        dict[str, Any]: the ``tl.constexpr`` arguments (``PRECISION``, the block sizes, ``WHOLE``, and for
+        the kernels that read the states ``SCALED``: ``scales_states``) and ``num_warps``,
+        ``num_stages``; ``HAS_KEY_MASK`` and ``CAUSAL`` come from the call.
     """
     table = flash_launch_table(dtype)[kernel]
     launch = {option: table[option] for option in ("num_warps", "num_stages")}
@@ -696,8 +747,11 @@ def flash_launch_options(kernel: str, dtype: torch.dtype, key_size: int, width: 
     if kernel == "chunk_outer":
         return {"PRECISION": precision(dtype), "BLOCK_T": block, "BLOCK_S": _value_block(key_size, table),
                 "BLOCK_E": _value_block(width, table), **launch}
-    return {"PRECISION": precision(dtype), "BLOCK": block, "BLOCK_S": _key_size_block(key_size),
-            "BLOCK_E": _value_block(width, table), "WHOLE": chunk_size % block == 0, **launch}
+    options = {"PRECISION": precision(dtype), "BLOCK": block, "BLOCK_S": _key_size_block(key_size),
+               "BLOCK_E": _value_block(width, table), "WHOLE": chunk_size % block == 0, **launch}
+    if kernel in ("forward", "backward_query"):  # the kernels that cast the states H_c
+        options["SCALED"] = scales_states(dtype)
+    return options
 
 
 if TRITON_AVAILABLE:
@@ -746,10 +800,12 @@ if TRITON_AVAILABLE:
         width = value.shape[-1]
         out = torch.empty_like(value)
         grid = flash_triton_grids(batch, length, key_size, width, chunk_size, quad_q.dtype)["forward"]
+        options = flash_launch_options("forward", quad_q.dtype, key_size, width, chunk_size)
+        scales = state_scales(states) if options["SCALED"] else states  # unread unless SCALED
         _flash_forward_kernel[grid](
-            quad_q, quad_k, lin_q, value, states, quad_q if key_mask is None else key_mask, out, length,
-            key_size, width, chunk_size, states.shape[1], HAS_KEY_MASK=key_mask is not None, CAUSAL=causal,
-            **flash_launch_options("forward", quad_q.dtype, key_size, width, chunk_size))
+            quad_q, quad_k, lin_q, value, states, scales, quad_q if key_mask is None else key_mask, out,
+            length, key_size, width, chunk_size, states.shape[1], HAS_KEY_MASK=key_mask is not None,
+            CAUSAL=causal, **options)
         return out
 
     @torch.library.custom_op("hf_attn_variants::flash_backward", mutates_args=())
@@ -785,9 +841,11 @@ if TRITON_AVAILABLE:
         mask = quad_q if key_mask is None else key_mask
         switches = {"HAS_KEY_MASK": key_mask is not None, "CAUSAL": causal}
         sizes = (length, key_size, width, chunk_size, states.shape[1])
+        options = flash_launch_options("backward_query", quad_q.dtype, key_size, width, chunk_size)
+        scales = state_scales(states) if options["SCALED"] else states  # unread unless SCALED
         _flash_backward_query_kernel[grid["backward_query"]](
-            quad_q, quad_k, value, states, mask, grad_output, grads[0], grads[2], *sizes, **switches,
-            **flash_launch_options("backward_query", quad_q.dtype, key_size, width, chunk_size))
+            quad_q, quad_k, value, states, scales, mask, grad_output, grads[0], grads[2], *sizes, **switches,
+            **options)
         _flash_backward_key_kernel[grid["backward_key"]](
             quad_q, quad_k, lin_k, value, grad_summaries, mask, grad_output, grads[1], grads[3], grad_value,
             *sizes, **switches,
@@ -816,6 +874,7 @@ __all__ = [
     "FLASH_LAUNCH",
     "FLASH_LAUNCH_FLOAT32",
     "FLASH_STATE_BLOCK",
+    "STATE_SCALE_LIMIT",
     "TRITON_AVAILABLE",
     "TritonRelu2Attention",
     "flash_block",
@@ -824,5 +883,7 @@ __all__ = [
     "flash_triton_grids",
     "precision",
     "relu2_launch_options",
+    "scales_states",
+    "state_scales",
     "triton_relu2_attention",
 ]

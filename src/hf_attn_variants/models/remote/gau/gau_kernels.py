@@ -340,6 +340,24 @@ The O(n²) matrix W, the chunked torch path and the Triton kernels (``flash_mixe
 """
 
 
+def state_product(queries: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """q'·H_c in the queries' dtype, with float16's states scaled into range (``gau_triton.state_scales``).
+
+    Args:
+        queries (torch.Tensor): ``[B, C, G, S]`` the chunks' linear queries, the model dtype.
+        states (torch.Tensor): ``[B, C, S, E]`` (or ``[B, 1, S, E]``) float32 H_c.
+
+    Returns:
+        torch.Tensor: ``[B, C, G, E]`` in the queries' dtype.
+    """
+    from .gau_triton import scales_states, state_scales  # the kernels' own rule (importable without triton)
+
+    if not scales_states(queries.dtype):
+        return torch.matmul(queries, states.to(queries.dtype))
+    scales = state_scales(states)[..., None, None]
+    return torch.matmul(queries, (states / scales).to(queries.dtype)) * scales.to(queries.dtype)
+
+
 def flash_mixed_chunk_attention(
     quad_q: torch.Tensor,
     quad_k: torch.Tensor,
@@ -513,7 +531,8 @@ def flash_mixed_chunk_torch(
     """FLASH in chunks with torch operations, in the inputs' dtype.
 
     relu(q kᵀ)² v inside each chunk (O(T·g·(s + e))), and q'·H_c across chunks from the summaries k'ᵀv
-    (O(T·s·e)); float32 for the summaries and the states only.
+    (O(T·s·e)); float32 for the summaries and the states only (float16 products scale the states into range,
+    ``state_product``).
 
     Args:
         quad_q (torch.Tensor): ``[B, T, S]`` quadratic queries (factors folded in), the model dtype.
@@ -535,7 +554,6 @@ def flash_mixed_chunk_torch(
         ``[B, S, E]`` float32 (``final_state``).
     """
     batch, length, _ = quad_q.shape
-    dtype = value.dtype
     v_blocks = _chunk_blocks(value, chunk_size)
     weights = F.relu(torch.matmul(_chunk_blocks(quad_q, chunk_size),
                                   _chunk_blocks(quad_k, chunk_size).transpose(-1, -2))).square()
@@ -551,8 +569,7 @@ def flash_mixed_chunk_torch(
         weights = F.dropout(weights, p=dropout, training=True)
     summaries = upcast(torch.matmul(_chunk_blocks(lin_k, chunk_size).transpose(-1, -2), v_blocks))
     states = chunk_states(summaries, segments, causal, initial_state)
-    numerator = torch.matmul(weights, v_blocks) + torch.matmul(_chunk_blocks(lin_q, chunk_size),
-                                                               states.to(dtype))
+    numerator = torch.matmul(weights, v_blocks) + state_product(_chunk_blocks(lin_q, chunk_size), states)
     final = final_state(summaries, length // chunk_size, causal, initial_state)
     return numerator.reshape(batch, -1, value.shape[-1])[:, :length], final
 
@@ -995,5 +1012,5 @@ __all__ = [
     "chunk_states", "chunk_states_backward", "final_state", "flash_decode_step", "flash_effective_weights",
     "flash_mixed_chunk_attention", "flash_mixed_chunk_reference", "flash_mixed_chunk_torch",
     "flash_mixed_chunk_triton", "flash_visibility", "laplace_attention", "relu2_attention",
-    "segmented_chunk_sums", "softmax_attention", "uses_blocks",
+    "segmented_chunk_sums", "softmax_attention", "state_product", "uses_blocks",
 ]
