@@ -60,7 +60,6 @@ def test_the_flop_formula_is_the_counters_less_what_causality_skips() -> None:
     assert formula["ours_torch"] <= counted["ours_torch"] <= formula["ours_torch"] + full_maps + recomputed
 
 
-@needs_triton()
 def test_flash_pytorch_keeps_its_absolute_positions_in_float32_when_cast_to_bf16() -> None:
     """``.to(torch.bfloat16)`` would round the peer's ``arange(n)`` positions above 256 (4,097 → 4,096); the
     side keeps its position table float32, as autocast would, and adds it in bf16."""
@@ -78,6 +77,7 @@ def test_flash_pytorch_keeps_its_absolute_positions_in_float32_when_cast_to_bf16
     assert side.backbone(ids).last_hidden_state.dtype == torch.bfloat16
 
 
+@needs_triton()
 def test_the_smoke_run_measures_every_model_on_cpu() -> None:
     """The dry run's tiny models (our Triton kernels in Triton's interpreter): every row measured, written
     after each row, losses near log V at initialisation."""
