@@ -68,9 +68,9 @@ EXPORTED_LINES = {
     # Issue 47, a review of the op: +14 (8 code, 6 docstring) for the Triton implementation's differentiable
     # final state, its refusal of dropout and the int64 row offsets of every kernel (EXPORTED_CODE_LINES);
     # +23 (7 code, 16 docstring) for the quadratic kernels' broadcast masks (dense_mask).
-    # Issue 47, float16 at long context: +73 (33 code, 40 docstring) for the states scaled into float16's
-    # range before q'·H_c (state_scales, scales_states, state_product and the kernels' SCALED branch).
-    "gau": 5944,
+    # Issue 47, float16 at long context: +77 (35 code, 42 docstring) for the states past 2¹⁵ scaled before
+    # q'·H_c (state_scales, scales_states, state_product, and the kernels' SCALED branch and _state_scale).
+    "gau": 5948,
     # Above the 1,550 target: the shared file, as for the entropy-invariant family (issue 47's loss included).
     # Issue 50: +792 docstring lines for the documented arguments; lines less docstrings 1,895 → 1,887.
     "synthesizer": 3138,
@@ -91,10 +91,10 @@ EXPORTED_CODE_LINES = {
     # dropout it would ignore (+1 so that an unused state costs the backward nothing); +7 for dense_mask, so
     # that the quadratic kernels read a mask broadcast over rows or queries (a [1, 1, T, T] attention mask)
     # at stride 0 instead of past its end.
-    # Issue 47, float16 at long context: +33 for the states divided by a power of two before their cast to
-    # float16 (state_scales, scales_states, state_product, the forward and query kernels' SCALED branch):
-    # Σ k'ᵀv passes 65,504 at long context, and the numerator was NaN.
-    "gau": 3399,
+    # Issue 47, float16 at long context: +35 for the states past 2¹⁵ divided by a power of two before their
+    # cast to float16 (state_scales, scales_states, state_product, the forward and query kernels' SCALED
+    # branch and _state_scale): Σ k'ᵀv passes 65,504 at long context, and the numerator was NaN.
+    "gau": 3401,
     "synthesizer": 1895,
 }
 FAMILY_FILE_LINES = {

@@ -179,8 +179,8 @@ def test_flash_op_triton_in_bf16_on_the_tensor_cores(causal: bool) -> None:
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_op_in_float16_with_states_past_its_range(causal: bool, implementation: str) -> None:
     """float16 (tensor-core products) with k'·v ≈ 100, so that the states Σ k'ᵀv reach about 10⁵, past
-    float16's 65,504: divided by their power of two (``gau_triton.state_scales``) before the cast, the
-    numerator is within float16 rounding (4e-3 of its scale) of the float64 reference, not NaN."""
+    float16's 65,504: divided by a power of two past 2¹⁵ (``gau_triton.state_scales``) before the cast,
+    the numerator is within float16 rounding (4e-3 of its scale) of the float64 reference, not NaN."""
     n, s, e = SHAPES["model"]
     generator = torch.Generator().manual_seed(0)
     means, stds = (0.0, 0.0, 1.0, 10.0, 10.0), (s**-0.5, 1.0, s**-1.0, 0.5, 0.5)

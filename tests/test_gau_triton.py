@@ -230,7 +230,7 @@ def test_flash_op_triton_in_half_precision_equals_the_exact_op(causal: bool, chu
 @pytest.mark.parametrize("causal", [False, True])
 def test_float16_flash_states_past_65504_give_the_exact_numerator(causal: bool, implementation: str) -> None:
     """Σ k'ᵀv over 1,024 tokens of k'·v ≈ 100 reaches about 10⁵, past float16's 65,504: cast as it is, the
-    state gave ±inf and the numerator NaN in both implementations. Scaled by its power of two
+    state gave ±inf and the numerator NaN in both implementations. Divided by a power of two past 2¹⁵
     (``state_scales``), the numerator (about 500) is within float16 rounding of the float64 one, also after a
     carried state. (The gradient of the linear queries, dO·Hᵀ ≈ 10⁶, is past float16's range itself: train
     in bf16.)"""
@@ -256,12 +256,40 @@ def test_float16_flash_states_past_65504_give_the_exact_numerator(causal: bool, 
         assert_within_half_rounding([half_next], [exact_next])
 
 
-def test_state_scales_are_powers_of_two_from_one_to_their_limit() -> None:
-    states = torch.tensor([0.3, -7.0, 5000.0, 1e12]).reshape(1, 4, 1, 1).expand(1, 4, 2, 3)
-    assert gau_triton.state_scales(states).tolist() == [[1.0, 8.0, 8192.0, 2.0**14]]
-    assert gau_triton.STATE_SCALE_LIMIT == 2.0**14
+def test_state_scales_are_one_in_float16s_range_and_powers_of_two_past_it() -> None:
+    states = torch.tensor([0.3, -7.0, 32768.0, -40000.0, 1e12]).reshape(1, 5, 1, 1).expand(1, 5, 2, 3)
+    assert gau_triton.state_scales(states).tolist() == [[1.0, 1.0, 1.0, 2.0, 2.0**15]]
     assert gau_triton.scales_states(torch.float16)
     assert not any(gau_triton.scales_states(dtype) for dtype in (torch.bfloat16, torch.float32))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_float16_states_in_range_are_read_exactly_as_without_scaling(causal: bool, monkeypatch) -> None:
+    """States up to about 1.3·10⁴ (float16 holds them): the scaled launch and the chunked path give the
+    same bits as the unscaled ones, and so do the gradients."""
+    generator = torch.Generator().manual_seed(0)
+    def make(width: int, mean: float, scale: float = 1.0) -> torch.Tensor:
+        return ((torch.randn(2, 200, width, generator=generator) * 0.5 + mean) * scale).half()
+
+    inputs = [make(16, 0.0, 1 / 16), make(16, 0.0), make(16, 1.0, 1 / 256), make(16, 8.0), make(24, 8.0)]
+    options = {"chunk_size": 64, "causal": causal}
+    weights = torch.randn(2, 200, 24, generator=generator).half()
+
+    def results() -> list[list[torch.Tensor]]:
+        found = []
+        for implementation in ("chunk", "triton"):
+            leaves = [x.clone().requires_grad_() for x in inputs]
+            numerator, state = flash_mixed_chunk_attention(*leaves, implementation=implementation, **options)
+            found.append([numerator, *torch.autograd.grad((numerator * weights).sum(), leaves)])
+        return found
+
+    state = flash_mixed_chunk_attention(*(x.float() for x in inputs), **options)[1].linear
+    assert 4096 < float(state.abs().max()) < 32768
+    scaled = results()
+    monkeypatch.setattr(gau_triton, "scales_states", lambda dtype: False)
+    unscaled = results()
+    for mine, theirs in zip(sum(scaled, []), sum(unscaled, []), strict=True):
+        assert torch.equal(mine, theirs)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -24,8 +24,8 @@ The backward recomputes scores, summaries and states. The FLASH kernels are ``to
 (``torch.ops.hf_attn_variants.flash_chunk_outer`` / ``flash_forward`` / ``flash_backward``) with shapes for
 tracing, so ``torch.compile(fullgraph=True)`` traces through them; ``flash_triton_grids`` gives their grids.
 
-bf16/fp16 inputs multiply on the tensor cores with float32 accumulators (float16 reads each state H_c divided
-by a power of two that keeps it in range, ``state_scales``); float32 inputs use
+bf16/fp16 inputs multiply on the tensor cores with float32 accumulators (float16 divides a state tile past
+2¹⁵ by a power of two before its cast, ``state_scales``); float32 inputs use
 ``input_precision="ieee"`` (``precision``), so they match the torch kernels to float32 rounding, with smaller
 tiles (``FLASH_LAUNCH_FLOAT32``). ``triton`` is optional (``pip install 'hf_attn_variants[gpu]'``);
 ``GAUConfig.gau_kernel`` selects these kernels (``"auto"``: on CUDA when triton is installed, for bf16/fp16
@@ -327,6 +327,12 @@ if TRITON_AVAILABLE:
         return tl.where((offs // chunk == c)[:, None], x, 0.0).to(x.dtype)
 
     @triton.jit
+    def _state_scale(h):
+        """``state_scales`` for one float32 state tile: 2^⌈log₂(max|h| / 2¹⁵)⌉, and 1 where max|h| ≤ 2¹⁵."""
+        peak = tl.max(tl.max(tl.abs(h), axis=1), axis=0)
+        return tl.exp2(tl.maximum(tl.ceil(tl.log2(peak * (1.0 / 32768.0))), 0.0))
+
+    @triton.jit
     def _query_block_keys(m0, T, chunk, CAUSAL: tl.constexpr, BLOCK: tl.constexpr):
         """The first and last chunk of the queries [m0, m0 + BLOCK), and the end of the keys they see."""
         first = m0 // chunk
@@ -337,13 +343,13 @@ if TRITON_AVAILABLE:
         return first, last, hi
 
     @triton.jit
-    def _flash_forward_kernel(Q, K, QL, V, H, SC, KM, OUT, T, S, E, chunk, n_chunks, PRECISION: tl.constexpr,
+    def _flash_forward_kernel(Q, K, QL, V, H, KM, OUT, T, S, E, chunk, n_chunks, PRECISION: tl.constexpr,
                               HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr,
                               BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr, WHOLE: tl.constexpr,
                               SCALED: tl.constexpr):
         """The output Σ_{same chunk, visible} relu(q·k)² v + q'·H_c for one (value tile, token block, row).
 
-        ``SCALED`` (float16): q'·H_c is σ_c · (q'·(H_c / σ_c)) with ``SC`` ``[B, C]`` σ_c (``state_scales``).
+        ``SCALED`` (float16): q'·H_c is σ · (q'·(H_c / σ)) with σ the state tile's ``_state_scale``.
         """
         pid_e, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         m0 = pid_m * BLOCK
@@ -364,15 +370,15 @@ if TRITON_AVAILABLE:
             h = _tile(H, (b * n_chunks + c) * S * E, offs_s, offs_e, S, E, E)
             rows = _rows_of_chunk(ql, offs_m, chunk, c, WHOLE)
             if SCALED:
-                scale = tl.load(SC + b * n_chunks + c)
-                acc += scale * tl.dot(rows, (h / scale).to(ql.dtype), input_precision=PRECISION)
+                scale = _state_scale(h)
+                acc += scale * tl.dot(rows, (h * (1.0 / scale)).to(ql.dtype), input_precision=PRECISION)
             else:
                 acc += tl.dot(rows, h.to(ql.dtype), input_precision=PRECISION)
         tl.store(OUT + b * T * E + offs_m[:, None] * E + offs_e[None, :], acc.to(OUT.dtype.element_ty),
                  mask=(offs_m[:, None] < T) & (offs_e[None, :] < E))
 
     @triton.jit
-    def _flash_backward_query_kernel(Q, K, V, H, SC, KM, DO, DQ, DQL, T, S, E, chunk, n_chunks,
+    def _flash_backward_query_kernel(Q, K, V, H, KM, DO, DQ, DQL, T, S, E, chunk, n_chunks,
                                      PRECISION: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
                                      CAUSAL: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr,
                                      BLOCK_E: tl.constexpr, WHOLE: tl.constexpr, SCALED: tl.constexpr):
@@ -401,8 +407,9 @@ if TRITON_AVAILABLE:
             h = _tile(H, (b * n_chunks + c) * S * E, offs_s, offs_e, S, E, E)
             rows = _rows_of_chunk(do, offs_m, chunk, c, WHOLE)
             if SCALED:
-                scale = tl.load(SC + b * n_chunks + c)
-                dql += scale * tl.dot(rows, tl.trans((h / scale).to(do.dtype)), input_precision=PRECISION)
+                scale = _state_scale(h)
+                dql += scale * tl.dot(rows, tl.trans((h * (1.0 / scale)).to(do.dtype)),
+                                      input_precision=PRECISION)
             else:
                 dql += tl.dot(rows, tl.trans(h.to(do.dtype)), input_precision=PRECISION)
         where = b * T * S + offs_m[:, None] * S + offs_s[None, :]
@@ -458,9 +465,9 @@ if TRITON_AVAILABLE:
         tl.store(DV + b * T * E + offs_n[:, None] * E + offs_e[None, :], dv.to(DV.dtype.element_ty),
                  mask=(offs_n[:, None] < T) & (offs_e[None, :] < E))
         tl.atomic_add(DK + where, dk, mask=inside)
-STATE_SCALE_LIMIT = 2.0**14
-"""The largest σ_c of ``state_scales``: a power of two that float16 holds exactly, so H_c / σ_c passes
-float16's 65,504 only where max|H_c| passes 10⁹."""
+STATE_RANGE = 2.0**15
+"""The largest |H_c| a float16 product reads as it is; a larger state is divided by a power of two first
+(``state_scales``), so that it reads at most 2¹⁵ of float16's 65,504."""
 
 
 def scales_states(dtype: torch.dtype) -> bool:
@@ -479,11 +486,12 @@ def scales_states(dtype: torch.dtype) -> bool:
 
 
 def state_scales(states: torch.Tensor) -> torch.Tensor:
-    """σ_c = 2^⌈log₂ max|H_c|⌉ per row and chunk, clamped to [1, 2¹⁴] (``STATE_SCALE_LIMIT``).
+    """σ_c = 2^⌈log₂(max|H_c| / 2¹⁵)⌉ per row and chunk, from 1 to 2¹⁵ (``STATE_RANGE``).
 
-    q'·H_c is then σ_c · (q'·(H_c / σ_c)) with H_c / σ_c in float16's range. σ_c is a power of two, so the
-    division and the product are exact, and a state within [-1, 1] is not scaled at all. No gradient flows
-    through σ_c (it is a constant of the product).
+    q'·H_c is then σ_c · (q'·(H_c / σ_c)) with |H_c / σ_c| ≤ 2¹⁵. σ_c is a power of two, so the division and
+    the product are exact, and σ_c = 1 wherever max|H_c| ≤ 2¹⁵: a state float16 holds is read exactly as
+    without scaling. At most 2¹⁵, σ_c is itself a float16. No gradient flows through σ_c (a constant of the
+    product). The Triton kernels take the same rule per state tile (``_state_scale``).
 
     Args:
         states (torch.Tensor): ``[B, C, S, E]`` (or ``[B, 1, S, E]``) float32 H_c.
@@ -491,8 +499,8 @@ def state_scales(states: torch.Tensor) -> torch.Tensor:
     Returns:
         torch.Tensor: ``[B, C]`` (or ``[B, 1]``) float32 σ_c.
     """
-    peak = states.detach().abs().amax(dim=(-2, -1)).clamp(1.0, STATE_SCALE_LIMIT)
-    return torch.exp2(torch.ceil(torch.log2(peak)))
+    peak = states.detach().abs().amax(dim=(-2, -1))
+    return torch.exp2(torch.ceil(torch.log2(peak / STATE_RANGE)).clamp(0.0, 15.0))
 
 
 def precision(dtype: torch.dtype) -> str:
@@ -797,12 +805,10 @@ if TRITON_AVAILABLE:
         width = value.shape[-1]
         out = torch.empty_like(value)
         grid = flash_triton_grids(batch, length, key_size, width, chunk_size, quad_q.dtype)["forward"]
-        options = flash_launch_options("forward", quad_q.dtype, key_size, width, chunk_size)
-        scales = state_scales(states) if options["SCALED"] else states  # unread unless SCALED
         _flash_forward_kernel[grid](
-            quad_q, quad_k, lin_q, value, states, scales, quad_q if key_mask is None else key_mask, out,
-            length, key_size, width, chunk_size, states.shape[1], HAS_KEY_MASK=key_mask is not None,
-            CAUSAL=causal, **options)
+            quad_q, quad_k, lin_q, value, states, quad_q if key_mask is None else key_mask, out, length,
+            key_size, width, chunk_size, states.shape[1], HAS_KEY_MASK=key_mask is not None, CAUSAL=causal,
+            **flash_launch_options("forward", quad_q.dtype, key_size, width, chunk_size))
         return out
 
     @torch.library.custom_op("hf_attn_variants::flash_backward", mutates_args=())
@@ -838,11 +844,9 @@ if TRITON_AVAILABLE:
         mask = quad_q if key_mask is None else key_mask
         switches = {"HAS_KEY_MASK": key_mask is not None, "CAUSAL": causal}
         sizes = (length, key_size, width, chunk_size, states.shape[1])
-        options = flash_launch_options("backward_query", quad_q.dtype, key_size, width, chunk_size)
-        scales = state_scales(states) if options["SCALED"] else states  # unread unless SCALED
         _flash_backward_query_kernel[grid["backward_query"]](
-            quad_q, quad_k, value, states, scales, mask, grad_output, grads[0], grads[2], *sizes, **switches,
-            **options)
+            quad_q, quad_k, value, states, mask, grad_output, grads[0], grads[2], *sizes, **switches,
+            **flash_launch_options("backward_query", quad_q.dtype, key_size, width, chunk_size))
         _flash_backward_key_kernel[grid["backward_key"]](
             quad_q, quad_k, lin_k, value, grad_summaries, mask, grad_output, grads[1], grads[3], grad_value,
             *sizes, **switches,
@@ -868,7 +872,7 @@ if TRITON_AVAILABLE:
 
 
 __all__ = [
-    "FLASH_LAUNCH", "FLASH_LAUNCH_FLOAT32", "FLASH_STATE_BLOCK", "STATE_SCALE_LIMIT", "TRITON_AVAILABLE",
+    "FLASH_LAUNCH", "FLASH_LAUNCH_FLOAT32", "FLASH_STATE_BLOCK", "STATE_RANGE", "TRITON_AVAILABLE",
     "TritonRelu2Attention", "flash_block", "flash_launch_options", "flash_launch_table", "flash_triton_grids",
     "precision", "relu2_launch_options", "scales_states", "state_scales", "triton_relu2_attention",
 ]
