@@ -226,6 +226,18 @@ def test_flash_op_triton_in_half_precision_equals_the_exact_op(causal: bool, chu
     assert_within_half_rounding(results[0], results[1])
 
 
+def large_state_inputs(length: int, *, e: int, mean: float, linear_scale: float) -> list[torch.Tensor]:
+    """(q, k, q', k', v) of batch 2 and key size 16 whose k' and v have mean ``mean``, so that the states
+    Σ k'ᵀv grow as ``length`` · ``mean``²; q' has mean 1 times ``linear_scale`` (the folded a/L), q carries
+    1/16."""
+    generator = torch.Generator().manual_seed(0)
+
+    def make(width: int, shift: float, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(2, length, width, generator=generator) * 0.5 + shift) * scale
+
+    return [make(16, 0.0, 1 / 16), make(16, 0.0), make(16, 1.0, linear_scale), make(16, mean), make(e, mean)]
+
+
 @pytest.mark.parametrize("implementation", ["chunk", "triton"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_float16_flash_states_past_65504_give_the_exact_numerator(causal: bool, implementation: str) -> None:
@@ -234,11 +246,7 @@ def test_float16_flash_states_past_65504_give_the_exact_numerator(causal: bool, 
     (``state_scales``), the numerator (about 500) is within float16 rounding of the float64 one, also after a
     carried state. (The gradient of the linear queries, dO·Hᵀ ≈ 10⁶, is past float16's range itself: train
     in bf16.)"""
-    generator = torch.Generator().manual_seed(0)
-    def make(width: int, mean: float, scale: float = 1.0) -> torch.Tensor:
-        return (torch.randn(2, 1024, width, generator=generator) * 0.5 + mean) * scale
-
-    inputs = [make(16, 0.0, 1 / 16), make(16, 0.0), make(16, 1.0, 1 / 4096), make(16, 10.0), make(32, 10.0)]
+    inputs = large_state_inputs(1024, e=32, mean=10.0, linear_scale=1 / 4096)
     options = {"chunk_size": 64, "causal": causal}
     exact, state = flash_mixed_chunk_attention(*(x.double() for x in inputs), implementation="reference",
                                                **options)
@@ -267,13 +275,9 @@ def test_state_scales_are_one_in_float16s_range_and_powers_of_two_past_it() -> N
 def test_float16_states_in_range_are_read_exactly_as_without_scaling(causal: bool, monkeypatch) -> None:
     """States up to about 1.3·10⁴ (float16 holds them): the scaled launch and the chunked path give the
     same bits as the unscaled ones, and so do the gradients."""
-    generator = torch.Generator().manual_seed(0)
-    def make(width: int, mean: float, scale: float = 1.0) -> torch.Tensor:
-        return ((torch.randn(2, 200, width, generator=generator) * 0.5 + mean) * scale).half()
-
-    inputs = [make(16, 0.0, 1 / 16), make(16, 0.0), make(16, 1.0, 1 / 256), make(16, 8.0), make(24, 8.0)]
+    inputs = [x.half() for x in large_state_inputs(200, e=24, mean=8.0, linear_scale=1 / 256)]
     options = {"chunk_size": 64, "causal": causal}
-    weights = torch.randn(2, 200, 24, generator=generator).half()
+    weights = torch.randn(2, 200, 24, generator=torch.Generator().manual_seed(1)).half()
 
     def results() -> list[list[torch.Tensor]]:
         found = []

@@ -47,8 +47,8 @@ class PeerBackbone(nn.Module):
         return BaseModelOutput(last_hidden_state=self.norm(hidden))
 
 
-def keep_positions_float32(backbone: PeerBackbone) -> PeerBackbone:
-    """``backbone`` with its absolute position table back in float32 after a cast of the whole model.
+def keep_positions_float32(backbone: PeerBackbone) -> None:
+    """Put ``backbone``'s absolute position table back in float32 after a cast of the whole model.
 
     FLASH-pytorch's ``ScaledSinuEmbedding`` builds its positions as ``arange(n)`` in its ``inv_freq``'s
     dtype, so a model cast with ``.to(torch.bfloat16)`` rounds every position above 256 (bf16 keeps 8
@@ -58,7 +58,6 @@ def keep_positions_float32(backbone: PeerBackbone) -> PeerBackbone:
     in the activations' dtype.
     """
     backbone.positions.float()
-    return backbone
 
 
 def flash_pytorch_model(p: Any, length: int, *, causal: bool) -> nn.Module:
