@@ -285,6 +285,7 @@ CASES: list[Case] = [
         ("--model_name_or_path", ("--model_name_or_path", "{noweights}"), "no-weights"),
         ("--model_name_or_path", ("--model_name_or_path", "{adapter}"), "adapter"),
         ("--model_name_or_path", ("--model_name_or_path", "{badconfig}"), "bad-config"),
+        ("--model_name_or_path", ("--model_name_or_path", "{untokenized}"), "no-tokenizer"),
         ("--output_dir", ("--output_dir", "{out}"), "not-empty"),
         ("--output_dir", ("--output_dir", "{file}"), "file"),
         ("--output_dir", ("--output_dir", "{model}", "--overwrite", "true"), "same-as-model"),
@@ -568,6 +569,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     gau = build_config("gau", config_overrides="hidden_size=32,num_hidden_layers=1,attention_key_size=16",
                        tokenizer=tokenizer, max_seq_length=16)
     save_model(AutoModelForMaskedLM.from_config(gau), root / "gau")
+    AutoModelForMaskedLM.from_config(config).save_pretrained(root / "untokenized")  # a model, no tokenizer
     (root / "noweights").mkdir()
     config.save_pretrained(root / "noweights")
     tokenizer.save_pretrained(root / "noweights")
@@ -607,6 +609,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {
         "model": str(model), "nest": str(root / "nest"), "clf": str(root / "clf"), "gau": str(root / "gau"),
         "noweights": str(root / "noweights"), "notmodel": str(root / "notmodel"),
+        "untokenized": str(root / "untokenized"),
         "badconfig": str(root / "badconfig"), "adapter": str(root / "adapter"), "export": str(export),
         "txt": str(root / "train.txt"), "short": str(root / "short.txt"),
         "tiny": str(root / "tiny.txt"), "tinycsv": str(root / "tiny.csv"), "tsv": str(root / "train.tsv"),
@@ -711,6 +714,25 @@ def test_bad_value_gives_one_error_line_naming_the_flag(
     assert re.search(rf"{re.escape(bad.flag)}(?![\w-])", line), f"{bad.flag} not named in: {line}"
     assert code == 2, (code, line)
     assert (snapshot(tmp_path), snapshot(Path(inputs["root"]))) == before, "something was written"
+
+
+def test_a_folder_without_a_tokenizer_gets_the_whole_reason(
+    inputs: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], no_work: None,
+) -> None:
+    """Transformers' reason spans several lines ("… from one of: (1) … (2) … (3) …"): the one error line
+    carries all of it, not a first line that ends in a colon."""
+    from transformers import AutoTokenizer
+
+    with pytest.raises(ValueError) as upstream:
+        AutoTokenizer.from_pretrained(inputs["untokenized"])
+    reason = " ".join(line.strip() for line in str(upstream.value).splitlines() if line.strip())
+
+    code = run_cli(["export", "--model_name_or_path", inputs["untokenized"], "--output_dir",
+                    str(tmp_path / "new")])
+
+    line = the_error_line(capsys.readouterr().err, "export")
+    assert code == 2 and line.endswith(f"(pass --tokenizer_name with a tokenizer folder): {reason}"), line
+    assert not (tmp_path / "new").exists()
 
 
 VALID: dict[str, tuple[str, ...]] = {

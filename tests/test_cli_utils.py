@@ -189,3 +189,15 @@ def test_offline_a_hub_id_gets_one_sentence(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(huggingface_hub, "is_offline_mode", lambda: False)
     with pytest.raises(FlagError, match="cannot be downloaded: the Hub cannot be reached"):
         load_pretrained(NoNetwork, repo)
+
+
+def test_error_reason_keeps_every_line_on_one_and_bounds_it() -> None:
+    """A library's multi-line reason ends a one-line error whole, a long one is cut with "…", an empty one
+    gives the exception's class."""
+    from hf_attn_variants.cli_utils import error_reason
+
+    several = ValueError("Couldn't instantiate the tokenizer from one of: \n(1) a file, \n(2) a class.")
+    assert error_reason(several) == "Couldn't instantiate the tokenizer from one of: (1) a file, (2) a class."
+    cut = error_reason(OSError("x" * 1000), limit=50)
+    assert len(cut) == 50 and cut.endswith("…")
+    assert error_reason(KeyError()) == "KeyError"

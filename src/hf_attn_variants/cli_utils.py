@@ -50,6 +50,16 @@ def flag_message(error: FlagError) -> str:
     return f"{option}: {message}"
 
 
+def error_reason(error: BaseException, limit: int = 400) -> str:
+    """What ``error`` says, for the end of a one-line message: its lines joined (a library's reason often
+    spans several, and its first may end in "one of:"), cut to ``limit`` characters with "…", or the
+    exception's class name when it says nothing."""
+    reason = " ".join(str(error).split())
+    if not reason:
+        return type(error).__name__
+    return reason if len(reason) <= limit else reason[:limit - 1].rstrip() + "…"
+
+
 def fail(command: str, message: str, label: str = "error") -> int:
     """Print ``hf-attn-variants <command>: <label>: <message>`` (on one line) on stderr and return exit code 2
     (argparse's)."""

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cli_utils import FlagError, check_folder, check_repo_id
+from ..cli_utils import FlagError, check_folder, check_repo_id, error_reason
 
 
 class PushError(RuntimeError):
@@ -89,10 +89,10 @@ def push(args: PushArguments) -> str:
         info = api.upload_folder(folder_path=str(folder), repo_id=args.repo_id, repo_type="model",
                                  commit_message=args.commit_message, revision=args.revision)
     except Exception as error:  # noqa: BLE001 - network, auth, offline, Hub errors: one sentence, no traceback
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = error_reason(error, 200)
         raise PushError(
             f"Nothing was pushed to {args.repo_id}: the Hub could not be reached or refused the upload "
-            f"({type(error).__name__}: {reason[:200]}); the export in {folder} is unchanged."
+            f"({type(error).__name__}: {reason}); the export in {folder} is unchanged."
         ) from None
     return str(getattr(info, "commit_url", info))
 

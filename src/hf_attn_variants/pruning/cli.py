@@ -42,6 +42,7 @@ import torch
 
 from ..cli_utils import (
     FlagError,
+    error_reason,
     argparse_type,
     check_int,
     check_model_folder,
@@ -211,7 +212,7 @@ def _load_model(path: str) -> Any:
     try:
         model = load_pruned(path).eval()
     except (OSError, ValueError, KeyError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = error_reason(error)
         raise FlagError("model_name_or_path", f"{path!r} could not be loaded as a model: {reason}") from error
     try:
         get_adapter(model)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..cli_utils import FlagError
+from ..cli_utils import FlagError, error_reason
 from ..training.data import quiet_datasets
 
 TASKS = ("classification", "causal-lm", "masked-lm")
@@ -55,7 +55,7 @@ def load_rows(path: str, flag: str = "train_file") -> Any:
             return load_dataset(BUILDERS[suffix], data_files={"data": path})["data"]
     except (DatasetGenerationError, ValueError, OSError) as error:
         cause = error.__cause__ or error
-        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        reason = error_reason(cause)
         raise FlagError(flag, f"{path!r} cannot be read as {BUILDERS[suffix]} data ({reason}).") from error
 
 

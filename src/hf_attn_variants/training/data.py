@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import Sampler
 from transformers import PreTrainedTokenizerBase
 
-from ..cli_utils import FlagError, check_percentage
+from ..cli_utils import FlagError, check_percentage, error_reason
 from .corpus import corpus_splits
 
 FILE_BUILDERS = {"txt": "text", "text": "text", "json": "json", "jsonl": "json", "csv": "csv",
@@ -116,7 +116,7 @@ def read_data_file(path: str, argument: str, split: str = "train") -> Any:
             return load_dataset(builder, data_files={"train": expand_data_files(path, argument)}, split=split)
     except (DatasetGenerationError, ValueError, OSError) as error:
         cause = error.__cause__ or error
-        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        reason = error_reason(cause)
         raise FlagError(argument,
                         f"{argument}: {path!r} cannot be read as {builder} data ({reason}).") from error
 

@@ -26,6 +26,7 @@ from transformers import (
 
 from ..cli_utils import (
     FlagError,
+    error_reason,
     check_config_source,
     check_folder,
     check_model_source,
@@ -182,7 +183,7 @@ def load_tokenizer(tokenizer_name: str | None = None,
             raise FlagError(flag, offline_hub_message(flag, str(tokenizer_name))) from error
         hint = "pass --tokenizer_name with a tokenizer folder" if flag != "tokenizer_name" else (
             "pass a tokenizer folder, or leave --tokenizer_name out for the embedded one")
-        reason = str(error).splitlines()[0] if str(error) else repr(error)
+        reason = error_reason(error)
         raise FlagError(flag,
                         f"no tokenizer could be loaded from {tokenizer_name!r} ({hint}): {reason}") from error
 
@@ -354,7 +355,7 @@ def load_pretrained(auto_class: Any, model_name_or_path: str, flag: str = "model
     except (OSError, ValueError, KeyError) as error:
         if is_hub_id(str(model_name_or_path)) and hub_unreachable(error):
             raise FlagError(flag, offline_hub_message(flag, str(model_name_or_path))) from error
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = error_reason(error)
         raise FlagError(flag,
                         f"{flag}: {model_name_or_path!r} could not be loaded as a model: {reason}") from error
 
