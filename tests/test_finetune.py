@@ -149,6 +149,21 @@ def test_early_stopping_stops_before_the_last_epoch(tmp_path, data, base_models)
     assert state.epoch == pytest.approx(2.0) and state.best_metric is not None
 
 
+def test_an_eval_strategy_trains_and_do_eval_alone_only_evaluates(tmp_path, data, base_models) -> None:
+    """``--eval_strategy epoch`` makes ``TrainingArguments`` set ``do_eval`` by itself: the run still trains
+    (docs/training.md's command once only evaluated, and saved no model); ``--do_eval`` alone evaluates the
+    model as it is."""
+    args = FinetuneArguments(model_name_or_path=base_models["entropy_invariant"], train_file=data["train"],
+                             validation_file=data["dev"], max_seq_length=16, max_train_samples=32,
+                             max_eval_samples=16)
+    during = finetune(args, training_args(tmp_path / "during", eval_strategy="epoch", num_train_epochs=1))
+    assert during.trainer.state.global_step == 2 and (tmp_path / "during" / "model.safetensors").is_file()
+    assert (tmp_path / "during" / "train_results.json").is_file()
+    alone = finetune(args, training_args(tmp_path / "alone", do_eval=True))
+    assert alone.trainer.state.global_step == 0 and "eval_accuracy" in alone.metrics
+    assert not (tmp_path / "alone" / "model.safetensors").exists()
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_lora_adapter_saves_and_reloads_with_identical_logits(tmp_path, data, base_models, family) -> None:
     from peft import PeftModel

@@ -437,6 +437,16 @@ def _features(args: FinetuneArguments, tokenizer: Any) -> tuple[Any, Any, list[A
     return data, collator, label_list, regression
 
 
+def evaluation_only(training_args: Any) -> bool:
+    """Whether the run only evaluates: ``--do_eval`` without ``--do_train`` and with no ``--eval_strategy``.
+
+    ``TrainingArguments`` turns ``do_eval`` on by itself for any ``eval_strategy`` but ``"no"``, so a run
+    given ``--eval_strategy epoch`` (evaluating during training) and neither ``--do_train`` nor ``--do_eval``
+    trains and evaluates, as one given neither does.
+    """
+    return bool(training_args.do_eval) and training_args.eval_strategy == "no"
+
+
 def _prepare(args: FinetuneArguments, training_args: Any) -> _Prepared:
     """Check every input and the output folder (``outputs.py``) and build tokenizer, data, config and model;
     nothing is written. A bad value raises ``FlagError`` naming its flag."""
@@ -445,7 +455,7 @@ def _prepare(args: FinetuneArguments, training_args: Any) -> _Prepared:
     if args.model_name_or_path is not None:
         check_model_source("model_name_or_path", args.model_name_or_path, weights=True)
     folder, arguments = _check_output_folder(args, training_args)
-    if not training_args.do_train and not training_args.do_eval:
+    if not training_args.do_train and not evaluation_only(training_args):
         training_args = dataclasses.replace(training_args, do_train=True, do_eval=True)
     set_seed(training_args.seed)
     tokenizer = load_tokenizer(args.tokenizer_name or args.model_name_or_path,
@@ -588,7 +598,7 @@ def timed_checkpoints(args: FinetuneArguments, training_args: Any) -> float:
 def finetune(args: FinetuneArguments, training_args: Any, stop: StopSignals | None = None) -> FinetuneResult:
     """Finetune (see module docstring); ``training_args`` is a ``transformers.TrainingArguments``.
 
-    With neither ``do_train`` nor ``do_eval`` set, both are done. Every input and the output folder are
+    It trains and evaluates unless only evaluation was asked for (``evaluation_only``). Every input and the output folder are
     checked before anything is written (without progress bars, so that a bad value prints its one error line
     alone): a bad one raises ``FlagError`` naming its flag. A stop signal during training raises
     ``TrainingPreempted`` after the checkpoint of the last finished step is written (caught during training,
