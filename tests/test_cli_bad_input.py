@@ -86,6 +86,7 @@ RENDER_DOCS = ("--check",)
 CASES: list[Case] = [
     # ------------------------------------------------------------------ pretrain
     *cases("pretrain", PRETRAIN, [
+        ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--output_dir", ("--output_dir", "{file}"), "file"),
         ("--output_dir", ("--output_dir", "{file}/sub"), "inside-file"),
         ("--model_type", ("--model_type", "bert"), "unknown"),
@@ -187,6 +188,7 @@ CASES: list[Case] = [
     case("pretrain", ("--output_dir", "{out}"), "--model_type", "no-model"),
     # ------------------------------------------------------------------ finetune: FinetuneArguments
     *cases("finetune", FINETUNE, [
+        ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--task", ("--task", "summarization"), "choice"),
         ("--train_file", ("--train_file", "{missing}.csv"), "missing"),
         ("--train_file", ("--train_file", "{tsv}"), "extension"),
@@ -279,6 +281,8 @@ CASES: list[Case] = [
     ]),
     # ------------------------------------------------------------------ export
     *cases("export", EXPORT, [
+        ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
+        ("--overwrite", ("--output_dir", ".", "--overwrite", "true"), "holds-working-directory"),
         ("--model_name_or_path", ("--model_name_or_path", "{missing}"), "missing"),
         ("--model_name_or_path", ("--model_name_or_path", "{file}"), "file"),
         ("--model_name_or_path", ("--model_name_or_path", "{notmodel}"), "no-config"),
@@ -307,6 +311,8 @@ CASES: list[Case] = [
     ]),
     # ------------------------------------------------------------------ convert-gau-alpha
     *cases("convert-gau-alpha", CONVERT, [
+        ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
+        ("--overwrite", ("--output_dir", ".", "--overwrite", "true"), "holds-working-directory"),
         ("--checkpoint", ("--checkpoint", "{missing}"), "missing"),
         ("--checkpoint", ("--checkpoint", "{file}"), "file"),
         ("--checkpoint", ("--checkpoint", "{notmodel}"), "no-config"),
@@ -329,6 +335,7 @@ CASES: list[Case] = [
     ]),
     # ------------------------------------------------------------------ demo
     *cases("demo", DEMO, [
+        ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--output_dir", ("--output_dir", "{file}"), "file"),
         ("--families", ("--families", "bert"), "unknown"),
         ("--max_seq_length", ("--max_seq_length", "4"), "too-small"),
@@ -347,6 +354,7 @@ CASES: list[Case] = [
     ]),
     # ------------------------------------------------------------------ prune
     *cases("prune", PRUNE, [
+        ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--model_name_or_path", ("--model_name_or_path", "{missing}"), "missing"),
         ("--model_name_or_path", ("--model_name_or_path", "{notmodel}"), "no-config"),
         ("--model_name_or_path", ("--model_name_or_path", "{noweights}"), "no-weights"),
@@ -412,6 +420,7 @@ CASES: list[Case] = [
     ]),
     # ------------------------------------------------------------------ lengthgen
     *cases("lengthgen", LENGTHGEN, [
+        ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--output_dir", ("--output_dir", "{file}"), "file"),
         ("--variants", ("--variants", "gau_relu3"), "unknown"),
         ("--train_length", ("--train_length", "2"), "too-small"),

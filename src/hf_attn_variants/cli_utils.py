@@ -18,7 +18,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -389,12 +389,28 @@ def _check_parents(flag: str, path: Path) -> None:
 def check_output_dir(flag: str, path: str | Path) -> None:
     """``FlagError`` unless ``path`` can be a folder: not an existing file, no existing file among its
     parents."""
-    path = Path(path)
-    if str(path).strip() == "":
+    if str(path).strip() == "":  # before Path(): Path("") is "."
         raise FlagError(flag, f"{flag} must be a folder path, got {str(path)!r}.")
+    path = Path(path)
     if path.exists() and not path.is_dir():
         raise FlagError(flag, f"{flag} {str(path)!r} is a file, not a folder.")
     _check_parents(flag, path)
+
+
+def check_clearable(folder: Path, inputs: Mapping[str, str | None],
+                    flag: str = "overwrite_output_dir") -> None:
+    """``FlagError`` naming ``flag`` (the flag that asked for the clearing) when clearing ``folder`` would
+    delete the working directory, the home folder, the filesystem root, or one of the run's ``inputs``
+    (flag → path)."""
+    resolved = folder.resolve()
+    if (resolved == Path(resolved.anchor) or Path.home().resolve().is_relative_to(resolved)
+            or Path.cwd().resolve().is_relative_to(resolved)):
+        raise FlagError(flag, f"--{flag} would clear {str(folder)!r}, which holds the working directory or "
+                              "the home folder (or is the root); choose a dedicated --output_dir.")
+    for name, path in inputs.items():
+        if path and Path(path).resolve().is_relative_to(resolved):
+            raise FlagError(flag, f"--{flag} would clear {str(folder)!r}, which holds --{name} {path!r}; "
+                                  "choose another --output_dir.")
 
 
 def check_output_file(flag: str, path: str | Path) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ..cli_utils import FlagError, check_folder, check_output_dir
+from ..cli_utils import FlagError, check_clearable, check_folder, check_output_dir
 from ..models.configuration_gau import GAUConfig
 from ..models.modeling_gau import GAUForMaskedLM
 
@@ -169,9 +169,11 @@ def convert_gau_alpha(args: ConvertGAUAlphaArguments) -> Path:
     source = check_folder("checkpoint", args.checkpoint, what="checkpoint folder")
     output = Path(args.output_dir)
     check_output_dir("output_dir", output)
-    if output.exists() and any(output.iterdir()) and not args.overwrite:
-        raise FlagError("output_dir", f"output_dir {str(output)!r} exists and is not empty; pass --overwrite "
-                                      "to replace it.")
+    if output.exists() and any(output.iterdir()):
+        if not args.overwrite:
+            raise FlagError("output_dir", f"output_dir {str(output)!r} exists and is not empty; pass "
+                                          "--overwrite to replace it.")
+        check_clearable(output, {"checkpoint": str(source)}, flag="overwrite")
     port_config, port_state = read_port_checkpoint(source)
     config = gau_config_from_port(port_config)
     model = GAUForMaskedLM(config)

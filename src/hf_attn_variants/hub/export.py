@@ -23,6 +23,7 @@ from typing import Any
 
 from ..cli_utils import (
     FlagError,
+    check_clearable,
     check_file,
     check_folder,
     check_model_folder,
@@ -112,8 +113,9 @@ def _model_class(config: object) -> type:
 
 def check_paths(args: ExportArguments) -> tuple[Path, Path]:
     """``(source, output)`` folders of ``args``; ``FlagError`` for a source that is neither a model folder nor
-    a pretrain checkpoint, an output that is a file, not empty (without ``overwrite``) or holds the source, a
-    missing tokenizer folder or template."""
+    a pretrain checkpoint, an output that is a file, not empty (without ``overwrite``), holds the source, or
+    that ``overwrite`` may not replace (``check_clearable``: it holds the working directory, the home folder,
+    the tokenizer folder or the template), a missing tokenizer folder or template."""
     from ..training.checkpoint_model import is_pretrain_checkpoint
 
     if is_pretrain_checkpoint(args.model_name_or_path):
@@ -128,9 +130,12 @@ def check_paths(args: ExportArguments) -> tuple[Path, Path]:
         raise FlagError("output_dir",
                         f"output_dir {str(output)!r} holds model_name_or_path; exporting there would "
                         "replace the model.")
-    if output.exists() and any(output.iterdir()) and not args.overwrite:
-        raise FlagError("output_dir",
-                        f"output_dir {output} exists and is not empty; pass --overwrite to replace it.")
+    if output.exists() and any(output.iterdir()):
+        if not args.overwrite:
+            raise FlagError("output_dir",
+                            f"output_dir {output} exists and is not empty; pass --overwrite to replace it.")
+        check_clearable(output, {"tokenizer_name": args.tokenizer_name,
+                                 "model_card_template": args.model_card_template}, flag="overwrite")
     if args.tokenizer_name is not None:
         check_folder("tokenizer_name", args.tokenizer_name, what="tokenizer folder")
     if args.model_card_template is not None:

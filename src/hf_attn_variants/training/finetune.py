@@ -598,9 +598,9 @@ def timed_checkpoints(args: FinetuneArguments, training_args: Any) -> float:
 def finetune(args: FinetuneArguments, training_args: Any, stop: StopSignals | None = None) -> FinetuneResult:
     """Finetune (see module docstring); ``training_args`` is a ``transformers.TrainingArguments``.
 
-    It trains and evaluates unless only evaluation was asked for (``evaluation_only``). Every input and the output folder are
-    checked before anything is written (without progress bars, so that a bad value prints its one error line
-    alone): a bad one raises ``FlagError`` naming its flag. A stop signal during training raises
+    It trains and evaluates unless only evaluation was asked for (``evaluation_only``). Every input and the
+    output folder are checked before anything is written (without progress bars, so that a bad value prints
+    its one error line alone): a bad one raises ``FlagError`` naming its flag. A stop signal during training raises
     ``TrainingPreempted`` after the checkpoint of the last finished step is written (caught during training,
     or by ``stop`` when the caller installed the handlers).
     """

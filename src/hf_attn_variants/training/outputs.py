@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cli_utils import FlagError
+from ..cli_utils import FlagError, check_clearable
 from .runlock import LOCK_FILES
 
 logger = logging.getLogger(__name__)
@@ -285,23 +285,6 @@ def resumes_inside(folder: str | Path, checkpoint: str | None) -> bool:
     usual rule."""
     location = resume_location(folder, checkpoint)
     return location is not None and Path(location).resolve().is_relative_to(Path(folder).resolve())
-
-
-def check_clearable(folder: Path, inputs: Mapping[str, str | None]) -> None:
-    """``FlagError`` naming ``overwrite_output_dir`` when clearing ``folder`` would delete the working
-    directory, the home folder, the filesystem root, or one of the run's ``inputs`` (flag → path)."""
-    resolved = folder.resolve()
-    if (resolved == Path(resolved.anchor) or Path.home().resolve().is_relative_to(resolved)
-            or Path.cwd().resolve().is_relative_to(resolved)):
-        raise FlagError("overwrite_output_dir",
-                        f"--overwrite_output_dir would clear {str(folder)!r}, which holds "
-                        "the working directory or the home folder (or is the root); choose "
-                        "a dedicated --output_dir.")
-    for flag, path in inputs.items():
-        if path and Path(path).resolve().is_relative_to(resolved):
-            raise FlagError("overwrite_output_dir",
-                            f"--overwrite_output_dir would clear {str(folder)!r}, which holds "
-                            f"--{flag} {path!r}; choose another --output_dir.")
 
 
 def clear_folder(folder: Path) -> None:
