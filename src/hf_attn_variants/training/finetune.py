@@ -600,9 +600,9 @@ def finetune(args: FinetuneArguments, training_args: Any, stop: StopSignals | No
 
     It trains and evaluates unless only evaluation was asked for (``evaluation_only``). Every input and the
     output folder are checked before anything is written (without progress bars, so that a bad value prints
-    its one error line alone): a bad one raises ``FlagError`` naming its flag. A stop signal during training raises
-    ``TrainingPreempted`` after the checkpoint of the last finished step is written (caught during training,
-    or by ``stop`` when the caller installed the handlers).
+    its one error line alone): a bad one raises ``FlagError`` naming its flag. A stop signal during training
+    raises ``TrainingPreempted`` after the checkpoint of the last finished step is written (caught during
+    training, or by ``stop`` when the caller installed the handlers).
     """
     with quiet_progress():
         check_training_arguments(training_args)
