@@ -86,6 +86,7 @@ RENDER_DOCS = ("--check",)
 CASES: list[Case] = [
     # ------------------------------------------------------------------ pretrain
     *cases("pretrain", PRETRAIN, [
+        ("--config_name", ("--config_name", "{evil}/config.json"), "remote-code"),
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--output_dir", ("--output_dir", "{file}"), "file"),
         ("--output_dir", ("--output_dir", "{file}/sub"), "inside-file"),
@@ -100,6 +101,7 @@ CASES: list[Case] = [
         ("--model_name_or_path", ("--model_name_or_path", "{missing}"), "missing"),
         ("--model_name_or_path", ("--model_name_or_path", "{notmodel}"), "no-config"),
         ("--model_name_or_path", ("--model_name_or_path", "{noweights}"), "no-weights"),
+        ("--model_name_or_path", ("--model_name_or_path", "{evil}"), "remote-code"),
         ("--model_name_or_path", ("--model_name_or_path", "{adapter}"), "adapter"),
         ("--tokenizer_name", ("--tokenizer_name", "{missing}"), "missing"),
         ("--tokenizer_name", ("--tokenizer_name", "{notmodel}"), "no-tokenizer"),
@@ -188,6 +190,7 @@ CASES: list[Case] = [
     case("pretrain", ("--output_dir", "{out}"), "--model_type", "no-model"),
     # ------------------------------------------------------------------ finetune: FinetuneArguments
     *cases("finetune", FINETUNE, [
+        ("--model_name_or_path", ("--model_name_or_path", "{evil}"), "remote-code"),
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--task", ("--task", "summarization"), "choice"),
         ("--train_file", ("--train_file", "{missing}.csv"), "missing"),
@@ -281,6 +284,7 @@ CASES: list[Case] = [
     ]),
     # ------------------------------------------------------------------ export
     *cases("export", EXPORT, [
+        ("--model_name_or_path", ("--model_name_or_path", "{evil}"), "remote-code"),
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--overwrite", ("--output_dir", ".", "--overwrite", "true"), "holds-working-directory"),
         ("--model_name_or_path", ("--model_name_or_path", "{missing}"), "missing"),
@@ -354,6 +358,7 @@ CASES: list[Case] = [
     ]),
     # ------------------------------------------------------------------ prune
     *cases("prune", PRUNE, [
+        ("--model_name_or_path", ("--model_name_or_path", "{evil}"), "remote-code"),
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--model_name_or_path", ("--model_name_or_path", "{missing}"), "missing"),
         ("--model_name_or_path", ("--model_name_or_path", "{notmodel}"), "no-config"),
@@ -495,6 +500,7 @@ CASES: list[Case] = [
     ]),
     # ------------------------------------------------------------------ entropy
     *cases("entropy", ENTROPY, [
+        ("--models", ("--models", "{evil}"), "remote-code"),
         ("--models", ("--models", "{missing}"), "missing"),
         ("--models", ("--models", "{notmodel}"), "no-config"),
         ("--models", ("--models", "{noweights}"), "no-weights"),
@@ -579,6 +585,11 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
                        tokenizer=tokenizer, max_seq_length=16)
     save_model(AutoModelForMaskedLM.from_config(gau), root / "gau")
     AutoModelForMaskedLM.from_config(config).save_pretrained(root / "untokenized")  # a model, no tokenizer
+    evil = save_model(AutoModelForMaskedLM.from_config(config), root / "evil")  # code of its own:
+    evil_config = json.loads((evil / "config.json").read_text())
+    evil_config.update(model_type="not_ours", auto_map={"AutoConfig": "configuration_evil.EvilConfig"})
+    (evil / "config.json").write_text(json.dumps(evil_config))
+    (evil / "configuration_evil.py").write_text(f"open({str(root / 'ran.txt')!r}, 'w').close()\n")
     (root / "noweights").mkdir()
     config.save_pretrained(root / "noweights")
     tokenizer.save_pretrained(root / "noweights")
@@ -618,7 +629,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {
         "model": str(model), "nest": str(root / "nest"), "clf": str(root / "clf"), "gau": str(root / "gau"),
         "noweights": str(root / "noweights"), "notmodel": str(root / "notmodel"),
-        "untokenized": str(root / "untokenized"),
+        "untokenized": str(root / "untokenized"), "evil": str(evil),
         "badconfig": str(root / "badconfig"), "adapter": str(root / "adapter"), "export": str(export),
         "txt": str(root / "train.txt"), "short": str(root / "short.txt"),
         "tiny": str(root / "tiny.txt"), "tinycsv": str(root / "tiny.csv"), "tsv": str(root / "train.tsv"),
@@ -851,3 +862,32 @@ def test_every_flag_has_a_bad_value_case() -> None:
     kinds_tested = {training_kinds[f] for f in tested["finetune"] if f in training_kinds}
     assert kinds_defined <= kinds_tested, ("TrainingArguments kinds without a case: "
                                            f"{kinds_defined - kinds_tested}")
+
+
+def test_code_in_a_model_or_tokenizer_folder_never_runs(inputs: dict[str, str], tmp_path: Path) -> None:
+    """A folder whose config (or tokenizer config) maps to code of its own: no command asks on stdin whether
+    to run it (Transformers' prompt, answered "y" here) or runs it. A model of an unknown type is refused in
+    one line; a tokenizer folder loads without its code (``trust_remote_code=False``)."""
+    marker = Path(inputs["root"]) / "ran.txt"
+    tokenizer = tmp_path / "tokenizer"
+    embedded_tokenizer().save_pretrained(tokenizer)
+    settings = json.loads((tokenizer / "tokenizer_config.json").read_text())
+    settings["auto_map"] = {"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps(settings))
+    (tokenizer / "tokenization_evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                                    "from transformers import PreTrainedTokenizerFast as "
+                                                    "EvilTokenizer\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "hf_attn_variants", "export", *argv], cwd=tmp_path,
+                              env=env, input="y\n", capture_output=True, text=True, timeout=300, check=False)
+
+    refused = run("--model_name_or_path", inputs["evil"], "--output_dir", "refused")
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert "--model_name_or_path" in refused.stderr
+    assert "runs no code from a model folder" in refused.stderr
+    exported = run("--model_name_or_path", inputs["model"], "--tokenizer_name", str(tokenizer),
+                   "--output_dir", "exported")
+    assert exported.returncode == 0, exported.stderr
+    assert not marker.exists() and not (tmp_path / "refused").exists()

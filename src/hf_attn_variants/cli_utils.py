@@ -464,11 +464,36 @@ def check_model_folder(flag: str, path: str | Path, *, weights: bool = False) ->
         hint = model_folder_hint(folder)
         message = f"{flag}: {str(folder)!r} is not a model folder (it has no config.json){hint}"
         raise FlagError(flag, message if message.endswith("?") else message + ".")
+    check_no_remote_code(flag, folder / "config.json")
     names = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
     if weights and not any((folder / name).is_file() for name in names):
         raise FlagError(flag,
                         f"{flag}: {str(folder)!r} holds a config but no weights (none of {list(names)}).")
     return folder
+
+
+def check_no_remote_code(flag: str, config_file: Path) -> None:
+    """``FlagError`` naming ``flag`` when ``config_file`` describes a model whose code would come from its
+    folder: an ``auto_map`` and a ``model_type`` that neither Transformers nor this package registers.
+
+    The commands never run code from a model folder: they load with ``trust_remote_code=False``, so that
+    ``from_pretrained`` neither asks on stdin nor runs it. This check says so in one sentence first. A config
+    that cannot be read is left to the loader's own error.
+    """
+    import json
+
+    from transformers import CONFIG_MAPPING
+
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if isinstance(config, dict) and config.get("auto_map") and model_type not in CONFIG_MAPPING:
+        raise FlagError(flag, f"{flag}: {str(config_file.parent)!r} is a model of type {model_type!r} whose "
+                              "code comes with the folder (config.json's auto_map); hf-attn-variants runs no "
+                              "code from a model folder, so it loads this package's families and "
+                              "Transformers' models only.")
 
 
 def model_folders_below(folder: Path) -> list[Path]:
@@ -561,6 +586,7 @@ def check_config_source(flag: str, path: str | Path) -> Path:
     ``config.json``."""
     path = Path(path)
     if path.is_file():
+        check_no_remote_code(flag, path)
         return path
     if not path.exists():
         raise FlagError(flag, f"{flag}: no such config file or folder {str(path)!r}.")

@@ -159,7 +159,7 @@ def load(series: Series, args: EntropyArguments, train_length: int, config: Any)
     if series.attn_implementation == STOCK_MODES["log_n"]:
         config.base_length = train_length
         config.entropy_invariant_scope = args.stock_scope
-    model = AutoModel.from_pretrained(series.path, config=config,
+    model = AutoModel.from_pretrained(series.path, config=config, trust_remote_code=False,
                                       attn_implementation=series.attn_implementation)
     return model.eval(), config
 
@@ -236,7 +236,7 @@ def text_stream(args: EntropyArguments, path: str, vocab_size: int) -> tuple[lis
     from ..cli_utils import FlagError
 
     if any((Path(path) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     else:
         from ..training.corpus import embedded_tokenizer
 
@@ -307,7 +307,7 @@ def check_models(args: EntropyArguments) -> dict[str, Any]:
     configs = {}
     for path in args.models:
         try:
-            configs[path] = AutoConfig.from_pretrained(path)
+            configs[path] = AutoConfig.from_pretrained(path, trust_remote_code=False)
         except (OSError, ValueError, KeyError) as error:
             raise FlagError("models", f"models: the config of {path} cannot be read "
                             f"({' '.join(str(error).split())}).") from error

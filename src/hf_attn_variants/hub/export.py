@@ -176,7 +176,7 @@ def load_model_and_tokenizer(args: ExportArguments, source: Path) -> tuple[Any, 
                                               "--tokenizer_name.")
         return model, load_tokenizer(args.tokenizer_name or str(folder), flag=flag)
     try:
-        config = AutoConfig.from_pretrained(source)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as error:
         reason = " ".join(str(error).split())
         raise FlagError("model_name_or_path",

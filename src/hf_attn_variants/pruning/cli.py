@@ -210,7 +210,7 @@ def _split(rows: Any, args: argparse.Namespace) -> tuple[Any, Any]:
 def _load_model(path: str) -> Any:
     """The model to prune, with a head adapter; ``FlagError`` naming ``--model_name_or_path`` otherwise."""
     try:
-        model = load_pruned(path).eval()
+        model = load_pruned(path, trust_remote_code=False).eval()
     except (OSError, ValueError, KeyError) as error:
         reason = error_reason(error)
         raise FlagError("model_name_or_path", f"{path!r} could not be loaded as a model: {reason}") from error

@@ -69,7 +69,7 @@ def load_checkpoint_model(checkpoint: str | Path, flag: str = "model_name_or_pat
                               "carried config.json; export the run's finished output folder instead, or "
                               "resume the run for one more checkpoint.")
     state = json.loads((folder / STATE_FILE).read_text())
-    config = AutoConfig.from_pretrained(folder)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     objective = state.get("objective") or (
         "clm" if any(name.endswith("ForCausalLM") for name in config.architectures or ()) else "mlm")
     model = build_lm_model(config, objective)

@@ -177,7 +177,7 @@ def load_tokenizer(tokenizer_name: str | None = None,
     else:
         check_folder(flag, tokenizer_name, what="tokenizer folder")
     try:
-        return AutoTokenizer.from_pretrained(tokenizer_name)
+        return AutoTokenizer.from_pretrained(tokenizer_name, trust_remote_code=False)
     except (OSError, ValueError) as error:
         if hub and hub_unreachable(error):
             raise FlagError(flag, offline_hub_message(flag, str(tokenizer_name))) from error
@@ -323,7 +323,7 @@ def _load_config(flag: str, source: str) -> PreTrainedConfig:
     else:
         check_config_source(flag, source)
     try:
-        return AutoConfig.from_pretrained(source)
+        return AutoConfig.from_pretrained(source, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as error:  # bad JSON, unknown model_type
         if is_hub_id(str(source)) and hub_unreachable(error):
             raise FlagError(flag, offline_hub_message(flag, str(source))) from error
@@ -351,7 +351,7 @@ def load_pretrained(auto_class: Any, model_name_or_path: str, flag: str = "model
     (offline: one sentence saying so), raises ``FlagError`` naming ``flag``."""
     check_model_source(flag, model_name_or_path, weights=True)
     try:
-        return auto_class.from_pretrained(model_name_or_path, **kwargs)
+        return auto_class.from_pretrained(model_name_or_path, **{"trust_remote_code": False, **kwargs})
     except (OSError, ValueError, KeyError) as error:
         if is_hub_id(str(model_name_or_path)) and hub_unreachable(error):
             raise FlagError(flag, offline_hub_message(flag, str(model_name_or_path))) from error
