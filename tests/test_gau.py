@@ -261,6 +261,14 @@ def test_gau_alpha_preset_and_parameter_count() -> None:
         ("chunk_size", 4, {"attention_normalization": "relu2_normalized"}),
         ("expansion_factor", 0, {}),
         ("expansion_factor", 1.3, {}),
+        ("expansion_factor", 1e-8, {}),  # e = 0 columns, "whole" within rounding
+        ("expansion_factor", float("nan"), {}),
+        ("expansion_factor", float("inf"), {}),
+        ("layer_norm_eps", float("nan"), {}),  # NaN passes every < and >: the forward was NaN
+        ("rope_theta", float("inf"), {}),
+        ("initializer_range", float("nan"), {}),
+        ("hidden_dropout_prob", float("nan"), {}),
+        ("num_hidden_layers", 0, {}),
         ("attention_key_size", 0, {}),
         ("attention_key_size", 7, {}),
         ("norm_type", "batchnorm", {}),
@@ -430,6 +438,44 @@ def test_flash_kernel_state_is_the_sum_over_complete_chunks() -> None:
         _, total = flash_mixed_chunk_attention(q, k, ql, kl, v, chunk_size=4, causal=False,
                                                implementation=implementation)
         assert torch.allclose(total.linear, kl.transpose(1, 2) @ v, atol=1e-5)
+
+
+def bad_flash_arguments() -> dict[str, tuple[str, dict]]:
+    """case → (the argument the error must name, what replaces an argument of a valid call)."""
+    q = torch.randn(2, 10, 4)
+    return {
+        "value-length": ("value", {"value": torch.randn(2, 8, 6)}),
+        "value-batch": ("value", {"value": torch.randn(1, 10, 6)}),
+        "lin_q-length": ("lin_q", {"lin_q": torch.randn(2, 8, 4)}),
+        "quad_k-width": ("quad_k", {"quad_k": torch.randn(2, 10, 6)}),
+        "lin_k-int": ("lin_k", {"lin_k": q.long()}),  # mixed float dtypes are autocast's, and taken
+        "quad_q-2d": ("quad_q", {"quad_q": q[0]}),
+        "quad_q-int": ("quad_q", {"quad_q": q.long()}),
+        "chunk_size-0": ("chunk_size", {"chunk_size": 0}),
+        "chunk_size-negative": ("chunk_size", {"chunk_size": -4}),
+        "dropout": ("dropout", {"dropout": -0.1}),
+        "key_mask-1d": ("key_mask", {"key_mask": torch.ones(2, dtype=torch.bool)}),
+        "key_mask-short": ("key_mask", {"key_mask": torch.ones(2, 9, dtype=torch.bool)}),
+        "segments": ("segments", {"segments": torch.zeros(2, 2, dtype=torch.long)}),
+        "initial_state-tensor": ("initial_state", {"initial_state": torch.zeros(2, 4, 6)}),
+        "initial_state-full-chunk": ("initial_state", {"initial_state": gau_kernels.FlashState(
+            None, torch.randn(2, 4, 8), torch.randn(2, 4, 6))}),
+        "initial_state-linear": ("initial_state.linear", {"initial_state": gau_kernels.FlashState(
+            torch.zeros(2, 6, 4))}),
+    }
+
+
+@pytest.mark.parametrize("case", list(bad_flash_arguments()))
+@pytest.mark.parametrize("implementation", ["reference", "chunk", "triton"])
+def test_the_flash_op_names_the_argument_it_cannot_take(case: str, implementation: str) -> None:
+    """Checked before any implementation runs: the Triton kernels index by these shapes (a mismatched value
+    once read and wrote out of bounds), and the reference accepted a negative chunk size."""
+    flag, changes = bad_flash_arguments()[case]
+    torch.manual_seed(0)
+    arguments = {**{name: torch.randn(2, 10, 4) for name in ("quad_q", "quad_k", "lin_q", "lin_k")},
+                 "value": torch.randn(2, 10, 6), "chunk_size": 4, "causal": True, **changes}
+    with pytest.raises(ValueError, match=rf"^{flag}\b"):
+        flash_mixed_chunk_attention(**arguments, implementation=implementation)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -7,6 +7,7 @@ feed-forward width and the per-layer pruned heads.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -52,7 +53,7 @@ def check_int(field: str, value: Any, minimum: int | None = None, allow_none: bo
 
 def check_float(field: str, value: Any, low: float, high: float | None = None,
                 allow_none: bool = False) -> None:
-    """Raise ``TypeError`` unless ``value`` is a real number, ``ValueError`` outside [low, high].
+    """Raise ``TypeError`` unless ``value`` is a real number, ``ValueError`` unless finite in [low, high].
 
     Args:
         field (str): the field's name, for the message.
@@ -65,9 +66,9 @@ def check_float(field: str, value: Any, low: float, high: float | None = None,
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{field} must be a number, got {value!r} ({type(value).__name__}).")
-    if value < low or (high is not None and value > high):
+    if not math.isfinite(value) or value < low or (high is not None and value > high):
         bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{field} must be in {bound}, got {value}.")
+        raise ValueError(f"{field} must be a finite number in {bound}, got {value}.")
 
 
 def check_bool(field: str, value: Any) -> None:
@@ -236,7 +237,7 @@ class AttnVariantConfig(RemoteCodeSavingMixin, PreTrainedConfig):
         """Check every field; raises ``ValueError``/``TypeError`` naming the field. Families extend it."""
         check_int("vocab_size", self.vocab_size, 1)
         check_int("hidden_size", self.hidden_size, 1)
-        check_int("num_hidden_layers", self.num_hidden_layers, 0)
+        check_int("num_hidden_layers", self.num_hidden_layers, 1)
         check_int("max_position_embeddings", self.max_position_embeddings, 1)
         check_choice("hidden_act", self.hidden_act, sorted(ACT2FN.keys()))
         check_float("hidden_dropout_prob", self.hidden_dropout_prob, 0.0, 1.0)

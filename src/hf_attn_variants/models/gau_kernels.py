@@ -352,6 +352,58 @@ def state_product(queries: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
     return torch.matmul(queries, (states / scales).to(queries.dtype)) * scales.to(queries.dtype)
 
 
+def check_flash_arguments(
+    quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, lin_k: torch.Tensor, value: torch.Tensor,
+    chunk_size: int, key_mask: torch.Tensor | None, segments: torch.Tensor | None,
+    initial_state: FlashState | None, dropout: float, training: bool, implementation: str,
+) -> None:
+    """``ValueError`` naming the argument of ``flash_mixed_chunk_attention`` that the op cannot take.
+
+    Shapes, dtypes and numbers only: nothing is read from the device. The Triton kernels index by these
+    shapes, so a mismatch there would read or write out of bounds instead of failing.
+
+    Args: as for ``flash_mixed_chunk_attention``.
+    """
+    if implementation not in FLASH_IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {FLASH_IMPLEMENTATIONS}, got {implementation!r}.")
+    if implementation == "triton" and training and dropout > 0:
+        raise ValueError(f"dropout={dropout:g} while training: implementation='triton' has no attention "
+                         "dropout; use 'chunk' (the models do so by themselves) or dropout=0.")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
+    if not 0.0 <= dropout <= 1.0:
+        raise ValueError(f"dropout must be in [0, 1], got {dropout!r}.")
+    if quad_q.dim() != 3 or not quad_q.is_floating_point():
+        raise ValueError(f"quad_q must be a [B, T, S] floating tensor, got {quad_q.dim()} dims of "
+                         f"{quad_q.dtype}.")
+    batch, length, key_size = quad_q.shape
+    for name, tensor in (("quad_k", quad_k), ("lin_q", lin_q), ("lin_k", lin_k), ("value", value)):
+        width = tensor.shape[-1] if name == "value" else key_size
+        if tensor.shape != (batch, length, width) or not tensor.is_floating_point():
+            raise ValueError(f"{name} must be a [{batch}, {length}, {'E' if name == 'value' else key_size}] "
+                             f"floating tensor like quad_q, got {list(tensor.shape)} of {tensor.dtype}.")
+    state = initial_state if initial_state is not None else FlashState(None)
+    if not isinstance(state, FlashState):
+        raise ValueError(f"initial_state must be a FlashState or None, got {type(initial_state).__name__}.")
+    opened = 0 if state.keys is None else state.keys.shape[1]
+    open_shapes = (None if state.keys is None else state.keys.shape,
+                   None if state.values is None else state.values.shape)
+    expected = (None, None) if state.keys is None else ((batch, opened, 2 * key_size),
+                                                        (batch, opened, value.shape[-1]))
+    if opened >= chunk_size or open_shapes != expected:
+        raise ValueError(f"initial_state's open chunk must hold M < chunk_size={chunk_size} keys [{batch}, "
+                         f"M, {2 * key_size}] and values [{batch}, M, {value.shape[-1]}].")
+    if state.linear is not None and state.linear.shape != (batch, key_size, value.shape[-1]):
+        raise ValueError(f"initial_state.linear must be [{batch}, {key_size}, {value.shape[-1]}], got "
+                         f"{list(state.linear.shape)}.")
+    if key_mask is not None and (key_mask.dim() != 2 or key_mask.shape[0] != batch
+                                 or key_mask.shape[1] < opened + length):
+        raise ValueError(f"key_mask must be [{batch}, ≥ {opened + length}], got {list(key_mask.shape)}.")
+    if segments is not None and segments.shape != (batch, -(-(opened + length) // chunk_size)):
+        raise ValueError(f"segments must be [{batch}, {-(-(opened + length) // chunk_size)}] (a document per "
+                         f"chunk), got {list(segments.shape)}.")
+
+
 def flash_mixed_chunk_attention(
     quad_q: torch.Tensor,
     quad_k: torch.Tensor,
@@ -401,11 +453,8 @@ def flash_mixed_chunk_attention(
         ``FlashState`` after the tokens: Σ k'ᵀv over the closed chunks (bidirectional: over every key;
         meaningless for packed rows) and, causal, the new open chunk.
     """
-    if implementation not in FLASH_IMPLEMENTATIONS:
-        raise ValueError(f"implementation must be one of {FLASH_IMPLEMENTATIONS}, got {implementation!r}.")
-    if implementation == "triton" and training and dropout > 0:
-        raise ValueError(f"dropout={dropout:g} while training: implementation='triton' has no attention "
-                         "dropout; use 'chunk' (the models do so by themselves) or dropout=0.")
+    check_flash_arguments(quad_q, quad_k, lin_q, lin_k, value, chunk_size, key_mask, segments, initial_state,
+                          dropout, training, implementation)
     length = quad_q.shape[1]
     state = initial_state or FlashState(None)
     opened = 0 if state.keys is None else state.keys.shape[1]

@@ -133,7 +133,7 @@ class GAUConfig(AttnVariantConfig):
         super().check_fields()
         check_float("expansion_factor", self.expansion_factor, 0.0)
         expanded = self.expansion_factor * self.hidden_size
-        if self.expansion_factor <= 0 or abs(expanded - round(expanded)) > 1e-6:
+        if round(expanded) < 1 or abs(expanded - round(expanded)) > 1e-6:
             raise ValueError(
                 f"expansion_factor * hidden_size must be a positive whole number, got "
                 f"{self.expansion_factor} * {self.hidden_size} = {expanded}."
