@@ -1053,6 +1053,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.micro_batch < 1 or any(n < 1 for n in args.seq_lens):
         parser.error("--micro-batch and --seq-lens must be positive")
+    from tools.docs_results import ResultsError, results_path
+
+    try:
+        results_path(args.root, args.results)
+    except ResultsError as error:
+        parser.error(f"--results: {error}")
     return args
 
 

@@ -86,6 +86,11 @@ RENDER_DOCS = ("--check",)
 CASES: list[Case] = [
     # ------------------------------------------------------------------ pretrain
     *cases("pretrain", PRETRAIN, [
+        ("--train_file", ("--train_file", "{emptyjson}"), "empty-json"),
+        ("--dataset_name", ("--dataset_name", ""), "empty"),
+        ("--config_overrides", ("--config_overrides", TINY + ",pad_token_id=99999"), "pad-outside-vocab"),
+        ("--config_overrides", ("--config_overrides", "model_type=gau"), "model-type"),
+        ("--max_seq_length", ("--max_seq_length", "1"), "sets-base-length-1"),
         ("--config_name", ("--config_name", "{evil}/config.json"), "remote-code"),
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--output_dir", ("--output_dir", "{file}"), "file"),
@@ -190,6 +195,12 @@ CASES: list[Case] = [
     case("pretrain", ("--output_dir", "{out}"), "--model_type", "no-model"),
     # ------------------------------------------------------------------ finetune: FinetuneArguments
     *cases("finetune", FINETUNE, [
+        ("--train_file", ("--train_file", "{emptyjson}"), "empty-json"),
+        ("--train_file", ("--train_file", "{nulltext}"), "null-text"),
+        ("--train_file", ("--train_file", "{nulllabel}"), "null-label"),
+        ("--train_file", ("--train_file", "{nanlabel}"), "nan-label"),
+        ("--config_overrides", ("--model_name_or_path", "{gau}", "--config_overrides", "hidden_size=64"),
+         "changes-shapes"),
         ("--model_name_or_path", ("--model_name_or_path", "{evil}"), "remote-code"),
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--task", ("--task", "summarization"), "choice"),
@@ -284,6 +295,8 @@ CASES: list[Case] = [
     ]),
     # ------------------------------------------------------------------ export
     *cases("export", EXPORT, [
+        ("--model_name_or_path", ("--model_name_or_path", "{corrupt}"), "corrupt-weights"),
+        ("--model_card_template", ("--model_card_template", "{binary}"), "not-utf8"),
         ("--model_name_or_path", ("--model_name_or_path", "{evil}"), "remote-code"),
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--overwrite", ("--output_dir", ".", "--overwrite", "true"), "holds-working-directory"),
@@ -358,6 +371,8 @@ CASES: list[Case] = [
     ]),
     # ------------------------------------------------------------------ prune
     *cases("prune", PRUNE, [
+        ("--train_file", ("--train_file", "{emptyjson}"), "empty-json"),
+        ("--model_name_or_path", ("--model_name_or_path", "{corrupt}"), "corrupt-weights"),
         ("--model_name_or_path", ("--model_name_or_path", "{evil}"), "remote-code"),
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--model_name_or_path", ("--model_name_or_path", "{missing}"), "missing"),
@@ -425,6 +440,7 @@ CASES: list[Case] = [
     ]),
     # ------------------------------------------------------------------ lengthgen
     *cases("lengthgen", LENGTHGEN, [
+        ("--train_file", ("--train_file", "{emptyjson}"), "empty-json"),
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--output_dir", ("--output_dir", "{file}"), "file"),
         ("--variants", ("--variants", "gau_relu3"), "unknown"),
@@ -500,6 +516,8 @@ CASES: list[Case] = [
     ]),
     # ------------------------------------------------------------------ entropy
     *cases("entropy", ENTROPY, [
+        ("--models", ("--models", "{corrupt}"), "corrupt-weights"),
+        ("--text_file", ("--text_file", "{binary}"), "not-utf8"),
         ("--models", ("--models", "{evil}"), "remote-code"),
         ("--models", ("--models", "{missing}"), "missing"),
         ("--models", ("--models", "{notmodel}"), "no-config"),
@@ -590,6 +608,16 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     evil_config.update(model_type="not_ours", auto_map={"AutoConfig": "configuration_evil.EvilConfig"})
     (evil / "config.json").write_text(json.dumps(evil_config))
     (evil / "configuration_evil.py").write_text(f"open({str(root / 'ran.txt')!r}, 'w').close()\n")
+    corrupt = save_model(AutoModelForMaskedLM.from_config(config), root / "corrupt")
+    (corrupt / "model.safetensors").write_bytes(b"\xff" * 8)  # a header length past the file's end
+    (root / "binary.txt").write_bytes(bytes(range(256)) * 4)  # not UTF-8
+    (root / "empty.jsonl").write_text("")
+    for name, column, labels, bad in (("nulltext", "text", ["a", "b"], None),
+                                      ("nulllabel", "label", ["a", "b"], None),
+                                      ("nanlabel", "label", [0.0, 1.0], float("nan"))):  # regression
+        rows = [{"text": f"hello {i}", "label": labels[i % 2]} for i in range(12)]
+        rows[3][column] = bad
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (root / "noweights").mkdir()
     config.save_pretrained(root / "noweights")
     tokenizer.save_pretrained(root / "noweights")
@@ -629,7 +657,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {
         "model": str(model), "nest": str(root / "nest"), "clf": str(root / "clf"), "gau": str(root / "gau"),
         "noweights": str(root / "noweights"), "notmodel": str(root / "notmodel"),
-        "untokenized": str(root / "untokenized"), "evil": str(evil),
+        "untokenized": str(root / "untokenized"), "evil": str(evil), "corrupt": str(corrupt),
+        "binary": str(root / "binary.txt"), "emptyjson": str(root / "empty.jsonl"),
+        **{name: str(root / f"{name}.jsonl") for name in ("nulltext", "nulllabel", "nanlabel")},
         "badconfig": str(root / "badconfig"), "adapter": str(root / "adapter"), "export": str(export),
         "txt": str(root / "train.txt"), "short": str(root / "short.txt"),
         "tiny": str(root / "tiny.txt"), "tinycsv": str(root / "tiny.csv"), "tsv": str(root / "train.tsv"),

@@ -153,6 +153,19 @@ def test_bad_values_give_one_clear_error(tmp_path, capsys, flags, expected) -> N
     assert "Traceback" not in err
 
 
+def test_a_loss_that_becomes_nan_stops_the_run_with_one_line_and_saves_no_model(tmp_path, capsys,
+                                                                             train_file) -> None:
+    """A learning rate of 1e30 makes the loss NaN: the run stops at the first logged step, says so in one line
+    (exit status 65) and saves no model; run.json stays unfinished, so the folder is not taken for a model."""
+    args = tiny_args(tmp_path / "out", train_file=train_file, learning_rate=1e30, max_train_steps=3)
+    code = main(["pretrain", *cli_flags(args)])
+    err = capsys.readouterr().err
+    assert code == 65 and "Traceback" not in err, err
+    assert err.splitlines()[-1].startswith("hf-attn-variants pretrain: error: the training loss is nan at ")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+    assert json.loads((tmp_path / "out" / "run.json").read_text()).get("finished") is not True
+
+
 KILL_CHILD = r"""
 import importlib, sys, time
 # the module, not the function

@@ -439,6 +439,15 @@ def check_file(flag: str, path: str | Path) -> Path:
     return _check_existing(flag, path, "file", Path.is_file, "is not a file")
 
 
+def check_text_file(flag: str, path: str | Path) -> str:
+    """The text of the file ``path``; ``FlagError`` naming ``flag`` unless it exists and is UTF-8."""
+    try:
+        return check_file(flag, path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise FlagError(flag, f"{flag}: {str(path)!r} is not UTF-8 text (byte {error.start}: "
+                              f"{error.reason}).") from error
+
+
 def check_folder(flag: str, path: str | Path, *, what: str = "folder") -> Path:
     """``path`` as a ``Path``; ``FlagError`` unless it is an existing folder (``what``: the folder's kind in
     the message for a missing one, e.g. ``"model folder"``)."""
@@ -469,7 +478,22 @@ def check_model_folder(flag: str, path: str | Path, *, weights: bool = False) ->
     if weights and not any((folder / name).is_file() for name in names):
         raise FlagError(flag,
                         f"{flag}: {str(folder)!r} holds a config but no weights (none of {list(names)}).")
+    if weights and (folder / SAFE_WEIGHTS_NAME).is_file():
+        check_safetensors(flag, folder / SAFE_WEIGHTS_NAME)
     return folder
+
+
+def check_safetensors(flag: str, path: Path) -> None:
+    """``FlagError`` naming ``flag`` unless ``path``'s safetensors header can be read (a truncated or
+    corrupt file); reads the header only."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except (SafetensorError, OSError) as error:
+        raise FlagError(flag, f"{flag}: {str(path)!r} is not a readable safetensors file "
+                              f"({error_reason(error)}).") from error
 
 
 def check_no_remote_code(flag: str, config_file: Path) -> None:

@@ -51,7 +51,11 @@ class ResultsError(ValueError):
 
 
 def results_path(root: Path, name: str) -> Path:
-    """``<root>/docs/results/<name>.json``."""
+    """``<root>/docs/results/<name>.json``; ``ResultsError`` for a name that would leave that folder (an
+    absolute path, ``..``)."""
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise ResultsError(f"results {name!r}: a results name is a file name under {RESULTS_DIR}/, such as "
+                           "'memory-estimates'.")
     return Path(root) / RESULTS_DIR / f"{name}.json"
 
 

@@ -92,7 +92,7 @@ def check_arguments(args: EntropyArguments) -> None:
     """Every flag checked before anything is loaded or written (``FlagError`` naming it)."""
     from ..cli_utils import (
         FlagError,
-        check_file,
+        check_text_file,
         check_int,
         check_model_folder,
         check_number,
@@ -121,7 +121,7 @@ def check_arguments(args: EntropyArguments) -> None:
     if args.text_file is not None:
         if args.task != "text":
             raise FlagError("text_file", f"text_file: inputs are the {args.task} task's, not text.")
-        check_file("text_file", args.text_file)
+        check_text_file("text_file", args.text_file)
 
 
 def mode_label(name: str, mode: str) -> str:

@@ -24,11 +24,11 @@ from typing import Any
 from ..cli_utils import (
     FlagError,
     check_clearable,
-    check_file,
     check_folder,
     check_model_folder,
     check_output_dir,
     check_repo_id,
+    check_text_file,
     quiet_progress,
 )
 from ..models import FAMILIES
@@ -148,7 +148,7 @@ def check_template(path: str) -> None:
     template."""
     from jinja2 import Environment, TemplateSyntaxError
 
-    text = check_file("model_card_template", path).read_text(encoding="utf-8", errors="replace")
+    text = check_text_file("model_card_template", path)
     try:
         Environment().parse(text)
     except TemplateSyntaxError as error:

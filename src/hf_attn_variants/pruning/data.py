@@ -53,9 +53,9 @@ def load_rows(path: str, flag: str = "train_file") -> Any:
     try:
         with quiet_datasets():
             return load_dataset(BUILDERS[suffix], data_files={"data": path})["data"]
-    except (DatasetGenerationError, ValueError, OSError) as error:
+    except (DatasetGenerationError, ValueError, OSError, StopIteration) as error:  # StopIteration: empty json
         cause = error.__cause__ or error
-        reason = error_reason(cause)
+        reason = "it holds no rows" if isinstance(cause, StopIteration) else error_reason(cause)
         raise FlagError(flag, f"{path!r} cannot be read as {BUILDERS[suffix]} data ({reason}).") from error
 
 

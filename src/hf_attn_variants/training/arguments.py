@@ -303,6 +303,9 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
                 if not value or not all(isinstance(item, str) and item for item in value):
                     raise FlagError(name, f"{name} must be file names or globs, got {value!r}.")
                 setattr(self, name, ",".join(value))
+        for name in ("dataset_name", "dataset_config_name"):
+            if getattr(self, name) is not None and not str(getattr(self, name)).strip():
+                raise FlagError(name, f"{name} must name a dataset (a local folder or a Hub id), got ''.")
         if self.dataset_name is not None:
             for name in ("train_file", "validation_file"):
                 if getattr(self, name) is not None:

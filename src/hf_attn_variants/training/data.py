@@ -114,9 +114,9 @@ def read_data_file(path: str, argument: str, split: str = "train") -> Any:
     try:
         with quiet_datasets():
             return load_dataset(builder, data_files={"train": expand_data_files(path, argument)}, split=split)
-    except (DatasetGenerationError, ValueError, OSError) as error:
+    except (DatasetGenerationError, ValueError, OSError, StopIteration) as error:  # StopIteration: empty json
         cause = error.__cause__ or error
-        reason = error_reason(cause)
+        reason = "it holds no rows" if isinstance(cause, StopIteration) else error_reason(cause)
         raise FlagError(argument,
                         f"{argument}: {path!r} cannot be read as {builder} data ({reason}).") from error
 

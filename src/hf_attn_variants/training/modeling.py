@@ -232,33 +232,29 @@ def build_config(
     _check_override_keys(config_class, overrides, model_type)
     from_scratch = model_name_or_path is None
     if from_scratch and tokenizer is not None:
-        values.update(
-            vocab_size=len(tokenizer),
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=(tokenizer.bos_token_id if tokenizer.bos_token_id is not None
-                          else tokenizer.cls_token_id),
-            eos_token_id=(tokenizer.eos_token_id if tokenizer.eos_token_id is not None
-                          else tokenizer.sep_token_id),
-        )
+        values.update(tokenizer_values(tokenizer))
+    if "model_type" in overrides:
+        raise FlagError("config_overrides", "config_overrides: model_type is not a field to override; pass "
+                                            "--model_type instead.")
     values.update(overrides)
     defaults = config_class() if source is None else base
     _check_override_types(defaults, overrides)
     if from_scratch:
         values.update(follow_hidden_size(defaults, overrides))
-    if from_scratch and max_seq_length is not None:
-        current = values.get("max_position_embeddings", defaults.max_position_embeddings)
-        if "max_position_embeddings" not in overrides and current < max_seq_length:
-            values["max_position_embeddings"] = max_seq_length
-        if hasattr(defaults, "base_length") and "base_length" not in overrides:
-            values["base_length"] = max_seq_length
+    from_length = length_fields(defaults, values, overrides, max_seq_length) if from_scratch else []
+    values.update(dict.fromkeys(from_length, max_seq_length))
     try:
         config = (AutoConfig.for_model(model_type, **values) if source is None
                   else config_class.from_dict(values))
     except CONFIG_ERRORS as error:  # the family config's validation (or PreTrainedConfig's), naming the field
         if isinstance(error, FlagError):
             raise
+        if names_in_message(str(error), from_length) and not names_in_message(str(error), list(overrides)):
+            raise FlagError("max_seq_length", f"max_seq_length={max_seq_length} (which sets "
+                                              f"{' and '.join(from_length)}): {error}") from error
         flag = _config_error_flag(str(error), overrides, source_flag if source is not None else None)
         raise FlagError(flag, f"{flag}: {error}") from error
+    _check_token_ids(config, "config_overrides" if overrides or source is None else source_flag)
     if tokenizer is not None and len(tokenizer) > config.vocab_size:
         raise FlagError(
             "config_overrides" if "vocab_size" in overrides else "tokenizer_name",
@@ -305,6 +301,41 @@ CONFIG_ERRORS = (ValueError, TypeError, StrictDataclassFieldValidationError,
                  StrictDataclassClassValidationError)
 """What constructing a config raises for a bad value: the families' checks (``ValueError``/``TypeError``
 naming the field) and ``PreTrainedConfig``'s strict-dataclass validators."""
+
+
+def tokenizer_values(tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+    """The config fields a new model takes from its tokenizer: ``vocab_size`` and the pad, BOS (else CLS) and
+    EOS (else SEP) ids."""
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    return {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": bos if bos is not None else tokenizer.cls_token_id,
+            "eos_token_id": eos if eos is not None else tokenizer.sep_token_id}
+
+
+def length_fields(defaults: PreTrainedConfig, values: dict[str, Any], overrides: dict[str, Any],
+                  max_seq_length: int | None) -> list[str]:
+    """The fields a new model sets to ``max_seq_length``: ``max_position_embeddings`` when smaller, and a
+    family's ``base_length``, each unless overridden."""
+    if max_seq_length is None:
+        return []
+    fields = []
+    current = values.get("max_position_embeddings", defaults.max_position_embeddings)
+    if "max_position_embeddings" not in overrides and current < max_seq_length:
+        fields.append("max_position_embeddings")
+    if hasattr(defaults, "base_length") and "base_length" not in overrides:
+        fields.append("base_length")
+    return fields
+
+
+def _check_token_ids(config: PreTrainedConfig, flag: str) -> None:
+    """``FlagError`` naming ``flag`` when the pad, BOS or EOS id is outside the vocabulary (Transformers only
+    warns; the embedding then fails on its padding index)."""
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(config, name, None)
+        ids = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(i, int) and not 0 <= i < config.vocab_size for i in ids):
+            raise FlagError(flag, f"{flag}: {name}={value} is not a token id of the vocabulary of "
+                                  f"{config.vocab_size} (0 to {config.vocab_size - 1}).")
 
 
 def _config_error_flag(message: str, overrides: dict[str, Any], source_flag: str | None) -> str:
@@ -358,6 +389,13 @@ def load_pretrained(auto_class: Any, model_name_or_path: str, flag: str = "model
         reason = error_reason(error)
         raise FlagError(flag,
                         f"{flag}: {model_name_or_path!r} could not be loaded as a model: {reason}") from error
+    except RuntimeError as error:  # Transformers' refusal of weights whose shapes differ from the config's
+        if "mismatched" not in str(error):
+            raise
+        raise FlagError("config_overrides" if kwargs.get("config") is not None else flag,
+                        f"the weights of --{flag} {model_name_or_path!r} do not have the shapes of the "
+                        "config (an override of a width or a count in --config_overrides?); only fields that "
+                        "keep every weight's shape can change on a pretrained model.") from error
 
 
 def has_target_only_mlm_head(model: torch.nn.Module) -> bool:

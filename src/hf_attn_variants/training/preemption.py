@@ -53,6 +53,9 @@ PREEMPTED_EXIT_CODE = 75
 INTERRUPTED_EXIT_CODE = 130
 """Exit status of a command-line run stopped by Ctrl-C (SIGINT) after writing its checkpoint: 128 + 2, what a
 shell reports for a process ended by SIGINT, so that scripts see an interruption; the same command resumes."""
+DIVERGED_EXIT_CODE = 65
+"""Exit status of a run whose training loss became NaN or infinite (``EX_DATAERR`` of sysexits.h): nothing
+more was saved; rerunning the same command would diverge again."""
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
 COMMAND_STOP_SIGNALS: tuple[signal.Signals, ...] = (*STOP_SIGNALS, signal.SIGINT)
 """What the command lines of ``pretrain`` and ``finetune`` catch: the preemption signals and Ctrl-C."""
@@ -88,6 +91,19 @@ class TrainingPreempted(Exception):
         super().__init__(f"stopped by {signal_label(signal_name)} after step {step} and {outcome}.")
         self.command, self.signal_name, self.step, self.checkpoint = command, signal_name, step, checkpoint
         self.exit_code = code
+
+
+class TrainingDiverged(Exception):
+    """A run whose training loss became NaN or infinite: it stops at the step that logged it, saves no model,
+    and its ``run.json`` stays unfinished (its earlier checkpoints stay)."""
+
+    def __init__(self, command: str, step: int, loss: float, learning_rate: float) -> None:
+        super().__init__(
+            f"the training loss is {loss} at step {step}: the run diverged, so it stopped there and saved no "
+            f"model (earlier checkpoints are kept). Lower --learning_rate (now {learning_rate:g}), or raise "
+            "--num_warmup_steps, and run again with --overwrite_output_dir, or from the newest checkpoint "
+            f"with --resume_from_checkpoint latest (exit status {DIVERGED_EXIT_CODE}).")
+        self.command, self.step, self.loss = command, step, loss
 
 
 class StopSignals:
@@ -212,7 +228,8 @@ def run_training_command(command: str, train: Callable[..., Any], namespace: arg
     error line for a bad flag value, output folder or checkpoint file (``FlagError``);
     ``PREEMPTED_EXIT_CODE`` after a stop signal, ``INTERRUPTED_EXIT_CODE`` after Ctrl-C
     (``preempted_exit``); ``SAVE_FAILED_EXIT_CODE`` after one line for a save that failed
-    (``safe_state.SaveFailed``: a full disk)."""
+    (``safe_state.SaveFailed``: a full disk); ``DIVERGED_EXIT_CODE`` after one line for a training loss that
+    became NaN or infinite (``TrainingDiverged``)."""
     from ..cli_utils import FlagError, dataclasses_from_namespace, fail, fail_flag
     from .safe_state import SAVE_FAILED_EXIT_CODE, SaveFailed
 
@@ -228,6 +245,9 @@ def run_training_command(command: str, train: Callable[..., Any], namespace: arg
         except SaveFailed as failed:
             fail(command, str(failed))
             return SAVE_FAILED_EXIT_CODE
+        except TrainingDiverged as diverged:
+            fail(command, str(diverged))
+            return DIVERGED_EXIT_CODE
     end_of_launch()
     return 0
 
@@ -314,12 +334,14 @@ class Agreement:
 __all__ = [
     "AGREEMENT_SECONDS",
     "COMMAND_STOP_SIGNALS",
+    "DIVERGED_EXIT_CODE",
     "INTERRUPTED_EXIT_CODE",
     "PREEMPTED_EXIT_CODE",
     "REPEAT_WINDOW_S",
     "STOP_SIGNALS",
     "Agreement",
     "StopSignals",
+    "TrainingDiverged",
     "TrainingPreempted",
     "end_of_launch",
     "exit_code_for",

@@ -143,6 +143,7 @@ from .preemption import (
     PREEMPTED_EXIT_CODE,
     Agreement,
     StopSignals,
+    TrainingDiverged,
     TrainingPreempted,
     max_over_ranks,
     run_training_command,
@@ -863,6 +864,8 @@ def log_row(run: TrainingSetup, state: LoopState, grad_norm: torch.Tensor | None
         "loss": float(mean_loss),
         "lr": run.scheduler.get_last_lr()[0],
     }
+    if not math.isfinite(row["loss"]):  # every rank has the reduced loss: all stop here together
+        raise TrainingDiverged("pretrain", state.completed, row["loss"], run.args.learning_rate)
     if grad_norm is not None:
         row["grad_norm"] = float(grad_norm)
     row.update(throughput_fields(run, state))
@@ -1103,7 +1106,7 @@ def pretrain(args: PretrainArguments, stop: StopSignals | None = None, *,
                     args.output_dir, args.objective, state.completed - state.first_completed,
                     state.tokens - state.first_tokens, time.perf_counter() - state.started,
                     state.last_row.get("loss"), state.metrics.get("eval_loss"), plot))
-    except TrainingPreempted:
+    except (TrainingPreempted, TrainingDiverged):
         if args.with_tracking:
             runtime.end_training()
         raise

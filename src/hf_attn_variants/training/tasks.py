@@ -73,6 +73,22 @@ def label_names(dataset: Any, column: str, token_level: bool) -> list[Any]:
     return sorted(values, key=lambda v: (str(type(v)), v))
 
 
+def check_rows(raw: Any, text_columns: list[str], label_col: str, validation_file: str | None) -> None:
+    """``FlagError`` naming the data file of the first row whose text is not a string (empty cells read as
+    ``None``) or whose label is missing or NaN (a class named "None", or a NaN loss, otherwise)."""
+    import math
+
+    for split_name, split in raw.items():
+        flag = "validation_file" if split_name == "validation" and validation_file else "train_file"
+        for column in (*text_columns, label_col):
+            label = column == label_col
+            for row, value in enumerate(split[column]):
+                nan = isinstance(value, float) and math.isnan(value)
+                if (value is None or nan) if label else not isinstance(value, str):
+                    raise FlagError(flag, f"{flag}: {split_name} row {row} of column {column!r} is "
+                                          f"{value!r}, not {'a label' if label else 'text'}.")
+
+
 def sequence_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tuple[Any, list | None, bool]:
     """Tokenized sequence-classification data, the label list (``None`` for regression) and whether the labels
     are floats (regression, as run_glue)."""
@@ -86,6 +102,7 @@ def sequence_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tupl
     text_col = text_col or next(c for c in columns if c != label_col)
     pair_col = pick_column(columns, args.text_pair_column_name, ("sentence2",), "text_pair_column_name")
     regression = raw["train"].features[label_col].dtype in ("float32", "float64")
+    check_rows(raw, [text_col] + [pair_col] * (pair_col is not None), label_col, args.validation_file)
     label_list = None if regression else label_names(raw, label_col, token_level=False)
     label_to_id = None if regression else {label: i for i, label in enumerate(label_list)}
 
