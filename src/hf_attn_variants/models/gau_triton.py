@@ -494,7 +494,8 @@ def state_scales(states: torch.Tensor) -> torch.Tensor:
     q'·H_c is then σ_c · (q'·(H_c / σ_c)) with |H_c / σ_c| ≤ 2¹⁵. σ_c is a power of two, so the division and
     the product are exact, and σ_c = 1 wherever max|H_c| ≤ 2¹⁵: a state float16 holds is read exactly as
     without scaling. At most 2¹⁵, σ_c is itself a float16. No gradient flows through σ_c (a constant of the
-    product). The Triton kernels take the same rule per state tile (``_state_scale``).
+    product). The Triton kernels take the same rule per state tile (``_state_scale``) without the bound 2¹⁵,
+    as they multiply σ back in float32: a state past 2³¹ is read there and is ±inf here.
 
     Args:
         states (torch.Tensor): ``[B, C, S, E]`` (or ``[B, 1, S, E]``) float32 H_c.
