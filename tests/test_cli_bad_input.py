@@ -199,8 +199,8 @@ CASES: list[Case] = [
         ("--train_file", ("--train_file", "{nulltext}"), "null-text"),
         ("--train_file", ("--train_file", "{nulllabel}"), "null-label"),
         ("--train_file", ("--train_file", "{nanlabel}"), "nan-label"),
-        ("--config_overrides", ("--model_name_or_path", "{gau}", "--config_overrides", "hidden_size=64"),
-         "changes-shapes"),
+        ("--model_name_or_path", ("--model_name_or_path", "{gau}", "--config_overrides", "hidden_size=64"),
+         "shapes-overridden"),
         ("--model_name_or_path", ("--model_name_or_path", "{evil}"), "remote-code"),
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--task", ("--task", "summarization"), "choice"),
@@ -296,6 +296,7 @@ CASES: list[Case] = [
     # ------------------------------------------------------------------ export
     *cases("export", EXPORT, [
         ("--model_name_or_path", ("--model_name_or_path", "{corrupt}"), "corrupt-weights"),
+        ("--model_name_or_path", ("--model_name_or_path", "{sharded}"), "corrupt-shard"),
         ("--model_card_template", ("--model_card_template", "{binary}"), "not-utf8"),
         ("--model_name_or_path", ("--model_name_or_path", "{evil}"), "remote-code"),
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
@@ -611,6 +612,10 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     corrupt = save_model(AutoModelForMaskedLM.from_config(config), root / "corrupt")
     (corrupt / "model.safetensors").write_bytes(b"\xff" * 8)  # a header length past the file's end
     (root / "binary.txt").write_bytes(bytes(range(256)) * 4)  # not UTF-8
+    sharded = root / "sharded"
+    AutoModelForMaskedLM.from_config(config).save_pretrained(sharded, max_shard_size="100KB")
+    tokenizer.save_pretrained(sharded)
+    sorted(sharded.glob("model-*.safetensors"))[0].write_bytes(b"\xff" * 8)  # one shard corrupt
     (root / "empty.jsonl").write_text("")
     for name, column, labels, bad in (("nulltext", "text", ["a", "b"], None),
                                       ("nulllabel", "label", ["a", "b"], None),
@@ -658,6 +663,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "model": str(model), "nest": str(root / "nest"), "clf": str(root / "clf"), "gau": str(root / "gau"),
         "noweights": str(root / "noweights"), "notmodel": str(root / "notmodel"),
         "untokenized": str(root / "untokenized"), "evil": str(evil), "corrupt": str(corrupt),
+        "sharded": str(sharded),
         "binary": str(root / "binary.txt"), "emptyjson": str(root / "empty.jsonl"),
         **{name: str(root / f"{name}.jsonl") for name in ("nulltext", "nulllabel", "nanlabel")},
         "badconfig": str(root / "badconfig"), "adapter": str(root / "adapter"), "export": str(export),
@@ -783,6 +789,35 @@ def test_a_folder_without_a_tokenizer_gets_the_whole_reason(
     line = the_error_line(capsys.readouterr().err, "export")
     assert code == 2 and line.endswith(f"(pass --tokenizer_name with a tokenizer folder): {reason}"), line
     assert not (tmp_path / "new").exists()
+
+
+def test_a_pretrained_configs_own_token_id_sentinel_is_kept(tmp_path: Path) -> None:
+    """Only new or overridden pad/BOS/EOS ids must lie in the vocabulary: a saved config's own sentinel (-1)
+    loads as before, and the same id as an override is refused."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, pad_token_id=-1).save_pretrained(tmp_path)
+    assert build_config(config_name=str(tmp_path)).pad_token_id == -1
+    with pytest.raises(ValueError, match="^config_overrides: pad_token_id=-1 is not a token id"):
+        build_config(config_name=str(tmp_path), config_overrides="pad_token_id=-1")
+
+
+EMPTY_OUTPUT_DIR = [c for c in CASES if c.flag == "--output_dir" and c.why == "empty"]
+
+
+@pytest.mark.parametrize("bad", EMPTY_OUTPUT_DIR, ids=[c.id for c in EMPTY_OUTPUT_DIR])
+def test_an_empty_output_dir_is_refused_in_an_empty_working_directory(
+    bad: Case, inputs: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], no_work: None,
+) -> None:
+    """``Path("")`` is ``"."``: in an empty working directory (where no "not empty" rule can catch it) an
+    empty --output_dir must still be refused, not mean the working directory."""
+    monkeypatch.chdir(tmp_path)
+    code = run_cli([bad.command, *fill(bad.argv, {**inputs, "out": str(tmp_path), "new": str(tmp_path)})])
+    line = the_error_line(capsys.readouterr().err, bad.command)
+    assert code == 2 and line.endswith("--output_dir must be a folder path, got ''."), line
+    assert not any(tmp_path.iterdir())
 
 
 VALID: dict[str, tuple[str, ...]] = {

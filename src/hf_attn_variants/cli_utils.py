@@ -478,9 +478,25 @@ def check_model_folder(flag: str, path: str | Path, *, weights: bool = False) ->
     if weights and not any((folder / name).is_file() for name in names):
         raise FlagError(flag,
                         f"{flag}: {str(folder)!r} holds a config but no weights (none of {list(names)}).")
-    if weights and (folder / SAFE_WEIGHTS_NAME).is_file():
-        check_safetensors(flag, folder / SAFE_WEIGHTS_NAME)
+    if weights:
+        for shard in safetensors_files(folder, SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME):
+            check_safetensors(flag, shard)
     return folder
+
+
+def safetensors_files(folder: Path, single: str, index: str) -> list[Path]:
+    """The safetensors files of ``folder``: ``single`` when present, else the shards that ``index`` (a
+    ``model.safetensors.index.json``) maps weights to; a missing shard or an unreadable index is left to the
+    loader's own error."""
+    import json
+
+    if (folder / single).is_file():
+        return [folder / single]
+    try:
+        weight_map = json.loads((folder / index).read_text(encoding="utf-8"))["weight_map"]
+        return [folder / name for name in sorted(set(weight_map.values())) if (folder / name).is_file()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 def check_safetensors(flag: str, path: Path) -> None:

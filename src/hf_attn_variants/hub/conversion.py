@@ -167,8 +167,8 @@ def convert_gau_alpha(args: ConvertGAUAlphaArguments) -> Path:
     and renamed, so a failure leaves no half-written output.
     """
     source = check_folder("checkpoint", args.checkpoint, what="checkpoint folder")
+    check_output_dir("output_dir", args.output_dir)  # before Path(): Path("") is "."
     output = Path(args.output_dir)
-    check_output_dir("output_dir", output)
     if output.exists() and any(output.iterdir()):
         if not args.overwrite:
             raise FlagError("output_dir", f"output_dir {str(output)!r} exists and is not empty; pass "

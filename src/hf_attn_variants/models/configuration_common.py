@@ -67,8 +67,8 @@ def check_float(field: str, value: Any, low: float, high: float | None = None,
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{field} must be a number, got {value!r} ({type(value).__name__}).")
     if not math.isfinite(value) or value < low or (high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{field} must be a finite number in {bound}, got {value}.")
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{field} must be a finite number {bound}, got {value}.")
 
 
 def check_bool(field: str, value: Any) -> None:

@@ -20,7 +20,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-from ..cli_utils import FlagError
+from ..cli_utils import FlagError, check_no_remote_code
 from .checkpoints import STATE_FILE
 from .safe_state import MODEL_FILE, load_safely, read_tensors
 
@@ -69,6 +69,7 @@ def load_checkpoint_model(checkpoint: str | Path, flag: str = "model_name_or_pat
                               "carried config.json; export the run's finished output folder instead, or "
                               "resume the run for one more checkpoint.")
     state = json.loads((folder / STATE_FILE).read_text())
+    check_no_remote_code(flag, folder / CONFIG_FILE)
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     objective = state.get("objective") or (
         "clm" if any(name.endswith("ForCausalLM") for name in config.architectures or ()) else "mlm")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -254,7 +255,8 @@ def build_config(
                                               f"{' and '.join(from_length)}): {error}") from error
         flag = _config_error_flag(str(error), overrides, source_flag if source is not None else None)
         raise FlagError(flag, f"{flag}: {error}") from error
-    _check_token_ids(config, "config_overrides" if overrides or source is None else source_flag)
+    _check_token_ids(config, TOKEN_ID_FIELDS if source is None or "vocab_size" in overrides
+                     else [name for name in TOKEN_ID_FIELDS if name in overrides])
     if tokenizer is not None and len(tokenizer) > config.vocab_size:
         raise FlagError(
             "config_overrides" if "vocab_size" in overrides else "tokenizer_name",
@@ -327,15 +329,20 @@ def length_fields(defaults: PreTrainedConfig, values: dict[str, Any], overrides:
     return fields
 
 
-def _check_token_ids(config: PreTrainedConfig, flag: str) -> None:
-    """``FlagError`` naming ``flag`` when the pad, BOS or EOS id is outside the vocabulary (Transformers only
-    warns; the embedding then fails on its padding index)."""
-    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+
+def _check_token_ids(config: PreTrainedConfig, names: Sequence[str]) -> None:
+    """``FlagError`` naming ``config_overrides`` when one of the ids ``names`` (of a new config, or
+    overridden) is outside the vocabulary: Transformers only warns, and the embedding then fails on its
+    padding index. A pretrained config's own ids are left as they are (some hold a sentinel such as -1)."""
+    for name in names:
         value = getattr(config, name, None)
         ids = value if isinstance(value, (list, tuple)) else [value]
         if any(isinstance(i, int) and not 0 <= i < config.vocab_size for i in ids):
-            raise FlagError(flag, f"{flag}: {name}={value} is not a token id of the vocabulary of "
-                                  f"{config.vocab_size} (0 to {config.vocab_size - 1}).")
+            raise FlagError("config_overrides", f"config_overrides: {name}={value} is not a token id of the "
+                                                f"vocabulary of {config.vocab_size} (0 to "
+                                                f"{config.vocab_size - 1}).")
 
 
 def _config_error_flag(message: str, overrides: dict[str, Any], source_flag: str | None) -> str:
@@ -392,10 +399,10 @@ def load_pretrained(auto_class: Any, model_name_or_path: str, flag: str = "model
     except RuntimeError as error:  # Transformers' refusal of weights whose shapes differ from the config's
         if "mismatched" not in str(error):
             raise
-        raise FlagError("config_overrides" if kwargs.get("config") is not None else flag,
-                        f"the weights of --{flag} {model_name_or_path!r} do not have the shapes of the "
-                        "config (an override of a width or a count in --config_overrides?); only fields that "
-                        "keep every weight's shape can change on a pretrained model.") from error
+        raise FlagError(flag, f"{flag}: the weights of {model_name_or_path!r} do not have the config's "
+                              "shapes (Transformers' load report lists them): a --config_overrides of a "
+                              "width or a count, or a classification head for another number of labels "
+                              "(start from a model without that head, such as a pretrain output).") from error
 
 
 def has_target_only_mlm_head(model: torch.nn.Module) -> bool:

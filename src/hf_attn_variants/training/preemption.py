@@ -94,15 +94,15 @@ class TrainingPreempted(Exception):
 
 
 class TrainingDiverged(Exception):
-    """A run whose training loss became NaN or infinite: it stops at the step that logged it, saves no model,
-    and its ``run.json`` stays unfinished (its earlier checkpoints stay)."""
+    """A run whose logged training loss (the mean since the last row) became NaN or infinite: it stops at the
+    step that logged it, saves no model, and its ``run.json`` stays unfinished."""
 
     def __init__(self, command: str, step: int, loss: float, learning_rate: float) -> None:
         super().__init__(
-            f"the training loss is {loss} at step {step}: the run diverged, so it stopped there and saved no "
-            f"model (earlier checkpoints are kept). Lower --learning_rate (now {learning_rate:g}), or raise "
-            "--num_warmup_steps, and run again with --overwrite_output_dir, or from the newest checkpoint "
-            f"with --resume_from_checkpoint latest (exit status {DIVERGED_EXIT_CODE}).")
+            f"the training loss logged at step {step} is {loss}: the run diverged, so it stopped there and "
+            f"saved no model. Lower --learning_rate (now {learning_rate:g}) or raise --num_warmup_steps, and "
+            "start again with --overwrite_output_dir (a resumed run would take the checkpoint's learning "
+            f"rate schedule, and its weights may already have diverged; exit status {DIVERGED_EXIT_CODE}).")
         self.command, self.step, self.loss = command, step, loss
 
 
@@ -245,8 +245,9 @@ def run_training_command(command: str, train: Callable[..., Any], namespace: arg
         except SaveFailed as failed:
             fail(command, str(failed))
             return SAVE_FAILED_EXIT_CODE
-        except TrainingDiverged as diverged:
-            fail(command, str(diverged))
+        except TrainingDiverged as diverged:  # every rank raises it (the loss is reduced over ranks)
+            if int(os.environ.get("RANK", "0")) == 0:
+                fail(command, str(diverged))
             return DIVERGED_EXIT_CODE
     end_of_launch()
     return 0

@@ -74,19 +74,26 @@ def label_names(dataset: Any, column: str, token_level: bool) -> list[Any]:
 
 
 def check_rows(raw: Any, text_columns: list[str], label_col: str, validation_file: str | None) -> None:
-    """``FlagError`` naming the data file of the first row whose text is not a string (empty cells read as
-    ``None``) or whose label is missing or NaN (a class named "None", or a NaN loss, otherwise)."""
-    import math
+    """``FlagError`` naming the data file of a text column that is not strings, or of the first row whose text
+    or label is missing (an empty cell) or NaN: a class named "None", a tokenizer error or a NaN loss
+    otherwise. Read from the Arrow columns, without a Python pass over the rows."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
     for split_name, split in raw.items():
         flag = "validation_file" if split_name == "validation" and validation_file else "train_file"
+        table = split.with_format("arrow")
         for column in (*text_columns, label_col):
-            label = column == label_col
-            for row, value in enumerate(split[column]):
-                nan = isinstance(value, float) and math.isnan(value)
-                if (value is None or nan) if label else not isinstance(value, str):
-                    raise FlagError(flag, f"{flag}: {split_name} row {row} of column {column!r} is "
-                                          f"{value!r}, not {'a label' if label else 'text'}.")
+            values = table[column]
+            if column != label_col and not (pa.types.is_string(values.type)
+                                            or pa.types.is_large_string(values.type)):
+                raise FlagError(flag, f"{flag}: column {column!r} holds {values.type}, not text.")
+            missing = pc.is_null(values, nan_is_null=True)
+            if pc.any(missing).as_py():
+                row = pc.index(missing, True).as_py()
+                what = "label" if column == label_col else "text"
+                raise FlagError(flag, f"{flag}: row {row} of the {split_name} split has no {what} in column "
+                                      f"{column!r} (an empty cell, or NaN).")
 
 
 def sequence_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tuple[Any, list | None, bool]:
