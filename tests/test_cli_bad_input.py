@@ -353,6 +353,7 @@ CASES: list[Case] = [
     ]),
     # ------------------------------------------------------------------ demo
     *cases("demo", DEMO, [
+        ("--output_dir", ("--output_dir", "{out}"), "user-files"),  # the demo would replace its own names
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--output_dir", ("--output_dir", "{file}"), "file"),
         ("--families", ("--families", "bert"), "unknown"),

@@ -89,6 +89,22 @@ def test_export_folder_is_exactly_the_upload(exported, family: str) -> None:
     assert not list(folder.parent.glob(f".{family}.*")), "staging folder left behind"
 
 
+def test_the_export_folder_has_the_modes_of_any_folder_the_user_creates(trained, tmp_path) -> None:
+    """Not mkdtemp's private 0o700, nor safetensors' 0o600: 0o777 and 0o666 less the umask, so that another
+    user or a serving container can read the model."""
+    import os
+    import stat
+
+    previous = os.umask(0o027)
+    try:
+        folder = export(ExportArguments(model_name_or_path=str(trained["gau"]),
+                                        output_dir=str(tmp_path / "x")))
+    finally:
+        os.umask(previous)
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in (folder, *folder.iterdir())}
+    assert modes.pop("x") == 0o750 and set(modes.values()) == {0o640}, modes
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_model_card_metadata_parses_and_holds_the_metrics(exported, family: str) -> None:
     card = ModelCard.load(exported[family] / "README.md")

@@ -316,3 +316,30 @@ def test_run_folders_are_claimed_by_one_process_and_released_on_crash(tmp_path):
     assert (folder / ".lock").exists()
     with claim(folder) as taken:
         assert taken
+
+
+def test_ctrl_c_checkpoints_the_run_in_training_and_the_same_command_resumes(tmp_path) -> None:
+    """Ctrl-C (SIGINT) during a run's training, as SIGTERM: one "interrupted:" line, exit status 130, the
+    run's checkpoint; the same command resumes from it. It once ended in a KeyboardInterrupt traceback and
+    lost the steps since the last timed checkpoint."""
+    command = [sys.executable, "-m", "hf_attn_variants", "lengthgen", "--output_dir", str(tmp_path / "study"),
+               "--variants", "gau_softmax", "--train_length", "16", "--eval_lengths", "16", "32",
+               "--max_train_steps", "3000", "--hidden_size", "32", "--num_hidden_layers", "1",
+               "--num_attention_heads", "2", "--disable_tqdm", "--no_plot"]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "study" / "runs" / "gau_softmax" / "seed_0" / "model" / "train_log.jsonl"
+    deadline = time.monotonic() + 240
+    while not log.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # training has logged a step: the run's loop checks the signal
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=240)
+    assert child.returncode == 130 and "Traceback" not in err, err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("hf-attn-variants lengthgen: interrupted: stopped by SIGINT (Ctrl-C) after"), line
+    checkpoints = sorted(log.parent.glob("checkpoints/step_*"))
+    assert len(checkpoints) == 1, checkpoints
+    step = int(checkpoints[0].name.removeprefix("step_"))
+    assert step < 3000
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {checkpoints[0]} (step {step})" in resumed.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import signal
@@ -164,6 +166,32 @@ def test_a_loss_that_becomes_nan_stops_the_run_with_one_line_and_saves_no_model(
     assert err.splitlines()[-1].startswith("hf-attn-variants pretrain: error: the training loss logged at ")
     assert not (tmp_path / "out" / "model.safetensors").exists()
     assert json.loads((tmp_path / "out" / "run.json").read_text()).get("finished") is not True
+
+
+def test_a_stopped_demo_resumes_its_family_and_refuses_a_folder_of_user_files(tmp_path) -> None:
+    """The demo retrains every run, but a family stopped by a signal (its pretrain unfinished, same
+    arguments) resumes, as its message said; and a folder holding files the demo did not write is refused."""
+    from hf_attn_variants.demo import check_demo_folder, resumes
+    from hf_attn_variants.training.outputs import RunRecord, json_arguments
+
+    arguments = tiny_args(tmp_path / "_pretrain" / "gau", family="gau")
+    folder = Path(arguments.output_dir)
+    folder.mkdir(parents=True)
+    assert not resumes(folder, arguments)
+    RunRecord("pretrain", json_arguments(arguments)).write(folder)
+    assert resumes(folder, arguments)
+    assert resumes(folder, dataclasses.replace(arguments, max_train_steps=9))  # a budget may differ
+    assert not resumes(folder, dataclasses.replace(arguments, learning_rate=1e-2))
+    RunRecord("pretrain", json_arguments(arguments), finished=True).write(folder)
+    assert not resumes(folder, arguments)
+    (tmp_path / "gau").mkdir()
+    (tmp_path / "gau" / "config.json").write_text("{}")
+    (tmp_path / "results.md").write_text("the last demo's table")
+    check_demo_folder(tmp_path)
+    (tmp_path / "synthesizer").mkdir()
+    (tmp_path / "synthesizer" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"holds files that the demo did not write \(synthesizer\)"):
+        check_demo_folder(tmp_path)
 
 
 KILL_CHILD = r"""

@@ -183,3 +183,19 @@ def test_prune_command_uniform_rejects_bad_combinations(tmp_path, capsys) -> Non
     model_dir = uniform_model_dir(tmp_path / "halved", {0: [0, 1], 1: [2, 3]})
     assert "--min_heads_per_layer must be below the 2 heads each layer has now" in run(
         model_dir, "--min_heads_per_layer", "2")
+
+
+def test_masked_lm_masking_gives_every_row_with_a_word_a_target() -> None:
+    """A short row could draw no target at 15 %: its loss was 0/0 and prune --task masked-lm stopped with a
+    traceback. Every row with a non-special token now has one (its smallest draw); rows with targets
+    already keep exactly the draw they had."""
+    from hf_attn_variants.pruning.data import mask_for_mlm
+    from hf_attn_variants.training import embedded_tokenizer
+
+    tokenizer = embedded_tokenizer()
+    batch = tokenizer(["def", "the return statement", "x", "a b c d e f g h i j k l m n o p"] * 16,
+                      padding=True, return_tensors="pt")
+    _, labels = mask_for_mlm(batch, tokenizer, 0.15, torch.Generator().manual_seed(0))
+    assert ((labels != -100).sum(dim=1) >= 1).all()
+    _, few = mask_for_mlm(batch, tokenizer, 0.0, torch.Generator().manual_seed(0))
+    assert ((few != -100).sum(dim=1) == 1).all()  # probability 0: exactly the one forced target per row

@@ -193,6 +193,7 @@ def test_a_truncated_checkpoint_is_named_and_automatic_resume_skips_it(runs, tra
     staging = folder / "checkpoints" / ".step_4.tmp"  # what kill -9 leaves when it hits a save: never resumed
     shutil.copytree(folder / "checkpoints" / "step_2", staging)
     (staging / "training_state.json").unlink()
+    (folder / "checkpoints" / ".step_9.tmp").mkdir()  # a second Ctrl-C during a save: the next one removes it
 
     assert pretrain_cli(run_args(folder, train_file), "--resume_from_checkpoint", str(broken.parent)) == 2
     err = capsys.readouterr().err.strip()
@@ -209,6 +210,7 @@ def test_a_truncated_checkpoint_is_named_and_automatic_resume_skips_it(runs, tra
                and m.split("resuming from ")[1].startswith(str(folder / "checkpoints" / "step_2"))
                for m in messages), messages
     assert max_weight_difference(folder, runs["reference"]) == 0.0
+    assert not list((folder / "checkpoints").glob(".*.tmp"))
 
 
 def test_a_truncated_training_state_is_named_and_automatic_resume_skips_it(runs, train_file, tmp_path, capsys,

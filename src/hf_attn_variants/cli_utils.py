@@ -413,6 +413,27 @@ def check_clearable(folder: Path, inputs: Mapping[str, str | None],
                                   "choose another --output_dir.")
 
 
+def staging_folder(output: Path) -> Path:
+    """A new hidden folder beside ``output`` to assemble it in, then rename (``tempfile.mkdtemp``; its private
+    0o700 is widened by ``share_like_the_user``)."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+
+
+def share_like_the_user(folder: Path) -> None:
+    """Give ``folder`` and everything in it the modes a plain ``mkdir`` and ``open`` would (0o777 and 0o666
+    less the umask): ``mkdtemp`` makes folders 0o700 and safetensors writes 0o600, which would keep an
+    exported model from another user or a serving container."""
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for path in (folder, *folder.rglob("*")):
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def check_output_file(flag: str, path: str | Path) -> None:
     """``FlagError`` unless ``path`` can be written as a file: not an existing folder, no file among its
     parents."""

@@ -101,6 +101,7 @@ class DemoArguments:
         if self.sentence.count("[MASK]") != 1:
             raise FlagError("sentence", f"sentence must contain [MASK] exactly once, got {self.sentence!r}.")
         check_output_dir("output_dir", self.output_dir)
+        check_demo_folder(Path(self.output_dir))
         check_int("max_seq_length", self.max_seq_length, 8)
         if not self.length_multipliers:
             raise FlagError("length_multipliers", "length_multipliers must not be empty.")
@@ -113,6 +114,43 @@ class DemoArguments:
         check_seed("seed", self.seed)
         check_int("num_threads", self.num_threads, 0)
         check_family_configs(self)
+
+
+DEMO_FILES = ("_pretrain", "results.json", "results.md")
+"""What the demo writes into its folder besides one export folder per family."""
+
+
+def check_demo_folder(folder: Path) -> None:
+    """``FlagError`` naming ``--output_dir`` when ``folder`` holds anything the demo did not write.
+
+    The demo retrains and re-exports into its own names, which would replace a person's files of those
+    names. Allowed: ``DEMO_FILES`` and, named after a family, a folder holding an export (``config.json``) or
+    nothing.
+    """
+    if not folder.is_dir():
+        return
+    foreign = sorted(
+        path.name for path in folder.iterdir() if not path.name.startswith(".")
+        and path.name not in DEMO_FILES
+        and not (path.name in FAMILIES and path.is_dir()
+                 and ((path / "config.json").is_file() or not any(path.iterdir())))
+    )
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+        raise FlagError("output_dir", f"--output_dir {str(folder)!r} holds files that the demo did not "
+                                      f"write ({shown}); the demo replaces its own folders there, so choose "
+                                      "another --output_dir.")
+
+
+def resumes(train_dir: Path, arguments: Any) -> bool:
+    """Whether ``train_dir`` holds an unfinished ``pretrain`` of the same ``arguments`` (a demo stopped by a
+    signal, which said that the same command resumes): then it resumes instead of training from scratch."""
+    from .training.outputs import RunRecord, differing_flags, json_arguments
+    from .training.pretrain import PRETRAIN_RULE
+
+    record = RunRecord.read(train_dir)
+    return (record is not None and record.command == "pretrain" and not record.finished
+            and not differing_flags(record.arguments, json_arguments(arguments), PRETRAIN_RULE.aside))
 
 
 DEMO_FLAG_OF_CONFIG_FIELD = {"hidden_size": "hidden_size", "num_hidden_layers": "num_hidden_layers",
@@ -224,14 +262,16 @@ def _run_demo(args: DemoArguments, started: float) -> dict[str, Any]:
     for family in args.families:
         train_dir = root / "_pretrain" / family
         t0 = time.perf_counter()
-        result = pretrain(PretrainArguments(
+        arguments = PretrainArguments(
             output_dir=str(train_dir), model_type=family, config_overrides=family_overrides(family, args),
             objective="mlm", max_seq_length=args.max_seq_length,
             per_device_train_batch_size=args.per_device_train_batch_size, learning_rate=args.learning_rate,
             num_warmup_steps=args.num_warmup_steps, max_train_steps=args.max_train_steps,
             logging_steps=max(1, args.max_train_steps // 10), seed=args.seed, disable_tqdm=True,
-            overwrite_output_dir=True,  # the demo retrains every time it runs
-        ))
+        )
+        # the demo retrains every time it runs, but continues a family that a signal stopped
+        arguments.overwrite_output_dir = not resumes(train_dir, arguments)
+        result = pretrain(arguments)
         train_seconds = time.perf_counter() - t0
         lengths = evaluate_lengths(str(train_dir), args)
         (train_dir / "eval_by_length.json").write_text(json.dumps(lengths, indent=2))

@@ -26,14 +26,20 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..cli_utils import FlagError, check_clearable, check_folder, check_output_dir
+from ..cli_utils import (
+    FlagError,
+    check_clearable,
+    check_folder,
+    check_output_dir,
+    share_like_the_user,
+    staging_folder,
+)
 from ..models.configuration_gau import GAUConfig
 from ..models.modeling_gau import GAUForMaskedLM
 
@@ -182,12 +188,13 @@ def convert_gau_alpha(args: ConvertGAUAlphaArguments) -> Path:
         raise FlagError("checkpoint", f"converted tensors do not fit the model: missing {missing}, "
                                       f"unexpected {unexpected}.")
     output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    staging = staging_folder(output)
     try:
         model.eval().save_pretrained(staging)
         for name in TOKENIZER_FILES:
             if (source / name).is_file():
                 shutil.copy2(source / name, staging / name)
+        share_like_the_user(staging)
         if output.exists():
             shutil.rmtree(output)
         staging.replace(output)

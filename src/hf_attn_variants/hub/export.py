@@ -16,7 +16,6 @@ import argparse
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,8 @@ from ..cli_utils import (
     check_repo_id,
     check_text_file,
     quiet_progress,
+    share_like_the_user,
+    staging_folder,
 )
 from ..models import FAMILIES
 from .card import render_model_card
@@ -207,7 +208,7 @@ def export(args: ExportArguments) -> Path:
     )
 
     output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    staging = staging_folder(output)
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
@@ -221,6 +222,7 @@ def export(args: ExportArguments) -> Path:
 
             export_onnx(model, staging / ONNX_PATH)
         check_export(staging)
+        share_like_the_user(staging)
         if output.exists():
             shutil.rmtree(output)
         os.replace(staging, output)

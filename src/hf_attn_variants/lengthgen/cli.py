@@ -87,11 +87,11 @@ def _start(namespace: argparse.Namespace) -> Any:
 def run(namespace: argparse.Namespace) -> int:
     """CLI entry: validate the flags and the output folder, run the study, print where the results are. A bad
     flag value or output folder (``FlagError``, found before anything is written) gives one error line naming
-    it and exit status 2; SIGTERM/SIGUSR1 during a run's training, its checkpoint and ``PREEMPTED_EXIT_CODE``
-    (75)."""
-    from ..cli_utils import FlagError, fail, fail_flag
+    it and exit status 2; SIGTERM/SIGUSR1 (or Ctrl-C) during a run's training, its checkpoint, one line and
+    ``PREEMPTED_EXIT_CODE`` (75; ``INTERRUPTED_EXIT_CODE``, 130, after Ctrl-C)."""
+    from ..cli_utils import FlagError, fail_flag
     from ..training.outputs import finish_run
-    from ..training.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
+    from ..training.preemption import COMMAND_STOP_SIGNALS, StopSignals, TrainingPreempted, preempted_exit
     from .retrieval_study import run_retrieval_study
     from .study import run_study
 
@@ -108,15 +108,16 @@ def run(namespace: argparse.Namespace) -> int:
     import datasets
 
     datasets.disable_progress_bars()  # tokenizing the corpus once per run: noise in a long study's log
-    try:
-        report = run_retrieval_study(args) if args.is_task else run_study(args)
-    # the run in training wrote its checkpoint; the same command resumes it
-    except TrainingPreempted as stopped:
-        fail("lengthgen", str(stopped), label="preempted")
-        return PREEMPTED_EXIT_CODE
+    with StopSignals(COMMAND_STOP_SIGNALS) as stop:  # Ctrl-C too, as pretrain and finetune catch it
+        try:
+            report = run_retrieval_study(args, stop) if args.is_task else run_study(args, stop)
+        # the run in training wrote its checkpoint; the same command resumes it
+        except TrainingPreempted as stopped:
+            return preempted_exit("lengthgen", stopped, stop)
     finish_run(args.output_dir)
+    plots = "" if args.no_plot else " and lengthgen_*.png"
     print(f"lengthgen: {len(report['runs'])} runs ({report.get('skipped_runs', 0)} reused); results in "
-          f"{args.output_dir}/results.md, results.json, results.csv, summary.csv and lengthgen_*.png")
+          f"{args.output_dir}/results.md, results.json, results.csv, summary.csv{plots}")
     if report.get("runs_held_elsewhere"):
         print(f"lengthgen: {report['runs_held_elsewhere']} run(s) held by other processes; rerun when they "
               "finish")

@@ -123,13 +123,15 @@ def build_model(plan: TaskRunPlan, spec: TaskSpec) -> Any:
     return AutoModelForCausalLM.from_config(config)
 
 
-def train_task_model(model: Any, plan: TaskRunPlan, spec: TaskSpec, args: Any) -> dict[str, Any]:
+def train_task_model(model: Any, plan: TaskRunPlan, spec: TaskSpec, args: Any,
+                     stop: Any = None) -> dict[str, Any]:
     """Train ``model`` for ``max_train_steps`` (AdamW, ``--weight_decay``, linear warm-up and decay), the
     first ``copy_warmup_steps`` of them on the copy warm-up; returns the training summary (seconds, final
-    loss, loss curve). ``TrainingPreempted`` after a stop signal."""
+    loss, loss curve). ``TrainingPreempted`` after a stop signal (of ``stop``, the caller's
+    ``StopSignals``, else of its own)."""
     from transformers import get_linear_schedule_with_warmup
 
-    from ..training.preemption import StopSignals, TrainingPreempted
+    from ..training.preemption import TrainingPreempted, stop_signals
 
     decay = TASK_WEIGHT_DECAY if args.weight_decay is None else args.weight_decay
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=decay)
@@ -137,7 +139,7 @@ def train_task_model(model: Any, plan: TaskRunPlan, spec: TaskSpec, args: Any) -
     batch_size, curve, started = args.per_device_train_batch_size, [], time.perf_counter()
     every = max(1, args.max_train_steps // 20)
     model.train()
-    with StopSignals() as stop:
+    with stop_signals(stop) as active:
         for step in range(args.max_train_steps):
             example = COPY if step < args.copy_warmup_steps else spec.task
             batch = make_batch(spec, args.train_length, plan.seed, step * batch_size, batch_size, example)
@@ -149,8 +151,8 @@ def train_task_model(model: Any, plan: TaskRunPlan, spec: TaskSpec, args: Any) -
             optimizer.zero_grad(set_to_none=True)
             if (step + 1) % every == 0 or step + 1 == args.max_train_steps:
                 curve.append((step + 1, round(loss.item(), 4)))
-            if stop.requested:
-                raise TrainingPreempted("lengthgen", stop.signal_name, step + 1, None,
+            if active.requested:
+                raise TrainingPreempted("lengthgen", active.signal_name, step + 1, None,
                                         note="a task run is short and is redone from the start by the same "
                                              "command")
     model.eval()
@@ -220,11 +222,12 @@ def evaluate_task_run(model: Any, plan: TaskRunPlan, spec: TaskSpec, args: Any) 
     return rows
 
 
-def run_task(plan: TaskRunPlan, args: Any) -> dict[str, Any]:
-    """Train and evaluate one run; returns what ``result.json`` stores."""
+def run_task(plan: TaskRunPlan, args: Any, stop: Any = None) -> dict[str, Any]:
+    """Train and evaluate one run (``stop``: as for ``train_task_model``); returns what ``result.json``
+    stores."""
     spec = task_spec(args)
     model = build_model(plan, spec)
-    train = train_task_model(model, plan, spec, args)
+    train = train_task_model(model, plan, spec, args, stop)
     if args.save_models:
         model.save_pretrained(plan.model_dir)
     started = time.perf_counter()

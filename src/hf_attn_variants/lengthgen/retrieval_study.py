@@ -103,9 +103,9 @@ def write_task_outputs(args: Any, results: list[dict[str, Any]], machine: dict[s
     return report
 
 
-def run_retrieval_study(args: Any) -> dict[str, Any]:
+def run_retrieval_study(args: Any, stop: Any = None) -> dict[str, Any]:
     """Run (or resume) the retrieval study ``args`` describes; returns the report written to
-    ``results.json``."""
+    ``results.json``. ``stop``: the command line's ``StopSignals``, which every run's training checks."""
     import torch
 
     from .study import machine_info
@@ -130,7 +130,7 @@ def run_retrieval_study(args: Any) -> dict[str, Any]:
                 skipped += 1
                 continue
             logger.info("%s: training", label)
-            result = run_task(plan, args)
+            result = run_task(plan, args, stop)
             atomic_write_json(plan.run_dir / "result.json", result)
             results.append(result)
         write_task_outputs(args, results, machine)

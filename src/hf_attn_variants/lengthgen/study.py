@@ -131,12 +131,13 @@ def _pretrain_arguments(plan: RunPlan, args: LengthGenArguments, tokenizer: Any)
     return PretrainArguments(model_type=plan.variant.model_type, config_overrides=dict(plan.fields), **common)
 
 
-def train_run(plan: RunPlan, args: LengthGenArguments, tokenizer: Any) -> dict[str, Any]:
-    """Train (or resume) one run with ``training.pretrain``; returns and stores ``train.json``."""
+def train_run(plan: RunPlan, args: LengthGenArguments, tokenizer: Any, stop: Any = None) -> dict[str, Any]:
+    """Train (or resume) one run with ``training.pretrain`` (``stop``: the caller's ``StopSignals``, else
+    pretrain's own); returns and stores ``train.json``."""
     from ..training import pretrain
 
     started = time.perf_counter()
-    result = pretrain(_pretrain_arguments(plan, args, tokenizer))
+    result = pretrain(_pretrain_arguments(plan, args, tokenizer), stop)
     seconds = time.perf_counter() - started
     log = [json.loads(line) for line in Path(result.log_file).read_text().splitlines() if line.strip()]
     info = {
@@ -295,8 +296,9 @@ def results_markdown(args: LengthGenArguments, report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_study(args: LengthGenArguments) -> dict[str, Any]:
-    """Run (or resume) the study described by ``args``; returns the report written to ``results.json``."""
+def run_study(args: LengthGenArguments, stop: Any = None) -> dict[str, Any]:
+    """Run (or resume) the study described by ``args``; returns the report written to ``results.json``.
+    ``stop``: the command line's ``StopSignals`` (Ctrl-C included), which every run's training checks."""
     import torch
     from tqdm.auto import tqdm
 
@@ -339,7 +341,7 @@ def run_study(args: LengthGenArguments) -> dict[str, Any]:
             if not (train and train.get("fingerprint") == plan.train_fingerprint
                     and (plan.model_dir / "model.safetensors").exists()):
                 logger.info("%s: training", label)
-                train = train_run(plan, args, tokenizer)
+                train = train_run(plan, args, tokenizer, stop)
             else:
                 logger.info("%s: trained earlier, evaluating only", label)
             results.append(evaluate_run(plan, args, tokenizer, stream, train, progress=bar))

@@ -351,7 +351,12 @@ def study(args: argparse.Namespace, inputs: PruneInputs) -> None:
         metric_name, higher_is_better = "perplexity", False
 
     normalize = not args.no_normalize_per_layer
-    importance = compute_head_importance(model, importance_batches, normalize_per_layer=normalize)
+    try:
+        importance = compute_head_importance(model, importance_batches, normalize_per_layer=normalize)
+    except ValueError as error:  # a loss that is not finite: the data (a row of special tokens only) or model
+        raise FlagError("train_file", f"train_file: head importance cannot be computed: {error} Check that "
+                                      "every example has a token to predict, and that the model's loss is "
+                                      "finite on it.") from error
     plot_head_importance(importance, output / "head_importance.png",
                          title=f"Head importance\n{type(model).__name__}")
     remaining_before, total = count_heads(model)

@@ -148,7 +148,11 @@ def mask_for_mlm(
     batch: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase, probability: float,
     generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """BERT masking (80% [MASK], 10% random, 10% kept) of non-special tokens; labels −100 elsewhere."""
+    """BERT masking (80% [MASK], 10% random, 10% kept) of non-special tokens; labels −100 elsewhere.
+
+    Every row with a non-special token gets at least one target (the token of its smallest draw), as
+    ``pretrain``'s masking does: a row without one has a loss of 0/0 (NaN).
+    """
     if tokenizer.mask_token_id is None:
         raise FlagError("tokenizer_name", "masked-lm needs a tokenizer with a mask token.")
     ids = batch["input_ids"].clone()
@@ -156,7 +160,11 @@ def mask_for_mlm(
         [tokenizer.get_special_tokens_mask(row, already_has_special_tokens=True) for row in ids.tolist()],
         dtype=torch.bool
     ) | (batch["attention_mask"] == 0)
-    chosen = (torch.rand(ids.shape, generator=generator) < probability) & ~special
+    draws = torch.rand(ids.shape, generator=generator)
+    chosen = (draws < probability) & ~special
+    untargeted = ~chosen.any(dim=1) & (~special).any(dim=1)
+    smallest = draws.masked_fill(special, 2.0).argmin(dim=1)
+    chosen[untargeted, smallest[untargeted]] = True
     labels = torch.where(chosen, ids, torch.full_like(ids, -100))
     roll = torch.rand(ids.shape, generator=generator)
     ids[chosen & (roll < 0.8)] = tokenizer.mask_token_id

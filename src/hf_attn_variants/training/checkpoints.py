@@ -347,13 +347,16 @@ def save_checkpoint(runtime: TrainingRuntime, output_dir: str, name: str, state:
     files in ``training_state.json`` (last), renames the folder to ``<name>`` atomically, and deletes all but
     the newest ``limit`` checkpoints (never ``keep``). A write that fails (a full disk) removes the staging
     folder and raises ``safe_state.SaveFailed`` with ``needed()`` bytes: the earlier checkpoints are
-    untouched."""
+    untouched. Staging folders that a killed process left (a second Ctrl-C during a save) are removed
+    first."""
     from .safe_state import CHECKPOINT_FORMAT, FORMAT_KEY, failing_save_raises
 
     root = Path(output_dir) / CHECKPOINT_DIR
     final, staging = root / name, root / f".{name}.tmp"
     if runtime.is_main_process:
-        shutil.rmtree(staging, ignore_errors=True)
+        # this one's, and any a killed process left (one run per folder: none is being written)
+        for leftover in (staging, *root.glob(".step_*.tmp"), *root.glob(".epoch_*.tmp")):
+            shutil.rmtree(leftover, ignore_errors=True)
         root.mkdir(parents=True, exist_ok=True)
     runtime.wait_for_everyone()
     with failing_save_raises("pretrain", staging, needed, "the checkpoints written before it are intact"):
