@@ -661,7 +661,7 @@ def check_repo_id(flag: str, repo_id: str) -> None:
     try:
         validate_repo_id(repo_id)
     except HFValidationError as error:
-        raise FlagError(flag, f"{flag}: {' '.join(str(error).split())}") from error
+        raise FlagError(flag, f"{flag}: {error_reason(error)}") from error
 
 
 def argparse_type(check: Callable[[str, Any], None], convert: Callable[[str], Any],

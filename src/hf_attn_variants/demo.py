@@ -144,13 +144,16 @@ def check_demo_folder(folder: Path) -> None:
 
 def resumes(train_dir: Path, arguments: Any) -> bool:
     """Whether ``train_dir`` holds an unfinished ``pretrain`` of the same ``arguments`` (a demo stopped by a
-    signal, which said that the same command resumes): then it resumes instead of training from scratch."""
-    from .training.outputs import RunRecord, differing_flags, json_arguments
+    signal, which said that the same command resumes): then it resumes instead of training from scratch.
+    ``pretrain``'s own folder rule decides (``outputs.check_output_folder``); whatever it would refuse, a
+    finished run or other flags, the demo retrains."""
+    from .training.outputs import check_output_folder, json_arguments
     from .training.pretrain import PRETRAIN_RULE
 
-    record = RunRecord.read(train_dir)
-    return (record is not None and record.command == "pretrain" and not record.finished
-            and not differing_flags(record.arguments, json_arguments(arguments), PRETRAIN_RULE.aside))
+    try:
+        return check_output_folder(PRETRAIN_RULE, train_dir, json_arguments(arguments)).same_run
+    except FlagError:
+        return False
 
 
 DEMO_FLAG_OF_CONFIG_FIELD = {"hidden_size": "hidden_size", "num_hidden_layers": "num_hidden_layers",

@@ -300,7 +300,7 @@ def check_models(args: EntropyArguments) -> dict[str, Any]:
     token ids (naming ``task_vocab_size``)."""
     from transformers import AutoConfig
 
-    from ..cli_utils import FlagError
+    from ..cli_utils import FlagError, error_reason
 
     if args.task != "text":
         task_spec(args)
@@ -310,7 +310,7 @@ def check_models(args: EntropyArguments) -> dict[str, Any]:
             configs[path] = AutoConfig.from_pretrained(path, trust_remote_code=False)
         except (OSError, ValueError, KeyError) as error:
             raise FlagError("models", f"models: the config of {path} cannot be read "
-                            f"({' '.join(str(error).split())}).") from error
+                            f"({error_reason(error)}).") from error
         vocab_size = configs[path].vocab_size
         if args.task != "text" and args.task_vocab_size > vocab_size:
             raise FlagError("task_vocab_size", f"task_vocab_size={args.task_vocab_size} exceeds the "

@@ -28,6 +28,7 @@ from ..cli_utils import (
     check_output_dir,
     check_repo_id,
     check_text_file,
+    error_reason,
     quiet_progress,
     share_like_the_user,
     staging_folder,
@@ -179,7 +180,7 @@ def load_model_and_tokenizer(args: ExportArguments, source: Path) -> tuple[Any, 
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as error:
-        reason = " ".join(str(error).split())
+        reason = error_reason(error)
         raise FlagError("model_name_or_path",
                         f"model_name_or_path: {source} holds no usable config.json: {reason}") from error
     model_class = _model_class(config)

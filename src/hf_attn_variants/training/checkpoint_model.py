@@ -20,7 +20,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-from ..cli_utils import FlagError, check_no_remote_code
+from ..cli_utils import FlagError, check_no_remote_code, error_reason
 from .checkpoints import STATE_FILE
 from .safe_state import MODEL_FILE, load_safely, read_tensors
 
@@ -80,7 +80,7 @@ def load_checkpoint_model(checkpoint: str | Path, flag: str = "model_name_or_pat
     try:
         module.load_state_dict(tensors, strict=True)
     except RuntimeError as error:
-        reason = " ".join(str(error).split())[:300]
+        reason = error_reason(error, 300)
         raise FlagError(flag, f"{flag}: the weights of the checkpoint {str(folder)!r} do not fit its "
                               f"config.json ({reason}).") from error
     return model.eval()

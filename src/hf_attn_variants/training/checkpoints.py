@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cli_utils import FlagError
+from ..cli_utils import FlagError, error_reason
 
 if TYPE_CHECKING:
     from .arguments import PretrainArguments
@@ -107,7 +107,7 @@ def probe_files(folder: Path) -> str | None:
         try:
             probe_file(path)
         except Exception as error:  # noqa: BLE001 - any failure to read the file is what we report
-            reason = " ".join(str(error).split())[:200] or type(error).__name__
+            reason = error_reason(error, 200)
             return f"{path} cannot be read safely ({type(error).__name__}: {reason})"
     return None
 

@@ -365,7 +365,7 @@ def _load_config(flag: str, source: str) -> PreTrainedConfig:
     except (OSError, ValueError, KeyError) as error:  # bad JSON, unknown model_type
         if is_hub_id(str(source)) and hub_unreachable(error):
             raise FlagError(flag, offline_hub_message(flag, str(source))) from error
-        reason = " ".join(str(error).split()) or type(error).__name__
+        reason = error_reason(error)
         raise FlagError(flag, f"{flag}: {source!r} holds no usable config: {reason}") from error
 
 

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..cli_utils import FlagError
+from ..cli_utils import FlagError, error_reason
 
 CHECKPOINT_FORMAT = 2
 """``training_state.json``'s ``checkpoint_format``: 2 = the pickle-free files above. Checkpoints without it
@@ -66,7 +66,7 @@ def load_safely(path: Path, load: Callable[[Path], T], flag: str = RESUME_FLAG) 
     except FlagError:
         raise
     except Exception as error:  # noqa: BLE001 - whatever a damaged or hostile file raises, the answer is one sentence
-        reason = " ".join(str(error).split())[:200] or type(error).__name__
+        reason = error_reason(error, 200)
         raise FlagError(flag, f"{flag}: {path} cannot be loaded safely ({type(error).__name__}: {reason}); "
                               "it is not the file this run wrote there (cut short, replaced, or written by "
                               "another tool), so resume from an earlier checkpoint or start afresh with "
