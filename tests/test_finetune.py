@@ -196,3 +196,53 @@ def test_finetune_cli_rejects_unknown_task(tmp_path, capsys, data) -> None:
               str(tmp_path)])
     err = capsys.readouterr().err
     assert "argument --task" in err and "'sequence_classification', 'token_classification'" in err
+
+
+def finetune_cli(output_dir: Path, data: dict[str, str], base: str, *extra: str) -> int:
+    return main(["finetune", "--model_name_or_path", base, "--train_file", data["train"],
+                 "--validation_file", data["dev"], "--max_seq_length", "16", "--output_dir", str(output_dir),
+                 "--report_to", "none",
+                 "--use_cpu", "true", "--disable_tqdm", "true", "--per_device_train_batch_size", "16",
+                 "--max_train_samples", "40", "--max_eval_samples", "16", *extra])
+
+
+def summary_lines(out: str) -> list[str]:
+    return [line.removeprefix("finetune: ") for line in out.splitlines() if line.startswith("finetune: ")]
+
+
+def test_finetune_says_what_it_will_do_and_what_it_did(tmp_path, capsys, data, base_models) -> None:
+    """The command prints, before training, the task, model, parameters, examples and the steps ahead (the
+    count ``Trainer`` then trains), and at the end the steps, the validation metrics, the folder and the next
+    command; under LoRA the trainable share and how to load the adapter; evaluation alone says so."""
+    base = base_models["entropy_invariant"]
+    folder = tmp_path / "full"
+    assert finetune_cli(folder, data, base, "--num_train_epochs", "2", "--eval_strategy", "epoch",
+                        "--save_strategy", "epoch") == 0
+    lines = summary_lines(capsys.readouterr().out)
+    steps = json.loads((folder / "trainer_state.json").read_text())["global_step"]
+    assert steps == 6  # 40 examples in batches of 16: 3 steps per epoch
+    assert lines[0].startswith(f"sequence_classification with entropy_invariant from {base}: ") and (
+        "2 labels; on cpu, 1 process" in lines[0]), lines
+    assert lines[1] == ("40 training examples, 16 validation examples; 6 steps of 16 examples; evaluates "
+                        "every epoch, checkpoints every epoch and every 10 min"), lines
+    accuracy = json.loads((folder / "eval_results.json").read_text())["eval_accuracy"]
+    assert lines[2].startswith("trained 6 steps in ") and "; mean train loss " in lines[2], lines
+    assert f"eval_accuracy {accuracy:.4g}" in lines[3], lines
+    assert lines[4] == ("wrote the model, its tokenizer, task_config.json and the results "
+                        f"(all_results.json) to {folder}")
+    assert lines[5] == (f"next: hf-attn-variants export --model_name_or_path {folder} --output_dir "
+                        f"{folder}-hub")
+    assert len(lines) == 6, lines
+
+    lora = tmp_path / "lora"
+    assert finetune_cli(lora, data, base, "--max_steps", "2", "--lora_r", "4", "--save_strategy", "no") == 0
+    lines = summary_lines(capsys.readouterr().out)
+    assert "of them trained (LoRA r=4)" in lines[0] and "2 steps of 16 examples" in lines[1], lines
+    assert lines[1].endswith("evaluates at the end, checkpoints only when stopped"), lines
+    assert lines[-1].startswith(f'next: hf_attn_variants.training.finetune.load_finetuned("{lora}")'), lines
+
+    alone = tmp_path / "alone"
+    assert finetune_cli(alone, data, base, "--do_eval") == 0
+    lines = summary_lines(capsys.readouterr().out)
+    assert lines[1] == "evaluates the model as it is on 16 validation examples; no training", lines
+    assert lines[-1] == f"wrote eval_results.json to {alone}" and "eval_accuracy" in lines[-2], lines

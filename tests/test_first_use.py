@@ -134,6 +134,10 @@ def test_export_takes_a_checkpoint_of_an_interrupted_run(interrupted, tmp_path, 
 
     hub = tmp_path / "hub"
     assert main(["export", "--model_name_or_path", str(checkpoint), "--output_dir", str(hub)]) == 0
+    card = (hub / "README.md").read_text()  # the card says what the weights are: which step, which data
+    assert (f"the checkpoint saved after training step {newest_step(folder)} of the run's {STEPS}, exported "
+            "before the run finished" in card), card
+    assert "Pretrained with `hf-attn-variants pretrain` on local file(s)" in card, card
     model = AutoModelForMaskedLM.from_pretrained(hub)
     stored = load_file(str(checkpoint / "model.safetensors"))
     trained = {k.removeprefix("model."): v for k, v in stored.items()}
@@ -187,6 +191,9 @@ def test_ctrl_c_during_finetune_checkpoints_exits_130_and_the_same_command_resum
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resuming from {checkpoint}" in rerun.stderr
     assert (folder / "model.safetensors").exists()
+    stopped = int(checkpoint.name.removeprefix("checkpoint-"))  # the summary counts this process's steps
+    assert f"; 8 steps of 16 examples in all, resuming from {checkpoint};" in rerun.stdout, rerun.stdout
+    assert f"finetune: trained {8 - stopped} step{'s' * (8 - stopped != 1)} (up to step 8) in" in rerun.stdout
 
 
 SECOND_CTRL_C = r"""

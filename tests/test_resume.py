@@ -200,6 +200,11 @@ def test_a_truncated_checkpoint_is_named_and_automatic_resume_skips_it(runs, tra
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert (str(broken) in err and "recorded at save" in err
             and str(folder / "checkpoints" / "step_2") in err), err
+    assert main(["export", "--model_name_or_path", str(broken.parent), "--output_dir",
+                 str(tmp_path / "hub")]) == 2  # exporting it names the same file, writes nothing
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(broken) in err and "step_2" in err, err
+    assert not (tmp_path / "hub").exists()
 
     with caplog.at_level(logging.INFO, logger="hf_attn_variants"):
         assert pretrain_cli(run_args(folder, train_file)) == 0
@@ -408,6 +413,26 @@ def test_finetune_names_a_broken_checkpoint_file_and_automatic_resume_skips_it(
         assert str(bad_file) in err and problem in err, err
         assert f"the newest complete checkpoint before it is '{output_dir / 'checkpoint-2'}'" in err, err
         assert snapshot(output_dir) == before
+        hub = tmp_path / f"hub-{output_dir.name}"
+        assert main(["export", "--model_name_or_path", str(output_dir / "checkpoint-3"), "--output_dir",
+                     str(hub)]) == 2  # export checks the manifest too
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(bad_file) in err and "checkpoint-2" in err, err
+        assert not hub.exists()
+
+    unfinished = tmp_path / "unfinished"  # a second Ctrl-C during the save: no manifest was written
+    shutil.copytree(manifest_cut, unfinished)
+    (unfinished / "checkpoint-3" / "checkpoint_manifest.json").unlink()
+    assert main(["export", "--model_name_or_path", str(unfinished / "checkpoint-3"), "--output_dir",
+                 str(tmp_path / "hub-unfinished")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "checkpoint_manifest.json" in err and "checkpoint-2" in err, err
+    assert main(["export", "--model_name_or_path", str(unfinished / "checkpoint-2"), "--output_dir",
+                 str(tmp_path / "hub-complete")]) == 0
+    card = (tmp_path / "hub-complete" / "README.md").read_text()
+    assert "the checkpoint saved after training step 2 of the run's" in card, card
+    assert f"(sequence_classification) on `{data['train']}`" in card, card
+    capsys.readouterr()
 
     with caplog.at_level(logging.INFO, logger="hf_attn_variants"):
         assert finetune_cli(folder, data, base, *saves) == 0

@@ -337,6 +337,60 @@ def check_int(flag: str, value: Any, minimum: int | None = None, maximum: int | 
         raise FlagError(flag, f"{flag} must be <= {maximum}, got {value}.")
 
 
+FIELD_TYPES: dict[str, tuple[type, ...]] = {"bool": (bool,), "int": (int,), "float": (int, float),
+                                            "str": (str,)}
+"""The annotations ``check_field_types`` checks (each also with ``| None``) and the types a value may
+have."""
+
+
+def _field_kind(annotation: Any) -> tuple[str, bool] | None:
+    """``(kind, optional)`` of a field's annotation (a string under ``from __future__ import annotations``):
+    ``"bool | None"`` → ``("bool", True)``; ``None`` for an annotation ``check_field_types`` leaves alone."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    parts = [part.strip() for part in text.split("|")]
+    kinds = [part for part in parts if part != "None"]
+    if len(kinds) != 1 or kinds[0] not in (*FIELD_TYPES, "list[str]"):
+        return None
+    return kinds[0], "None" in parts
+
+
+def _type_problem(kind: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for a field of ``kind`` (``"must be True or False"``), ``None`` if
+    nothing."""
+    if kind == "list[str]":
+        ok = isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value)
+        return None if ok else "must be a list of strings"
+    if isinstance(value, FIELD_TYPES[kind]) and (kind == "bool" or not isinstance(value, bool)):
+        return None
+    return {"bool": "must be True or False", "int": "must be an integer", "float": "must be a number",
+            "str": "must be a string"}[kind]
+
+
+def check_field_types(arguments: Any) -> None:
+    """``FlagError`` naming the first field of the dataclass ``arguments`` whose value does not have its
+    annotated type: ``bool``, ``int``, ``float``, ``str`` or ``list[str]``, each optionally ``| None``
+    (others are left to their own checks). Called first by the commands' ``__post_init__``, so that a
+    Python caller's ``overwrite_output_dir="False"`` (a string, which is true) never clears a folder and
+    ``output_dir=None`` is named. A path (``os.PathLike``) given for a ``str`` field becomes its string;
+    ``None`` in a field not annotated ``| None`` is accepted only when that is its default."""
+    import os
+
+    for item in dataclasses.fields(arguments):
+        kind = _field_kind(item.type)
+        if kind is None or not item.init:
+            continue
+        value = getattr(arguments, item.name)
+        if value is None:
+            if kind[1] or item.default is None:
+                continue
+            raise FlagError(item.name, f"{item.name} is required, got None.")
+        if kind[0] == "str" and isinstance(value, os.PathLike):
+            setattr(arguments, item.name, os.fspath(value))
+            continue
+        if (problem := _type_problem(kind[0], value)) is not None:
+            raise FlagError(item.name, f"{item.name} {problem}, got {value!r}.")
+
+
 def check_positive(flag: str, value: Any) -> None:
     """``FlagError`` unless ``value`` is an integer >= 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -691,6 +745,7 @@ __all__ = [
     "add_dataclass_arguments",
     "argparse_type",
     "check_choice",
+    "check_field_types",
     "check_config_source",
     "check_file",
     "check_finite",

@@ -33,6 +33,7 @@ from typing import Any
 
 from .cli_utils import (
     FlagError,
+    check_field_types,
     check_int,
     check_number,
     check_output_dir,
@@ -93,6 +94,7 @@ class DemoArguments:
 
     def __post_init__(self) -> None:
         """Check every value; a bad one raises ``FlagError`` (a ``ValueError``) naming it."""
+        check_field_types(self)
         families = self.families or list(FAMILIES)
         unknown = [f for f in families if f not in FAMILIES]
         if unknown:

@@ -71,6 +71,12 @@ class EntropyArguments:
     memory_gib: float = field(default=2.0, metadata={"help": "Batches sized so that one layer's attention "
                                                              "maps (fp32) and their entropy fit this much."})
 
+    def __post_init__(self) -> None:
+        """Each value has its type (``check_field_types``); the rest is checked by ``check_arguments``."""
+        from ..cli_utils import check_field_types
+
+        check_field_types(self)
+
 
 @dataclass(frozen=True)
 class Series:
@@ -92,12 +98,12 @@ def check_arguments(args: EntropyArguments) -> None:
     """Every flag checked before anything is loaded or written (``FlagError`` naming it)."""
     from ..cli_utils import (
         FlagError,
-        check_text_file,
         check_int,
         check_model_folder,
         check_number,
         check_output_file,
         check_seed,
+        check_text_file,
     )
 
     for path in args.models:

@@ -125,16 +125,61 @@ def _read_json(folder: Path, name: str) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def _numbers(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def collect_results(source: Path) -> dict[str, Any]:
-    """Metrics and training information stored next to a trained model by pretrain/finetune/demo."""
+    """Metrics and training information stored next to a trained model by pretrain/finetune/demo; for a
+    checkpoint of a run (``checkpoint_results``), what its run recorded up to it."""
+    checkpoint = checkpoint_results(source)
+    if checkpoint is not None:
+        return checkpoint
     metrics = {**_read_json(source, "all_results.json"), **_read_json(source, "eval_results.json")}
     return {
-        "metrics": {k: v for k, v in metrics.items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool)},
+        "metrics": _numbers(metrics),
         "pretrain": _read_json(source, "pretrain_args.json"),
         "task": _read_json(source, "task_config.json"),
         "by_length": _read_json(source, "eval_by_length.json"),
     }
+
+
+def checkpoint_results(source: Path) -> dict[str, Any] | None:
+    """``collect_results`` for a checkpoint (``None`` for any other folder): a ``pretrain`` checkpoint
+    (``checkpoints/step_<k>``) or a ``finetune`` one (``checkpoint-<k>``) holds no results files of its own,
+    so the training data comes from its run's ``run.json`` (the run's arguments), the last evaluation from the
+    checkpoint's ``trainer_state.json`` (finetune), and ``"checkpoint"`` says at which step of how many it
+    was saved."""
+    from types import SimpleNamespace
+
+    from ..training.checkpoint_model import checkpoint_of, is_pretrain_checkpoint
+    from ..training.outputs import RunRecord
+    from ..training.pretrain import dataset_info
+
+    found = checkpoint_of(source)
+    if found is None:
+        return None
+    step = found[0].step
+    pretrain = is_pretrain_checkpoint(source)
+    record = RunRecord.read(source.parent.parent if pretrain else source.parent)
+    arguments = record.arguments if record is not None else {}
+    results: dict[str, Any] = {"metrics": {}, "pretrain": {}, "task": {}, "by_length": {}}
+    if pretrain:
+        total = arguments.get("max_train_steps")
+        if arguments:
+            names = ("dataset_name", "dataset_config_name", "train_file")
+            results["pretrain"] = {**arguments,
+                                   **dataset_info(SimpleNamespace(**{n: arguments.get(n) for n in names}))}
+    else:
+        state = _read_json(source, "trainer_state.json")
+        total = state.get("max_steps")
+        evaluations = [row for row in state.get("log_history", []) if "eval_loss" in row]
+        results["metrics"] = _numbers(evaluations[-1]) if evaluations else {}
+        if arguments:
+            labels = _read_json(source, "config.json").get("id2label") or {}
+            results["task"] = {**arguments, "label_list": list(labels.values()) or None}
+    results["checkpoint"] = {"step": step, "of": total if isinstance(total, int) and total > 0 else None}
+    return results
 
 
 def _eval_results(model_id: str, task: tuple[str, str, str], results: dict[str, Any]) -> list[EvalResult]:
@@ -176,19 +221,31 @@ def _results_table(results: dict[str, Any]) -> str:
     return text
 
 
+def _checkpoint_sentence(results: dict[str, Any]) -> str:
+    """For a checkpoint: the step it was saved at (of how many the run was to train), else ``""``."""
+    checkpoint = results.get("checkpoint")
+    if checkpoint is None:
+        return ""
+    of = f" of the run's {checkpoint['of']}" if checkpoint["of"] else ""
+    return (f"This is the checkpoint saved after training step {checkpoint['step']}{of}, exported before the "
+            "run finished.\n\n")
+
+
 def _training_data(results: dict[str, Any]) -> str:
     pre, task = results["pretrain"], results["task"]
+    prefix = _checkpoint_sentence(results)
     if pre:
         keys = ("objective", "max_seq_length", "per_device_train_batch_size", "gradient_accumulation_steps",
                 "learning_rate", "max_train_steps", "num_train_epochs", "lr_scheduler_type", "seed")
         rows = [(k, pre[k]) for k in keys if pre.get(k) is not None]
-        return ("Pretrained with `hf-attn-variants pretrain` on "
-                f"{pre.get('dataset_description', pre.get('dataset'))} ({pre.get('train_blocks', '?')} "
-                "training blocks).\n\n" + _markdown_table(rows, ("argument", "value")))
+        blocks = f" ({pre['train_blocks']} training blocks)" if pre.get("train_blocks") is not None else ""
+        return (prefix + "Pretrained with `hf-attn-variants pretrain` on "
+                f"{pre.get('dataset_description', pre.get('dataset'))}{blocks}.\n\n"
+                + _markdown_table(rows, ("argument", "value")))
     if task:
-        return (f"Finetuned with `hf-attn-variants finetune` ({task.get('task')}) on "
+        return (prefix + f"Finetuned with `hf-attn-variants finetune` ({task.get('task')}) on "
                 f"`{task.get('train_file')}`; labels: {task.get('label_list')}.")
-    return "Not recorded."
+    return prefix + "Not recorded."
 
 
 def _usage(model_id: str, task: tuple[str, str, str], model_type: str, mask_token: str | None) -> str:
@@ -261,5 +318,5 @@ def render_model_card(
     )
 
 
-__all__ = ["TASKS", "attention_settings", "collect_results", "model_cards_dir", "render_model_card",
-           "template_for"]
+__all__ = ["TASKS", "attention_settings", "checkpoint_results", "collect_results", "model_cards_dir",
+           "render_model_card", "template_for"]

@@ -35,6 +35,7 @@ import torch
 from ..cli_utils import (
     FlagError,
     check_clearable,
+    check_field_types,
     check_folder,
     check_output_dir,
     share_like_the_user,
@@ -62,6 +63,10 @@ class ConvertGAUAlphaArguments:
                                               "code)."})
     overwrite: bool = field(default=False,
                             metadata={"help": "Replace output_dir if it exists and is not empty."})
+
+    def __post_init__(self) -> None:
+        """Each value has its type (``check_field_types``); ``convert_gau_alpha`` checks the folders."""
+        check_field_types(self)
 
 
 def interleaved_to_half_split(size: int) -> torch.Tensor:

@@ -23,6 +23,7 @@ from typing import Any
 from ..cli_utils import (
     FlagError,
     check_clearable,
+    check_field_types,
     check_folder,
     check_model_folder,
     check_output_dir,
@@ -81,6 +82,7 @@ class ExportArguments:
 
     def __post_init__(self) -> None:
         """Check the values that need no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it."""
+        check_field_types(self)
         if self.repo_id is not None:
             check_repo_id("repo_id", self.repo_id)
         if not LICENSE_PATTERN.fullmatch(self.license):
@@ -115,11 +117,13 @@ def _model_class(config: object) -> type:
 
 def check_paths(args: ExportArguments) -> tuple[Path, Path]:
     """``(source, output)`` folders of ``args``; ``FlagError`` for a source that is neither a model folder nor
-    a pretrain checkpoint, an output that is a file, not empty (without ``overwrite``), holds the source, or
-    that ``overwrite`` may not replace (``check_clearable``: it holds the working directory, the home folder,
-    the tokenizer folder or the template), a missing tokenizer folder or template."""
-    from ..training.checkpoint_model import is_pretrain_checkpoint
+    a pretrain checkpoint, a checkpoint that is not whole (``check_checkpoint_complete``), an output that is a
+    file, not empty (without ``overwrite``), holds the source, or that ``overwrite`` may not replace
+    (``check_clearable``: it holds the working directory, the home folder, the tokenizer folder or the
+    template), a missing tokenizer folder or template."""
+    from ..training.checkpoint_model import check_checkpoint_complete, is_pretrain_checkpoint
 
+    check_checkpoint_complete("model_name_or_path", args.model_name_or_path)  # names the one before it
     if is_pretrain_checkpoint(args.model_name_or_path):
         source = Path(args.model_name_or_path)
     else:

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cli_utils import FlagError, check_folder, check_repo_id, error_reason
+from ..cli_utils import FlagError, check_field_types, check_folder, check_repo_id, error_reason
 
 
 class PushError(RuntimeError):
@@ -38,6 +38,7 @@ class PushArguments:
 
     def __post_init__(self) -> None:
         """Check the values that need no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it."""
+        check_field_types(self)
         check_repo_id("repo_id", self.repo_id)
         if not self.commit_message.strip():
             raise FlagError("commit_message", "commit_message must not be empty.")

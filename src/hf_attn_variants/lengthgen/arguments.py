@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from ..cli_utils import (
     FlagError,
+    check_field_types,
     check_number,
     check_output_dir,
     check_seed,
@@ -208,6 +209,7 @@ class LengthGenArguments:
         return self.task != "lm"
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         if self.task not in ("lm", *TASKS):
             raise FlagError("task", f"task must be one of ('lm', 'passkey', 'mqar'), got {self.task!r}.")
         self._apply_defaults()

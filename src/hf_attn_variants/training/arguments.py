@@ -18,6 +18,7 @@ from transformers import SchedulerType
 from ..cli_utils import (
     FlagError,
     check_choice,
+    check_field_types,
     check_int,
     check_number,
     check_percentage,
@@ -261,6 +262,7 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
         """Check every value that needs no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it.
         Paths, data, the model config and the output folder are checked by ``pretrain`` before it writes
         anything."""
+        check_field_types(self)
         if self.model_type is None and self.config_name is None and self.model_name_or_path is None:
             raise FlagError("model_type", "Pass --model_type (entropy_invariant, gau, synthesizer, …), "
                                           "--config_name or --model_name_or_path.")
@@ -455,6 +457,7 @@ class FinetuneArguments(ShardingArguments, OutputDirArguments):
         """Check every value that needs no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it.
         Paths, data, config, model and the output folder are checked by ``finetune`` before it writes
         anything."""
+        check_field_types(self)
         if self.task not in TASKS:
             raise FlagError("task", f"task must be one of {TASKS}, got {self.task!r}.")
         if self.train_file is None:

@@ -21,7 +21,13 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from ..cli_utils import FlagError, check_no_remote_code, error_reason
-from .checkpoints import STATE_FILE
+from .checkpoints import (
+    STATE_FILE,
+    Checkpoint,
+    broken_checkpoint_error,
+    pretrain_checkpoints,
+    read_pretrain_checkpoint,
+)
 from .safe_state import MODEL_FILE, load_safely, read_tensors
 
 CONFIG_FILE = "config.json"
@@ -56,6 +62,35 @@ def tokenizer_source(checkpoint: Path) -> Path | None:
     return None
 
 
+def checkpoint_of(folder: Path) -> tuple[Checkpoint, list[Checkpoint]] | None:
+    """``folder`` as a checkpoint with the checkpoints of its run (for the "newest complete before it"), or
+    ``None`` when it is not a checkpoint: a ``pretrain`` one (``training_state.json``), or a ``Trainer``
+    one (``checkpoint-<step>`` with ``trainer_state.json``). A ``finetune`` run's (its folder has
+    ``run.json``) must have its manifest: without one its save did not finish. Any other ``Trainer``
+    checkpoint is probed with the safe loaders."""
+    from .outputs import RUN_FILE
+    from .trainer_hooks import CHECKPOINT_NAME, read_trainer_checkpoint, trainer_checkpoints
+
+    if (checkpoint := read_pretrain_checkpoint(folder)) is not None:
+        return checkpoint, pretrain_checkpoints(folder.parent.parent)
+    if CHECKPOINT_NAME.fullmatch(folder.name) is None or not (folder / "trainer_state.json").is_file():
+        return None
+    checkpoint = read_trainer_checkpoint(folder, require_manifest=(folder.parent / RUN_FILE).is_file())
+    return (checkpoint, trainer_checkpoints(folder.parent)) if checkpoint is not None else None
+
+
+def check_checkpoint_complete(flag: str, folder: str | Path) -> None:
+    """``FlagError`` naming ``flag`` when ``folder`` is a checkpoint that is not whole (a file cut short or
+    changed since the save, a save that did not finish: ``Checkpoint.problem``), with the newest complete
+    checkpoint before it; nothing for a complete checkpoint or a folder that is not one."""
+    found = checkpoint_of(Path(folder))
+    if found is None:
+        return
+    checkpoint, earlier = found
+    if (problem := checkpoint.problem()) is not None:
+        raise broken_checkpoint_error(flag, checkpoint, problem, earlier)
+
+
 def load_checkpoint_model(checkpoint: str | Path, flag: str = "model_name_or_path") -> torch.nn.Module:
     """The language model trained up to ``checkpoint`` (a ``pretrain`` checkpoint folder), in eval mode;
     ``FlagError`` naming ``flag`` in one sentence for a checkpoint that cannot give one."""
@@ -86,5 +121,5 @@ def load_checkpoint_model(checkpoint: str | Path, flag: str = "model_name_or_pat
     return model.eval()
 
 
-__all__ = ["CONFIG_FILE", "is_pretrain_checkpoint", "load_checkpoint_model", "tokenizer_source",
-           "write_model_files"]
+__all__ = ["CONFIG_FILE", "check_checkpoint_complete", "checkpoint_of", "is_pretrain_checkpoint",
+           "load_checkpoint_model", "tokenizer_source", "write_model_files"]

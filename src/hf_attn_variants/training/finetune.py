@@ -48,9 +48,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
+import math
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,7 +70,13 @@ from ..cli_utils import (
     quiet_progress,
 )
 from .arguments import TASKS, FinetuneArguments, check_adamw
-from .checkpoints import announce_resume, broken_checkpoint_error, newest_resumable, probe_files
+from .checkpoints import (
+    announce_resume,
+    broken_checkpoint_error,
+    newest_resumable,
+    probe_files,
+    read_json_file,
+)
 from .modeling import build_config, load_pretrained, load_tokenizer
 from .outputs import (
     FolderState,
@@ -82,6 +91,14 @@ from .preemption import StopSignals, TrainingPreempted, max_over_ranks, run_trai
 from .runlock import run_lock
 from .safe_state import failing_save_raises, training_state_bytes
 from .sharded import INITIAL_MODEL_DIR, check_layout, check_parallel_plans, load_sharded, model_class_for
+from .summary import (
+    FinetunePlan,
+    finetune_end_summary,
+    finetune_start_summary,
+    parameter_counts,
+    print_lines,
+    updates_per_epoch,
+)
 from .tasks import (
     compute_metrics,
     label_kwargs,
@@ -595,14 +612,17 @@ def timed_checkpoints(args: FinetuneArguments, training_args: Any) -> float:
     return 0.0 if str(strategy) == "no" else args.checkpointing_minutes
 
 
-def finetune(args: FinetuneArguments, training_args: Any, stop: StopSignals | None = None) -> FinetuneResult:
+def finetune(args: FinetuneArguments, training_args: Any, stop: StopSignals | None = None, *,
+             summary: bool = False) -> FinetuneResult:
     """Finetune (see module docstring); ``training_args`` is a ``transformers.TrainingArguments``.
 
     It trains and evaluates unless only evaluation was asked for (``evaluation_only``). Every input and the
     output folder are checked before anything is written (without progress bars, so that a bad value prints
     its one error line alone): a bad one raises ``FlagError`` naming its flag. A stop signal during training
     raises ``TrainingPreempted`` after the checkpoint of the last finished step is written (caught during
-    training, or by ``stop`` when the caller installed the handlers).
+    training, or by ``stop`` when the caller installed the handlers). With ``summary`` (the command line) the
+    main process prints what the run is about to do before its first step and what it did at the end
+    (``summary.py``).
     """
     with quiet_progress():
         check_training_arguments(training_args)
@@ -614,30 +634,113 @@ def finetune(args: FinetuneArguments, training_args: Any, stop: StopSignals | No
         _start_writing(prepared)  # every input is valid: from here on the run writes
         quiet = quiet_progress() if training_args.disable_tqdm else contextlib.nullcontext()
         with quiet:  # --disable_tqdm: Transformers' "Writing model shards" bars too
-            trainer, metrics = _run_trainer(args, prepared, stop)
+            trainer, metrics = _run_trainer(args, prepared, stop, summary)
     return FinetuneResult(str(prepared.training_args.output_dir), metrics, trainer.model, trainer,
                           prepared.label_list)
 
 
-def _run_trainer(args: FinetuneArguments, prepared: _Prepared,
-                 stop: StopSignals | None) -> tuple[Any, dict[str, float]]:
+def _run_trainer(args: FinetuneArguments, prepared: _Prepared, stop: StopSignals | None,
+                 summary: bool = False) -> tuple[Any, dict[str, float]]:
     """Train and evaluate with ``Trainer`` (stopped by a signal: ``TrainingPreempted`` after its
-    checkpoint), then write the task's outputs; returns the trainer and the metrics."""
+    checkpoint), then write the task's outputs; returns the trainer and the metrics. With ``summary`` the
+    main process prints the start and end summaries."""
     model = _final_model(args, prepared)
     metrics: dict[str, float] = {}
-    output_dir = Path(prepared.training_args.output_dir)
+    training_args = prepared.training_args
+    output_dir = Path(training_args.output_dir)
     with failing_save_raises("finetune", output_dir, lambda: training_state_bytes(model),
                              "the checkpoints it completed before are intact", staging=False):
         with stop_signals(stop) as active:
             guard = CheckpointGuard(active, can_checkpoint=not args.layout.sharded,
-                                    checkpoint_minutes=timed_checkpoints(args, prepared.training_args))
+                                    checkpoint_minutes=timed_checkpoints(args, training_args))
             trainer = _trainer(args, prepared, model, guard)
-            if prepared.training_args.do_train:
+            summary = summary and trainer.is_world_process_zero()
+            if summary:
+                print_lines("finetune", finetune_start_summary(run_plan(args, prepared, model)))
+            started, first_step = time.perf_counter(), resumed_step(prepared.resume_from)
+            if training_args.do_train:
                 metrics.update(_train(trainer, prepared, guard))
-        if prepared.training_args.do_eval:
+        if training_args.do_eval:
             metrics.update(_evaluate(trainer, prepared))
         _write_task_outputs(args, prepared, trainer)
+    if summary:
+        last = trainer.state.global_step
+        steps = (last - first_step, last) if training_args.do_train else None
+        print_lines("finetune", finetune_end_summary(
+            str(output_dir), metrics, steps, time.perf_counter() - started,
+            loss_line(trainer, metrics, first_step), lora=args.lora_r > 0,
+            merged=args.lora_r > 0 and args.lora_merge))
     return trainer, metrics
+
+
+def resumed_step(checkpoint: str | None) -> int:
+    """The step ``checkpoint`` (a ``Trainer`` checkpoint) was saved at; 0 without one."""
+    if checkpoint is None:
+        return 0
+    state = read_json_file(Path(checkpoint) / "trainer_state.json") or {}
+    return int(state.get("global_step") or 0)
+
+
+def last_logged_loss(trainer: Any) -> tuple[int, float] | None:
+    """The step and value of the last training loss ``Trainer`` logged, ``None`` before any."""
+    rows = [row for row in trainer.state.log_history if "loss" in row and "step" in row]
+    return (int(rows[-1]["step"]), float(rows[-1]["loss"])) if rows else None
+
+
+def loss_line(trainer: Any, metrics: dict[str, float], first_step: int) -> str | None:
+    """The training loss for the end summary: the last logged one (``"train loss 0.6931 at step 6"``); else,
+    in a run not resumed, ``Trainer``'s mean over the run (``"mean train loss 0.6931"``; after a resume it
+    would average over the earlier steps too without their losses); ``None`` otherwise."""
+    if (last := last_logged_loss(trainer)) is not None:
+        return f"train loss {last[1]:.4f} at step {last[0]:,}"
+    mean = metrics.get("train_loss")
+    return f"mean train loss {mean:.4f}" if first_step == 0 and isinstance(mean, (int, float)) else None
+
+
+def cadence(args: FinetuneArguments, training_args: Any) -> str:
+    """When the run evaluates and checkpoints (and stops early), for the start summary."""
+
+    def every(strategy: Any, steps: float | None) -> str:
+        name = str(getattr(strategy, "value", strategy))
+        return {"no": "never", "epoch": "every epoch", "best": "at each new best",
+                "steps": f"every {steps:g} steps" if steps else "every logging step"}.get(name, name)
+
+    evaluation = every(training_args.eval_strategy, training_args.eval_steps or training_args.logging_steps)
+    if evaluation == "never" and training_args.do_eval:
+        evaluation = "at the end"
+    saves = every(training_args.save_strategy, training_args.save_steps)
+    if saves == "never":  # a stop signal still writes one
+        saves = "only when stopped"
+    text = f"evaluates {evaluation}, checkpoints {saves}"
+    if minutes := timed_checkpoints(args, training_args):
+        text += f" and every {minutes:g} min"
+    if args.early_stopping_patience is not None:
+        text += (f"; stops after {args.early_stopping_patience} evaluation"
+                 f"{'s' * (args.early_stopping_patience != 1)} without improvement")
+    return text
+
+
+def run_plan(args: FinetuneArguments, prepared: _Prepared, model: Any) -> FinetunePlan:
+    """What the start summary states about the run (main process)."""
+    training_args = prepared.training_args
+    train = prepared.data["train"] if training_args.do_train else None
+    evaluation = prepared.data["validation"] if training_args.do_eval else None
+    processes, accumulation = training_args.world_size, training_args.gradient_accumulation_steps
+    per_process = training_args.per_device_train_batch_size
+    steps = training_args.max_steps
+    if steps <= 0 and train is not None:
+        per_epoch = updates_per_epoch(len(train), per_process, processes, accumulation)
+        steps = math.ceil(per_epoch * training_args.num_train_epochs)
+    labels = None if prepared.regression else len(prepared.label_list or []) or prepared.config.num_labels
+    return FinetunePlan(
+        task=args.task, model_type=prepared.config.model_type, source=args.model_name_or_path,
+        parameters=parameter_counts(model)[0],
+        trainable=sum(p.numel() for p in model.parameters() if p.requires_grad), lora_r=args.lora_r,
+        device=str(training_args.device), processes=processes,
+        train_examples=len(train) if train is not None else None,
+        eval_examples=len(evaluation) if evaluation is not None else None, labels=labels, steps=max(steps, 0),
+        batch_size=per_process * processes * accumulation, cadence=cadence(args, training_args),
+        resume_from=prepared.resume_from)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -655,7 +758,8 @@ def run(namespace: argparse.Namespace) -> int:
     status 75)."""
     from transformers import TrainingArguments
 
-    return run_training_command("finetune", finetune, namespace, FinetuneArguments, TrainingArguments)
+    return run_training_command("finetune", functools.partial(finetune, summary=True), namespace,
+                                FinetuneArguments, TrainingArguments)
 
 
 __all__ = [

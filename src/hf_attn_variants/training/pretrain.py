@@ -170,6 +170,7 @@ from .summary import (
     estimate_seconds,
     parameter_counts,
     plot_loss_curve,
+    print_lines,
     start_summary,
 )
 from .throughput import device_peak_flops, mfu, model_flops_per_token
@@ -1068,12 +1069,6 @@ def run_plan(run: TrainingSetup, completed: int) -> RunPlan:
                    compiled=compile_description(args))
 
 
-def print_lines(lines: list[str]) -> None:
-    """The summary lines on stdout, each after ``pretrain:``."""
-    for line in lines:
-        print(f"pretrain: {line}", flush=True)
-
-
 def pretrain(args: PretrainArguments, stop: StopSignals | None = None, *,
              summary: bool = False) -> PretrainResult:
     """Run MLM/CLM pretraining as described in the module docstring; returns a ``PretrainResult``.
@@ -1096,13 +1091,13 @@ def pretrain(args: PretrainArguments, stop: StopSignals | None = None, *,
             with stop_signals(stop) as active:
                 done = restore(run)
                 if summary and runtime.is_main_process:
-                    print_lines(start_summary(run_plan(run, done[0])))
+                    print_lines("pretrain", start_summary(run_plan(run, done[0])))
                 state = train(run, done, active)
             with failing_save_raises("pretrain", run.output_dir, lambda: training_state_bytes(run.model),
                                      "its checkpoints are intact", staging=False):
                 plot = save_outputs(run, state)
             if summary and runtime.is_main_process:
-                print_lines(end_summary(
+                print_lines("pretrain", end_summary(
                     args.output_dir, args.objective, state.completed - state.first_completed,
                     state.tokens - state.first_tokens, time.perf_counter() - state.started,
                     state.last_row.get("loss"), state.metrics.get("eval_loss"), plot))

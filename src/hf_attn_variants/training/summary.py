@@ -1,4 +1,4 @@
-"""What ``pretrain`` tells a person at both ends of a run, and the loss curve it draws.
+"""What ``pretrain`` and ``finetune`` tell a person at both ends of a run; the loss curve ``pretrain`` draws.
 
 - At the start (``start_summary``): the model (family, objective, parameters with and without the embeddings),
   the device and processes (and ``torch.compile``'s backend and mode under ``--torch_compile``), the tokens
@@ -7,6 +7,10 @@
   CPU trains at seconds per step.
 - At the end (``end_summary``): the steps and tokens trained, tokens per second, the final train and eval loss
   with their perplexities, the output folder, the loss curve, and the next command (export, or load).
+- ``finetune`` (``FinetunePlan``, ``finetune_start_summary``, ``finetune_end_summary``): the task, model and
+  parameters (trainable ones under LoRA), the examples, labels and steps ahead, the evaluation and checkpoint
+  cadence; at the end the steps and time, the validation metrics, what was written where, and the next
+  command.
 - ``plot_loss_curve``: ``loss_curve.png`` from ``train_log.jsonl`` (train loss per logged row, eval loss where
   evaluated), when matplotlib (the ``plots`` extra) is installed.
 
@@ -179,6 +183,103 @@ def end_summary(output_dir: str, objective: str, steps: int, tokens: int, second
     ]
 
 
+@dataclass(frozen=True)
+class FinetunePlan:
+    """What ``finetune_start_summary`` states."""
+
+    task: str
+    model_type: str
+    source: str | None
+    """``--model_name_or_path``; ``None`` for a model built from scratch."""
+    parameters: int
+    trainable: int
+    lora_r: int
+    device: str
+    processes: int
+    train_examples: int | None
+    """``None`` when the run only evaluates."""
+    eval_examples: int | None
+    labels: int | None
+    """``None`` for regression."""
+    steps: int
+    batch_size: int
+    """Examples per optimizer step over every process."""
+    cadence: str
+    resume_from: str | None = None
+
+
+def updates_per_epoch(examples: int, batch_per_process: int, processes: int, accumulation: int) -> int:
+    """Optimizer steps in one epoch of ``examples``, as ``Trainer`` counts them: batches per process, then
+    whole accumulations (a last partial one counts)."""
+    batches = math.ceil(examples / max(batch_per_process * processes, 1))
+    return max(math.ceil(batches / max(accumulation, 1)), 1)
+
+
+def finetune_start_summary(plan: FinetunePlan) -> list[str]:
+    """The lines ``finetune`` prints before its first step."""
+    origin = f"from {plan.source}" if plan.source else "from scratch (random weights)"
+    trainable = (f", {short_count(plan.trainable)} of them trained (LoRA r={plan.lora_r})" if plan.lora_r
+                 else "")
+    where = f"{plan.device}, {plan.processes} process{'es' * (plan.processes > 1)}"
+    labels = "regression" if plan.labels is None else f"{plan.labels} labels"
+    lines = [f"{plan.task} with {plan.model_type} {origin}: {short_count(plan.parameters)} parameters"
+             f"{trainable}; {labels}; on {where}"]
+    evaluated = f"{plan.eval_examples:,} validation examples" if plan.eval_examples is not None else ""
+    if plan.train_examples is None:
+        lines.append(f"evaluates the model as it is on {evaluated}; no training")
+        return lines
+    ahead = f"{plan.steps:,} step{'s' * (plan.steps != 1)} of {plan.batch_size} examples"
+    if plan.resume_from:
+        ahead += f" in all, resuming from {plan.resume_from}"
+    lines.append(f"{plan.train_examples:,} training examples" + (f", {evaluated}" if evaluated else "")
+                 + f"; {ahead}; {plan.cadence}")
+    return lines
+
+
+def metrics_text(metrics: dict[str, Any], prefix: str = "eval_") -> str:
+    """``"eval_accuracy 0.875, eval_f1 0.8571, eval_loss 0.4123"``: the validation metrics (no runtime or
+    sample counts), or ``"no evaluation"``."""
+    skipped = ("runtime", "samples_per_second", "steps_per_second", "samples", "epoch")
+    shown = [(k, v) for k, v in sorted(metrics.items())
+             if k.startswith(prefix) and not k.removeprefix(prefix).startswith(skipped)
+             and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return ", ".join(f"{k} {v:.4g}" for k, v in shown) or "no evaluation"
+
+
+def finetune_end_summary(output_dir: str, metrics: dict[str, Any], steps: tuple[int, int] | None,
+                         seconds: float, loss: str | None, lora: bool, merged: bool) -> list[str]:
+    """The lines ``finetune`` prints when its outputs are written. ``steps``: ``(trained in this process,
+    the run's last step)``, ``None`` when it only evaluated; ``loss``: what to say of the training loss
+    (``finetune.loss_line``)."""
+    folder = str(output_dir).rstrip("/") or str(output_dir)
+    lines = []
+    if steps is not None:
+        trained, last = steps
+        upto = f" (up to step {last:,})" if last != trained else ""
+        said = f"; {loss}" if loss else ""
+        lines.append(f"trained {trained:,} step{'s' * (trained != 1)}{upto} in {duration(seconds)}{said}")
+    lines.append(metrics_text(metrics))
+    if steps is None:
+        lines.append(f"wrote eval_results.json to {folder}")
+        return lines
+    what = "the LoRA adapter" if lora else "the model"
+    lines.append(f"wrote {what}, its tokenizer, task_config.json and the results (all_results.json) to "
+                 f"{folder}" + (f", and the merged model to {folder}/merged" if merged else ""))
+    if lora and not merged:
+        lines.append(f"next: hf_attn_variants.training.finetune.load_finetuned({json.dumps(folder)}); "
+                     "--lora_merge also writes a full model to export")
+    else:
+        model = f"{folder}/merged" if merged else folder
+        lines.append(f"next: hf-attn-variants export --model_name_or_path {model} --output_dir {folder}-hub")
+    return lines
+
+
+def print_lines(command: str, lines: list[str]) -> None:
+    """Summary lines on stdout, each after ``<command>:``."""
+    for line in lines:
+        print(f"{command}: {line}", flush=True)
+
+
 def read_rows(log_path: Path) -> list[dict[str, Any]]:
     """The rows of ``train_log.jsonl``."""
     if not log_path.is_file():
@@ -214,6 +315,7 @@ def plot_loss_curve(log_path: Path, output: Path, title: str) -> Path | None:
     return output
 
 
-__all__ = ["PLOT_FILE", "STEP_EFFICIENCY", "RunPlan", "auto_class_for", "device_matmul_flops", "duration",
-           "end_summary", "estimate_seconds", "loss_text", "parameter_counts", "perplexity",
-           "plot_loss_curve", "read_rows", "short_count", "start_summary"]
+__all__ = ["PLOT_FILE", "STEP_EFFICIENCY", "FinetunePlan", "RunPlan", "auto_class_for", "device_matmul_flops",
+           "duration", "end_summary", "estimate_seconds", "finetune_end_summary", "finetune_start_summary",
+           "loss_text", "metrics_text", "parameter_counts", "perplexity", "plot_loss_curve", "print_lines",
+           "read_rows", "short_count", "start_summary", "updates_per_epoch"]

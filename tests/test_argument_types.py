@@ -1,0 +1,84 @@
+"""Python callers' argument objects: a value of the wrong type is one ``FlagError`` naming the field.
+
+The command line parses each flag into its type; a Python caller passes values as they are. A string is
+true, so ``PretrainArguments(overwrite_output_dir="False")`` once cleared the output folder, notes and all,
+and ``ExportArguments(overwrite="False")`` did the same (``cli_utils.check_field_types``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from hf_attn_variants.cli_utils import FlagError, check_field_types
+from hf_attn_variants.demo import DemoArguments
+from hf_attn_variants.entropy.cli import EntropyArguments
+from hf_attn_variants.hub.conversion import ConvertGAUAlphaArguments
+from hf_attn_variants.hub.export import ExportArguments, export
+from hf_attn_variants.hub.push import PushArguments
+from hf_attn_variants.lengthgen.arguments import LengthGenArguments
+from hf_attn_variants.training import FinetuneArguments, PretrainArguments, pretrain
+
+MINIMAL = {
+    PretrainArguments: {"model_type": "gau", "output_dir": "runs/x"},
+    FinetuneArguments: {"model_name_or_path": "m", "train_file": "t.csv"},
+    ExportArguments: {"model_name_or_path": "m", "output_dir": "x"},
+    PushArguments: {"folder": "x", "repo_id": "user/name"},
+    ConvertGAUAlphaArguments: {"checkpoint": "c", "output_dir": "x"},
+    EntropyArguments: {"models": ["m"]},
+    LengthGenArguments: {},
+    DemoArguments: {},
+}
+WRONG = {"bool": "False", "int": 2.5, "float": "1e-3", "str": 5, "list[str]": "abc"}
+
+
+def typed_fields(cls: type) -> list[tuple[str, str]]:
+    """``(name, kind)`` of every field ``check_field_types`` checks."""
+    kinds = []
+    for item in dataclasses.fields(cls):
+        text = item.type if isinstance(item.type, str) else ""
+        parts = [p.strip() for p in text.split("|") if p.strip() != "None"]
+        if item.init and len(parts) == 1 and parts[0] in WRONG:
+            kinds.append((item.name, parts[0]))
+    return kinds
+
+
+CASES = [(cls, name, kind) for cls in MINIMAL for name, kind in typed_fields(cls)]
+
+
+def test_every_command_checks_its_field_types() -> None:
+    for cls, kwargs in MINIMAL.items():
+        check_field_types(cls(**kwargs))  # the defaults pass
+        assert len(typed_fields(cls)) >= 2, cls
+    assert {kind for _, _, kind in CASES} == set(WRONG)
+
+
+@pytest.mark.parametrize(("cls", "name", "kind"), CASES,
+                         ids=[f"{cls.__name__}.{name}" for cls, name, _ in CASES])
+def test_a_value_of_the_wrong_type_is_named(cls, name, kind) -> None:
+    with pytest.raises(FlagError) as raised:
+        cls(**{**MINIMAL[cls], name: WRONG[kind]})
+    assert raised.value.flag == name and str(raised.value).startswith(f"{name} must be "), raised.value
+
+
+def test_a_path_is_taken_for_a_string_and_none_only_where_it_is_allowed(tmp_path) -> None:
+    args = PretrainArguments(model_type="gau", output_dir=tmp_path / "run", train_file=tmp_path / "t.txt")
+    assert args.output_dir == str(tmp_path / "run") and args.train_file == str(tmp_path / "t.txt")
+    with pytest.raises(FlagError, match="^output_dir is required, got None.$"):
+        PretrainArguments(model_type="gau", output_dir=None)
+    with pytest.raises(FlagError, match="^license is required, got None.$"):
+        ExportArguments(model_name_or_path="m", output_dir="x", license=None)
+
+
+def test_a_string_false_never_clears_a_folder(tmp_path: Path) -> None:
+    """The reported case: both calls once deleted ``notes.txt``; now each is refused before any work."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(FlagError, match="overwrite_output_dir must be True or False, got 'False'"):
+        pretrain(PretrainArguments(model_type="gau", output_dir=str(folder), overwrite_output_dir="False"))
+    with pytest.raises(FlagError, match="overwrite must be True or False, got 'False'"):
+        export(ExportArguments(model_name_or_path=str(tmp_path), output_dir=str(folder), overwrite="False"))
+    assert [p.name for p in folder.iterdir()] == ["notes.txt"]
