@@ -205,7 +205,33 @@ def console() -> int:
         from hf_attn_variants.host_memory import keep_freed_memory
 
         keep_freed_memory()
-    return main(argv)
+    try:
+        return main(argv)
+    except KeyboardInterrupt:  # the training commands stop at a step instead (their own line and status)
+        command = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+        print(interrupted_message(command), file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+
+
+INTERRUPTED_EXIT_CODE = 130
+"""What a shell reports for a process ended by Ctrl-C (128 + SIGINT)."""
+AFTER_CTRL_C = {
+    "prune": "its --output_dir holds an unfinished run, which the same command redoes",
+    "bench": "the rows measured so far are not kept (--only measures a part of the run)",
+    "entropy": "the series measured so far are not kept (--names and fewer --models measure a part)",
+    "export": "nothing was written to --output_dir (an export is assembled aside and renamed into place)",
+    "convert-gau-alpha": "nothing was written to --output_dir (the folder is assembled aside and renamed "
+                         "into place)",
+}
+"""What a command stopped by Ctrl-C outside a training step leaves, for its one line."""
+
+
+def interrupted_message(command: str | None) -> str:
+    """The one line for Ctrl-C (``KeyboardInterrupt``) in ``console``, instead of a traceback."""
+    where = f"hf-attn-variants {command}" if command else "hf-attn-variants"
+    left = AFTER_CTRL_C.get(command or "")
+    return (f"{where}: interrupted: stopped by Ctrl-C before it finished{'; ' + left if left else ''} "
+            f"(exit status {INTERRUPTED_EXIT_CODE}).")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -224,6 +250,20 @@ if __name__ == "__main__":
     raise SystemExit(console())
 
 
-__all__ = ["EXTRAS", "KEEP_FREED_MEMORY", "SUBCOMMANDS", "Subcommand", "build_parser", "console",
-           "extra_message",
-           "extra_of", "install_command", "main", "missing_extras", "package_version", "run_subcommand"]
+__all__ = [
+    "EXTRAS",
+    "INTERRUPTED_EXIT_CODE",
+    "KEEP_FREED_MEMORY",
+    "SUBCOMMANDS",
+    "Subcommand",
+    "build_parser",
+    "console",
+    "extra_message",
+    "extra_of",
+    "install_command",
+    "interrupted_message",
+    "main",
+    "missing_extras",
+    "package_version",
+    "run_subcommand",
+]

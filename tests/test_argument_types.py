@@ -7,12 +7,11 @@ and ``ExportArguments(overwrite="False")`` did the same (``cli_utils.check_field
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
-from hf_attn_variants.cli_utils import FlagError, check_field_types
+from hf_attn_variants.cli_utils import FlagError, check_field_types, field_kinds
 from hf_attn_variants.demo import DemoArguments
 from hf_attn_variants.entropy.cli import EntropyArguments
 from hf_attn_variants.hub.conversion import ConvertGAUAlphaArguments
@@ -36,13 +35,7 @@ WRONG = {"bool": "False", "int": 2.5, "float": "1e-3", "str": 5, "list[str]": "a
 
 def typed_fields(cls: type) -> list[tuple[str, str]]:
     """``(name, kind)`` of every field ``check_field_types`` checks."""
-    kinds = []
-    for item in dataclasses.fields(cls):
-        text = item.type if isinstance(item.type, str) else ""
-        parts = [p.strip() for p in text.split("|") if p.strip() != "None"]
-        if item.init and len(parts) == 1 and parts[0] in WRONG:
-            kinds.append((item.name, parts[0]))
-    return kinds
+    return [(name, kind) for name, (kind, _) in field_kinds(cls).items()]
 
 
 CASES = [(cls, name, kind) for cls in MINIMAL for name, kind in typed_fields(cls)]
@@ -61,6 +54,18 @@ def test_a_value_of_the_wrong_type_is_named(cls, name, kind) -> None:
     with pytest.raises(FlagError) as raised:
         cls(**{**MINIMAL[cls], name: WRONG[kind]})
     assert raised.value.flag == name and str(raised.value).startswith(f"{name} must be "), raised.value
+
+
+def test_the_kinds_survive_hf_argument_parser() -> None:
+    """``HfArgumentParser`` rewrites ``dataclasses.fields(...).type`` in place (``dict | str | None`` becomes
+    ``str``): the kinds come from the annotations, so a dict of ``config_overrides`` stays allowed."""
+    from transformers import HfArgumentParser
+
+    before = field_kinds(PretrainArguments)
+    HfArgumentParser(PretrainArguments)
+    assert field_kinds(PretrainArguments) == before and "config_overrides" not in before
+    assert before["overwrite_output_dir"] == ("bool", False) and before["train_file"] == ("str", True)
+    PretrainArguments(model_type="gau", output_dir="x", config_overrides={"hidden_size": 64})
 
 
 def test_a_path_is_taken_for_a_string_and_none_only_where_it_is_allowed(tmp_path) -> None:

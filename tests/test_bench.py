@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from hf_attn_variants.bench.measure import make_step, peak_step_memory, time_step
-from hf_attn_variants.bench.report import paired_ratio
+from hf_attn_variants.bench.report import REPORT_MARK, paired_ratio
 from hf_attn_variants.bench.runner import BenchRun, Result
 from hf_attn_variants.bench.specs import COMPARISONS, PRESETS, build_variants, select
 from hf_attn_variants.bench.store import from_results, merge_closure, to_results
 from hf_attn_variants.cli import SUBCOMMANDS, main
+from hf_attn_variants.cli_utils import plain_mode
 from hf_attn_variants.records import numerics_environment
 from tools.docs_results import REGION, load_results, markdown_files, render_docs
 
@@ -191,6 +192,49 @@ def test_bad_merges_exit_with_one_line(flags, message, quick_run, tmp_path, monk
     assert main(["bench", *flags]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize(("flags", "files", "message"), [
+    (["--quick", "--only", "decoder", "--output", "README.md"], {"README.md": "MY README"},
+     "--output: 'README.md' exists and is not from an earlier run of `hf-attn-variants bench` (its results "
+     "file 'README.json' is not there)"),
+    (["--quick", "--only", "decoder", "--output", "notes.md"], {"notes.json": "{}", "notes_time.png": "x"},
+     "--output: 'notes.json' exists and is not from an earlier run of `hf-attn-variants bench` (its results "
+     "file 'notes.json' is not one)"),
+    (["--quick", "--output", "n.md"], {"n_time.png": "x"}, "'n_time.png' exists and is not from an earlier"),
+    (["--quick", "--no-plots", "--output", "res.json"], {},
+     "--output: 'res.json' would be both the results file and the report"),
+    (["--quick", "--output", "a.md", "--json", "a.md"], {}, "'a.md' would be both the results file and the"),
+    (["--report-only", "keep.json", "--output", "keep.json"], {"keep.json": None},
+     "--output: the report 'keep.json' would be written over --report-only 'keep.json'"),
+    (["--quick", "--only", "decoder", "--output", "docs/benchmarks.txt"], {},
+     "--output: the time plot 'docs/benchmarks_time.png' would be the committed plot"),
+    (["--quick", "--only", "decoder", "--output", "docs/results/benchmarks-cpu.md"], {},
+     "--output: the results file 'docs/results/benchmarks-cpu.json' would be the committed results"),
+])
+def test_no_file_the_bench_did_not_write_is_replaced(flags, files, message, quick_run, tmp_path, monkeypatch,
+                                                     capsys) -> None:
+    """A report of its own names its results file and plots after ``--output``: none may replace a file of
+    the user's, the results it reads, another of its own files, or a committed file; nothing is measured."""
+    _repository(tmp_path, quick_run)
+    monkeypatch.chdir(tmp_path)
+    for name, text in files.items():
+        (tmp_path / name).write_text(quick_run.read_text() if text is None else text)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert main(["bench", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_report_of_its_own_is_replaced_by_its_rerun(quick_run, tmp_path) -> None:
+    copy = tmp_path / "results.json"
+    shutil.copy(quick_run, copy)
+    report = tmp_path / "report.md"
+    for _ in range(2):
+        assert main(["bench", "--report-only", str(copy), "--output", str(report)]) == 0
+    assert report.read_text().rstrip().endswith(REPORT_MARK) and (tmp_path / "report_time.png").is_file()
+    assert oct(report.stat().st_mode & 0o777) == oct(plain_mode())
 
 
 def test_merge_without_committed_results_is_refused(tmp_path, monkeypatch, capsys) -> None:

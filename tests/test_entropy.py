@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from hf_attn_variants import (
     GAUForCausalLM,
 )
 from hf_attn_variants.cli import main
+from hf_attn_variants.cli_utils import plain_mode
 from hf_attn_variants.entropy.cli import default_lengths
 from hf_attn_variants.entropy import measure
 from hf_attn_variants.entropy.measure import (
@@ -205,6 +207,43 @@ def test_bad_flags_give_one_line_naming_the_flag_and_write_nothing(folders, tmp_
     error = capsys.readouterr().err.strip()
     assert error.startswith("hf-attn-variants entropy: error: ") and message in error and "\n" not in error
     assert not output.exists() and not output.with_suffix(".png").exists()
+
+
+@pytest.mark.parametrize(("output", "files", "message"), [
+    ("model/config.json", {},
+     "--output: the results file 'model/config.json' would be written over --models 'model'"),
+    ("text.txt", {"text.txt": "some text " * 40},
+     "--output: the results file 'text.txt' would be written over --text_file 'text.txt'"),
+    ("notes.json", {"notes.json": '{"mine": 1}'},
+     "--output: 'notes.json' exists and is not from an earlier run of `hf-attn-variants entropy` (its "
+     "results file 'notes.json' is not one)"),
+    ("notes.json", {"notes.png": "mine"}, "--output: 'notes.png' exists and is not from an earlier run"),
+    ("plot.png", {}, "--output: 'plot.png' would be both the results file and the plot"),
+])
+def test_no_file_the_command_did_not_write_is_replaced(folders, tmp_path, monkeypatch, capsys, output, files,
+                                                       message) -> None:
+    """The results file and the plot beside it never replace a model's files, the text read, or a file of
+    the user's; a rerun replaces its own (mode as a plain ``open`` gives, not ``mkstemp``'s 0o600)."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(folders / "ei", tmp_path / "model")
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    text_file = ["--text_file", "text.txt"] if "text.txt" in files else []
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert main(["entropy", "--models", "model", "--output", output, "--lengths", "8", "--samples", "1",
+                 *text_file]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_rerun_replaces_its_own_results(folders, tmp_path) -> None:
+    output = tmp_path / "entropy.json"
+    for _ in range(2):
+        assert main(["entropy", "--models", str(folders / "ei"), "--output", str(output), "--task", "passkey",
+                     "--train_length", "16", "--lengths", "16", "32", "--samples", "1"]) == 0
+    for path in (output, output.with_suffix(".png")):
+        assert oct(path.stat().st_mode & 0o777) == oct(plain_mode()), path
 
 
 def test_a_folder_without_a_model_is_refused(tmp_path, capsys) -> None:

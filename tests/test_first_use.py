@@ -196,6 +196,64 @@ def test_ctrl_c_during_finetune_checkpoints_exits_130_and_the_same_command_resum
     assert f"finetune: trained {8 - stopped} step{'s' * (8 - stopped != 1)} (up to step 8) in" in rerun.stdout
 
 
+DEMO_FLAGS = ["--families", "entropy_invariant", "--max_train_steps", "40", "--per_device_train_batch_size",
+              "2", "--hidden_size", "32", "--num_hidden_layers", "1", "--max_seq_length", "16",
+              "--length_multipliers", "1"]
+
+
+def test_ctrl_c_during_the_demos_training_checkpoints_and_exits_130(tmp_path) -> None:
+    """The demo trains through ``pretrain``: Ctrl-C there is the same stop (its checkpoint, one line, status
+    130), which the demo's message says the same command resumes; it once ended in a traceback."""
+    folder = tmp_path / "demo"
+    log = folder / "_pretrain" / "entropy_invariant" / "train_log.jsonl"
+    command = [sys.executable, "-c", KILL_CHILD, "demo", "--output_dir", str(folder), *DEMO_FLAGS]
+    result = interrupt_when(command, tmp_path, lambda: len(log.read_text().splitlines()) >= 2 if log.exists()
+                            else False)
+    assert result.returncode == INTERRUPTED_EXIT_CODE, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("hf-attn-variants demo:")]
+    assert len(lines) == 1 and "interrupted: stopped by SIGINT (Ctrl-C) after step" in lines[0], lines
+    assert list((log.parent / "checkpoints").glob("step_*"))
+
+
+SELF_INTERRUPTING = r"""
+import os, signal, sys, time
+import hf_attn_variants.entropy.cli as entropy_cli
+def interrupted(*args, **kwargs):  # Ctrl-C while the first series is measured
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+entropy_cli.measure = interrupted
+sys.argv = ["hf-attn-variants", *sys.argv[1:]]
+from hf_attn_variants_cli import console
+sys.exit(console())
+"""
+
+
+def test_ctrl_c_elsewhere_is_one_line_not_a_traceback(tmp_path) -> None:
+    """Outside a training step (here ``entropy`` measuring), Ctrl-C at the console ends the command with
+    one line saying what is left, status 130, and no traceback; nothing half-written."""
+    from hf_attn_variants_cli import INTERRUPTED_EXIT_CODE as CONSOLE_CODE
+
+    folder = tmp_path / "model"
+    torch.manual_seed(0)
+    config = build_config("entropy_invariant", config_overrides="hidden_size=32,num_hidden_layers=1,"
+                          "num_attention_heads=2,intermediate_size=64,vocab_size=64,is_decoder=True")
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    output = tmp_path / "entropy.json"
+    result = subprocess.run([sys.executable, "-c", SELF_INTERRUPTING, "entropy", "--models", str(folder),
+                             "--task", "passkey", "--train_length", "16", "--output", str(output)],
+                            env=child_environment(), cwd=tmp_path, capture_output=True, text=True,
+                            timeout=WAIT_S, check=False, stdin=subprocess.DEVNULL)
+    assert result.returncode == CONSOLE_CODE == INTERRUPTED_EXIT_CODE, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "hf-attn-variants entropy: interrupted: stopped by Ctrl-C before it finished; the series measured so "
+        "far are not kept (--names and fewer --models measure a part) (exit status 130).")
+    assert not output.exists() and not output.with_suffix(".png").exists()
+
+
 SECOND_CTRL_C = r"""
 import os, signal, time
 from hf_attn_variants.training.preemption import COMMAND_STOP_SIGNALS, StopSignals

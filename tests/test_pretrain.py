@@ -171,7 +171,7 @@ def test_a_loss_that_becomes_nan_stops_the_run_with_one_line_and_saves_no_model(
 def test_a_stopped_demo_resumes_its_family_and_refuses_a_folder_of_user_files(tmp_path) -> None:
     """The demo retrains every run, but a family stopped by a signal (its pretrain unfinished, same
     arguments) resumes, as its message said; and a folder holding files the demo did not write is refused."""
-    from hf_attn_variants.demo import check_demo_folder, resumes
+    from hf_attn_variants.demo import check_demo_folder, demo_repo_id, record_export, resumes
     from hf_attn_variants.training.outputs import RunRecord, json_arguments
 
     arguments = tiny_args(tmp_path / "_pretrain" / "gau", family="gau")
@@ -184,12 +184,24 @@ def test_a_stopped_demo_resumes_its_family_and_refuses_a_folder_of_user_files(tm
     assert not resumes(folder, dataclasses.replace(arguments, learning_rate=1e-2))
     RunRecord("pretrain", json_arguments(arguments), finished=True).write(folder)
     assert not resumes(folder, arguments)
-    (tmp_path / "gau").mkdir()
+    (tmp_path / "results.md").write_text("the user's table")  # no results.json of the demo beside it
+    with pytest.raises(ValueError, match=r"'.*results.md' exists and is not from an earlier run of "
+                                         r"`hf-attn-variants demo` \(its results file '.*results.json'"):
+        check_demo_folder(tmp_path)
+    (tmp_path / "results.json").write_text(json.dumps({"rows": [], "table": "", "args": {}}))
+    (tmp_path / "gau").mkdir()  # an export from before the record: its card names the demo's repository
     (tmp_path / "gau" / "config.json").write_text("{}")
-    (tmp_path / "results.md").write_text("the last demo's table")
+    (tmp_path / "gau" / "README.md").write_text(f"# {demo_repo_id('gau')}")
+    (tmp_path / "entropy_invariant").mkdir()
+    (tmp_path / "entropy_invariant" / "config.json").write_text("{}")
+    record_export(tmp_path, "entropy_invariant")
     check_demo_folder(tmp_path)
-    (tmp_path / "synthesizer").mkdir()
-    (tmp_path / "synthesizer" / "notes.txt").write_text("mine")
+    (tmp_path / "entropy_invariant" / "NOTES.txt").write_text("mine")  # the re-export would delete it
+    with pytest.raises(ValueError, match=r"holds files that the demo did not write \(entropy_invariant\)"):
+        check_demo_folder(tmp_path)
+    (tmp_path / "entropy_invariant" / "NOTES.txt").unlink()
+    (tmp_path / "synthesizer").mkdir()  # a model folder of the user's, named after a family
+    (tmp_path / "synthesizer" / "config.json").write_text("{}")
     with pytest.raises(ValueError, match=r"holds files that the demo did not write \(synthesizer\)"):
         check_demo_folder(tmp_path)
 

@@ -343,15 +343,30 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {"bool": (bool,), "int": (int,), "flo
 have."""
 
 
-def _field_kind(annotation: Any) -> tuple[str, bool] | None:
-    """``(kind, optional)`` of a field's annotation (a string under ``from __future__ import annotations``):
-    ``"bool | None"`` → ``("bool", True)``; ``None`` for an annotation ``check_field_types`` leaves alone."""
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
-    parts = [part.strip() for part in text.split("|")]
-    kinds = [part for part in parts if part != "None"]
-    if len(kinds) != 1 or kinds[0] not in (*FIELD_TYPES, "list[str]"):
-        return None
-    return kinds[0], "None" in parts
+def field_kinds(cls: type) -> dict[str, tuple[str, bool]]:
+    """``{field: (kind, optional)}`` for the fields of the dataclass ``cls`` that ``check_field_types``
+    checks: annotated ``bool``, ``int``, ``float``, ``str`` or ``list[str]``, each optionally ``| None``
+    (``"bool | None"`` → ``("bool", True)``). Read from the class's annotations (``typing.get_type_hints``),
+    not from ``dataclasses.fields``: ``HfArgumentParser`` rewrites a field's ``type`` in place
+    (``dict | str | None`` becomes ``str``)."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except (NameError, TypeError):
+        return {}
+    kinds = {}
+    for item in dataclasses.fields(cls):
+        hint = hints.get(item.name)
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        members = [m for m in (typing.get_args(hint) if union else (hint,)) if m is not type(None)]
+        if len(members) != 1 or not item.init:
+            continue
+        member = members[0]
+        optional = union and len(typing.get_args(hint)) > 1
+        if member in (bool, int, float, str):
+            kinds[item.name] = (member.__name__, optional)
+        elif typing.get_origin(member) is list and typing.get_args(member) == (str,):
+            kinds[item.name] = ("list[str]", optional)
+    return kinds
 
 
 def _type_problem(kind: str, value: Any) -> str | None:
@@ -368,27 +383,25 @@ def _type_problem(kind: str, value: Any) -> str | None:
 
 def check_field_types(arguments: Any) -> None:
     """``FlagError`` naming the first field of the dataclass ``arguments`` whose value does not have its
-    annotated type: ``bool``, ``int``, ``float``, ``str`` or ``list[str]``, each optionally ``| None``
-    (others are left to their own checks). Called first by the commands' ``__post_init__``, so that a
-    Python caller's ``overwrite_output_dir="False"`` (a string, which is true) never clears a folder and
-    ``output_dir=None`` is named. A path (``os.PathLike``) given for a ``str`` field becomes its string;
+    annotated type (``field_kinds``: ``bool``, ``int``, ``float``, ``str`` or ``list[str]``, each optionally
+    ``| None``; others are left to their own checks). Called first by the commands' ``__post_init__``, so
+    that a Python caller's ``overwrite_output_dir="False"`` (a string, which is true) never clears a folder
+    and ``output_dir=None`` is named. A path (``os.PathLike``) given for a ``str`` field becomes its string;
     ``None`` in a field not annotated ``| None`` is accepted only when that is its default."""
     import os
 
-    for item in dataclasses.fields(arguments):
-        kind = _field_kind(item.type)
-        if kind is None or not item.init:
-            continue
-        value = getattr(arguments, item.name)
+    defaults = {item.name: item.default for item in dataclasses.fields(arguments)}
+    for name, (kind, optional) in field_kinds(type(arguments)).items():
+        value = getattr(arguments, name)
         if value is None:
-            if kind[1] or item.default is None:
+            if optional or defaults[name] is None:
                 continue
-            raise FlagError(item.name, f"{item.name} is required, got None.")
-        if kind[0] == "str" and isinstance(value, os.PathLike):
-            setattr(arguments, item.name, os.fspath(value))
+            raise FlagError(name, f"{name} is required, got None.")
+        if kind == "str" and isinstance(value, os.PathLike):
+            setattr(arguments, name, os.fspath(value))
             continue
-        if (problem := _type_problem(kind[0], value)) is not None:
-            raise FlagError(item.name, f"{item.name} {problem}, got {value!r}.")
+        if (problem := _type_problem(kind, value)) is not None:
+            raise FlagError(name, f"{name} {problem}, got {value!r}.")
 
 
 def check_positive(flag: str, value: Any) -> None:
@@ -475,17 +488,66 @@ def staging_folder(output: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
 
 
-def share_like_the_user(folder: Path) -> None:
-    """Give ``folder`` and everything in it the modes a plain ``mkdir`` and ``open`` would (0o777 and 0o666
-    less the umask): ``mkdtemp`` makes folders 0o700 and safetensors writes 0o600, which would keep an
-    exported model from another user or a serving container."""
+def plain_mode(folder: bool = False) -> int:
+    """The mode a plain ``open`` (``folder``: ``mkdir``) gives a new file here: 0o666 (0o777) less the
+    umask. The umask is read from ``/proc/self/status`` where Linux has it (setting it to read it back
+    would change it for every thread for a moment)."""
     import os
 
-    mask = os.umask(0o022)
-    os.umask(mask)
+    try:
+        status = Path("/proc/self/status").read_text()
+        mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("Umask:")), 8)
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return (0o777 if folder else 0o666) & ~mask
+
+
+def share_like_the_user(folder: Path) -> None:
+    """Give ``folder`` and everything in it the modes a plain ``mkdir`` and ``open`` would (``plain_mode``):
+    ``mkdtemp`` makes folders 0o700 and safetensors writes 0o600, which would keep an exported model from
+    another user or a serving container."""
     for path in (folder, *folder.rglob("*")):
         if not path.is_symlink():
-            path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+            path.chmod(plain_mode(path.is_dir()))
+
+
+def _inside(path: Path, other: Path) -> bool:
+    """Whether ``path`` is ``other`` or, for a folder ``other``, inside it (both resolved)."""
+    return path == other or (other.is_dir() and path.is_relative_to(other))
+
+
+def check_result_files(flag: str, files: Mapping[str, Path], *, ours: Callable[[Path], bool], tool: str,
+                       inputs: Mapping[str, Sequence[str | Path]] | None = None) -> None:
+    """``FlagError`` naming ``flag`` unless the files a command writes for it can be written without losing
+    anything: ``files`` maps each file's role to its path, the first being the one that says whose files
+    these are (a results file) and the rest named after it (a report, plots). Each must be writable as a file
+    (``check_output_file``), none may be another (``--output a.json --json a.json``), none may be or lie in
+    one of ``inputs`` (flag → paths: a model folder, the text it reads), and existing ones may be replaced
+    only when the first is there and ``ours`` says ``tool`` wrote it: the rerun of a run. So a user's
+    ``README.md``, ``notes.json`` or ``config.json`` is never overwritten."""
+    roles = list(files)
+    for role in roles:
+        check_output_file(flag, files[role])
+    resolved = {role: files[role].resolve() for role in roles}
+    for index, role in enumerate(roles):
+        other = next((r for r in roles[:index] if resolved[r] == resolved[role]), None)
+        if other is not None:
+            raise FlagError(flag, f"{flag}: {str(files[role])!r} would be both the {other} and the {role}; "
+                                  "give them different names.")
+        for input_flag, paths in (inputs or {}).items():
+            for path in paths:
+                if _inside(resolved[role], Path(path).resolve()):
+                    raise FlagError(flag, f"{flag}: the {role} {str(files[role])!r} would be written over "
+                                          f"--{input_flag} {str(path)!r}; choose another --{flag}.")
+    first = files[roles[0]]
+    owned = first.is_file() and ours(first)
+    for role in roles:
+        if files[role].exists() and not owned:
+            raise FlagError(flag, f"{flag}: {str(files[role])!r} exists and is not from an earlier run of "
+                                  f"`{tool}` (its {roles[0]} {str(first)!r} "
+                                  f"{'is not one' if first.exists() else 'is not there'}); choose another "
+                                  f"--{flag} or move the file away.")
 
 
 def check_output_file(flag: str, path: str | Path) -> None:
@@ -745,8 +807,8 @@ __all__ = [
     "add_dataclass_arguments",
     "argparse_type",
     "check_choice",
-    "check_field_types",
     "check_config_source",
+    "check_field_types",
     "check_file",
     "check_finite",
     "check_folder",
@@ -759,12 +821,14 @@ __all__ = [
     "check_percentage",
     "check_positive",
     "check_repo_id",
+    "check_result_files",
     "check_seed",
     "culprit_field",
     "dataclasses_from_namespace",
     "fail",
     "fail_flag",
     "field_arguments",
+    "field_kinds",
     "field_groups",
     "flag_message",
     "hub_unreachable",
@@ -772,6 +836,7 @@ __all__ = [
     "is_hub_id",
     "names_in_message",
     "offline_hub_message",
+    "plain_mode",
     "quiet_progress",
     "run_dataclass_command",
     "with_default_in_help",

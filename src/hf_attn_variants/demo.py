@@ -122,20 +122,81 @@ DEMO_FILES = ("_pretrain", "results.json", "results.md")
 """What the demo writes into its folder besides one export folder per family."""
 
 
+EXPORTS_FILE = "exports.json"
+"""``_pretrain/exports.json``: the files of each family's export, as written (``record_export``)."""
+
+
+def demo_repo_id(family: str) -> str:
+    """The repository id the demo's export of ``family`` names in its card."""
+    return f"hf-attn-variants/demo-{family.replace('_', '-')}-tiny-mlm"
+
+
+def folder_files(folder: Path) -> list[str]:
+    """Every file under ``folder``, relative and sorted."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir())
+
+
+def record_export(root: Path, family: str) -> None:
+    """Add the files of ``root/<family>`` (an export just written) to ``root/_pretrain/exports.json``."""
+    from .lengthgen.results import atomic_write_text
+
+    record = exported_files(root)
+    record[family] = folder_files(root / family)
+    atomic_write_text(root / "_pretrain" / EXPORTS_FILE, json.dumps(record, indent=2))
+
+
+def exported_files(root: Path) -> dict[str, list[str]]:
+    """``record_export``'s record (empty when there is none, or it cannot be read)."""
+    try:
+        record = json.loads((root / "_pretrain" / EXPORTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def is_demo_export(root: Path, family: str) -> bool:
+    """Whether ``root/<family>`` is empty or holds the demo's export and nothing else: every file is one
+    ``record_export`` recorded (a folder from before the record: its card names the demo's repository)."""
+    path = root / family
+    files = folder_files(path)
+    if not files:
+        return True
+    recorded = exported_files(root).get(family)
+    if recorded is not None:
+        return set(files) <= set(recorded)
+    try:
+        return demo_repo_id(family) in (path / "README.md").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def is_demo_results(path: Path) -> bool:
+    """Whether ``path`` is the demo's ``results.json`` (its rows, table and arguments)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"rows", "table", "args"} <= set(data)
+
+
 def check_demo_folder(folder: Path) -> None:
     """``FlagError`` naming ``--output_dir`` when ``folder`` holds anything the demo did not write.
 
     The demo retrains and re-exports into its own names, which would replace a person's files of those
-    names. Allowed: ``DEMO_FILES`` and, named after a family, a folder holding an export (``config.json``) or
-    nothing.
+    names. Allowed: ``_pretrain``; ``results.json`` and ``results.md`` when the first is the demo's
+    (``is_demo_results``); named after a family, a folder holding nothing or the demo's export and nothing
+    else (``is_demo_export``: a note put into it would be lost with the old export).
     """
     if not folder.is_dir():
         return
+    from .cli_utils import check_result_files
+
+    results = {"results file": folder / "results.json", "table": folder / "results.md"}
+    check_result_files("output_dir", results, ours=is_demo_results, tool="hf-attn-variants demo")
     foreign = sorted(
         path.name for path in folder.iterdir() if not path.name.startswith(".")
         and path.name not in DEMO_FILES
-        and not (path.name in FAMILIES and path.is_dir()
-                 and ((path / "config.json").is_file() or not any(path.iterdir())))
+        and not (path.name in FAMILIES and path.is_dir() and is_demo_export(folder, path.name))
     )
     if foreign:
         shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
@@ -243,8 +304,11 @@ def format_table(rows: list[dict[str, Any]], multipliers: list[int], length: int
     return "\n".join(lines)
 
 
-def demo(args: DemoArguments) -> dict[str, Any]:
-    """Run the demo (module docstring); returns ``{"rows": [...], "table": str, "seconds": float}``."""
+def demo(args: DemoArguments, *, ctrl_c_stops: bool = False) -> dict[str, Any]:
+    """Run the demo (module docstring); returns ``{"rows": [...], "table": str, "seconds": float}``. With
+    ``ctrl_c_stops`` (the command line) Ctrl-C during a family's training is a stop, as for ``pretrain``:
+    that step's checkpoint, then ``TrainingPreempted``, and the same command resumes the family; elsewhere,
+    and from Python, it stays a ``KeyboardInterrupt``."""
     import torch
 
     started = time.perf_counter()
@@ -252,20 +316,27 @@ def demo(args: DemoArguments) -> dict[str, Any]:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     try:
-        return _run_demo(args, started)
+        return _run_demo(args, started, ctrl_c_stops)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _run_demo(args: DemoArguments, started: float) -> dict[str, Any]:
+def _run_demo(args: DemoArguments, started: float, ctrl_c_stops: bool = False) -> dict[str, Any]:
     from .hub import ExportArguments, export
+    from .lengthgen.results import atomic_write_text
     from .training import PretrainArguments, embedded_tokenizer_path, pretrain
+    from .training.preemption import COMMAND_STOP_SIGNALS, STOP_SIGNALS, StopSignals
 
     root = Path(args.output_dir)
     embedded_tokenizer_path()
     rows, folders = [], {}
+    print(f"[demo] {len(args.families)} famil{'ies' if len(args.families) > 1 else 'y'} "
+          f"({', '.join(args.families)}): pretrain {args.max_train_steps} steps each at L = "
+          f"{args.max_seq_length}, evaluate at {', '.join(f'{k}L' for k in args.length_multipliers)}, export "
+          f"to {root}/<family>, reload in a fresh process", flush=True)
     for family in args.families:
         train_dir = root / "_pretrain" / family
+        print(f"[demo] {family}: training ...", flush=True)
         t0 = time.perf_counter()
         arguments = PretrainArguments(
             output_dir=str(train_dir), model_type=family, config_overrides=family_overrides(family, args),
@@ -276,14 +347,16 @@ def _run_demo(args: DemoArguments, started: float) -> dict[str, Any]:
         )
         # the demo retrains every time it runs, but continues a family that a signal stopped
         arguments.overwrite_output_dir = not resumes(train_dir, arguments)
-        result = pretrain(arguments)
+        with StopSignals(COMMAND_STOP_SIGNALS if ctrl_c_stops else STOP_SIGNALS) as stop:
+            result = pretrain(arguments, stop)
         train_seconds = time.perf_counter() - t0
         lengths = evaluate_lengths(str(train_dir), args)
-        (train_dir / "eval_by_length.json").write_text(json.dumps(lengths, indent=2))
+        atomic_write_text(train_dir / "eval_by_length.json", json.dumps(lengths, indent=2))
         folder = export(ExportArguments(
             model_name_or_path=str(train_dir), output_dir=str(root / family),
-            repo_id=f"hf-attn-variants/demo-{family.replace('_', '-')}-tiny-mlm", overwrite=True,
+            repo_id=demo_repo_id(family), overwrite=True,
         ))
+        record_export(root, family)
         folders[family] = str(folder.resolve())
         rows.append({"family": family, "params": lengths["num_parameters"], "train_seconds": train_seconds,
                      "steps": result.completed_steps, "lengths": lengths["results"], "folder": str(folder)})
@@ -300,11 +373,9 @@ def _run_demo(args: DemoArguments, started: float) -> dict[str, Any]:
     table = format_table(rows, args.length_multipliers, args.max_seq_length)
     report = {"rows": rows, "table": table, "seconds": seconds, "sentence": args.sentence,
               "args": asdict(args)}
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "results.json").write_text(json.dumps(report, indent=2))
-    (root / "results.md").write_text(
-        f"fill-mask sentence: `{args.sentence}`\n\n{table}\n\nTotal time: {seconds:.0f} s\n"
-    )
+    atomic_write_text(root / "results.json", json.dumps(report, indent=2))
+    atomic_write_text(root / "results.md",
+                      f"fill-mask sentence: `{args.sentence}`\n\n{table}\n\nTotal time: {seconds:.0f} s\n")
     return report
 
 
@@ -320,7 +391,7 @@ def run(namespace: argparse.Namespace) -> int:
     import logging
 
     from .cli_utils import dataclasses_from_namespace, fail, fail_flag
-    from .training.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
+    from .training.preemption import TrainingPreempted
 
     logging.basicConfig(level=logging.WARNING)
     for name in ("transformers", "accelerate", "datasets"):
@@ -334,16 +405,22 @@ def run(namespace: argparse.Namespace) -> int:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     try:
-        report = demo(args)
+        report = demo(args, ctrl_c_stops=True)
     except TrainingPreempted as stopped:
         # the family in training wrote its checkpoint; the same command resumes it
-        fail("demo", str(stopped), label="preempted")
-        return PREEMPTED_EXIT_CODE
+        fail("demo", str(stopped), label="interrupted" if stopped.signal_name == "SIGINT" else "preempted")
+        return stopped.exit_code
     bad = [row["family"] for row in report["rows"] if row["reload"] != "ok"]
     print(f"\nfill-mask sentence: {args.sentence!r}\n")
     print(report["table"])
+    root = Path(args.output_dir)
     print(f"\nExports: {', '.join(row['folder'] for row in report['rows'])}  |  total "
           f"{report['seconds']:.0f} s")
+    print(f"wrote this table to {root / 'results.md'} and {root / 'results.json'}")
+    if report["rows"]:
+        print(f"next: AutoModelForMaskedLM.from_pretrained({json.dumps(report['rows'][0]['folder'])}, "
+              "trust_remote_code=True), or hf-attn-variants push --folder "
+              f"{report['rows'][0]['folder']} --repo_id <you>/<name>")
     return 1 if bad else 0
 
 

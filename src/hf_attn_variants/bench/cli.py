@@ -34,6 +34,7 @@ from ..cli_utils import (
     check_file,
     check_output_file,
     check_positive,
+    check_result_files,
     fail_flag,
 )
 from .specs import COMPARISONS, PRESETS, Comparison, Preset, Variant
@@ -263,8 +264,47 @@ def _plan_report_only(args: argparse.Namespace, base: dict[str, Any],
                          report_only=data)
     default = Path("runs/bench/report/benchmarks.md") if is_committed else args.report_only.with_suffix(".md")
     output = args.output or default
-    check_output_file("output", output)
+    from .report import is_own_report
+
+    files = {"report": output, **_plot_files(args, output)}
+    _check_not_committed("output", files, committed)
+    check_result_files("output", files, ours=is_own_report, tool="hf-attn-variants bench",
+                       inputs={"report-only": [args.report_only]})
     return BenchPlan(**base, target="own", json_path=args.report_only, output=output, report_only=data)
+
+
+def _plot_files(args: argparse.Namespace, output: Path) -> dict[str, Path]:
+    """The plots a report of its own at ``output`` may get (``plots.write_plots``), by role."""
+    from .plots import METRICS
+
+    return {} if args.no_plots else {f"{metric} plot": output.parent / f"{output.stem}_{metric}.png"
+                                     for metric, _ in METRICS}
+
+
+def _check_not_committed(flag: str, files: dict[str, Path], committed: dict[Path, str]) -> None:
+    """``FlagError`` when a file of a run of its own (its report, results file or a plot, named after
+    ``--output``) is one of the committed files, which only ``--publish`` or ``--merge`` write."""
+    from .plots import METRICS
+    from .store import plot_prefix, report_path
+
+    plots = [report_path(device).parent / f"{plot_prefix(device)}_{metric}.png" for device in ("cpu", "cuda")
+             for metric, _ in METRICS]
+    owned = {**committed, **{path.resolve(): "plot" for path in plots}}
+    for role, path in files.items():
+        if path.resolve() in owned:
+            raise FlagError(flag, f"--{flag}: the {role} {str(path)!r} would be the committed "
+                                  f"{owned[path.resolve()]}, which only --publish or --merge writes.")
+
+
+def _is_bench_results(path: Path) -> bool:
+    """Whether ``path`` is a results file of this command (``store.from_results`` reads it)."""
+    from .store import from_results
+
+    try:
+        from_results(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return True
 
 
 def _plan_merge(args: argparse.Namespace, base: dict[str, Any], committed_json: Path,
@@ -301,9 +341,13 @@ def _plan_own(args: argparse.Namespace, base: dict[str, Any], partial: list[str]
         output = Path("runs/bench-quick/benchmarks.md")
     else:
         output = Path(f"runs/bench/{preset.name}{'-partial' if partial else ''}/benchmarks.md")
-    check_output_file("output", output)
     json_path = args.json or output.parent / f"{output.stem}.json"
-    check_output_file("json", json_path)
+    if args.json is not None:
+        check_output_file("json", args.json)  # named by its own flag
+    files = {"results file": json_path, "report": output, **_plot_files(args, output)}
+    flag = "json" if args.json is not None and args.output is None else "output"
+    _check_not_committed(flag, files, _committed_paths())
+    check_result_files(flag, files, ours=_is_bench_results, tool="hf-attn-variants bench")
     return BenchPlan(**base, target="own", json_path=json_path, output=output)
 
 
@@ -349,14 +393,14 @@ def _write_committed(data: dict[str, Any], args: argparse.Namespace) -> list[str
     """Write the committed results file and redraw the committed plots; returns what was written (the docs
     that show the file are rendered by the repository's ``tools/render_docs.py``, which ``make bench``
     runs)."""
+    from ..lengthgen.results import atomic_write_text
     from ..records import format_results
     from .plots import write_plots
     from .store import committed_results_path, from_results, plot_prefix, report_path
 
     run = from_results(data)
     path = committed_results_path(run.device)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(format_results(data, inline_depth=2), encoding="utf-8")
+    atomic_write_text(path, format_results(data, inline_depth=2))
     written = [str(path)]
     if not args.no_plots:
         written += [str(p) for p in write_plots(run, report_path(run.device).parent,
@@ -367,6 +411,7 @@ def _write_committed(data: dict[str, Any], args: argparse.Namespace) -> list[str
 def _write_own(data: dict[str, Any], json_path: Path, output: Path, args: argparse.Namespace,
                write_json: bool = True) -> list[str]:
     """A run of its own: its results file and its report (with plots), nowhere near the committed docs."""
+    from ..lengthgen.results import atomic_write_text
     from ..records import format_results
     from .plots import write_plots
     from .report import write_report
@@ -375,8 +420,7 @@ def _write_own(data: dict[str, Any], json_path: Path, output: Path, args: argpar
     run = from_results(data)
     written = []
     if write_json:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(format_results(data, inline_depth=2), encoding="utf-8")
+        atomic_write_text(json_path, format_results(data, inline_depth=2))
         written.append(str(json_path))
     plots = [] if args.no_plots else write_plots(run, output.parent, prefix=output.stem)
     title = "# Benchmarks (smoke test)" if run.preset.name == "quick" else "# Benchmarks (a run of its own)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..lengthgen.plotting import save_figure
 from .runner import BenchRun
 
 METRICS = (("time", "ms per step"), ("memory", "peak MiB per step"))
@@ -77,10 +78,7 @@ def write_plots(run: BenchRun, folder: Path, prefix: str = "benchmarks") -> list
             f"preset {run.preset.name}", fontsize=10,
         )
         figure.tight_layout()
-        path = folder / file_name
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        paths.append(path)
+        paths.append(save_figure(figure, folder / file_name))  # atomic; closes the figure
     return paths
 
 

@@ -736,15 +736,28 @@ def render_report(run: BenchRun, *, source: str, committed: bool, plots: Iterabl
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+REPORT_MARK = "<!-- a report of `hf-attn-variants bench` -->"
+"""The last line of a report of its own: a rerun may replace the file (``is_own_report``), no other."""
+
+
 def write_report(run: BenchRun, path: Path, *, source: str, plots: Iterable[Path] = (),
                  title: str = "# Benchmarks") -> Path:
     """Write the report of a run of its own (not the committed one) to ``path``; plots are linked relative to
     it."""
+    from ..lengthgen.results import atomic_write_text
+
     links = [_relative(Path(plot), path.parent) for plot in plots]
     body = render_report(run, source=source, committed=False, plots=links)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{title}\n\n{body}", encoding="utf-8")
+    atomic_write_text(path, f"{title}\n\n{body.rstrip()}\n\n{REPORT_MARK}\n")
     return path
+
+
+def is_own_report(path: Path) -> bool:
+    """Whether ``path`` is a report ``write_report`` wrote (it ends with ``REPORT_MARK``)."""
+    try:
+        return path.read_text(encoding="utf-8").rstrip().endswith(REPORT_MARK)
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def _relative(plot: Path, folder: Path) -> str:
@@ -756,11 +769,13 @@ def _relative(plot: Path, folder: Path) -> str:
 
 __all__ = [
     "LOOP_TARGET",
+    "REPORT_MARK",
     "Ratio",
     "Target",
     "format_mib",
     "format_ms",
     "is_loop",
+    "is_own_report",
     "is_ok",
     "loop_ratio",
     "loop_row",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import json
 import math
 import platform
 from collections.abc import Callable, Sequence
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 STOCK_MODES = {"eager": "eager", "log_n": "entropy_invariant_eager"}
+RESULTS_KIND = "attention_entropy"
+"""The ``"kind"`` of the results file, by which a rerun knows its own file (``is_entropy_results``)."""
 """``--stock_modes`` → the attention implementation a stock model is loaded with."""
 QUADRATIC_SOFTMAX = ("softmax", "softmax_plus")
 
@@ -94,6 +97,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, EntropyArguments)
 
 
+def is_entropy_results(path: Path) -> bool:
+    """Whether ``path`` is a results file this command wrote (JSON with ``"kind": "attention_entropy"``)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("kind") == RESULTS_KIND
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def check_arguments(args: EntropyArguments) -> None:
     """Every flag checked before anything is loaded or written (``FlagError`` naming it)."""
     from ..cli_utils import (
@@ -101,7 +112,7 @@ def check_arguments(args: EntropyArguments) -> None:
         check_int,
         check_model_folder,
         check_number,
-        check_output_file,
+        check_result_files,
         check_seed,
         check_text_file,
     )
@@ -110,7 +121,12 @@ def check_arguments(args: EntropyArguments) -> None:
         check_model_folder("models", path, weights=True)
     if args.names is not None and len(args.names) != len(args.models):
         raise FlagError("names", f"names: {len(args.names)} names for {len(args.models)} models.")
-    check_output_file("output", args.output)
+    output = Path(args.output)
+    files = {"results file": output} if args.no_plot else {"results file": output,
+                                                           "plot": output.with_suffix(".png")}
+    inputs = {"models": args.models, "text_file": [args.text_file] if args.text_file else []}
+    check_result_files("output", files, ours=is_entropy_results, tool="hf-attn-variants entropy",
+                       inputs=inputs)
     check_int("samples", args.samples, 1)
     check_seed("seed", args.seed)
     check_number("memory_gib", args.memory_gib, 0.0, open_low=True)
@@ -446,7 +462,7 @@ def measure_all(args: EntropyArguments) -> dict[str, Any]:
     train_length = args.train_length or default_train_length(configs[args.models[0]])
     lengths = input_lengths(args, train_length)
     sources = {path: input_source(args, path, config) for path, config in configs.items()}
-    results = {"kind": "attention_entropy", **environment(), "task": args.task, "train_length": train_length,
+    results = {"kind": RESULTS_KIND, **environment(), "task": args.task, "train_length": train_length,
                "settings": dataclasses.asdict(args),
                "series": [measure(one, args, train_length, lengths, configs[one.path], sources[one.path])
                           for one in series_of(args, configs)]}

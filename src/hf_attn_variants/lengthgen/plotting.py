@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..cli_utils import plain_mode
 from .tasks import METRICS
 from .variants import POSITION_SCHEMES
 
@@ -94,6 +95,7 @@ def save_figure(fig: Any, path: str | Path) -> Path:
     os.close(handle)
     try:
         fig.savefig(name, dpi=110)
+        os.chmod(name, plain_mode())  # mkstemp's 0o600 would hide the plot from other users
         os.replace(name, path)
     finally:
         plt.close(fig)

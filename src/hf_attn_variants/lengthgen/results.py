@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..cli_utils import plain_mode
+
 METRICS = ("loss", "accuracy", "perplexity", "loss_beyond_train", "perplexity_beyond_train", "loss_delta",
            "accuracy_delta")
 """Per-point metrics (the ``*_beyond_train`` ones only for causal LMs: predictions from positions ≥ L;
@@ -42,6 +44,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
+        os.chmod(staging, plain_mode())  # mkstemp's 0o600 would hide the results from other users
         os.replace(staging, path)
     except BaseException:
         Path(staging).unlink(missing_ok=True)
