@@ -7,6 +7,7 @@ import argparse
 import enum
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, Literal
 
 import pytest
@@ -201,3 +202,37 @@ def test_error_reason_keeps_every_line_on_one_and_bounds_it() -> None:
     cut = error_reason(OSError("x" * 1000), limit=50)
     assert len(cut) == 50 and cut.endswith("…")
     assert error_reason(KeyError()) == "KeyError"
+
+
+def test_replace_folder_never_loses_both_folders(tmp_path, monkeypatch) -> None:
+    """``export --overwrite`` once deleted the old folder before renaming the new one into place: a kill in
+    between lost both. Now the old one is renamed aside first and put back if the new one cannot move in."""
+    import os
+
+    from hf_attn_variants.cli_utils import replace_folder
+
+    output = tmp_path / "hub"
+    output.mkdir()
+    (output / "old.txt").write_text("old")
+    staging = tmp_path / ".hub.new"
+    staging.mkdir()
+    (staging / "new.txt").write_text("new")
+    rename = os.replace
+
+    def failing(source, target):
+        if Path(source) == staging:
+            raise OSError("disk gone")
+        return rename(source, target)
+
+    monkeypatch.setattr(os, "replace", failing)
+    with pytest.raises(OSError, match="disk gone"):
+        replace_folder(staging, output)
+    assert [p.name for p in output.iterdir()] == ["old.txt"]
+    monkeypatch.setattr(os, "replace", rename)
+    replace_folder(staging, output)
+    assert [p.name for p in output.iterdir()] == ["new.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hub"]  # nothing left aside
+    fresh = tmp_path / ".other.new"
+    fresh.mkdir()
+    replace_folder(fresh, tmp_path / "other")  # nothing to replace
+    assert (tmp_path / "other").is_dir() and not fresh.exists()

@@ -210,3 +210,36 @@ def test_pruned_heads_normalisation_and_errors() -> None:
         normalize_pruned_heads({5: [0]}, num_layers=2, num_heads=4)
     with pytest.raises(ValueError, match="twice"):
         normalize_pruned_heads({0: [1, 1]}, num_layers=2, num_heads=4)
+
+
+@pytest.mark.parametrize("family", ["entropy_invariant", "gau", "synthesizer"])
+def test_a_mask_of_another_rank_is_named_not_used(family) -> None:
+    """A 1D or 3D ``attention_mask`` is one ``ValueError`` in every family; the Synthesizer once ran a 3D one
+    at batch 1 and returned other logits than without a mask."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_attn_variants.training.modeling import build_config
+    from tests.test_pretrain import tiny_overrides
+
+    torch.manual_seed(0)
+    config = build_config(family, config_overrides=tiny_overrides(family, is_decoder=True), max_seq_length=16)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(0, config.vocab_size, (1, 6))
+    for mask in (torch.ones(1, 6, 6), torch.ones(6)):
+        with pytest.raises(ValueError, match=r"attention_mask must be 2D .* or 4D .*, got shape"):
+            model(input_ids=ids, attention_mask=mask)
+
+
+def test_positions_outside_the_learned_table_are_named() -> None:
+    from hf_attn_variants import EntropyInvariantConfig, EntropyInvariantForCausalLM
+
+    torch.manual_seed(0)
+    model = EntropyInvariantForCausalLM(EntropyInvariantConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=16, position_embedding_type="absolute", is_decoder=True)).eval()
+    ids = torch.randint(0, 64, (1, 6))
+    for start, shown in ((20, r"\[20, 25\]"), (-3, r"\[-3, 2\]")):
+        with pytest.raises(ValueError, match=r"position_ids must be in \[0, max_position_embeddings=16\) for "
+                                             rf"the learned absolute positions, got values in {shown}"):
+            model(input_ids=ids, position_ids=torch.arange(start, start + 6)[None])
+    assert model(input_ids=ids, position_ids=torch.arange(10, 16)[None]).logits.isfinite().all()

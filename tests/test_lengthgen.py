@@ -135,6 +135,20 @@ def test_causal_evaluation_counts_predictions_beyond_training_length():
     assert math.isclose(result["perplexity"], math.exp(result["loss"]), rel_tol=1e-9)
     short = evaluate_lm(model, blocks_at(list(range(1, 49)), 8), objective="clm", train_length=8)
     assert short["tokens_beyond_train"] == 0 and short["loss_beyond_train"] is None
+    # nothing to score is an error or NaN, never a perfect loss of 0 (perplexity 1)
+    for bad, message in (({"batch_size": -1}, "batch_size must be an integer >= 1, got -1"),
+                         ({"batch_size": 0}, "batch_size must be"),
+                         ({"max_blocks": -1}, "max_blocks must be"),
+                         ({"mask_repeats": 1.5}, "mask_repeats must be an integer >= 1, got 1.5")):
+        with pytest.raises(ValueError, match=message):
+            evaluate_lm(model, blocks, objective="clm", **bad)
+    with pytest.raises(ValueError, match="blocks of 1 token give no next-token target"):
+        evaluate_lm(model, torch.ones(3, 1, dtype=torch.long), objective="clm")
+    from datasets import Dataset
+
+    packed = evaluate_lm(model, Dataset.from_dict({"input_ids": [[1, 2]], "position_ids": [[0, 0]]}),
+                         objective="clm")  # two one-token documents: no next token to predict
+    assert packed["tokens"] == 0 and math.isnan(packed["loss"]) and math.isnan(packed["perplexity"])
 
 
 def test_llama_variant_is_evaluated_with_three_attention_modes(tmp_path):

@@ -440,6 +440,30 @@ def test_iterative_pruning_to_the_end_and_random_order() -> None:
         iterative_head_pruning(model, iter([]), lambda m: 1.0, rescore=True)
 
 
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"importance": torch.rand(3, 3)}, ValueError,
+     rf"importance must have shape \(num_layers, num_heads\) = \({LAYERS}, {HEADS}\), got \(3, 3\)"),
+    ({"importance": [[1.0]]}, TypeError, "importance must be a tensor"),
+    ({"importance": torch.full((LAYERS, HEADS), float("nan"))}, ValueError,
+     rf"importance has a score that is not finite for {LAYERS * HEADS} head\(s\) still in the model, the "
+     "first layer 0 head 0"),
+    ({"fraction": "0.1"}, TypeError, "fraction must be a number, got '0.1'"),
+    ({"threshold": "x"}, TypeError, "threshold must be a number"),
+    ({"min_heads_per_layer": -1}, ValueError, "min_heads_per_layer must be an integer >= 0, got -1"),
+    ({"min_heads_per_layer": "2"}, ValueError, "min_heads_per_layer must be an integer"),
+    ({"higher_is_better": "no"}, TypeError, "higher_is_better must be a bool, got 'no'"),
+    ({"rescore": "no"}, TypeError, "rescore must be a bool"),
+])
+def test_bad_pruning_arguments_are_named_before_any_step(kwargs, error, message) -> None:
+    """Each once gave a deep ``IndexError``/``TypeError`` or was silently read otherwise (a NaN score is
+    "already pruned": all-NaN importance pruned nothing and said nothing)."""
+    model = build("llama")
+    arguments = {"importance": torch.rand(LAYERS, HEADS), **kwargs}
+    with pytest.raises(error, match=message):
+        iterative_head_pruning(model, [labelled(model, 2, seed=1)], lambda m: 1.0, **arguments)
+    assert count_heads(model) == (LAYERS * HEADS, LAYERS * HEADS)  # nothing pruned
+
+
 # ------------------------------------------------------------------------------------------- bad input
 def test_bad_head_indices_raise_clear_errors() -> None:
     model = build("entropy_invariant")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import random
 
 import pytest
@@ -60,7 +61,7 @@ def make_model(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["entropy_invariant", "llama"])
-def test_prune_command_writes_curve_plots_and_model(kind: str, tmp_path) -> None:
+def test_prune_command_writes_curve_plots_and_model(kind: str, tmp_path, caplog) -> None:
     model_dir, out = tmp_path / "model", tmp_path / "out"
     make_model(kind).save_pretrained(model_dir)
     tokenizer().save_pretrained(model_dir)
@@ -74,12 +75,21 @@ def test_prune_command_writes_curve_plots_and_model(kind: str, tmp_path) -> None
     else:
         data = tmp_path / "train.txt"
         data.write_text("\n".join(text for text, _ in rows) + "\n")
-    code = main([
-        "prune", "--model_name_or_path", str(model_dir), "--train_file", str(data), "--output_dir", str(out),
-        "--threshold", "none", "--max_heads_pruned", "0.5", "--fraction", "0.25", "--batch_size", "8",
-        "--num_importance_examples", "8",
-    ])
+    with caplog.at_level(logging.INFO, logger="hf_attn_variants"):
+        code = main([
+            "prune", "--model_name_or_path", str(model_dir), "--train_file", str(data), "--output_dir",
+            str(out), "--threshold", "none", "--max_heads_pruned", "0.5", "--fraction", "0.25",
+            "--batch_size", "8", "--num_importance_examples", "8",
+        ])
     assert code == 0
+    said = [r.getMessage().removeprefix("prune: ") for r in caplog.records
+            if r.getMessage().startswith("prune: ")]
+    assert said[-3].startswith("pruned 4 of 8 heads (4 left); ") and " unpruned (" in said[-3], said
+    model_out = out / "model"
+    assert said[-2].startswith(f"wrote the pruned model and its tokenizer to {model_out}, the curve"), said
+    next_step = (f"hf-attn-variants export --model_name_or_path {model_out} --output_dir {out}-hub"
+                 if kind == "entropy_invariant" else f'hf_attn_variants.pruning.load_pruned("{model_out}")')
+    assert said[-1] == f"next: {next_step}", said
     for name in ("curve.csv", "curve.json", "pruning_curve.png", "head_importance.png"):
         assert (out / name).stat().st_size > 0, name
     for name in ("pruning_curve.png", "head_importance.png"):

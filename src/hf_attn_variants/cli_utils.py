@@ -503,6 +503,29 @@ def plain_mode(folder: bool = False) -> int:
     return (0o777 if folder else 0o666) & ~mask
 
 
+def replace_folder(staging: Path, output: Path) -> None:
+    """Put the finished folder ``staging`` at ``output`` (beside it, on one file system), replacing what is
+    there without a moment in which both are lost: the old folder is renamed aside (``.<name>.old-*``), the
+    new one renamed into place, then the old one deleted. A process killed in between leaves the old folder
+    aside, whole; a failed rename puts it back."""
+    import os
+    import shutil
+    import tempfile
+
+    if not output.exists():
+        os.replace(staging, output)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
+    os.replace(output, aside / output.name)
+    try:
+        os.replace(staging, output)
+    except BaseException:
+        os.replace(aside / output.name, output)
+        shutil.rmtree(aside, ignore_errors=True)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def share_like_the_user(folder: Path) -> None:
     """Give ``folder`` and everything in it the modes a plain ``mkdir`` and ``open`` would (``plain_mode``):
     ``mkdtemp`` makes folders 0o700 and safetensors writes 0o600, which would keep an exported model from
@@ -838,6 +861,7 @@ __all__ = [
     "offline_hub_message",
     "plain_mode",
     "quiet_progress",
+    "replace_folder",
     "run_dataclass_command",
     "with_default_in_help",
 ]

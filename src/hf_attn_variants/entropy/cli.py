@@ -476,10 +476,13 @@ def measure_all(args: EntropyArguments) -> dict[str, Any]:
 def report(args: EntropyArguments, results: dict[str, Any]) -> str:
     lines = [f"{'series':40s} {'slope':>6s} {'diffuse':>8s}  H at each n"]
     for entry in results["series"]:
-        diffuse = entry["diffuse_slope"]
+        diffuse, slope = entry["diffuse_slope"], entry["slope"]
         values = " ".join(f"{n}:{h:.2f}" for n, h in zip(entry["lengths"], entry["mean_entropy"]))
-        lines.append(f"{entry['name'][:40]:40s} {entry['slope']:6.2f} "
-                     f"{'-' if diffuse is None else format(diffuse, '.2f'):>8s}  {values}")
+        shown, diffuse_shown = ("-" if value is None or math.isnan(value) else format(value, ".2f")
+                                for value in (slope, diffuse))
+        lines.append(f"{entry['name'][:40]:40s} {shown:>6s} {diffuse_shown:>8s}  {values}")
+    if any(len(set(entry["lengths"])) < 2 for entry in results["series"]):
+        lines.append("slope -: dH/dlog n needs entropies at two lengths or more (--lengths)")
     plot_path = "" if args.no_plot else f" and {Path(args.output).with_suffix('.png')}"
     lines.append(f"wrote {args.output}{plot_path}")
     return "\n".join(lines)

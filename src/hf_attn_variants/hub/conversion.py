@@ -38,6 +38,7 @@ from ..cli_utils import (
     check_field_types,
     check_folder,
     check_output_dir,
+    replace_folder,
     share_like_the_user,
     staging_folder,
 )
@@ -200,9 +201,7 @@ def convert_gau_alpha(args: ConvertGAUAlphaArguments) -> Path:
             if (source / name).is_file():
                 shutil.copy2(source / name, staging / name)
         share_like_the_user(staging)
-        if output.exists():
-            shutil.rmtree(output)
-        staging.replace(output)
+        replace_folder(staging, output)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return output

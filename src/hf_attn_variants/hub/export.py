@@ -13,7 +13,6 @@ under a temporary name and renamed into place, so an interrupted export never le
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from ..cli_utils import (
     check_text_file,
     error_reason,
     quiet_progress,
+    replace_folder,
     share_like_the_user,
     staging_folder,
 )
@@ -228,9 +228,7 @@ def export(args: ExportArguments) -> Path:
             export_onnx(model, staging / ONNX_PATH)
         check_export(staging)
         share_like_the_user(staging)
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(staging, output)
+        replace_folder(staging, output)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return output

@@ -333,7 +333,6 @@ def run(args: argparse.Namespace) -> int:
             study(args, inputs)
     except FlagError as error:
         return fail_flag("prune", error)
-    logger.info("wrote %s", json.dumps(sorted(p.name for p in Path(args.output_dir).iterdir())))
     return 0
 
 
@@ -390,6 +389,27 @@ def study(args: argparse.Namespace, inputs: PruneInputs) -> None:
     for line in pruning_warnings(adapter.alive().sum(-1).tolist(), adapter.num_heads):
         logger.warning("prune: %s", line)
     finish_run(output)
+    for line in end_summary(output, metadata, [row for row in curve if row.accepted][-1]):
+        logger.info("prune: %s", line)
+
+
+def end_summary(output: Path, metadata: dict[str, Any], last: Any) -> list[str]:
+    """What ``prune`` says it did: heads removed, the metric against the unpruned model's, the files and the
+    next command (``last``: the last applied row of the curve)."""
+    from ..models import FAMILIES
+
+    removed, total = metadata["heads_before"] - metadata["heads_after"], metadata["total_heads"]
+    model = output / "model"
+    family = json.loads((model / "config.json").read_text()).get("model_type") in FAMILIES
+    load = (f"hf-attn-variants export --model_name_or_path {model} --output_dir {output}-hub" if family
+            else f"hf_attn_variants.pruning.load_pruned({json.dumps(str(model))})")
+    return [
+        f"pruned {removed} of {total} heads ({metadata['heads_after']} left); {metadata['metric']} "
+        f"{last.metric:.4g} against {metadata['baseline']:.4g} unpruned ({last.relative_metric:.3f} of it)",
+        f"wrote the pruned model and its tokenizer to {model}, the curve to {output / 'curve.csv'} and "
+        f"curve.json, the plots head_importance.png and pruning_curve.png beside them",
+        f"next: {load}",
+    ]
 
 
 MOST_HEADS = 0.5

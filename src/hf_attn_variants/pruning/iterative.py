@@ -230,7 +230,9 @@ def iterative_head_pruning(
             heads in every layer (``ValueError`` naming ``uniform`` otherwise).
     """
     _check_arguments(importance_data, fraction, threshold, rescore, importance, uniform)
-    adapter = get_adapter(model)
+    _check_flags(higher_is_better=higher_is_better, normalize_per_layer=normalize_per_layer,
+                 min_heads_per_layer=min_heads_per_layer)
+    adapter = _checked_adapter(model, importance)
     total = adapter.num_layers * adapter.num_heads
     budget = head_budget(max_heads_pruned, total)
     if uniform:
@@ -284,6 +286,7 @@ def _scores_of_alive(model: PreTrainedModel, scores: torch.Tensor | None, alive:
     """A copy of ``scores`` (computed from ``importance_data`` when None) with the pruned heads NaN."""
     if scores is None:
         scores = compute_head_importance(model, importance_data, normalize_per_layer=normalize_per_layer)
+        check_scores("importance_data", scores, alive)
     scores = scores.clone()
     scores[~alive] = float("nan")
     return scores
@@ -311,16 +314,57 @@ def _check_arguments(importance_data: Iterable[Mapping[str, Any]] | None, fracti
                      threshold: float | None, rescore: bool, importance: torch.Tensor | None,
                      uniform: bool) -> None:
     """One error naming the argument for every inconsistent choice of ``iterative_head_pruning``."""
+    for name, value in (("fraction", fraction), ("threshold", 1.0 if threshold is None else threshold)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number, got {value!r}.")
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}.")
     if threshold is not None and not threshold > 0:
         raise ValueError(f"threshold must be > 0 or None, got {threshold}.")
+    if not isinstance(rescore, bool):
+        raise TypeError(f"rescore must be a bool, got {rescore!r}.")
     if (importance is None or rescore) and importance_data is None:
         raise ValueError("importance_data is required unless importance is given and rescore is False.")
     if rescore and iter(importance_data) is importance_data:
         raise TypeError("with rescore=True, importance_data must be re-iterable (a list or a DataLoader).")
     if not isinstance(uniform, bool):
         raise TypeError(f"uniform must be a bool, got {uniform!r}.")
+
+
+def _check_flags(*, higher_is_better: Any, normalize_per_layer: Any, min_heads_per_layer: Any) -> None:
+    """The other arguments' types: two bools (a string such as ``"no"`` would be true) and a count."""
+    for name, value in (("higher_is_better", higher_is_better), ("normalize_per_layer", normalize_per_layer)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}.")
+    count = min_heads_per_layer
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"min_heads_per_layer must be an integer >= 0, got {min_heads_per_layer!r}.")
+
+
+def _checked_adapter(model: PreTrainedModel, importance: Any) -> Any:
+    """``get_adapter(model)``, once ``importance`` (when given) fits it (``check_scores``)."""
+    adapter = get_adapter(model)
+    if importance is not None:
+        check_scores("importance", importance, adapter.alive())
+    return adapter
+
+
+def check_scores(name: str, scores: Any, alive: torch.Tensor) -> None:
+    """``ValueError`` naming ``name`` unless ``scores`` is a tensor of ``alive``'s shape ``(num_layers,
+    num_heads)`` that is finite at every head still there (pruned heads may be NaN): a NaN score would read
+    as "already pruned" and hide that head from pruning for good."""
+    if not isinstance(scores, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor (num_layers, num_heads), got {type(scores).__name__}.")
+    if tuple(scores.shape) != tuple(alive.shape):
+        raise ValueError(f"{name} must have shape (num_layers, num_heads) = {tuple(alive.shape)}, got "
+                         f"{tuple(scores.shape)}.")
+    bad = (~torch.isfinite(scores.detach().float().cpu())) & alive.cpu()
+    if bool(bad.any()):
+        layer, head = (int(i) for i in bad.nonzero()[0])
+        source = "gives" if name == "importance_data" else "has"
+        raise ValueError(f"{name} {source} a score that is not finite for {int(bad.sum())} head(s) still in "
+                         f"the model, the first layer {layer} head {head} (NaN or inf: a loss that "
+                         "diverged?).")
 
 
 def relative_metric(value: float, baseline: float, higher_is_better: bool) -> float:

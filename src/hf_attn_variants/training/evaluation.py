@@ -73,14 +73,19 @@ def evaluate_lm(
         raise ValueError(f"objective must be one of ('mlm', 'clm'), got {objective!r}.")
     if objective == "mlm" and tokenizer is None:
         raise ValueError("evaluate_lm(objective='mlm') needs the tokenizer (mask and special token ids).")
-    if mask_repeats < 1:
-        raise ValueError(f"mask_repeats must be >= 1, got {mask_repeats}.")
+    for name, value, low in (("batch_size", batch_size, 1), ("mask_repeats", mask_repeats, 1),
+                             ("max_blocks", 1 if max_blocks is None else max_blocks, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
     data, positions = _as_tensor(blocks), _positions(blocks)
     if max_blocks is not None:
         data = data[:max_blocks]
     if data.dim() != 2 or len(data) == 0:
         raise ValueError("blocks must be a non-empty (num_blocks, length) set of token ids, got shape "
                          f"{tuple(data.shape)}.")
+    if objective == "clm" and data.shape[1] < 2:
+        raise ValueError(f"blocks of {data.shape[1]} token give no next-token target (objective='clm'): "
+                         "they need at least 2.")
     rank, world = ((accelerator.process_index, accelerator.num_processes) if accelerator is not None
                    else (0, 1))
     device = accelerator.device if accelerator is not None else next(model.parameters()).device
@@ -155,11 +160,11 @@ def _target_sums(logits: torch.Tensor, targets: torch.Tensor, beyond: int | None
 
 def _metrics(sums: torch.Tensor, num_blocks: int, train_length: int | None, clm: bool) -> dict[str, Any]:
     """loss = Σ CE / #targets, perplexity = exp(loss), accuracy = #correct / #targets (and the same beyond
-    ``train_length`` where asked: CLM only)."""
+    ``train_length`` where asked: CLM only). With no target at all they are NaN, not a perfect score."""
     loss_sum, correct, count, beyond_sum, beyond_count = (float(value) for value in sums)
-    loss = loss_sum / max(count, 1.0)
+    loss = loss_sum / count if count else math.nan
     result: dict[str, Any] = {
-        "loss": loss, "perplexity": _perplexity(loss), "accuracy": correct / max(count, 1.0),
+        "loss": loss, "perplexity": _perplexity(loss), "accuracy": correct / count if count else math.nan,
         "tokens": int(count), "blocks": num_blocks,
     }
     if train_length is not None:
@@ -171,7 +176,7 @@ def _metrics(sums: torch.Tensor, num_blocks: int, train_length: int | None, clm:
 
 def _perplexity(loss: float) -> float:
     """exp(loss), ``inf`` where that overflows a float."""
-    return math.exp(loss) if loss < 700 else float("inf")
+    return math.exp(loss) if loss < 700 or math.isnan(loss) else float("inf")
 
 
 __all__ = ["evaluate_lm", "special_token_ids"]

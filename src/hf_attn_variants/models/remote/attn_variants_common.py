@@ -1770,11 +1770,32 @@ class AttnVariantBackbone(ModelMixinBase):
                 f"Sequence length {total_length} exceeds max_position_embeddings="
                 f"{self.config.max_position_embeddings} of the learned absolute positions."
             )
+        if attention_mask is not None and attention_mask.dim() not in (2, 4):
+            raise ValueError(
+                f"attention_mask must be 2D (batch, key_length) or 4D (batch, heads, query_length, "
+                f"key_length), got shape {tuple(attention_mask.shape)}."
+            )
         if (attention_mask is not None and attention_mask.dim() == 2
                 and attention_mask.shape[-1] != total_length):
             raise ValueError(
                 f"attention_mask has {attention_mask.shape[-1]} columns but the keys (past + current) number "
                 f"{total_length}."
+            )
+
+    def _check_positions(self, positions: torch.Tensor) -> None:
+        """A clear error for positions outside the learned table (given ``position_ids``).
+
+        They would fail deep inside torch. Checked on CPU, or outside training: reading them on a GPU in
+        training would sync.
+        """
+        if (positions.numel() == 0 or is_torchdynamo_compiling()
+                or (positions.device.type != "cpu" and self.training)):
+            return
+        low, high = int(positions.min()), int(positions.max())
+        if low < 0 or high >= self.config.max_position_embeddings:
+            raise ValueError(
+                f"position_ids must be in [0, max_position_embeddings={self.config.max_position_embeddings}) "
+                f"for the learned absolute positions, got values in [{low}, {high}]."
             )
 
     @staticmethod
@@ -1802,6 +1823,7 @@ class AttnVariantBackbone(ModelMixinBase):
         if type(self.layers[0]).__name__ == "PipelineIdentityLayer":
             return hidden_states
         if self.embed_positions is not None:
+            self._check_positions(positions)
             hidden_states = hidden_states + self.embed_positions(positions)
         return self.dropout(self.embed_norm(hidden_states))
 
