@@ -87,3 +87,28 @@ def test_a_string_false_never_clears_a_folder(tmp_path: Path) -> None:
     with pytest.raises(FlagError, match="overwrite must be True or False, got 'False'"):
         export(ExportArguments(model_name_or_path=str(tmp_path), output_dir=str(folder), overwrite="False"))
     assert [p.name for p in folder.iterdir()] == ["notes.txt"]
+
+
+def test_library_functions_name_a_bad_argument() -> None:
+    """Each once failed deep inside (``'<' not supported``, ``stack expects a non-empty TensorList``,
+    ``full_like()``): now one error naming the argument."""
+    import torch
+
+    from hf_attn_variants.training import build_config
+    from hf_attn_variants.training.data import mask_tokens
+    from hf_attn_variants.training.modeling import parse_config_overrides
+
+    with pytest.raises(FlagError, match="max_seq_length must be an integer, got '128'"):
+        build_config("gau", max_seq_length="128")
+    with pytest.raises(FlagError, match="config_overrides must be a string .* or a dict, got int"):
+        parse_config_overrides(5)
+    ids = torch.ones(2, 4, dtype=torch.long)
+    common = {"mask_token_id": 3, "vocab_size": 10, "special_ids": [0]}
+    for given, message in (({"input_ids": ids[:0]}, r"input_ids must be a non-empty \(batch, seq\) tensor"),
+                           ({"mask_token_id": None}, "mask_token_id must be a token id, got None"),
+                           ({"vocab_size": 0}, "vocab_size must be an integer >= 1, got 0")):
+        arguments = {"input_ids": ids, "seeds": [0, 1], **common, **given}
+        if "input_ids" in given:
+            arguments["seeds"] = []
+        with pytest.raises(ValueError, match=message):
+            mask_tokens(arguments.pop("input_ids"), arguments.pop("seeds"), **arguments)

@@ -69,3 +69,16 @@ def test_a_too_old_transformers_gets_one_sentence_naming_the_version() -> None:
     require_transformers("5.0.0")
     require_transformers("5.23.0.dev0")
     assert version_tuple("5.10.4") > version_tuple("5.9.0") and version_tuple("5.1.0rc1") == (5, 1, 0)
+
+
+@pytest.mark.parametrize("config_class", list(CONFIGS))
+def test_eos_token_id_is_checked_like_the_other_token_ids(config_class) -> None:
+    """One id or a list of ids, each an int >= 0 (a string once passed and failed deep inside generate)."""
+    for good in (None, 3, [1, 2], (1, 2)):
+        assert config_class(**CONFIGS[config_class], eos_token_id=good).eos_token_id == good
+    for bad, error, message in (("x", TypeError, "eos_token_id must be an int, got 'x'"),
+                                (-5, ValueError, "eos_token_id must be >= 0, got -5"),
+                                ([1, "a"], TypeError, "eos_token_id must be an int, got 'a'"),
+                                ([None], TypeError, "eos_token_id must be an int, got None")):
+        with pytest.raises(error, match=message):
+            config_class(**CONFIGS[config_class], eos_token_id=bad)

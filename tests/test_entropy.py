@@ -24,8 +24,10 @@ from hf_attn_variants.cli_utils import plain_mode
 from hf_attn_variants.entropy.cli import default_lengths
 from hf_attn_variants.entropy import measure
 from hf_attn_variants.entropy.measure import (
+    diffuse_heads,
     entropy_by_length,
     fit_slope,
+    head_slopes,
     layer_entropy_sums,
     mean_log_keys,
     measured_rows,
@@ -48,6 +50,12 @@ def test_fit_slope_is_the_least_squares_slope() -> None:
     x = [math.log(n) for n in (8, 16, 32, 64)]
     assert fit_slope(x, [0.7 * v + 1.0 for v in x]) == pytest.approx(0.7)
     assert math.isnan(fit_slope([1.0], [2.0]))
+    assert math.isnan(fit_slope([1.0, 1.0], [2.0, 3.0]))  # one length twice: no slope, not ZeroDivisionError
+    with pytest.raises(ValueError, match="one value per point, got 3 and 2"):
+        fit_slope(x[:3], [1.0, 2.0])
+    with pytest.raises(ValueError, match="length must be an integer >= 1, got 0"):
+        mean_log_keys(0, True)
+    assert head_slopes([]) == [] and diffuse_heads([], 4) == []
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -120,6 +120,10 @@ def test_base_length_resolution() -> None:
     )
     assert resolve_base_length(yarn) == 2048
     assert resolve_base_length(None) == 512
+    assert resolve_base_length(LlamaConfig(base_length=300.0)) == 300
+    for bad in ("abc", 2.7, float("nan"), True):
+        with pytest.raises(ValueError, match=f"base_length must be a whole number of tokens, got {bad!r}"):
+            resolve_base_length(LlamaConfig(base_length=bad))
 
 
 # --------------------------------------------------------------------------- scope, formulas, positions

@@ -46,7 +46,10 @@ def measured_rows(length: int, causal: bool) -> slice:
 
 
 def mean_log_keys(length: int, causal: bool) -> float:
-    """Mean log nᵢ over ``measured_rows`` (causal row i sees i + 1 keys)."""
+    """Mean log nᵢ over ``measured_rows`` (causal row i sees i + 1 keys); ``ValueError`` for a length
+    below 1."""
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"length must be an integer >= 1, got {length!r}.")
     if not causal:
         return math.log(length)
     rows = range(length // 2, length)
@@ -143,16 +146,24 @@ def entropy_by_length(
 
 
 def fit_slope(log_keys: Sequence[float], entropy: Sequence[float]) -> float:
-    """Least-squares slope of ``entropy`` against ``log_keys`` (dH/d log n); NaN with fewer than 2 points."""
+    """Least-squares slope of ``entropy`` against ``log_keys`` (dH/d log n); NaN with fewer than 2 distinct
+    points (one length, or the same length twice); ``ValueError`` when the two sequences differ in length."""
+    if len(log_keys) != len(entropy):
+        raise ValueError(f"log_keys and entropy must have one value per point, got {len(log_keys)} and "
+                         f"{len(entropy)}.")
     if len(log_keys) < 2:
         return math.nan
     mean_x, mean_y = sum(log_keys) / len(log_keys), sum(entropy) / len(entropy)
     spread = sum((x - mean_x) ** 2 for x in log_keys)
+    if spread == 0:
+        return math.nan
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(log_keys, entropy)) / spread
 
 
 def head_slopes(points: Sequence[LengthPoint]) -> list[list[float]]:
-    """``fit_slope`` of every layer and head over ``points``: ``[layer][head]``."""
+    """``fit_slope`` of every layer and head over ``points``: ``[layer][head]`` (``[]`` without points)."""
+    if not points:
+        return []
     x = [point.log_keys for point in points]
     layers, heads = len(points[0].entropy), len(points[0].entropy[0])
     return [[fit_slope(x, [point.entropy[layer][head] for point in points]) for head in range(heads)]
@@ -162,7 +173,10 @@ def head_slopes(points: Sequence[LengthPoint]) -> list[list[float]]:
 def diffuse_heads(points: Sequence[LengthPoint], reference: int,
                   threshold: float = 0.5) -> list[tuple[int, int]]:
     """The ``(layer, head)`` pairs whose entropy at the length ``reference`` is at least ``threshold`` of the
-    uniform row's (H ≥ threshold · log nᵢ): heads that spread their attention rather than point."""
+    uniform row's (H ≥ threshold · log nᵢ): heads that spread their attention rather than point (none without
+    points)."""
+    if not points:
+        return []
     point = min(points, key=lambda p: abs(p.length - reference))
     return [(layer, head) for layer, values in enumerate(point.entropy) for head, value in enumerate(values)
             if value >= threshold * point.log_keys]

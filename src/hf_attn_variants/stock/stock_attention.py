@@ -69,11 +69,16 @@ def llama4_attention_temperature(
 
 def resolve_base_length(config: PreTrainedConfig | None) -> int:
     """The training length m: ``base_length``, else RoPE's original context, else
-    ``max_position_embeddings``."""
+    ``max_position_embeddings``; ``ValueError`` for a ``base_length`` that is not a whole number (``"abc"``,
+    NaN, 2.7 would be read as 2)."""
     if config is None:
         return DEFAULT_BASE_LENGTH
     if getattr(config, "base_length", None):
-        return int(config.base_length)
+        value = config.base_length
+        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        if isinstance(value, bool) or not whole:
+            raise ValueError(f"base_length must be a whole number of tokens, got {value!r}.")
+        return int(value)
     rope = getattr(config, "rope_parameters", None) or {}
     if isinstance(rope, dict) and rope.get("original_max_position_embeddings"):
         return int(rope["original_max_position_embeddings"])

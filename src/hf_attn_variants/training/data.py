@@ -419,6 +419,14 @@ def mask_tokens(
     """BERT masking of ``input_ids`` ``(batch, seq)`` with one seed per row; returns ``(inputs, labels)``."""
     if not 0.0 < probability < 1.0:
         raise ValueError(f"mlm_probability must be in (0, 1), got {probability}.")
+    if input_ids.dim() != 2 or 0 in input_ids.shape:
+        raise ValueError("input_ids must be a non-empty (batch, seq) tensor, got shape "
+                         f"{tuple(input_ids.shape)}.")
+    if isinstance(mask_token_id, bool) or not isinstance(mask_token_id, int):
+        raise ValueError(f"mask_token_id must be a token id, got {mask_token_id!r} (masked-LM needs a "
+                         "tokenizer with a mask token).")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"vocab_size must be an integer >= 1, got {vocab_size!r}.")
     if len(seeds) != input_ids.shape[0]:
         raise ValueError(f"Need one seed per row: {len(seeds)} seeds for {input_ids.shape[0]} rows.")
     length = input_ids.shape[1]

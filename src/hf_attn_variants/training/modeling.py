@@ -30,6 +30,7 @@ from ..cli_utils import (
     error_reason,
     check_config_source,
     check_folder,
+    check_int,
     check_model_source,
     hub_unreachable,
     is_hub_id,
@@ -101,6 +102,9 @@ def parse_config_overrides(overrides: str | dict[str, Any] | None) -> dict[str, 
         return {}
     if isinstance(overrides, dict):
         return dict(overrides)
+    if not isinstance(overrides, str):
+        raise FlagError("config_overrides", "config_overrides must be a string \"k=v,k=v\" or a dict, got "
+                                            f"{type(overrides).__name__}.")
     result: dict[str, Any] = {}
     for item in _split_top_level(overrides):
         key, sep, value = item.partition("=")
@@ -213,6 +217,8 @@ def build_config(
     the pretrained config's, a tokenizer larger than the vocabulary.
     """
     overrides = parse_config_overrides(config_overrides)
+    if max_seq_length is not None:
+        check_int("max_seq_length", max_seq_length, 1)
     source = config_name or model_name_or_path
     source_flag = "config_name" if config_name else "model_name_or_path"
     if source is None and model_type is None:

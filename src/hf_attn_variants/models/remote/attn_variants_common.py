@@ -1076,6 +1076,9 @@ class AttnVariantConfig(PreTrainedConfig):
             check_bool(field, getattr(self, field))
         for field in ("pad_token_id", "bos_token_id"):
             check_int(field, getattr(self, field), 0, allow_none=True)
+        eos = self.eos_token_id  # one id or several, as generate takes them
+        for value in eos if isinstance(eos, (list, tuple)) else [eos]:
+            check_int("eos_token_id", value, 0, allow_none=not isinstance(eos, (list, tuple)))
 
 
 class MultiHeadAttnVariantConfig(AttnVariantConfig):
