@@ -219,9 +219,11 @@ AFTER_CTRL_C = {
     "prune": "its --output_dir holds an unfinished run, which the same command redoes",
     "bench": "the rows measured so far are not kept (--only measures a part of the run)",
     "entropy": "the series measured so far are not kept (--names and fewer --models measure a part)",
-    "export": "nothing was written to --output_dir (an export is assembled aside and renamed into place)",
-    "convert-gau-alpha": "nothing was written to --output_dir (the folder is assembled aside and renamed "
-                         "into place)",
+    "export": "--output_dir holds the old folder or the new one, never half of one (an export is "
+              "assembled aside and renamed into place; an old folder being replaced may be left whole as "
+              ".<name>.old-*)",
+    "convert-gau-alpha": "--output_dir holds the old folder or the new one, never half of one (assembled "
+                         "aside and renamed into place)",
 }
 """What a command stopped by Ctrl-C outside a training step leaves, for its one line."""
 

@@ -30,7 +30,7 @@ MINIMAL = {
     LengthGenArguments: {},
     DemoArguments: {},
 }
-WRONG = {"bool": "False", "int": 2.5, "float": "1e-3", "str": 5, "list[str]": "abc"}
+WRONG = {"bool": "False", "int": 2.5, "float": "1e-3", "str": 5.5, "list[str]": "abc"}
 
 
 def typed_fields(cls: type) -> list[tuple[str, str]]:
@@ -69,8 +69,12 @@ def test_the_kinds_survive_hf_argument_parser() -> None:
 
 
 def test_a_path_is_taken_for_a_string_and_none_only_where_it_is_allowed(tmp_path) -> None:
-    args = PretrainArguments(model_type="gau", output_dir=tmp_path / "run", train_file=tmp_path / "t.txt")
+    args = PretrainArguments(model_type="gau", output_dir=tmp_path / "run", train_file=tmp_path / "t.txt",
+                             checkpointing_steps=100)  # a step count is taken as the command line's "100"
     assert args.output_dir == str(tmp_path / "run") and args.train_file == str(tmp_path / "t.txt")
+    assert args.checkpointing_steps == "100"
+    entropy = EntropyArguments(models=(tmp_path / "a", "b"))  # paths in a list of strings, a tuple for a list
+    assert entropy.models == [str(tmp_path / "a"), "b"]
     with pytest.raises(FlagError, match="^output_dir is required, got None.$"):
         PretrainArguments(model_type="gau", output_dir=None)
     with pytest.raises(FlagError, match="^license is required, got None.$"):

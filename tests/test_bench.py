@@ -146,6 +146,9 @@ def test_only_publish_writes_the_committed_results(monkeypatch) -> None:
     assert committed.target == "own" and committed.output.parts[0] == "runs"
     published = plan(parser.parse_args(["--publish", "--report-only", "docs/results/benchmarks-cpu.json"]))
     assert published.target == "committed"
+    monkeypatch.chdir(ROOT / "tests")  # not the repository root: no docs/ is created here
+    with pytest.raises(ValueError, match="there is no docs/results/ here: run it from the repository root"):
+        plan(parser.parse_args(["--publish"]))
 
 
 def test_merge_replaces_rows_and_marks_them(quick_run, tmp_path, monkeypatch) -> None:
@@ -235,6 +238,24 @@ def test_a_report_of_its_own_is_replaced_by_its_rerun(quick_run, tmp_path) -> No
         assert main(["bench", "--report-only", str(copy), "--output", str(report)]) == 0
     assert report.read_text().rstrip().endswith(REPORT_MARK) and (tmp_path / "report_time.png").is_file()
     assert oct(report.stat().st_mode & 0o777) == oct(plain_mode())
+    # a report written before the mark is still the command's own
+    report.write_text(report.read_text().replace(REPORT_MARK, ""))
+    assert main(["bench", "--report-only", str(copy), "--output", str(report)]) == 0
+    report.chmod(0o640)  # a mode you chose stays
+    assert main(["bench", "--report-only", str(copy), "--output", str(report)]) == 0
+    assert oct(report.stat().st_mode & 0o777) == oct(0o640)
+
+
+def test_a_results_file_named_alone_gets_its_report_beside_it(tmp_path, monkeypatch) -> None:
+    import argparse
+
+    from hf_attn_variants.bench.cli import add_arguments, plan
+
+    monkeypatch.chdir(tmp_path)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    own = plan(parser.parse_args(["--quick", "--json", "out/other.json"]))
+    assert own.json_path == Path("out/other.json") and own.output == Path("out/other.md")
 
 
 def test_merge_without_committed_results_is_refused(tmp_path, monkeypatch, capsys) -> None:

@@ -246,3 +246,12 @@ def test_finetune_says_what_it_will_do_and_what_it_did(tmp_path, capsys, data, b
     lines = summary_lines(capsys.readouterr().out)
     assert lines[1] == "evaluates the model as it is on 16 validation examples; no training", lines
     assert lines[-1] == f"wrote eval_results.json to {alone}" and "eval_accuracy" in lines[-2], lines
+
+
+def test_the_cadence_reads_steps_below_one_as_a_share(tmp_path, data) -> None:
+    from hf_attn_variants.training.finetune import cadence
+
+    args = FinetuneArguments(model_type="gau", train_file=data["train"], checkpointing_minutes=0)
+    text = cadence(args, training_args(tmp_path, eval_strategy="steps", eval_steps=0.1, save_strategy="steps",
+                                       save_steps=50))
+    assert text == "evaluates every 10% of the training steps, checkpoints every 50 steps", text

@@ -386,7 +386,8 @@ def check_field_types(arguments: Any) -> None:
     annotated type (``field_kinds``: ``bool``, ``int``, ``float``, ``str`` or ``list[str]``, each optionally
     ``| None``; others are left to their own checks). Called first by the commands' ``__post_init__``, so
     that a Python caller's ``overwrite_output_dir="False"`` (a string, which is true) never clears a folder
-    and ``output_dir=None`` is named. A path (``os.PathLike``) given for a ``str`` field becomes its string;
+    and ``output_dir=None`` is named. A path (``os.PathLike``) given for a ``str`` field becomes its string,
+    and a tuple or list of strings and paths for a ``list[str]`` field a list of strings;
     ``None`` in a field not annotated ``| None`` is accepted only when that is its default."""
     import os
 
@@ -400,6 +401,9 @@ def check_field_types(arguments: Any) -> None:
         if kind == "str" and isinstance(value, os.PathLike):
             setattr(arguments, name, os.fspath(value))
             continue
+        if kind == "list[str]" and isinstance(value, (list, tuple)):
+            value = [os.fspath(item) if isinstance(item, os.PathLike) else item for item in value]
+            setattr(arguments, name, value)
         if (problem := _type_problem(kind, value)) is not None:
             raise FlagError(name, f"{name} {problem}, got {value!r}.")
 
@@ -490,8 +494,8 @@ def staging_folder(output: Path) -> Path:
 
 def plain_mode(folder: bool = False) -> int:
     """The mode a plain ``open`` (``folder``: ``mkdir``) gives a new file here: 0o666 (0o777) less the
-    umask. The umask is read from ``/proc/self/status`` where Linux has it (setting it to read it back
-    would change it for every thread for a moment)."""
+    umask. The umask is read from ``/proc/self/status`` where Linux has it; elsewhere it is set and set back
+    (which changes it for every thread for a moment)."""
     import os
 
     try:
@@ -516,7 +520,11 @@ def replace_folder(staging: Path, output: Path) -> None:
         os.replace(staging, output)
         return
     aside = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
-    os.replace(output, aside / output.name)
+    try:
+        os.replace(output, aside / output.name)
+    except BaseException:
+        shutil.rmtree(aside, ignore_errors=True)
+        raise
     try:
         os.replace(staging, output)
     except BaseException:
@@ -530,9 +538,10 @@ def share_like_the_user(folder: Path) -> None:
     """Give ``folder`` and everything in it the modes a plain ``mkdir`` and ``open`` would (``plain_mode``):
     ``mkdtemp`` makes folders 0o700 and safetensors writes 0o600, which would keep an exported model from
     another user or a serving container."""
+    modes = {True: plain_mode(folder=True), False: plain_mode()}
     for path in (folder, *folder.rglob("*")):
         if not path.is_symlink():
-            path.chmod(plain_mode(path.is_dir()))
+            path.chmod(modes[path.is_dir()])
 
 
 def _inside(path: Path, other: Path) -> bool:

@@ -337,6 +337,8 @@ def _plan_own(args: argparse.Namespace, base: dict[str, Any], partial: list[str]
     preset = base["preset"]
     if args.output is not None:
         output = args.output
+    elif args.json is not None:  # the report and plots beside the results file it names
+        output = args.json.with_suffix(".md")
     elif args.quick:
         output = Path("runs/bench-quick/benchmarks.md")
     else:
@@ -381,6 +383,10 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     if args.merge:
         return _plan_merge(args, base, committed_json, partial)
     if args.publish:
+        if not committed_json.parent.is_dir():
+            raise FlagError("publish", f"--publish writes the committed results ({committed_json}) of the "
+                                       f"repository, but there is no {committed_json.parent}/ here: run it "
+                                       "from the repository root, or drop --publish for a report of its own.")
         return BenchPlan(**base, target="committed", json_path=committed_json, output=None)
     return _plan_own(args, base, partial)
 
@@ -393,8 +399,7 @@ def _write_committed(data: dict[str, Any], args: argparse.Namespace) -> list[str
     """Write the committed results file and redraw the committed plots; returns what was written (the docs
     that show the file are rendered by the repository's ``tools/render_docs.py``, which ``make bench``
     runs)."""
-    from ..lengthgen.results import atomic_write_text
-    from ..records import format_results
+    from ..records import atomic_write_text, format_results
     from .plots import write_plots
     from .store import committed_results_path, from_results, plot_prefix, report_path
 
@@ -411,8 +416,7 @@ def _write_committed(data: dict[str, Any], args: argparse.Namespace) -> list[str
 def _write_own(data: dict[str, Any], json_path: Path, output: Path, args: argparse.Namespace,
                write_json: bool = True) -> list[str]:
     """A run of its own: its results file and its report (with plots), nowhere near the committed docs."""
-    from ..lengthgen.results import atomic_write_text
-    from ..records import format_results
+    from ..records import atomic_write_text, format_results
     from .plots import write_plots
     from .report import write_report
     from .store import from_results

@@ -744,7 +744,7 @@ def write_report(run: BenchRun, path: Path, *, source: str, plots: Iterable[Path
                  title: str = "# Benchmarks") -> Path:
     """Write the report of a run of its own (not the committed one) to ``path``; plots are linked relative to
     it."""
-    from ..lengthgen.results import atomic_write_text
+    from ..records import atomic_write_text
 
     links = [_relative(Path(plot), path.parent) for plot in plots]
     body = render_report(run, source=source, committed=False, plots=links)
@@ -753,11 +753,14 @@ def write_report(run: BenchRun, path: Path, *, source: str, plots: Iterable[Path
 
 
 def is_own_report(path: Path) -> bool:
-    """Whether ``path`` is a report ``write_report`` wrote (it ends with ``REPORT_MARK``)."""
+    """Whether ``path`` is a report ``write_report`` wrote: it ends with ``REPORT_MARK``, or (one written
+    before the mark) starts with its ``# Benchmarks`` title and holds the report's "results in" sentence."""
     try:
-        return path.read_text(encoding="utf-8").rstrip().endswith(REPORT_MARK)
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return False
+    older = text.startswith("# Benchmarks") and "; results in `" in text
+    return text.rstrip().endswith(REPORT_MARK) or older
 
 
 def _relative(plot: Path, folder: Path) -> str:

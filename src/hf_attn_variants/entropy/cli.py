@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 STOCK_MODES = {"eager": "eager", "log_n": "entropy_invariant_eager"}
+"""``--stock_modes`` → the attention implementation a stock model is loaded with."""
 RESULTS_KIND = "attention_entropy"
 """The ``"kind"`` of the results file, by which a rerun knows its own file (``is_entropy_results``)."""
-"""``--stock_modes`` → the attention implementation a stock model is loaded with."""
 QUADRATIC_SOFTMAX = ("softmax", "softmax_plus")
 
 
@@ -426,7 +426,7 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    from ..lengthgen.plotting import save_figure
+    from ..records import save_figure
 
     groups = study_groups(results)
     fig, axes = plt.subplots(1, len(groups), figsize=(6.0 * len(groups), 4.6), squeeze=False, sharey=True)
@@ -454,7 +454,7 @@ def plot(results: dict[str, Any], path: Path) -> Path:
 
 def measure_all(args: EntropyArguments) -> dict[str, Any]:
     """Check the flags, measure every series, write the results file (and the plot); returns the results."""
-    from ..lengthgen.results import atomic_write_text
+    from ..records import atomic_write_text
     from ..records import format_results
 
     check_arguments(args)

@@ -12,13 +12,11 @@ length L; series stop where a model cannot run (the Synthesizer beyond ``max_pos
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cli_utils import plain_mode
+from ..records import save_figure
 from .tasks import METRICS
 from .variants import POSITION_SCHEMES
 
@@ -83,24 +81,6 @@ def plot_summary(summary: Sequence[dict[str, Any]], path: str | Path, *, objecti
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path)
-
-
-def save_figure(fig: Any, path: str | Path) -> Path:
-    """Save ``fig`` to ``path`` through a unique staging name (several workers may write one plot at once)."""
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp.png", dir=path.parent)
-    os.close(handle)
-    try:
-        fig.savefig(name, dpi=110)
-        os.chmod(name, plain_mode())  # mkstemp's 0o600 would hide the plot from other users
-        os.replace(name, path)
-    finally:
-        plt.close(fig)
-        Path(name).unlink(missing_ok=True)
-    return path
 
 
 def _accuracy_panel(ax: Any, rows: Sequence[dict[str, Any]], names: Sequence[str]) -> None:

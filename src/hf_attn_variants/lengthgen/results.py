@@ -16,14 +16,12 @@ import csv
 import io
 import json
 import math
-import os
-import tempfile
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cli_utils import plain_mode
+from ..records import atomic_write_text
 
 METRICS = ("loss", "accuracy", "perplexity", "loss_beyond_train", "perplexity_beyond_train", "loss_delta",
            "accuracy_delta")
@@ -34,21 +32,6 @@ ROW_FIELDS = ("series", "variant", "model_type", "mode", "objective", "seed", "l
 SUMMARY_FIELDS = ("series", "variant", "model_type", "mode", "objective", "length", "ratio", "status",
                   "n_seeds",
                   *[f"{m}_{s}" for m in METRICS for s in ("mean", "std", "min", "max")], "tokens", "blocks")
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.chmod(staging, plain_mode())  # mkstemp's 0o600 would hide the results from other users
-        os.replace(staging, path)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
 
 
 def atomic_write_json(path: str | Path, data: Any) -> None:

@@ -262,6 +262,8 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
         """Check every value that needs no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it.
         Paths, data, the model config and the output folder are checked by ``pretrain`` before it writes
         anything."""
+        if isinstance(self.checkpointing_steps, int) and not isinstance(self.checkpointing_steps, bool):
+            self.checkpointing_steps = str(self.checkpointing_steps)  # a count from Python, as the CLI's
         check_field_types(self)
         if self.model_type is None and self.config_name is None and self.model_name_or_path is None:
             raise FlagError("model_type", "Pass --model_type (entropy_invariant, gau, synthesizer, …), "

@@ -702,8 +702,11 @@ def cadence(args: FinetuneArguments, training_args: Any) -> str:
 
     def every(strategy: Any, steps: float | None) -> str:
         name = str(getattr(strategy, "value", strategy))
-        return {"no": "never", "epoch": "every epoch", "best": "at each new best",
-                "steps": f"every {steps:g} steps" if steps else "every logging step"}.get(name, name)
+        # below 1, TrainingArguments reads the steps as a share of the training steps
+        cadence = (f"every {steps:g} steps" if steps and steps >= 1 else
+                   f"every {steps:.0%} of the training steps" if steps else "every logging step")
+        names = {"no": "never", "epoch": "every epoch", "best": "at each new best", "steps": cadence}
+        return names.get(name, name)
 
     evaluation = every(training_args.eval_strategy, training_args.eval_steps or training_args.logging_steps)
     if evaluation == "never" and training_args.do_eval:

@@ -45,14 +45,17 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from hf_attn_variants_cli import INTERRUPTED_EXIT_CODE as CONSOLE_INTERRUPTED_EXIT_CODE
+
 logger = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE = 75
 """Exit status of a run stopped by SIGTERM/SIGUSR1 after writing its checkpoint: ``EX_TEMPFAIL`` of sysexits.h
 ("temporary failure; the user is invited to retry"): run the same command again and it resumes."""
-INTERRUPTED_EXIT_CODE = 130
+INTERRUPTED_EXIT_CODE = CONSOLE_INTERRUPTED_EXIT_CODE
 """Exit status of a command-line run stopped by Ctrl-C (SIGINT) after writing its checkpoint: 128 + 2, what a
-shell reports for a process ended by SIGINT, so that scripts see an interruption; the same command resumes."""
+shell reports for a process ended by SIGINT, so that scripts see an interruption; the same command resumes.
+The console's own for Ctrl-C elsewhere (``hf_attn_variants_cli``), so that both say the same."""
 DIVERGED_EXIT_CODE = 65
 """Exit status of a run whose training loss became NaN or infinite (``EX_DATAERR`` of sysexits.h): nothing
 more was saved; rerunning the same command would diverge again."""

@@ -1785,16 +1785,16 @@ class AttnVariantBackbone(ModelMixinBase):
                 f"{total_length}."
             )
 
-    def _check_positions(self, positions: torch.Tensor) -> None:
-        """A clear error for positions outside the learned table (given ``position_ids``).
+    def _check_positions(self, position_ids: torch.Tensor | None) -> None:
+        """A clear error for given ``position_ids`` outside the learned table.
 
-        They would fail deep inside torch. Checked on CPU, or outside training: reading them on a GPU in
-        training would sync.
+        They would fail deep inside torch. Checked on CPU only: reading them on a GPU would sync every step
+        (``generate`` passes them).
         """
-        if (positions.numel() == 0 or is_torchdynamo_compiling()
-                or (positions.device.type != "cpu" and self.training)):
+        if (position_ids is None or self.embed_positions is None or position_ids.numel() == 0
+                or is_torchdynamo_compiling() or position_ids.device.type != "cpu"):
             return
-        low, high = int(positions.min()), int(positions.max())
+        low, high = int(position_ids.min()), int(position_ids.max())
         if low < 0 or high >= self.config.max_position_embeddings:
             raise ValueError(
                 f"position_ids must be in [0, max_position_embeddings={self.config.max_position_embeddings}) "
@@ -1826,7 +1826,6 @@ class AttnVariantBackbone(ModelMixinBase):
         if type(self.layers[0]).__name__ == "PipelineIdentityLayer":
             return hidden_states
         if self.embed_positions is not None:
-            self._check_positions(positions)
             hidden_states = hidden_states + self.embed_positions(positions)
         return self.dropout(self.embed_norm(hidden_states))
 
@@ -1879,6 +1878,7 @@ class AttnVariantBackbone(ModelMixinBase):
         if isinstance(past_length, torch.Tensor):  # a static cache's counter; each layer's update advances it
             past_length = past_length.clone()
         self._check_inputs(input_ids, past_length + seq_length, attention_mask)
+        self._check_positions(position_ids)
 
         geometry = AttentionGeometry(batch_size, seq_length, past_length, self.is_causal, given.device,
                                      attention_mask, position_ids, document_ids)
