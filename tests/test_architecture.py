@@ -249,8 +249,6 @@ def test_no_method_is_assigned_onto_a_class_after_its_definition():
 
 
 PUBLIC_API = {
-    # Documented for users (docs/training.md: reload a fine-tuned folder, LoRA adapters included).
-    ("hf_attn_variants.training.finetune", "load_finetuned"),
     # The entry points of bench/'s two measurements that no subcommand runs: the decoding benchmark
     # (scripts/decoding_bench.py, the GPU check's decoding stage) and the GPU check's side by side of causal
     # LMs (scripts/gpu_check.py's peers stage); docs/architecture.md keeps them in bench/ beside the other

@@ -544,6 +544,56 @@ def share_like_the_user(folder: Path) -> None:
             path.chmod(modes[path.is_dir()])
 
 
+def _written_mode(path: Path) -> int:
+    """The mode a rewrite of ``path`` gets: the existing file's (a mode you chose stays), else a plain
+    ``open``'s (``mkstemp``'s 0o600 would hide the file from other users)."""
+    return path.stat().st_mode & 0o7777 if path.exists() else plain_mode()
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``: a reader
+    sees the old file or the new one, never half of it. A symbolic link is followed (its target is
+    rewritten)."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    path = path.resolve() if path.is_symlink() else path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.chmod(staging, _written_mode(path))
+        os.replace(staging, path)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Save the matplotlib figure ``fig`` to ``path`` through a unique staging name (several workers may write
+    one plot at once) and close it; returns ``path``."""
+    import os
+    import tempfile
+
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path = path.resolve() if path.is_symlink() else path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp.png", dir=path.parent)
+    os.close(handle)
+    try:
+        fig.savefig(name, dpi=110)
+        os.chmod(name, _written_mode(path))
+        os.replace(name, path)
+    finally:
+        plt.close(fig)
+        Path(name).unlink(missing_ok=True)
+    return path
+
+
 def _inside(path: Path, other: Path) -> bool:
     """Whether ``path`` is ``other`` or, for a folder ``other``, inside it (both resolved)."""
     return path == other or (other.is_dir() and path.is_relative_to(other))
@@ -837,6 +887,7 @@ __all__ = [
     "MAX_SEED",
     "FlagError",
     "add_dataclass_arguments",
+    "atomic_write_text",
     "argparse_type",
     "check_choice",
     "check_config_source",
@@ -872,5 +923,6 @@ __all__ = [
     "quiet_progress",
     "replace_folder",
     "run_dataclass_command",
+    "save_figure",
     "with_default_in_help",
 ]

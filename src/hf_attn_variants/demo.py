@@ -138,7 +138,7 @@ def folder_files(folder: Path) -> list[str]:
 
 def record_export(root: Path, family: str) -> None:
     """Add the files of ``root/<family>`` (an export just written) to ``root/_pretrain/exports.json``."""
-    from .records import atomic_write_text
+    from .cli_utils import atomic_write_text
 
     record = exported_files(root)
     record[family] = folder_files(root / family)
@@ -323,7 +323,7 @@ def demo(args: DemoArguments, *, ctrl_c_stops: bool = False) -> dict[str, Any]:
 
 def _run_demo(args: DemoArguments, started: float, ctrl_c_stops: bool = False) -> dict[str, Any]:
     from .hub import ExportArguments, export
-    from .records import atomic_write_text
+    from .cli_utils import atomic_write_text
     from .training import PretrainArguments, embedded_tokenizer_path, pretrain
     from .training.preemption import COMMAND_STOP_SIGNALS, STOP_SIGNALS, StopSignals
 

@@ -1,7 +1,5 @@
-"""What the tools that users run (``bench``, ``lengthgen``, ``entropy``, the demo) write into their
-results files besides the numbers: the JSON layout, the CPU, and the environment variables that change
-numerics; and how they write them (``atomic_write_text``, ``save_figure``: whole or not at all, with the modes
-of a plain ``open``).
+"""What the tools that users run (``bench``, ``lengthgen``) write into their results files besides the
+numbers: the JSON layout, the CPU, and the environment variables that change numerics.
 
 ``numerics_environment`` records variables by one rule (``NUMERICS_PREFIXES`` and ``NUMERICS_NAMES``) and
 interprets none of them: a results file shows that a run had, say, ``LD_PRELOAD`` or ``MKL_CBWR`` set, and a
@@ -13,9 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 NUMERICS_PREFIXES = ("MKL_", "KMP_", "OMP_", "GOMP_", "ONEDNN_", "DNNL_", "OPENBLAS_", "CUBLAS_", "TRITON_")
@@ -71,51 +67,4 @@ def format_results(data: Any, *, inline_depth: int | None = None) -> str:
     return encode(data, 0) + "\n"
 
 
-def _written_mode(path: Path) -> int:
-    """The mode a rewrite of ``path`` gets: the existing file's (a mode you chose stays), else a plain
-    ``open``'s (``mkstemp``'s 0o600 would hide the file from other users)."""
-    from .cli_utils import plain_mode
-
-    return path.stat().st_mode & 0o7777 if path.exists() else plain_mode()
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``: a reader
-    sees the old file or the new one, never half of it. A symbolic link is followed (its target is
-    rewritten)."""
-    path = Path(path)
-    path = path.resolve() if path.is_symlink() else path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.chmod(staging, _written_mode(path))
-        os.replace(staging, path)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
-
-
-def save_figure(fig: Any, path: str | Path) -> Path:
-    """Save the matplotlib figure ``fig`` to ``path`` through a unique staging name (several workers may write
-    one plot at once) and close it; returns ``path``."""
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path = path.resolve() if path.is_symlink() else path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp.png", dir=path.parent)
-    os.close(handle)
-    try:
-        fig.savefig(name, dpi=110)
-        os.chmod(name, _written_mode(path))
-        os.replace(name, path)
-    finally:
-        plt.close(fig)
-        Path(name).unlink(missing_ok=True)
-    return path
-
-
-__all__ = ["NUMERICS_NAMES", "NUMERICS_PREFIXES", "atomic_write_text", "cpu_model", "format_results",
-           "numerics_environment", "save_figure"]
+__all__ = ["NUMERICS_NAMES", "NUMERICS_PREFIXES", "cpu_model", "format_results", "numerics_environment"]

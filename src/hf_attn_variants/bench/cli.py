@@ -399,7 +399,8 @@ def _write_committed(data: dict[str, Any], args: argparse.Namespace) -> list[str
     """Write the committed results file and redraw the committed plots; returns what was written (the docs
     that show the file are rendered by the repository's ``tools/render_docs.py``, which ``make bench``
     runs)."""
-    from ..records import atomic_write_text, format_results
+    from ..cli_utils import atomic_write_text
+    from ..records import format_results
     from .plots import write_plots
     from .store import committed_results_path, from_results, plot_prefix, report_path
 
@@ -416,7 +417,8 @@ def _write_committed(data: dict[str, Any], args: argparse.Namespace) -> list[str
 def _write_own(data: dict[str, Any], json_path: Path, output: Path, args: argparse.Namespace,
                write_json: bool = True) -> list[str]:
     """A run of its own: its results file and its report (with plots), nowhere near the committed docs."""
-    from ..records import atomic_write_text, format_results
+    from ..cli_utils import atomic_write_text
+    from ..records import format_results
     from .plots import write_plots
     from .report import write_report
     from .store import from_results

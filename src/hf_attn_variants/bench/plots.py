@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..records import save_figure
+from ..cli_utils import save_figure
 from .runner import BenchRun
 
 METRICS = (("time", "ms per step"), ("memory", "peak MiB per step"))

@@ -744,7 +744,7 @@ def write_report(run: BenchRun, path: Path, *, source: str, plots: Iterable[Path
                  title: str = "# Benchmarks") -> Path:
     """Write the report of a run of its own (not the committed one) to ``path``; plots are linked relative to
     it."""
-    from ..records import atomic_write_text
+    from ..cli_utils import atomic_write_text
 
     links = [_relative(Path(plot), path.parent) for plot in plots]
     body = render_report(run, source=source, committed=False, plots=links)

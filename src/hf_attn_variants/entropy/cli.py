@@ -426,7 +426,7 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    from ..records import save_figure
+    from ..cli_utils import save_figure
 
     groups = study_groups(results)
     fig, axes = plt.subplots(1, len(groups), figsize=(6.0 * len(groups), 4.6), squeeze=False, sharey=True)
@@ -454,7 +454,7 @@ def plot(results: dict[str, Any], path: Path) -> Path:
 
 def measure_all(args: EntropyArguments) -> dict[str, Any]:
     """Check the flags, measure every series, write the results file (and the plot); returns the results."""
-    from ..records import atomic_write_text
+    from ..cli_utils import atomic_write_text
     from ..records import format_results
 
     check_arguments(args)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..records import save_figure
+from ..cli_utils import save_figure
 from .tasks import METRICS
 from .variants import POSITION_SCHEMES
 

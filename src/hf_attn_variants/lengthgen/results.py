@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..records import atomic_write_text
+from ..cli_utils import atomic_write_text
 
 METRICS = ("loss", "accuracy", "perplexity", "loss_beyond_train", "perplexity_beyond_train", "loss_delta",
            "accuracy_delta")

@@ -262,8 +262,7 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
         """Check every value that needs no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it.
         Paths, data, the model config and the output folder are checked by ``pretrain`` before it writes
         anything."""
-        if isinstance(self.checkpointing_steps, int) and not isinstance(self.checkpointing_steps, bool):
-            self.checkpointing_steps = str(self.checkpointing_steps)  # a count from Python, as the CLI's
+        self._from_python()
         check_field_types(self)
         if self.model_type is None and self.config_name is None and self.model_name_or_path is None:
             raise FlagError("model_type", "Pass --model_type (entropy_invariant, gau, synthesizer, …), "
@@ -283,6 +282,21 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
         self._check_data()
         self._check_schedules()
 
+    def _from_python(self) -> None:
+        """What a Python caller may pass that the command line spells as one string: several files as a list
+        (joined by commas, as ``--train_file a,b``) and a checkpoint cadence as an int."""
+        import os
+
+        for name in ("train_file", "validation_file"):
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):
+                items = [os.fspath(item) if isinstance(item, os.PathLike) else item for item in value]
+                if not items or not all(isinstance(item, str) and item for item in items):
+                    raise FlagError(name, f"{name} must be file names or globs, got {value!r}.")
+                setattr(self, name, ",".join(items))
+        if isinstance(self.checkpointing_steps, int) and not isinstance(self.checkpointing_steps, bool):
+            self.checkpointing_steps = str(self.checkpointing_steps)
+
     def _check_compile(self) -> None:
         """``--torch_compile_mode`` is one of ``COMPILE_MODES``, ``--torch_compile_backend`` one of torch's
         backends, and both need ``--torch_compile``."""
@@ -301,12 +315,6 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
         """The data source and how it is read: files or a dataset (not both), and what ``--streaming``
         needs."""
         check_choice("packing", self.packing, ("concat", "documents"))
-        for name in ("train_file", "validation_file"):
-            value = getattr(self, name)
-            if isinstance(value, (list, tuple)):  # several files from Python: one comma-joined value
-                if not value or not all(isinstance(item, str) and item for item in value):
-                    raise FlagError(name, f"{name} must be file names or globs, got {value!r}.")
-                setattr(self, name, ",".join(value))
         for name in ("dataset_name", "dataset_config_name"):
             if getattr(self, name) is not None and not str(getattr(self, name)).strip():
                 raise FlagError(name, f"{name} must name a dataset (a local folder or a Hub id), got ''.")
