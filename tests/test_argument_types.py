@@ -116,3 +116,17 @@ def test_library_functions_name_a_bad_argument() -> None:
             arguments["seeds"] = []
         with pytest.raises(ValueError, match=message):
             mask_tokens(arguments.pop("input_ids"), arguments.pop("seeds"), **arguments)
+
+
+def test_pruning_helpers_name_a_bad_argument(tmp_path) -> None:
+    """``read_curve`` of a file that is not a curve was a bare ``KeyError``; ``normalize_importance`` of a
+    list an ``AttributeError``."""
+    from hf_attn_variants.pruning.importance import normalize_importance
+    from hf_attn_variants.pruning.iterative import read_curve
+
+    other = tmp_path / "other.json"
+    other.write_text('{"rows": []}')
+    with pytest.raises(ValueError, match=r"'.*other.json' is not a curve written by write_curve \(KeyError"):
+        read_curve(other)
+    with pytest.raises(TypeError, match=r"importance must be a tensor \(num_layers, num_heads\), got list"):
+        normalize_importance([1.0, 2.0])

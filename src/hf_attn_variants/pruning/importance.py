@@ -53,6 +53,9 @@ def normalize_importance(
     A layer whose scores are all zero stays zero (no division by zero); if all scores are equal the
     global scaling gives zeros.
     """
+    if not isinstance(importance, torch.Tensor) or importance.dim() != 2:
+        raise TypeError("importance must be a tensor (num_layers, num_heads), got "
+                        f"{getattr(importance, 'shape', type(importance).__name__)}.")
     result = importance.clone()
     alive = ~torch.isnan(result)
     if normalize_per_layer:

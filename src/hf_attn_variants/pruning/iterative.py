@@ -88,13 +88,18 @@ def write_curve(curve: list[PruningStep], csv_path: str | os.PathLike,
 
 
 def read_curve(json_path: str | os.PathLike) -> list[PruningStep]:
-    """Read a curve written by ``write_curve`` (the JSON file)."""
-    payload = json.loads(Path(json_path).read_text())
-    rows = []
-    for row in payload["curve"]:
-        row = dict(row)
-        row["newly_pruned"] = {int(k): list(v) for k, v in row.get("newly_pruned", {}).items()}
-        rows.append(PruningStep(**row))
+    """Read a curve written by ``write_curve`` (the JSON file); ``ValueError`` naming the file for one that is
+    not such a curve."""
+    try:
+        payload = json.loads(Path(json_path).read_text())
+        rows = []
+        for row in payload["curve"]:
+            row = dict(row)
+            row["newly_pruned"] = {int(k): list(v) for k, v in row.get("newly_pruned", {}).items()}
+            rows.append(PruningStep(**row))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{str(json_path)!r} is not a curve written by write_curve "
+                         f"({type(error).__name__}: {error}).") from error
     return rows
 
 
