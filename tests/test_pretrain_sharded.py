@@ -78,6 +78,14 @@ def launch_env() -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1"}
 
 
+def launch_failure(stderr: str) -> str:
+    """What a failed launch says: the last error lines of every rank other than 0 (a rank that aborts first
+    leaves rank 0 only a "Connection reset by peer"), then the tail of the whole log."""
+    others = [line for line in stderr.splitlines()
+              if line.startswith("[rank") and not line.startswith("[rank0]") or "terminate called" in line]
+    return "\n".join(others[-40:]) + "\n…\n" + stderr[-4000:]
+
+
 def launch_script_command(args: PretrainArguments) -> list[str]:
     """The same launch through ``scripts/accelerate/launch_sharded.sh`` (with this interpreter)."""
     return ["bash", str(REPO / "scripts" / "accelerate" / "launch_sharded.sh"), str(args.layout.world_size),
@@ -92,7 +100,7 @@ def torchrun(args: PretrainArguments, cwd: Path, *,
     env = {**launch_env(), "PYTHON": sys.executable, **placement_recording_env(cwd)}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=cwd,
                             check=False)
-    assert result.returncode == 0, result.stderr[-6000:]
+    assert result.returncode == 0, launch_failure(result.stderr)
     return recorded_placements(cwd)
 
 
