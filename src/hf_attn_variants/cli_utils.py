@@ -550,53 +550,41 @@ def _written_mode(path: Path) -> int:
     return path.stat().st_mode & 0o7777 if path.exists() else plain_mode()
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``: a reader
-    sees the old file or the new one, never half of it. A symbolic link is followed (its target is
-    rewritten)."""
+def _write_atomically(path: str | Path, write: Callable[[str], None], suffix: str = ".tmp") -> Path:
+    """Call ``write(name)`` on a fresh staging file beside ``path`` (``suffix``: its extension), give it
+    ``_written_mode`` and rename it over ``path``: a reader sees the old file or the new one, never half of
+    it. A symbolic link is followed (its target is rewritten). Returns the path written."""
     import os
     import tempfile
 
     path = Path(path)
     path = path.resolve() if path.is_symlink() else path
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.chmod(staging, _written_mode(path))
-        os.replace(staging, path)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
-
-
-def save_figure(fig: Any, path: str | Path) -> Path:
-    """Save the matplotlib figure ``fig`` to ``path`` through a unique staging name (several workers may write
-    one plot at once) and close it; returns ``path``."""
-    import os
-    import tempfile
-
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path = path.resolve() if path.is_symlink() else path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp.png", dir=path.parent)
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
     os.close(handle)
     try:
-        fig.savefig(name, dpi=110)
+        write(name)
         os.chmod(name, _written_mode(path))
         os.replace(name, path)
     finally:
-        plt.close(fig)
         Path(name).unlink(missing_ok=True)
     return path
 
 
-def _inside(path: Path, other: Path) -> bool:
-    """Whether ``path`` is ``other`` or, for a folder ``other``, inside it (both resolved)."""
-    return path == other or (other.is_dir() and path.is_relative_to(other))
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (``_write_atomically``)."""
+    _write_atomically(path, lambda name: Path(name).write_text(text, encoding="utf-8"))
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Save the matplotlib figure ``fig`` to ``path`` as a PNG atomically (several workers may write one plot
+    at once) and close it; returns the path written."""
+    import matplotlib.pyplot as plt
+
+    try:
+        return _write_atomically(path, lambda name: fig.savefig(name, dpi=110), suffix=".tmp.png")
+    finally:
+        plt.close(fig)
 
 
 def check_result_files(flag: str, files: Mapping[str, Path], *, ours: Callable[[Path], bool], tool: str,
@@ -619,7 +607,7 @@ def check_result_files(flag: str, files: Mapping[str, Path], *, ours: Callable[[
                                   "give them different names.")
         for input_flag, paths in (inputs or {}).items():
             for path in paths:
-                if _inside(resolved[role], Path(path).resolve()):
+                if resolved[role].is_relative_to(Path(path).resolve()):
                     raise FlagError(flag, f"{flag}: the {role} {str(files[role])!r} would be written over "
                                           f"--{input_flag} {str(path)!r}; choose another --{flag}.")
     first = files[roles[0]]

@@ -183,12 +183,16 @@ def _read_results(flag: str, path: Path) -> dict[str, Any]:
 
 
 def _committed_paths() -> dict[Path, str]:
-    from .store import committed_results_path, report_path
+    """The committed results, reports and plots of both devices (resolved) → what each is."""
+    from .plots import METRICS
+    from .store import committed_results_path, plot_prefix, report_path
 
     paths = {}
     for device in ("cpu", "cuda"):
         paths[committed_results_path(device).resolve()] = "results"
         paths[report_path(device).resolve()] = "report"
+        for metric, _ in METRICS:
+            paths[(report_path(device).parent / f"{plot_prefix(device)}_{metric}.png").resolve()] = "plot"
     return paths
 
 
@@ -283,17 +287,12 @@ def _plot_files(args: argparse.Namespace, output: Path) -> dict[str, Path]:
 
 def _check_not_committed(flag: str, files: dict[str, Path], committed: dict[Path, str]) -> None:
     """``FlagError`` when a file of a run of its own (its report, results file or a plot, named after
-    ``--output``) is one of the committed files, which only ``--publish`` or ``--merge`` write."""
-    from .plots import METRICS
-    from .store import plot_prefix, report_path
-
-    plots = [report_path(device).parent / f"{plot_prefix(device)}_{metric}.png" for device in ("cpu", "cuda")
-             for metric, _ in METRICS]
-    owned = {**committed, **{path.resolve(): "plot" for path in plots}}
+    ``--output``) is one of the committed files (``_committed_paths``), which only ``--publish`` or
+    ``--merge`` write."""
     for role, path in files.items():
-        if path.resolve() in owned:
+        if path.resolve() in committed:
             raise FlagError(flag, f"--{flag}: the {role} {str(path)!r} would be the committed "
-                                  f"{owned[path.resolve()]}, which only --publish or --merge writes.")
+                                  f"{committed[path.resolve()]}, which only --publish or --merge writes.")
 
 
 def _is_bench_results(path: Path) -> bool:
@@ -332,7 +331,8 @@ def _plan_merge(args: argparse.Namespace, base: dict[str, Any], committed_json: 
     return BenchPlan(**base, target="merge", json_path=committed_json, output=None, committed=data)
 
 
-def _plan_own(args: argparse.Namespace, base: dict[str, Any], partial: list[str]) -> BenchPlan:
+def _plan_own(args: argparse.Namespace, base: dict[str, Any], partial: list[str],
+              committed: dict[Path, str]) -> BenchPlan:
     """A run of its own under runs/ (or ``--output``/``--json``)."""
     preset = base["preset"]
     if args.output is not None:
@@ -348,7 +348,7 @@ def _plan_own(args: argparse.Namespace, base: dict[str, Any], partial: list[str]
         check_output_file("json", args.json)  # named by its own flag
     files = {"results file": json_path, "report": output, **_plot_files(args, output)}
     flag = "json" if args.json is not None and args.output is None else "output"
-    _check_not_committed(flag, files, _committed_paths())
+    _check_not_committed(flag, files, committed)
     check_result_files(flag, files, ours=_is_bench_results, tool="hf-attn-variants bench")
     return BenchPlan(**base, target="own", json_path=json_path, output=output)
 
@@ -388,7 +388,7 @@ def plan(args: argparse.Namespace) -> BenchPlan:
                                        f"repository, but there is no {committed_json.parent}/ here: run it "
                                        "from the repository root, or drop --publish for a report of its own.")
         return BenchPlan(**base, target="committed", json_path=committed_json, output=None)
-    return _plan_own(args, base, partial)
+    return _plan_own(args, base, partial, committed)
 
 
 RENDER_HINT = "the docs that show it are re-rendered by the repository's `python tools/render_docs.py`"

@@ -152,16 +152,16 @@ def checkpoint_results(source: Path) -> dict[str, Any] | None:
     was saved."""
     from types import SimpleNamespace
 
-    from ..training.checkpoint_model import checkpoint_of, is_pretrain_checkpoint
+    from ..training.checkpoint_model import checkpoint_of, is_pretrain_checkpoint, run_folder
     from ..training.outputs import RunRecord
     from ..training.pretrain import dataset_info
 
-    found = checkpoint_of(source)
-    if found is None:
+    checkpoint = checkpoint_of(source)
+    if checkpoint is None:
         return None
-    step = found[0].step
+    step = checkpoint.step
     pretrain = is_pretrain_checkpoint(source)
-    record = RunRecord.read(source.parent.parent if pretrain else source.parent)
+    record = RunRecord.read(run_folder(source))
     arguments = record.arguments if record is not None else {}
     results: dict[str, Any] = {"metrics": {}, "pretrain": {}, "task": {}, "by_length": {}}
     if pretrain:

@@ -353,6 +353,13 @@ def visible_keys(mask: torch.Tensor) -> torch.Tensor:
     return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
 
 
+def check_mask_rank(attention_mask: torch.Tensor | None) -> None:
+    """``ValueError`` unless the caller's ``attention_mask`` is ``None``, 2D ``[B, T_k]`` or 4D."""
+    if attention_mask is not None and attention_mask.dim() not in (2, 4):
+        raise ValueError("attention_mask must be 2D (batch, key_length) or 4D (batch, heads, query_length, "
+                         f"key_length), got shape {tuple(attention_mask.shape)}.")
+
+
 def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, query_length: int,
                        key_length: int, query_offset: int | torch.Tensor = 0, causal: bool,
                        device: torch.device, dtype: torch.dtype = torch.float32,
@@ -391,11 +398,7 @@ def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, 
         return counts.to(device=device, dtype=dtype)
     if attention_mask is not None and attention_mask.dim() == 4:
         return visible_keys(attention_mask)[:, 0].sum(-1).to(dtype)
-    if attention_mask is not None and attention_mask.dim() != 2:
-        raise ValueError(
-            f"attention_mask must be 2D (batch, key_length) or 4D (batch, heads, query_length, key_length), "
-            f"got shape {tuple(attention_mask.shape)}."
-        )
+    check_mask_rank(attention_mask)
     if attention_mask is None:
         if not causal:
             return torch.full((batch_size, query_length), float(key_length), device=device, dtype=dtype)
@@ -671,6 +674,7 @@ __all__ = [
     "boolean_attention_mask",
     "build_norm",
     "check_head_indices",
+    "check_mask_rank",
     "compute_dtype",
     "default_position_ids",
     "document_lengths",

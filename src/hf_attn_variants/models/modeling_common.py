@@ -48,6 +48,7 @@ from .layers import (
     ScaleNorm,
     boolean_attention_mask,
     build_norm,
+    check_mask_rank,
     default_position_ids,
     packed_document_ids,
     visible_key_counts,
@@ -482,11 +483,7 @@ class AttnVariantBackbone(ModelMixinBase):
                 f"Sequence length {total_length} exceeds max_position_embeddings="
                 f"{self.config.max_position_embeddings} of the learned absolute positions."
             )
-        if attention_mask is not None and attention_mask.dim() not in (2, 4):
-            raise ValueError(
-                f"attention_mask must be 2D (batch, key_length) or 4D (batch, heads, query_length, "
-                f"key_length), got shape {tuple(attention_mask.shape)}."
-            )
+        check_mask_rank(attention_mask)
         if (attention_mask is not None and attention_mask.dim() == 2
                 and attention_mask.shape[-1] != total_length):
             raise ValueError(

@@ -397,11 +397,12 @@ def end_summary(output: Path, metadata: dict[str, Any], last: Any) -> list[str]:
     """What ``prune`` says it did: heads removed, the metric against the unpruned model's, the files and the
     next command (``last``: the last applied row of the curve)."""
     from ..models import FAMILIES
+    from ..training.summary import export_command
 
     removed, total = metadata["heads_before"] - metadata["heads_after"], metadata["total_heads"]
     model = output / "model"
     family = json.loads((model / "config.json").read_text()).get("model_type") in FAMILIES
-    load = (f"hf-attn-variants export --model_name_or_path {model} --output_dir {output}-hub" if family
+    load = (export_command(model, output) if family
             else f"hf_attn_variants.pruning.load_pruned({json.dumps(str(model))})")
     return [
         f"pruned {removed} of {total} heads ({metadata['heads_after']} left); {metadata['metric']} "

@@ -234,9 +234,9 @@ def iterative_head_pruning(
             fits any more, the loop stops rather than go non-uniform. The model must have the same number of
             heads in every layer (``ValueError`` naming ``uniform`` otherwise).
     """
-    _check_arguments(importance_data, fraction, threshold, rescore, importance, uniform)
-    _check_flags(higher_is_better=higher_is_better, normalize_per_layer=normalize_per_layer,
-                 min_heads_per_layer=min_heads_per_layer)
+    _check_flags(rescore=rescore, uniform=uniform, higher_is_better=higher_is_better,
+                 normalize_per_layer=normalize_per_layer, min_heads_per_layer=min_heads_per_layer)
+    _check_arguments(importance_data, fraction, threshold, rescore, importance)
     adapter = _checked_adapter(model, importance)
     total = adapter.num_layers * adapter.num_heads
     budget = head_budget(max_heads_pruned, total)
@@ -316,8 +316,7 @@ def _logged_step(step: int, done: int, total: int, value: float, rel: float, cho
 
 
 def _check_arguments(importance_data: Iterable[Mapping[str, Any]] | None, fraction: float,
-                     threshold: float | None, rescore: bool, importance: torch.Tensor | None,
-                     uniform: bool) -> None:
+                     threshold: float | None, rescore: bool, importance: torch.Tensor | None) -> None:
     """One error naming the argument for every inconsistent choice of ``iterative_head_pruning``."""
     for name, value in (("fraction", fraction), ("threshold", 1.0 if threshold is None else threshold)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -326,19 +325,15 @@ def _check_arguments(importance_data: Iterable[Mapping[str, Any]] | None, fracti
         raise ValueError(f"fraction must be in (0, 1], got {fraction}.")
     if threshold is not None and not threshold > 0:
         raise ValueError(f"threshold must be > 0 or None, got {threshold}.")
-    if not isinstance(rescore, bool):
-        raise TypeError(f"rescore must be a bool, got {rescore!r}.")
     if (importance is None or rescore) and importance_data is None:
         raise ValueError("importance_data is required unless importance is given and rescore is False.")
     if rescore and iter(importance_data) is importance_data:
         raise TypeError("with rescore=True, importance_data must be re-iterable (a list or a DataLoader).")
-    if not isinstance(uniform, bool):
-        raise TypeError(f"uniform must be a bool, got {uniform!r}.")
 
 
-def _check_flags(*, higher_is_better: Any, normalize_per_layer: Any, min_heads_per_layer: Any) -> None:
-    """The other arguments' types: two bools (a string such as ``"no"`` would be true) and a count."""
-    for name, value in (("higher_is_better", higher_is_better), ("normalize_per_layer", normalize_per_layer)):
+def _check_flags(*, min_heads_per_layer: Any, **flags: Any) -> None:
+    """The switches' types (``flags``: bools; a string such as ``"no"`` would be true) and the count."""
+    for name, value in flags.items():
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {value!r}.")
     count = min_heads_per_layer

@@ -62,33 +62,40 @@ def tokenizer_source(checkpoint: Path) -> Path | None:
     return None
 
 
-def checkpoint_of(folder: Path) -> tuple[Checkpoint, list[Checkpoint]] | None:
-    """``folder`` as a checkpoint with the checkpoints of its run (for the "newest complete before it"), or
-    ``None`` when it is not a checkpoint: a ``pretrain`` one (``training_state.json``), or a ``Trainer``
-    one (``checkpoint-<step>`` with ``trainer_state.json``). A ``finetune`` run's (its folder has
-    ``run.json``) must have its manifest: without one its save did not finish. Any other ``Trainer``
-    checkpoint is probed with the safe loaders."""
+def checkpoint_of(folder: Path) -> Checkpoint | None:
+    """``folder`` as a checkpoint, or ``None`` when it is not one: a ``pretrain`` one
+    (``training_state.json``), or a ``Trainer`` one (``checkpoint-<step>`` with ``trainer_state.json``). A
+    ``finetune`` run's (its folder has ``run.json``) must have its manifest: without one its save did not
+    finish. Any other ``Trainer`` checkpoint is probed with the safe loaders."""
     from .outputs import RUN_FILE
-    from .trainer_hooks import CHECKPOINT_NAME, read_trainer_checkpoint, trainer_checkpoints
+    from .trainer_hooks import CHECKPOINT_NAME, read_trainer_checkpoint
 
     if (checkpoint := read_pretrain_checkpoint(folder)) is not None:
-        return checkpoint, pretrain_checkpoints(folder.parent.parent)
+        return checkpoint
     if CHECKPOINT_NAME.fullmatch(folder.name) is None or not (folder / "trainer_state.json").is_file():
         return None
-    checkpoint = read_trainer_checkpoint(folder, require_manifest=(folder.parent / RUN_FILE).is_file())
-    return (checkpoint, trainer_checkpoints(folder.parent)) if checkpoint is not None else None
+    return read_trainer_checkpoint(folder, require_manifest=(folder.parent / RUN_FILE).is_file())
+
+
+def run_folder(checkpoint: Path) -> Path:
+    """The output folder of the run that wrote ``checkpoint``: ``pretrain``'s ``<run>/checkpoints/<name>``,
+    a ``Trainer`` checkpoint's ``<run>/checkpoint-<step>``."""
+    return checkpoint.parent.parent if (checkpoint / STATE_FILE).is_file() else checkpoint.parent
 
 
 def check_checkpoint_complete(flag: str, folder: str | Path) -> None:
     """``FlagError`` naming ``flag`` when ``folder`` is a checkpoint that is not whole (a file cut short or
     changed since the save, a save that did not finish: ``Checkpoint.problem``), with the newest complete
-    checkpoint before it; nothing for a complete checkpoint or a folder that is not one."""
-    found = checkpoint_of(Path(folder))
-    if found is None:
+    checkpoint of its run before it; nothing for a complete checkpoint or a folder that is not one."""
+    from .trainer_hooks import trainer_checkpoints
+
+    checkpoint = checkpoint_of(Path(folder))
+    if checkpoint is None or (problem := checkpoint.problem()) is None:
         return
-    checkpoint, earlier = found
-    if (problem := checkpoint.problem()) is not None:
-        raise broken_checkpoint_error(flag, checkpoint, problem, earlier)
+    run = run_folder(checkpoint.path)
+    pretrain = (checkpoint.path / STATE_FILE).is_file()
+    raise broken_checkpoint_error(flag, checkpoint, problem,
+                                  pretrain_checkpoints(run) if pretrain else trainer_checkpoints(run))
 
 
 def load_checkpoint_model(checkpoint: str | Path, flag: str = "model_name_or_path") -> torch.nn.Module:
@@ -122,4 +129,4 @@ def load_checkpoint_model(checkpoint: str | Path, flag: str = "model_name_or_pat
 
 
 __all__ = ["CONFIG_FILE", "check_checkpoint_complete", "checkpoint_of", "is_pretrain_checkpoint",
-           "load_checkpoint_model", "tokenizer_source", "write_model_files"]
+           "load_checkpoint_model", "run_folder", "tokenizer_source", "write_model_files"]

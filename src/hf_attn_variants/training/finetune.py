@@ -700,20 +700,18 @@ def loss_line(trainer: Any, metrics: dict[str, float], first_step: int) -> str |
 def cadence(args: FinetuneArguments, training_args: Any) -> str:
     """When the run evaluates and checkpoints (and stops early), for the start summary."""
 
-    def every(strategy: Any, steps: float | None) -> str:
+    def every(strategy: Any, steps: float | None, never: str) -> str:
         name = str(getattr(strategy, "value", strategy))
         # below 1, TrainingArguments reads the steps as a share of the training steps
         cadence = (f"every {steps:g} steps" if steps and steps >= 1 else
                    f"every {steps:.0%} of the training steps" if steps else "every logging step")
-        names = {"no": "never", "epoch": "every epoch", "best": "at each new best", "steps": cadence}
+        names = {"no": never, "epoch": "every epoch", "best": "at each new best", "steps": cadence}
         return names.get(name, name)
 
-    evaluation = every(training_args.eval_strategy, training_args.eval_steps or training_args.logging_steps)
-    if evaluation == "never" and training_args.do_eval:
-        evaluation = "at the end"
-    saves = every(training_args.save_strategy, training_args.save_steps)
-    if saves == "never":  # a stop signal still writes one
-        saves = "only when stopped"
+    evaluation = every(training_args.eval_strategy, training_args.eval_steps or training_args.logging_steps,
+                       "at the end" if training_args.do_eval else "never")
+    saves = every(training_args.save_strategy, training_args.save_steps,
+                  "only when stopped")  # a stop signal still writes one
     text = f"evaluates {evaluation}, checkpoints {saves}"
     if minutes := timed_checkpoints(args, training_args):
         text += f" and every {minutes:g} min"

@@ -166,6 +166,11 @@ def auto_class_for(objective: str) -> str:
     return "AutoModelForCausalLM" if objective == "clm" else "AutoModelForMaskedLM"
 
 
+def export_command(model: str | Path, run: str | Path) -> str:
+    """The command that exports the model folder ``model`` of the run in ``run`` to ``<run>-hub``."""
+    return f"hf-attn-variants export --model_name_or_path {model} --output_dir {str(run).rstrip('/')}-hub"
+
+
 def end_summary(output_dir: str, objective: str, steps: int, tokens: int, seconds: float,
                 train_loss: float | None, eval_loss: float | None, plot: Path | None) -> list[str]:
     """The lines ``pretrain`` prints when its model is written."""
@@ -173,12 +178,11 @@ def end_summary(output_dir: str, objective: str, steps: int, tokens: int, second
     folder = str(output_dir)
     curve = f"; loss curve {plot}" if plot is not None else (
         "; no loss curve (matplotlib is not installed: pip install 'hf_attn_variants[plots]')")
-    hub = folder.rstrip("/") + "-hub"
     return [
         f"trained {steps:,} steps, {tokens:,} tokens in {duration(seconds)} ({rate:,.0f} tokens/s)",
         f"{loss_text('train', train_loss)}, {loss_text('eval', eval_loss)}",
         f"wrote the model, its tokenizer and train_log.jsonl to {folder}{curve}",
-        f"next: hf-attn-variants export --model_name_or_path {folder} --output_dir {hub}",
+        f"next: {export_command(folder, folder)}",
         f"  or: {auto_class_for(objective)}.from_pretrained({json.dumps(folder)}, trust_remote_code=True)",
     ]
 
@@ -269,8 +273,7 @@ def finetune_end_summary(output_dir: str, metrics: dict[str, Any], steps: tuple[
         lines.append(f"next: hf_attn_variants.training.finetune.load_finetuned({json.dumps(folder)}); "
                      "--lora_merge also writes a full model to export")
     else:
-        model = f"{folder}/merged" if merged else folder
-        lines.append(f"next: hf-attn-variants export --model_name_or_path {model} --output_dir {folder}-hub")
+        lines.append(f"next: {export_command(f'{folder}/merged' if merged else folder, folder)}")
     return lines
 
 
@@ -316,6 +319,6 @@ def plot_loss_curve(log_path: Path, output: Path, title: str) -> Path | None:
 
 
 __all__ = ["PLOT_FILE", "STEP_EFFICIENCY", "FinetunePlan", "RunPlan", "auto_class_for", "device_matmul_flops",
-           "duration", "end_summary", "estimate_seconds", "finetune_end_summary", "finetune_start_summary",
-           "loss_text", "metrics_text", "parameter_counts", "perplexity", "plot_loss_curve", "print_lines",
-           "read_rows", "short_count", "start_summary", "updates_per_epoch"]
+           "duration", "end_summary", "estimate_seconds", "export_command", "finetune_end_summary",
+           "finetune_start_summary", "loss_text", "metrics_text", "parameter_counts", "perplexity",
+           "plot_loss_curve", "print_lines", "read_rows", "short_count", "start_summary", "updates_per_epoch"]

@@ -532,6 +532,13 @@ def visible_keys(mask: torch.Tensor) -> torch.Tensor:
     return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
 
 
+def check_mask_rank(attention_mask: torch.Tensor | None) -> None:
+    """``ValueError`` unless the caller's ``attention_mask`` is ``None``, 2D ``[B, T_k]`` or 4D."""
+    if attention_mask is not None and attention_mask.dim() not in (2, 4):
+        raise ValueError("attention_mask must be 2D (batch, key_length) or 4D (batch, heads, query_length, "
+                         f"key_length), got shape {tuple(attention_mask.shape)}.")
+
+
 def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, query_length: int,
                        key_length: int, query_offset: int | torch.Tensor = 0, causal: bool,
                        device: torch.device, dtype: torch.dtype = torch.float32,
@@ -570,11 +577,7 @@ def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, 
         return counts.to(device=device, dtype=dtype)
     if attention_mask is not None and attention_mask.dim() == 4:
         return visible_keys(attention_mask)[:, 0].sum(-1).to(dtype)
-    if attention_mask is not None and attention_mask.dim() != 2:
-        raise ValueError(
-            f"attention_mask must be 2D (batch, key_length) or 4D (batch, heads, query_length, key_length), "
-            f"got shape {tuple(attention_mask.shape)}."
-        )
+    check_mask_rank(attention_mask)
     if attention_mask is None:
         if not causal:
             return torch.full((batch_size, query_length), float(key_length), device=device, dtype=dtype)
@@ -1773,11 +1776,7 @@ class AttnVariantBackbone(ModelMixinBase):
                 f"Sequence length {total_length} exceeds max_position_embeddings="
                 f"{self.config.max_position_embeddings} of the learned absolute positions."
             )
-        if attention_mask is not None and attention_mask.dim() not in (2, 4):
-            raise ValueError(
-                f"attention_mask must be 2D (batch, key_length) or 4D (batch, heads, query_length, "
-                f"key_length), got shape {tuple(attention_mask.shape)}."
-            )
+        check_mask_rank(attention_mask)
         if (attention_mask is not None and attention_mask.dim() == 2
                 and attention_mask.shape[-1] != total_length):
             raise ValueError(
@@ -2466,10 +2465,10 @@ __all__ = [
     "RotaryEmbedding", "ScaleNorm", "SequenceClassificationHeadMixin", "ShardedUnits",
     "TokenClassificationHeadMixin", "accepts_cache_alias", "apply_rotary", "boolean_attention_mask",
     "build_norm", "check_bool", "check_choice", "check_float", "check_head_indices", "check_int",
-    "compute_dtype", "config_equal", "config_norm", "default_position_ids", "document_lengths",
-    "document_mask", "document_positions", "entropy_invariant_factor", "headless_attention_output",
-    "kept_heads", "log_key_counts", "masked_softmax", "normalize_pruned_heads", "output_cache",
-    "packed_document_ids", "record_outputs", "register_parallel_styles", "renamed_field",
+    "check_mask_rank", "compute_dtype", "config_equal", "config_norm", "default_position_ids",
+    "document_lengths", "document_mask", "document_positions", "entropy_invariant_factor",
+    "headless_attention_output", "kept_heads", "log_key_counts", "masked_softmax", "normalize_pruned_heads",
+    "output_cache", "packed_document_ids", "record_outputs", "register_parallel_styles", "renamed_field",
     "require_transformers", "residual_block", "rotate_half", "upcast", "update_cache", "version_tuple",
     "visible_key_counts", "visible_keys",
 ]
