@@ -217,8 +217,10 @@ INTERRUPTED_EXIT_CODE = 130
 """What a shell reports for a process ended by Ctrl-C (128 + SIGINT)."""
 AFTER_CTRL_C = {
     "prune": "its --output_dir holds an unfinished run, which the same command redoes",
-    "bench": "the rows measured so far are not kept (--only measures a part of the run)",
-    "entropy": "the series measured so far are not kept (--names and fewer --models measure a part)",
+    "bench": "a stop while measuring writes the rows measured so far (its own line says where); this one "
+             "came before or after the measurements",
+    "entropy": "the series finished before it are in its --output file, marked \"interrupted\" (nothing is "
+               "written when it stops in the first)",
     "export": "--output_dir holds the old folder or the new one, never half of one (an export is "
               "assembled aside and renamed into place; an old folder being replaced may be left whole as "
               ".<name>.old-*)",

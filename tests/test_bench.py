@@ -179,6 +179,74 @@ def test_merge_replaces_rows_and_marks_them(quick_run, tmp_path, monkeypatch) ->
     assert render_docs(tmp_path, check=True) == []
 
 
+def _ctrl_c_in(monkeypatch, phase: str) -> None:
+    """Ctrl-C (``KeyboardInterrupt``) at the first timed step of ``phase``."""
+    from hf_attn_variants.bench import runner as runner_module
+
+    phases: list[str] = []
+    measure, timer = runner_module.Runner._measure_phase, runner_module.time_step
+
+    def measure_phase(self, entries, this_phase, input_ids):
+        phases.append(this_phase)
+        return measure(self, entries, this_phase, input_ids)
+
+    def time_step(step, device):
+        if phases[-1] == phase:
+            raise KeyboardInterrupt
+        return timer(step, device)
+
+    monkeypatch.setattr(runner_module.Runner, "_measure_phase", measure_phase)
+    monkeypatch.setattr(runner_module, "time_step", time_step)
+
+
+def test_ctrl_c_keeps_the_rows_measured_before_it(tmp_path, monkeypatch, capsys) -> None:
+    _ctrl_c_in(monkeypatch, "infer")
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--quick", "--only", "decoder", "--no-plots"]) == 130
+    data = json.loads((tmp_path / "runs" / "bench-quick" / "benchmarks.json").read_text())
+    # the train phase at the first length finished; the infer phase it stopped in is dropped whole
+    assert {(row["phase"], row["n"], row["status"]) for row in data["results"]} == {("train", 32, "ok")}
+    assert all(row["cpu_ms"] for row in data["results"])
+    assert data["interrupted"].startswith("stopped by Ctrl-C during the infer phase at n = 32: ")
+    assert from_results(data).interrupted == data["interrupted"]
+    report = (tmp_path / "runs" / "bench-quick" / "benchmarks.md").read_text()
+    assert report.startswith("# Benchmarks (smoke test) — interrupted\n")
+    assert f"> Interrupted: {data['interrupted']}." in report and "### Decoder:" in report
+    out, err = capsys.readouterr()
+    assert "wrote runs/bench-quick/benchmarks.md, runs/bench-quick/benchmarks.json" in out
+    assert err.count("\n") == 1 and err.startswith("hf-attn-variants bench: interrupted: stopped by Ctrl-C")
+    assert "rerun with --only or --lengths" in err
+    # a rerun replaces the interrupted run's files (they are its own)
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--quick", "--only", "decoder", "--no-plots"]) == 0
+    rerun = json.loads((tmp_path / "runs" / "bench-quick" / "benchmarks.json").read_text())
+    assert "interrupted" not in rerun
+
+
+def test_ctrl_c_in_a_merge_keeps_the_committed_results(quick_run, tmp_path, monkeypatch, capsys) -> None:
+    _repository(tmp_path, quick_run)
+    committed = (tmp_path / "docs" / "results" / "benchmarks-cpu.json").read_text()
+    _ctrl_c_in(monkeypatch, "infer")
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--quick", "--only", "ei_decoder_sdpa", "--merge", "--no-plots"]) == 130
+    assert (tmp_path / "docs" / "results" / "benchmarks-cpu.json").read_text() == committed
+    kept = json.loads((tmp_path / "runs" / "bench" / "quick-interrupted" / "benchmarks.json").read_text())
+    assert {row["variant"] for row in kept["results"]} == {"llama_sdpa", "ei_decoder_sdpa"}
+    err = capsys.readouterr().err
+    assert "runs/bench/quick-interrupted/benchmarks.json" in err
+    assert "the committed results are unchanged" in err
+
+
+def test_ctrl_c_before_any_row_writes_nothing(tmp_path, monkeypatch, capsys) -> None:
+    _ctrl_c_in(monkeypatch, "train")
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--quick", "--only", "decoder", "--no-plots"]) == 130
+    assert not (tmp_path / "runs").exists()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nothing was measured, nothing written." in err
+
+
 @pytest.mark.parametrize(("flags", "message"), [
     (["--merge"], "--merge merges a partial run"),
     (["--only", "decoder", "--merge", "--no-compile"],

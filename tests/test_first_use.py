@@ -219,9 +219,13 @@ def test_ctrl_c_during_the_demos_training_checkpoints_and_exits_130(tmp_path) ->
 SELF_INTERRUPTING = r"""
 import os, signal, sys, time
 import hf_attn_variants.entropy.cli as entropy_cli
-def interrupted(*args, **kwargs):  # Ctrl-C while the first series is measured
-    os.kill(os.getpid(), signal.SIGINT)
-    time.sleep(30)
+measured, real = [], entropy_cli.measure
+def interrupted(*args, **kwargs):  # Ctrl-C while series number INTERRUPT_AT (from 1) is measured
+    measured.append(1)
+    if len(measured) == int(os.environ["INTERRUPT_AT"]):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+    return real(*args, **kwargs)
 entropy_cli.measure = interrupted
 sys.argv = ["hf-attn-variants", *sys.argv[1:]]
 from hf_attn_variants_cli import console
@@ -229,29 +233,42 @@ sys.exit(console())
 """
 
 
-def test_ctrl_c_elsewhere_is_one_line_not_a_traceback(tmp_path) -> None:
+@pytest.mark.parametrize("interrupt_at", [1, 2])
+def test_ctrl_c_elsewhere_is_one_line_not_a_traceback(interrupt_at, tmp_path) -> None:
     """Outside a training step (here ``entropy`` measuring), Ctrl-C at the console ends the command with
-    one line saying what is left, status 130, and no traceback; nothing half-written."""
+    one line saying what is left, status 130, and no traceback; the series finished before it are written,
+    marked, and nothing when it stops in the first."""
     from hf_attn_variants_cli import INTERRUPTED_EXIT_CODE as CONSOLE_CODE
 
-    folder = tmp_path / "model"
     torch.manual_seed(0)
     config = build_config("entropy_invariant", config_overrides="hidden_size=32,num_hidden_layers=1,"
                           "num_attention_heads=2,intermediate_size=64,vocab_size=64,is_decoder=True")
     from transformers import AutoModelForCausalLM
 
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    models = [tmp_path / "model_a", tmp_path / "model_b"]
+    for folder in models:
+        AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     output = tmp_path / "entropy.json"
-    result = subprocess.run([sys.executable, "-c", SELF_INTERRUPTING, "entropy", "--models", str(folder),
-                             "--task", "passkey", "--train_length", "16", "--output", str(output)],
-                            env=child_environment(), cwd=tmp_path, capture_output=True, text=True,
-                            timeout=WAIT_S, check=False, stdin=subprocess.DEVNULL)
+    result = subprocess.run([sys.executable, "-c", SELF_INTERRUPTING, "entropy", "--models",
+                             *map(str, models), "--task", "passkey", "--train_length", "16",
+                             "--lengths", "16", "32", "--output", str(output)],
+                            env={**child_environment(), "INTERRUPT_AT": str(interrupt_at)}, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=WAIT_S, check=False,
+                            stdin=subprocess.DEVNULL)
     assert result.returncode == CONSOLE_CODE == INTERRUPTED_EXIT_CODE, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        "hf-attn-variants entropy: interrupted: stopped by Ctrl-C before it finished; the series measured so "
-        "far are not kept (--names and fewer --models measure a part) (exit status 130).")
-    assert not output.exists() and not output.with_suffix(".png").exists()
+        "hf-attn-variants entropy: interrupted: stopped by Ctrl-C before it finished; the series finished "
+        "before it are in its --output file, marked \"interrupted\" (nothing is written when it stops in the "
+        "first) (exit status 130).")
+    if interrupt_at == 1:
+        assert not output.exists() and not output.with_suffix(".png").exists()
+        return
+    results = json.loads(output.read_text())
+    assert [entry["name"] for entry in results["series"]] == ["model_a"]
+    assert results["interrupted"] == ("stopped by Ctrl-C while measuring 'model_b': the 1 of 2 series "
+                                      "before it are kept")
+    assert output.with_suffix(".png").is_file()
 
 
 SECOND_CTRL_C = r"""

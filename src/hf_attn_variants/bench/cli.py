@@ -35,6 +35,7 @@ from ..cli_utils import (
     check_output_file,
     check_positive,
     check_result_files,
+    fail,
     fail_flag,
 )
 from .specs import COMPARISONS, PRESETS, Comparison, Preset, Variant
@@ -430,6 +431,8 @@ def _write_own(data: dict[str, Any], json_path: Path, output: Path, args: argpar
         written.append(str(json_path))
     plots = [] if args.no_plots else write_plots(run, output.parent, prefix=output.stem)
     title = "# Benchmarks (smoke test)" if run.preset.name == "quick" else "# Benchmarks (a run of its own)"
+    if run.interrupted:
+        title += " — interrupted"
     write_report(run, output, source=str(json_path), plots=plots, title=title)
     return [str(output), *written, *map(str, plots)]
 
@@ -444,6 +447,43 @@ def _command() -> str:
 def _print_written(written: list[str], bench_plan: BenchPlan) -> None:
     """One line naming what was written; for the committed results file, who renders the docs from it."""
     print("wrote " + ", ".join(written) + ("" if bench_plan.target == "own" else f"; {RENDER_HINT}"))
+
+
+def interrupted_files(bench_plan: BenchPlan) -> tuple[Path, Path]:
+    """Where a run stopped by Ctrl-C keeps what it measured (results file, report): its own files, or for
+    ``--publish``/``--merge``, whose committed file takes only whole runs, a run of its own under
+    ``runs/bench/<preset>-interrupted/``."""
+    if bench_plan.target == "own" and bench_plan.output is not None:
+        return bench_plan.json_path, bench_plan.output
+    folder = Path(f"runs/bench/{bench_plan.preset.name}-interrupted")
+    return folder / "benchmarks.json", folder / "benchmarks.md"
+
+
+def _keep_interrupted(data: dict[str, Any], bench_plan: BenchPlan, args: argparse.Namespace) -> int:
+    """Write the rows a run stopped by Ctrl-C measured (``interrupted_files``), then its one
+    ``interrupted:`` line; returns ``INTERRUPTED_EXIT_CODE``. The committed results stay as they were."""
+    from hf_attn_variants_cli import INTERRUPTED_EXIT_CODE
+
+    json_path, output = interrupted_files(bench_plan)
+    committed = "" if bench_plan.target == "own" else "; the committed results are unchanged"
+    if not data["results"] and not data["graph_checks"]:
+        fail("bench", f"{data['interrupted']}; nothing was measured, nothing written{committed}.",
+             label="interrupted")
+        return INTERRUPTED_EXIT_CODE
+    if bench_plan.target != "own":
+        try:
+            check_result_files("output", {"results file": json_path, "report": output,
+                                          **_plot_files(args, output)},
+                               ours=_is_bench_results, tool="hf-attn-variants bench")
+        except FlagError as error:
+            fail("bench", f"{data['interrupted']}; nothing written{committed}: {error}",
+                 label="interrupted")
+            return INTERRUPTED_EXIT_CODE
+    written = _write_own(data, json_path, output, args)
+    print("wrote " + ", ".join(written), flush=True)
+    fail("bench", f"{data['interrupted']}; they are in {json_path} and its report {output}{committed} "
+                  "(rerun with --only or --lengths to measure the rest).", label="interrupted")
+    return INTERRUPTED_EXIT_CODE
 
 
 def run(args: argparse.Namespace) -> int:
@@ -484,6 +524,8 @@ def run(args: argparse.Namespace) -> int:
     bench = runner.run_all()
     bench.environment["command"] = _command()
     data = to_results(bench)
+    if bench.interrupted:
+        return _keep_interrupted(data, bench_plan, args)
     if bench_plan.target == "own":
         written = _write_own(data, bench_plan.json_path, bench_plan.output, args)
     else:

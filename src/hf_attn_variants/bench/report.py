@@ -415,6 +415,8 @@ def _header(run: BenchRun, source: str, committed: bool) -> list[str]:
     return [
         intro,
         "",
+        *([f"> Interrupted: {run.interrupted}. The tables hold only the rows measured.", ""]
+          if run.interrupted else []),
         *([("> Smoke test (preset `quick`): tiny models, one round. The numbers and verdicts below only show "
              "that the pipeline runs; they say nothing about the targets."), ""] if preset.name == "quick"
              else []),

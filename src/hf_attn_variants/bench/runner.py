@@ -93,6 +93,8 @@ class BenchRun:
     replaced: list[dict[str, Any]] = field(default_factory=list)
     """One entry per partial run merged in later (``--merge``): its command, date, load and the rows it
     replaced."""
+    interrupted: str | None = None
+    """Where Ctrl-C stopped the run and what it kept (``Runner.run_all``); ``None`` for a whole run."""
 
     def find(self, variant: str, mode: str, phase: str, length: int) -> Result | None:
         for result in self.results:
@@ -295,21 +297,37 @@ class Runner:
                          f"{1e3 * median:9.1f} ms  peak {memory}")
 
     def run_all(self) -> BenchRun:
+        """Measure everything. Ctrl-C (``KeyboardInterrupt``) ends the run early instead of losing it: the
+        rows of every finished phase are kept, the phase it stopped in is dropped (its models were timed in
+        rotated rounds, so no row of it is whole), and ``BenchRun.interrupted`` says where it stopped."""
         start = time.perf_counter()
-        if self.check_graph_breaks:
-            self._graph_checks()
-        extra = {n for variant in self.variants.values() for n in variant.extra_lengths}
-        for length in sorted({*self.preset.lengths, *extra}):
-            entries = self._entries(length)
-            if not entries:
-                continue
-            self.log(f"n = {length}: {len(entries)} entries, {self.preset.repeats_at(length)} repeats")
-            input_ids = random_input_ids(self.preset.batch_size, length, self.device)
-            for phase in PHASES:
-                self._measure_phase(entries, phase, input_ids)
-            del entries
-            self._drop_per_length_models()
-        self._loops()
+        stage = "the graph-break checks"
+        kept = 0  # results of the finished phases
+        try:
+            if self.check_graph_breaks:
+                self._graph_checks()
+            extra = {n for variant in self.variants.values() for n in variant.extra_lengths}
+            for length in sorted({*self.preset.lengths, *extra}):
+                stage = f"building the models for n = {length}"
+                entries = self._entries(length)
+                if not entries:
+                    continue
+                self.log(f"n = {length}: {len(entries)} entries, {self.preset.repeats_at(length)} repeats")
+                input_ids = random_input_ids(self.preset.batch_size, length, self.device)
+                for phase in PHASES:
+                    stage = f"the {phase} phase at n = {length}"
+                    self._measure_phase(entries, phase, input_ids)
+                    kept = len(self.run.results)
+                del entries
+                self._drop_per_length_models()
+            stage = "the training loops"
+            self._loops()
+        except KeyboardInterrupt:
+            dropped = len(self.run.results) - kept
+            del self.run.results[kept:]
+            self.run.interrupted = (f"stopped by Ctrl-C during {stage}: {kept} rows of the phases before it "
+                                    f"are kept, {dropped} unfinished rows of that stage dropped")
+            self.log(f"  {self.run.interrupted}")
         self.run.elapsed_s = time.perf_counter() - start
         self.run.environment["load_average_end"] = _load_average()
         return self.run

@@ -110,6 +110,7 @@ def to_results(run: BenchRun) -> dict[str, Any]:
         "variants": run.variants,
         "graph_checks": run.graph_checks,
         "replaced": run.replaced,
+        **({"interrupted": run.interrupted} if run.interrupted else {}),
         "results": [_row(r) for r in run.results],
     }
     return json.loads(json.dumps(data))
@@ -135,7 +136,7 @@ def from_results(data: dict[str, Any]) -> BenchRun:
         threads=machine["threads"], environment=environment, comparisons=comparisons,
         variants=data["variants"], graph_checks=data.get("graph_checks", []),
         peak_tflops=settings.get("peak_tflops"), elapsed_s=data.get("duration_s", 0.0),
-        replaced=data.get("replaced", []),
+        replaced=data.get("replaced", []), interrupted=data.get("interrupted"),
     )
     for row in data["results"]:
         variant = row["variant"]

@@ -453,24 +453,42 @@ def plot(results: dict[str, Any], path: Path) -> Path:
 
 
 def measure_all(args: EntropyArguments) -> dict[str, Any]:
-    """Check the flags, measure every series, write the results file (and the plot); returns the results."""
-    from ..cli_utils import atomic_write_text
-    from ..records import format_results
+    """Check the flags, measure every series, write the results file (and the plot); returns the results.
 
+    Ctrl-C (``KeyboardInterrupt``) after the first series writes the series finished before it, the file
+    marked ``"interrupted"``, and then goes on as a ``KeyboardInterrupt``."""
     check_arguments(args)
     configs = check_models(args)
     train_length = args.train_length or default_train_length(configs[args.models[0]])
     lengths = input_lengths(args, train_length)
     sources = {path: input_source(args, path, config) for path, config in configs.items()}
     results = {"kind": RESULTS_KIND, **environment(), "task": args.task, "train_length": train_length,
-               "settings": dataclasses.asdict(args),
-               "series": [measure(one, args, train_length, lengths, configs[one.path], sources[one.path])
-                          for one in series_of(args, configs)]}
+               "settings": dataclasses.asdict(args), "series": []}
+    todo = series_of(args, configs)
+    try:
+        for one in todo:
+            results["series"].append(measure(one, args, train_length, lengths, configs[one.path],
+                                             sources[one.path]))
+    except KeyboardInterrupt:
+        done = len(results["series"])
+        if done:
+            results["interrupted"] = (f"stopped by Ctrl-C while measuring {todo[done].name!r}: the {done} of "
+                                      f"{len(todo)} series before it are kept")
+            write_results(args, results)
+        raise
+    write_results(args, results)
+    return results
+
+
+def write_results(args: EntropyArguments, results: dict[str, Any]) -> None:
+    """The results file at ``--output`` and, unless ``--no_plot``, its plot beside it (``.png``)."""
+    from ..cli_utils import atomic_write_text
+    from ..records import format_results
+
     output = Path(args.output)
     atomic_write_text(output, format_results(results, inline_depth=3))
     if not args.no_plot:
         plot(results, output.with_suffix(".png"))
-    return results
 
 
 def report(args: EntropyArguments, results: dict[str, Any]) -> str:
