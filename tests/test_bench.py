@@ -224,6 +224,21 @@ def test_ctrl_c_keeps_the_rows_measured_before_it(tmp_path, monkeypatch, capsys)
     assert "interrupted" not in rerun
 
 
+def test_a_runner_called_from_python_raises_ctrl_c_again(monkeypatch) -> None:
+    """``Runner.run_all`` keeps what it measured in ``runner.run`` but does not swallow Ctrl-C: a caller's
+    loop (the GPU check's bench stage) stops too."""
+    from hf_attn_variants.bench.runner import Runner
+
+    _ctrl_c_in(monkeypatch, "infer")
+    variants, comparisons = select(PRESETS["quick"], ["decoder"])
+    runner = Runner(PRESETS["quick"], variants, comparisons, compile=False, count_flops=False,
+                    check_graph_breaks=False, log=lambda line: None)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_all()
+    assert runner.run.interrupted.startswith("stopped by Ctrl-C during the infer phase at n = 32: ")
+    assert {r.phase for r in runner.run.results} == {"train"} and runner.run.elapsed_s > 0
+
+
 def test_ctrl_c_in_a_merge_keeps_the_committed_results(quick_run, tmp_path, monkeypatch, capsys) -> None:
     _repository(tmp_path, quick_run)
     committed = (tmp_path / "docs" / "results" / "benchmarks-cpu.json").read_text()

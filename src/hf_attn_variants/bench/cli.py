@@ -521,11 +521,13 @@ def run(args: argparse.Namespace) -> int:
     if bench_plan.target == "merge" and args.only:
         print("--merge: measuring whole comparisons " + ", ".join(c.key for c in bench_plan.comparisons)
               + " (every ratio of the results file pairs rows of one run)", flush=True)
-    bench = runner.run_all()
+    try:
+        bench = runner.run_all()
+    except KeyboardInterrupt:  # the run as far as it got, marked where it stopped
+        runner.run.environment["command"] = _command()
+        return _keep_interrupted(to_results(runner.run), bench_plan, args)
     bench.environment["command"] = _command()
     data = to_results(bench)
-    if bench.interrupted:
-        return _keep_interrupted(data, bench_plan, args)
     if bench_plan.target == "own":
         written = _write_own(data, bench_plan.json_path, bench_plan.output, args)
     else:

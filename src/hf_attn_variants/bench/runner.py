@@ -297,9 +297,9 @@ class Runner:
                          f"{1e3 * median:9.1f} ms  peak {memory}")
 
     def run_all(self) -> BenchRun:
-        """Measure everything. Ctrl-C (``KeyboardInterrupt``) ends the run early instead of losing it: the
-        rows of every finished phase are kept, the phase it stopped in is dropped (its models were timed in
-        rotated rounds, so no row of it is whole), and ``BenchRun.interrupted`` says where it stopped."""
+        """Measure everything. On Ctrl-C (``KeyboardInterrupt``, raised again) ``self.run`` keeps the rows of
+        every finished phase, drops those of the phase it stopped in (its models were timed in rotated rounds,
+        so none of its rows is whole), and ``BenchRun.interrupted`` says where it stopped."""
         start = time.perf_counter()
         stage = "the graph-break checks"
         kept = 0  # results of the finished phases
@@ -328,8 +328,10 @@ class Runner:
             self.run.interrupted = (f"stopped by Ctrl-C during {stage}: {kept} rows of the phases before it "
                                     f"are kept, {dropped} unfinished rows of that stage dropped")
             self.log(f"  {self.run.interrupted}")
-        self.run.elapsed_s = time.perf_counter() - start
-        self.run.environment["load_average_end"] = _load_average()
+            raise
+        finally:
+            self.run.elapsed_s = time.perf_counter() - start
+            self.run.environment["load_average_end"] = _load_average()
         return self.run
 
     def _drop_per_length_models(self) -> None:
