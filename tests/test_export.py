@@ -89,6 +89,14 @@ def test_export_folder_is_exactly_the_upload(exported, family: str) -> None:
     assert not list(folder.parent.glob(f".{family}.*")), "staging folder left behind"
 
 
+def test_check_export_names_a_missing_folder(tmp_path) -> None:
+    with pytest.raises(ValueError, match="There is no export folder '.*nowhere'.$"):
+        check_export(tmp_path / "nowhere")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"There is no export folder '.*file' \(it is a file\)"):
+        check_export(tmp_path / "file")
+
+
 def test_the_export_folder_has_the_modes_of_any_folder_the_user_creates(trained, tmp_path) -> None:
     """Not mkdtemp's private 0o700, nor safetensors' 0o600: 0o777 and 0o666 less the umask, so that another
     user or a serving container can read the model."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -210,6 +211,29 @@ def test_pruned_heads_normalisation_and_errors() -> None:
         normalize_pruned_heads({5: [0]}, num_layers=2, num_heads=4)
     with pytest.raises(ValueError, match="twice"):
         normalize_pruned_heads({0: [1, 1]}, num_layers=2, num_heads=4)
+
+
+@pytest.mark.parametrize(("pruned_heads", "message"), [
+    ({0: [True]}, "the heads of layer 0 must be a list of integer indices, got [True]"),  # once head 1
+    ({0: [1.5]}, "got [1.5]"),
+    ({0: 1}, "got 1"),
+    ({0: "01"}, "got '01'"),
+    ({True: [0]}, "keys must be layer indices, got True"),
+    ({1.0: [0]}, "got 1.0"),
+    ({"-1": [0]}, "got '-1'"),
+])
+def test_pruned_heads_must_be_integer_indices(pruned_heads, message) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        normalize_pruned_heads(pruned_heads, num_layers=2, num_heads=4)
+
+
+def test_pruned_heads_take_numpy_and_tensor_integers() -> None:
+    import numpy as np
+
+    heads = {"1": [np.int64(2), torch.tensor(0)], np.int64(0): (3,)}
+    assert normalize_pruned_heads(heads, num_layers=2, num_heads=4) == {0: [3], 1: [0, 2]}
+    with pytest.raises(TypeError, match="only integer tensors"):
+        normalize_pruned_heads({0: [torch.tensor(0.5)]}, num_layers=2, num_heads=4)
 
 
 @pytest.mark.parametrize("family", ["entropy_invariant", "gau", "synthesizer"])

@@ -242,6 +242,9 @@ def check_export(folder: str | Path) -> None:
     from transformers.dynamic_module_utils import get_relative_imports
 
     folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"There is no export folder {str(folder)!r}"
+                         f"{' (it is a file)' if folder.exists() else ''}.")
     names = {p.name for p in folder.iterdir()}
     missing = [n for n in ("config.json", "README.md", "tokenizer_config.json") if n not in names]
     if not any(n.endswith(".safetensors") for n in names):

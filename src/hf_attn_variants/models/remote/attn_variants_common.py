@@ -178,6 +178,7 @@ import contextlib
 import copy
 import itertools
 import math
+import operator
 from typing import ClassVar, NamedTuple, TYPE_CHECKING
 
 from torch import nn
@@ -728,7 +729,8 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
 def check_head_indices(
     heads: Iterable[int], num_heads: int, *, what: str, layer: int | None = None
 ) -> list[int]:
-    """``sorted(int(h) for h in heads)``, after checking that 0 ≤ h < ``num_heads`` and no h repeats.
+    """``sorted(heads)`` as ints, after checking that each is an integer (not a bool), 0 ≤ h < ``num_heads``
+    and no h repeats.
 
     Raises ``ValueError`` naming ``what`` (the argument the heads came from) and ``layer`` if given:
     "{what}: heads [..] (of layer l) are out of range [0, num_heads)." or
@@ -743,15 +745,23 @@ def check_head_indices(
     Returns:
         list[int]: the heads, sorted.
     """
-    heads = [int(h) for h in heads]
+    where = "" if layer is None else f" of layer {layer}"
+    if isinstance(heads, str) or not isinstance(heads, Iterable) or not all(map(is_index, heads := list(heads))):
+        raise ValueError(f"{what}: the heads{where} must be a list of integer indices, got {heads!r}.")
+    heads = [operator.index(h) for h in heads]
     bad = [h for h in heads if not 0 <= h < num_heads]
     if bad:
-        where = "" if layer is None else f" of layer {layer}"
         raise ValueError(f"{what}: heads {bad}{where} are out of range [0, {num_heads}).")
     if len(set(heads)) != len(heads):
         subject = what if layer is None else f"{what}: layer {layer}"
         raise ValueError(f"{subject} lists a head twice: {heads}.")
     return sorted(heads)
+
+
+def is_index(value: Any) -> bool:
+    """Whether ``value`` is an integer index: an int, a NumPy integer or an integer tensor of one element;
+    not a bool, float or string."""
+    return not isinstance(value, bool) and hasattr(value, "__index__")
 
 
 def normalize_pruned_heads(
@@ -776,10 +786,9 @@ def normalize_pruned_heads(
         raise TypeError(f"pruned_heads must be a dict {{layer: [heads]}}, got {type(pruned_heads).__name__}.")
     result: dict[int, list[int]] = {}
     for layer_key, heads in pruned_heads.items():
-        try:
-            layer = int(layer_key)
-        except (TypeError, ValueError):
-            raise ValueError(f"pruned_heads keys must be layer indices, got {layer_key!r}.") from None
+        if not (is_index(layer_key) or isinstance(layer_key, str) and layer_key.isdigit()):
+            raise ValueError(f"pruned_heads keys must be layer indices, got {layer_key!r}.")
+        layer = int(layer_key)
         if not 0 <= layer < num_layers:
             raise ValueError(f"pruned_heads: layer {layer} is out of range [0, {num_layers}).")
         heads = check_head_indices(heads, num_heads, what="pruned_heads", layer=layer)
