@@ -729,8 +729,9 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
 def check_head_indices(
     heads: Iterable[int], num_heads: int, *, what: str, layer: int | None = None
 ) -> list[int]:
-    """``sorted(heads)`` as ints, after checking that each is an integer (not a bool), 0 ≤ h < ``num_heads``
-    and no h repeats.
+    """``sorted(heads)`` as ints, after checking that each is an integer index (``is_index``) h, 0 ≤ h < n.
+
+    n is ``num_heads``, and no h may repeat.
 
     Raises ``ValueError`` naming ``what`` (the argument the heads came from) and ``layer`` if given:
     "{what}: heads [..] (of layer l) are out of range [0, num_heads)." or
@@ -746,7 +747,8 @@ def check_head_indices(
         list[int]: the heads, sorted.
     """
     where = "" if layer is None else f" of layer {layer}"
-    if isinstance(heads, str) or not isinstance(heads, Iterable) or not all(map(is_index, heads := list(heads))):
+    heads = list(heads) if isinstance(heads, Iterable) and not isinstance(heads, str) else heads
+    if not isinstance(heads, list) or not all(map(is_index, heads)):
         raise ValueError(f"{what}: the heads{where} must be a list of integer indices, got {heads!r}.")
     heads = [operator.index(h) for h in heads]
     bad = [h for h in heads if not 0 <= h < num_heads]
@@ -759,8 +761,7 @@ def check_head_indices(
 
 
 def is_index(value: Any) -> bool:
-    """Whether ``value`` is an integer index: an int, a NumPy integer or an integer tensor of one element;
-    not a bool, float or string."""
+    """Whether ``value`` is an integer index: an int, NumPy integer or one-element tensor; not a bool."""
     return not isinstance(value, bool) and hasattr(value, "__index__")
 
 
