@@ -217,13 +217,17 @@ def matmul_tflops(size: int = 8192, repeats: int = 10) -> float | None:
 
 
 def environment_stage(args: argparse.Namespace) -> int:
-    """environment-gpu.json; status 2 when a real run finds no CUDA device (the file says what it found)."""
+    """environment-gpu.json, written before the bf16 product is timed and again with its speed (a stage cut
+    off at its budget keeps the facts); status 2 when a real run finds no CUDA device (the file says what it
+    found)."""
     wheels = [name for name in os.environ.get("GPU_CHECK_WHEELS", "").split() if name]
     environment = {
-        "gpu": gpu_facts(), "nvidia_smi": nvidia_smi(), "matmul_tflops": matmul_tflops(),
+        "gpu": gpu_facts(), "nvidia_smi": nvidia_smi(), "matmul_tflops": None,
         "packages": {name: package_version(name) for name in PACKAGES}, "wheels": wheels,
         "python": sys.executable, "triton_interpret": os.environ.get("TRITON_INTERPRET"),
     }
+    write_json(args.out, "environment-gpu", {**provenance(args.dry_run), "environment": environment})
+    environment["matmul_tflops"] = matmul_tflops()
     path = write_json(args.out, "environment-gpu", {**provenance(args.dry_run), "environment": environment})
     if not args.dry_run and not environment["gpu"]["available"]:
         log("environment: torch sees no CUDA device (torch.cuda.is_available() is False); on CPU use "
@@ -605,12 +609,43 @@ def readme_quickstarts(readme: Path) -> list[Quickstart]:
             for number, match in enumerate(QUICKSTART_BLOCK.finditer(section), start=1)]
 
 
+def stale_files(wheel: Path) -> list[str]:
+    """The package's files in which ``wheel`` differs from ``src/``: changed, or missing on either side (a
+    wheel built before the last change)."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        packed = {name: archive.read(name) for name in archive.namelist()
+                  if not name.endswith("/") and ".dist-info/" not in name}
+    source = {path.relative_to(ROOT / "src").as_posix(): path for path in (ROOT / "src").rglob("*")
+              if path.is_file() and path.suffix != ".pyc" and "__pycache__" not in path.parts
+              and ".egg-info" not in path.as_posix()}
+    return sorted(name for name in {*packed, *source}
+                  if name not in packed or name not in source or source[name].read_bytes() != packed[name])
+
+
 def own_wheel(scratch: Path) -> tuple[Path, str]:
-    """The package's wheel: the newest ``.whl/hf_attn_variants-*.whl`` (``make gpu-wheels``), else one built
-    from this checkout into ``scratch``; (path, where it came from)."""
+    """The package's wheel: the newest ``.whl/hf_attn_variants-*.whl`` (``make gpu-wheels``) when it holds
+    ``src/`` as it is, else one built from this checkout into ``scratch`` (a stale carried one only when that
+    build fails, and then said); (path, where it came from)."""
     carried = sorted((ROOT / ".whl").glob("hf_attn_variants-*.whl"), key=lambda p: p.stat().st_mtime)
-    if carried:
+    stale = stale_files(carried[-1]) if carried else []
+    if carried and not stale:
         return carried[-1], "carried in .whl/"
+    if stale:
+        log(f"wheel: the carried {carried[-1].name} differs from src/ in {len(stale)} files ("
+            f"{', '.join(stale[:4])}{' …' if len(stale) > 4 else ''}): building one from this checkout")
+    try:
+        return build_wheel(scratch)
+    except RuntimeError as error:
+        if not stale:
+            raise
+        return carried[-1], (f"carried in .whl/ and STALE, {len(stale)} files differ from src/ "
+                             f"({', '.join(stale[:8])}); building one failed: {error}")
+
+
+def build_wheel(scratch: Path) -> tuple[Path, str]:
+    """The package's wheel built from this checkout into ``scratch``, offline; (path, where it came from)."""
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
                            "--no-build-isolation", "--no-index", "-w", str(scratch), str(ROOT)],
                           capture_output=True, text=True, timeout=240, check=False)

@@ -191,6 +191,69 @@ def test_the_triton_op_refuses_dropout_while_training_in_one_sentence() -> None:
                                 implementation="triton")  # evaluation: no dropout to apply
 
 
+@pytest.mark.parametrize("implementation", ["reference", "chunk", "triton"])
+def test_the_op_refuses_inputs_of_mixed_dtypes_outside_autocast(implementation: str) -> None:
+    """Triton's ``tl.dot`` refuses operands of two dtypes (the compiler, on a GPU): one ``ValueError`` naming
+    the argument instead, for every implementation alike."""
+    inputs = [x.detach() for x in flash_inputs(1, 20)]
+    inputs[4] = inputs[4].to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^value must be a \[1, 20, E\] floating tensor like quad_q, got "
+                                         r"\[1, 20, 24\] of torch.bfloat16"):
+        flash_mixed_chunk_attention(*inputs, chunk_size=8, causal=True, implementation=implementation)
+
+
+def test_under_autocast_the_triton_kernels_take_one_dtype(monkeypatch) -> None:
+    """Under bf16 autocast with float32 weights, ``in_proj`` gives bf16 and RoPE's angles are float32: q, k,
+    q', k' once reached the kernels in float32 beside a bf16 v, which the GPU compiler refuses ("Both
+    operands must be same dtype"). The unit rotates in its own dtype and the op casts to autocast's, so all
+    five arrive in bf16. (Triton's interpreter multiplies bf16 wrongly, so the kernels are replaced by a spy
+    here; tests/test_cuda.py compares the values on a GPU.)"""
+    seen = []
+
+    def spy(quad_q, quad_k, lin_q, lin_k, value, mask, segments, initial, chunk_size, causal):
+        seen.append({x.dtype for x in (quad_q, quad_k, lin_q, lin_k, value)})
+        return (value * 0, value.new_zeros(value.shape[0], quad_q.shape[-1], value.shape[-1],
+                                           dtype=torch.float32))
+
+    monkeypatch.setattr(gau_kernels.FlashTritonAttention, "apply", spy)
+    config = GAUConfig(vocab_size=61, hidden_size=32, num_hidden_layers=1, attention_key_size=16,
+                       base_length=16, attention_normalization="relu2", chunk_size=16, gau_kernel="triton")
+    model = GAUForCausalLM(config)
+    ids = random_ids(2, 40, vocab=61)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=ids)
+        inputs = [x.detach() for x in flash_inputs(1, 20)]
+        inputs[4] = inputs[4].to(torch.bfloat16)  # mixed: autocast casts them, as for a matmul
+        flash_mixed_chunk_attention(*inputs, chunk_size=8, causal=True, implementation="triton")
+    assert seen == [{torch.bfloat16}, {torch.bfloat16}]
+
+
+def test_the_triton_kernels_refuse_float64_on_a_gpu() -> None:
+    """The compiler refuses float64 products into the kernels' float32 accumulators; the interpreter (CPU
+    tensors) runs them, as the gradient checks do."""
+    with pytest.raises(ValueError, match=r"^gau_kernel='triton' takes float32, bfloat16 or float16 on a GPU"):
+        gau_triton.check_compilable(torch.empty(2, dtype=torch.float64, device="meta"))
+    gau_triton.check_compilable(torch.empty(2, dtype=torch.float64))
+    gau_triton.check_compilable(torch.empty(2, dtype=torch.bfloat16, device="meta"))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_bench_counts_the_same_flops_on_either_path(causal: bool) -> None:
+    """The FLOP counter cannot see into the Triton kernels; without their formulas (``bench.measure.
+    flash_flops``) a Triton row's GFLOP/s and MFU were about a fifth too low for the same work."""
+    from hf_attn_variants.bench.measure import count_step_flops, make_step
+
+    counts = {}
+    for kernel in ("torch", "triton"):
+        config = GAUConfig(vocab_size=61, hidden_size=32, num_hidden_layers=1, attention_key_size=16,
+                           base_length=16, attention_normalization="relu2", chunk_size=16, gau_kernel=kernel,
+                           is_decoder=causal)
+        torch.manual_seed(0)
+        model = GAUModel(config).train()
+        counts[kernel] = count_step_flops(make_step(model, random_ids(2, 64, vocab=61), True, None))
+    assert counts["triton"] == counts["torch"] > 0, counts
+
+
 def half_and_exact(inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """``inputs`` rounded to float16, and the same values in float64, each a leaf that takes gradients."""
     half = [x.detach().half().requires_grad_() for x in inputs]

@@ -288,6 +288,41 @@ def test_the_next_length_is_predicted_from_the_timed_steps_not_the_set_up() -> N
     assert driver.length_seconds(run, 30.0, 5.0) == pytest.approx(28.0 + 20.0)
 
 
+def test_a_carried_wheel_older_than_src_is_not_taken(tmp_path: Path, monkeypatch) -> None:
+    """A ``.whl/`` wheel built before the last change would have the wheel stage test old code: the files in
+    which it differs from ``src/`` are found, and the stage builds one from the checkout instead."""
+    import zipfile
+
+    driver = load_driver()
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "same.py").write_text("x = 1\n")
+    (tmp_path / "src" / "pkg" / "changed.py").write_text("y = 2\n")
+    (tmp_path / "src" / "pkg" / "new.py").write_text("z = 3\n")
+    (tmp_path / ".whl").mkdir()
+    wheel = tmp_path / ".whl" / "hf_attn_variants-0.0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("pkg/same.py", "x = 1\n")
+        archive.writestr("pkg/changed.py", "y = 1\n")
+        archive.writestr("pkg/gone.py", "w = 0\n")
+        archive.writestr("pkg-0.0.1.dist-info/METADATA", "Name: pkg\n")
+    monkeypatch.setattr(driver, "ROOT", tmp_path)
+    assert driver.stale_files(wheel) == ["pkg/changed.py", "pkg/gone.py", "pkg/new.py"]
+    built = tmp_path / "built.whl"
+    monkeypatch.setattr(driver, "build_wheel", lambda scratch: (built, "built from this checkout"))
+    assert driver.own_wheel(tmp_path) == (built, "built from this checkout")
+
+    def no_build(scratch):
+        raise RuntimeError("building the wheel failed: no setuptools")
+
+    monkeypatch.setattr(driver, "build_wheel", no_build)
+    path, where = driver.own_wheel(tmp_path)
+    assert path == wheel and where.startswith("carried in .whl/ and STALE, 3 files differ from src/")
+    (tmp_path / "src" / "pkg" / "changed.py").write_text("y = 1\n")
+    (tmp_path / "src" / "pkg" / "gone.py").write_text("w = 0\n")
+    (tmp_path / "src" / "pkg" / "new.py").unlink()
+    assert driver.own_wheel(tmp_path) == (wheel, "carried in .whl/")
+
+
 @needs_triton()  # the dry run's Triton rows run in Triton's interpreter
 def test_the_bench_skips_what_its_budget_cannot_hold(tmp_path: Path) -> None:
     """With no time left after the first length of each comparison, the later lengths are recorded as skipped,

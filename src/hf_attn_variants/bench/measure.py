@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -230,6 +231,50 @@ def _register_cpu_flash_formulas() -> None:
     _FORMULAS_REGISTERED = True
 
 
+def flash_flops(tokens: int, key_size: int, width: int, chunk_size: int) -> dict[str, int]:
+    """FLOPs of the FLASH op's Triton kernels on ``tokens`` = B·T tokens (each ``[B, T, ·]``).
+
+    The products the torch path's matmuls make for the same work, whole g×g blocks included as there, so that
+    a step counts the same FLOPs on either path. Forward: k'ᵀv per chunk (``chunk_outer``, 2·BT·s·e), then
+    q·kᵀ, W·v and q'·H_c (``forward``). Backward: twice each forward product, as autograd's matmuls (and
+    torch's formula for flash attention) count it, less the two ``chunk_outer`` calls the backward makes and
+    that count themselves (q'ᵀdO, and k'ᵀv for the states it recomputes, a cost of the kernels like
+    FlashAttention's recomputed scores)."""
+    quadratic, linear = 2 * tokens * chunk_size * (key_size + width), 2 * tokens * key_size * width
+    return {"chunk_outer": linear, "forward": quadratic + linear, "backward": 2 * quadratic + 2 * linear}
+
+
+def _register_triton_flash_formulas() -> None:
+    """Teach the FLOP counter the FLASH op's Triton kernels (``torch.ops.hf_attn_variants.flash_*``), which it
+    cannot see into (``flash_flops``); nothing without triton."""
+    from torch.utils import flop_counter
+
+    from ..models.gau_triton import TRITON_AVAILABLE
+
+    if not TRITON_AVAILABLE or torch.ops.hf_attn_variants.flash_forward in flop_counter.flop_registry:
+        return
+    ops = torch.ops.hf_attn_variants
+
+    def sizes(query_shape: Any, width: int, chunk_size: int) -> dict[str, int]:
+        batch, length, key_size = query_shape
+        return flash_flops(batch * length, key_size, width, min(chunk_size, length))
+
+    @flop_counter.register_flop_formula(ops.flash_chunk_outer)
+    def _outer(a_shape, x_shape, chunk_size, *args, out_shape=None, **kwargs) -> int:
+        return sizes(a_shape, x_shape[-1], chunk_size)["chunk_outer"]
+
+    @flop_counter.register_flop_formula(ops.flash_forward)
+    def _forward(quad_q_shape, quad_k_shape, lin_q_shape, value_shape, states_shape, key_mask_shape,
+                 chunk_size, *args, out_shape=None, **kwargs) -> int:
+        return sizes(quad_q_shape, value_shape[-1], chunk_size)["forward"]
+
+    @flop_counter.register_flop_formula(ops.flash_backward)
+    def _backward(quad_q_shape, quad_k_shape, lin_q_shape, lin_k_shape, value_shape, *args, out_shape=None,
+                  **kwargs) -> int:
+        chunk_size = args[4]  # after states, grad_summaries, key_mask and grad_output
+        return sizes(quad_q_shape, value_shape[-1], chunk_size)["backward"]
+
+
 class _FlopCounter:
     """A minimal FLOP counter: ``torch.utils.flop_counter``'s formulas, without its module tracking.
 
@@ -242,6 +287,7 @@ class _FlopCounter:
         from torch.utils.flop_counter import flop_registry
 
         _register_cpu_flash_formulas()
+        _register_triton_flash_formulas()
         counter = self
         self.total = 0
 

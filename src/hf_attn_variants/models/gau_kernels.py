@@ -377,9 +377,11 @@ def check_flash_arguments(
         raise ValueError(f"quad_q must be a [B, T, S] floating tensor, got {quad_q.dim()} dims of "
                          f"{quad_q.dtype}.")
     batch, length, key_size = quad_q.shape
+    mixed = not torch.is_autocast_enabled(quad_q.device.type)  # autocast casts them to one dtype
     for name, tensor in (("quad_k", quad_k), ("lin_q", lin_q), ("lin_k", lin_k), ("value", value)):
         width = tensor.shape[-1] if name == "value" else key_size
-        if tensor.shape != (batch, length, width) or not tensor.is_floating_point():
+        if (tensor.shape != (batch, length, width) or not tensor.is_floating_point()
+                or mixed and tensor.dtype != quad_q.dtype):
             raise ValueError(f"{name} must be a [{batch}, {length}, {'E' if name == 'value' else key_size}] "
                              f"floating tensor like quad_q, got {list(tensor.shape)} of {tensor.dtype}.")
     state = initial_state if initial_state is not None else FlashState(None)
@@ -455,6 +457,9 @@ def flash_mixed_chunk_attention(
     """
     check_flash_arguments(quad_q, quad_k, lin_q, lin_k, value, chunk_size, key_mask, segments, initial_state,
                           dropout, training, implementation)
+    if torch.is_autocast_enabled(value.device.type):  # one dtype, autocast's, as for a matmul
+        dtype = torch.get_autocast_dtype(value.device.type)
+        quad_q, quad_k, lin_q, lin_k, value = (x.to(dtype) for x in (quad_q, quad_k, lin_q, lin_k, value))
     length = quad_q.shape[1]
     state = initial_state or FlashState(None)
     opened = 0 if state.keys is None else state.keys.shape[1]
@@ -788,12 +793,13 @@ def flash_mixed_chunk_triton(
         tuple[torch.Tensor, torch.Tensor]: numerator ``[B, T, E]`` in the value's dtype, and the state
         ``[B, S, E]`` float32.
     """
-    from .gau_triton import TRITON_AVAILABLE  # importing it registers torch.ops.hf_attn_variants.flash_*
+    from .gau_triton import TRITON_AVAILABLE, check_compilable  # registers torch.ops.hf_attn_variants.flash_*
 
     if not TRITON_AVAILABLE:
         raise ImportError("implementation='triton' needs the triton package: "
                           "pip install 'hf_attn_variants[gpu]'.")
 
+    check_compilable(value)
     tensors = [x.contiguous() for x in (quad_q, quad_k, lin_q, lin_k, value)]
     mask = None if key_mask is None else key_mask.to(torch.int8).contiguous()
     initial = None if initial_state is None else initial_state.float().contiguous()

@@ -661,7 +661,21 @@ def triton_relu2_attention(
     Returns:
         torch.Tensor: ``[B, T_q, E]`` in ``value``'s dtype.
     """
+    check_compilable(value)
     return TritonRelu2Attention.apply(query, key, value, mask, causal_offset)
+
+
+def check_compilable(value: torch.Tensor) -> None:
+    """``ValueError`` for float64 on a GPU, which Triton's compiler refuses (the accumulators are float32).
+
+    Triton's interpreter (CPU tensors, ``TRITON_INTERPRET=1``) runs float64, as the gradient checks do.
+
+    Args:
+        value (torch.Tensor): the kernels' values, in their inputs' dtype.
+    """
+    if value.dtype == torch.float64 and value.device.type != "cpu":
+        raise ValueError("gau_kernel='triton' takes float32, bfloat16 or float16 on a GPU, not float64 (the "
+                         "kernels accumulate in float32): use gau_kernel='torch', or float32.")
 
 
 # ------------------------------------------------------------------------------------------------ FLASH
@@ -882,6 +896,7 @@ __all__ = [
     "STATE_RANGE",
     "TRITON_AVAILABLE",
     "TritonRelu2Attention",
+    "check_compilable",
     "flash_block",
     "flash_launch_options",
     "flash_launch_table",

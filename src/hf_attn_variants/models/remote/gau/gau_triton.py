@@ -658,7 +658,21 @@ def triton_relu2_attention(
     Returns:
         torch.Tensor: ``[B, T_q, E]`` in ``value``'s dtype.
     """
+    check_compilable(value)
     return TritonRelu2Attention.apply(query, key, value, mask, causal_offset)
+
+
+def check_compilable(value: torch.Tensor) -> None:
+    """``ValueError`` for float64 on a GPU, which Triton's compiler refuses (the accumulators are float32).
+
+    Triton's interpreter (CPU tensors, ``TRITON_INTERPRET=1``) runs float64, as the gradient checks do.
+
+    Args:
+        value (torch.Tensor): the kernels' values, in their inputs' dtype.
+    """
+    if value.dtype == torch.float64 and value.device.type != "cpu":
+        raise ValueError("gau_kernel='triton' takes float32, bfloat16 or float16 on a GPU, not float64 (the "
+                         "kernels accumulate in float32): use gau_kernel='torch', or float32.")
 
 
 # ------------------------------------------------------------------------------------------------ FLASH
@@ -874,6 +888,7 @@ if TRITON_AVAILABLE:
 
 __all__ = [
     "FLASH_LAUNCH", "FLASH_LAUNCH_FLOAT32", "FLASH_STATE_BLOCK", "STATE_RANGE", "TRITON_AVAILABLE",
-    "TritonRelu2Attention", "flash_block", "flash_launch_options", "flash_launch_table", "flash_triton_grids",
-    "precision", "relu2_launch_options", "scales_states", "state_scales", "triton_relu2_attention",
+    "TritonRelu2Attention", "check_compilable", "flash_block", "flash_launch_options", "flash_launch_table",
+    "flash_triton_grids", "precision", "relu2_launch_options", "scales_states", "state_scales",
+    "triton_relu2_attention",
 ]
