@@ -218,7 +218,13 @@ def test_finetune_says_what_it_will_do_and_what_it_did(tmp_path, capsys, data, b
     folder = tmp_path / "full"
     assert finetune_cli(folder, data, base, "--num_train_epochs", "2", "--eval_strategy", "epoch",
                         "--save_strategy", "epoch") == 0
-    lines = summary_lines(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    lines = summary_lines(out)
+    # --disable_tqdm: Trainer's logs as lines, not its PrinterCallback's dicts
+    logged = [line for line in out.splitlines() if line.startswith("finetune step ")]
+    assert "{'" not in out and logged, out
+    assert any(line.startswith("finetune step 3 of 6 (epoch 1.00): eval_loss ") for line in logged), logged
+    assert "finetune step 6 of 6 (epoch 2.00): train_loss " in "\n".join(logged), logged
     steps = json.loads((folder / "trainer_state.json").read_text())["global_step"]
     assert steps == 6  # 40 examples in batches of 16: 3 steps per epoch
     assert lines[0].startswith(f"sequence_classification with entropy_invariant from {base}: ") and (
@@ -255,3 +261,22 @@ def test_the_cadence_reads_steps_below_one_as_a_share(tmp_path, data) -> None:
     text = cadence(args, training_args(tmp_path, eval_strategy="steps", eval_steps=0.1, save_strategy="steps",
                                        save_steps=50))
     assert text == "evaluates every 10% of the training steps, checkpoints every 50 steps", text
+
+
+def test_trainers_logs_are_lines_under_disable_tqdm(capsys) -> None:
+    from types import SimpleNamespace
+
+    from hf_attn_variants.training.trainer_hooks import LogLines
+
+    state = SimpleNamespace(is_local_process_zero=True, global_step=20, max_steps=60)
+    lines = LogLines()
+    lines.on_log(None, state, None, logs={"loss": 0.69314, "grad_norm": 1.2345, "learning_rate": 4e-05,
+                                          "epoch": 1.0})
+    lines.on_log(None, state, None, logs={"train_runtime": 3.2, "train_samples_per_second": 9.9,
+                                          "total_flos": 1.0, "train_loss": 0.7, "epoch": 1.0})
+    lines.on_log(None, state, None, logs={"train_runtime": 3.2})  # nothing left to show
+    lines.on_log(None, SimpleNamespace(is_local_process_zero=False, global_step=20, max_steps=60), None,
+                 logs={"loss": 0.5})
+    assert capsys.readouterr().out.splitlines() == [
+        "finetune step 20 of 60 (epoch 1.00): loss 0.6931, grad_norm 1.234, learning_rate 4e-05",
+        "finetune step 20 of 60 (epoch 1.00): train_loss 0.7"]

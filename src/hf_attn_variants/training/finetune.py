@@ -110,6 +110,7 @@ from .tasks import (
 from .trainer_hooks import (
     MANIFEST_FILE,
     CheckpointGuard,
+    LogLines,
     arguments_as_json,
     read_trainer_checkpoint,
     trainer_checkpoints,
@@ -541,13 +542,13 @@ def _final_model(args: FinetuneArguments, prepared: _Prepared) -> Any:
 
 def _trainer(args: FinetuneArguments, prepared: _Prepared, model: Any, guard: CheckpointGuard) -> Any:
     """The ``Trainer`` of the run (with early stopping and the checkpoint guard as callbacks)."""
-    from transformers import EarlyStoppingCallback, Trainer
+    from transformers import EarlyStoppingCallback, PrinterCallback, Trainer
 
     training_args, data = prepared.training_args, prepared.data
     callbacks = [guard]
     if args.early_stopping_patience is not None:
         callbacks.append(EarlyStoppingCallback(args.early_stopping_patience, args.early_stopping_threshold))
-    return Trainer(
+    trainer = Trainer(
         model=model,
         args=training_args,
         train_dataset=data["train"] if training_args.do_train else None,
@@ -558,6 +559,10 @@ def _trainer(args: FinetuneArguments, prepared: _Prepared, model: Any, guard: Ch
                                         args.return_entity_level_metrics),
         callbacks=callbacks,
     )
+    if training_args.disable_tqdm:  # lines, not Trainer's raw log dicts
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(LogLines())
+    return trainer
 
 
 def _train(trainer: Any, prepared: _Prepared, guard: CheckpointGuard) -> dict[str, float]:

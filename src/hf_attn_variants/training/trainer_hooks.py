@@ -133,5 +133,25 @@ class CheckpointGuard(TrainerCallback):
         return control
 
 
-__all__ = ["ARGUMENTS_FILE", "MANIFEST_FILE", "CheckpointGuard", "arguments_as_json",
+class LogLines(TrainerCallback):
+    """Under ``--disable_tqdm``, each of ``Trainer``'s logs as one line instead of a raw dict.
+
+    ``finetune step 20 of 60 (epoch 1.00): loss 0.6931, grad_norm 1.23, learning_rate 4e-05`` replaces the
+    ``PrinterCallback``'s dicts; timings and ``total_flos`` are left out (the end summary says how long it
+    took)."""
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        if not state.is_local_process_zero or not logs:
+            return
+        shown = [f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+                 for key, value in logs.items()
+                 if key not in ("epoch", "total_flos") and not key.endswith(("_runtime", "_per_second"))]
+        epoch = f" (epoch {logs['epoch']:.2f})" if isinstance(logs.get("epoch"), (int, float)) else ""
+        if shown:
+            print(f"finetune step {state.global_step:,} of {state.max_steps:,}{epoch}: {', '.join(shown)}",
+                  flush=True)
+
+
+__all__ = ["ARGUMENTS_FILE", "MANIFEST_FILE", "CheckpointGuard", "LogLines", "arguments_as_json",
            "read_trainer_checkpoint", "trainer_checkpoints", "write_manifest"]
