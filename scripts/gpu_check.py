@@ -840,8 +840,9 @@ FLASH_NOTE = (
     "per two GAU layers and the MLP width that makes its parameters outside the embeddings those of our "
     "causal FLASH GAU (`bench/specs.py:equal_parameter_intermediate`). `gau_flash_causal` runs GAU's Triton "
     "kernels for the attention inside the chunks (`gau_kernel=\"triton\"`), `gau_flash_causal_torch` the "
-    "torch path (`gau_kernel=\"torch\"`). FLOPs count matrix products seen by torch: the Triton kernels' own "
-    "products are not counted, so FLASH's GFLOP/s and MFU are lower bounds.")
+    "torch path (`gau_kernel=\"torch\"`). FLOPs are those of the products run: torch's formulas for aten's, "
+    "`bench/measure.py:flash_flops` for the Triton kernels (the torch path's count for the same work), and "
+    "in training the FLASH unit's forward once more (it recomputes it in backward instead of saving it).")
 
 
 OPTIONAL_FLASH_VARIANTS = ("gau_flash_causal_packed",)
@@ -902,10 +903,10 @@ def bench_parts(preset: Any, dry_run: bool, device: str) -> list[BenchPart]:
                             "FLASH GAU (Triton kernels and torch path) vs Llama (SDPA) at equal "
                             "parameters, causal", "llama_equal_sdpa", tuple(flash_variants)[1:],
                             note=FLASH_NOTE)
-    tiny = preset.lengths if dry_run else None
-    return [
+    tiny = tuple(sorted(preset.lengths, reverse=True)) if dry_run else None
+    return [  # FLASH longest first: its 64k rows are the ones that matter most, and predict the shorter
         BenchPart(comparison, {n: placed(v) for n, v in flash_variants.items()},
-                  tiny or (4096, 16384, 65536), growth=5.0),
+                  tiny or (65536, 16384, 4096), growth=0.25),
         BenchPart(decoder, {n: placed(stock[n]) for n in (decoder.baseline, *decoder.variants)},
                   tiny or (2048, 4096, 8192, 16384), growth=3.0),
     ]
@@ -919,12 +920,19 @@ def peak_tflops(explicit: float | None) -> float | None:
     return next((peak for key, peak in PEAK_BF16_TFLOPS if key in name), None)
 
 
+BUDGET_SKIP = "not run: the GPU check's bench budget"
+"""How a row the bench stage's budget could not hold begins its reason."""
+LATER_PART_S = 5.0
+"""The least a later comparison's first length is predicted to take, so that one does not start in the
+stage's last seconds (its timeout would end the stage as timed out, and the part with it)."""
+
+
 def budget_skips(part: BenchPart, length: int, batch: int, seconds: float) -> list[Any]:
     """Skipped rows of every variant of ``part`` at ``length``: the stage's time budget would not hold
     them."""
     from hf_attn_variants.bench.runner import PHASES, Result
 
-    reason = f"not run: the GPU check's bench budget ({seconds:.0f} s) would be exceeded"
+    reason = f"{BUDGET_SKIP} ({seconds:.0f} s) would be exceeded"
     return [Result(name, variant.family, "eager", phase, length, batch, "skipped", reason)
             for name, variant in part.variants.items() if variant.lengths is None or length in variant.lengths
             for phase in PHASES]
@@ -976,9 +984,11 @@ def bench_stage(args: argparse.Namespace) -> int:
         return 2
     preset = bench_preset(args.dry_run)
     peak, total, command = peak_tflops(args.peak_tflops), None, command_line(args.dry_run)
-    for part in bench_parts(preset, args.dry_run, device):
-        guess = None  # each comparison's first length runs whatever is left: a row it may get, and one
-        for length in part.lengths:  # cut off loses nothing, as every finished length is written at once
+    for index, part in enumerate(bench_parts(preset, args.dry_run, device)):
+        # A comparison's first length runs whatever is left (a later one's only with LATER_PART_S of it): a
+        # row it may get, and one cut off loses nothing, as every finished length is written at once.
+        guess = None if index == 0 else LATER_PART_S
+        for length in part.lengths:
             if guess is not None and not budget.fits(guess):
                 log(f"bench: {part.comparison.key} n = {length} skipped (budget: {budget.left():.0f} s left)")
                 total.results += budget_skips(part, length, preset.batch_size, budget.seconds)
@@ -1000,7 +1010,8 @@ def bench_stage(args: argparse.Namespace) -> int:
             total = add_run(total, run)
             guess = length_seconds(run, time.monotonic() - started, part.growth)
             write_json(args.out, "benchmarks-gpu", bench_results(total, False, budget, args.dry_run))
-    path = write_json(args.out, "benchmarks-gpu", bench_results(total, True, budget, args.dry_run))
+    skipped = any(r.status == "skipped" and r.reason.startswith(BUDGET_SKIP) for r in total.results)
+    path = write_json(args.out, "benchmarks-gpu", bench_results(total, not skipped, budget, args.dry_run))
     failed = [f"{r.variant} n={r.length} {r.phase}: {r.reason}" for r in total.results
               if r.status == "failed"]
     log(f"bench: {len(total.results)} rows, {len(failed)} failed, in {total.elapsed_s:.0f} s → {path}")
@@ -1046,7 +1057,7 @@ def peers_stage(args: argparse.Namespace) -> int:
                            torch.float32 if args.dry_run else torch.bfloat16, peak_tflops=peak,
                            peak_source=peak_source(args.peak_tflops, peak), fits=budget.fits,
                            on_row=lambda so_far: write(so_far, False), log=log)
-    path = write(run, True)
+    path = write(run, not any(r["status"] == "skipped" for r in run.rows))
     failed = [f"{r['model']} {r['batch']}×{r['length']}: {r['reason']}" for r in run.rows
               if r["status"] == "failed"]
     log(f"peers: {len(run.rows)} rows, {len(failed)} failed → {path}")
@@ -1230,7 +1241,8 @@ def decoding_stage(args: argparse.Namespace) -> int:
         else:
             predicted = time.monotonic() - started
         write_json(args.out, "decoding-gpu", rounded(data))
-    data["gpu_check"]["complete"] = True
+    data["gpu_check"]["complete"] = not data["gpu_check"].get("skipped") and not any(
+        entry["reason"].startswith("not run: the decoding budget") for entry in data["not_measured"])
     path = write_json(args.out, "decoding-gpu", rounded(data))
     log(f"decoding: {len(data['rows'])} rows, {len(failed)} models failed → {path}")
     return 1 if failed else 0

@@ -50,3 +50,41 @@ def test_the_table_gives_tokens_per_second_ratios_and_growth() -> None:
     assert "| `gau_flash`: F | 1.00M | 125 tok/s (1.25×), 8.0 ms | 114 tok/s (2.27×), 8.8 ms | 1.10× |" \
         in text
     assert "| `llama`: L | 1.00M | 100 tok/s, 10.0 ms | 50 tok/s, 20.0 ms | 2.00× |" in text
+
+
+def test_a_static_caches_warm_up_generates_as_many_tokens_as_the_timed_run(monkeypatch) -> None:
+    """Transformers sizes a static cache for the longest generation so far: a 4-token warm-up made the timed
+    32-token run grow it and compile the model a second time, inside the stage's budget."""
+    from hf_attn_variants.bench import decoding as decoding_module
+
+    calls = []
+
+    def fake(model, batch, context, new_tokens, **kwargs):
+        calls.append((batch, context, new_tokens, kwargs.get("cache_implementation")))
+        return {"prefill_s": 0.1, "step_ms": 1.0, "steps": new_tokens - 1, "tokens_per_s": 1e3}
+
+    monkeypatch.setattr(decoding_module, "time_generate", fake)
+    model = DECODERS["llama"][1](TINY, 64).eval()
+    decoding_module.measure_model(model, "llama", [1], [12], 32, log=lambda _: None,
+                                  cache_implementation="static")
+    decoding_module.measure_model(model, "llama", [1], [12], 32, log=lambda _: None)
+    assert calls == [(1, 12, 32, "static"), (1, 12, 32, "static"), (1, 12, 4, None), (1, 12, 32, None)]
+
+
+def test_the_profile_counts_every_kernel_on_the_device_by_its_device() -> None:
+    """cuDNN's attention kernels (``cudnn_generated_…``) were dropped by a filter on names starting "cu"."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from hf_attn_variants.bench.decoding import device_kernels
+
+    def event(key: str, device: DeviceType, us: float) -> SimpleNamespace:
+        return SimpleNamespace(key=key, device_type=device, self_device_time_total=us)
+
+    events = [event("aten::mm", DeviceType.CPU, 0.0), event("cudaLaunchKernel", DeviceType.CPU, 0.0),
+              event("cudnn_generated_fort_native_sdpa_sm90", DeviceType.CUDA, 12.0),
+              event("cutlass_80_tensorop_bf16_gemm", DeviceType.CUDA, 30.0),
+              event("triton_poi_fused_mul_0", DeviceType.CUDA, 2.0), event("idle", DeviceType.CUDA, 0.0)]
+    assert [e.key for e in device_kernels(events)] == [
+        "cudnn_generated_fort_native_sdpa_sm90", "cutlass_80_tensorop_bf16_gemm", "triton_poi_fused_mul_0"]

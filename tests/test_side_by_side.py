@@ -94,13 +94,15 @@ def test_the_smoke_run_measures_every_model_on_cpu() -> None:
 
 
 def test_rows_the_budget_cannot_hold_are_skipped() -> None:
-    """With no time left after the first row, the rest is recorded as skipped, with the reason."""
-    shape = replace(SMOKE_SHAPE, rows=((1, 32),), repeats=1, warmups=0)
+    """With no time left, a row is skipped, with the reason, once a row predicts its time: a model's first
+    row, which compiles its kernels (seconds of Triton's JIT on a GPU), predicts nothing."""
+    shape = replace(SMOKE_SHAPE, rows=((1, 32), (1, 64)), repeats=1, warmups=0)
     run = run_side_by_side(shape, "cpu", torch.float32, fits=lambda seconds: False, log=lambda line: None)
-    assert [(row["model"], row["status"]) for row in run.rows] == [
-        ("llama_sdpa", "ok"), ("flash_pytorch", "skipped"), ("ours_torch", "skipped"),
-        ("ours_triton", "skipped")]
-    assert "budget" in run.rows[1]["reason"]
+    assert [(row["model"], row["length"], row["status"]) for row in run.rows] == [
+        ("llama_sdpa", 32, "ok"), ("flash_pytorch", 32, "ok"), ("ours_torch", 32, "ok"),
+        ("ours_triton", 32, "ok"), ("llama_sdpa", 64, "ok"), ("flash_pytorch", 64, "skipped"),
+        ("ours_torch", 64, "skipped"), ("ours_triton", 64, "skipped")]
+    assert "budget" in run.rows[5]["reason"]
 
 
 def synthetic_results() -> dict:

@@ -189,10 +189,7 @@ def profile_generate(model: torch.nn.Module, batch: int, context: int, new_token
     steps = max(len(clock.times) - 1, 1)
     per_step = (clock.times[-1] - clock.times[0]) / steps if len(clock.times) > 1 else 0.0
 
-    def device_us(event: Any) -> float:
-        return float(getattr(event, "self_device_time_total", 0.0) or 0.0)
-
-    kernels = [e for e in events if device_us(e) > 0 and not e.key.startswith(("aten::", "cuda", "cu"))]
+    kernels = device_kernels(events)
     cpu_ops = [e for e in events if e.key.startswith("aten::")]
     calls = {e.key: e.count for e in events}
     return {
@@ -210,6 +207,20 @@ def profile_generate(model: torch.nn.Module, batch: int, context: int, new_token
     }
 
 
+def device_us(event: Any) -> float:
+    """A profiler event's own time on the device, in µs (0 for host events)."""
+    return float(getattr(event, "self_device_time_total", 0.0) or 0.0)
+
+
+def device_kernels(events: Sequence[Any]) -> list[Any]:
+    """The events of ``torch.profiler``'s ``key_averages()`` that are kernels run on the GPU, by their device
+    (cuDNN's ``cudnn_…``, cuBLAS's and CUTLASS's included, which a filter by name dropped), not the host's
+    ``cuda…`` runtime calls."""
+    from torch.autograd import DeviceType
+
+    return [e for e in events if e.device_type == DeviceType.CUDA and device_us(e) > 0]
+
+
 def build_decoder(name: str, size: DecodingSize, longest: int, device: str = "cpu",
                   dtype: torch.dtype | None = None) -> torch.nn.Module:
     """``DECODERS[name]`` for sequences of up to ``longest`` tokens, in eval mode, its parameters created on
@@ -225,11 +236,13 @@ def measure_model(model: torch.nn.Module, name: str, batches: Sequence[int], con
                   cache_implementation: str | None = None,
                   sdpa_backends: Sequence[SDPBackend] | None = None) -> list[dict[str, Any]]:
     """One row per batch × context (``time_generate``) after one short warm-up generation; rows carry the
-    model's parameter count without embeddings and the cache (``"dynamic"`` for the default)."""
+    model's parameter count without embeddings and the cache (``"dynamic"`` for the default). A static
+    cache's warm-up generates all ``new_tokens``: Transformers sizes that cache for the longest generation so
+    far, and a shorter warm-up made the timed one grow it and compile the model again."""
     parameters = model.num_parameters(exclude_embeddings=True)
     cache = cache_implementation or "dynamic"
-    time_generate(model, 1, min(contexts), 4, cache_implementation=cache_implementation,
-                  sdpa_backends=sdpa_backends)
+    time_generate(model, 1, min(contexts), new_tokens if cache == "static" else 4,
+                  cache_implementation=cache_implementation, sdpa_backends=sdpa_backends)
     rows = []
     for batch in batches:
         for context in contexts:
@@ -254,5 +267,6 @@ def measure(names: Sequence[str], batches: Sequence[int], contexts: Sequence[int
                                      contexts, new_tokens, log)]
 
 
-__all__ = ["DECODERS", "DECODING_SDPA_BACKENDS", "DecodingSize", "StepClock", "build_decoder", "generate",
-           "measure", "measure_model", "profile_generate", "time_generate"]
+__all__ = ["DECODERS", "DECODING_SDPA_BACKENDS", "DecodingSize", "StepClock", "build_decoder",
+           "device_kernels", "device_us", "generate", "measure", "measure_model", "profile_generate",
+           "time_generate"]

@@ -309,10 +309,11 @@ def run_side_by_side(shape: SideBySideShape, device: str, dtype: torch.dtype, *,
                      on_row: Callable[[SideBySideRun], None] | None = None,
                      log: Callable[[str], None] = print) -> SideBySideRun:
     """Every (batch, n) of ``shape.rows`` × ``MODELS``. ``fits(seconds)``: whether a row predicted to take
-    that long still fits the caller's budget (the prediction: the slowest row so far); a row that does not is
-    recorded as skipped. ``on_row(run)`` after every row (the GPU check writes its file there)."""
+    that long still fits the caller's budget (the prediction: the slowest row so far, a model's first row,
+    which compiles its kernels, left out); a row that does not is recorded as skipped. ``on_row(run)`` after
+    every row (the GPU check writes its file there)."""
     run = SideBySideRun(settings_of(shape, device, dtype, peak_tflops, peak_source), {}, [])
-    slowest = 0.0
+    slowest, measured = 0.0, set()  # a model's first row (compiling its kernels) predicts nothing
     for batch, length in shape.rows:
         for name in MODELS:
             if fits is not None and slowest and not fits(slowest):
@@ -322,7 +323,9 @@ def run_side_by_side(shape: SideBySideShape, device: str, dtype: torch.dtype, *,
                 continue
             started = time.monotonic()
             row = measure_row(name, shape, batch, length, device, dtype, peak_tflops, run)
-            slowest = max(slowest, time.monotonic() - started)
+            if name in measured:
+                slowest = max(slowest, time.monotonic() - started)
+            measured.add(name)
             run.rows.append(row)
             log(f"side by side {batch}×{length} {name}: " + (
                 f"{row['ms']:.1f} ms, {row['tokens_per_s']:.0f} tok/s, MFU {row['mfu']}, peak "
