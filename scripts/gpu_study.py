@@ -995,7 +995,7 @@ def run(options: Options) -> int:
     """One lease's work (the module's docstring, ``run``)."""
     from hf_attn_variants.training import embedded_tokenizer
 
-    started = time.monotonic()
+    started = time.monotonic() - since_command_start()
     check_options(options)
     options.out.mkdir(parents=True, exist_ok=True)
     part, files = options.part, FILES[options.part]
@@ -1048,8 +1048,11 @@ def run(options: Options) -> int:
                       "description": p.variant.description,
                       "fields": p.fields, "parameters": p.parameters} for p in planned],
     }
-    timings: dict[str, dict[str, Any]] = {}
+    gpu = machine().get("gpu") if cuda else None
+    timings = {} if options.retime else committed_timings(options.committed, part, base, gpu)
+    report["timing_committed"] = sorted(timings)  # timed by an earlier lease on this GPU, not again
     report["timing"] = timings  # filled as each variant is timed
+    warm: set[str] = set()  # variants built (and compiled) in this process
     if options.steps is not None:
         steps, how = options.steps, "--steps"
     elif pinned and not options.retime:
@@ -1058,6 +1061,8 @@ def run(options: Options) -> int:
     else:
         longest = 0.0
         for p in planned:
+            if p.name in timings:
+                continue
             if time.monotonic() - started + longest + 5 > options.deadline:
                 report["timing_stopped"] = (f"{time.monotonic() - started:.0f} s gone, the next timing is "
                                             f"predicted at {longest:.0f} s: stopped before {p.name}")
@@ -1068,6 +1073,7 @@ def run(options: Options) -> int:
             data, block = timing_data(settings, corpus)
             timing = time_variant(p, settings, tokenizer, data, block, device, compile_model)
             timings[p.name] = timing
+            warm.add(p.name)
             longest = max(longest, time.monotonic() - timed_at)
             atomic_write_json(plan_path, report)  # a lease stopped while timing keeps what it measured
             log(f"timing {p.name}: {timing['seconds_per_step'] * 1000:.1f} ms a step, set-up "
@@ -1115,6 +1121,8 @@ def run(options: Options) -> int:
         name = f"{p.name}{' ' + task if task else ''} seed {seed}"
         elapsed = time.monotonic() - started
         predicted = estimate.get((p.name, task), max(estimate.values(), default=0.0))
+        if p.name not in warm and p.name in timings:  # its first run here builds and compiles it cold
+            predicted += max(0.0, timings[p.name]["first_setup_seconds"] - timings[p.name]["setup_seconds"])
         if elapsed + predicted + 5 > options.deadline:
             report["not_started"] = [f"{q.name}{' ' + t if t else ''} seed {s}" for q, s, t in todo[index:]]
             log(f"deadline: {elapsed:.0f} s gone, {name} is predicted at {predicted:.0f} s; "
@@ -1123,12 +1131,13 @@ def run(options: Options) -> int:
         log(f"run {name}")
         report["started_runs"].append(name)
         try:
+            compiles = compile_model and timings.get(p.name, {}).get("compiled", True)  # not one that failed
             if corpus is not None:
                 result = train_and_evaluate(p, seed, cast(Settings, settings), steps, tokenizer, corpus,
-                                            device, compile_model)
+                                            device, compiles)
             else:
                 result = train_and_evaluate_task(p, seed, str(task), cast(TaskSettings, settings), steps,
-                                                 device, compile_model)
+                                                 device, compiles)
         except Exception as error:  # noqa: BLE001 - recorded; the next run goes on
             failed += 1
             report["failed_runs"].append({"run": name, "error": "".join(
@@ -1137,7 +1146,15 @@ def run(options: Options) -> int:
             free_memory(device)
             atomic_write_json(plan_path, report)
             continue
+        warm.add(p.name)
         estimate[(p.name, task)] = max(estimate.get((p.name, task), 0.0), result["seconds"])
+        if not math.isfinite(result["final_train_loss"]):  # diverged: not a result, the next lease redoes it
+            failed += 1
+            report["failed_runs"].append({"run": name, "error": f"diverged: final training loss "
+                                                                f"{result['final_train_loss']}"})
+            log(f"run {name} diverged (final training loss {result['final_train_loss']}); not recorded")
+            atomic_write_json(plan_path, report)
+            continue
         record = {"fingerprint": run_fingerprint(p, seed, settings, steps, info, task),
                   "base_fingerprint": base, "part": part, **({"task": task} if task else {}),
                   "variant": p.name, "seed": seed, "model_type": p.variant.model_type, "steps": steps,
@@ -1216,6 +1233,8 @@ def verdict(runs: Sequence[dict[str, Any]], a: str, b: str, length: int,
     margin = MARGIN if key == "loss" else TASK_MARGIN
     if not diffs:
         return "not run", diffs
+    if not all(math.isfinite(d) for d in diffs):
+        return "not resolved (a loss is not finite)", diffs
     if len(diffs) < MIN_SEEDS:
         return f"not resolved ({len(diffs)} of {MIN_SEEDS} seeds)", diffs
     mean = sum(diffs) / len(diffs)
@@ -1228,14 +1247,15 @@ def verdict(runs: Sequence[dict[str, Any]], a: str, b: str, length: int,
 
 
 def publishable(runs: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
-    """The runs of the newest base fingerprint (never mixed with others), and a note on the rest."""
+    """The runs of the newest base fingerprint and step count (never mixed with others: a seed's run of one
+    would replace another's), and a note on the rest."""
     if not runs:
         return [], ""
-    newest = runs[-1]["base_fingerprint"]
-    kept = [run for run in runs if run["base_fingerprint"] == newest]
+    newest = runs[-1]["base_fingerprint"], runs[-1]["steps"]
+    kept = [run for run in runs if (run["base_fingerprint"], run["steps"]) == newest]
     other = len(runs) - len(kept)
-    note = (f"{other} run(s) of other settings or another corpus are left out: runs with different "
-            "fingerprints are never mixed.") if other else ""
+    note = (f"{other} run(s) of other settings, another corpus or another step count are left out: runs "
+            "with different fingerprints or step counts are never mixed.") if other else ""
     return kept, note
 
 
@@ -1431,6 +1451,53 @@ def publish(runs_paths: Sequence[Path], out: Path | None, part: int = 1) -> str:
     return text
 
 
+TIMING_FILES = {1: "timing.json", 2: "retrieval-timing.json"}
+"""Per part, under the committed folder: each variant's timing from the newest lease that timed it, for one
+base fingerprint (corpus, tokenizer, settings) and GPU, so that a later lease on that GPU neither times it
+again (a lease spent timing trained nothing, and the next one timed again) nor predicts a run without it."""
+
+
+def since_command_start() -> float:
+    """Seconds since ``gpu_study.sh`` started (``GPU_STUDY_T0``, its ``date +%s``), which the lease's command
+    limit counts from, imports included; 0 without it."""
+    start = os.environ.get("GPU_STUDY_T0", "")
+    return max(0.0, time.time() - float(start)) if start.isdigit() else 0.0
+
+
+def committed_timings(committed: Path, part: int, base: str, gpu: str | None) -> dict[str, dict[str, Any]]:
+    """The committed timings of ``part`` (``TIMING_FILES``) if they are for ``base`` on ``gpu``, else none."""
+    path = committed / TIMING_FILES[part]
+    if gpu is None or not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if (data.get("base_fingerprint"), data.get("gpu")) != (base, gpu):
+        return {}
+    return dict(data.get("timing", {}))
+
+
+def absorb_timings(folder: Path, committed: Path = COMMITTED) -> int:
+    """The timings in a lease's plan files into ``TIMING_FILES`` (those of the same base fingerprint and GPU
+    kept beside them, others replaced); returns how many variants' timings were new."""
+    added = 0
+    for part, files in FILES.items():
+        plan = folder / files.plan
+        if not plan.is_file():
+            continue
+        report = json.loads(plan.read_text(encoding="utf-8"))
+        gpu, timing = report.get("machine", {}).get("gpu"), report.get("timing") or {}
+        if report.get("dry_run") or gpu is None or not timing:
+            continue
+        kept = committed_timings(committed, part, report["base_fingerprint"], gpu)
+        new = [name for name in timing if kept.get(name) != timing[name]]
+        if new:
+            committed.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(committed / TIMING_FILES[part], {
+                "kind": "gpu_study_timing", "part": part, "base_fingerprint": report["base_fingerprint"],
+                "gpu": gpu, "timing": {**kept, **timing}})
+            added += len(new)
+    return added
+
+
 def absorb(folder: Path, committed: Path = COMMITTED) -> int:
     """Append the new runs of a lease's runs files (``gpu-study-runs.jsonl``, part 1, and
     ``gpu-study-retrieval-runs.jsonl``, part 2) to their part's file under ``committed`` (``runs.jsonl``,
@@ -1439,6 +1506,8 @@ def absorb(folder: Path, committed: Path = COMMITTED) -> int:
     sources = ([folder / FILES[part].runs for part in FILES if (folder / FILES[part].runs).is_file()]
                if folder.is_dir() else [folder] if folder.is_file() else [])
     if not sources:
+        if folder.is_dir() and any((folder / f.plan).is_file() for f in FILES.values()):
+            return 0  # a lease that only timed: its timings are absorb_timings'
         raise UsageError("absorb", f"no {' or '.join(f.runs for f in FILES.values())} in {str(folder)!r}")
     known = {run["fingerprint"] for run in read_runs([committed], None)}
     added = 0
@@ -1499,7 +1568,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                variants=tuple(args.variants) if args.variants else None, compile=args.compile,
                                retime=args.retime, steps=args.steps, part=part))
         if args.command == "absorb":
-            log(f"{absorb(args.folder)} new run(s) added under {COMMITTED}")
+            runs = absorb(args.folder)
+            log(f"{runs} new run(s) and {absorb_timings(args.folder)} new variant timing(s) added under "
+                f"{COMMITTED}")
             return 0
         if args.command == "publish":
             if args.out is not None and args.out.exists() and not args.out.is_dir():

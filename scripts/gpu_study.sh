@@ -16,6 +16,7 @@
 # part 2 the same with gpu-study-retrieval instead of gpu-study (…-retrieval-accuracy.png).
 # After a lease, here: python scripts/gpu_study.py absorb DIR, then commit docs/results/gpu-study/*.jsonl.
 set -euo pipefail
+export GPU_STUDY_T0="${GPU_STUDY_T0:-$(date +%s)}"  # the deadline counts from here, as the lease's limit does
 
 DRY_RUN=0
 PART=1

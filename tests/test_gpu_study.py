@@ -238,3 +238,67 @@ def test_absorb_refuses_dry_runs_and_adds_new_runs_once(tmp_path: Path) -> None:
     driver.append_run(lease / driver.RUNS_FILE, {**record, "fingerprint": "f2", "dry_run": True})
     with pytest.raises(driver.UsageError, match="dry-run"):
         driver.absorb(lease, committed)
+
+
+def test_a_loss_that_is_not_finite_resolves_nothing() -> None:
+    runs = [{"seed": seed, "rows": [{"series": "a", "length": 512, "loss": la},
+                                    {"series": "b", "length": 512, "loss": 1.5}]}
+            for seed, la in enumerate([float("nan"), 1.0, 1.0])]
+    assert driver.verdict(runs, "a", "b", 512)[0] == "not resolved (a loss is not finite)"
+
+
+def test_runs_of_another_step_count_are_not_published_with_the_newest() -> None:
+    """A seed's run of one step count would replace another's in the tables (``series_losses``)."""
+    runs = [{"base_fingerprint": "b", "steps": 500, "seed": 0}, {"base_fingerprint": "b", "steps": 600,
+                                                                  "seed": 0},
+            {"base_fingerprint": "b", "steps": 600, "seed": 1}]
+    kept, note = driver.publishable(runs)
+    assert kept == runs[1:] and note.startswith("1 run(s) of other settings, another corpus or another step")
+
+
+def test_timings_travel_to_the_next_lease_on_the_same_gpu(tmp_path: Path) -> None:
+    """A lease that only timed the variants trained nothing; its timings are committed (``absorb``) so that the
+    next lease on that GPU does not time them again, and predicts its runs with them."""
+    lease, committed = tmp_path / "lease", tmp_path / "committed"
+    lease.mkdir()
+    timing = {"seconds_per_step": 0.05, "first_setup_seconds": 30.0, "setup_seconds": 2.0,
+              "eval_forward_seconds": 0.1, "compiled": True, "compile_error": None}
+    plan = {"dry_run": False, "base_fingerprint": "b1", "machine": {"gpu": "NVIDIA H200"},
+            "timing": {"llama": timing}}
+    (lease / driver.PLAN_FILE).write_text(json.dumps(plan))
+    assert driver.absorb(lease, committed) == 0  # no runs: not an error
+    assert driver.absorb_timings(lease, committed) == 1
+    assert driver.absorb_timings(lease, committed) == 0
+    assert driver.committed_timings(committed, 1, "b1", "NVIDIA H200") == {"llama": timing}
+    assert driver.committed_timings(committed, 1, "b1", "NVIDIA H100 80GB HBM3") == {}  # another GPU
+    assert driver.committed_timings(committed, 1, "b2", "NVIDIA H200") == {}  # another corpus or settings
+    assert driver.committed_timings(committed, 1, "b1", None) == {}  # the CPU: time again
+    assert driver.committed_timings(committed, 2, "b1", "NVIDIA H200") == {}
+    plan["timing"] = {"gau_flash": {**timing, "compiled": False}}
+    (lease / driver.PLAN_FILE).write_text(json.dumps(plan))
+    assert driver.absorb_timings(lease, committed) == 1
+    assert set(driver.committed_timings(committed, 1, "b1", "NVIDIA H200")) == {"llama", "gau_flash"}
+    (lease / driver.PLAN_FILE).write_text(json.dumps({**plan, "dry_run": True}))
+    assert driver.absorb_timings(lease, committed) == 0
+
+
+def test_the_deadline_counts_from_the_commands_start(monkeypatch) -> None:
+    monkeypatch.setenv("GPU_STUDY_T0", str(int(driver.time.time()) - 20))
+    assert 19 <= driver.since_command_start() <= 22
+    monkeypatch.setenv("GPU_STUDY_T0", "soon")
+    assert driver.since_command_start() == 0.0
+
+
+def test_a_diverged_run_is_a_failure_not_a_result(tmp_path: Path, monkeypatch) -> None:
+    """A run whose training loss is not finite is not recorded (nor absorbed, nor published): the next lease
+    trains it again."""
+    def diverged(*args, **kwargs):
+        return {"train_seconds": 1.0, "seconds": 1.0, "compiled": False, "compile_error": None,
+                "final_train_loss": float("nan"), "loss_curve": []}
+
+    monkeypatch.setattr(driver, "train_and_evaluate", diverged)
+    out = tmp_path / "out"
+    assert driver.main(["run", "--dry-run", "--out", str(out), "--variants", "llama", "--steps", "2"]) == 1
+    assert not (out / driver.RUNS_FILE).exists()
+    plan = json.loads((out / driver.PLAN_FILE).read_text())
+    assert plan["failed_runs"] == [{"run": "llama seed 0", "error": "diverged: final training loss nan"}]
