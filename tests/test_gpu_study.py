@@ -257,8 +257,8 @@ def test_runs_of_another_step_count_are_not_published_with_the_newest() -> None:
 
 
 def test_timings_travel_to_the_next_lease_on_the_same_gpu(tmp_path: Path) -> None:
-    """A lease that only timed the variants trained nothing; its timings are committed (``absorb``) so that the
-    next lease on that GPU does not time them again, and predicts its runs with them."""
+    """A lease that only timed the variants trained nothing; its timings are committed (``absorb``) so that
+    the next lease on that GPU does not time them again, and predicts its runs with them."""
     lease, committed = tmp_path / "lease", tmp_path / "committed"
     lease.mkdir()
     timing = {"seconds_per_step": 0.05, "first_setup_seconds": 30.0, "setup_seconds": 2.0,
