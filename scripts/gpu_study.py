@@ -1048,8 +1048,10 @@ def run(options: Options) -> int:
                       "description": p.variant.description,
                       "fields": p.fields, "parameters": p.parameters} for p in planned],
     }
-    gpu = machine().get("gpu") if cuda else None
-    timings = {} if options.retime else committed_timings(options.committed, part, base, gpu)
+    gpu = machine().get("gpu")  # None on a CPU: nothing committed is reused there
+    carried = {} if options.retime else committed_timings(options.committed, part, base, gpu)
+    timings = {p.name: carried[p.name] for p in planned
+               if p.name in carried and carried[p.name].get("timed_as") == timed_as(p, compile_model)}
     report["timing_committed"] = sorted(timings)  # timed by an earlier lease on this GPU, not again
     report["timing"] = timings  # filled as each variant is timed
     warm: set[str] = set()  # variants built (and compiled) in this process
@@ -1072,7 +1074,7 @@ def run(options: Options) -> int:
             timed_at = time.monotonic()
             data, block = timing_data(settings, corpus)
             timing = time_variant(p, settings, tokenizer, data, block, device, compile_model)
-            timings[p.name] = timing
+            timings[p.name] = {**timing, "timed_as": timed_as(p, compile_model)}
             warm.add(p.name)
             longest = max(longest, time.monotonic() - timed_at)
             atomic_write_json(plan_path, report)  # a lease stopped while timing keeps what it measured
@@ -1131,7 +1133,7 @@ def run(options: Options) -> int:
         log(f"run {name}")
         report["started_runs"].append(name)
         try:
-            compiles = compile_model and timings.get(p.name, {}).get("compiled", True)  # not one that failed
+            compiles = compile_model and timings.get(p.name, {}).get("compile_error") is None  # not again
             if corpus is not None:
                 result = train_and_evaluate(p, seed, cast(Settings, settings), steps, tokenizer, corpus,
                                             device, compiles)
@@ -1148,19 +1150,18 @@ def run(options: Options) -> int:
             continue
         warm.add(p.name)
         estimate[(p.name, task)] = max(estimate.get((p.name, task), 0.0), result["seconds"])
-        if not math.isfinite(result["final_train_loss"]):  # diverged: not a result, the next lease redoes it
-            failed += 1
-            report["failed_runs"].append({"run": name, "error": f"diverged: final training loss "
-                                                                f"{result['final_train_loss']}"})
-            log(f"run {name} diverged (final training loss {result['final_train_loss']}); not recorded")
-            atomic_write_json(plan_path, report)
-            continue
+        diverged = not math.isfinite(result["final_train_loss"])  # seeded: a rerun diverges again
+        if diverged:
+            report.setdefault("diverged_runs", []).append(name)
+            log(f"run {name} diverged (final training loss {result['final_train_loss']}): recorded as "
+                "diverged, its verdicts not resolved")
         record = {"fingerprint": run_fingerprint(p, seed, settings, steps, info, task),
                   "base_fingerprint": base, "part": part, **({"task": task} if task else {}),
                   "variant": p.name, "seed": seed, "model_type": p.variant.model_type, "steps": steps,
                   "tokens": tokens[task], "parameters": p.parameters, "fields": p.fields,
                   "settings": asdict(settings), "corpus": info, "dry_run": options.dry_run,
-                  "machine": report["machine"], "date": time.strftime("%Y-%m-%d"), **result}
+                  "machine": report["machine"], "date": time.strftime("%Y-%m-%d"),
+                  **({"diverged": True} if diverged else {}), **result}
         append_run(runs_path, record)
         report["finished_runs"].append(name)
         atomic_write_json(plan_path, report)
@@ -1308,7 +1309,14 @@ def results_start(runs: Sequence[dict[str, Any]],
                   part: int) -> tuple[list[str], list[dict[str, Any]], str]:
     """The results' title, the runs to publish and the note on the others (``publishable``)."""
     title = ["part 1", "part 2: retrieval"][part - 1]
-    return [f"# The length-generalisation study at L = 512 (issue 49), {title}", ""], *publishable(runs)
+    kept, note = publishable(runs)
+    diverged = [f"`{run['variant']}`{' ' + run['task'] if run.get('task') else ''} seed {run['seed']}"
+                for run in kept if run.get("diverged")]
+    if diverged:
+        note = (note + " " if note else "") + (f"Diverged (training loss not finite; recorded, so not "
+                                               f"retrained, and every verdict it enters is not resolved): "
+                                               f"{', '.join(diverged)}.")
+    return [f"# The length-generalisation study at L = 512 (issue 49), {title}", ""], kept, note
 
 
 def study_lengths(settings: dict[str, Any]) -> tuple[int, list[int], int]:
@@ -1452,9 +1460,21 @@ def publish(runs_paths: Sequence[Path], out: Path | None, part: int = 1) -> str:
 
 
 TIMING_FILES = {1: "timing.json", 2: "retrieval-timing.json"}
-"""Per part, under the committed folder: each variant's timing from the newest lease that timed it, for one
-base fingerprint (corpus, tokenizer, settings) and GPU, so that a later lease on that GPU neither times it
-again (a lease spent timing trained nothing, and the next one timed again) nor predicts a run without it."""
+"""Per part, under the committed folder: each variant's timing from the lease absorbed last that timed it,
+for one base fingerprint (corpus, tokenizer, settings) and GPU (and, per timing, ``timed_as``), so that a
+later lease on that GPU neither times it again (a lease spent timing trained nothing, and the next one timed
+again) nor predicts a run without it."""
+
+
+def timed_as(planned: Planned, compile_model: bool) -> dict[str, Any]:
+    """What a timing holds for, beside its base fingerprint and GPU: the variant's config fields, whether it
+    was compiled, and the torch and package versions (a timing of other code or another mode is not
+    reused)."""
+    from hf_attn_variants.models.version import __version__
+
+    mode = {"fields": planned.fields, "compile": compile_model, "torch": torch.__version__,
+            "hf_attn_variants": __version__}
+    return json.loads(json.dumps(mode, default=str))
 
 
 def since_command_start() -> float:

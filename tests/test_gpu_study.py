@@ -289,16 +289,43 @@ def test_the_deadline_counts_from_the_commands_start(monkeypatch) -> None:
     assert driver.since_command_start() == 0.0
 
 
-def test_a_diverged_run_is_a_failure_not_a_result(tmp_path: Path, monkeypatch) -> None:
-    """A run whose training loss is not finite is not recorded (nor absorbed, nor published): the next lease
-    trains it again."""
+def test_a_diverged_run_is_recorded_as_diverged(tmp_path: Path, monkeypatch) -> None:
+    """A run whose training loss is not finite is recorded, marked: seeded, it would diverge again in every
+    lease. Its verdicts are not resolved, and the published results name it."""
+    real = driver.train_and_evaluate
+
     def diverged(*args, **kwargs):
-        return {"train_seconds": 1.0, "seconds": 1.0, "compiled": False, "compile_error": None,
-                "final_train_loss": float("nan"), "loss_curve": []}
+        return {**real(*args, **kwargs), "final_train_loss": float("nan")}
 
     monkeypatch.setattr(driver, "train_and_evaluate", diverged)
     out = tmp_path / "out"
-    assert driver.main(["run", "--dry-run", "--out", str(out), "--variants", "llama", "--steps", "2"]) == 1
-    assert not (out / driver.RUNS_FILE).exists()
-    plan = json.loads((out / driver.PLAN_FILE).read_text())
-    assert plan["failed_runs"] == [{"run": "llama seed 0", "error": "diverged: final training loss nan"}]
+    assert driver.main(["run", "--dry-run", "--out", str(out), "--variants", "llama", "--steps", "2"]) == 0
+    (run,) = driver.read_runs([out / driver.RUNS_FILE])
+    assert run["diverged"] is True
+    assert json.loads((out / driver.PLAN_FILE).read_text())["diverged_runs"] == ["llama seed 0"]
+    _, kept, note = driver.results_start([run], 1)
+    assert kept == [run] and "Diverged (training loss not finite; recorded, so not retrained" in note
+    assert note.endswith("`llama` seed 0.")
+
+
+def test_a_later_lease_times_only_what_it_has_no_timing_of(tmp_path: Path, monkeypatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """On the same GPU, corpus and settings, the committed timings are reused: a variant is timed again only
+    when its timing is of another config, compile mode, torch or package version (``timed_as``)."""
+    monkeypatch.setattr(driver, "machine", lambda: {"gpu": "NVIDIA H200 (test)"})
+    committed, first = tmp_path / "committed", tmp_path / "first"
+    argv = ["run", "--dry-run", "--variants", "llama", "gau_flash", "--committed", str(committed)]
+    assert driver.main([*argv, "--out", str(first)]) == 0
+    timed = [line for line in capsys.readouterr().out.splitlines() if "gpu-study: timing " in line]
+    assert len(timed) == 2, timed
+    plan = json.loads((first / driver.PLAN_FILE).read_text())
+    (first / driver.PLAN_FILE).write_text(json.dumps({**plan, "dry_run": False}))  # as a lease's would be
+    assert driver.absorb_timings(first, committed) == 2
+    stored = json.loads((committed / "timing.json").read_text())
+    stored["timing"]["gau_flash"]["timed_as"]["torch"] = "0.0"  # timed with another torch
+    (committed / "timing.json").write_text(json.dumps(stored))
+    assert driver.main([*argv, "--out", str(tmp_path / "second")]) == 0
+    timed = [line for line in capsys.readouterr().out.splitlines() if "gpu-study: timing " in line]
+    assert [line.split(":")[1].split()[1] for line in timed] == ["gau_flash"], timed
+    plan = json.loads((tmp_path / "second" / driver.PLAN_FILE).read_text())
+    assert plan["timing_committed"] == ["llama"] and set(plan["timing"]) == {"llama", "gau_flash"}

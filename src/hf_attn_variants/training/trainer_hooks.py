@@ -136,7 +136,7 @@ class CheckpointGuard(TrainerCallback):
 class LogLines(TrainerCallback):
     """Under ``--disable_tqdm``, each of ``Trainer``'s logs as one line instead of a raw dict.
 
-    ``finetune step 20 of 60 (epoch 1.00): loss 0.6931, grad_norm 1.23, learning_rate 4e-05`` replaces the
+    ``finetune step 20 of 60 (epoch 1.00): loss 0.6931, grad_norm 1.234, learning_rate 4e-05`` replaces the
     ``PrinterCallback``'s dicts; timings and ``total_flos`` are left out (the end summary says how long it
     took)."""
 
