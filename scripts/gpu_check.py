@@ -1036,7 +1036,7 @@ def peers_stage(args: argparse.Namespace) -> int:
     bf16, fwd+bwd with the same chunked loss (``bench/side_by_side.py``); a dry run's tiny models in float32
     on CPU. A row the budget cannot hold is recorded as skipped; status 1 when a row failed (out of memory, a
     peer not installed)."""
-    from hf_attn_variants.bench.side_by_side import GPU_SHAPE, SMOKE_SHAPE, run_side_by_side
+    from hf_attn_variants.bench.side_by_side import BUDGET_REASON, GPU_SHAPE, SMOKE_SHAPE, run_side_by_side
 
     budget = Budget(args.budget)
     device = stage_device(args, "peers")
@@ -1057,7 +1057,7 @@ def peers_stage(args: argparse.Namespace) -> int:
                            torch.float32 if args.dry_run else torch.bfloat16, peak_tflops=peak,
                            peak_source=peak_source(args.peak_tflops, peak), fits=budget.fits,
                            on_row=lambda so_far: write(so_far, False), log=log)
-    path = write(run, not any(r["status"] == "skipped" for r in run.rows))
+    path = write(run, not any(r["status"] == "skipped" and r["reason"] == BUDGET_REASON for r in run.rows))
     failed = [f"{r['model']} {r['batch']}×{r['length']}: {r['reason']}" for r in run.rows
               if r["status"] == "failed"]
     log(f"peers: {len(run.rows)} rows, {len(failed)} failed → {path}")

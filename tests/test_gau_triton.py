@@ -225,7 +225,13 @@ def test_under_autocast_the_triton_kernels_take_one_dtype(monkeypatch) -> None:
         inputs = [x.detach() for x in flash_inputs(1, 20)]
         inputs[4] = inputs[4].to(torch.bfloat16)  # mixed: autocast casts them, as for a matmul
         flash_mixed_chunk_attention(*inputs, chunk_size=8, causal=True, implementation="triton")
-    assert seen == [{torch.bfloat16}, {torch.bfloat16}]
+        # an open chunk kept outside autocast (float32) joins the new tokens in autocast's dtype too
+        opened = gau_kernels.FlashState(None, torch.randn(1, 3, 32), torch.randn(1, 3, 24))
+        flash_mixed_chunk_attention(*inputs, chunk_size=8, causal=True, implementation="triton",
+                                    initial_state=opened)
+        numerator, _ = flash_mixed_chunk_attention(*inputs, chunk_size=8, causal=True, implementation="chunk",
+                                                   initial_state=opened)
+    assert seen == [{torch.bfloat16}] * 3 and numerator.dtype == torch.bfloat16
 
 
 def test_the_triton_kernels_refuse_float64_on_a_gpu() -> None:

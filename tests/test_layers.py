@@ -232,8 +232,12 @@ def test_pruned_heads_take_numpy_and_tensor_integers() -> None:
 
     heads = {"1": [np.int64(2), torch.tensor(0)], np.int64(0): (3,)}
     assert normalize_pruned_heads(heads, num_layers=2, num_heads=4) == {0: [3], 1: [0, 2]}
-    with pytest.raises(TypeError, match="only integer tensors"):
-        normalize_pruned_heads({0: [torch.tensor(0.5)]}, num_layers=2, num_heads=4)
+    for bad in (torch.tensor(0.5), torch.tensor(True), np.bool_(True), np.array([1]), torch.tensor([1, 2])):
+        with pytest.raises(ValueError, match="must be a list of integer indices"):
+            normalize_pruned_heads({0: [bad]}, num_layers=2, num_heads=4)
+        if not isinstance(bad, np.ndarray):  # an array cannot be a dict key
+            with pytest.raises(ValueError, match="keys must be layer indices"):
+                normalize_pruned_heads({bad: [0]}, num_layers=2, num_heads=4)
 
 
 @pytest.mark.parametrize("family", ["entropy_invariant", "gau", "synthesizer"])

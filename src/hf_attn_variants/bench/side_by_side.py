@@ -303,28 +303,37 @@ def measure_row(name: str, shape: SideBySideShape, batch: int, length: int, devi
     return row
 
 
+BUDGET_REASON = "the stage's time budget would be exceeded"
+"""The reason of a row ``run_side_by_side`` skipped for its caller's budget."""
+
+
 def run_side_by_side(shape: SideBySideShape, device: str, dtype: torch.dtype, *,
                      peak_tflops: float | None = None, peak_source: str = "",
                      fits: Callable[[float], bool] | None = None,
                      on_row: Callable[[SideBySideRun], None] | None = None,
                      log: Callable[[str], None] = print) -> SideBySideRun:
     """Every (batch, n) of ``shape.rows`` × ``MODELS``. ``fits(seconds)``: whether a row predicted to take
-    that long still fits the caller's budget (the prediction: the slowest row so far, a model's first row,
-    which compiles its kernels, left out); a row that does not is recorded as skipped. ``on_row(run)`` after
-    every row (the GPU check writes its file there)."""
+    that long still fits the caller's budget (the prediction: the slowest row so far that was not a model's
+    first, which compiles its kernels; before there is one, the slowest first row); a row that does not is
+    recorded as skipped, with ``BUDGET_REASON``. ``on_row(run)`` after every row (the GPU check writes its
+    file there)."""
     run = SideBySideRun(settings_of(shape, device, dtype, peak_tflops, peak_source), {}, [])
-    slowest, measured = 0.0, set()  # a model's first row (compiling its kernels) predicts nothing
+    slowest, first_rows, measured = 0.0, 0.0, set()  # a model's first row compiles its kernels
     for batch, length in shape.rows:
         for name in MODELS:
-            if fits is not None and slowest and not fits(slowest):
+            predicted = slowest or first_rows  # first rows only until a model has a second one
+            if fits is not None and predicted and not fits(predicted):
                 run.rows.append({"model": name, "gau_kernel": GAU_KERNELS.get(name), "batch": batch,
                                  "length": length, "tokens": batch * length, "status": "skipped",
-                                 "reason": "the stage's time budget would be exceeded"})
+                                 "reason": BUDGET_REASON})
                 continue
             started = time.monotonic()
             row = measure_row(name, shape, batch, length, device, dtype, peak_tflops, run)
+            took = time.monotonic() - started
             if name in measured:
-                slowest = max(slowest, time.monotonic() - started)
+                slowest = max(slowest, took)
+            else:
+                first_rows = max(first_rows, took)
             measured.add(name)
             run.rows.append(row)
             log(f"side by side {batch}×{length} {name}: " + (
@@ -336,5 +345,6 @@ def run_side_by_side(shape: SideBySideShape, device: str, dtype: torch.dtype, *,
     return run
 
 
-__all__ = ["GPU_SHAPE", "MODELS", "SMOKE_SHAPE", "TARGETS", "SideBySideRun", "SideBySideShape",
-           "build_side", "llama_intermediate", "parameter_counts", "run_side_by_side", "step_flops"]
+__all__ = ["BUDGET_REASON", "GPU_SHAPE", "MODELS", "SMOKE_SHAPE", "TARGETS", "SideBySideRun",
+           "SideBySideShape", "build_side", "llama_intermediate", "parameter_counts", "run_side_by_side",
+           "step_flops"]

@@ -406,6 +406,22 @@ def check_flash_arguments(
                          f"chunk), got {list(segments.shape)}.")
 
 
+def autocast_inputs(tensors: list[torch.Tensor], state: FlashState) -> tuple[list[torch.Tensor], FlashState]:
+    """The op's inputs and open chunk in autocast's dtype on their device, as autocast casts a matmul's.
+
+    Args:
+        tensors (list[torch.Tensor]): q, k, q', k', v, each ``[B, T, ·]``.
+        state (FlashState): the state before these tokens (its open chunk may be kept outside autocast).
+
+    Returns:
+        tuple[list[torch.Tensor], FlashState]: the same, cast (the linear state stays float32).
+    """
+    dtype = torch.get_autocast_dtype(tensors[0].device.type)
+    if state.keys is not None and state.values is not None:
+        state = FlashState(state.linear, state.keys.to(dtype), state.values.to(dtype))
+    return [x.to(dtype) for x in tensors], state
+
+
 def flash_mixed_chunk_attention(
     quad_q: torch.Tensor,
     quad_k: torch.Tensor,
@@ -451,17 +467,18 @@ def flash_mixed_chunk_attention(
         implementation (str): one of ``FLASH_IMPLEMENTATIONS``.
 
     Returns:
-        tuple[torch.Tensor, FlashState]: ``numerator`` ``[B, T, E]`` in ``value``'s dtype and the
-        ``FlashState`` after the tokens: Σ k'ᵀv over the closed chunks (bidirectional: over every key;
-        meaningless for packed rows) and, causal, the new open chunk.
+        tuple[torch.Tensor, FlashState]: ``numerator`` ``[B, T, E]`` in ``value``'s dtype (under autocast in
+        autocast's, to which the five inputs are cast, as for a matmul) and the ``FlashState`` after the
+        tokens: Σ k'ᵀv over the closed chunks (bidirectional: over every key; meaningless for packed rows)
+        and, causal, the new open chunk.
     """
     check_flash_arguments(quad_q, quad_k, lin_q, lin_k, value, chunk_size, key_mask, segments, initial_state,
                           dropout, training, implementation)
-    if torch.is_autocast_enabled(value.device.type):  # one dtype, autocast's, as for a matmul
-        dtype = torch.get_autocast_dtype(value.device.type)
-        quad_q, quad_k, lin_q, lin_k, value = (x.to(dtype) for x in (quad_q, quad_k, lin_q, lin_k, value))
-    length = quad_q.shape[1]
     state = initial_state or FlashState(None)
+    if torch.is_autocast_enabled(value.device.type):
+        (quad_q, quad_k, lin_q, lin_k, value), state = autocast_inputs([quad_q, quad_k, lin_q, lin_k, value],
+                                                                       state)
+    length = quad_q.shape[1]
     opened = 0 if state.keys is None else state.keys.shape[1]
     valid = None if key_mask is None else key_mask[:, key_mask.shape[1] - opened - length:].bool()
     if valid is not None:
@@ -1065,6 +1082,7 @@ __all__ = [
     "FlashTritonAttention",
     "Relu2Attention",
     "SoftmaxAttention",
+    "autocast_inputs",
     "flash_decode_step",
     "flash_effective_weights",
     "chunk_states",

@@ -761,8 +761,14 @@ def check_head_indices(
 
 
 def is_index(value: Any) -> bool:
-    """Whether ``value`` is an integer index: an int, NumPy integer or one-element tensor; not a bool."""
-    return not isinstance(value, bool) and hasattr(value, "__index__")
+    """Whether ``value`` is an integer index: an int, NumPy integer or one-element integer tensor; no bool."""
+    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
 
 
 def normalize_pruned_heads(
