@@ -237,9 +237,9 @@ def measure_model(model: torch.nn.Module, name: str, batches: Sequence[int], con
                   sdpa_backends: Sequence[SDPBackend] | None = None) -> list[dict[str, Any]]:
     """One row per batch × context (``time_generate``) after one short warm-up generation; rows carry the
     model's parameter count without embeddings and the cache (``"dynamic"`` for the default). A static
-    cache's warm-up generates all ``new_tokens`` at the shortest context: Transformers sizes that cache for the
-    longest generation so far, and a shorter warm-up made the timed one grow it and compile the model again
-    (the GPU check's static rows take that one batch and context; a longer context still grows it)."""
+    cache's warm-up generates all ``new_tokens`` at the shortest context: Transformers sizes that cache for
+    the longest generation so far, and a shorter warm-up made the timed one grow it and compile the model
+    again (the GPU check's static rows take that one batch and context; a longer context still grows it)."""
     parameters = model.num_parameters(exclude_embeddings=True)
     cache = cache_implementation or "dynamic"
     time_generate(model, 1, min(contexts), new_tokens if cache == "static" else 4,
