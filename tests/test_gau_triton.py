@@ -205,9 +205,9 @@ def test_the_op_refuses_inputs_of_mixed_dtypes_outside_autocast(implementation: 
 def test_under_autocast_the_triton_kernels_take_one_dtype(monkeypatch) -> None:
     """Under bf16 autocast with float32 weights, ``in_proj`` gives bf16 and RoPE's angles are float32: q, k,
     q', k' once reached the kernels in float32 beside a bf16 v, which the GPU compiler refuses ("Both
-    operands must be same dtype"). The unit rotates in its own dtype and the op casts to autocast's, so all
-    five arrive in bf16. (Triton's interpreter multiplies bf16 wrongly, so the kernels are replaced by a spy
-    here; tests/test_cuda.py compares the values on a GPU.)"""
+    operands must be same dtype"). The unit casts rotated q, k back to its dtype and the op casts to
+    autocast's, so all five arrive in bf16. (Triton's interpreter multiplies bf16 wrongly, so the kernels are
+    replaced by a spy here; tests/test_cuda.py compares the values on a GPU.)"""
     seen = []
 
     def spy(quad_q, quad_k, lin_q, lin_k, value, mask, segments, initial, chunk_size, causal):

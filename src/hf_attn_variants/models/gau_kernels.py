@@ -352,6 +352,23 @@ def state_product(queries: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
     return torch.matmul(queries, (states / scales).to(queries.dtype)) * scales.to(queries.dtype)
 
 
+AUTOCAST_DEVICES = ("cpu", "cuda")
+"""Where the op follows autocast (``torch.is_autocast_enabled`` raises for a memory trace's meta device)."""
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """Autocast's dtype on ``device`` while it is on there (``AUTOCAST_DEVICES``), else ``None``.
+
+    Args:
+        device (torch.device): where the op runs.
+
+    Returns:
+        torch.dtype | None: e.g. ``torch.bfloat16`` inside ``torch.autocast("cuda", dtype=torch.bfloat16)``.
+    """
+    on = device.type in AUTOCAST_DEVICES and torch.is_autocast_enabled(device.type)
+    return torch.get_autocast_dtype(device.type) if on else None
+
+
 def check_flash_arguments(
     quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, lin_k: torch.Tensor, value: torch.Tensor,
     chunk_size: int, key_mask: torch.Tensor | None, segments: torch.Tensor | None,
@@ -377,7 +394,7 @@ def check_flash_arguments(
         raise ValueError(f"quad_q must be a [B, T, S] floating tensor, got {quad_q.dim()} dims of "
                          f"{quad_q.dtype}.")
     batch, length, key_size = quad_q.shape
-    mixed = not torch.is_autocast_enabled(quad_q.device.type)  # autocast casts them to one dtype
+    mixed = quad_q.device.type in AUTOCAST_DEVICES and autocast_dtype(quad_q.device) is None  # else cast
     for name, tensor in (("quad_k", quad_k), ("lin_q", lin_q), ("lin_k", lin_k), ("value", value)):
         width = tensor.shape[-1] if name == "value" else key_size
         if (tensor.shape != (batch, length, width) or not tensor.is_floating_point()
@@ -406,17 +423,18 @@ def check_flash_arguments(
                          f"chunk), got {list(segments.shape)}.")
 
 
-def autocast_inputs(tensors: list[torch.Tensor], state: FlashState) -> tuple[list[torch.Tensor], FlashState]:
-    """The op's inputs and open chunk in autocast's dtype on their device, as autocast casts a matmul's.
+def autocast_inputs(tensors: list[torch.Tensor], state: FlashState,
+                    dtype: torch.dtype) -> tuple[list[torch.Tensor], FlashState]:
+    """The op's inputs and open chunk in autocast's ``dtype``, as autocast casts a matmul's.
 
     Args:
         tensors (list[torch.Tensor]): q, k, q', k', v, each ``[B, T, ·]``.
         state (FlashState): the state before these tokens (its open chunk may be kept outside autocast).
+        dtype (torch.dtype): autocast's (``autocast_dtype``).
 
     Returns:
         tuple[list[torch.Tensor], FlashState]: the same, cast (the linear state stays float32).
     """
-    dtype = torch.get_autocast_dtype(tensors[0].device.type)
     if state.keys is not None and state.values is not None:
         state = FlashState(state.linear, state.keys.to(dtype), state.values.to(dtype))
     return [x.to(dtype) for x in tensors], state
@@ -475,9 +493,9 @@ def flash_mixed_chunk_attention(
     check_flash_arguments(quad_q, quad_k, lin_q, lin_k, value, chunk_size, key_mask, segments, initial_state,
                           dropout, training, implementation)
     state = initial_state or FlashState(None)
-    if torch.is_autocast_enabled(value.device.type):
+    if (dtype := autocast_dtype(value.device)) is not None:  # one dtype, autocast's, as for a matmul
         (quad_q, quad_k, lin_q, lin_k, value), state = autocast_inputs([quad_q, quad_k, lin_q, lin_k, value],
-                                                                       state)
+                                                                       state, dtype)
     length = quad_q.shape[1]
     opened = 0 if state.keys is None else state.keys.shape[1]
     valid = None if key_mask is None else key_mask[:, key_mask.shape[1] - opened - length:].bool()
@@ -1082,6 +1100,8 @@ __all__ = [
     "FlashTritonAttention",
     "Relu2Attention",
     "SoftmaxAttention",
+    "AUTOCAST_DEVICES",
+    "autocast_dtype",
     "autocast_inputs",
     "flash_decode_step",
     "flash_effective_weights",

@@ -890,8 +890,8 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         share = self.tp_slice(self.width)
         u, v = u[..., share], v[..., share]
         qk = (z.unsqueeze(2) * self.qk_scale.to(z.dtype) + self.qk_offset.to(z.dtype)).transpose(1, 2)
-        if position_embeddings is not None:  # in qk's dtype: under autocast, float32 angles made q, k float32
-            qk = apply_rotary(qk, *(angle.to(qk.dtype) for angle in position_embeddings))
+        if position_embeddings is not None:  # back to qk's dtype: autocast's float32 angles made it float32
+            qk = apply_rotary(qk, *position_embeddings).to(qk.dtype)
         return u, v, qk
 
 
