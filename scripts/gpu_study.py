@@ -568,7 +568,8 @@ class Trainer:
     def forward(self) -> Any:
         return self.compiled if self.compiled is not None else self.model
 
-    def step(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> float:
+    def step(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """One optimizer step; its loss, left on the device (reading it each step would wait for the GPU)."""
         for group in self.optimizer.param_groups:
             group["lr"] = self.rate(self.done)
         input_ids = input_ids.to(self.device.device, non_blocking=True)
@@ -580,7 +581,7 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.done += 1
-        return float(loss.detach())
+        return loss.detach()
 
 
 def new_trainer(planned: Planned, settings: ModelSettings, tokenizer: Any, device: Device, steps: int,
@@ -600,7 +601,7 @@ def new_trainer(planned: Planned, settings: ModelSettings, tokenizer: Any, devic
     return trainer
 
 
-def first_step(trainer: Trainer, batch: Batch) -> float:
+def first_step(trainer: Trainer, batch: Batch) -> torch.Tensor:
     """The first step, compiled if it compiles; a compile failure falls back to eager (recorded)."""
     if trainer.compiled is None:
         return trainer.step(*batch)
@@ -615,13 +616,13 @@ def first_step(trainer: Trainer, batch: Batch) -> float:
 
 
 def train_steps(trainer: Trainer, data: Iterator[Batch], steps: int) -> tuple[list[float], float]:
-    """``steps`` training steps (the first compiling); their losses and seconds."""
+    """``steps`` training steps (the first compiling); their losses (read once, at the end) and seconds."""
     started = time.perf_counter()
     losses = [first_step(trainer, next(data))]
     for _ in range(steps - 1):
         losses.append(trainer.step(*next(data)))
-    synchronize(trainer.device)
-    return losses, time.perf_counter() - started
+    values = torch.stack(losses).float().tolist()  # waits for the last step, as synchronize would
+    return values, time.perf_counter() - started
 
 
 def loss_summary(losses: Sequence[float]) -> dict[str, Any]:
