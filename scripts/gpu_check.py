@@ -948,6 +948,7 @@ def add_run(total: Any, part: Any) -> Any:
     known = {c.key for c in total.comparisons}
     total.comparisons += tuple(c for c in part.comparisons if c.key not in known)
     total.elapsed_s += part.elapsed_s
+    total.interrupted = part.interrupted or total.interrupted
     total.environment["load_average_end"] = part.environment.get("load_average_end")
     total.preset = replace(total.preset, lengths=tuple(sorted({*total.preset.lengths, *part.preset.lengths})))
     return total
@@ -973,9 +974,37 @@ def stage_device(args: argparse.Namespace, stage: str) -> str | None:
     return "cuda"
 
 
+TIME_LIMIT = "the stage's time limit (SIGTERM from gpu_check.sh's timeout)"
+"""What stopped a bench stage told to stop: ``BenchRun.interrupted`` names it."""
+
+
+def stop_at_sigterm(signum: int, frame: Any) -> None:
+    """The bench stage's SIGTERM handler: a ``KeyboardInterrupt`` naming ``TIME_LIMIT``, which
+    ``Runner.run_all`` answers by keeping the rows of the phases it finished (raised once: the shell's
+    ``--kill-after`` ends a stage that does not stop)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt(TIME_LIMIT)
+
+
 def bench_stage(args: argparse.Namespace) -> int:
     """benchmarks-gpu.json, rewritten after every length; a length the budget cannot hold is recorded as
-    skipped. Status 1 when a row failed (e.g. out of memory: the bench records it and goes on)."""
+    skipped. Status 1 when a row failed (e.g. out of memory: the bench records it and goes on). Told to stop
+    (the shell's ``timeout`` sends SIGTERM), it writes the rows of the phases it finished, the length in
+    progress included, with ``interrupted`` saying where it stopped, and exits 124: the first length, 64k,
+    holds every FLASH row that matters most."""
+    previous = signal.signal(signal.SIGTERM, stop_at_sigterm)
+    try:
+        return bench_lengths(args)
+    except KeyboardInterrupt as stop:  # between two lengths: the file holds every finished one
+        log(f"bench: stopped by {str(stop) or 'Ctrl-C'} between lengths; {args.out / 'benchmarks-gpu.json'} "
+            "holds every length finished before it")
+        return 124
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def bench_lengths(args: argparse.Namespace) -> int:
+    """``bench_stage``'s work: each part's lengths, each measured by a ``Runner`` of its own."""
     from hf_attn_variants.bench.runner import Runner
 
     budget = Budget(args.budget)
@@ -984,6 +1013,7 @@ def bench_stage(args: argparse.Namespace) -> int:
         return 2
     preset = bench_preset(args.dry_run)
     peak, total, command = peak_tflops(args.peak_tflops), None, command_line(args.dry_run)
+    stopped = False
     for index, part in enumerate(bench_parts(preset, args.dry_run, device)):
         # A comparison's first length runs whatever is left (a later one's only with LATER_PART_S of it): a
         # row it may get, and one cut off loses nothing, as every finished length is written at once.
@@ -1001,7 +1031,10 @@ def bench_stage(args: argparse.Namespace) -> int:
                             threads=1 if args.dry_run else None,
                             compile=False, count_flops=True, check_graph_breaks=False, peak_tflops=peak,
                             log=log)
-            run = runner.run_all()
+            try:
+                run = runner.run_all()
+            except KeyboardInterrupt:  # told to stop: the phases it finished, kept by the runner
+                run, stopped = runner.run, True
             del runner  # its models: the next length builds its own
             gc.collect()
             if device == "cuda":
@@ -1010,6 +1043,9 @@ def bench_stage(args: argparse.Namespace) -> int:
             total = add_run(total, run)
             guess = length_seconds(run, time.monotonic() - started, part.growth)
             write_json(args.out, "benchmarks-gpu", bench_results(total, False, budget, args.dry_run))
+            if stopped:
+                log(f"bench: {total.interrupted}; written to {args.out / 'benchmarks-gpu.json'}")
+                return 124
     skipped = any(r.status == "skipped" and r.reason.startswith(BUDGET_SKIP) for r in total.results)
     path = write_json(args.out, "benchmarks-gpu", bench_results(total, not skipped, budget, args.dry_run))
     failed = [f"{r.variant} n={r.length} {r.phase}: {r.reason}" for r in total.results

@@ -5,9 +5,12 @@ No timing assertions (the CI machine is shared)."""
 
 from __future__ import annotations
 
+import datetime
 import json
+import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -246,11 +249,29 @@ def test_ctrl_c_in_a_merge_keeps_the_committed_results(quick_run, tmp_path, monk
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "--quick", "--only", "ei_decoder_sdpa", "--merge", "--no-plots"]) == 130
     assert (tmp_path / "docs" / "results" / "benchmarks-cpu.json").read_text() == committed
-    kept = json.loads((tmp_path / "runs" / "bench" / "quick-interrupted" / "benchmarks.json").read_text())
+    (folder,) = (tmp_path / "runs" / "bench").iterdir()
+    assert re.fullmatch(r"quick-interrupted-\d{8}T\d{6}Z", folder.name), folder.name
+    kept = json.loads((folder / "benchmarks.json").read_text())
     assert {row["variant"] for row in kept["results"]} == {"llama_sdpa", "ei_decoder_sdpa"}
     err = capsys.readouterr().err
-    assert "runs/bench/quick-interrupted/benchmarks.json" in err
+    assert f"runs/bench/{folder.name}/benchmarks.json" in err
     assert "the committed results are unchanged" in err
+
+
+def test_each_interrupted_publish_keeps_its_rows_in_a_folder_of_its_own() -> None:
+    """Two stopped ``--publish`` runs of one preset: the later replaces nothing of the earlier."""
+    from hf_attn_variants.bench.cli import interrupted_files
+
+    bench_plan = SimpleNamespace(target="committed", output=None, preset=PRESETS["quick"])
+    first = datetime.datetime(2026, 11, 30, 3, 0, 5, tzinfo=datetime.timezone.utc)
+    later = first + datetime.timedelta(seconds=1)
+    assert interrupted_files(bench_plan, first) == (
+        Path("runs/bench/quick-interrupted-20261130T030005Z/benchmarks.json"),
+        Path("runs/bench/quick-interrupted-20261130T030005Z/benchmarks.md"))
+    assert interrupted_files(bench_plan, later)[0].parent != interrupted_files(bench_plan, first)[0].parent
+    own = SimpleNamespace(target="own", output=Path("mine/b.md"), json_path=Path("mine/b.json"),
+                          preset=PRESETS["quick"])
+    assert interrupted_files(own, first) == (Path("mine/b.json"), Path("mine/b.md"))
 
 
 def test_ctrl_c_before_any_row_writes_nothing(tmp_path, monkeypatch, capsys) -> None:

@@ -345,6 +345,37 @@ def test_the_bench_skips_what_its_budget_cannot_hold(tmp_path: Path) -> None:
     assert data["gpu_check"]["complete"] is False
 
 
+@needs_triton()  # the dry run's Triton rows run in Triton's interpreter
+def test_a_bench_stage_told_to_stop_keeps_the_phases_it_finished(tmp_path: Path) -> None:
+    """The shell's ``timeout`` sends SIGTERM during the first length (on the GPU, 64k: every FLASH row that
+    matters most): the stage writes the rows of the phases it finished, says what stopped it, and exits 124
+    inside the shell's ``--kill-after``, instead of losing the whole length."""
+    env = script_env(CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
+    process = subprocess.Popen([sys.executable, "scripts/gpu_check.py", "bench", "--out", str(tmp_path),
+                                "--budget", "300", "--dry-run"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in process.stdout:  # the first infer row: every train row of the first length is measured
+        seen.append(line)
+        if " infer n=" in line:
+            break
+    process.send_signal(signal.SIGTERM)
+    told = time.monotonic()
+    output = "".join(seen) + process.communicate(timeout=60)[0]
+    assert time.monotonic() - told < 10, output[-3000:]
+    assert process.returncode == 124, output[-3000:]
+    data = read(tmp_path, "benchmarks-gpu.json")
+    run = from_results(data)
+    first = max(r.length for r in run.results)
+    trained = {r.variant for r in run.results
+               if r.phase == "train" and r.length == first and r.status == "ok"}
+    assert trained == {"llama_equal_sdpa", "gau_flash_causal", "gau_flash_causal_torch",
+                       "gau_flash_causal_packed"}, output[-3000:]
+    assert run.interrupted.startswith("stopped by the stage's time limit (SIGTERM"), run.interrupted
+    assert data["gpu_check"]["complete"] is False
+    assert "stopped by the stage's time limit" in output
+
+
 def test_a_short_decoding_budget_costs_static_cache_rows_not_a_models_dynamic_rows(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every model's dynamic-cache rows and profile come first; the static cache's compiles, the expensive

@@ -20,6 +20,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import shlex
@@ -449,13 +450,15 @@ def _print_written(written: list[str], bench_plan: BenchPlan) -> None:
     print("wrote " + ", ".join(written) + ("" if bench_plan.target == "own" else f"; {RENDER_HINT}"))
 
 
-def interrupted_files(bench_plan: BenchPlan) -> tuple[Path, Path]:
-    """Where a run stopped by Ctrl-C keeps what it measured (results file, report): its own files, or for
-    ``--publish``/``--merge``, whose committed file takes only whole runs, a run of its own under
-    ``runs/bench/<preset>-interrupted/``."""
+def interrupted_files(bench_plan: BenchPlan, stopped: datetime.datetime) -> tuple[Path, Path]:
+    """Where a run stopped by Ctrl-C at ``stopped`` keeps what it measured (results file, report): its own
+    files, or for ``--publish``/``--merge``, whose committed file takes only whole runs, a run of its own
+    under ``runs/bench/<preset>-interrupted-<UTC time>/`` (a folder per stopped run: a later one replaces
+    nothing)."""
     if bench_plan.target == "own" and bench_plan.output is not None:
         return bench_plan.json_path, bench_plan.output
-    folder = Path(f"runs/bench/{bench_plan.preset.name}-interrupted")
+    stamp = stopped.astimezone(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    folder = Path(f"runs/bench/{bench_plan.preset.name}-interrupted-{stamp}")
     return folder / "benchmarks.json", folder / "benchmarks.md"
 
 
@@ -464,7 +467,7 @@ def _keep_interrupted(data: dict[str, Any], bench_plan: BenchPlan, args: argpars
     ``interrupted:`` line; returns ``INTERRUPTED_EXIT_CODE``. The committed results stay as they were."""
     from hf_attn_variants_cli import INTERRUPTED_EXIT_CODE
 
-    json_path, output = interrupted_files(bench_plan)
+    json_path, output = interrupted_files(bench_plan, datetime.datetime.now(datetime.timezone.utc))
     committed = "" if bench_plan.target == "own" else "; the committed results are unchanged"
     if not data["results"] and not data["graph_checks"]:
         fail("bench", f"{data['interrupted']}; nothing was measured, nothing written{committed}.",

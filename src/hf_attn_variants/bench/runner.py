@@ -299,7 +299,9 @@ class Runner:
     def run_all(self) -> BenchRun:
         """Measure everything. On Ctrl-C (``KeyboardInterrupt``, raised again) ``self.run`` keeps the rows of
         every finished phase, drops those of the phase it stopped in (its models were timed in rotated rounds,
-        so none of its rows is whole), and ``BenchRun.interrupted`` says where it stopped."""
+        so none of its rows is whole), and ``BenchRun.interrupted`` says where it stopped, and what stopped
+        it: the interrupt's message (a caller's signal handler may raise one, e.g. at a time limit), else
+        "Ctrl-C"."""
         start = time.perf_counter()
         stage = "the graph-break checks"
         kept = 0  # results of the finished phases
@@ -322,10 +324,11 @@ class Runner:
                 self._drop_per_length_models()
             stage = "the training loops"
             self._loops()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             dropped = len(self.run.results) - kept
             del self.run.results[kept:]
-            self.run.interrupted = (f"stopped by Ctrl-C during {stage}: {kept} rows of the phases before it "
+            cause = str(stop) or "Ctrl-C"
+            self.run.interrupted = (f"stopped by {cause} during {stage}: {kept} rows of the phases before it "
                                     f"are kept, {dropped} unfinished rows of that stage dropped")
             self.log(f"  {self.run.interrupted}")
             raise
