@@ -1185,11 +1185,52 @@ def log_profile(name: str, profile: dict[str, Any]) -> None:
 
 
 def decoding_stage(args: argparse.Namespace) -> int:
-    """decoding-gpu.json, rewritten after every model. First every model's dynamic-cache rows and a profile of
+    """decoding-gpu.json, rewritten after every row. First every model's dynamic-cache rows and a profile of
     a batch-1 ``generate`` (top kernels and operators, time per step); then, as the budget allows, the static
     cache's compiled rows, model by model (compiling is the stage's most expensive step, so a short budget
     costs static rows, never a model's dynamic rows). A model that fails (e.g. out of memory) is recorded and
-    the others still run (status 1); one the budget cannot hold is recorded as skipped."""
+    the others still run (status 1); one the budget cannot hold is recorded as skipped. Told to stop (the
+    shell's ``timeout`` sends SIGTERM), it writes every row measured so far, says what stopped it and exits
+    124."""
+    budget = Budget(args.budget)
+    device = stage_device(args, "decoding")
+    if device is None:
+        return 2
+    plan = decoding_settings(args.dry_run)
+    data = decoding_data(args.dry_run, plan, device)
+    previous = signal.signal(signal.SIGTERM, stop_at_sigterm)
+    try:
+        return decode_models(args, plan, device, budget, data)
+    except KeyboardInterrupt as stop:
+        data["gpu_check"]["interrupted"] = (f"stopped by {str(stop) or 'Ctrl-C'}: the rows and profiles "
+                                            "measured before it are kept")
+        path = write_json(args.out, "decoding-gpu", rounded(data))
+        log(f"decoding: {data['gpu_check']['interrupted']}; {len(data['rows'])} rows → {path}")
+        return 124
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def decoding_data(dry_run: bool, plan: dict[str, Any], device: str) -> dict[str, Any]:
+    """decoding-gpu.json before its first row: provenance and settings."""
+    from hf_attn_variants.bench.decoding import DECODING_SDPA_BACKENDS
+
+    settings = {"batches": plan["batches"], "contexts": plan["contexts"], "new_tokens": plan["new_tokens"],
+                "threads": torch.get_num_threads(), "size": asdict(plan["size"]),
+                "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+                "dtype": plan["dtype"],
+                "excluded": DECODING_EXCLUDED, "caches": {"dynamic": "the default `DynamicCache`",
+                                                          "static": STATIC_NOTE},
+                "sdpa_backends": [backend.name for backend in DECODING_SDPA_BACKENDS]}
+    return {**run_metadata("decoding", command_line(dry_run), machine=machine_description()),
+            "dry_run": dry_run, "settings": settings, "models": {}, "rows": [], "profiles": {},
+            "not_measured": [], "gpu_check": {"complete": False}}
+
+
+def decode_models(args: argparse.Namespace, plan: dict[str, Any], device: str, budget: Budget,
+                  data: dict[str, Any]) -> int:
+    """``decoding_stage``'s work, into ``data``: every model's dynamic rows and profile, then the static
+    rows."""
     from hf_attn_variants.bench.decoding import (
         DECODERS,
         DECODING_SDPA_BACKENDS,
@@ -1198,30 +1239,19 @@ def decoding_stage(args: argparse.Namespace) -> int:
         profile_generate,
     )
 
-    budget = Budget(args.budget)
-    device = stage_device(args, "decoding")
-    if device is None:
-        return 2
-    plan = decoding_settings(args.dry_run)
-    size, dtype = plan["size"], plan["dtype"]
-    settings = {"batches": plan["batches"], "contexts": plan["contexts"], "new_tokens": plan["new_tokens"],
-                "threads": torch.get_num_threads(), "size": asdict(size),
-                "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "dtype": dtype,
-                "excluded": DECODING_EXCLUDED, "caches": {"dynamic": "the default `DynamicCache`",
-                                                          "static": STATIC_NOTE},
-                "sdpa_backends": [backend.name for backend in DECODING_SDPA_BACKENDS]}
-    data = {**run_metadata("decoding", command_line(args.dry_run), machine=machine_description()),
-            "dry_run": args.dry_run, "settings": settings, "models": {}, "rows": [], "profiles": {},
-            "not_measured": [], "gpu_check": {"complete": False}}
     longest = max(plan["contexts"]) + plan["new_tokens"]
 
     def build(name: str) -> torch.nn.Module:
-        return build_decoder(name, size, longest, device, getattr(torch, dtype))
+        return build_decoder(name, plan["size"], longest, device, getattr(torch, plan["dtype"]))
 
     def failure(name: str, error: Exception) -> None:
         failed.append(f"{name}: {type(error).__name__}: {one_line(str(error), 200)}")
         data["gpu_check"].setdefault("failed", []).append(failed[-1])
         log(f"decoding: {failed[-1]}")
+
+    def keep(row: dict[str, Any]) -> None:
+        data["rows"].append(row)
+        write_json(args.out, "decoding-gpu", rounded(data))
 
     last, failed, measured = None, [], []
     for name in DECODING_MODELS:  # the dynamic cache and a profile of every model
@@ -1232,9 +1262,9 @@ def decoding_stage(args: argparse.Namespace) -> int:
         started = time.monotonic()
         try:
             model = build(name)
-            data["rows"] += measure_model(model, name, plan["batches"], plan["contexts"], plan["new_tokens"],
-                                          log, sdpa_backends=DECODING_SDPA_BACKENDS)
             data["models"][name] = DECODERS[name][0]
+            measure_model(model, name, plan["batches"], plan["contexts"], plan["new_tokens"], log,
+                          sdpa_backends=DECODING_SDPA_BACKENDS, on_row=keep)
             data["profiles"][name] = profile_generate(model, 1, min(plan["contexts"]), plan["new_tokens"],
                                                       sdpa_backends=DECODING_SDPA_BACKENDS)
             if name == DECODING_MODELS[0]:  # the baseline once more, with every backend torch would pick

@@ -401,6 +401,43 @@ def test_a_short_decoding_budget_costs_static_cache_rows_not_a_models_dynamic_ro
     assert reasons["gau_flash"].startswith("refused: GAU with chunk_size (FLASH)")
 
 
+def test_a_decoding_stage_told_to_stop_keeps_every_row_it_measured(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM (the shell's ``timeout``) after the second model's first row: the file holds the first model's
+    rows and profile and the second's first row, says what stopped it, and the stage exits 124; the SIGTERM
+    handler is the process's own again afterwards. In process, with the baseline and the entropy-invariant
+    model."""
+    import argparse
+
+    from hf_attn_variants.bench import decoding
+
+    driver = load_driver()
+    monkeypatch.setattr(driver, "DECODING_MODELS", ("llama", "entropy_invariant"))
+    measure = decoding.measure_model
+
+    def measure_then_stop(model, name, *arguments, on_row=None, **options):
+        def stop_after_first(row):
+            on_row(row)
+            if name == "entropy_invariant":
+                os.kill(os.getpid(), signal.SIGTERM)
+        return measure(model, name, *arguments, on_row=stop_after_first, **options)
+
+    monkeypatch.setattr(decoding, "measure_model", measure_then_stop)
+    before = signal.getsignal(signal.SIGTERM)
+    assert driver.decoding_stage(argparse.Namespace(out=tmp_path, budget=600.0, dry_run=True)) == 124
+    assert signal.getsignal(signal.SIGTERM) is before
+    data = read(tmp_path, "decoding-gpu.json")
+    rows = [(r["model"], r["batch"], r["context"]) for r in data["rows"]]
+    plan = driver.decoding_settings(True)
+    assert rows == [*(("llama", b, c) for b in plan["batches"] for c in plan["contexts"]),
+                    ("entropy_invariant", plan["batches"][0], plan["contexts"][0])]
+    assert set(data["profiles"]) == {"llama", "llama, default SDPA backends"}
+    assert data["gpu_check"]["interrupted"].startswith("stopped by the stage's time limit (SIGTERM")
+    assert data["gpu_check"]["complete"] is False
+    page = view_function("decoding", "table")(data)
+    assert "| stopped | stopped by the stage's time limit" in page
+
+
 SAMPLE_TESTS = """
 import ctypes
 import pytest

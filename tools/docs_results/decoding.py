@@ -78,6 +78,11 @@ def table(data: dict[str, Any]) -> str:
                          for model, reason in (settings.get("excluded") or {}).items()]
     rows_of_settings += [(f"not timed: `{entry['model']}` with the {entry['cache']} cache", entry["reason"])
                          for entry in data.get("not_measured") or []]
+    check = data.get("gpu_check") or {}
+    rows_of_settings += [(f"not timed: `{model}`", "not run: the GPU check's decoding budget")
+                         for model in check.get("skipped") or []]
+    if check.get("interrupted"):
+        rows_of_settings.append(("stopped", check["interrupted"]))
     parts = [settings_table(rows_of_settings), f"Dynamic cache:\n\n{body}" if _static(data) else body]
     if _static(data):
         parts.append(f"Static cache{', compiled' if where[0] == 'device' else ''}:\n\n{_static_table(data)}")

@@ -234,9 +234,11 @@ def build_decoder(name: str, size: DecodingSize, longest: int, device: str = "cp
 def measure_model(model: torch.nn.Module, name: str, batches: Sequence[int], contexts: Sequence[int],
                   new_tokens: int, log: Callable[[str], None] = print,
                   cache_implementation: str | None = None,
-                  sdpa_backends: Sequence[SDPBackend] | None = None) -> list[dict[str, Any]]:
+                  sdpa_backends: Sequence[SDPBackend] | None = None,
+                  on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """One row per batch × context (``time_generate``) after one short warm-up generation; rows carry the
-    model's parameter count without embeddings and the cache (``"dynamic"`` for the default). A static
+    model's parameter count without embeddings and the cache (``"dynamic"`` for the default), and each is
+    given to ``on_row`` as soon as it is measured (the GPU check writes it at once). A static
     cache's warm-up generates all ``new_tokens`` at the shortest context: Transformers sizes that cache for
     the longest generation so far, and a shorter warm-up made the timed one grow it and compile the model
     again (the GPU check's static rows take that one batch and context; a longer context still grows it)."""
@@ -254,6 +256,8 @@ def measure_model(model: torch.nn.Module, name: str, batches: Sequence[int], con
             log(f"  {name:18s} {cache:7s} batch {batch:2d} context {context:5d}: prefill "
                 f"{row['prefill_s']:.2f} s, step {row['step_ms']:.1f} ms, {row['tokens_per_s']:.0f} tokens/s")
             rows.append(row)
+            if on_row is not None:
+                on_row(row)
     return rows
 
 
