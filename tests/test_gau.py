@@ -276,6 +276,9 @@ def test_gau_alpha_preset_and_parameter_count() -> None:
         ("position_embedding_type", "alibi", {}),
         ("num_attention_heads", 4, {}),
         ("intermediate_size", 64, {}),
+        ("head_dim", 16, {}),  # fields GAU has no use for: refused, not kept and ignored
+        ("pruned_heads", {0: [0]}, {}),
+        ("no_rope_layers", [1, 0], {}),
     ],
 )
 def test_bad_config_values_raise_value_error_naming_the_field(field: str, value, extra: dict) -> None:

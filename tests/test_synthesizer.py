@@ -118,6 +118,7 @@ def test_config_round_trip_keeps_synthesizer_fields(tmp_path) -> None:
         ("num_attention_heads", 5),
         ("position_embedding_type", "alibi"),
         ("pruned_heads", {0: [9]}),
+        ("no_rope_layers", [1, 0]),  # per-layer RoPE is the entropy-invariant family's: refused, not ignored
     ],
 )
 def test_bad_config_values_raise_value_error_naming_the_field(field: str, value) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from .configuration_common import MultiHeadAttnVariantConfig, check_choice, check_int, renamed_field
 from .layers import ENTROPY_INVARIANT_SCOPES
@@ -52,6 +52,7 @@ class EntropyInvariantConfig(MultiHeadAttnVariantConfig):
     """
 
     model_type = "entropy_invariant"
+    not_applicable: ClassVar[dict[str, str]] = {}
 
     def __init__(
         self,

@@ -63,8 +63,8 @@ class GAUConfig(AttnVariantConfig):
         hidden_act (str): as in ``AttnVariantConfig`` (default ``"silu"``).
         use_bias (bool): as in ``AttnVariantConfig`` (default ``False``).
         attention_probs_dropout_prob (float): dropout on A (default 0).
-        **kwargs: the other fields of ``AttnVariantConfig``; ``num_attention_heads`` and
-            ``intermediate_size`` raise ``ValueError``.
+        **kwargs: the other fields of ``AttnVariantConfig``; ``num_attention_heads``,
+            ``intermediate_size``, ``head_dim``, ``pruned_heads`` and ``no_rope_layers`` raise ``ValueError``.
 
     Example:
         ```python
@@ -82,6 +82,13 @@ class GAUConfig(AttnVariantConfig):
         "layers.*.gau.in_proj": "colwise_gather_partial",
         "layers.*.gau.out_proj": "rowwise",
         "layers.*.gau": "local_shard",
+    }
+    not_applicable: ClassVar[dict[str, str]] = {
+        **AttnVariantConfig.not_applicable,
+        "num_attention_heads": "one attention unit per layer; use expansion_factor and attention_key_size.",
+        "intermediate_size": "no separate feed-forward (u and v play its role); use expansion_factor.",
+        "head_dim": "its one unit's queries and keys are attention_key_size wide; use that.",
+        "pruned_heads": "one attention unit per layer, no heads to prune.",
     }
 
     def __init__(
@@ -101,12 +108,6 @@ class GAUConfig(AttnVariantConfig):
         **kwargs: Any,
     ) -> None:
         """Set the fields; the arguments are described in the class docstring."""
-        for field in ("num_attention_heads", "intermediate_size"):
-            if field in kwargs:
-                raise ValueError(
-                    f"{field} does not apply to GAU (one attention unit per layer, no separate "
-                    "feed-forward); use expansion_factor and attention_key_size instead."
-                )
         self.expansion_factor = expansion_factor
         self.attention_key_size = attention_key_size
         self.attention_normalization = attention_normalization

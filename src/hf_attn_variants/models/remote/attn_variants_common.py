@@ -989,7 +989,7 @@ class AttnVariantConfig(PreTrainedConfig):
         bos_token_id (int | None): as in Transformers.
         eos_token_id (int | list[int] | None): as in Transformers.
         tie_word_embeddings (bool): as in Transformers.
-        **kwargs: passed to ``PreTrainedConfig``.
+        **kwargs: passed to ``PreTrainedConfig``; a field of ``not_applicable`` raises ``ValueError``.
     """
 
     # Pipeline parallelism (Transformers' DistributedConfig(pp_size=…)): stages split ``layers``; the first
@@ -1003,6 +1003,11 @@ class AttnVariantConfig(PreTrainedConfig):
     # tied pair is one parameter of one group (see ``_HeadMixin._tie_before_fsdp``).
     base_model_fsdp_plan: ClassVar[dict[str, str]] = {"layers.*": "free_full_weight",
                                                       "norm": "keep_full_weight"}
+    # Fields of other families that this one has no use for, each with why: given, they raise ValueError
+    # instead of being kept and ignored. Per-layer RoPE is the entropy-invariant family's only.
+    not_applicable: ClassVar[dict[str, str]] = {
+        "no_rope_layers": "position_embedding_type gives every layer RoPE or none (no_rope_layers is "
+                          "EntropyInvariantConfig's)."}
 
     def __init__(
         self,
@@ -1031,6 +1036,8 @@ class AttnVariantConfig(PreTrainedConfig):
         **kwargs: Any,
     ) -> None:
         """Set the fields and check them; the arguments are described in the class docstring."""
+        for field in sorted(self.not_applicable.keys() & kwargs.keys()):
+            raise ValueError(f"{field} does not apply to {type(self).__name__}: {self.not_applicable[field]}")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers

@@ -10,7 +10,7 @@ from .attn_variants_common import (
     ENTROPY_INVARIANT_SCOPES, MultiHeadAttnVariantConfig, check_choice, check_int, renamed_field,
 )
 
-from typing import Any
+from typing import Any, ClassVar
 
 
 # ------------------------------ from configuration_entropy_invariant.py ------------------------------
@@ -59,6 +59,7 @@ class EntropyInvariantConfig(MultiHeadAttnVariantConfig):
     """
 
     model_type = "entropy_invariant"
+    not_applicable: ClassVar[dict[str, str]] = {}
 
     def __init__(
         self,
