@@ -294,6 +294,13 @@ def test_bad_config_types_raise_type_error_naming_the_field(field: str, value) -
         tiny_config(**{field: value})
 
 
+def test_fields_of_other_families_that_ask_for_nothing_are_taken() -> None:
+    """None or empty ``head_dim``, ``pruned_heads`` and ``no_rope_layers`` mean what GAU does anyway (generic
+    code may pass them): taken, so that a folder saved with them still loads."""
+    config = tiny_config(head_dim=None, pruned_heads={}, no_rope_layers=None)
+    assert GAUConfig.from_dict(config.to_dict()).hidden_size == config.hidden_size
+
+
 def test_odd_key_size_is_fine_without_rope() -> None:
     assert tiny_config(attention_key_size=7, position_embedding_type="none").attention_key_size == 7
 

@@ -1037,7 +1037,10 @@ class AttnVariantConfig(PreTrainedConfig):
     ) -> None:
         """Set the fields and check them; the arguments are described in the class docstring."""
         for field in sorted(self.not_applicable.keys() & kwargs.keys()):
-            raise ValueError(f"{field} does not apply to {type(self).__name__}: {self.not_applicable[field]}")
+            value = kwargs[field]  # None or empty asks for nothing: taken, as generic code may pass it
+            if value is not None and not (isinstance(value, (dict, list, tuple)) and not value):
+                raise ValueError(f"{field} does not apply to {type(self).__name__}: "
+                                 f"{self.not_applicable[field]}")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
