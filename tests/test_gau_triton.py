@@ -456,6 +456,21 @@ def test_triton_kernel_without_triton_is_one_clear_error(monkeypatch) -> None:
                            gau_kernel="triton"))
 
 
+@pytest.mark.parametrize("chunk_size", [None, 4], ids=["quadratic", "flash"])
+def test_triton_kernel_on_cpu_outside_the_interpreter_is_one_clear_error(monkeypatch, chunk_size) -> None:
+    """A model saved with ``gau_kernel="triton"`` on a GPU and run on a CPU: Triton compiles for GPUs only,
+    and failed with "0 active drivers"; now one ValueError names ``gau_kernel`` and what runs on a CPU."""
+    from hf_attn_variants.models import gau_triton
+
+    monkeypatch.setattr(gau_triton, "INTERPRETED", False)
+    model = GAUModel(GAUConfig(vocab_size=61, hidden_size=32, num_hidden_layers=1, attention_key_size=16,
+                               attention_normalization="relu2", chunk_size=chunk_size, is_decoder=True,
+                               gau_kernel="triton"))
+    with pytest.raises(ValueError, match=r"gau_kernel='triton' runs on GPUs.*use gau_kernel='auto' or "
+                                         r"'torch' on a CPU"):
+        model(input_ids=torch.randint(0, 61, (1, 8)))
+
+
 LAUNCHED_KERNELS = ("_chunk_outer_kernel", "_flash_forward_kernel", "_flash_backward_query_kernel",
                     "_flash_backward_key_kernel")
 

@@ -12,6 +12,7 @@ uses to find it, and the families vLLM cannot run refuse in one sentence.
 from __future__ import annotations
 
 import ast
+import copy
 import hashlib
 import json
 import os
@@ -214,7 +215,8 @@ def test_families_vllm_cannot_run_answer_false_and_refuse_vllm_attention_in_one_
     before."""
     assert model_class.is_backend_compatible() is False
     refusal = model_class.serving_refusal()
-    assert refusal.startswith(f"{family} models cannot be served by vLLM ") and "model.generate" in refusal
+    assert refusal.startswith(f"{family} models cannot be served by vLLM's Transformers backend ")
+    assert "model.generate" in refusal
     assert "\n" not in refusal
     config = model_class.config_class(vocab_size=97, hidden_size=32, num_hidden_layers=1, **(
         {"num_attention_heads": 4, "intermediate_size": 37} if family == "Synthesizer"
@@ -226,6 +228,27 @@ def test_families_vllm_cannot_run_answer_false_and_refuse_vllm_attention_in_one_
     assert str(error.value) == refusal
     assert EntropyInvariantForCausalLM.is_backend_compatible() is True
     assert EntropyInvariantForCausalLM.serving_refusal() is None
+
+
+def test_a_model_with_pruned_heads_refuses_vllm_attention_in_one_sentence() -> None:
+    """Heads pruned per layer (``pruned_heads``: a non-uniform count, or a uniform one not restated) cannot
+    run under vLLM's attention, which takes ``num_attention_heads`` heads in every layer: vLLM failed deep
+    in a tensor view. Under its attention implementation the model refuses in one sentence naming the way
+    out; restated (``restate_uniform_heads``), nothing is refused."""
+    from hf_attn_variants.pruning import prune_heads, restate_uniform_heads
+
+    config = EntropyInvariantConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=37, is_decoder=True)
+    model = EntropyInvariantForCausalLM(config)
+    prune_heads(model, {0: [1, 3], 1: [0, 2]})
+    pruned = copy.deepcopy(model.config)
+    assert EntropyInvariantForCausalLM.serving_refusal(pruned).startswith("A model with pruned_heads ")
+    pruned._attn_implementation = SERVING_ENGINE_ATTENTION
+    with pytest.raises(ValueError, match=r"restate_uniform_heads\(model\) \(or prune --uniform\)") as error:
+        EntropyInvariantForCausalLM(pruned)
+    assert "\n" not in str(error.value)
+    assert restate_uniform_heads(model)
+    assert EntropyInvariantForCausalLM.serving_refusal(model.config) is None  # vLLM then builds it
 
 
 def test_plugin_wrapper_scales_queries_only_for_models_that_ask() -> None:
@@ -346,7 +369,7 @@ def test_vllm_serves_entropy_invariant_models_with_transformers_tokens(vllm: Pat
         error = got[name]["error"]
         assert error is not None and f"{family} models cannot be served by vLLM" in error, error
     # Without this package in vLLM's environment the remote code says how to serve FLASH and softmax GAU.
-    assert "pip install hf_attn_variants" in got["gau"]["error"]
+    assert 'model_impl left at "auto"' in got["gau"]["error"], got["gau"]["error"]
 
 
 def free_port() -> int:

@@ -24,7 +24,7 @@ tracing, so ``torch.compile(fullgraph=True)`` traces through them; ``flash_trito
 bf16/fp16 inputs multiply on the tensor cores with float32 accumulators (float16 divides a state tile past
 2¹⁵ by a power of two before its cast, ``state_scales``); float32 inputs use
 ``input_precision="ieee"`` (``precision``), so they match the torch kernels to float32 rounding, with smaller
-tiles (``FLASH_LAUNCH_FLOAT32``). ``triton`` is optional (``pip install 'hf_attn_variants[gpu]'``);
+tiles (``FLASH_LAUNCH_FLOAT32``). ``triton`` is optional (``pip install triton``, or the ``gpu`` extra);
 ``GAUConfig.gau_kernel`` selects these kernels (``"auto"``: on CUDA when triton is installed, for bf16/fp16
 inputs). Under ``TRITON_INTERPRET=1`` Triton runs them on CPU
 tensors, which is how the package's CPU tests check them (the interpreter's bf16 products are wrong, so bf16
@@ -222,6 +222,10 @@ if TRITON_AVAILABLE:
 # ------------------------------------------------------------------------------------------------------------
 # FLASH mixed-chunk attention: the whole op (inside and across chunks), tensor-core tiles, fp32 accumulators
 # ------------------------------------------------------------------------------------------------------------
+INTERPRETED = TRITON_AVAILABLE and type(_forward_kernel).__name__ == "InterpretedFunction"
+"""Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when they were defined), the only
+way they take CPU tensors."""
+
 FLASH_STATE_BLOCK = 64
 """Key-size rows and value columns per program of the per-chunk outer products k'ᵀv and q'ᵀdO."""
 FLASH_LAUNCH: dict[str, dict[str, int]] = {
@@ -666,13 +670,19 @@ def triton_relu2_attention(
 
 
 def check_compilable(value: torch.Tensor) -> None:
-    """``ValueError`` for float64 on a GPU, which Triton's compiler refuses (the accumulators are float32).
+    """``ValueError`` for what the kernels cannot run here.
 
-    Triton's interpreter (CPU tensors, ``TRITON_INTERPRET=1``) runs float64, as the gradient checks do.
+    CPU tensors outside Triton's interpreter (Triton compiles for GPUs only), and float64 on a GPU, which
+    Triton's compiler refuses (the accumulators are float32). Triton's interpreter (CPU tensors,
+    ``TRITON_INTERPRET=1``) runs float64, as the gradient checks do.
 
     Args:
         value (torch.Tensor): the kernels' values, in their inputs' dtype.
     """
+    if value.device.type == "cpu" and not INTERPRETED:
+        raise ValueError("gau_kernel='triton' runs on GPUs, and on CPU tensors only under Triton's "
+                         "interpreter (TRITON_INTERPRET=1 before the import): use gau_kernel='auto' or "
+                         "'torch' on a CPU.")
     if value.dtype == torch.float64 and value.device.type != "cpu":
         raise ValueError("gau_kernel='triton' takes float32, bfloat16 or float16 on a GPU, not float64 (the "
                          "kernels accumulate in float32): use gau_kernel='torch', or float32.")
@@ -890,6 +900,7 @@ if TRITON_AVAILABLE:
 
 
 __all__ = [
+    "INTERPRETED",
     "FLASH_LAUNCH",
     "FLASH_LAUNCH_FLOAT32",
     "FLASH_STATE_BLOCK",

@@ -304,7 +304,7 @@ class AttnVariantPreTrainedModel(RemoteCodeSavingMixin, PreTrainedModel):
         """Initialise parameters and buffers specific to a family (override in the family)."""
 
     def __init__(self, config: AttnVariantConfig, *args: Any, **kwargs: Any) -> None:
-        """Refuse vLLM's attention for a family it cannot compute, then build as ``PreTrainedModel``.
+        """Refuse vLLM's attention where it cannot compute this model, then build as ``PreTrainedModel``.
 
         vLLM goes on past ``is_backend_compatible() == False`` and builds the model under its own attention.
 
@@ -313,24 +313,34 @@ class AttnVariantPreTrainedModel(RemoteCodeSavingMixin, PreTrainedModel):
             *args: passed to ``PreTrainedModel``.
             **kwargs: passed to ``PreTrainedModel``.
         """
-        if (self.serving_limitation
-                and getattr(config, "_attn_implementation", None) == SERVING_ENGINE_ATTENTION):
-            raise ValueError(self.serving_refusal())
+        if getattr(config, "_attn_implementation", None) == SERVING_ENGINE_ATTENTION:
+            refusal = self.serving_refusal(config)
+            if refusal is not None:
+                raise ValueError(refusal)
         super().__init__(config, *args, **kwargs)
 
     @classmethod
-    def serving_refusal(cls) -> str | None:
-        """Why vLLM cannot serve this family and what to use instead, in one sentence.
+    def serving_refusal(cls, config: AttnVariantConfig | None = None) -> str | None:
+        """Why vLLM's Transformers backend cannot serve this family or model, and what to use instead.
+
+        One sentence, for the family, or given ``config`` for this model (heads pruned per layer).
+
+        Args:
+            config (AttnVariantConfig | None): the model's config, or ``None`` for the family alone.
 
         Returns:
             str | None: the sentence, or ``None`` if vLLM can serve it.
         """
-        if cls.serving_limitation is None:
-            return None
-        family = cls.config_class.__name__.removesuffix("Config")
-        return (f"{family} models cannot be served by vLLM (its paged softmax attention): "
-                f"{cls.serving_limitation} Generate with Transformers instead "
-                "(model.generate with its cache).")
+        if cls.serving_limitation is not None:
+            family = cls.config_class.__name__.removesuffix("Config")
+            return (f"{family} models cannot be served by vLLM's Transformers backend (paged softmax "
+                    f"attention): {cls.serving_limitation}")
+        if config is not None and getattr(config, "pruned_heads", None):
+            return ("A model with pruned_heads (heads removed per layer) cannot be served by vLLM, whose "
+                    "attention takes num_attention_heads heads in every layer: where every layer keeps the "
+                    "same number, restate_uniform_heads(model) (or prune --uniform) makes it servable; else "
+                    "generate with Transformers (model.generate with its cache).")
+        return None
 
     def init_parallel_plans(self) -> None:
         """Transformers' parallel plans, less the tensor-parallel rules that name nothing of this model.

@@ -653,8 +653,8 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         self.scaling = self.key_size**-0.5
         self.normalization = GAU_NORMALIZATIONS[config.attention_normalization](config)
         if config.gau_kernel == "triton" and not TRITON_AVAILABLE:
-            raise ImportError("gau_kernel='triton' needs the triton package: "
-                              "pip install 'hf_attn_variants[gpu]'.")
+            raise ImportError("gau_kernel='triton' needs the triton package (pip install triton): or use "
+                              "gau_kernel='auto' or 'torch'.")
         self.in_proj = nn.Linear(config.hidden_size, 2 * self.width + self.key_size, bias=config.use_bias)
         self.out_proj = nn.Linear(self.width, config.hidden_size, bias=config.use_bias)
         self.qk_scale = nn.Parameter(torch.ones(self.qk_rows, self.key_size))
@@ -1118,9 +1118,10 @@ class GAUPreTrainedModel(AttnVariantPreTrainedModel):
     serving_limitation = (
         "GAU attends with one gated head whose values are wider than its keys, normalised by default by "
         "relu² with a per-row divisor (and with chunk_size through a linear-attention state carried across "
-        "chunks), which vLLM's Transformers backend does not compute; with hf_attn_variants installed in "
-        "vLLM's environment (pip install hf_attn_variants), its plugin serves FLASH (chunk_size) and softmax "
-        "GAU natively."
+        "chunks), which that backend does not compute; with hf_attn_variants installed in vLLM's environment "
+        "(a wheel built from its clone) and model_impl left at \"auto\" (not --model-impl transformers), its "
+        "plugin serves FLASH (chunk_size) and softmax GAU natively; or generate with Transformers "
+        "(model.generate with its cache)."
     )
 
     def _init_family_weights(self, module: nn.Module) -> None:

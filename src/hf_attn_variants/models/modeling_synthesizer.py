@@ -384,7 +384,8 @@ class SynthesizerPreTrainedModel(AttnVariantPreTrainedModel):
     serving_limitation = (
         "the Synthesizer's attention weights are synthesized from each query token alone (dense) or learned "
         "per absolute position (random), not computed from query-key dot products over cached keys, so a "
-        "paged softmax kernel cannot produce them."
+        "paged softmax kernel cannot produce them, and vLLM has no other way to run it. Generate with "
+        "Transformers instead (model.generate with its cache)."
     )
     _supports_sdpa = False
 

@@ -837,8 +837,8 @@ def flash_mixed_chunk_triton(
     from .gau_triton import TRITON_AVAILABLE, check_compilable  # registers torch.ops.hf_attn_variants.flash_*
 
     if not TRITON_AVAILABLE:
-        raise ImportError("implementation='triton' needs the triton package: "
-                          "pip install 'hf_attn_variants[gpu]'.")
+        raise ImportError("implementation='triton' needs the triton package (pip install triton): or use "
+                          "implementation='torch'.")
 
     check_compilable(value)
     tensors = [x.contiguous() for x in (quad_q, quad_k, lin_q, lin_k, value)]
