@@ -8,6 +8,7 @@ and ``synthesizer`` families, a stock BERT encoder and a stock Llama decoder wit
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -523,4 +524,54 @@ def test_unsupported_architectures_raise_type_error() -> None:
         prune_heads(gpt2, {0: [0]})
     with pytest.raises(TypeError, match="PreTrainedModel"):
         prune_heads(torch.nn.Linear(2, 2), {0: [0]})
+
+
+def _tiny_decoder(name: str, **extra):
+    import transformers
+
+    config = getattr(transformers, f"{name}Config")(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                                   num_hidden_layers=2, num_attention_heads=4, **extra)
+    return getattr(transformers, f"{name}ForCausalLM")(config).eval()
+
+
+@pytest.mark.parametrize(("name", "extra", "tensors"), [
+    ("Olmo2", {}, "q_norm.weight (32,), k_norm.weight (32,)"),  # a norm over every head's features
+    ("Cohere", {"use_qk_norm": True}, "q_norm.weight (4, 8), k_norm.weight (4, 8)"),  # a norm per head
+    ("StableLm", {"qk_layernorm": True}, "q_layernorm.norms.0.weight (8,), "),  # a module per head
+    ("GptOss", {"num_local_experts": 2, "num_experts_per_tok": 1}, "sinks (4,)"),  # a logit per head
+])
+def test_decoders_with_per_head_tensors_beside_the_projections_are_refused(name, extra, tensors) -> None:
+    """Decoders laid out like Llama whose attention holds per-head tensors that removing heads would leave
+    wrong: ``prune_heads`` took them, recorded the pruning, and every later forward failed in Transformers
+    with a size mismatch. Now one TypeError names those tensors, and the model is untouched."""
+    model = _tiny_decoder(name, **extra)
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    with pytest.raises(TypeError, match=rf"{name}ForCausalLM's attention has the projections and also "
+                                        rf"{re.escape(tensors)}"):
+        prune_heads(model, {0: [1]})
+    assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
+    assert not getattr(model.config, "pruned_heads", None)
+
+
+@pytest.mark.parametrize(("name", "extra"), [
+    ("Qwen3", {"num_key_value_heads": 2, "head_dim": 8}),  # q_norm and k_norm over head_dim, shared by heads
+    ("Gemma3Text", {"num_key_value_heads": 2, "head_dim": 8}),
+    ("Gemma2", {"num_key_value_heads": 2, "head_dim": 8}),
+    ("Mixtral", {"num_key_value_heads": 2, "num_local_experts": 2}),
+    ("Granite", {"num_key_value_heads": 2}),
+])
+def test_other_llama_style_decoders_prune_as_their_head_mask_says(name, extra) -> None:
+    """Pruned equals masked for the Llama-style decoders docs/pruning.md lists beyond Llama, Qwen2 and
+    Mistral, norms of head_dim features shared by every head included (Qwen3, Gemma 3)."""
+    import transformers
+
+    config = getattr(transformers, f"{name}Config")(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                                   num_hidden_layers=2, num_attention_heads=4, **extra)
+    model = getattr(transformers, f"{name.removesuffix('Text')}ForCausalLM")(config).eval()
+    ids = torch.randint(0, VOCAB, (1, 7))
+    with head_mask(model, torch.tensor([[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]])), torch.no_grad():
+        masked = model(input_ids=ids).logits
+    prune_heads(model, {0: [1]})
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, masked, atol=1e-5, rtol=1e-5)
 

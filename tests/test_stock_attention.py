@@ -221,3 +221,84 @@ def test_eager_variant_equals_the_sdpa_one_and_returns_the_weights(scope: str) -
         assert weights.shape == (2, 4, 20, 20)
         torch.testing.assert_close(weights.sum(-1)[0], torch.ones(4, 20))
         assert (weights[1][:, real[1]][..., ~real[1]] == 0).all()  # a real row gives padded keys no weight
+
+
+# ----------------------------------------------------------------------- configure_log_n, what is refused
+def tiny_t5(implementation: str) -> torch.nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(T5Config(vocab_size=97, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                                                num_heads=4, dropout_rate=0.0)).eval()
+    model.set_attn_implementation(implementation)
+    return model
+
+
+def t5_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids, decoder_input_ids=ids).logits
+
+
+def test_configure_log_n_reaches_configs_that_model_config_does_not() -> None:
+    """T5's stacks read copies of the config: ``model.config.base_length = 4`` alone changed nothing there
+    (the factor came from ``max_position_embeddings`` instead), silently. ``configure_log_n`` sets every
+    config the attention reads, as setting each stack's own does; on Llama it is ``model.config``'s field."""
+    ids = random_ids(1, 40)
+    plain = t5_logits(tiny_t5("sdpa"), ids)
+    model = tiny_t5("entropy_invariant")
+    model.config.base_length = 4
+    assert torch.equal(t5_logits(model, ids), plain)  # the attention never saw it
+    by_hand = tiny_t5("entropy_invariant")
+    for config in (by_hand.config, by_hand.encoder.config, by_hand.decoder.config):
+        config.base_length = 4
+    assert stock_attention.configure_log_n(model, base_length=4) >= 3
+    scaled = t5_logits(model, ids)
+    assert not torch.allclose(scaled, plain, atol=1e-3)
+    torch.testing.assert_close(scaled, t5_logits(by_hand, ids))
+    llama = tiny_llama()
+    stock_attention.configure_log_n(llama, base_length=8, scope="all", formula="log_ratio", min_length=2)
+    assert (llama.config.base_length, llama.config.entropy_invariant_scope) == (8, "all")
+
+
+def test_configure_log_n_refuses_what_it_cannot_scale_in_one_error() -> None:
+    from transformers import BloomConfig, BloomForCausalLM
+
+    bloom = BloomForCausalLM(BloomConfig(vocab_size=97, hidden_size=32, n_layer=1, n_head=4))
+    bloom.config._attn_implementation = "entropy_invariant"  # from_pretrained accepts it: it changes nothing
+    with pytest.raises(TypeError, match="BloomForCausalLM computes its attention itself, not through"):
+        stock_attention.configure_log_n(bloom, base_length=8)
+    with pytest.raises(TypeError, match="loaded with attn_implementation='sdpa': load it with"):
+        stock_attention.configure_log_n(tiny_llama("sdpa"), base_length=8)
+    for field, value in (("base_length", 1), ("base_length", 8.5), ("formula", "cubic"), ("scope", "some"),
+                         ("min_length", 0)):
+        with pytest.raises(ValueError, match="base_length|entropy_invariant_formula|entropy_invariant_scope|"
+                                             "entropy_min_length"):
+            stock_attention.configure_log_n(tiny_llama(), **{field: value})
+    with pytest.raises(TypeError, match="PreTrainedModel"):
+        stock_attention.configure_log_n(torch.nn.Linear(2, 2))
+
+
+def test_attention_arguments_the_functions_do_not_compute_are_refused_not_dropped() -> None:
+    """T5's relative ``position_bias`` (the eager function added none: 0.21 off eager within the training
+    length), Gemma 2's ``softcap`` and GPT-OSS's attention sinks (``s_aux``: 0.097 off with either function)
+    change the weights: the first forward raises one ValueError naming the argument and what to use."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM, GptOssConfig, GptOssForCausalLM
+
+    ids = random_ids(1, 12)
+    t5 = tiny_t5("entropy_invariant_eager")
+    with pytest.raises(ValueError, match=r"does not compute a relative position bias \(T5's position_bias\)"
+                                         r".*use attn_implementation='entropy_invariant', which adds it"):
+        t5_logits(t5, ids)
+    torch.testing.assert_close(t5_logits(tiny_t5("entropy_invariant"), ids), t5_logits(tiny_t5("eager"), ids),
+                               atol=1e-5, rtol=1e-5)  # the SDPA function adds it: unchanged within L
+    shared = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 4, "num_key_value_heads": 2}
+    gemma = Gemma2ForCausalLM(Gemma2Config(**shared, head_dim=8, attn_logit_softcapping=1.0)).eval()
+    sinks = GptOssForCausalLM(GptOssConfig(**shared, num_local_experts=2, num_experts_per_tok=1)).eval()
+    for model, what in ((gemma, "softcap"), (sinks, "s_aux")):
+        for implementation in ("entropy_invariant", "entropy_invariant_eager"):
+            model.set_attn_implementation(implementation)
+            with pytest.raises(ValueError, match=rf"{implementation}' does not compute .*{what}.*the "
+                                                 r"model's own attention \(attn_implementation='eager'\)"):
+                with torch.no_grad():
+                    model(input_ids=ids)

@@ -47,7 +47,7 @@ from .models.modeling_synthesizer import (
 from .models.losses import chunked_cross_entropy
 from .stock.chunked_loss import use_chunked_loss
 from .registration import register, register_families
-from .stock.stock_attention import ENTROPY_INVARIANT, register_stock_attention
+from .stock.stock_attention import ENTROPY_INVARIANT, configure_log_n, register_stock_attention
 
 register()
 
@@ -81,6 +81,7 @@ __all__ = [
     "SynthesizerPreTrainedModel",
     "__version__",
     "chunked_cross_entropy",
+    "configure_log_n",
     "register_families",
     "register_stock_attention",
     "use_chunked_loss",

@@ -351,6 +351,22 @@ class EncoderAdapter(HeadAdapter):
             self_attention.forward = functools.partial(_headless_self_attention, self_attention)
 
 
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+"""The decoder attention's projections, which ``DecoderAdapter.remove_heads`` slices."""
+
+
+def unsliced_tensors(attention: nn.Module) -> list[str]:
+    """Parameters and buffers of a decoder's ``attention`` outside its projections that removing heads would
+    leave wrong: any but a tensor of shape ``(head_dim,)`` on a direct child, shared by every head (Qwen3's
+    and Gemma 3's ``q_norm``/``k_norm``). Olmo2's norms over all heads' features, Cohere's and StableLM's
+    per-head norms and GPT-OSS's attention sinks are listed, as ``"name (shape)"``."""
+    head_dim = int(attention.head_dim)
+    tensors = [*attention.named_parameters(), *attention.named_buffers()]
+    return [f"{name} {tuple(tensor.shape)}" for name, tensor in tensors
+            if name.split(".")[0] not in PROJECTIONS
+            and (tuple(tensor.shape) != (head_dim,) or name.count(".") != 1)]
+
+
 class DecoderAdapter(SelfAttnLayersAdapter):
     """Llama/Qwen2/Mistral-style decoders with (grouped-query) attention
     ``layers[i].self_attn.{q,k,v,o}_proj``."""
@@ -369,11 +385,15 @@ class DecoderAdapter(SelfAttnLayersAdapter):
 
     @classmethod
     def matches(cls, model: PreTrainedModel) -> bool:
+        """Whether the layers' attention has ``{q,k,v,o}_proj`` and ``head_dim``, and no per-head tensor that
+        removing heads would have to slice besides them (``unsliced_tensors``)."""
         layers = getattr(model.base_model, "layers", None)
         if not layers:
             return False
         attention = getattr(layers[0], "self_attn", None)
-        return all(hasattr(attention, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim"))
+        if not all(hasattr(attention, name) for name in (*PROJECTIONS, "head_dim")):
+            return False
+        return not unsliced_tensors(attention)
 
     @property
     def head_dim(self) -> int:
@@ -441,8 +461,22 @@ def get_adapter(model: Any) -> HeadAdapter:
         f"Head pruning does not know the architecture of {type(model).__name__} (model_type {model_type!r}). "
         "Supported: this package's multi-head families (entropy_invariant, synthesizer), BERT/RoBERTa-style "
         "encoders (encoder.layer[i].attention.self.query/key/value) and Llama/Qwen2/Mistral-style decoders "
-        "(layers[i].self_attn.q_proj/k_proj/v_proj/o_proj)."
+        "(layers[i].self_attn.q_proj/k_proj/v_proj/o_proj and no other per-head tensor)."
+        + _unsliced_note(model)
     )
+
+
+def _unsliced_note(model: PreTrainedModel) -> str:
+    """For ``get_adapter``'s error: the tensors of a decoder attention with the supported projections that
+    pruning would not slice, or nothing."""
+    layers = getattr(model.base_model, "layers", None)
+    attention = getattr(layers[0], "self_attn", None) if layers else None
+    if attention is None or not all(hasattr(attention, name) for name in (*PROJECTIONS, "head_dim")):
+        return ""
+    unsliced = unsliced_tensors(attention)
+    listed = ", ".join(unsliced[:4]) + (f", … ({len(unsliced)} in all)" if len(unsliced) > 4 else "")
+    return (f" {type(model).__name__}'s attention has the projections and also {listed}, which removing "
+            "heads would leave wrong.")
 
 
 __all__ = [

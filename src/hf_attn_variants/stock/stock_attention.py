@@ -29,11 +29,13 @@ Llama 4 formula always follows the query positions.
 
 from __future__ import annotations
 
+import inspect
+import sys
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import AttentionInterface, PreTrainedConfig
+from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
@@ -54,6 +56,24 @@ DEFAULT_BASE_LENGTH = 512
 FORMULAS = ("log_ratio", "llama4")
 LLAMA4_ATTN_SCALE = 0.1
 LLAMA4_FLOOR_SCALE = 8192
+UNCOMPUTED = {"s_aux": "attention sinks (GPT-OSS's s_aux)",
+              "softcap": "attention logit soft-capping (Gemma 2's softcap)"}
+"""Arguments of a stock attention call that change its weights and that neither function here computes
+(Transformers' SDPA function ignores ``s_aux``): given, they raise instead of being dropped."""
+UNCOMPUTED_EAGER = {**UNCOMPUTED, "position_bias": "a relative position bias (T5's position_bias)"}
+"""``UNCOMPUTED`` for the eager function, whose eager attention adds no ``position_bias`` (the SDPA one
+does)."""
+
+
+def check_computed(name: str, uncomputed: dict[str, str], kwargs: dict[str, Any]) -> None:
+    """``ValueError`` when the model's attention passes an argument of ``uncomputed`` (not ``None``): the
+    attention implementation ``name`` would compute other weights than the model's own attention."""
+    for argument, what in uncomputed.items():
+        if kwargs.get(argument) is not None:
+            other = ("attn_implementation='entropy_invariant', which adds it" if argument == "position_bias"
+                     else "the model's own attention (attn_implementation='eager'), without log-n scaling")
+            raise ValueError(f"attn_implementation={name!r} does not compute {what}, which this model's "
+                             f"attention uses: it would change the model; use {other}.")
 
 
 def llama4_attention_temperature(
@@ -98,6 +118,7 @@ def entropy_invariant_attention_forward(
     ``query`` is ``(batch, heads, q, d)``; ``attention_mask`` is the boolean 4D mask from ``sdpa_mask``
     or ``None`` (no padding: nᵢ follows from causality and the cache offset, no mask is built).
     """
+    check_computed(ENTROPY_INVARIANT, UNCOMPUTED, kwargs)
     config = getattr(module, "config", None)
     factor = stock_logit_factor(config, query, key, attention_mask, kwargs.get("position_ids"),
                                 causal=bool(getattr(module, "is_causal", False)))
@@ -120,6 +141,7 @@ def entropy_invariant_eager_attention_forward(
     (``output_attentions``; ``hf-attn-variants entropy``). Keys and values are repeated for grouped-query
     attention; ``attention_mask`` is the additive mask of ``eager_mask``, or ``None`` (causal rows then see
     the keys up to their own position)."""
+    check_computed(ENTROPY_INVARIANT_EAGER, UNCOMPUTED_EAGER, kwargs)
     config = getattr(module, "config", None)
     causal = bool(getattr(module, "is_causal", False))
     factor = stock_logit_factor(config, query, key, attention_mask, kwargs.get("position_ids"), causal=causal)
@@ -187,6 +209,77 @@ def stock_logit_factor(
     return entropy_invariant_factor(counts, base_length, min_length, scope)
 
 
+def dispatches_attention(model: PreTrainedModel) -> bool:
+    """Whether a module of ``model`` is defined where Transformers' ``ALL_ATTENTION_FUNCTIONS`` is used, the
+    table an ``attn_implementation`` name is looked up in (Transformers' own test of a model's source).
+    Bloom and DeBERTa-v2 compute their attention themselves: the name changes nothing there."""
+    sources: dict[str, bool] = {}
+    for module in model.modules():
+        name = type(module).__module__
+        if name not in sources:
+            source_module = sys.modules.get(name)
+            try:
+                sources[name] = "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(source_module)
+            except (OSError, TypeError):  # no source (built in, or a module made at run time)
+                sources[name] = False
+        if sources[name]:
+            return True
+    return False
+
+
+def configure_log_n(model: PreTrainedModel, *, base_length: int | None = None, formula: str | None = None,
+                    scope: str | None = None, min_length: int | None = None) -> int:
+    """Set the log-n fields (``base_length``, ``entropy_invariant_formula``, ``entropy_invariant_scope``,
+    ``entropy_min_length``; ``None`` leaves one as it is) on every config of a stock ``model`` that its
+    attention reads: ``model.config``, its sub-configs and each module's own ``config`` (T5's stacks hold
+    copies; a vision-language model's text model reads ``text_config``), so that ``model.config.base_length
+    = L`` alone is not silently ignored there. ``TypeError`` for a model loaded without
+    ``attn_implementation="entropy_invariant"`` (or ``"entropy_invariant_eager"``), or whose attention does
+    not dispatch through ``ALL_ATTENTION_FUNCTIONS``; ``ValueError`` naming a bad value. Returns how many
+    configs were set."""
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}.")
+    if not dispatches_attention(model):
+        raise TypeError(f"{type(model).__name__} computes its attention itself, not through Transformers' "
+                        "ALL_ATTENTION_FUNCTIONS, so log-n scaling cannot apply to it.")
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation not in (ENTROPY_INVARIANT, ENTROPY_INVARIANT_EAGER):
+        raise TypeError(f"{type(model).__name__} was loaded with attn_implementation={implementation!r}: "
+                        f"load it with attn_implementation={ENTROPY_INVARIANT!r} for log-n scaling.")
+    fields = {"base_length": base_length, "entropy_invariant_formula": formula,
+              "entropy_invariant_scope": scope, "entropy_min_length": min_length}
+    check_log_n_fields(fields)
+    configs = {id(config): config for config in model_configs(model)}
+    for config in configs.values():
+        for field, value in fields.items():
+            if value is not None:
+                setattr(config, field, value)
+    return len(configs)
+
+
+def check_log_n_fields(fields: dict[str, Any]) -> None:
+    """``ValueError`` naming a field of ``configure_log_n`` with a value it cannot take."""
+    for field, least in (("base_length", 2), ("entropy_min_length", 1)):
+        value = fields[field]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise ValueError(f"{field} must be a whole number of tokens >= {least}, got {value!r}.")
+    for field, allowed in (("entropy_invariant_formula", FORMULAS),
+                           ("entropy_invariant_scope", ENTROPY_INVARIANT_SCOPES)):
+        if fields[field] is not None and fields[field] not in allowed:
+            raise ValueError(f"{field} must be one of {allowed}, got {fields[field]!r}.")
+
+
+def model_configs(model: PreTrainedModel) -> list[PreTrainedConfig]:
+    """``model.config``, the configs nested in it, and every module's ``config`` attribute."""
+    found, pending = [], [model.config, *(getattr(m, "config", None) for m in model.modules())]
+    while pending:
+        config = pending.pop()
+        if isinstance(config, PreTrainedConfig) and all(config is not seen for seen in found):
+            found.append(config)
+            pending += [value for value in vars(config).values() if isinstance(value, PreTrainedConfig)]
+    return found
+
+
 def register_stock_attention() -> None:
     """Register ``"entropy_invariant"`` (over SDPA) and ``"entropy_invariant_eager"`` (over eager attention,
     with the weights) with Transformers' attention and attention-mask interfaces."""
@@ -199,6 +292,8 @@ def register_stock_attention() -> None:
 __all__ = [
     "ENTROPY_INVARIANT",
     "ENTROPY_INVARIANT_EAGER",
+    "configure_log_n",
+    "dispatches_attention",
     "entropy_invariant_attention_forward",
     "entropy_invariant_eager_attention_forward",
     "register_stock_attention",
