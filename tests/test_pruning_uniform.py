@@ -247,6 +247,25 @@ def test_stock_llama_with_gqa_is_restated_only_when_the_config_can_state_it(tmp_
     torch.testing.assert_close(logits(load_pruned(tmp_path / "gather")), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_a_qwen2_whose_config_has_no_head_dim_field_is_restated_too(tmp_path) -> None:
+    """Qwen2Config has no ``head_dim`` field, but Qwen2's attention reads one when it is set: the restated
+    config carries it, and plain ``from_pretrained`` rebuilds the pruned model (it was never restated)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    model.eval()
+    prune_heads(model, {0: [0, 1], 1: [2, 3]})
+    expected = logits(model)
+    assert restate_uniform_heads(model)
+    model.save_pretrained(tmp_path / "qwen2")
+    saved = json.loads((tmp_path / "qwen2" / "config.json").read_text())
+    assert (saved["num_attention_heads"], saved["num_key_value_heads"], saved["head_dim"]) == (2, 1, HIDDEN // 4)
+    torch.testing.assert_close(logits(Qwen2ForCausalLM.from_pretrained(tmp_path / "qwen2")), expected,
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_restating_leaves_what_it_cannot_state_untouched() -> None:
     bert = BertForSequenceClassification(BertConfig(
         vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,

@@ -92,10 +92,12 @@ def prune_heads(model: PreTrainedModel, heads: Mapping[int, list[int]]) -> PreTr
 def _uniform_fields(adapter: HeadAdapter, heads: int) -> dict[str, Any] | None:
     """Config fields that state ``heads`` heads in every layer for ``adapter``'s model, or None if its config
     cannot (BERT-style configs have no ``head_dim``; a Llama-style decoder needs the same key/value head count
-    in every layer and equal groups, i.e. no per-query gather)."""
+    in every layer and equal groups, i.e. no per-query gather). A decoder config without a ``head_dim`` field
+    gets one as an attribute (Qwen2's attention reads it when set); ``restate_uniform_heads`` then checks that
+    the class rebuilds the pruned shapes from it."""
     if isinstance(adapter, AttnVariantAdapter):
         return {"num_attention_heads": heads, "head_dim": adapter.head_dim}
-    if not isinstance(adapter, DecoderAdapter) or "head_dim" not in adapter.config.to_dict():
+    if not isinstance(adapter, DecoderAdapter):
         return None
     kv_counts = set()
     for attention in adapter.attentions:
@@ -168,8 +170,8 @@ def restate_uniform_heads(model: PreTrainedModel) -> bool:
     keep ``config.pruned_heads`` before calling if you need them) and further pruning uses the new numbers.
 
     Supported: this package's multi-head families (``entropy_invariant``, ``synthesizer``), and
-    Llama/Qwen2/Mistral-style decoders whose config has ``head_dim`` when the key/value head count is the
-    same in every layer and every kept key/value head serves the same number of queries (no per-query
+    Llama/Qwen2/Mistral-style decoders whose attention reads ``config.head_dim`` when the key/value head
+    count is the same in every layer and every kept key/value head serves the same number of queries (no per-query
     gather; always the case without grouped-query attention) — then ``num_key_value_heads`` is restated
     too. Not restated (returns False, the model and ``config.pruned_heads`` untouched — reload with
     ``load_pruned`` as before): nothing pruned, unequal head counts, layers without heads (k = 0),
