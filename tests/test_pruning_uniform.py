@@ -261,7 +261,8 @@ def test_a_qwen2_whose_config_has_no_head_dim_field_is_restated_too(tmp_path) ->
     assert restate_uniform_heads(model)
     model.save_pretrained(tmp_path / "qwen2")
     saved = json.loads((tmp_path / "qwen2" / "config.json").read_text())
-    assert (saved["num_attention_heads"], saved["num_key_value_heads"], saved["head_dim"]) == (2, 1, HIDDEN // 4)
+    stated = (saved["num_attention_heads"], saved["num_key_value_heads"], saved["head_dim"])
+    assert stated == (2, 1, HIDDEN // 4)
     torch.testing.assert_close(logits(Qwen2ForCausalLM.from_pretrained(tmp_path / "qwen2")), expected,
                                atol=1e-5, rtol=1e-5)
 

@@ -171,9 +171,9 @@ def restate_uniform_heads(model: PreTrainedModel) -> bool:
 
     Supported: this package's multi-head families (``entropy_invariant``, ``synthesizer``), and
     Llama/Qwen2/Mistral-style decoders whose attention reads ``config.head_dim`` when the key/value head
-    count is the same in every layer and every kept key/value head serves the same number of queries (no per-query
-    gather; always the case without grouped-query attention) — then ``num_key_value_heads`` is restated
-    too. Not restated (returns False, the model and ``config.pruned_heads`` untouched — reload with
+    count is the same in every layer and every kept key/value head serves the same number of queries (no
+    per-query gather; always the case without grouped-query attention) — then ``num_key_value_heads`` is
+    restated too. Not restated (returns False, the model and ``config.pruned_heads`` untouched — reload with
     ``load_pruned`` as before): nothing pruned, unequal head counts, layers without heads (k = 0),
     BERT-style encoders (their config has no ``head_dim``), grouped-query layouts the config cannot state,
     and any model that, built from the restated config, would not have exactly the current parameter and
