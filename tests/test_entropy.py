@@ -257,3 +257,17 @@ def test_a_rerun_replaces_its_own_results(folders, tmp_path) -> None:
 def test_a_folder_without_a_model_is_refused(tmp_path, capsys) -> None:
     assert main(["entropy", "--models", str(tmp_path), "--output", str(tmp_path / "o.json")]) == 2
     assert "is not a model folder" in capsys.readouterr().err
+
+
+def test_flash_gau_is_refused_in_one_line_before_anything_is_measured(folders, tmp_path, capsys) -> None:
+    """FLASH's effective weights take both signs: the command wrote -inf entropies and exited 0."""
+    torch.manual_seed(0)
+    GAUForCausalLM(GAUConfig(**TINY, attention_key_size=16, is_decoder=True, attention_normalization="relu2",
+                             chunk_size=8)).save_pretrained(tmp_path / "flash")
+    capsys.readouterr()  # the save's progress bar
+    output = tmp_path / "entropy.json"
+    assert main(["entropy", "--models", str(folders / "ei"), str(tmp_path / "flash"), "--task", "passkey",
+                 "--train_length", "16", "--samples", "2", "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert "--models" in err and "is FLASH GAU (chunk_size=8)" in err and "have no entropy" in err, err
+    assert len(err.strip().splitlines()) == 1 and not output.exists()

@@ -12,6 +12,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -360,7 +361,8 @@ def test_pretrain_reports_at_both_ends_draws_the_loss_curve_and_shows_no_bar(tmp
     text = "\n".join(lines)
     for expected in ("entropy_invariant MLM: ", " parameters (", " without the embeddings) on cpu, 1 process",
                      "4 sequences × 16 tokens = 64 tokens per step; 4 steps; a checkpoint every 10 min",
-                     "rough time estimate: under a minute", "trained 4 steps, 256 tokens in ", " tokens/s)",
+                     "rough time estimate: under a minute", "trained 4 steps, 256 tokens in ",
+                     " of training (", " tokens/s; ", " in all, with evaluation and saving)",
                      "train loss ", "(perplexity ", ", eval loss ",
                      f"wrote the model, its tokenizer and train_log.jsonl to {folder}; loss curve "
                      f"{folder / 'loss_curve.png'}",
@@ -368,6 +370,10 @@ def test_pretrain_reports_at_both_ends_draws_the_loss_curve_and_shows_no_bar(tmp
                      f'AutoModelForMaskedLM.from_pretrained("{folder}", trust_remote_code=True)'):
         assert expected in text, (expected, text)
     assert (folder / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the rate is training's, as the log's windows (it counted the saving and the evaluation too)
+    printed = float(re.search(r"of training \(([\d,]+) tokens/s", text).group(1).replace(",", ""))
+    rates = [row["tokens_per_second"] for row in map(json.loads, (folder / "train_log.jsonl").open())]
+    assert min(rates) - 1 <= printed <= max(rates) + 1, (printed, rates)
     # --disable_tqdm: no bar at all, Transformers' "Writing model shards" included
     assert "Writing model shards" not in captured.err and "it/s]" not in captured.err, captured.err
 

@@ -239,7 +239,12 @@ def test_summaries_average_over_seeds_and_writes_are_atomic(tmp_path):
     assert (entry["n_seeds"] == 2 and entry["loss_mean"] == 3.0
             and math.isclose(entry["loss_std"], math.sqrt(2)))
     assert entry["loss_min"] == 2.0 and entry["loss_max"] == 4.0
-    assert format_cell(entry, "loss") == "3.000 ± 1.414"
+    assert format_cell(entry, "loss") == "3.000 ± 1.414" and entry["loss_n"] == 2
+    # a seed whose loss is not finite is left out of the mean, and the cell says so (n_seeds counts it)
+    (partial,) = summarize([*rows, {**rows[0], "seed": 2, "loss": float("nan")}])
+    assert (partial["n_seeds"], partial["loss_n"], partial["accuracy_n"]) == (3, 2, 3)
+    assert format_cell(partial, "loss") == "3.000 ± 1.414 (2 of 3 seeds)"
+    assert format_cell(partial, "accuracy") == "0.500 ± 0.000"
     longer = [{**row, "length": 128, "loss": row["loss"] + 0.5 + row["seed"]} for row in rows]
     deltas = {(r["seed"], r["length"]): r["loss_delta"] for r in add_deltas(rows + longer, 64)}
     assert deltas == {(0, 64): 0.0, (1, 64): 0.0, (0, 128): 0.5, (1, 128): 1.5}

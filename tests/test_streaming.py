@@ -361,8 +361,14 @@ def test_mfu_is_tokens_per_second_times_flops_per_token_over_the_peak() -> None:
     config = build_config("entropy_invariant", config_overrides=tiny_overrides("entropy_invariant"),
                           tokenizer=load_tokenizer(None), max_seq_length=16)
     model = build_lm_model(config, "clm")
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # tied
     inside = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
-    assert model_flops_per_token(model, config, 16) == 6 * inside + 12 * 2 * 32 * 16
+    head = model.get_output_embeddings().weight.numel()  # the head's product runs, tied or not
+    assert model_flops_per_token(model, config, 16) == 6 * (inside + head) + 12 * 2 * 32 * 16
+    config.tie_word_embeddings = False
+    untied = build_lm_model(config, "clm")
+    assert untied.get_output_embeddings().weight is not untied.get_input_embeddings().weight
+    assert model_flops_per_token(untied, config, 16) == model_flops_per_token(model, config, 16)
     assert mfu(1000.0, 2e9, 1e15, 2) == pytest.approx(1000 * 2e9 / 2e15)
     assert mfu(1000.0, 2e9, None, 1) is None
     assert device_peak_flops(torch.device("cpu"), "bf16") is None

@@ -318,8 +318,8 @@ def task_spec(args: EntropyArguments) -> Any:
 
 
 def check_models(args: EntropyArguments) -> dict[str, Any]:
-    """Each model's config (path → config): it reads (``FlagError`` naming ``models``) and takes the task's
-    token ids (naming ``task_vocab_size``)."""
+    """Each model's config (path → config): it reads and has attention rows to measure (``FlagError``
+    naming ``models``: FLASH GAU has none) and takes the task's token ids (naming ``task_vocab_size``)."""
     from transformers import AutoConfig
 
     from ..cli_utils import FlagError, error_reason
@@ -333,6 +333,10 @@ def check_models(args: EntropyArguments) -> dict[str, Any]:
         except (OSError, ValueError, KeyError) as error:
             raise FlagError("models", f"models: the config of {path} cannot be read "
                             f"({error_reason(error)}).") from error
+        if configs[path].model_type == "gau" and getattr(configs[path], "chunk_size", None) is not None:
+            raise FlagError("models", f"models: {path} is FLASH GAU (chunk_size={configs[path].chunk_size}), "
+                            "whose effective weights take both signs (q′·k′ across chunks): its rows are not "
+                            "distributions and have no entropy. Measure a quadratic GAU (chunk_size None).")
         vocab_size = configs[path].vocab_size
         if args.task != "text" and args.task_vocab_size > vocab_size:
             raise FlagError("task_vocab_size", f"task_vocab_size={args.task_vocab_size} exceeds the "

@@ -73,13 +73,14 @@ def add_deltas(rows: Iterable[dict[str, Any]], train_length: int) -> list[dict[s
 
 
 def describe(values: Sequence[float | None]) -> dict[str, float | None]:
-    """Mean, sample std (ddof 1; 0 for one value), min and max of the finite values (all ``None`` if none)."""
+    """Mean, sample std (ddof 1; 0 for one value), min and max of the finite values (all ``None`` if none),
+    and ``n``, how many finite values they describe (a seed's NaN or missing value is left out of them)."""
     values = [v for v in values if v is not None and math.isfinite(v)]
     if not values:
-        return {"mean": None, "std": None, "min": None, "max": None}
+        return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-    return {"mean": mean, "std": std, "min": min(values), "max": max(values)}
+    return {"mean": mean, "std": std, "min": min(values), "max": max(values), "n": len(values)}
 
 
 def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -121,7 +122,8 @@ def to_csv(rows: Sequence[dict[str, Any]], fields: Sequence[str]) -> str:
 
 
 def format_cell(summary_row: dict[str, Any] | None, metric: str, digits: int = 3) -> str:
-    """``mean ± std`` (``mean`` with one seed), the row's ``status`` for points that could not run."""
+    """``mean ± std`` (``mean`` with one value), the row's ``status`` for points that could not run, and
+    ``(k of n seeds)`` when only k of the seeds that ran gave a finite value (``{metric}_n``)."""
     if summary_row is None:
         return "–"
     if summary_row.get("status") != "ok":
@@ -129,9 +131,10 @@ def format_cell(summary_row: dict[str, Any] | None, metric: str, digits: int = 3
     mean, std = summary_row.get(f"{metric}_mean"), summary_row.get(f"{metric}_std")
     if mean is None:
         return "–"
-    if summary_row.get("n_seeds", 1) > 1 and std is not None:
-        return f"{mean:.{digits}f} ± {std:.{digits}f}"
-    return f"{mean:.{digits}f}"
+    seeds = summary_row.get("n_seeds", 1)
+    values = summary_row.get(f"{metric}_n", seeds)
+    text = f"{mean:.{digits}f} ± {std:.{digits}f}" if values > 1 and std is not None else f"{mean:.{digits}f}"
+    return text if values >= seeds else f"{text} ({values} of {seeds} seeds)"
 
 
 def markdown_table(summary: Sequence[dict[str, Any]], metric: str, lengths: Sequence[int],

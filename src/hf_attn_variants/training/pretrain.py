@@ -296,6 +296,9 @@ class LoopState:
     first_completed: int = 0
     first_tokens: int = 0
     """The step and tokens this process started from (a resumed run's checkpoint), for the end summary."""
+    train_seconds: float = 0.0
+    """Seconds of this process's logging windows: training, without evaluation and checkpoints (the end
+    summary's tokens/s, as ``train_log.jsonl``'s)."""
 
 
 # ---------------------------------------------------------------- small pieces
@@ -869,6 +872,7 @@ def log_row(run: TrainingSetup, state: LoopState, grad_norm: torch.Tensor | None
         raise TrainingDiverged("pretrain", state.completed, row["loss"], run.args.learning_rate)
     if grad_norm is not None:
         row["grad_norm"] = float(grad_norm)
+    state.train_seconds += time.perf_counter() - state.window_started
     row.update(throughput_fields(run, state))
     if eval_due:
         state.metrics = evaluate(run)
@@ -1099,8 +1103,9 @@ def pretrain(args: PretrainArguments, stop: StopSignals | None = None, *,
             if summary and runtime.is_main_process:
                 print_lines("pretrain", end_summary(
                     args.output_dir, args.objective, state.completed - state.first_completed,
-                    state.tokens - state.first_tokens, time.perf_counter() - state.started,
-                    state.last_row.get("loss"), state.metrics.get("eval_loss"), plot))
+                    state.tokens - state.first_tokens, state.train_seconds,
+                    time.perf_counter() - state.started, state.last_row.get("loss"),
+                    state.metrics.get("eval_loss"), plot))
     except (TrainingPreempted, TrainingDiverged):
         if args.with_tracking:
             runtime.end_training()

@@ -171,15 +171,17 @@ def export_command(model: str | Path, run: str | Path) -> str:
     return f"hf-attn-variants export --model_name_or_path {model} --output_dir {str(run).rstrip('/')}-hub"
 
 
-def end_summary(output_dir: str, objective: str, steps: int, tokens: int, seconds: float,
+def end_summary(output_dir: str, objective: str, steps: int, tokens: int, seconds: float, total: float,
                 train_loss: float | None, eval_loss: float | None, plot: Path | None) -> list[str]:
-    """The lines ``pretrain`` prints when its model is written."""
+    """The lines ``pretrain`` prints when its model is written: ``seconds`` of training (the rate's, without
+    evaluation and checkpoints, as ``train_log.jsonl``'s), ``total`` with them and the saving."""
     rate = tokens / seconds if seconds > 0 else 0.0
     folder = str(output_dir)
     curve = f"; loss curve {plot}" if plot is not None else (
         "; no loss curve (matplotlib is not installed: pip install 'hf_attn_variants[plots]')")
     return [
-        f"trained {steps:,} steps, {tokens:,} tokens in {duration(seconds)} ({rate:,.0f} tokens/s)",
+        f"trained {steps:,} steps, {tokens:,} tokens in {duration(seconds)} of training ({rate:,.0f} "
+        f"tokens/s; {duration(total)} in all, with evaluation and saving)",
         f"{loss_text('train', train_loss)}, {loss_text('eval', eval_loss)}",
         f"wrote the model, its tokenizer and train_log.jsonl to {folder}{curve}",
         f"next: {export_command(folder, folder)}",

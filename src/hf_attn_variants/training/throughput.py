@@ -3,7 +3,8 @@
 - tokens/s: the tokens of every data-parallel rank's micro-batches (``batch × block``) trained in a logging
   window, over the window's wall-clock time (evaluation and checkpoint time excluded).
 - model FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B): 6·N for the weight matrices (forward and
-  backward; N = the parameters outside the embeddings) plus 12·L·d·n for attention scores and values over a
+  backward; N = the parameters outside the input embeddings, the LM head's matrix counted also when it is tied
+  to them: its product runs every step either way) plus 12·L·d·n for attention scores and values over a
   block of n tokens (L layers of width d). Our families' attention costs are of the same order (GAU: one head
   of width s = 128 over e = 2d values; FLASH's chunked form less), so the figure is the standard-attention
   one.
@@ -30,11 +31,14 @@ PEAK_FLOPS = {
 
 
 def model_flops_per_token(model: torch.nn.Module, config: Any, block_size: int) -> float:
-    """6·N + 12·L·d·n (PaLM's appendix B): N the parameters outside the input embeddings, L layers, d the
-    hidden size, n the block length."""
+    """6·N + 12·L·d·n (PaLM's appendix B): N the parameters outside the input embeddings plus a head tied to
+    them (a tied and an untied head cost the same), L layers, d the hidden size, n the block length."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     embedding_ids = {id(p) for p in embeddings.parameters()} if embeddings is not None else set()
     parameters = sum(p.numel() for p in model.parameters() if id(p) not in embedding_ids)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and id(head.weight) in embedding_ids:
+        parameters += head.weight.numel()
     return 6.0 * parameters + 12.0 * config.num_hidden_layers * config.hidden_size * block_size
 
 
