@@ -1035,17 +1035,17 @@ def bench_lengths(args: argparse.Namespace) -> int:
                 run = runner.run_all()
             except KeyboardInterrupt:  # told to stop: the phases it finished, kept by the runner
                 run, stopped = runner.run, True
-            del runner  # its models: the next length builds its own
-            gc.collect()
-            if device == "cuda":
-                torch.cuda.empty_cache()
             run.environment["command"] = command
-            total = add_run(total, run)
+            total = add_run(total, run)  # written before the clean-up, which a stop may interrupt
             guess = length_seconds(run, time.monotonic() - started, part.growth)
             write_json(args.out, "benchmarks-gpu", bench_results(total, False, budget, args.dry_run))
             if stopped:
                 log(f"bench: {total.interrupted}; written to {args.out / 'benchmarks-gpu.json'}")
                 return 124
+            del runner  # its models: the next length builds its own
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
     skipped = any(r.status == "skipped" and r.reason.startswith(BUDGET_SKIP) for r in total.results)
     path = write_json(args.out, "benchmarks-gpu", bench_results(total, not skipped, budget, args.dry_run))
     failed = [f"{r.variant} n={r.length} {r.phase}: {r.reason}" for r in total.results
@@ -1249,7 +1249,8 @@ def decode_models(args: argparse.Namespace, plan: dict[str, Any], device: str, b
         data["gpu_check"].setdefault("failed", []).append(failed[-1])
         log(f"decoding: {failed[-1]}")
 
-    def keep(row: dict[str, Any]) -> None:
+    def keep(row: dict[str, Any]) -> None:  # a model is listed with its first row (a failed one: "failed")
+        data["models"].setdefault(row["model"], DECODERS[row["model"]][0])
         data["rows"].append(row)
         write_json(args.out, "decoding-gpu", rounded(data))
 
@@ -1262,7 +1263,6 @@ def decode_models(args: argparse.Namespace, plan: dict[str, Any], device: str, b
         started = time.monotonic()
         try:
             model = build(name)
-            data["models"][name] = DECODERS[name][0]
             measure_model(model, name, plan["batches"], plan["contexts"], plan["new_tokens"], log,
                           sdpa_backends=DECODING_SDPA_BACKENDS, on_row=keep)
             data["profiles"][name] = profile_generate(model, 1, min(plan["contexts"]), plan["new_tokens"],
@@ -1494,10 +1494,14 @@ STAGES: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one stage; an exception it does not handle is printed with its traceback and ends it with status
-    2."""
+    2, and a stop (SIGTERM raised as ``KeyboardInterrupt`` by a stage's handler, or Ctrl-C) that reaches here
+    after the stage's files were written ends it with 124, as the shell's ``timeout`` does."""
     args = parser().parse_args(argv)
     try:
         return STAGES[args.stage](args)
+    except KeyboardInterrupt as stop:  # e.g. while a stage restores its handler: its files are complete
+        log(f"{args.stage}: stopped by {str(stop) or 'Ctrl-C'}")
+        return 124
     except Exception as error:  # noqa: BLE001 - the stage could not run: say which and why, keep the traceback
         traceback.print_exc()
         log(f"{args.stage}: error: {type(error).__name__}: {one_line(str(error), 500)}")

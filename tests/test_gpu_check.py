@@ -438,6 +438,17 @@ def test_a_decoding_stage_told_to_stop_keeps_every_row_it_measured(
     assert "| stopped | stopped by the stage's time limit" in page
 
 
+def test_the_decoding_page_says_why_a_model_has_no_rows() -> None:
+    """A model the budget skipped and one that failed (its error recorded by the stage) are named in the
+    settings, not left as rows of dashes."""
+    data = json.loads((ROOT / "docs" / "results" / "decoding-gpu-2026-11-28-h200.json").read_text())
+    data["gpu_check"] = {**data.get("gpu_check", {}), "skipped": ["gau_flash"],
+                         "failed": ["gau_softmax_plus: OutOfMemoryError: CUDA out of memory"]}
+    page = view_function("decoding", "table")(data)
+    assert "| not timed: `gau_flash` | not run: the GPU check's decoding budget |" in page
+    assert "| failed | gau_softmax_plus: OutOfMemoryError: CUDA out of memory |" in page
+
+
 SAMPLE_TESTS = """
 import ctypes
 import pytest

@@ -537,20 +537,43 @@ def _tiny_decoder(name: str, **extra):
 @pytest.mark.parametrize(("name", "extra", "tensors"), [
     ("Olmo2", {}, "q_norm.weight (32,), k_norm.weight (32,)"),  # a norm over every head's features
     ("Cohere", {"use_qk_norm": True}, "q_norm.weight (4, 8), k_norm.weight (4, 8)"),  # a norm per head
-    ("StableLm", {"qk_layernorm": True}, "q_layernorm.norms.0.weight (8,), "),  # a module per head
-    ("GptOss", {"num_local_experts": 2, "num_experts_per_tok": 1}, "sinks (4,)"),  # a logit per head
+    ("StableLm", {"qk_layernorm": True, "num_key_value_heads": 4},
+     "q_layernorm.norms.0.weight (8,), "),  # a module per head
+    ("GptOss", {"num_local_experts": 2, "num_experts_per_tok": 1, "num_key_value_heads": 4},
+     "sinks (4,)"),  # a logit per head
 ])
 def test_decoders_with_per_head_tensors_beside_the_projections_are_refused(name, extra, tensors) -> None:
     """Decoders laid out like Llama whose attention holds per-head tensors that removing heads would leave
     wrong: ``prune_heads`` took them, recorded the pruning, and every later forward failed in Transformers
-    with a size mismatch. Now one TypeError names those tensors, and the model is untouched."""
+    with a size mismatch. Now one TypeError names those tensors, and the model is untouched; masking heads
+    (which gates o_proj's input) still works, as before."""
     model = _tiny_decoder(name, **extra)
     before = {key: value.clone() for key, value in model.state_dict().items()}
-    with pytest.raises(TypeError, match=rf"{name}ForCausalLM's attention has the projections and also "
+    with pytest.raises(TypeError, match=rf"Heads cannot be removed from {name}ForCausalLM: .*\("
                                         rf"{re.escape(tensors)}"):
         prune_heads(model, {0: [1]})
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
     assert not getattr(model.config, "pruned_heads", None)
+    ids = torch.randint(0, VOCAB, (1, 6))
+    with head_mask(model, torch.tensor([[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]])), torch.no_grad():
+        assert torch.isfinite(model(input_ids=ids).logits).all()
+
+
+def test_a_rotary_embedding_inside_the_attention_does_not_stop_pruning() -> None:
+    """The v4-style layout (a rotary embedding with unsaved inv_freq buffers inside self_attn, as in remote
+    code of InternLM or MiniCPM) has nothing per head beside the projections: it still prunes, and pruned
+    equals masked."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    model = _tiny_decoder("Llama", num_key_value_heads=2)
+    for layer in model.model.layers:
+        layer.self_attn.rotary_emb = LlamaRotaryEmbedding(model.config)
+    ids = torch.randint(0, VOCAB, (1, 7))
+    with head_mask(model, torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])), torch.no_grad():
+        masked = model(input_ids=ids).logits
+    prune_heads(model, {0: [2, 3]})
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, masked, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(("name", "extra"), [

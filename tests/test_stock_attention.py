@@ -243,9 +243,16 @@ def test_configure_log_n_reaches_configs_that_model_config_does_not() -> None:
     """T5's stacks read copies of the config: ``model.config.base_length = 4`` alone changed nothing there
     (the factor came from ``max_position_embeddings`` instead), silently. ``configure_log_n`` sets every
     config the attention reads, as setting each stack's own does; on Llama it is ``model.config``'s field."""
+    llama = tiny_llama()
+    stock_attention.configure_log_n(llama, base_length=8, scope="all", formula="log_ratio", min_length=2)
+    assert (llama.config.base_length, llama.config.entropy_invariant_scope) == (8, "all")
     ids = random_ids(1, 40)
-    plain = t5_logits(tiny_t5("sdpa"), ids)
     model = tiny_t5("entropy_invariant")
+    if not stock_attention.dispatches_attention(model):  # Transformers' T5 before its attention interface
+        with pytest.raises(TypeError, match="T5ForConditionalGeneration computes its attention itself"):
+            stock_attention.configure_log_n(model, base_length=4)
+        return
+    plain = t5_logits(tiny_t5("sdpa"), ids)
     model.config.base_length = 4
     assert torch.equal(t5_logits(model, ids), plain)  # the attention never saw it
     by_hand = tiny_t5("entropy_invariant")
@@ -255,9 +262,6 @@ def test_configure_log_n_reaches_configs_that_model_config_does_not() -> None:
     scaled = t5_logits(model, ids)
     assert not torch.allclose(scaled, plain, atol=1e-3)
     torch.testing.assert_close(scaled, t5_logits(by_hand, ids))
-    llama = tiny_llama()
-    stock_attention.configure_log_n(llama, base_length=8, scope="all", formula="log_ratio", min_length=2)
-    assert (llama.config.base_length, llama.config.entropy_invariant_scope) == (8, "all")
 
 
 def test_configure_log_n_refuses_what_it_cannot_scale_in_one_error() -> None:
@@ -286,11 +290,14 @@ def test_attention_arguments_the_functions_do_not_compute_are_refused_not_droppe
 
     ids = random_ids(1, 12)
     t5 = tiny_t5("entropy_invariant_eager")
-    with pytest.raises(ValueError, match=r"does not compute a relative position bias \(T5's position_bias\)"
-                                         r".*use attn_implementation='entropy_invariant', which adds it"):
-        t5_logits(t5, ids)
-    torch.testing.assert_close(t5_logits(tiny_t5("entropy_invariant"), ids), t5_logits(tiny_t5("eager"), ids),
-                               atol=1e-5, rtol=1e-5)  # the SDPA function adds it: unchanged within L
+    if stock_attention.dispatches_attention(t5):  # T5 passes position_bias to the attention interface
+        with pytest.raises(ValueError, match=r"does not compute a relative position bias \(T5's "
+                                             r"position_bias\).*use attn_implementation='entropy_invariant', "
+                                             r"which adds it"):
+            t5_logits(t5, ids)
+        torch.testing.assert_close(t5_logits(tiny_t5("entropy_invariant"), ids),
+                                   t5_logits(tiny_t5("eager"), ids),
+                                   atol=1e-5, rtol=1e-5)  # the SDPA function adds it: unchanged within L
     shared = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
               "num_attention_heads": 4, "num_key_value_heads": 2}
     gemma = Gemma2ForCausalLM(Gemma2Config(**shared, head_dim=8, attn_logit_softcapping=1.0)).eval()
@@ -302,3 +309,43 @@ def test_attention_arguments_the_functions_do_not_compute_are_refused_not_droppe
                                                  r"model's own attention \(attn_implementation='eager'\)"):
                 with torch.no_grad():
                     model(input_ids=ids)
+
+
+def test_configure_log_n_scales_the_sub_configs_that_run_it_and_reads_through_peft() -> None:
+    """A vision-language model whose text model alone runs the scaled attention (the vision tower keeps
+    SDPA): its text config is set and its top config, which says "sdpa", is not refused; a PeftModel is
+    configured through its base model; the new attention arguments are refused too (``sinks``)."""
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    text = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=4, num_key_value_heads=2)
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                              num_attention_heads=4, image_size=16, patch_size=8)
+    config = LlavaConfig(text_config=text, vision_config=vision, image_token_id=96)
+    model = LlavaForConditionalGeneration(config)
+    model.set_attn_implementation({"text_config": "entropy_invariant", "vision_config": "sdpa"})
+    assert stock_attention.configure_log_n(model, base_length=8) >= 1
+    assert model.config.text_config.base_length == 8
+    assert getattr(model.config.vision_config, "base_length", None) is None
+    peft = pytest.importorskip("peft")
+    llama = tiny_llama()
+    wrapped = peft.get_peft_model(llama, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    assert stock_attention.configure_log_n(wrapped, base_length=12) == 1 and llama.config.base_length == 12
+    with pytest.raises(ValueError, match=r"does not compute attention sinks \(sinks\)"):
+        stock_attention.check_computed(stock_attention.ENTROPY_INVARIANT, stock_attention.UNCOMPUTED,
+                                       {"sinks": torch.zeros(4), "position_ids": None})
+
+
+def test_a_model_whose_source_cannot_be_read_is_not_refused(monkeypatch) -> None:
+    """A model defined in a notebook or at the prompt has no source to read: it may dispatch through
+    ALL_ATTENTION_FUNCTIONS, so configure_log_n does not refuse it (Bloom, whose source is read, is)."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    bloom = BloomForCausalLM(BloomConfig(vocab_size=97, hidden_size=32, n_layer=1, n_head=4))
+    assert not stock_attention.dispatches_attention(bloom)
+
+    def unreadable(obj):
+        raise OSError("could not get source code")
+
+    monkeypatch.setattr(stock_attention.inspect, "getsource", unreadable)
+    assert stock_attention.dispatches_attention(bloom)

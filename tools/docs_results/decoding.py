@@ -81,6 +81,7 @@ def table(data: dict[str, Any]) -> str:
     check = data.get("gpu_check") or {}
     rows_of_settings += [(f"not timed: `{model}`", "not run: the GPU check's decoding budget")
                          for model in check.get("skipped") or []]
+    rows_of_settings += [("failed", failure) for failure in check.get("failed") or []]
     if check.get("interrupted"):
         rows_of_settings.append(("stopped", check["interrupted"]))
     parts = [settings_table(rows_of_settings), f"Dynamic cache:\n\n{body}" if _static(data) else body]

@@ -31,7 +31,8 @@ ROW_FIELDS = ("series", "variant", "model_type", "mode", "objective", "seed", "l
               *METRICS, "tokens", "blocks", "tokens_beyond_train")
 SUMMARY_FIELDS = ("series", "variant", "model_type", "mode", "objective", "length", "ratio", "status",
                   "n_seeds",
-                  *[f"{m}_{s}" for m in METRICS for s in ("mean", "std", "min", "max")], "tokens", "blocks")
+                  *[f"{m}_{s}" for m in METRICS for s in ("mean", "std", "min", "max", "n")],
+                  "tokens", "blocks")
 
 
 def atomic_write_json(path: str | Path, data: Any) -> None:

@@ -32,7 +32,7 @@ TASK_ROW_FIELDS = ("series", "variant", "model_type", "mode", "objective", "seed
 TASK_SUMMARY_FIELDS = ("series", "variant", "model_type", "mode", "objective", "position_embedding_type",
                        "length",
                        "ratio", "status", "n_seeds",
-                       *[f"{m}_{s}" for m in TASK_METRICS for s in ("mean", "std", "min", "max")],
+                       *[f"{m}_{s}" for m in TASK_METRICS for s in ("mean", "std", "min", "max", "n")],
                        "sequences")
 
 

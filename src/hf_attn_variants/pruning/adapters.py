@@ -257,6 +257,10 @@ class HeadAdapter:
                     copies[id(config)].pruned_heads = {layer: list(heads) for layer, heads in value.items()}
                 module.config = copies[id(config)]
 
+    def check_removable(self) -> None:
+        """``TypeError`` when removing heads would leave the model wrong; every adapter but the decoder's
+        slices all a head has."""
+
     def apply_recorded_pruning(self) -> None:
         """Give a freshly built (unpruned) model the shapes recorded in ``config.pruned_heads``.
 
@@ -264,6 +268,8 @@ class HeadAdapter:
         build pruned shapes themselves.
         """
         pruned = self.pruned_heads()
+        if pruned:
+            self.check_removable()
         for layer, removed in pruned.items():
             new_kept = [h for h in range(self.num_heads) if h not in set(removed)]
             self.remove_heads(layer, list(new_kept), list(range(self.num_heads)), new_kept)
@@ -355,16 +361,24 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 """The decoder attention's projections, which ``DecoderAdapter.remove_heads`` slices."""
 
 
-def unsliced_tensors(attention: nn.Module) -> list[str]:
-    """Parameters and buffers of a decoder's ``attention`` outside its projections that removing heads would
-    leave wrong: any but a tensor of shape ``(head_dim,)`` on a direct child, shared by every head (Qwen3's
-    and Gemma 3's ``q_norm``/``k_norm``). Olmo2's norms over all heads' features, Cohere's and StableLM's
-    per-head norms and GPT-OSS's attention sinks are listed, as ``"name (shape)"``."""
+def unsliced_tensors(attention: nn.Module, num_heads: int, num_key_value_heads: int) -> list[str]:
+    """The saved tensors of a decoder's ``attention`` outside its projections that hold one slice per head,
+    which removing heads would leave wrong, as ``"name (shape)"``: a dimension of a head count or of the
+    heads' features (Olmo2's q/k norms over every head's features, Cohere's per-head norms, GPT-OSS's
+    attention sinks), or a place in a list of per-head modules (StableLM's per-head norms). A ``(head_dim,)``
+    tensor of a direct child is shared by every head (Qwen3's and Gemma 3's ``q_norm``/``k_norm``), and
+    buffers that are not saved (a rotary embedding's ``inv_freq``) are left alone."""
     head_dim = int(attention.head_dim)
-    tensors = [*attention.named_parameters(), *attention.named_buffers()]
-    return [f"{name} {tuple(tensor.shape)}" for name, tensor in tensors
-            if name.split(".")[0] not in PROJECTIONS
-            and (tuple(tensor.shape) != (head_dim,) or name.count(".") != 1)]
+    sizes = {num_heads, num_key_value_heads, num_heads * head_dim, num_key_value_heads * head_dim}
+    lists = [f"{name}." for name, module in attention.named_modules()
+             if isinstance(module, nn.ModuleList) and len(module) in (num_heads, num_key_value_heads)]
+    found = []
+    for name, tensor in attention.state_dict().items():
+        if name.split(".")[0] in PROJECTIONS or (tuple(tensor.shape) == (head_dim,) and name.count(".") == 1):
+            continue
+        if any(size in sizes for size in tensor.shape) or any(name.startswith(prefix) for prefix in lists):
+            found.append(f"{name} {tuple(tensor.shape)}")
+    return found
 
 
 class DecoderAdapter(SelfAttnLayersAdapter):
@@ -385,15 +399,26 @@ class DecoderAdapter(SelfAttnLayersAdapter):
 
     @classmethod
     def matches(cls, model: PreTrainedModel) -> bool:
-        """Whether the layers' attention has ``{q,k,v,o}_proj`` and ``head_dim``, and no per-head tensor that
-        removing heads would have to slice besides them (``unsliced_tensors``)."""
         layers = getattr(model.base_model, "layers", None)
         if not layers:
             return False
         attention = getattr(layers[0], "self_attn", None)
-        if not all(hasattr(attention, name) for name in (*PROJECTIONS, "head_dim")):
-            return False
-        return not unsliced_tensors(attention)
+        return all(hasattr(attention, name) for name in (*PROJECTIONS, "head_dim"))
+
+    def check_removable(self) -> None:
+        """``TypeError`` naming the per-head tensors beside the projections that removing heads would leave
+        wrong (``unsliced_tensors``); masking and scoring heads gate ``o_proj``'s input and still apply."""
+        unsliced = list(dict.fromkeys(name for attention in self.attentions  # each name once, every layer's
+                                      for name in unsliced_tensors(attention, self.num_heads,
+                                                                   self.num_key_value_heads)))
+        if unsliced:
+            more = f", … ({len(unsliced)} in all)" if len(unsliced) > 4 else ""
+            listed = ", ".join(unsliced[:4]) + more
+            raise TypeError(
+                f"Heads cannot be removed from {type(self.model).__name__}: its attention has per-head "
+                f"tensors beside q/k/v/o_proj that pruning would leave wrong ({listed}). head_mask and "
+                "compute_head_importance still apply."
+            )
 
     @property
     def head_dim(self) -> int:
@@ -461,22 +486,8 @@ def get_adapter(model: Any) -> HeadAdapter:
         f"Head pruning does not know the architecture of {type(model).__name__} (model_type {model_type!r}). "
         "Supported: this package's multi-head families (entropy_invariant, synthesizer), BERT/RoBERTa-style "
         "encoders (encoder.layer[i].attention.self.query/key/value) and Llama/Qwen2/Mistral-style decoders "
-        "(layers[i].self_attn.q_proj/k_proj/v_proj/o_proj and no other per-head tensor)."
-        + _unsliced_note(model)
+        "(layers[i].self_attn.q_proj/k_proj/v_proj/o_proj)."
     )
-
-
-def _unsliced_note(model: PreTrainedModel) -> str:
-    """For ``get_adapter``'s error: the tensors of a decoder attention with the supported projections that
-    pruning would not slice, or nothing."""
-    layers = getattr(model.base_model, "layers", None)
-    attention = getattr(layers[0], "self_attn", None) if layers else None
-    if attention is None or not all(hasattr(attention, name) for name in (*PROJECTIONS, "head_dim")):
-        return ""
-    unsliced = unsliced_tensors(attention)
-    listed = ", ".join(unsliced[:4]) + (f", … ({len(unsliced)} in all)" if len(unsliced) > 4 else "")
-    return (f" {type(model).__name__}'s attention has the projections and also {listed}, which removing "
-            "heads would leave wrong.")
 
 
 __all__ = [

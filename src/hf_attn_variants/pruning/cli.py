@@ -215,7 +215,7 @@ def _load_model(path: str) -> Any:
         reason = error_reason(error)
         raise FlagError("model_name_or_path", f"{path!r} could not be loaded as a model: {reason}") from error
     try:
-        get_adapter(model)
+        get_adapter(model).check_removable()  # the command removes heads: refused before any scoring
     except (TypeError, ValueError) as error:  # an architecture without (supported) attention heads
         raise FlagError("model_name_or_path", str(error)) from error
     return model

@@ -77,6 +77,7 @@ def prune_heads(model: PreTrainedModel, heads: Mapping[int, list[int]]) -> PreTr
     """
     adapter = get_adapter(model)
     heads = check_heads_to_prune(adapter, heads)
+    adapter.check_removable()
     before = adapter.pruned_heads()
     merged = {layer: list(removed) for layer, removed in before.items()}
     for layer, removed in heads.items():

@@ -56,8 +56,9 @@ DEFAULT_BASE_LENGTH = 512
 FORMULAS = ("log_ratio", "llama4")
 LLAMA4_ATTN_SCALE = 0.1
 LLAMA4_FLOOR_SCALE = 8192
-UNCOMPUTED = {"s_aux": "attention sinks (GPT-OSS's s_aux)",
-              "softcap": "attention logit soft-capping (Gemma 2's softcap)"}
+UNCOMPUTED = {"s_aux": "attention sinks (GPT-OSS's s_aux)", "sinks": "attention sinks (sinks)",
+              "softcap": "attention logit soft-capping (Gemma 2's softcap)",
+              "block_indices": "block-sparse attention (block_indices)"}
 """Arguments of a stock attention call that change its weights and that neither function here computes
 (Transformers' SDPA function ignores ``s_aux``): given, they raise instead of being dropped."""
 UNCOMPUTED_EAGER = {**UNCOMPUTED, "position_bias": "a relative position bias (T5's position_bias)"}
@@ -212,16 +213,16 @@ def stock_logit_factor(
 def dispatches_attention(model: PreTrainedModel) -> bool:
     """Whether a module of ``model`` is defined where Transformers' ``ALL_ATTENTION_FUNCTIONS`` is used, the
     table an ``attn_implementation`` name is looked up in (Transformers' own test of a model's source).
-    Bloom and DeBERTa-v2 compute their attention themselves: the name changes nothing there."""
+    Bloom and DeBERTa-v2 compute their attention themselves: the name changes nothing there. A module whose
+    source cannot be read (defined in a notebook or at the prompt, or shipped compiled) may dispatch: True."""
     sources: dict[str, bool] = {}
     for module in model.modules():
         name = type(module).__module__
         if name not in sources:
-            source_module = sys.modules.get(name)
             try:
-                sources[name] = "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(source_module)
-            except (OSError, TypeError):  # no source (built in, or a module made at run time)
-                sources[name] = False
+                sources[name] = "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(sys.modules[name])
+            except (KeyError, OSError, TypeError):  # no source to read: not known not to dispatch
+                sources[name] = True
         if sources[name]:
             return True
     return False
@@ -230,31 +231,37 @@ def dispatches_attention(model: PreTrainedModel) -> bool:
 def configure_log_n(model: PreTrainedModel, *, base_length: int | None = None, formula: str | None = None,
                     scope: str | None = None, min_length: int | None = None) -> int:
     """Set the log-n fields (``base_length``, ``entropy_invariant_formula``, ``entropy_invariant_scope``,
-    ``entropy_min_length``; ``None`` leaves one as it is) on every config of a stock ``model`` that its
-    attention reads: ``model.config``, its sub-configs and each module's own ``config`` (T5's stacks hold
-    copies; a vision-language model's text model reads ``text_config``), so that ``model.config.base_length
-    = L`` alone is not silently ignored there. ``TypeError`` for a model loaded without
-    ``attn_implementation="entropy_invariant"`` (or ``"entropy_invariant_eager"``), or whose attention does
-    not dispatch through ``ALL_ATTENTION_FUNCTIONS``; ``ValueError`` naming a bad value. Returns how many
-    configs were set."""
+    ``entropy_min_length``; ``None`` leaves one as it is) on every config of a stock ``model`` whose
+    attention runs ``"entropy_invariant"`` (or ``"entropy_invariant_eager"``): ``model.config``, its
+    sub-configs and each module's own ``config`` (T5's stacks hold copies; a vision-language model's text
+    model reads ``text_config``, which may be the only one scaled), so that ``model.config.base_length = L``
+    alone is not silently ignored there. A ``PeftModel`` is read through its base model; compile after this.
+    ``TypeError`` for a model none of whose configs runs those implementations, or whose attention does not
+    dispatch through ``ALL_ATTENTION_FUNCTIONS``; ``ValueError`` naming a bad value. Returns how many configs
+    were set."""
+    if hasattr(model, "get_base_model") and not isinstance(model, PreTrainedModel):
+        model = model.get_base_model()  # a PeftModel
     if not isinstance(model, PreTrainedModel):
         raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}.")
     if not dispatches_attention(model):
         raise TypeError(f"{type(model).__name__} computes its attention itself, not through Transformers' "
                         "ALL_ATTENTION_FUNCTIONS, so log-n scaling cannot apply to it.")
-    implementation = getattr(model.config, "_attn_implementation", None)
-    if implementation not in (ENTROPY_INVARIANT, ENTROPY_INVARIANT_EAGER):
-        raise TypeError(f"{type(model).__name__} was loaded with attn_implementation={implementation!r}: "
-                        f"load it with attn_implementation={ENTROPY_INVARIANT!r} for log-n scaling.")
+    ours = (ENTROPY_INVARIANT, ENTROPY_INVARIANT_EAGER)
+    scaled = [config for config in model_configs(model)
+              if getattr(config, "_attn_implementation", None) in ours]
+    if not scaled:
+        raise TypeError(f"{type(model).__name__} was loaded with attn_implementation="
+                        f"{getattr(model.config, '_attn_implementation', None)!r}: load it with "
+                        f"attn_implementation={ENTROPY_INVARIANT!r} (or give it to the sub-configs to scale) "
+                        "for log-n scaling.")
     fields = {"base_length": base_length, "entropy_invariant_formula": formula,
               "entropy_invariant_scope": scope, "entropy_min_length": min_length}
     check_log_n_fields(fields)
-    configs = {id(config): config for config in model_configs(model)}
-    for config in configs.values():
+    for config in scaled:
         for field, value in fields.items():
             if value is not None:
                 setattr(config, field, value)
-    return len(configs)
+    return len(scaled)
 
 
 def check_log_n_fields(fields: dict[str, Any]) -> None:

@@ -1040,7 +1040,8 @@ class AttnVariantConfig(PreTrainedConfig):
             value = kwargs[field]  # None or empty asks for nothing: taken, as generic code may pass it
             if value is not None and not (isinstance(value, (dict, list, tuple)) and not value):
                 raise ValueError(f"{field} does not apply to {type(self).__name__}: "
-                                 f"{self.not_applicable[field]}")
+                                 f"{self.not_applicable[field]} (Earlier versions kept and ignored it: "
+                                 "delete the key from a config.json saved with it.)")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
