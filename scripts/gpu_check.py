@@ -33,6 +33,7 @@ measured row) — its results file says what; 2 when the stage could not run (th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib.metadata
 import importlib.util
@@ -47,7 +48,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -979,11 +980,22 @@ TIME_LIMIT = "the stage's time limit (SIGTERM from gpu_check.sh's timeout)"
 
 
 def stop_at_sigterm(signum: int, frame: Any) -> None:
-    """The bench stage's SIGTERM handler: a ``KeyboardInterrupt`` naming ``TIME_LIMIT``, which
+    """A measuring stage's SIGTERM handler: a ``KeyboardInterrupt`` naming ``TIME_LIMIT``, which
     ``Runner.run_all`` answers by keeping the rows of the phases it finished (raised once: the shell's
     ``--kill-after`` ends a stage that does not stop)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt(TIME_LIMIT)
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Inside, SIGTERM raises ``stop_at_sigterm``'s ``KeyboardInterrupt``; the previous handler is back after.
+    An interrupt the stage does not answer itself ends it with 124 (``main``)."""
+    previous = signal.signal(signal.SIGTERM, stop_at_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def bench_stage(args: argparse.Namespace) -> int:
@@ -991,16 +1003,9 @@ def bench_stage(args: argparse.Namespace) -> int:
     skipped. Status 1 when a row failed (e.g. out of memory: the bench records it and goes on). Told to stop
     (the shell's ``timeout`` sends SIGTERM), it writes the rows of the phases it finished, the length in
     progress included, with ``interrupted`` saying where it stopped, and exits 124: the first length, 64k,
-    holds every FLASH row that matters most."""
-    previous = signal.signal(signal.SIGTERM, stop_at_sigterm)
-    try:
+    holds every FLASH row that matters most (a stop between lengths leaves the file of the finished ones)."""
+    with sigterm_interrupts():
         return bench_lengths(args)
-    except KeyboardInterrupt as stop:  # between two lengths: the file holds every finished one
-        log(f"bench: stopped by {str(stop) or 'Ctrl-C'} between lengths; {args.out / 'benchmarks-gpu.json'} "
-            "holds every length finished before it")
-        return 124
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def bench_lengths(args: argparse.Namespace) -> int:
@@ -1198,17 +1203,15 @@ def decoding_stage(args: argparse.Namespace) -> int:
         return 2
     plan = decoding_settings(args.dry_run)
     data = decoding_data(args.dry_run, plan, device)
-    previous = signal.signal(signal.SIGTERM, stop_at_sigterm)
-    try:
-        return decode_models(args, plan, device, budget, data)
-    except KeyboardInterrupt as stop:
-        data["gpu_check"]["interrupted"] = (f"stopped by {str(stop) or 'Ctrl-C'}: the rows and profiles "
-                                            "measured before it are kept")
-        path = write_json(args.out, "decoding-gpu", rounded(data))
-        log(f"decoding: {data['gpu_check']['interrupted']}; {len(data['rows'])} rows → {path}")
-        return 124
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_interrupts():
+        try:
+            return decode_models(args, plan, device, budget, data)
+        except KeyboardInterrupt as stop:
+            data["gpu_check"]["interrupted"] = (f"stopped by {str(stop) or 'Ctrl-C'}: the rows and profiles "
+                                                "measured before it are kept")
+            path = write_json(args.out, "decoding-gpu", rounded(data))
+            log(f"decoding: {data['gpu_check']['interrupted']}; {len(data['rows'])} rows → {path}")
+            return 124
 
 
 def decoding_data(dry_run: bool, plan: dict[str, Any], device: str) -> dict[str, Any]:
@@ -1499,8 +1502,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return STAGES[args.stage](args)
-    except KeyboardInterrupt as stop:  # e.g. while a stage restores its handler: its files are complete
-        log(f"{args.stage}: stopped by {str(stop) or 'Ctrl-C'}")
+    except KeyboardInterrupt as stop:  # between two writes of the stage's file: it holds what was finished
+        log(f"{args.stage}: stopped by {str(stop) or 'Ctrl-C'}; its results file holds what it finished")
         return 124
     except Exception as error:  # noqa: BLE001 - the stage could not run: say which and why, keep the traceback
         traceback.print_exc()

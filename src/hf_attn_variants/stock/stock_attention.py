@@ -278,13 +278,14 @@ def check_log_n_fields(fields: dict[str, Any]) -> None:
 
 def model_configs(model: PreTrainedModel) -> list[PreTrainedConfig]:
     """``model.config``, the configs nested in it, and every module's ``config`` attribute."""
-    found, pending = [], [model.config, *(getattr(m, "config", None) for m in model.modules())]
+    found: dict[int, PreTrainedConfig] = {}
+    pending = [model.config, *(getattr(m, "config", None) for m in model.modules())]
     while pending:
         config = pending.pop()
-        if isinstance(config, PreTrainedConfig) and all(config is not seen for seen in found):
-            found.append(config)
+        if isinstance(config, PreTrainedConfig) and id(config) not in found:
+            found[id(config)] = config
             pending += [value for value in vars(config).values() if isinstance(value, PreTrainedConfig)]
-    return found
+    return list(found.values())
 
 
 def register_stock_attention() -> None:

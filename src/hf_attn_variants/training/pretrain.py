@@ -826,11 +826,10 @@ def checkpoint_state(run: TrainingSetup, state_of_loop: LoopState, epoch: int) -
 
 
 # ---------------------------------------------------------------- logging
-def throughput_fields(run: TrainingSetup, state: LoopState) -> dict[str, float | int]:
-    """``tokens`` (trained on so far, every rank), ``tokens_per_second`` over the window since the last row,
-    and ``mfu`` where the device's peak is known (``throughput.py``)."""
-    seconds = max(time.perf_counter() - state.window_started, 1e-9)
-    rate = state.window_tokens / seconds
+def throughput_fields(run: TrainingSetup, state: LoopState, seconds: float) -> dict[str, float | int]:
+    """``tokens`` (trained on so far, every rank), ``tokens_per_second`` over the window since the last row
+    (``seconds`` long), and ``mfu`` where the device's peak is known (``throughput.py``)."""
+    rate = state.window_tokens / max(seconds, 1e-9)
     fields_ = {"tokens": state.tokens, "tokens_per_second": round(rate, 1)}
     utilisation = mfu(rate, run.flops_per_token, run.peak_flops, run.runtime.num_processes)
     if utilisation is not None:
@@ -872,8 +871,9 @@ def log_row(run: TrainingSetup, state: LoopState, grad_norm: torch.Tensor | None
         raise TrainingDiverged("pretrain", state.completed, row["loss"], run.args.learning_rate)
     if grad_norm is not None:
         row["grad_norm"] = float(grad_norm)
-    state.train_seconds += time.perf_counter() - state.window_started
-    row.update(throughput_fields(run, state))
+    window = time.perf_counter() - state.window_started
+    state.train_seconds += window
+    row.update(throughput_fields(run, state, window))
     if eval_due:
         state.metrics = evaluate(run)
         row.update(state.metrics)
