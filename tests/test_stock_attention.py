@@ -282,6 +282,22 @@ def test_configure_log_n_refuses_what_it_cannot_scale_in_one_error() -> None:
         stock_attention.configure_log_n(torch.nn.Linear(2, 2))
 
 
+def test_configure_log_n_on_a_compiled_model_names_the_model_to_pass_and_the_compiled_one_follows() -> None:
+    """``torch.compile``'s wrapper is refused with what to pass instead; the compiled model then recompiles
+    for the new fields (Dynamo guards the config's values), so its logits equal the eager model's."""
+    model = tiny_llama().eval()
+    compiled = torch.compile(model, backend="eager")
+    with pytest.raises(TypeError, match="got OptimizedModule \\(torch.compile's wrapper: pass the model you"):
+        stock_attention.configure_log_n(compiled, base_length=4)
+    ids = torch.randint(0, model.config.vocab_size, (1, 24))
+    with torch.no_grad():
+        before = compiled(ids).logits
+        stock_attention.configure_log_n(model, base_length=4)
+        after = compiled(ids).logits
+        torch.testing.assert_close(after, model(ids).logits)
+    assert not torch.allclose(before, after, atol=1e-5)
+
+
 def test_attention_arguments_the_functions_do_not_compute_are_refused_not_dropped() -> None:
     """T5's relative ``position_bias`` (the eager function added none: 0.21 off eager within the training
     length), Gemma 2's ``softcap`` and GPT-OSS's attention sinks (``s_aux``: 0.097 off with either function)

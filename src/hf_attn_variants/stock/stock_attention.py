@@ -235,14 +235,18 @@ def configure_log_n(model: PreTrainedModel, *, base_length: int | None = None, f
     attention runs ``"entropy_invariant"`` (or ``"entropy_invariant_eager"``): ``model.config``, its
     sub-configs and each module's own ``config`` (T5's stacks hold copies; a vision-language model's text
     model reads ``text_config``, which may be the only one scaled), so that ``model.config.base_length = L``
-    alone is not silently ignored there. A ``PeftModel`` is read through its base model; compile after this.
+    alone is not silently ignored there. A ``PeftModel`` is read through its base model. A compiled model
+    recompiles when these fields change: pass the module that was compiled, not ``torch.compile``'s wrapper.
     ``TypeError`` for a model none of whose configs runs those implementations, or whose attention does not
     dispatch through ``ALL_ATTENTION_FUNCTIONS``; ``ValueError`` naming a bad value. Returns how many configs
     were set."""
     if hasattr(model, "get_base_model") and not isinstance(model, PreTrainedModel):
         model = model.get_base_model()  # a PeftModel
     if not isinstance(model, PreTrainedModel):
-        raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}.")
+        name = type(model).__name__
+        compiled = (" (torch.compile's wrapper: pass the model you compiled, which recompiles when its "
+                    "config changes)" if name == "OptimizedModule" else "")
+        raise TypeError(f"model must be a transformers PreTrainedModel, got {name}{compiled}.")
     if not dispatches_attention(model):
         raise TypeError(f"{type(model).__name__} computes its attention itself, not through Transformers' "
                         "ALL_ATTENTION_FUNCTIONS, so log-n scaling cannot apply to it.")
