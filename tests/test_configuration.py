@@ -82,3 +82,61 @@ def test_eos_token_id_is_checked_like_the_other_token_ids(config_class) -> None:
                                 ([None], TypeError, "eos_token_id must be an int, got None")):
         with pytest.raises(error, match=message):
             config_class(**CONFIGS[config_class], eos_token_id=bad)
+
+
+@pytest.mark.parametrize("config_class", list(CONFIGS))
+def test_a_pad_token_id_outside_the_vocabulary_is_refused_by_the_config(config_class) -> None:
+    """The padding id is the embedding's ``padding_idx``: past the vocabulary every model failed to build in
+    torch's ``AssertionError``, seven frames deep (Transformers' own configs only log a warning)."""
+    vocab = CONFIGS[config_class]["vocab_size"]
+    assert config_class(**CONFIGS[config_class], pad_token_id=vocab - 1).pad_token_id == vocab - 1
+    with pytest.raises(ValueError, match=rf"pad_token_id must be < vocab_size={vocab}, got {vocab}\."):
+        config_class(**CONFIGS[config_class], pad_token_id=vocab)
+
+
+FAMILY_MODELS = {"entropy_invariant": "EntropyInvariant", "gau": "GAU", "synthesizer": "Synthesizer"}
+FAMILY_CONFIGS = dict(zip(FAMILY_MODELS, CONFIGS.items(), strict=True))
+"""family → (config class, tiny fields)."""
+
+
+@pytest.mark.parametrize("family", list(FAMILY_MODELS))
+def test_the_stock_log_n_attention_functions_are_refused_by_every_family(family: str) -> None:
+    """Transformers accepts any registered attention name for any model. The entropy-invariant family
+    scales by log n itself, so ``attn_implementation="entropy_invariant"`` squared the factor (1.1e-3 off
+    the SDPA model at a tiny init); GAU and the Synthesizer ignored it. One ``ValueError`` at load and at
+    ``set_attn_implementation``."""
+    import hf_attn_variants
+
+    config_class, fields = FAMILY_CONFIGS[family]
+    model_class = getattr(hf_attn_variants, f"{FAMILY_MODELS[family]}ForCausalLM")
+    why = "scale them a second time" if family == "entropy_invariant" else "would change nothing"
+    for name in ("entropy_invariant", "entropy_invariant_eager"):
+        with pytest.raises(ValueError, match=rf"attn_implementation='{name}' is log-n scaling for .*{why}"):
+            model_class._from_config(config_class(**fields), attn_implementation=name)
+    model = model_class(config_class(**fields))
+    with pytest.raises(ValueError, match="is log-n scaling for stock Transformers models"):
+        model.set_attn_implementation("entropy_invariant")
+    if family == "entropy_invariant":
+        model.set_attn_implementation("eager")
+        assert model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("family", list(FAMILY_MODELS))
+def test_a_causal_config_in_a_bidirectional_head_is_said(family: str) -> None:
+    """A causal LM's checkpoint loaded into a classification head attends in both directions and pools the
+    first token: Transformers' logger says so once; a bidirectional config says nothing."""
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
+    import hf_attn_variants
+    from hf_attn_variants.models import modeling_common
+
+    config_class, fields = FAMILY_CONFIGS[family]
+    model_class = getattr(hf_attn_variants, f"{FAMILY_MODELS[family]}ForSequenceClassification")
+    logger = logging.get_logger(modeling_common.__name__)
+    for is_decoder in (False, True):
+        logger.warning_once.cache_clear()
+        with CaptureLogger(logger) as captured:
+            model = model_class(config_class(**fields, is_decoder=is_decoder))
+        assert not model.config.is_decoder
+        assert ("attends in both directions, but this config is causal" in captured.out) == is_decoder

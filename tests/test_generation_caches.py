@@ -214,3 +214,67 @@ def test_passing_the_cache_under_both_names_is_one_clear_error() -> None:
     cache = getattr(model(input_ids=ids, use_cache=True), CACHE_FIELD)
     with pytest.raises(ValueError, match=r"`cache` or as `past_key_values`, not both"):
         model(input_ids=ids, cache=cache, past_key_values=cache)
+
+
+ONE_PER_FAMILY = ["entropy_invariant-entropy_invariant-sdpa", "gau-softmax_plus", "synthesizer-dense"]
+
+
+@pytest.mark.parametrize("variant", [*ONE_PER_FAMILY, "flash"])
+def test_continuous_batching_is_refused_in_one_sentence(variant: str) -> None:
+    """``generate_batch`` failed every request inside the manager's thread, each with a logged traceback (the
+    paged cache has no ``get_seq_length``; GAU has no heads to page): one ``ValueError`` before it starts."""
+    model = flash_gau() if variant == "flash" else build(variant)
+    if not hasattr(model, "generate_batch"):
+        pytest.skip(f"transformers {transformers.__version__} has no generate_batch")
+    with pytest.raises(ValueError, match=r"does not run under Transformers' continuous batching") as error:
+        config = transformers.GenerationConfig(max_new_tokens=2, do_sample=False)
+        model.generate_batch([[5, 6, 7], [8, 9]], generation_config=config)
+    assert "\n" not in str(error.value)
+
+
+def test_a_synthesizer_static_cache_longer_than_its_patterns_names_max_cache_len() -> None:
+    """The slots of a ``StaticCache`` are keys to the Synthesizer's l × l patterns: the error names the
+    cache's ``max_cache_len``, not a sequence length the caller never had."""
+    model = build("synthesizer-dense")
+    cache = transformers.StaticCache(config=model.config, max_cache_len=64)
+    with pytest.raises(ValueError, match=r"StaticCache's max_cache_len=64 exceeds max_position_embeddings="):
+        model(input_ids=random_ids(1, 5, vocab=TINY["vocab_size"]), use_cache=True, **{CACHE_FIELD: cache})
+
+
+@pytest.mark.parametrize("cached", [8, 7])
+def test_a_flash_cache_of_other_rows_is_refused(cached: int) -> None:
+    """A decoding step with fewer rows than the cache: after whole chunks (8 tokens, chunk 4) the state
+    broadcast over the rows and gave logits of the cache's batch; mid-chunk (7) torch.cat failed."""
+    model = flash_gau()
+    ids = random_ids(2, cached + 1, vocab=TINY["vocab_size"], seed=5)
+    with torch.no_grad():
+        cache = getattr(model(input_ids=ids[:, :cached], use_cache=True), CACHE_FIELD)
+        with pytest.raises(ValueError, match=r"past_key_values holds 2 rows and the input has 1"):
+            model(input_ids=ids[:1, cached:], **{CACHE_FIELD: cache})
+
+
+def test_flash_warns_once_about_left_padding_off_its_chunk_grid() -> None:
+    """FLASH's chunks start at column 0: a row left-padded by a number of tokens that chunk_size does not
+    divide is computed otherwise than alone (docs/gau.md), which batched generate and pipelines did
+    silently. Padding by whole chunks, right padding and training say nothing."""
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
+    from hf_attn_variants.models import modeling_gau
+
+    model = flash_gau()  # chunk 4
+    ids = random_ids(2, 9, vocab=TINY["vocab_size"], seed=6)
+    logger = logging.get_logger(modeling_gau.__name__)
+    for lengths, side, warned in (([9, 5], "left", False), ([9, 9], "left", False), ([9, 6], "right", False),
+                                  ([9, 6], "left", True)):
+        padded, mask = left_padded(ids, lengths) if side == "left" else (ids, torch.ones_like(ids))
+        if side == "right":
+            mask[1, 6:] = 0
+        logger.warning_once.cache_clear()
+        with CaptureLogger(logger) as captured, torch.no_grad():
+            model(input_ids=padded, attention_mask=mask)
+        assert ("not a multiple of chunk_size=4" in captured.out) == warned, (lengths, side, captured.out)
+    logger.warning_once.cache_clear()
+    with CaptureLogger(logger) as captured:
+        model.train()(input_ids=padded, attention_mask=mask)
+    assert captured.out == ""

@@ -193,6 +193,34 @@ def test_positions_that_do_not_restart_are_the_ordinary_path(family: str, object
     assert (given - default).abs().max().item() <= tolerance(model) * default.abs().max().item()
 
 
+COUNTED = [case for case in CASES if case.values[0] != "synthesizer" and "flex_attention" not in case.id]
+"""The cases whose layers read nᵢ (the synthesizer reads none; flex equals SDPA and compiles per shape)."""
+
+
+@pytest.mark.parametrize(("family", "options"), COUNTED)
+def test_a_mask_decides_the_key_counts_over_given_positions(family: str, options: dict) -> None:
+    """With an ``attention_mask``, nᵢ counts the keys the mask lets a query see, whatever ``position_ids``
+    the caller passes: passing the default positions (0, 1, … over left padding) equals leaving them out,
+    and positions restarting in a row with a mask of ones (not packing, as in Transformers: attention crosses
+    the documents) count every earlier key of the row, not the document's."""
+    model = build(family, "causal", options)
+    ids, restarting, _ = packed_batch()
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding
+    seen = record_key_counts(model)
+    with torch.no_grad():
+        default = model(ids, attention_mask=mask).logits
+        given = model(ids, attention_mask=mask, position_ids=torch.arange(LENGTH).expand(2, -1)).logits
+        model(ids, attention_mask=torch.ones_like(ids), position_ids=restarting)
+    real = mask.bool()
+    torch.testing.assert_close(given[real], default[real])
+    counted = mask.cumsum(-1).to(seen[0].dtype)
+    for counts in seen[:len(seen) * 2 // 3]:
+        torch.testing.assert_close(counts[real], counted[real])
+    for counts in seen[len(seen) * 2 // 3:]:
+        torch.testing.assert_close(counts, torch.arange(1, LENGTH + 1, dtype=counts.dtype).expand(2, -1))
+
+
 def test_document_helpers() -> None:
     positions = torch.tensor([[0, 1, 2, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7]])
     documents = packed_document_ids(positions)

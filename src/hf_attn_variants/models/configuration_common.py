@@ -265,6 +265,8 @@ class AttnVariantConfig(RemoteCodeSavingMixin, PreTrainedConfig):
             check_bool(field, getattr(self, field))
         for field in ("pad_token_id", "bos_token_id"):
             check_int(field, getattr(self, field), 0, allow_none=True)
+        if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:  # the padding_idx
+            raise ValueError(f"pad_token_id must be < vocab_size={self.vocab_size}, got {self.pad_token_id}.")
         eos = self.eos_token_id  # one id or several, as generate takes them
         for value in eos if isinstance(eos, (list, tuple)) else [eos]:
             check_int("eos_token_id", value, 0, allow_none=not isinstance(eos, (list, tuple)))

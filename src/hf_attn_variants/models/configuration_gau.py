@@ -42,7 +42,8 @@ class GAUConfig(AttnVariantConfig):
         attention_normalization (str): A from the scaled logits a = q·k/√s.
             - ``"softmax"``: softmax(a).
             - ``"softmax_plus"``: softmax((log nᵢ/log ``base_length``)·a), GAU-α's entropy-invariant softmax.
-            - ``"relu2"``: relu(a)² / L with L from ``relu2_length`` (the paper's GAU and FLASH).
+            - ``"relu2"``: relu(a)² / L with L from ``relu2_length``: the relu² of GAU and FLASH in
+              bert4keras's form (the paper's pseudocode: relu(q·kᵀ/n + b)², with a position bias b).
             - ``"relu2_normalized"``: relu(a)² / (Σⱼ relu(a)² + ε).
             - ``"laplace"``: laplace(a) / L with Mega's 0.5·(1 + erf((a − μ)/(σ√2))), μ = √½, σ = 1/√(4π).
         relu2_length (str): L of relu²/Laplace: ``"dynamic"`` = nᵢ, keys row i sees; ``"fixed"`` =

@@ -369,9 +369,10 @@ def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, 
     """nᵢ: how many keys query i may attend to in its own row.
 
     A causal query at position p = ``query_offset`` + i sees the non-padded keys at positions ≤ p; the 2D case
-    is O(batch · key_length), no n×n tensor. ``position_ids`` (the caller's, when given) decide causal rows:
-    nᵢ = position + 1. That equals the mask's count for every real token when the positions number the tokens
-    0, 1, … (as ``generate`` does), and it is all a serving engine (packed tokens, no mask) provides.
+    is O(batch · key_length), no n×n tensor. The mask decides where there is one: it is what the attention
+    sees (caller's positions that restart in a masked row, or count from 0 over left padding, do not change
+    which keys a query sees). Without a mask, ``position_ids`` (the caller's) decide causal rows: nᵢ =
+    position + 1, all that a serving engine (packed tokens, no mask) provides.
     ``document_ids`` (packed rows): a bidirectional row sees its document (``document_lengths``), a causal row
     its document up to itself (``document_positions`` + 1).
 
@@ -385,13 +386,14 @@ def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, 
         causal (bool): whether queries see only earlier keys.
         device (torch.device): where to build the counts.
         dtype (torch.dtype): their dtype.
-        position_ids (torch.Tensor | None): ``[B, T_q]`` or ``[1, T_q]`` integer positions (causal rows only).
+        position_ids (torch.Tensor | None): ``[B, T_q]`` or ``[1, T_q]`` integer positions (causal rows
+            without ``attention_mask`` only).
         document_ids (torch.Tensor | None): ``[B, T_q]`` int64 dₜ of packed rows.
 
     Returns:
         torch.Tensor: ``[B, T_q]`` in ``dtype``.
     """
-    if causal and position_ids is not None:
+    if causal and position_ids is not None and attention_mask is None:
         counts = position_ids.to(device=device, dtype=dtype) + 1
         return counts.expand(batch_size, query_length) if counts.shape[0] == 1 else counts
     if document_ids is not None:

@@ -36,7 +36,7 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import PreTrainedModel
-from transformers.utils import ModelOutput, can_return_tuple
+from transformers.utils import ModelOutput, can_return_tuple, logging
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .compat import CACHE_FIELD, accepts_cache_alias, output_cache, record_outputs
@@ -55,6 +55,8 @@ from .layers import (
 )
 from .losses import chunked_cross_entropy
 from .standalone import RemoteCodeSavingMixin
+
+logger = logging.get_logger(__name__)
 
 
 if TYPE_CHECKING:  # the mixins below are combined with a PreTrainedModel subclass
@@ -249,6 +251,10 @@ class AttentionMLPLayer(GradientCheckpointingLayer):
 
 SERVING_ENGINE_ATTENTION = "vllm"
 """The attention implementation vLLM's Transformers backend writes on a config before it builds the model."""
+STOCK_LOG_N_ATTENTION = ("entropy_invariant", "entropy_invariant_eager")
+"""The log-n attention functions the package registers for stock Transformers models
+(``hf_attn_variants.stock``). Transformers accepts any registered name for any model; these families refuse
+them."""
 
 
 class AttnVariantPreTrainedModel(RemoteCodeSavingMixin, PreTrainedModel):
@@ -318,6 +324,49 @@ class AttnVariantPreTrainedModel(RemoteCodeSavingMixin, PreTrainedModel):
             if refusal is not None:
                 raise ValueError(refusal)
         super().__init__(config, *args, **kwargs)
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False
+                                        ) -> str:
+        """Transformers' check of ``attn_implementation``, refusing the stock models' log-n functions.
+
+        Transformers accepts every registered name for every model. The entropy-invariant family scales its
+        logits itself (``attention_scale``), so these functions would apply log n a second time; GAU and the
+        Synthesizer compute their attention themselves, so they would change nothing.
+
+        Args:
+            requested_attention (str | None): the name asked for.
+            is_init_check (bool): whether the model is being built (Transformers' argument).
+
+        Returns:
+            str: the implementation to use.
+        """
+        if requested_attention in STOCK_LOG_N_ATTENTION:
+            if self._supports_attention_backend:
+                why = ("scales its logits by log n itself (config.attention_scale): this function would "
+                       "scale them a second time. Use attn_implementation='sdpa', 'eager' or "
+                       "'flex_attention'")
+            else:
+                why = "computes its attention itself: this function would change nothing"
+            raise ValueError(f"attn_implementation={requested_attention!r} is log-n scaling for stock "
+                             f"Transformers models; {type(self).__name__} {why}.")
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
+
+    def init_continuous_batching(self, *args: Any, **kwargs: Any) -> Any:
+        """Refuse Transformers' continuous batching (``generate_batch``, ``init_continuous_batching``).
+
+        Its requests would fail one by one inside the manager's thread, each with a logged traceback (the
+        layers do not read Transformers' paged cache, and GAU has no heads to page).
+
+        Args:
+            *args: ``init_continuous_batching``'s arguments.
+            **kwargs: its keyword arguments.
+
+        Returns:
+            Any: nothing; it raises ``ValueError``.
+        """
+        raise ValueError(f"{type(self).__name__} does not run under Transformers' continuous batching "
+                         "(generate_batch, init_continuous_batching): its attention does not read the paged "
+                         "cache. Call generate with a batch of prompts instead.")
 
     @classmethod
     def serving_refusal(cls, config: AttnVariantConfig | None = None) -> str | None:
@@ -624,6 +673,12 @@ class _HeadMixin(ModelMixinBase):
 
     def _build_base(self, config: AttnVariantConfig) -> AttnVariantConfig:
         if config.is_decoder != self.is_decoder_head:  # a copy: the caller's config stays as it was
+            if config.is_decoder:
+                logger.warning_once(
+                    f"{type(self).__name__} attends in both directions, but this config is causal "
+                    "(is_decoder=True, as a causal LM saves it): the model is not the one such a checkpoint "
+                    "was trained as. Sequence classification pools the first token."
+                )
             config = copy.deepcopy(config)
             config.is_decoder = self.is_decoder_head
         pipeline = getattr(getattr(config, "distributed_config", None), "pp_size", None) or 1

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, StaticCache
 from transformers import GenerationMixin
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
@@ -329,6 +329,10 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         key_length = value.shape[2]
         if key_length > self.max_length:
             raise ValueError(
+                f"The StaticCache's max_cache_len={key_length} exceeds max_position_embeddings="
+                f"{self.max_length}, the size l of the synthesized attention matrices: build it with "
+                f"max_cache_len <= {self.max_length}."
+                if isinstance(cache, StaticCache) else
                 f"Sequence length {key_length} exceeds max_position_embeddings={self.max_length}, the size l "
                 "of the synthesized attention matrices."
             )

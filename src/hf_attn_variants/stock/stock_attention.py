@@ -47,10 +47,10 @@ from ..models.layers import (
     upcast,
     visible_key_counts,
 )
+from ..models.modeling_common import STOCK_LOG_N_ATTENTION
 from ..models.modeling_entropy_invariant import eager_attention_forward
 
-ENTROPY_INVARIANT = "entropy_invariant"
-ENTROPY_INVARIANT_EAGER = "entropy_invariant_eager"
+ENTROPY_INVARIANT, ENTROPY_INVARIANT_EAGER = STOCK_LOG_N_ATTENTION
 DEFAULT_MIN_LENGTH = 16
 DEFAULT_BASE_LENGTH = 512
 FORMULAS = ("log_ratio", "llama4")
@@ -203,9 +203,9 @@ def stock_logit_factor(
         causal=causal,
         device=query.device,
         dtype=dtype,
-        # The model fills in default positions 0, 1, … even for left padding, so where it built a mask the
-        # mask decides; without one (no padding, or a serving engine's packed tokens) the positions do.
-        position_ids=position_ids if attention_mask is None else None,
+        # The model fills in default positions 0, 1, … even for left padding: where it built a mask the mask
+        # decides; without one (no padding, or a serving engine's packed tokens) the positions do.
+        position_ids=position_ids,
     )
     return entropy_invariant_factor(counts, base_length, min_length, scope)
 

@@ -192,7 +192,7 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import PreTrainedModel
-from transformers.utils import ModelOutput, can_return_tuple
+from transformers.utils import ModelOutput, can_return_tuple, logging
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 
@@ -548,9 +548,10 @@ def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, 
     """nᵢ: how many keys query i may attend to in its own row.
 
     A causal query at position p = ``query_offset`` + i sees the non-padded keys at positions ≤ p; the 2D case
-    is O(batch · key_length), no n×n tensor. ``position_ids`` (the caller's, when given) decide causal rows:
-    nᵢ = position + 1. That equals the mask's count for every real token when the positions number the tokens
-    0, 1, … (as ``generate`` does), and it is all a serving engine (packed tokens, no mask) provides.
+    is O(batch · key_length), no n×n tensor. The mask decides where there is one: it is what the attention
+    sees (caller's positions that restart in a masked row, or count from 0 over left padding, do not change
+    which keys a query sees). Without a mask, ``position_ids`` (the caller's) decide causal rows: nᵢ =
+    position + 1, all that a serving engine (packed tokens, no mask) provides.
     ``document_ids`` (packed rows): a bidirectional row sees its document (``document_lengths``), a causal row
     its document up to itself (``document_positions`` + 1).
 
@@ -564,13 +565,14 @@ def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, 
         causal (bool): whether queries see only earlier keys.
         device (torch.device): where to build the counts.
         dtype (torch.dtype): their dtype.
-        position_ids (torch.Tensor | None): ``[B, T_q]`` or ``[1, T_q]`` integer positions (causal rows only).
+        position_ids (torch.Tensor | None): ``[B, T_q]`` or ``[1, T_q]`` integer positions (causal rows
+            without ``attention_mask`` only).
         document_ids (torch.Tensor | None): ``[B, T_q]`` int64 dₜ of packed rows.
 
     Returns:
         torch.Tensor: ``[B, T_q]`` in ``dtype``.
     """
-    if causal and position_ids is not None:
+    if causal and position_ids is not None and attention_mask is None:
         counts = position_ids.to(device=device, dtype=dtype) + 1
         return counts.expand(batch_size, query_length) if counts.shape[0] == 1 else counts
     if document_ids is not None:
@@ -1106,6 +1108,8 @@ class AttnVariantConfig(PreTrainedConfig):
             check_bool(field, getattr(self, field))
         for field in ("pad_token_id", "bos_token_id"):
             check_int(field, getattr(self, field), 0, allow_none=True)
+        if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:  # the padding_idx
+            raise ValueError(f"pad_token_id must be < vocab_size={self.vocab_size}, got {self.pad_token_id}.")
         eos = self.eos_token_id  # one id or several, as generate takes them
         for value in eos if isinstance(eos, (list, tuple)) else [eos]:
             check_int("eos_token_id", value, 0, allow_none=not isinstance(eos, (list, tuple)))
@@ -1377,6 +1381,7 @@ def chunked_cross_entropy(hidden_states: torch.Tensor, weight: torch.Tensor, lab
 
 
 # ------------------------------ from modeling_common.py ------------------------------
+logger = logging.get_logger(__name__)
 if TYPE_CHECKING:  # the mixins below are combined with a PreTrainedModel subclass
     ModelMixinBase = PreTrainedModel
 else:
@@ -1569,6 +1574,10 @@ class AttentionMLPLayer(GradientCheckpointingLayer):
 
 SERVING_ENGINE_ATTENTION = "vllm"
 """The attention implementation vLLM's Transformers backend writes on a config before it builds the model."""
+STOCK_LOG_N_ATTENTION = ("entropy_invariant", "entropy_invariant_eager")
+"""The log-n attention functions the package registers for stock Transformers models
+(``hf_attn_variants.stock``). Transformers accepts any registered name for any model; these families refuse
+them."""
 
 
 class AttnVariantPreTrainedModel(PreTrainedModel):
@@ -1638,6 +1647,49 @@ class AttnVariantPreTrainedModel(PreTrainedModel):
             if refusal is not None:
                 raise ValueError(refusal)
         super().__init__(config, *args, **kwargs)
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False
+                                        ) -> str:
+        """Transformers' check of ``attn_implementation``, refusing the stock models' log-n functions.
+
+        Transformers accepts every registered name for every model. The entropy-invariant family scales its
+        logits itself (``attention_scale``), so these functions would apply log n a second time; GAU and the
+        Synthesizer compute their attention themselves, so they would change nothing.
+
+        Args:
+            requested_attention (str | None): the name asked for.
+            is_init_check (bool): whether the model is being built (Transformers' argument).
+
+        Returns:
+            str: the implementation to use.
+        """
+        if requested_attention in STOCK_LOG_N_ATTENTION:
+            if self._supports_attention_backend:
+                why = ("scales its logits by log n itself (config.attention_scale): this function would "
+                       "scale them a second time. Use attn_implementation='sdpa', 'eager' or "
+                       "'flex_attention'")
+            else:
+                why = "computes its attention itself: this function would change nothing"
+            raise ValueError(f"attn_implementation={requested_attention!r} is log-n scaling for stock "
+                             f"Transformers models; {type(self).__name__} {why}.")
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
+
+    def init_continuous_batching(self, *args: Any, **kwargs: Any) -> Any:
+        """Refuse Transformers' continuous batching (``generate_batch``, ``init_continuous_batching``).
+
+        Its requests would fail one by one inside the manager's thread, each with a logged traceback (the
+        layers do not read Transformers' paged cache, and GAU has no heads to page).
+
+        Args:
+            *args: ``init_continuous_batching``'s arguments.
+            **kwargs: its keyword arguments.
+
+        Returns:
+            Any: nothing; it raises ``ValueError``.
+        """
+        raise ValueError(f"{type(self).__name__} does not run under Transformers' continuous batching "
+                         "(generate_batch, init_continuous_batching): its attention does not read the paged "
+                         "cache. Call generate with a batch of prompts instead.")
 
     @classmethod
     def serving_refusal(cls, config: AttnVariantConfig | None = None) -> str | None:
@@ -1944,6 +1996,12 @@ class _HeadMixin(ModelMixinBase):
 
     def _build_base(self, config: AttnVariantConfig) -> AttnVariantConfig:
         if config.is_decoder != self.is_decoder_head:  # a copy: the caller's config stays as it was
+            if config.is_decoder:
+                logger.warning_once(
+                    f"{type(self).__name__} attends in both directions, but this config is causal "
+                    "(is_decoder=True, as a causal LM saves it): the model is not the one such a checkpoint "
+                    "was trained as. Sequence classification pools the first token."
+                )
             config = copy.deepcopy(config)
             config.is_decoder = self.is_decoder_head
         pipeline = getattr(getattr(config, "distributed_config", None), "pp_size", None) or 1

@@ -56,6 +56,7 @@ from transformers import GenerationMixin, initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.utils import logging
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 
@@ -247,6 +248,7 @@ def chunk_cache_layer(cache: Cache, layer_idx: int) -> GAUChunkCacheLayer:
 
 
 # ------------------------------ from modeling_gau.py ------------------------------
+logger = logging.get_logger(__name__)
 TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
 """Whether ``triton`` is installed; its kernels (``gau_triton``) are imported only when paths run them."""
 RELU2_NORMALIZED_EPS = 1e-6
@@ -500,7 +502,10 @@ class LengthNormalization(GAUNormalization):
 
 
 class Relu2Normalization(LengthNormalization):
-    """``relu2``: relu(a)² / L, the paper's GAU and FLASH."""
+    """``relu2``: relu(a)² / L, the relu² of GAU and FLASH in bert4keras's form.
+
+    Hua et al. (2022) write relu(q·kᵀ/n + b)² with a relative position bias b.
+    """
 
     def function(self, scores: torch.Tensor) -> torch.Tensor:
         """relu(a)².
@@ -1135,6 +1140,10 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
             lin_k = lin_k * x.key_mask[:, -1:, None].to(lin_k.dtype)
         keys, values = torch.cat([x.quad_k, lin_k], dim=-1).unsqueeze(1), x.value.unsqueeze(1)
         open_keys, open_values, state = layer.open_chunk()
+        held = next((tensor.shape[0] for tensor in (state, open_keys) if tensor is not None), keys.shape[0])
+        if held != keys.shape[0]:  # the state would broadcast over the rows
+            raise ValueError(f"past_key_values holds {held} rows and the input has {keys.shape[0]}: a cache "
+                             "continues the rows it was built for.")
         opened = 0 if open_keys is None else open_keys.shape[-2]
         if opened:
             keys = torch.cat([open_keys, keys], dim=-2)  # type: ignore[list-item]
@@ -1343,11 +1352,34 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
                 f"shape {tuple(attention_mask.shape)}."
             )
         key_mask = attention_mask.to(geometry.device).bool() if attention_mask is not None else None
+        if key_mask is not None and not self.training and geometry.query_offset == 0:
+            warn_off_grid_padding(key_mask, config.chunk_size)
         documents = None
         if geometry.document_ids is not None:
             documents = DocumentChunks.build(geometry.document_ids.to(geometry.device), config.chunk_size,
                                              layout=not is_torchdynamo_compiling())
         return {"key_mask": key_mask, "key_counts": key_counts, "documents": documents}
+
+
+def warn_off_grid_padding(key_mask: torch.Tensor, chunk_size: int) -> None:
+    """Warn once when a row's left padding is not a multiple of ``chunk_size``.
+
+    FLASH's chunks start at column 0, so such a row is not computed as it would be alone (right padding
+    is). Reads the mask on the host, so only outside training and compilation.
+
+    Args:
+        key_mask (torch.Tensor): ``[B, T]`` bool, ``True`` = token.
+        chunk_size (int): g.
+    """
+    if is_torchdynamo_compiling():
+        return
+    leading = (key_mask.long().cumsum(-1) == 0).sum(-1)
+    if bool((leading % chunk_size).any()):
+        logger.warning_once(
+            f"A row is left-padded by a number of tokens that is not a multiple of chunk_size={chunk_size}: "
+            "FLASH's chunks start at the row's first column, so its outputs differ from the unpadded row's "
+            "(batched generate and pipelines included). Pad on the right, or generate one prompt per row."
+        )
 
 
 class GAUForMaskedLM(MaskedLMHeadMixin, GAUPreTrainedModel):

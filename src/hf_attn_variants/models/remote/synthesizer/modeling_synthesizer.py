@@ -48,7 +48,7 @@ from torch import nn
 import torch
 import torch.nn.functional as F
 from transformers import GenerationMixin, initialization as init
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, StaticCache
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 
@@ -319,6 +319,10 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         key_length = value.shape[2]
         if key_length > self.max_length:
             raise ValueError(
+                f"The StaticCache's max_cache_len={key_length} exceeds max_position_embeddings="
+                f"{self.max_length}, the size l of the synthesized attention matrices: build it with "
+                f"max_cache_len <= {self.max_length}."
+                if isinstance(cache, StaticCache) else
                 f"Sequence length {key_length} exceeds max_position_embeddings={self.max_length}, the size l "
                 "of the synthesized attention matrices."
             )
