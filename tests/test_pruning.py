@@ -323,10 +323,34 @@ def test_importance_needs_labels_and_examples() -> None:
     batch = labelled(model, 2, seed=1)
     with pytest.raises(ValueError, match="labels"):
         compute_head_importance(model, [{k: v for k, v in batch.items() if k != "labels"}])
-    with pytest.raises(ValueError, match="no examples"):
+    with pytest.raises(ValueError, match="no example with a token to predict"):
         compute_head_importance(model, [])
     with pytest.raises(TypeError, match="dict"):
         compute_head_importance(model, [batch["input_ids"]])
+
+
+@pytest.mark.parametrize("kind", ["llama", "entropy_invariant"])
+def test_examples_with_nothing_to_predict_are_skipped(kind: str) -> None:
+    """A causal row of one token (the model shifts the labels) or an MLM row with nothing masked has no loss:
+    the scores are those of the other examples (they raised "loss is not finite" and stopped the CLI)."""
+    if kind == "llama":
+        model = build(kind)
+        batch = labelled(model, 2, seed=3)
+        first = batch["input_ids"][:1]
+        empty = {"input_ids": first, "attention_mask": torch.zeros_like(first),
+                 "labels": torch.full_like(first, -100)}
+        empty["attention_mask"][0, 0], empty["labels"][0, 0] = 1, batch["input_ids"][0, 0]
+    else:
+        model = build(kind, suffix="ForMaskedLM")
+        ids = random_ids(2, 9, seed=3)
+        batch = {"input_ids": ids, "labels": ids.masked_fill(torch.rand(ids.shape) > 0.3, -100)}
+        batch["labels"][:, 0] = ids[:, 0]
+        empty = {"input_ids": ids[:1], "labels": torch.full_like(ids[:1], -100)}
+    expected = compute_head_importance(model, [batch], normalize_per_layer=False)
+    torch.testing.assert_close(compute_head_importance(model, [batch, empty], normalize_per_layer=False),
+                               expected)
+    with pytest.raises(ValueError, match="no example with a token to predict"):
+        compute_head_importance(model, [empty])
 
 
 # ------------------------------------------------------- first-order importance vs true ablation (trained)

@@ -209,3 +209,27 @@ def test_masked_lm_masking_gives_every_row_with_a_word_a_target() -> None:
     assert ((labels != -100).sum(dim=1) >= 1).all()
     _, few = mask_for_mlm(batch, tokenizer, 0.0, torch.Generator().manual_seed(0))
     assert ((few != -100).sum(dim=1) == 1).all()  # probability 0: exactly the one forced target per row
+
+
+def test_causal_rows_of_one_token_are_skipped_and_a_data_error_writes_no_run(tmp_path, capsys) -> None:
+    """A one-word line of a causal LM's ``.txt`` has nothing to predict: it is skipped, not a "loss is not
+    finite" error; data with nothing to predict at all is one ``--train_file`` error that leaves no
+    ``run.json`` behind (it blocked the corrected rerun into the same folder)."""
+    model_dir = tmp_path / "model"
+    make_model("llama").save_pretrained(model_dir)
+    tokenizer().save_pretrained(model_dir)
+    common = ["--threshold", "none", "--max_heads_pruned", "0.25", "--fraction", "0.25", "--batch_size", "4",
+              "--num_importance_examples", "4"]
+    words = tmp_path / "words.txt"
+    words.write_text("w1\nw2\nw3\nw4\nw5\n")
+    out = tmp_path / "out"
+    code = main(["prune", "--model_name_or_path", str(model_dir), "--train_file", str(words),
+                 "--output_dir", str(out), *common])
+    assert code == 2 and "--train_file: " in capsys.readouterr().err
+    assert not out.exists()
+    mixed = tmp_path / "mixed.txt"
+    mixed.write_text("w1\n" + "\n".join(text for text, _ in sentences(12)) + "\n")
+    code = main(["prune", "--model_name_or_path", str(model_dir), "--train_file", str(mixed),
+                 "--output_dir", str(out), *common])
+    assert code == 0, capsys.readouterr().err
+    assert (out / "curve.json").exists()

@@ -341,8 +341,6 @@ def study(args: argparse.Namespace, inputs: PruneInputs) -> None:
     model, tokenizer, task = inputs.model, inputs.tokenizer, inputs.task
     importance_batches, eval_batches = inputs.importance_batches, inputs.eval_batches
     output = Path(args.output_dir)
-    # every input is valid: from here on the run writes
-    start_run(PRUNE_RULE, inputs.folder, inputs.arguments)
     if task == "classification":
         metric, metric_name, higher_is_better = accuracy_metric(eval_batches), "accuracy", True
     else:
@@ -356,6 +354,8 @@ def study(args: argparse.Namespace, inputs: PruneInputs) -> None:
         raise FlagError("train_file", f"train_file: head importance cannot be computed: {error} Check that "
                                       "every example has a token to predict, and that the model's loss is "
                                       "finite on it.") from error
+    # every input is valid (the scores are the last check of the data): from here on the run writes
+    start_run(PRUNE_RULE, inputs.folder, inputs.arguments)
     plot_head_importance(importance, output / "head_importance.png",
                          title=f"Head importance\n{type(model).__name__}")
     remaining_before, total = count_heads(model)

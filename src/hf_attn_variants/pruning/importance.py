@@ -69,6 +69,12 @@ def normalize_importance(
     return result
 
 
+def no_targets(labels: Any) -> bool:
+    """Whether token labels ``[1, T]`` hold nothing to predict: no label other than -100 (an MLM row with no
+    masked token), or only the first one (a causal row of one token: the model shifts the labels)."""
+    return isinstance(labels, torch.Tensor) and labels.dim() > 1 and int((labels != -100).sum()) <= 1
+
+
 def compute_head_importance(
     model: PreTrainedModel,
     dataloader: Iterable[Mapping[str, Any]],
@@ -82,7 +88,8 @@ def compute_head_importance(
         model: a model supported by ``hf_attn_variants.pruning`` (this package's multi-head families,
             BERT-style encoders, Llama-style decoders) that returns ``.loss`` when given labels.
         dataloader: any iterable of dict batches of tensors with labels (a ``DataLoader``, a list …);
-            each batch is split into single examples.
+            each batch is split into single examples. An example with nothing to predict (``no_targets``)
+            has no loss and is skipped.
         normalize_per_layer: divide each layer's scores by their ℓ2 norm.
         normalize_global: then min–max scale all scores to [0, 1].
 
@@ -109,6 +116,8 @@ def compute_head_importance(
                             "(e.g. 'labels', or 'start_positions'/'end_positions' for question answering)."
                         )
                     if not torch.isfinite(loss):
+                        if no_targets(inputs.get("labels")):
+                            continue  # nothing to predict: no loss, no gradient
                         raise ValueError(f"the model's loss is not finite ({loss.item()}) on example "
                                          f"{count}.")
                     (grad,) = torch.autograd.grad(loss, gate, allow_unused=True)
@@ -118,7 +127,7 @@ def compute_head_importance(
     finally:
         model.train(was_training)
     if count == 0:
-        raise ValueError("dataloader yielded no examples.")
+        raise ValueError("dataloader yielded no example with a token to predict.")
     importance = total.float()
     importance[~adapter.alive()] = float("nan")
     return normalize_importance(
