@@ -70,7 +70,8 @@ def onnx_part(cases: list[dict], module_path: str) -> dict:
         for inputs_file in case["inputs"]:
             inputs = torch.load(inputs_file)
             feed = {name: inputs[name].numpy() for name in onnx_export.INPUT_NAMES}
-            torch.save(torch.from_numpy(session.run(None, feed)[0]), f"{inputs_file}.onnx.pt")
+            outputs = [torch.from_numpy(output) for output in session.run(None, feed)]
+            torch.save(outputs, f"{inputs_file}.onnx.pt")
         results[case["name"]] = {"export_s": seconds, "input_shapes": dims}
     return results
 

@@ -35,12 +35,14 @@ from hf_attn_variants import (
     GAUConfig,
     GAUForCausalLM,
     GAUForMaskedLM,
+    GAUForQuestionAnswering,
+    GAUModel,
     SynthesizerConfig,
     SynthesizerForCausalLM,
     SynthesizerForMaskedLM,
 )
 from hf_attn_variants.hub import ExportArguments, export
-from hf_attn_variants.hub.onnx_export import output_name
+from hf_attn_variants.hub.onnx_export import output_names
 from hf_attn_variants.training.corpus import embedded_tokenizer
 from tests.remote_code import client_python
 
@@ -145,6 +147,40 @@ def build_models(tokenizer) -> dict[str, torch.nn.Module]:
     return models
 
 
+def onnx_only_models(vocab_size: int) -> dict[str, tuple[torch.nn.Module, str]]:
+    """Models only the ONNX part exports, with their Auto class: FLASH, whose chunked shapes depend on the
+    length modulo ``chunk_size`` (a graph traced at 8 tokens ran at 8 or at multiples of 4 only), causal
+    with chunk 4 and bidirectional with chunk 8, and a question-answering head (two outputs)."""
+    common = {"vocab_size": vocab_size, "hidden_size": 32, "num_hidden_layers": 2, "attention_key_size": 16,
+              "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "bos_token_id": None,
+              "eos_token_id": None}
+    flash = {**common, "attention_normalization": "relu2"}
+    torch.manual_seed(0)
+    return {
+        "gau-flash-causal": (GAUForCausalLM(GAUConfig(**flash, chunk_size=4, is_decoder=True)).eval(),
+                             "AutoModelForCausalLM"),
+        "gau-flash-encoder": (GAUModel(GAUConfig(**flash, chunk_size=8)).eval(), "AutoModel"),
+        "gau-question-answering": (GAUForQuestionAnswering(GAUConfig(**common)).eval(),
+                                   "AutoModelForQuestionAnswering"),
+    }
+
+
+def add_onnx_case(manifest: dict, expected: dict, tmp: Path, name: str, folder: Path, auto_class: str,
+                  reference: torch.nn.Module) -> None:
+    """One ONNX case: its input files at ``ONNX_SHAPES`` and PyTorch's outputs (``output_names``) on them."""
+    files = []
+    for i, (batch, length, padding) in enumerate(ONNX_SHAPES):
+        inputs = onnx_inputs(batch, length, padding, seed=i)
+        torch.save(inputs, tmp / f"{name}.onnx{i}.pt")
+        files.append(str(tmp / f"{name}.onnx{i}.pt"))
+        with torch.no_grad():
+            outputs = reference(**inputs)
+        expected["onnx"][f"{name}/{i}"] = ([outputs[key] for key in output_names(reference)],
+                                           inputs["attention_mask"])
+    manifest["onnx"].append({"name": name, "folder": str(folder), "auto_class": auto_class,
+                             "path": str(tmp / "onnx" / f"{name}.onnx"), "inputs": files})
+
+
 def pooled(model, tokenizer, texts: list[str], pooling: str, max_length: int) -> torch.Tensor:
     """This package's embeddings: the base model's last hidden states pooled over the attention mask."""
     batch = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
@@ -230,19 +266,13 @@ def clients(tmp_path_factory) -> dict:
         manifest["sentence_transformers"].append({"name": name, "folder": str(folder), "texts": TEXTS})
         reference = AutoModelForCausalLM.from_pretrained(folder).eval() if model.config.is_decoder else base
         auto_class = "AutoModelForCausalLM" if model.config.is_decoder else "AutoModel"
-        files = []
-        for i, (batch, length, padding) in enumerate(ONNX_SHAPES):
-            inputs = onnx_inputs(batch, length, padding, seed=i)
-            torch.save(inputs, tmp / f"{name}.onnx{i}.pt")
-            files.append(str(tmp / f"{name}.onnx{i}.pt"))
-            with torch.no_grad():
-                expected["onnx"][f"{name}/{i}"] = (reference(**inputs)[output_name(reference)],
-                                                   inputs["attention_mask"])
-        manifest["onnx"].append({"name": name, "folder": str(folder), "auto_class": auto_class,
-                                 "path": str(tmp / "onnx" / f"{name}.onnx"), "inputs": files})
+        add_onnx_case(manifest, expected, tmp, name, folder, auto_class, reference)
         if model.config.is_decoder:
             manifest["lm_eval"]["models"].append({"name": name, "folder": str(folder)})
             expected["lm_eval"][name] = reference
+    for name, (model, auto_class) in onnx_only_models(len(tokenizer)).items():
+        model.save_pretrained(tmp / "onnx-only" / name)
+        add_onnx_case(manifest, expected, tmp, name, tmp / "onnx-only" / name, auto_class, model)
     write_tasks(tmp / "tasks")
     (tmp / "sts.jsonl").write_text("".join(json.dumps({"sentence1": a, "sentence2": b, "score": score}) + "\n"
                                            for a, b, score in STS_PAIRS))
@@ -299,13 +329,15 @@ def test_onnx_runtime_equals_pytorch_with_dynamic_axes_and_padding(clients: dict
     """One graph per model (exported at batch 2 × 8 tokens) runs at 1×5, 3×23 right-padded and 2×40
     left-padded; onnxruntime equals PyTorch on every real token within 1e-4."""
     gaps = {}
-    for key, (want, mask) in clients["expected"]["onnx"].items():
+    for key, (wanted, mask) in clients["expected"]["onnx"].items():
         name, i = key.split("/")
-        got = torch.load(clients["tmp"] / f"{name}.onnx{i}.pt.onnx.pt")
-        assert got.shape == want.shape, key
-        gap = float((got - want)[mask.bool()].abs().max())
-        gaps[name] = max(gaps.get(name, 0.0), gap)
-        assert gap < 1e-4, f"{key}: onnxruntime differs from PyTorch by {gap:.2e}"
+        outputs = torch.load(clients["tmp"] / f"{name}.onnx{i}.pt.onnx.pt")
+        assert len(outputs) == len(wanted), key
+        for got, want in zip(outputs, wanted, strict=True):
+            assert got.shape == want.shape, key
+            gap = float((got - want)[mask.bool()].abs().max())
+            gaps[name] = max(gaps.get(name, 0.0), gap)
+            assert gap < 1e-4, f"{key}: onnxruntime differs from PyTorch by {gap:.2e}"
     print("onnxruntime max |ort - torch|:", {k: f"{v:.1e}" for k, v in gaps.items()})
     for name, info in clients["got"]["onnx"].items():
         assert all(isinstance(dim, str) for shape in info["input_shapes"].values()

@@ -206,3 +206,52 @@ def test_push_without_network_fails_with_one_sentence(exported, monkeypatch) -> 
     message = str(error.value)
     assert "\n" not in message and "ConnectionError" in message and "unchanged" in message
     assert folder_digest(folder) == before
+
+
+def test_the_onnx_program_takes_every_length_and_leaves_the_model_as_it_was(monkeypatch) -> None:
+    """torch.export of FLASH's chunked path depends on the length modulo ``chunk_size``: torch.onnx then
+    narrowed the "dynamic" axis to the traced length (or its multiples of 4) and exited 0. The program is
+    traced with the reference kernel and runs at any length; a model whose shapes depend on the length is
+    refused in one ``ValueError``; a question-answering head has two outputs; the caller's bf16 training model
+    stays bf16 and training, and its ``gau_kernel`` as it was. Without onnx (this environment) the graph is
+    tested in tests/test_clients.py; torch.export is all this test needs."""
+    from contextlib import contextmanager
+
+    from hf_attn_variants import GAUConfig, GAUForCausalLM, GAUForQuestionAnswering
+    from hf_attn_variants.hub import onnx_export
+
+    fields = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1, "attention_key_size": 16,
+              "max_position_embeddings": 64}
+    torch.manual_seed(0)
+    flash = GAUForCausalLM(GAUConfig(**fields, attention_normalization="relu2", chunk_size=4,
+                                     is_decoder=True)).to(torch.bfloat16).train()
+    program = onnx_export.exported_program(flash).module()
+    assert flash.training and flash.dtype == torch.bfloat16 and flash.config.gau_kernel == "auto"
+    reference = GAUForCausalLM(flash.config).eval()
+    reference.load_state_dict({k: v.float() for k, v in flash.state_dict().items()})
+    for length in (2, 7, 9, 30):
+        ids = torch.randint(0, 64, (3, length))
+        mask = torch.ones_like(ids)
+        mask[1, :1] = 0
+        with torch.no_grad():
+            want = reference(input_ids=ids, attention_mask=mask, use_cache=False).logits
+            torch.testing.assert_close(program(ids, mask)[0][mask.bool()], want[mask.bool()], atol=1e-5,
+                                       rtol=1e-4)
+
+    @contextmanager
+    def chunked(model):  # the chunked kernel, as before
+        yield model.eval()
+
+    monkeypatch.setattr(onnx_export, "exportable", chunked)
+    with pytest.raises(ValueError, match=r"GAUForCausalLM cannot be exported with a dynamic sequence axis"):
+        onnx_export.exported_program(flash)
+    monkeypatch.undo()
+    qa = GAUForQuestionAnswering(GAUConfig(**fields)).eval()
+    assert onnx_export.output_names(qa) == ("start_logits", "end_logits")
+    assert len(onnx_export.exported_program(qa).module()(ids, mask)) == 2
+    for bad in (1, 2.5, True):
+        with pytest.raises(ValueError, match=r"example_length must be an int >= 2"):
+            onnx_export.exported_program(qa, example_length=bad)
+    qa.config.max_position_embeddings = 2
+    with pytest.raises(ValueError, match=r"max_position_embeddings=2: an ONNX graph"):
+        onnx_export.exported_program(qa)

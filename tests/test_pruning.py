@@ -561,7 +561,7 @@ def _tiny_decoder(name: str, **extra):
 @pytest.mark.parametrize(("name", "extra", "tensors"), [
     ("Olmo2", {}, "q_norm.weight (32,), k_norm.weight (32,)"),  # a norm over every head's features
     ("Cohere", {"use_qk_norm": True}, "q_norm.weight (4, 8), k_norm.weight (4, 8)"),  # a norm per head
-    ("StableLm", {"qk_layernorm": True, "num_key_value_heads": 4},
+    ("StableLm", {"qk_layernorm": True, "num_key_value_heads": 4, "pad_token_id": 0},  # 5.0 has no default
      "q_layernorm.norms.0.weight (8,), "),  # a module per head
     ("GptOss", {"num_local_experts": 2, "num_experts_per_tok": 1, "num_key_value_heads": 4},
      "sinks (4,)"),  # a logit per head

@@ -225,7 +225,10 @@ def export(args: ExportArguments) -> Path:
         if args.onnx:
             from .onnx_export import ONNX_PATH, export_onnx
 
-            export_onnx(model, staging / ONNX_PATH)
+            try:
+                export_onnx(model, staging / ONNX_PATH)
+            except ValueError as error:
+                raise FlagError("onnx", f"--onnx: {error}") from error
         check_export(staging)
         share_like_the_user(staging)
         replace_folder(staging, output)

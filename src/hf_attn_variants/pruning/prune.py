@@ -135,7 +135,9 @@ def _structure(model: torch.nn.Module) -> dict[str, Any]:
     plain-valued attribute of every submodule (``in_features``, ``num_heads``, ``head_dim``, a rotary
     embedding's ``dim`` …; not ``training``)."""
     structure: dict[str, Any] = {}
-    for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers()):
+    # Tied weights listed under each name: Transformers 5.0 builds a model on the meta device untied.
+    for name, tensor in itertools.chain(model.named_parameters(remove_duplicate=False),
+                                        model.named_buffers(remove_duplicate=False)):
         structure[name] = tuple(tensor.shape)
     for name, module in model.named_modules():
         for attribute, value in vars(module).items():
