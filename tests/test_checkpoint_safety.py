@@ -404,3 +404,23 @@ def test_a_finetune_checkpoint_that_fails_to_save_keeps_the_previous_one(tmp_pat
         code, err = run_cli(argv)
     assert code == 0, err
     assert f"finetune: resuming from {folder / 'checkpoint-2'} (step 2)" in caplog.text, caplog.text[-3000:]
+
+
+def test_a_gathered_tied_head_is_written_once(tmp_path) -> None:
+    """The full state gathered from FSDP2's shards has a tensor per name, so a sharded checkpoint stored the
+    tied LM head twice (36 tensors against a DDP checkpoint's 35 and an alias); re-tied, it is one tensor and
+    an alias, read back as the same values."""
+    from safetensors import safe_open
+
+    from hf_attn_variants import EntropyInvariantConfig, EntropyInvariantForCausalLM
+    from hf_attn_variants.training.safe_state import read_tensors, retied, write_tensors
+
+    model = EntropyInvariantForCausalLM(EntropyInvariantConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, is_decoder=True))
+    gathered = {name: tensor.clone() for name, tensor in model.state_dict().items()}  # what a gather returns
+    write_tensors(tmp_path / "model.safetensors", retied(model, gathered))
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as handle:
+        names = set(handle.keys())
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+    back = read_tensors(tmp_path / "model.safetensors")
+    torch.testing.assert_close(back["lm_head.weight"], model.lm_head.weight.detach())

@@ -375,18 +375,49 @@ def test_a_model_without_a_plan_is_refused_naming_the_flag() -> None:
         check_parallel_plans(NoPlans(), ParallelLayout(dp_replicate_size=2))
 
 
-def test_resuming_across_kinds_of_launch_is_refused(tmp_path) -> None:
+def test_resuming_across_kinds_of_launch_or_global_batches_is_refused(tmp_path) -> None:
+    """A checkpoint of the other kind of launch, or of another global batch (per device × data-parallel
+    processes: a DDP checkpoint resumed on fewer processes trained on its blocks again and moved its epoch
+    back, silently) or gradient accumulation, is refused naming --resume_from_checkpoint; a checkpoint
+    without the record (accelerate runs before it) is taken."""
     folder = tmp_path / "checkpoints" / "step_2"
     folder.mkdir(parents=True)
     # an accelerate checkpoint
     (folder / STATE_FILE).write_text(json.dumps({"completed_steps": 2, "epoch": 0}))
     with pytest.raises(FlagError, match="written by an accelerate run"):
-        check_checkpoint_kind(folder, tiny_args(tmp_path, fsdp_size=2))
+        check_checkpoint_kind(folder, tiny_args(tmp_path, fsdp_size=2), 2)
+    check_checkpoint_kind(folder, tiny_args(tmp_path), 1)
+    (folder / STATE_FILE).write_text(json.dumps({"completed_steps": 2, "epoch": 0, "global_batch_size": 8,
+                                                 "gradient_accumulation_steps": 1}))
+    with pytest.raises(FlagError, match=r"global batch of 8 blocks, this run has per_device_train_batch_size "
+                                        r"× 1 data-parallel process\(es\) = 4"):
+        check_checkpoint_kind(folder, tiny_args(tmp_path, per_device_train_batch_size=4), 1)
+    check_checkpoint_kind(folder, tiny_args(tmp_path, per_device_train_batch_size=4), 2)
+    with pytest.raises(FlagError, match="gradient_accumulation_steps=1, this run has 2"):
+        check_checkpoint_kind(folder, tiny_args(tmp_path, per_device_train_batch_size=4,
+                                                gradient_accumulation_steps=2), 2)
     (folder / STATE_FILE).write_text(json.dumps({"completed_steps": 2, "epoch": 0, "sharded": True,
                                                  "global_batch_size": 8}))
     with pytest.raises(FlagError, match="written by a sharded"):
-        check_checkpoint_kind(folder, tiny_args(tmp_path))
-    with pytest.raises(FlagError, match="global batch of 8 blocks, this run has per_device_train_batch_size "
-                                        "× dp_size = 4"):
-        check_checkpoint_kind(folder, tiny_args(tmp_path, per_device_train_batch_size=2, fsdp_size=2))
-    check_checkpoint_kind(folder, tiny_args(tmp_path, per_device_train_batch_size=4, fsdp_size=2))
+        check_checkpoint_kind(folder, tiny_args(tmp_path), 1)
+    with pytest.raises(FlagError, match="global batch of 8 blocks"):
+        check_checkpoint_kind(folder, tiny_args(tmp_path, per_device_train_batch_size=2, fsdp_size=2), 2)
+    check_checkpoint_kind(folder, tiny_args(tmp_path, per_device_train_batch_size=4, fsdp_size=2), 2)
+
+
+
+
+def test_tensor_parallel_ranks_count_as_devices_in_the_plan_and_mfu() -> None:
+    """Under ``--tp_size 2`` on 2 processes the start line said "1 process" and MFU divided by 1 device
+    (``runtime.num_processes`` counts the data-parallel ranks): the devices are every rank of the mesh."""
+    from types import SimpleNamespace
+
+    from hf_attn_variants.training.pretrain import device_count
+
+    def run(layout: ParallelLayout, data_ranks: int) -> SimpleNamespace:
+        return SimpleNamespace(args=SimpleNamespace(layout=layout),
+                               runtime=SimpleNamespace(num_processes=data_ranks))
+
+    assert device_count(run(ParallelLayout(tp_size=2), 1)) == 2
+    assert device_count(run(ParallelLayout(tp_size=2, fsdp_size=2), 2)) == 4
+    assert device_count(run(ParallelLayout(), 3)) == 3  # accelerate: every process is a data rank

@@ -141,6 +141,8 @@ def test_sigterm_checkpoints_the_current_step_and_exits_with_the_documented_code
     assert record is not None and record.command == "pretrain" and not record.finished
     state = json.loads((folder / "checkpoints" / "step_3" / "training_state.json").read_text())
     assert state["completed_steps"] == 3 and "model.safetensors" in state["files"]
+    # what a resume on another number of processes is checked against (check_checkpoint_kind)
+    assert state["global_batch_size"] == 4 and state["gradient_accumulation_steps"] == 1
     assert len(state["files"]["model.safetensors"]["sha256"]) == 64
 
 

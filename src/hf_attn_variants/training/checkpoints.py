@@ -317,10 +317,13 @@ def find_checkpoint(output_dir: str, name: str) -> Path:
     return named_checkpoint(output_dir, name).path
 
 
-def check_checkpoint_kind(checkpoint: Path, args: PretrainArguments) -> None:
+def check_checkpoint_kind(checkpoint: Path, args: PretrainArguments, data_ranks: int) -> None:
     """``FlagError`` naming ``resume_from_checkpoint`` when the checkpoint was written by the other path
     (``sharded`` in its state file; the accelerate path's MLM weights carry the ``model.`` prefix of its loss
-    module) or, for a sharded one, with another global batch size (the data position would not match)."""
+    module) or with another global batch (``per_device_train_batch_size`` × the ``data_ranks`` processes that
+    see distinct data) or gradient accumulation: the data position is counted in global batches, so it would
+    not match, and the epoch would not either. Checkpoints written before the global batch was recorded
+    (accelerate runs until 2026-11-30) are taken as they are."""
     state = json.loads((checkpoint / STATE_FILE).read_text())
     written_sharded = bool(state.get("sharded"))
     if written_sharded != args.layout.sharded:
@@ -329,13 +332,18 @@ def check_checkpoint_kind(checkpoint: Path, args: PretrainArguments) -> None:
                         f"resume_from_checkpoint: {str(checkpoint)!r} was written by {kind} run; resume it "
                         f"with the same kind of launch ({'the same' if written_sharded else 'no'} "
                         "--fsdp_size/--tp_size/--dp_replicate_size).")
-    if written_sharded:
-        batch = args.per_device_train_batch_size * args.layout.dp_size
-        if state["global_batch_size"] != batch:
-            raise FlagError("resume_from_checkpoint",
-                            f"resume_from_checkpoint: {str(checkpoint)!r} was trained with a global batch of "
-                            f"{state['global_batch_size']} blocks, this run has per_device_train_batch_size "
-                            f"× dp_size = {batch}.")
+    batch = args.per_device_train_batch_size * data_ranks
+    if state.get("global_batch_size", batch) != batch:
+        raise FlagError("resume_from_checkpoint",
+                        f"resume_from_checkpoint: {str(checkpoint)!r} was trained with a global batch of "
+                        f"{state['global_batch_size']} blocks, this run has per_device_train_batch_size × "
+                        f"{data_ranks} data-parallel process(es) = {batch}: resume it with the same product.")
+    accumulation = state.get("gradient_accumulation_steps", args.gradient_accumulation_steps)
+    if accumulation != args.gradient_accumulation_steps:
+        raise FlagError("resume_from_checkpoint",
+                        f"resume_from_checkpoint: {str(checkpoint)!r} was trained with "
+                        f"gradient_accumulation_steps={accumulation}, this run has "
+                        f"{args.gradient_accumulation_steps}.")
 
 
 def save_checkpoint(runtime: TrainingRuntime, output_dir: str, name: str, state: dict[str, Any], *,

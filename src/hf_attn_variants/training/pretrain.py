@@ -568,11 +568,11 @@ def check_output_folder_of(args: PretrainArguments) -> FolderState:
                                inputs=inputs, write_into=args.write_into_output_dir)
 
 
-def checkpoint_to_resume(args: PretrainArguments, folder: FolderState) -> Path | None:
+def checkpoint_to_resume(args: PretrainArguments, folder: FolderState, data_ranks: int) -> Path | None:
     """``--resume_from_checkpoint``'s checkpoint; else, in a folder holding this run unfinished, its newest
     complete checkpoint (broken newer ones skipped with a warning); else ``None``. One line says which
-    checkpoint the run continues from. A checkpoint of the other kind of launch (sharded or not) is refused
-    (``check_checkpoint_kind``)."""
+    checkpoint the run continues from. A checkpoint of the other kind of launch (sharded or not), or of
+    another global batch over the ``data_ranks`` processes, is refused (``check_checkpoint_kind``)."""
     if args.resume_from_checkpoint:
         chosen = named_checkpoint(args.output_dir, args.resume_from_checkpoint)
         reason = ("the newest complete checkpoint in --output_dir (--resume_from_checkpoint latest)"
@@ -585,7 +585,7 @@ def checkpoint_to_resume(args: PretrainArguments, folder: FolderState) -> Path |
         return None
     if (legacy := legacy_checkpoint_error(chosen.path)) is not None:
         raise legacy
-    check_checkpoint_kind(chosen.path, args)
+    check_checkpoint_kind(chosen.path, args, data_ranks)
     check_stream_position(chosen.path, args)
     announce_resume("pretrain", chosen, reason)
     return chosen.path
@@ -643,7 +643,7 @@ def setup(args: PretrainArguments, runtime: TrainingRuntime) -> TrainingSetup:
     if args.torch_compile and args.torch_compile_backend in (None, "inductor"):
         check_inductor(runtime.device)
     folder = check_output_folder_of(args)
-    checkpoint = checkpoint_to_resume(args, folder)
+    checkpoint = checkpoint_to_resume(args, folder, runtime.num_processes)
     tokenizer, config = _tokenizer_and_config(args)
     stream = None
     if args.streaming:
@@ -814,24 +814,31 @@ def checkpoint_extras(run: TrainingSetup, folder: Path) -> None:
 
 
 def checkpoint_state(run: TrainingSetup, state_of_loop: LoopState, epoch: int) -> dict[str, Any]:
-    """``training_state.json``: the step, epoch, tokens trained on and the objective (and, for a sharded run,
-    its format and global batch)."""
-    state: dict[str, Any] = {"completed_steps": state_of_loop.completed, "epoch": epoch,
-                             "tokens": state_of_loop.tokens, "objective": run.args.objective}
+    """``training_state.json``: the step, epoch, tokens trained on, the objective, the global batch and the
+    gradient accumulation the data position counts in (and, for a sharded run, its format)."""
+    state: dict[str, Any] = {
+        "completed_steps": state_of_loop.completed, "epoch": epoch, "tokens": state_of_loop.tokens,
+        "objective": run.args.objective,
+        "global_batch_size": run.args.per_device_train_batch_size * run.runtime.num_processes,
+        "gradient_accumulation_steps": run.args.gradient_accumulation_steps}
     if run.args.layout.sharded:
-        state.update(sharded=True,
-                     global_batch_size=run.args.per_device_train_batch_size * run.args.layout.dp_size,
-                     layout=asdict(run.args.layout))
+        state.update(sharded=True, layout=asdict(run.args.layout))
     return state
 
 
 # ---------------------------------------------------------------- logging
+def device_count(run: TrainingSetup) -> int:
+    """The processes (one device each) the run uses: tensor-parallel ranks included, which
+    ``runtime.num_processes`` (the data-parallel ranks, which see distinct data) leaves out."""
+    return run.args.layout.world_size if run.args.layout.sharded else run.runtime.num_processes
+
+
 def throughput_fields(run: TrainingSetup, state: LoopState, seconds: float) -> dict[str, float | int]:
     """``tokens`` (trained on so far, every rank), ``tokens_per_second`` over the window since the last row
     (``seconds`` long), and ``mfu`` where the device's peak is known (``throughput.py``)."""
     rate = state.window_tokens / max(seconds, 1e-9)
     fields_ = {"tokens": state.tokens, "tokens_per_second": round(rate, 1)}
-    utilisation = mfu(rate, run.flops_per_token, run.peak_flops, run.runtime.num_processes)
+    utilisation = mfu(rate, run.flops_per_token, run.peak_flops, device_count(run))
     if utilisation is not None:
         fields_["mfu"] = round(utilisation, 4)
     return fields_
@@ -1067,7 +1074,7 @@ def run_plan(run: TrainingSetup, completed: int) -> RunPlan:
                                 run.max_steps - completed, matmul)
     return RunPlan(model_type=run.config.model_type, objective=args.objective, parameters=total,
                    non_embedding_parameters=non_embedding, device=str(runtime.device),
-                   processes=runtime.num_processes, batch_size=per_process * data_parallel,
+                   processes=device_count(run), batch_size=per_process * data_parallel,
                    sequence_length=args.max_seq_length, start_step=completed, max_steps=run.max_steps,
                    checkpoint_cadence=checkpoint_cadence(args), estimated_seconds=estimate,
                    compiled=compile_description(args))

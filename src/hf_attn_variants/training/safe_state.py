@@ -240,6 +240,16 @@ def full_states(model: torch.nn.Module,
     return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def retied(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with each tied name of ``model`` (``all_tied_weights_keys``) pointing at its source's tensor:
+    the gather from the shards returns a tensor per name, which ``write_tensors`` (aliases by storage) would
+    write twice."""
+    for target, source in (getattr(model, "all_tied_weights_keys", None) or {}).items():
+        if target in state and source in state:
+            state[target] = state[source]
+    return state
+
+
 def save_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         scheduler: Any, *, rank: int, is_main_process: bool, scaler: Any = None) -> None:
     """Write the checkpoint files of the module docstring into ``folder`` (every rank calls it; the main
@@ -249,7 +259,7 @@ def save_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.o
     write_json(folder / rng_file(rank), rng_states())
     if not is_main_process:
         return
-    write_tensors(folder / MODEL_FILE, model_state)
+    write_tensors(folder / MODEL_FILE, retied(model, model_state))
     torch.save(optimizer_state, folder / OPTIMIZER_FILE)
     write_json(folder / SCHEDULER_FILE, scheduler.state_dict())
     if scaler is not None:
@@ -323,5 +333,6 @@ __all__ = [
     "save_training_state",
     "set_rng_states",
     "training_state_bytes",
+    "retied",
     "write_tensors",
 ]
