@@ -109,7 +109,7 @@ def test_the_stock_log_n_attention_functions_are_refused_by_every_family(family:
 
     config_class, fields = FAMILY_CONFIGS[family]
     model_class = getattr(hf_attn_variants, f"{FAMILY_MODELS[family]}ForCausalLM")
-    why = "scale them a second time" if family == "entropy_invariant" else "would change nothing"
+    why = "would scale the logits again" if family == "entropy_invariant" else "would change nothing"
     for name in ("entropy_invariant", "entropy_invariant_eager"):
         with pytest.raises(ValueError, match=rf"attn_implementation='{name}' is log-n scaling for .*{why}"):
             model_class._from_config(config_class(**fields), attn_implementation=name)

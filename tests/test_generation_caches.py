@@ -241,15 +241,17 @@ def test_a_synthesizer_static_cache_longer_than_its_patterns_names_max_cache_len
         model(input_ids=random_ids(1, 5, vocab=TINY["vocab_size"]), use_cache=True, **{CACHE_FIELD: cache})
 
 
+@pytest.mark.parametrize("new", [1, 3])
 @pytest.mark.parametrize("cached", [8, 7])
-def test_a_flash_cache_of_other_rows_is_refused(cached: int) -> None:
-    """A decoding step with fewer rows than the cache: after whole chunks (8 tokens, chunk 4) the state
-    broadcast over the rows and gave logits of the cache's batch; mid-chunk (7) torch.cat failed."""
+def test_a_flash_cache_of_other_rows_is_refused(cached: int, new: int) -> None:
+    """A step with fewer rows than the cache: after whole chunks (8 tokens, chunk 4) a one-token step
+    broadcast the state over the rows and gave logits of the cache's batch; mid-chunk (7), or with several
+    tokens, it failed naming the op's internal arguments."""
     model = flash_gau()
-    ids = random_ids(2, cached + 1, vocab=TINY["vocab_size"], seed=5)
+    ids = random_ids(2, cached + new, vocab=TINY["vocab_size"], seed=5)
     with torch.no_grad():
         cache = getattr(model(input_ids=ids[:, :cached], use_cache=True), CACHE_FIELD)
-        with pytest.raises(ValueError, match=r"past_key_values holds 2 rows and the input has 1"):
+        with pytest.raises(ValueError, match=r"The cache holds 2 rows and the input has 1: a cache"):
             model(input_ids=ids[:1, cached:], **{CACHE_FIELD: cache})
 
 
@@ -266,15 +268,18 @@ def test_flash_warns_once_about_left_padding_off_its_chunk_grid() -> None:
     ids = random_ids(2, 9, vocab=TINY["vocab_size"], seed=6)
     logger = logging.get_logger(modeling_gau.__name__)
     for lengths, side, warned in (([9, 5], "left", False), ([9, 9], "left", False), ([9, 6], "right", False),
-                                  ([9, 6], "left", True)):
+                                  ([9, 0], "left", False), ([9, 6], "left", True)):
         padded, mask = left_padded(ids, lengths) if side == "left" else (ids, torch.ones_like(ids))
         if side == "right":
             mask[1, 6:] = 0
+        model.model.padding_warned = False
         logger.warning_once.cache_clear()
         with CaptureLogger(logger) as captured, torch.no_grad():
             model(input_ids=padded, attention_mask=mask)
         assert ("not a multiple of chunk_size=4" in captured.out) == warned, (lengths, side, captured.out)
+    assert model.model.padding_warned  # then it reads no more masks
+    model.model.padding_warned = False
     logger.warning_once.cache_clear()
     with CaptureLogger(logger) as captured:
         model.train()(input_ids=padded, attention_mask=mask)
-    assert captured.out == ""
+    assert captured.out == "" and not model.model.padding_warned

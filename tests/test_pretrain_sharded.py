@@ -405,8 +405,6 @@ def test_resuming_across_kinds_of_launch_or_global_batches_is_refused(tmp_path) 
     check_checkpoint_kind(folder, tiny_args(tmp_path, per_device_train_batch_size=4, fsdp_size=2), 2)
 
 
-
-
 def test_tensor_parallel_ranks_count_as_devices_in_the_plan_and_mfu() -> None:
     """Under ``--tp_size 2`` on 2 processes the start line said "1 process" and MFU divided by 1 device
     (``runtime.num_processes`` counts the data-parallel ranks): the devices are every rank of the mesh."""

@@ -65,7 +65,7 @@ def exportable(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     floating = [p for p in model.parameters() if p.is_floating_point()]
     copied = any(p.dtype != torch.float32 for p in floating)
     target = copy.deepcopy(model).float() if copied else model
-    was_training = model.training
+    modes = {module: module.training for module in model.modules()}
     configs = {id(m.config): m.config for m in target.modules()
                if getattr(getattr(m, "config", None), "chunk_size", None) is not None
                and hasattr(m.config, "gau_kernel")}
@@ -77,7 +77,8 @@ def exportable(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     finally:
         for key, config in configs.items():
             config.gau_kernel = kernels[key]
-        model.train(was_training)
+        for module, training in modes.items():
+            module.train(training)
 
 
 def sequence_bound(model: torch.nn.Module) -> int:

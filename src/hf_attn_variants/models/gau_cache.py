@@ -153,15 +153,25 @@ class GAUChunkCacheLayer(DynamicLayer):
             self.linear_state = self.linear_state[indices, ...]
 
 
-def check_chunk_cache(cache: Cache | None) -> None:
-    """Refuse, in one sentence, a cache that cannot hold the FLASH chunk state (any but a dynamic cache).
+def check_chunk_cache(cache: Cache | None, batch_size: int) -> None:
+    """Refuse, in one sentence, a cache that cannot hold the FLASH chunk state, or holds other rows.
+
+    Only a dynamic cache holds the state; one of other rows than the input's would broadcast over them.
 
     Args:
         cache (Cache | None): the cache passed to the model.
+        batch_size (int): the input's rows.
 
     Raises:
-        ValueError: a layer of ``cache`` is not a ``DynamicLayer`` (static caches and their variants).
+        ValueError: a layer of ``cache`` is not a ``DynamicLayer`` (static caches and their variants), or a
+            chunk layer holds another number of rows.
     """
+    for layer in getattr(cache, "layers", ()):
+        held = [t for t in (getattr(layer, "linear_state", None), getattr(layer, "keys", None))
+                if isinstance(layer, GAUChunkCacheLayer) and t is not None and t.numel()]
+        if held and held[0].shape[0] != batch_size:
+            raise ValueError(f"The cache holds {held[0].shape[0]} rows and the input has {batch_size}: a "
+                             "cache continues the rows it was built for.")
     fixed = sorted({type(layer).__name__ for layer in getattr(cache, "layers", ())
                     if not isinstance(layer, DynamicLayer)})
     if fixed:

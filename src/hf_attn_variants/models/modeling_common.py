@@ -342,11 +342,11 @@ class AttnVariantPreTrainedModel(RemoteCodeSavingMixin, PreTrainedModel):
         """
         if requested_attention in STOCK_LOG_N_ATTENTION:
             if self._supports_attention_backend:
-                why = ("scales its logits by log n itself (config.attention_scale): this function would "
-                       "scale them a second time. Use attn_implementation='sdpa', 'eager' or "
-                       "'flex_attention'")
+                why = ("sets its log-n scaling with config.attention_scale ('entropy_invariant' or 'ssmax'), "
+                       "and this function would scale the logits again: use attn_implementation='sdpa', "
+                       "'eager' or 'flex_attention'")
             else:
-                why = "computes its attention itself: this function would change nothing"
+                why = "computes its attention itself, so this function would change nothing: leave it unset"
             raise ValueError(f"attn_implementation={requested_attention!r} is log-n scaling for stock "
                              f"Transformers models; {type(self).__name__} {why}.")
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
@@ -365,8 +365,9 @@ class AttnVariantPreTrainedModel(RemoteCodeSavingMixin, PreTrainedModel):
             Any: nothing; it raises ``ValueError``.
         """
         raise ValueError(f"{type(self).__name__} does not run under Transformers' continuous batching "
-                         "(generate_batch, init_continuous_batching): its attention does not read the paged "
-                         "cache. Call generate with a batch of prompts instead.")
+                         "(generate_batch, init_continuous_batching, cache_implementation='paged'): its "
+                         "attention does not read the paged cache. Call generate with a batch of prompts and "
+                         "the default cache instead.")
 
     @classmethod
     def serving_refusal(cls, config: AttnVariantConfig | None = None) -> str | None:
@@ -677,7 +678,7 @@ class _HeadMixin(ModelMixinBase):
                 logger.warning_once(
                     f"{type(self).__name__} attends in both directions, but this config is causal "
                     "(is_decoder=True, as a causal LM saves it): the model is not the one such a checkpoint "
-                    "was trained as. Sequence classification pools the first token."
+                    "was trained as."
                 )
             config = copy.deepcopy(config)
             config.is_decoder = self.is_decoder_head

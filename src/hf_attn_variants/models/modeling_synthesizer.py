@@ -331,7 +331,7 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
             raise ValueError(
                 f"The StaticCache's max_cache_len={key_length} exceeds max_position_embeddings="
                 f"{self.max_length}, the size l of the synthesized attention matrices: build it with "
-                f"max_cache_len <= {self.max_length}."
+                f"max_cache_len <= {self.max_length} (generate: a prompt and max_new_tokens that fit in l)."
                 if isinstance(cache, StaticCache) else
                 f"Sequence length {key_length} exceeds max_position_embeddings={self.max_length}, the size l "
                 "of the synthesized attention matrices."

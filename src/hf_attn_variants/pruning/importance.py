@@ -69,10 +69,13 @@ def normalize_importance(
     return result
 
 
-def no_targets(labels: Any) -> bool:
+def no_targets(labels: Any, shifted: bool) -> bool:
     """Whether token labels ``[1, T]`` hold nothing to predict: no label other than -100 (an MLM row with no
-    masked token), or only the first one (a causal row of one token: the model shifts the labels)."""
-    return isinstance(labels, torch.Tensor) and labels.dim() > 1 and int((labels != -100).sum()) <= 1
+    masked token), or, when the model ``shifted`` them (a causal LM), none after the first (a row of one
+    token)."""
+    if not isinstance(labels, torch.Tensor) or labels.dim() < 2:
+        return False
+    return not bool((labels[..., int(shifted):] != -100).any())
 
 
 def compute_head_importance(
@@ -102,28 +105,27 @@ def compute_head_importance(
     total = torch.zeros(adapter.num_layers, adapter.num_heads, dtype=torch.float64)
     was_training = model.training
     model.eval()
+    shifted = type(model).__name__.endswith("ForCausalLM")  # the model shifts the labels by one
     count = 0
     try:
         with torch.enable_grad(), head_mask(model, gate):
-            for batch in dataloader:
-                for example in split_examples(batch):
-                    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v
-                              for k, v in example.items()}
-                    loss = model(**inputs).loss
-                    if loss is None:
-                        raise ValueError(
-                            "the model returned no loss: every batch must contain labels "
-                            "(e.g. 'labels', or 'start_positions'/'end_positions' for question answering)."
-                        )
-                    if not torch.isfinite(loss):
-                        if no_targets(inputs.get("labels")):
-                            continue  # nothing to predict: no loss, no gradient
-                        raise ValueError(f"the model's loss is not finite ({loss.item()}) on example "
-                                         f"{count}.")
-                    (grad,) = torch.autograd.grad(loss, gate, allow_unused=True)
-                    if grad is not None:
-                        total += grad.detach().abs().double().cpu()
-                    count += 1
+            examples = (example for batch in dataloader for example in split_examples(batch))
+            for index, example in enumerate(examples):
+                inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in example.items()}
+                loss = model(**inputs).loss
+                if loss is None:
+                    raise ValueError(
+                        "the model returned no loss: every batch must contain labels "
+                        "(e.g. 'labels', or 'start_positions'/'end_positions' for question answering)."
+                    )
+                if not torch.isfinite(loss):
+                    if no_targets(inputs.get("labels"), shifted):
+                        continue  # nothing to predict: no loss, no gradient
+                    raise ValueError(f"the model's loss is not finite ({loss.item()}) on example {index}.")
+                (grad,) = torch.autograd.grad(loss, gate, allow_unused=True)
+                if grad is not None:
+                    total += grad.detach().abs().double().cpu()
+                count += 1
     finally:
         model.train(was_training)
     if count == 0:

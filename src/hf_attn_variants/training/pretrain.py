@@ -1070,7 +1070,8 @@ def run_plan(run: TrainingSetup, completed: int) -> RunPlan:
     data_parallel = args.layout.dp_size if args.layout.sharded else runtime.num_processes
     matmul = device_matmul_flops(runtime.device, per_process * args.max_seq_length // max(
         args.gradient_accumulation_steps, 1), run.config.hidden_size)
-    estimate = estimate_seconds(run.flops_per_token, per_process * args.max_seq_length,
+    tensor_parallel = args.layout.tp_size if args.layout.sharded else 1  # each rank computes its share
+    estimate = estimate_seconds(run.flops_per_token / tensor_parallel, per_process * args.max_seq_length,
                                 run.max_steps - completed, matmul)
     return RunPlan(model_type=run.config.model_type, objective=args.objective, parameters=total,
                    non_embedding_parameters=non_embedding, device=str(runtime.device),

@@ -328,11 +328,11 @@ __all__ = [
     "probe_file",
     "read_json_object",
     "read_tensors",
+    "retied",
     "rng_file",
     "rng_states",
     "save_training_state",
     "set_rng_states",
     "training_state_bytes",
-    "retied",
     "write_tensors",
 ]

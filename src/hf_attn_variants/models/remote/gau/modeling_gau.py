@@ -201,15 +201,25 @@ class GAUChunkCacheLayer(DynamicLayer):
             self.linear_state = self.linear_state[indices, ...]
 
 
-def check_chunk_cache(cache: Cache | None) -> None:
-    """Refuse, in one sentence, a cache that cannot hold the FLASH chunk state (any but a dynamic cache).
+def check_chunk_cache(cache: Cache | None, batch_size: int) -> None:
+    """Refuse, in one sentence, a cache that cannot hold the FLASH chunk state, or holds other rows.
+
+    Only a dynamic cache holds the state; one of other rows than the input's would broadcast over them.
 
     Args:
         cache (Cache | None): the cache passed to the model.
+        batch_size (int): the input's rows.
 
     Raises:
-        ValueError: a layer of ``cache`` is not a ``DynamicLayer`` (static caches and their variants).
+        ValueError: a layer of ``cache`` is not a ``DynamicLayer`` (static caches and their variants), or a
+            chunk layer holds another number of rows.
     """
+    for layer in getattr(cache, "layers", ()):
+        held = [t for t in (getattr(layer, "linear_state", None), getattr(layer, "keys", None))
+                if isinstance(layer, GAUChunkCacheLayer) and t is not None and t.numel()]
+        if held and held[0].shape[0] != batch_size:
+            raise ValueError(f"The cache holds {held[0].shape[0]} rows and the input has {batch_size}: a "
+                             "cache continues the rows it was built for.")
     fixed = sorted({type(layer).__name__ for layer in getattr(cache, "layers", ())
                     if not isinstance(layer, DynamicLayer)})
     if fixed:
@@ -1140,10 +1150,6 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
             lin_k = lin_k * x.key_mask[:, -1:, None].to(lin_k.dtype)
         keys, values = torch.cat([x.quad_k, lin_k], dim=-1).unsqueeze(1), x.value.unsqueeze(1)
         open_keys, open_values, state = layer.open_chunk()
-        held = next((tensor.shape[0] for tensor in (state, open_keys) if tensor is not None), keys.shape[0])
-        if held != keys.shape[0]:  # the state would broadcast over the rows
-            raise ValueError(f"past_key_values holds {held} rows and the input has {keys.shape[0]}: a cache "
-                             "continues the rows it was built for.")
         opened = 0 if open_keys is None else open_keys.shape[-2]
         if opened:
             keys = torch.cat([open_keys, keys], dim=-2)  # type: ignore[list-item]
@@ -1327,6 +1333,9 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
     gives the unpadded result, masked keys contribute exactly zero).
     """
 
+    padding_warned = False
+    """Whether ``warn_off_grid_padding`` has warned; it reads no mask after that."""
+
     def _rotary_dim(self, config: GAUConfig) -> int:
         return config.attention_key_size
 
@@ -1344,7 +1353,7 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
             key_counts = geometry.key_counts(compute_dtype(hidden_states.dtype))
         if config.chunk_size is None:
             return {"attention_mask": geometry.boolean_mask(), "key_counts": key_counts}
-        check_chunk_cache(cache)
+        check_chunk_cache(cache, geometry.batch_size)
         attention_mask = geometry.attention_mask
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError(
@@ -1352,8 +1361,9 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
                 f"shape {tuple(attention_mask.shape)}."
             )
         key_mask = attention_mask.to(geometry.device).bool() if attention_mask is not None else None
-        if key_mask is not None and not self.training and geometry.query_offset == 0:
-            warn_off_grid_padding(key_mask, config.chunk_size)
+        prefill = not self.training and geometry.query_offset == 0
+        if key_mask is not None and prefill and not self.padding_warned:
+            self.padding_warned = warn_off_grid_padding(key_mask, config.chunk_size)
         documents = None
         if geometry.document_ids is not None:
             documents = DocumentChunks.build(geometry.document_ids.to(geometry.device), config.chunk_size,
@@ -1361,25 +1371,30 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
         return {"key_mask": key_mask, "key_counts": key_counts, "documents": documents}
 
 
-def warn_off_grid_padding(key_mask: torch.Tensor, chunk_size: int) -> None:
-    """Warn once when a row's left padding is not a multiple of ``chunk_size``.
+def warn_off_grid_padding(key_mask: torch.Tensor, chunk_size: int) -> bool:
+    """Warn when a row's left padding is not a multiple of ``chunk_size``; returns whether it warned.
 
     FLASH's chunks start at column 0, so such a row is not computed as it would be alone (right padding
-    is). Reads the mask on the host, so only outside training and compilation.
+    is). Reads the mask on the host, so only outside training and compilation, until it has warned.
 
     Args:
         key_mask (torch.Tensor): ``[B, T]`` bool, ``True`` = token.
         chunk_size (int): g.
+
+    Returns:
+        bool: whether the mask had such a row (rows of padding only do not count).
     """
     if is_torchdynamo_compiling():
-        return
+        return False
     leading = (key_mask.long().cumsum(-1) == 0).sum(-1)
-    if bool((leading % chunk_size).any()):
+    off_grid = bool(((leading % chunk_size != 0) & key_mask.any(-1)).any())
+    if off_grid:
         logger.warning_once(
             f"A row is left-padded by a number of tokens that is not a multiple of chunk_size={chunk_size}: "
             "FLASH's chunks start at the row's first column, so its outputs differ from the unpadded row's "
             "(batched generate and pipelines included). Pad on the right, or generate one prompt per row."
         )
+    return off_grid
 
 
 class GAUForMaskedLM(MaskedLMHeadMixin, GAUPreTrainedModel):
