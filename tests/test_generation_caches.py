@@ -179,6 +179,24 @@ def test_entropy_invariant_static_cache_generate_compiles_with_fullgraph() -> No
     properties.assert_same_greedy_choices(expected, got, scores)
 
 
+@pytest.mark.skipif(
+    version_tuple(transformers.__version__) < (5, 5, 0),
+    reason="before Transformers 5.5 a static cache reports its length by scanning its keys",
+)
+@pytest.mark.parametrize("variant", ["synthesizer-random+vanilla", "synthesizer-dense"])
+def test_synthesizer_static_cache_decoding_traces_as_one_graph(variant: str) -> None:
+    """Transformers 5.24 compiles static-cache decoding on CUDA by itself. The Synthesizer's length check and
+    its pattern rows read the cache's counter (a tensor) on the host: a graph break at every step, and
+    ``fullgraph=True`` failed. Traced with the eager backend (the capture is what is tested): the same
+    tokens."""
+    model = build(variant)
+    compile_config = CompileConfig(fullgraph=True, backend="eager")
+    compile_config._compile_all_devices = True  # Transformers compiles only on accelerators unless told so
+    expected, scores = greedy(model)
+    got, _ = greedy(model, cache_implementation="static", compile_config=compile_config)
+    properties.assert_same_greedy_choices(expected, got, scores)
+
+
 CACHE_NAME_VARIANTS = ["entropy_invariant-entropy_invariant-sdpa", "gau-relu2_dynamic",
                        "synthesizer-random+vanilla"]
 

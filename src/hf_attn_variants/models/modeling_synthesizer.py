@@ -438,7 +438,9 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
     def _check_inputs(
         self, input_ids: torch.Tensor | None, total_length: int, attention_mask: torch.Tensor | None
     ) -> None:
-        if total_length > self.config.max_position_embeddings:
+        # A static cache's counter is a tensor: traced, its slots (at most l: the attention checks) bound it.
+        traced_counter = isinstance(total_length, torch.Tensor) and is_torchdynamo_compiling()
+        if not traced_counter and total_length > self.config.max_position_embeddings:
             raise ValueError(
                 f"Sequence length {total_length} (past + new tokens) exceeds "
                 f"max_position_embeddings={self.config.max_position_embeddings}: the Synthesizer's l×l "
@@ -488,6 +490,9 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
         if not is_torchdynamo_compiling() and not bool(leading.any()):
             return None
         keys = (torch.arange(key_length, device=keep.device)[None, :] - leading).clamp(min=0)
+        if isinstance(query_offset, torch.Tensor):  # a static cache's counter: no host read to slice by it
+            rows = query_offset.to(keep.device) + torch.arange(query_length, device=keep.device)
+            return keys.index_select(1, rows), keys
         return keys[:, query_offset : query_offset + query_length], keys
 
 
