@@ -62,8 +62,7 @@ def exportable(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """``model`` in eval mode and float32 for the exporter, the caller's model left as it was: a float32
     model is switched to eval and back, any other is copied; FLASH layers run the reference kernel
     (``gau_kernel="reference"``) while inside."""
-    floating = [p for p in model.parameters() if p.is_floating_point()]
-    copied = any(p.dtype != torch.float32 for p in floating)
+    copied = any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters())
     target = copy.deepcopy(model).float() if copied else model
     modes = {module: module.training for module in model.modules()}
     configs = {id(m.config): m.config for m in target.modules()

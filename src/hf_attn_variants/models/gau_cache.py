@@ -167,10 +167,10 @@ def check_chunk_cache(cache: Cache | None, batch_size: int) -> None:
             chunk layer holds another number of rows.
     """
     for layer in getattr(cache, "layers", ()):
-        held = [t for t in (getattr(layer, "linear_state", None), getattr(layer, "keys", None))
-                if isinstance(layer, GAUChunkCacheLayer) and t is not None and t.numel()]
-        if held and held[0].shape[0] != batch_size:
-            raise ValueError(f"The cache holds {held[0].shape[0]} rows and the input has {batch_size}: a "
+        keys, _, state = layer.open_chunk() if isinstance(layer, GAUChunkCacheLayer) else (None, None, None)
+        held = state if state is not None else keys
+        if held is not None and held.shape[0] != batch_size:
+            raise ValueError(f"The cache holds {held.shape[0]} rows and the input has {batch_size}: a "
                              "cache continues the rows it was built for.")
     fixed = sorted({type(layer).__name__ for layer in getattr(cache, "layers", ())
                     if not isinstance(layer, DynamicLayer)})

@@ -312,6 +312,11 @@ def document_lengths(document_ids: torch.Tensor) -> torch.Tensor:
     return sizes.gather(-1, document_ids)
 
 
+def leading_padding(keep: torch.Tensor) -> torch.Tensor:
+    """``[B]`` int64: each row's padding before its first token in a ``[B, T]`` mask (nonzero = token)."""
+    return (keep.long().cumsum(-1) == 0).sum(-1)
+
+
 def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
     """Token t's index in its document, t − s(t) (s(t) = that document's first column).
 
@@ -698,6 +703,7 @@ __all__ = [
     "document_lengths",
     "document_mask",
     "document_positions",
+    "leading_padding",
     "entropy_invariant_factor",
     "headless_attention_output",
     "kept_heads",

@@ -64,6 +64,7 @@ from .layers import (
     compute_dtype,
     document_positions,
     entropy_invariant_factor,
+    leading_padding,
     masked_softmax,
     upcast,
     update_cache,
@@ -1210,8 +1211,7 @@ def warn_off_grid_padding(key_mask: torch.Tensor, chunk_size: int) -> bool:
     """
     if is_torchdynamo_compiling():
         return False
-    leading = (key_mask.long().cumsum(-1) == 0).sum(-1)
-    off_grid = bool(((leading % chunk_size != 0) & key_mask.any(-1)).any())
+    off_grid = bool(((leading_padding(key_mask) % chunk_size != 0) & key_mask.any(-1)).any())
     if off_grid:
         logger.warning_once(
             f"A row is left-padded by a number of tokens that is not a multiple of chunk_size={chunk_size}: "

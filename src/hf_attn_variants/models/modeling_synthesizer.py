@@ -45,6 +45,7 @@ from .layers import (
     apply_rotary,
     document_positions,
     headless_attention_output,
+    leading_padding,
     masked_softmax,
     upcast,
     update_cache,
@@ -486,7 +487,7 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
             key_length = keep.shape[-1]
         else:
             keep = attention_mask[:, -key_length:] != 0
-        leading = (keep.int().cumsum(-1) == 0).sum(-1, keepdim=True)
+        leading = leading_padding(keep)[:, None]
         if not is_torchdynamo_compiling() and not bool(leading.any()):
             return None
         keys = (torch.arange(key_length, device=keep.device)[None, :] - leading).clamp(min=0)

@@ -250,9 +250,8 @@ def configure_log_n(model: PreTrainedModel, *, base_length: int | None = None, f
     if not dispatches_attention(model):
         raise TypeError(f"{type(model).__name__} computes its attention itself, not through Transformers' "
                         "ALL_ATTENTION_FUNCTIONS, so log-n scaling cannot apply to it.")
-    ours = (ENTROPY_INVARIANT, ENTROPY_INVARIANT_EAGER)
     scaled = [config for config in model_configs(model)
-              if getattr(config, "_attn_implementation", None) in ours]
+              if getattr(config, "_attn_implementation", None) in STOCK_LOG_N_ATTENTION]
     if not scaled:
         raise TypeError(f"{type(model).__name__} was loaded with attn_implementation="
                         f"{getattr(model.config, '_attn_implementation', None)!r}: load it with "

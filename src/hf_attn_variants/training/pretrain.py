@@ -828,9 +828,9 @@ def checkpoint_state(run: TrainingSetup, state_of_loop: LoopState, epoch: int) -
 
 # ---------------------------------------------------------------- logging
 def device_count(run: TrainingSetup) -> int:
-    """The processes (one device each) the run uses: tensor-parallel ranks included, which
-    ``runtime.num_processes`` (the data-parallel ranks, which see distinct data) leaves out."""
-    return run.args.layout.world_size if run.args.layout.sharded else run.runtime.num_processes
+    """The processes (one device each) the run uses: the data-parallel ranks (``runtime.num_processes``,
+    which see distinct data) times the tensor-parallel ones."""
+    return run.runtime.num_processes * run.args.layout.tp_size
 
 
 def throughput_fields(run: TrainingSetup, state: LoopState, seconds: float) -> dict[str, float | int]:
@@ -1067,15 +1067,14 @@ def run_plan(run: TrainingSetup, completed: int) -> RunPlan:
     model = language_model(runtime.unwrap_model(run.model))
     total, non_embedding = parameter_counts(model)
     per_process = args.per_device_train_batch_size * args.gradient_accumulation_steps
-    data_parallel = args.layout.dp_size if args.layout.sharded else runtime.num_processes
     matmul = device_matmul_flops(runtime.device, per_process * args.max_seq_length // max(
         args.gradient_accumulation_steps, 1), run.config.hidden_size)
-    tensor_parallel = args.layout.tp_size if args.layout.sharded else 1  # each rank computes its share
-    estimate = estimate_seconds(run.flops_per_token / tensor_parallel, per_process * args.max_seq_length,
+    # each tensor-parallel rank computes its share of a token's FLOPs
+    estimate = estimate_seconds(run.flops_per_token / args.layout.tp_size, per_process * args.max_seq_length,
                                 run.max_steps - completed, matmul)
     return RunPlan(model_type=run.config.model_type, objective=args.objective, parameters=total,
                    non_embedding_parameters=non_embedding, device=str(runtime.device),
-                   processes=device_count(run), batch_size=per_process * data_parallel,
+                   processes=device_count(run), batch_size=per_process * runtime.num_processes,
                    sequence_length=args.max_seq_length, start_step=completed, max_steps=run.max_steps,
                    checkpoint_cadence=checkpoint_cadence(args), estimated_seconds=estimate,
                    compiled=compile_description(args))

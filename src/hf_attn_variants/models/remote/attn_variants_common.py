@@ -491,6 +491,11 @@ def document_lengths(document_ids: torch.Tensor) -> torch.Tensor:
     return sizes.gather(-1, document_ids)
 
 
+def leading_padding(keep: torch.Tensor) -> torch.Tensor:
+    """``[B]`` int64: each row's padding before its first token in a ``[B, T]`` mask (nonzero = token)."""
+    return (keep.long().cumsum(-1) == 0).sum(-1)
+
+
 def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
     """Token t's index in its document, t − s(t) (s(t) = that document's first column).
 
@@ -2563,10 +2568,10 @@ __all__ = [
     "build_norm", "check_bool", "check_choice", "check_float", "check_head_indices", "check_int",
     "check_mask_rank", "compute_dtype", "config_equal", "config_norm", "default_position_ids",
     "document_lengths", "document_mask", "document_positions", "entropy_invariant_factor",
-    "headless_attention_output", "kept_heads", "log_key_counts", "masked_softmax", "normalize_pruned_heads",
-    "output_cache", "packed_document_ids", "record_outputs", "register_parallel_styles", "renamed_field",
-    "require_transformers", "residual_block", "rotate_half", "upcast", "update_cache", "version_tuple",
-    "visible_key_counts", "visible_keys",
+    "headless_attention_output", "kept_heads", "leading_padding", "log_key_counts", "masked_softmax",
+    "normalize_pruned_heads", "output_cache", "packed_document_ids", "record_outputs",
+    "register_parallel_styles", "renamed_field", "require_transformers", "residual_block", "rotate_half",
+    "upcast", "update_cache", "version_tuple", "visible_key_counts", "visible_keys",
 ]
 
 register_parallel_styles()

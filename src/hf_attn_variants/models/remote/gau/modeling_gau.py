@@ -33,8 +33,8 @@ from __future__ import annotations
 from .attn_variants_common import (
     AttentionGeometry, AttnVariantBackbone, AttnVariantPreTrainedModel, CausalLMHeadMixin, MaskedLMHeadMixin,
     QuestionAnsweringHeadMixin, SequenceClassificationHeadMixin, ShardedUnits, TokenClassificationHeadMixin,
-    apply_rotary, build_norm, compute_dtype, document_positions, entropy_invariant_factor, masked_softmax,
-    residual_block, upcast, update_cache,
+    apply_rotary, build_norm, compute_dtype, document_positions, entropy_invariant_factor, leading_padding,
+    masked_softmax, residual_block, upcast, update_cache,
 )
 from .configuration_gau import GAUConfig
 from .gau_kernels import (
@@ -215,10 +215,10 @@ def check_chunk_cache(cache: Cache | None, batch_size: int) -> None:
             chunk layer holds another number of rows.
     """
     for layer in getattr(cache, "layers", ()):
-        held = [t for t in (getattr(layer, "linear_state", None), getattr(layer, "keys", None))
-                if isinstance(layer, GAUChunkCacheLayer) and t is not None and t.numel()]
-        if held and held[0].shape[0] != batch_size:
-            raise ValueError(f"The cache holds {held[0].shape[0]} rows and the input has {batch_size}: a "
+        keys, _, state = layer.open_chunk() if isinstance(layer, GAUChunkCacheLayer) else (None, None, None)
+        held = state if state is not None else keys
+        if held is not None and held.shape[0] != batch_size:
+            raise ValueError(f"The cache holds {held.shape[0]} rows and the input has {batch_size}: a "
                              "cache continues the rows it was built for.")
     fixed = sorted({type(layer).__name__ for layer in getattr(cache, "layers", ())
                     if not isinstance(layer, DynamicLayer)})
@@ -1386,8 +1386,7 @@ def warn_off_grid_padding(key_mask: torch.Tensor, chunk_size: int) -> bool:
     """
     if is_torchdynamo_compiling():
         return False
-    leading = (key_mask.long().cumsum(-1) == 0).sum(-1)
-    off_grid = bool(((leading % chunk_size != 0) & key_mask.any(-1)).any())
+    off_grid = bool(((leading_padding(key_mask) % chunk_size != 0) & key_mask.any(-1)).any())
     if off_grid:
         logger.warning_once(
             f"A row is left-padded by a number of tokens that is not a multiple of chunk_size={chunk_size}: "

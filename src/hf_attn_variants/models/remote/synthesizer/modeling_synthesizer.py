@@ -36,8 +36,8 @@ from __future__ import annotations
 from .attn_variants_common import (
     AttentionGeometry, AttentionMLPLayer, AttnVariantBackbone, AttnVariantPreTrainedModel, CausalLMHeadMixin,
     MaskedLMHeadMixin, QuestionAnsweringHeadMixin, SequenceClassificationHeadMixin, ShardedUnits,
-    TokenClassificationHeadMixin, apply_rotary, document_positions, headless_attention_output, masked_softmax,
-    upcast, update_cache, visible_keys,
+    TokenClassificationHeadMixin, apply_rotary, document_positions, headless_attention_output,
+    leading_padding, masked_softmax, upcast, update_cache, visible_keys,
 )
 from .configuration_synthesizer import SynthesizerConfig
 
@@ -476,7 +476,7 @@ class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
             key_length = keep.shape[-1]
         else:
             keep = attention_mask[:, -key_length:] != 0
-        leading = (keep.int().cumsum(-1) == 0).sum(-1, keepdim=True)
+        leading = leading_padding(keep)[:, None]
         if not is_torchdynamo_compiling() and not bool(leading.any()):
             return None
         keys = (torch.arange(key_length, device=keep.device)[None, :] - leading).clamp(min=0)
