@@ -108,3 +108,35 @@ def test_blocked_gau_kernels_match_finite_differences(monkeypatch, kernel: str, 
     function = gau_kernels.Relu2Attention if kernel == "relu2" else gau_kernels.SoftmaxAttention
     assert f"{function.__name__}Backward" in graph_node_names(run(query, key, value).grad_fn)
     assert torch.autograd.gradcheck(run, (query, key, value), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_query_blocks_cover_the_queries_and_compile_once_per_block_count(monkeypatch, causal: bool) -> None:
+    """Blocks of ⌈T_q / c⌉ rows tile [0, T_q) without gaps or empty blocks, and a compiled blocked kernel
+    compiles again only when the block count changes, not at every length (``range(0, T_q, rows)`` fixed
+    T_q: a compiled quadratic GAU past 2,048 tokens compiled once per length)."""
+    monkeypatch.setattr(gau_kernels, "ATTENTION_BLOCK_ELEMENTS", 256)
+    offset = 0 if causal else None
+    for queries in range(1, 70):
+        blocks = gau_kernels._query_blocks(queries, queries, offset)
+        assert [start for start, _, _ in blocks] == [0] + [stop for _, stop, _ in blocks[:-1]]
+        assert blocks[-1][1] == queries and all(start < stop for start, stop, _ in blocks)
+        assert max(stop - start for start, stop, _ in blocks) <= max(1, 256 // queries)
+        assert all(limit == (stop if causal else queries) for _, stop, limit in blocks)
+    graphs = []
+
+    def count_graphs(graph: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(graph)
+        return graph.forward
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return gau_kernels.relu2_attention(q, k, v, mask, offset, blocked=True)
+
+    compiled = torch.compile(run, backend=count_graphs)
+    for length in range(17, 23):  # 256 // length = 15 … 11 rows: 2 blocks at every length
+        assert len(gau_kernels._query_blocks(length, length, offset)) == 2
+        inputs = [torch.randn(1, length, 4, requires_grad=True) for _ in range(3)]
+        mask = torch.ones(1, length, length, dtype=torch.bool).tril() if causal else None
+        expected = gau_kernels.relu2_attention(*inputs, mask, None)
+        torch.testing.assert_close(compiled(*inputs, mask), expected)
+    assert len(graphs) <= 2  # the first length's, then one graph for every other (six before)

@@ -19,7 +19,7 @@ from hf_attn_variants import (
     chunked_cross_entropy,
     use_chunked_loss,
 )
-from hf_attn_variants.models.losses import default_chunk_tokens
+from hf_attn_variants.models.losses import chunk_layout, default_chunk_tokens
 from tests.utils import saved_bytes
 
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.bfloat16: dict(rtol=2e-2, atol=2e-3)}
@@ -280,3 +280,38 @@ def test_a_head_that_is_not_a_plain_linear_keeps_the_stock_loss() -> None:
     assert model(input_ids=ids, labels=ids).logits is None
     model.lm_head.forward = model.lm_head.forward
     assert model(input_ids=ids, labels=ids).logits is not None
+
+
+def test_a_compiled_loss_compiles_once_per_chunk_count_not_per_length() -> None:
+    """Trainer's dynamic padding gives every batch its own length: the compiled loss compiles again only
+    when the power-of-two chunk count changes (``chunk_layout``), with equal losses and gradients (the
+    ``range(0, tokens, chunk)`` loop fixed the token count: one graph per length, eight then uncompiled)."""
+    graphs = []
+
+    def count_graphs(graph: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(graph)
+        return graph.forward
+
+    @torch.compile(backend=count_graphs)
+    def compiled(hidden, weight, labels, bias=None):
+        return chunked_cross_entropy(hidden, weight, labels, bias=bias, chunk_tokens=64)
+
+    lengths = [50, 66, 70, 85, 100, 131, 170, 200, 256]  # 100 … 512 tokens: 2, 4, …, 8 chunks of ≤ 64
+    for length in lengths:
+        hidden, weight, _ = leaves(torch.float32, 2, length, 8, 50, False, seed=length)
+        labels = padded_labels(2, length, 50)
+        expected, expected_grads = loss_and_grads(stock_loss, hidden, weight, None, labels)
+        loss, grads = loss_and_grads(compiled, hidden, weight, None, labels)
+        torch.testing.assert_close(loss, expected, **TOLERANCE[torch.float32])
+        for got, want in zip(grads, expected_grads):
+            torch.testing.assert_close(got, want, **TOLERANCE[torch.float32])
+    counts = {chunk_layout(2 * length, 64)[0] for length in lengths}
+    assert counts == {2, 4, 8} and len(graphs) <= len(counts) + 1 < len(lengths)
+
+
+def test_chunk_layout_covers_the_tokens_in_at_most_count_padded_slots() -> None:
+    for chunk in (1, 3, 64):
+        for tokens in range(1, 300):
+            count, size = chunk_layout(tokens, chunk)
+            assert count & (count - 1) == 0 and size <= chunk
+            assert 0 <= count * size - tokens < count and (count == 1 or (count // 2) * chunk < tokens)

@@ -67,11 +67,20 @@ def uses_blocks(queries: int, keys: int) -> bool:
 
 
 def _query_blocks(queries: int, keys: int, causal_offset: int | None) -> list[tuple[int, int, int]]:
-    """(start, stop, key limit) of each query block; a causal block needs no key after its last query."""
-    rows = max(1, min(queries, ATTENTION_BLOCK_ELEMENTS // max(keys, 1)))
+    """(start, stop, key limit) of each query block; a causal block needs no key after its last query.
+
+    Blocks of ⌈T_q / c⌉ rows, c the least power of two with c · ⌊ATTENTION_BLOCK_ELEMENTS / T_k⌋ ≥ T_q: under
+    ``torch.compile`` the graph then holds for every length with the same block count (``range(0, T_q, rows)``
+    fixed T_q, and each new length compiled again).
+    """
+    rows = max(1, ATTENTION_BLOCK_ELEMENTS // max(keys, 1))
+    count = 1
+    while count * rows < queries:
+        count *= 2
+    size = (queries + count - 1) // count
     blocks = []
-    for start in range(0, queries, rows):
-        stop = min(start + rows, queries)
+    for index in range((queries + size - 1) // size):
+        start, stop = index * size, min((index + 1) * size, queries)
         blocks.append((start, stop, keys if causal_offset is None else min(keys, causal_offset + stop)))
     return blocks
 

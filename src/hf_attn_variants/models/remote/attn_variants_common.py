@@ -1237,6 +1237,29 @@ def default_chunk_tokens(vocab_size: int) -> int:
     return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
 
 
+def chunk_layout(tokens: int, chunk: int) -> tuple[int, int]:
+    """How ``tokens`` tokens split into chunks of at most ``chunk``: ``(count, size)``.
+
+    count is the least power of two with count · chunk ≥ tokens, size = ⌈tokens / count⌉ ≤ chunk; the tokens,
+    padded with fewer than ``count`` unscored ones, fill ``count`` chunks of ``size``. Why not ``range(0,
+    tokens, chunk)``: under ``torch.compile`` that loop fixes the token count, so every new batch × length
+    compiled the step again. Here one graph holds for all token counts with the same ``count``, the size
+    symbolic: ⌈log₂(tokens / chunk)⌉ + 1 graphs up to ``tokens`` (chunks of equal size add no guards on the
+    last one's).
+
+    Args:
+        tokens (int): T, the tokens (an int, or a symbolic size while compiling).
+        chunk (int): the most tokens per chunk, ≥ 1.
+
+    Returns:
+        tuple[int, int]: the chunk count and the chunk size.
+    """
+    count = 1
+    while count * chunk < tokens:
+        count *= 2
+    return count, (tokens + count - 1) // count
+
+
 class _ChunkedCrossEntropy(torch.autograd.Function):
     """Loss and gradients chunk by chunk in forward (see the module docstring).
 
@@ -1249,14 +1272,19 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                 bias: torch.Tensor | None, targets: torch.Tensor, denominator: torch.Tensor,
                 chunk: int, ignore_index: int, with_grads: bool) -> torch.Tensor:
         need_h, need_w, need_b = (with_grads and ctx.needs_input_grad[i] for i in range(3))
-        grad_h = torch.empty_like(hidden) if need_h else None
+        tokens, width = hidden.shape
+        count, size = chunk_layout(tokens, chunk)
+        hidden_chunks = nn.functional.pad(hidden, (0, 0, 0, count * size - tokens)).view(count, size, width)
+        target_chunks = nn.functional.pad(targets, (0, count * size - tokens),
+                                          value=ignore_index).view(count, size)
+        grad_h = hidden.new_empty(count, size, width) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         grad_b = (torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
                   if need_b and bias is not None else None)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        for start in range(0, hidden.shape[0], chunk):
-            h, t = hidden[start:start + chunk], targets[start:start + chunk]
-            z = nn.functional.linear(h, weight, bias).float()  # (chunk, V), the weight's dtype upcast
+        for index in range(count):
+            h, t = hidden_chunks[index], target_chunks[index]
+            z = nn.functional.linear(h, weight, bias).float()  # (size, V), the weight's dtype upcast
             lse = torch.logsumexp(z, dim=-1)
             valid = t != ignore_index
             safe = torch.where(valid, t, torch.zeros_like(t))
@@ -1264,16 +1292,18 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             if not (need_h or need_w or need_b):
                 continue
             dz = z.sub_(lse[:, None]).exp_()  # softmax, in place of the chunk's float32 logits
-            dz[torch.arange(len(t), device=t.device), safe] -= 1.0
+            dz[torch.arange(size, device=t.device), safe] -= 1.0
             dz.mul_((valid / denominator)[:, None])
             if grad_b is not None:
                 grad_b += dz.sum(0)
             dz_low = dz.to(hidden.dtype)
             del z, dz
             if grad_h is not None:
-                grad_h[start:start + chunk] = dz_low @ weight
+                grad_h[index] = dz_low @ weight
             if grad_w is not None:
                 grad_w += (dz_low.t() @ h).float()
+        if grad_h is not None:
+            grad_h = grad_h.view(count * size, width)[:tokens]
         ctx.save_for_backward(grad_h, None if grad_w is None else grad_w.to(weight.dtype),
                               None if grad_b is None or bias is None else grad_b.to(bias.dtype))
         return total / denominator
