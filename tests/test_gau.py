@@ -864,6 +864,10 @@ PATH_DEFAULTS = {"query_length": 8, "key_length": 8, "causal": False, "device": 
         (chunked(4), {"causal": True, "cached": True, "output_attentions": True}, "flash_cache_map"),
         (chunked(4), {"causal": True, "cached": True, "output_attentions": True, "query_length": 1},
          "flash_cache"),
+        (chunked(4), {"packed": True}, "flash_packed"),
+        (chunked(4), {"packed": True, "layout": False}, "flash_windows"),  # compiling: no layout on the host
+        (chunked(4), {"packed": True, "layout": False, "output_attentions": True}, "flash_documents"),
+        (chunked(4, gau_kernel="reference"), {"packed": True}, "flash_documents"),
     ],
 )
 def test_attention_path_names_the_computation(fields: dict, call: dict, expected: str) -> None:

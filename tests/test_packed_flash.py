@@ -19,7 +19,7 @@ import torch
 from hf_attn_variants import GAUForCausalLM, GAUForMaskedLM
 from hf_attn_variants.models import gau_kernels, modeling_gau
 from hf_attn_variants.models.gau_kernels import DocumentChunks, flash_mixed_chunk_attention
-from hf_attn_variants.models.layers import packed_document_ids
+from hf_attn_variants.models.layers import document_positions, packed_document_ids
 from tests.test_gau import tiny
 from tests.utils import needs_triton, random_ids
 
@@ -211,3 +211,62 @@ def test_packed_flash_keeps_no_row_by_row_term(monkeypatch) -> None:
     with torch.no_grad():
         model(ids, position_ids=positions)
     assert shapes and all(shape[1] == 2048 // 16 for shape in shapes)
+
+
+def random_packing(batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """``[B, T]`` document ids: contiguous runs, a new document at a token with probability 0.2."""
+    starts = torch.rand(batch, length, generator=generator) < 0.2
+    starts[:, 0] = False
+    return starts.long().cumsum(1)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_the_windows_path_equals_the_reference_for_any_packing(causal) -> None:
+    """``flash_packed_windows`` (while compiling: no layout) against W per document, in float64: documents
+    starting anywhere in the row's chunks, padding keys, lengths the chunk does not divide, gradients of all
+    five inputs included."""
+    generator = torch.Generator().manual_seed(7)
+    for trial, (length, chunk) in enumerate(itertools.product((1, 5, 16, 37), (1, 3, 4, 8))):
+        document_ids = random_packing(2, length, generator)
+        key_mask = (torch.rand(2, length, generator=generator) > 0.2) if trial % 2 else None
+        inputs = [torch.randn(2, length, width, generator=generator, dtype=torch.float64, requires_grad=True)
+                  for width in (3, 3, 3, 3, 4)]
+        got = gau_kernels.flash_packed_windows(*inputs, document_ids=document_ids, chunk_size=chunk,
+                                               causal=causal, key_mask=key_mask)
+        visibility = gau_kernels.flash_visibility(document_positions(document_ids), chunk, causal,
+                                                  document_ids)
+        weights = gau_kernels.flash_effective_weights(*inputs[:4], chunk_size=chunk, causal=causal,
+                                                      key_mask=key_mask, visibility=visibility)
+        expected = weights @ inputs[4]
+        torch.testing.assert_close(got, expected, atol=1e-10, rtol=1e-10)
+        grad = torch.randn(expected.shape, generator=generator, dtype=torch.float64)
+        for a, b in zip(torch.autograd.grad(got, inputs, grad), torch.autograd.grad(expected, inputs, grad)):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("objective", ["causal", "masked"])
+def test_compiled_packed_flash_runs_in_linear_time_as_one_graph(objective, monkeypatch) -> None:
+    """Compiled (``fullgraph=True``: no layout on the host), packed rows take ``flash_windows``: the same
+    logits and parameter gradients as eager (which equals the lone runs above), and no n×n matrix."""
+    model = model_for(objective, 4)
+    ids, positions, _ = packed(UNEVEN)
+
+    def run(module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad()
+        logits = module(ids, position_ids=positions).logits
+        logits.square().sum().backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    expected, expected_grads = run(model)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the compiled packed path built the n×n reference")
+
+    monkeypatch.setattr(modeling_gau, "flash_effective_weights", refuse)
+    assert modeling_gau.gau_attention_path(model.config, 24, 24, causal=objective == "causal", device="cpu",
+                                           dtype=torch.float32, packed=True, layout=False) == "flash_windows"
+    logits, grads = run(torch.compile(model, backend="aot_eager", fullgraph=True))
+    torch.testing.assert_close(logits, expected, atol=2e-5 * expected.abs().max().item(), rtol=0)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, atol=2e-5 * grad.abs().max().item() + 1e-7, rtol=0,
+                                   msg=lambda m, name=name: f"{name}: {m}")

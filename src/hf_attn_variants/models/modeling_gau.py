@@ -52,6 +52,7 @@ from .gau_kernels import (
     flash_decode_step,
     flash_effective_weights,
     flash_mixed_chunk_attention,
+    flash_packed_windows,
     flash_visibility,
     laplace_attention,
     relu2_attention,
@@ -512,6 +513,7 @@ class GAUPath(enum.StrEnum):
     FLASH_PACKED = "flash_packed"
     FLASH_PACKED_TRITON = "flash_packed_triton"
     FLASH_DOCUMENTS = "flash_documents"
+    FLASH_WINDOWS = "flash_windows"
     FLASH_CACHE = "flash_cache"
     FLASH_CACHE_MAP = "flash_cache_map"
 
@@ -537,6 +539,8 @@ GAU_ATTENTION_PATHS: dict[GAUPath, str] = {
     GAUPath.FLASH_PACKED_TRITON: "flash_packed through the op's Triton implementation",
     GAUPath.FLASH_DOCUMENTS: "the reference for packed rows: W restricted to each document, chunked from its "
     "start (flash_visibility), out = W v / L; O(n²)",
+    GAUPath.FLASH_WINDOWS: "packed rows while compiling (no layout): each document chunked from its start "
+    "within the row's own chunks and their neighbours (flash_packed_windows): O(n), static shapes",
     GAUPath.FLASH_CACHE: "causal FLASH over new tokens from the cached open chunk and cross-chunk state",
     GAUPath.FLASH_CACHE_MAP: "flash_cache to advance the cache, and the output from W (a cache with no "
     "earlier tokens)",
@@ -584,8 +588,9 @@ def gau_attention_path(
     normalisation names its kernel (``GAUNormalization.kernel_path``) or has none. FLASH with a causal cache
     continues from earlier tokens (``key_length > query_length``) through the cached branch; a prefill (an
     empty cache) runs the parallel path, whose final state and open chunk start the cache. Packed rows (never
-    cached) run the chunked kernels on ``DocumentChunks``' layout, or the map per document (the reference, and
-    while compiling: no ``layout``). Quadratic GAU takes packed rows through its usual kernels, with the mask.
+    cached) run the chunked kernels on ``DocumentChunks``' layout, the map per document (the reference), or,
+    while compiling (no ``layout``), ``flash_packed_windows`` in the row's own chunks. Quadratic GAU takes
+    packed rows through its usual kernels, with the mask.
 
     Args:
         config (GAUConfig): the model's config.
@@ -613,8 +618,10 @@ def gau_attention_path(
             dropout, triton, uses_blocks(query_length, key_length))
         return kernel or GAUPath.ATTENTION_MAP
     if packed:
-        if reference or not layout:
+        if reference:
             return GAUPath.FLASH_DOCUMENTS
+        if not layout:
+            return GAUPath.FLASH_WINDOWS
         return GAUPath.FLASH_PACKED_TRITON if triton else GAUPath.FLASH_PACKED
     if cached and causal and key_length > query_length:
         return GAUPath.FLASH_CACHE
@@ -792,7 +799,8 @@ class QuadraticGatedAttentionUnit(GatedAttentionUnit):
                 None)
 
 
-RECOMPUTED_PATHS = (GAUPath.FLASH, GAUPath.FLASH_TRITON, GAUPath.FLASH_PACKED, GAUPath.FLASH_PACKED_TRITON)
+RECOMPUTED_PATHS = (GAUPath.FLASH, GAUPath.FLASH_TRITON, GAUPath.FLASH_PACKED, GAUPath.FLASH_PACKED_TRITON,
+                    GAUPath.FLASH_WINDOWS)
 """FLASH's paths whose unit recomputes in backward (a tuple: dynamo 2.7–2.8 cannot trace ``in`` a frozenset).
 
 Under autograd and without a cache, ``FlashGatedAttentionUnit`` keeps only ``in_proj``'s output for backward
@@ -938,6 +946,12 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
             implementation=self.implementation(path), **self._options)[0]
         return documents.restore(numerator), None
 
+    def _run_windows(self, x: FlashInputs, path: GAUPath, layer: Any, documents: DocumentChunks,
+                     *_: Any) -> Any:
+        """``flash_windows``: packed rows in the row's own chunks (``flash_packed_windows``), no layout."""
+        return flash_packed_windows(*x.tensors(), document_ids=documents.document_ids, key_mask=x.key_mask,
+                                    **self._options), None
+
     def _run_cached(self, x: FlashInputs, path: GAUPath, layer: GAUChunkCacheLayer, *_: Any) -> Any:
         """``flash_cache``: new tokens after earlier ones (one token without dropout: ``_decode_step``)."""
         if x.quad_q.shape[1] == 1 and not (self.training and self.config.attention_probs_dropout_prob > 0):
@@ -1048,6 +1062,7 @@ FLASH_RUNNERS: dict[GAUPath, Callable[..., tuple[torch.Tensor, torch.Tensor | No
     GAUPath.FLASH_MAP: FlashGatedAttentionUnit._run_map,
     GAUPath.FLASH_CACHE_MAP: FlashGatedAttentionUnit._run_map,
     GAUPath.FLASH_DOCUMENTS: FlashGatedAttentionUnit._run_map,
+    GAUPath.FLASH_WINDOWS: FlashGatedAttentionUnit._run_windows,
 }
 """FLASH's paths → the unit's method that runs each.
 

@@ -935,6 +935,103 @@ def segmented_chunk_sums(summaries: torch.Tensor, segments: torch.Tensor, causal
     return totals[flat].view_as(summaries)
 
 
+def flash_packed_windows(
+    quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, lin_k: torch.Tensor, value: torch.Tensor,
+    *, document_ids: torch.Tensor, chunk_size: int, causal: bool, key_mask: torch.Tensor | None = None,
+    dropout: float = 0.0, training: bool = False,
+) -> torch.Tensor:
+    """FLASH over rows packing documents that start anywhere, in static shapes: O(T·g·(s + e) + T·s·e).
+
+    Each document is chunked from its own start, exactly as ``flash_visibility`` with ``document_ids`` says,
+    but the tensors keep the row's chunks c = ⌊t / g⌋: nothing is read on the host (``DocumentChunks``' layout
+    reads its slot count), so a compiled graph holds for every packing. A token's document chunk lies in its
+    row chunk and the one before (and, bidirectional, the one after): in that window both parts are masked
+    scores, relu² over [same document, same document chunk (, not later)] and the linear part over [same
+    document (, earlier document chunk)]. The linear part's keys before the window are the state of the
+    document running through the window's first token (``_state_before_window``); bidirectional, those after
+    it are the same on the reversed row.
+
+    Args:
+        quad_q (torch.Tensor): ``[B, T, S]`` quadratic queries (factors folded in), the model dtype.
+        quad_k (torch.Tensor): ``[B, T, S]`` quadratic keys, the model dtype.
+        lin_q (torch.Tensor): ``[B, T, S]`` linear queries (factors folded in), the model dtype.
+        lin_k (torch.Tensor): ``[B, T, S]`` linear keys, the model dtype.
+        value (torch.Tensor): ``[B, T, E]``, the model dtype.
+        document_ids (torch.Tensor): ``[B, T]`` int64, each token's document (≥ 0, contiguous runs).
+        chunk_size (int): g.
+        causal (bool): whether queries see only earlier keys.
+        key_mask (torch.Tensor | None): ``[B, T]`` bool (``True`` = real token), or ``None``.
+        dropout (float): dropout on the quadratic weights.
+        training (bool): whether that dropout is active.
+
+    Returns:
+        torch.Tensor: the numerator ``[B, T, E]`` in the value's dtype (autocast's under autocast).
+    """
+    if (dtype := autocast_dtype(value.device)) is not None:
+        quad_q, quad_k, lin_q, lin_k, value = (x.to(dtype) for x in (quad_q, quad_k, lin_q, lin_k, value))
+    length, pad = quad_q.shape[1], (-quad_q.shape[1]) % chunk_size
+    ids = F.pad(document_ids, (0, pad), value=-1)  # the padding to whole chunks: a document of its own
+    valid = torch.ones_like(document_ids, dtype=torch.bool) if key_mask is None else key_mask.bool()
+    valid = F.pad(valid, (0, pad), value=False)
+    quad_q, quad_k, lin_q, value = (_chunk_blocks(x, chunk_size) for x in (quad_q, quad_k, lin_q, value))
+    lin_k = _chunk_blocks(lin_k * valid[:, :length, None].to(lin_k.dtype), chunk_size)
+    rows = [_chunk_blocks(x[..., None], chunk_size)[..., 0] for x in (ids, document_positions(ids), valid)]
+    query_ids, query_positions, _ = rows
+    key_ids, key_positions, key_valid = (_window(x, causal, fill) for x, fill in zip(rows, (-2, 0, False)))
+    same = (query_ids[..., :, None] == key_ids[..., None, :]) & key_valid[..., None, :]
+    query_chunk, key_chunk = query_positions // chunk_size, key_positions // chunk_size
+    quadratic = same & (query_chunk[..., :, None] == key_chunk[..., None, :])
+    linear = same
+    if causal:
+        quadratic = quadratic & (key_positions[..., None, :] <= query_positions[..., :, None])
+        linear = same & (key_chunk[..., None, :] < query_chunk[..., :, None])
+    weights = F.relu(torch.matmul(quad_q, _window(quad_k, causal, 0).transpose(-1, -2))).square() * quadratic
+    if dropout > 0.0 and training:
+        weights = F.dropout(weights, p=dropout, training=True)
+    weights = weights + torch.matmul(lin_q, _window(lin_k, causal, 0).transpose(-1, -2)) * linear
+    numerator = torch.matmul(weights, _window(value, causal, 0))
+    numerator = numerator + _state_before_window(lin_q, lin_k, value, query_ids)
+    if not causal:
+        flipped = (x.flip(1, 2) for x in (lin_q, lin_k, value, query_ids))
+        numerator = numerator + _state_before_window(*flipped).flip(1, 2)
+    return numerator.flatten(1, 2)[:, :length]
+
+
+def _window(x: torch.Tensor, causal: bool, fill: float) -> torch.Tensor:
+    """``[B, C, G, ·]`` → ``[B, C, wG, ·]``: each chunk with the one before it (and, bidirectional, after it).
+
+    The chunks beyond the row are ``fill``.
+    """
+    before = F.pad(x[:, :-1], (0, 0) * (x.dim() - 3) + (0, 0, 1, 0), value=fill)
+    if causal:
+        return torch.cat([before, x], dim=2)
+    after = F.pad(x[:, 1:], (0, 0) * (x.dim() - 3) + (0, 0, 0, 1), value=fill)
+    return torch.cat([before, x, after], dim=2)
+
+
+def _state_before_window(lin_q: torch.Tensor, lin_k: torch.Tensor, value: torch.Tensor,
+                         ids: torch.Tensor) -> torch.Tensor:
+    """q'_i · Σ k'_jᵀ v_j over the keys j of i's document before chunk c(i) − 1, in chunks ``[B, C, G, ·]``.
+
+    D_m = Σ_{j < m·g, d(j) = d(m·g)} k'_jᵀ v_j, the state of the document of chunk m's first token, follows
+    D_m = a_m D_{m−1} + U_m with U_m the part of chunk m − 1 in that document and a_m = [d((m − 1)·g) =
+    d(m·g)] (the document then fills chunk m − 1): within runs of chunks joined by a_m = 1, D is the inclusive
+    sum of U (``segmented_chunk_sums``). Chunk c's queries read D_{c−1} where their document is d((c − 1)·g);
+    otherwise their document starts inside the window and has no key before it.
+    """
+    first = ids[:, :, 0]
+    starts_next = F.pad(first[:, 1:], (0, 1), value=-2)  # d((c + 1)·g): the document of chunk c's tail
+    tail = lin_k * (ids == starts_next[..., None])[..., None].to(lin_k.dtype)
+    added = F.pad(upcast(torch.matmul(tail.transpose(-1, -2), value))[:, :-1], (0, 0, 0, 0, 1, 0))  # U_m
+    joined = F.pad(first[:, 1:] == first[:, :-1], (1, 0), value=False)  # a_m
+    order = torch.arange(first.shape[1], device=first.device).expand_as(first)
+    runs = torch.where(joined, 0, order).cummax(1).values
+    states = segmented_chunk_sums(added, runs, True) + added  # D_m
+    before = F.pad(states[:, :-1], (0, 0, 0, 0, 1, 0))  # chunk c reads D_{c−1}
+    reads = ids == F.pad(first[:, :-1], (1, 0), value=-2)[..., None]
+    return state_product(lin_q * reads[..., None].to(lin_q.dtype), before)
+
+
 @dataclass(frozen=True)
 class DocumentChunks:
     """Rows packing several documents, laid out so that every document starts on a chunk boundary.
