@@ -158,6 +158,33 @@ def test_steps_between_logging_steps_read_nothing_from_the_device(tmp_path, trai
     assert any(site[:2] == ("training/pretrain.py", "log_row") for site in logged), syncs.calls
 
 
+PACKED_READS = {("models/modeling_common.py", "_packed_documents"),
+                ("models/modeling_entropy_invariant.py", "prepare_attention_mask"),
+                ("models/gau_kernels.py", "build")}
+"""The reads of ``--packing documents`` (docs/training.md): whether the rows pack documents (ours, and
+Transformers' own check inside ``create_causal_mask``) and the size of FLASH's chunk-aligned layout; each is
+skipped under ``torch.compile``, where rows with positions count as packed and FLASH takes
+``flash_windows``."""
+
+
+@pytest.mark.parametrize(("family", "objective", "extra"), [
+    ("entropy_invariant", "clm", {}),
+    ("gau", "clm", {"chunk_size": 8, "attention_normalization": "relu2"}),
+    ("synthesizer", "clm", {}),
+])
+def test_packed_documents_read_once_per_step_and_only_what_the_docs_list(
+        tmp_path, train_file, monkeypatch,  # noqa: F811
+        family: str, objective: str, extra: dict[str, object]) -> None:
+    """``--packing documents``: the steps between logging steps read only ``PACKED_READS``, once each per
+    forward, and nothing per layer."""
+    args = tiny_args(tmp_path, family, train_file=train_file, objective=objective, max_train_steps=4,
+                     logging_steps=4, packing="documents", config_overrides=tiny_overrides(family, **extra))
+    syncs = count_host_syncs(monkeypatch, args)
+    reads = [site[:2] for step, site, _ in syncs.calls if step in (1, 2, 3) and site[:2] not in KNOWN]
+    assert reads and set(reads) <= PACKED_READS, reads
+    assert all(reads.count(site) == 3 for site in set(reads)), reads  # once in each of the three steps
+
+
 def blocks_without_datasets(args: Any, tokenizer: Any, runtime: Any) -> dict[str, Any]:
     """``pretrain``'s training blocks made without ``datasets``, which the GPU image lacks: the lines of
     ``--train_file`` tokenized and cut into blocks of ``--max_seq_length`` ids; no validation blocks. The test

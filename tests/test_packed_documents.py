@@ -262,3 +262,24 @@ def test_a_kernel_without_a_mask_gets_the_positions_and_more_than_one_row_is_ref
             assert (packed[where] - alone).abs().max().item() <= tolerance(model) * packed.abs().max().item()
         with pytest.raises(ValueError, match="attn_implementation='padding_free_probe'"):
             model(ids, position_ids=positions)
+
+
+@pytest.mark.parametrize(("family", "options"), [
+    pytest.param("entropy_invariant", {"implementation": "sdpa"}, id="ei-sdpa"),
+    pytest.param("gau", {"attention_normalization": "relu2"}, id="gau-quadratic-relu2"),
+    pytest.param("gau", {"attention_normalization": "relu2", "chunk_size": 4}, id="gau-flash-chunk4"),
+    pytest.param("synthesizer", {"synthesizer_components": ["random", "vanilla"]}, id="synthesizer"),
+])
+def test_packed_rows_compile_as_one_graph_that_reads_nothing_on_the_host(family: str, options: dict) -> None:
+    """``torch.compile(fullgraph=True)`` of each family's packed causal LM: a read of a device value on the
+    host (whether the rows pack documents, FLASH's layout) would break the graph and fail here, so the
+    compiled step reads none (docs/training.md); its logits and loss equal eager's."""
+    model = build(family, "causal", options)
+    ids, positions, _ = packed_batch()
+    with torch.no_grad():
+        expected = model(ids, position_ids=positions, labels=ids)
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        got = compiled(ids, position_ids=positions, labels=ids)
+    atol = tolerance(model) * expected.logits.abs().max().item()
+    torch.testing.assert_close(got.logits, expected.logits, atol=atol, rtol=0)
+    torch.testing.assert_close(got.loss, expected.loss, atol=1e-5, rtol=1e-5)
