@@ -10,7 +10,8 @@
   ``flash_attention_2`` (where flash-attn is installed) against ``eager``: outputs and gradients, with
   padding.
 - Packed FLASH (``position_ids`` restarting at every document, no mask) equals each document run alone, with
-  the Triton kernels and the torch path: logits and the gradients of the summed document losses.
+  the Triton kernels, the torch path and, compiled, ``flash_windows``: logits and the gradients of the summed
+  document losses.
 
 ``tests/test_gau_triton.py`` checks the same kernels in Triton's interpreter on CPU tensors for ``make test``.
 To check these tests themselves without a GPU,
@@ -386,13 +387,20 @@ PACKED_CASES = {"chunk4": ((5, 11, 8), 4), "chunk6": ((5, 11, 8), 6), "chunk32":
 grid."""
 
 
-@pytest.mark.parametrize("kernel", [pytest.param("triton", marks=needs_triton), "torch"])
-@pytest.mark.parametrize("case", list(PACKED_CASES))
+@pytest.mark.parametrize(("case", "kernel"), [
+    *[pytest.param(case, "triton", marks=needs_triton) for case in PACKED_CASES],
+    *[(case, "torch") for case in PACKED_CASES],
+    ("chunk32", "windows"),
+])
 def test_packed_flash_equals_each_document_alone(case: str, kernel: str) -> None:
+    """``windows``: the packed row through a ``fullgraph=True`` compile (``aot_eager``: no kernels to build),
+    which takes ``flash_windows`` (chunk 32 over documents off its grid); the lone runs stay eager."""
     lengths, chunk = PACKED_CASES[case]
     torch.manual_seed(0)
-    config = gau_config(attention_normalization="relu2", chunk_size=chunk, gau_kernel=kernel)
+    config = gau_config(attention_normalization="relu2", chunk_size=chunk,
+                        gau_kernel="torch" if kernel == "windows" else kernel)
     model = GAUForCausalLM(config).to(DEVICE).train()
+    forward = torch.compile(model, backend="aot_eager", fullgraph=True) if kernel == "windows" else model
     documents = [random_ids(1, n, seed=index).to(DEVICE) for index, n in enumerate(lengths)]
     ids = torch.cat(documents, dim=1)
     positions = torch.cat([torch.arange(n) for n in lengths])[None].to(DEVICE)
@@ -400,7 +408,7 @@ def test_packed_flash_equals_each_document_alone(case: str, kernel: str) -> None
     def document_loss(logits: torch.Tensor, document: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits[:-1].float(), document[0, 1:], reduction="sum")
 
-    packed = model(ids, position_ids=positions).logits[0]
+    packed = forward(ids, position_ids=positions).logits[0]
     starts = torch.tensor((0, *lengths)).cumsum(0).tolist()
     sum(document_loss(packed[a:b], d) for a, b, d in zip(starts, starts[1:], documents)).backward()
     packed_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
