@@ -63,10 +63,29 @@ def flag_table(parser: argparse.ArgumentParser) -> dict[str, tuple]:
     return table
 
 
+def bare_bools(table: dict[str, tuple]) -> dict[str, tuple]:
+    """``HfArgumentParser``'s table with our one difference: a ``bool | None`` flag (type ``string_to_bool``,
+    no ``nargs``) given alone means True (``nargs="?"``, ``const=True``), as its other boolean flags."""
+    return {flag: (row[:3] + ("?", True) + row[5:] if row[7] == "string_to_bool" and row[3] is None else row)
+            for flag, row in table.items()}
+
+
 @pytest.mark.parametrize("command", list(subcommand_dataclasses()))
 def test_flags_equal_hf_argument_parser(command: str) -> None:
     types = subcommand_dataclasses()[command]
-    assert flag_table(ours(*types)) == flag_table(reference(*types))
+    assert flag_table(ours(*types)) == bare_bools(flag_table(reference(*types)))
+
+
+def test_a_bool_or_none_flag_alone_means_true_and_still_takes_a_value() -> None:
+    """``finetune --disable_tqdm`` (Trainer's ``bool | None``): HfArgumentParser stops with "expected one
+    argument"; here it is True, ``--disable_tqdm false`` is False, and leaving it out keeps None."""
+    parser = ours(TrainingArguments)
+    with pytest.raises(SystemExit):
+        reference(TrainingArguments).parse_args(["--output_dir", "x", "--disable_tqdm"])
+    assert parser.parse_args(["--output_dir", "x", "--disable_tqdm"]).disable_tqdm is True
+    assert parser.parse_args(["--output_dir", "x", "--disable_tqdm", "false"]).disable_tqdm is False
+    assert parser.parse_args(["--output_dir", "x"]).disable_tqdm is None
+    assert bare_bools(flag_table(reference(TrainingArguments))) != flag_table(reference(TrainingArguments))
 
 
 def test_pretrain_help_groups_flags_required_first_without_none_defaults() -> None:
@@ -146,7 +165,9 @@ def test_bad_choice_is_rejected_like_hf_argument_parser(capsys) -> None:
         with pytest.raises(SystemExit):
             parser.parse_args(["--name", "n", "--mode", "c"])
         errors.append(capsys.readouterr().err)
-    assert errors[0] == errors[1] and "invalid choice: 'c'" in errors[0]
+    # the usage lines differ only where a bool | None flag may stand alone ("[--maybe [MAYBE]]")
+    assert errors[0].replace("[--maybe [MAYBE]]", "[--maybe MAYBE]") == errors[1]
+    assert "invalid choice: 'c'" in errors[0]
 
 
 def test_hub_ids_are_told_from_local_paths(tmp_path, monkeypatch) -> None:

@@ -106,10 +106,12 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, *dataclass_types: t
     ``parser.add_argument`` only. ``tests/test_cli_utils.py`` checks the flags equal ``HfArgumentParser``'s
     for every subcommand's dataclasses.
 
-    Two differences in the help text: a dataclass with ``argument_groups`` (title → field names, in the order
-    they are shown; every field listed once) shows its flags in those argparse groups, and a dataclass without
-    them next to one that has them gets a group titled after its class; a help text names the default unless
-    the flag is required or its default is None (nothing to show).
+    One difference in the flags: a ``bool | None`` flag (``TrainingArguments``' ``--disable_tqdm``, …) given
+    alone means True, as every other boolean flag does; ``HfArgumentParser`` stops with "expected one
+    argument" there. Two differences in the help text: a dataclass with ``argument_groups`` (title → field
+    names, in the order they are shown; every field listed once) shows its flags in those argparse groups, and
+    a dataclass without them next to one that has them gets a group titled after its class; a help text names
+    the default unless the flag is required or its default is None (nothing to show).
     """
     grouped = any(getattr(dtype, "argument_groups", None) for dtype in dataclass_types)
     for dtype in dataclass_types:
@@ -194,12 +196,12 @@ def field_arguments(field: dataclasses.Field, field_type: Any) -> list[tuple[lis
             kwargs["default"] = field.default
         else:
             kwargs["required"] = True
-    elif is_bool:
+    elif is_bool:  # given alone, True; HfArgumentParser wants a value after a bool | None flag
         kwargs["type"] = string_to_bool
+        kwargs["nargs"] = "?"
+        kwargs["const"] = True
         if field_type is bool or (field.default is not None and field.default is not dataclasses.MISSING):
             kwargs["default"] = False if field.default is dataclasses.MISSING else field.default
-            kwargs["nargs"] = "?"
-            kwargs["const"] = True
     elif isinstance(origin, type) and issubclass(origin, list):
         kwargs["type"] = typing.get_args(field_type)[0]
         kwargs["nargs"] = "+"
