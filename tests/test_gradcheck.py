@@ -87,18 +87,18 @@ def test_gradients_of_a_float64_model_match_finite_differences(name: str, causal
 @pytest.mark.parametrize("kernel", ["relu2", "softmax"])
 def test_blocked_gau_kernels_match_finite_differences(monkeypatch, kernel: str, causal: bool) -> None:
     """``relu2_attention`` / ``softmax_attention`` through their hand-written autograd Functions
-    (``Relu2Attention``, ``SoftmaxAttention``: recomputing, blocked backward) in float64, over 3 query
+    (``Relu2Attention``, ``SoftmaxAttention``: recomputing, blocked backward) in float64, over 4 query
     blocks."""
-    monkeypatch.setattr(gau_kernels, "ATTENTION_BLOCK_ELEMENTS", 12)  # 6 keys → blocks of 2 query rows
+    monkeypatch.setattr(gau_kernels, "ATTENTION_BLOCK_ELEMENTS", 24)  # 12 keys → 4 blocks of 3 query rows
     torch.manual_seed(0)
-    query, key = (torch.randn(2, 6, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    value = torch.randn(2, 6, 3, dtype=torch.float64, requires_grad=True)
-    mask = torch.ones(2, 6, 6, dtype=torch.bool)
+    query, key = (torch.randn(2, 12, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    value = torch.randn(2, 12, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(2, 12, 12, dtype=torch.bool)
     mask[1, :, :2] = False  # left padding of row 1 (with causality its first two queries see no key)
     if causal:
-        mask &= torch.ones(6, 6, dtype=torch.bool).tril()
+        mask &= torch.ones(12, 12, dtype=torch.bool).tril()
     offset = 0 if causal else None
-    assert len(gau_kernels._query_blocks(6, 6, offset)) == 3
+    assert len(gau_kernels._query_blocks(12, 12, offset)) == 4
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if kernel == "relu2":
@@ -112,16 +112,21 @@ def test_blocked_gau_kernels_match_finite_differences(monkeypatch, kernel: str, 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 def test_query_blocks_cover_the_queries_and_compile_once_per_block_count(monkeypatch, causal: bool) -> None:
-    """Blocks of ⌈T_q / c⌉ rows tile [0, T_q) without gaps or empty blocks, and a compiled blocked kernel
-    compiles again only when the block count changes, not at every length (``range(0, T_q, rows)`` fixed
-    T_q: a compiled quadratic GAU past 2,048 tokens compiled once per length)."""
+    """A power of two c of blocks of ⌈T_q / c⌉ rows tile [0, T_q) without gaps or empty blocks, within
+    ``ATTENTION_BLOCK_ELEMENTS`` unless c is at its bound 2c(2c − 1) ≤ T_q; a compiled blocked kernel
+    compiles again only when c changes, not at every length (``range(0, T_q, rows)`` fixed T_q: a compiled
+    quadratic GAU past 2,048 tokens compiled once per length), also where the bound holds c (97–110 tokens
+    here, as past 23k tokens with the real bound)."""
     monkeypatch.setattr(gau_kernels, "ATTENTION_BLOCK_ELEMENTS", 256)
     offset = 0 if causal else None
-    for queries in range(1, 70):
+    for queries in range(1, 300):
         blocks = gau_kernels._query_blocks(queries, queries, offset)
+        count, rows = len(blocks), max(1, 256 // queries)
         assert [start for start, _, _ in blocks] == [0] + [stop for _, stop, _ in blocks[:-1]]
         assert blocks[-1][1] == queries and all(start < stop for start, stop, _ in blocks)
-        assert max(stop - start for start, stop, _ in blocks) <= max(1, 256 // queries)
+        assert count & (count - 1) == 0
+        largest = max(stop - start for start, stop, _ in blocks)
+        assert largest <= rows or 2 * count * (2 * count - 1) > queries, (queries, count, largest)
         assert all(limit == (stop if causal else queries) for _, stop, limit in blocks)
     graphs = []
 
@@ -132,11 +137,14 @@ def test_query_blocks_cover_the_queries_and_compile_once_per_block_count(monkeyp
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return gau_kernels.relu2_attention(q, k, v, mask, offset, blocked=True)
 
-    compiled = torch.compile(run, backend=count_graphs)
-    for length in range(17, 23):  # 256 // length = 15 … 11 rows: 2 blocks at every length
-        assert len(gau_kernels._query_blocks(length, length, offset)) == 2
-        inputs = [torch.randn(1, length, 4, requires_grad=True) for _ in range(3)]
-        mask = torch.ones(1, length, length, dtype=torch.bool).tril() if causal else None
-        expected = gau_kernels.relu2_attention(*inputs, mask, None)
-        torch.testing.assert_close(compiled(*inputs, mask), expected)
-    assert len(graphs) <= 2  # the first length's, then one graph for every other (six before)
+    # 17–22 tokens: 256 // length = 15 … 11 rows, 2 blocks; 97–110: 2 rows, 8 blocks (the bound on c)
+    for lengths, count in ((range(17, 23), 2), (range(97, 111), 8)):
+        graphs.clear()
+        compiled = torch.compile(run, backend=count_graphs)
+        for length in lengths:
+            assert len(gau_kernels._query_blocks(length, length, offset)) == count
+            inputs = [torch.randn(1, length, 4, requires_grad=True) for _ in range(3)]
+            mask = torch.ones(1, length, length, dtype=torch.bool).tril() if causal else None
+            expected = gau_kernels.relu2_attention(*inputs, mask, None)
+            torch.testing.assert_close(compiled(*inputs, mask), expected)
+        assert len(graphs) <= 2  # the first length's, then one graph for every other (one per length before)

@@ -14,6 +14,8 @@ from transformers.loss.loss_utils import ForCausalLMLoss
 from hf_attn_variants import (
     EntropyInvariantConfig,
     EntropyInvariantForCausalLM,
+    GAUConfig,
+    GAUForCausalLM,
     SynthesizerConfig,
     SynthesizerForCausalLM,
     chunked_cross_entropy,
@@ -98,6 +100,15 @@ def test_no_gradients_no_work_and_all_ignored_is_nan_as_transformers() -> None:
     assert loss.grad_fn is None and torch.isfinite(loss)
     ignored = torch.full((1, 6), -100)
     assert torch.isnan(chunked_cross_entropy(hidden, weight, ignored))
+    hidden.requires_grad_()
+    for num_items in (None, 0):  # the loss NaN, its gradients those of Transformers' loss (0, not NaN)
+        expected, expected_grads = loss_and_grads(stock_loss, hidden, weight, None, ignored,
+                                                  num_items_in_batch=num_items)
+        loss, grads = loss_and_grads(chunked_cross_entropy, hidden, weight, None, ignored,
+                                     num_items_in_batch=num_items)
+        assert torch.isnan(loss) and torch.isnan(expected)
+        for got, want in zip(grads, expected_grads):
+            torch.testing.assert_close(got, want, equal_nan=True)
     assert torch.isnan(stock_loss(hidden, weight, ignored))
 
 
@@ -307,6 +318,32 @@ def test_a_compiled_loss_compiles_once_per_chunk_count_not_per_length() -> None:
             torch.testing.assert_close(got, want, **TOLERANCE[torch.float32])
     counts = {chunk_layout(2 * length, 64)[0] for length in lengths}
     assert counts == {2, 4, 8} and len(graphs) <= len(counts) + 1 < len(lengths)
+
+
+@pytest.mark.parametrize("chunk_size", [None, 16], ids=["quadratic", "flash"])
+def test_a_compiled_gau_training_step_compiles_twice_over_seven_lengths(chunk_size: int | None) -> None:
+    """A GAU causal LM's training step (labels, the chunked loss) compiled over lengths 40 … 130: the first
+    length's graph and one dynamic graph for all others. FLASH pads its chunks while compiling, so lengths
+    that chunks divide (64) take the same graph; before, 7 lengths compiled 7 graphs."""
+    graphs = []
+
+    def count_graphs(graph: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(graph)
+        return graph.forward
+
+    torch.compiler.reset()  # nothing cached from another test's model
+    torch.manual_seed(0)
+    config = GAUConfig(vocab_size=211, hidden_size=32, num_hidden_layers=2, attention_key_size=8,
+                       attention_normalization="relu2", chunk_size=chunk_size, hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.0)
+    model = GAUForCausalLM(config).train()
+    compiled = torch.compile(model, backend=count_graphs)
+    for length in (40, 50, 64, 70, 90, 100, 130):
+        ids = torch.randint(1, 211, (2, length), generator=torch.Generator().manual_seed(length))
+        loss = compiled(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.testing.assert_close(loss, model(input_ids=ids, labels=ids).loss)
+    assert len(graphs) == 2
 
 
 def test_chunk_layout_covers_the_tokens_in_at_most_count_padded_slots() -> None:

@@ -1274,9 +1274,10 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         need_h, need_w, need_b = (with_grads and ctx.needs_input_grad[i] for i in range(3))
         tokens, width = hidden.shape
         count, size = chunk_layout(tokens, chunk)
-        hidden_chunks = nn.functional.pad(hidden, (0, 0, 0, count * size - tokens)).view(count, size, width)
-        target_chunks = nn.functional.pad(targets, (0, count * size - tokens),
-                                          value=ignore_index).view(count, size)
+        if torch.compiler.is_compiling() or count * size != tokens:  # eager: no copy where none is needed
+            hidden = nn.functional.pad(hidden, (0, 0, 0, count * size - tokens))
+            targets = nn.functional.pad(targets, (0, count * size - tokens), value=ignore_index)
+        hidden_chunks, target_chunks = hidden.view(count, size, width), targets.view(count, size)
         grad_h = hidden.new_empty(count, size, width) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         grad_b = (torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
@@ -1293,7 +1294,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                 continue
             dz = z.sub_(lse[:, None]).exp_()  # softmax, in place of the chunk's float32 logits
             dz[torch.arange(size, device=t.device), safe] -= 1.0
-            dz.mul_((valid / denominator)[:, None])
+            dz.mul_(torch.where(valid, 1.0 / denominator, 0.0)[:, None])  # no 0 / 0 where none is scored
             if grad_b is not None:
                 grad_b += dz.sum(0)
             dz_low = dz.to(hidden.dtype)

@@ -54,7 +54,8 @@ def laplace_attention(scores: torch.Tensor) -> torch.Tensor:
 
 
 ATTENTION_BLOCK_ELEMENTS = 1 << 22
-"""Score elements per query block of ``relu2_attention`` / ``softmax_attention`` (16 MiB of float32)."""
+"""Score elements per query block of ``relu2_attention`` / ``softmax_attention`` (16 MiB of float32; more past
+about 23k tokens, ``_query_blocks``)."""
 
 
 def uses_blocks(queries: int, keys: int) -> bool:
@@ -75,17 +76,19 @@ def uses_blocks(queries: int, keys: int) -> bool:
 def _query_blocks(queries: int, keys: int, causal_offset: int | None) -> list[tuple[int, int, int]]:
     """(start, stop, key limit) of each query block; a causal block needs no key after its last query.
 
-    Blocks of ⌈T_q / c⌉ rows, c the least power of two with c · ⌊ATTENTION_BLOCK_ELEMENTS / T_k⌋ ≥ T_q: under
-    ``torch.compile`` the graph then holds for every length with the same block count (``range(0, T_q, rows)``
-    fixed T_q, and each new length compiled again).
+    c blocks of ⌈T_q / c⌉ rows: c, a power of two, doubles while c · ⌊ATTENTION_BLOCK_ELEMENTS / T_k⌋ < T_q
+    and 2c · (2c − 1) ≤ T_q, so that the c blocks are never empty. Under ``torch.compile`` the graph then
+    holds for every length with the same c: these are range guards on T_q (``range(0, T_q, rows)`` fixed T_q,
+    and each new length compiled again). The second bound keeps c ≤ √T_q: past about 23k tokens a block holds
+    more than ``ATTENTION_BLOCK_ELEMENTS`` scores (4× at 64k, 16× at 128k).
     """
     rows = max(1, ATTENTION_BLOCK_ELEMENTS // max(keys, 1))
     count = 1
-    while count * rows < queries:
+    while count * rows < queries and 2 * count * (2 * count - 1) <= queries:
         count *= 2
     size = (queries + count - 1) // count
     blocks = []
-    for index in range((queries + size - 1) // size):
+    for index in range(count):
         start, stop = index * size, min((index + 1) * size, queries)
         blocks.append((start, stop, keys if causal_offset is None else min(keys, causal_offset + stop)))
     return blocks
@@ -614,10 +617,15 @@ def final_state(summaries: torch.Tensor, complete: int, causal: bool,
 
 
 def _chunk_blocks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """``[B, T, W]`` → ``[B, C, G, W]``, zero-padded to whole chunks."""
-    pad = (-x.shape[1]) % chunk_size
-    x = F.pad(x, (0, 0, 0, pad)) if pad else x
-    return x.view(x.shape[0], -1, chunk_size, x.shape[-1])
+    """``[B, T, W]`` → ``[B, C, G, W]``, zero-padded to whole chunks.
+
+    While compiling, padded whatever T (maybe by nothing), so that one graph holds for lengths that chunks
+    divide and for those they do not.
+    """
+    chunks = (x.shape[1] + chunk_size - 1) // chunk_size
+    if torch.compiler.is_compiling() or x.shape[1] % chunk_size:
+        x = F.pad(x, (0, 0, 0, chunks * chunk_size - x.shape[1]))
+    return x.view(x.shape[0], chunks, chunk_size, x.shape[-1])
 
 
 def flash_mixed_chunk_torch(
@@ -1078,10 +1086,11 @@ class DocumentChunks:
         padded = (sizes + chunk_size - 1) // chunk_size * chunk_size  # per document index (< T)
         offsets = (padded.cumsum(-1) - padded).gather(-1, document_ids)  # o_d of each token's document
         destination = offsets + document_positions(document_ids)
-        slots = int(padded.sum(-1).max())
+        totals = padded.sum(-1)
+        slots, fewest = torch.stack([totals.max(), totals.min()]).tolist()  # one read on the host
         segment = torch.arange(slots // chunk_size, device=device).expand(batch, -1).clone()
         segment.scatter_(-1, destination // chunk_size, offsets // chunk_size)
-        if slots == length and bool((padded.sum(-1) == length).all()):  # whole chunks: slots are the tokens
+        if fewest == slots == length:  # whole chunks: slots are the tokens
             return cls(document_ids, slots, segment)
         rows = torch.arange(batch, device=device)[:, None]
         source = torch.full((batch, slots), length, device=device).scatter_(
