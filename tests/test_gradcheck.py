@@ -143,8 +143,11 @@ def test_query_blocks_cover_the_queries_and_compile_once_per_block_count(monkeyp
         compiled = torch.compile(run, backend=count_graphs)
         for length in lengths:
             assert len(gau_kernels._query_blocks(length, length, offset)) == count
-            inputs = [torch.randn(1, length, 4, requires_grad=True) for _ in range(3)]
+            generator = torch.Generator().manual_seed(length)
+            inputs = [torch.randn(1, length, 4, generator=generator) for _ in range(3)]
             mask = torch.ones(1, length, length, dtype=torch.bool).tril() if causal else None
             expected = gau_kernels.relu2_attention(*inputs, mask, None)
-            torch.testing.assert_close(compiled(*inputs, mask), expected)
+            # float32 sums of terms up to ~300 that cancel: 1e-6 of the largest output
+            torch.testing.assert_close(compiled(*inputs, mask), expected, rtol=0,
+                                       atol=1e-6 * float(expected.abs().max()))
         assert len(graphs) <= 2  # the first length's, then one graph for every other (one per length before)

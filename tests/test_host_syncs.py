@@ -185,6 +185,21 @@ def test_packed_documents_read_once_per_step_and_only_what_the_docs_list(
     assert all(reads.count(site) == 3 for site in set(reads)), reads  # once in each of the three steps
 
 
+@pytest.mark.parametrize("lengths", [(8, 4, 12), (5, 11, 8)], ids=["whole-chunks", "uneven"])
+def test_the_packed_flash_layout_reads_the_host_once(lengths: tuple[int, ...]) -> None:
+    """``DocumentChunks.build``: one read for the slot count and whether the documents fill whole chunks (the
+    second case read twice before)."""
+    from hf_attn_variants.models.gau_kernels import DocumentChunks
+    from hf_attn_variants.models.layers import packed_document_ids
+
+    positions = torch.cat([torch.arange(n) for n in lengths])[None].expand(2, -1)
+    syncs = HostSyncs()
+    with syncs, HostReads(syncs):
+        layout = DocumentChunks.build(packed_document_ids(positions), 4)
+    assert len(syncs.calls) == 1, syncs.calls
+    assert (layout.valid is None) == (lengths == (8, 4, 12))
+
+
 def blocks_without_datasets(args: Any, tokenizer: Any, runtime: Any) -> dict[str, Any]:
     """``pretrain``'s training blocks made without ``datasets``, which the GPU image lacks: the lines of
     ``--train_file`` tokenized and cut into blocks of ``--max_seq_length`` ids; no validation blocks. The test

@@ -21,6 +21,7 @@ from hf_attn_variants import (
     chunked_cross_entropy,
     use_chunked_loss,
 )
+from hf_attn_variants.models import gau_kernels
 from hf_attn_variants.models.losses import chunk_layout, default_chunk_tokens
 from tests.utils import saved_bytes
 
@@ -320,11 +321,17 @@ def test_a_compiled_loss_compiles_once_per_chunk_count_not_per_length() -> None:
     assert counts == {2, 4, 8} and len(graphs) <= len(counts) + 1 < len(lengths)
 
 
-@pytest.mark.parametrize("chunk_size", [None, 16], ids=["quadratic", "flash"])
-def test_a_compiled_gau_training_step_compiles_twice_over_seven_lengths(chunk_size: int | None) -> None:
+@pytest.mark.parametrize(("chunk_size", "expected"), [(None, 4), (16, 2)], ids=["quadratic", "flash"])
+def test_a_compiled_gau_training_step_compiles_once_per_bucket_over_seven_lengths(
+        chunk_size: int | None, expected: int, monkeypatch) -> None:
     """A GAU causal LM's training step (labels, the chunked loss) compiled over lengths 40 … 130: the first
-    length's graph and one dynamic graph for all others. FLASH pads its chunks while compiling, so lengths
-    that chunks divide (64) take the same graph; before, 7 lengths compiled 7 graphs."""
+    length's graph, then one per bucket. FLASH: one dynamic graph (it pads its chunks while compiling, so
+    lengths that chunks divide, 64, take the same graph). Quadratic GAU in query blocks (1,024 scores each
+    here): 2, 4, 4, 8, 8, 8, 8 blocks, one graph for 4 blocks and two for 8 (at 70 the scores per block set
+    the count, from 90 the bound that keeps blocks non-empty). Before, 7 graphs each."""
+    monkeypatch.setattr(gau_kernels, "ATTENTION_BLOCK_ELEMENTS", 1024)
+    blocks = [len(gau_kernels._query_blocks(n, n, 0)) for n in (40, 50, 64, 70, 90, 100, 130)]
+    assert blocks == [2, 4, 4, 8, 8, 8, 8]
     graphs = []
 
     def count_graphs(graph: torch.fx.GraphModule, example_inputs: list) -> object:
@@ -343,7 +350,7 @@ def test_a_compiled_gau_training_step_compiles_twice_over_seven_lengths(chunk_si
         loss = compiled(input_ids=ids, labels=ids).loss
         loss.backward()
         torch.testing.assert_close(loss, model(input_ids=ids, labels=ids).loss)
-    assert len(graphs) == 2
+    assert len(graphs) == expected
 
 
 def test_chunk_layout_covers_the_tokens_in_at_most_count_padded_slots() -> None:

@@ -1240,12 +1240,13 @@ def default_chunk_tokens(vocab_size: int) -> int:
 def chunk_layout(tokens: int, chunk: int) -> tuple[int, int]:
     """How ``tokens`` tokens split into chunks of at most ``chunk``: ``(count, size)``.
 
-    count is the least power of two with count · chunk ≥ tokens, size = ⌈tokens / count⌉ ≤ chunk; the tokens,
-    padded with fewer than ``count`` unscored ones, fill ``count`` chunks of ``size``. Why not ``range(0,
-    tokens, chunk)``: under ``torch.compile`` that loop fixes the token count, so every new batch × length
-    compiled the step again. Here one graph holds for all token counts with the same ``count``, the size
-    symbolic: ⌈log₂(tokens / chunk)⌉ + 1 graphs up to ``tokens`` (chunks of equal size add no guards on the
-    last one's).
+    count is the least power of two with count · chunk ≥ tokens, size = ⌈tokens / count⌉ ≤ chunk: the chunks
+    are [i · size, (i + 1) · size) for i < count, the last ones shorter or empty. While compiling, the tokens
+    are padded with fewer than ``count`` unscored ones (a copy) so that every chunk has the symbolic ``size``
+    and adds no guard on its own. Why not ``range(0, tokens, chunk)``: under ``torch.compile`` that loop fixes
+    the token count, so every new batch × length compiled the step again; here one graph holds for all token
+    counts with the same ``count``: up to ``tokens``, ⌈log₂(tokens / chunk)⌉ + 1 such graphs, after the
+    first, static one.
 
     Args:
         tokens (int): T, the tokens (an int, or a symbolic size while compiling).
@@ -1272,20 +1273,20 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                 bias: torch.Tensor | None, targets: torch.Tensor, denominator: torch.Tensor,
                 chunk: int, ignore_index: int, with_grads: bool) -> torch.Tensor:
         need_h, need_w, need_b = (with_grads and ctx.needs_input_grad[i] for i in range(3))
-        tokens, width = hidden.shape
+        tokens = hidden.shape[0]
         count, size = chunk_layout(tokens, chunk)
-        if torch.compiler.is_compiling() or count * size != tokens:  # eager: no copy where none is needed
+        if torch.compiler.is_compiling():  # chunks of one symbolic size; eager slices views, copying nothing
             hidden = nn.functional.pad(hidden, (0, 0, 0, count * size - tokens))
             targets = nn.functional.pad(targets, (0, count * size - tokens), value=ignore_index)
-        hidden_chunks, target_chunks = hidden.view(count, size, width), targets.view(count, size)
-        grad_h = hidden.new_empty(count, size, width) if need_h else None
+        grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         grad_b = (torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
                   if need_b and bias is not None else None)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        for index in range(count):
-            h, t = hidden_chunks[index], target_chunks[index]
-            z = nn.functional.linear(h, weight, bias).float()  # (size, V), the weight's dtype upcast
+        for index in range(count):  # eager: the last chunks may be shorter, or empty
+            rows = slice(index * size, (index + 1) * size)
+            h, t = hidden[rows], targets[rows]
+            z = nn.functional.linear(h, weight, bias).float()  # (≤ size, V), the weight's dtype upcast
             lse = torch.logsumexp(z, dim=-1)
             valid = t != ignore_index
             safe = torch.where(valid, t, torch.zeros_like(t))
@@ -1293,18 +1294,18 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             if not (need_h or need_w or need_b):
                 continue
             dz = z.sub_(lse[:, None]).exp_()  # softmax, in place of the chunk's float32 logits
-            dz[torch.arange(size, device=t.device), safe] -= 1.0
+            dz[torch.arange(t.shape[0], device=t.device), safe] -= 1.0
             dz.mul_(torch.where(valid, 1.0 / denominator, 0.0)[:, None])  # no 0 / 0 where none is scored
             if grad_b is not None:
                 grad_b += dz.sum(0)
             dz_low = dz.to(hidden.dtype)
             del z, dz
             if grad_h is not None:
-                grad_h[index] = dz_low @ weight
+                grad_h[rows] = dz_low @ weight
             if grad_w is not None:
                 grad_w += (dz_low.t() @ h).float()
         if grad_h is not None:
-            grad_h = grad_h.view(count * size, width)[:tokens]
+            grad_h = grad_h[:tokens]
         ctx.save_for_backward(grad_h, None if grad_w is None else grad_w.to(weight.dtype),
                               None if grad_b is None or bias is None else grad_b.to(bias.dtype))
         return total / denominator

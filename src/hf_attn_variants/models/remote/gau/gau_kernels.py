@@ -78,9 +78,10 @@ def _query_blocks(queries: int, keys: int, causal_offset: int | None) -> list[tu
 
     c blocks of ⌈T_q / c⌉ rows: c, a power of two, doubles while c · ⌊ATTENTION_BLOCK_ELEMENTS / T_k⌋ < T_q
     and 2c · (2c − 1) ≤ T_q, so that the c blocks are never empty. Under ``torch.compile`` the graph then
-    holds for every length with the same c: these are range guards on T_q (``range(0, T_q, rows)`` fixed T_q,
-    and each new length compiled again). The second bound keeps c ≤ √T_q: past about 23k tokens a block holds
-    more than ``ATTENTION_BLOCK_ELEMENTS`` scores (4× at 64k, 16× at 128k).
+    holds for every length with the same c and the same bound setting it: range guards on T_q
+    (``range(0, T_q, rows)`` fixed T_q, and each new length compiled again). The second bound keeps c at
+    about √T_q at most: past about 23k tokens a block holds more than ``ATTENTION_BLOCK_ELEMENTS`` scores (4×
+    at 64k, 16× at 128k).
     """
     rows = max(1, ATTENTION_BLOCK_ELEMENTS // max(keys, 1))
     count = 1
@@ -1216,7 +1217,7 @@ __all__ = [
     "FlashTritonAttention", "LAPLACE_MU", "LAPLACE_SIGMA", "Relu2Attention", "SoftmaxAttention",
     "autocast_dtype", "autocast_inputs", "chunk_states", "chunk_states_backward", "final_state",
     "flash_decode_step", "flash_effective_weights", "flash_mixed_chunk_attention",
-    "flash_mixed_chunk_reference", "flash_mixed_chunk_torch", "flash_mixed_chunk_triton", "flash_visibility",
-    "laplace_attention", "relu2_attention", "segmented_chunk_sums", "softmax_attention", "state_product",
-    "uses_blocks",
+    "flash_mixed_chunk_reference", "flash_mixed_chunk_torch", "flash_mixed_chunk_triton",
+    "flash_packed_windows", "flash_visibility", "laplace_attention", "relu2_attention",
+    "segmented_chunk_sums", "softmax_attention", "state_product", "uses_blocks",
 ]
