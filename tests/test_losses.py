@@ -304,6 +304,8 @@ def test_a_compiled_loss_compiles_once_per_chunk_count_not_per_length() -> None:
         graphs.append(graph)
         return graph.forward
 
+    torch.compiler.reset()  # nothing cached from another test
+
     @torch.compile(backend=count_graphs)
     def compiled(hidden, weight, labels, bias=None):
         return chunked_cross_entropy(hidden, weight, labels, bias=bias, chunk_tokens=64)

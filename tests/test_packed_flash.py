@@ -265,6 +265,7 @@ def test_compiled_packed_flash_runs_in_linear_time_as_one_graph(objective, monke
     monkeypatch.setattr(modeling_gau, "flash_effective_weights", refuse)
     assert modeling_gau.gau_attention_path(model.config, 24, 24, causal=objective == "causal", device="cpu",
                                            dtype=torch.float32, packed=True, layout=False) == "flash_windows"
+    torch.compiler.reset()  # a fresh compile: nothing of other tests' graphs or dynamic values
     logits, grads = run(torch.compile(model, backend="aot_eager", fullgraph=True))
     torch.testing.assert_close(logits, expected, atol=2e-5 * expected.abs().max().item(), rtol=0)
     for name, grad in expected_grads.items():

@@ -672,7 +672,7 @@ def flash_mixed_chunk_torch(
         visible = tril if visible is None else visible & tril
     if visible is not None:
         weights = weights.masked_fill(~visible, 0.0)
-    if dropout > 0.0 and training:
+    if training and dropout > 0.0:  # eval never compares dropout (compiled: maybe symbolic)
         weights = F.dropout(weights, p=dropout, training=True)
     summaries = upcast(torch.matmul(_chunk_blocks(lin_k, chunk_size).transpose(-1, -2), v_blocks))
     states = chunk_states(summaries, segments, causal, initial_state)
@@ -995,7 +995,7 @@ def flash_packed_windows(
         quadratic = quadratic & (key_positions[..., None, :] <= query_positions[..., :, None])
         linear = same & (key_chunk[..., None, :] < query_chunk[..., :, None])
     weights = F.relu(torch.matmul(quad_q, _window(quad_k, causal, 0).transpose(-1, -2))).square() * quadratic
-    if dropout > 0.0 and training:
+    if training and dropout > 0.0:  # eval never compares dropout (compiled: maybe symbolic)
         weights = F.dropout(weights, p=dropout, training=True)
     weights = weights + torch.matmul(lin_q, _window(lin_k, causal, 0).transpose(-1, -2)) * linear
     numerator = torch.matmul(weights, _window(value, causal, 0))
@@ -1204,7 +1204,7 @@ def flash_effective_weights(
     lin = torch.matmul(upcast(lin_q), upcast(lin_k).transpose(-1, -2))
     if linear is not None:
         lin = lin * linear
-    if dropout > 0.0 and training:
+    if training and dropout > 0.0:  # eval never compares dropout (compiled: maybe symbolic)
         quad = F.dropout(quad, p=dropout, training=True)
     weights = quad + lin
     if key_mask is not None:
