@@ -979,11 +979,11 @@ def flash_packed_windows(
     if (dtype := autocast_dtype(value.device)) is not None:
         quad_q, quad_k, lin_q, lin_k, value = (x.to(dtype) for x in (quad_q, quad_k, lin_q, lin_k, value))
     length, pad = quad_q.shape[1], (-quad_q.shape[1]) % chunk_size
-    ids = F.pad(document_ids, (0, pad), value=-1)  # the padding to whole chunks: a document of its own
     valid = torch.ones_like(document_ids, dtype=torch.bool) if key_mask is None else key_mask.bool()
+    tensors = (quad_q, quad_k, lin_q, lin_k * valid[..., None].to(lin_k.dtype), value)  # masked keys: k' = 0
+    quad_q, quad_k, lin_q, lin_k, value = (_chunk_blocks(x, chunk_size) for x in tensors)
+    ids = F.pad(document_ids, (0, pad), value=-1)  # the padding to whole chunks: a document of its own
     valid = F.pad(valid, (0, pad), value=False)
-    quad_q, quad_k, lin_q, value = (_chunk_blocks(x, chunk_size) for x in (quad_q, quad_k, lin_q, value))
-    lin_k = _chunk_blocks(lin_k * valid[:, :length, None].to(lin_k.dtype), chunk_size)
     rows = [_chunk_blocks(x[..., None], chunk_size)[..., 0] for x in (ids, document_positions(ids), valid)]
     query_ids, query_positions, _ = rows
     key_ids, key_positions, key_valid = (_window(x, causal, fill) for x, fill in zip(rows, (-2, 0, False)))
