@@ -152,22 +152,25 @@ def reference_quadratic(unit: GatedAttentionUnit, x: torch.Tensor, visible: torc
 
 
 def reference_flash(
-    unit: GatedAttentionUnit, x: torch.Tensor, valid: torch.Tensor, causal: bool, config: GAUConfig
+    unit: GatedAttentionUnit, x: torch.Tensor, valid: torch.Tensor, causal: bool, config: GAUConfig,
+    shift: torch.Tensor | None = None,
 ):
     """FLASH written densely: u ⊙ ([relu(q kᵀ/√s)²]_same chunk + [q' k'ᵀ/√s]_lin) v / L, then Wo.
 
     lin(i): every valid key (non-causal) or the valid keys of earlier chunks (causal). L: relu² length.
+    Row b's chunks start at the columns ≡ shift_b (mod g) (``None``: 0).
     """
     u, v, (q, k, q_lin, k_lin) = unit_parts(unit, x, config.rope_theta)
     n = x.shape[1]
-    chunk = torch.arange(n) // config.chunk_size
+    shift = torch.zeros(x.shape[0], dtype=torch.long) if shift is None else shift
+    chunk = (torch.arange(n) - shift[:, None]).div(config.chunk_size, rounding_mode="floor")[:, :, None]
     visible = valid[:, None, :].expand(-1, n, -1)
     if causal:
         visible = visible & torch.ones(n, n, dtype=torch.bool).tril()
     scale = math.sqrt(config.attention_key_size)
-    quad = F.relu(q @ k.transpose(-1, -2) / scale) ** 2 * (visible & (chunk[:, None] == chunk[None, :]))
+    quad = F.relu(q @ k.transpose(-1, -2) / scale) ** 2 * (visible & (chunk == chunk.mT))
     lin_visible = (
-        visible & (chunk[None, :] < chunk[:, None]) if causal else valid[:, None, :].expand(-1, n, -1)
+        visible & (chunk.mT < chunk) if causal else valid[:, None, :].expand(-1, n, -1)
     )
     lin = (q_lin @ k_lin.transpose(-1, -2) / scale) * lin_visible
     counts = visible.sum(-1).double()
@@ -413,10 +416,11 @@ def test_chunked_unit_matches_the_dense_flash_formula(causal: bool, options: dic
     x = torch.randn(3, length, 32)
     valid = torch.ones(3, length, dtype=torch.bool)
     valid[1, 7:] = False
-    valid[2, :3] = False  # left padding: its keys are masked, chunk boundaries stay at 0, 4, 8
+    valid[2, :3] = False  # left padding: its keys are masked, its chunks start at its first token (3, 7, 11)
     output, _ = run_unit(model, x, valid, causal)
-    expected = reference_flash(model.layers[0].gau, x, valid, causal, model.config)
-    assert close(output, expected, unit_tolerance(model.config, length))
+    shift = torch.tensor([0, 0, 3])
+    expected = reference_flash(model.layers[0].gau, x, valid, causal, model.config, shift)
+    assert close(output[valid], expected[valid], unit_tolerance(model.config, length))  # padding's: any
 
 
 def test_causal_chunk_covering_the_sequence_is_quadratic_relu2() -> None:
@@ -521,8 +525,8 @@ def test_padding_invariance_chunked(options: dict, model_class) -> None:
     model = tiny(model_class, **chunked(4, **options))
     properties.assert_padding_invariant(model)  # right padding; 12, 7, 4 tokens: partial chunks included
     if model_class is GAUForCausalLM:
-        # Chunks sit at fixed positions: left padding by a multiple of chunk_size keeps them on the text.
-        properties.assert_padding_invariant(model, left=True, lengths=(12, 8, 4))
+        # Each row is chunked from its first token (tests/test_flash_left_padding.py).
+        properties.assert_padding_invariant(model, left=True, lengths=(12, 7, 5))
 
 
 def test_bidirectional_model_sees_the_future_and_attention_is_material() -> None:
@@ -579,7 +583,8 @@ def test_chunked_cache_over_many_chunks_with_uneven_steps_and_bounded_memory() -
     assert diff.max() < 1e-5, f"max diff {diff.max():.3g}"
     assert cache.get_seq_length() == 41
     for layer in cache.layers:
-        assert isinstance(layer, GAUChunkCacheLayer) and layer.keys.shape[-2] == 41 % 4
+        assert isinstance(layer, GAUChunkCacheLayer) and layer.open_lengths(4) == [41 % 4, 35 % 4]
+        assert layer.keys.shape[-2] == 35 % 4  # each row's own open chunk, right-aligned
         assert layer.linear_state.shape == (2, 8, 64)
 
 

@@ -271,33 +271,3 @@ def test_a_flash_cache_of_other_rows_is_refused(cached: int, new: int) -> None:
         cache = getattr(model(input_ids=ids[:, :cached], use_cache=True), CACHE_FIELD)
         with pytest.raises(ValueError, match=r"The cache holds 2 rows and the input has 1: a cache"):
             model(input_ids=ids[:1, cached:], **{CACHE_FIELD: cache})
-
-
-def test_flash_warns_once_about_left_padding_off_its_chunk_grid() -> None:
-    """FLASH's chunks start at column 0: a row left-padded by a number of tokens that chunk_size does not
-    divide is computed otherwise than alone (docs/gau.md), which batched generate and pipelines did
-    silently. Padding by whole chunks, right padding and training say nothing."""
-    from transformers.testing_utils import CaptureLogger
-    from transformers.utils import logging
-
-    from hf_attn_variants.models import modeling_gau
-
-    model = flash_gau()  # chunk 4
-    ids = random_ids(2, 9, vocab=TINY["vocab_size"], seed=6)
-    logger = logging.get_logger(modeling_gau.__name__)
-    for lengths, side, warned in (([9, 5], "left", False), ([9, 9], "left", False), ([9, 6], "right", False),
-                                  ([9, 0], "left", False), ([9, 6], "left", True)):
-        padded, mask = left_padded(ids, lengths) if side == "left" else (ids, torch.ones_like(ids))
-        if side == "right":
-            mask[1, 6:] = 0
-        model.model.padding_warned = False
-        logger.warning_once.cache_clear()
-        with CaptureLogger(logger) as captured, torch.no_grad():
-            model(input_ids=padded, attention_mask=mask)
-        assert ("not a multiple of chunk_size=4" in captured.out) == warned, (lengths, side, captured.out)
-    assert model.model.padding_warned  # then it reads no more masks
-    model.model.padding_warned = False
-    logger.warning_once.cache_clear()
-    with CaptureLogger(logger) as captured:
-        model.train()(input_ids=padded, attention_mask=mask)
-    assert captured.out == "" and not model.model.padding_warned

@@ -22,6 +22,11 @@ class GAUChunkCacheLayer(DynamicLayer):
     decoding step costs O(g + s·e). ``get_seq_length`` reports all tokens seen. A plain
     ``DynamicCache`` works too: the model swaps its empty ``DynamicLayer`` for this class on first use.
     Cropping is not supported (a sum of closed chunks cannot be rolled back).
+
+    Rows left-padded off the chunk grid keep their own grid: ``phases`` holds each row's left padding mod g
+    (on the host), so row b's chunks start at the columns ≡ phase_b (mod g) and its open chunk is the last
+    (seen − phase_b) mod g of the r columns held (``open_lengths``); the columns before it belong to chunks
+    the row has closed. ``None``: every row's grid starts at column 0 (no padding, or whole chunks of it).
     """
 
     is_croppable = False
@@ -35,6 +40,7 @@ class GAUChunkCacheLayer(DynamicLayer):
         super().__init__(**kwargs)
         self.linear_state: torch.Tensor | None = None
         self.cumulative_length = 0
+        self.phases: tuple[int, ...] | None = None
 
     def get_seq_length(self) -> int:
         """The number of tokens seen (closed chunks included), not the number of keys held.
@@ -55,6 +61,19 @@ class GAUChunkCacheLayer(DynamicLayer):
         """
         return self.cumulative_length + query_length, 0
 
+    def open_lengths(self, chunk_size: int) -> list[int] | None:
+        """Each row's open-chunk length, the last columns of ``keys`` that are its own (``None``: all rows).
+
+        Args:
+            chunk_size (int): g.
+
+        Returns:
+            list[int] | None: (seen − phase_b) mod g per row, or ``None`` without ``phases``.
+        """
+        if self.phases is None:
+            return None
+        return [(self.cumulative_length - phase) % chunk_size for phase in self.phases]
+
     def open_chunk(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """``(keys, values, linear_state)`` of the open chunk (``None`` before the first update).
 
@@ -68,9 +87,13 @@ class GAUChunkCacheLayer(DynamicLayer):
         return self.keys, self.values, self.linear_state
 
     def store(
-        self, keys: torch.Tensor, values: torch.Tensor, state: torch.Tensor, added: int, chunk_size: int
+        self, keys: torch.Tensor, values: torch.Tensor, state: torch.Tensor, added: int, chunk_size: int,
+        phases: list[int] | None = None,
     ) -> None:
         """Keep the trailing incomplete chunk of a segment that starts on a chunk boundary.
+
+        With ``phases`` (their first store) or earlier ones, the last max_b (open length of row b) columns
+        instead: each row's own open chunk, right-aligned.
 
         Args:
             keys (torch.Tensor): ``[B, 1, n, 2s]``, [k ‖ k'·mask] of the segment (the open chunk's earlier
@@ -79,13 +102,17 @@ class GAUChunkCacheLayer(DynamicLayer):
             state (torch.Tensor): ``[B, s, e]`` (≥ float32), Σ k'ᵀv over every closed chunk.
             added (int): the number of new tokens in the segment.
             chunk_size (int): g.
+            phases (list[int] | None): each row's left padding mod g, on the prefill of rows off the grid.
         """
         if not self.is_initialized:
             self.lazy_initialization(keys, values)
-        closed = (keys.shape[-2] // chunk_size) * chunk_size
-        self.keys, self.values = keys[..., closed:, :], values[..., closed:, :]
-        self.linear_state = state
+        if phases is not None:
+            self.phases = tuple(phases)
         self.cumulative_length += added
+        opened = self.open_lengths(chunk_size)
+        kept = keys.shape[-2] % chunk_size if opened is None else max(opened)
+        self.keys, self.values = keys[..., keys.shape[-2] - kept:, :], values[..., keys.shape[-2] - kept:, :]
+        self.linear_state = state
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         """Refuse: the layer is written by ``store``, not by ``Cache.update``.
@@ -108,6 +135,7 @@ class GAUChunkCacheLayer(DynamicLayer):
         super().reset()
         self.linear_state = None
         self.cumulative_length = 0
+        self.phases = None
 
     def crop(self, tokens_to_remove: int) -> None:
         """Refuse: a sum of closed chunks cannot be rolled back.
@@ -131,6 +159,8 @@ class GAUChunkCacheLayer(DynamicLayer):
         super().reorder_cache(beam_idx)
         if self.linear_state is not None:
             self.linear_state = self.linear_state.index_select(0, beam_idx.to(self.linear_state.device))
+        if self.phases is not None:
+            self.phases = tuple(self.phases[row] for row in beam_idx.tolist())
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Repeat every batch row ``repeats`` times: the open chunk and the state alike.
@@ -141,6 +171,8 @@ class GAUChunkCacheLayer(DynamicLayer):
         super().batch_repeat_interleave(repeats)
         if self.linear_state is not None:
             self.linear_state = self.linear_state.repeat_interleave(repeats, dim=0)
+        if self.phases is not None:
+            self.phases = tuple(phase for phase in self.phases for _ in range(repeats))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep the batch rows ``indices``: the open chunk and the state alike.
@@ -151,6 +183,9 @@ class GAUChunkCacheLayer(DynamicLayer):
         super().batch_select_indices(indices)
         if self.linear_state is not None:
             self.linear_state = self.linear_state[indices, ...]
+        if self.phases is not None:
+            rows = indices.nonzero()[:, 0] if indices.dtype == torch.bool else indices
+            self.phases = tuple(self.phases[row] for row in rows.tolist())
 
 
 def check_chunk_cache(cache: Cache | None, batch_size: int) -> None:

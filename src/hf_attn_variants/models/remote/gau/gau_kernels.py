@@ -16,6 +16,7 @@ G = g the chunk size, C = ⌈T/g⌉ chunks. GAU has one head, so no head dimensi
   (``gau_triton``'s kernels); ``FlashState`` carries a causal sequence's state (and open chunk) from one call
   to the next.
 - ``DocumentChunks``: packed documents laid out so that every document starts on a chunk boundary.
+- ``roll_rows``: each row rotated so that a left-padded row's chunks start at its first token.
 """
 
 from __future__ import annotations
@@ -918,6 +919,28 @@ def flash_decode_step(
     return numerator, state.index_add(0, rows, closed)
 
 
+def roll_rows(tensor: torch.Tensor, shift: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """Each row's columns rotated left by its shift: out[b, t] = tensor[b, (t + shift_b) mod T].
+
+    With shift_b = (row b's left padding) mod g, a left-padded row's first token lands on a chunk boundary
+    and the padding it moves to the end is masked there, so FLASH chunks the row as it chunks the row alone
+    (right padding leaves every token's result unchanged). ``roll_rows(·, −shift)`` undoes it. O(n).
+
+    Args:
+        tensor (torch.Tensor): ``[B, …]`` with the T columns on ``dim``.
+        shift (torch.Tensor): ``[B]`` int64, any sign.
+        dim (int): the column axis (1, or 2 for the columns of a ``[B, T, T]`` map).
+
+    Returns:
+        torch.Tensor: like ``tensor``.
+    """
+    length = tensor.shape[dim]
+    columns = (torch.arange(length, device=tensor.device) + shift.to(tensor.device)[:, None]) % length
+    shape = [tensor.shape[0]] + [1] * (tensor.dim() - 1)
+    shape[dim] = length
+    return tensor.gather(dim, columns.view(shape).expand_as(tensor))
+
+
 def segmented_chunk_sums(summaries: torch.Tensor, segments: torch.Tensor, causal: bool) -> torch.Tensor:
     """Per chunk c, the sum of the summaries k'ᵀv of the chunks of its own document.
 
@@ -1218,6 +1241,6 @@ __all__ = [
     "autocast_dtype", "autocast_inputs", "chunk_states", "chunk_states_backward", "final_state",
     "flash_decode_step", "flash_effective_weights", "flash_mixed_chunk_attention",
     "flash_mixed_chunk_reference", "flash_mixed_chunk_torch", "flash_mixed_chunk_triton",
-    "flash_packed_windows", "flash_visibility", "laplace_attention", "relu2_attention",
+    "flash_packed_windows", "flash_visibility", "laplace_attention", "relu2_attention", "roll_rows",
     "segmented_chunk_sums", "softmax_attention", "state_product", "uses_blocks",
 ]

@@ -39,7 +39,7 @@ from .attn_variants_common import (
 from .configuration_gau import GAUConfig
 from .gau_kernels import (
     DocumentChunks, FlashState, flash_decode_step, flash_effective_weights, flash_mixed_chunk_attention,
-    flash_packed_windows, flash_visibility, laplace_attention, relu2_attention, softmax_attention,
+    flash_packed_windows, flash_visibility, laplace_attention, relu2_attention, roll_rows, softmax_attention,
     uses_blocks,
 )
 
@@ -71,6 +71,11 @@ class GAUChunkCacheLayer(DynamicLayer):
     decoding step costs O(g + s·e). ``get_seq_length`` reports all tokens seen. A plain
     ``DynamicCache`` works too: the model swaps its empty ``DynamicLayer`` for this class on first use.
     Cropping is not supported (a sum of closed chunks cannot be rolled back).
+
+    Rows left-padded off the chunk grid keep their own grid: ``phases`` holds each row's left padding mod g
+    (on the host), so row b's chunks start at the columns ≡ phase_b (mod g) and its open chunk is the last
+    (seen − phase_b) mod g of the r columns held (``open_lengths``); the columns before it belong to chunks
+    the row has closed. ``None``: every row's grid starts at column 0 (no padding, or whole chunks of it).
     """
 
     is_croppable = False
@@ -84,6 +89,7 @@ class GAUChunkCacheLayer(DynamicLayer):
         super().__init__(**kwargs)
         self.linear_state: torch.Tensor | None = None
         self.cumulative_length = 0
+        self.phases: tuple[int, ...] | None = None
 
     def get_seq_length(self) -> int:
         """The number of tokens seen (closed chunks included), not the number of keys held.
@@ -104,6 +110,19 @@ class GAUChunkCacheLayer(DynamicLayer):
         """
         return self.cumulative_length + query_length, 0
 
+    def open_lengths(self, chunk_size: int) -> list[int] | None:
+        """Each row's open-chunk length, the last columns of ``keys`` that are its own (``None``: all rows).
+
+        Args:
+            chunk_size (int): g.
+
+        Returns:
+            list[int] | None: (seen − phase_b) mod g per row, or ``None`` without ``phases``.
+        """
+        if self.phases is None:
+            return None
+        return [(self.cumulative_length - phase) % chunk_size for phase in self.phases]
+
     def open_chunk(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """``(keys, values, linear_state)`` of the open chunk (``None`` before the first update).
 
@@ -117,9 +136,13 @@ class GAUChunkCacheLayer(DynamicLayer):
         return self.keys, self.values, self.linear_state
 
     def store(
-        self, keys: torch.Tensor, values: torch.Tensor, state: torch.Tensor, added: int, chunk_size: int
+        self, keys: torch.Tensor, values: torch.Tensor, state: torch.Tensor, added: int, chunk_size: int,
+        phases: list[int] | None = None,
     ) -> None:
         """Keep the trailing incomplete chunk of a segment that starts on a chunk boundary.
+
+        With ``phases`` (their first store) or earlier ones, the last max_b (open length of row b) columns
+        instead: each row's own open chunk, right-aligned.
 
         Args:
             keys (torch.Tensor): ``[B, 1, n, 2s]``, [k ‖ k'·mask] of the segment (the open chunk's earlier
@@ -128,13 +151,17 @@ class GAUChunkCacheLayer(DynamicLayer):
             state (torch.Tensor): ``[B, s, e]`` (≥ float32), Σ k'ᵀv over every closed chunk.
             added (int): the number of new tokens in the segment.
             chunk_size (int): g.
+            phases (list[int] | None): each row's left padding mod g, on the prefill of rows off the grid.
         """
         if not self.is_initialized:
             self.lazy_initialization(keys, values)
-        closed = (keys.shape[-2] // chunk_size) * chunk_size
-        self.keys, self.values = keys[..., closed:, :], values[..., closed:, :]
-        self.linear_state = state
+        if phases is not None:
+            self.phases = tuple(phases)
         self.cumulative_length += added
+        opened = self.open_lengths(chunk_size)
+        kept = keys.shape[-2] % chunk_size if opened is None else max(opened)
+        self.keys, self.values = keys[..., keys.shape[-2] - kept:, :], values[..., keys.shape[-2] - kept:, :]
+        self.linear_state = state
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         """Refuse: the layer is written by ``store``, not by ``Cache.update``.
@@ -157,6 +184,7 @@ class GAUChunkCacheLayer(DynamicLayer):
         super().reset()
         self.linear_state = None
         self.cumulative_length = 0
+        self.phases = None
 
     def crop(self, tokens_to_remove: int) -> None:
         """Refuse: a sum of closed chunks cannot be rolled back.
@@ -180,6 +208,8 @@ class GAUChunkCacheLayer(DynamicLayer):
         super().reorder_cache(beam_idx)
         if self.linear_state is not None:
             self.linear_state = self.linear_state.index_select(0, beam_idx.to(self.linear_state.device))
+        if self.phases is not None:
+            self.phases = tuple(self.phases[row] for row in beam_idx.tolist())
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Repeat every batch row ``repeats`` times: the open chunk and the state alike.
@@ -190,6 +220,8 @@ class GAUChunkCacheLayer(DynamicLayer):
         super().batch_repeat_interleave(repeats)
         if self.linear_state is not None:
             self.linear_state = self.linear_state.repeat_interleave(repeats, dim=0)
+        if self.phases is not None:
+            self.phases = tuple(phase for phase in self.phases for _ in range(repeats))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep the batch rows ``indices``: the open chunk and the state alike.
@@ -200,6 +232,9 @@ class GAUChunkCacheLayer(DynamicLayer):
         super().batch_select_indices(indices)
         if self.linear_state is not None:
             self.linear_state = self.linear_state[indices, ...]
+        if self.phases is not None:
+            rows = indices.nonzero()[:, 0] if indices.dtype == torch.bool else indices
+            self.phases = tuple(self.phases[row] for row in rows.tolist())
 
 
 def check_chunk_cache(cache: Cache | None, batch_size: int) -> None:
@@ -1010,8 +1045,8 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
                 position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
                 key_mask: torch.Tensor | None = None, key_counts: torch.Tensor | None = None,
                 cache: Cache | None = None, output_attentions: bool = False,
-                documents: DocumentChunks | None = None, **kwargs: Any
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                documents: DocumentChunks | None = None, row_shift: torch.Tensor | None = None,
+                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """FLASH on the new tokens, gated and projected back: (u ⊙ FLASH(q, k, q', k', v) / L) Wo.
 
         Args:
@@ -1023,6 +1058,8 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
             cache (Cache | None): a dynamic cache (causal: its ``GAUChunkCacheLayer`` holds the state).
             output_attentions (bool): also return W / L.
             documents (DocumentChunks | None): the chunk-aligned layout of rows packing several documents.
+            row_shift (torch.Tensor | None): ``[B]`` int64, each row's left padding mod g outside training
+                (``FlashInputs.shift``).
             **kwargs: the other layer inputs, ignored.
 
         Returns:
@@ -1040,24 +1077,24 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         )
         if layer is None and path in RECOMPUTED_PATHS and torch.is_grad_enabled():
             gated = checkpoint(self._gate, projected, position_embeddings, key_mask, key_counts, path, None,
-                               documents, False, use_reentrant=False)
+                               documents, False, row_shift=row_shift, use_reentrant=False)
             return self.out_proj(gated), None
         gated, weights = self._gate(projected, position_embeddings, key_mask, key_counts, path, layer,
-                                    documents, output_attentions, with_map=True)
+                                    documents, output_attentions, with_map=True, row_shift=row_shift)
         return self.out_proj(gated), weights
 
     def _gate(
         self, projected: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
         key_mask: torch.Tensor | None, key_counts: torch.Tensor | None, path: GAUPath,
         layer: GAUChunkCacheLayer | None, documents: DocumentChunks | None, output_attentions: bool,
-        with_map: bool = False,
+        with_map: bool = False, row_shift: torch.Tensor | None = None,
     ) -> Any:
         """The gated u ⊙ FLASH(q, k, q', k', v) / L from ``in_proj``'s output, through the runner of ``path``.
 
         The runner is ``FLASH_RUNNERS[path]``; the result is ``[B, T, E]``, with the map when ``with_map``.
         """
         u, v, qk = self.activate(projected, position_embeddings)
-        inputs = self.flash_inputs(qk, v, key_mask, key_counts)
+        inputs = self.flash_inputs(qk, v, key_mask, key_counts)._replace(shift=row_shift)
         numerator, weights = FLASH_RUNNERS[path](self, inputs, path, layer, documents, output_attentions)
         gated = u * numerator.to(u.dtype)
         return (gated, weights) if with_map else gated
@@ -1101,13 +1138,24 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
                 "dropout": self.config.attention_probs_dropout_prob, "training": self.training}
 
     def _run_parallel(self, x: FlashInputs, path: GAUPath, layer: GAUChunkCacheLayer | None, *_: Any) -> Any:
-        """``flash`` / ``flash_triton``; a causal prefill starts the cache from its state and open chunk."""
-        numerator, state = flash_mixed_chunk_attention(*x.tensors(), key_mask=x.key_mask,
+        """``flash`` / ``flash_triton``; a causal prefill starts the cache from its state and open chunk.
+
+        Rows with a ``shift`` run rotated so that their chunks start at their first token (``roll_rows``);
+        a prefill of such rows keeps each row's grid in the cache (``_start_rows``).
+        """
+        shift = x.shift
+        if layer is not None and shift is not None:
+            starts = shift.tolist()  # a prefill: read once on the host
+            if any(starts):
+                return self._start_rows(layer, x, self.implementation(path), starts), None
+            shift = None  # every row on the grid: the plain cache
+        rolled = x.rolled(shift)
+        numerator, state = flash_mixed_chunk_attention(*rolled.tensors(), key_mask=rolled.key_mask,
                                                        implementation=self.implementation(path),
                                                        **self._options)
         if layer is not None:
             store_flash_state(layer, state, x.quad_q.shape[1], self.chunk_size)
-        return numerator, None
+        return numerator if shift is None else roll_rows(numerator, -shift), None
 
     def _run_packed(self, x: FlashInputs, path: GAUPath, layer: Any, documents: DocumentChunks,
                     *_: Any) -> Any:
@@ -1149,15 +1197,20 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
             ids = documents.document_ids
             visibility = flash_visibility(document_positions(ids), self.chunk_size, self.is_causal,
                                           ids)
-        weights = flash_effective_weights(x.quad_q, x.quad_k, x.lin_q, x.lin_k, key_mask=x.key_mask,
-                                          visibility=visibility, **self._options).unsqueeze(1)
+        rolled = x.rolled(x.shift)
+        weights = flash_effective_weights(rolled.quad_q, rolled.quad_k, rolled.lin_q, rolled.lin_k,
+                                          key_mask=rolled.key_mask, visibility=visibility, **self._options)
+        if x.shift is not None:  # back to the columns: queries, then keys
+            weights = roll_rows(roll_rows(weights, -x.shift, 1), -x.shift, 2)
+        weights = weights.unsqueeze(1)
         attended = torch.matmul(weights, upcast(x.value).unsqueeze(1)).squeeze(1)
         return attended, weights.to(x.value.dtype) if output_attentions else None
 
     def _decode_step(self, layer: GAUChunkCacheLayer, x: FlashInputs) -> torch.Tensor:
         """One new token per row after the cache in O(g·(s + e) + s·e) (``flash_decode_step``).
 
-        The token joins the open chunk, and a chunk it completes is folded into the state.
+        The token joins the open chunk, and a chunk it completes is folded into the state. Rows on their
+        own grids (``phases``) see the last (open length + 1) columns held, and fold them when full.
         """
         lin_k = x.lin_k
         if x.key_mask is not None:
@@ -1170,8 +1223,17 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
             values = torch.cat([open_values, values], dim=-2)  # type: ignore[list-item]
         seg_quad_k, seg_lin_k = keys.squeeze(1).split(self.key_size, dim=-1)
         visible = None if x.key_mask is None else x.key_mask[:, -(opened + 1):].bool()
+        closing: torch.Tensor | bool = opened + 1 == self.chunk_size
+        own = layer.open_lengths(self.chunk_size)
+        if own is not None:  # each row's open chunk; the columns before it are in its closed chunks
+            first = torch.tensor([opened - length for length in own], device=keys.device)
+            mine = torch.arange(opened + 1, device=keys.device) >= first[:, None]
+            visible = mine if visible is None else visible & mine
+            seg_lin_k = seg_lin_k * mine[..., None].to(seg_lin_k.dtype)
+            full = [length + 1 == self.chunk_size for length in own]
+            closing = all(full) or (any(full) and torch.tensor(full, device=keys.device))
         numerator, state = flash_decode_step(x.quad_q, x.lin_q, seg_quad_k, seg_lin_k, values.squeeze(1),
-                                             state, visible, closing=keys.shape[-2] == self.chunk_size)
+                                             state, visible, closing=closing)
         layer.store(keys, values, state, added=1, chunk_size=self.chunk_size)
         return numerator
 
@@ -1189,6 +1251,11 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         Returns:
             torch.Tensor: the numerator ``[B, T, E]`` in the value's dtype.
         """
+        starts = None if x.shift is None else x.shift.tolist()  # a prefill: read once on the host
+        if starts is not None and any(starts):
+            return self._start_rows(layer, x, implementation, starts)
+        if getattr(layer, "phases", None) is not None:
+            return self._continue_rows(layer, x, implementation)
         open_keys, open_values, linear = layer.open_chunk()
         state = FlashState(linear, None if open_keys is None else open_keys.squeeze(1),
                            None if open_values is None else open_values.squeeze(1))
@@ -1196,6 +1263,80 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
                                                        implementation=implementation, **self._options)
         store_flash_state(layer, state, x.quad_q.shape[1], self.chunk_size)
         return numerator
+
+    def _start_rows(self, layer: GAUChunkCacheLayer, x: FlashInputs, implementation: str,
+                    starts: list[int]) -> torch.Tensor:
+        """The prefill of rows off the grid: one op call on the rotated rows, then each row's state.
+
+        Row b, rotated by start_b (its left padding mod g), has closed c_b = ⌊(T − start_b)/g⌋·g columns: its
+        state is Σ k'ᵀv over them, and its open chunk is the row's last (T − start_b) − c_b columns. The layer
+        holds those, right-aligned, and ``starts`` as the rows' phases.
+
+        Args:
+            layer (GAUChunkCacheLayer): the empty cache layer.
+            x (FlashInputs): the prompt's inputs, ``[B, T, ·]``, with ``shift``.
+            implementation (str): one of ``gau_kernels.FLASH_IMPLEMENTATIONS``.
+            starts (list[int]): ``x.shift`` on the host.
+
+        Returns:
+            torch.Tensor: the numerator ``[B, T, E]`` in the value's dtype.
+        """
+        shift = torch.tensor(starts, device=x.value.device)
+        rolled = x.rolled(shift)
+        numerator = flash_mixed_chunk_attention(*rolled.tensors(), key_mask=rolled.key_mask,
+                                                implementation=implementation, **self._options)[0]
+        length = x.quad_q.shape[1]
+        opened = [(length - start) % self.chunk_size for start in starts]
+        closed = shift.new_tensor([length - start - own for start, own in zip(starts, opened)])
+        summed = torch.arange(length, device=closed.device) < closed[:, None]
+        if rolled.key_mask is not None:
+            summed = summed & rolled.key_mask[:, -length:]
+        lin_k = rolled.lin_k * summed[..., None].to(rolled.lin_k.dtype)
+        linear = torch.matmul(upcast(lin_k).transpose(-1, -2), upcast(rolled.value))
+        kept = slice(length - max(opened), length)
+        lin_k = x.lin_k if x.key_mask is None else x.lin_k * x.key_mask[:, -length:, None].to(x.lin_k.dtype)
+        keys = torch.cat([x.quad_k, lin_k], dim=-1)[:, kept]
+        layer.store(keys.unsqueeze(1), x.value[:, kept].unsqueeze(1), linear, added=length,
+                    chunk_size=self.chunk_size, phases=starts)
+        return roll_rows(numerator, -shift)
+
+    def _continue_rows(self, layer: GAUChunkCacheLayer, x: FlashInputs, implementation: str) -> torch.Tensor:
+        """``continue_from`` for rows on their own chunk grids (``phases``): the op row by row.
+
+        Each row continues its own open chunk (``open_lengths``); the layer then holds every row's new open
+        chunk, right-aligned.
+
+        Args:
+            layer (GAUChunkCacheLayer): the cache layer.
+            x (FlashInputs): the new tokens' inputs, ``[B, T, ·]``.
+            implementation (str): one of ``gau_kernels.FLASH_IMPLEMENTATIONS``.
+
+        Returns:
+            torch.Tensor: the numerator ``[B, T, E]`` in the value's dtype.
+        """
+        open_keys, open_values, linear = layer.open_chunk()
+        held = 0 if open_keys is None else open_keys.shape[-2]
+        if linear is None:  # no row closed a chunk yet
+            linear = upcast(x.value).new_zeros(x.value.shape[0], x.lin_k.shape[-1], x.value.shape[-1])
+        numerators, states = [], []
+        for row, opened in enumerate(layer.open_lengths(self.chunk_size)):  # type: ignore[arg-type]
+            inputs = x.row(row)
+            chunk = [None if not opened else kept[row:row + 1, 0, held - opened:]  # type: ignore[index]
+                     for kept in (open_keys, open_values)]
+            state = FlashState(linear[row:row + 1], *chunk)
+            numerator, state = flash_mixed_chunk_attention(*inputs.tensors(), key_mask=inputs.key_mask,
+                                                           initial_state=state, implementation=implementation,
+                                                           **self._options)
+            numerators.append(numerator)
+            states.append(state)
+        width = max(state.keys.shape[1] for state in states)  # type: ignore[union-attr]
+        keys, values = (torch.cat([F.pad(tensor, (0, 0, width - tensor.shape[1], 0))  # type: ignore[arg-type, union-attr]
+                                   for tensor in tensors])
+                        for tensors in ([s.keys for s in states], [s.values for s in states]))
+        linear = torch.cat([state.linear for state in states])  # type: ignore[misc]
+        layer.store(keys.unsqueeze(1), values.unsqueeze(1), linear, added=x.quad_q.shape[1],
+                    chunk_size=self.chunk_size)
+        return torch.cat(numerators)
 
 
 class FlashInputs(NamedTuple):
@@ -1208,6 +1349,9 @@ class FlashInputs(NamedTuple):
         lin_k (torch.Tensor): ``[B, T, S]`` linear keys.
         value (torch.Tensor): ``[B, T, E]``.
         key_mask (torch.Tensor | None): ``[B, past + T]`` bool, the 2D key mask (``None`` without padding).
+        shift (torch.Tensor | None): ``[B]`` int64, each row's left padding mod g (outside training, from an
+            empty cache): the row is computed on chunks that start at its first token, as alone
+            (``roll_rows``). ``None``: on the columns' own chunks.
     """
 
     quad_q: torch.Tensor
@@ -1216,6 +1360,35 @@ class FlashInputs(NamedTuple):
     lin_k: torch.Tensor
     value: torch.Tensor
     key_mask: torch.Tensor | None
+    shift: torch.Tensor | None = None
+
+    def rolled(self, shift: torch.Tensor | None) -> FlashInputs:
+        """The inputs, each row's columns rotated left by ``shift`` (``roll_rows``; ``None``: as they are).
+
+        Args:
+            shift (torch.Tensor | None): ``[B]`` int64.
+
+        Returns:
+            FlashInputs: the rotated inputs (``shift`` cleared).
+        """
+        if shift is None:
+            return self
+        quad_q, quad_k, lin_q, lin_k, value = (roll_rows(tensor, shift) for tensor in self.tensors())
+        mask = None if self.key_mask is None else roll_rows(self.key_mask, shift)
+        return FlashInputs(quad_q, quad_k, lin_q, lin_k, value, mask)
+
+    def row(self, index: int) -> FlashInputs:
+        """Batch row ``index`` alone.
+
+        Args:
+            index (int): the batch row.
+
+        Returns:
+            FlashInputs: ``[1, T, ·]``.
+        """
+        quad_q, quad_k, lin_q, lin_k, value = (tensor[index:index + 1] for tensor in self.tensors())
+        mask = None if self.key_mask is None else self.key_mask[index:index + 1]
+        return FlashInputs(quad_q, quad_k, lin_q, lin_k, value, mask)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The op's first five arguments, named one by one.
@@ -1344,12 +1517,10 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
     """The bare GAU stack: bidirectional encoder, or causal decoder with ``config.is_decoder``.
 
     RoPE rotates the s-dimensional q and k. Masks: a 2D padding mask ``[B, past + T]``; the quadratic
-    path also takes a prepared 4D mask; FLASH needs the 2D one (its chunks are fixed positions: right padding
-    gives the unpadded result, masked keys contribute exactly zero).
+    path also takes a prepared 4D mask; FLASH needs the 2D one (masked keys contribute exactly zero; right
+    padding gives the unpadded result, and outside training left-padded rows are chunked from their first
+    token, ``FlashInputs.shift``, so each row gives its lone run's result).
     """
-
-    padding_warned = False
-    """Whether ``warn_off_grid_padding`` has warned; it reads no mask after that."""
 
     def _rotary_dim(self, config: GAUConfig) -> int:
         return config.attention_key_size
@@ -1376,39 +1547,17 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
                 f"shape {tuple(attention_mask.shape)}."
             )
         key_mask = attention_mask.to(geometry.device).bool() if attention_mask is not None else None
-        prefill = not self.training and geometry.query_offset == 0
-        if key_mask is not None and prefill and not self.padding_warned:
-            self.padding_warned = warn_off_grid_padding(key_mask, config.chunk_size)
-        documents = None
+        documents = row_shift = None
         if geometry.document_ids is not None:
             documents = DocumentChunks.build(geometry.document_ids.to(geometry.device), config.chunk_size,
                                              layout=not is_torchdynamo_compiling())
-        return {"key_mask": key_mask, "key_counts": key_counts, "documents": documents}
-
-
-def warn_off_grid_padding(key_mask: torch.Tensor, chunk_size: int) -> bool:
-    """Warn when a row's left padding is not a multiple of ``chunk_size``; returns whether it warned.
-
-    FLASH's chunks start at column 0, so such a row is not computed as it would be alone (right padding
-    is). Reads the mask on the host, so only outside training and compilation, until it has warned.
-
-    Args:
-        key_mask (torch.Tensor): ``[B, T]`` bool, ``True`` = token.
-        chunk_size (int): g.
-
-    Returns:
-        bool: whether the mask had such a row (rows of padding only do not count).
-    """
-    if is_torchdynamo_compiling():
-        return False
-    off_grid = bool(((leading_padding(key_mask) % chunk_size != 0) & key_mask.any(-1)).any())
-    if off_grid:
-        logger.warning_once(
-            f"A row is left-padded by a number of tokens that is not a multiple of chunk_size={chunk_size}: "
-            "FLASH's chunks start at the row's first column, so its outputs differ from the unpadded row's "
-            "(batched generate and pipelines included). Pad on the right, or generate one prompt per row."
-        )
-    return off_grid
+        elif key_mask is not None and not self.training and geometry.query_offset == 0:
+            padding = leading_padding(key_mask).clamp(max=key_mask.shape[1] - 1)
+            row_shift = padding % config.chunk_size  # each row chunked from its first token, as alone
+            if not is_torchdynamo_compiling() and not row_shift.any():  # eager: one host read, no gathers
+                row_shift = None
+        return {"key_mask": key_mask, "key_counts": key_counts, "documents": documents,
+                "row_shift": row_shift}
 
 
 class GAUForMaskedLM(MaskedLMHeadMixin, GAUPreTrainedModel):

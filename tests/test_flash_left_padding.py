@@ -1,0 +1,153 @@
+"""Left-padded FLASH rows are computed as they are alone: chunks start at each row's first token.
+
+FLASH groups tokens into chunks of g. Batched ``generate`` and pipelines pad on the left, so a row padded by a
+number of tokens that g does not divide used to be chunked at other places than alone (its outputs differed).
+Outside training, each row is now rotated so that its chunks start at its first token (``roll_rows``), and a
+cache keeps every row's own grid (``GAUChunkCacheLayer.phases``). Training keeps the columns' own chunks (no
+host read; collators pad on the right). Everything here runs in float64: the comparisons are exact up to
+rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_attn_variants import GAUConfig, GAUForCausalLM, GAUForMaskedLM
+from hf_attn_variants.models import modeling_gau
+from hf_attn_variants.models.compat import CACHE_FIELD
+from hf_attn_variants.models.gau_cache import GAUChunkCacheLayer
+from tests.utils import left_padded, needs_triton, random_ids
+
+VOCAB = 97
+CHUNK = 4
+LENGTHS = [11, 6, 9, 3, 7]  # left padding 0, 5, 2, 8 (two chunks), 4 (one chunk)
+WIDTH = max(LENGTHS)
+
+
+def flash(model_class: type = GAUForCausalLM, **overrides) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = GAUConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, attention_key_size=16,
+                       attention_normalization="relu2", chunk_size=CHUNK, initializer_range=0.2, **overrides)
+    return model_class(config).double().eval()
+
+
+def prompts() -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """The left-padded batch, its mask, and each row's prompt alone."""
+    ids = random_ids(len(LENGTHS), WIDTH, vocab=VOCAB, seed=5).clamp(min=1)
+    padded, mask = left_padded(ids, LENGTHS)
+    return padded, mask, [padded[row:row + 1, WIDTH - n:] for row, n in enumerate(LENGTHS)]
+
+
+@pytest.mark.parametrize("gau_kernel", ["auto", "reference"])
+@pytest.mark.parametrize("model_class", [GAUForCausalLM, GAUForMaskedLM], ids=["causal", "masked"])
+def test_left_padded_rows_equal_their_lone_runs(model_class: type, gau_kernel: str) -> None:
+    """Logits and, through the reference, FLASH's effective map W / L of every real token."""
+    model = flash(model_class, gau_kernel=gau_kernel)
+    padded, mask, alone = prompts()
+    maps = gau_kernel == "reference"
+    with torch.no_grad():
+        batch = model(input_ids=padded, attention_mask=mask, output_attentions=maps)
+        for row, (n, ids) in enumerate(zip(LENGTHS, alone)):
+            lone = model(input_ids=ids, output_attentions=maps)
+            torch.testing.assert_close(batch.logits[row, WIDTH - n:], lone.logits[0], atol=1e-12, rtol=0)
+            for got, expected in zip(batch.attentions or (), lone.attentions or ()):
+                torch.testing.assert_close(got[row, 0, WIDTH - n:, WIDTH - n:], expected[0, 0], atol=1e-12,
+                                           rtol=0)
+
+
+@pytest.mark.parametrize("search", [{"num_beams": 1}, {"num_beams": 3, "num_return_sequences": 2}],
+                         ids=["greedy", "beams"])
+def test_batched_generate_equals_one_prompt_at_a_time(search: dict) -> None:
+    """Greedy (tokens and every step's scores) and beam search (its cache reorders and repeats rows)."""
+    model = flash()
+    padded, mask, alone = prompts()
+    options = {"max_new_tokens": 2 * CHUNK + 1, "do_sample": False, "pad_token_id": 0, "output_scores": True,
+               "return_dict_in_generate": True, **search}
+    with torch.no_grad():
+        batch = model.generate(input_ids=padded, attention_mask=mask, **options)
+        copies = search.get("num_return_sequences", 1)
+        for row, ids in enumerate(alone):
+            lone = model.generate(input_ids=ids, **options)
+            for copy in range(copies):
+                got = batch.sequences[row * copies + copy, WIDTH:]
+                assert torch.equal(got, lone.sequences[copy, ids.shape[1]:]), (row, copy)
+                if copies == 1:
+                    for step, (a, b) in enumerate(zip(batch.scores, lone.scores)):
+                        torch.testing.assert_close(a[row], b[0], atol=1e-10, rtol=0,
+                                                   msg=f"row {row} step {step}")
+
+
+def test_a_cache_of_rows_on_their_own_grids_continues_by_several_tokens_then_one() -> None:
+    """Prefill, then 5 tokens in one call (the op row by row), then single steps: every new token's logits
+    equal the row's lone full forward, and the layer keeps each row's phase."""
+    model = flash()
+    padded, mask, alone = prompts()
+    more = random_ids(len(LENGTHS), 8, vocab=VOCAB, seed=9).clamp(min=1)
+    with torch.no_grad():
+        cache = getattr(model(input_ids=padded, attention_mask=mask, use_cache=True), CACHE_FIELD)
+        layer = cache.layers[0]
+        assert isinstance(layer, GAUChunkCacheLayer)
+        assert layer.phases == tuple((WIDTH - n) % CHUNK for n in LENGTHS)
+        assert layer.open_lengths(CHUNK) == [n % CHUNK for n in LENGTHS]
+        pieces, seen = [], mask
+        for new in (more[:, :5], more[:, 5:6], more[:, 6:7], more[:, 7:]):
+            seen = torch.cat([seen, torch.ones_like(new)], dim=1)
+            out = model(input_ids=new, attention_mask=seen, use_cache=True, **{CACHE_FIELD: cache})
+            pieces.append(out.logits)
+            cache = getattr(out, CACHE_FIELD)
+        got = torch.cat(pieces, dim=1)
+        for row, ids in enumerate(alone):
+            lone = model(input_ids=torch.cat([ids, more[row:row + 1]], dim=1)).logits[0, ids.shape[1]:]
+            torch.testing.assert_close(got[row], lone, atol=1e-10, rtol=0, msg=f"row {row}")
+
+
+def test_rows_padded_by_whole_chunks_keep_the_plain_cache() -> None:
+    """Nothing to rotate: one op call for the batch and no phases (the cache of an unpadded batch)."""
+    model = flash()
+    ids, mask = left_padded(random_ids(2, 9, vocab=VOCAB, seed=2).clamp(min=1), [9, 5])
+    with torch.no_grad():
+        cache = getattr(model(input_ids=ids, attention_mask=mask, use_cache=True), CACHE_FIELD)
+    assert all(layer.phases is None for layer in cache.layers)
+
+
+def test_selecting_rows_keeps_their_phases() -> None:
+    layer = GAUChunkCacheLayer()
+    keys, values = torch.zeros(3, 1, 3, 8), torch.zeros(3, 1, 3, 5)
+    layer.store(keys, values, torch.zeros(3, 4, 5), added=7, chunk_size=CHUNK, phases=[0, 1, 3])
+    assert layer.open_lengths(CHUNK) == [3, 2, 0]
+    layer.batch_select_indices(torch.tensor([True, False, True]))
+    assert layer.phases == (0, 3)
+    layer.batch_repeat_interleave(2)
+    assert layer.phases == (0, 0, 3, 3)
+    layer.reorder_cache(torch.tensor([3, 0, 1, 2]))
+    assert layer.phases == (3, 0, 0, 3)
+
+
+def test_training_keeps_the_columns_chunks(monkeypatch) -> None:
+    """A training step reads nothing on the host for this (no rotation): pad on the right to train."""
+    model = flash().train()
+    padded, mask, _ = prompts()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a training step rotated its rows")
+
+    monkeypatch.setattr(modeling_gau, "roll_rows", refuse)
+    model(input_ids=padded, attention_mask=mask, labels=padded).loss.backward()
+
+
+@needs_triton()
+def test_the_triton_kernels_take_the_rotated_rows() -> None:
+    """``gau_kernel="triton"`` (interpreted on CPU tensors, float32: the kernels refuse float64 on a GPU):
+    each left-padded row equals its lone run through the same kernels, prefill and decoding."""
+    model = flash(gau_kernel="triton").float()
+    padded, mask, alone = prompts()
+    options = {"max_new_tokens": CHUNK + 1, "do_sample": False, "pad_token_id": 0, "output_scores": True,
+               "return_dict_in_generate": True}
+    with torch.no_grad():
+        batch = model.generate(input_ids=padded, attention_mask=mask, **options)
+        for row, ids in enumerate(alone):
+            lone = model.generate(input_ids=ids, **options)
+            assert torch.equal(batch.sequences[row, WIDTH:], lone.sequences[0, ids.shape[1]:]), row
+            for a, b in zip(batch.scores, lone.scores):
+                torch.testing.assert_close(a[row], b[0], atol=1e-4, rtol=1e-4)
