@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from hf_attn_variants import GAUConfig, GAUForCausalLM, GAUForMaskedLM
 from hf_attn_variants.models import modeling_gau
-from hf_attn_variants.models.compat import CACHE_FIELD
+from hf_attn_variants.models.compat import CACHE_FIELD, version_tuple
 from hf_attn_variants.models.gau_cache import GAUChunkCacheLayer
 from tests.utils import left_padded, needs_triton, random_ids
 
@@ -100,6 +101,58 @@ def test_a_cache_of_rows_on_their_own_grids_continues_by_several_tokens_then_one
         for row, ids in enumerate(alone):
             lone = model(input_ids=torch.cat([ids, more[row:row + 1]], dim=1)).logits[0, ids.shape[1]:]
             torch.testing.assert_close(got[row], lone, atol=1e-10, rtol=0, msg=f"row {row}")
+
+
+@pytest.mark.parametrize("prompt_pieces", [[(0, 4), (4, 8), (8, WIDTH)],
+                                           [(0, 8), *[(n, n + 1) for n in range(8, WIDTH)]]],
+                         ids=["pieces", "then-single-tokens"])
+def test_a_prompt_given_in_pieces_where_some_rows_are_still_padding(prompt_pieces: list) -> None:
+    """A prefill in pieces (as ``prefill_chunk_size`` does): rows padded by 5 and 8 see padding only in the
+    first piece(s); each row's first token sets its grid, whichever call brings it (a piece or one step)."""
+    model = flash()
+    padded, mask, alone = prompts()
+    more = random_ids(len(LENGTHS), 3, vocab=VOCAB, seed=4).clamp(min=1)
+    ids, seen = torch.cat([padded, more], dim=1), torch.cat([mask, torch.ones_like(more)], dim=1)
+    pieces, cache = [], None
+    with torch.no_grad():
+        for start, stop in [*prompt_pieces, *[(n, n + 1) for n in range(WIDTH, WIDTH + 3)]]:
+            out = model(input_ids=ids[:, start:stop], attention_mask=seen[:, :stop], use_cache=True,
+                        **({} if cache is None else {CACHE_FIELD: cache}))
+            pieces.append(out.logits)
+            cache = getattr(out, CACHE_FIELD)
+        got = torch.cat(pieces, dim=1)
+        assert cache.layers[0].phases == tuple((WIDTH - n) % CHUNK for n in LENGTHS)
+        for row, (n, prompt) in enumerate(zip(LENGTHS, alone)):
+            lone = model(input_ids=torch.cat([prompt, more[row:row + 1]], dim=1)).logits[0]
+            torch.testing.assert_close(got[row, WIDTH - n:], lone, atol=1e-10, rtol=0, msg=f"row {row}")
+
+
+@pytest.mark.skipif(version_tuple(torch.__version__) < (2, 11), reason="dynamo 2.7 traces no causal GAU "
+                    "forward with a cache as one graph (before this change too); 2.11 and 2.13 do")
+def test_compiled_with_a_cache_is_one_graph_on_the_columns_chunks() -> None:
+    """The rows' grids are host values, so a compiled prefill with a cache keeps the columns' chunks (no
+    graph break; rows padded by whole chunks still equal their lone runs); without a cache it rotates."""
+    model = flash()
+    padded, mask, alone = prompts()
+    graphs = []
+
+    def count(graph: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(graph)
+        return graph.forward
+
+    torch.compiler.reset()
+    compiled = torch.compile(model, backend=count, fullgraph=True)
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        cached = compiled(input_ids=padded, attention_mask=mask, use_cache=True, **{CACHE_FIELD: cache})
+        rotated = compiled(input_ids=padded, attention_mask=mask, use_cache=False).logits
+        assert all(layer.phases is None for layer in getattr(cached, CACHE_FIELD).layers)
+        for row, (n, prompt) in enumerate(zip(LENGTHS, alone)):
+            lone = model(input_ids=prompt).logits[0]
+            torch.testing.assert_close(rotated[row, WIDTH - n:], lone, atol=1e-12, rtol=0)
+            if (WIDTH - n) % CHUNK == 0:
+                torch.testing.assert_close(cached.logits[row, WIDTH - n:], lone, atol=1e-12, rtol=0)
+    assert len(graphs) == 2  # one per use_cache
 
 
 def test_rows_padded_by_whole_chunks_keep_the_plain_cache() -> None:

@@ -26,7 +26,9 @@ class GAUChunkCacheLayer(DynamicLayer):
     Rows left-padded off the chunk grid keep their own grid: ``phases`` holds each row's left padding mod g
     (on the host), so row b's chunks start at the columns ≡ phase_b (mod g) and its open chunk is the last
     (seen − phase_b) mod g of the r columns held (``open_lengths``); the columns before it belong to chunks
-    the row has closed. ``None``: every row's grid starts at column 0 (no padding, or whole chunks of it).
+    the row has closed. A row that has seen padding only has no phase yet (``None``, open length 0): its
+    first token sets it. ``phases=None``: every row's grid starts at column 0 (no padding, or whole chunks of
+    it).
     """
 
     is_croppable = False
@@ -40,7 +42,7 @@ class GAUChunkCacheLayer(DynamicLayer):
         super().__init__(**kwargs)
         self.linear_state: torch.Tensor | None = None
         self.cumulative_length = 0
-        self.phases: tuple[int, ...] | None = None
+        self.phases: tuple[int | None, ...] | None = None
 
     def get_seq_length(self) -> int:
         """The number of tokens seen (closed chunks included), not the number of keys held.
@@ -68,19 +70,21 @@ class GAUChunkCacheLayer(DynamicLayer):
             chunk_size (int): g.
 
         Returns:
-            list[int] | None: (seen − phase_b) mod g per row, or ``None`` without ``phases``.
+            list[int] | None: (seen − phase_b) mod g per row (0 without a phase yet), or ``None`` without
+            ``phases``.
         """
         if self.phases is None:
             return None
-        return [(self.cumulative_length - phase) % chunk_size for phase in self.phases]
+        seen = self.cumulative_length
+        return [0 if phase is None else (seen - phase) % chunk_size for phase in self.phases]
 
     def open_chunk(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """``(keys, values, linear_state)`` of the open chunk (``None`` before the first update).
 
         Returns:
             tuple: ``keys`` ``[B, 1, r, 2s]``, ``values`` ``[B, 1, r, e]`` (the model dtype; ``None`` when no
-            chunk is open) and ``linear_state`` ``[B, s, e]`` (≥ float32; ``None`` before the first chunk
-            closed).
+            chunk is open; with ``phases``, row b's own are its last ``open_lengths()[b]``) and
+            ``linear_state`` ``[B, s, e]`` (≥ float32; ``None`` until a chunk closed, or zeros).
         """
         if not self.is_initialized or self.keys.numel() == 0:  # type: ignore[union-attr]
             return None, None, self.linear_state
@@ -88,7 +92,7 @@ class GAUChunkCacheLayer(DynamicLayer):
 
     def store(
         self, keys: torch.Tensor, values: torch.Tensor, state: torch.Tensor, added: int, chunk_size: int,
-        phases: list[int] | None = None,
+        phases: list[int | None] | tuple[int | None, ...] | None = None,
     ) -> None:
         """Keep the trailing incomplete chunk of a segment that starts on a chunk boundary.
 
@@ -102,7 +106,8 @@ class GAUChunkCacheLayer(DynamicLayer):
             state (torch.Tensor): ``[B, s, e]`` (≥ float32), Σ k'ᵀv over every closed chunk.
             added (int): the number of new tokens in the segment.
             chunk_size (int): g.
-            phases (list[int] | None): each row's left padding mod g, on the prefill of rows off the grid.
+            phases (list | tuple | None): each row's left padding mod g (``None``: no token yet), from the
+                prefill of rows off the grid on; ``None`` keeps the layer's.
         """
         if not self.is_initialized:
             self.lazy_initialization(keys, values)

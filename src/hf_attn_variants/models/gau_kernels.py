@@ -84,9 +84,9 @@ def _query_blocks(queries: int, keys: int, causal_offset: int | None) -> list[tu
         count *= 2
     size = (queries + count - 1) // count
     blocks = []
-    for index in range(count):
-        start, stop = index * size, min((index + 1) * size, queries)
-        blocks.append((start, stop, keys if causal_offset is None else min(keys, causal_offset + stop)))
+    for index in range(count):  # (c − 1)·⌈T_q/c⌉ ≤ T_q (c² − c ≤ T_q): no min, which dynamo 2.7 guards on
+        stop = queries if index == count - 1 else (index + 1) * size
+        blocks.append((index * size, stop, keys if causal_offset is None else causal_offset + stop))
     return blocks
 
 
@@ -913,26 +913,32 @@ def flash_decode_step(
     return numerator, state.index_add(0, rows, closed)
 
 
-def roll_rows(tensor: torch.Tensor, shift: torch.Tensor, dim: int = 1) -> torch.Tensor:
+def roll_rows(tensor: torch.Tensor, shift: torch.Tensor, dim: int = 1, back: bool = False) -> torch.Tensor:
     """Each row's columns rotated left by its shift: out[b, t] = tensor[b, (t + shift_b) mod T].
 
     With shift_b = (row b's left padding) mod g, a left-padded row's first token lands on a chunk boundary
     and the padding it moves to the end is masked there, so FLASH chunks the row as it chunks the row alone
-    (right padding leaves every token's result unchanged). ``roll_rows(·, −shift)`` undoes it. O(n).
+    (right padding leaves every token's result unchanged); ``back=True`` undoes it. A gather from the row
+    written twice, so that no index takes a modulo of the symbolic length (the ONNX exporter's
+    ``remainder`` needs a constant). O(n).
 
     Args:
         tensor (torch.Tensor): ``[B, …]`` with the T columns on ``dim``.
-        shift (torch.Tensor): ``[B]`` int64, any sign.
+        shift (torch.Tensor): ``[B]`` int64 in [0, T).
         dim (int): the column axis (1, or 2 for the columns of a ``[B, T, T]`` map).
+        back (bool): rotate right (the inverse).
 
     Returns:
         torch.Tensor: like ``tensor``.
     """
     length = tensor.shape[dim]
-    columns = (torch.arange(length, device=tensor.device) + shift.to(tensor.device)[:, None]) % length
+    shift = shift.to(tensor.device)[:, None]
+    columns = torch.arange(length, 2 * length, device=tensor.device) - shift if back else (
+        torch.arange(length, device=tensor.device) + shift)
     shape = [tensor.shape[0]] + [1] * (tensor.dim() - 1)
     shape[dim] = length
-    return tensor.gather(dim, columns.view(shape).expand_as(tensor))
+    twice = torch.cat([tensor, tensor], dim=dim)
+    return twice.gather(dim, columns.view(shape).expand_as(tensor))
 
 
 def segmented_chunk_sums(summaries: torch.Tensor, segments: torch.Tensor, causal: bool) -> torch.Tensor:

@@ -75,7 +75,9 @@ class GAUChunkCacheLayer(DynamicLayer):
     Rows left-padded off the chunk grid keep their own grid: ``phases`` holds each row's left padding mod g
     (on the host), so row b's chunks start at the columns ≡ phase_b (mod g) and its open chunk is the last
     (seen − phase_b) mod g of the r columns held (``open_lengths``); the columns before it belong to chunks
-    the row has closed. ``None``: every row's grid starts at column 0 (no padding, or whole chunks of it).
+    the row has closed. A row that has seen padding only has no phase yet (``None``, open length 0): its
+    first token sets it. ``phases=None``: every row's grid starts at column 0 (no padding, or whole chunks of
+    it).
     """
 
     is_croppable = False
@@ -89,7 +91,7 @@ class GAUChunkCacheLayer(DynamicLayer):
         super().__init__(**kwargs)
         self.linear_state: torch.Tensor | None = None
         self.cumulative_length = 0
-        self.phases: tuple[int, ...] | None = None
+        self.phases: tuple[int | None, ...] | None = None
 
     def get_seq_length(self) -> int:
         """The number of tokens seen (closed chunks included), not the number of keys held.
@@ -117,19 +119,21 @@ class GAUChunkCacheLayer(DynamicLayer):
             chunk_size (int): g.
 
         Returns:
-            list[int] | None: (seen − phase_b) mod g per row, or ``None`` without ``phases``.
+            list[int] | None: (seen − phase_b) mod g per row (0 without a phase yet), or ``None`` without
+            ``phases``.
         """
         if self.phases is None:
             return None
-        return [(self.cumulative_length - phase) % chunk_size for phase in self.phases]
+        seen = self.cumulative_length
+        return [0 if phase is None else (seen - phase) % chunk_size for phase in self.phases]
 
     def open_chunk(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """``(keys, values, linear_state)`` of the open chunk (``None`` before the first update).
 
         Returns:
             tuple: ``keys`` ``[B, 1, r, 2s]``, ``values`` ``[B, 1, r, e]`` (the model dtype; ``None`` when no
-            chunk is open) and ``linear_state`` ``[B, s, e]`` (≥ float32; ``None`` before the first chunk
-            closed).
+            chunk is open; with ``phases``, row b's own are its last ``open_lengths()[b]``) and
+            ``linear_state`` ``[B, s, e]`` (≥ float32; ``None`` until a chunk closed, or zeros).
         """
         if not self.is_initialized or self.keys.numel() == 0:  # type: ignore[union-attr]
             return None, None, self.linear_state
@@ -137,7 +141,7 @@ class GAUChunkCacheLayer(DynamicLayer):
 
     def store(
         self, keys: torch.Tensor, values: torch.Tensor, state: torch.Tensor, added: int, chunk_size: int,
-        phases: list[int] | None = None,
+        phases: list[int | None] | tuple[int | None, ...] | None = None,
     ) -> None:
         """Keep the trailing incomplete chunk of a segment that starts on a chunk boundary.
 
@@ -151,7 +155,8 @@ class GAUChunkCacheLayer(DynamicLayer):
             state (torch.Tensor): ``[B, s, e]`` (≥ float32), Σ k'ᵀv over every closed chunk.
             added (int): the number of new tokens in the segment.
             chunk_size (int): g.
-            phases (list[int] | None): each row's left padding mod g, on the prefill of rows off the grid.
+            phases (list | tuple | None): each row's left padding mod g (``None``: no token yet), from the
+                prefill of rows off the grid on; ``None`` keeps the layer's.
         """
         if not self.is_initialized:
             self.lazy_initialization(keys, values)
@@ -1046,7 +1051,8 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
                 key_mask: torch.Tensor | None = None, key_counts: torch.Tensor | None = None,
                 cache: Cache | None = None, output_attentions: bool = False,
                 documents: DocumentChunks | None = None, row_shift: torch.Tensor | None = None,
-                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+                row_phases: tuple[int | None, ...] | None = None, **kwargs: Any
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """FLASH on the new tokens, gated and projected back: (u ⊙ FLASH(q, k, q', k', v) / L) Wo.
 
         Args:
@@ -1060,6 +1066,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
             documents (DocumentChunks | None): the chunk-aligned layout of rows packing several documents.
             row_shift (torch.Tensor | None): ``[B]`` int64, each row's left padding mod g outside training
                 (``FlashInputs.shift``).
+            row_phases (tuple | None): the same on the host (``FlashInputs.phases``), eager.
             **kwargs: the other layer inputs, ignored.
 
         Returns:
@@ -1077,10 +1084,12 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         )
         if layer is None and path in RECOMPUTED_PATHS and torch.is_grad_enabled():
             gated = checkpoint(self._gate, projected, position_embeddings, key_mask, key_counts, path, None,
-                               documents, False, row_shift=row_shift, use_reentrant=False)
+                               documents, False, row_shift=row_shift, row_phases=row_phases,
+                               use_reentrant=False)
             return self.out_proj(gated), None
         gated, weights = self._gate(projected, position_embeddings, key_mask, key_counts, path, layer,
-                                    documents, output_attentions, with_map=True, row_shift=row_shift)
+                                    documents, output_attentions, with_map=True, row_shift=row_shift,
+                                    row_phases=row_phases)
         return self.out_proj(gated), weights
 
     def _gate(
@@ -1088,19 +1097,21 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         key_mask: torch.Tensor | None, key_counts: torch.Tensor | None, path: GAUPath,
         layer: GAUChunkCacheLayer | None, documents: DocumentChunks | None, output_attentions: bool,
         with_map: bool = False, row_shift: torch.Tensor | None = None,
+        row_phases: tuple[int | None, ...] | None = None,
     ) -> Any:
         """The gated u ⊙ FLASH(q, k, q', k', v) / L from ``in_proj``'s output, through the runner of ``path``.
 
         The runner is ``FLASH_RUNNERS[path]``; the result is ``[B, T, E]``, with the map when ``with_map``.
         """
         u, v, qk = self.activate(projected, position_embeddings)
-        inputs = self.flash_inputs(qk, v, key_mask, key_counts)._replace(shift=row_shift)
+        inputs = self.flash_inputs(qk, v, key_mask, key_counts, row_shift, row_phases)
         numerator, weights = FLASH_RUNNERS[path](self, inputs, path, layer, documents, output_attentions)
         gated = u * numerator.to(u.dtype)
         return (gated, weights) if with_map else gated
 
     def flash_inputs(self, qk: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
-                     key_counts: torch.Tensor | None) -> FlashInputs:
+                     key_counts: torch.Tensor | None, shift: torch.Tensor | None = None,
+                     phases: tuple[int | None, ...] | None = None) -> FlashInputs:
         """FLASH's inputs from the rows q, k, q', k' of ``qk`` and ``v``, with every factor in the queries.
 
         relu(a·q·k)²/L + (a·q'·k')/L (a = 1/√s) is folded into the queries: q·a/√L and q'·a/L, the factors in
@@ -1111,6 +1122,8 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
             v (torch.Tensor): ``[B, T, E]``, the model dtype.
             key_mask (torch.Tensor | None): ``[B, past + T]`` bool, or ``None``.
             key_counts (torch.Tensor | None): ``[B, T]`` nᵢ (``relu2_length="dynamic"``).
+            shift (torch.Tensor | None): ``FlashInputs.shift``.
+            phases (tuple | None): ``FlashInputs.phases``.
 
         Returns:
             FlashInputs: the queries, keys and values ``[B, T, ·]`` in the model dtype, and ``key_mask``.
@@ -1119,7 +1132,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         lengths = self.normalization.lengths(key_counts, quad_q)  # type: ignore[attr-defined]
         quad_q = quad_q * (self.scaling * lengths.rsqrt()).to(quad_q.dtype)[..., None]
         lin_q = lin_q * (self.scaling / lengths).to(lin_q.dtype)[..., None]
-        return FlashInputs(quad_q, quad_k, lin_q, lin_k, v, key_mask)
+        return FlashInputs(quad_q, quad_k, lin_q, lin_k, v, key_mask, shift, phases)
 
     def implementation(self, path: GAUPath) -> str:
         """The op's implementation for ``path``: ``triton`` on the Triton paths, else ``chunk``.
@@ -1143,19 +1156,15 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         Rows with a ``shift`` run rotated so that their chunks start at their first token (``roll_rows``);
         a prefill of such rows keeps each row's grid in the cache (``_start_rows``).
         """
-        shift = x.shift
-        if layer is not None and shift is not None:
-            starts = shift.tolist()  # a prefill: read once on the host
-            if any(starts):
-                return self._start_rows(layer, x, self.implementation(path), starts), None
-            shift = None  # every row on the grid: the plain cache
-        rolled = x.rolled(shift)
+        if layer is not None and x.phases is not None:
+            return self._start_rows(layer, x, self.implementation(path)), None
+        rolled = x.rolled(x.shift)
         numerator, state = flash_mixed_chunk_attention(*rolled.tensors(), key_mask=rolled.key_mask,
                                                        implementation=self.implementation(path),
                                                        **self._options)
         if layer is not None:
             store_flash_state(layer, state, x.quad_q.shape[1], self.chunk_size)
-        return numerator if shift is None else roll_rows(numerator, -shift), None
+        return numerator if x.shift is None else roll_rows(numerator, x.shift, back=True), None
 
     def _run_packed(self, x: FlashInputs, path: GAUPath, layer: Any, documents: DocumentChunks,
                     *_: Any) -> Any:
@@ -1201,7 +1210,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         weights = flash_effective_weights(rolled.quad_q, rolled.quad_k, rolled.lin_q, rolled.lin_k,
                                           key_mask=rolled.key_mask, visibility=visibility, **self._options)
         if x.shift is not None:  # back to the columns: queries, then keys
-            weights = roll_rows(roll_rows(weights, -x.shift, 1), -x.shift, 2)
+            weights = roll_rows(roll_rows(weights, x.shift, 1, back=True), x.shift, 2, back=True)
         weights = weights.unsqueeze(1)
         attended = torch.matmul(weights, upcast(x.value).unsqueeze(1)).squeeze(1)
         return attended, weights.to(x.value.dtype) if output_attentions else None
@@ -1234,7 +1243,12 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
             closing = all(full) or (any(full) and torch.tensor(full, device=keys.device))
         numerator, state = flash_decode_step(x.quad_q, x.lin_q, seg_quad_k, seg_lin_k, values.squeeze(1),
                                              state, visible, closing=closing)
-        layer.store(keys, values, state, added=1, chunk_size=self.chunk_size)
+        phases = layer.phases
+        if phases is not None and None in phases:  # a row's first token sets its phase
+            seen = layer.get_seq_length() % self.chunk_size
+            phases = tuple(seen if phase is None and start == 0 else phase
+                           for phase, start in zip(phases, self._first_tokens(layer, x)))
+        layer.store(keys, values, state, added=1, chunk_size=self.chunk_size, phases=phases)
         return numerator
 
     def continue_from(self, layer: Any, x: FlashInputs, implementation: str = "chunk") -> torch.Tensor:
@@ -1251,9 +1265,8 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         Returns:
             torch.Tensor: the numerator ``[B, T, E]`` in the value's dtype.
         """
-        starts = None if x.shift is None else x.shift.tolist()  # a prefill: read once on the host
-        if starts is not None and any(starts):
-            return self._start_rows(layer, x, implementation, starts)
+        if x.phases is not None:  # a prefill of rows off the grid
+            return self._start_rows(layer, x, implementation)
         if getattr(layer, "phases", None) is not None:
             return self._continue_rows(layer, x, implementation)
         open_keys, open_values, linear = layer.open_chunk()
@@ -1264,47 +1277,49 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         store_flash_state(layer, state, x.quad_q.shape[1], self.chunk_size)
         return numerator
 
-    def _start_rows(self, layer: GAUChunkCacheLayer, x: FlashInputs, implementation: str,
-                    starts: list[int]) -> torch.Tensor:
+    def _start_rows(self, layer: GAUChunkCacheLayer, x: FlashInputs, implementation: str) -> torch.Tensor:
         """The prefill of rows off the grid: one op call on the rotated rows, then each row's state.
 
-        Row b, rotated by start_b (its left padding mod g), has closed c_b = ⌊(T − start_b)/g⌋·g columns: its
-        state is Σ k'ᵀv over them, and its open chunk is the row's last (T − start_b) − c_b columns. The layer
-        holds those, right-aligned, and ``starts`` as the rows' phases.
+        Row b, rotated by p_b (its left padding mod g, ``x.phases``), has closed c_b = ⌊(T − p_b)/g⌋·g
+        columns: its state is Σ k'ᵀv over them, and its open chunk is the row's last (T − p_b) − c_b columns.
+        The layer holds those, right-aligned, and the phases (a row of padding only has none yet: its first
+        token sets it).
 
         Args:
             layer (GAUChunkCacheLayer): the empty cache layer.
-            x (FlashInputs): the prompt's inputs, ``[B, T, ·]``, with ``shift``.
+            x (FlashInputs): the prompt's inputs, ``[B, T, ·]``, with ``shift`` and ``phases``.
             implementation (str): one of ``gau_kernels.FLASH_IMPLEMENTATIONS``.
-            starts (list[int]): ``x.shift`` on the host.
 
         Returns:
             torch.Tensor: the numerator ``[B, T, E]`` in the value's dtype.
         """
-        shift = torch.tensor(starts, device=x.value.device)
-        rolled = x.rolled(shift)
+        rolled = x.rolled(x.shift)
         numerator = flash_mixed_chunk_attention(*rolled.tensors(), key_mask=rolled.key_mask,
                                                 implementation=implementation, **self._options)[0]
         length = x.quad_q.shape[1]
-        opened = [(length - start) % self.chunk_size for start in starts]
-        closed = shift.new_tensor([length - start - own for start, own in zip(starts, opened)])
+        phases = x.phases or ()
+        opened = [0 if phase is None else (length - phase) % self.chunk_size for phase in phases]
+        closed = torch.tensor([length - (phase or 0) - own for phase, own in zip(phases, opened)],
+                              device=x.value.device)
         summed = torch.arange(length, device=closed.device) < closed[:, None]
         if rolled.key_mask is not None:
             summed = summed & rolled.key_mask[:, -length:]
         lin_k = rolled.lin_k * summed[..., None].to(rolled.lin_k.dtype)
         linear = torch.matmul(upcast(lin_k).transpose(-1, -2), upcast(rolled.value))
+        linear = linear.to(upcast(x.value).dtype)  # ≥ float32 under autocast too
         kept = slice(length - max(opened), length)
         lin_k = x.lin_k if x.key_mask is None else x.lin_k * x.key_mask[:, -length:, None].to(x.lin_k.dtype)
         keys = torch.cat([x.quad_k, lin_k], dim=-1)[:, kept]
         layer.store(keys.unsqueeze(1), x.value[:, kept].unsqueeze(1), linear, added=length,
-                    chunk_size=self.chunk_size, phases=starts)
-        return roll_rows(numerator, -shift)
+                    chunk_size=self.chunk_size, phases=phases)
+        return roll_rows(numerator, x.shift, back=True)  # type: ignore[arg-type]
 
     def _continue_rows(self, layer: GAUChunkCacheLayer, x: FlashInputs, implementation: str) -> torch.Tensor:
         """``continue_from`` for rows on their own chunk grids (``phases``): the op row by row.
 
-        Each row continues its own open chunk (``open_lengths``); the layer then holds every row's new open
-        chunk, right-aligned.
+        Each row continues its own open chunk (``open_lengths``); a row of padding only so far starts at its
+        first token here, which sets its phase. The layer then holds every row's new open chunk,
+        right-aligned.
 
         Args:
             layer (GAUChunkCacheLayer): the cache layer.
@@ -1318,25 +1333,46 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         held = 0 if open_keys is None else open_keys.shape[-2]
         if linear is None:  # no row closed a chunk yet
             linear = upcast(x.value).new_zeros(x.value.shape[0], x.lin_k.shape[-1], x.value.shape[-1])
+        length, phases = x.quad_q.shape[1], list(layer.phases)  # type: ignore[arg-type]
+        starts = self._first_tokens(layer, x) if None in phases else [0] * len(phases)
         numerators, states = [], []
         for row, opened in enumerate(layer.open_lengths(self.chunk_size)):  # type: ignore[arg-type]
-            inputs = x.row(row)
+            inputs, start = x.row(row, min(starts[row], length - 1)), starts[row]
+            if phases[row] is None and start < length:
+                phases[row] = (layer.get_seq_length() + start) % self.chunk_size
             chunk = [None if not opened else kept[row:row + 1, 0, held - opened:]  # type: ignore[index]
                      for kept in (open_keys, open_values)]
-            state = FlashState(linear[row:row + 1], *chunk)
+            before = FlashState(linear[row:row + 1], *chunk)
             numerator, state = flash_mixed_chunk_attention(*inputs.tensors(), key_mask=inputs.key_mask,
-                                                           initial_state=state, implementation=implementation,
-                                                           **self._options)
-            numerators.append(numerator)
+                                                           initial_state=before,
+                                                           implementation=implementation, **self._options)
+            if start == length:  # padding only, still: nothing to keep
+                numerator, state = numerator * 0, FlashState(before.linear, state.keys[:, :0],  # type: ignore[index]
+                                                             state.values[:, :0])  # type: ignore[index]
+            numerators.append(F.pad(numerator, (0, 0, length - numerator.shape[1], 0)))
             states.append(state)
         width = max(state.keys.shape[1] for state in states)  # type: ignore[union-attr]
         keys, values = (torch.cat([F.pad(tensor, (0, 0, width - tensor.shape[1], 0))  # type: ignore[arg-type, union-attr]
                                    for tensor in tensors])
                         for tensors in ([s.keys for s in states], [s.values for s in states]))
         linear = torch.cat([state.linear for state in states])  # type: ignore[misc]
-        layer.store(keys.unsqueeze(1), values.unsqueeze(1), linear, added=x.quad_q.shape[1],
-                    chunk_size=self.chunk_size)
+        layer.store(keys.unsqueeze(1), values.unsqueeze(1), linear, added=length, chunk_size=self.chunk_size,
+                    phases=phases)
         return torch.cat(numerators)
+
+    @staticmethod
+    def _first_tokens(layer: GAUChunkCacheLayer, x: FlashInputs) -> list[int]:
+        """Per row, the first new column holding a token (T: none) for rows without one yet, else 0.
+
+        One host read, only while a row of the cache has seen padding only.
+        """
+        length = x.quad_q.shape[1]
+        if x.key_mask is None:
+            return [0] * x.quad_q.shape[0]
+        new = x.key_mask[:, -length:].bool()
+        found, first = torch.stack([new.any(-1).long(), new.long().argmax(-1)]).tolist()
+        return [start if seen and phase is None else (length if phase is None else 0)
+                for phase, seen, start in zip(layer.phases or (), found, first)]
 
 
 class FlashInputs(NamedTuple):
@@ -1352,6 +1388,8 @@ class FlashInputs(NamedTuple):
         shift (torch.Tensor | None): ``[B]`` int64, each row's left padding mod g (outside training, from an
             empty cache): the row is computed on chunks that start at its first token, as alone
             (``roll_rows``). ``None``: on the columns' own chunks.
+        phases (tuple | None): ``shift`` on the host, ``None`` for a row of padding only (eager; set when a
+            row needs rotating): a cache keeps them (``GAUChunkCacheLayer.phases``).
     """
 
     quad_q: torch.Tensor
@@ -1361,6 +1399,7 @@ class FlashInputs(NamedTuple):
     value: torch.Tensor
     key_mask: torch.Tensor | None
     shift: torch.Tensor | None = None
+    phases: tuple[int | None, ...] | None = None
 
     def rolled(self, shift: torch.Tensor | None) -> FlashInputs:
         """The inputs, each row's columns rotated left by ``shift`` (``roll_rows``; ``None``: as they are).
@@ -1377,16 +1416,19 @@ class FlashInputs(NamedTuple):
         mask = None if self.key_mask is None else roll_rows(self.key_mask, shift)
         return FlashInputs(quad_q, quad_k, lin_q, lin_k, value, mask)
 
-    def row(self, index: int) -> FlashInputs:
-        """Batch row ``index`` alone.
+    def row(self, index: int, start: int = 0) -> FlashInputs:
+        """Batch row ``index`` alone, from column ``start``.
+
+        The mask keeps every column: the op reads its last ones.
 
         Args:
             index (int): the batch row.
+            start (int): the first column kept.
 
         Returns:
-            FlashInputs: ``[1, T, ·]``.
+            FlashInputs: ``[1, T − start, ·]``.
         """
-        quad_q, quad_k, lin_q, lin_k, value = (tensor[index:index + 1] for tensor in self.tensors())
+        quad_q, quad_k, lin_q, lin_k, value = (tensor[index:index + 1, start:] for tensor in self.tensors())
         mask = None if self.key_mask is None else self.key_mask[index:index + 1]
         return FlashInputs(quad_q, quad_k, lin_q, lin_k, value, mask)
 
@@ -1547,17 +1589,41 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
                 f"shape {tuple(attention_mask.shape)}."
             )
         key_mask = attention_mask.to(geometry.device).bool() if attention_mask is not None else None
-        documents = row_shift = None
+        documents = row_shift = row_phases = None
         if geometry.document_ids is not None:
             documents = DocumentChunks.build(geometry.document_ids.to(geometry.device), config.chunk_size,
                                              layout=not is_torchdynamo_compiling())
         elif key_mask is not None and not self.training and geometry.query_offset == 0:
-            padding = leading_padding(key_mask).clamp(max=key_mask.shape[1] - 1)
-            row_shift = padding % config.chunk_size  # each row chunked from its first token, as alone
-            if not is_torchdynamo_compiling() and not row_shift.any():  # eager: one host read, no gathers
-                row_shift = None
+            row_shift, row_phases = row_alignment(key_mask, config.chunk_size, cache is not None)
         return {"key_mask": key_mask, "key_counts": key_counts, "documents": documents,
-                "row_shift": row_shift}
+                "row_shift": row_shift, "row_phases": row_phases}
+
+
+def row_alignment(key_mask: torch.Tensor, chunk_size: int, cached: bool
+                  ) -> tuple[torch.Tensor | None, tuple[int | None, ...] | None]:
+    """Each row's left padding mod g, so that FLASH chunks it from its first token (``FlashInputs.shift``).
+
+    Eager, one host read: ``(None, None)`` when every row has a token and its padding is a multiple of g (the
+    columns' chunks are the rows' own), else the shift and the same on the host (``None``: a row of padding
+    only). Compiled, the shift on the device without the host values, or nothing with a cache, whose rows'
+    grids are host values (the columns' chunks then, as before).
+
+    Args:
+        key_mask (torch.Tensor): ``[B, T]`` bool, the prompt's mask.
+        chunk_size (int): g.
+        cached (bool): whether a cache starts from this prompt.
+
+    Returns:
+        tuple: ``[B]`` int64 or ``None``, and a tuple of ints (or ``None``) or ``None``.
+    """
+    shift = leading_padding(key_mask) % chunk_size
+    if is_torchdynamo_compiling():
+        return (None if cached else shift), None
+    found = key_mask.any(-1)
+    shifts, tokens = torch.stack([shift, found.long()]).tolist()
+    if not any(shifts) and all(tokens):
+        return None, None
+    return shift, tuple(value if token else None for value, token in zip(shifts, tokens))
 
 
 class GAUForMaskedLM(MaskedLMHeadMixin, GAUPreTrainedModel):
