@@ -258,6 +258,7 @@ CPU_TESTS = (
     ("tests/test_synthesizer.py", "Synthesizer"), ("tests/test_generation_caches.py", "every cache"),
     ("tests/test_standalone.py", "exported code"), ("tests/test_packed_documents.py", "packed documents"),
     ("tests/test_packed_flash.py", "packed FLASH in linear time"),
+    ("tests/test_flash_left_padding.py", "left-padded FLASH rows as alone"),
     ("tests/test_stock_attention.py", "stock log-n"),
 )
 NEEDS_PACKAGE_INDEX: tuple[str, ...] = (

@@ -164,6 +164,18 @@ def test_rows_padded_by_whole_chunks_keep_the_plain_cache() -> None:
     assert all(layer.phases is None for layer in cache.layers)
 
 
+def test_phases_all_at_column_zero_return_to_the_plain_cache() -> None:
+    """Rows padded by whole chunks, one of them padding only in the first piece: once its first token sets
+    its phase (0), the layer drops the phases, and later calls take one op call for the batch again."""
+    model = flash()
+    ids, mask = left_padded(random_ids(3, 12, vocab=VOCAB, seed=8).clamp(min=1), [12, 8, 4])
+    with torch.no_grad():
+        cache = getattr(model(input_ids=ids[:, :8], attention_mask=mask[:, :8], use_cache=True), CACHE_FIELD)
+        assert cache.layers[0].phases == (0, 0, None)
+        model(input_ids=ids[:, 8:], attention_mask=mask, use_cache=True, **{CACHE_FIELD: cache})
+    assert all(layer.phases is None for layer in cache.layers)
+
+
 def test_selecting_rows_keeps_their_phases() -> None:
     layer = GAUChunkCacheLayer()
     keys, values = torch.zeros(3, 1, 3, 8), torch.zeros(3, 1, 3, 5)

@@ -34,6 +34,7 @@ MODEL_TEST_FILES = (
     "tests/test_gradcheck.py",
     "tests/test_stock_attention.py",
     "tests/test_packed_documents.py",
+    "tests/test_flash_left_padding.py",
 )
 
 

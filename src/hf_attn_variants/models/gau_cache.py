@@ -111,8 +111,8 @@ class GAUChunkCacheLayer(DynamicLayer):
         """
         if not self.is_initialized:
             self.lazy_initialization(keys, values)
-        if phases is not None:
-            self.phases = tuple(phases)
+        if phases is not None:  # every row's grid at column 0 again: the plain layout (one op call)
+            self.phases = tuple(phases) if any(phase != 0 for phase in phases) else None
         self.cumulative_length += added
         opened = self.open_lengths(chunk_size)
         kept = keys.shape[-2] % chunk_size if opened is None else max(opened)

@@ -880,8 +880,8 @@ def flash_decode_step(
 
     numerator = Σ_{j visible} relu(q·k_j)² v_j + q'·state. When the token completes its chunk, the chunk's M
     rows (all of them its own, k' of padding zero) are folded into the returned state. O(M·(s + e) + s·e) per
-    row. The products run in at least float32 (queries, keys and values are upcast, ``state`` cast to their
-    dtype), so a bf16 model decodes with float32 sums.
+    row. The products run in at least float32 (queries, keys and values are upcast, ``state`` kept in at
+    least theirs, under autocast too), so a bf16 model decodes with float32 sums.
 
     Args:
         quad_q (torch.Tensor): ``[B, 1, S]`` the new token's quadratic query, carrying its factors, the model
@@ -907,8 +907,8 @@ def flash_decode_step(
     numerator = torch.matmul(weights, value)
     if state is None:
         state = value.new_zeros(value.shape[0], lin_k.shape[-1], value.shape[-1])
-    else:
-        state = state.to(numerator.dtype)
+    else:  # ≥ float32 under autocast too, whose products are in its dtype
+        state = state.to(torch.promote_types(state.dtype, value.dtype))
         numerator = numerator + torch.matmul(upcast(lin_q), state)
     if closing is False:
         return numerator, state
@@ -916,7 +916,7 @@ def flash_decode_step(
         return numerator, state + torch.matmul(upcast(lin_k).transpose(-1, -2), value)
     rows = closing.nonzero()[:, 0]
     closed = torch.matmul(upcast(lin_k[rows]).transpose(-1, -2), value[rows])
-    return numerator, state.index_add(0, rows, closed)
+    return numerator, state.index_add(0, rows, closed.to(state.dtype))
 
 
 def roll_rows(tensor: torch.Tensor, shift: torch.Tensor, dim: int = 1, back: bool = False) -> torch.Tensor:
