@@ -1006,3 +1006,11 @@ def test_flash_layers_save_no_more_than_llama_per_token_in_bf16_at_8k() -> None:
     llama_bytes, flash_bytes = (saved_bytes_per_token(model.to(torch.bfloat16).train(), ids)
                                 for model in (llama, flash))
     assert flash_bytes <= llama_bytes, (flash_bytes, llama_bytes)
+
+
+def test_the_flash_op_refuses_a_dropout_outside_0_1_in_eager() -> None:
+    """The op's own range check (compiled it is left to the config: a symbolic float there could not be
+    compared inside a checkpoint)."""
+    inputs = [torch.randn(1, 6, 4) for _ in range(4)] + [torch.randn(1, 6, 5)]
+    with pytest.raises(ValueError, match=r"^dropout must be in \[0, 1\], got 1.5"):
+        flash_mixed_chunk_attention(*inputs, chunk_size=2, causal=True, dropout=1.5, training=True)
