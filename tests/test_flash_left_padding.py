@@ -28,8 +28,9 @@ WIDTH = max(LENGTHS)
 
 def flash(model_class: type = GAUForCausalLM, **overrides) -> torch.nn.Module:
     torch.manual_seed(0)
-    config = GAUConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, attention_key_size=16,
-                       attention_normalization="relu2", chunk_size=CHUNK, initializer_range=0.2, **overrides)
+    fields = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "attention_key_size": 16,
+              "attention_normalization": "relu2", "chunk_size": CHUNK, "initializer_range": 0.2}
+    config = GAUConfig(**{**fields, **overrides})
     return model_class(config).double().eval()
 
 
@@ -216,3 +217,38 @@ def test_the_triton_kernels_take_the_rotated_rows() -> None:
             assert torch.equal(batch.sequences[row, WIDTH:], lone.sequences[0, ids.shape[1]:]), row
             for a, b in zip(batch.scores, lone.scores):
                 torch.testing.assert_close(a[row], b[0], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_paddings_pieces_and_chunk_sizes_equal_the_lone_runs(seed: int) -> None:
+    """Random g (1–5), rows (2–4), prompt widths (1–10, rows of padding only included) and splits of the
+    prompt and the new tokens into calls: every real token's logits equal its row's lone run."""
+    rng = torch.Generator().manual_seed(seed)
+
+    def draw(low: int, high: int) -> int:
+        return int(torch.randint(low, high + 1, (1,), generator=rng))
+
+    chunk, rows, width, new = draw(1, 5), draw(2, 4), draw(1, 10), draw(1, 6)
+    model = flash(chunk_size=chunk)
+    lengths = [draw(0, width) for _ in range(rows)]
+    ids = random_ids(rows, width + new, vocab=VOCAB, seed=seed).clamp(min=1)
+    ids[:, :width], mask = left_padded(ids[:, :width], lengths)
+    mask = torch.cat([mask, torch.ones(rows, new, dtype=mask.dtype)], dim=1)
+    cuts, start = [], 0
+    while start < width + new:
+        stop = min(width + new, start + draw(1, 4))
+        cuts.append((start, stop))
+        start = stop
+    pieces, cache = [], None
+    with torch.no_grad():
+        for start, stop in cuts:
+            out = model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop], use_cache=True,
+                        **({} if cache is None else {CACHE_FIELD: cache}))
+            pieces.append(out.logits)
+            cache = getattr(out, CACHE_FIELD)
+        got = torch.cat(pieces, dim=1)
+        for row, n in enumerate(lengths):
+            lone = model(input_ids=ids[row:row + 1, width - n:]).logits[0]
+            case = f"g={chunk} lengths={lengths} cuts={cuts} row {row}"
+            torch.testing.assert_close(got[row, width - n:], lone, atol=1e-10, rtol=0,
+                                       msg=lambda m, case=case: f"{case}: {m}")
