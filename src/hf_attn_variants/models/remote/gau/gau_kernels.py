@@ -926,9 +926,9 @@ def roll_rows(tensor: torch.Tensor, shift: torch.Tensor, dim: int = 1, back: boo
 
     With shift_b = (row b's left padding) mod g, a left-padded row's first token lands on a chunk boundary
     and the padding it moves to the end is masked there, so FLASH chunks the row as it chunks the row alone
-    (right padding leaves every token's result unchanged); ``back=True`` undoes it. A gather from the row
-    written twice, so that no index takes a modulo of the symbolic length (the ONNX exporter's
-    ``remainder`` needs a constant). O(n).
+    (right padding leaves every token's result unchanged); ``back=True`` undoes it. One gather; the index
+    wraps by a comparison, not a modulo of the symbolic length (the ONNX exporter's ``remainder`` needs a
+    constant). O(n).
 
     Args:
         tensor (torch.Tensor): ``[B, …]`` with the T columns on ``dim``.
@@ -941,12 +941,12 @@ def roll_rows(tensor: torch.Tensor, shift: torch.Tensor, dim: int = 1, back: boo
     """
     length = tensor.shape[dim]
     shift = shift.to(tensor.device)[:, None]
-    columns = torch.arange(length, 2 * length, device=tensor.device) - shift if back else (
-        torch.arange(length, device=tensor.device) + shift)
+    columns = torch.arange(length, device=tensor.device)
+    columns = columns - shift + length if back else columns + shift  # in [0, 2T)
+    columns = torch.where(columns < length, columns, columns - length)
     shape = [tensor.shape[0]] + [1] * (tensor.dim() - 1)
     shape[dim] = length
-    twice = torch.cat([tensor, tensor], dim=dim)
-    return twice.gather(dim, columns.view(shape).expand_as(tensor))
+    return tensor.gather(dim, columns.view(shape).expand_as(tensor))
 
 
 def segmented_chunk_sums(summaries: torch.Tensor, segments: torch.Tensor, causal: bool) -> torch.Tensor:

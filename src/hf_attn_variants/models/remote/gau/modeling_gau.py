@@ -1335,21 +1335,24 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
             linear = upcast(x.value).new_zeros(x.value.shape[0], x.lin_k.shape[-1], x.value.shape[-1])
         length, phases = x.quad_q.shape[1], list(layer.phases)  # type: ignore[arg-type]
         starts = self._first_tokens(layer, x) if None in phases else [0] * len(phases)
+        owns = layer.open_lengths(self.chunk_size) or []
         numerators, states = [], []
-        for row, opened in enumerate(layer.open_lengths(self.chunk_size)):  # type: ignore[arg-type]
-            inputs, start = x.row(row, min(starts[row], length - 1)), starts[row]
-            if phases[row] is None and start < length:
+        for row, (opened, start) in enumerate(zip(owns, starts)):
+            if start == length:  # padding only, still: no output to compute, nothing to keep
+                numerators.append(x.value.new_zeros(1, length, x.value.shape[-1]))
+                no_keys = torch.cat([x.quad_k, x.lin_k], -1)[row:row + 1, :0]
+                states.append(FlashState(linear[row:row + 1], no_keys, x.value[row:row + 1, :0]))
+                continue
+            if phases[row] is None:
                 phases[row] = (layer.get_seq_length() + start) % self.chunk_size
+            inputs = x.row(row, start)
             chunk = [None if not opened else kept[row:row + 1, 0, held - opened:]  # type: ignore[index]
                      for kept in (open_keys, open_values)]
             before = FlashState(linear[row:row + 1], *chunk)
             numerator, state = flash_mixed_chunk_attention(*inputs.tensors(), key_mask=inputs.key_mask,
                                                            initial_state=before,
                                                            implementation=implementation, **self._options)
-            if start == length:  # padding only, still: nothing to keep
-                numerator, state = numerator * 0, FlashState(before.linear, state.keys[:, :0],  # type: ignore[index]
-                                                             state.values[:, :0])  # type: ignore[index]
-            numerators.append(F.pad(numerator, (0, 0, length - numerator.shape[1], 0)))
+            numerators.append(F.pad(numerator, (0, 0, start, 0)))
             states.append(state)
         width = max(state.keys.shape[1] for state in states)  # type: ignore[union-attr]
         keys, values = (torch.cat([F.pad(tensor, (0, 0, width - tensor.shape[1], 0))  # type: ignore[arg-type, union-attr]
@@ -1364,15 +1367,12 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
     def _first_tokens(layer: GAUChunkCacheLayer, x: FlashInputs) -> list[int]:
         """Per row, the first new column holding a token (T: none) for rows without one yet, else 0.
 
-        One host read, only while a row of the cache has seen padding only.
+        One host read (``leading_padding``), only while a row of the cache has seen padding only.
         """
-        length = x.quad_q.shape[1]
         if x.key_mask is None:
             return [0] * x.quad_q.shape[0]
-        new = x.key_mask[:, -length:].bool()
-        found, first = torch.stack([new.any(-1).long(), new.long().argmax(-1)]).tolist()
-        return [start if seen and phase is None else (length if phase is None else 0)
-                for phase, seen, start in zip(layer.phases or (), found, first)]
+        firsts = leading_padding(x.key_mask[:, -x.quad_q.shape[1]:]).tolist()
+        return [first if phase is None else 0 for phase, first in zip(layer.phases or (), firsts)]
 
 
 class FlashInputs(NamedTuple):
@@ -1616,14 +1616,13 @@ def row_alignment(key_mask: torch.Tensor, chunk_size: int, cached: bool
     Returns:
         tuple: ``[B]`` int64 or ``None``, and a tuple of ints (or ``None``) or ``None``.
     """
-    shift = leading_padding(key_mask) % chunk_size
+    padding = leading_padding(key_mask)  # T: a row of padding only
     if is_torchdynamo_compiling():
-        return (None if cached else shift), None
-    found = key_mask.any(-1)
-    shifts, tokens = torch.stack([shift, found.long()]).tolist()
-    if not any(shifts) and all(tokens):
+        return (None if cached else padding % chunk_size), None
+    phases = tuple(None if pad == key_mask.shape[1] else pad % chunk_size for pad in padding.tolist())
+    if all(phase == 0 for phase in phases):
         return None, None
-    return shift, tuple(value if token else None for value, token in zip(shifts, tokens))
+    return padding % chunk_size, phases
 
 
 class GAUForMaskedLM(MaskedLMHeadMixin, GAUPreTrainedModel):
