@@ -387,7 +387,7 @@ def gau_layer_bytes(config: GAUConfig, n: int) -> LayerBytes:
     d, e, s = config.hidden_size, config.intermediate_width, config.attention_key_size
     # the quadratic unit hands its kernels float32 q, k, v (it upcasts them), whatever the model's dtype
     path = gau_attention_path(config, n, n, causal=config.is_decoder, device="cuda", dtype=torch.float32,
-                              training=True)
+                              dropout=config.attention_probs_dropout_prob > 0)  # training
     relu2_map = path == "attention_map" and config.attention_normalization == "relu2"
     if not (path in GAU_QUADRATIC_PATHS or relu2_map) or config.norm_type != "rmsnorm":
         raise NotImplementedError(f"gau_layer_bytes has no formula for {path!r}; use trace_layer.")

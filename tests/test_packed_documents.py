@@ -294,3 +294,31 @@ def test_packed_rows_compile_as_one_graph_that_reads_nothing_on_the_host(family:
     atol = tolerance(model) * expected.logits.abs().max().item()
     torch.testing.assert_close(got.logits, expected.logits, atol=atol, rtol=0)
     torch.testing.assert_close(got.loss, expected.loss, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("family", "options"), [
+    pytest.param("entropy_invariant", {"implementation": "sdpa"}, id="ei-sdpa"),
+    pytest.param("gau", {"attention_normalization": "softmax_plus"}, id="gau-quadratic"),
+    pytest.param("gau", {"attention_normalization": "relu2", "chunk_size": 4}, id="gau-flash-chunk4"),
+    pytest.param("synthesizer", {"synthesizer_components": ["random", "vanilla"]}, id="synthesizer"),
+])
+def test_compiled_checkpointed_training_takes_models_of_other_dropouts(family: str, options: dict) -> None:
+    """``torch.compile(fullgraph=True)`` of a training step under gradient checkpointing, for a model of
+    attention dropout 0.1, then 0.2, then 0 (a sweep in one process, the packed rows of the test above). A
+    layer that read the dropout from the config in ``forward`` broke the second compile: dynamo makes the
+    changed float symbolic and cannot lift it into the checkpoint's subgraph (``AssertionError:
+    lift_tracked_freevar_to_input``, torch 2.13). Each attention reads it once when built, as Llama's does.
+    Without dropout the compiled step equals eager's."""
+    ids, positions, _ = packed_batch()
+    torch.compiler.reset()
+    for dropout in (0.1, 0.2, 0.0):
+        fields = {**options, "attention_probs_dropout_prob": dropout, "use_cache": False}
+        model = build(family, "causal", fields)
+        model.train().gradient_checkpointing_enable()
+        compiled = torch.compile(model, backend="eager", fullgraph=True)
+        loss = compiled(ids, position_ids=positions, labels=ids).loss
+        loss.backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert torch.isfinite(loss) and grads and all(torch.isfinite(g).all() for g in grads), dropout
+        if dropout == 0.0:
+            torch.testing.assert_close(loss, model(ids, position_ids=positions, labels=ids).loss)

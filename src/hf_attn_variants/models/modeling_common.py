@@ -822,7 +822,7 @@ class CausalLMHeadMixin(_LanguageModelHead):
         stages = getattr(getattr(self.config, "distributed_config", None), "pp_size", None) or 1
         return (labels is not None and self.training and self.chunked_lm_loss and torch.is_grad_enabled()
                 and isinstance(logits_to_keep, int) and logits_to_keep == 0 and stages == 1
-                and type(head) is nn.Linear and "forward" not in vars(head)
+                and type(head) is nn.Linear and "forward" not in head.__dict__  # not vars(): dynamo 2.7
                 and not head._forward_hooks and not head._forward_pre_hooks
                 and type(head.weight) in (nn.Parameter, torch.Tensor))
 

@@ -155,6 +155,7 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         self.head_dim = config.head_dim
         self.max_length = config.max_position_embeddings
         self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_probs_dropout_prob  # read once: see GatedAttentionUnit
         self.is_causal = config.is_decoder
         hidden, inner, heads, length = (
             config.hidden_size,
@@ -351,7 +352,7 @@ class SynthesizerAttention(ShardedUnits, nn.Module):
         if attention_mask is None:
             attention_mask = geometry.causal_mask(key_length)
         probs = masked_softmax(mixed.expand(batch_size, -1, -1, -1), attention_mask).to(value.dtype)
-        probs = F.dropout(probs, p=self.config.attention_probs_dropout_prob, training=self.training)
+        probs = F.dropout(probs, p=self.attention_dropout, training=self.training)
         output = torch.matmul(probs, value).transpose(1, 2).reshape(batch_size, seq_length, -1)
         return self.o_proj(output), probs
 

@@ -191,6 +191,7 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         self.num_heads = len(config.layer_heads(layer_idx))
         self.num_key_value_groups = 1
         self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_probs_dropout_prob  # read once: see GatedAttentionUnit
         self.is_causal = config.is_decoder
         self.use_rope = config.layer_uses_rope(layer_idx)
         self.attention_scale = config.layer_attention_scale(layer_idx)
@@ -297,7 +298,7 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
             key,
             value,
             attention_mask,
-            dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
+            dropout=self.attention_dropout if self.training else 0.0,
             scaling=self.scaling,
             **kwargs,
         )

@@ -791,7 +791,7 @@ def gau_attention_path(
     causal: bool,
     device: torch.device | str,
     dtype: torch.dtype,
-    training: bool = False,
+    dropout: bool = False,
     cached: bool = False,
     output_attentions: bool = False,
     packed: bool = False,
@@ -814,7 +814,8 @@ def gau_attention_path(
         causal (bool): whether queries see only earlier keys.
         device (torch.device | str): where the unit runs.
         dtype (torch.dtype): the dtype of the attention's inputs (``use_triton_kernel``).
-        training (bool): training mode (attention dropout).
+        dropout (bool): whether attention dropout applies to the call (training, with
+            ``attention_probs_dropout_prob > 0``): the Triton kernels have none.
         cached (bool): whether a cache is given.
         output_attentions (bool): whether the map is returned.
         packed (bool): rows packing several documents.
@@ -823,7 +824,6 @@ def gau_attention_path(
     Returns:
         GAUPath: the path (a ``GAU_ATTENTION_PATHS`` key).
     """
-    dropout = training and config.attention_probs_dropout_prob > 0
     reference = output_attentions or config.gau_kernel == "reference"
     triton = use_triton_kernel(config, device, dtype) and not dropout
     if config.chunk_size is None:
@@ -880,6 +880,10 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         self.width = config.intermediate_width
         self.key_size = config.attention_key_size
         self.scaling = self.key_size**-0.5
+        # Read once, as Llama's attention: a config float read in a compiled, checkpointed forward after a
+        # model of another dropout was compiled is symbolic, and dynamo cannot lift it into the checkpoint.
+        self.attention_dropout = config.attention_probs_dropout_prob
+        self.has_attention_dropout = self.attention_dropout > 0
         self.normalization = GAU_NORMALIZATIONS[config.attention_normalization](config)
         if config.gau_kernel == "triton" and not TRITON_AVAILABLE:
             raise ImportError("gau_kernel='triton' needs the triton package (pip install triton): or use "
@@ -902,7 +906,7 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
                        dtype: torch.dtype, **mode: bool) -> GAUPath:
         """Which computation (a ``GAU_ATTENTION_PATHS`` key) this unit runs.
 
-        ``gau_attention_path`` with the unit's config, direction and training mode.
+        ``gau_attention_path`` with the unit's config, direction and dropout (training mode).
 
         Args:
             query_length (int): T_q, the new tokens.
@@ -915,7 +919,7 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
             GAUPath: the path.
         """
         return gau_attention_path(self.config, query_length, key_length, causal=self.is_causal, device=device,
-                                  dtype=dtype, training=self.training, **mode)
+                                  dtype=dtype, dropout=self.training and self.has_attention_dropout, **mode)
 
     def project(
         self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None
@@ -1003,7 +1007,7 @@ class QuadraticGatedAttentionUnit(GatedAttentionUnit):
         mask = None if mask is None else mask[:, 0]
         path = self.attention_path(query.shape[-2], key.shape[-2], query.device, query.dtype,
                                    cached=cache is not None, output_attentions=output_attentions)
-        dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
+        dropout = self.attention_dropout if self.training else 0.0
         if path == GAUPath.ATTENTION_MAP:
             attended, weights = gau_reference_attention(
                 query, key, value, mask, key_counts, self.config, dropout, self.training
@@ -1148,7 +1152,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
     @property
     def _options(self) -> dict[str, Any]:
         return {"chunk_size": self.chunk_size, "causal": self.is_causal,
-                "dropout": self.config.attention_probs_dropout_prob, "training": self.training}
+                "dropout": self.attention_dropout, "training": self.training}
 
     def _run_parallel(self, x: FlashInputs, path: GAUPath, layer: GAUChunkCacheLayer | None, *_: Any) -> Any:
         """``flash`` / ``flash_triton``; a causal prefill starts the cache from its state and open chunk.
@@ -1186,7 +1190,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
 
     def _run_cached(self, x: FlashInputs, path: GAUPath, layer: GAUChunkCacheLayer, *_: Any) -> Any:
         """``flash_cache``: new tokens after earlier ones (one token without dropout: ``_decode_step``)."""
-        if x.quad_q.shape[1] == 1 and not (self.training and self.config.attention_probs_dropout_prob > 0):
+        if x.quad_q.shape[1] == 1 and not (self.training and self.has_attention_dropout):
             return self._decode_step(layer, x), None
         return self.continue_from(layer, x), None
 
