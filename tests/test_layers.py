@@ -21,7 +21,9 @@ from hf_attn_variants.models.layers import (
     masked_softmax,
     normalize_pruned_heads,
     visible_key_counts,
+    widest_dtype,
 )
+from hf_attn_variants.models import gau_kernels
 from hf_attn_variants.models.modeling_entropy_invariant import eager_attention_forward
 
 
@@ -270,3 +272,21 @@ def test_positions_outside_the_learned_table_are_named() -> None:
                                              rf"the learned absolute positions, got values in {shown}"):
             model(input_ids=ids, position_ids=torch.arange(start, start + 6)[None])
     assert model(input_ids=ids, position_ids=torch.arange(10, 16)[None]).logits.isfinite().all()
+
+
+def test_sums_that_must_not_round_take_float64_but_float32_on_mps(monkeypatch) -> None:
+    """MPS has no float64 (a float64 tensor there raises TypeError): packed FLASH's per-document prefix sums,
+    the evaluation's sums and the entropy take ``widest_dtype``, float32 there. What MPS gets, on the CPU:
+    the per-document sums within float32's rounding of float64's."""
+    assert widest_dtype(torch.device("cpu")) == widest_dtype(torch.device("cuda")) == torch.float64
+    assert widest_dtype(torch.device("mps")) == torch.float32
+    summaries = torch.randn(2, 6, 3, 4, generator=torch.Generator().manual_seed(0))
+    segments = torch.tensor([[0, 0, 2, 2, 2, 5], [0, 1, 1, 1, 4, 4]])  # each chunk's document's first chunk
+    for causal in (True, False):
+        expected = gau_kernels.segmented_chunk_sums(summaries, segments, causal)
+        with monkeypatch.context() as patch:
+            patch.setattr(gau_kernels, "widest_dtype", lambda device: torch.float32)
+            got = gau_kernels.segmented_chunk_sums(summaries, segments, causal)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, expected)
+    assert torch.equal(expected[0, 3], summaries[0, 2:5].sum(0))  # document 2's total (not causal)

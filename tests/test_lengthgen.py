@@ -122,6 +122,32 @@ def test_synthesizer_points_beyond_its_length_are_na(tokenizer):
     assert fields["max_position_embeddings"] == 128
 
 
+def test_evaluation_and_entropy_sums_take_float32_where_float64_is_missing(monkeypatch) -> None:
+    """On MPS (no float64) the evaluation's sums and the attention entropy are float32 (``widest_dtype``):
+    the same metrics within float32's rounding."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_attn_variants.entropy import measure
+    from hf_attn_variants.training import evaluation
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2)
+    model = LlamaForCausalLM(config)
+    blocks = blocks_at(list(range(1, 49)) * 2, 24)
+    attention = torch.softmax(torch.randn(2, 3, 5, 5), -1)
+    wide = (evaluate_lm(model, blocks, objective="clm", train_length=8), measure.row_entropy(attention))
+    monkeypatch.setattr(evaluation, "widest_dtype", lambda device: torch.float32)
+    monkeypatch.setattr(measure, "widest_dtype", lambda device: torch.float32)
+    narrow = (evaluate_lm(model, blocks, objective="clm", train_length=8), measure.row_entropy(attention))
+    assert narrow[1].dtype == torch.float32 and wide[1].dtype == torch.float64
+    torch.testing.assert_close(narrow[1], wide[1].float())
+    for key in ("loss", "accuracy", "loss_beyond_train"):
+        assert math.isclose(narrow[0][key], wide[0][key], rel_tol=1e-6), key
+    for key in ("tokens", "tokens_beyond_train"):
+        assert narrow[0][key] == wide[0][key], key
+
+
 def test_causal_evaluation_counts_predictions_beyond_training_length():
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from ..models.layers import widest_dtype
+
 
 @dataclass(frozen=True)
 class LengthPoint:
@@ -58,8 +60,8 @@ def mean_log_keys(length: int, causal: bool) -> float:
 
 def row_entropy(attention: torch.Tensor, normalize: bool = False) -> torch.Tensor:
     """H of every row of ``attention`` ``(..., q, k)`` → ``(..., q)``; 0 · log 0 = 0. ``normalize``: each row
-    divided by its sum first (rows without mass stay 0)."""
-    probs = attention.double()
+    divided by its sum first (rows without mass stay 0). In float64 (``widest_dtype``: float32 on MPS)."""
+    probs = attention.to(widest_dtype(attention.device))
     if normalize:
         probs = probs / probs.sum(-1, keepdim=True).clamp_min(torch.finfo(probs.dtype).tiny)
     return torch.special.entr(probs).sum(-1)

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .layers import document_positions, upcast
+from .layers import document_positions, upcast, widest_dtype
 
 LAPLACE_MU = math.sqrt(0.5)
 LAPLACE_SIGMA = 1.0 / math.sqrt(4.0 * math.pi)
@@ -948,7 +948,8 @@ def segmented_chunk_sums(summaries: torch.Tensor, segments: torch.Tensor, causal
 
     Those before c (``causal``, exclusive) or all of them. A document's chunks are contiguous and start at
     ``segments[:, c]``, so the causal sum is a difference of prefix sums (taken in float64, so that the
-    documents before it cost no precision: each document gets its lone run's sum) and the full one a
+    documents before it cost no precision: each document gets its lone run's sum; float32 on MPS, which has
+    no float64: ``widest_dtype``) and the full one a
     scatter-add per document. O(C·s·e), no C×C term.
 
     Args:
@@ -961,7 +962,8 @@ def segmented_chunk_sums(summaries: torch.Tensor, segments: torch.Tensor, causal
     """
     rows = torch.arange(summaries.shape[0], device=summaries.device)[:, None]
     if causal:
-        prefix = F.pad(summaries.double().cumsum(1), (0, 0, 0, 0, 1, 0))  # prefix[c] = Σ_{c' < c}
+        wide = summaries.to(widest_dtype(summaries.device))
+        prefix = F.pad(wide.cumsum(1), (0, 0, 0, 0, 1, 0))  # prefix[c] = Σ_{c' < c}
         return (prefix[:, :-1] - prefix[rows, segments]).to(summaries.dtype)
     chunks = summaries.shape[1]
     flat = (segments + rows * chunks).flatten()

@@ -124,7 +124,7 @@ def compute_head_importance(
                     raise ValueError(f"the model's loss is not finite ({loss.item()}) on example {index}.")
                 (grad,) = torch.autograd.grad(loss, gate, allow_unused=True)
                 if grad is not None:
-                    total += grad.detach().abs().double().cpu()
+                    total += grad.detach().abs().cpu().double()  # to the host first: MPS has no float64
                 count += 1
     finally:
         model.train(was_training)

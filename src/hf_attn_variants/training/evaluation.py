@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .data import mask_tokens, mix_seed
+from ..models.layers import widest_dtype
 from .modeling import masked_lm_target_logits
 
 
@@ -93,7 +94,7 @@ def evaluate_lm(
     was_training = model.training
     model.eval()
     # loss, correct, targets, loss beyond train_length, targets beyond it
-    sums = torch.zeros(5, dtype=torch.float64, device=device)
+    sums = torch.zeros(5, dtype=widest_dtype(torch.device(device)), device=device)
     beyond = train_length if objective == "clm" else None
     # Every rank runs the same number of forward passes (sharded models gather parameters collectively);
     # a rank whose share is exhausted runs a dummy batch whose results are discarded.
@@ -145,13 +146,14 @@ def _logits_and_targets(
 
 
 def _target_sums(logits: torch.Tensor, targets: torch.Tensor, beyond: int | None) -> torch.Tensor:
-    """[Σ CE, #correct, #targets, Σ CE beyond, #targets beyond] of one batch, in float64 (targets -100 are
-    none). "Beyond": CLM targets predicted from query positions ≥ ``beyond`` (dimension 1 of ``targets``)."""
+    """[Σ CE, #correct, #targets, Σ CE beyond, #targets beyond] of one batch, in float64 (``widest_dtype``:
+    float32 on MPS; targets -100 are none). "Beyond": CLM targets predicted from query positions ≥ ``beyond``
+    (dimension 1 of ``targets``)."""
     losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                             reduction="none").double()
+                             reduction="none").to(widest_dtype(logits.device))
     losses = losses.view_as(targets)
     keep = targets != -100
-    correct = ((logits.argmax(-1) == targets) & keep).sum().double()
+    correct = ((logits.argmax(-1) == targets) & keep).sum().to(losses.dtype)
     beyond_losses = losses[:, beyond:] if beyond is not None else losses[:0]
     beyond_count = keep[:, beyond:].sum() if beyond is not None else 0
     return torch.stack([losses.sum(), correct, losses.new_tensor(float(keep.sum())), beyond_losses.sum(),

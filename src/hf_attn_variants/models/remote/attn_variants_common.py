@@ -212,6 +212,20 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def widest_dtype(device: torch.device) -> torch.dtype:
+    """The widest float on ``device``, for sums that must not round.
+
+    float64, or float32 on Apple's MPS, which has no float64 (a float64 tensor there raises ``TypeError``).
+
+    Args:
+        device (torch.device): where the sum is taken.
+
+    Returns:
+        torch.dtype: float64, or float32 on ``mps``.
+    """
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 def upcast(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` in ``compute_dtype(tensor.dtype)``: fp16/bf16 → float32, float32/float64 unchanged.
 
