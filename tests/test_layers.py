@@ -25,6 +25,7 @@ from hf_attn_variants.models.layers import (
 )
 from hf_attn_variants.models import gau_kernels
 from hf_attn_variants.models.modeling_entropy_invariant import eager_attention_forward
+from tests.utils import NoFloat64
 
 
 def rotated(x: torch.Tensor, position: int, rope: RotaryEmbedding) -> torch.Tensor:
@@ -284,7 +285,7 @@ def test_sums_that_must_not_round_take_float64_but_float32_on_mps(monkeypatch) -
     segments = torch.tensor([[0, 0, 2, 2, 2, 5], [0, 1, 1, 1, 4, 4]])  # each chunk's document's first chunk
     for causal in (True, False):
         expected = gau_kernels.segmented_chunk_sums(summaries, segments, causal)
-        with monkeypatch.context() as patch:
+        with monkeypatch.context() as patch, NoFloat64():
             patch.setattr(gau_kernels, "widest_dtype", lambda device: torch.float32)
             got = gau_kernels.segmented_chunk_sums(summaries, segments, causal)
         assert got.dtype == torch.float32

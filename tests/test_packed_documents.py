@@ -322,3 +322,36 @@ def test_compiled_checkpointed_training_takes_models_of_other_dropouts(family: s
         assert torch.isfinite(loss) and grads and all(torch.isfinite(g).all() for g in grads), dropout
         if dropout == 0.0:
             torch.testing.assert_close(loss, model(ids, position_ids=positions, labels=ids).loss)
+
+
+STALE_CONFIG = (
+    "dynamo below 2.11 (seen on 2.7; 2.8 to 2.10 not run) installs no guard on an attribute read through a "
+    "class's own __getattribute__, which Transformers' PreTrainedConfig has: a second compiled model "
+    "silently keeps the first one's config values read in forward (here the logits differ by up to 0.55; "
+    "torch.compiler.reset() between the two compiles avoids it). Reproducer: class C: __init__(self, v): "
+    "self.v = v; __getattribute__(self, k): return object.__getattribute__(self, k); class M(nn.Module): "
+    "forward(self, x): return x * self.c.v; torch.compile(M(C(2)))(x), then torch.compile(M(C(5)))(x) "
+    "gives 2 x")
+
+
+@pytest.mark.skipif(version_tuple(torch.__version__) < (2, 11), reason=STALE_CONFIG)
+@pytest.mark.parametrize(("family", "options", "field", "values"), [
+    pytest.param("gau", {"attention_normalization": "softmax_plus"}, "base_length", (8, 64),
+                 id="gau-softmax_plus"),
+    pytest.param("gau", {"attention_normalization": "relu2", "relu2_length": "fixed"}, "base_length", (8, 64),
+                 id="gau-relu2-fixed"),
+    pytest.param("entropy_invariant", {"implementation": "sdpa", "base_length": 8}, "entropy_invariant_scope",
+                 ("all", "beyond"), id="ei-scope"),
+])
+def test_a_second_compiled_model_uses_its_own_config(family: str, options: dict, field: str,
+                                                     values: tuple) -> None:
+    """Two models compiled one after the other in one process, differing in a field their attention reads
+    in ``forward``: each compiled model equals its own eager run."""
+    ids, positions, _ = packed_batch()
+    torch.compiler.reset()
+    for value in values:
+        model = build(family, "causal", {**options, field: value, "use_cache": False})
+        with torch.no_grad():
+            expected = model(ids, position_ids=positions).logits
+            got = torch.compile(model, backend="eager", fullgraph=True)(ids, position_ids=positions).logits
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5, msg=lambda m: f"{field}={value}: {m}")

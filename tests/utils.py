@@ -105,6 +105,18 @@ def saved_bytes(run: Callable[[], Any], exclude: set[int]) -> int:
     return sum(storages.values())
 
 
+class NoFloat64(torch.overrides.TorchFunctionMode):
+    """Raise ``AssertionError`` at the first torch call that returns a float64 tensor: inside it, code runs as
+    on Apple's MPS, which has no float64 (there a float64 tensor raises ``TypeError``)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        for value in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(value, torch.Tensor) and value.dtype == torch.float64:
+                raise AssertionError(f"{getattr(func, '__name__', func)} returned a float64 tensor")
+        return result
+
+
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     """One intra-op thread per test (restored afterwards); import it into a test module to apply it there.
