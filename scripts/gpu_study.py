@@ -80,6 +80,7 @@ import torch
 from hf_attn_variants.lengthgen.arguments import TASK_COPY_WARMUP, TASK_STEPS
 from hf_attn_variants.lengthgen.results import atomic_write_json, atomic_write_text
 from hf_attn_variants.lengthgen.study import machine_info
+from hf_attn_variants.models.compat import version_tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "docs" / "results" / "gpu-study"
@@ -584,6 +585,12 @@ class Trainer:
         return loss.detach()
 
 
+STALE_CONFIG_BELOW = (2, 11)
+"""Below this torch, dynamo guards no attribute read from a Transformers config (seen on 2.7; 2.8 to 2.10 not
+run): a variant compiled after another would silently keep its config values (``base_length``, the scaling's
+scope, ...), so ``new_trainer`` clears the compiled code first there; 2.11 (the device's) needs nothing."""
+
+
 def new_trainer(planned: Planned, settings: ModelSettings, tokenizer: Any, device: Device, steps: int,
                 seed: int, compile_model: bool) -> Trainer:
     from transformers import set_seed
@@ -594,6 +601,8 @@ def new_trainer(planned: Planned, settings: ModelSettings, tokenizer: Any, devic
     trainer = Trainer(model, device, steps, settings.learning_rate, settings.weight_decay,
                       max(1, int(steps * settings.warmup_fraction)))
     if compile_model:
+        if version_tuple(torch.__version__) < STALE_CONFIG_BELOW:
+            torch.compiler.reset()  # else this variant's compiled forward keeps the last one's config values
         try:
             trainer.compiled = torch.compile(model)
         except Exception as error:  # noqa: BLE001 - recorded, the run goes on eagerly

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from types import ModuleType
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_study.sh"
@@ -329,3 +330,23 @@ def test_a_later_lease_times_only_what_it_has_no_timing_of(tmp_path: Path, monke
     assert [line.split(":")[1].split()[1] for line in timed] == ["gau_flash"], timed
     plan = json.loads((tmp_path / "second" / driver.PLAN_FILE).read_text())
     assert plan["timing_committed"] == ["llama"] and set(plan["timing"]) == {"llama", "gau_flash"}
+
+
+@pytest.mark.parametrize(("below", "compile_model", "resets"), [
+    ((99, 0), True, 1),  # an older torch: every compiled variant starts from cleared compiled code
+    ((2, 0), True, 0),  # the device's torch and later: the compiled code is kept across variants
+    ((99, 0), False, 0),  # nothing compiled, nothing to clear
+])
+def test_variants_compiled_on_an_old_torch_start_from_cleared_compiled_code(
+        monkeypatch: pytest.MonkeyPatch, below: tuple[int, int], compile_model: bool, resets: int) -> None:
+    """Below ``STALE_CONFIG_BELOW`` dynamo guards no Transformers config attribute, and a variant compiled
+    after another would keep its config values (tests/test_packed_documents.py's skip says how):
+    ``new_trainer`` calls ``torch.compiler.reset()`` before compiling there, and only there."""
+    calls: list[int] = []
+    monkeypatch.setattr(driver, "STALE_CONFIG_BELOW", below)
+    monkeypatch.setattr(torch.compiler, "reset", lambda: calls.append(1))
+    monkeypatch.setattr(torch, "compile", lambda model: model)
+    monkeypatch.setattr(driver, "build_model", lambda *args: torch.nn.Linear(2, 2))
+    device = driver.Device(torch.device("cpu"), "fp32")
+    trainer = driver.new_trainer(fake_planned()[0], driver.DRY_SETTINGS, None, device, 4, 0, compile_model)
+    assert len(calls) == resets and (trainer.compiled is not None) == compile_model
