@@ -1162,7 +1162,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         """
         if layer is not None and x.phases is not None:
             return self._start_rows(layer, x, self.implementation(path)), None
-        rolled = x.rolled(x.shift)
+        rolled = x.rolled()
         numerator, state = flash_mixed_chunk_attention(*rolled.tensors(), key_mask=rolled.key_mask,
                                                        implementation=self.implementation(path),
                                                        **self._options)
@@ -1210,7 +1210,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
             ids = documents.document_ids
             visibility = flash_visibility(document_positions(ids), self.chunk_size, self.is_causal,
                                           ids)
-        rolled = x.rolled(x.shift)
+        rolled = x.rolled()
         weights = flash_effective_weights(rolled.quad_q, rolled.quad_k, rolled.lin_q, rolled.lin_k,
                                           key_mask=rolled.key_mask, visibility=visibility, **self._options)
         if x.shift is not None:  # back to the columns: queries, then keys
@@ -1225,10 +1225,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         The token joins the open chunk, and a chunk it completes is folded into the state. Rows on their
         own grids (``phases``) see the last (open length + 1) columns held, and fold them when full.
         """
-        lin_k = x.lin_k
-        if x.key_mask is not None:
-            lin_k = lin_k * x.key_mask[:, -1:, None].to(lin_k.dtype)
-        keys, values = torch.cat([x.quad_k, lin_k], dim=-1).unsqueeze(1), x.value.unsqueeze(1)
+        keys, values = x.cached_keys(slice(None)), x.value.unsqueeze(1)
         open_keys, open_values, state = layer.open_chunk()
         opened = 0 if open_keys is None else open_keys.shape[-2]
         if opened:
@@ -1297,7 +1294,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         Returns:
             torch.Tensor: the numerator ``[B, T, E]`` in the value's dtype.
         """
-        rolled = x.rolled(x.shift)
+        rolled = x.rolled()
         numerator = flash_mixed_chunk_attention(*rolled.tensors(), key_mask=rolled.key_mask,
                                                 implementation=implementation, **self._options)[0]
         length = x.quad_q.shape[1]
@@ -1312,9 +1309,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         linear = torch.matmul(upcast(lin_k).transpose(-1, -2), upcast(rolled.value))
         linear = linear.to(upcast(x.value).dtype)  # ≥ float32 under autocast too
         kept = slice(length - max(opened), length)
-        lin_k = x.lin_k if x.key_mask is None else x.lin_k * x.key_mask[:, -length:, None].to(x.lin_k.dtype)
-        keys = torch.cat([x.quad_k, lin_k], dim=-1)[:, kept]
-        layer.store(keys.unsqueeze(1), x.value[:, kept].unsqueeze(1), linear, added=length,
+        layer.store(x.cached_keys(kept), x.value[:, kept].unsqueeze(1), linear, added=length,
                     chunk_size=self.chunk_size, phases=phases)
         return roll_rows(numerator, x.shift, back=True)  # type: ignore[arg-type]
 
@@ -1344,7 +1339,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         for row, (opened, start) in enumerate(zip(owns, starts)):
             if start == length:  # padding only, still: no output to compute, nothing to keep
                 numerators.append(x.value.new_zeros(1, length, x.value.shape[-1]))
-                no_keys = torch.cat([x.quad_k, x.lin_k], -1)[row:row + 1, :0]
+                no_keys = x.cached_keys(slice(0))[row:row + 1, 0]
                 states.append(FlashState(linear[row:row + 1], no_keys, x.value[row:row + 1, :0]))
                 continue
             if phases[row] is None:
@@ -1405,20 +1400,32 @@ class FlashInputs(NamedTuple):
     shift: torch.Tensor | None = None
     phases: tuple[int | None, ...] | None = None
 
-    def rolled(self, shift: torch.Tensor | None) -> FlashInputs:
-        """The inputs, each row's columns rotated left by ``shift`` (``roll_rows``; ``None``: as they are).
-
-        Args:
-            shift (torch.Tensor | None): ``[B]`` int64.
+    def rolled(self) -> FlashInputs:
+        """The inputs, each row's columns rotated left by its ``shift`` (``roll_rows``; none: as they are).
 
         Returns:
             FlashInputs: the rotated inputs (``shift`` cleared).
         """
-        if shift is None:
+        if self.shift is None:
             return self
-        quad_q, quad_k, lin_q, lin_k, value = (roll_rows(tensor, shift) for tensor in self.tensors())
-        mask = None if self.key_mask is None else roll_rows(self.key_mask, shift)
+        quad_q, quad_k, lin_q, lin_k, value = (roll_rows(tensor, self.shift) for tensor in self.tensors())
+        mask = None if self.key_mask is None else roll_rows(self.key_mask, self.shift)
         return FlashInputs(quad_q, quad_k, lin_q, lin_k, value, mask)
+
+    def cached_keys(self, columns: slice) -> torch.Tensor:
+        """[k ‖ k'·mask] of the new ``columns``, what a ``GAUChunkCacheLayer`` holds for them.
+
+        Args:
+            columns (slice): of the T new columns.
+
+        Returns:
+            torch.Tensor: ``[B, 1, n, 2S]``, the model dtype.
+        """
+        lin_k = self.lin_k[:, columns]
+        if self.key_mask is not None:
+            visible = self.key_mask[:, -self.lin_k.shape[1]:][:, columns]
+            lin_k = lin_k * visible[..., None].to(lin_k.dtype)
+        return torch.cat([self.quad_k[:, columns], lin_k], dim=-1).unsqueeze(1)
 
     def row(self, index: int, start: int = 0) -> FlashInputs:
         """Batch row ``index`` alone, from column ``start``.
