@@ -587,8 +587,9 @@ class Trainer:
 
 STALE_CONFIG_BELOW = (2, 11)
 """Below this torch, dynamo guards no attribute read from a Transformers config (seen on 2.7; 2.8 to 2.10 not
-run): a variant compiled after another would silently keep its config values (``base_length``, the scaling's
-scope, ...), so ``new_trainer`` clears the compiled code first there; 2.11 (the device's) needs nothing."""
+run). Our families read their fields when built, but Transformers' models read some in ``forward``
+(``_attn_implementation``, the output flags), and a variant compiled after another could keep those: so
+``new_trainer`` clears the compiled code first there; 2.11 (the device's) needs nothing."""
 
 
 def new_trainer(planned: Planned, settings: ModelSettings, tokenizer: Any, device: Device, steps: int,
@@ -602,7 +603,7 @@ def new_trainer(planned: Planned, settings: ModelSettings, tokenizer: Any, devic
                       max(1, int(steps * settings.warmup_fraction)))
     if compile_model:
         if version_tuple(torch.__version__) < STALE_CONFIG_BELOW:
-            torch.compiler.reset()  # else this variant's compiled forward keeps the last one's config values
+            torch.compiler.reset()  # else its compiled forward may keep the last one's config reads
         try:
             trainer.compiled = torch.compile(model)
         except Exception as error:  # noqa: BLE001 - recorded, the run goes on eagerly

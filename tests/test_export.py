@@ -213,8 +213,8 @@ def test_the_onnx_program_takes_every_length_and_leaves_the_model_as_it_was(monk
     narrowed the "dynamic" axis to the traced length (or its multiples of 4) and exited 0. The program is
     traced with the reference kernel and runs at any length; a model whose shapes depend on the length is
     refused in one ``ValueError``; a question-answering head has two outputs; the caller's bf16 training model
-    stays bf16 and training, and its ``gau_kernel`` as it was. Without onnx (this environment) the graph is
-    tested in tests/test_clients.py; torch.export is all this test needs."""
+    stays bf16 and training, and a float32 model's units keep their ``gau_kernel``. Without onnx (this
+    environment) the graph is tested in tests/test_clients.py; torch.export is all this test needs."""
     from contextlib import contextmanager
 
     from hf_attn_variants import GAUConfig, GAUForCausalLM, GAUForQuestionAnswering
@@ -229,6 +229,8 @@ def test_the_onnx_program_takes_every_length_and_leaves_the_model_as_it_was(monk
     assert flash.training and flash.dtype == torch.bfloat16 and flash.config.gau_kernel == "auto"
     reference = GAUForCausalLM(flash.config).eval()
     reference.load_state_dict({k: v.float() for k, v in flash.state_dict().items()})
+    onnx_export.exported_program(reference)  # float32: exported in place, its units' kernel switched and back
+    assert {m.settings.gau_kernel for m in reference.modules() if hasattr(m, "settings")} == {"auto"}
     for length in (2, 7, 9, 30):
         ids = torch.randint(0, 64, (3, length))
         mask = torch.ones_like(ids)

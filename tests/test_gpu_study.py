@@ -340,8 +340,9 @@ def test_a_later_lease_times_only_what_it_has_no_timing_of(tmp_path: Path, monke
 def test_variants_compiled_on_an_old_torch_start_from_cleared_compiled_code(
         monkeypatch: pytest.MonkeyPatch, below: tuple[int, int], compile_model: bool, resets: int) -> None:
     """Below ``STALE_CONFIG_BELOW`` dynamo guards no Transformers config attribute, and a variant compiled
-    after another would keep its config values (tests/test_packed_documents.py's skip says how):
-    ``new_trainer`` calls ``torch.compiler.reset()`` before compiling there, and only there."""
+    after another could keep the config fields Transformers reads in ``forward`` (ours are read when built:
+    tests/test_packed_documents.py): ``new_trainer`` calls ``torch.compiler.reset()`` before compiling there,
+    and only there."""
     calls: list[int] = []
     monkeypatch.setattr(driver, "STALE_CONFIG_BELOW", below)
     monkeypatch.setattr(torch.compiler, "reset", lambda: calls.append(1))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,22 +61,22 @@ def output_names(model: torch.nn.Module) -> tuple[str, ...]:
 @contextlib.contextmanager
 def exportable(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """``model`` in eval mode and float32 for the exporter, the caller's model left as it was: a float32
-    model is switched to eval and back, any other is copied; FLASH layers run the reference kernel
-    (``gau_kernel="reference"``) while inside."""
+    model is switched to eval and back, any other is copied; FLASH units run the reference kernel
+    (their ``settings``' ``gau_kernel="reference"``) while inside."""
     copied = any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters())
     target = copy.deepcopy(model).float() if copied else model
     modes = {module: module.training for module in model.modules()}
-    configs = {id(m.config): m.config for m in target.modules()
-               if getattr(getattr(m, "config", None), "chunk_size", None) is not None
-               and hasattr(m.config, "gau_kernel")}
-    kernels = {key: config.gau_kernel for key, config in configs.items()}
+    units = {module: module.settings for module in target.modules()
+             if dataclasses.is_dataclass(getattr(module, "settings", None))
+             and getattr(module.settings, "chunk_size", None) is not None
+             and hasattr(module.settings, "gau_kernel")}
     try:
-        for config in configs.values():
-            config.gau_kernel = "reference"
+        for unit, settings in units.items():
+            unit.settings = dataclasses.replace(settings, gau_kernel="reference")
         yield target.eval()
     finally:
-        for key, config in configs.items():
-            config.gau_kernel = kernels[key]
+        for unit, settings in units.items():
+            unit.settings = settings
         for module, training in modes.items():
             module.train(training)
 

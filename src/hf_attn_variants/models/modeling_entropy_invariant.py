@@ -208,6 +208,10 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
         self.is_causal = config.is_decoder
         self.use_rope = config.layer_uses_rope(layer_idx)
         self.attention_scale = config.layer_attention_scale(layer_idx)
+        # The factor's fields, read once as the dropout: dynamo < 2.11 does not guard a config's attributes.
+        self.base_length = config.base_length
+        self.entropy_min_length = config.entropy_min_length
+        self.entropy_invariant_scope = config.entropy_invariant_scope
         inner = self.num_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, inner, bias=config.use_bias)
         self.k_proj = nn.Linear(config.hidden_size, inner, bias=config.use_bias)
@@ -255,10 +259,9 @@ class EntropyInvariantAttention(ShardedUnits, nn.Module):
             return None
         if scale == "entropy_invariant":
             factor = entropy_invariant_factor(
-                key_counts, self.config.base_length, self.config.entropy_min_length,
-                self.config.entropy_invariant_scope)
+                key_counts, self.base_length, self.entropy_min_length, self.entropy_invariant_scope)
             return factor[:, None, :, None]
-        log_n = log_key_counts(key_counts, self.config.entropy_min_length)
+        log_n = log_key_counts(key_counts, self.entropy_min_length)
         return self.ssmax_scale.to(log_n.dtype)[None, :, None, None] * log_n[:, None, :, None]  # type: ignore[union-attr]
 
     def forward(self, hidden_states: torch.Tensor, geometry: AttentionGeometry,
@@ -345,6 +348,15 @@ class EntropyInvariantPreTrainedModel(AttnVariantPreTrainedModel):
 class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel):
     """The bare entropy-invariant encoder (bidirectional) or decoder (``config.is_decoder``)."""
 
+    def __init__(self, config: EntropyInvariantConfig) -> None:
+        """Build the stack, and read once whether the layers take nᵢ.
+
+        Read here, not in forward: dynamo below torch 2.11 installs no guard on a config's attributes, so a
+        model compiled after another would keep the first one's value.
+        """
+        super().__init__(config)
+        self.needs_key_counts = config.attention_scale != "standard"
+
     def _attention_inputs(
         self, geometry: AttentionGeometry, hidden_states: torch.Tensor, cache: Cache | None
     ) -> dict[str, Any]:
@@ -355,7 +367,7 @@ class EntropyInvariantModel(AttnVariantBackbone, EntropyInvariantPreTrainedModel
         rows of one document pass none.
         """
         key_counts = None
-        if self.config.attention_scale != "standard":
+        if self.needs_key_counts:
             key_counts = geometry.key_counts(compute_dtype(hidden_states.dtype))
         positions, documents = geometry.positions(), geometry.document_ids
         mask = prepare_attention_mask(

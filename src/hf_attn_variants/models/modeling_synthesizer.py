@@ -437,16 +437,25 @@ class SynthesizerPreTrainedModel(AttnVariantPreTrainedModel):
 class SynthesizerModel(AttnVariantBackbone, SynthesizerPreTrainedModel):
     """The bare Synthesizer encoder (bidirectional) or decoder (``config.is_decoder``)."""
 
+    def __init__(self, config: SynthesizerConfig) -> None:
+        """Build the stack, and read the patterns' length l once.
+
+        Read here, not in forward: dynamo below torch 2.11 installs no guard on a config's attributes, so a
+        model compiled after another would keep the first one's value.
+        """
+        super().__init__(config)
+        self.max_length = config.max_position_embeddings
+
     def _check_inputs(
         self, input_ids: torch.Tensor | None, total_length: int, attention_mask: torch.Tensor | None
     ) -> None:
         # A static cache's counter is a tensor: traced, its slots (at most l: the attention checks) bound it.
         traced_counter = isinstance(total_length, torch.Tensor) and is_torchdynamo_compiling()
-        if not traced_counter and total_length > self.config.max_position_embeddings:
+        if not traced_counter and total_length > self.max_length:
             raise ValueError(
                 f"Sequence length {total_length} (past + new tokens) exceeds "
-                f"max_position_embeddings={self.config.max_position_embeddings}: the Synthesizer's l×l "
-                f"attention patterns cover at most {self.config.max_position_embeddings} positions."
+                f"max_position_embeddings={self.max_length}: the Synthesizer's l×l "
+                f"attention patterns cover at most {self.max_length} positions."
             )
         super()._check_inputs(input_ids, total_length, attention_mask)
 

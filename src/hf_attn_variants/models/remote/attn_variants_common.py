@@ -1912,10 +1912,11 @@ class AttnVariantBackbone(ModelMixinBase):
                     f"input_ids must be in [0, vocab_size={self.config.vocab_size}), got values in "
                     f"[{low}, {high}]."
                 )
-        if self.embed_positions is not None and total_length > self.config.max_position_embeddings:
+        # The table's size, not the config's: dynamo < 2.11 does not guard a config's attributes.
+        if self.embed_positions is not None and total_length > self.embed_positions.num_embeddings:
             raise ValueError(
                 f"Sequence length {total_length} exceeds max_position_embeddings="
-                f"{self.config.max_position_embeddings} of the learned absolute positions."
+                f"{self.embed_positions.num_embeddings} of the learned absolute positions."
             )
         check_mask_rank(attention_mask)
         if (attention_mask is not None and attention_mask.dim() == 2
@@ -2164,7 +2165,7 @@ class MaskedLMHeadMixin(_LanguageModelHead, _SingleOutputHead):
         return self.lm_head(hidden_states)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
-        return self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return self.loss_function(logits, labels, vocab_size=logits.shape[-1], **kwargs)
 
 
 class CausalLMHeadMixin(_LanguageModelHead):
@@ -2236,7 +2237,7 @@ class CausalLMHeadMixin(_LanguageModelHead):
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = self.lm_head(outputs.last_hidden_state[:, keep, :])  # type: ignore[index]
             loss = None if labels is None else self.loss_function(
-                logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+                logits=logits, labels=labels, vocab_size=logits.shape[-1], **kwargs)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: output_cache(outputs)},
                                       hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 

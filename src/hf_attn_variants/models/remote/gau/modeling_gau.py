@@ -44,6 +44,7 @@ from .gau_kernels import (
 )
 
 from collections.abc import Callable
+import dataclasses
 import enum
 import importlib.util
 import math
@@ -310,6 +311,50 @@ bert4keras scales its truncated normal by it, so σ is the real std.
 """
 
 
+@dataclasses.dataclass(frozen=True)
+class GAUAttentionSettings:
+    """The ``GAUConfig`` fields a unit's attention reads while it runs, copied once when the unit is built.
+
+    Dynamo below torch 2.11 installs no guard on an attribute read through a ``PreTrainedConfig`` (whose class
+    has its own ``__getattribute__``): a model compiled after another would silently keep the first one's
+    values. It guards the fields of a plain object like this one. As for ``attention_probs_dropout_prob``,
+    changing a field on a built model's config changes nothing: build the model from the changed config.
+
+    Args:
+        attention_normalization (str): how A is computed (``GAU_NORMALIZATIONS``).
+        relu2_length (str): relu²'s and Laplace's L: ``dynamic`` (nᵢ) or ``fixed`` (``base_length``).
+        base_length (int): the training length of softmax_plus's factor and of a fixed L.
+        entropy_min_length (int): softmax_plus's smallest nᵢ in the factor.
+        attention_key_size (int): s, the size of q and k.
+        chunk_size (int | None): FLASH's chunk g, or ``None`` for quadratic GAU.
+        gau_kernel (str): ``auto``, ``triton``, ``torch`` or ``reference`` (``use_triton_kernel``).
+    """
+
+    attention_normalization: str
+    relu2_length: str
+    base_length: int
+    entropy_min_length: int
+    attention_key_size: int
+    chunk_size: int | None
+    gau_kernel: str
+
+    @classmethod
+    def of(cls, config: GAUConfig) -> GAUAttentionSettings:
+        """The settings of ``config``.
+
+        Args:
+            config (GAUConfig): the model's config.
+
+        Returns:
+            GAUAttentionSettings: its attention fields.
+        """
+        return cls(**{field.name: getattr(config, field.name) for field in dataclasses.fields(cls)})
+
+
+GAUFields = GAUConfig | GAUAttentionSettings
+"""What the attention helpers read their fields from: a config, or a unit's ``GAUAttentionSettings``."""
+
+
 # --------------------------------------------------------------------------------------------------
 # Normalisations: how A is computed from the scaled logits a = q·kᵀ/√s, chosen once per unit
 # --------------------------------------------------------------------------------------------------
@@ -320,12 +365,15 @@ class GAUNormalization:
     all zeros.
 
     Args:
-        config (GAUConfig): the unit's config.
+        config (GAUFields): the unit's config or settings; the fields are read here, once.
     """
 
-    def __init__(self, config: GAUConfig) -> None:
-        """Keep the config and the logit scale 1/√s; the argument is described in the class docstring."""
-        self.config = config
+    def __init__(self, config: GAUFields) -> None:
+        """Read the fields the normalisation uses and the logit scale 1/√s; see the class docstring."""
+        self.name = config.attention_normalization
+        self.base_length = config.base_length
+        self.entropy_min_length = config.entropy_min_length
+        self.relu2_length = config.relu2_length
         self.scaling = config.attention_key_size**-0.5
 
     @staticmethod
@@ -388,20 +436,20 @@ class GAUNormalization:
             torch.Tensor: ``[B, T_q, E]``, the query's dtype.
         """
         raise NotImplementedError(
-            f"attention_normalization={self.config.attention_normalization!r} has no kernel.")
+            f"attention_normalization={self.name!r} has no kernel.")
 
 
 class SoftmaxNormalization(GAUNormalization):
     """``softmax``: softmax(a); ``softmax_plus``: softmax((log nᵢ / log ``base_length``)·a), GAU-α's.
 
     Args:
-        config (GAUConfig): the unit's config.
+        config (GAUFields): the unit's config or settings.
     """
 
-    def __init__(self, config: GAUConfig) -> None:
+    def __init__(self, config: GAUFields) -> None:
         """Note whether the logits get softmax_plus's factor; see the class docstring for the argument."""
         super().__init__(config)
-        self.plus = config.attention_normalization == "softmax_plus"
+        self.plus = self.name == "softmax_plus"
 
     @staticmethod
     def counts_needed(config: GAUConfig) -> bool:
@@ -442,8 +490,8 @@ class SoftmaxNormalization(GAUNormalization):
         """
         if not self.plus:
             return None
-        return entropy_invariant_factor(key_counts, self.config.base_length,  # type: ignore[arg-type]
-                                        self.config.entropy_min_length)
+        return entropy_invariant_factor(key_counts, self.base_length,  # type: ignore[arg-type]
+                                        self.entropy_min_length)
 
     def weights(self, scores: torch.Tensor, mask: torch.Tensor | None,
                 key_counts: torch.Tensor | None) -> torch.Tensor:
@@ -516,8 +564,8 @@ class LengthNormalization(GAUNormalization):
         Returns:
             torch.Tensor: ``[B, T_q]`` in ``compute_dtype(like.dtype)`` (``fixed``) or nᵢ's upcast dtype.
         """
-        if self.config.relu2_length == "fixed":
-            return torch.full(like.shape[:2], float(self.config.base_length), device=like.device,
+        if self.relu2_length == "fixed":
+            return torch.full(like.shape[:2], float(self.base_length), device=like.device,
                               dtype=compute_dtype(like.dtype))
         if key_counts is None:
             raise ValueError("relu2_length='dynamic' needs the per-row key counts nᵢ.")
@@ -660,7 +708,7 @@ GAU_NORMALIZATIONS: dict[str, type[GAUNormalization]] = {
 
 
 def gau_attention_weights(
-    scores: torch.Tensor, mask: torch.Tensor | None, key_counts: torch.Tensor | None, config: GAUConfig
+    scores: torch.Tensor, mask: torch.Tensor | None, key_counts: torch.Tensor | None, config: GAUFields
 ) -> torch.Tensor:
     """A = norm(a) of ``config.attention_normalization`` for the scaled logits a.
 
@@ -668,7 +716,7 @@ def gau_attention_weights(
         scores (torch.Tensor): ``[B, 1, T_q, T_k]`` a = q·kᵀ/√s, at least float32.
         mask (torch.Tensor | None): ``[B, 1, T_q, T_k]`` bool (``True`` = visible), or ``None``.
         key_counts (torch.Tensor | None): ``[B, T_q]`` nᵢ, where the normalisation reads them.
-        config (GAUConfig): the model's config.
+        config (GAUFields): the model's config, or a unit's ``GAUAttentionSettings``.
 
     Returns:
         torch.Tensor: ``[B, 1, T_q, T_k]`` A, the scores' dtype.
@@ -678,7 +726,7 @@ def gau_attention_weights(
 
 def gau_reference_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-    key_counts: torch.Tensor | None, config: GAUConfig, dropout: float = 0.0, training: bool = False,
+    key_counts: torch.Tensor | None, config: GAUFields, dropout: float = 0.0, training: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAU's attention written out, the reference every kernel is compared against.
 
@@ -691,7 +739,7 @@ def gau_reference_attention(
         value (torch.Tensor): ``[B, T_k, E]``.
         mask (torch.Tensor | None): ``[B, T_q, T_k]`` bool (``True`` = visible), or ``None``.
         key_counts (torch.Tensor | None): ``[B, T_q]`` nᵢ, where the normalisation reads them.
-        config (GAUConfig): the model's config.
+        config (GAUFields): the model's config, or a unit's ``GAUAttentionSettings``.
         dropout (float): dropout probability on A.
         training (bool): whether that dropout is active.
 
@@ -763,7 +811,7 @@ GAU_ATTENTION_PATHS: dict[GAUPath, str] = {
 """What each path computes."""
 
 
-def use_triton_kernel(config: GAUConfig, device: torch.device | str, dtype: torch.dtype) -> bool:
+def use_triton_kernel(config: GAUFields, device: torch.device | str, dtype: torch.dtype) -> bool:
     """Whether the unit runs its Triton kernels.
 
     ``gau_kernel``: ``"triton"`` always; ``"auto"`` on CUDA when triton is installed and the kernels' inputs
@@ -771,7 +819,7 @@ def use_triton_kernel(config: GAUConfig, device: torch.device | str, dtype: torc
     without them, so the torch path's cuBLAS products are taken); ``"torch"`` and ``"reference"`` never.
 
     Args:
-        config (GAUConfig): the model's config.
+        config (GAUFields): the model's config, or a unit's ``GAUAttentionSettings``.
         device (torch.device | str): where the unit runs.
         dtype (torch.dtype): the dtype of the tensors the kernels would take.
 
@@ -784,7 +832,7 @@ def use_triton_kernel(config: GAUConfig, device: torch.device | str, dtype: torc
 
 
 def gau_attention_path(
-    config: GAUConfig,
+    config: GAUFields,
     query_length: int,
     key_length: int,
     *,
@@ -808,7 +856,7 @@ def gau_attention_path(
     packed rows through its usual kernels, with the mask.
 
     Args:
-        config (GAUConfig): the model's config.
+        config (GAUFields): the model's config, or a unit's ``GAUAttentionSettings``.
         query_length (int): T_q, the new tokens.
         key_length (int): T_k, the keys (earlier cached tokens included).
         causal (bool): whether queries see only earlier keys.
@@ -884,7 +932,9 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         # model of another dropout was compiled is symbolic, and dynamo cannot lift it into the checkpoint.
         self.attention_dropout = config.attention_probs_dropout_prob
         self.has_attention_dropout = self.attention_dropout > 0
-        self.normalization = GAU_NORMALIZATIONS[config.attention_normalization](config)
+        # The fields forward reads, copied once: dynamo < 2.11 does not guard a config's attributes.
+        self.settings = GAUAttentionSettings.of(config)
+        self.normalization = GAU_NORMALIZATIONS[config.attention_normalization](self.settings)
         if config.gau_kernel == "triton" and not TRITON_AVAILABLE:
             raise ImportError("gau_kernel='triton' needs the triton package (pip install triton): or use "
                               "gau_kernel='auto' or 'torch'.")
@@ -906,7 +956,7 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
                        dtype: torch.dtype, **mode: bool) -> GAUPath:
         """Which computation (a ``GAU_ATTENTION_PATHS`` key) this unit runs.
 
-        ``gau_attention_path`` with the unit's config, direction and dropout (training mode).
+        ``gau_attention_path`` with the unit's settings, direction and dropout (training mode).
 
         Args:
             query_length (int): T_q, the new tokens.
@@ -918,8 +968,9 @@ class GatedAttentionUnit(ShardedUnits, nn.Module):
         Returns:
             GAUPath: the path.
         """
-        return gau_attention_path(self.config, query_length, key_length, causal=self.is_causal, device=device,
-                                  dtype=dtype, dropout=self.training and self.has_attention_dropout, **mode)
+        return gau_attention_path(self.settings, query_length, key_length, causal=self.is_causal,
+                                  device=device, dtype=dtype,
+                                  dropout=self.training and self.has_attention_dropout, **mode)
 
     def project(
         self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None
@@ -1010,7 +1061,7 @@ class QuadraticGatedAttentionUnit(GatedAttentionUnit):
         dropout = self.attention_dropout if self.training else 0.0
         if path == GAUPath.ATTENTION_MAP:
             attended, weights = gau_reference_attention(
-                query, key, value, mask, key_counts, self.config, dropout, self.training
+                query, key, value, mask, key_counts, self.settings, dropout, self.training
             )
             return attended, weights.to(v.dtype) if output_attentions else None
         causal_offset = int(query_offset) if self.is_causal else None
@@ -1575,6 +1626,17 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
     token, ``FlashInputs.shift``, so each row gives its lone run's result).
     """
 
+    def __init__(self, config: GAUConfig) -> None:
+        """Build the stack, and read once whether the units take nᵢ, and FLASH's g.
+
+        Read here, not in forward: dynamo below torch 2.11 does not guard a config's attributes
+        (``GAUAttentionSettings``).
+        """
+        super().__init__(config)
+        normalization = GAU_NORMALIZATIONS[config.attention_normalization]
+        self.needs_key_counts = normalization.counts_needed(config)
+        self.chunk_size = config.chunk_size
+
     def _rotary_dim(self, config: GAUConfig) -> int:
         return config.attention_key_size
 
@@ -1586,11 +1648,10 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
         Quadratic GAU gets a boolean ``attention_mask`` (block-diagonal for packed rows), FLASH the 2D
         ``key_mask`` and, for packed rows, their chunk-aligned layout (``DocumentChunks``).
         """
-        config = self.config
         key_counts = None
-        if GAU_NORMALIZATIONS[config.attention_normalization].counts_needed(config):
+        if self.needs_key_counts:
             key_counts = geometry.key_counts(compute_dtype(hidden_states.dtype))
-        if config.chunk_size is None:
+        if self.chunk_size is None:
             return {"attention_mask": geometry.boolean_mask(), "key_counts": key_counts}
         check_chunk_cache(cache, geometry.batch_size)
         attention_mask = geometry.attention_mask
@@ -1602,10 +1663,10 @@ class GAUModel(AttnVariantBackbone, GAUPreTrainedModel):
         key_mask = attention_mask.to(geometry.device).bool() if attention_mask is not None else None
         documents = row_shift = row_phases = None
         if geometry.document_ids is not None:
-            documents = DocumentChunks.build(geometry.document_ids.to(geometry.device), config.chunk_size,
+            documents = DocumentChunks.build(geometry.document_ids.to(geometry.device), self.chunk_size,
                                              layout=not is_torchdynamo_compiling())
         elif key_mask is not None and not self.training and geometry.query_offset == 0:
-            row_shift, row_phases = row_alignment(key_mask, config.chunk_size, cache is not None)
+            row_shift, row_phases = row_alignment(key_mask, self.chunk_size, cache is not None)
         return {"key_mask": key_mask, "key_counts": key_counts, "documents": documents,
                 "row_shift": row_shift, "row_phases": row_phases}
 
