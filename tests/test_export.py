@@ -208,6 +208,26 @@ def test_push_without_network_fails_with_one_sentence(exported, monkeypatch) -> 
     assert folder_digest(folder) == before
 
 
+def test_exportable_switches_the_config_of_flash_code_saved_before_units_kept_settings() -> None:
+    """A Hub folder's modeling file from before the units kept ``settings`` reads ``gau_kernel`` from the
+    config in forward: ``exportable`` switches it there to the reference kernel too (the export took the
+    chunked path and was refused), and back."""
+    from types import SimpleNamespace
+
+    from hf_attn_variants.hub import onnx_export
+
+    class SavedBefore(torch.nn.Module):  # the old unit's fields: only a config
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = SimpleNamespace(chunk_size=4, gau_kernel="auto")
+            self.proj = torch.nn.Linear(2, 2)
+
+    unit = SavedBefore().train()
+    with onnx_export.exportable(unit) as target:
+        assert target is unit and target.config.gau_kernel == "reference" and not target.training
+    assert unit.config.gau_kernel == "auto" and unit.training
+
+
 def test_the_onnx_program_takes_every_length_and_leaves_the_model_as_it_was(monkeypatch) -> None:
     """torch.export of FLASH's chunked path depends on the length modulo ``chunk_size``: torch.onnx then
     narrowed the "dynamic" axis to the traced length (or its multiples of 4) and exited 0. The program is
@@ -226,7 +246,7 @@ def test_the_onnx_program_takes_every_length_and_leaves_the_model_as_it_was(monk
     flash = GAUForCausalLM(GAUConfig(**fields, attention_normalization="relu2", chunk_size=4,
                                      is_decoder=True)).to(torch.bfloat16).train()
     program = onnx_export.exported_program(flash).module()
-    assert flash.training and flash.dtype == torch.bfloat16 and flash.config.gau_kernel == "auto"
+    assert flash.training and flash.dtype == torch.bfloat16
     reference = GAUForCausalLM(flash.config).eval()
     reference.load_state_dict({k: v.float() for k, v in flash.state_dict().items()})
     onnx_export.exported_program(reference)  # float32: exported in place, its units' kernel switched and back

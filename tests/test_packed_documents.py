@@ -334,6 +334,8 @@ def test_compiled_checkpointed_training_takes_models_of_other_dropouts(family: s
                  id="gau-relu2-fixed-base_length"),
     pytest.param("gau", {"attention_normalization": "relu2"}, "relu2_length", ("dynamic", "fixed"),
                  id="gau-relu2_length"),
+    pytest.param("gau", {"attention_normalization": "relu2", "relu2_length": "fixed", "chunk_size": 4},
+                 "base_length", (8, 64), id="flash-fixed-base_length"),
     pytest.param("entropy_invariant", {"base_length": 8}, "entropy_invariant_scope", ("all", "beyond"),
                  id="ei-scope"),
     pytest.param("entropy_invariant", {"entropy_invariant_scope": "all"}, "base_length", (8, 64),
@@ -362,3 +364,30 @@ def test_a_second_compiled_model_uses_its_own_config(family: str, options: dict,
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5, msg=lambda m: f"{field}={value}: {m}")
         runs.append(expected)
     assert (runs[0] - runs[1]).abs().max() > 1e-4, f"{field}: both values give the same logits"
+
+
+@pytest.mark.parametrize(("family", "options"), [
+    pytest.param("gau", {"attention_normalization": "relu2", "relu2_length": "fixed", "chunk_size": 4},
+                 id="flash-fixed"),
+    pytest.param("gau", {"attention_normalization": "softmax_plus"}, id="gau-softmax_plus"),
+    pytest.param("entropy_invariant", {"entropy_invariant_scope": "all"}, id="ei-all"),
+])
+def test_a_second_compiled_model_decodes_with_its_own_config(family: str, options: dict) -> None:
+    """The decoding step (a cache of a left-padded prefill; FLASH's chunk cache) of two models compiled one
+    after the other, differing only in ``base_length``: each equals its own eager step."""
+    ids, _, _ = packed_batch()
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    torch.compiler.reset()
+    runs = []
+    for value in (8, 64):
+        model = build(family, "causal", {**options, "base_length": value})
+        compiled = torch.compile(model, backend="eager")
+        with torch.no_grad():
+            steps = [step(ids[:, -1:], attention_mask=mask, use_cache=True,
+                          past_key_values=model(ids[:, :-1], attention_mask=mask[:, :-1],
+                                                use_cache=True).past_key_values).logits
+                     for step in (model, compiled)]
+        torch.testing.assert_close(steps[1], steps[0], atol=1e-6, rtol=1e-5, msg=lambda m: f"{value}: {m}")
+        runs.append(steps[0])
+    assert (runs[0] - runs[1]).abs().max() > 1e-4, "both base lengths give the same step"

@@ -61,24 +61,36 @@ def output_names(model: torch.nn.Module) -> tuple[str, ...]:
 @contextlib.contextmanager
 def exportable(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """``model`` in eval mode and float32 for the exporter, the caller's model left as it was: a float32
-    model is switched to eval and back, any other is copied; FLASH units run the reference kernel
-    (their ``settings``' ``gau_kernel="reference"``) while inside."""
+    model is switched to eval and back, any other is copied; FLASH runs the reference kernel while inside
+    (``gau_kernel="reference"`` in its units' ``settings``, and in the config, which code saved before the
+    units kept settings reads in forward)."""
     copied = any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters())
     target = copy.deepcopy(model).float() if copied else model
     modes = {module: module.training for module in model.modules()}
-    units = {module: module.settings for module in target.modules()
-             if dataclasses.is_dataclass(getattr(module, "settings", None))
-             and getattr(module.settings, "chunk_size", None) is not None
-             and hasattr(module.settings, "gau_kernel")}
+    units = {module: module.settings for module in target.modules() if flash_fields(module, "settings")}
+    configs = {id(m.config): m.config for m in target.modules() if flash_fields(m, "config")}
+    kernels = {key: config.gau_kernel for key, config in configs.items()}
     try:
         for unit, settings in units.items():
             unit.settings = dataclasses.replace(settings, gau_kernel="reference")
+        for config in configs.values():
+            config.gau_kernel = "reference"
         yield target.eval()
     finally:
         for unit, settings in units.items():
             unit.settings = settings
+        for key, config in configs.items():
+            config.gau_kernel = kernels[key]
         for module, training in modes.items():
             module.train(training)
+
+
+def flash_fields(module: torch.nn.Module, name: str) -> bool:
+    """Whether ``module``'s attribute ``name`` holds FLASH's fields (a ``chunk_size`` and a ``gau_kernel``;
+    ``settings`` also a dataclass)."""
+    fields = getattr(module, name, None)
+    return (getattr(fields, "chunk_size", None) is not None and hasattr(fields, "gau_kernel")
+            and (name != "settings" or dataclasses.is_dataclass(fields)))
 
 
 def sequence_bound(model: torch.nn.Module) -> int:

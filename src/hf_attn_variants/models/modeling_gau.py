@@ -105,6 +105,8 @@ class GAUAttentionSettings:
     has its own ``__getattribute__``): a model compiled after another would silently keep the first one's
     values. It guards the fields of a plain object like this one. As for ``attention_probs_dropout_prob``,
     changing a field on a built model's config changes nothing: build the model from the changed config.
+    Only ``gau_kernel`` may be replaced in a built unit's copy (``dataclasses.replace``, as the ONNX export
+    does): the unit's normalisation and the backbone read the other fields when built too.
 
     Args:
         attention_normalization (str): how A is computed (``GAU_NORMALIZATIONS``).

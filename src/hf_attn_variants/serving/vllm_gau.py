@@ -274,7 +274,7 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
             numerator[0, :decodes] = flash_decodes(unit, rows, slots, index[:decodes],
                                                    positions[:decodes])[:, 0]
         starts = metadata.query_start_loc.tolist()
-        triton = use_triton_kernel(self.config, x.value.device, x.value.dtype)
+        triton = use_triton_kernel(unit.settings, x.value.device, x.value.dtype)
         implementation = "triton" if triton else "chunk"
         for request in range(metadata.num_decodes, metadata.num_decodes + metadata.num_prefills):
             start, end = starts[request], starts[request + 1]
