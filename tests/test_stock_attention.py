@@ -188,6 +188,30 @@ def test_llama4_formula_runs_end_to_end_and_is_the_model_below_floor_scale() -> 
     assert not torch.allclose(scaled[:, 7:], reference[:, 7:], atol=1e-4)
 
 
+def test_compiled_checkpointed_models_of_other_attn_scales_train_after_a_reset() -> None:
+    """docs/stock_log_n.md's advice for a sweep: the attention reads ``attn_scale`` from the config at every
+    call, and a compiled, checkpointed training step of a second model of another value failed on torch 2.13
+    (dynamo's ``lift_tracked_freevar_to_input`` assertion); after ``torch.compiler.reset()`` each model's
+    compiled loss and gradients equal its eager ones, and the values give different losses."""
+    ids = random_ids(2, 12)
+    losses = []
+    for attn_scale in (0.5, 2.0):
+        model = tiny_llama(entropy_invariant_formula="llama4", floor_scale=4, attn_scale=attn_scale,
+                           use_cache=False).train()
+        model.gradient_checkpointing_enable()
+        eager = model(ids, labels=ids).loss
+        eager.backward()
+        expected = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        torch.compiler.reset()
+        compiled = torch.compile(model, backend="eager", fullgraph=True)(ids, labels=ids).loss
+        compiled.backward()
+        torch.testing.assert_close(compiled, eager)
+        torch.testing.assert_close([p.grad for p in model.parameters()], expected)
+        losses.append(eager.item())
+    assert abs(losses[0] - losses[1]) > 1e-4, losses
+
+
 @pytest.mark.parametrize("scope", ["beyond", "all"])
 def test_packed_sequences_follow_their_positions(scope: str) -> None:
     """Two sequences packed in one row without a mask, positions restarting (packed training): Transformers
