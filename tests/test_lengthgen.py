@@ -124,8 +124,9 @@ def test_synthesizer_points_beyond_its_length_are_na(tokenizer):
 
 
 def test_evaluation_and_entropy_sums_take_float32_where_float64_is_missing(monkeypatch) -> None:
-    """On MPS (no float64) the evaluation's sums and the attention entropy are float32 (``widest_dtype``):
-    the same metrics within float32's rounding."""
+    """On MPS (no float64) the evaluation's loss sums and the attention entropy are float32
+    (``widest_dtype``): the same metrics within float32's rounding; the counts are int64 on every device
+    (float32 counted exactly only to 2²⁴ = 16.8M tokens)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from hf_attn_variants.entropy import measure
@@ -142,6 +143,10 @@ def test_evaluation_and_entropy_sums_take_float32_where_float64_is_missing(monke
     monkeypatch.setattr(measure, "widest_dtype", lambda device: torch.float32)
     with NoFloat64():  # as on MPS
         narrow = (evaluate_lm(model, blocks, objective="clm", train_length=8), measure.row_entropy(attention))
+        logits = torch.zeros(1, 3, 5)
+        logits[0, 0, 1] = logits[0, 2, 0] = 5.0  # the first target right, the last wrong
+        sums, counts = evaluation._target_sums(logits, torch.tensor([[1, -100, 2]]), 1)
+    assert sums.dtype == torch.float32 and counts.dtype == torch.int64 and counts.tolist() == [1, 2, 1]
     assert narrow[1].dtype == torch.float32 and wide[1].dtype == torch.float64
     torch.testing.assert_close(narrow[1], wide[1].float())
     for key in ("loss", "accuracy", "loss_beyond_train"):

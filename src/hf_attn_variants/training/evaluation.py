@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .data import mask_tokens, mix_seed
 from ..models.layers import widest_dtype
+from .data import mask_tokens, mix_seed
 from .modeling import masked_lm_target_logits
 
 
@@ -93,8 +93,9 @@ def evaluate_lm(
     indices = list(range(rank, len(data), world))
     was_training = model.training
     model.eval()
-    # loss, correct, targets, loss beyond train_length, targets beyond it
-    sums = torch.zeros(5, dtype=widest_dtype(torch.device(device)), device=device)
+    # Σ CE and Σ CE beyond train_length in the widest float; #correct, #targets, #targets beyond in int64
+    sums = torch.zeros(2, dtype=widest_dtype(torch.device(device)), device=device)
+    counts = torch.zeros(3, dtype=torch.int64, device=device)
     beyond = train_length if objective == "clm" else None
     # Every rank runs the same number of forward passes (sharded models gather parameters collectively);
     # a rank whose share is exhausted runs a dummy batch whose results are discarded.
@@ -109,11 +110,13 @@ def evaluate_lm(
                 accelerator, position_ids,
             )
             if chunk:
-                sums += _target_sums(logits, targets, beyond)
+                batch_sums, batch_counts = _target_sums(logits, targets, beyond)
+                sums += batch_sums
+                counts += batch_counts
     if accelerator is not None and world > 1:
-        sums = accelerator.reduce(sums, reduction="sum")
+        sums, counts = accelerator.reduce(sums, reduction="sum"), accelerator.reduce(counts, reduction="sum")
     model.train(was_training)
-    return _metrics(sums, len(data), train_length, clm=objective == "clm")
+    return _metrics(sums, counts, len(data), train_length, clm=objective == "clm")
 
 
 def _logits_and_targets(
@@ -145,25 +148,29 @@ def _logits_and_targets(
     return logits, labels[keep]
 
 
-def _target_sums(logits: torch.Tensor, targets: torch.Tensor, beyond: int | None) -> torch.Tensor:
-    """[Σ CE, #correct, #targets, Σ CE beyond, #targets beyond] of one batch, in float64 (``widest_dtype``:
-    float32 on MPS; targets -100 are none). "Beyond": CLM targets predicted from query positions ≥ ``beyond``
+def _target_sums(logits: torch.Tensor, targets: torch.Tensor,
+                 beyond: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[Σ CE, Σ CE beyond] of one batch in float64 (``widest_dtype``: float32 on MPS), and [#correct,
+    #targets, #targets beyond] in int64 (exact on every device), both on the logits' device: nothing is read
+    back (targets -100 are none). "Beyond": CLM targets predicted from query positions ≥ ``beyond``
     (dimension 1 of ``targets``)."""
     losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                              reduction="none").to(widest_dtype(logits.device))
     losses = losses.view_as(targets)
     keep = targets != -100
-    correct = ((logits.argmax(-1) == targets) & keep).sum().to(losses.dtype)
+    correct = ((logits.argmax(-1) == targets) & keep).sum()
     beyond_losses = losses[:, beyond:] if beyond is not None else losses[:0]
-    beyond_count = keep[:, beyond:].sum() if beyond is not None else 0
-    return torch.stack([losses.sum(), correct, losses.new_tensor(float(keep.sum())), beyond_losses.sum(),
-                        losses.new_tensor(float(beyond_count))])
+    beyond_count = keep[:, beyond:].sum() if beyond is not None else torch.zeros_like(correct)
+    return (torch.stack([losses.sum(), beyond_losses.sum()]),
+            torch.stack([correct, keep.sum(), beyond_count]).to(torch.int64))
 
 
-def _metrics(sums: torch.Tensor, num_blocks: int, train_length: int | None, clm: bool) -> dict[str, Any]:
+def _metrics(sums: torch.Tensor, counts: torch.Tensor, num_blocks: int, train_length: int | None,
+             clm: bool) -> dict[str, Any]:
     """loss = Σ CE / #targets, perplexity = exp(loss), accuracy = #correct / #targets (and the same beyond
     ``train_length`` where asked: CLM only). With no target at all they are NaN, not a perfect score."""
-    loss_sum, correct, count, beyond_sum, beyond_count = (float(value) for value in sums)
+    loss_sum, beyond_sum = (float(value) for value in sums)
+    correct, count, beyond_count = (int(value) for value in counts)
     loss = loss_sum / count if count else math.nan
     result: dict[str, Any] = {
         "loss": loss, "perplexity": _perplexity(loss), "accuracy": correct / count if count else math.nan,
