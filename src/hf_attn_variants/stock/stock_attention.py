@@ -236,7 +236,8 @@ def configure_log_n(model: PreTrainedModel, *, base_length: int | None = None, f
     sub-configs and each module's own ``config`` (T5's stacks hold copies; a vision-language model's text
     model reads ``text_config``, which may be the only one scaled), so that ``model.config.base_length = L``
     alone is not silently ignored there. A ``PeftModel`` is read through its base model. A compiled model
-    recompiles when these fields change: pass the module that was compiled, not ``torch.compile``'s wrapper.
+    recompiles when these fields change (torch 2.11 and later; below, dynamo does not guard them: call
+    ``torch.compiler.reset()``): pass the module that was compiled, not ``torch.compile``'s wrapper.
     ``TypeError`` for a model none of whose configs runs those implementations, or whose attention does not
     dispatch through ``ALL_ATTENTION_FUNCTIONS``; ``ValueError`` naming a bad value. Returns how many configs
     were set."""
