@@ -365,6 +365,20 @@ def test_finetune_sigterm_checkpoints_refuses_other_arguments_and_resumes(
     assert len(err.splitlines()) == 1 and "--learning_rate 0.003 there, 0.001 here" in err, err
     assert snapshot(folder) == before
 
+    # Written by two processes: Trainer would count the data position in other batches. Refused, naming both.
+    manifest = folder / "checkpoint-3" / "checkpoint_manifest.json"
+    assert json.loads(manifest.read_text())["processes"] == 1
+    two = tmp_path / "two-processes"
+    shutil.copytree(folder, two)
+    (two / "checkpoint-3" / "checkpoint_manifest.json").write_text(
+        json.dumps({**json.loads(manifest.read_text()), "processes": 2}))
+    written = snapshot(two)
+    assert finetune_cli(two, data, base) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "error: --resume_from_checkpoint: " in err, err
+    assert "16 × 2 process(es) = 32 examples a batch, this launch has 16 × 1 = 16" in err, err
+    assert snapshot(two) == written
+
     with caplog.at_level(logging.INFO, logger="hf_attn_variants"):
         assert finetune_cli(folder, data, base) == 0
     assert any("resuming from" in r.getMessage() and str(folder / "checkpoint-3") in r.getMessage()
@@ -670,3 +684,28 @@ def test_rotation_keeps_the_checkpoint_just_saved_and_leaves_later_leftovers(tmp
     deleted = rotate(checkpoints, 1, keep=(folders[2],), saved=folders[3])
     assert deleted == [folders[1]]
     assert all(folders[step].exists() for step in (2, 3, 4)) and not folders[1].exists()
+
+
+def test_a_finetune_checkpoint_resumes_only_with_the_batches_it_was_trained_with(tmp_path) -> None:
+    """``finetune.check_batches``: the same per-device batch × processes and accumulation resume; another
+    product or accumulation is one ``FlagError`` naming ``resume_from_checkpoint``; a checkpoint from before
+    the manifest recorded its processes is taken as it is."""
+    from types import SimpleNamespace
+
+    from hf_attn_variants.cli_utils import FlagError
+    from hf_attn_variants.training.finetune import check_batches
+
+    checkpoint = tmp_path / "checkpoint-3"
+    checkpoint.mkdir()
+    (checkpoint / "training_args.json").write_text(
+        json.dumps({"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}))
+    launch = SimpleNamespace(per_device_train_batch_size=4, world_size=2, gradient_accumulation_steps=2)
+    assert check_batches(str(checkpoint), launch) == str(checkpoint)  # no processes recorded: as before
+    (checkpoint / "checkpoint_manifest.json").write_text(json.dumps({"step": 3, "processes": 1, "files": {}}))
+    assert check_batches(str(checkpoint), launch) == str(checkpoint)  # 8 × 1 = 4 × 2
+    for changed, words in (({"world_size": 4}, "= 8 examples a batch, this launch has 4 × 4 = 16"),
+                           ({"gradient_accumulation_steps": 1},
+                            "gradient_accumulation_steps=2, this launch has 1")):
+        with pytest.raises(FlagError, match="resume_from_checkpoint") as error:
+            check_batches(str(checkpoint), SimpleNamespace(**{**vars(launch), **changed}))
+        assert words in str(error.value)

@@ -108,6 +108,7 @@ from .tasks import (
     token_features,
 )
 from .trainer_hooks import (
+    ARGUMENTS_FILE,
     MANIFEST_FILE,
     CheckpointGuard,
     LogLines,
@@ -410,7 +411,7 @@ def checkpoint_to_resume(args: FinetuneArguments, training_args: Any, folder: Fo
     else ``None``. A sharded run's unfinished folder is refused: ``Trainer`` cannot resume it. The
     checkpoint's files are read once with safe loaders first (``loadable``)."""
     if training_args.resume_from_checkpoint:
-        return loadable(_resume_explicit(training_args.resume_from_checkpoint))
+        return check_batches(loadable(_resume_explicit(training_args.resume_from_checkpoint)), training_args)
     chosen = newest_resumable("finetune", trainer_checkpoints(folder.folder)) if folder.same_run else None
     if chosen is None:
         return None
@@ -419,8 +420,37 @@ def checkpoint_to_resume(args: FinetuneArguments, training_args: Any, folder: Fo
                         f"--output_dir {str(folder.folder)!r} holds checkpoints of this sharded run "
                         f"({args.sizes_text()}), which Trainer cannot resume (a model sharded at load "
                         "time); pass --overwrite_output_dir to start over.")
+    path = check_batches(loadable(str(chosen.path)), training_args)
     announce_resume("finetune", chosen)
-    return loadable(str(chosen.path))
+    return path
+
+
+def check_batches(path: str, training_args: Any) -> str:
+    """``path`` when this launch batches the data as the run that wrote the checkpoint did, else one
+    ``FlagError`` naming ``resume_from_checkpoint``. ``Trainer`` counts the data position and the epoch in
+    each process's batches: another ``per_device_train_batch_size`` × processes, or another
+    ``gradient_accumulation_steps``, would resume at another example (some seen twice, some never).
+    Checkpoints written before the manifest recorded the processes are taken as they are."""
+    manifest = read_json_file(Path(path) / MANIFEST_FILE) or {}
+    written = read_json_file(Path(path) / ARGUMENTS_FILE) or {}
+    if "processes" not in manifest or "per_device_train_batch_size" not in written:
+        return path
+    then = written["per_device_train_batch_size"] * manifest["processes"]
+    now = training_args.per_device_train_batch_size * training_args.world_size
+    if then != now:
+        per_device = training_args.per_device_train_batch_size
+        raise FlagError("resume_from_checkpoint",
+                        f"resume_from_checkpoint: {path!r} was trained with per_device_train_batch_size "
+                        f"{written['per_device_train_batch_size']} × {manifest['processes']} process(es) = "
+                        f"{then} examples a batch, this launch has {per_device} × "
+                        f"{training_args.world_size} = {now}: resume it with the same product (Trainer "
+                        "counts the data position in batches).")
+    accumulation = written.get("gradient_accumulation_steps", training_args.gradient_accumulation_steps)
+    if accumulation != training_args.gradient_accumulation_steps:
+        raise FlagError("resume_from_checkpoint",
+                        f"resume_from_checkpoint: {path!r} was trained with gradient_accumulation_steps="
+                        f"{accumulation}, this launch has {training_args.gradient_accumulation_steps}.")
+    return path
 
 
 def _check_output_folder(args: FinetuneArguments, training_args: Any) -> tuple[FolderState, dict[str, Any]]:

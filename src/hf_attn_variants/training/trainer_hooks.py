@@ -5,9 +5,9 @@
 
 - ``on_save``: once every rank has saved, the main process replaces the pickled ``training_args.bin`` by
   ``training_args.json`` (``Trainer``'s other files load with ``weights_only=True``: no file of a finetune
-  checkpoint needs pickle) and writes ``checkpoint_manifest.json`` (size and sha256 of every file, atomically,
-  last); ``trainer_checkpoints`` reads a folder without one as a save that did not
-  finish, and ``checkpoints.newest_complete`` checks the rest;
+  checkpoint needs pickle) and writes ``checkpoint_manifest.json`` (size and sha256 of every file, and the
+  number of processes, atomically, last); ``trainer_checkpoints`` reads a folder without one as a save that
+  did not finish, and ``checkpoints.newest_complete`` checks the rest;
 - ``on_step_end``: at the steps where the ranks agree (``preemption.Agreement``: every step in one process,
   about every second of training with several; one all-reduce) they settle whether a stop signal (or, from
   the command line, Ctrl-C) arrived anywhere; if so every rank asks ``Trainer`` to save this step's
@@ -57,10 +57,11 @@ def trainer_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
     return list_checkpoints(Path(output_dir), "checkpoint-*", read_trainer_checkpoint)
 
 
-def write_manifest(folder: Path, step: int) -> None:
-    """``checkpoint_manifest.json`` of ``folder`` (every other file's size and sha256), written atomically."""
+def write_manifest(folder: Path, step: int, processes: int = 1) -> None:
+    """``checkpoint_manifest.json`` of ``folder`` (every other file's size and sha256, and the ``processes``
+    that trained it: ``Trainer`` counts the data position in their batches), written atomically."""
     staging = folder / f".{MANIFEST_FILE}.tmp"
-    staging.write_text(json.dumps({"step": step,
+    staging.write_text(json.dumps({"step": step, "processes": processes,
                                    "files": file_manifest(folder, exclude=(MANIFEST_FILE, staging.name))}))
     os.replace(staging, folder / MANIFEST_FILE)
 
@@ -127,7 +128,7 @@ class CheckpointGuard(TrainerCallback):
         _barrier(args)
         if state.is_world_process_zero and folder.is_dir():
             arguments_as_json(folder, args)
-            write_manifest(folder, state.global_step)
+            write_manifest(folder, state.global_step, args.world_size)
         _barrier(args)
         self.last_save = time.perf_counter()
         return control
