@@ -428,9 +428,12 @@ def checkpoint_to_resume(args: FinetuneArguments, training_args: Any, folder: Fo
 def check_batches(path: str, training_args: Any) -> str:
     """``path`` when this launch batches the data as the run that wrote the checkpoint did, else one
     ``FlagError`` naming ``resume_from_checkpoint``. ``Trainer`` counts the data position and the epoch in
-    each process's batches: another ``per_device_train_batch_size`` × processes, or another
-    ``gradient_accumulation_steps``, would resume at another example (some seen twice, some never).
-    Checkpoints written before the manifest recorded the processes are taken as they are."""
+    each process's batches: with its default sampler, another ``per_device_train_batch_size`` × processes
+    would resume at another example (some seen twice, some never). Another ``gradient_accumulation_steps`` is
+    refused too, though only ``dataloader_drop_last`` makes it move the position. The flags are compared, not
+    the batch ``Trainer`` derives from them: ``split_batches``, ``auto_find_batch_size``, DataParallel over
+    several GPUs of one process, tensor-parallel ranks and the length-grouped samplers are not accounted
+    for. Checkpoints written before the manifest recorded the processes are taken as they are."""
     manifest = read_json_file(Path(path) / MANIFEST_FILE) or {}
     written = read_json_file(Path(path) / ARGUMENTS_FILE) or {}
     if "processes" not in manifest or "per_device_train_batch_size" not in written:
