@@ -367,17 +367,25 @@ def test_finetune_sigterm_checkpoints_refuses_other_arguments_and_resumes(
 
     # Written by two processes: Trainer would count the data position in other batches. Refused, naming both.
     manifest = folder / "checkpoint-3" / "checkpoint_manifest.json"
-    assert json.loads(manifest.read_text())["processes"] == 1
-    two = tmp_path / "two-processes"
-    shutil.copytree(folder, two)
-    (two / "checkpoint-3" / "checkpoint_manifest.json").write_text(
-        json.dumps({**json.loads(manifest.read_text()), "processes": 2}))
-    written = snapshot(two)
-    assert finetune_cli(two, data, base) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "error: --resume_from_checkpoint: " in err, err
-    assert "16 × 2 process(es) = 32 examples a batch, this launch has 16 × 1 = 16" in err, err
-    assert snapshot(two) == written
+    assert {key: json.loads(manifest.read_text())[key] for key in ("processes", "examples_per_batch")} == {
+        "processes": 1, "examples_per_batch": 16}
+    for name, changed, words in (
+            ("two-processes", {"processes": 2, "examples_per_batch": 32},
+             "trained on 32 examples a batch over 2 process(es), this launch takes 16 "
+             "(per_device_train_batch_size 16 × 1 process(es))"),
+            ("before-examples-were-recorded", {"processes": 2, "examples_per_batch": None},
+             "16 × 2 process(es) = 32 examples a batch, this launch has 16 × 1 = 16")):
+        other = tmp_path / name
+        shutil.copytree(folder, other)
+        record = {key: value for key, value in {**json.loads(manifest.read_text()), **changed}.items()
+                  if value is not None}
+        (other / "checkpoint-3" / "checkpoint_manifest.json").write_text(json.dumps(record))
+        written = snapshot(other)
+        assert finetune_cli(other, data, base) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "error: --resume_from_checkpoint: " in err, err
+        assert words in err, err
+        assert snapshot(other) == written
 
     with caplog.at_level(logging.INFO, logger="hf_attn_variants"):
         assert finetune_cli(folder, data, base) == 0
@@ -709,3 +717,47 @@ def test_a_finetune_checkpoint_resumes_only_with_the_batches_it_was_trained_with
         with pytest.raises(FlagError, match="resume_from_checkpoint") as error:
             check_batches(str(checkpoint), SimpleNamespace(**{**vars(launch), **changed}))
         assert words in str(error.value)
+
+
+def test_a_finetune_checkpoint_resumes_only_with_the_batch_trainer_derives(tmp_path) -> None:
+    """``finetune.check_batches`` with a manifest that records ``examples_per_batch``: compared with the batch
+    ``Trainer`` derives over all processes (DataParallel GPUs, ``split_batches``, ``auto_find_batch_size``'s
+    batch restored from ``trainer_state.json``), not with the flags."""
+    from types import SimpleNamespace
+
+    from hf_attn_variants.cli_utils import FlagError
+    from hf_attn_variants.training.finetune import check_batches
+
+    checkpoint = tmp_path / "checkpoint-3"
+    checkpoint.mkdir()
+    (checkpoint / "training_args.json").write_text(
+        json.dumps({"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}))
+    (checkpoint / "checkpoint_manifest.json").write_text(
+        json.dumps({"step": 3, "processes": 2, "examples_per_batch": 16, "files": {}}))
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 3, "train_batch_size": 4}))
+
+    def launch(**changed):
+        fields = {"per_device_train_batch_size": 8, "n_gpu": 1, "world_size": 2,
+                  "gradient_accumulation_steps": 1, "auto_find_batch_size": False,
+                  "accelerator_config": SimpleNamespace(split_batches=False)}
+        fields.update(changed)
+        per_process = fields["per_device_train_batch_size"] * fields["n_gpu"]  # TrainingArguments' property
+        return SimpleNamespace(**fields, train_batch_size=per_process)
+
+    for same in ({}, {"per_device_train_batch_size": 4, "world_size": 4},
+                 {"per_device_train_batch_size": 4, "n_gpu": 2, "world_size": 2},  # 4 × 2 GPUs × 2 processes
+                 {"per_device_train_batch_size": 16, "world_size": 4,
+                  "accelerator_config": SimpleNamespace(split_batches=True)},  # one batch of 16 split over 4
+                 {"per_device_train_batch_size": 2, "world_size": 4, "auto_find_batch_size": True}):  # 4 × 4
+        assert check_batches(str(checkpoint), launch(**same)) == str(checkpoint), same
+    for changed, words in (
+            ({"n_gpu": 2},
+             "takes 32 (per_device_train_batch_size 8 × 2 GPUs of one process × 2 process(es))"),
+            ({"accelerator_config": SimpleNamespace(split_batches=True)},
+             "takes 8 (per_device_train_batch_size 8, split over 2 process(es))"),
+            ({"auto_find_batch_size": True},
+             "takes 8 (auto_find_batch_size's 4 of the checkpoint × 2 process(es))")):
+        with pytest.raises(FlagError, match="resume_from_checkpoint") as error:
+            check_batches(str(checkpoint), launch(**changed))
+        trained = "was trained on 16 examples a batch over 2 process(es), this launch "
+        assert trained + words in str(error.value)

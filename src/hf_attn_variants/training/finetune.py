@@ -113,7 +113,9 @@ from .trainer_hooks import (
     CheckpointGuard,
     LogLines,
     arguments_as_json,
+    examples_per_batch,
     read_trainer_checkpoint,
+    splits_batches,
     trainer_checkpoints,
 )
 
@@ -428,25 +430,32 @@ def checkpoint_to_resume(args: FinetuneArguments, training_args: Any, folder: Fo
 def check_batches(path: str, training_args: Any) -> str:
     """``path`` when this launch batches the data as the run that wrote the checkpoint did, else one
     ``FlagError`` naming ``resume_from_checkpoint``. ``Trainer`` counts the data position and the epoch in
-    each process's batches: with its default sampler, another ``per_device_train_batch_size`` × processes
-    would resume at another example (some seen twice, some never). Another ``gradient_accumulation_steps`` is
-    refused too, though only ``dataloader_drop_last`` makes it move the position. The flags are compared, not
-    the batch ``Trainer`` derives from them: ``split_batches``, ``auto_find_batch_size``, DataParallel over
-    several GPUs of one process, tensor-parallel ranks and the length-grouped samplers are not accounted
-    for. Checkpoints written before the manifest recorded the processes are taken as they are."""
+    batches of its training dataloader: with its default sampler, a batch of other examples over all
+    processes would resume at another example (some seen twice, some never). The batch compared is the one
+    ``Trainer`` derives (``trainer_hooks.examples_per_batch``: DataParallel GPUs, ``split_batches``, and the
+    batch ``auto_find_batch_size`` settled on, which ``Trainer`` restores); a checkpoint from before the
+    manifest recorded it compares per-device batch × processes. Another ``gradient_accumulation_steps`` is
+    refused too, though only ``dataloader_drop_last`` makes it move the position. Not accounted for:
+    tensor-parallel ranks and the length-grouped samplers. Checkpoints written before the manifest recorded
+    the processes are taken as they are."""
     manifest = read_json_file(Path(path) / MANIFEST_FILE) or {}
     written = read_json_file(Path(path) / ARGUMENTS_FILE) or {}
     if "processes" not in manifest or "per_device_train_batch_size" not in written:
         return path
-    then = written["per_device_train_batch_size"] * manifest["processes"]
-    now = training_args.per_device_train_batch_size * training_args.world_size
+    processes = manifest["processes"]
+    if "examples_per_batch" in manifest:
+        then, (now, launch) = manifest["examples_per_batch"], _launch_batch(path, training_args)
+        problem = (f"was trained on {then} examples a batch over {processes} process(es), this launch takes "
+                   f"{now} ({launch}): resume it with the same batch over all processes")
+    else:
+        per_device = written["per_device_train_batch_size"]
+        then = per_device * processes
+        now = training_args.per_device_train_batch_size * training_args.world_size
+        problem = (f"was trained with per_device_train_batch_size {per_device} × {processes} process(es) = "
+                   f"{then} examples a batch, this launch has {training_args.per_device_train_batch_size} × "
+                   f"{training_args.world_size} = {now}: resume it with the same product")
     if then != now:
-        per_device = training_args.per_device_train_batch_size
-        raise FlagError("resume_from_checkpoint",
-                        f"resume_from_checkpoint: {path!r} was trained with per_device_train_batch_size "
-                        f"{written['per_device_train_batch_size']} × {manifest['processes']} process(es) = "
-                        f"{then} examples a batch, this launch has {per_device} × "
-                        f"{training_args.world_size} = {now}: resume it with the same product (Trainer "
+        raise FlagError("resume_from_checkpoint", f"resume_from_checkpoint: {path!r} {problem} (Trainer "
                         "counts the data position in batches).")
     accumulation = written.get("gradient_accumulation_steps", training_args.gradient_accumulation_steps)
     if accumulation != training_args.gradient_accumulation_steps:
@@ -454,6 +463,24 @@ def check_batches(path: str, training_args: Any) -> str:
                         f"resume_from_checkpoint: {path!r} was trained with gradient_accumulation_steps="
                         f"{accumulation}, this launch has {training_args.gradient_accumulation_steps}.")
     return path
+
+
+def _launch_batch(path: str, training_args: Any) -> tuple[int, str]:
+    """The examples a batch of this launch takes over all processes (``examples_per_batch``) resuming
+    ``path``, and how they come about in words."""
+    per_process = training_args.train_batch_size
+    how = f"per_device_train_batch_size {training_args.per_device_train_batch_size}"
+    if training_args.n_gpu > 1:
+        how += f" × {training_args.n_gpu} GPUs of one process"
+    if training_args.auto_find_batch_size:  # Trainer restores the checkpoint's batch
+        state = read_json_file(Path(path) / "trainer_state.json") or {}
+        per_process = state.get("train_batch_size") or per_process
+        how = f"auto_find_batch_size's {per_process} of the checkpoint"
+    if splits_batches(training_args):
+        how += f", split over {training_args.world_size} process(es)"
+    else:
+        how += f" × {training_args.world_size} process(es)"
+    return examples_per_batch(training_args, per_process), how
 
 
 def _check_output_folder(args: FinetuneArguments, training_args: Any) -> tuple[FolderState, dict[str, Any]]:
@@ -765,10 +792,10 @@ def run_plan(args: FinetuneArguments, prepared: _Prepared, model: Any) -> Finetu
     train = prepared.data["train"] if training_args.do_train else None
     evaluation = prepared.data["validation"] if training_args.do_eval else None
     processes, accumulation = training_args.world_size, training_args.gradient_accumulation_steps
-    per_process = training_args.per_device_train_batch_size
+    batch = examples_per_batch(training_args, training_args.train_batch_size)  # over all processes
     steps = training_args.max_steps
     if steps <= 0 and train is not None:
-        per_epoch = updates_per_epoch(len(train), per_process, processes, accumulation)
+        per_epoch = updates_per_epoch(len(train), batch, 1, accumulation)
         steps = math.ceil(per_epoch * training_args.num_train_epochs)
     labels = None if prepared.regression else len(prepared.label_list or []) or prepared.config.num_labels
     return FinetunePlan(
@@ -778,7 +805,7 @@ def run_plan(args: FinetuneArguments, prepared: _Prepared, model: Any) -> Finetu
         device=str(training_args.device), processes=processes,
         train_examples=len(train) if train is not None else None,
         eval_examples=len(evaluation) if evaluation is not None else None, labels=labels, steps=max(steps, 0),
-        batch_size=per_process * processes * accumulation, cadence=cadence(args, training_args),
+        batch_size=batch * accumulation, cadence=cadence(args, training_args),
         resume_from=prepared.resume_from)
 
 

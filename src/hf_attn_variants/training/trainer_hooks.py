@@ -6,7 +6,8 @@
 - ``on_save``: once every rank has saved, the main process replaces the pickled ``training_args.bin`` by
   ``training_args.json`` (``Trainer``'s other files load with ``weights_only=True``: no file of a finetune
   checkpoint needs pickle) and writes ``checkpoint_manifest.json`` (size and sha256 of every file, and the
-  number of processes, atomically, last); ``trainer_checkpoints`` reads a folder without one as a save that
+  number of processes and the examples a batch took over them, atomically, last); ``trainer_checkpoints``
+  reads a folder without one as a save that
   did not finish, and ``checkpoints.newest_complete`` checks the rest;
 - ``on_step_end``: at the steps where the ranks agree (``preemption.Agreement``: every step in one process,
   about every second of training with several; one all-reduce) they settle whether a stop signal (or, from
@@ -57,13 +58,31 @@ def trainer_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
     return list_checkpoints(Path(output_dir), "checkpoint-*", read_trainer_checkpoint)
 
 
-def write_manifest(folder: Path, step: int, processes: int = 1) -> None:
-    """``checkpoint_manifest.json`` of ``folder`` (every other file's size and sha256, and the ``processes``
-    that trained it: ``Trainer`` counts the data position in their batches), written atomically."""
+def write_manifest(folder: Path, step: int, processes: int = 1, examples: int | None = None) -> None:
+    """``checkpoint_manifest.json`` of ``folder`` (every other file's size and sha256, the ``processes`` that
+    trained it and the ``examples`` one batch took over them, ``examples_per_batch``: ``Trainer`` counts the
+    data position in batches), written atomically."""
     staging = folder / f".{MANIFEST_FILE}.tmp"
-    staging.write_text(json.dumps({"step": step, "processes": processes,
-                                   "files": file_manifest(folder, exclude=(MANIFEST_FILE, staging.name))}))
+    record: dict[str, Any] = {"step": step, "processes": processes}
+    if examples is not None:
+        record["examples_per_batch"] = examples
+    record["files"] = file_manifest(folder, exclude=(MANIFEST_FILE, staging.name))
+    staging.write_text(json.dumps(record))
     os.replace(staging, folder / MANIFEST_FILE)
+
+
+def splits_batches(args: Any) -> bool:
+    """Whether accelerate splits each of ``Trainer``'s batches over the processes
+    (``accelerator_config.split_batches``) instead of giving every process one."""
+    return bool(getattr(getattr(args, "accelerator_config", None), "split_batches", False))
+
+
+def examples_per_batch(args: Any, per_process: int) -> int:
+    """The examples one batch of ``Trainer``'s training dataloader takes over all processes: ``per_process``
+    (``Trainer``'s ``train_batch_size``: the per-device batch × the GPUs of a DataParallel process, or what
+    ``auto_find_batch_size`` settled on) × ``args.world_size``, or × 1 under ``split_batches``. Not accounted
+    for: tensor-, context- and sequence-parallel ranks, which share a batch."""
+    return per_process * (1 if splits_batches(args) else args.world_size)
 
 
 def arguments_as_json(folder: Path, args: Any) -> None:
@@ -128,7 +147,8 @@ class CheckpointGuard(TrainerCallback):
         _barrier(args)
         if state.is_world_process_zero and folder.is_dir():
             arguments_as_json(folder, args)
-            write_manifest(folder, state.global_step, args.world_size)
+            write_manifest(folder, state.global_step, args.world_size,
+                           examples_per_batch(args, state.train_batch_size or args.train_batch_size))
         _barrier(args)
         self.last_save = time.perf_counter()
         return control
@@ -155,4 +175,5 @@ class LogLines(TrainerCallback):
 
 
 __all__ = ["ARGUMENTS_FILE", "MANIFEST_FILE", "CheckpointGuard", "LogLines", "arguments_as_json",
-           "read_trainer_checkpoint", "trainer_checkpoints", "write_manifest"]
+           "examples_per_batch", "read_trainer_checkpoint", "splits_batches",
+           "trainer_checkpoints", "write_manifest"]
