@@ -533,6 +533,7 @@ def _prepare(args: FinetuneArguments, training_args: Any) -> _Prepared:
     if args.model_name_or_path is not None:
         check_model_source("model_name_or_path", args.model_name_or_path, weights=True)
     folder, arguments = _check_output_folder(args, training_args)
+    resume_from = checkpoint_to_resume(args, training_args, folder)  # before anything slow is loaded
     if not training_args.do_train and not evaluation_only(training_args):
         training_args = dataclasses.replace(training_args, do_train=True, do_eval=True)
     set_seed(training_args.seed)
@@ -548,7 +549,6 @@ def _prepare(args: FinetuneArguments, training_args: Any) -> _Prepared:
     for key, value in labels.items():
         setattr(config, key, value)
     model = _checked_model(args, training_args, config)
-    resume_from = checkpoint_to_resume(args, training_args, folder)
     return _Prepared(training_args, tokenizer, data, collator, label_list, labels, regression, config, model,
                      folder, arguments, resume_from)
 
