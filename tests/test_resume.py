@@ -367,8 +367,9 @@ def test_finetune_sigterm_checkpoints_refuses_other_arguments_and_resumes(
 
     # Written by two processes: Trainer would count the data position in other batches. Refused, naming both.
     manifest = folder / "checkpoint-3" / "checkpoint_manifest.json"
-    assert {key: json.loads(manifest.read_text())[key] for key in ("processes", "examples_per_batch")} == {
-        "processes": 1, "examples_per_batch": 16}
+    recorded = ("processes", "examples_per_batch", "gradient_accumulation_steps")
+    assert {key: json.loads(manifest.read_text())[key] for key in recorded} == {
+        "processes": 1, "examples_per_batch": 16, "gradient_accumulation_steps": 1}
     for name, changed, words in (
             ("two-processes", {"processes": 2, "examples_per_batch": 32},
              "trained on 32 examples a batch over 2 process(es), this launch takes 16 "
@@ -761,3 +762,15 @@ def test_a_finetune_checkpoint_resumes_only_with_the_batch_trainer_derives(tmp_p
             check_batches(str(checkpoint), launch(**changed))
         trained = "was trained on 16 examples a batch over 2 process(es), this launch "
         assert trained + words in str(error.value)
+
+    # Trainer's FSDP sharded-state route writes no training arguments: the manifest alone is compared
+    (checkpoint / "training_args.json").unlink()
+    (checkpoint / "checkpoint_manifest.json").write_text(json.dumps(
+        {"step": 3, "processes": 2, "examples_per_batch": 16, "gradient_accumulation_steps": 2, "files": {}}))
+    assert check_batches(str(checkpoint), launch(gradient_accumulation_steps=2)) == str(checkpoint)
+    for changed, words in (({"gradient_accumulation_steps": 1},
+                            "gradient_accumulation_steps=2, this launch has 1"),
+                           ({"gradient_accumulation_steps": 2, "world_size": 1}, "this launch takes 8")):
+        with pytest.raises(FlagError, match="resume_from_checkpoint") as error:
+            check_batches(str(checkpoint), launch(**changed))
+        assert words in str(error.value)

@@ -432,33 +432,37 @@ def check_batches(path: str, training_args: Any) -> str:
     ``FlagError`` naming ``resume_from_checkpoint``. ``Trainer`` counts the data position and the epoch in
     batches of its training dataloader: with its default sampler, a batch of other examples over all
     processes would resume at another example (some seen twice, some never). The batch compared is the one
-    ``Trainer`` derives (``trainer_hooks.examples_per_batch``: DataParallel GPUs, ``split_batches``, and the
-    batch ``auto_find_batch_size`` settled on, which ``Trainer`` restores); a checkpoint from before the
-    manifest recorded it compares per-device batch × processes. Another ``gradient_accumulation_steps`` is
-    refused too, though only ``dataloader_drop_last`` makes it move the position. Not accounted for:
-    tensor-parallel ranks and the length-grouped samplers. Checkpoints written before the manifest recorded
-    the processes are taken as they are."""
+    ``Trainer`` derives, which the manifest records (``trainer_hooks.examples_per_batch``: DataParallel GPUs,
+    ``split_batches``, and the batch ``auto_find_batch_size`` settled on, which ``Trainer`` restores); a
+    checkpoint from before it did compares per-device batch × processes from ``training_args.json``. Another
+    ``gradient_accumulation_steps`` is refused too, though only ``dataloader_drop_last`` makes it move the
+    position. Not accounted for: tensor-parallel ranks and the length-grouped samplers. Checkpoints written
+    before the manifest recorded the processes are taken as they are."""
     manifest = read_json_file(Path(path) / MANIFEST_FILE) or {}
     written = read_json_file(Path(path) / ARGUMENTS_FILE) or {}
-    if "processes" not in manifest or "per_device_train_batch_size" not in written:
+    if "processes" not in manifest:
         return path
     processes = manifest["processes"]
     if "examples_per_batch" in manifest:
         then, (now, launch) = manifest["examples_per_batch"], _launch_batch(path, training_args)
         problem = (f"was trained on {then} examples a batch over {processes} process(es), this launch takes "
                    f"{now} ({launch}): resume it with the same batch over all processes")
-    else:
+    elif "per_device_train_batch_size" in written:
         per_device = written["per_device_train_batch_size"]
         then = per_device * processes
         now = training_args.per_device_train_batch_size * training_args.world_size
         problem = (f"was trained with per_device_train_batch_size {per_device} × {processes} process(es) = "
                    f"{then} examples a batch, this launch has {training_args.per_device_train_batch_size} × "
                    f"{training_args.world_size} = {now}: resume it with the same product")
+    else:
+        return path
     if then != now:
         raise FlagError("resume_from_checkpoint", f"resume_from_checkpoint: {path!r} {problem} (Trainer "
                         "counts the data position in batches).")
-    accumulation = written.get("gradient_accumulation_steps", training_args.gradient_accumulation_steps)
-    if accumulation != training_args.gradient_accumulation_steps:
+    now_accumulation = training_args.gradient_accumulation_steps
+    accumulation = manifest.get("gradient_accumulation_steps",
+                                written.get("gradient_accumulation_steps", now_accumulation))
+    if accumulation != now_accumulation:
         raise FlagError("resume_from_checkpoint",
                         f"resume_from_checkpoint: {path!r} was trained with gradient_accumulation_steps="
                         f"{accumulation}, this launch has {training_args.gradient_accumulation_steps}.")

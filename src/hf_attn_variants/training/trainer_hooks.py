@@ -58,14 +58,13 @@ def trainer_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
     return list_checkpoints(Path(output_dir), "checkpoint-*", read_trainer_checkpoint)
 
 
-def write_manifest(folder: Path, step: int, processes: int = 1, examples: int | None = None) -> None:
+def write_manifest(folder: Path, step: int, processes: int = 1,
+                   batching: dict[str, int] | None = None) -> None:
     """``checkpoint_manifest.json`` of ``folder`` (every other file's size and sha256, the ``processes`` that
-    trained it and the ``examples`` one batch took over them, ``examples_per_batch``: ``Trainer`` counts the
-    data position in batches), written atomically."""
+    trained it and its ``batching``, ``examples_per_batch`` over them and ``gradient_accumulation_steps``:
+    ``Trainer`` counts the data position in batches), written atomically."""
     staging = folder / f".{MANIFEST_FILE}.tmp"
-    record: dict[str, Any] = {"step": step, "processes": processes}
-    if examples is not None:
-        record["examples_per_batch"] = examples
+    record: dict[str, Any] = {"step": step, "processes": processes, **(batching or {})}
     record["files"] = file_manifest(folder, exclude=(MANIFEST_FILE, staging.name))
     staging.write_text(json.dumps(record))
     os.replace(staging, folder / MANIFEST_FILE)
@@ -147,8 +146,10 @@ class CheckpointGuard(TrainerCallback):
         _barrier(args)
         if state.is_world_process_zero and folder.is_dir():
             arguments_as_json(folder, args)
-            write_manifest(folder, state.global_step, args.world_size,
-                           examples_per_batch(args, state.train_batch_size or args.train_batch_size))
+            per_process = state.train_batch_size or args.train_batch_size
+            batching = {"examples_per_batch": examples_per_batch(args, per_process),
+                        "gradient_accumulation_steps": args.gradient_accumulation_steps}
+            write_manifest(folder, state.global_step, args.world_size, batching)
         _barrier(args)
         self.last_save = time.perf_counter()
         return control
