@@ -34,6 +34,7 @@ import torch
 from hf_attn_variants.cli import main
 from hf_attn_variants.training import PREEMPTED_EXIT_CODE, PretrainArguments, pretrain
 from hf_attn_variants.training.outputs import RunRecord
+from hf_attn_variants.training.preemption import StopSignals
 from tests.test_finetune import base_models, data
 from tests.test_pretrain import (
     KILL_CHILD,
@@ -719,6 +720,24 @@ def test_a_finetune_checkpoint_resumes_only_with_the_batches_it_was_trained_with
             check_batches(str(checkpoint), SimpleNamespace(**{**vars(launch), **changed}))
         assert words in str(error.value)
 
+
+def test_a_checkpoint_saved_after_a_resume_records_this_runs_batch(tmp_path) -> None:
+    """``CheckpointGuard.on_save``: Trainer keeps a resumed checkpoint's ``state.train_batch_size`` (8 from a
+    run of 8 × 2 processes, resumed on 16 × 1); the manifest records this run's batch (16), and the batch
+    ``auto_find_batch_size`` settled on only where Trainer restores it."""
+    from types import SimpleNamespace
+
+    folder = tmp_path / "checkpoint-6"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    state = SimpleNamespace(global_step=6, train_batch_size=8, is_world_process_zero=True)
+    for auto_find, expected in ((False, 16), (True, 8)):
+        args = SimpleNamespace(output_dir=str(tmp_path), world_size=1, train_batch_size=16,
+                               auto_find_batch_size=auto_find, gradient_accumulation_steps=1,
+                               accelerator_config=SimpleNamespace(split_batches=False))
+        hooks_module.CheckpointGuard(StopSignals()).on_save(args, state, SimpleNamespace())
+        manifest = json.loads((folder / "checkpoint_manifest.json").read_text())
+        assert (manifest["processes"], manifest["examples_per_batch"]) == (1, expected), auto_find
 
 def test_a_finetune_checkpoint_resumes_only_with_the_batch_trainer_derives(tmp_path) -> None:
     """``finetune.check_batches`` with a manifest that records ``examples_per_batch``: compared with the batch

@@ -409,9 +409,10 @@ def loadable(path: str) -> str:
 
 def checkpoint_to_resume(args: FinetuneArguments, training_args: Any, folder: FolderState) -> str | None:
     """The checkpoint to resume: ``--resume_from_checkpoint``; else, in a folder holding this run unfinished,
-    its newest complete ``checkpoint-<step>`` (broken newer ones skipped with a warning; one line says which);
-    else ``None``. A sharded run's unfinished folder is refused: ``Trainer`` cannot resume it. The
-    checkpoint's files are read once with safe loaders first (``loadable``)."""
+    its newest complete ``checkpoint-<step>`` (broken newer ones skipped with a warning; ``_prepare`` says
+    which in one line once every input is checked); else ``None``. A sharded run's unfinished folder is
+    refused: ``Trainer`` cannot resume it. The checkpoint's files are read once with safe loaders first
+    (``loadable``), and its batches compared with this launch's (``check_batches``)."""
     if training_args.resume_from_checkpoint:
         return check_batches(loadable(_resume_explicit(training_args.resume_from_checkpoint)), training_args)
     chosen = newest_resumable("finetune", trainer_checkpoints(folder.folder)) if folder.same_run else None
@@ -422,9 +423,7 @@ def checkpoint_to_resume(args: FinetuneArguments, training_args: Any, folder: Fo
                         f"--output_dir {str(folder.folder)!r} holds checkpoints of this sharded run "
                         f"({args.sizes_text()}), which Trainer cannot resume (a model sharded at load "
                         "time); pass --overwrite_output_dir to start over.")
-    path = check_batches(loadable(str(chosen.path)), training_args)
-    announce_resume("finetune", chosen)
-    return path
+    return check_batches(loadable(str(chosen.path)), training_args)  # _prepare says it resumes, once it can
 
 
 def check_batches(path: str, training_args: Any) -> str:
@@ -436,8 +435,8 @@ def check_batches(path: str, training_args: Any) -> str:
     ``split_batches``, and the batch ``auto_find_batch_size`` settled on, which ``Trainer`` restores); a
     checkpoint from before it did compares per-device batch × processes from ``training_args.json``. Another
     ``gradient_accumulation_steps`` is refused too, though only ``dataloader_drop_last`` makes it move the
-    position. Not accounted for: tensor-parallel ranks and the length-grouped samplers. Checkpoints written
-    before the manifest recorded the processes are taken as they are."""
+    position. Not accounted for: tensor-, context- and sequence-parallel ranks and the length-grouped
+    samplers. Checkpoints written before the manifest recorded the processes are taken as they are."""
     manifest = read_json_file(Path(path) / MANIFEST_FILE) or {}
     written = read_json_file(Path(path) / ARGUMENTS_FILE) or {}
     if "processes" not in manifest:
@@ -553,6 +552,9 @@ def _prepare(args: FinetuneArguments, training_args: Any) -> _Prepared:
     for key, value in labels.items():
         setattr(config, key, value)
     model = _checked_model(args, training_args, config)
+    automatic = resume_from is not None and not training_args.resume_from_checkpoint
+    if automatic and (chosen := read_trainer_checkpoint(Path(resume_from))) is not None:  # every check passed
+        announce_resume("finetune", chosen)
     return _Prepared(training_args, tokenizer, data, collator, label_list, labels, regression, config, model,
                      folder, arguments, resume_from)
 
@@ -796,7 +798,8 @@ def run_plan(args: FinetuneArguments, prepared: _Prepared, model: Any) -> Finetu
     train = prepared.data["train"] if training_args.do_train else None
     evaluation = prepared.data["validation"] if training_args.do_eval else None
     processes, accumulation = training_args.world_size, training_args.gradient_accumulation_steps
-    batch = examples_per_batch(training_args, training_args.train_batch_size)  # over all processes
+    batch = (_launch_batch(prepared.resume_from, training_args)[0] if prepared.resume_from
+             else examples_per_batch(training_args, training_args.train_batch_size))  # over all processes
     steps = training_args.max_steps
     if steps <= 0 and train is not None:
         per_epoch = updates_per_epoch(len(train), batch, 1, accumulation)

@@ -146,7 +146,10 @@ class CheckpointGuard(TrainerCallback):
         _barrier(args)
         if state.is_world_process_zero and folder.is_dir():
             arguments_as_json(folder, args)
-            per_process = state.train_batch_size or args.train_batch_size
+            # Trainer keeps a resumed checkpoint's state.train_batch_size; it holds this run's batch only
+            # where it restores it, under auto_find_batch_size
+            restored = state.train_batch_size if args.auto_find_batch_size else None
+            per_process = restored or args.train_batch_size
             batching = {"examples_per_batch": examples_per_batch(args, per_process),
                         "gradient_accumulation_steps": args.gradient_accumulation_steps}
             write_manifest(folder, state.global_step, args.world_size, batching)
