@@ -6,9 +6,9 @@
 - ``on_save``: once every rank has saved, the main process replaces the pickled ``training_args.bin`` by
   ``training_args.json`` (``Trainer``'s other files load with ``weights_only=True``: no file of a finetune
   checkpoint needs pickle) and writes ``checkpoint_manifest.json`` (size and sha256 of every file, and the
-  number of processes and the examples a batch took over them, atomically, last); ``trainer_checkpoints``
-  reads a folder without one as a save that
-  did not finish, and ``checkpoints.newest_complete`` checks the rest;
+  number of processes, the examples a batch took over them and the accumulation, atomically, last);
+  ``trainer_checkpoints`` reads a folder without one as a save that did not finish, and
+  ``checkpoints.newest_complete`` checks the rest;
 - ``on_step_end``: at the steps where the ranks agree (``preemption.Agreement``: every step in one process,
   about every second of training with several; one all-reduce) they settle whether a stop signal (or, from
   the command line, Ctrl-C) arrived anywhere; if so every rank asks ``Trainer`` to save this step's
