@@ -368,9 +368,11 @@ def test_finetune_sigterm_checkpoints_refuses_other_arguments_and_resumes(
 
     # Written by two processes: Trainer would count the data position in other batches. Refused, naming both.
     manifest = folder / "checkpoint-3" / "checkpoint_manifest.json"
-    recorded = ("processes", "examples_per_batch", "gradient_accumulation_steps")
+    recorded = ("processes", "examples_per_batch", "gradient_accumulation_steps", "batch_per_process",
+                "train_sampling_strategy")
     assert {key: json.loads(manifest.read_text())[key] for key in recorded} == {
-        "processes": 1, "examples_per_batch": 16, "gradient_accumulation_steps": 1}
+        "processes": 1, "examples_per_batch": 16, "gradient_accumulation_steps": 1, "batch_per_process": 16,
+        "train_sampling_strategy": "random"}
     for name, changed, words in (
             ("two-processes", {"processes": 2, "examples_per_batch": 32},
              "trained on 32 examples a batch over 2 process(es), this launch takes 16 "
@@ -734,10 +736,12 @@ def test_a_checkpoint_saved_after_a_resume_records_this_runs_batch(tmp_path) -> 
     for auto_find, expected in ((False, 16), (True, 8)):
         args = SimpleNamespace(output_dir=str(tmp_path), world_size=1, train_batch_size=16,
                                auto_find_batch_size=auto_find, gradient_accumulation_steps=1,
-                               accelerator_config=SimpleNamespace(split_batches=False))
+                               accelerator_config=SimpleNamespace(split_batches=False),
+                               train_sampling_strategy="group_by_length")
         hooks_module.CheckpointGuard(StopSignals()).on_save(args, state, SimpleNamespace())
         manifest = json.loads((folder / "checkpoint_manifest.json").read_text())
-        assert (manifest["processes"], manifest["examples_per_batch"]) == (1, expected), auto_find
+        assert (manifest["processes"], manifest["examples_per_batch"], manifest["batch_per_process"],
+                manifest["train_sampling_strategy"]) == (1, expected, expected, "group_by_length"), auto_find
 
 def test_a_finetune_checkpoint_resumes_only_with_the_batch_trainer_derives(tmp_path) -> None:
     """``finetune.check_batches`` with a manifest that records ``examples_per_batch``: compared with the batch
@@ -793,3 +797,46 @@ def test_a_finetune_checkpoint_resumes_only_with_the_batch_trainer_derives(tmp_p
         with pytest.raises(FlagError, match="resume_from_checkpoint") as error:
             check_batches(str(checkpoint), launch(**changed))
         assert words in str(error.value)
+
+
+def test_a_finetune_checkpoint_resumes_only_with_the_sampler_order_it_was_trained_with(tmp_path) -> None:
+    """``finetune.check_sampler`` (through ``check_batches``): another ``train_sampling_strategy`` is refused;
+    ``group_by_length`` also needs the same per-process batch (its megabatches), ``batch_rebalance`` the same
+    per-process batch and processes; ``random`` takes any split of the same batch. A manifest from before
+    the sampler was recorded passes."""
+    from types import SimpleNamespace
+
+    from hf_attn_variants.cli_utils import FlagError
+    from hf_attn_variants.training.finetune import check_batches
+
+    checkpoint = tmp_path / "checkpoint-3"
+    checkpoint.mkdir()
+    manifest = {"step": 3, "processes": 2, "examples_per_batch": 16, "gradient_accumulation_steps": 1,
+                "batch_per_process": 8, "files": {}}
+
+    def launch(strategy: str, per_device: int, processes: int) -> SimpleNamespace:
+        return SimpleNamespace(per_device_train_batch_size=per_device, train_batch_size=per_device, n_gpu=1,
+                               world_size=processes, gradient_accumulation_steps=1,
+                               auto_find_batch_size=False, train_sampling_strategy=strategy,
+                               accelerator_config=SimpleNamespace(split_batches=False))
+
+    def check(recorded: str | None, *shape) -> str:
+        record = {**manifest, **({"train_sampling_strategy": recorded} if recorded else {})}
+        (checkpoint / "checkpoint_manifest.json").write_text(json.dumps(record))
+        try:
+            check_batches(str(checkpoint), launch(*shape))
+        except FlagError as error:
+            return str(error)
+        return "resumes"
+
+    assert check("random", "random", 4, 4) == "resumes"
+    assert check(None, "group_by_length", 4, 4) == "resumes"  # recorded before the sampler was
+    assert check("group_by_length", "group_by_length", 8, 2) == "resumes"
+    assert check("batch_rebalance", "batch_rebalance", 8, 2) == "resumes"
+    assert "train_sampling_strategy='random', this launch has 'sequential'" in check(
+        "random", "sequential", 8, 2)
+    refused = check("group_by_length", "group_by_length", 4, 4)
+    assert ("group_by_length, which orders the examples by the batch: 8 examples a batch per process then, "
+            "4 examples a batch per process in this launch") in refused
+    assert "8 examples a batch per process × 2 process(es) then, 4 examples a batch per process × 4" in check(
+        "batch_rebalance", "batch_rebalance", 4, 4)

@@ -112,9 +112,11 @@ from .trainer_hooks import (
     MANIFEST_FILE,
     CheckpointGuard,
     LogLines,
+    BATCH_ORDERED_SAMPLERS,
     arguments_as_json,
     examples_per_batch,
     read_trainer_checkpoint,
+    sampling_strategy,
     splits_batches,
     trainer_checkpoints,
 )
@@ -435,15 +437,17 @@ def check_batches(path: str, training_args: Any) -> str:
     ``split_batches``, and the batch ``auto_find_batch_size`` settled on, which ``Trainer`` restores); a
     checkpoint from before it did compares per-device batch × processes from ``training_args.json``. Another
     ``gradient_accumulation_steps`` is refused too, though only ``dataloader_drop_last`` makes it move the
-    position. Not accounted for: tensor-, context- and sequence-parallel ranks and the length-grouped
-    samplers. Checkpoints written before the manifest recorded the processes are taken as they are."""
+    position, and another sampler order (``check_sampler``). Not accounted for: tensor-, context- and
+    sequence-parallel ranks. Checkpoints written before the manifest recorded the processes are taken as they
+    are."""
     manifest = read_json_file(Path(path) / MANIFEST_FILE) or {}
     written = read_json_file(Path(path) / ARGUMENTS_FILE) or {}
     if "processes" not in manifest:
         return path
     processes = manifest["processes"]
     if "examples_per_batch" in manifest:
-        then, (now, launch) = manifest["examples_per_batch"], _launch_batch(path, training_args)
+        then, (now, per_process, launch) = manifest["examples_per_batch"], _launch_batch(path, training_args)
+        check_sampler(path, manifest, training_args, per_process)
         problem = (f"was trained on {then} examples a batch over {processes} process(es), this launch takes "
                    f"{now} ({launch}): resume it with the same batch over all processes")
     elif "per_device_train_batch_size" in written:
@@ -468,9 +472,42 @@ def check_batches(path: str, training_args: Any) -> str:
     return path
 
 
-def _launch_batch(path: str, training_args: Any) -> tuple[int, str]:
+def check_sampler(path: str, manifest: dict[str, Any], training_args: Any, per_process: int) -> None:
+    """One ``FlagError`` naming ``resume_from_checkpoint`` when this launch would draw the examples in another
+    order than the run that wrote ``path``: another ``train_sampling_strategy``, or, for a sampler that orders
+    them by the batch (``BATCH_ORDERED_SAMPLERS``), another per-process batch (``per_process``) or, for
+    ``batch_rebalance``, another number of processes. Manifests from before they recorded the sampler pass."""
+    then = manifest.get("train_sampling_strategy")
+    now = sampling_strategy(training_args)
+    if then is None:
+        return
+    if then != now:
+        raise FlagError("resume_from_checkpoint",
+                        f"resume_from_checkpoint: {path!r} was trained with train_sampling_strategy="
+                        f"{then!r}, this launch has {now!r}: the examples would come in another order.")
+    if now not in BATCH_ORDERED_SAMPLERS:
+        return
+    shape_then = (manifest.get("batch_per_process"), manifest.get("processes"))
+    shape_now = (per_process, training_args.world_size)
+    if not BATCH_ORDERED_SAMPLERS[now]:
+        shape_then, shape_now = shape_then[:1], shape_now[:1]
+    if shape_then != shape_now:
+        raise FlagError("resume_from_checkpoint",
+                        f"resume_from_checkpoint: {path!r} was trained with {now}, which orders the "
+                        f"examples by the batch: {_shape(shape_then)} then, {_shape(shape_now)} in this "
+                        "launch; resume it with the same.")
+
+
+def _shape(shape: tuple[Any, ...]) -> str:
+    """``(batch, processes)`` or ``(batch,)`` in words."""
+    words = f"{shape[0]} examples a batch per process"
+    return words + (f" × {shape[1]} process(es)" if len(shape) > 1 else "")
+
+
+def _launch_batch(path: str, training_args: Any) -> tuple[int, int, str]:
     """The examples a batch of this launch takes over all processes (``examples_per_batch``) resuming
-    ``path``, and how they come about in words."""
+    ``path``, the per-process batch behind them (``Trainer``'s ``train_batch_size``), and how they come about
+    in words."""
     per_process = training_args.train_batch_size
     how = f"per_device_train_batch_size {training_args.per_device_train_batch_size}"
     if training_args.n_gpu > 1:
@@ -483,7 +520,7 @@ def _launch_batch(path: str, training_args: Any) -> tuple[int, str]:
         how += f", split over {training_args.world_size} process(es)"
     else:
         how += f" × {training_args.world_size} process(es)"
-    return examples_per_batch(training_args, per_process), how
+    return examples_per_batch(training_args, per_process), per_process, how
 
 
 def _check_output_folder(args: FinetuneArguments, training_args: Any) -> tuple[FolderState, dict[str, Any]]:

@@ -6,7 +6,8 @@
 - ``on_save``: once every rank has saved, the main process replaces the pickled ``training_args.bin`` by
   ``training_args.json`` (``Trainer``'s other files load with ``weights_only=True``: no file of a finetune
   checkpoint needs pickle) and writes ``checkpoint_manifest.json`` (size and sha256 of every file, and the
-  number of processes, the examples a batch took over them and the accumulation, atomically, last);
+  number of processes, the examples a batch took over them, the accumulation and the sampler, atomically,
+  last);
   ``trainer_checkpoints`` reads a folder without one as a save that did not finish, and
   ``checkpoints.newest_complete`` checks the rest;
 - ``on_step_end``: at the steps where the ranks agree (``preemption.Agreement``: every step in one process,
@@ -61,8 +62,9 @@ def trainer_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
 def write_manifest(folder: Path, step: int, processes: int = 1,
                    batching: dict[str, int] | None = None) -> None:
     """``checkpoint_manifest.json`` of ``folder`` (every other file's size and sha256, the ``processes`` that
-    trained it and its ``batching``, ``examples_per_batch`` over them and ``gradient_accumulation_steps``:
-    ``Trainer`` counts the data position in batches), written atomically."""
+    trained it and its ``batching``: ``examples_per_batch`` over them, ``gradient_accumulation_steps``,
+    ``batch_per_process`` and ``train_sampling_strategy``, as ``Trainer`` counts the data position in batches
+    and some samplers order the examples by them), written atomically."""
     staging = folder / f".{MANIFEST_FILE}.tmp"
     record: dict[str, Any] = {"step": step, "processes": processes, **(batching or {})}
     record["files"] = file_manifest(folder, exclude=(MANIFEST_FILE, staging.name))
@@ -74,6 +76,21 @@ def splits_batches(args: Any) -> bool:
     """Whether accelerate splits each of ``Trainer``'s batches over the processes
     (``accelerator_config.split_batches``) instead of giving every process one."""
     return bool(getattr(getattr(args, "accelerator_config", None), "split_batches", False))
+
+
+def sampling_strategy(args: Any) -> str:
+    """``Trainer``'s training sampler: ``train_sampling_strategy`` (``"random"``, ``"sequential"``,
+    ``"group_by_length"``, ``"batch_rebalance"``), or ``group_by_length`` in the Transformers releases before
+    it."""
+    strategy = getattr(args, "train_sampling_strategy", None)
+    if strategy is None:
+        strategy = "group_by_length" if getattr(args, "group_by_length", False) else "random"
+    return str(getattr(strategy, "value", strategy))
+
+
+BATCH_ORDERED_SAMPLERS = {"group_by_length": False, "batch_rebalance": True}
+"""Samplers whose order of examples depends on the per-process batch (``LengthGroupedSampler``'s megabatches,
+``BatchRebalanceSampler``'s effective batch), and whether it also depends on the processes (True)."""
 
 
 def examples_per_batch(args: Any, per_process: int) -> int:
@@ -151,7 +168,8 @@ class CheckpointGuard(TrainerCallback):
             restored = state.train_batch_size if args.auto_find_batch_size else None
             per_process = restored or args.train_batch_size
             batching = {"examples_per_batch": examples_per_batch(args, per_process),
-                        "gradient_accumulation_steps": args.gradient_accumulation_steps}
+                        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                        "batch_per_process": per_process, "train_sampling_strategy": sampling_strategy(args)}
             write_manifest(folder, state.global_step, args.world_size, batching)
         _barrier(args)
         self.last_save = time.perf_counter()
@@ -178,6 +196,6 @@ class LogLines(TrainerCallback):
                   flush=True)
 
 
-__all__ = ["ARGUMENTS_FILE", "MANIFEST_FILE", "CheckpointGuard", "LogLines", "arguments_as_json",
-           "examples_per_batch", "read_trainer_checkpoint", "splits_batches",
-           "trainer_checkpoints", "write_manifest"]
+__all__ = ["ARGUMENTS_FILE", "BATCH_ORDERED_SAMPLERS", "MANIFEST_FILE", "CheckpointGuard", "LogLines",
+           "arguments_as_json", "examples_per_batch", "read_trainer_checkpoint", "sampling_strategy",
+           "splits_batches", "trainer_checkpoints", "write_manifest"]
