@@ -258,6 +258,7 @@ def configure_log_n(model: PreTrainedModel, *, base_length: int | None = None, f
                         f"{getattr(model.config, '_attn_implementation', None)!r}: load it with "
                         f"attn_implementation={ENTROPY_INVARIANT!r} (or give it to the sub-configs to scale) "
                         "for log-n scaling.")
+    check_submodels_follow(model)
     fields = {"base_length": base_length, "entropy_invariant_formula": formula,
               "entropy_invariant_scope": scope, "entropy_min_length": min_length}
     check_log_n_fields(fields)
@@ -266,6 +267,32 @@ def configure_log_n(model: PreTrainedModel, *, base_length: int | None = None, f
             if value is not None:
                 setattr(config, field, value)
     return len(scaled)
+
+
+def check_submodels_follow(model: PreTrainedModel) -> None:
+    """``TypeError`` when ``model.config`` runs log-n attention but a submodel holding its own copy of a
+    config of the same class (T5's encoder and decoder stacks) still runs another implementation: what
+    ``set_attn_implementation`` leaves behind in Transformers 5.15-5.19, where T5 already dispatches through
+    ``ALL_ATTENTION_FUNCTIONS`` but the method skips submodels whose config has the model config's class
+    (fixed in 5.20). Log-n scaling would silently not apply there."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation not in STOCK_LOG_N_ATTENTION:
+        return
+    stale = {name: module.config._attn_implementation for name, module in model.named_modules()
+             if _own_copy(module, model) and module.config._attn_implementation not in STOCK_LOG_N_ATTENTION}
+    if stale:
+        named = ", ".join(f"{name} ({value!r})" for name, value in stale.items())
+        raise TypeError(f"{type(model).__name__} runs attn_implementation={implementation!r} but its "
+                        f"submodels {named} still run another one (set_attn_implementation does not reach "
+                        f"them in Transformers 5.15-5.19): load the model with attn_implementation="
+                        f"{implementation!r}, or call set_attn_implementation on each of them, so that log-n "
+                        "scaling applies everywhere.")
+
+
+def _own_copy(module: torch.nn.Module, model: PreTrainedModel) -> bool:
+    """Whether ``module`` is a submodel of ``model`` with its own config of ``model.config``'s class."""
+    return (isinstance(module, PreTrainedModel) and module is not model and module.config is not model.config
+            and type(module.config) is type(model.config))
 
 
 def check_log_n_fields(fields: dict[str, Any]) -> None:
