@@ -238,7 +238,8 @@ def configure_log_n(model: PreTrainedModel, *, base_length: int | None = None, f
     alone is not silently ignored there. A ``PeftModel`` is read through its base model. A compiled model
     recompiles when these fields change (torch 2.11 and later; below, dynamo does not guard them: call
     ``torch.compiler.reset()``): pass the module that was compiled, not ``torch.compile``'s wrapper.
-    ``TypeError`` for a model none of whose configs runs those implementations, or whose attention does not
+    ``TypeError`` for a model none of whose configs runs those implementations, one whose submodels of the
+    same config class were left on another (``check_submodels_follow``), or one whose attention does not
     dispatch through ``ALL_ATTENTION_FUNCTIONS``; ``ValueError`` naming a bad value. Returns how many configs
     were set."""
     if hasattr(model, "get_base_model") and not isinstance(model, PreTrainedModel):
