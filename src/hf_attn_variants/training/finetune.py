@@ -109,12 +109,13 @@ from .tasks import (
 )
 from .trainer_hooks import (
     ARGUMENTS_FILE,
+    BATCH_ORDERED_SAMPLERS,
     MANIFEST_FILE,
     CheckpointGuard,
     LogLines,
-    BATCH_ORDERED_SAMPLERS,
     arguments_as_json,
     examples_per_batch,
+    per_process_batch,
     read_trainer_checkpoint,
     sampling_strategy,
     splits_batches,
@@ -508,13 +509,12 @@ def _launch_batch(path: str, training_args: Any) -> tuple[int, int, str]:
     """The examples a batch of this launch takes over all processes (``examples_per_batch``) resuming
     ``path``, the per-process batch behind them (``Trainer``'s ``train_batch_size``), and how they come about
     in words."""
-    per_process = training_args.train_batch_size
     how = f"per_device_train_batch_size {training_args.per_device_train_batch_size}"
     if training_args.n_gpu > 1:
         how += f" × {training_args.n_gpu} GPUs of one process"
+    state = read_json_file(Path(path) / "trainer_state.json") if training_args.auto_find_batch_size else None
+    per_process = per_process_batch(training_args, (state or {}).get("train_batch_size"))
     if training_args.auto_find_batch_size:  # Trainer restores the checkpoint's batch
-        state = read_json_file(Path(path) / "trainer_state.json") or {}
-        per_process = state.get("train_batch_size") or per_process
         how = f"auto_find_batch_size's {per_process} of the checkpoint"
     if splits_batches(training_args):
         how += f", split over {training_args.world_size} process(es)"

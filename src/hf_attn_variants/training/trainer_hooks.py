@@ -7,8 +7,7 @@
   ``training_args.json`` (``Trainer``'s other files load with ``weights_only=True``: no file of a finetune
   checkpoint needs pickle) and writes ``checkpoint_manifest.json`` (size and sha256 of every file, and the
   number of processes, the examples a batch took over them, the accumulation and the sampler, atomically,
-  last);
-  ``trainer_checkpoints`` reads a folder without one as a save that did not finish, and
+  last); ``trainer_checkpoints`` reads a folder without one as a save that did not finish, and
   ``checkpoints.newest_complete`` checks the rest;
 - ``on_step_end``: at the steps where the ranks agree (``preemption.Agreement``: every step in one process,
   about every second of training with several; one all-reduce) they settle whether a stop signal (or, from
@@ -93,6 +92,14 @@ BATCH_ORDERED_SAMPLERS = {"group_by_length": False, "batch_rebalance": True}
 ``BatchRebalanceSampler``'s effective batch), and whether it also depends on the processes (True)."""
 
 
+def per_process_batch(args: Any, settled: int | None = None) -> int:
+    """``Trainer``'s batch per process: ``args.train_batch_size`` (the per-device batch × the GPUs of a
+    DataParallel process), or under ``auto_find_batch_size`` the batch it ``settled`` on, which it keeps in
+    ``state.train_batch_size`` and restores from a checkpoint's. Without that flag a resumed run's state keeps
+    the checkpoint's value, so it is not read."""
+    return (settled if args.auto_find_batch_size else None) or args.train_batch_size
+
+
 def examples_per_batch(args: Any, per_process: int) -> int:
     """The examples one batch of ``Trainer``'s training dataloader takes over all processes: ``per_process``
     (``Trainer``'s ``train_batch_size``: the per-device batch × the GPUs of a DataParallel process, or what
@@ -163,10 +170,7 @@ class CheckpointGuard(TrainerCallback):
         _barrier(args)
         if state.is_world_process_zero and folder.is_dir():
             arguments_as_json(folder, args)
-            # Trainer keeps a resumed checkpoint's state.train_batch_size; it holds this run's batch only
-            # where it restores it, under auto_find_batch_size
-            restored = state.train_batch_size if args.auto_find_batch_size else None
-            per_process = restored or args.train_batch_size
+            per_process = per_process_batch(args, state.train_batch_size)
             batching = {"examples_per_batch": examples_per_batch(args, per_process),
                         "gradient_accumulation_steps": args.gradient_accumulation_steps,
                         "batch_per_process": per_process, "train_sampling_strategy": sampling_strategy(args)}
@@ -197,5 +201,5 @@ class LogLines(TrainerCallback):
 
 
 __all__ = ["ARGUMENTS_FILE", "BATCH_ORDERED_SAMPLERS", "MANIFEST_FILE", "CheckpointGuard", "LogLines",
-           "arguments_as_json", "examples_per_batch", "read_trainer_checkpoint", "sampling_strategy",
-           "splits_batches", "trainer_checkpoints", "write_manifest"]
+           "arguments_as_json", "examples_per_batch", "per_process_batch", "read_trainer_checkpoint",
+           "sampling_strategy", "splits_batches", "trainer_checkpoints", "write_manifest"]
