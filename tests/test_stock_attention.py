@@ -248,14 +248,16 @@ def test_eager_variant_equals_the_sdpa_one_and_returns_the_weights(scope: str) -
 
 
 # ----------------------------------------------------------------------- configure_log_n, what is refused
-def tiny_t5(implementation: str) -> torch.nn.Module:
+def tiny_t5(implementation: str, stacks: bool = True) -> torch.nn.Module:
+    """A tiny T5 set to ``implementation``, its stacks too unless ``stacks`` is False (Transformers
+    5.15-5.19's ``set_attn_implementation`` leaves them as they were)."""
     from transformers import T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(0)
     model = T5ForConditionalGeneration(T5Config(vocab_size=97, d_model=32, d_kv=8, d_ff=64, num_layers=1,
                                                 num_heads=4, dropout_rate=0.0)).eval()
     model.set_attn_implementation(implementation)
-    for stack in (model.encoder, model.decoder):  # Transformers 5.15-5.19 leave them as they were
+    for stack in (model.encoder, model.decoder) if stacks else ():
         stack.set_attn_implementation(implementation)
     return model
 
@@ -294,8 +296,6 @@ def test_configure_log_n_refuses_submodels_set_attn_implementation_did_not_reach
     """T5's stacks hold copies of its config; Transformers 5.15-5.19's ``set_attn_implementation`` on the
     model skips them (same config class), so log-n would silently apply nowhere: one TypeError naming them.
     From 5.20 the method reaches them and ``configure_log_n`` sets all three configs."""
-    from transformers import T5Config, T5ForConditionalGeneration
-
     model = tiny_t5("entropy_invariant")
     if not stock_attention.dispatches_attention(model):
         pytest.skip("Transformers' T5 before 5.15 computes its attention itself (configure_log_n refuses it)")
@@ -303,10 +303,7 @@ def test_configure_log_n_refuses_submodels_set_attn_implementation_did_not_reach
     with pytest.raises(TypeError, match=r"runs attn_implementation='entropy_invariant' but its submodels "
                                         r"encoder \('sdpa'\) still run another one"):
         stock_attention.configure_log_n(model, base_length=4)
-    torch.manual_seed(0)
-    top_only = T5ForConditionalGeneration(T5Config(vocab_size=97, d_model=32, d_kv=8, d_ff=64, num_layers=1,
-                                                   num_heads=4, dropout_rate=0.0))
-    top_only.set_attn_implementation("entropy_invariant")
+    top_only = tiny_t5("entropy_invariant", stacks=False)
     if top_only.encoder.config._attn_implementation == "entropy_invariant":  # Transformers 5.20 and later
         assert stock_attention.configure_log_n(top_only, base_length=4) >= 3
     else:
