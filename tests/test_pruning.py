@@ -329,6 +329,24 @@ def test_importance_needs_labels_and_examples() -> None:
         compute_head_importance(model, [batch["input_ids"]])
 
 
+@pytest.mark.parametrize(("dataloader", "kwargs", "message"), [
+    (None, {}, "dataloader must be an iterable of dict batches .*got NoneType"),
+    ("one batch", {}, "dataloader must be an iterable of dict batches, got one dict batch: wrap it in a"),
+    ("labels list", {}, r"batch\['labels'\] must be a tensor, got list"),
+    ("batches", {"normalize_per_layer": "no"}, "normalize_per_layer must be a bool, got 'no'"),
+    ("batches", {"normalize_global": 1}, "normalize_global must be a bool, got 1"),
+])
+def test_bad_importance_arguments_are_named(dataloader, kwargs, message) -> None:
+    """Each gave an error that did not name the argument (iterating None, a dict's keys read as batches, a
+    list of labels deep in the loss) or was read as true (``"no"``)."""
+    model = build("entropy_invariant")
+    batch = labelled(model, 2, seed=1)
+    data = {"one batch": batch, "labels list": [{**batch, "labels": batch["labels"].tolist()}],
+            "batches": [batch]}.get(dataloader)
+    with pytest.raises(TypeError, match=message):
+        compute_head_importance(model, data, **kwargs)
+
+
 @pytest.mark.parametrize("kind", ["llama", "entropy_invariant"])
 def test_examples_with_nothing_to_predict_are_skipped(kind: str) -> None:
     """A causal row of one token (the model shifts the labels) or an MLM row with nothing masked has no loss:
@@ -478,14 +496,19 @@ def test_iterative_pruning_to_the_end_and_random_order() -> None:
     ({"min_heads_per_layer": "2"}, ValueError, "min_heads_per_layer must be an integer"),
     ({"higher_is_better": "no"}, TypeError, "higher_is_better must be a bool, got 'no'"),
     ({"rescore": "no"}, TypeError, "rescore must be a bool"),
+    ({"metric": 3}, TypeError, "metric must be a callable metric\\(model\\) -> float, got int"),
+    ({"metric": lambda m: None}, TypeError, "metric must return a real number, got NoneType None"),
+    ({"metric": lambda m: "0.5"}, TypeError, "metric must return a real number, got str '0.5'"),
+    ({"metric": lambda m: float("nan")}, ValueError, "metric returned nan for the model before pruning"),
 ])
 def test_bad_pruning_arguments_are_named_before_any_step(kwargs, error, message) -> None:
     """Each once gave a deep ``IndexError``/``TypeError`` or was silently read otherwise (a NaN score is
-    "already pruned": all-NaN importance pruned nothing and said nothing)."""
+    "already pruned": all-NaN importance pruned nothing and said nothing; a NaN metric was the baseline of
+    every step, and with no threshold every head went)."""
     model = build("llama")
-    arguments = {"importance": torch.rand(LAYERS, HEADS), **kwargs}
+    arguments = {"importance": torch.rand(LAYERS, HEADS), "metric": lambda m: 1.0, **kwargs}
     with pytest.raises(error, match=message):
-        iterative_head_pruning(model, [labelled(model, 2, seed=1)], lambda m: 1.0, **arguments)
+        iterative_head_pruning(model, [labelled(model, 2, seed=1)], **arguments)
     assert count_heads(model) == (LAYERS * HEADS, LAYERS * HEADS)  # nothing pruned
 
 
@@ -548,6 +571,20 @@ def test_unsupported_architectures_raise_type_error() -> None:
         prune_heads(gpt2, {0: [0]})
     with pytest.raises(TypeError, match="PreTrainedModel"):
         prune_heads(torch.nn.Linear(2, 2), {0: [0]})
+
+
+def test_a_hybrid_decoder_with_layers_of_another_attention_is_unsupported() -> None:
+    """A decoder whose first layer is Llama-style but a later one another attention (MiniMax's linear layers)
+    matched the decoder adapter on layer 0 and failed at the first later layer with an ``AttributeError``."""
+
+    class LinearAttention(torch.nn.Module):  # no q/k/v/o projections, as MiniMax's lightning attention
+        def forward(self, hidden_states, **kwargs):
+            return hidden_states, None
+
+    model = build("llama")
+    model.model.layers[1].self_attn = LinearAttention()
+    with pytest.raises(TypeError, match="does not know the architecture of LlamaForCausalLM"):
+        compute_head_importance(model, [labelled(model, 2, seed=1)])
 
 
 def _tiny_decoder(name: str, **extra):

@@ -225,7 +225,7 @@ def test_causal_rows_of_one_token_are_skipped_and_a_data_error_writes_no_run(tmp
     out = tmp_path / "out"
     code = main(["prune", "--model_name_or_path", str(model_dir), "--train_file", str(words),
                  "--output_dir", str(out), *common])
-    assert code == 2 and "--train_file: " in capsys.readouterr().err
+    assert code == 2 and "--train_file's evaluation rows hold no token to predict" in capsys.readouterr().err
     assert not out.exists()
     mixed = tmp_path / "mixed.txt"
     mixed.write_text("w1\n" + "\n".join(text for text, _ in sentences(12)) + "\n")
@@ -233,3 +233,111 @@ def test_causal_rows_of_one_token_are_skipped_and_a_data_error_writes_no_run(tmp
                  "--output_dir", str(out), *common])
     assert code == 0, capsys.readouterr().err
     assert (out / "curve.json").exists()
+
+
+def _classifier_folder(tmp_path, model) -> str:
+    folder = tmp_path / type(model).__name__
+    model.save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def test_a_stock_model_that_prunes_nothing_writes_its_run(tmp_path, capsys) -> None:
+    """A BERT whose first step falls below the threshold (or ``--max_heads_pruned 0``) kept no head pruned,
+    and the command read ``config.pruned_heads``, which a Transformers 5 config has only after a pruning: an
+    ``AttributeError`` after ``run.json`` and the importance plot were written."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=len(WORDS) + 5, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=32, num_labels=2))
+    folder, data = _classifier_folder(tmp_path, model), tmp_path / "train.csv"
+    write_csv(data, sentences(40))
+    for name, flags in (("above", ["--threshold", "1.5"]), ("none", ["--max_heads_pruned", "0"])):
+        out = tmp_path / name
+        code = main(["prune", "--model_name_or_path", folder, "--train_file", str(data), "--output_dir",
+                     str(out), "--num_importance_examples", "8", *flags])
+        assert code == 0, capsys.readouterr().err
+        metadata = json.loads((out / "curve.json").read_text())["metadata"]
+        assert metadata["pruned_heads"] == {} and metadata["heads_after"] == 8
+
+
+def test_a_llama_classifier_without_a_pad_token_id_prunes_on_padded_batches(tmp_path, capsys) -> None:
+    """Llama-style classifiers find a row's last token through ``config.pad_token_id``; without one the first
+    padded evaluation batch raised after the run had started writing. The command gives the config the
+    tokenizer's pad token, and a model that cannot evaluate a padded batch is refused before anything is
+    written."""
+    from transformers import LlamaForSequenceClassification
+
+    torch.manual_seed(0)
+    model = LlamaForSequenceClassification(LlamaConfig(
+        vocab_size=len(WORDS) + 5, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=32, num_labels=2))
+    assert model.config.pad_token_id is None
+    folder, data = _classifier_folder(tmp_path, model), tmp_path / "train.csv"
+    write_csv(data, sentences(40))
+    out = tmp_path / "out"
+    code = main(["prune", "--model_name_or_path", folder, "--train_file", str(data), "--output_dir", str(out),
+                 "--num_importance_examples", "8", "--max_heads_pruned", "2"])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((out / "model" / "config.json").read_text())["pad_token_id"] == tokenizer().pad_token_id
+
+
+def test_string_labels_map_to_one_id_in_every_split(tmp_path) -> None:
+    """Names were numbered per split in sorted order: a file sorted by label held out only 'c' rows, which
+    then read as class 0 for the evaluation and class 2 for the importance."""
+    import argparse
+
+    from hf_attn_variants.pruning.cli import add_arguments, prepare
+
+    folder = _classifier_folder(tmp_path, EntropyInvariantForSequenceClassification(EntropyInvariantConfig(
+        vocab_size=len(WORDS) + 5, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, num_labels=3, max_position_embeddings=32)))
+    data = tmp_path / "sorted.csv"
+    names = ["a"] * 14 + ["b"] * 13 + ["c"] * 13
+    write_csv(data, [(text, name) for (text, _), name in zip(sentences(40), names)])
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    inputs = prepare(parser.parse_args(["--model_name_or_path", folder, "--train_file", str(data),
+                                        "--output_dir", str(tmp_path / "out"),
+                                        "--validation_split_percentage", "20"]))
+    assert {int(label) for batch in inputs.eval_batches for label in batch["labels"]} == {2}
+    assert {int(label) for batch in inputs.importance_batches for label in batch["labels"]} == {0, 1, 2}
+
+
+def test_evaluation_rows_with_nothing_to_predict_are_refused(tmp_path, capsys) -> None:
+    """A causal validation file of one-token rows has no perplexity: it read as 1.0 at every step (exp(0/1)),
+    and every head was pruned."""
+    model_dir = tmp_path / "model"
+    make_model("llama").save_pretrained(model_dir)
+    tokenizer().save_pretrained(model_dir)
+    train, dev = tmp_path / "train.txt", tmp_path / "dev.txt"
+    train.write_text("\n".join(text for text, _ in sentences(12)) + "\n")
+    dev.write_text("w1\nw2\nw3\n")
+    out = tmp_path / "out"
+    code = main(["prune", "--model_name_or_path", str(model_dir), "--train_file", str(train),
+                 "--validation_file", str(dev), "--output_dir", str(out), "--num_importance_examples", "4"])
+    assert code == 2
+    assert "--validation_file's evaluation rows hold no token to predict" in capsys.readouterr().err
+    assert not out.exists()
+    from hf_attn_variants.pruning.data import perplexity_metric
+
+    with pytest.raises(ValueError, match="no token to predict"):
+        perplexity_metric([{"input_ids": torch.tensor([[5]]), "labels": torch.tensor([[5]])}], True)(
+            make_model("llama"))
+
+
+def test_batches_are_padded_on_the_right_whatever_the_tokenizer_says() -> None:
+    """A decoder takes its positions from the row's start: a left-padded row was scored and evaluated at
+    shifted positions, so its results depended on the rows batched with it."""
+    from datasets import Dataset
+
+    from hf_attn_variants.pruning.data import build_batches
+
+    left = tokenizer()
+    left.padding_side = "left"
+    rows = Dataset.from_dict({"text": ["w1 w2 w3 w4 w5", "w1"]})
+    (batch,) = build_batches(rows, left, make_model("llama"), "causal-lm", batch_size=2)
+    assert batch["attention_mask"].tolist() == [[1] * 5, [1, 0, 0, 0, 0]]
+    assert batch["labels"][1].tolist() == [batch["input_ids"][1, 0].item()] + [-100] * 4

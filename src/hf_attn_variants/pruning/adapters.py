@@ -314,6 +314,14 @@ class AttnVariantAdapter(SelfAttnLayersAdapter):
         """Nothing to do: the layers were built with ``config.layer_heads(i)``."""
 
 
+def _encoder_attention(attention: Any) -> bool:
+    """Whether ``attention`` is a BERT-style block: ``self.{query,key,value}`` and ``output.dense``."""
+    self_attention = getattr(attention, "self", None)
+    return all(hasattr(self_attention, name) for name in ("query", "key", "value")) and hasattr(
+        getattr(attention, "output", None), "dense"
+    )
+
+
 class EncoderAdapter(HeadAdapter):
     """BERT/RoBERTa-style encoders: ``encoder.layer[i].attention.{self.query,key,value; output.dense}``."""
 
@@ -324,11 +332,7 @@ class EncoderAdapter(HeadAdapter):
         layers = getattr(getattr(model.base_model, "encoder", None), "layer", None)
         if not layers:
             return False
-        attention = getattr(layers[0], "attention", None)
-        self_attention = getattr(attention, "self", None)
-        return all(hasattr(self_attention, name) for name in ("query", "key", "value")) and hasattr(
-            getattr(attention, "output", None), "dense"
-        )
+        return all(_encoder_attention(getattr(layer, "attention", None)) for layer in layers)
 
     def attention_modules(self) -> list[nn.Module]:
         return [layer.attention for layer in self.base.encoder.layer]
@@ -402,8 +406,10 @@ class DecoderAdapter(SelfAttnLayersAdapter):
         layers = getattr(model.base_model, "layers", None)
         if not layers:
             return False
-        attention = getattr(layers[0], "self_attn", None)
-        return all(hasattr(attention, name) for name in (*PROJECTIONS, "head_dim"))
+        # every layer: a hybrid (MiniMax's linear-attention layers) has layers without the projections
+        names = (*PROJECTIONS, "head_dim")
+        attentions = [getattr(layer, "self_attn", None) for layer in layers]
+        return all(hasattr(attention, name) for attention in attentions for name in names)
 
     def check_removable(self) -> None:
         """``TypeError`` naming the per-head tensors beside the projections that removing heads would leave

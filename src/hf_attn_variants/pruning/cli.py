@@ -58,7 +58,16 @@ from ..training.checkpoints import read_json_file
 from ..training.outputs import OutputRule, check_output_folder, finish_run, json_arguments, start_run
 from ..training.runlock import run_lock
 from .adapters import get_adapter
-from .data import TASKS, accuracy_metric, build_batches, infer_task, load_rows, perplexity_metric
+from .data import (
+    TASKS,
+    accuracy_metric,
+    build_batches,
+    count_targets,
+    infer_task,
+    label_mapping,
+    load_rows,
+    perplexity_metric,
+)
 from .importance import compute_head_importance
 from .iterative import head_budget, iterative_head_pruning, write_curve
 from .plotting import plot_head_importance, plot_pruning_curve
@@ -290,15 +299,34 @@ def prepare(args: argparse.Namespace) -> PruneInputs:
     if args.uniform:
         _check_uniform(args, model)
     task = _task(args, model)
+    if task == "classification" and getattr(model.config, "pad_token_id", None) is None:
+        # a Llama-style classifier reads the last token of a padded row through pad_token_id
+        model.config.pad_token_id = tokenizer.pad_token_id
     train_rows, eval_rows = _split(rows, args)
     train_rows = train_rows.select(range(min(len(train_rows), args.num_importance_examples)))
     eval_rows = eval_rows.select(range(min(len(eval_rows), args.num_eval_examples)))
     options = {"text_column": args.text_column, "text_pair_column": args.text_pair_column,
                "label_column": args.label_column, "max_seq_length": args.max_seq_length,
-               "batch_size": args.batch_size, "mlm_probability": args.mlm_probability}
+               "batch_size": args.batch_size, "mlm_probability": args.mlm_probability,
+               "labels": _labels(args, model, task, train_rows, eval_rows)}
     importance_batches = build_batches(train_rows, tokenizer, model, task, seed=args.seed, **options)
     eval_batches = build_batches(eval_rows, tokenizer, model, task, seed=args.seed + 1, **options)
+    if task != "classification" and not count_targets(eval_batches, task == "causal-lm"):
+        flag = "validation_file" if args.validation_file else "train_file"
+        raise FlagError(flag, f"--{flag}'s evaluation rows hold no token to predict (rows of one token for "
+                              "a causal LM, or of special tokens only): there is no perplexity to prune "
+                              "against.")
     return PruneInputs(model, tokenizer, task, importance_batches, eval_batches, folder, arguments)
+
+
+def _labels(args: argparse.Namespace, model: Any, task: str, *splits: Any) -> dict[str, int] | None:
+    """One name → id mapping for the string labels of every split (``label_mapping``), so that importance and
+    evaluation rows agree."""
+    if task != "classification":
+        return None
+    names = [value for split in splits if args.label_column in split.column_names
+             for value in split[args.label_column]]
+    return label_mapping(names, model) if names else None
 
 
 def _as_json(importance: torch.Tensor) -> list[list[float | None]]:
@@ -312,7 +340,7 @@ def _restate(model: Any) -> dict[str, int] | None:
         fields = ("num_attention_heads", "num_key_value_heads", "head_dim")
         return {name: getattr(model.config, name) for name in fields
                 if getattr(model.config, name, None) is not None}
-    if model.config.pruned_heads:
+    if get_adapter(model).pruned_heads():
         logger.warning("%s's config cannot state the uniform pruning as a plain num_attention_heads (see "
                        "restate_uniform_heads); it keeps pruned_heads: reload model/ with load_pruned.",
                        type(model).__name__)
@@ -354,7 +382,9 @@ def study(args: argparse.Namespace, inputs: PruneInputs) -> None:
         raise FlagError("train_file", f"train_file: head importance cannot be computed: {error} Check that "
                                       "every example has a token to predict, and that the model's loss is "
                                       "finite on it.") from error
-    # every input is valid (the scores are the last check of the data): from here on the run writes
+    _check_padded_forward(model, eval_batches[0])
+    # every input is valid (the scores and a padded batch are the last checks of the data): from here on the
+    # run writes
     start_run(PRUNE_RULE, inputs.folder, inputs.arguments)
     plot_head_importance(importance, output / "head_importance.png",
                          title=f"Head importance\n{type(model).__name__}")
@@ -369,7 +399,7 @@ def study(args: argparse.Namespace, inputs: PruneInputs) -> None:
         "model": str(args.model_name_or_path), "model_class": type(model).__name__, "task": task,
         "metric": metric_name, "higher_is_better": higher_is_better, "baseline": curve[0].metric,
         "total_heads": total, "heads_before": remaining_before, "heads_after": count_heads(model)[0],
-        "pruned_heads": {str(k): v for k, v in (model.config.pruned_heads or {}).items()},
+        "pruned_heads": {str(k): v for k, v in get_adapter(model).pruned_heads().items()},
         "importance": _as_json(importance),
         "settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
     }
@@ -391,6 +421,18 @@ def study(args: argparse.Namespace, inputs: PruneInputs) -> None:
     finish_run(output)
     for line in end_summary(output, metadata, [row for row in curve if row.accepted][-1]):
         logger.info("prune: %s", line)
+
+
+@torch.no_grad()
+def _check_padded_forward(model: Any, batch: dict[str, torch.Tensor]) -> None:
+    """``FlagError`` naming ``--model_name_or_path`` when the model cannot run a padded evaluation batch (the
+    scores ran on single rows), before anything is written."""
+    device = next(model.parameters()).device
+    try:
+        model(**{k: v.to(device) for k, v in batch.items() if k != "labels"})
+    except (ValueError, RuntimeError, IndexError) as error:
+        raise FlagError("model_name_or_path", "--model_name_or_path cannot evaluate a padded batch of the "
+                                              f"validation rows: {error_reason(error)}") from error
 
 
 def end_summary(output: Path, metadata: dict[str, Any], last: Any) -> list[str]:

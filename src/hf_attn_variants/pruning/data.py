@@ -12,7 +12,7 @@ Batches are built once (padded per batch) and reused, so every pruning step is e
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,15 +73,32 @@ def _text_column(rows: Any, name: str | None) -> str:
     raise FlagError("text_column", f"no text column found in {rows.column_names}; pass --text_column.")
 
 
-def label_ids(values: Sequence[Any], model: PreTrainedModel) -> list[int]:
-    """Integer labels: ints as they are; strings through ``config.label2id`` if it names them, else sorted
-    order."""
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+def _integers(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def label_mapping(values: Sequence[Any], model: PreTrainedModel) -> dict[str, int] | None:
+    """How ``label_ids`` turns label names into ids: ``config.label2id`` if it names every value, else the
+    sorted names; None for integer labels. Build it once from every split's labels (training and validation
+    rows), so that a split sorted by label or missing a class maps each name to the same id."""
+    if _integers(values):
+        return None
+    label2id = dict(getattr(model.config, "label2id", {}) or {})
+    names = sorted({str(v) for v in values})
+    return label2id if all(n in label2id for n in names) else {n: i for i, n in enumerate(names)}
+
+
+def label_ids(values: Sequence[Any], model: PreTrainedModel,
+              mapping: Mapping[str, int] | None = None) -> list[int]:
+    """Integer labels: ints as they are; strings through ``mapping`` (``label_mapping`` of ``values`` when
+    None). ``FlagError`` naming ``--label_column`` for a name ``mapping`` lacks or an id out of range."""
+    if _integers(values):
         ids = list(values)
     else:
-        label2id = dict(getattr(model.config, "label2id", {}) or {})
-        names = sorted({str(v) for v in values})
-        mapping = label2id if all(n in label2id for n in names) else {n: i for i, n in enumerate(names)}
+        mapping = label_mapping(values, model) if mapping is None else mapping
+        missing = sorted({str(v) for v in values} - set(mapping))
+        if missing:
+            raise FlagError("label_column", f"labels {missing} are not among the labels {sorted(mapping)}.")
         ids = [int(mapping[str(v)]) for v in values]
     num_labels = int(getattr(model.config, "num_labels", 2))
     bad = sorted({i for i in ids if not 0 <= i < num_labels})
@@ -104,8 +121,12 @@ def build_batches(
     batch_size: int = 16,
     mlm_probability: float = 0.15,
     seed: int = 0,
+    labels: Mapping[str, int] | None = None,
 ) -> list[dict[str, torch.Tensor]]:
-    """Tokenize ``rows`` and return padded dict batches with labels for ``task``."""
+    """Tokenize ``rows`` and return dict batches with labels for ``task``, padded on the right whatever the
+    tokenizer's ``padding_side`` (left padding would shift a decoder's positions, so a row's scores and
+    metric would depend on the rows batched with it). ``labels``: the name → id mapping of string labels
+    (``label_mapping`` over every split), else one from these rows alone."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}.")
     column = _text_column(rows, text_column)
@@ -125,19 +146,19 @@ def build_batches(
         if label_column not in rows.column_names:
             raise FlagError("label_column",
                             f"--label_column {label_column!r} is not a column; columns: {rows.column_names}.")
-        labels = label_ids([rows[label_column][i] for i in keep], model)
-        for example, label in zip(examples, labels):
+        ids = label_ids([rows[label_column][i] for i in keep], model, labels)
+        for example, label in zip(examples, ids):
             example["labels"] = label
     generator = torch.Generator().manual_seed(seed)
     batches = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
-        batch = tokenizer.pad(chunk, return_tensors="pt")
+        batch = tokenizer.pad(chunk, return_tensors="pt", padding_side="right")
         batch = {k: v for k, v in batch.items()}
         if task == "causal-lm":
-            labels = batch["input_ids"].clone()
-            labels[batch["attention_mask"] == 0] = -100
-            batch["labels"] = labels
+            targets = batch["input_ids"].clone()
+            targets[batch["attention_mask"] == 0] = -100
+            batch["labels"] = targets
         elif task == "masked-lm":
             batch["input_ids"], batch["labels"] = mask_for_mlm(batch, tokenizer, mlm_probability, generator)
         batches.append(batch)
@@ -172,6 +193,12 @@ def mask_for_mlm(
     swap = chosen & (roll >= 0.8) & (roll < 0.9)
     ids[swap] = random_ids[swap]
     return ids, labels
+
+
+def count_targets(batches: list[dict[str, torch.Tensor]], causal: bool) -> int:
+    """The tokens a perplexity on ``batches`` averages over: labels other than -100, after the first of each
+    row when the model shifts them (``causal``)."""
+    return sum(int((batch["labels"][:, int(causal):] != -100).sum()) for batch in batches)
 
 
 def accuracy_metric(batches: list[dict[str, torch.Tensor]]) -> Callable[[PreTrainedModel], float]:
@@ -210,7 +237,9 @@ def perplexity_metric(batches: list[dict[str, torch.Tensor]],
             )
             loss_sum += float(losses)
             count += int((labels != -100).sum())
-        return math.exp(min(loss_sum / max(count, 1), 700.0))
+        if count == 0:  # exp(0 / 0) would read as a perfect perplexity of 1 at every step
+            raise ValueError("the evaluation batches hold no token to predict.")
+        return math.exp(min(loss_sum / count, 700.0))
 
     return metric
 
@@ -219,8 +248,10 @@ __all__ = [
     "TASKS",
     "accuracy_metric",
     "build_batches",
+    "count_targets",
     "infer_task",
     "label_ids",
+    "label_mapping",
     "load_rows",
     "mask_for_mlm",
     "perplexity_metric",

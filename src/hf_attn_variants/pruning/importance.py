@@ -36,6 +36,9 @@ def split_examples(batch: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     """
     if not isinstance(batch, Mapping):
         raise TypeError(f"each batch must be a dict of tensors (with labels), got {type(batch).__name__}.")
+    for key in LABEL_KEYS:
+        if key in batch and not isinstance(batch[key], torch.Tensor):
+            raise TypeError(f"batch[{key!r}] must be a tensor, got {type(batch[key]).__name__}.")
     tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
     if not tensors:
         raise ValueError(f"batch has no tensors with a batch dimension (keys: {sorted(batch)}).")
@@ -99,6 +102,15 @@ def compute_head_importance(
     Returns:
         float32 CPU tensor indexed by (layer, original head number); NaN for heads already pruned.
     """
+    if isinstance(dataloader, Mapping):
+        raise TypeError("dataloader must be an iterable of dict batches, got one dict batch: wrap it in a "
+                        "list.")
+    if not isinstance(dataloader, Iterable):
+        raise TypeError("dataloader must be an iterable of dict batches (a DataLoader, a list of dicts …), "
+                        f"got {type(dataloader).__name__}.")
+    for name, value in (("normalize_per_layer", normalize_per_layer), ("normalize_global", normalize_global)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}.")
     adapter = get_adapter(model)
     device = next(model.parameters()).device
     gate = torch.ones(adapter.num_layers, adapter.num_heads, device=device, requires_grad=True)

@@ -21,6 +21,7 @@ import csv
 import json
 import logging
 import math
+import numbers
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -236,7 +237,7 @@ def iterative_head_pruning(
     """
     _check_flags(rescore=rescore, uniform=uniform, higher_is_better=higher_is_better,
                  normalize_per_layer=normalize_per_layer, min_heads_per_layer=min_heads_per_layer)
-    _check_arguments(importance_data, fraction, threshold, rescore, importance)
+    _check_arguments(importance_data, metric, fraction, threshold, rescore, importance)
     adapter = _checked_adapter(model, importance)
     total = adapter.num_layers * adapter.num_heads
     budget = head_budget(max_heads_pruned, total)
@@ -279,7 +280,9 @@ def _unpruned_step(model: PreTrainedModel, metric: Callable[[PreTrainedModel], f
                    pruned: int) -> PruningStep:
     """Row 0 of the curve: ``metric`` of the model before this run prunes anything (``pruned`` heads gone)."""
     start = time.perf_counter()
-    baseline = float(metric(model))
+    baseline = metric_value(metric(model))
+    if not math.isfinite(baseline):  # every step would be relative to NaN or inf
+        raise ValueError(f"metric returned {baseline} for the model before pruning; it must be finite.")
     logger.info("step 0: %d/%d heads pruned, metric %.4f", pruned, total, baseline)
     return PruningStep(0, pruned, total - pruned, pruned / total, baseline, 1.0,
                        seconds=time.perf_counter() - start)
@@ -315,9 +318,11 @@ def _logged_step(step: int, done: int, total: int, value: float, rel: float, cho
                        time.perf_counter() - start)
 
 
-def _check_arguments(importance_data: Iterable[Mapping[str, Any]] | None, fraction: float,
+def _check_arguments(importance_data: Iterable[Mapping[str, Any]] | None, metric: Any, fraction: float,
                      threshold: float | None, rescore: bool, importance: torch.Tensor | None) -> None:
     """One error naming the argument for every inconsistent choice of ``iterative_head_pruning``."""
+    if not callable(metric):
+        raise TypeError(f"metric must be a callable metric(model) -> float, got {type(metric).__name__}.")
     for name, value in (("fraction", fraction), ("threshold", 1.0 if threshold is None else threshold)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{name} must be a number, got {value!r}.")
@@ -395,7 +400,17 @@ def _metric_without(model: PreTrainedModel, metric: Callable[[PreTrainedModel], 
     for layer, heads in chosen.items():
         mask[layer, heads] = 0.0
     with torch.no_grad(), head_mask(model, mask):
-        return float(metric(model))
+        return metric_value(metric(model))
+
+
+def metric_value(value: Any) -> float:
+    """What ``metric(model)`` returned, as a float: a real number or a one-element tensor; ``TypeError``
+    naming ``metric`` for anything else (a string such as ``"0.5"`` included)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"metric must return a real number, got {type(value).__name__} {value!r}.")
+    return float(value)
 
 
 __all__ = [
