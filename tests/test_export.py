@@ -228,7 +228,7 @@ def test_exportable_switches_the_config_of_flash_code_saved_before_units_kept_se
     assert unit.config.gau_kernel == "auto" and unit.training
 
 
-def test_the_onnx_program_takes_every_length_and_leaves_the_model_as_it_was(monkeypatch) -> None:
+def test_the_onnx_program_takes_every_length_and_leaves_the_model_as_it_was(monkeypatch, tmp_path) -> None:
     """torch.export of FLASH's chunked path depends on the length modulo ``chunk_size``: torch.onnx then
     narrowed the "dynamic" axis to the traced length (or its multiples of 4) and exited 0. The program is
     traced with the reference kernel and runs at any length; a model whose shapes depend on the length is
@@ -274,6 +274,8 @@ def test_the_onnx_program_takes_every_length_and_leaves_the_model_as_it_was(monk
     for bad in (1, 2.5, True):
         with pytest.raises(ValueError, match=r"example_length must be an int >= 2"):
             onnx_export.exported_program(qa, example_length=bad)
+    with pytest.raises(ValueError, match=r"path must be the ONNX file to write, got the folder"):
+        onnx_export.export_onnx(qa, tmp_path)  # before the export (and before onnxscript is looked for)
     qa.config.max_position_embeddings = 2
     with pytest.raises(ValueError, match=r"max_position_embeddings=2: an ONNX graph"):
         onnx_export.exported_program(qa)

@@ -136,6 +136,8 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, example_length: int
     file at ``path`` with dynamic batch and sequence axes (``exported_program``); returns the path. The
     sequence axis is bounded by ``max_position_embeddings`` (``sequence_bound``); nothing is written for a
     ``ValueError``."""
+    if Path(path).is_dir():  # checked before the export, which takes a while
+        raise ValueError(f"path must be the ONNX file to write, got the folder {str(path)!r}.")
     try:
         import onnxscript  # noqa: F401  (torch.onnx's dynamo exporter needs it)
     except ImportError as error:
