@@ -40,6 +40,7 @@ from hf_attn_variants import (
     SynthesizerForMaskedLM,
 )
 from hf_attn_variants.models.gau_kernels import flash_mixed_chunk_attention, relu2_attention
+from hf_attn_variants.models.modeling_gau import FlashInputs
 from hf_attn_variants.models.gau_triton import triton_relu2_attention
 from tests.test_entropy_invariant import tiny_config as ei_config
 from tests.test_gau import tiny_config as gau_config
@@ -421,3 +422,51 @@ def test_packed_flash_equals_each_document_alone(case: str, kernel: str) -> None
         assert_close_to_scale(packed[a:b].detach(), alone.detach())
     assert_same_gradients(packed_grads,
                           {n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+
+
+@pytest.mark.skipif(ON_CPU, reason="CUDA graphs need a GPU (HF_ATTN_VARIANTS_CUDA_TESTS_ON_CPU=1: skipped)")
+def test_flash_decoding_in_vllm_slots_replays_from_a_cuda_graph() -> None:
+    """vLLM's GPU runner captures batches of one-token decodes in a CUDA graph (unless ``enforce_eager``) and
+    replays it with new inputs copied into the same buffers: the captured ``decode_in_slots`` gives FLASH over
+    each whole sequence for 9 steps of 3 sequences at different places in their chunks."""
+    from hf_attn_variants.serving.flash_slots import decode_in_slots
+    from tests.test_flash_slots import (
+        decode_batch,
+        empty_slots,
+        flash_unit,
+        prefill,
+        reference,
+        sequence_inputs,
+    )
+
+    unit = flash_unit().to(DEVICE)
+    slots = empty_slots(unit, DEVICE)
+    lengths = {1: 3, 2: 4, 3: 7}
+    inputs = {slot: sequence_inputs(unit, lengths[slot] + 9, seed=slot, device=DEVICE) for slot in lengths}
+    got = {slot: [prefill(unit, slots, slot, inputs[slot], 0, lengths[slot])] for slot in lengths}
+    rows, at = decode_batch(inputs, lengths)
+    static_rows, static_at = FlashInputs(*(t.clone() for t in rows.tensors()), None), at.to(DEVICE)
+    index = torch.tensor(list(lengths), device=DEVICE)
+    saved = tuple(slot.clone() for slot in slots)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up off the default stream, as torch.cuda.graph asks
+        decode_in_slots(unit, static_rows, slots, index, static_at)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        numerators = decode_in_slots(unit, static_rows, slots, index, static_at)
+    for slot, kept in zip(slots, saved):  # the warm-up wrote the first step: start again
+        slot.copy_(kept)
+    positions = dict(lengths)
+    for _ in range(9):
+        rows, at = decode_batch(inputs, positions)
+        for static, new in zip(static_rows.tensors(), rows.tensors()):
+            static.copy_(new)
+        static_at.copy_(at)
+        graph.replay()
+        for row, slot in enumerate(lengths):
+            got[slot].append(numerators[row].clone())
+            positions[slot] += 1
+    for slot in lengths:
+        assert_close_to_scale(torch.cat(got[slot]), reference(unit, inputs[slot]))

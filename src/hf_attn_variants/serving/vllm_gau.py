@@ -6,12 +6,13 @@ package's own ``GAUModel`` and runs its modules (``GatedAttentionUnit.project``,
 kernels, ``residual_block``); only where the attention's past lives is vLLM's:
 
 - **FLASH** (``chunk_size`` = g). Each layer's ``FlashChunkState`` is a ``MambaBase`` layer with, per
-  sequence, three tensors of fixed size: the open chunk's keys [k ‖ k'] ``(g, 2s)``, its values ``(g, e)`` and
-  Σ k'ᵀv over the closed chunks ``(s, e)`` (float32). Every prefill, a new sequence's or a later piece of a
-  chunked one, runs the op ``flash_mixed_chunk_attention`` from the slot's state
+  sequence, four tensors of fixed size: the open chunk's keys [k ‖ k'] ``(g, 2s)``, its values ``(g, e)``, and
+  Σ k'ᵀv over the closed chunks and over the open chunk's rows, ``(s, e)`` each (float32; ``flash_slots``).
+  Every prefill, a new sequence's or a
+  later piece of a chunked one, runs the op ``flash_mixed_chunk_attention`` from the slot's state
   (``FlashGatedAttentionUnit.continue_from``; Triton on CUDA) and stores the new state; the decodes of a step
-  run together through ``gau_kernels.flash_decode_step``, each row at its own place in its chunk
-  (r = position mod g).
+  run together through ``flash_slots.decode_in_slots``, each row at its own place in its chunk
+  (r = position mod g), without a host read, so that vLLM can capture them in a CUDA graph.
 - **Softmax GAU** (``softmax``, ``softmax_plus``; no ``chunk_size``). The value of width e splits into h = e/s
   heads of size s that share q and k (exact: softmax weights do not depend on v), so vLLM's paged
   ``Attention`` with h heads of size s computes A·v; ``softmax_plus``'s factor log nᵢ / log ``base_length`` is
@@ -40,7 +41,6 @@ from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid, Suppo
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from ..models.configuration_gau import GAUConfig
-from ..models.gau_kernels import flash_decode_step
 from ..models.layers import compute_dtype
 from ..models.modeling_common import residual_block
 from ..models.modeling_gau import (
@@ -50,6 +50,7 @@ from ..models.modeling_gau import (
     QuadraticGatedAttentionUnit,
     use_triton_kernel,
 )
+from .flash_slots import SequenceState, decode_in_slots
 
 NATIVE_NORMALIZATIONS = ("softmax", "softmax_plus")
 """Quadratic normalisations served on vLLM's paged attention (FLASH is relu² and served through its state)."""
@@ -81,14 +82,15 @@ def native_refusal(config: GAUConfig, tensor_parallel_size: int = 1) -> str | No
 
 def flash_state_shapes(config: GAUConfig) -> tuple[tuple[int, ...], ...]:
     """The shapes of one sequence's FLASH state in a layer: the open chunk's keys [k ‖ k'] ``(g, 2s)`` and
-    values ``(g, e)``, and Σ k'ᵀv over the closed chunks ``(s, e)``."""
+    values ``(g, e)``, and Σ k'ᵀv over the closed chunks and over the open chunk's rows, ``(s, e)`` each."""
     g, s, e = config.chunk_size, config.attention_key_size, config.intermediate_width
-    return ((g, 2 * s), (g, e), (s, e))  # type: ignore[operator]
+    return ((g, 2 * s), (g, e), (s, e), (s, e))  # type: ignore[operator]
 
 
 class FlashChunkState(nn.Module, MambaBase):
     """The vLLM state of one FLASH layer: per sequence the open chunk's keys [k ‖ k'] ``(g, 2s)`` and values
-    ``(g, e)`` in the model's dtype, and Σ k'ᵀv over the closed chunks ``(s, e)`` in at least float32 — a
+    ``(g, e)`` in the model's dtype, and Σ k'ᵀv over the closed chunks and over the open rows ``(s, e)`` in at
+    least float32 — a
     size fixed by the config whatever the context length. It registers under ``prefix`` in vLLM's forward
     context, which hands it its metadata (``LinearAttentionMetadata``: decodes first, then prefills, one state
     slot per sequence)."""
@@ -98,7 +100,7 @@ class FlashChunkState(nn.Module, MambaBase):
         self.shapes = flash_state_shapes(config)
         self.dtype = dtype
         self.prefix = prefix
-        self.kv_cache = (torch.tensor([]), torch.tensor([]), torch.tensor([]))
+        self.kv_cache = tuple(torch.tensor([]) for _ in self.shapes)
         context = get_current_vllm_config().compilation_config.static_forward_context
         if prefix in context:
             raise ValueError(f"Duplicate layer name: {prefix}")
@@ -112,68 +114,12 @@ class FlashChunkState(nn.Module, MambaBase):
         return self.shapes
 
     def get_state_dtype(self) -> tuple[torch.dtype, ...]:
-        return (self.dtype, self.dtype, compute_dtype(self.dtype))
+        return (self.dtype, self.dtype, compute_dtype(self.dtype), compute_dtype(self.dtype))
 
     def metadata(self) -> Any:
         """This layer's metadata for the current step (``None`` in vLLM's profiling run)."""
         metadata = get_forward_context().attn_metadata
         return None if metadata is None else metadata.get(self.prefix)
-
-
-class SequenceState:
-    """One sequence's FLASH state in its vLLM slot, behind the interface of ``GAUChunkCacheLayer`` that
-    ``FlashGatedAttentionUnit.continue_from`` reads (``get_seq_length``, ``open_chunk``) and writes
-    (``store``). ``seen`` tokens are already in it; a new sequence (``seen == 0``) starts from a zero
-    state."""
-
-    def __init__(self, slots: tuple[torch.Tensor, ...], index: int, seen: int, chunk_size: int) -> None:
-        self.keys, self.values, self.state = (slot[index] for slot in slots)
-        self.seen = seen
-        self.chunk_size = chunk_size
-        if seen == 0:
-            self.state.zero_()
-
-    def get_seq_length(self) -> int:
-        return self.seen
-
-    def open_chunk(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
-        opened = self.seen % self.chunk_size
-        if not opened:
-            return None, None, self.state[None]
-        return self.keys[None, None, :opened], self.values[None, None, :opened], self.state[None]
-
-    def store(self, keys: torch.Tensor, values: torch.Tensor, state: torch.Tensor, added: int,
-              chunk_size: int) -> None:
-        """Keep the open rows of a segment ``(1, 1, m, ·)`` that starts on a chunk boundary, and the state."""
-        tail = keys.shape[-2] % chunk_size
-        self.keys[:tail] = keys[0, 0, keys.shape[-2] - tail:]
-        self.values[:tail] = values[0, 0, values.shape[-2] - tail:]
-        self.state.copy_(state[0])
-        self.seen += added
-
-
-def flash_decodes(unit: FlashGatedAttentionUnit, x: FlashInputs, slots: tuple[torch.Tensor, ...],
-                  index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """One decoding step of FLASH for a batch of sequences, each at its own place r = position mod g in its
-    chunk: the numerators ``(batch, 1, e)``. ``x`` holds one token per row ``(batch, 1, ·)``; its key and
-    value become row r of the slot ``index``, and a row that closes its chunk (or starts a sequence) writes
-    its new state. Only the first max(r) + 1 rows of the slots are read."""
-    keys_slot, values_slot, state_slot = slots
-    opened = positions % unit.chunk_size
-    keys_slot[index, opened] = torch.cat([x.quad_k, x.lin_k], dim=-1)[:, 0].to(keys_slot.dtype)
-    values_slot[index, opened] = x.value[:, 0].to(values_slot.dtype)
-    rows = int(opened.max()) + 1
-    quad_k, lin_k = keys_slot[index, :rows].split(unit.key_size, dim=-1)
-    state = state_slot[index]
-    fresh = positions == 0
-    state[fresh] = 0.0
-    visible = torch.arange(rows, device=index.device)[None] <= opened[:, None]
-    closing = opened == unit.chunk_size - 1
-    numerator, state = flash_decode_step(x.quad_q, x.lin_q, quad_k, lin_k, values_slot[index, :rows], state,
-                                         visible, closing)
-    written = closing | fresh
-    state_slot[index[written]] = state[written].to(state_slot.dtype)
-    return numerator
 
 
 class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefixCaching):
@@ -269,20 +215,29 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
         slots = state.kv_cache
         index = metadata.state_indices_tensor.long()
         decodes = metadata.num_decode_tokens
-        if decodes:
+        if decodes:  # a batch vLLM may capture in a CUDA graph: nothing read back to the host
             rows = FlashInputs(*(t[0, :decodes, None] for t in x.tensors()), None)
-            numerator[0, :decodes] = flash_decodes(unit, rows, slots, index[:decodes],
-                                                   positions[:decodes])[:, 0]
+            numerator[0, :decodes] = decode_in_slots(unit, rows, slots, index[:decodes],
+                                                     positions[:decodes])[:, 0]
+        if metadata.num_prefills:
+            self._prefill(unit, x, numerator, slots, index, positions, metadata)
+        return numerator
+
+    @staticmethod
+    def _prefill(unit: FlashGatedAttentionUnit, x: FlashInputs, numerator: torch.Tensor,
+                 slots: tuple[torch.Tensor, ...], index: torch.Tensor, positions: torch.Tensor,
+                 metadata: Any) -> None:
+        """Each prefill of the step from its slot (vLLM runs these batches eagerly): the op continues the
+        sequence's open chunk and closed-chunk sum, empty for a new sequence, and stores the new state."""
         starts = metadata.query_start_loc.tolist()
         triton = use_triton_kernel(unit.settings, x.value.device, x.value.dtype)
         implementation = "triton" if triton else "chunk"
         for request in range(metadata.num_decodes, metadata.num_decodes + metadata.num_prefills):
             start, end = starts[request], starts[request + 1]
             part = FlashInputs(*(t[:, start:end] for t in x.tensors()), None)
-            sequence = SequenceState(slots, int(index[request]), int(positions[start]), unit.chunk_size)
-            # The op from the slot's state: empty for a new sequence, else its open chunk and Σ k'ᵀv.
+            sequence = SequenceState(slots, int(index[request]), int(positions[start]), unit.chunk_size,
+                                     unit.key_size)
             numerator[:, start:end] = unit.continue_from(sequence, part, implementation)
-        return numerator
 
     # ------------------------------------------------------------------------------ state declarations
     @classmethod
@@ -297,13 +252,12 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
     @classmethod
     def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[torch.dtype, ...]:
         dtype = vllm_config.model_config.dtype
-        return (dtype, dtype, compute_dtype(dtype))
+        return (dtype, dtype, compute_dtype(dtype), compute_dtype(dtype))
 
     @classmethod
     def get_mamba_state_copy_func(cls) -> tuple[Any, ...]:
-        """Prefix caching copies each of the three states of a block whole."""
-        return (get_temporal_copy_spec,) * 3
+        """Prefix caching copies each of the four states of a block whole."""
+        return (get_temporal_copy_spec,) * 4
 
 
-__all__ = ["FlashChunkState", "GAUVllmForCausalLM", "SequenceState", "flash_decodes", "flash_state_shapes",
-           "native_refusal", "package_config"]
+__all__ = ["FlashChunkState", "GAUVllmForCausalLM", "flash_state_shapes", "native_refusal", "package_config"]
