@@ -72,10 +72,12 @@ def decode_batch(inputs: dict[int, FlashInputs],
     return FlashInputs(*tensors, None), torch.tensor([positions[slot] for slot in inputs])
 
 
-def test_prefills_and_decodes_in_slots_equal_flash_over_each_whole_sequence() -> None:
+@pytest.mark.parametrize("bounded", [False, True], ids=["every-row", "open-rows"])
+def test_prefills_and_decodes_in_slots_equal_flash_over_each_whole_sequence(bounded: bool) -> None:
     """Three sequences as vLLM runs them: prompts of 3, 4 (a chunk) and 7 tokens (the last in two pieces,
     split mid-chunk), then 9 decoding steps in one batch, each row at its own place in its chunk; then a
-    prefix-cache hit: a copy of one slot continued by a prefill of 6 more tokens."""
+    prefix-cache hit: a copy of one slot continued by a prefill of 6 more tokens. The steps read every row of
+    the open chunk (as under a CUDA graph) or the first max(r) + 1 (eager)."""
     unit = flash_unit()
     slots = empty_slots(unit)
     lengths = {1: 3, 2: 4, 3: 7}
@@ -89,7 +91,8 @@ def test_prefills_and_decodes_in_slots_equal_flash_over_each_whole_sequence() ->
     index = torch.tensor(list(inputs))
     for _ in range(9):
         rows, at = decode_batch(inputs, positions)
-        numerators = decode_in_slots(unit, rows, slots, index, at)
+        bound = int((at % unit.chunk_size).max()) + 1 if bounded else None
+        numerators = decode_in_slots(unit, rows, slots, index, at, bound)
         for row, slot in enumerate(inputs):
             got[slot].append(numerators[row])
             positions[slot] += 1
@@ -102,14 +105,24 @@ def test_prefills_and_decodes_in_slots_equal_flash_over_each_whole_sequence() ->
     torch.testing.assert_close(resumed, reference(unit, inputs[1])[positions[1]:], atol=1e-5, rtol=1e-4)
 
 
-def test_a_decode_at_position_zero_starts_an_empty_sequence() -> None:
-    """vLLM pads a captured batch with rows at position 0 in a spare slot: such a row is a new sequence,
-    whatever its slot held."""
+def test_padding_rows_of_a_captured_batch_touch_only_the_null_slot() -> None:
+    """vLLM pads a captured batch with rows at position 0 whose slot is its null block (0), holding anything:
+    the real rows' numerators and slots are those of the batch without them."""
     unit = flash_unit()
     slots = empty_slots(unit)
-    x = sequence_inputs(unit, 1, seed=7)
-    numerator = decode_in_slots(unit, x, slots, torch.tensor([0]), torch.tensor([0]))
-    torch.testing.assert_close(numerator[0], reference(unit, x))
+    inputs = {slot: sequence_inputs(unit, 6, seed=slot) for slot in (1, 2)}
+    for slot, length in ((1, 3), (2, 5)):
+        prefill(unit, slots, slot, inputs[slot], 0, length)
+    alone = tuple(tensor.clone() for tensor in slots)
+    rows, at = decode_batch(inputs, {1: 3, 2: 5})
+    want = decode_in_slots(unit, rows, alone, torch.tensor([1, 2]), at)
+    padding = sequence_inputs(unit, 1, seed=9)
+    padded = FlashInputs(*(torch.cat([a, b, b]) for a, b in zip(rows.tensors(), padding.tensors())), None)
+    positions = torch.cat([at, torch.zeros(2, dtype=torch.long)])
+    got = decode_in_slots(unit, padded, slots, torch.tensor([1, 2, 0, 0]), positions)
+    torch.testing.assert_close(got[:2], want)
+    for tensor, kept in zip(slots, alone):
+        torch.testing.assert_close(tensor[1:], kept[1:], equal_nan=True)
 
 
 def test_the_decoding_step_needs_no_value_of_its_tensors() -> None:

