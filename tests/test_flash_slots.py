@@ -105,6 +105,25 @@ def test_prefills_and_decodes_in_slots_equal_flash_over_each_whole_sequence(boun
     torch.testing.assert_close(resumed, reference(unit, inputs[1])[positions[1]:], atol=1e-5, rtol=1e-4)
 
 
+def test_a_one_token_prompt_decoded_on_a_used_slot_starts_from_empty_sums() -> None:
+    """vLLM's linear backend counts a one-token prompt as a decode, at position 0, in a slot an earlier
+    sequence may have filled: its sums start at zero (without that, the earlier sequence's S and O were added
+    to it, and served tokens differed from ``generate``)."""
+    unit = flash_unit()
+    slots = empty_slots(unit)
+    earlier = sequence_inputs(unit, 9, seed=5)
+    prefill(unit, slots, 1, earlier, 0, 7)
+    for position in (7, 8):
+        rows = FlashInputs(*(t[:, position:position + 1] for t in earlier.tensors()), None)
+        decode_in_slots(unit, rows, slots, torch.tensor([1]), torch.tensor([position]))
+    x = sequence_inputs(unit, 6, seed=7)
+    got = []
+    for position in range(6):
+        rows = FlashInputs(*(t[:, position:position + 1] for t in x.tensors()), None)
+        got.append(decode_in_slots(unit, rows, slots, torch.tensor([1]), torch.tensor([position]))[0])
+    torch.testing.assert_close(torch.cat(got), reference(unit, x), atol=1e-5, rtol=1e-4)
+
+
 def test_padding_rows_of_a_captured_batch_touch_only_the_null_slot() -> None:
     """vLLM pads a captured batch with rows at position 0 whose slot is its null block (0), holding anything:
     the real rows' numerators and slots are those of the batch without them."""

@@ -65,14 +65,16 @@ def served(vllm: Path, package_overlay: Path, tmp_path_factory: pytest.TempPathF
     serve:
 
     - FLASH with chunk sizes 4 and 16 (prompts of g−1, g, g+1 and 3g+5 tokens among 8 concurrent ones), with a
-      ``max_num_batched_tokens`` of 8 that splits prefills mid-chunk, and with prefix caching hit by a second
-      round of the same prompts;
+      ``max_num_batched_tokens`` of 8 that splits prefills mid-chunk, with prefix caching hit by a second
+      round of the same prompts, and one request at a time in room for about two state slots, so that a
+      one-token prompt (which vLLM decodes at position 0) lands on a slot an earlier request filled;
     - softmax and softmax_plus GAU on paged attention;
 
     and the two it must refuse: quadratic relu² GAU and the Synthesizer."""
     tmp_path = tmp_path_factory.mktemp("vllm_gau")
     tokenizer = embedded_tokenizer()
     vocab = len(tokenizer)
+    short = chunk_prompts(4, vocab)  # 1-token prompts at [4], 2 tokens at [5], 41 at [7]
     cases = [
         ("flash_g4", gau_config(tokenizer, chunk_size=4, attention_normalization="relu2"),
          chunk_prompts(4, vocab), {}),
@@ -88,6 +90,9 @@ def served(vllm: Path, package_overlay: Path, tmp_path_factory: pytest.TempPathF
                                              max_position_embeddings=512),
          [chunk_prompts(16, vocab)[6] * 8 + tail for tail in chunk_prompts(4, vocab)],
          {"engine": {"enable_prefix_caching": True, "max_model_len": 512}, "rounds": 2}),
+        ("flash_g4_reused_slot", gau_config(tokenizer, chunk_size=4, attention_normalization="relu2"),
+         [short[4], short[7], short[4], short[5]],
+         {"engine": {"max_num_seqs": 1, "enable_prefix_caching": False, "kv_cache_memory_bytes": 200_000}}),
         ("softmax", gau_config(tokenizer, attention_normalization="softmax"), chunk_prompts(16, vocab), {}),
         ("softmax_plus", gau_config(tokenizer, attention_normalization="softmax_plus", base_length=8),
          chunk_prompts(16, vocab), {}),

@@ -43,9 +43,10 @@ def decode_in_slots(unit: Any, x: Any, slots: tuple[torch.Tensor, ...], index: t
 
     The new token's key and value become row r of its slot and join O; the numerator is
     ``flash_decode_step``'s, over the slot's first ``rows`` rows with those after r masked (they may hold
-    anything, NaN included). A row that completes its chunk (r = g − 1) moves O into S. Every sequence has
-    been prefilled (vLLM's padding rows of a captured batch point at its null block, whose values are never
-    read for a real sequence).
+    anything, NaN included). A row that completes its chunk (r = g − 1) moves O into S. A row at position 0
+    starts a sequence from empty sums, whatever its slot held: vLLM decodes a one-token prompt (its linear
+    backend counts every one-token query as a decode), and pads a captured batch with such rows on its null
+    block.
 
     Args:
         unit (Any): the ``FlashGatedAttentionUnit`` (``chunk_size`` g, ``key_size`` S).
@@ -67,13 +68,15 @@ def decode_in_slots(unit: Any, x: Any, slots: tuple[torch.Tensor, ...], index: t
     values_slot[index, opened] = x.value[:, 0].to(values_slot.dtype)
     rows = unit.chunk_size if rows is None else rows
     visible = torch.arange(rows, device=index.device)[None] <= opened[:, None]
-    opened_sum = open_slot[index] + open_rows_sum(x.lin_k, x.value, open_slot.dtype)
+    fresh = (positions == 0)[:, None, None]  # a one-token prompt: vLLM decodes it at position 0
+    closed = closed_slot[index].masked_fill(fresh, 0.0)
+    opened_sum = open_slot[index].masked_fill(fresh, 0.0) + open_rows_sum(x.lin_k, x.value, open_slot.dtype)
     quad_k, lin_k = keys_slot[index, :rows].split(unit.key_size, dim=-1)
     values = values_slot[index, :rows].masked_fill(~visible[..., None], 0.0)
-    numerator, _ = flash_decode_step(x.quad_q, x.lin_q, quad_k, lin_k, values, closed_slot[index], visible)
+    numerator, closed = flash_decode_step(x.quad_q, x.lin_q, quad_k, lin_k, values, closed, visible)
     closing = (opened == unit.chunk_size - 1)[:, None, None]
-    closed_slot.index_put_((index,), opened_sum * closing.to(opened_sum.dtype), accumulate=True)
-    open_slot[index] = opened_sum.masked_fill(closing, 0.0)
+    closed_slot[index] = torch.where(closing, closed + opened_sum, closed).to(closed_slot.dtype)
+    open_slot[index] = opened_sum.masked_fill(closing, 0.0).to(open_slot.dtype)
     return numerator
 
 

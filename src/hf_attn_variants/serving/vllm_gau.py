@@ -39,6 +39,11 @@ from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.mamba.abstract import MambaBase
 from vllm.model_executor.layers.mamba.mamba_utils import get_temporal_copy_spec
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid, SupportsMambaPrefixCaching
+from vllm.v1.attention.backends.linear_attn import (
+    LinearAttentionBackend,
+    LinearAttentionMetadata,
+    LinearAttentionMetadataBuilder,
+)
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from ..models.configuration_gau import GAUConfig
@@ -88,6 +93,43 @@ def flash_state_shapes(config: GAUConfig) -> tuple[tuple[int, ...], ...]:
     return ((g, 2 * s), (g, e), (s, e), (s, e))  # type: ignore[operator]
 
 
+class FlashSlotsMetadataBuilder(LinearAttentionMetadataBuilder):
+    """vLLM's linear-attention metadata, with a decode batch's slot indices in a buffer that outlives a step.
+
+    A CUDA graph replays the addresses it captured. With prefix caching vLLM computes the slot indices anew
+    every step (a gather over the block table, ``mamba_get_block_table_tensor`` in ``"align"`` mode), so a
+    replay would read memory that no longer holds them. Under full CUDA graphs the indices of a decode-only
+    batch that a graph can hold are copied into ``decode_slots`` and read from there, as vLLM's own Mamba and
+    Bailing builders do; padding rows keep the null block (0) the block table gives them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        compilation = self.vllm_config.compilation_config
+        mode = compilation.cudagraph_mode
+        self.graphs = mode is not None and mode.has_full_cudagraphs()
+        size = self.vllm_config.scheduler_config.max_num_seqs
+        if compilation.max_cudagraph_capture_size is not None:
+            size = min(size, compilation.max_cudagraph_capture_size)
+        self.decode_slots = torch.zeros(size, dtype=torch.int32, device=self.device)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: Any,
+              fast_build: bool = False) -> LinearAttentionMetadata:
+        metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        decodes = metadata.num_decodes
+        if self.graphs and not metadata.num_prefills and decodes <= self.decode_slots.shape[0]:
+            self.decode_slots[:decodes].copy_(metadata.state_indices_tensor[:decodes], non_blocking=True)
+            metadata.state_indices_tensor = self.decode_slots[:decodes]
+        return metadata
+
+
+class FlashSlotsBackend(LinearAttentionBackend):
+    """vLLM's linear-attention backend with ``FlashSlotsMetadataBuilder``."""
+
+    @staticmethod
+    def get_builder_cls() -> type[FlashSlotsMetadataBuilder]:
+        return FlashSlotsMetadataBuilder
+
+
 class FlashChunkState(nn.Module, MambaBase):
     """The vLLM state of one FLASH layer: per sequence the open chunk's keys [k ‖ k'] ``(g, 2s)`` and values
     ``(g, e)`` in the model's dtype, and Σ k'ᵀv over the closed chunks and over the open rows ``(s, e)`` in at
@@ -110,6 +152,9 @@ class FlashChunkState(nn.Module, MambaBase):
     @property
     def mamba_type(self) -> MambaAttentionBackendEnum:
         return MambaAttentionBackendEnum.LINEAR
+
+    def get_attn_backend(self) -> type[FlashSlotsBackend]:
+        return FlashSlotsBackend
 
     def get_state_shape(self) -> tuple[tuple[int, ...], ...]:
         return self.shapes
@@ -263,4 +308,5 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
         return (get_temporal_copy_spec,) * 4
 
 
-__all__ = ["FlashChunkState", "GAUVllmForCausalLM", "flash_state_shapes", "native_refusal", "package_config"]
+__all__ = ["FlashChunkState", "FlashSlotsBackend", "FlashSlotsMetadataBuilder", "GAUVllmForCausalLM",
+           "flash_state_shapes", "native_refusal", "package_config"]
