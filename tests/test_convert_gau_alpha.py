@@ -136,3 +136,47 @@ def test_bad_checkpoints_name_the_flag(tmp_path) -> None:
                                                        output_dir=str(tmp_path / "out")))
         assert error.value.flag == "checkpoint"
     assert not (tmp_path / "out").exists()
+
+
+PORT_VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz",
+                   "the", "assert", "statement", "raises", "an", "exception", "."]
+
+
+@pytest.mark.parametrize("tokenizer_config",
+                         [None, {"tokenizer_class": "BertTokenizer", "do_lower_case": True}])
+def test_the_converted_folder_has_a_tokenizer_that_loads_and_exports(port_checkpoint, tmp_path,
+                                                                      tokenizer_config) -> None:
+    """A port folder often holds only ``vocab.txt``: copied as it was, ``AutoTokenizer`` could not read it and
+    ``export`` refused the folder. The tokenizer returns no ``token_type_ids`` (segment 1 was silently read as
+    segment 0), with or without the port's ``tokenizer_config.json``."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from hf_attn_variants.hub import ExportArguments, check_export, export
+
+    folder, _ = port_checkpoint()
+    port = tmp_path / "port"
+    shutil.copytree(folder, port)
+    (port / "vocab.txt").write_text("\n".join(PORT_VOCABULARY) + "\n")
+    if tokenizer_config is not None:
+        (port / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    converted = convert_gau_alpha(ConvertGAUAlphaArguments(checkpoint=str(port),
+                                                           output_dir=str(tmp_path / "out")))
+    tokenizer = AutoTokenizer.from_pretrained(converted)
+    batch = tokenizer("The assert statement", "raises an exception.")
+    assert set(batch) == {"input_ids", "attention_mask"}, batch
+    assert tokenizer.convert_ids_to_tokens(batch["input_ids"])[:4] == ["[CLS]", "the", "assert", "statement"]
+    check_export(export(ExportArguments(model_name_or_path=str(converted), output_dir=str(tmp_path / "hub"))))
+
+
+def test_a_port_tokenizer_larger_than_the_vocabulary_is_refused(port_checkpoint, tmp_path) -> None:
+    import shutil
+
+    folder, _ = port_checkpoint()
+    port = tmp_path / "port"
+    shutil.copytree(folder, port)
+    (port / "vocab.txt").write_text("\n".join(f"t{i}" for i in range(PORT_CONFIG["vocab_size"] + 1)) + "\n")
+    with pytest.raises(FlagError, match=r"has \d+ tokens but the model.s vocab_size is 61") as error:
+        convert_gau_alpha(ConvertGAUAlphaArguments(checkpoint=str(port), output_dir=str(tmp_path / "out")))
+    assert error.value.flag == "checkpoint" and not (tmp_path / "out").exists()

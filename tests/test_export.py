@@ -97,6 +97,61 @@ def test_check_export_names_a_missing_folder(tmp_path) -> None:
         check_export(tmp_path / "file")
 
 
+def _shard_missing(folder: Path) -> None:
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors",
+                                        "b": "model-00002-of-00002.safetensors"}}))
+
+
+DAMAGES = {
+    "a pickle in a subfolder": (lambda f: ((f / "checkpoints").mkdir(),
+                                           (f / "checkpoints" / "optimizer.pt").write_bytes(b"x")),
+                                r"pickle files \['checkpoints/optimizer.pt'\]"),
+    "empty weights": (lambda f: (f / "model.safetensors").write_bytes(b""), "do not read as safetensors"),
+    "weights that are not safetensors": (lambda f: (f / "model.safetensors").write_bytes(b"not a header"),
+                                         "do not read as safetensors"),
+    "a shard the index names is missing": (_shard_missing,
+                                           r"lacks the shards \['model-00002-of-00002.safetensors'\]"),
+    "config.json is a list": (lambda f: (f / "config.json").write_text("[1, 2]"),
+                              "must hold a JSON object, got a list"),
+    "config.json is not JSON": (lambda f: (f / "config.json").write_text("{"), "cannot be read as JSON"),
+    "the tokenizer's file is missing": (lambda f: (f / "tokenizer.json").unlink(),
+                                        "has a tokenizer that does not load"),
+    "README.md is a folder": (lambda f: ((f / "README.md").unlink(), (f / "README.md").mkdir()),
+                              r"lacks \['README.md'\]"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_check_export_refuses_what_push_must_not_upload(exported, tmp_path, damage: str) -> None:
+    """``push`` uploads the whole tree, so a pickle in a subfolder is refused as well as one at the top;
+    weights, the shards an index names, the config and the tokenizer must read as a loader will read them.
+    Each used to pass (the config's list: an ``AttributeError``)."""
+    import shutil
+
+    mutate, message = DAMAGES[damage]
+    folder = tmp_path / "export"
+    shutil.copytree(exported["gau"], folder)
+    mutate(folder)
+    with pytest.raises(ValueError, match=message):
+        check_export(folder)
+
+
+def test_export_refuses_a_tokenizer_larger_than_the_vocabulary(trained, tmp_path, capsys) -> None:
+    """Its ids past the embeddings would fail every forward, the card's example included; nothing is
+    written."""
+    tokenizer = embedded_tokenizer()
+    tokenizer.add_tokens(["<a-token-the-model-lacks>"])
+    tokenizer.save_pretrained(tmp_path / "larger")
+    argv = ["export", "--model_name_or_path", str(trained["gau"]), "--output_dir", str(tmp_path / "out"),
+            "--tokenizer_name", str(tmp_path / "larger")]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert "--tokenizer_name" in error and "tokens but the model's vocab_size is" in error, error
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_export_folder_has_the_modes_of_any_folder_the_user_creates(trained, tmp_path) -> None:
     """Not mkdtemp's private 0o700, nor safetensors' 0o600: 0o777 and 0o666 less the umask, so that another
     user or a serving container can read the model."""

@@ -248,25 +248,50 @@ def _training_data(results: dict[str, Any]) -> str:
     return prefix + "Not recorded."
 
 
-def _usage(model_id: str, task: tuple[str, str, str], model_type: str, mask_token: str | None) -> str:
-    """The card's usage block: a pipeline, then the tokenizer and the model, every ``from_pretrained`` with
+GENERATION_PROMPT = "the assert statement"
+"""The text-generation card's prompt."""
+
+
+def _usage(model_id: str, task: tuple[str, str, str], model_type: str, mask_token: str | None,
+           max_new_tokens: int = 20) -> str:
+    """The card's usage block: a pipeline (question answering: the model's start and end logits, as
+    Transformers 5.10 removed that pipeline), then the tokenizer and the model, every ``from_pretrained`` with
     ``trust_remote_code=True`` (without it Transformers asks "Do you wish to run the custom code? [y/N]" and
-    waits), so that it runs unattended (tests/test_model_cards.py runs it with stdin closed)."""
+    waits), so that it runs unattended (tests/test_model_cards.py runs it with stdin closed). Text generation
+    asks for ``max_new_tokens`` tokens, which the caller fits into the model's positions."""
     pipeline_tag, auto_class, _ = task
+    header = (f'# pip install torch "transformers>={MIN_TRANSFORMERS_VERSION}"  (nothing else: the model '
+              'code is in the repo)\n')
+    load = (f'tokenizer = AutoTokenizer.from_pretrained("{model_id}", trust_remote_code=True)\n'
+            f'model = {auto_class}.from_pretrained("{model_id}", trust_remote_code=True)  # {model_type} '
+            'code from the repo\n')
+    if pipeline_tag == "question-answering":
+        return (header + f"import torch\nfrom transformers import AutoTokenizer, {auto_class}\n\n" + load
+                + 'question, context = "what is the assert statement used for?", "it is used for debugging."'
+                  '\ninputs = tokenizer(question, context, return_tensors="pt")\n'
+                  "with torch.no_grad():\n"
+                  "    outputs = model(**inputs)\n"
+                  "start, end = int(outputs.start_logits.argmax()), int(outputs.end_logits.argmax())\n"
+                  'print(repr(tokenizer.decode(inputs["input_ids"][0, start : end + 1])))  # the answer '
+                  'span\n'
+                  'print(type(model).__name__, model.num_parameters())')
     examples = {"fill-mask": f'"the {mask_token or "[MASK]"} statement raises an exception."',
-                "text-generation": '"the assert statement"'}
+                "text-generation": f'"{GENERATION_PROMPT}", max_new_tokens={max_new_tokens}'}
     example = examples.get(pipeline_tag, '"the assert statement is used for debugging."')
     return (
-        f'# pip install torch "transformers>={MIN_TRANSFORMERS_VERSION}"  (nothing else: the model code is '
-        'in the repo)\n'
-        "from transformers import AutoTokenizer, " + auto_class + ", pipeline\n\n"
+        header + "from transformers import AutoTokenizer, " + auto_class + ", pipeline\n\n"
         f'pipe = pipeline("{pipeline_tag}", model="{model_id}", trust_remote_code=True)\n'
-        f"print(pipe({example}))\n\n"
-        f'tokenizer = AutoTokenizer.from_pretrained("{model_id}", trust_remote_code=True)\n'
-        f'model = {auto_class}.from_pretrained("{model_id}", trust_remote_code=True)  # {model_type} code '
-        'from the repo\n'
-        'print(type(model).__name__, model.num_parameters())'
+        f"print(pipe({example}))\n\n" + load
+        + 'print(type(model).__name__, model.num_parameters())'
     )
+
+
+def generation_budget(config: Any, tokenizer: Any | None) -> int:
+    """New tokens the text-generation card asks for: 20, or fewer so that the prompt and they fit in
+    ``max_position_embeddings`` (the Synthesizer's patterns and learned positions end there), at least 1."""
+    prompt = len(tokenizer(GENERATION_PROMPT)["input_ids"]) if tokenizer is not None else 8
+    limit = getattr(config, "max_position_embeddings", None)
+    return 20 if not limit else max(1, min(20, limit - prompt))
 
 
 def render_model_card(
@@ -278,8 +303,10 @@ def render_model_card(
     extra_tags: list[str] | None = None,
     template: str | None = None,
     mask_token: str | None = "[MASK]",
+    tokenizer: Any | None = None,
 ) -> ModelCard:
-    """The ``ModelCard`` of ``model`` (trained in ``source``) for the repository ``model_id``."""
+    """The ``ModelCard`` of ``model`` (trained in ``source``) for the repository ``model_id``; ``tokenizer``
+    (optional) sizes the text-generation example to the model's positions (``generation_budget``)."""
     config = model.config
     architecture = (config.architectures or [type(model).__name__])[0]
     suffix = next((s for s in TASKS if architecture.endswith(s) and s != "Model"), "Model")
@@ -312,7 +339,7 @@ def render_model_card(
         config=config,
         training_data=_training_data(results),
         results_table=_results_table(results),
-        usage=_usage(model_id, task, config.model_type, mask_token),
+        usage=_usage(model_id, task, config.model_type, mask_token, generation_budget(config, tokenizer)),
         shared_file=f"{SHARED_FILE}.py",
         shared_sha256=shared_code_sha256(),
     )

@@ -12,7 +12,11 @@ package's GAU (tested against the port itself to 1e-5) once four things are alig
   into the other; q·kᵀ is unchanged by a common permutation.
 - **Token types.** The port adds a segment embedding; this package has none. Segment 0 (every single-text
   input) is folded into the token embeddings. Segment 1 cannot be represented: inputs with
-  ``token_type_ids == 1`` (sentence pairs) are not supported by the converted model.
+  ``token_type_ids == 1`` (sentence pairs) are not supported by the converted model, so its tokenizer (the
+  port's ``BertTokenizer``, written as ``tokenizer.json``) returns no ``token_type_ids``.
+- **Padding.** The port builds its mask from ``input_ids != pad_token_id`` when given none; the converted
+  model follows Transformers and attends to every token unless ``attention_mask`` says otherwise (the
+  tokenizer returns one).
 - **Offsets.** GAU-α has no β (bert4keras ties it to ``use_bias=False``): β = 0 here.
 - **The n ≥ 16 clamp.** bert4keras added the clamp of softmax_plus's n at 16 in March 2023; GAU-α was trained
   in 2022 without it, so the converted config uses ``entropy_min_length=1``.
@@ -38,6 +42,7 @@ from ..cli_utils import (
     check_field_types,
     check_folder,
     check_output_dir,
+    error_reason,
     replace_folder,
     share_like_the_user,
     staging_folder,
@@ -50,7 +55,8 @@ PORT_NORMALIZATIONS = {"softmax_plus": "softmax_plus", "softmax": "softmax", "sq
 keys)."""
 PORT_BASE_LENGTH = 512
 """softmax_plus's log(n) / log(512) in the port (and bert4keras) is hard-coded to 512."""
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
+"""A port folder holds its tokenizer if it has one of these (the port's tokenizer is ``BertTokenizer``)."""
 
 
 @dataclass
@@ -171,6 +177,29 @@ def read_port_checkpoint(folder: Path) -> tuple[dict[str, Any], dict[str, torch.
     raise FlagError("checkpoint", f"{str(folder)!r} has neither model.safetensors nor pytorch_model.bin.")
 
 
+def read_port_tokenizer(folder: Path, vocab_size: int) -> Any | None:
+    """The port folder's ``BertTokenizer`` without ``token_type_ids`` (the converted model has no segments),
+    or ``None`` when the folder holds none of ``TOKENIZER_FILES``. ``FlagError`` naming ``checkpoint`` for one
+    that does not load, or holds more tokens than the model's ``vocab_size``.
+
+    A port folder often holds only ``vocab.txt``, which ``AutoTokenizer`` cannot read (no
+    ``tokenizer_config.json`` says which class); saving the tokenizer writes ``tokenizer.json`` and
+    ``tokenizer_config.json``, so the converted folder loads with ``AutoTokenizer`` and exports."""
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    from transformers import BertTokenizer
+
+    try:
+        tokenizer = BertTokenizer.from_pretrained(folder, model_input_names=["input_ids", "attention_mask"])
+    except (OSError, ValueError, TypeError) as error:
+        raise FlagError("checkpoint", f"checkpoint: the tokenizer in {str(folder)!r} does not load: "
+                                      f"{error_reason(error)}") from error
+    if len(tokenizer) > vocab_size:
+        raise FlagError("checkpoint", f"checkpoint: the tokenizer in {str(folder)!r} has {len(tokenizer)} "
+                                      f"tokens but the model's vocab_size is {vocab_size}.")
+    return tokenizer
+
+
 def convert_gau_alpha(args: ConvertGAUAlphaArguments) -> Path:
     """Convert the port checkpoint in ``args.checkpoint`` and write a ``GAUForMaskedLM`` folder to
     ``args.output_dir``.
@@ -193,13 +222,13 @@ def convert_gau_alpha(args: ConvertGAUAlphaArguments) -> Path:
     if missing or unexpected:
         raise FlagError("checkpoint", f"converted tensors do not fit the model: missing {missing}, "
                                       f"unexpected {unexpected}.")
+    tokenizer = read_port_tokenizer(source, config.vocab_size)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = staging_folder(output)
     try:
         model.eval().save_pretrained(staging)
-        for name in TOKENIZER_FILES:
-            if (source / name).is_file():
-                shutil.copy2(source / name, staging / name)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
         share_like_the_user(staging)
         replace_folder(staging, output)
     finally:
@@ -222,7 +251,10 @@ def run(namespace: argparse.Namespace) -> int:
         "convert-gau-alpha", namespace, ConvertGAUAlphaArguments, convert_gau_alpha,
         lambda args, folder: f"Converted {args.checkpoint} → {folder} (GAUForMaskedLM; load it with "
                              "GAUForMaskedLM.from_pretrained, or anywhere with AutoModelForMaskedLM and "
-                             "trust_remote_code=True).")
+                             "trust_remote_code=True)." + (
+                                 "" if (folder / "tokenizer_config.json").is_file() else
+                                 f" {args.checkpoint} has no tokenizer (vocab.txt): pass one to export as "
+                                 "--tokenizer_name."))
 
 
 __all__ = [
@@ -233,5 +265,6 @@ __all__ = [
     "gau_config_from_port",
     "interleaved_to_half_split",
     "read_port_checkpoint",
+    "read_port_tokenizer",
     "run",
 ]

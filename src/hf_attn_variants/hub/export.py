@@ -180,7 +180,8 @@ def load_model_and_tokenizer(args: ExportArguments, source: Path) -> tuple[Any, 
             raise FlagError("tokenizer_name", f"--model_name_or_path {str(source)!r} is a checkpoint "
                                               "without a tokenizer (nor has its run one); pass "
                                               "--tokenizer_name.")
-        return model, load_tokenizer(args.tokenizer_name or str(folder), flag=flag)
+        tokenizer = load_tokenizer(args.tokenizer_name or str(folder), flag=flag)
+        return model, _check_vocabulary(model, tokenizer, flag)
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as error:
@@ -188,9 +189,19 @@ def load_model_and_tokenizer(args: ExportArguments, source: Path) -> tuple[Any, 
         raise FlagError("model_name_or_path",
                         f"model_name_or_path: {source} holds no usable config.json: {reason}") from error
     model_class = _model_class(config)
-    tokenizer = load_tokenizer(args.tokenizer_name or str(source), flag=flag)
+    tokenizer = _check_vocabulary(config, load_tokenizer(args.tokenizer_name or str(source), flag=flag), flag)
     with quiet_progress():
         return load_pretrained(model_class, str(source)).eval(), tokenizer
+
+
+def _check_vocabulary(model_or_config: Any, tokenizer: Any, flag: str) -> Any:
+    """``tokenizer``; ``FlagError`` naming ``flag`` when it has more tokens than the model's ``vocab_size``
+    (its ids past the embeddings would fail every forward, the card's example included)."""
+    config = getattr(model_or_config, "config", model_or_config)
+    if len(tokenizer) > config.vocab_size:
+        raise FlagError(flag, f"{flag}: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size "
+                              f"is {config.vocab_size}; pass the tokenizer the model was trained with.")
+    return tokenizer
 
 
 def export(args: ExportArguments) -> Path:
@@ -209,7 +220,7 @@ def export(args: ExportArguments) -> Path:
     repo_id = args.repo_id or f"your-username/{output.resolve().name}"
     card = render_model_card(
         model, source, model_id=repo_id, license=args.license, extra_tags=args.tags,
-        template=args.model_card_template, mask_token=tokenizer.mask_token,
+        template=args.model_card_template, mask_token=tokenizer.mask_token, tokenizer=tokenizer,
     )
 
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -238,28 +249,53 @@ def export(args: ExportArguments) -> Path:
 
 
 def check_export(folder: str | Path) -> None:
-    """Raise ``ValueError`` unless ``folder`` has config with ``auto_map``, safetensors weights, the model
-    code, a tokenizer and a README, and no pickle files."""
-    import json
-
-    from transformers.dynamic_module_utils import get_relative_imports
-
+    """Raise ``ValueError`` unless ``folder`` is what ``push`` may upload: a JSON-object ``config.json`` with
+    ``auto_map``, safetensors weights whose headers read (and every shard an index names), exactly the model
+    code its files import, a tokenizer that loads, a README, and no pickle file anywhere in the tree."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"There is no export folder {str(folder)!r}"
                          f"{' (it is a file)' if folder.exists() else ''}.")
     names = {p.name for p in folder.iterdir()}
-    missing = [n for n in ("config.json", "README.md", "tokenizer_config.json") if n not in names]
+    missing = [n for n in ("config.json", "README.md", "tokenizer_config.json") if not (folder / n).is_file()]
     if not any(n.endswith(".safetensors") for n in names):
         missing.append("*.safetensors")
-    model_type = (json.loads((folder / "config.json").read_text()).get("model_type") if "config.json" in names
-                  else None)
-    code = {f"configuration_{model_type}.py", f"modeling_{model_type}.py"}
+    config = _read_config(folder) if "config.json" not in missing else {}
+    code = {f"configuration_{config.get('model_type')}.py", f"modeling_{config.get('model_type')}.py"}
     missing += sorted(code - names)
     if missing:
         raise ValueError(f"The export in {folder} lacks {missing}.")
+    _check_code_files(folder, names, code)
+    pickles = sorted(str(path.relative_to(folder)) for path in folder.rglob("*")
+                     if path.name.endswith(PICKLE_SUFFIXES))
+    if pickles:
+        raise ValueError(f"The export in {folder} holds pickle files {pickles}; only safetensors are "
+                         "allowed.")
+    if "auto_map" not in config:
+        raise ValueError(f"{folder}/config.json has no auto_map; trust_remote_code loading would fail.")
+    _check_weights(folder, names)
+    _check_tokenizer(folder)
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    """``folder/config.json`` as a dict; ``ValueError`` for a file that is not a JSON object."""
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{folder}/config.json cannot be read as JSON: {error_reason(error)}") from error
+    if not isinstance(config, dict):
+        raise ValueError(f"{folder}/config.json must hold a JSON object, got a {type(config).__name__}.")
+    return config
+
+
+def _check_code_files(folder: Path, names: set[str], code: set[str]) -> None:
+    """``ValueError`` unless the ``.py`` files are exactly ``code`` and what it imports."""
+    from transformers.dynamic_module_utils import get_relative_imports
+
     # What Transformers copies: the direct relative imports of the files it loads (before 5.10 no others).
-    code |= {f"{name}.py" for file in sorted(code) for name in get_relative_imports(folder / file)}
+    code = code | {f"{name}.py" for file in sorted(code) for name in get_relative_imports(folder / file)}
     missing = sorted(code - names)
     extra_code = sorted(n for n in names if n.endswith(".py") and n not in code)
     if missing or extra_code:
@@ -268,12 +304,44 @@ def check_export(folder: str | Path) -> None:
             f"its model and config files import exactly {sorted(code)}: every imported file must be there, "
             "and no other."
         )
-    pickles = sorted(n for n in names if n.endswith(PICKLE_SUFFIXES))
-    if pickles:
-        raise ValueError(f"The export in {folder} holds pickle files {pickles}; only safetensors are "
-                         "allowed.")
-    if "auto_map" not in json.loads((folder / "config.json").read_text()):
-        raise ValueError(f"{folder}/config.json has no auto_map; trust_remote_code loading would fail.")
+
+
+def _check_weights(folder: Path, names: set[str]) -> None:
+    """``ValueError`` unless every top-level ``.safetensors`` file's header reads and every shard that
+    ``model.safetensors.index.json`` names is there."""
+    import json
+
+    from safetensors import safe_open
+
+    for name in sorted(n for n in names if n.endswith(".safetensors")):
+        try:
+            with safe_open(str(folder / name), framework="pt") as weights:
+                weights.keys()
+        except Exception as error:  # noqa: BLE001 - safetensors raises its own error types for a bad header
+            raise ValueError(f"The export in {folder} has weights {name} that do not read as safetensors: "
+                             f"{error_reason(error)}") from error
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"{index} is not a safetensors index (a JSON object with a weight_map)."
+                             ) from error
+        if sorted(shards - names):
+            raise ValueError(f"The export in {folder} lacks the shards {sorted(shards - names)} that "
+                             "model.safetensors.index.json names.")
+
+
+def _check_tokenizer(folder: Path) -> None:
+    """``ValueError`` unless ``AutoTokenizer`` loads the folder's tokenizer (what a card's code reads)."""
+    from transformers import AutoTokenizer
+
+    try:
+        with quiet_progress():
+            AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    except Exception as error:  # noqa: BLE001 - a tokenizer that does not load fails in many types
+        raise ValueError(f"The export in {folder} has a tokenizer that does not load: "
+                         f"{error_reason(error)}") from error
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
