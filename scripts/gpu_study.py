@@ -1048,7 +1048,7 @@ def run(options: Options) -> int:
     runs_path = options.out / files.runs
     done = read_runs([options.committed, runs_path], part)
     base = base_fingerprint(settings, info)
-    pinned = sorted({run["steps"] for run in done if run.get("base_fingerprint") == base})
+    pinned = pinned_steps(done, base)
     report: dict[str, Any] = {
         "kind": "gpu_study", "format": FORMAT_VERSION, "part": part, "dry_run": options.dry_run,
         "command": "bash scripts/gpu_study.sh" + (" --dry-run" if options.dry_run else "")
@@ -1068,8 +1068,8 @@ def run(options: Options) -> int:
     warm: set[str] = set()  # variants built (and compiled) in this process
     if options.steps is not None:
         steps, how = options.steps, "--steps"
-    elif pinned and not options.retime:
-        steps = pinned[-1]
+    elif pinned is not None and not options.retime:
+        steps = pinned
         how = "pinned by earlier runs (committed or in --out) of the same corpus, tokenizer and settings"
     else:
         longest = 0.0
@@ -1258,6 +1258,14 @@ def verdict(runs: Sequence[dict[str, Any]], a: str, b: str, length: int,
     return ("**holds**" if sign > 0 else "**fails**"), diffs
 
 
+def pinned_steps(runs: Sequence[dict[str, Any]], base: str) -> int | None:
+    """The step count earlier runs of the base fingerprint ``base`` pin: the newest one's, the count
+    ``publishable`` keeps (the largest would differ after a ``--steps`` lease, and runs at it would never be
+    published); ``None`` without such runs."""
+    steps = [run["steps"] for run in runs if run.get("base_fingerprint") == base]
+    return steps[-1] if steps else None
+
+
 def publishable(runs: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
     """The runs of the newest base fingerprint and step count (never mixed with others: a seed's run of one
     would replace another's), and a note on the rest."""
@@ -1283,7 +1291,8 @@ def results_markdown(runs: Sequence[dict[str, Any]]) -> str:
     if note:
         lines += [note, ""]
     series = list(dict.fromkeys(row["series"] for run in kept for row in run["rows"]))
-    lines += ["## Held-out perplexity by evaluation length (mean over seeds)", "",
+    lines += ["## Held-out perplexity by evaluation length (exp of the mean loss over seeds: the seeds' "
+              "geometric mean)", "",
               "| series | seeds | non-embedding parameters | " + " | ".join(map(str, lengths)) + " |",
               "|---|---|---|" + "---|" * len(lengths)]
     for name in series:
@@ -1606,6 +1615,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "publish":
             if args.out is not None and args.out.exists() and not args.out.is_dir():
                 raise UsageError("--out", f"{str(args.out)!r} is a file, not a folder")
+            missing = [str(path) for path in args.runs if not path.exists()]
+            if missing:
+                raise UsageError("--runs", f"no such runs file or folder: {', '.join(map(repr, missing))}")
             print(publish(args.runs, args.out, part), end="")
             return 0
         from hf_attn_variants.training import embedded_tokenizer
@@ -1625,5 +1637,6 @@ if __name__ == "__main__":
 
 
 __all__ = ["CLAIMS", "DRY_SETTINGS", "DRY_TASK_SETTINGS", "FILES", "Options", "Settings", "TaskSettings",
-           "UsageError", "absorb", "build_corpus", "main", "pending", "plan_variants", "publish", "replace",
-           "results_markdown", "run", "task_results_markdown", "task_steps", "verdict"]
+           "UsageError", "absorb", "build_corpus", "main", "pending", "pinned_steps", "plan_variants",
+           "publish",
+           "replace", "results_markdown", "run", "task_results_markdown", "task_steps", "verdict"]

@@ -257,6 +257,22 @@ def test_runs_of_another_step_count_are_not_published_with_the_newest() -> None:
     assert kept == runs[1:] and note.startswith("1 run(s) of other settings, another corpus or another step")
 
 
+def test_later_leases_train_the_step_count_that_is_published() -> None:
+    """The newest run's count, which ``publishable`` keeps; the largest (as before) would train runs after a
+    ``--steps`` lease that are never published."""
+    runs = [{"base_fingerprint": "b", "steps": 600}, {"base_fingerprint": "other", "steps": 700},
+            {"base_fingerprint": "b", "steps": 500}]
+    assert driver.pinned_steps(runs, "b") == 500 == driver.publishable(runs[::2])[0][-1]["steps"]
+    assert driver.pinned_steps(runs, "none") is None
+
+
+def test_publish_names_runs_that_do_not_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It used to print "No runs yet" and exit 0 for a mistyped path."""
+    assert driver.main(["publish", "--runs", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and ": --runs: no such runs file or folder" in err, err
+
+
 def test_timings_travel_to_the_next_lease_on_the_same_gpu(tmp_path: Path) -> None:
     """A lease that only timed the variants trained nothing; its timings are committed (``absorb``) so that
     the next lease on that GPU does not time them again, and predicts its runs with them."""
