@@ -263,6 +263,37 @@ def test_push_without_network_fails_with_one_sentence(exported, monkeypatch) -> 
     assert folder_digest(folder) == before
 
 
+def test_push_to_a_new_branch_creates_it_first(exported, monkeypatch) -> None:
+    """``upload_folder`` commits to an existing branch only: ``--revision dev`` on a new repository created
+    the repository, then failed the upload. The branch is created first; a refusal says which step failed."""
+    import huggingface_hub
+
+    calls: list[tuple[str, dict]] = []
+
+    def record(name: str, fail: bool = False):
+        def call(self, *args: object, **kwargs: object) -> object:
+            calls.append((name, kwargs))
+            if fail:
+                raise PermissionError("403 Forbidden")
+            return type("Info", (), {"commit_url": "https://hub/commit/1"})()
+        return call
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for name in ("create_repo", "create_branch", "upload_folder"):
+        monkeypatch.setattr(huggingface_hub.HfApi, name, record(name))
+    folder = exported["gau"]
+    args = PushArguments(folder=str(folder), repo_id="someone/tiny", token="hf_dummy", revision="dev")
+    assert push(args) == "https://hub/commit/1"
+    assert [name for name, _ in calls] == ["create_repo", "create_branch", "upload_folder"]
+    assert calls[1][1]["branch"] == "dev" and calls[1][1]["exist_ok"] and calls[2][1]["revision"] == "dev"
+    calls.clear()
+    push(PushArguments(folder=str(folder), repo_id="someone/tiny", token="hf_dummy"))
+    assert [name for name, _ in calls] == ["create_repo", "upload_folder"]
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_branch", record("create_branch", fail=True))
+    with pytest.raises(PushError, match=r"the Hub refused to create the branch \(PermissionError: 403"):
+        push(args)
+
+
 def test_exportable_switches_the_config_of_flash_code_saved_before_units_kept_settings() -> None:
     """A Hub folder's modeling file from before the units kept ``settings`` reads ``gau_kernel`` from the
     config in forward: ``exportable`` switches it there to the reference kernel too (the export took the

@@ -1,6 +1,7 @@
 """``hf-attn-variants push``: upload an exported folder to the Hugging Face Hub.
 
-The folder is uploaded as it is (``HfApi.create_repo`` + ``upload_folder``); nothing in it is modified.
+The folder is uploaded as it is (``HfApi.create_repo``, ``create_branch`` for a ``--revision``, then
+``upload_folder``); nothing in it is modified.
 The token comes from the usual places (``--token``, ``HF_TOKEN``, ``hf auth login``'s stored token), as
 ``huggingface_hub.get_token`` finds it. Without a network, with ``HF_HUB_OFFLINE=1``, without a token or
 on any Hub error the command prints ONE sentence saying why nothing was uploaded and exits with status 1.
@@ -34,7 +35,9 @@ class PushArguments:
                               metadata={"help": "Hub token (default: HF_TOKEN or the stored login)."})
     commit_message: str = field(default="Upload model exported with hf_attn_variants",
                                 metadata={"help": "Commit message."})
-    revision: str | None = field(default=None, metadata={"help": "Branch to push to (default: main)."})
+    revision: str | None = field(default=None,
+                                 metadata={"help": "Branch to push to, created from main if it does "
+                                                   "not exist (default: main)."})
 
     def __post_init__(self) -> None:
         """Check the values that need no file; a bad one raises ``FlagError`` (a ``ValueError``) naming it."""
@@ -85,15 +88,20 @@ def push(args: PushArguments) -> str:
             "login`)."
         )
     api = HfApi(token=token)
+    step = "could not be reached or refused to create the repository"
     try:
         api.create_repo(args.repo_id, private=args.private, exist_ok=True, repo_type="model")
+        if args.revision is not None:  # upload_folder commits to an existing branch only
+            step = "refused to create the branch"
+            api.create_branch(args.repo_id, branch=args.revision, repo_type="model", exist_ok=True)
+        step = "refused the upload"
         info = api.upload_folder(folder_path=str(folder), repo_id=args.repo_id, repo_type="model",
                                  commit_message=args.commit_message, revision=args.revision)
     except Exception as error:  # noqa: BLE001 - network, auth, offline, Hub errors: one sentence, no traceback
         reason = error_reason(error, 200)
         raise PushError(
-            f"Nothing was pushed to {args.repo_id}: the Hub could not be reached or refused the upload "
-            f"({type(error).__name__}: {reason}); the export in {folder} is unchanged."
+            f"Nothing was uploaded to {args.repo_id}: the Hub {step} ({type(error).__name__}: {reason}); the "
+            f"export in {folder} is unchanged."
         ) from None
     return str(getattr(info, "commit_url", info))
 
