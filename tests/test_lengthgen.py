@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from hf_attn_variants.cli import main
+from hf_attn_variants.cli_utils import FlagError
 from hf_attn_variants.lengthgen import (
     LengthGenArguments,
     build_topic_task,
@@ -395,3 +397,263 @@ def test_ctrl_c_checkpoints_the_run_in_training_and_the_same_command_resumes(tmp
     resumed = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {checkpoints[0]} (step {step})" in resumed.stderr
+
+
+# ---------------------------------------------------------------- the audit of lengthgen (tiny studies)
+TINY = ("--train_length", "16", "--hidden_size", "32", "--num_hidden_layers", "1", "--num_attention_heads",
+        "2", "--per_device_train_batch_size", "4", "--num_threads", "1", "--disable_tqdm", "--no_plot",
+        "--max_train_steps", "2", "--num_warmup_steps", "0")
+"""The shared tiny settings of the audit's studies (a run trains and evaluates in about a second)."""
+
+
+def _tiny_study(out, *extra: str) -> list[str]:
+    """The argv of a one-variant tiny study in ``out`` (``extra`` appended: argparse keeps the last value)."""
+    return ["lengthgen", "--output_dir", str(out), "--variants", "ei_standard", "--eval_lengths", "16", "32",
+            *TINY, *extra]
+
+
+def _corpus_file(path, paragraphs: int = 200):
+    """A text file of the embedded corpus's first training paragraphs, one per line."""
+    from hf_attn_variants.training import corpus_splits
+
+    path.write_text("\n".join(p.replace("\n", " ") for p in corpus_splits()["train"][:paragraphs]) + "\n")
+    return path
+
+
+def test_fingerprints_cover_the_data_contents_not_only_the_paths(tmp_path, monkeypatch) -> None:
+    """Audit 1: an edited validation file changed nothing in the fingerprints (path only), so a rerun with
+    more seeds averaged a seed scored on the old text with one scored on the new. Now its sha256 is in the
+    evaluation fingerprint, the train file's in the training one, and the embedded corpus's and tokenizer's
+    in both."""
+    import os
+
+    from hf_attn_variants.lengthgen import study
+
+    train, valid = _corpus_file(tmp_path / "train.txt", 20), tmp_path / "valid.txt"
+    valid.write_text("first validation text\n")
+    args = LengthGenArguments(output_dir=str(tmp_path / "out"), variants=["ei_standard"], train_length=16,
+                              train_file=str(train), validation_file=str(valid))
+    before = plan_run(get_variant("ei_standard"), 0, args)
+    valid.write_text("another, longer validation text\n")
+    os.utime(valid, ns=(1, 1))  # a new modification time whatever the clock's resolution
+    edited = plan_run(get_variant("ei_standard"), 0, args)
+    assert edited.train_fingerprint == before.train_fingerprint  # only the evaluation is stale
+    assert edited.eval_fingerprint != before.eval_fingerprint
+    with train.open("a") as stream:
+        stream.write("one more paragraph\n")
+    assert plan_run(get_variant("ei_standard"), 0, args).train_fingerprint != before.train_fingerprint
+    corpus = LengthGenArguments(output_dir=str(tmp_path / "out"), variants=["ei_standard"], train_length=16)
+    stock = plan_run(get_variant("ei_standard"), 0, corpus)
+    digests = study.embedded_digests()
+    for changed in ({"corpus": "other"}, {"tokenizer": "other"}):
+        monkeypatch.setattr(study, "embedded_digests", lambda c=changed: {**digests, **c})
+        assert plan_run(get_variant("ei_standard"), 0, corpus).train_fingerprint != stock.train_fingerprint
+
+
+def test_a_train_file_study_evaluates_on_its_held_out_part_and_checks_it_first(tmp_path, capsys) -> None:
+    """Audit 2 and 6: with --train_file and no --validation_file the study evaluated on the embedded
+    corpus's validation split; now on the 5 % of the file that pretraining holds out (the same rows), and an
+    evaluation length that text cannot hold, or an empty --validation_file, is refused naming the flag
+    before anything is written (it failed after training, with a traceback)."""
+    from hf_attn_variants.lengthgen.evaluation import token_stream, validation_datasets
+    from hf_attn_variants.training import embedded_tokenizer
+
+    train = _corpus_file(tmp_path / "train.txt")
+    lines = train.read_text().splitlines()
+    held_out = validation_datasets(str(train), None)["validation"]["text"]
+    assert list(held_out) == lines[len(lines) * 95 // 100:]  # pretrain's split: the last 5 % of the rows
+    tokens = len(token_stream(held_out, embedded_tokenizer()))
+    out = tmp_path / "study"
+    assert main(_tiny_study(out, "--train_file", str(train))) == 0
+    rows = json.loads((out / "runs/ei_standard/seed_0/result.json").read_text())["rows"]
+    assert {r["length"]: r["blocks"] for r in rows} == {16: tokens // 16, 32: tokens // 32}
+    assert main(_tiny_study(tmp_path / "long", "--train_file", str(train), "--eval_lengths", "16",
+                            str(tokens + 1))) == 2
+    assert f"eval_lengths: {tokens + 1} is longer than the validation text" in capsys.readouterr().err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    assert main(_tiny_study(tmp_path / "empty", "--train_file", str(train), "--validation_file",
+                            str(empty))) == 2
+    assert "validation_file: the validation text (validation_file) holds 0 tokens" in capsys.readouterr().err
+    assert not (tmp_path / "long").exists() and not (tmp_path / "empty").exists()
+
+
+def test_quick_keeps_the_values_given_explicitly() -> None:
+    """Audit 3: --quick overwrote flags given with it (--max_train_steps 50 trained 3 steps at L = 16,
+    --num_kv_pairs 40 used 2). Its settings now fill only flags left at their default."""
+    args = LengthGenArguments(quick=True, max_train_steps=50, train_length=32)
+    assert (args.max_train_steps, args.train_length, args.hidden_size) == (50, 32, 32)
+    assert args.eval_lengths == [16, 32, 64, 128] and args.max_eval_tokens == 512
+    assert LengthGenArguments(quick=True, eval_lengths=[8, 2048]).max_eval_tokens == 2048  # one block fits
+    assert LengthGenArguments(task="mqar", quick=True, num_kv_pairs=3).num_kv_pairs == 3
+    with pytest.raises(FlagError, match="num_kv_pairs: one mqar example needs 22 tokens") as error:
+        LengthGenArguments(task="mqar", quick=True, num_kv_pairs=5)  # refused at L = 16, not replaced by 2
+    assert error.value.flag == "num_kv_pairs"
+    plain = LengthGenArguments(quick=True)
+    assert (plain.max_train_steps, plain.train_length, plain.max_eval_tokens) == (3, 16, 512)
+
+
+@pytest.mark.parametrize(("kwargs", "flag", "message"), [
+    ({"eval_lengths": [16, 64], "max_eval_tokens": 32}, "max_eval_tokens",
+     "max_eval_tokens=32 is fewer than the longest of eval_lengths (64)"),
+    ({"objective": "clm", "finetune": True}, "finetune", "finetune needs --objective mlm"),
+])
+def test_evaluation_flags_that_would_be_ignored_are_refused(kwargs, flag, message) -> None:
+    """Audit 8 and 10: --max_eval_tokens below an evaluation length was raised silently, and --finetune
+    after --objective clm finetuned causally pretrained models bidirectionally; both are refused."""
+    with pytest.raises(FlagError, match=re.escape(message)) as error:
+        LengthGenArguments(train_length=16, **kwargs)
+    assert error.value.flag == flag
+
+
+def test_checkpoints_of_other_settings_are_not_resumed(tmp_path, tokenizer) -> None:
+    """Audit 4: an interrupted run resumed its checkpoint after the training fingerprint changed (a changed
+    flag or library default) and stamped the new fingerprint on the mix. A checkpoint is now resumed only
+    under the fingerprint it was written with; others are deleted."""
+    from hf_attn_variants.lengthgen.study import CHECKPOINT_STAMP, _pretrain_arguments
+
+    args = LengthGenArguments(output_dir=str(tmp_path), variants=["ei_standard"], train_length=16,
+                              hidden_size=32, num_attention_heads=2)
+    plan = plan_run(get_variant("ei_standard"), 0, args)
+    step = plan.model_dir / "checkpoints" / "step_5"
+    step.mkdir(parents=True)
+    (step / "training_state.json").write_text("{}")
+    (plan.run_dir / CHECKPOINT_STAMP).write_text(json.dumps({"fingerprint": plan.train_fingerprint}))
+    resumed = _pretrain_arguments(plan, args, tokenizer)
+    assert resumed.resume_from_checkpoint == "latest" and not resumed.overwrite_output_dir
+    (plan.run_dir / CHECKPOINT_STAMP).write_text(json.dumps({"fingerprint": "other settings"}))
+    restarted = _pretrain_arguments(plan, args, tokenizer)
+    assert restarted.resume_from_checkpoint is None and restarted.overwrite_output_dir
+    assert not step.exists()
+    assert read_json(plan.run_dir / CHECKPOINT_STAMP)["fingerprint"] == plan.train_fingerprint
+
+
+def test_changed_evaluation_settings_reevaluate_without_retraining(tmp_path) -> None:
+    """Audit 5: a rerun with another --eval_seed (or eval_lengths, eval_mask_repeats, max_eval_tokens) was
+    refused, and only --overwrite_output_dir (deleting the trained models) let it run. Now it re-evaluates the
+    stored model."""
+    out = tmp_path / "study"
+    assert main(_tiny_study(out)) == 0
+    run = out / "runs" / "ei_standard" / "seed_0"
+    trained = [(run / name).stat().st_mtime_ns for name in ("train.json", "model/model.safetensors")]
+    first = read_json(run / "result.json")
+    assert main(_tiny_study(out, "--eval_seed", "7", "--eval_lengths", "16", "32", "64")) == 0
+    again = read_json(run / "result.json")
+    assert [(run / name).stat().st_mtime_ns for name in ("train.json", "model/model.safetensors")] == trained
+    assert again["fingerprint"] != first["fingerprint"]
+    assert [r["length"] for r in again["rows"]] == [16, 32, 64]
+    assert json.loads((out / "run.json").read_text())["arguments"]["eval_seed"] == 7
+
+
+def _signal_during(monkeypatch, module, name: str) -> list[int]:
+    """Make ``module.name``'s first call send this process SIGINT (Ctrl-C) before doing its work; returns the
+    list of calls made (for the test to count)."""
+    import os
+
+    calls: list[int] = []
+    original = getattr(module, name)
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:  # once: a second Ctrl-C would end the process at once
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, interrupted)
+    return calls
+
+
+def test_ctrl_c_during_an_evaluation_stops_the_study_before_the_next_run(tmp_path, monkeypatch, capsys):
+    """Audit 7: Ctrl-C during an evaluation was swallowed (the study finished with exit 0, or the next run
+    trained a step before exiting 130). Now the study stops after that evaluation: exit 130, one line, the
+    finished run kept, the study not marked finished; the same command goes on."""
+    from hf_attn_variants.lengthgen import study
+
+    out = tmp_path / "study"
+    calls = _signal_during(monkeypatch, study, "evaluate_run")
+    assert main(_tiny_study(out, "--seeds", "0", "1")) == 130
+    assert len(calls) == 1 and not (out / "runs" / "ei_standard" / "seed_1").exists()
+    assert "interrupted: stopped by SIGINT (Ctrl-C) after run [1/2]" in capsys.readouterr().err
+    assert (out / "runs" / "ei_standard" / "seed_0" / "result.json").is_file()
+    assert json.loads((out / "run.json").read_text())["finished"] is False
+    monkeypatch.undo()
+    assert main(_tiny_study(out, "--seeds", "0", "1")) == 0
+    assert json.loads((out / "results.json").read_text())["skipped_runs"] == 1
+
+
+def test_ctrl_c_during_the_finetune_phase_stops_the_study(tmp_path, monkeypatch, capsys) -> None:
+    """Audit 7: Ctrl-C during the finetune experiment was swallowed (everything ran, exit 0). Now the
+    experiment stops before its next finetuning: exit 130, the study not marked finished."""
+    from hf_attn_variants.lengthgen import finetune_lengths
+
+    def fake_finetune(args, task, condition, variant_name, overrides, seed, *rest):
+        import os
+
+        calls.append(condition)
+        if len(calls) == 1:  # once: a second Ctrl-C would end the process at once
+            os.kill(os.getpid(), signal.SIGINT)
+        return {"task": task["level"], "condition": condition, "pretrained_variant": variant_name,
+                "seed": seed, "accuracy": 0.5, "f1": 0.5}
+
+    calls: list[str] = []
+    monkeypatch.setattr(finetune_lengths, "finetune_one", fake_finetune)
+    out = tmp_path / "study"
+    argv = ["lengthgen", "--output_dir", str(out), "--variants", "gau_softmax", "--eval_lengths", "16", *TINY,
+            "--finetune", "--finetune_tasks", "sequence"]
+    assert main(argv) == 130
+    assert calls == ["softmax"]  # the from-scratch condition after it did not start
+    assert "interrupted: stopped by SIGINT (Ctrl-C) before finetuning" in capsys.readouterr().err
+    assert json.loads((out / "run.json").read_text())["finished"] is False
+
+
+def test_a_diverged_run_is_named_and_marked(tmp_path, capsys, caplog) -> None:
+    """Audit 9: a run whose loss became NaN showed only "–" cells and exit 0 with nothing naming it (and a
+    training loss that became NaN ended the study in a traceback). Both are now named in a warning and in
+    results.md, and the study goes on."""
+    out = tmp_path / "study"
+    argv = ["lengthgen", "--output_dir", str(out), "--variants", "gau_softmax", "ei_standard",
+            "--eval_lengths", "16", "32", *TINY, "--max_train_steps", "3", "--num_warmup_steps", "30",
+            "--learning_rate", "1e6"]
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    assert "gau_softmax seed 0 (in training), ei_standard seed 0 (at lengths [16, 32])" in printed.out
+    assert "ei_standard seed 0: diverged" in caplog.text and "gau_softmax seed 0: diverged" in caplog.text
+    markdown = (out / "results.md").read_text()
+    assert "**Diverged**" in markdown and "`ei_standard` seed 0 (at lengths [16, 32])" in markdown
+    assert "diverged in training (loss nan at step" in markdown  # gau_softmax's cells
+    assert read_json(out / "runs" / "ei_standard" / "seed_0" / "result.json")["diverged"] == [16, 32]
+
+
+def test_a_resumed_run_reports_the_seconds_of_every_segment(tmp_path, tokenizer, monkeypatch) -> None:
+    """A run stopped by a signal and resumed reported only the resumed segment's training seconds; the
+    stopped segment's time now waits in the checkpoint stamp and is added."""
+    import hf_attn_variants.training as training
+    from hf_attn_variants.lengthgen.study import CHECKPOINT_STAMP, train_run
+    from hf_attn_variants.training.preemption import TrainingPreempted
+    from hf_attn_variants.training.pretrain import PretrainResult
+
+    args = LengthGenArguments(output_dir=str(tmp_path), variants=["ei_standard"], train_length=16,
+                              hidden_size=32, num_attention_heads=2)
+    plan = plan_run(get_variant("ei_standard"), 0, args)
+    checkpoint = plan.model_dir / "checkpoints" / "step_1"
+
+    def stopped(pretrain_args, stop):
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "training_state.json").write_text("{}")
+        time.sleep(0.3)
+        raise TrainingPreempted("pretrain", "SIGTERM", 1, checkpoint)
+
+    monkeypatch.setattr(training, "pretrain", stopped)
+    with pytest.raises(TrainingPreempted):
+        train_run(plan, args, tokenizer)
+    assert read_json(plan.run_dir / CHECKPOINT_STAMP)["seconds"] >= 0.3
+    log = tmp_path / "train_log.jsonl"
+    log.write_text(json.dumps({"step": 2, "loss": 1.0}) + "\n")
+
+    def resumed(pretrain_args, stop):
+        assert pretrain_args.resume_from_checkpoint == "latest"
+        return PretrainResult(str(plan.model_dir), 2, {}, str(log))
+
+    monkeypatch.setattr(training, "pretrain", resumed)
+    assert train_run(plan, args, tokenizer)["seconds"] >= 0.3
+    assert not (plan.run_dir / CHECKPOINT_STAMP).exists()

@@ -409,3 +409,35 @@ def test_quick_hybrid_study_keeps_its_models_and_entropy_measures_them(tmp_path)
     assert main(argv) == 0
     rerun = json.loads((out / "results.json").read_text())
     assert rerun["skipped_runs"] == len(series) - 1 and (models[0] / "config.json").is_file()
+
+
+def test_ctrl_c_during_a_task_run_stops_the_study_before_the_next(tmp_path, monkeypatch, capsys) -> None:
+    """Ctrl-C that arrives while a task run evaluates (after its training checked the signal) was swallowed:
+    the study went on. Now it stops before the next run: exit 130, one line, the study not marked
+    finished; the same command goes on from the finished run."""
+    import os
+    import signal
+
+    from hf_attn_variants.lengthgen import retrieval_study
+
+    original, calls = retrieval_study.run_task, []
+
+    def interrupted(plan, args, stop):
+        calls.append(plan.seed)
+        result = original(plan, args, stop)
+        if len(calls) == 1:  # once: a second Ctrl-C would end the process at once
+            os.kill(os.getpid(), signal.SIGINT)  # as if during its evaluation, after the training loop
+        return result
+
+    monkeypatch.setattr(retrieval_study, "run_task", interrupted)
+    out = tmp_path / "passkey"
+    argv = ["lengthgen", "--task", "passkey", "--quick", "--output_dir", str(out), "--num_threads", "1",
+            "--disable_tqdm", "--no_plot", "--variants", "ei_standard", "--position_embedding_types", "rope",
+            "--seeds", "0", "1"]
+    assert main(argv) == 130
+    assert calls == [0]
+    assert "interrupted: stopped by SIGINT (Ctrl-C) after run [1/2]" in capsys.readouterr().err
+    assert json.loads((out / "run.json").read_text())["finished"] is False
+    monkeypatch.undo()
+    assert main(argv) == 0
+    assert json.loads((out / "results.json").read_text())["skipped_runs"] == 1

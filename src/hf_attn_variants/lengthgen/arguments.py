@@ -8,6 +8,7 @@ size) before anything is written. A bad value raises ``FlagError`` naming its fl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any, Literal
 
 from ..cli_utils import (
@@ -17,7 +18,6 @@ from ..cli_utils import (
     check_output_dir,
     check_seed,
     names_in_message,
-    quiet_progress,
 )
 from .tasks import COPY, TASK_WEIGHT_DECAY, TASKS, min_length, vocabulary
 from .variants import (
@@ -29,6 +29,7 @@ from .variants import (
     ModelSize,
     config_fields,
     get_variant,
+    max_length_of,
     position_applies,
 )
 
@@ -198,7 +199,8 @@ class LengthGenArguments:
     num_threads: int | None = field(default=None,
                                     metadata={"help": "torch.set_num_threads (default: torch's)."})
     quick: bool = field(default=False,
-                        metadata={"help": f"Smoke-test sizes: {QUICK_SETTINGS}; default variants "
+                        metadata={"help": f"Smoke-test sizes: {QUICK_SETTINGS}, each only where its flag is "
+                                                 "left at its default (a given value wins); default variants "
                                                  f"{list(QUICK_VARIANTS)}, eval lengths L/2…4L."})
     disable_tqdm: bool = field(default=False, metadata={"help": "No progress bars."})
     no_plot: bool = field(default=False, metadata={"help": "Skip the PNG plots."})
@@ -268,23 +270,14 @@ class LengthGenArguments:
         if self.validation_file is not None and self.train_file is None:
             raise FlagError("validation_file", "validation_file needs a train_file (without either, the "
                                                "embedded corpus is used).")
+        self._check_evaluation()
         self._check_task()
 
     def _apply_defaults(self) -> None:
         """``--quick``'s settings, then the defaults of the flags that depend on ``--task`` where none was
         given."""
         if self.quick:
-            settings = QUICK_TASK_SETTINGS if self.is_task else QUICK_SETTINGS
-            for key, value in settings.items():
-                setattr(self, key, value)
-            if "nope_every_4" in (self.position_embedding_types or ()):  # the scheme needs its 4 layers
-                self.num_hidden_layers = NOPE_INTERVAL
-            if self.variants is None:
-                self.variants = list(QUICK_VARIANTS)
-            if self.eval_lengths is None:
-                length = self.train_length
-                self.eval_lengths = ([length, 2 * length, 4 * length] if self.is_task
-                                     else [length // 2, length, 2 * length, 4 * length])
+            self._apply_quick()
         defaults = {**TASK_DEFAULTS,
                     "max_train_steps": TASK_STEPS[self.task]} if self.is_task else LM_DEFAULTS
         for key, value in defaults.items():
@@ -294,6 +287,43 @@ class LengthGenArguments:
             self.copy_warmup_steps = min(TASK_COPY_WARMUP[self.task], self.max_train_steps // 2)
         if self.position_embedding_types is None:
             self.position_embedding_types = ["rope", "none"] if self.is_task else ["rope"]
+
+    def _apply_quick(self) -> None:
+        """``--quick``: its settings (``QUICK_SETTINGS``, ``QUICK_TASK_SETTINGS``) for every flag left at its
+        default value; a flag given another value keeps it (``--quick --max_train_steps 50`` trains 50
+        steps), so ``--quick`` only shrinks what was not asked for. Its ``max_eval_tokens`` grows to the
+        longest explicit evaluation length (fewer tokens than one block would be refused)."""
+        defaults = {item.name: item.default for item in dataclass_fields(self)}
+        settings = QUICK_TASK_SETTINGS if self.is_task else QUICK_SETTINGS
+        applied = [key for key in settings if getattr(self, key) == defaults[key]]
+        for key in applied:
+            setattr(self, key, settings[key])
+        if "nope_every_4" in (self.position_embedding_types or ()):  # the scheme needs its 4 layers
+            self.num_hidden_layers = max(self.num_hidden_layers, NOPE_INTERVAL)
+        if self.variants is None:
+            self.variants = list(QUICK_VARIANTS)
+        if self.eval_lengths is None:
+            length = self.train_length
+            self.eval_lengths = ([length, 2 * length, 4 * length] if self.is_task
+                                 else [length // 2, length, 2 * length, 4 * length])
+        if "max_eval_tokens" in applied:  # at least one block of the longest length
+            longest = max((n for n in self.eval_lengths or () if isinstance(n, int)), default=0)
+            self.max_eval_tokens = max(settings["max_eval_tokens"], longest)
+
+    def _check_evaluation(self) -> None:
+        """``max_eval_tokens`` holds one block of the longest evaluation length (it was raised silently
+        before), and ``--finetune`` follows an MLM pretraining (``--objective mlm``)."""
+        longest = max(self.eval_lengths)
+        if self.max_eval_tokens is not None and self.max_eval_tokens < longest:
+            raise FlagError("max_eval_tokens",
+                            f"max_eval_tokens={self.max_eval_tokens} is fewer than the longest of "
+                            f"eval_lengths ({longest}): no block of that length would fit; raise it or leave "
+                            "it unset (all tokens).")
+        if self.finetune and self.objective != "mlm":
+            raise FlagError("finetune", f"finetune needs --objective mlm (got {self.objective!r}): the "
+                                        "experiment finetunes the GAU variants bidirectionally (Su's setup, "
+                                        "classification from [CLS]), which a causally pretrained model never "
+                                        "saw in training.")
 
     def _check_task(self) -> None:
         """The task flags: positive sizes, an example that fits in L, position schemes, no lm-only flag."""
@@ -403,8 +433,9 @@ def check_study_inputs(args: LengthGenArguments) -> None:
     variant's config at the study's size. ``FlagError`` naming the flag of a bad value."""
     from transformers import LlamaConfig
 
-    from ..training import build_config, load_text_datasets, load_tokenizer
+    from ..training import build_config, load_tokenizer
     from ..training.data import holds_tokens
+    from .evaluation import validation_datasets
 
     check_output_dir("output_dir", args.output_dir)
     if args.is_task:
@@ -422,12 +453,37 @@ def check_study_inputs(args: LengthGenArguments) -> None:
                              max_seq_length=args.train_length)
         except (ValueError, TypeError) as error:  # the config class's own validation, naming the field
             raise _config_error(name, error) from error
-    if args.train_file is not None:
-        with quiet_progress():
-            raw = load_text_datasets(args.train_file, args.validation_file)
-        if not holds_tokens(raw["train"], tokenizer, args.train_length):
-            raise FlagError("train_file",
-                            f"train_file holds fewer than train_length={args.train_length} tokens.")
+    raw = validation_datasets(args.train_file, args.validation_file)
+    if args.train_file is not None and not holds_tokens(raw["train"], tokenizer, args.train_length):
+        raise FlagError("train_file",
+                        f"train_file holds fewer than train_length={args.train_length} tokens.")
+    _check_validation_text(args, raw["validation"], tokenizer)
+
+
+def _check_validation_text(args: LengthGenArguments, rows: Any, tokenizer: Any) -> None:
+    """The validation text holds one block of the longest evaluation length that some variant runs (the
+    Synthesizer's points beyond its length are not run): checked before training, not found by the
+    evaluation after it. Names ``validation_file`` (or ``train_file``, whose held-out part it is) when no
+    evaluation length fits at all, else ``eval_lengths``."""
+    from ..training.data import holds_tokens
+    from .evaluation import token_stream
+
+    limits = [max_length_of(v, config_fields(v, args.size, args.train_length))
+              for v in map(get_variant, args.variants)]
+    run = [n for n in args.eval_lengths if any(limit is None or n <= limit for limit in limits)]
+    if not run or holds_tokens(rows, tokenizer, max(run)):
+        return
+    tokens = len(token_stream([row["text"] for row in rows], tokenizer))
+    source = ("validation_file" if args.validation_file else
+              "the part of train_file that pretraining holds out (its last 5 %)" if args.train_file
+              else "the embedded corpus's validation split")
+    if tokens < min(run):
+        flag = ("validation_file" if args.validation_file else "train_file" if args.train_file
+                else "eval_lengths")
+        raise FlagError(flag, f"{flag}: the validation text ({source}) holds {tokens} tokens, fewer than the "
+                              f"shortest of eval_lengths ({min(run)}).")
+    raise FlagError("eval_lengths", f"eval_lengths: {max(run)} is longer than the validation text ({source}, "
+                                    f"{tokens} tokens); the longest that fits is {tokens}.")
 
 
 __all__ = [

@@ -11,7 +11,8 @@ Examples::
 Rerunning the same command resumes: finished variant × seed runs are skipped. The output folder follows the
 rule of every command with an ``--output_dir`` (``training/outputs.py``, ``LENGTHGEN_RULE``): the study
 records its flags in ``run.json``; more ``--variants``/``--seeds`` (or ``--mixed_length``, ``--finetune``)
-extend the study in place, any other changed flag is refused in one sentence naming it and
+extend the study in place, other evaluation settings (``EVALUATION_ONLY``) re-evaluate the trained models
+without retraining them, any other changed flag is refused in one sentence naming it and
 ``--overwrite_output_dir`` (which clears the folder first; not with parallel workers on one folder, whose runs
 it would delete).
 """
@@ -31,6 +32,11 @@ STUDY_EXTENT = frozenset({"variants", "seeds", "mixed_length", "finetune", "fine
 """Flags that only add runs to a study (its other runs stay valid): a rerun with more of them extends the
 folder."""
 
+EVALUATION_ONLY = frozenset({"eval_lengths", "eval_seed", "eval_mask_repeats", "max_eval_tokens"})
+"""Flags that only change how runs are evaluated: a rerun with other values re-evaluates the stored models
+without retraining them (they are in the evaluation fingerprint only; the retrieval tasks, which keep no
+model unless ``--save_models``, fingerprint them with the run and train it again)."""
+
 
 def _legacy_arguments(folder: Path) -> dict[str, Any] | None:
     """The flags of a study folder written before ``run.json``: the ``args`` of its ``results.json``."""
@@ -43,8 +49,8 @@ def _legacy_arguments(folder: Path) -> dict[str, Any] | None:
 
 LENGTHGEN_RULE = OutputRule(
     command="lengthgen",
-    aside=STUDY_EXTENT | {"checkpointing_steps", "num_threads", "quick", "disable_tqdm", "no_plot",
-                          "save_models", "eval_batch_size", "eval_memory_gib"},
+    aside=STUDY_EXTENT | EVALUATION_ONLY | {"checkpointing_steps", "num_threads", "quick", "disable_tqdm",
+                                            "no_plot", "save_models", "eval_batch_size", "eval_memory_gib"},
     run_files=("runs", "finetune", "results.json", "results.csv", "summary.csv", "results.md",
                "lengthgen_*.png"),
     refuse_finished=False,  # rerunning a finished study reuses its runs
@@ -118,10 +124,13 @@ def run(namespace: argparse.Namespace) -> int:
     plots = "" if args.no_plot else " and lengthgen_*.png"
     print(f"lengthgen: {len(report['runs'])} runs ({report.get('skipped_runs', 0)} reused); results in "
           f"{args.output_dir}/results.md, results.json, results.csv, summary.csv{plots}")
+    if report.get("diverged_runs"):
+        print(f"lengthgen: diverged (a loss not finite): {', '.join(report['diverged_runs'])}; see "
+              "results.md")
     if report.get("runs_held_elsewhere"):
         print(f"lengthgen: {report['runs_held_elsewhere']} run(s) held by other processes; rerun when they "
               "finish")
     return 0
 
 
-__all__ = ["LENGTHGEN_RULE", "STUDY_EXTENT", "add_arguments", "run"]
+__all__ = ["EVALUATION_ONLY", "LENGTHGEN_RULE", "STUDY_EXTENT", "add_arguments", "run"]

@@ -1,9 +1,10 @@
 """Evaluating one trained model at many lengths on the same validation text.
 
-The validation split of the corpus is tokenized once (``[CLS] paragraph [SEP]`` per paragraph, as in
-pretraining) into one token stream; for each evaluation length ℓ the stream is cut into ⌊tokens / ℓ⌋
-blocks of ℓ tokens (remainder dropped), so every length sees (almost) the same tokens, only the context
-window changes. How many blocks and target tokens each point used is recorded with it.
+The validation text (``validation_datasets``: the corpus's held-out split, ``validation_file``, or the
+part of ``train_file`` that pretraining holds out) is tokenized once (``[CLS] paragraph [SEP]`` per
+paragraph, as in pretraining) into one token stream; for each evaluation length ℓ the stream is cut into
+⌊tokens / ℓ⌋ blocks of ℓ tokens (remainder dropped), so every length sees (almost) the same tokens, only
+the context window changes. How many blocks and target tokens each point used is recorded with it.
 
 Both objectives go through the one evaluator, ``training.evaluate_lm``:
 
@@ -37,9 +38,25 @@ def na_status(max_length: int) -> str:
 
 
 def token_stream(texts: Sequence[str], tokenizer: Any) -> list[int]:
-    """All texts tokenized (with their special tokens) and concatenated."""
+    """All texts tokenized (with their special tokens) and concatenated (none: ``[]``)."""
+    if not texts:
+        return []
     ids = tokenizer(list(texts), return_attention_mask=False)["input_ids"]
     return [token for row in ids for token in row]
+
+
+def validation_datasets(train_file: str | None, validation_file: str | None) -> Any:
+    """The ``DatasetDict(train=…, validation=…)`` a study's runs train and evaluate on, split as ``pretrain``
+    splits them: the embedded corpus's held-out paragraphs without ``train_file``; with it,
+    ``validation_file``, or else the last ``validation_split_percentage`` % of ``train_file`` that
+    ``pretrain`` holds out (``PretrainArguments``' default, 5 %). So the evaluation text is always the user's
+    data when a ``train_file`` is given, and never text the runs trained on. ``FlagError`` for a bad file."""
+    from ..cli_utils import quiet_progress
+    from ..training import PretrainArguments, load_text_datasets
+
+    with quiet_progress():
+        return load_text_datasets(train_file, validation_file,
+                                  validation_split_percentage=PretrainArguments.validation_split_percentage)
 
 
 def blocks_at(stream: Sequence[int], length: int, max_tokens: int | None = None) -> torch.Tensor:
@@ -86,4 +103,4 @@ def evaluate_at_lengths(
     return rows
 
 
-__all__ = ["blocks_at", "evaluate_at_lengths", "na_status", "token_stream"]
+__all__ = ["blocks_at", "evaluate_at_lengths", "na_status", "token_stream", "validation_datasets"]

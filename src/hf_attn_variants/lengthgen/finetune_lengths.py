@@ -51,7 +51,7 @@ from typing import Any
 from ..training.corpus import split_paragraphs
 from .arguments import LengthGenArguments
 from .results import atomic_write_json, atomic_write_text, describe, read_json, to_csv
-from .runfolders import claim, fingerprint
+from .runfolders import claim, fingerprint, stop_between_runs
 from .variants import VARIANTS, config_fields
 
 VALIDATION_PERMILLE = 300
@@ -130,8 +130,10 @@ def snippet_token_lengths(task: dict[str, Any], tokenizer: Any) -> dict[str, flo
 
 
 def finetune_one(args: LengthGenArguments, task: dict[str, Any], condition: str, variant_name: str | None,
-                 overrides: dict[str, Any], seed: int, run_dir: Path, max_seq_length: int) -> dict[str, Any]:
-    """Finetune one condition × seed with ``training.finetune``; returns the metrics row.
+                 overrides: dict[str, Any], seed: int, run_dir: Path, max_seq_length: int,
+                 stop: Any = None) -> dict[str, Any]:
+    """Finetune one condition × seed with ``training.finetune`` (``stop``: the command line's
+    ``StopSignals``, which its training checks); returns the metrics row.
 
     ``overrides`` (a dict of config fields) are applied on top of the pretrained config of ``variant_name``,
     or, from scratch (``variant_name`` ``None``), on top of ``gau_softmax_plus`` at the study's size."""
@@ -166,7 +168,7 @@ def finetune_one(args: LengthGenArguments, task: dict[str, Any], condition: str,
         logging_steps=50, disable_tqdm=True, use_cpu=True, dataloader_num_workers=0,
     )
     started = time.perf_counter()
-    result = finetune(finetune_args, training_args)
+    result = finetune(finetune_args, training_args, stop)
     metrics = result.metrics
     return {"task": task["level"], "condition": condition, "pretrained_variant": variant_name, "seed": seed,
             "accuracy": metrics.get("eval_accuracy"), "f1": metrics.get("eval_f1"),
@@ -180,13 +182,16 @@ def pretrained_model_dir(args: LengthGenArguments, variant_name: str, seed: int)
     return Path(args.output_dir) / "runs" / variant_name / f"seed_{seed}" / "model"
 
 
-def run_finetune_experiment(args: LengthGenArguments) -> dict[str, Any]:
+def run_finetune_experiment(args: LengthGenArguments, stop: Any = None) -> dict[str, Any]:
     """Run every available condition × seed of every task in ``args.finetune_tasks``; returns
-    ``{task: report}`` (resumable: finished ``result.json`` files are reused)."""
-    return {level: run_finetune_task(args, level) for level in args.finetune_tasks}
+    ``{task: report}`` (resumable: finished ``result.json`` files are reused). ``stop``: the command line's
+    ``StopSignals``, checked by every finetuning and between them (``runfolders.StudyStopped``)."""
+    reports = {level: run_finetune_task(args, level, stop) for level in args.finetune_tasks}
+    stop_between_runs(stop, "after the finetune experiment")
+    return reports
 
 
-def run_finetune_task(args: LengthGenArguments, level: str) -> dict[str, Any]:
+def run_finetune_task(args: LengthGenArguments, level: str, stop: Any = None) -> dict[str, Any]:
     """The experiment for one task form (``sequence`` or ``token``); writes ``finetune/<level>/``."""
     from ..training import load_tokenizer
 
@@ -222,8 +227,9 @@ def run_finetune_task(args: LengthGenArguments, level: str) -> dict[str, Any]:
                 if variant_name is not None and _pretrain_fingerprint(args, variant_name, seed) is None:
                     pending.append(f"{condition} seed {seed} (pretrained run not finished)")
                     continue
+                stop_between_runs(stop, f"before finetuning {condition} seed {seed} ({level})")
                 row = finetune_one(args, task, condition, variant_name, overrides, seed, run_dir,
-                                   max_seq_length)
+                                   max_seq_length, stop)
                 atomic_write_json(run_dir / "result.json", {"fingerprint": key, "row": row})
                 rows.append(row)
     summary = summarize_finetune(rows)

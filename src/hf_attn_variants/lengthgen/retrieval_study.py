@@ -20,7 +20,7 @@ from typing import Any
 
 from .results import atomic_write_json, atomic_write_text, describe, read_json, to_csv
 from .retrieval import plan_task_run, run_task, study_variants
-from .runfolders import claim
+from .runfolders import claim, stop_between_runs
 from .tasks import METRICS
 
 logger = logging.getLogger(__name__)
@@ -105,7 +105,8 @@ def write_task_outputs(args: Any, results: list[dict[str, Any]], machine: dict[s
 
 def run_retrieval_study(args: Any, stop: Any = None) -> dict[str, Any]:
     """Run (or resume) the retrieval study ``args`` describes; returns the report written to
-    ``results.json``. ``stop``: the command line's ``StopSignals``, which every run's training checks."""
+    ``results.json``. ``stop``: the command line's ``StopSignals``, which every run's training checks and
+    which is checked between runs (``StudyStopped``: a signal during an evaluation is not swallowed)."""
     import torch
 
     from .study import machine_info
@@ -117,6 +118,8 @@ def run_retrieval_study(args: Any, stop: Any = None) -> dict[str, Any]:
     plans = [plan_task_run(v, seed, args) for seed in args.seeds for v in study_variants(args)]
     results, skipped, elsewhere = [], 0, 0
     for index, plan in enumerate(plans, 1):
+        if index > 1:  # a signal during the previous run's evaluation, or between runs
+            stop_between_runs(stop, f"after run [{index - 1}/{len(plans)}] (its evaluation finished)")
         label = f"[{index}/{len(plans)}] {args.task} {plan.variant.name} seed {plan.seed}"
         with claim(plan.run_dir) as mine:
             if not mine:
@@ -134,6 +137,7 @@ def run_retrieval_study(args: Any, stop: Any = None) -> dict[str, Any]:
             atomic_write_json(plan.run_dir / "result.json", result)
             results.append(result)
         write_task_outputs(args, results, machine)
+    stop_between_runs(stop, f"after run [{len(plans)}/{len(plans)}] (its evaluation finished)")
     if elsewhere:
         logger.warning("%d run(s) were held by other processes: rerun when they finish for complete outputs",
                        elsewhere)

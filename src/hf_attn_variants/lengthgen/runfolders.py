@@ -22,7 +22,31 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from ..training.preemption import TrainingPreempted, exit_code_for, signal_label
+
 LOCK_NAME = ".lock"
+
+
+class StudyStopped(TrainingPreempted):
+    """A stop signal (Ctrl-C, SIGTERM) that arrived outside a run's training — during an evaluation, between
+    runs, in the finetune phase — acted on before the next run or phase starts (``stop_between_runs``): the
+    study ends as a stopped training does (one line, exit status 130 after Ctrl-C, 75 after SIGTERM, nothing
+    marked finished), keeping every run it finished."""
+
+    def __init__(self, signal_name: str, where: str) -> None:
+        code = exit_code_for(signal_name)
+        Exception.__init__(self, f"stopped by {signal_label(signal_name)} {where}; the finished runs are "
+                                 f"kept: run the same command again to go on (exit status {code}).")
+        self.command, self.signal_name, self.step, self.checkpoint = "lengthgen", signal_name, 0, None
+        self.exit_code = code
+
+
+def stop_between_runs(stop: Any, where: str) -> None:
+    """Raise ``StudyStopped`` (``where``: "after <run>") when ``stop``, the command line's ``StopSignals``,
+    got a signal. A run's training checks it between steps; the studies check it here between runs and
+    phases, so a signal during an evaluation or a finetuning is not swallowed."""
+    if stop is not None and stop.requested:
+        raise StudyStopped(stop.signal_name, where)
 
 
 @contextlib.contextmanager
@@ -51,4 +75,4 @@ def fingerprint(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-__all__ = ["LOCK_NAME", "claim", "fingerprint"]
+__all__ = ["LOCK_NAME", "StudyStopped", "claim", "fingerprint", "stop_between_runs"]
