@@ -270,7 +270,8 @@ def test_plugin_wrapper_scales_queries_only_for_models_that_ask() -> None:
     assert seen[-1] is query
     module.config.entropy_invariant_formula = "log_ratio"
     wrapped(module, query, key, key, None, position_ids=positions)
-    factor = stock_logit_factor(module.config, query, key, None, positions, causal=True)
+    factor = stock_logit_factor(module.config, query, key, None, positions, causal=True,
+                                count_from_positions=True)
     assert factor[0, :16].eq(1).all() and factor[0, 16:].gt(1).all()
     torch.testing.assert_close(seen[-1], query * factor[:, None, :, None])
     assert wrapped.log_n_wraps is not None

@@ -142,6 +142,59 @@ def test_llama_is_unchanged_up_to_base_length_by_default(left: bool) -> None:
     assert not torch.allclose(scaled[beyond], reference[beyond], atol=1e-4)
 
 
+@pytest.mark.parametrize("case", ["offset positions", "packed positions with a cache"])
+def test_positions_the_caller_passes_do_not_change_which_keys_a_row_counts(case: str) -> None:
+    """Without a mask (SDPA skips it), nᵢ came from ``position_ids``: offset positions 100… counted 101…
+    keys where a row sees 1…, and packed positions with a cache (Transformers then builds no document mask,
+    so rows attend across documents) counted per document. Eager attention counts the keys the row sees;
+    both implementations now agree (they differed by up to 0.29 in logits), and equal ``sdpa`` with the
+    factor of the visible keys."""
+    ids = random_ids(1, 15)
+    positions = (torch.arange(100, 115)[None] if case == "offset positions"
+                 else torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3, 4, 5, 6]]))
+    logits = {}
+    for implementation in ("entropy_invariant", "entropy_invariant_eager"):
+        model = tiny_llama(implementation, base_length=4, initializer_range=0.5)
+        with torch.no_grad():
+            logits[implementation] = model(input_ids=ids, position_ids=positions,
+                                           use_cache=case != "offset positions").logits
+    torch.testing.assert_close(logits["entropy_invariant"], logits["entropy_invariant_eager"], atol=2e-5,
+                               rtol=1e-4)
+    query, config = torch.zeros(1, 1, 15, 4), tiny_llama(base_length=4).config
+    factor = {how: stock_attention.stock_logit_factor(config, query, query, None, positions, causal=True,
+                                                      count_from_positions=how == "serving")
+              for how in ("model", "serving")}
+    unpositioned = stock_attention.stock_logit_factor(config, query, query, None, None, causal=True)
+    torch.testing.assert_close(factor["model"], unpositioned)
+    assert not torch.allclose(factor["serving"], unpositioned)  # a serving engine's positions still decide
+
+
+def test_values_a_config_sets_are_used_or_refused_never_replaced_by_defaults() -> None:
+    """``attn_scale=0.0`` was read as 0.1, ``entropy_min_length=0`` as 16, and ``base_length=0`` fell back to
+    ``max_position_embeddings`` (``or DEFAULT``); RoPE parameters per layer type (Gemma 3) hid the original
+    context, so L was the extended one."""
+    query = torch.zeros(1, 1, 40, 4)
+    positions = torch.arange(9000, 9040)[None]
+    off = LlamaConfig(entropy_invariant_formula="llama4", attn_scale=0.0)
+    factor = stock_attention.stock_logit_factor(off, query, query, None, positions, causal=True)
+    assert factor.eq(1).all()
+    for field, value, message in (("entropy_min_length", 0, "entropy_min_length must be a whole number >= 1"),
+                                  ("entropy_min_length", 2.5, "entropy_min_length must be a whole number"),
+                                  ("base_length", 0, "base_length must be >= 2")):
+        config = LlamaConfig(max_position_embeddings=64, **{field: value})
+        with pytest.raises(ValueError, match=message):
+            stock_attention.stock_logit_factor(config, query, query, None, None, causal=True)
+    with pytest.raises(ValueError, match="floor_scale must be a whole number >= 1"):
+        stock_attention.stock_logit_factor(LlamaConfig(entropy_invariant_formula="llama4", floor_scale=0),
+                                           query, query, None, positions, causal=True)
+    per_layer_type = LlamaConfig(max_position_embeddings=32768)
+    per_layer_type.rope_parameters = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096,
+                           "rope_theta": 1000000.0}}
+    assert stock_attention.resolve_base_length(per_layer_type) == 4096
+
+
 def test_bert_is_unchanged_up_to_base_length_by_default() -> None:
     model = tiny_bert(base_length=8, initializer_range=0.5)
     short, long = random_ids(2, 8), random_ids(2, 12)

@@ -21,10 +21,13 @@ Config attributes it reads (all optional):
 - ``base_length``: the training length m; else the RoPE parameters' ``original_max_position_embeddings``,
   else ``max_position_embeddings``. ``entropy_min_length``: the clamp of nᵢ (default 16).
 
-nᵢ comes from the mask the model built (padding, causality, sliding windows, packed sequences; past cache
-included); where the model builds none (no padding, or a serving engine's own attention), from the
-``position_ids`` the model passes to its attention (Llama, Qwen2, Mistral do): nᵢ = position + 1. The
-Llama 4 formula always follows the query positions.
+nᵢ comes from the mask the model built (padding, causality, sliding windows, packed sequences without a
+cache; past cache included); where the model builds none (no padding), from causality and the cache: the
+keys the kernel then attends to, as eager attention counts them. Only a serving engine's own attention
+(vLLM's, which packs the tokens of many sequences and passes no mask; ``vllm_plugin``) takes nᵢ from the
+``position_ids``: nᵢ = position + 1. Positions a caller passes to a Transformers model do not change which
+keys a row sees (offset positions, or packed rows with a cache, where Transformers builds no document
+mask), so they do not change nᵢ either. The Llama 4 formula always follows the query positions.
 """
 
 from __future__ import annotations
@@ -94,16 +97,30 @@ def resolve_base_length(config: PreTrainedConfig | None) -> int:
     NaN, 2.7 would be read as 2)."""
     if config is None:
         return DEFAULT_BASE_LENGTH
-    if getattr(config, "base_length", None):
+    if getattr(config, "base_length", None) is not None:  # 0 is refused by the caller, not replaced
         value = config.base_length
         whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
         if isinstance(value, bool) or not whole:
             raise ValueError(f"base_length must be a whole number of tokens, got {value!r}.")
         return int(value)
-    rope = getattr(config, "rope_parameters", None) or {}
-    if isinstance(rope, dict) and rope.get("original_max_position_embeddings"):
-        return int(rope["original_max_position_embeddings"])
+    original = original_context(getattr(config, "rope_parameters", None))
+    if original is not None:
+        return original
     return int(getattr(config, "max_position_embeddings", None) or DEFAULT_BASE_LENGTH)
+
+
+def original_context(rope_parameters: Any) -> int | None:
+    """RoPE's ``original_max_position_embeddings`` (the context before YaRN or another extension), from the
+    parameters of a model or, for models with one set per layer type (Gemma 3: ``{"full_attention": {…},
+    "sliding_attention": {…}}``), of its full-attention layers (else the first set naming one)."""
+    if not isinstance(rope_parameters, dict):
+        return None
+    if rope_parameters.get("original_max_position_embeddings"):
+        return int(rope_parameters["original_max_position_embeddings"])
+    nested = [value for value in rope_parameters.values() if isinstance(value, dict)]
+    nested.sort(key=lambda value: value is not rope_parameters.get("full_attention"))
+    return next((int(value["original_max_position_embeddings"]) for value in nested
+                 if value.get("original_max_position_embeddings")), None)
 
 
 def entropy_invariant_attention_forward(
@@ -169,8 +186,13 @@ def stock_logit_factor(
     position_ids: torch.Tensor | None,
     *,
     causal: bool,
+    count_from_positions: bool = False,
 ) -> torch.Tensor:
-    """The per-row factor ``(batch, q)`` of ``entropy_invariant_attention_forward`` for ``config``."""
+    """The per-row factor ``(batch, q)`` of ``entropy_invariant_attention_forward`` for ``config``.
+
+    ``count_from_positions``: without a mask, nᵢ = ``position_ids`` + 1 (a serving engine's packed tokens)
+    instead of the keys causality and the cache offset leave visible (what the kernel attends to in a
+    Transformers model). ``position_ids`` always drive the Llama 4 formula."""
     formula = getattr(config, "entropy_invariant_formula", None) or "log_ratio"
     if formula not in FORMULAS:
         raise ValueError(f"entropy_invariant_formula must be one of {FORMULAS}, got {formula!r}.")
@@ -187,13 +209,13 @@ def stock_logit_factor(
         if positions is None:
             positions = torch.arange(key_length - query_length, key_length, device=query.device)[None]
         positions = positions.to(device=query.device, dtype=dtype).expand(batch_size, query_length)
-        attn_scale = float(getattr(config, "attn_scale", None) or LLAMA4_ATTN_SCALE)
-        floor_scale = int(getattr(config, "floor_scale", None) or LLAMA4_FLOOR_SCALE)
+        attn_scale = config_number(config, "attn_scale", LLAMA4_ATTN_SCALE, minimum=0)
+        floor_scale = int(config_number(config, "floor_scale", LLAMA4_FLOOR_SCALE, minimum=1, whole=True))
         return llama4_attention_temperature(positions, attn_scale, floor_scale)
     base_length = resolve_base_length(config)
     if base_length < 2:
         raise ValueError(f"base_length must be >= 2 for entropy-invariant attention, got {base_length}.")
-    min_length = int(getattr(config, "entropy_min_length", None) or DEFAULT_MIN_LENGTH)
+    min_length = int(config_number(config, "entropy_min_length", DEFAULT_MIN_LENGTH, minimum=1, whole=True))
     counts = visible_key_counts(
         attention_mask,
         batch_size=batch_size,
@@ -203,11 +225,28 @@ def stock_logit_factor(
         causal=causal,
         device=query.device,
         dtype=dtype,
-        # The model fills in default positions 0, 1, … even for left padding: where it built a mask the mask
-        # decides; without one (no padding, or a serving engine's packed tokens) the positions do.
-        position_ids=position_ids,
+        # Where the model built a mask the mask decides; without one the kernel attends causally over the key
+        # tensor, except for a serving engine's packed tokens, whose positions restart per sequence.
+        position_ids=position_ids if count_from_positions else None,
     )
     return entropy_invariant_factor(counts, base_length, min_length, scope)
+
+
+def config_number(config: PreTrainedConfig | None, name: str, default: float, *, minimum: float,
+                  whole: bool = False) -> float:
+    """``config.<name>``, or ``default`` when the config has none (``None``): a value it sets is used as it
+    is, even 0 (``attn_scale=0.0`` turns Llama 4's temperature off; it was read as 0.1), and a value below
+    ``minimum``, not finite or (``whole``) not a whole number raises ``ValueError`` naming the field."""
+    import math
+
+    value = getattr(config, name, None)
+    if value is None:
+        return default
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value < minimum or (whole and float(value) != int(value)):
+        kind = "a whole number" if whole else "a finite number"
+        raise ValueError(f"{name} must be {kind} >= {minimum:g}, got {value!r}.")
+    return value
 
 
 def dispatches_attention(model: PreTrainedModel) -> bool:

@@ -43,7 +43,7 @@ def log_n_attention(original: Any) -> Any:
                   attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
         if scales_log_n(module):
             factor = stock_logit_factor(module.config, query, key, None, kwargs.get("position_ids"),
-                                        causal=True)
+                                        causal=True, count_from_positions=True)
             query = (upcast(query) * factor[:, None, :, None]).to(query.dtype)
         return original(module, query, key, value, attention_mask, **kwargs)
 
