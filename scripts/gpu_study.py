@@ -821,7 +821,7 @@ def measure_entropy(plan: Any, settings: Settings, corpus: Corpus, device: Devic
     from transformers import AutoModelForCausalLM
 
     from hf_attn_variants.entropy.cli import normalizes_rows
-    from hf_attn_variants.entropy.measure import entropy_by_length, layer_memory_bytes, mean_log_keys
+    from hf_attn_variants.entropy.measure import entropy_by_length, layer_memory_bytes
     from hf_attn_variants.lengthgen.retrieval import attention_heads
 
     if plan.fields.get("chunk_size") is not None:
@@ -849,7 +849,7 @@ def measure_entropy(plan: Any, settings: Settings, corpus: Corpus, device: Devic
                               "entropy)"}
         return {"status": "ok", "skipped_lengths": skipped,
                 "points": [{"length": p.length, "log_keys": p.log_keys, "mean_entropy": p.mean_entropy,
-                            "uniform": mean_log_keys(p.length, True)} for p in points]}
+                            "uniform": p.log_keys} for p in points]}  # a uniform row's H is log nᵢ
     except Exception as error:  # noqa: BLE001 - recorded; perplexity stands without it
         return {"status": f"not measured: {type(error).__name__}: {str(error).splitlines()[0][:200]}"}
 

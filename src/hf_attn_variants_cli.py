@@ -220,7 +220,8 @@ AFTER_CTRL_C = {
     "bench": "a stop while measuring writes the rows measured so far (its own line says where); this one "
              "came before or after the measurements",
     "entropy": "the series finished before it are in its --output file, marked \"interrupted\" (nothing is "
-               "written when it stops in the first)",
+               "written when it stops in the first; stopped while writing, every series is kept, marked, "
+               "without a plot)",
     "export": "--output_dir holds the old folder or the new one, never half of one (an export is "
               "assembled aside and renamed into place; an old folder being replaced may be left whole as "
               ".<name>.old-*)",

@@ -286,9 +286,11 @@ def test_push_to_a_new_branch_creates_it_first(exported, monkeypatch) -> None:
     assert push(args) == "https://hub/commit/1"
     assert [name for name, _ in calls] == ["create_repo", "create_branch", "upload_folder"]
     assert calls[1][1]["branch"] == "dev" and calls[1][1]["exist_ok"] and calls[2][1]["revision"] == "dev"
-    calls.clear()
-    push(PushArguments(folder=str(folder), repo_id="someone/tiny", token="hf_dummy"))
-    assert [name for name, _ in calls] == ["create_repo", "upload_folder"]
+    for revision in (None, "refs/pr/5"):  # main, and an open pull request's ref (no branch to create)
+        calls.clear()
+        push(PushArguments(folder=str(folder), repo_id="someone/tiny", token="hf_dummy", revision=revision))
+        assert [name for name, _ in calls] == ["create_repo", "upload_folder"], revision
+        assert calls[-1][1]["revision"] == revision
     monkeypatch.setattr(huggingface_hub.HfApi, "create_branch", record("create_branch", fail=True))
     with pytest.raises(PushError, match=r"the Hub refused to create the branch \(PermissionError: 403"):
         push(args)

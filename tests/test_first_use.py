@@ -261,7 +261,7 @@ def test_ctrl_c_elsewhere_is_one_line_not_a_traceback(interrupt_at, tmp_path) ->
     assert result.stderr.strip().splitlines()[-1] == (
         "hf-attn-variants entropy: interrupted: stopped by Ctrl-C before it finished; the series finished "
         "before it are in its --output file, marked \"interrupted\" (nothing is written when it stops in the "
-        "first) (exit status 130).")
+        "first; stopped while writing, every series is kept, marked, without a plot) (exit status 130).")
     if interrupt_at == 1:
         assert not output.exists() and not output.with_suffix(".png").exists()
         return

@@ -606,6 +606,27 @@ def test_ctrl_c_during_the_finetune_phase_stops_the_study(tmp_path, monkeypatch,
     assert json.loads((out / "run.json").read_text())["finished"] is False
 
 
+def test_ctrl_c_inside_a_finetuning_stops_the_study_without_promising_a_resume(tmp_path, monkeypatch,
+                                                                             capsys) -> None:
+    """A stop inside a finetuning ends it with Trainer's checkpoint written, and pretrain's line promised to
+    resume from it; the study redoes that finetuning (``overwrite_output_dir``), so it now says so."""
+    from hf_attn_variants.lengthgen import finetune_lengths
+    from hf_attn_variants.training.preemption import TrainingPreempted
+
+    def stopped_inside(args, task, condition, variant_name, overrides, seed, run_dir, *rest):
+        raise TrainingPreempted("finetune", "SIGINT", 1, run_dir / "model" / "checkpoint-1")
+
+    monkeypatch.setattr(finetune_lengths, "finetune_one", stopped_inside)
+    out = tmp_path / "study"
+    argv = ["lengthgen", "--output_dir", str(out), "--variants", "gau_softmax", "--eval_lengths", "16", *TINY,
+            "--finetune", "--finetune_tasks", "sequence"]
+    assert main(argv) == 130
+    error = capsys.readouterr().err
+    assert "while finetuning softmax seed 0 (sequence), which the next run of the command redoes" in error
+    assert "resume" not in error, error
+    assert json.loads((out / "run.json").read_text())["finished"] is False
+
+
 def test_a_diverged_run_is_named_and_marked(tmp_path, capsys, caplog) -> None:
     """Audit 9: a run whose loss became NaN showed only "–" cells and exit 0 with nothing naming it (and a
     training loss that became NaN ended the study in a traceback). Both are now named in a warning and in

@@ -441,3 +441,19 @@ def test_ctrl_c_during_a_task_run_stops_the_study_before_the_next(tmp_path, monk
     monkeypatch.undo()
     assert main(argv) == 0
     assert json.loads((out / "results.json").read_text())["skipped_runs"] == 1
+
+
+def test_a_task_study_refuses_changed_evaluation_flags_rather_than_retraining(tmp_path, capsys) -> None:
+    """A lm study re-evaluates its stored models when only an evaluation flag changed (``EVALUATION_ONLY``);
+    task runs fingerprint those flags with the training (no model is kept unless ``--save_models``), so the
+    same acceptance would retrain every run without a word. Their folder keeps refusing the change."""
+    out = tmp_path / "passkey"
+    argv = ["lengthgen", "--task", "passkey", "--quick", "--output_dir", str(out), "--num_threads", "1",
+            "--disable_tqdm", "--no_plot", "--variants", "ei_standard", "--position_embedding_types", "rope"]
+    assert main(argv) == 0
+    before = (out / "results.json").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main([*argv, "--eval_lengths", "16", "32"]) == 2
+    error = capsys.readouterr().err
+    assert "--eval_lengths" in error and "--overwrite_output_dir" in error, error
+    assert (out / "results.json").stat().st_mtime_ns == before

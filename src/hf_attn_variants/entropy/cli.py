@@ -127,6 +127,7 @@ def check_arguments(args: EntropyArguments) -> None:
     inputs = {"models": args.models, "text_file": [args.text_file] if args.text_file else []}
     check_result_files("output", files, ours=is_entropy_results, tool="hf-attn-variants entropy",
                        inputs=inputs)
+    check_writable("output", output)
     check_int("samples", args.samples, 1)
     check_seed("seed", args.seed)
     check_number("memory_gib", args.memory_gib, 0.0, open_low=True)
@@ -144,6 +145,25 @@ def check_arguments(args: EntropyArguments) -> None:
         if args.task != "text":
             raise FlagError("text_file", f"text_file: inputs are the {args.task} task's, not text.")
         check_text_file("text_file", args.text_file)
+
+
+def check_writable(flag: str, path: Path) -> None:
+    """``FlagError`` naming ``flag`` unless a file can be created in the folder ``path`` goes to (its nearest
+    existing folder, where the missing ones would be made): found before measuring, not after (``/proc``,
+    a read-only mount, a folder of another user's). A probe file is made there and removed at once."""
+    import os
+    import tempfile
+
+    from ..cli_utils import FlagError
+
+    folder = next(parent for parent in path.absolute().parents if parent.exists())
+    try:
+        handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
+    except OSError as error:
+        raise FlagError(flag, f"{flag}: {str(path)!r} cannot be written: no file can be created in "
+                              f"{str(folder)!r} ({error.strerror or error}).") from error
+    os.close(handle)
+    Path(name).unlink(missing_ok=True)
 
 
 def mode_label(name: str, mode: str) -> str:
@@ -186,8 +206,18 @@ def load(series: Series, args: EntropyArguments, train_length: int, config: Any)
     return model.eval(), config
 
 
-def default_train_length(config: Any) -> int:
-    return int(getattr(config, "base_length", None) or config.max_position_embeddings)
+def default_train_length(config: Any) -> int | None:
+    """L of a model as stock log-n takes it (``stock.resolve_base_length``): its ``base_length``, else RoPE's
+    ``original_max_position_embeddings``, else ``max_position_embeddings``; ``None`` where the config has
+    none of them (T5, MPT), rather than log-n's fallback of 512."""
+    from ..stock.stock_attention import resolve_base_length
+
+    rope = getattr(config, "rope_parameters", None)
+    original = rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None
+    if not (getattr(config, "base_length", None) or original
+            or getattr(config, "max_position_embeddings", None)):
+        return None
+    return resolve_base_length(config)
 
 
 def default_lengths(train_length: int) -> list[int]:
@@ -212,17 +242,25 @@ def input_lengths(args: EntropyArguments, train_length: int) -> list[int]:
     return sorted(set(args.lengths))
 
 
-def length_cap(config: Any) -> int | None:
-    """The longest input a model can take: ``max_position_embeddings`` with learned absolute positions
-    (BERT, our ``absolute``) or the Synthesizer's per-position weights; else ``None``."""
-    if getattr(config, "position_embedding_type", None) == "absolute" or config.model_type == "synthesizer":
-        return int(config.max_position_embeddings)
-    return None
+def length_cap(config: Any, model: Any) -> int | None:
+    """The longest input a model can take: ``max_position_embeddings`` (``n_positions``) where ``model`` (its
+    skeleton will do) holds a learned position table, an embedding of that many rows (BERT, GPT-2, our
+    ``absolute``; OPT's has 2 more) besides the token embedding, or the Synthesizer's per-position weights;
+    else ``None``."""
+    import torch
 
-
-def is_causal(model: Any) -> bool:
-    """Whether the model's attention is causal (its attention modules say so)."""
-    return any(getattr(module, "is_causal", False) for module in model.modules())
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        return None
+    if config.model_type == "synthesizer":
+        return limit
+    try:
+        tokens = model.get_input_embeddings()
+    except (NotImplementedError, AttributeError):
+        tokens = None
+    tables = [module for module in model.modules() if isinstance(module, torch.nn.Embedding)
+              and module is not tokens and limit <= module.num_embeddings <= limit + 2]
+    return limit if tables else None
 
 
 POSITION_WORDS = {"rope": "RoPE", "none": "no position embedding", "absolute": "learned positions"}
@@ -337,11 +375,100 @@ def check_models(args: EntropyArguments) -> dict[str, Any]:
             raise FlagError("models", f"models: {path} is FLASH GAU (chunk_size={configs[path].chunk_size}), "
                             "whose effective weights take both signs (q′·k′ across chunks): its rows are not "
                             "distributions and have no entropy. Measure a quadratic GAU (chunk_size None).")
+        check_config(path, configs[path])
         vocab_size = configs[path].vocab_size
         if args.task != "text" and args.task_vocab_size > vocab_size:
             raise FlagError("task_vocab_size", f"task_vocab_size={args.task_vocab_size} exceeds the "
                             f"vocab_size={vocab_size} of {path}.")
+    first = args.models[0]
+    if args.train_length is None and default_train_length(configs[first]) is None:
+        raise FlagError("train_length", f"train_length: the config of {first} ({configs[first].model_type}) "
+                        "gives no length (base_length, max_position_embeddings) to take L from; give "
+                        "--train_length.")
     return configs
+
+
+def check_config(path: str, config: Any) -> None:
+    """``FlagError`` naming ``models`` for a config this command cannot measure: an encoder-decoder (T5,
+    BART), whose decoder attends to a second sequence as well and is not run by ``input_ids`` alone."""
+    from ..cli_utils import FlagError
+
+    if getattr(config, "is_encoder_decoder", False):
+        raise FlagError("models", f"models: {path} is an encoder-decoder model ({config.model_type}): this "
+                        "command measures the self-attention of one stack run on input_ids alone; measure a "
+                        "decoder-only or encoder-only model.")
+
+
+def model_skeleton(path: str, config: Any) -> Any:
+    """``AutoModel`` of ``config`` on the meta device (no weights, no memory): what its modules are."""
+    import torch
+    from transformers import AutoModel
+
+    from ..cli_utils import FlagError, error_reason
+
+    try:
+        with torch.device("meta"):
+            return AutoModel.from_config(config, trust_remote_code=False, attn_implementation="eager")
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
+        raise FlagError("models", f"models: {path} cannot be built from its config "
+                        f"({error_reason(error)}).") from error
+
+
+def check_structure(args: EntropyArguments, path: str, config: Any, model: Any) -> None:
+    """``FlagError`` before anything is measured for a model (``model``: its skeleton) whose rows are not
+    distributions over the keys (attention sinks take part of the mass: GPT-OSS; naming ``models``), or, for
+    a stock model's ``log_n`` mode, one whose attention log-n does not reach: computed by the model itself,
+    not through ``ALL_ATTENTION_FUNCTIONS`` (XGLM, Bloom: the series would be eager's), or soft-capped
+    (Gemma 2; naming ``stock_modes``)."""
+    from ..cli_utils import FlagError
+    from ..models import FAMILIES
+    from ..stock.stock_attention import dispatches_attention
+
+    sinks = [name for name, _ in model.named_parameters() if name.rsplit(".", 1)[-1] in ("sinks", "s_aux")]
+    if sinks:
+        raise FlagError("models", f"models: {path} ({config.model_type}) has attention sinks ({sinks[0]}), "
+                        "which take part of each row's weight: its rows over the keys are not distributions "
+                        "and their entropy is not comparable with log n.")
+    if config.model_type in FAMILIES or "log_n" not in args.stock_modes:
+        return
+    if not dispatches_attention(model):
+        raise FlagError("stock_modes", f"stock_modes: log_n cannot apply to {path} ({config.model_type}), "
+                        "which computes its attention itself, not through Transformers' "
+                        "ALL_ATTENTION_FUNCTIONS: its + log-n series would be eager's; give --stock_modes "
+                        "eager for it.")
+    if getattr(config, "attn_logit_softcapping", None):
+        raise FlagError("stock_modes", f"stock_modes: log_n cannot apply to {path} ({config.model_type}), "
+                        "whose attention logits are soft-capped (attn_logit_softcapping), which stock log-n "
+                        "does not compute; give --stock_modes eager for it.")
+
+
+def plan_lengths(args: EntropyArguments, configs: dict[str, Any],
+                 lengths: Sequence[int]) -> dict[str, list[int]]:
+    """Path → the lengths its model is measured at: ``lengths`` up to its ``length_cap``, each checked
+    (``check_structure``) before anything is measured. ``FlagError`` naming ``lengths`` when none fits a
+    model, or when one sequence of a length needs more than ``--memory_gib`` for a layer's maps (batches are
+    cut down to one sequence, never below)."""
+    from ..cli_utils import FlagError
+    from ..lengthgen.retrieval import attention_heads
+    from .measure import layer_memory_bytes
+
+    plans = {}
+    for path, config in configs.items():
+        skeleton = model_skeleton(path, config)
+        check_structure(args, path, config, skeleton)
+        cap = length_cap(config, skeleton)
+        plans[path] = [length for length in lengths if cap is None or length <= cap]
+        if not plans[path]:
+            raise FlagError("lengths", f"lengths: no length fits {path}, whose learned positions stop at "
+                            f"{cap} tokens (lengths {', '.join(map(str, lengths))}); give --lengths up to "
+                            f"{cap}.")
+        for length in plans[path]:
+            need = layer_memory_bytes(length, attention_heads(config)) / 2**30
+            if need > args.memory_gib:
+                raise FlagError("lengths", f"lengths: one sequence of {length} tokens needs {need:.3g} GiB "
+                                f"for a layer's attention maps of {path}, over --memory_gib "
+                                f"{args.memory_gib:g}; give shorter --lengths or a larger --memory_gib.")
+    return plans
 
 
 def batched(source: Callable[[int], Any], per_sample_bytes: Callable[[int], float],
@@ -355,25 +482,36 @@ def batched(source: Callable[[int], Any], per_sample_bytes: Callable[[int], floa
     return batches
 
 
+def finite(value: float) -> float | None:
+    """``value``, or ``None`` for NaN (no slope: one length, or a layer whose nᵢ did not change): the results
+    file is strict JSON, which has no NaN."""
+    return None if math.isnan(value) else value
+
+
+def mean_of(values: Sequence[float | None]) -> float | None:
+    """The mean of the values that are not ``None``; ``None`` when none is."""
+    known = [value for value in values if value is not None]
+    return sum(known) / len(known) if known else None
+
+
 def measure(series: Series, args: EntropyArguments, train_length: int, lengths: Sequence[int],
-            config: Any, source: Callable[[int], Any]) -> dict[str, Any]:
-    """The results entry of one series (its model's ``config`` and input ``source``)."""
+            usable: Sequence[int], config: Any, source: Callable[[int], Any]) -> dict[str, Any]:
+    """The results entry of one series (its model's ``config`` and input ``source``) at the ``usable`` of
+    ``lengths`` (``plan_lengths``); causal or not as its maps say (``attends_causally``)."""
     from tqdm.auto import tqdm
 
     from ..lengthgen.retrieval import attention_heads
-    from .measure import diffuse_heads, entropy_by_length, fit_slope, head_slopes, layer_memory_bytes
+    from .measure import attends_causally, diffuse_heads, entropy_by_length, fit_slope, head_slopes
+    from .measure import layer_memory_bytes
 
     model, config = load(series, args, train_length, config)
-    cap = length_cap(config)
-    usable = [length for length in lengths if cap is None or length <= cap]
-    causal = is_causal(model)
     heads = attention_heads(config)
     batches = batched(source, lambda length: layer_memory_bytes(length, heads), args.memory_gib)
+    causal = attends_causally(model, batches(usable[0])[0])
     with tqdm(total=len(usable), desc=series.name, unit="length") as bar:
         points = entropy_by_length(model, batches, usable, causal=causal, normalize=normalizes_rows(config),
                                    progress=lambda _: bar.update())
-    slopes = head_slopes(points)
-    flat = [value for layer in slopes for value in layer]
+    slopes = [[finite(value) for value in layer] for layer in head_slopes(points)]
     diffuse = diffuse_heads(points, train_length)
     return {
         "name": series.name, "model": str(series.path), "model_type": config.model_type,
@@ -382,13 +520,13 @@ def measure(series: Series, args: EntropyArguments, train_length: int, lengths: 
         "normalized": normalizes_rows(config),
         "skipped_lengths": [length for length in lengths if length not in usable],
         "lengths": [point.length for point in points], "log_keys": [point.log_keys for point in points],
+        "layer_log_keys": [point.layer_log_keys for point in points],
         "mean_entropy": [point.mean_entropy for point in points],
         "entropy": [point.entropy for point in points],
-        "head_slopes": slopes, "slope": sum(flat) / len(flat),
-        "slope_of_mean": fit_slope([p.log_keys for p in points], [p.mean_entropy for p in points]),
+        "head_slopes": slopes, "slope": mean_of([value for layer in slopes for value in layer]),
+        "slope_of_mean": finite(fit_slope([p.log_keys for p in points], [p.mean_entropy for p in points])),
         "diffuse_heads": [list(pair) for pair in diffuse],
-        "diffuse_slope": (sum(slopes[layer][head] for layer, head in diffuse) / len(diffuse)) if diffuse
-        else None,
+        "diffuse_slope": mean_of([slopes[layer][head] for layer, head in diffuse]),
     }
 
 
@@ -441,8 +579,9 @@ def plot(results: dict[str, Any], path: Path) -> Path:
             x = [math.exp(v) for v in entries[0]["log_keys"]]
             curves = [e["mean_entropy"] for e in entries]
             mean = [sum(values) / len(values) for values in zip(*curves)]
-            slope = sum(e["slope"] for e in entries) / len(entries)
-            line = ax.plot(x, mean, marker="o", markersize=3, label=f"{name} (dH/dlog n = {slope:.2f})")[0]
+            slope = mean_of([e["slope"] for e in entries])
+            shown = "–" if slope is None else f"{slope:.2f}"
+            line = ax.plot(x, mean, marker="o", markersize=3, label=f"{name} (dH/dlog n = {shown})")[0]
             if len(entries) > 1:
                 ax.fill_between(x, [min(v) for v in zip(*curves)], [max(v) for v in zip(*curves)],
                                 color=line.get_color(), alpha=0.15)
@@ -457,41 +596,51 @@ def plot(results: dict[str, Any], path: Path) -> Path:
 
 
 def measure_all(args: EntropyArguments) -> dict[str, Any]:
-    """Check the flags, measure every series, write the results file (and the plot); returns the results.
+    """Check the flags and every model, measure every series, write the results file (and the plot); returns
+    the results.
 
     Ctrl-C (``KeyboardInterrupt``) after the first series writes the series finished before it, the file
-    marked ``"interrupted"``, and then goes on as a ``KeyboardInterrupt``."""
+    marked ``"interrupted"``, and then goes on as a ``KeyboardInterrupt``; Ctrl-C while the results are being
+    written leaves every series in the file, marked ``"interrupted"``, and no plot (not the last run's)."""
     check_arguments(args)
     configs = check_models(args)
     train_length = args.train_length or default_train_length(configs[args.models[0]])
     lengths = input_lengths(args, train_length)
+    plans = plan_lengths(args, configs, lengths)
     sources = {path: input_source(args, path, config) for path, config in configs.items()}
     results = {"kind": RESULTS_KIND, **environment(), "task": args.task, "train_length": train_length,
                "settings": dataclasses.asdict(args), "series": []}
     todo = series_of(args, configs)
     try:
         for one in todo:
-            results["series"].append(measure(one, args, train_length, lengths, configs[one.path],
-                                             sources[one.path]))
+            results["series"].append(measure(one, args, train_length, lengths, plans[one.path],
+                                             configs[one.path], sources[one.path]))
+        write_results(args, results)
     except KeyboardInterrupt:
         done = len(results["series"])
-        if done:
+        if done == len(todo):
+            results["interrupted"] = ("stopped by Ctrl-C while writing the results: every series is kept, "
+                                      "the plot was not written")
+            write_results(args, results, plot_too=False)
+        elif done:
             results["interrupted"] = (f"stopped by Ctrl-C while measuring {todo[done].name!r}: the {done} of "
                                       f"{len(todo)} series before it are kept")
             write_results(args, results)
         raise
-    write_results(args, results)
     return results
 
 
-def write_results(args: EntropyArguments, results: dict[str, Any]) -> None:
-    """The results file at ``--output`` and, unless ``--no_plot``, its plot beside it (``.png``)."""
+def write_results(args: EntropyArguments, results: dict[str, Any], plot_too: bool = True) -> None:
+    """The results file at ``--output`` and, unless ``--no_plot`` (or not ``plot_too``), its plot beside it
+    (``.png``). The last run's plot goes first, so a plot beside the file is always this file's."""
     from ..cli_utils import atomic_write_text
     from ..records import format_results
 
     output = Path(args.output)
-    atomic_write_text(output, format_results(results, inline_depth=3))
     if not args.no_plot:
+        output.with_suffix(".png").unlink(missing_ok=True)  # ours: check_result_files allowed it
+    atomic_write_text(output, format_results(results, inline_depth=3))
+    if plot_too and not args.no_plot:
         plot(results, output.with_suffix(".png"))
 
 
@@ -503,8 +652,9 @@ def report(args: EntropyArguments, results: dict[str, Any]) -> str:
         shown, diffuse_shown = ("-" if value is None or math.isnan(value) else format(value, ".2f")
                                 for value in (slope, diffuse))
         lines.append(f"{entry['name'][:40]:40s} {shown:>6s} {diffuse_shown:>8s}  {values}")
-    if any(len(set(entry["lengths"])) < 2 for entry in results["series"]):
-        lines.append("slope -: dH/dlog n needs entropies at two lengths or more (--lengths)")
+    if any(entry["slope"] is None for entry in results["series"]):
+        lines.append("slope -: dH/dlog n needs two values of n: two --lengths or more, and rows that see "
+                     "more keys than a sliding window")
     plot_path = "" if args.no_plot else f" and {Path(args.output).with_suffix('.png')}"
     lines.append(f"wrote {args.output}{plot_path}")
     return "\n".join(lines)

@@ -91,7 +91,8 @@ def push(args: PushArguments) -> str:
     step = "could not be reached or refused to create the repository"
     try:
         api.create_repo(args.repo_id, private=args.private, exist_ok=True, repo_type="model")
-        if args.revision is not None:  # upload_folder commits to an existing branch only
+        # upload_folder commits to an existing branch only; a pull request's ref (refs/pr/N) is no branch name
+        if args.revision is not None and not args.revision.startswith("refs/"):
             step = "refused to create the branch"
             api.create_branch(args.repo_id, branch=args.revision, repo_type="model", exist_ok=True)
         step = "refused the upload"

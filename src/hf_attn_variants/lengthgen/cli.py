@@ -20,6 +20,7 @@ it would delete).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -57,6 +58,9 @@ LENGTHGEN_RULE = OutputRule(
     legacy_arguments=_legacy_arguments,
 )
 """``lengthgen``'s output folder (``training/outputs.py``)."""
+TASK_RULE = dataclasses.replace(LENGTHGEN_RULE, aside=LENGTHGEN_RULE.aside - EVALUATION_ONLY)
+"""The folder of a retrieval study (``--task``): its runs fingerprint the evaluation flags with the training
+(they keep no model unless ``--save_models``), so a changed one is refused as before, not a retraining."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,12 +85,13 @@ def _start(namespace: argparse.Namespace) -> Any:
     if args.task == "lm":  # recorded as before the tasks existed, so earlier lm study folders stay valid
         for name in TASK_ONLY_FIELDS:
             arguments.pop(name, None)
-    folder = check_output_folder(LENGTHGEN_RULE, args.output_dir, arguments,
+    rule = TASK_RULE if args.is_task else LENGTHGEN_RULE
+    folder = check_output_folder(rule, args.output_dir, arguments,
                                  overwrite=output.overwrite_output_dir,
                                  write_into=output.write_into_output_dir,
                                  inputs={"train_file": args.train_file,
                                          "validation_file": args.validation_file})
-    start_run(LENGTHGEN_RULE, folder, arguments)
+    start_run(rule, folder, arguments)
     return args
 
 
@@ -133,4 +138,4 @@ def run(namespace: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["EVALUATION_ONLY", "LENGTHGEN_RULE", "STUDY_EXTENT", "add_arguments", "run"]
+__all__ = ["EVALUATION_ONLY", "LENGTHGEN_RULE", "STUDY_EXTENT", "TASK_RULE", "add_arguments", "run"]

@@ -49,9 +49,10 @@ from pathlib import Path
 from typing import Any
 
 from ..training.corpus import split_paragraphs
+from ..training.preemption import TrainingPreempted
 from .arguments import LengthGenArguments
 from .results import atomic_write_json, atomic_write_text, describe, read_json, to_csv
-from .runfolders import claim, fingerprint, stop_between_runs
+from .runfolders import StudyStopped, claim, fingerprint, stop_between_runs
 from .variants import VARIANTS, config_fields
 
 VALIDATION_PERMILLE = 300
@@ -225,11 +226,18 @@ def run_finetune_task(args: LengthGenArguments, level: str, stop: Any = None) ->
                     rows.append(done["row"])
                     continue
                 if variant_name is not None and _pretrain_fingerprint(args, variant_name, seed) is None:
-                    pending.append(f"{condition} seed {seed} (pretrained run not finished)")
+                    pending.append(f"{condition} seed {seed} ({_pretrain_state(args, variant_name, seed)})")
                     continue
-                stop_between_runs(stop, f"before finetuning {condition} seed {seed} ({level})")
-                row = finetune_one(args, task, condition, variant_name, overrides, seed, run_dir,
-                                   max_seq_length, stop)
+                where = f"{condition} seed {seed} ({level})"
+                stop_between_runs(stop, f"before finetuning {where}")
+                try:
+                    row = finetune_one(args, task, condition, variant_name, overrides, seed, run_dir,
+                                       max_seq_length, stop)
+                except TrainingPreempted as error:  # its checkpoint is not resumed: the rerun redoes it
+                    if isinstance(error, StudyStopped):
+                        raise
+                    raise StudyStopped(error.signal_name, f"while finetuning {where}, which the next run "
+                                                          "of the command redoes") from None
                 atomic_write_json(run_dir / "result.json", {"fingerprint": key, "row": row})
                 rows.append(row)
     summary = summarize_finetune(rows)
@@ -238,6 +246,15 @@ def run_finetune_task(args: LengthGenArguments, level: str, stop: Any = None) ->
     atomic_write_json(root / "finetune.json", report)
     atomic_write_text(root / "finetune.csv", to_csv(rows, FIELDS))
     return report
+
+
+def _pretrain_state(args: LengthGenArguments, variant_name: str, seed: int) -> str:
+    """Why the pretrained run a condition starts from is missing: it diverged in training (its
+    ``result.json`` says so; the study keeps it, so waiting would not help), or it is not finished."""
+    result = read_json(pretrained_model_dir(args, variant_name, seed).parent / "result.json") or {}
+    if result.get("diverged") == "training":
+        return "its pretrained run diverged in training: no model to finetune"
+    return "pretrained run not finished"
 
 
 def _pretrain_fingerprint(args: LengthGenArguments, variant_name: str | None, seed: int) -> str | None:

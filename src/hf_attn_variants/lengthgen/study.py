@@ -424,7 +424,9 @@ def _diverged_in_training(plan: RunPlan, args: LengthGenArguments, error: Traini
     every point gets the status ``diverged in training (…)``, which the tables print in its cells, and the
     study goes on with the other runs. A rerun with the same settings would diverge again, so it is kept
     (fingerprinted) like a finished run."""
-    logger.warning("%s: diverged in training: %s", label, error)
+    logger.warning("%s: diverged in training: its training loss at step %d is %s, so it saved no model; "
+                   "the study keeps it as diverged and goes on (lower --learning_rate or raise "
+                   "--num_warmup_steps to train it again)", label, error.step, error.loss)
     status = f"diverged in training (loss {error.loss} at step {error.step})"
     rows = [{"series": plan.variant.series(mode), "variant": plan.variant.name,
              "model_type": plan.variant.model_type, "mode": mode.name, "objective": plan.objective,
