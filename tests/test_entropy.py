@@ -367,6 +367,10 @@ def save_stock(root, name: str) -> str:
         "mpt": lambda: tf.MptForCausalLM(tf.MptConfig(**small, d_model=32, n_layers=2, n_heads=4,
                                                       max_seq_len=64)),
         "gemma2": lambda: tf.Gemma2ForCausalLM(tf.Gemma2Config(**STOCK, head_dim=8, sliding_window=8)),
+        "deberta": lambda: tf.DebertaV2Model(tf.DebertaV2Config(  # a relative table of 32 rows, no absolute
+            **small, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=32, position_buckets=16, relative_attention=True,
+            position_biased_input=False, pos_att_type=["p2c", "c2p"])),
     }
     models[name]().save_pretrained(root / name)
     return str(root / name)
@@ -412,16 +416,18 @@ def test_log_n_is_refused_for_a_model_that_does_not_dispatch_its_attention(stock
     assert code == 0 and results["series"][0]["causal"]  # XGLM's modules say nothing about causality
 
 
-@pytest.mark.parametrize(("name", "cap"), [("gpt2", 32), ("bert", 32), ("opt", 32)])
+@pytest.mark.parametrize(("name", "cap"), [("gpt2", 32), ("bert", 32), ("opt", 32), ("deberta", None)])
 def test_a_learned_position_table_caps_the_lengths(stock, tmp_path, name, cap) -> None:
     """GPT-2 (IndexError), BERT (RuntimeError) and OPT crashed past their table (no
-    ``position_embedding_type`` in their configs); now they stop at it."""
+    ``position_embedding_type`` in their configs); now they stop at it. DeBERTa-v2's relative table has as
+    many rows as ``max_position_embeddings`` and caps nothing."""
     code, results = entropy_run([stock(name)], tmp_path, "--train_length", "16", "--stock_modes", "eager")
     assert code == 0
     entry = results["series"][0]
     lengths = [n for n in default_lengths(16) if n >= 9]
-    assert entry["lengths"] == [n for n in lengths if n <= cap]
-    assert entry["skipped_lengths"] == [n for n in lengths if n > cap] and entry["causal"] == (name != "bert")
+    assert entry["lengths"] == [n for n in lengths if cap is None or n <= cap]
+    assert entry["skipped_lengths"] == [n for n in lengths if cap is not None and n > cap]
+    assert entry["causal"] == (name not in ("bert", "deberta"))
 
 
 @pytest.mark.parametrize(("name", "extra", "message"), [

@@ -169,6 +169,27 @@ def test_positions_the_caller_passes_do_not_change_which_keys_a_row_counts(case:
     assert not torch.allclose(factor["serving"], unpositioned)  # a serving engine's positions still decide
 
 
+def test_a_prefill_into_a_static_cache_counts_the_keys_sdpa_attends_to() -> None:
+    """Transformers builds no mask for a prefill from position 0 into an empty static cache; SDPA's
+    ``is_causal`` then lets row i see keys 0…i of the longer key tensor. Counting from the end of that tensor
+    (max_cache_len − q + i + 1 keys) sharpened every row: the default scope "beyond" must leave a prompt and
+    its continuation below L unchanged, and the two implementations agree."""
+    model = tiny_llama("sdpa", base_length=16, initializer_range=0.5)
+    ids = random_ids(1, 10)
+    logits = {}
+    for implementation in ("sdpa", "entropy_invariant", "entropy_invariant_eager"):
+        model.set_attn_implementation(implementation)
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=30, do_sample=False, cache_implementation="static",
+                                 output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        logits[implementation] = torch.stack(out.logits)  # (30, 1, vocab): the prefill's, then each step's
+    for implementation in ("entropy_invariant", "entropy_invariant_eager"):  # the prompt's rows: ≤ 10 keys
+        torch.testing.assert_close(logits[implementation][0], logits["sdpa"][0], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(logits["entropy_invariant"], logits["entropy_invariant_eager"], atol=2e-5,
+                               rtol=1e-4)
+    assert not torch.allclose(logits["entropy_invariant"][-1], logits["sdpa"][-1], atol=1e-3)  # past 16 keys
+
+
 def test_values_a_config_sets_are_used_or_refused_never_replaced_by_defaults() -> None:
     """``attn_scale=0.0`` was read as 0.1, ``entropy_min_length=0`` as 16, and ``base_length=0`` fell back to
     ``max_position_embeddings`` (``or DEFAULT``); RoPE parameters per layer type (Gemma 3) hid the original

@@ -242,6 +242,12 @@ def input_lengths(args: EntropyArguments, train_length: int) -> list[int]:
     return sorted(set(args.lengths))
 
 
+ABSOLUTE_POSITION_TABLES = ("position_embeddings", "wpe", "embed_positions")
+"""What Transformers' models (BERT and its kin, GPT-2, OPT/BART) and this package's ``absolute`` call a
+learned table of absolute positions; a relative one (DeBERTa-v2's ``rel_embeddings``, as many rows) caps
+nothing."""
+
+
 def length_cap(config: Any, model: Any) -> int | None:
     """The longest input a model can take: ``max_position_embeddings`` (``n_positions``) where ``model`` (its
     skeleton will do) holds a learned position table, an embedding of that many rows (BERT, GPT-2, our
@@ -258,8 +264,9 @@ def length_cap(config: Any, model: Any) -> int | None:
         tokens = model.get_input_embeddings()
     except (NotImplementedError, AttributeError):
         tokens = None
-    tables = [module for module in model.modules() if isinstance(module, torch.nn.Embedding)
-              and module is not tokens and limit <= module.num_embeddings <= limit + 2]
+    tables = [module for name, module in model.named_modules() if isinstance(module, torch.nn.Embedding)
+              and module is not tokens and name.rsplit(".", 1)[-1] in ABSOLUTE_POSITION_TABLES
+              and limit <= module.num_embeddings <= limit + 2]
     return limit if tables else None
 
 

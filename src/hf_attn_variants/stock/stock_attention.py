@@ -22,12 +22,14 @@ Config attributes it reads (all optional):
   else ``max_position_embeddings``. ``entropy_min_length``: the clamp of nᵢ (default 16).
 
 nᵢ comes from the mask the model built (padding, causality, sliding windows, packed sequences without a
-cache; past cache included); where the model builds none (no padding), from causality and the cache: the
-keys the kernel then attends to, as eager attention counts them. Only a serving engine's own attention
-(vLLM's, which packs the tokens of many sequences and passes no mask; ``vllm_plugin``) takes nᵢ from the
-``position_ids``: nᵢ = position + 1. Positions a caller passes to a Transformers model do not change which
-keys a row sees (offset positions, or packed rows with a cache, where Transformers builds no document
-mask), so they do not change nᵢ either. The Llama 4 formula always follows the query positions.
+cache; past cache included); where the model builds none (no padding), from causality as the kernel then
+applies it (``unmasked_query_offset``: a prefill from position 0 sees keys 0…i, also in an empty static
+cache whose key tensor is longer; one decoding query sees every key), as eager attention counts them. Only
+a serving engine's own attention (vLLM's, which packs the tokens of many sequences and passes no mask;
+``vllm_plugin``) takes nᵢ from the ``position_ids``: nᵢ = position + 1. Positions a caller passes to a
+Transformers model do not change which keys a row sees (offset positions, or packed rows with a cache,
+where Transformers builds no document mask), so they do not change nᵢ either. The Llama 4 formula always
+follows the query positions.
 """
 
 from __future__ import annotations
@@ -170,7 +172,8 @@ def entropy_invariant_eager_attention_forward(
     key_length = key.shape[2]
     if attention_mask is None:
         attention_mask = boolean_attention_mask(None, batch_size=batch_size, query_length=query_length,
-                                                key_length=key_length, query_offset=key_length - query_length,
+                                                key_length=key_length,
+                                                query_offset=unmasked_query_offset(query_length, key_length),
                                                 causal=causal, device=query.device)
     else:
         attention_mask = attention_mask[..., :key_length]
@@ -221,7 +224,8 @@ def stock_logit_factor(
         batch_size=batch_size,
         query_length=query_length,
         key_length=key_length,
-        query_offset=key_length - query_length,
+        query_offset=(key_length - query_length if attention_mask is not None or count_from_positions
+                      else unmasked_query_offset(query_length, key_length)),
         causal=causal,
         device=query.device,
         dtype=dtype,
@@ -230,6 +234,14 @@ def stock_logit_factor(
         position_ids=position_ids if count_from_positions else None,
     )
     return entropy_invariant_factor(counts, base_length, min_length, scope)
+
+
+def unmasked_query_offset(query_length: int, key_length: int) -> int:
+    """Where a causal kernel given no mask puts the first query among the keys, as torch's SDPA with
+    ``is_causal`` does (Transformers' ``sdpa_attention_forward``): several queries are aligned to the first
+    keys (row i sees keys 0…i; Transformers leaves the mask out only for a prefill from position 0, also into
+    an empty static cache, whose key tensor is longer), one query sees every key."""
+    return 0 if query_length > 1 else key_length - 1
 
 
 def config_number(config: PreTrainedConfig | None, name: str, default: float, *, minimum: float,
