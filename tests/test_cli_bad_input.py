@@ -360,6 +360,10 @@ CASES: list[Case] = [
         ("--max_seq_length", ("--max_seq_length", "4"), "too-small"),
         ("--max_seq_length", ("--max_seq_length", "long"), "not-int"),
         ("--length_multipliers", ("--length_multipliers", "1", "0"), "zero"),
+        # found after training every family before: the evaluation text holds 9,766 tokens, the training 101k
+        ("--length_multipliers", ("--length_multipliers", "1", "256"), "longer-than-the-validation-text"),
+        ("--max_seq_length", ("--max_seq_length", "200000"), "longer-than-the-training-text"),
+        ("--output_dir", ("--output_dir", "/proc/demo"), "unwritable"),  # a traceback before
         ("--max_train_steps", ("--max_train_steps", "0"), "zero"),
         ("--per_device_train_batch_size", ("--per_device_train_batch_size", "0"), "zero"),
         ("--learning_rate", ("--learning_rate", "-0.1"), "negative"),
@@ -420,6 +424,7 @@ CASES: list[Case] = [
     ]),
     # ------------------------------------------------------------------ bench
     *cases("bench", BENCH, [
+        ("--output", ("--output", "/proc/bench/b.md"), "unwritable"),  # found after measuring before
         ("--preset", ("--preset", "huge"), "choice"),
         ("--preset", ("--preset", "cpu"), "contradicts-quick"),
         ("--device", ("--device", "tpu"), "unknown"),
@@ -442,6 +447,7 @@ CASES: list[Case] = [
     ]),
     # ------------------------------------------------------------------ lengthgen
     *cases("lengthgen", LENGTHGEN, [
+        ("--output_dir", ("--output_dir", "/proc/lengthgen"), "unwritable"),
         ("--train_file", ("--train_file", "{emptyjson}"), "empty-json"),
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--output_dir", ("--output_dir", "{file}"), "file"),

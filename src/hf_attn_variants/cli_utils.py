@@ -450,12 +450,24 @@ def check_percentage(flag: str, value: Any) -> None:
 
 
 def _check_parents(flag: str, path: Path) -> None:
-    """``FlagError`` when the nearest existing parent of ``path`` is a file (``path`` could not be
-    created)."""
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise FlagError(flag, f"{flag} {str(path)!r} is inside the file {str(parent)!r}.")
+    """``FlagError`` when the nearest existing folder of ``path`` (``path`` itself, an existing folder, or a
+    parent) is a file, or no file can be created in it (``/proc``, a read-only mount, another user's folder):
+    found before a command runs, not when it writes its results after minutes or hours of work. The check
+    creates a probe file there and removes it at once."""
+    import os
+    import tempfile
+
+    for folder in ([path] if path.is_dir() else []) + list(path.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise FlagError(flag, f"{flag} {str(path)!r} is inside the file {str(folder)!r}.")
+            try:
+                handle, name = tempfile.mkstemp(prefix=".write-probe-", dir=folder)
+            except OSError as error:
+                raise FlagError(flag, f"{flag}: {str(path)!r} cannot be written: no file can be created in "
+                                      f"{str(folder)!r} ({error.strerror or error}).") from error
+            os.close(handle)
+            os.unlink(name)
             return
 
 

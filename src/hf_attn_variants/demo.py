@@ -116,6 +116,7 @@ class DemoArguments:
         check_seed("seed", self.seed)
         check_int("num_threads", self.num_threads, 0)
         check_family_configs(self)
+        check_corpus_lengths(self)
 
 
 DEMO_FILES = ("_pretrain", "results.json", "results.md")
@@ -239,6 +240,28 @@ def check_family_configs(args: DemoArguments) -> None:
             flag = DEMO_FLAG_OF_CONFIG_FIELD[named[0]] if named else "hidden_size"
             reason = str(error).removeprefix("config_overrides: ")
             raise FlagError(flag, f"{flag}: the {family} demo config rejects it: {reason}") from error
+
+
+def check_corpus_lengths(args: DemoArguments) -> None:
+    """The embedded corpus holds a block of L tokens to train on and one of max(k)·L to evaluate: a length it
+    cannot fill failed after every family had trained (evaluation) or deep in pretraining (training).
+    ``FlagError`` naming ``max_seq_length``, or ``length_multipliers`` when only the longest k·L is too
+    long."""
+    from .training import corpus_splits, embedded_tokenizer
+    from .training.data import holds_tokens, tokenize_texts
+
+    tokenizer, splits = embedded_tokenizer(), corpus_splits()
+    if not holds_tokens(({"text": text} for text in splits["train"]), tokenizer, args.max_seq_length):
+        raise FlagError("max_seq_length", f"max_seq_length={args.max_seq_length} is longer than the embedded "
+                                          "corpus's training text: no block of that length to train on.")
+    longest = args.max_seq_length * max(args.length_multipliers)
+    if holds_tokens(({"text": text} for text in splits["validation"]), tokenizer, longest):
+        return
+    tokens = sum(len(ids) for ids in tokenize_texts(tokenizer, list(splits["validation"]), None))
+    flag = "length_multipliers" if tokens >= args.max_seq_length else "max_seq_length"
+    raise FlagError(flag, f"{flag}: the longest evaluation length, {max(args.length_multipliers)} × "
+                          f"{args.max_seq_length} = {longest} tokens, is longer than the embedded corpus's "
+                          f"validation text ({tokens} tokens).")
 
 
 def family_overrides(family: str, args: DemoArguments) -> str:
@@ -406,6 +429,8 @@ def run(namespace: argparse.Namespace) -> int:
     transformers.utils.logging.disable_progress_bar()
     try:
         report = demo(args, ctrl_c_stops=True)
+    except FlagError as error:  # an input only a run finds (pretrain's own checks): one line, no traceback
+        return fail_flag("demo", error)
     except TrainingPreempted as stopped:
         # the family in training wrote its checkpoint; the same command resumes it
         fail("demo", str(stopped), label="interrupted" if stopped.signal_name == "SIGINT" else "preempted")
@@ -427,6 +452,7 @@ def run(namespace: argparse.Namespace) -> int:
 __all__ = [
     "FAMILY_OVERRIDES",
     "DemoArguments",
+    "check_corpus_lengths",
     "check_family_configs",
     "demo",
     "evaluate_lengths",

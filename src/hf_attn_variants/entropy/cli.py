@@ -127,7 +127,6 @@ def check_arguments(args: EntropyArguments) -> None:
     inputs = {"models": args.models, "text_file": [args.text_file] if args.text_file else []}
     check_result_files("output", files, ours=is_entropy_results, tool="hf-attn-variants entropy",
                        inputs=inputs)
-    check_writable("output", output)
     check_int("samples", args.samples, 1)
     check_seed("seed", args.seed)
     check_number("memory_gib", args.memory_gib, 0.0, open_low=True)
@@ -145,25 +144,6 @@ def check_arguments(args: EntropyArguments) -> None:
         if args.task != "text":
             raise FlagError("text_file", f"text_file: inputs are the {args.task} task's, not text.")
         check_text_file("text_file", args.text_file)
-
-
-def check_writable(flag: str, path: Path) -> None:
-    """``FlagError`` naming ``flag`` unless a file can be created in the folder ``path`` goes to (its nearest
-    existing folder, where the missing ones would be made): found before measuring, not after (``/proc``,
-    a read-only mount, a folder of another user's). A probe file is made there and removed at once."""
-    import os
-    import tempfile
-
-    from ..cli_utils import FlagError
-
-    folder = next(parent for parent in path.absolute().parents if parent.exists())
-    try:
-        handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
-    except OSError as error:
-        raise FlagError(flag, f"{flag}: {str(path)!r} cannot be written: no file can be created in "
-                              f"{str(folder)!r} ({error.strerror or error}).") from error
-    os.close(handle)
-    Path(name).unlink(missing_ok=True)
 
 
 def mode_label(name: str, mode: str) -> str:
