@@ -506,3 +506,173 @@ def test_equal_parameter_lengths_run_flash_and_llama_only_and_follow_lengths() -
     add_arguments(parser)
     preset = _preset(parser.parse_args(["--lengths", "512", "32768"]), cuda=False)
     assert preset.lengths == (512,) and preset.equal_parameter_lengths == (32768,)
+
+
+def _compiled_runner(monkeypatch, variant_names: list[str], lengths: tuple[int, ...]):
+    """A ``Runner`` of the quick preset at ``lengths`` (all compiled) whose ``torch.compile`` uses a backend
+    that records each graph it is given and runs it eagerly (seconds, no inductor); returns it and the
+    record."""
+    from dataclasses import replace
+
+    from hf_attn_variants.bench.runner import Runner
+
+    graphs: list[object] = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model: real_compile(model, backend=backend))
+    preset = replace(PRESETS["quick"], lengths=lengths, compile_lengths=lengths)
+    variants = {name: replace(variant, compile=True) for name, variant in build_variants(preset).items()
+                if name in variant_names}
+    runner = Runner(preset, variants, (), compile=True, count_flops=False, check_graph_breaks=False,
+                    log=lambda line: None)
+    return runner, graphs
+
+
+def test_every_compiled_row_is_compiled_past_the_recompile_limit(monkeypatch) -> None:
+    """GAU variants share one ``forward`` frame: with dynamo's caches kept across phases and lengths, the
+    recompile limit made later "compiled" rows run eagerly, silently. Each phase now starts from fresh
+    caches: every compiled row's warm-up hands dynamo's backend a graph of its own."""
+    names = ["gau_quadratic", "gau_flash"]
+    runner, graphs = _compiled_runner(monkeypatch, names, (16, 32))
+    with torch.compiler.config.patch(recompile_limit=2):  # 2 variants a phase, 8 compiled rows in all
+        run = runner.run_all()
+    compiled = [r for r in run.results if r.mode == "compiled"]
+    assert len(compiled) == 8 and all(r.status == "ok" and r.compile_s > 0 for r in compiled)
+    assert len(graphs) == len(compiled)
+
+
+def test_a_compiled_row_past_the_recompile_limit_fails_instead_of_running_eagerly(monkeypatch) -> None:
+    """Where even one phase needs more recompiles than dynamo allows, the row fails naming the limit; it is
+    never reported as compiled after running eagerly."""
+    runner, graphs = _compiled_runner(monkeypatch, ["gau_quadratic", "gau_flash"], (16,))
+    with torch.compiler.config.patch(recompile_limit=1):
+        run = runner.run_all()
+    compiled = [r for r in run.results if r.mode == "compiled"]
+    assert {r.status for r in compiled} == {"ok", "failed"}
+    assert all("recompile" in r.reason.lower() for r in compiled if r.status == "failed"), compiled
+    assert len(graphs) == sum(r.status == "ok" for r in compiled)
+
+
+def _parse_preset(*flags: str):
+    """``cli._preset`` of ``bench flags`` on a CPU machine."""
+    import argparse
+
+    from hf_attn_variants.bench.cli import _preset, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return _preset(parser.parse_args(list(flags)), cuda=False)
+
+
+def test_lengths_pick_the_long_flash_lengths_too() -> None:
+    """``--lengths`` filters ``flash_long_lengths`` like ``equal_parameter_lengths``: no 65,536 or 131,072
+    tokens unless asked for (nor rows of them replaced by ``--merge --lengths``)."""
+    assert _parse_preset("--lengths", "512").flash_long_lengths == ()
+    preset = _parse_preset("--lengths", "512", "65536")
+    assert preset.lengths == (512,) and preset.flash_long_lengths == (65536,)
+    assert _parse_preset().flash_long_lengths == (65536, 131072)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--lengths", "32", "10000000000"], "--lengths 10000000000: longer than the 1,048,576 tokens"),
+    (["--quick", "--compile-lengths", "48"], "--compile-lengths 48: not among the lengths this run measures "
+                                             "(32 64)"),
+    (["--lengths", "512", "--compile-lengths", "2048"], "--compile-lengths 2048: not among the lengths"),
+])
+def test_lengths_nothing_can_measure_are_refused_up_front(flags, message, tmp_path, monkeypatch,
+                                                          capsys) -> None:
+    """One error line naming the flag, before anything is built (nothing is written)."""
+    from hf_attn_variants.bench.runner import Runner
+
+    def measure(self) -> None:
+        raise AssertionError("measured")  # never 80 GB of input ids, nor minutes of a CPU preset, on a slip
+
+    monkeypatch.setattr(Runner, "run_all", measure)
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", *flags, "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_stopped_rerun_keeps_the_whole_run_it_would_replace(quick_run, tmp_path) -> None:
+    """Ctrl-C in a rerun into the ``--output`` of a whole run: the stopped run goes beside it, stamped."""
+    from hf_attn_variants.bench.cli import interrupted_files
+
+    stopped = datetime.datetime(2026, 11, 30, 3, 0, 5, tzinfo=datetime.timezone.utc)
+    shutil.copy(quick_run, tmp_path / "b.json")
+    own = SimpleNamespace(target="own", output=tmp_path / "b.md", json_path=tmp_path / "b.json",
+                          preset=PRESETS["quick"])
+    assert interrupted_files(own, stopped) == (tmp_path / "b-interrupted-20261130T030005Z.json",
+                                               tmp_path / "b-interrupted-20261130T030005Z.md")
+    data = json.loads(quick_run.read_text())
+    (tmp_path / "b.json").write_text(json.dumps({**data, "interrupted": "stopped by Ctrl-C during x"}))
+    assert interrupted_files(own, stopped) == (tmp_path / "b.json", tmp_path / "b.md")
+
+
+@pytest.mark.parametrize("key", ["cpu", "cpu_count", "gpu"])
+def test_a_merge_from_another_machine_is_refused(key, quick_run) -> None:
+    """Rows timed on another machine are not comparable with the committed ones, whose report's Setup names
+    one machine: ``--merge`` refuses them. A kernel update (the platform string) is the same machine."""
+    from hf_attn_variants.bench.store import MergeError, merge_results
+
+    committed = json.loads(quick_run.read_text())
+    partial = {**committed, "machine": {**committed["machine"], key: "elsewhere"}}
+    with pytest.raises(MergeError, match=f"measured on a machine with {key} "):
+        merge_results(committed, partial)
+    assert merge_results(committed, committed)["results"]
+    updated = {**committed, "machine": {**committed["machine"], "platform": "Linux-6.19-other-kernel"}}
+    assert merge_results(committed, updated)["results"]
+
+
+def test_lengths_change_no_learned_position_table() -> None:
+    """A partial run (``--lengths``) builds the models, and parameter counts, of the full preset, so that
+    ``--merge --lengths`` does not rewrite the table's counts."""
+    full = build_variants(PRESETS["cpu"])
+    narrowed = build_variants(_parse_preset("--lengths", "512"))
+    with torch.device("meta"):
+        for name in ("ei_sdpa", "gau_flash_causal", "llama_equal_sdpa", "gau_quadratic"):
+            counts = [sum(w.numel() for w in variants[name].build(512).parameters())
+                      for variants in (full, narrowed)]
+            assert counts[0] == counts[1], name
+
+
+def test_per_length_models_keep_the_shortest_lengths_parameter_count() -> None:
+    """Synthesizer models are built per length (l = n): their counts are kept per length, and ``parameters``
+    is the one at the shortest length, not the last built; ``--merge`` joins the per-length counts."""
+    from dataclasses import replace
+
+    from hf_attn_variants.bench.runner import Runner
+    from hf_attn_variants.bench.store import _merge_variants
+
+    preset = replace(PRESETS["quick"], lengths=(16, 32))
+    variants = {"syn_random_vanilla": build_variants(preset)["syn_random_vanilla"]}
+    runner = Runner(preset, variants, (), compile=False, log=lambda line: None)
+    for n in (16, 32):
+        runner._model(variants["syn_random_vanilla"], n)
+    info = runner.run.variants["syn_random_vanilla"]
+    assert info["parameters_by_length"]["16"] < info["parameters_by_length"]["32"]
+    assert info["parameters"] == info["parameters_by_length"]["16"]
+    later = {"syn_random_vanilla": {**info, "parameters_by_length": {"64": 1}, "parameters": 1}}
+    merged = _merge_variants(runner.run.variants, later)["syn_random_vanilla"]
+    assert merged["parameters_by_length"] == {**info["parameters_by_length"], "64": 1}
+    assert merged["parameters"] == info["parameters"]
+
+
+def test_the_report_says_how_many_rounds_and_where_autocast_applies(quick_run) -> None:
+    """``--preset quick --repeats 4`` is not "one round"; ``--dtype bfloat16`` autocasts the models' steps
+    only, not the training loops."""
+    from dataclasses import replace
+
+    from hf_attn_variants.bench.report import _precision, render_report
+
+    run = from_results(json.loads(quick_run.read_text()))
+    run.preset = replace(run.preset, repeats=4)
+    assert "tiny models, 4 rounds." in render_report(run, source="x.json", committed=False)
+    run.dtype = "bfloat16"
+    run.results.append(Result("loop_x", "loop", "eager", "train", 32, 1, loop={"loop": "x"}))
+    assert _precision(run) == "bfloat16 (autocast) for the models; the training-loop rows run in float32"

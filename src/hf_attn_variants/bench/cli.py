@@ -205,17 +205,40 @@ def _preset(args: argparse.Namespace, cuda: bool) -> Preset:
         raise FlagError("preset",
                         f"--preset {args.preset} contradicts --quick (which runs the preset 'quick').")
     preset = PRESETS["quick" if args.quick else (args.preset or ("gpu" if cuda else "cpu"))]
-    if args.lengths:  # exactly these lengths: FLASH vs Llama's own lengths too, where listed
-        chosen = set(args.lengths)
-        preset = replace(preset, lengths=tuple(sorted(chosen - set(preset.equal_parameter_lengths))) or
-                         tuple(sorted(chosen)),
-                         equal_parameter_lengths=tuple(n for n in preset.equal_parameter_lengths
-                                                       if n in chosen))
+    if args.lengths:
+        preset = _with_lengths(preset, args.lengths)
     if args.repeats:
         preset = replace(preset, repeats=args.repeats, long_repeats=args.repeats, short_repeats=args.repeats)
     if args.compile_lengths:
+        measured = {*preset.lengths, *preset.equal_parameter_lengths, *preset.flash_long_lengths}
+        unmeasured = sorted(set(args.compile_lengths) - measured)
+        if unmeasured:
+            raise FlagError("compile-lengths",
+                            f"--compile-lengths {' '.join(map(str, unmeasured))}: not among the lengths this "
+                            f"run measures ({' '.join(map(str, sorted(measured)))}), so nothing would be "
+                            "compiled there.")
         preset = replace(preset, compile_lengths=tuple(args.compile_lengths))
     return preset
+
+
+MAX_LENGTH = 2**20
+"""The longest ``--lengths`` accepted (1,048,576 tokens, 8x the longest preset length): beyond it the input
+ids alone, and the learned position tables sized from the lengths, outgrow any machine this bench targets."""
+
+
+def _with_lengths(preset: Preset, lengths: list[int]) -> Preset:
+    """``preset`` measured at exactly ``lengths``: its extra lengths (FLASH vs Llama at equal parameters,
+    causal FLASH alone at long lengths) only where listed. ``FlagError`` naming ``--lengths`` beyond
+    ``MAX_LENGTH``, before anything is built or measured."""
+    too_long = sorted(n for n in set(lengths) if n > MAX_LENGTH)
+    if too_long:
+        raise FlagError("lengths", f"--lengths {' '.join(map(str, too_long))}: longer than the "
+                                   f"{MAX_LENGTH:,} tokens the bench accepts.")
+    chosen = set(lengths)
+    extra = {*preset.equal_parameter_lengths, *preset.flash_long_lengths}
+    return replace(preset, lengths=tuple(sorted(chosen - extra)) or tuple(sorted(chosen)),
+                   equal_parameter_lengths=tuple(n for n in preset.equal_parameter_lengths if n in chosen),
+                   flash_long_lengths=tuple(n for n in preset.flash_long_lengths if n in chosen))
 
 
 def _selection(args: argparse.Namespace, preset: Preset) -> tuple[dict[str, Variant], tuple[Comparison, ...]]:
@@ -327,10 +350,21 @@ def _plan_merge(args: argparse.Namespace, base: dict[str, Any], committed_json: 
     data = _read_results("merge", committed_json)
     try:
         check_compatible(data, preset=base["preset"], device=str(args.device), dtype=base["dtype"],
-                         timer=base["timer"], threads=base["threads"])
+                         timer=base["timer"], threads=base["threads"], machine_now=_this_machine(args.device))
     except MergeError as error:
         raise FlagError("merge", f"--merge: {error}.") from None
     return BenchPlan(**base, target="merge", json_path=committed_json, output=None, committed=data)
+
+
+def _this_machine(device: str) -> dict[str, Any]:
+    """This machine as a results file records it (``store.MACHINE_KEYS``), for ``--merge``'s check."""
+    import torch
+
+    from .runner import environment
+    from .store import MACHINE_KEYS
+
+    env = environment(torch.device(device))
+    return {key: env.get(key) for key in MACHINE_KEYS}
 
 
 def _plan_own(args: argparse.Namespace, base: dict[str, Any], partial: list[str],
@@ -452,14 +486,27 @@ def _print_written(written: list[str], bench_plan: BenchPlan) -> None:
 
 def interrupted_files(bench_plan: BenchPlan, stopped: datetime.datetime) -> tuple[Path, Path]:
     """Where a run stopped by Ctrl-C at ``stopped`` keeps what it measured (results file, report): its own
-    files, or for ``--publish``/``--merge``, whose committed file takes only whole runs, a run of its own
-    under ``runs/bench/<preset>-interrupted-<UTC time>/`` (a folder per stopped run: a later one replaces
-    nothing)."""
-    if bench_plan.target == "own" and bench_plan.output is not None:
-        return bench_plan.json_path, bench_plan.output
+    files (beside them, ``<stem>-interrupted-<UTC time>``, where they hold a whole earlier run: a stopped
+    rerun never replaces it), or for ``--publish``/``--merge``, whose committed file takes only whole runs, a
+    run of its own under ``runs/bench/<preset>-interrupted-<UTC time>/`` (a folder per stopped run: a later
+    one replaces nothing)."""
     stamp = stopped.astimezone(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    if bench_plan.target == "own" and bench_plan.output is not None:
+        json_path, output = bench_plan.json_path, bench_plan.output
+        if not _holds_whole_run(json_path):
+            return json_path, output
+        # A whole earlier run there stays: the stopped rerun goes beside it.
+        return (json_path.with_name(f"{json_path.stem}-interrupted-{stamp}{json_path.suffix}"),
+                output.with_name(f"{output.stem}-interrupted-{stamp}{output.suffix}"))
     folder = Path(f"runs/bench/{bench_plan.preset.name}-interrupted-{stamp}")
     return folder / "benchmarks.json", folder / "benchmarks.md"
+
+
+def _holds_whole_run(path: Path) -> bool:
+    """Whether ``path`` is a results file of this command from a run that was not interrupted."""
+    if not _is_bench_results(path):
+        return False
+    return "interrupted" not in json.loads(path.read_text(encoding="utf-8"))
 
 
 def _keep_interrupted(data: dict[str, Any], bench_plan: BenchPlan, args: argparse.Namespace) -> int:

@@ -85,6 +85,20 @@ def _parameters(info: dict) -> str:
     return "" if not count else f" ({count / 1e6:.2f}M parameters)"
 
 
+def _rounds(count: int) -> str:
+    return "one round" if count == 1 else f"{count} rounds"
+
+
+def _precision(run: BenchRun) -> str:
+    """The precision line: autocast applies to the models' steps, not to the training loops
+    (``bench/loops.py`` trains in float32 whatever ``--dtype`` says)."""
+    if run.dtype == "float32":
+        return run.dtype
+    has_loops = any(r.loop for r in run.results)
+    loops = " for the models; the training-loop rows run in float32" if has_loops else ""
+    return f"{run.dtype} (autocast){loops}"
+
+
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} minutes"
 
@@ -201,7 +215,8 @@ def targets(run: BenchRun) -> list[Target]:
         result = run.find(name, "eager", "train", large)
         if growth is None or growth[1] != large:
             continue
-        per_layer = result.peak_bytes / (4 * large**2 * run.preset.num_layers * run.preset.batch_size)
+        layers = run.preset.gau_layers or run.preset.num_layers  # these are GAU models
+        per_layer = result.peak_bytes / (4 * large**2 * layers * run.preset.batch_size)
         out.append(Target(
             (f"`{name}` keeps no more n×n tensors than the math needs: fwd+bwd peak at n = {large} in "
              "n×n float32 buffers per layer (autograd's minimum for relu²/softmax: 2 / 1), and peak-per-"
@@ -417,9 +432,9 @@ def _header(run: BenchRun, source: str, committed: bool) -> list[str]:
         "",
         *([f"> Interrupted: {run.interrupted}. The tables hold only the rows measured.", ""]
           if run.interrupted else []),
-        *([("> Smoke test (preset `quick`): tiny models, one round. The numbers and verdicts below only show "
-             "that the pipeline runs; they say nothing about the targets."), ""] if preset.name == "quick"
-             else []),
+        *([(f"> Smoke test (preset `quick`): tiny models, {_rounds(preset.repeats)}. The numbers and "
+             "verdicts below only show that the pipeline runs; they say nothing about the targets."), ""]
+          if preset.name == "quick" else []),
         "## Setup",
         "",
         (f"- Machine: {env['cpu']} ({env['cpu_count']} logical CPUs), {env['platform']}; "
@@ -428,8 +443,7 @@ def _header(run: BenchRun, source: str, committed: bool) -> list[str]:
         f"at the start, {env.get('load_average_end')} at the end."),
         *([f"- Environment: {_environment(env['environment'])}."] if env.get("environment") else []),
         f"- Libraries: {versions}.",
-        (f"- Timer: {timer}. Precision: {run.dtype}"
-        f"{' (autocast)' if run.dtype != 'float32' else ''}."),
+        f"- Timer: {timer}. Precision: {_precision(run)}.",
         (f"- Models (preset `{preset.name}`): hidden {preset.hidden_size}, {preset.num_layers} layers, "
         f"{preset.num_heads} heads, FFN {preset.intermediate_size}, batch {preset.batch_size}; GAU key size "
         f"{preset.gau_key_size}, expansion 2, FLASH chunk {preset.gau_chunk_size}. Bare backbones (no LM "

@@ -8,6 +8,7 @@ per-round ratios (paired), which is far more stable than a ratio of two medians 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import platform
@@ -146,6 +147,17 @@ class _Entry:
     step: Callable[[], None] | None = None
 
 
+def strict_recompiles() -> contextlib.AbstractContextManager[Any]:
+    """A compiled model that reaches dynamo's recompile limit raises instead of running eagerly (its row then
+    fails rather than reporting eager times as compiled): ``torch.compiler.config``'s
+    ``fail_on_recompile_limit_hit``, from torch 2.8 on. On older torch nothing (the reset per phase keeps the
+    recompiles of a phase below the limit)."""
+    config = torch.compiler.config
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        return config.patch(fail_on_recompile_limit_hit=True)
+    return contextlib.nullcontext()
+
+
 class Runner:
     """Builds the models and fills a ``BenchRun``. ``log`` receives one progress line at a time."""
 
@@ -193,12 +205,22 @@ class Runner:
 
     # ------------------------------------------------------------------------------------------ models
     def _model(self, variant: Variant, length: int) -> nn.Module:
+        """``variant``'s model for inputs of ``length`` tokens (one for all lengths where it is shared). Its
+        parameter count goes to ``BenchRun.variants``: ``parameters``, and for a model built per length
+        (Synthesizer: l = n) ``parameters_by_length`` too, with ``parameters`` the count at the shortest
+        length (the one the report's description names), not at whichever length was built last."""
         if variant.shared_across_lengths and variant.name in self._models:
             return self._models[variant.name]
         torch.manual_seed(0)
         model = variant.build(length).to(self.device).train()
         info = self.run.variants.setdefault(variant.name, {})
-        info["parameters"] = sum(p.numel() for p in model.parameters())
+        count = sum(p.numel() for p in model.parameters())
+        if variant.shared_across_lengths:
+            info["parameters"] = count
+        else:
+            by_length = info.setdefault("parameters_by_length", {})
+            by_length[str(length)] = count
+            info["parameters"] = by_length[min(by_length, key=int)]
         if variant.shared_across_lengths:
             self._models[variant.name] = model
         return model
@@ -273,11 +295,25 @@ class Runner:
                                   self.preset.batch_size)
             self.run.results.append(entry.result)
             entry.step = make_step(entry.model, input_ids, phase == "train", self.autocast_dtype)
+        if any(entry.mode == "compiled" for entry in entries):
+            torch.compiler.reset()  # fresh dynamo caches: the recompile limit counts from zero each phase
         # Eager first: compiled models take their FLOPs from their eager twin.
-        for entry in sorted(entries, key=lambda e: e.mode != "eager"):
-            self._warm_up(entry, input_ids)
-        repeats = self.preset.repeats_at(length)
-        for round_index in range(repeats):
+        with strict_recompiles():
+            for entry in sorted(entries, key=lambda e: e.mode != "eager"):
+                self._warm_up(entry, input_ids)
+            self._time_rounds(entries, length)
+        for entry in entries:
+            result = entry.result
+            if result.status == "ok":
+                median = result.median(self.run.timer)
+                memory = f"{result.peak_bytes / 2**20:.1f} MiB" if result.peak_bytes is not None else "-"
+                self.log(f"    {entry.variant.name:<22} {entry.mode:<8} {phase:<5} n={length:<6} "
+                         f"{1e3 * median:9.1f} ms  peak {memory}")
+
+    def _time_rounds(self, entries: list[_Entry], length: int) -> None:
+        """``preset.repeats_at(length)`` rounds, each timing every live entry once, rotated by one a round
+        (slow drifts of a shared machine hit all entries alike)."""
+        for round_index in range(self.preset.repeats_at(length)):
             alive = [e for e in entries if e.step is not None]
             shift = round_index % max(len(alive), 1)
             for entry in alive[shift:] + alive[:shift]:
@@ -288,13 +324,6 @@ class Runner:
                     continue
                 entry.result.wall.append(elapsed.wall)
                 entry.result.cpu.append(elapsed.cpu)
-        for entry in entries:
-            result = entry.result
-            if result.status == "ok":
-                median = result.median(self.run.timer)
-                memory = f"{result.peak_bytes / 2**20:.1f} MiB" if result.peak_bytes is not None else "-"
-                self.log(f"    {entry.variant.name:<22} {entry.mode:<8} {phase:<5} n={length:<6} "
-                         f"{1e3 * median:9.1f} ms  peak {memory}")
 
     def run_all(self) -> BenchRun:
         """Measure everything. On Ctrl-C (``KeyboardInterrupt``, raised again) ``self.run`` keeps the rows of

@@ -211,9 +211,17 @@ class Comparison:
 # --------------------------------------------------------------------------------------------------
 # Builders: a bare model of a preset for inputs of ``length`` tokens (``Variant.build`` binds preset and
 # options) --------------------------------------------------------------------------------------------------
-def _longest(p: Preset) -> int:
-    """The longest input of ``p``, which learned position tables must cover."""
-    return max((*p.lengths, *p.prune_lengths))
+def _longest(p: Preset, *, equal_parameters: bool = False, flash_long: bool = False) -> int:
+    """The longest input learned position tables must cover: of ``p`` (its ``lengths``, ``prune_lengths``,
+    and where asked its ``equal_parameter_lengths`` / ``flash_long_lengths``) and of the named preset it was
+    narrowed from by ``--lengths``, so that a partial run (``--merge --lengths``) builds the tables, and
+    parameter counts, of the full run it is merged into."""
+    sizes: list[int] = []
+    for q in (p, PRESETS.get(p.name, p)):
+        sizes += [*q.lengths, *q.prune_lengths]
+        sizes += [*q.equal_parameter_lengths] if equal_parameters else []
+        sizes += [*q.flash_long_lengths] if flash_long else []
+    return max(sizes)
 
 
 PACKED_DOCUMENT_LENGTH = 512
@@ -313,7 +321,7 @@ def llama_equal_model(p: Preset, length: int) -> nn.Module:
         vocab_size=p.vocab_size, hidden_size=p.hidden_size,
         num_hidden_layers=max(1, (p.gau_layers or p.num_layers) // 2), num_attention_heads=p.num_heads,
         num_key_value_heads=p.num_heads, intermediate_size=equal_parameter_intermediate(p),
-        max_position_embeddings=max((_longest(p), *p.equal_parameter_lengths)), attention_dropout=0.0,
+        max_position_embeddings=_longest(p, equal_parameters=True), attention_dropout=0.0,
         attn_implementation="sdpa",
     )
     return LlamaModel(config)
@@ -341,7 +349,7 @@ def gau_model(p: Preset, length: int, *, normalization: str, chunk: int | None =
         vocab_size=p.vocab_size, hidden_size=p.hidden_size, num_hidden_layers=p.gau_layers or p.num_layers,
         attention_key_size=p.gau_key_size, attention_normalization=normalization, chunk_size=chunk,
         gau_kernel=kernel,
-        max_position_embeddings=max((_longest(p), *p.equal_parameter_lengths, *p.flash_long_lengths)),
+        max_position_embeddings=_longest(p, equal_parameters=True, flash_long=True),
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, is_decoder=causal,
     )
     return GAUModel(config)

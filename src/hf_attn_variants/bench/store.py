@@ -176,11 +176,23 @@ _SAME_MODELS = ("name", "hidden_size", "num_layers", "num_heads", "intermediate_
                 "gau_layers", "gau_key_size", "gau_chunk_size", "prune_heads", "prune_intermediate_size")
 
 
+MACHINE_KEYS = ("cpu", "cpu_count", "gpu")
+"""What must match for a merge (``check_compatible``): one results file describes one machine in its report's
+Setup, and its rows' times and peaks are only comparable on that machine (the platform string is not
+compared: a kernel update leaves the machine what it was)."""
+
+
 def check_compatible(committed: dict[str, Any], *, preset: Preset, device: str, dtype: str, timer: str,
-                     threads: int | None) -> None:
-    """``MergeError`` unless a run with these settings measures what ``committed`` measured, the same way
+                     threads: int | None, machine_now: dict[str, Any] | None = None) -> None:
+    """``MergeError`` unless a run with these settings, on ``machine_now`` (``runner.environment``'s or a
+    results file's ``machine``; ``None``: not compared), measures what ``committed`` measured, the same way
     (lengths and repeats may differ)."""
     machine, settings = committed["machine"], committed["settings"]
+    for key in MACHINE_KEYS if machine_now is not None else ():
+        if machine.get(key) != machine_now.get(key):
+            raise MergeError(f"the committed results were measured on a machine with {key} "
+                             f"{machine.get(key)!r}, this one has {machine_now.get(key)!r}; only runs of "
+                             "one machine can be merged (run a full bench here instead)")
     if threads is None and not is_cuda(device):
         threads = machine["threads"]
     for label, old, new in (
@@ -195,6 +207,20 @@ def check_compatible(committed: dict[str, Any], *, preset: Preset, device: str, 
                              f"{new!r}; only runs of the same models and settings can be merged")
 
 
+def _merge_variants(committed: dict[str, Any], partial: dict[str, Any]) -> dict[str, Any]:
+    """``committed``'s variants updated by ``partial``'s; the parameter counts of models built per length
+    (``parameters_by_length``) are joined, and ``parameters`` stays the count at the shortest length."""
+    merged = {**committed}
+    for name, info in partial.items():
+        old = committed.get(name, {})
+        by_length = {**old.get("parameters_by_length", {}), **info.get("parameters_by_length", {})}
+        merged[name] = {**old, **info}
+        if by_length:
+            merged[name]["parameters_by_length"] = by_length
+            merged[name]["parameters"] = by_length[min(by_length, key=int)]
+    return merged
+
+
 def merge_results(committed: dict[str, Any], partial: dict[str, Any]) -> dict[str, Any]:
     """``committed`` with the rows of ``partial`` in place of the ones with the same (variant, mode, phase,
     n).
@@ -202,12 +228,12 @@ def merge_results(committed: dict[str, Any], partial: dict[str, Any]) -> dict[st
     The new rows carry ``"merge": k`` and ``replaced`` gains entry k: the partial run's command, date,
     duration, load, versions, repeats and lengths, and the rows it replaced (with their previous median on
     the primary timer) or added. ``MergeError`` when the runs are not comparable (preset, device, dtype,
-    timer or thread count differ).
+    timer, thread count or machine differ).
     """
     preset = from_results(partial).preset
     check_compatible(committed, preset=preset, device=partial["machine"]["device"],
                      dtype=partial["settings"]["dtype"], timer=partial["settings"]["timer"],
-                     threads=partial["machine"]["threads"])
+                     threads=partial["machine"]["threads"], machine_now=partial["machine"])
     timer = committed["settings"]["timer"]
     merged = {**committed}
     index = len(committed.get("replaced", [])) + 1
@@ -223,7 +249,7 @@ def merge_results(committed: dict[str, Any], partial: dict[str, Any]) -> dict[st
     added = [list(key) for key in new_rows]
     results += new_rows.values()
     merged["results"] = results
-    merged["variants"] = {**committed["variants"], **partial["variants"]}
+    merged["variants"] = _merge_variants(committed["variants"], partial["variants"])
     # Preset fields newer than the committed run (e.g. equal_parameter_lengths) come from the partial run.
     merged["settings"] = {**committed["settings"],
                           "preset": {**partial["settings"]["preset"], **committed["settings"]["preset"]}}
