@@ -150,8 +150,8 @@ class _Entry:
 def strict_recompiles() -> contextlib.AbstractContextManager[Any]:
     """A compiled model that reaches dynamo's recompile limit raises instead of running eagerly (its row then
     fails rather than reporting eager times as compiled): ``torch.compiler.config``'s
-    ``fail_on_recompile_limit_hit``, from torch 2.8 on. On older torch nothing (the reset per phase keeps the
-    recompiles of a phase below the limit)."""
+    ``fail_on_recompile_limit_hit`` where torch has it (2.11 and 2.13 do, 2.7 does not). Elsewhere nothing
+    (the reset per phase keeps the recompiles of a phase below the limit)."""
     config = torch.compiler.config
     if hasattr(config, "fail_on_recompile_limit_hit"):
         return config.patch(fail_on_recompile_limit_hit=True)
