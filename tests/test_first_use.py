@@ -219,6 +219,9 @@ def test_ctrl_c_during_the_demos_training_checkpoints_and_exits_130(tmp_path) ->
 
 SELF_INTERRUPTING = r"""
 import os, signal, sys, time
+# A shell without job control starts background jobs with SIGINT ignored, and Python keeps that: restore
+# the default Ctrl-C of an interactive terminal (the test is about Ctrl-C, not how the suite was launched).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import hf_attn_variants.entropy.cli as entropy_cli
 measured, real = [], entropy_cli.measure
 def interrupted(*args, **kwargs):  # Ctrl-C while series number INTERRUPT_AT (from 1) is measured
