@@ -190,11 +190,9 @@ def default_train_length(config: Any) -> int | None:
     """L of a model as stock log-n takes it (``stock.resolve_base_length``): its ``base_length``, else RoPE's
     ``original_max_position_embeddings``, else ``max_position_embeddings``; ``None`` where the config has
     none of them (T5, MPT), rather than log-n's fallback of 512."""
-    from ..stock.stock_attention import resolve_base_length
+    from ..stock.stock_attention import original_context, resolve_base_length
 
-    rope = getattr(config, "rope_parameters", None)
-    original = rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None
-    if not (getattr(config, "base_length", None) or original
+    if not (getattr(config, "base_length", None) or original_context(getattr(config, "rope_parameters", None))
             or getattr(config, "max_position_embeddings", None)):
         return None
     return resolve_base_length(config)

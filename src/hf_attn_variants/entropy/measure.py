@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..models import layers
 from ..models.layers import widest_dtype
 
 
@@ -95,12 +96,9 @@ def visible_keys(mask: Any, length: int, causal: bool) -> torch.Tensor:
     boolean one keeps True or False, whichever its diagonal holds (every row sees its own token: Llama's
     masks are True where visible, MPT's where hidden). So a sliding window of W keys gives min(i + 1, W)."""
     if isinstance(mask, torch.Tensor) and mask.dim() == 4 and tuple(mask.shape[-2:]) == (length, length):
-        mask = mask[:, 0]  # every head is masked alike
-        if mask.is_floating_point():
-            visible = mask > torch.finfo(mask.dtype).min / 2
-        else:
-            visible = mask.bool()
-            visible = visible if bool(visible.diagonal(dim1=-2, dim2=-1).all()) else ~visible
+        visible = layers.visible_keys(mask[:, 0] if mask.is_floating_point() else mask[:, 0].bool())
+        if not bool(visible.diagonal(dim1=-2, dim2=-1).all()):  # every row sees itself: MPT's boolean
+            visible = ~visible  # masks are True where hidden
         return visible.sum(-1).to(torch.float64)
     if causal:
         return torch.arange(1, length + 1, dtype=torch.float64).unsqueeze(0)

@@ -91,12 +91,11 @@ class RunPlan:
 
 @functools.lru_cache(maxsize=16)
 def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    """sha256 of the file's bytes (cached per path, size and modification time: a study plans many runs)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while chunk := stream.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """``training.checkpoints.file_digest`` of the file, cached per path, size and modification time (a study
+    plans many runs)."""
+    from ..training.checkpoints import file_digest
+
+    return file_digest(Path(path))
 
 
 def _one_file_sha256(path: str | Path) -> str:
