@@ -478,8 +478,8 @@ def test_torch_compile_sees_one_graph_without_breaks(name: str, monkeypatch) -> 
 @pytest.mark.parametrize("preset", ["cpu", "gpu"])
 def test_llama_at_equal_parameters_has_flash_gau_parameter_count(preset: str) -> None:
     """One Llama layer per two GAU layers, the MLP width solved for FLASH's parameters outside the embeddings:
-    equal to 0.1 % (the width is an integer); built on the meta device (the GPU preset is ~100M
-    parameters)."""
+    equal to 0.1 % where the width is any integer (CPU), to 1 % where it is a multiple of 64 for the tensor
+    cores (GPU: 2112, not the exact 2135); built on the meta device (the GPU preset is ~100M parameters)."""
     from hf_attn_variants.bench.specs import PRESETS, gau_model, llama_equal_model
 
     p = PRESETS[preset]
@@ -489,7 +489,9 @@ def test_llama_at_equal_parameters_has_flash_gau_parameter_count(preset: str) ->
     inside = [sum(w.numel() for w in m.parameters()) - m.get_input_embeddings().weight.numel()
               for m in (llama, gau)]
     assert llama.config.num_hidden_layers == (p.gau_layers or p.num_layers) // 2
-    assert abs(inside[0] - inside[1]) / inside[1] < 1e-3, inside
+    assert llama.config.intermediate_size % p.equal_parameter_width_multiple == 0
+    tolerance = 1e-3 if p.equal_parameter_width_multiple == 1 else 1e-2
+    assert abs(inside[0] - inside[1]) / inside[1] < tolerance, inside
 
 
 def test_equal_parameter_lengths_run_flash_and_llama_only_and_follow_lengths() -> None:

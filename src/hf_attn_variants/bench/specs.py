@@ -70,6 +70,10 @@ class Preset:
     prune_lengths: tuple[int, ...] = (512,)
     compile_lengths: tuple[int, ...] = (512,)
     equal_parameter_lengths: tuple[int, ...] = ()
+    equal_parameter_width_multiple: int = 1
+    """The equal-parameter Llama's MLP width is the nearest multiple of this: 64 on a GPU, where a bf16
+    matrix product with an odd width (2135) leaves the tensor cores' aligned tiles and would slow the
+    baseline; 1 (exact) on CPU."""
     """Lengths beyond ``lengths`` at which only FLASH and Llama at equal parameters run
     (``flash_vs_llama``)."""
     flash_long_lengths: tuple[int, ...] = ()
@@ -100,6 +104,7 @@ PRESETS: dict[str, Preset] = {
         prune_heads=12, prune_intermediate_size=3072, prune_lengths=(512, 2048),
         compile_lengths=(512, 2048, 8192),
         repeats=10, long_repeats=5, long_from=32768, short_repeats=20, equal_parameter_lengths=(4096,),
+        equal_parameter_width_multiple=64,
     ),
     # CI smoke test: tiny models and lengths, one repeat, seconds.
     "quick": Preset(
@@ -305,12 +310,16 @@ def llama_model(p: Preset, length: int) -> nn.Module:
 
 
 def equal_parameter_intermediate(p: Preset) -> int:
-    """The MLP width i that gives ``llama_equal_model`` (L/2 Llama layers: 4d² + 3di + 2d each, a final norm
-    d) the parameters outside the embeddings of the causal FLASH GAU of ``p`` (L GAU layers)."""
-    gau = gau_model(p, 0, normalization="relu2", chunk=p.gau_chunk_size, causal=True)
+    """The MLP width i, the nearest multiple of ``p.equal_parameter_width_multiple``, that gives
+    ``llama_equal_model`` (L/2 Llama layers: 4d² + 3di + 2d each, a final norm d) the parameters outside the
+    embeddings of the causal FLASH GAU of ``p`` (L GAU layers)."""
+    with torch.device("meta"):
+        gau = gau_model(p, 0, normalization="relu2", chunk=p.gau_chunk_size, causal=True)
     target = sum(w.numel() for w in gau.parameters()) - gau.get_input_embeddings().weight.numel()
     d, layers = p.hidden_size, max(1, (p.gau_layers or p.num_layers) // 2)
-    return round((target - d - layers * (4 * d * d + 2 * d)) / (3 * d * layers))
+    exact = (target - d - layers * (4 * d * d + 2 * d)) / (3 * d * layers)
+    multiple = p.equal_parameter_width_multiple
+    return max(multiple, round(exact / multiple) * multiple)
 
 
 def llama_equal_model(p: Preset, length: int) -> nn.Module:

@@ -173,7 +173,8 @@ def _median_ms(row: dict[str, Any], timer: str) -> float | None:
 
 _SAME_MODELS = ("name", "hidden_size", "num_layers", "num_heads", "intermediate_size", "batch_size",
                 "vocab_size",
-                "gau_layers", "gau_key_size", "gau_chunk_size", "prune_heads", "prune_intermediate_size")
+                "gau_layers", "gau_key_size", "gau_chunk_size", "prune_heads", "prune_intermediate_size",
+                "equal_parameter_width_multiple")
 
 
 MACHINE_KEYS = ("cpu", "cpu_count", "gpu")
@@ -195,12 +196,14 @@ def check_compatible(committed: dict[str, Any], *, preset: Preset, device: str, 
                              "one machine can be merged (run a full bench here instead)")
     if threads is None and not is_cuda(device):
         threads = machine["threads"]
+    defaults = {f.name: f.default for f in fields(Preset)}  # fields results files from before them lack
     for label, old, new in (
         ("device", machine["device"], str(device)),
         ("dtype", settings["dtype"], dtype),
         ("timer", settings["timer"], timer),
         ("threads", machine["threads"], threads if threads is not None else machine["threads"]),
-        *((f"preset {name}", settings["preset"].get(name), getattr(preset, name)) for name in _SAME_MODELS),
+        *((f"preset {name}", settings["preset"].get(name, defaults[name]), getattr(preset, name))
+          for name in _SAME_MODELS),
     ):
         if old != new:
             raise MergeError(f"the committed results were measured with {label} {old!r}, this run would use "
