@@ -35,6 +35,7 @@ MODEL_TEST_FILES = (
     "tests/test_stock_attention.py",
     "tests/test_packed_documents.py",
     "tests/test_flash_left_padding.py",
+    "tests/test_model_inputs.py",
 )
 
 

@@ -256,6 +256,9 @@ class AttnVariantConfig(RemoteCodeSavingMixin, PreTrainedConfig):
         check_float("classifier_dropout", self.classifier_dropout, 0.0, 1.0, allow_none=True)
         check_float("initializer_range", self.initializer_range, 0.0)
         check_float("layer_norm_eps", self.layer_norm_eps, 0.0)
+        if self.layer_norm_eps == 0:  # a zero row (the padding embedding) would normalise to 0/0 = NaN
+            raise ValueError("layer_norm_eps must be > 0, got 0: a norm of a zero vector (the padding "
+                             "embedding) divides 0 by 0.")
         check_float("rope_theta", self.rope_theta, 1.0)
         check_choice("norm_type", self.norm_type, NORM_TYPES)
         check_choice("norm_position", self.norm_position, NORM_POSITIONS)

@@ -559,6 +559,21 @@ def check_mask_rank(attention_mask: torch.Tensor | None) -> None:
                          f"key_length), got shape {tuple(attention_mask.shape)}.")
 
 
+def check_token_types(token_type_ids: torch.Tensor | None) -> None:
+    """``ValueError`` unless ``token_type_ids`` is ``None`` or all 0.
+
+    These models have no segment embeddings, so a second segment (a BERT tokenizer's sentence pairs) would be
+    read as the first without a word. One host read, only when a caller passes them (not while dynamo
+    traces).
+    """
+    if token_type_ids is None or torch.compiler.is_compiling():
+        return
+    if bool(torch.as_tensor(token_type_ids).any()):
+        raise ValueError("token_type_ids: these models have no token types (segment embeddings), so a second "
+                         "segment cannot be represented; pass single texts (token_type_ids all 0) or leave "
+                         "token_type_ids out.")
+
+
 def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, query_length: int,
                        key_length: int, query_offset: int | torch.Tensor = 0, causal: bool,
                        device: torch.device, dtype: torch.dtype = torch.float32,
@@ -1118,6 +1133,9 @@ class AttnVariantConfig(PreTrainedConfig):
         check_float("classifier_dropout", self.classifier_dropout, 0.0, 1.0, allow_none=True)
         check_float("initializer_range", self.initializer_range, 0.0)
         check_float("layer_norm_eps", self.layer_norm_eps, 0.0)
+        if self.layer_norm_eps == 0:  # a zero row (the padding embedding) would normalise to 0/0 = NaN
+            raise ValueError("layer_norm_eps must be > 0, got 0: a norm of a zero vector (the padding "
+                             "embedding) divides 0 by 0.")
         check_float("rope_theta", self.rope_theta, 1.0)
         check_choice("norm_type", self.norm_type, NORM_TYPES)
         check_choice("norm_position", self.norm_position, NORM_POSITIONS)
@@ -1926,6 +1944,27 @@ class AttnVariantBackbone(ModelMixinBase):
                 f"{total_length}."
             )
 
+    def _check_shapes(self, given: torch.Tensor, attention_mask: torch.Tensor | None,
+                      position_ids: torch.Tensor | None) -> None:
+        """Clear errors for embeddings, a mask or positions that do not fit the input.
+
+        Each would fail deep inside a layer.
+        """
+        batch_size, seq_length = given.shape[:2]
+        if given.dim() == 3 and (not given.is_floating_point() or given.shape[-1] != self.config.hidden_size):
+            raise ValueError(f"inputs_embeds must be floating point [batch, seq, hidden_size="
+                             f"{self.config.hidden_size}], got {given.dtype} {tuple(given.shape)}.")
+        if given.dim() == 2 and given.is_floating_point():
+            raise ValueError(f"input_ids must be integer token ids, got {given.dtype}.")
+        if (attention_mask is not None and attention_mask.dim() in (2, 4)
+                and attention_mask.shape[0] not in (1, batch_size)):
+            raise ValueError(f"attention_mask has {attention_mask.shape[0]} rows but the batch has "
+                             f"{batch_size}.")
+        rows = position_ids.numel() // max(seq_length, 1) if position_ids is not None else 1
+        if position_ids is not None and (position_ids.shape[-1] != seq_length or rows not in (1, batch_size)):
+            raise ValueError(f"position_ids must be [{batch_size}, {seq_length}] or [1, {seq_length}] for "
+                             f"this input, got {tuple(position_ids.shape)}.")
+
     def _check_positions(self, position_ids: torch.Tensor | None) -> None:
         """A clear error for given ``position_ids`` outside the learned table.
 
@@ -2004,6 +2043,10 @@ class AttnVariantBackbone(ModelMixinBase):
         batch_size, seq_length = given.shape[:2]
         if isinstance(attention_mask, dict):  # generate's masks per layer type, for configs with layer_types
             attention_mask = attention_mask["full_attention"]
+        self._check_shapes(given, attention_mask, position_ids)
+        check_token_types(kwargs.pop("token_type_ids", None))
+        if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[0] != batch_size:
+            attention_mask = attention_mask.expand(batch_size, -1)  # one row for all, as SDPA broadcasts
         if position_ids is not None:
             position_ids = position_ids.view(-1, position_ids.shape[-1]).expand(batch_size, -1)
         if not self.is_causal or (self.gradient_checkpointing and self.training and torch.is_grad_enabled()):
@@ -2105,7 +2148,7 @@ class _SingleOutputHead(_HeadMixin):
 
     output_class: ClassVar[type[ModelOutput]]
 
-    def _logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def _logits(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
@@ -2129,7 +2172,7 @@ class _SingleOutputHead(_HeadMixin):
             ModelOutput: the head's output (``loss``, ``logits``, ``hidden_states``, ``attentions``).
         """
         outputs = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
-        logits = self._logits(outputs.last_hidden_state)  # type: ignore[arg-type]
+        logits = self._logits(outputs.last_hidden_state, attention_mask)  # type: ignore[arg-type]
         loss = None if labels is None else self._loss(logits, labels, kwargs)
         return self.output_class(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
                                  attentions=outputs.attentions)
@@ -2161,7 +2204,7 @@ class MaskedLMHeadMixin(_LanguageModelHead, _SingleOutputHead):
 
     output_class = MaskedLMOutput
 
-    def _logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def _logits(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         return self.lm_head(hidden_states)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
@@ -2255,7 +2298,9 @@ class CausalLMHeadMixin(_LanguageModelHead):
 
 
 class ClassificationHead(nn.Module):
-    """Sentence-level head on the first token: out_proj(drop(tanh(dense(drop(h₀))))) (BERT/RoBERTa pooler).
+    """Sentence-level head on each row's first token: out_proj(drop(tanh(dense(drop(h_f))))).
+
+    The BERT/RoBERTa pooler; f is the row's first unpadded column (0 with right padding).
 
     Args:
         config (AttnVariantConfig): ``hidden_size`` and ``num_labels``.
@@ -2269,21 +2314,26 @@ class ClassificationHead(nn.Module):
         self.dropout = dropout
         self.out_proj = nn.Linear(config.hidden_size, config.num_labels)  # type: ignore[arg-type]
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Pool the first token and classify it.
+    def forward(self, hidden_states: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
+        """Pool each row's first token and classify it.
 
         Args:
             hidden_states (torch.Tensor): ``[B, T, D]``, the model dtype.
+            first (torch.Tensor | None): ``[B]`` int64, each row's first token's column; ``None`` = 0.
 
         Returns:
             torch.Tensor: ``[B, num_labels]`` logits, the model dtype.
         """
-        pooled = torch.tanh(self.dense(self.dropout(hidden_states[:, 0])))
+        token = (hidden_states[:, 0] if first is None
+                 else hidden_states[torch.arange(hidden_states.shape[0], device=first.device), first])
+        pooled = torch.tanh(self.dense(self.dropout(token)))
         return self.out_proj(self.dropout(pooled))
 
 
 class SequenceClassificationHeadMixin(_SingleOutputHead):
-    """Sequence classification / regression from the first token; loss by ``config.problem_type``.
+    """Sequence classification / regression from each row's first token; loss by ``config.problem_type``.
+
+    The first token is the first after any left padding.
 
     ``labels``: class ids ``[B]``, floats for regression, or multi-hot ``[B, num_labels]`` for multi-label.
     ``logits``: ``[B, num_labels]``.
@@ -2302,8 +2352,11 @@ class SequenceClassificationHeadMixin(_SingleOutputHead):
         self.classifier = ClassificationHead(config, self._dropout(config))
         self.post_init()
 
-    def _logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.classifier(hidden_states)
+    def _logits(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        first = None  # a prepared 4D mask: the first column
+        if attention_mask is not None and attention_mask.dim() == 2:
+            first = leading_padding(attention_mask).clamp(max=hidden_states.shape[1] - 1)
+        return self.classifier(hidden_states, first)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
         return self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
@@ -2330,7 +2383,7 @@ class TokenClassificationHeadMixin(_SingleOutputHead):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)  # type: ignore[arg-type]
         self.post_init()
 
-    def _logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def _logits(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         return self.classifier(self.dropout(hidden_states))
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
@@ -2613,12 +2666,12 @@ __all__ = [
     "RotaryEmbedding", "ScaleNorm", "SequenceClassificationHeadMixin", "ShardedUnits",
     "TokenClassificationHeadMixin", "accepts_cache_alias", "apply_rotary", "boolean_attention_mask",
     "build_norm", "check_bool", "check_choice", "check_float", "check_head_indices", "check_int",
-    "check_mask_rank", "compute_dtype", "config_equal", "config_norm", "default_position_ids",
-    "document_lengths", "document_mask", "document_positions", "entropy_invariant_factor",
-    "headless_attention_output", "kept_heads", "leading_padding", "log_key_counts", "masked_softmax",
-    "normalize_pruned_heads", "output_cache", "packed_document_ids", "record_outputs",
-    "register_parallel_styles", "renamed_field", "require_transformers", "residual_block", "rotate_half",
-    "upcast", "update_cache", "version_tuple", "visible_key_counts", "visible_keys",
+    "check_mask_rank", "check_token_types", "compute_dtype", "config_equal", "config_norm",
+    "default_position_ids", "document_lengths", "document_mask", "document_positions",
+    "entropy_invariant_factor", "headless_attention_output", "kept_heads", "leading_padding",
+    "log_key_counts", "masked_softmax", "normalize_pruned_heads", "output_cache", "packed_document_ids",
+    "record_outputs", "register_parallel_styles", "renamed_field", "require_transformers", "residual_block",
+    "rotate_half", "upcast", "update_cache", "version_tuple", "visible_key_counts", "visible_keys",
 ]
 
 register_parallel_styles()

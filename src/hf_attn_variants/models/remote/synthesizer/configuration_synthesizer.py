@@ -11,8 +11,13 @@ from .attn_variants_common import MultiHeadAttnVariantConfig, check_bool, check_
 import math
 from typing import Any
 
+from transformers.utils import logging
+
 
 # ------------------------------ from configuration_synthesizer.py ------------------------------
+logger = logging.get_logger(__name__)
+LARGE_PATTERNS = 2**30
+"""Parameters of the l×l ``random`` patterns (H·l² a layer) past which the config warns: 4 GiB in float32."""
 SYNTHESIZER_COMPONENTS = ("dense", "random", "factorized_dense", "factorized_random", "vanilla")
 """The attention-weight synthesizers of Tay et al. (2021) plus ordinary dot-product attention."""
 
@@ -122,6 +127,13 @@ class SynthesizerConfig(MultiHeadAttnVariantConfig):
                     f"{self.max_position_embeddings} (a·b = l), got {shape[0] * shape[1]}."
                 )
             self.factorized_dense_shape = [int(shape[0]), int(shape[1])]
+        patterns = self.num_hidden_layers * self.num_attention_heads * self.max_position_embeddings**2
+        if "random" in self.synthesizer_components and patterns > LARGE_PATTERNS:
+            logger.warning_once(
+                f"max_position_embeddings={self.max_position_embeddings}: the random component stores H·l² = "
+                f"{patterns / self.num_hidden_layers:,.0f} parameters a layer ({patterns:,} in all); "
+                "factorized_random (H·2·l·k) keeps the Synthesizer at long l."
+            )
 
     @staticmethod
     def _validated_components(components: Any) -> list[str]:
