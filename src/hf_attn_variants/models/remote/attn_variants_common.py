@@ -1956,12 +1956,13 @@ class AttnVariantBackbone(ModelMixinBase):
                              f"{self.config.hidden_size}], got {given.dtype} {tuple(given.shape)}.")
         if given.dim() == 2 and given.is_floating_point():
             raise ValueError(f"input_ids must be integer token ids, got {given.dtype}.")
+        # The batch first: traced with a symbolic batch it is the same symbol (no guard on a batch of 1).
         if (attention_mask is not None and attention_mask.dim() in (2, 4)
-                and attention_mask.shape[0] not in (1, batch_size)):
+                and attention_mask.shape[0] not in (batch_size, 1)):
             raise ValueError(f"attention_mask has {attention_mask.shape[0]} rows but the batch has "
                              f"{batch_size}.")
-        rows = position_ids.numel() // max(seq_length, 1) if position_ids is not None else 1
-        if position_ids is not None and (position_ids.shape[-1] != seq_length or rows not in (1, batch_size)):
+        if position_ids is not None and (position_ids.shape[-1] != seq_length
+                                         or position_ids.numel() // seq_length not in (batch_size, 1)):
             raise ValueError(f"position_ids must be [{batch_size}, {seq_length}] or [1, {seq_length}] for "
                              f"this input, got {tuple(position_ids.shape)}.")
 
