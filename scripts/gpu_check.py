@@ -5,13 +5,13 @@ to the output folder as soon as the stage (or, for the benchmarks, each length o
 Stages (``scripts/gpu_check.sh`` runs them in this order, each under its own time budget; ``--part tests``
 the first three, ``--part perf`` environment, bench, peers and decoding)::
 
-    gpu_check.py environment --out DIR  # environment-gpu.json: GPU, driver, versions, wheels (20 s)
-    gpu_check.py tests --out DIR        # tests-gpu.json: CUDA tests, then model tests on CPU tensors (190 s)
-    gpu_check.py wheel --out DIR        # wheel-gpu.json: the wheel on this torch, README quickstarts (90 s)
-    gpu_check.py bench --out DIR        # benchmarks-gpu.json: the bench's format, kind bench (65 s)
+    gpu_check.py environment --out DIR  # environment-gpu.json: GPU, driver, versions, wheels (25 s)
+    gpu_check.py tests --out DIR        # tests-gpu.json: CUDA tests, then model tests on CPU tensors (185 s)
+    gpu_check.py wheel --out DIR        # wheel-gpu.json: the wheel on this torch, README quickstarts (80 s)
+    gpu_check.py bench --out DIR        # benchmarks-gpu.json: the bench's format, kind bench (60 s)
     gpu_check.py peers --out DIR        # peers-gpu.json: FLASH vs FLASH-pytorch vs Llama causal LMs, kind
-                                        # side_by_side (bench/side_by_side.py) (80 s)
-    gpu_check.py decoding --out DIR     # decoding-gpu.json: scripts/decoding_bench.py's format (135 s)
+                                        # side_by_side (bench/side_by_side.py) (75 s)
+    gpu_check.py decoding --out DIR     # decoding-gpu.json: scripts/decoding_bench.py's format (130 s)
 
 (each ``python scripts/gpu_check.py …``; in brackets each stage's default ``--budget``;
 ``scripts/gpu_check.sh`` passes the same, ``GPU_CHECK_BUDGET_<STAGE>`` overrides them there).
@@ -193,7 +193,7 @@ def nvidia_smi() -> dict[str, str]:
     try:
         done = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
                               capture_output=True,
-                              text=True, timeout=8, check=False)  # inside the 20 s stage
+                              text=True, timeout=8, check=False)  # inside the 25 s stage
     except (OSError, subprocess.TimeoutExpired) as error:
         return {"error": f"not run ({type(error).__name__}: {error})"}
     if done.returncode != 0:
@@ -1148,9 +1148,10 @@ STATIC_LEFT_OUT = {
 one sentence at once."""
 
 
-STATIC_SECONDS = 50.0
+STATIC_SECONDS = 60.0
 """The predicted seconds of the first model's static-cache rows (compiling its decoding step, then timing
-it) before one was measured; each later model is predicted at the previous one's measured time."""
+it) before one was measured (the second GPU run: about 50 s a model, so 10 s to spare); each later model is
+predicted at the previous one's measured time."""
 
 
 def static_rows(model: torch.nn.Module, name: str, plan: dict[str, Any],
@@ -1460,11 +1461,15 @@ def publish_command(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- command line
+STAGE_BUDGETS = {"environment": 25.0, "tests": 185.0, "wheel": 80.0, "bench": 60.0, "peers": 75.0,
+                 "decoding": 130.0}
+"""Each stage's default ``--budget`` in seconds, those of ``gpu_check.sh`` (each part's add up to 290 s)."""
+
+
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="scripts/gpu_check.py", description=__doc__.splitlines()[0])
     stages = main.add_subparsers(dest="stage", required=True)
-    for name, budget in (("environment", 20.0), ("tests", 190.0), ("wheel", 90.0), ("bench", 65.0),
-                         ("peers", 80.0), ("decoding", 135.0)):
+    for name, budget in STAGE_BUDGETS.items():
         stage = stages.add_parser(name, help=f"the {name} stage")
         stage.add_argument("--out", type=Path, required=True, help="Folder for the results file.")
         stage.add_argument("--budget", type=float, default=budget, help=f"Seconds (default {budget:.0f}).")

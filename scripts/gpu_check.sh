@@ -79,8 +79,8 @@ if [[ -z "${PYTHON:-}" ]]; then
     fi
 fi
 
-# Seconds per stage: each part's stages at most 5 minutes together (the wheels' install, seconds, comes before
-# them), so that one lease can run a part and run it again. Inside a stage the most expensive optional work goes
+# Seconds per stage: each part's stages 290 s together, and the wheels' install (about 10 s) before them, so
+# that a part fits 5 minutes and one lease can run a part and run it again. Inside a stage the most expensive optional work goes
 # first when time runs short: the bench's longest lengths, the decoding stage's static-cache compiles.
 case "$PART" in
     tests) STAGE_NAMES=(environment tests wheel) ;;
@@ -88,12 +88,12 @@ case "$PART" in
     *) STAGE_NAMES=(environment tests wheel bench peers decoding) ;;
 esac
 declare -A BUDGET=(
-    [environment]="${GPU_CHECK_BUDGET_ENVIRONMENT:-20}"
-    [tests]="${GPU_CHECK_BUDGET_TESTS:-190}"
-    [wheel]="${GPU_CHECK_BUDGET_WHEEL:-90}"
-    [bench]="${GPU_CHECK_BUDGET_BENCH:-65}"
-    [peers]="${GPU_CHECK_BUDGET_PEERS:-80}"
-    [decoding]="${GPU_CHECK_BUDGET_DECODING:-135}"
+    [environment]="${GPU_CHECK_BUDGET_ENVIRONMENT:-25}"
+    [tests]="${GPU_CHECK_BUDGET_TESTS:-185}"
+    [wheel]="${GPU_CHECK_BUDGET_WHEEL:-80}"
+    [bench]="${GPU_CHECK_BUDGET_BENCH:-60}"
+    [peers]="${GPU_CHECK_BUDGET_PEERS:-75}"
+    [decoding]="${GPU_CHECK_BUDGET_DECODING:-130}"
 )
 
 SCRATCH="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")"

@@ -14,13 +14,19 @@ from pathlib import Path
 import pytest
 
 
+BF16_PROBED = "HF_ATTN_VARIANTS_TESTS_BF16_PROBED"
+"""Set by the controller once its probe passed, for the xdist workers it starts."""
+
+
 def _cap_onednn_isa_if_bf16_crashes() -> None:
     """Some VMs advertise AMX but do not enable it; oneDNN's bf16 matmul then dies with SIGILL.
 
     Probe once in a subprocess (before torch is imported here) and, only if the probe crashes, cap
-    oneDNN below AMX for this test session. Machines with working AMX keep their fast path.
+    oneDNN below AMX for this test session. Machines with working AMX keep their fast path. The xdist workers
+    inherit the outcome through the environment instead of probing again (each probe imports torch: seconds,
+    times the workers, on a GPU machine's CUDA build).
     """
-    if "ONEDNN_MAX_CPU_ISA" in os.environ:
+    if "ONEDNN_MAX_CPU_ISA" in os.environ or os.environ.get(BF16_PROBED) == "1":
         return
     probe = (
         "import torch; torch.nn.functional.linear("
@@ -29,6 +35,8 @@ def _cap_onednn_isa_if_bf16_crashes() -> None:
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120)
     if result.returncode != 0:
         os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX512_CORE_FP16"
+    else:
+        os.environ[BF16_PROBED] = "1"
 
 
 _cap_onednn_isa_if_bf16_crashes()

@@ -570,3 +570,20 @@ def test_the_environment_view_of_a_gpu_run() -> None:
     assert "transformers-5.24.0-py3-none-any.whl" in text and "dry run" not in text
     with pytest.raises(KeyError, match="without 'tests'"):
         view_function("gpu_check", "tests")(gpu_environment())
+
+
+def test_each_parts_stage_budgets_leave_the_wheels_install_inside_five_minutes() -> None:
+    """The shell's budgets are the driver's defaults, and each part's add up to at most 290 s: the wheels'
+    install (about 10 s) comes before them, and a part must fit 5 minutes to be rerun in one lease (issue 48);
+    the environment stage keeps 5 s over the 20 s the second GPU run needed."""
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text(encoding="utf-8")
+    shell = {name.lower(): float(seconds)
+             for name, seconds in re.findall(r"GPU_CHECK_BUDGET_([A-Z]+):-(\d+)", script)}
+    driver = load_driver()
+    assert shell == driver.STAGE_BUDGETS
+    assert driver.parser().parse_args(["peers", "--out", "x"]).budget == shell["peers"]
+    parts = {"tests": ("environment", "tests", "wheel"),
+             "perf": ("environment", "bench", "peers", "decoding")}
+    for part, names in parts.items():
+        assert sum(shell[name] for name in names) <= 290, (part, shell)
+    assert shell["environment"] >= 25
