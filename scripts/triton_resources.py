@@ -14,8 +14,8 @@ side-by-side's); every integer argument is then a multiple of 16, which Triton's
 so does this compile. Variants: causal without a key mask (causal-LM training) and bidirectional with one (a
 padded masked-LM batch); quadratic relu²: causal, and bidirectional with a dense mask. Every kernel in bf16;
 FLASH's causal kernels also in float32 (IEEE products: what ``gau_kernel="triton"`` runs for a float32
-model, and the CUDA tests' exact comparisons); FLASH's causal kernels that read the states also in float16
-(``SCALED``: a state tile past 2¹⁵ divided by a power of two, ``gau_triton.state_scales``).
+model, and the CUDA tests' exact comparisons); FLASH's causal kernels that read the states or their gradients
+also in float16 (``SCALED``: a state tile past 2¹⁵ divided by a power of two, ``gau_triton.state_scales``).
 
 Exit status 1 when a bf16 or fp16 kernel spills, uses no tensor core, or any kernel exceeds its target's
 shared memory; 2 when nothing can be compiled here (no triton, or ``TRITON_INTERPRET`` set).
@@ -66,8 +66,9 @@ SHAPE = {"key_size": 128, "width": 1024, "chunk_size": 256}
 DTYPES = ("bfloat16", "float32", "float16")
 """Every kernel is compiled in bf16; FLASH's causal kernels also in float32, and those that read the states
 (``SCALED``) in float16."""
-SCALED_KERNELS = ("_flash_forward_kernel", "_flash_backward_query_kernel")
-"""The kernels whose float16 launch differs from bf16's: they scale the states (``SCALED``)."""
+SCALED_KERNELS = ("_flash_forward_kernel", "_flash_backward_query_kernel", "_flash_backward_key_kernel")
+"""The kernels whose float16 launch differs from bf16's: they scale the states or their gradients
+(``SCALED``)."""
 POINTERS: dict[str, dict[str, str]] = {
     "_chunk_outer_kernel": {"A": "model", "X": "model", "OUT": "fp32"},
     "_flash_forward_kernel": {"Q": "model", "K": "model", "QL": "model", "V": "model", "H": "fp32",
@@ -75,7 +76,8 @@ POINTERS: dict[str, dict[str, str]] = {
     "_flash_backward_query_kernel": {"Q": "model", "K": "model", "V": "model", "H": "fp32", "KM": "i8",
                                      "DO": "model", "DQ": "fp32", "DQL": "fp32"},
     "_flash_backward_key_kernel": {"Q": "model", "K": "model", "KL": "model", "V": "model", "DSUM": "fp32",
-                                   "KM": "i8", "DO": "model", "DK": "fp32", "DKL": "fp32", "DV": "model"},
+                                   "DSCALE": "fp32", "KM": "i8", "DO": "model", "DK": "fp32", "DKL": "fp32",
+                                   "DV": "model"},
     "_forward_kernel": {"Q": "model", "K": "model", "V": "model", "M": "i8", "KM": "i8", "OUT": "model"},
     "_grad_query_kernel": {"Q": "model", "K": "model", "V": "model", "M": "i8", "KM": "i8", "DO": "model",
                            "DQ": "model"},

@@ -476,6 +476,15 @@ def bad_flash_arguments() -> dict[str, tuple[str, dict]]:
             None, torch.randn(2, 4, 8), torch.randn(2, 4, 6))}),
         "initial_state-linear": ("initial_state.linear", {"initial_state": gau_kernels.FlashState(
             torch.zeros(2, 6, 4))}),
+        "causal-string": ("causal", {"causal": "yes"}),  # Triton's custom op failed deep on it
+        "segments-float": ("segments", {"segments": torch.zeros(2, 3)}),
+        "segments-ahead": ("segments", {"segments": torch.tensor([[0, 1, 1], [0, 2, 2]])}),  # chunk 1 → 2
+        "segments-negative": ("segments", {"segments": torch.tensor([[0, -1, 1], [0, 0, 0]])}),
+        "initial_state-bidirectional": ("initial_state", {  # its open chunk was dropped
+            "causal": False, "initial_state": gau_kernels.FlashState(None, torch.randn(2, 2, 8),
+                                                                     torch.randn(2, 2, 6))}),
+        "key_mask-device": ("key_mask", {"key_mask": torch.ones(2, 10, dtype=torch.bool, device="meta")}),
+        "value-device": ("value", {"value": torch.randn(2, 10, 6, device="meta")}),
     }
 
 
@@ -1014,3 +1023,37 @@ def test_the_flash_op_refuses_a_dropout_outside_0_1_in_eager() -> None:
     inputs = [torch.randn(1, 6, 4) for _ in range(4)] + [torch.randn(1, 6, 5)]
     with pytest.raises(ValueError, match=r"^dropout must be in \[0, 1\], got 1.5"):
         flash_mixed_chunk_attention(*inputs, chunk_size=2, causal=True, dropout=1.5, training=True)
+
+
+@pytest.mark.parametrize("implementation", ["reference", "chunk", "triton"])
+def test_the_flash_op_takes_an_empty_batch_and_empty_values(implementation: str) -> None:
+    """B = 0 (a data-parallel split, an empty serving step) and E = 0 give empty numerators; the chunked path
+    failed to reshape them."""
+    for batch, width in ((0, 6), (2, 0)):
+        q = torch.randn(batch, 10, 4)
+        value = torch.randn(batch, 10, width)
+        numerator, state = flash_mixed_chunk_attention(q, q, q, q, value, chunk_size=4, causal=True,
+                                                       implementation=implementation)
+        assert numerator.shape == (batch, 10, width) and state.linear.shape == (batch, 4, width)
+
+
+@pytest.mark.parametrize("implementation", ["chunk", "triton"])
+def test_an_open_chunks_padded_linear_keys_are_masked_like_the_reference(implementation: str) -> None:
+    """A caller's open chunk whose k' is not zero at a padded column: every implementation drops that key from
+    the linear part, as the reference's W does (the chunked paths kept its k'ᵀv: 2.67 apart), and the
+    state carried on holds it masked."""
+    torch.manual_seed(0)
+    q, k, ql, kl = (torch.randn(2, 7, 4, dtype=torch.float64) for _ in range(4))
+    v = torch.randn(2, 7, 6, dtype=torch.float64)
+    opened = gau_kernels.FlashState(*(torch.randn(2, *shape, dtype=torch.float64)
+                                      for shape in ((4, 6), (3, 8), (3, 6))))
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[0, 1] = mask[1, 0] = False  # columns of the open chunk
+    arguments = dict(chunk_size=4, causal=True, key_mask=mask, initial_state=opened)
+    expected, expected_state = flash_mixed_chunk_attention(q, k, ql, kl, v, implementation="reference",
+                                                           **arguments)
+    numerator, state = flash_mixed_chunk_attention(q, k, ql, kl, v, implementation=implementation,
+                                                   **arguments)
+    tolerance = 1e-10 if implementation == "chunk" else 1e-5
+    torch.testing.assert_close(numerator, expected, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(state.linear.double(), expected_state.linear, atol=tolerance, rtol=tolerance)

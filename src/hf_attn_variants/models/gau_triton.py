@@ -423,14 +423,15 @@ if TRITON_AVAILABLE:
         tl.atomic_add(DQL + where, dql, mask=inside)
 
     @triton.jit
-    def _flash_backward_key_kernel(Q, K, KL, V, DSUM, KM, DO, DK, DKL, DV, T, S, E, chunk, n_chunks,
+    def _flash_backward_key_kernel(Q, K, KL, V, DSUM, DSCALE, KM, DO, DK, DKL, DV, T, S, E, chunk, n_chunks,
                                    PRECISION: tl.constexpr, HAS_KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr,
                                    BLOCK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
-                                   WHOLE: tl.constexpr):
+                                   WHOLE: tl.constexpr, SCALED: tl.constexpr):
         """The whole dv of this value tile, and its share of dk and dk'.
 
         dv = Σ_i r²ᵀ dO_i + k'_j dSum_c; dk = Σ_i (2 r ⊙ dO vᵀ)ᵀ q_i and dk' = v_j dSum_cᵀ are added into the
-        fp32 DK, DKL.
+        fp32 DK, DKL. ``SCALED`` (float16): dSum_c, a sum over the later chunks that grows with the length as
+        H_c does, comes divided by σ_c (``state_scales``, in ``DSCALE``), which the products multiply back.
         """
         pid_e, pid_n, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         n0 = pid_n * BLOCK
@@ -452,9 +453,16 @@ if TRITON_AVAILABLE:
         dkl = tl.zeros((BLOCK, BLOCK_S), dtype=tl.float32)
         for c in range(first, last + 1):
             dsum = _tile(DSUM, (b * n_chunks + c) * S * E, offs_s, offs_e, S, E, E).to(kl.dtype)
-            dv += tl.dot(_rows_of_chunk(kl, offs_n, chunk, c, WHOLE), dsum, input_precision=PRECISION)
-            dkl += tl.dot(_rows_of_chunk(v, offs_n, chunk, c, WHOLE), tl.trans(dsum),
-                          input_precision=PRECISION)
+            if SCALED:
+                scale = tl.load(DSCALE + b * n_chunks + c)
+                dv += scale * tl.dot(_rows_of_chunk(kl, offs_n, chunk, c, WHOLE), dsum,
+                                     input_precision=PRECISION)
+                dkl += scale * tl.dot(_rows_of_chunk(v, offs_n, chunk, c, WHOLE), tl.trans(dsum),
+                                      input_precision=PRECISION)
+            else:
+                dv += tl.dot(_rows_of_chunk(kl, offs_n, chunk, c, WHOLE), dsum, input_precision=PRECISION)
+                dkl += tl.dot(_rows_of_chunk(v, offs_n, chunk, c, WHOLE), tl.trans(dsum),
+                              input_precision=PRECISION)
         tl.atomic_add(DKL + where, dkl, mask=inside)
         k = _tile(K, b * T * S, offs_n, offs_s, T, S, S)
         dk = tl.zeros((BLOCK, BLOCK_S), dtype=tl.float32)
@@ -674,7 +682,9 @@ def check_compilable(value: torch.Tensor) -> None:
 
     CPU tensors outside Triton's interpreter (Triton compiles for GPUs only), and float64 on a GPU, which
     Triton's compiler refuses (the accumulators are float32). Triton's interpreter (CPU tensors,
-    ``TRITON_INTERPRET=1``) runs float64, as the gradient checks do.
+    ``TRITON_INTERPRET=1``) runs float64 in the quadratic kernels, as their gradient checks do; the FLASH
+    kernels' summaries and states stay float32 there, so float64 FLASH is float32-accurate (the torch
+    implementations are the float64 reference).
 
     Args:
         value (torch.Tensor): the kernels' values, in their inputs' dtype.
@@ -771,7 +781,7 @@ def flash_launch_options(kernel: str, dtype: torch.dtype, key_size: int, width: 
 
     Returns:
         dict[str, Any]: the ``tl.constexpr`` arguments (``PRECISION``, the block sizes, ``WHOLE``, and for
-        the kernels that read the states ``SCALED``: ``scales_states``) and ``num_warps``,
+        the kernels that read the states or their gradients ``SCALED``: ``scales_states``) and ``num_warps``,
         ``num_stages``; ``HAS_KEY_MASK`` and ``CAUSAL`` come from the call.
     """
     table = flash_launch_table(dtype)[kernel]
@@ -782,7 +792,7 @@ def flash_launch_options(kernel: str, dtype: torch.dtype, key_size: int, width: 
                 "BLOCK_E": _value_block(width, table), **launch}
     options = {"PRECISION": precision(dtype), "BLOCK": block, "BLOCK_S": _key_size_block(key_size),
                "BLOCK_E": _value_block(width, table), "WHOLE": chunk_size % block == 0, **launch}
-    if kernel in ("forward", "backward_query"):  # the kernels that cast the states H_c
+    if kernel != "chunk_outer":  # the kernels that cast the states H_c or their gradients
         options["SCALED"] = scales_states(dtype)
     return options
 
@@ -875,9 +885,13 @@ if TRITON_AVAILABLE:
         _flash_backward_query_kernel[grid["backward_query"]](
             quad_q, quad_k, value, states, mask, grad_output, grads[0], grads[2], *sizes, **switches,
             **flash_launch_options("backward_query", quad_q.dtype, key_size, width, chunk_size))
+        summary_scales = grad_summaries  # read only when the launch is SCALED
+        if scales_states(quad_q.dtype):  # float16: ∂L/∂S_c divided by σ_c as the states are
+            summary_scales = state_scales(grad_summaries).contiguous()
+            grad_summaries = (grad_summaries / summary_scales[..., None, None]).contiguous()
         _flash_backward_key_kernel[grid["backward_key"]](
-            quad_q, quad_k, lin_k, value, grad_summaries, mask, grad_output, grads[1], grads[3], grad_value,
-            *sizes, **switches,
+            quad_q, quad_k, lin_k, value, grad_summaries, summary_scales, mask, grad_output, grads[1],
+            grads[3], grad_value, *sizes, **switches,
             **flash_launch_options("backward_key", quad_q.dtype, key_size, width, chunk_size))
         dq, dk, dlq, dlk = (grad.to(quad_q.dtype) for grad in grads)
         return dq, dk, dlq, dlk, grad_value

@@ -221,9 +221,10 @@ def relu2_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         query (torch.Tensor): ``[B, T_q, S]`` with every factor in it, float32 or float64.
         key (torch.Tensor): ``[B, T_k, S]``, the query's dtype.
         value (torch.Tensor): ``[B, T_k, E]``, the query's dtype.
-        mask (torch.Tensor | None): ``[B, T_q, T_k]`` bool (``True`` = visible), or ``None``.
-        causal_offset (int | None): the first query's position when causal (a block then skips the keys after
-            its last query), or ``None``.
+        mask (torch.Tensor | None): ``[B, T_q, T_k]`` bool (``True`` = visible), or ``None``; it carries
+            causality.
+        causal_offset (int | None): the first query's position when ``mask`` is causal, a promise that lets a
+            block skip the keys after its last query (it hides nothing by itself), or ``None``.
         blocked (bool): query blocks through ``Relu2Attention`` instead, nothing n×n kept (``uses_blocks``
             says where the unit chooses it).
 
@@ -335,8 +336,8 @@ class FlashState(NamedTuple):
     """What causal FLASH carries from earlier tokens to the next ones (a cache, a vLLM slot).
 
     Attributes:
-        linear (torch.Tensor | None): ``[B, S, E]`` float32, Σ k'ᵀv over every closed chunk (``None``: none
-            yet).
+        linear (torch.Tensor | None): ``[B, S, E]`` float32 (float64 for float64 inputs, except from the
+            Triton path), Σ k'ᵀv over every closed chunk (``None``: none yet).
         keys (torch.Tensor | None): ``[B, M, 2S]`` [k ‖ k'] (k' zero at padding) of the M < g tokens of the
             open chunk, the model dtype (``None`` when M = 0).
         values (torch.Tensor | None): ``[B, M, E]``, their values (``None`` when M = 0).
@@ -352,6 +353,32 @@ FLASH_IMPLEMENTATIONS = ("reference", "chunk", "triton")
 
 The O(n²) matrix W, the chunked torch path and the Triton kernels (``flash_mixed_chunk_triton``).
 """
+
+
+class Float16Summaries(torch.autograd.Function):
+    """S_c = k'_cᵀ v_c in float32 from float16 chunks.
+
+    ∂L/∂S_c sums over the later chunks (``chunk_states_backward``) and grows with the length as H_c does, so
+    the backward reads it as σ_c · (∂L/∂S_c / σ_c) (``gau_triton.state_scales``), as the Triton key kernel
+    does: cast to float16 as it is, dk' and dv were ±inf past 65,504 where the true gradients fit.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """The summaries; arguments and result as ``chunk_summaries``."""
+        ctx.save_for_backward(keys, values)
+        return torch.matmul(keys.transpose(-1, -2), values).float()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gradients of k' ``[B, C, G, S]`` and of v ``[B, C, G, E]``, float16."""
+        from .gau_triton import state_scales
+
+        keys, values = ctx.saved_tensors
+        scales = state_scales(grad)[..., None, None]
+        scaled, factor = (grad / scales).to(keys.dtype), scales.to(keys.dtype)
+        return (torch.matmul(values, scaled.transpose(-1, -2)) * factor,
+                torch.matmul(keys, scaled) * factor)
 
 
 def state_product(queries: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
@@ -370,6 +397,23 @@ def state_product(queries: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
         return torch.matmul(queries, states.to(queries.dtype))
     scales = state_scales(states)[..., None, None]
     return torch.matmul(queries, (states / scales).to(queries.dtype)) * scales.to(queries.dtype)
+
+
+def chunk_summaries(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """S_c = k'_cᵀ v_c, the chunks' contributions to the linear state, float32 or more.
+
+    Args:
+        keys (torch.Tensor): ``[B, C, G, S]`` the chunks' linear keys, zero at padding, the model dtype.
+        values (torch.Tensor): ``[B, C, G, E]``, the model dtype.
+
+    Returns:
+        torch.Tensor: ``[B, C, S, E]`` in ``compute_dtype`` (float16: ``Float16Summaries``).
+    """
+    from .gau_triton import scales_states
+
+    if scales_states(keys.dtype):
+        return Float16Summaries.apply(keys, values)
+    return upcast(torch.matmul(keys.transpose(-1, -2), values))
 
 
 AUTOCAST_DEVICES = ("cpu", "cuda")
@@ -391,13 +435,14 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
 
 def check_flash_arguments(
     quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, lin_k: torch.Tensor, value: torch.Tensor,
-    chunk_size: int, key_mask: torch.Tensor | None, segments: torch.Tensor | None,
+    chunk_size: int, causal: bool, key_mask: torch.Tensor | None, segments: torch.Tensor | None,
     initial_state: FlashState | None, dropout: float, training: bool, implementation: str,
 ) -> None:
     """``ValueError`` naming the argument of ``flash_mixed_chunk_attention`` that the op cannot take.
 
-    Shapes, dtypes and numbers only: nothing is read from the device. The Triton kernels index by these
-    shapes, so a mismatch there would read or write out of bounds instead of failing.
+    Shapes, dtypes, devices and numbers: nothing is read from a GPU (``segments``' values are checked on CPU
+    only). The Triton kernels index by these shapes, so a mismatch there would read or write out of bounds
+    instead of failing.
 
     Args: as for ``flash_mixed_chunk_attention``.
     """
@@ -408,6 +453,8 @@ def check_flash_arguments(
                          "dropout; use 'chunk' (the models do so by themselves) or dropout=0.")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be a bool, got {causal!r}.")
     # Eager only: compiled, dynamo may make a config's float symbolic, which a checkpoint's subgraph cannot
     # compare (the models' configs check the range when built).
     if not torch.compiler.is_compiling() and not 0.0 <= dropout <= 1.0:
@@ -416,7 +463,9 @@ def check_flash_arguments(
         raise ValueError(f"quad_q must be a [B, T, S] floating tensor, got {quad_q.dim()} dims of "
                          f"{quad_q.dtype}.")
     batch, length, key_size = quad_q.shape
-    mixed = quad_q.device.type in AUTOCAST_DEVICES and autocast_dtype(quad_q.device) is None  # else cast
+    # Under autocast the op casts; a memory trace's meta device cannot ask autocast, and casts nothing.
+    mixed = (autocast_dtype(quad_q.device) is None if quad_q.device.type in AUTOCAST_DEVICES
+             else quad_q.device.type != "meta")
     for name, tensor in (("quad_k", quad_k), ("lin_q", lin_q), ("lin_k", lin_k), ("value", value)):
         width = tensor.shape[-1] if name == "value" else key_size
         if (tensor.shape != (batch, length, width) or not tensor.is_floating_point()
@@ -426,6 +475,16 @@ def check_flash_arguments(
     state = initial_state if initial_state is not None else FlashState(None)
     if not isinstance(state, FlashState):
         raise ValueError(f"initial_state must be a FlashState or None, got {type(initial_state).__name__}.")
+    others: dict[str, torch.Tensor | None] = {
+        "quad_k": quad_k, "lin_q": lin_q, "lin_k": lin_k, "value": value, "key_mask": key_mask,
+        "segments": segments, "initial_state": state.linear if state.keys is None else state.keys}
+    for name, other in others.items():
+        if other is not None and other.device != quad_q.device:
+            raise ValueError(f"{name} is on {other.device} and quad_q on {quad_q.device}: the op's tensors "
+                             "must be on one device.")
+    if not causal and state.keys is not None:
+        raise ValueError("initial_state has an open chunk, which only a causal row continues: pass "
+                         "causal=True, or a FlashState without keys and values.")
     opened = 0 if state.keys is None else state.keys.shape[1]
     open_shapes = (None if state.keys is None else state.keys.shape,
                    None if state.values is None else state.values.shape)
@@ -440,9 +499,13 @@ def check_flash_arguments(
     if key_mask is not None and (key_mask.dim() != 2 or key_mask.shape[0] != batch
                                  or key_mask.shape[1] < opened + length):
         raise ValueError(f"key_mask must be [{batch}, ≥ {opened + length}], got {list(key_mask.shape)}.")
-    if segments is not None and segments.shape != (batch, -(-(opened + length) // chunk_size)):
-        raise ValueError(f"segments must be [{batch}, {-(-(opened + length) // chunk_size)}] (a document per "
-                         f"chunk), got {list(segments.shape)}.")
+    chunks = -(-(opened + length) // chunk_size)
+    if segments is not None and (segments.shape != (batch, chunks) or segments.dtype != torch.int64):
+        raise ValueError(f"segments must be [{batch}, {chunks}] int64 (a document per chunk), got "
+                         f"{list(segments.shape)} of {segments.dtype}.")
+    if (segments is not None and segments.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not bool(((segments >= 0) & (segments <= torch.arange(chunks))).all())):
+        raise ValueError("segments[:, c] must be the first chunk of chunk c's document, in [0, c].")
 
 
 def autocast_inputs(tensors: list[torch.Tensor], state: FlashState,
@@ -497,9 +560,9 @@ def flash_mixed_chunk_attention(
         causal (bool): each query sees earlier keys only.
         key_mask (torch.Tensor | None): ``[B, ≥ M + T]`` bool, ``True`` = real token; its last M + T columns
             are the open chunk's M rows and these tokens. ``None``: no padding.
-        segments (torch.Tensor | None): ``[B, T/g]`` int64, each chunk's document's first chunk, for rows
-            packing documents that each start on a chunk boundary (``DocumentChunks``); the state then
-            restarts per document.
+        segments (torch.Tensor | None): ``[B, ⌈(M + T)/g⌉]`` int64, each chunk's document's first chunk
+            (in [0, c] for chunk c), for rows packing documents that each start on a chunk boundary
+            (``DocumentChunks``); the state then restarts per document.
         initial_state (FlashState | None): the state after earlier tokens (causal), or ``None``.
         dropout (float): dropout on the quadratic weights (``reference`` and ``chunk`` only: ``triton``
             refuses a dropout above 0 while training).
@@ -512,8 +575,8 @@ def flash_mixed_chunk_attention(
         tokens: Σ k'ᵀv over the closed chunks (bidirectional: over every key; meaningless for packed rows)
         and, causal, the new open chunk.
     """
-    check_flash_arguments(quad_q, quad_k, lin_q, lin_k, value, chunk_size, key_mask, segments, initial_state,
-                          dropout, training, implementation)
+    check_flash_arguments(quad_q, quad_k, lin_q, lin_k, value, chunk_size, causal, key_mask, segments,
+                          initial_state, dropout, training, implementation)
     state = initial_state or FlashState(None)
     if (dtype := autocast_dtype(value.device)) is not None:  # one dtype, autocast's, as for a matmul
         (quad_q, quad_k, lin_q, lin_k, value), state = autocast_inputs([quad_q, quad_k, lin_q, lin_k, value],
@@ -521,14 +584,14 @@ def flash_mixed_chunk_attention(
     length = quad_q.shape[1]
     opened = 0 if state.keys is None else state.keys.shape[1]
     valid = None if key_mask is None else key_mask[:, key_mask.shape[1] - opened - length:].bool()
-    if valid is not None:
-        lin_k = lin_k * valid[:, opened:, None].to(lin_k.dtype)
     if opened:
         no_queries = quad_q.new_zeros(quad_q.shape[0], opened, quad_q.shape[2])
         open_quad_k, open_lin_k = state.keys.split(quad_k.shape[-1], dim=-1)  # type: ignore[union-attr]
         quad_q, lin_q = torch.cat([no_queries, quad_q], 1), torch.cat([no_queries, lin_q], 1)
         quad_k, lin_k = torch.cat([open_quad_k, quad_k], 1), torch.cat([open_lin_k, lin_k], 1)
         value = torch.cat([state.values, value], 1)  # type: ignore[list-item]
+    if valid is not None:  # the open chunk's rows too, as the reference's W drops them
+        lin_k = lin_k * valid[..., None].to(lin_k.dtype)
     options: dict[str, Any] = {"chunk_size": chunk_size, "causal": causal, "key_mask": valid,
                                "segments": segments, "initial_state": state.linear}
     if implementation == "triton":
@@ -663,7 +726,7 @@ def flash_mixed_chunk_torch(
         tuple[torch.Tensor, torch.Tensor]: numerator ``[B, T, E]`` in the value's dtype, and the state
         ``[B, S, E]`` float32 (``final_state``).
     """
-    batch, length, _ = quad_q.shape
+    length = quad_q.shape[1]
     v_blocks = _chunk_blocks(value, chunk_size)
     weights = F.relu(torch.matmul(_chunk_blocks(quad_q, chunk_size),
                                   _chunk_blocks(quad_k, chunk_size).transpose(-1, -2))).square()
@@ -677,11 +740,11 @@ def flash_mixed_chunk_torch(
         weights = weights.masked_fill(~visible, 0.0)
     if training and dropout > 0.0:  # eval never compares dropout (compiled: maybe symbolic)
         weights = F.dropout(weights, p=dropout, training=True)
-    summaries = upcast(torch.matmul(_chunk_blocks(lin_k, chunk_size).transpose(-1, -2), v_blocks))
+    summaries = chunk_summaries(_chunk_blocks(lin_k, chunk_size), v_blocks)
     states = chunk_states(summaries, segments, causal, initial_state)
     numerator = torch.matmul(weights, v_blocks) + state_product(_chunk_blocks(lin_q, chunk_size), states)
     final = final_state(summaries, length // chunk_size, causal, initial_state)
-    return numerator.reshape(batch, -1, value.shape[-1])[:, :length], final
+    return numerator.flatten(1, 2)[:, :length], final
 
 
 def flash_mixed_chunk_reference(
@@ -846,8 +909,8 @@ def flash_mixed_chunk_triton(
         chunk_size (int): g.
         causal (bool): linear attention over earlier chunks only.
         key_mask (torch.Tensor | None): ``[B, T]`` bool, ``True`` = real token, or ``None``.
-        segments (torch.Tensor | None): ``[B, T/g]`` int64, each chunk's document's first chunk (packed rows),
-            or ``None``.
+        segments (torch.Tensor | None): ``[B, ⌈T/g⌉]`` int64, each chunk's document's first chunk (packed
+            rows), or ``None``.
         initial_state (torch.Tensor | None): ``[B, S, E]`` float32 Σ k'ᵀv before these tokens (causal), or
             ``None``.
 
@@ -859,7 +922,7 @@ def flash_mixed_chunk_triton(
 
     if not TRITON_AVAILABLE:
         raise ImportError("implementation='triton' needs the triton package (pip install triton): or use "
-                          "implementation='torch'.")
+                          "implementation='chunk'.")
 
     check_compilable(value)
     tensors = [x.contiguous() for x in (quad_q, quad_k, lin_q, lin_k, value)]
