@@ -478,8 +478,6 @@ def bad_flash_arguments() -> dict[str, tuple[str, dict]]:
             torch.zeros(2, 6, 4))}),
         "causal-string": ("causal", {"causal": "yes"}),  # Triton's custom op failed deep on it
         "segments-float": ("segments", {"segments": torch.zeros(2, 3)}),
-        "segments-ahead": ("segments", {"segments": torch.tensor([[0, 1, 1], [0, 2, 2]])}),  # chunk 1 → 2
-        "segments-negative": ("segments", {"segments": torch.tensor([[0, -1, 1], [0, 0, 0]])}),
         "initial_state-bidirectional": ("initial_state", {  # its open chunk was dropped
             "causal": False, "initial_state": gau_kernels.FlashState(None, torch.randn(2, 2, 8),
                                                                      torch.randn(2, 2, 6))}),

@@ -532,20 +532,40 @@ def test_causal_flash_training_and_prefill_launch_the_triton_kernels(monkeypatch
 
 
 @pytest.mark.parametrize("implementation", ["chunk", "triton"])
-def test_float16_gradients_of_long_causal_rows_stay_finite(implementation: str) -> None:
-    """The gradient of chunk c's summary k'ᵀv sums q'ᵀdO over every later chunk (about 1.3·10⁵ here, past
-    float16's 65,504) although dk' (≈ 3·10⁴) and dv fit: read like the states, σ·(dSum/σ), the gradients are
-    within float16 rounding of the float64 ones; cast as it was, dk' and dv were ±inf."""
+@pytest.mark.parametrize("causal", [True, False])
+def test_float16_gradients_of_long_rows_stay_finite(implementation: str, causal: bool) -> None:
+    """The gradient of chunk c's summary k'ᵀv sums q'ᵀdO over every later chunk (every chunk, bidirectional:
+    about 1.3·10⁵ here, past float16's 65,504) although dk' (≈ 3·10⁴) and dv fit: read like the states,
+    σ·(dSum/σ), the gradients are within float16 rounding of the float64 ones; cast as it was, dk' and dv
+    were ±inf (bidirectional chunked: the broadcast state's gradient summed the chunks in float16)."""
     length, width = 4096, 4
     inputs = [torch.full((1, length, width), value) for value in (0.1, 0.1, 8.0, 2.0**-12, 2.0**-4)]
     grad_output = torch.full((1, length, width), 4.0)
 
     def gradients(dtype: torch.dtype, implementation: str) -> tuple[torch.Tensor, ...]:
         tensors = [x.to(dtype).requires_grad_() for x in inputs]
-        numerator, _ = flash_mixed_chunk_attention(*tensors, chunk_size=64, causal=True,
+        numerator, _ = flash_mixed_chunk_attention(*tensors, chunk_size=64, causal=causal,
                                                    implementation=implementation)
         return torch.autograd.grad(numerator, tensors, grad_output.to(dtype))
 
     exact = gradients(torch.float64, "chunk")
     assert float(exact[3].abs().max()) > 3e4
     assert_within_half_rounding(list(gradients(torch.float16, implementation)), list(exact))
+
+
+def test_float16_chunked_op_compiles_with_dynamic_shapes_forward_and_backward() -> None:
+    """``torch.compile(dynamic=True)`` makes a module's float symbolic; the float16 summaries' custom backward
+    (``Float16Summaries``) took one through ``state_scales`` and failed to trace: the scale is computed from
+    integers now, and the compiled gradients equal eager's."""
+    torch.compiler.reset()
+
+    def loss(*tensors: torch.Tensor) -> torch.Tensor:
+        return flash_mixed_chunk_attention(*tensors, chunk_size=8, causal=True)[0].float().sum()
+
+    generator = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(2, 40, width, generator=generator).half() for width in (8, 8, 8, 8, 6)]
+    eager = torch.autograd.grad(loss(*[x.requires_grad_() for x in inputs]), inputs)
+    compiled = torch.compile(loss, backend="aot_eager", dynamic=True)
+    got = torch.autograd.grad(compiled(*inputs), inputs)
+    for mine, want in zip(got, eager, strict=True):
+        torch.testing.assert_close(mine, want, atol=0, rtol=0)

@@ -1,6 +1,6 @@
 """Inputs every family's forward meets from a tokenizer, a pipeline or a typo: left padding under the
-sequence classifier, ``token_type_ids``, masks, positions and embeddings of the wrong shape, and config values
-that would give NaN or an oversized model."""
+sequence classifier, ``token_type_ids`` of a sentence pair, masks, positions and embeddings of the wrong
+shape, and config values that would give NaN or an oversized model."""
 
 from __future__ import annotations
 
@@ -59,16 +59,24 @@ def test_the_classifier_pools_each_rows_first_token_after_left_padding(family: s
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_token_type_ids_of_a_second_segment_are_refused_and_zeros_pass(family: str) -> None:
+def test_token_type_ids_of_a_second_segment_are_ignored_with_a_warning(family: str, monkeypatch) -> None:
+    """No segment embeddings: a pair's second segment is read as the first, as in training (a Trainer drops
+    the column), so its output is that of no token types, and the model says so once; all-zero token types
+    (sentence-transformers passes them) say nothing."""
+    from hf_attn_variants.models import modeling_common
+
+    warned: list[str] = []
+    monkeypatch.setattr(modeling_common.logger, "warning_once", warned.append)
     model = build(family)
     ids = random_ids(2, 10, vocab=100)
     plain = model(ids).last_hidden_state
     torch.testing.assert_close(model(ids, token_type_ids=torch.zeros_like(ids)).last_hidden_state, plain,
                                atol=0, rtol=0)
+    assert not warned
     types = torch.zeros_like(ids)
     types[:, 5:] = 1
-    with pytest.raises(ValueError, match="token_type_ids: these models have no token types"):
-        model(ids, token_type_ids=types)
+    torch.testing.assert_close(model(ids, token_type_ids=types).last_hidden_state, plain, atol=0, rtol=0)
+    assert len(warned) == 1 and warned[0].startswith("token_type_ids are ignored"), warned
 
 
 @pytest.mark.parametrize("family", FAMILIES)

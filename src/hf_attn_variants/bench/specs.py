@@ -70,12 +70,12 @@ class Preset:
     prune_lengths: tuple[int, ...] = (512,)
     compile_lengths: tuple[int, ...] = (512,)
     equal_parameter_lengths: tuple[int, ...] = ()
+    """Lengths beyond ``lengths`` at which only FLASH and Llama at equal parameters run
+    (``flash_vs_llama``)."""
     equal_parameter_width_multiple: int = 1
     """The equal-parameter Llama's MLP width is the nearest multiple of this: 64 on a GPU, where a bf16
     matrix product with an odd width (2135) leaves the tensor cores' aligned tiles and would slow the
     baseline; 1 (exact) on CPU."""
-    """Lengths beyond ``lengths`` at which only FLASH and Llama at equal parameters run
-    (``flash_vs_llama``)."""
     flash_long_lengths: tuple[int, ...] = ()
     """Lengths beyond those at which causal FLASH alone runs: its time per token, flat out to the longest."""
     repeats: int = 5

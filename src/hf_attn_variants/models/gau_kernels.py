@@ -389,6 +389,9 @@ def state_product(queries: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
 
     if not scales_states(queries.dtype):
         return torch.matmul(queries, states.to(queries.dtype))
+    # One state a chunk before the cast: a broadcast state's gradient then sums the chunks in float32
+    # (expand's backward), not inside the float16 product, where the sum passed 65,504.
+    states = states.expand(*queries.shape[:2], *states.shape[-2:])
     scales = state_scales(states)[..., None, None]
     return torch.matmul(queries, (states / scales).to(queries.dtype)) * scales.to(queries.dtype)
 
@@ -434,9 +437,9 @@ def check_flash_arguments(
 ) -> None:
     """``ValueError`` naming the argument of ``flash_mixed_chunk_attention`` that the op cannot take.
 
-    Shapes, dtypes, devices and numbers: nothing is read from a GPU (``segments``' values are checked on CPU
-    only). The Triton kernels index by these shapes, so a mismatch there would read or write out of bounds
-    instead of failing.
+    Shapes, dtypes, devices and numbers: nothing is read from a tensor (a training step would wait for each
+    read; ``segments``' values are the caller's to get right). The Triton kernels index by these shapes, so a
+    mismatch there would read or write out of bounds instead of failing.
 
     Args: as for ``flash_mixed_chunk_attention``.
     """
@@ -457,9 +460,7 @@ def check_flash_arguments(
         raise ValueError(f"quad_q must be a [B, T, S] floating tensor, got {quad_q.dim()} dims of "
                          f"{quad_q.dtype}.")
     batch, length, key_size = quad_q.shape
-    # Under autocast the op casts; a memory trace's meta device cannot ask autocast, and casts nothing.
-    mixed = (autocast_dtype(quad_q.device) is None if quad_q.device.type in AUTOCAST_DEVICES
-             else quad_q.device.type != "meta")
+    mixed = quad_q.device.type in AUTOCAST_DEVICES and autocast_dtype(quad_q.device) is None  # else cast
     for name, tensor in (("quad_k", quad_k), ("lin_q", lin_q), ("lin_k", lin_k), ("value", value)):
         width = tensor.shape[-1] if name == "value" else key_size
         if (tensor.shape != (batch, length, width) or not tensor.is_floating_point()
@@ -497,9 +498,6 @@ def check_flash_arguments(
     if segments is not None and (segments.shape != (batch, chunks) or segments.dtype != torch.int64):
         raise ValueError(f"segments must be [{batch}, {chunks}] int64 (a document per chunk), got "
                          f"{list(segments.shape)} of {segments.dtype}.")
-    if (segments is not None and segments.device.type == "cpu" and not torch.compiler.is_compiling()
-            and not bool(((segments >= 0) & (segments <= torch.arange(chunks))).all())):
-        raise ValueError("segments[:, c] must be the first chunk of chunk c's document, in [0, c].")
 
 
 def autocast_inputs(tensors: list[torch.Tensor], state: FlashState,
@@ -555,8 +553,8 @@ def flash_mixed_chunk_attention(
         key_mask (torch.Tensor | None): ``[B, ≥ M + T]`` bool, ``True`` = real token; its last M + T columns
             are the open chunk's M rows and these tokens. ``None``: no padding.
         segments (torch.Tensor | None): ``[B, ⌈(M + T)/g⌉]`` int64, each chunk's document's first chunk
-            (in [0, c] for chunk c), for rows packing documents that each start on a chunk boundary
-            (``DocumentChunks``); the state then restarts per document.
+            (in [0, c] for chunk c: not checked, as reading it would sync), for rows packing documents that
+            each start on a chunk boundary (``DocumentChunks``); the state then restarts per document.
         initial_state (FlashState | None): the state after earlier tokens (causal), or ``None``.
         dropout (float): dropout on the quadratic weights (``reference`` and ``chunk`` only: ``triton``
             refuses a dropout above 0 while training).
@@ -1121,7 +1119,7 @@ def _state_before_window(lin_q: torch.Tensor, lin_k: torch.Tensor, value: torch.
     first = ids[:, :, 0]
     starts_next = F.pad(first[:, 1:], (0, 1), value=-2)  # d((c + 1)·g): the document of chunk c's tail
     tail = lin_k * (ids == starts_next[..., None])[..., None].to(lin_k.dtype)
-    added = F.pad(upcast(torch.matmul(tail.transpose(-1, -2), value))[:, :-1], (0, 0, 0, 0, 1, 0))  # U_m
+    added = F.pad(chunk_summaries(tail, value)[:, :-1], (0, 0, 0, 0, 1, 0))  # U_m
     joined = F.pad(first[:, 1:] == first[:, :-1], (1, 0), value=False)  # a_m
     order = torch.arange(first.shape[1], device=first.device).expand_as(first)
     runs = torch.where(joined, 0, order).cummax(1).values

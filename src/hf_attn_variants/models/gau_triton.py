@@ -516,7 +516,9 @@ def state_scales(states: torch.Tensor) -> torch.Tensor:
         torch.Tensor: ``[B, C]`` (or ``[B, 1]``) float32 σ_c.
     """
     peak = states.detach().abs().amax(dim=(-2, -1))
-    return torch.exp2(torch.ceil(torch.log2(peak / STATE_RANGE)).clamp(0.0, 15.0))
+    # log₂ 2¹⁵ = 15 subtracted, not a division by STATE_RANGE: torch.compile(dynamic=True) makes a module's
+    # float symbolic, which a custom backward (``Float16Summaries``) cannot take.
+    return torch.exp2((torch.ceil(torch.log2(peak)) - 15).clamp(0.0, 15.0))
 
 
 def precision(dtype: torch.dtype) -> str:

@@ -380,21 +380,6 @@ def check_mask_rank(attention_mask: torch.Tensor | None) -> None:
                          f"key_length), got shape {tuple(attention_mask.shape)}.")
 
 
-def check_token_types(token_type_ids: torch.Tensor | None) -> None:
-    """``ValueError`` unless ``token_type_ids`` is ``None`` or all 0.
-
-    These models have no segment embeddings, so a second segment (a BERT tokenizer's sentence pairs) would be
-    read as the first without a word. One host read, only when a caller passes them (not while dynamo
-    traces).
-    """
-    if token_type_ids is None or torch.compiler.is_compiling():
-        return
-    if bool(torch.as_tensor(token_type_ids).any()):
-        raise ValueError("token_type_ids: these models have no token types (segment embeddings), so a second "
-                         "segment cannot be represented; pass single texts (token_type_ids all 0) or leave "
-                         "token_type_ids out.")
-
-
 def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, query_length: int,
                        key_length: int, query_offset: int | torch.Tensor = 0, causal: bool,
                        device: torch.device, dtype: torch.dtype = torch.float32,
@@ -727,7 +712,6 @@ __all__ = [
     "build_norm",
     "check_head_indices",
     "check_mask_rank",
-    "check_token_types",
     "compute_dtype",
     "default_position_ids",
     "document_lengths",

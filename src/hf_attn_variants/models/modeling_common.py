@@ -49,7 +49,6 @@ from .layers import (
     boolean_attention_mask,
     build_norm,
     check_mask_rank,
-    check_token_types,
     default_position_ids,
     leading_padding,
     packed_document_ids,
@@ -65,6 +64,22 @@ if TYPE_CHECKING:  # the mixins below are combined with a PreTrainedModel subcla
     ModelMixinBase = PreTrainedModel
 else:
     ModelMixinBase = object
+
+
+def warn_on_second_segment(token_type_ids: torch.Tensor | None) -> None:
+    """Warn once when ``token_type_ids`` holds a second segment: these models have no segment embeddings.
+
+    A sentence pair's second segment is then read as the first, told apart by its separator only, as in
+    training (a Trainer drops the column); a model converted from one with segment embeddings (GAU-α) differs
+    there. One host read, only when a caller passes them (not while dynamo traces).
+    """
+    if token_type_ids is None or is_torchdynamo_compiling():
+        return
+    if bool(torch.as_tensor(token_type_ids).any()):
+        logger.warning_once(
+            "token_type_ids are ignored: these models have no token types (segment embeddings), so a second "
+            "segment is read as the first, told apart by its separator only (as it was in training)."
+        )
 
 
 class AttentionGeometry(NamedTuple):
@@ -655,7 +670,7 @@ class AttnVariantBackbone(ModelMixinBase):
         if isinstance(attention_mask, dict):  # generate's masks per layer type, for configs with layer_types
             attention_mask = attention_mask["full_attention"]
         self._check_shapes(given, attention_mask, position_ids)
-        check_token_types(kwargs.pop("token_type_ids", None))
+        warn_on_second_segment(kwargs.pop("token_type_ids", None))
         if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[0] != batch_size:
             attention_mask = attention_mask.expand(batch_size, -1)  # one row for all, as SDPA broadcasts
         if position_ids is not None:

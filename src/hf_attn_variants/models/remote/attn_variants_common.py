@@ -559,21 +559,6 @@ def check_mask_rank(attention_mask: torch.Tensor | None) -> None:
                          f"key_length), got shape {tuple(attention_mask.shape)}.")
 
 
-def check_token_types(token_type_ids: torch.Tensor | None) -> None:
-    """``ValueError`` unless ``token_type_ids`` is ``None`` or all 0.
-
-    These models have no segment embeddings, so a second segment (a BERT tokenizer's sentence pairs) would be
-    read as the first without a word. One host read, only when a caller passes them (not while dynamo
-    traces).
-    """
-    if token_type_ids is None or torch.compiler.is_compiling():
-        return
-    if bool(torch.as_tensor(token_type_ids).any()):
-        raise ValueError("token_type_ids: these models have no token types (segment embeddings), so a second "
-                         "segment cannot be represented; pass single texts (token_type_ids all 0) or leave "
-                         "token_type_ids out.")
-
-
 def visible_key_counts(attention_mask: torch.Tensor | None, *, batch_size: int, query_length: int,
                        key_length: int, query_offset: int | torch.Tensor = 0, causal: bool,
                        device: torch.device, dtype: torch.dtype = torch.float32,
@@ -1457,6 +1442,22 @@ else:
     ModelMixinBase = object
 
 
+def warn_on_second_segment(token_type_ids: torch.Tensor | None) -> None:
+    """Warn once when ``token_type_ids`` holds a second segment: these models have no segment embeddings.
+
+    A sentence pair's second segment is then read as the first, told apart by its separator only, as in
+    training (a Trainer drops the column); a model converted from one with segment embeddings (GAU-α) differs
+    there. One host read, only when a caller passes them (not while dynamo traces).
+    """
+    if token_type_ids is None or is_torchdynamo_compiling():
+        return
+    if bool(torch.as_tensor(token_type_ids).any()):
+        logger.warning_once(
+            "token_type_ids are ignored: these models have no token types (segment embeddings), so a second "
+            "segment is read as the first, told apart by its separator only (as it was in training)."
+        )
+
+
 class AttentionGeometry(NamedTuple):
     """Where the queries of one forward pass sit among the keys; the backbone builds it once for every layer.
 
@@ -2045,7 +2046,7 @@ class AttnVariantBackbone(ModelMixinBase):
         if isinstance(attention_mask, dict):  # generate's masks per layer type, for configs with layer_types
             attention_mask = attention_mask["full_attention"]
         self._check_shapes(given, attention_mask, position_ids)
-        check_token_types(kwargs.pop("token_type_ids", None))
+        warn_on_second_segment(kwargs.pop("token_type_ids", None))
         if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[0] != batch_size:
             attention_mask = attention_mask.expand(batch_size, -1)  # one row for all, as SDPA broadcasts
         if position_ids is not None:
@@ -2667,12 +2668,12 @@ __all__ = [
     "RotaryEmbedding", "ScaleNorm", "SequenceClassificationHeadMixin", "ShardedUnits",
     "TokenClassificationHeadMixin", "accepts_cache_alias", "apply_rotary", "boolean_attention_mask",
     "build_norm", "check_bool", "check_choice", "check_float", "check_head_indices", "check_int",
-    "check_mask_rank", "check_token_types", "compute_dtype", "config_equal", "config_norm",
-    "default_position_ids", "document_lengths", "document_mask", "document_positions",
-    "entropy_invariant_factor", "headless_attention_output", "kept_heads", "leading_padding",
-    "log_key_counts", "masked_softmax", "normalize_pruned_heads", "output_cache", "packed_document_ids",
-    "record_outputs", "register_parallel_styles", "renamed_field", "require_transformers", "residual_block",
-    "rotate_half", "upcast", "update_cache", "version_tuple", "visible_key_counts", "visible_keys",
+    "check_mask_rank", "compute_dtype", "config_equal", "config_norm", "default_position_ids",
+    "document_lengths", "document_mask", "document_positions", "entropy_invariant_factor",
+    "headless_attention_output", "kept_heads", "leading_padding", "log_key_counts", "masked_softmax",
+    "normalize_pruned_heads", "output_cache", "packed_document_ids", "record_outputs",
+    "register_parallel_styles", "renamed_field", "require_transformers", "residual_block", "rotate_half",
+    "upcast", "update_cache", "version_tuple", "visible_key_counts", "visible_keys",
 ]
 
 register_parallel_styles()
