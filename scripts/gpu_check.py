@@ -259,7 +259,7 @@ CPU_TESTS = (
     ("tests/test_standalone.py", "exported code"), ("tests/test_packed_documents.py", "packed documents"),
     ("tests/test_packed_flash.py", "packed FLASH in linear time"),
     ("tests/test_flash_left_padding.py", "left-padded FLASH rows as alone"),
-    ("tests/test_stock_attention.py", "stock log-n"),
+    ("tests/test_stock_attention.py", "stock log-n"), ("tests/test_model_inputs.py", "model inputs"),
 )
 NEEDS_PACKAGE_INDEX: tuple[str, ...] = (
     "tests/test_pruning.py::"
