@@ -217,12 +217,11 @@ class Runner:
         count = sum(p.numel() for p in model.parameters())
         if variant.shared_across_lengths:
             info["parameters"] = count
+            self._models[variant.name] = model
         else:
             by_length = info.setdefault("parameters_by_length", {})
             by_length[str(length)] = count
             info["parameters"] = by_length[min(by_length, key=int)]
-        if variant.shared_across_lengths:
-            self._models[variant.name] = model
         return model
 
     def _entries(self, length: int) -> list[_Entry]:

@@ -125,12 +125,30 @@ def gau_non_embedding_parameters(shape: SideBySideShape) -> int:
     return sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
 
 
-def llama_intermediate(shape: SideBySideShape) -> int:
-    """The Llama MLP width i, a multiple of ``llama_width_multiple``, nearest to equal non-embedding
-    parameters: L/2 layers of 4d² + 3di + 2d, a final norm d."""
-    d, layers, multiple = shape.hidden_size, shape.llama_layers, shape.llama_width_multiple
-    exact = (gau_non_embedding_parameters(shape) - d - layers * (4 * d * d + 2 * d)) / (3 * d * layers)
+def equal_llama_width(parameters: int, hidden_size: int, layers: int, multiple: int) -> int:
+    """The Llama MLP width i, the multiple of ``multiple`` (at least one) nearest to giving ``layers`` Llama
+    layers (4d² + 3di + 2d each, d = ``hidden_size``) and a final norm d ``parameters`` parameters outside
+    the embeddings.
+
+    Args:
+        parameters (int): the target count, another model's parameters outside its embeddings.
+        hidden_size (int): d.
+        layers (int): the Llama's layers.
+        multiple (int): what i is rounded to (1: the nearest integer).
+
+    Returns:
+        int: i.
+    """
+    d = hidden_size
+    exact = (parameters - d - layers * (4 * d * d + 2 * d)) / (3 * d * layers)
     return max(multiple, round(exact / multiple) * multiple)
+
+
+def llama_intermediate(shape: SideBySideShape) -> int:
+    """The Llama MLP width, a multiple of ``llama_width_multiple``, of equal non-embedding parameters with
+    our FLASH (``equal_llama_width``)."""
+    return equal_llama_width(gau_non_embedding_parameters(shape), shape.hidden_size, shape.llama_layers,
+                             shape.llama_width_multiple)
 
 
 def build_side(name: str, shape: SideBySideShape, device: str, dtype: torch.dtype) -> Side:
@@ -346,5 +364,5 @@ def run_side_by_side(shape: SideBySideShape, device: str, dtype: torch.dtype, *,
 
 
 __all__ = ["BUDGET_REASON", "GPU_SHAPE", "MODELS", "SMOKE_SHAPE", "TARGETS", "SideBySideRun",
-           "SideBySideShape", "build_side", "llama_intermediate", "parameter_counts", "run_side_by_side",
-           "step_flops"]
+           "SideBySideShape", "build_side", "equal_llama_width", "llama_intermediate", "parameter_counts",
+           "run_side_by_side", "step_flops"]

@@ -43,6 +43,7 @@ from ..models.modeling_gau import GAUModel
 from ..models.modeling_synthesizer import SynthesizerModel
 from ..pruning import prune_heads
 from .peers import flash_pytorch_model, gau_pytorch_model
+from .side_by_side import equal_llama_width
 
 VOCAB_SIZE = 1000
 """Token ids are drawn from [1, VOCAB_SIZE) — valid for every preset's vocabulary."""
@@ -310,16 +311,14 @@ def llama_model(p: Preset, length: int) -> nn.Module:
 
 
 def equal_parameter_intermediate(p: Preset) -> int:
-    """The MLP width i, the nearest multiple of ``p.equal_parameter_width_multiple``, that gives
-    ``llama_equal_model`` (L/2 Llama layers: 4d² + 3di + 2d each, a final norm d) the parameters outside the
-    embeddings of the causal FLASH GAU of ``p`` (L GAU layers)."""
+    """The MLP width, a multiple of ``p.equal_parameter_width_multiple``, that gives ``llama_equal_model``
+    (L/2 Llama layers) the parameters outside the embeddings of the causal FLASH GAU of ``p`` (L GAU layers):
+    ``side_by_side.equal_llama_width``."""
     with torch.device("meta"):
         gau = gau_model(p, 0, normalization="relu2", chunk=p.gau_chunk_size, causal=True)
     target = sum(w.numel() for w in gau.parameters()) - gau.get_input_embeddings().weight.numel()
-    d, layers = p.hidden_size, max(1, (p.gau_layers or p.num_layers) // 2)
-    exact = (target - d - layers * (4 * d * d + 2 * d)) / (3 * d * layers)
-    multiple = p.equal_parameter_width_multiple
-    return max(multiple, round(exact / multiple) * multiple)
+    return equal_llama_width(target, p.hidden_size, max(1, (p.gau_layers or p.num_layers) // 2),
+                             p.equal_parameter_width_multiple)
 
 
 def llama_equal_model(p: Preset, length: int) -> nn.Module:

@@ -389,10 +389,10 @@ def state_product(queries: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
 
     if not scales_states(queries.dtype):
         return torch.matmul(queries, states.to(queries.dtype))
+    scales = state_scales(states)[..., None, None]  # of each distinct state, before the expand
     # One state a chunk before the cast: a broadcast state's gradient then sums the chunks in float32
     # (expand's backward), not inside the float16 product, where the sum passed 65,504.
     states = states.expand(*queries.shape[:2], *states.shape[-2:])
-    scales = state_scales(states)[..., None, None]
     return torch.matmul(queries, (states / scales).to(queries.dtype)) * scales.to(queries.dtype)
 
 
