@@ -573,15 +573,17 @@ class AttnVariantBackbone(ModelMixinBase):
                       position_ids: torch.Tensor | None) -> None:
         """Clear errors for embeddings, a mask or positions that do not fit the input.
 
-        Each would fail deep inside a layer.
+        Each would fail deep inside a layer. In eager only: while dynamo traces, the sizes may be symbolic,
+        and a comparison of them once raised on the right shapes (a compiled static-cache decoding step).
         """
+        if is_torchdynamo_compiling():
+            return
         batch_size, seq_length = given.shape[:2]
         if given.dim() == 3 and (not given.is_floating_point() or given.shape[-1] != self.config.hidden_size):
             raise ValueError(f"inputs_embeds must be floating point [batch, seq, hidden_size="
                              f"{self.config.hidden_size}], got {given.dtype} {tuple(given.shape)}.")
         if given.dim() == 2 and given.is_floating_point():
             raise ValueError(f"input_ids must be integer token ids, got {given.dtype}.")
-        # The batch first: traced with a symbolic batch it is the same symbol (no guard on a batch of 1).
         if (attention_mask is not None and attention_mask.dim() in (2, 4)
                 and attention_mask.shape[0] not in (batch_size, 1)):
             raise ValueError(f"attention_mask has {attention_mask.shape[0]} rows but the batch has "
