@@ -171,7 +171,9 @@ EXPORTED_LINES = {
     # σ·(∂L/∂S_c / σ): Float16Summaries, chunk_summaries, the key kernel's SCALED branch and its per-chunk
     # scales; dk' and dv were ±inf), the op's arguments checked (causal a bool, one device, segments int64,
     # no open chunk for a bidirectional call) and the open chunk's padded keys masked.
-    "gau": 6871,
+    # +16 (3 code, 13 docstring) for summed_state in gau_kernels.py: a prefill of left-padded rows summed
+    # its state from float32 copies of k' and v (issue 47: no float32 activations).
+    "gau": 6887,
     # Above the 1,550 target: the shared file, as for the entropy-invariant family (issue 47's loss included).
     # Issue 50: +792 docstring lines for the documented arguments; lines less docstrings 1,895 → 1,887.
     # Issue 45, an audit of the Python API: +22 (17 code, 5 docstring) in the shared backbone for one
@@ -269,7 +271,9 @@ EXPORTED_CODE_LINES = {
     # +32 for the config fields read once when built, not in forward (EXPORTED_LINES says why).
     # Model inputs, an audit: +57 (41 code) in the shared file (EXPORTED_LINES says why).
     # The FLASH op, an audit: +55 (EXPORTED_LINES says why).
-    "gau": 3952,
+    # +3 for summed_state: a prefill of left-padded rows summed its state from float32 copies of k' and v
+    # (issue 47: no float32 activations); each chunk's product in the model dtype now, as the op's own.
+    "gau": 3955,
     # Issue 45, a second audit: +11 for head indices checked as integers (EXPORTED_LINES says why).
     # Issue 45, left by its audits: +11 for fields of other families refused (EXPORTED_LINES says why).
     # Issue 45, an audit of the integrations: +6 (EXPORTED_LINES says why).

@@ -10,8 +10,12 @@ rounding.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from transformers import DynamicCache
 
 from hf_attn_variants import GAUConfig, GAUForCausalLM, GAUForMaskedLM
@@ -252,3 +256,34 @@ def test_random_paddings_pieces_and_chunk_sizes_equal_the_lone_runs(seed: int) -
             case = f"g={chunk} lengths={lengths} cuts={cuts} row {row}"
             torch.testing.assert_close(got[row, width - n:], lone, atol=1e-10, rtol=0,
                                        msg=lambda m, case=case: f"{case}: {m}")
+
+
+class Float32Results(TorchDispatchMode):
+    """The element count of the largest float32 result of width ``width`` (its last dimension) of any aten
+    call made inside."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width = width
+        self.largest = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32 and tensor.dim() \
+                    and tensor.shape[-1] == self.width:
+                self.largest = max(self.largest, tensor.numel())
+        return out
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["prefill", "forward"])
+def test_a_bfloat16_run_of_padded_rows_makes_no_float32_values(use_cache: bool) -> None:
+    """Issue 47, no float32 activations: a bf16 left-padded batch, with a cache (each row's state summed per
+    chunk, ``summed_state``) or without, makes no float32 tensor as large as the values ``[B, T, E]``; the
+    float32 it holds are the s × e states, one per chunk ``[B, C, s, e]`` (C·s = T/2 here)."""
+    model = flash(chunk_size=16, attention_key_size=8).to(torch.bfloat16)
+    ids, mask = left_padded(random_ids(2, 64, vocab=VOCAB, seed=3).clamp(min=1), [64, 59])
+    width = model.config.intermediate_width
+    with torch.no_grad(), Float32Results(width) as results:
+        model(input_ids=ids, attention_mask=mask, use_cache=use_cache)
+    assert 0 < results.largest < ids.numel() * width, results.largest

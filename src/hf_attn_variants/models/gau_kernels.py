@@ -687,6 +687,23 @@ def _chunk_blocks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
     return x.view(x.shape[0], chunks, chunk_size, x.shape[-1])
 
 
+def summed_state(lin_k: torch.Tensor, value: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """H = Σ_c k'_cᵀ v_c over the rows' chunks: each chunk's product in the model dtype, the sum in float32.
+
+    The op's own state (``chunk_summaries``, ``final_state``) for rows whose keys are zero wherever they
+    are not summed, without float32 copies of the keys and values.
+
+    Args:
+        lin_k (torch.Tensor): ``[B, T, S]`` the linear keys, zero at the columns left out, the model dtype.
+        value (torch.Tensor): ``[B, T, E]``, the model dtype.
+        chunk_size (int): g, the chunk of each product.
+
+    Returns:
+        torch.Tensor: ``[B, S, E]`` in ``compute_dtype``.
+    """
+    return chunk_summaries(_chunk_blocks(lin_k, chunk_size), _chunk_blocks(value, chunk_size)).sum(1)
+
+
 def flash_mixed_chunk_torch(
     quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, lin_k: torch.Tensor, value: torch.Tensor,
     *, chunk_size: int, causal: bool, key_mask: torch.Tensor | None = None,

@@ -59,6 +59,7 @@ from .gau_kernels import (
     relu2_attention,
     roll_rows,
     softmax_attention,
+    summed_state,
     uses_blocks,
 )
 from .layers import (
@@ -1145,8 +1146,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         if rolled.key_mask is not None:
             summed = summed & rolled.key_mask[:, -length:]
         lin_k = rolled.lin_k * summed[..., None].to(rolled.lin_k.dtype)
-        linear = torch.matmul(upcast(lin_k).transpose(-1, -2), upcast(rolled.value))
-        linear = linear.to(upcast(x.value).dtype)  # ≥ float32 under autocast too
+        linear = summed_state(lin_k, rolled.value, self.chunk_size)  # ≥ float32 under autocast too
         kept = slice(length - max(opened), length)
         layer.store(x.cached_keys(kept), x.value[:, kept].unsqueeze(1), linear, added=length,
                     chunk_size=self.chunk_size, phases=phases)

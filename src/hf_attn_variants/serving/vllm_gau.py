@@ -263,7 +263,7 @@ class GAUVllmForCausalLM(nn.Module, IsHybrid, HasInnerState, SupportsMambaPrefix
         x = unit.flash_inputs(qk, v, None, key_counts)
         state = self.states[i]
         metadata = state.metadata()
-        numerator = x.value.new_zeros(x.value.shape, dtype=compute_dtype(x.value.dtype))
+        numerator = x.value.new_zeros(x.value.shape)  # the model dtype, as the unit's own numerators
         if metadata is None:  # vLLM's profiling run: no slots
             return numerator
         slots = state.kv_cache

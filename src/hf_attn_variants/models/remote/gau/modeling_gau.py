@@ -40,7 +40,7 @@ from .configuration_gau import GAUConfig
 from .gau_kernels import (
     DocumentChunks, FlashState, flash_decode_step, flash_effective_weights, flash_mixed_chunk_attention,
     flash_packed_windows, flash_visibility, laplace_attention, relu2_attention, roll_rows, softmax_attention,
-    uses_blocks,
+    summed_state, uses_blocks,
 )
 
 from collections.abc import Callable
@@ -1359,8 +1359,7 @@ class FlashGatedAttentionUnit(GatedAttentionUnit):
         if rolled.key_mask is not None:
             summed = summed & rolled.key_mask[:, -length:]
         lin_k = rolled.lin_k * summed[..., None].to(rolled.lin_k.dtype)
-        linear = torch.matmul(upcast(lin_k).transpose(-1, -2), upcast(rolled.value))
-        linear = linear.to(upcast(x.value).dtype)  # ≥ float32 under autocast too
+        linear = summed_state(lin_k, rolled.value, self.chunk_size)  # ≥ float32 under autocast too
         kept = slice(length - max(opened), length)
         layer.store(x.cached_keys(kept), x.value[:, kept].unsqueeze(1), linear, added=length,
                     chunk_size=self.chunk_size, phases=phases)
