@@ -255,11 +255,18 @@ def test_no_file_the_command_did_not_write_is_replaced(folders, tmp_path, monkey
 
 
 def test_a_rerun_replaces_its_own_results(folders, tmp_path) -> None:
+    """The second run's results, and only them, are in the file (and its plot beside it)."""
     output = tmp_path / "entropy.json"
-    for _ in range(2):
+    plot = output.with_suffix(".png")
+    for lengths in (["16", "32"], ["16"]):
         assert main(["entropy", "--models", str(folders / "ei"), "--output", str(output), "--task", "passkey",
-                     "--train_length", "16", "--lengths", "16", "32", "--samples", "1"]) == 0
-    for path in (output, output.with_suffix(".png")):
+                     "--train_length", "16", "--lengths", *lengths, "--samples", "1"]) == 0
+        if len(lengths) == 2:
+            first_plot = plot.read_bytes()
+    series = json.loads(output.read_text())["series"]
+    assert [(entry["name"], entry["lengths"]) for entry in series] == [("ei", [16])]
+    assert plot.read_bytes() != first_plot
+    for path in (output, plot):
         assert oct(path.stat().st_mode & 0o777) == oct(plain_mode()), path
 
 

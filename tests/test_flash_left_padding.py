@@ -54,6 +54,7 @@ def test_left_padded_rows_equal_their_lone_runs(model_class: type, gau_kernel: s
     maps = gau_kernel == "reference"
     with torch.no_grad():
         batch = model(input_ids=padded, attention_mask=mask, output_attentions=maps)
+        assert bool(batch.attentions) == maps
         for row, (n, ids) in enumerate(zip(LENGTHS, alone)):
             lone = model(input_ids=ids, output_attentions=maps)
             torch.testing.assert_close(batch.logits[row, WIDTH - n:], lone.logits[0], atol=1e-12, rtol=0)
@@ -258,32 +259,41 @@ def test_random_paddings_pieces_and_chunk_sizes_equal_the_lone_runs(seed: int) -
                                        msg=lambda m, case=case: f"{case}: {m}")
 
 
-class Float32Results(TorchDispatchMode):
-    """The element count of the largest float32 result of width ``width`` (its last dimension) of any aten
-    call made inside."""
 
-    def __init__(self, width: int) -> None:
+class Float32Results(TorchDispatchMode):
+    """The shapes of the float32 results of more than ``floor`` elements of the aten calls made inside."""
+
+    def __init__(self, floor: int) -> None:
         super().__init__()
-        self.width = width
-        self.largest = 0
+        self.floor = floor
+        self.shapes: set[tuple[int, ...]] = set()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         for tensor in tree_flatten(out)[0]:
-            if isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32 and tensor.dim() \
-                    and tensor.shape[-1] == self.width:
-                self.largest = max(self.largest, tensor.numel())
+            float32 = isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32
+            if float32 and tensor.numel() > self.floor:
+                self.shapes.add(tuple(tensor.shape))
         return out
 
 
+@pytest.mark.parametrize("position_embedding_type", ["rope", "none"])
 @pytest.mark.parametrize("use_cache", [True, False], ids=["prefill", "forward"])
-def test_a_bfloat16_run_of_padded_rows_makes_no_float32_values(use_cache: bool) -> None:
-    """Issue 47, no float32 activations: a bf16 left-padded batch, with a cache (each row's state summed per
-    chunk, ``summed_state``) or without, makes no float32 tensor as large as the values ``[B, T, E]``; the
-    float32 it holds are the s × e states, one per chunk ``[B, C, s, e]`` (C·s = T/2 here)."""
-    model = flash(chunk_size=16, attention_key_size=8).to(torch.bfloat16)
+def test_a_bfloat16_run_of_padded_rows_makes_no_float32_activations(use_cache: bool,
+                                                                    position_embedding_type: str) -> None:
+    """Issue 47, no float32 activations: a bf16 left-padded batch, with a cache (each row's state summed
+    per chunk, ``summed_state``) or without, makes no float32 tensor of more than one value per token but
+    the s × e states (one per chunk, ``[B, c, s, e]``, and the sum ``[B, s, e]``) and what Llama makes as
+    well: the RMSNorm's ``[B, T, d]`` and, with RoPE, its angles ``[B, T, s/2]`` and ``[B, T, s]``."""
+    model = flash(chunk_size=16, attention_key_size=8,
+                  position_embedding_type=position_embedding_type).to(torch.bfloat16)
     ids, mask = left_padded(random_ids(2, 64, vocab=VOCAB, seed=3).clamp(min=1), [64, 59])
-    width = model.config.intermediate_width
-    with torch.no_grad(), Float32Results(width) as results:
+    (batch, length), config = ids.shape, model.config
+    key, width = config.attention_key_size, config.intermediate_width
+    allowed = {(batch, length, config.hidden_size), (batch, key, width)}
+    allowed |= {(batch, chunks, key, width) for chunks in range(1, length // 16 + 1)}
+    if position_embedding_type == "rope":
+        allowed |= {(batch, length, key), (batch, length, key // 2)}
+    with torch.no_grad(), Float32Results(ids.numel()) as results:
         model(input_ids=ids, attention_mask=mask, use_cache=use_cache)
-    assert 0 < results.largest < ids.numel() * width, results.largest
+    assert results.shapes and results.shapes <= allowed, sorted(results.shapes - allowed)

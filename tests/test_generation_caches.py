@@ -155,11 +155,30 @@ def test_flash_gau_refuses_a_static_cache_in_one_sentence(cache_implementation: 
     assert "\n" not in str(error.value) and "StaticLayer" in str(error.value)
 
 
-def test_flash_gau_generates_with_the_default_and_the_dynamic_cache() -> None:
+def full_forward_greedy(model: torch.nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``greedy``'s tokens and scores from full forward passes without a cache."""
+    ids, mask = left_padded(random_ids(2, 8, vocab=TINY["vocab_size"], seed=3), [8, 5])
+    manual, scores = ids, []
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            scores.append(model(input_ids=manual, attention_mask=mask).logits[:, -1])
+            manual = torch.cat([manual, scores[-1].argmax(-1, keepdim=True)], dim=1)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    return manual[:, ids.shape[1]:], scores
+
+
+@pytest.mark.parametrize("cache_implementation", [None, "dynamic"], ids=["default", "dynamic"])
+def test_flash_gau_generates_with_the_default_and_the_dynamic_cache(cache_implementation: str | None) -> None:
+    """Both pick the tokens, with the scores, of full forward passes without a cache: the cache carries the
+    chunks' state."""
     model = flash_gau()
-    expected, scores = greedy(model)
-    got, _ = greedy(model, cache_implementation="dynamic")
+    expected, scores = full_forward_greedy(model)
+    kwargs = {} if cache_implementation is None else {"cache_implementation": cache_implementation}
+    got, got_scores = greedy(model, **kwargs)
     properties.assert_same_greedy_choices(expected, got, scores)
+    same = int((expected == got).all(0).cumprod(0).sum())  # steps before the first difference in any row
+    assert same > NEW_TOKENS // 2, same
+    torch.testing.assert_close(got_scores[:same], scores[:same], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.slow

@@ -287,11 +287,18 @@ def test_a_head_that_is_not_a_plain_linear_keeps_the_stock_loss() -> None:
     model = tiny_causal_lm("entropy_invariant").train()
     ids = torch.randint(1, 211, (1, 9), generator=torch.Generator().manual_seed(6))
     handle = model.lm_head.register_forward_hook(lambda module, args, output: output)
-    assert model(input_ids=ids, labels=ids).logits is not None
+    hooked = model(input_ids=ids, labels=ids)
+    assert hooked.logits is not None
+    stock = model.loss_function(hooked.logits, ids, vocab_size=model.config.vocab_size)
+    torch.testing.assert_close(hooked.loss, stock)
     handle.remove()
-    assert model(input_ids=ids, labels=ids).logits is None
+    chunked = model(input_ids=ids, labels=ids)
+    assert chunked.logits is None
+    torch.testing.assert_close(chunked.loss, stock)
     model.lm_head.forward = model.lm_head.forward
-    assert model(input_ids=ids, labels=ids).logits is not None
+    replaced = model(input_ids=ids, labels=ids)
+    assert replaced.logits is not None
+    torch.testing.assert_close(replaced.loss, stock)
 
 
 def test_a_compiled_loss_compiles_once_per_chunk_count_not_per_length() -> None:

@@ -550,5 +550,11 @@ def test_save_and_reload_with_auto_classes(tmp_path) -> None:
 
 
 def test_heads_expose_mixing_weights_of_their_base_model() -> None:
+    """The head's α are its base model's, layer by layer: softmax of each layer's mixing logits."""
     model = tiny(SynthesizerForSequenceClassification, num_labels=3)
-    assert model.mixing_weights().shape == (2, 2)
+    logits = torch.tensor([[0.5, -1.0], [2.0, 0.25]])
+    with torch.no_grad():
+        for row, attention in zip(logits, [layer.self_attn for layer in model.base_model.layers]):
+            attention.mixing_logits.copy_(row)
+    torch.testing.assert_close(model.mixing_weights(), logits.softmax(-1))
+    torch.testing.assert_close(model.mixing_weights(), model.base_model.mixing_weights())
