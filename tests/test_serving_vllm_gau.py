@@ -5,8 +5,8 @@ Each check saves tiny causal GAU folders (hidden 64, 2 layers, s = 32, e = 128, 
 serves them with ``vllm.LLM`` in the cached vLLM environment of tests/test_serving_vllm.py (one child for the
 checks of ``served``), one engine per model (float32, ``enforce_eager``, in-process engine). vLLM's greedy
 tokens must equal Transformers' ``generate`` on every prompt, and the log-probabilities of the chosen tokens
-agree within 1e-4. Every call to ``generate`` in vLLM holds 8 prompts of different lengths, so they run
-concurrently.
+agree within 1e-4 (one FLASH folder also in bf16, within bf16's rounding). Every call to ``generate`` in
+vLLM holds 8 prompts of different lengths, so they run concurrently.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 from hf_attn_variants import GAUConfig, GAUForCausalLM, SynthesizerConfig, SynthesizerForCausalLM
 from hf_attn_variants.training.corpus import embedded_tokenizer
 from tests.test_serving_vllm import (
+    NEW_TOKENS,
     child_env,
     completion_from_server,
     free_port,
@@ -28,6 +29,10 @@ from tests.test_serving_vllm import (
     save,
     vllm_python,
 )
+
+BFLOAT16_TIE = 0.2
+"""Logits and log-probabilities agree within this in bf16: three units in the last place of a logit below 16
+(0.0625 apart there). Measured: equal tokens, log-probabilities equal but one of 0.052 (2-core AMD EPYC)."""
 
 
 def gau_config(tokenizer, **overrides) -> GAUConfig:
@@ -56,6 +61,22 @@ def model_case(name: str, config: GAUConfig, tokenizer, folder: Path, prompt_lis
     entry = {"name": name, "folder": save(model, tokenizer, folder), "expect": "serve",
              "prompts": prompt_list, "engine": {"model_impl": None, **extra.pop("engine", {})}, **extra}
     return entry, greedy(model, prompt_list)
+
+
+def bfloat16_greedy(model: GAUForCausalLM, prompt_list: list[list[int]]) -> dict[str, list]:
+    """``greedy`` of a bf16 model, with each step's gap between its two largest logits."""
+    tokens, logprobs, gaps = [], [], []
+    with torch.no_grad():
+        for prompt in prompt_list:
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                 do_sample=False, output_scores=True, return_dict_in_generate=True)
+            new = out.sequences[0, len(prompt):]
+            steps = torch.stack(out.scores, dim=1)[0].float()
+            top = steps.topk(2, dim=-1).values
+            tokens.append(new.tolist())
+            logprobs.append(steps.log_softmax(-1).gather(-1, new[:, None])[:, 0].tolist())
+            gaps.append((top[:, 0] - top[:, 1]).tolist())
+    return {"tokens": tokens, "logprobs": logprobs, "gaps": gaps}
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +122,12 @@ def served(vllm: Path, package_overlay: Path, tmp_path_factory: pytest.TempPathF
     for name, config, prompt_list, extra in cases:
         entry, expected[name] = model_case(name, config, tokenizer, tmp_path / name, prompt_list, **extra)
         models.append(entry)
+    flash = GAUForCausalLM(gau_config(tokenizer, chunk_size=16, attention_normalization="relu2")).eval()
+    prompt_list = chunk_prompts(16, vocab)
+    models.append({"name": "flash_g16_bfloat16", "folder": save(flash, tokenizer, tmp_path / "bfloat16"),
+                   "expect": "serve", "prompts": prompt_list,
+                   "engine": {"model_impl": None, "dtype": "bfloat16"}})
+    bfloat16 = bfloat16_greedy(flash.to(torch.bfloat16), prompt_list)
     relu2 = GAUForCausalLM(gau_config(tokenizer, attention_normalization="relu2"))
     synthesizer = SynthesizerForCausalLM(SynthesizerConfig(vocab_size=len(tokenizer), hidden_size=64,
                                                            num_hidden_layers=1, num_attention_heads=2,
@@ -110,7 +137,7 @@ def served(vllm: Path, package_overlay: Path, tmp_path_factory: pytest.TempPathF
                {"name": "synthesizer", "folder": save(synthesizer, tokenizer, tmp_path / "synthesizer"),
                 "expect": "refuse"}]
     got = run_vllm(vllm, tmp_path, models, [], package_path=package_overlay)
-    return {"expected": expected, "got": got}
+    return {"expected": expected, "got": got, "bfloat16": bfloat16}
 
 
 def test_vllm_serves_flash_and_softmax_gau_with_transformers_tokens(served: dict) -> None:
@@ -122,6 +149,23 @@ def test_vllm_serves_flash_and_softmax_gau_with_transformers_tokens(served: dict
     cached = got["flash_g4_prefix_cache"]
     assert cached["later_rounds"] == [expected["flash_g4_prefix_cache"]["tokens"]]
     assert min(cached["cached_tokens"][1]) > 0, cached["cached_tokens"]  # the second round hit the cache
+
+
+def test_vllm_serves_flash_in_bfloat16_as_transformers_does(served: dict) -> None:
+    """bf16, vLLM's dtype on a GPU (the slots' keys and values in bf16, their sums in float32, each step's
+    numerators in bf16): every prompt's tokens equal Transformers' bf16 ``generate`` up to a step whose two
+    largest logits there tie within bf16's rounding, with the log-probabilities of the tokens before it."""
+    want, got = served["bfloat16"], served["got"]["flash_g16_bfloat16"]
+    compared = 0
+    for prompt, (tokens, reference) in enumerate(zip(got["tokens"], want["tokens"], strict=True)):
+        same = next((step for step, (a, b) in enumerate(zip(tokens, reference)) if a != b), len(reference))
+        if same < len(reference):
+            assert want["gaps"][prompt][same] < BFLOAT16_TIE, (prompt, same, tokens, reference)
+        pairs = zip(got["logprobs"][prompt][:same], want["logprobs"][prompt][:same])
+        gap = max((abs(a - b) for a, b in pairs), default=0.0)
+        assert gap < BFLOAT16_TIE, (prompt, gap)
+        compared += same
+    assert compared > len(want["tokens"]) * NEW_TOKENS // 2, compared
 
 
 def test_vllm_refuses_gau_it_cannot_serve_in_one_sentence(served: dict) -> None:
