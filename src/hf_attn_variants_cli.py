@@ -24,7 +24,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 DISTRIBUTION = "hf_attn_variants"
 """The distribution (and import) name of the package."""
@@ -140,9 +140,22 @@ def extra_message(command: str, missing: dict[str, list[str]]) -> str:
             f"needs with: {install_command(list(missing))}")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, ``<prog>: error: <message> (see <prog> --help)``,
+    exit status 2, as the commands' own checks are.
+
+    argparse prints the whole usage block first, the error at its end: 53 lines for ``pretrain``, 148 for
+    ``finetune``.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``message`` on one line to stderr and exit with status 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one sub-parser per subcommand (their flags are added only when one runs)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="hf-attn-variants",
         description="GAU, Synthesizer and entropy-invariant attention for Hugging Face Transformers.",
     )
@@ -174,7 +187,7 @@ def run_subcommand(command: str, argv: Sequence[str]) -> int:
     subcommand = SUBCOMMANDS[command]
     try:
         module = importlib.import_module(subcommand.module)
-        parser = argparse.ArgumentParser(prog=f"hf-attn-variants {command}", description=subcommand.help)
+        parser = OneLineParser(prog=f"hf-attn-variants {command}", description=subcommand.help)
         module.add_arguments(parser)
         if missing:  # --help without the extras: the flags, then what running the command needs
             modules = ", ".join(module for absent in missing.values() for module in absent)
@@ -259,6 +272,7 @@ __all__ = [
     "EXTRAS",
     "INTERRUPTED_EXIT_CODE",
     "KEEP_FREED_MEMORY",
+    "OneLineParser",
     "SUBCOMMANDS",
     "Subcommand",
     "build_parser",

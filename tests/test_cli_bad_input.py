@@ -3,9 +3,9 @@
 ``CASES`` sweeps the flags of every subcommand with a bad value each (several where a flag can be bad in
 several ways: a missing path, a file of the wrong kind, bad content, out of range, a contradicting flag).
 Each case runs ``hf_attn_variants.cli.main`` in-process with the working directory in ``tmp_path`` and
-checks: exit status 2; stderr is one ``hf-attn-variants <command>: error: …`` line naming the flag (after
-argparse's usage block, for the errors argparse finds itself); no traceback; the output folder (which
-holds a user file), the working directory and the shared inputs are unchanged. The ``no_work`` guard
+checks: exit status 2; stderr is one ``hf-attn-variants <command>: error: …`` line naming the flag
+(argparse's own errors too: ``OneLineParser``); no traceback; the output folder (which holds a user file),
+the working directory and the shared inputs are unchanged. The ``no_work`` guard
 makes any training, measuring, pruning or upload that starts fail the test at once: the validation must
 come first.
 
@@ -742,14 +742,11 @@ def run_cli(argv: list[str]) -> int:
 
 def the_error_line(stderr: str, command: str) -> str:
     """The single ``hf-attn-variants <command>: error: …`` line of ``stderr``; fails unless stderr is that
-    line, optionally after argparse's usage block (``usage: …`` and its indented continuation lines)."""
+    line alone (argparse's own errors too: no usage block before them, ``OneLineParser``)."""
     lines = [line for line in stderr.splitlines() if line.strip()]
-    assert lines, "nothing on stderr"
-    *usage, last = lines
-    assert last.startswith(f"hf-attn-variants {command}: error: "), stderr
-    if usage:
-        assert usage[0].startswith("usage: ") and all(line.startswith(" ") for line in usage[1:]), stderr
-    return last
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith(f"hf-attn-variants {command}: error: "), stderr
+    return lines[0]
 
 
 def fill(argv: tuple[str, ...], paths: Mapping[str, str]) -> list[str]:

@@ -132,6 +132,7 @@ def test_bad_choice_flags_name_the_argument_and_choices(tmp_path, capsys, flags,
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert all(part in err for part in expected) and "choose from" in err, err
+    assert err.count("\n") == 1 and err.startswith("hf-attn-variants pretrain: error: "), err  # no usage
 
 
 @pytest.mark.parametrize(
