@@ -204,6 +204,7 @@ CASES: list[Case] = [
         ("--model_name_or_path", ("--model_name_or_path", "{evil}"), "remote-code"),
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--task", ("--task", "summarization"), "choice"),
+        ("--task", ("--task", "token_classification", "--train_file", "{intcsv}"), "one-label-per-row"),
         ("--train_file", ("--train_file", "{missing}.csv"), "missing"),
         ("--train_file", ("--train_file", "{tsv}"), "extension"),
         ("--train_file", ("--train_file", "{badjson}"), "bad-content"),
@@ -392,6 +393,7 @@ CASES: list[Case] = [
         ("--validation_file", ("--validation_file", "{missing}.txt"), "missing"),
         ("--validation_split_percentage", ("--validation_split_percentage", "100"), "out-of-range"),
         ("--task", ("--task", "summarization"), "choice"),
+        ("--task", ("--task", "token_classification", "--train_file", "{intcsv}"), "one-label-per-row"),
         ("--task", ("--task", "classification"), "other-head"),
         ("--text_column", ("--text_column", "body"), "not-a-column"),
         ("--text_pair_column", ("--text_pair_column", "second"), "not-a-column"),
@@ -663,6 +665,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     rows = [f'"{paragraphs[i][:80].replace(chr(34), "")}",{"pos" if i % 2 else "neg"}' for i in range(24)]
     (root / "train.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
     (root / "tiny.csv").write_text("text,label\nhello,pos\n")
+    (root / "intcsv.csv").write_text("text,label\n" + "\n".join(f"row {i},{i % 2}" for i in range(24)) + "\n")
     (root / "other.csv").write_text("a,b\n" + "\n".join(f"{i},{i * 2}" for i in range(12)) + "\n")
     ner = [{"tokens": ["the", "for", "loop"], "ner_tags": ["O", "B-KW"]} for _ in range(12)]
     (root / "ner.json").write_text("\n".join(json.dumps(row) for row in ner) + "\n")
@@ -679,6 +682,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "badjson": str(root / "bad.jsonl"), "foreignjson": str(root / "results.json"),
         "badtemplate": str(root / "bad_template.md"), "file": str(root / "plain.txt"),
         "csv": str(root / "train.csv"), "othercsv": str(root / "other.csv"), "ner": str(root / "ner.json"),
+        "intcsv": str(root / "intcsv.csv"),
         "missing": str(root / "missing"), "root": str(root), "runs": str(root / "runs"),
     }
 

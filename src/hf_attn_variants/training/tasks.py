@@ -123,6 +123,21 @@ def sequence_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tupl
     return raw.map(encode, batched=True, remove_columns=columns), label_list, regression
 
 
+def check_per_word(raw: Any, columns: dict[str, str]) -> None:
+    """``FlagError`` naming ``--task`` when a column of ``columns`` (its flag → its name) holds no sequence
+    per row (a list, or a whitespace-separated string): one int label per row is sequence classification's
+    data."""
+    import pyarrow as pa
+
+    for flag, column in columns.items():
+        kind = raw["train"].with_format("arrow")[column].type
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_string(kind)
+                or pa.types.is_large_string(kind)):
+            raise FlagError("task", f"--task token_classification needs one entry per word in column "
+                                    f"{column!r} (a list, or a whitespace-separated string), which holds "
+                                    f"{kind}; pass --{flag}, or --task sequence_classification.")
+
+
 def token_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tuple[Any, list]:
     """Tokenized token-classification data (the first sub-word of each word labelled, or every one with
     ``--label_all_tokens``) and the tag list."""
@@ -134,6 +149,7 @@ def token_features(args: FinetuneArguments, raw: Any, tokenizer: Any) -> tuple[A
     if label_col is None:
         raise FlagError("label_column_name",
                         f"No tag column (ner_tags/tags/labels) in {columns}; pass --label_column_name.")
+    check_per_word(raw, {"text_column_name": tokens_col, "label_column_name": label_col})
     names = label_names(raw, label_col, token_level=True)
     feature = raw["train"].features[label_col]
     has_class_names = hasattr(getattr(feature, "feature", feature), "names")
