@@ -56,6 +56,7 @@ import functools
 import json
 import math
 import sys
+import tempfile
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -1026,6 +1027,20 @@ def render_json(report: Report) -> str:
 # --------------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------------
+def writable_path(path: Path) -> bool:
+    """Whether a file ``path`` could be written: its nearest existing ancestor is a folder where a file can
+    be created (probed with a temporary file, removed at once: ``os.access`` says yes to root everywhere,
+    /proc included); the folders between are created when the results are written."""
+    ancestor = path.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    try:
+        with tempfile.TemporaryFile(dir=ancestor):
+            return True
+    except OSError:
+        return False
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawTextHelpFormatter)
@@ -1053,6 +1068,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.micro_batch < 1 or any(n < 1 for n in args.seq_lens):
         parser.error("--micro-batch and --seq-lens must be positive")
+    if not (math.isfinite(args.budget_gib) and args.budget_gib > 0):
+        parser.error(f"--budget-gib must be a positive number of GiB, got {args.budget_gib}")
+    if not args.root.is_dir():  # its docs/results/ is created, not the root itself
+        parser.error(f"--root: {str(args.root)!r} is not an existing folder (a checkout of this repository)")
+    if args.output is not None and args.output.is_dir():
+        parser.error(f"--output: {str(args.output)!r} is a folder; name the JSON file to write")
+    if args.output is not None and not writable_path(args.output):
+        parser.error(f"--output: {str(args.output)!r} cannot be written (its folder is not one this user "
+                     "may create or write)")
     from tools.docs_results import ResultsError, results_path
 
     try:

@@ -210,6 +210,9 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
                         help="repository root")
     args = parser.parse_args()
+    for flag in ("steps", "timing_batch", "timing_length", "timing_repeats", "random_orders"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be a positive integer, got {getattr(args, flag)}")
     run_start, load_at_start = time.perf_counter(), [round(v, 2) for v in os.getloadavg()]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     output, docs = Path(args.output_dir), Path(args.docs_dir)

@@ -164,6 +164,24 @@ def test_memory_estimates_results_render_without_traces(tmp_path):
         assert getattr(views, view)(data).strip(), view
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--budget-gib", "nan"], "--budget-gib must be a positive number"),
+    (["--root", "{tmp}/missing"], "--root: "),
+    (["--output", "/proc/x/y.json"], "--output: '/proc/x/y.json' cannot be written"),
+    (["--output", "{tmp}"], "is a folder"),
+])
+def test_memory_estimates_refuses_bad_flags_before_writing(tmp_path, capsys, flags, message):
+    """A NaN budget (a traceback from int(nan)), a --root that does not exist (its whole tree was created),
+    an --output that cannot be written (a traceback after the work) or is a folder: one error, nothing
+    written."""
+    script = load_script("memory_estimates")
+    with pytest.raises(SystemExit) as exit_info:
+        script.main([flag.format(tmp=tmp_path) for flag in flags] + ["--no-trace"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err.splitlines()[-1]
+    assert not list(tmp_path.iterdir())
+
+
 def test_memory_estimates_traces_run_and_match_the_committed_results(tmp_path):
     """The traced run (the layers' real forwards on the meta device) works with today's model code and gives
     the committed numbers: a change to what a layer saves shows here, not in a stale docs table."""
