@@ -364,7 +364,7 @@ def test_pretrain_reports_at_both_ends_draws_the_loss_curve_and_shows_no_bar(tmp
     text = "\n".join(lines)
     for expected in ("entropy_invariant MLM: ", " parameters (", " without the embeddings) on cpu, 1 process",
                      "4 sequences × 16 tokens = 64 tokens per step; 4 steps; a checkpoint every 10 min",
-                     "rough time estimate: under a minute", "trained 4 steps, 256 tokens in ",
+                     "rough time estimate: at least ", "trained 4 steps, 256 tokens in ",
                      " of training (", " tokens/s; ", " in all, with evaluation and saving)",
                      "train loss ", "(perplexity ", ", eval loss ",
                      f"wrote the model, its tokenizer and train_log.jsonl to {folder}; loss curve "
@@ -379,6 +379,36 @@ def test_pretrain_reports_at_both_ends_draws_the_loss_curve_and_shows_no_bar(tmp
     assert min(rates) - 1 <= printed <= max(rates) + 1, (printed, rates)
     # --disable_tqdm: no bar at all, Transformers' "Writing model shards" included
     assert "Writing model shards" not in captured.err and "it/s]" not in captured.err, captured.err
+
+
+@pytest.mark.parametrize(("seconds", "steps", "expected"), [
+    (7_200.0, 1_000, "rough time estimate: 2.0 h (7.2 s per step) from this device's matrix-product speed"),
+    (30.0, 100, "rough time estimate: under a minute from this device's matrix-product speed"),
+    (100.0, 100_000, "rough time estimate: at least 1.7 min (0.001 s per step, from this device's "
+                     "matrix-product speed; steps this small are bound by per-operator costs instead)"),
+])
+def test_the_time_estimate_is_a_lower_bound_for_steps_of_a_few_milliseconds(seconds, steps, expected) -> None:
+    """A tiny model's steps cost their operators' fixed costs, not FLOPs: its estimate says so."""
+    from hf_attn_variants.training.summary import estimate_line
+
+    assert estimate_line(seconds, steps) == expected + "; the progress bar's ETA follows the real steps"
+
+
+def test_the_matrix_product_speed_is_timed_on_a_product_large_enough_to_measure_it(monkeypatch) -> None:
+    """A 64 × 32 product timed a thread start or a scheduler quantum (15 ms on a busy 2-core CPU): the
+    estimate of a run of minutes said 368 h. The product timed is at least 1024 × 256 @ 256 × 1024."""
+    from hf_attn_variants.training import summary
+
+    shapes = []
+    real_mm = torch.mm
+
+    def timed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        shapes.append((tuple(a.shape), tuple(b.shape)))
+        return real_mm(a, b)
+
+    monkeypatch.setattr(torch, "mm", timed)
+    assert summary.device_matmul_flops(torch.device("cpu"), 64, 32) > 0
+    assert set(shapes) == {((1024, 256), (256, 1024))}
 
 
 def test_a_hidden_size_override_scales_the_widths_that_follow_from_it() -> None:

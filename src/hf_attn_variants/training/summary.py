@@ -16,11 +16,12 @@
 
 The estimate. A step costs about ``model_flops_per_token`` × tokens per step floating-point operations
 (``throughput.py``: 6·N + attention). ``device_matmul_flops`` times a matrix product of the model's width on
-the device (a few milliseconds), and a training step is taken to reach ``STEP_EFFICIENCY`` of that rate: the
-kernels around the products (norms, activations, softmax, the optimizer) are slower per FLOP. It is a rough
-figure, printed as such: for the default GAU (46.8M parameters, 8 × 128 tokens per step) on the shared
-2-core CPU of the development machine it said 4 s per step, and the steps took 4 to 7 s. The progress bar's
-ETA follows the real steps from the first one.
+the device (at least 1024 × 256 @ 256 × 1024; a few milliseconds), and a training step is taken to reach
+``STEP_EFFICIENCY`` of that rate: the kernels around the products (norms, activations, softmax, the optimizer)
+are slower per FLOP. It is a rough figure, printed as such: for the default GAU (46.8M parameters, 8 × 128
+tokens per step) on the shared 2-core CPU of the development machine it said 4 s per step, and the steps took
+4 to 7 s. Below ``OVERHEAD_BOUND_STEP_SECONDS`` per step it is printed as a lower bound: such small steps
+cost their operators' fixed costs. The progress bar's ETA follows the real steps from the first one.
 """
 
 from __future__ import annotations
@@ -93,10 +94,14 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def device_matmul_flops(device: torch.device, rows: int, width: int, repeats: int = 3) -> float:
-    """FLOP/s of a float32 product ``(rows × width) @ (width × 4·width)`` on ``device`` (sizes capped at
-    4096), the best of ``repeats`` timed runs after one warm-up."""
-    rows, width = max(1, min(rows, 4096)), max(1, min(width, 1024))
+def device_matmul_flops(device: torch.device, rows: int, width: int, repeats: int = 5) -> float:
+    """FLOP/s of a float32 product ``(rows × width) @ (width × 4·width)`` on ``device``, the best of
+    ``repeats`` timed runs after one warm-up.
+
+    Rows are taken in [1024, 4096] and the width in [256, 1024]: a smaller product times the threads'
+    start and, on a busy CPU, a scheduler quantum (a 64 × 32 product took 15 ms on a shared 2-core CPU, the
+    estimate 368 h for a run of minutes), not the device's speed."""
+    rows, width = max(1024, min(rows, 4096)), max(256, min(width, 1024))
     generator = torch.Generator(device="cpu").manual_seed(0)  # the global RNG stays untouched
     a = torch.rand(rows, width, generator=generator).to(device)
     b = torch.rand(width, 4 * width, generator=generator).to(device)
@@ -136,12 +141,27 @@ def start_summary(plan: RunPlan) -> list[str]:
         f"step; {ahead}; {plan.checkpoint_cadence}",
     ]
     if plan.estimated_seconds is not None and steps > 0:
-        lines.append(("rough time estimate: under a minute" if plan.estimated_seconds < 60 else
-                      f"rough time estimate: {duration(plan.estimated_seconds)} "
-                      f"({duration(plan.estimated_seconds / steps)} per step)")
-                     + " from this device's matrix-product speed; the progress bar's ETA follows the real "
-                     "steps")
+        lines.append(estimate_line(plan.estimated_seconds, steps))
     return lines
+
+
+OVERHEAD_BOUND_STEP_SECONDS = 0.05
+"""Below this estimate per step, a step's time follows its operators' fixed costs more than its FLOPs."""
+
+
+def estimate_line(seconds: float, steps: int) -> str:
+    """The start summary's line of ``estimate_seconds``' figure for ``steps`` steps (a lower bound where the
+    steps are small enough for per-operator costs to rule)."""
+    per_step = seconds / steps
+    if per_step < OVERHEAD_BOUND_STEP_SECONDS:
+        figure = (f"at least {duration(seconds)} ({duration(per_step)} per step, from this device's "
+                  "matrix-product speed; steps this small are bound by per-operator costs instead)")
+    elif seconds < 60:
+        figure = "under a minute from this device's matrix-product speed"
+    else:
+        figure = (f"{duration(seconds)} ({duration(per_step)} per step) from this device's matrix-product "
+                  "speed")
+    return f"rough time estimate: {figure}; the progress bar's ETA follows the real steps"
 
 
 def perplexity(loss: float | None) -> str:
