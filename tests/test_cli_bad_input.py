@@ -181,6 +181,8 @@ CASES: list[Case] = [
         ("--tp_size", ("--tp_size", "two"), "not-int"),
         ("--dp_replicate_size", ("--dp_replicate_size", "-1"), "negative"),
         ("--mixed_precision", ("--fsdp_size", "2", "--mixed_precision", "fp16"), "fp16-sharded"),
+        *([("--mixed_precision", ("--mixed_precision", "fp16"), "fp16-on-a-cpu")]
+          if not torch.accelerator.is_available() else []),
         ("--save_total_limit", ("--save_total_limit", "0"), "zero"),
         ("--checkpointing_minutes", ("--checkpointing_minutes", "-1"), "negative"),
         ("--write_into_output_dir", ("--write_into_output_dir", "maybe"), "not-bool"),
@@ -277,6 +279,7 @@ CASES: list[Case] = [
         ("--label_smoothing_factor", ("--label_smoothing_factor", "1"), "out-of-range"),
         ("--warmup_steps", ("--warmup_steps", "-1"), "negative"),
         ("--fp16", ("--fp16", "maybe"), "not-bool"),
+        ("--fp16", ("--fp16", "--use_cpu"), "on-a-cpu"),
         ("--tf32", ("--tf32", "maybe"), "not-bool"),
         ("--eval_strategy", ("--eval_strategy", "sometimes"), "choice"),
         ("--optim", ("--optim", "sgd_with_wings"), "choice"),

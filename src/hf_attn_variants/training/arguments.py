@@ -39,6 +39,14 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 TASKS = ("sequence_classification", "token_classification")
 
 
+def has_accelerator() -> bool:
+    """Whether torch has a device besides the CPU to train on (CUDA, XPU, MPS, …): where accelerate and
+    ``Trainer`` apply fp16 autocast at all."""
+    import torch
+
+    return torch.accelerator.is_available()
+
+
 def check_adamw(values: Any) -> None:
     """``FlagError`` for a bad AdamW setting of ``values`` (``PretrainArguments`` or ``TrainingArguments``):
     the learning rate > 0, weight decay ≥ 0, β1 and β2 in [0, 1), ε > 0, the clipping norm ≥ 0."""
@@ -279,6 +287,10 @@ class PretrainArguments(ShardingArguments, OutputDirArguments):
             raise FlagError("mixed_precision",
                             "mixed_precision='fp16' needs a loss scaler, which a sharded run "
                             f"({self.sizes_text()}) has not; use bf16.")
+        if self.mixed_precision == "fp16" and not has_accelerator():
+            raise FlagError("mixed_precision",
+                            "mixed_precision='fp16' needs a GPU: on a CPU accelerate applies none, so the "
+                            "run would train in float32; use bf16 (recent CPUs) or no.")
         self._check_data()
         self._check_schedules()
 

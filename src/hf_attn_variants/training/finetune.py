@@ -69,7 +69,7 @@ from ..cli_utils import (
     check_seed,
     quiet_progress,
 )
-from .arguments import TASKS, FinetuneArguments, check_adamw
+from .arguments import TASKS, FinetuneArguments, check_adamw, has_accelerator
 from .checkpoints import (
     announce_resume,
     broken_checkpoint_error,
@@ -183,6 +183,9 @@ def check_training_arguments(training_args: Any) -> None:
     if training_args.data_seed is not None:
         check_seed("data_seed", training_args.data_seed)
     check_adamw(training_args)
+    if training_args.fp16 and (training_args.use_cpu or not has_accelerator()):
+        raise FlagError("fp16", "fp16 needs a GPU: on a CPU Trainer applies no fp16 autocast, so the run "
+                                "would train in float32; use --bf16 (recent CPUs) or neither.")
     if training_args.max_steps <= 0:
         check_number("num_train_epochs", training_args.num_train_epochs, 0, open_low=True)
     check_number("label_smoothing_factor", training_args.label_smoothing_factor, 0, 1, open_high=True)
