@@ -220,6 +220,7 @@ CASES: list[Case] = [
         ("--model_name_or_path", ("--model_name_or_path", "{file}"), "file"),
         ("--model_name_or_path", ("--model_name_or_path", "{notmodel}"), "no-config"),
         ("--model_name_or_path", ("--model_name_or_path", "{noweights}"), "no-weights"),
+        ("--model_name_or_path", ("--model_name_or_path", "{badconfig}"), "bad-json"),
         ("--model_name_or_path", ("--model_name_or_path", "{adapter}"), "adapter"),
         ("--model_type", ("--model_type", "bert"), "unknown"),
         ("--config_overrides", ("--config_overrides", "hidden_size=abc"), "not-int"),

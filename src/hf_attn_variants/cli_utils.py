@@ -739,7 +739,8 @@ def check_no_remote_code(flag: str, config_file: Path) -> None:
 
     The commands never run code from a model folder: they load with ``trust_remote_code=False``, so that
     ``from_pretrained`` neither asks on stdin nor runs it. This check says so in one sentence first. A config
-    that cannot be read is left to the loader's own error.
+    that is not a JSON object is refused too (the loader's error came later, after the tokenizer's, which
+    named the tokenizer).
     """
     import json
 
@@ -747,10 +748,15 @@ def check_no_remote_code(flag: str, config_file: Path) -> None:
 
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except OSError:
         return
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    if isinstance(config, dict) and config.get("auto_map") and model_type not in CONFIG_MAPPING:
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        raise FlagError(flag, f"{flag}: {str(config_file)!r} is not valid JSON ({error}).") from error
+    if not isinstance(config, dict):
+        raise FlagError(flag, f"{flag}: {str(config_file)!r} holds a JSON {type(config).__name__}, not an "
+                              "object of config fields.")
+    model_type = config.get("model_type")
+    if config.get("auto_map") and model_type not in CONFIG_MAPPING:
         raise FlagError(flag, f"{flag}: {str(config_file.parent)!r} is a model of type {model_type!r} whose "
                               "code comes with the folder (config.json's auto_map); hf-attn-variants runs no "
                               "code from a model folder, so it loads this package's families and "
