@@ -120,6 +120,10 @@ DAMAGES = {
                                         "has a tokenizer that does not load"),
     "README.md is a folder": (lambda f: ((f / "README.md").unlink(), (f / "README.md").mkdir()),
                               r"lacks \['README.md'\]"),
+    "config.json names no model_type": (lambda f: (f / "config.json").write_text('{"auto_map": {}}'),
+                                        "names no model_type"),
+    "no config.json": (lambda f: (f / "config.json").unlink(),
+                       r"lacks \['config.json'\]\.$"),  # no code file named after an unknown model_type
 }
 
 

@@ -261,10 +261,13 @@ def check_export(folder: str | Path) -> None:
     if not any(n.endswith(".safetensors") for n in names):
         missing.append("*.safetensors")
     config = _read_config(folder) if "config.json" not in missing else {}
-    code = {f"configuration_{config.get('model_type')}.py", f"modeling_{config.get('model_type')}.py"}
+    model_type = config.get("model_type")  # without config.json, the code files cannot be named
+    code = {f"configuration_{model_type}.py", f"modeling_{model_type}.py"} if model_type else set()
     missing += sorted(code - names)
     if missing:
         raise ValueError(f"The export in {folder} lacks {missing}.")
+    if not model_type:
+        raise ValueError(f"{folder}/config.json names no model_type, so the model code it needs is unknown.")
     _check_code_files(folder, names, code)
     pickles = sorted(str(path.relative_to(folder)) for path in folder.rglob("*")
                      if path.name.endswith(PICKLE_SUFFIXES))
