@@ -326,6 +326,7 @@ CASES: list[Case] = [
         ("--tags", ("--tags", " "), "empty"),
         ("--model_card_template", ("--model_card_template", "{missing}.md"), "missing"),
         ("--model_card_template", ("--model_card_template", "{badtemplate}"), "bad-jinja"),
+        ("--model_card_template", ("--model_card_template", "{txt}"), "no-card-data"),
         ("--overwrite", ("--overwrite", "maybe"), "not-bool"),
         ("--sentence_transformers", ("--sentence_transformers", "maybe"), "not-bool"),
         ("--pooling", ("--pooling", "median", "--sentence_transformers", "true"), "unknown"),

@@ -151,15 +151,21 @@ def check_paths(args: ExportArguments) -> tuple[Path, Path]:
 
 def check_template(path: str) -> None:
     """``FlagError`` naming ``--model_card_template`` unless ``path`` is a file holding a valid Jinja
-    template."""
-    from jinja2 import Environment, TemplateSyntaxError
+    template whose YAML header renders ``card_data`` (the license, tags, pipeline tag and results: without
+    it the card's metadata was ``{}``)."""
+    from jinja2 import Environment, TemplateSyntaxError, meta
 
     text = check_text_file("model_card_template", path)
     try:
-        Environment().parse(text)
+        parsed = Environment().parse(text)
     except TemplateSyntaxError as error:
         raise FlagError("model_card_template", f"model_card_template: {path!r} line {error.lineno}: "
                                                f"{error.message}") from error
+    if not text.startswith("---") or "card_data" not in meta.find_undeclared_variables(parsed):
+        raise FlagError("model_card_template",
+                        f"model_card_template: {path!r} has no YAML header rendering card_data; start it "
+                        "with the lines '---', '{{ card_data }}' and '---' (the card's license, tags and "
+                        "results).")
 
 
 def load_model_and_tokenizer(args: ExportArguments, source: Path) -> tuple[Any, Any]:
