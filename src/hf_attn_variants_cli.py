@@ -214,11 +214,11 @@ def console() -> int:
     its own, where the subcommands of ``KEEP_FREED_MEMORY`` set the host allocator first. (``main`` called
     from Python, in a process that is not the command's own, leaves the allocator alone.)"""
     argv = sys.argv[1:]
-    if argv and argv[0] in KEEP_FREED_MEMORY:
-        from hf_attn_variants.host_memory import keep_freed_memory
-
-        keep_freed_memory()
     try:
+        if argv and argv[0] in KEEP_FREED_MEMORY:  # imports torch: a Ctrl-C here is caught too
+            from hf_attn_variants.host_memory import keep_freed_memory
+
+            keep_freed_memory()
         return main(argv)
     except KeyboardInterrupt:  # the training commands stop at a step instead (their own line and status)
         command = argv[0] if argv and argv[0] in SUBCOMMANDS else None

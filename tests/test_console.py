@@ -187,3 +187,18 @@ def test_every_subcommand_help_answers_with_the_core_install_alone() -> None:
         if SUBCOMMANDS[name].extras:
             text = " ".join(answer["out"].split())
             assert "not installed here: pip install 'hf_attn_variants[" in text, name
+
+
+def test_ctrl_c_while_the_console_imports_torch_is_one_line_and_status_130(monkeypatch, capsys) -> None:
+    """A Ctrl-C during the start of a training command (setting the host allocator imports torch) used to
+    print a 45-line traceback: it is the interrupted line, exit status 130."""
+    from hf_attn_variants import host_memory
+
+    def stopped() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(host_memory, "keep_freed_memory", stopped)
+    monkeypatch.setattr(sys, "argv", ["hf-attn-variants", "bench", "--quick"])
+    assert hf_attn_variants_cli.console() == hf_attn_variants_cli.INTERRUPTED_EXIT_CODE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("hf-attn-variants bench: interrupted: "), err
