@@ -138,6 +138,47 @@ def test_bad_checkpoints_name_the_flag(tmp_path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def cut_short(path) -> None:
+    path.write_bytes(path.read_bytes()[:40])
+
+
+DAMAGED_PORTS = {
+    "hidden_size not a number": (lambda f: edit_config(f, hidden_size="abc"), "does not describe a model"),
+    "hidden_size a list": (lambda f: edit_config(f, hidden_size=[32]), "does not describe a model"),
+    "hidden_size zero": (lambda f: edit_config(f, hidden_size=0), "does not describe a model"),
+    "a negative layer count": (lambda f: edit_config(f, num_hidden_layers=-1), "does not describe a model"),
+    "an odd key size": (lambda f: edit_config(f, attention_key_size=15), "does not describe a model"),
+    "an unknown activation": (lambda f: edit_config(f, hidden_act="nosuch"), "does not describe a model"),
+    "config.json a list": (lambda f: (f / "config.json").write_text("[1, 2]"), "holds a JSON list"),
+    "weights of another vocabulary": (lambda f: edit_config(f, vocab_size=100),
+                                      "the tensors do not fit its config.json"),
+    "weights cut short": (lambda f: cut_short(f / "model.safetensors"), "does not read as weights"),
+    "an empty vocab.txt": (lambda f: (f / "vocab.txt").write_text(""),
+                           "encodes nothing: .*Missing \\[UNK\\]"),
+}
+
+
+def edit_config(folder, **fields) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+@pytest.mark.parametrize("damage", list(DAMAGED_PORTS))
+def test_a_damaged_port_checkpoint_is_one_error_naming_the_flag(port_checkpoint, tmp_path, damage) -> None:
+    """Each gave a traceback (a config field of the wrong type or out of range, shapes that do not fit,
+    weights cut short), or, for an empty vocab.txt, a folder whose tokenizer encodes nothing."""
+    import shutil
+
+    folder, _ = port_checkpoint()
+    port = tmp_path / "port"
+    shutil.copytree(folder, port)
+    change, message = DAMAGED_PORTS[damage]
+    change(port)
+    with pytest.raises(FlagError, match=message) as error:
+        convert_gau_alpha(ConvertGAUAlphaArguments(checkpoint=str(port), output_dir=str(tmp_path / "out")))
+    assert error.value.flag == "checkpoint" and not (tmp_path / "out").exists()
+
+
 PORT_VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz",
                    "the", "assert", "statement", "raises", "an", "exception", "."]
 

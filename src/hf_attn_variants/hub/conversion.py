@@ -163,18 +163,62 @@ def read_port_checkpoint(folder: Path) -> tuple[dict[str, Any], dict[str, torch.
         raise FlagError("checkpoint", f"{str(folder)!r} has no config.json.")
     try:
         port_config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise FlagError("checkpoint", f"{config_file} is not valid JSON: {error}.") from error
+    if not isinstance(port_config, dict):
+        raise FlagError("checkpoint", f"{config_file} holds a JSON {type(port_config).__name__}, not an "
+                                      "object of config fields.")
     if port_config.get("model_type") != "gau_alpha":
         raise FlagError("checkpoint",
                         f"{config_file} has model_type {port_config.get('model_type')!r}, not 'gau_alpha'.")
-    if (folder / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        return port_config, load_file(folder / "model.safetensors")
-    if (folder / "pytorch_model.bin").is_file():
-        return port_config, torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return port_config, read_port_weights(folder / name)
     raise FlagError("checkpoint", f"{str(folder)!r} has neither model.safetensors nor pytorch_model.bin.")
+
+
+def read_port_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of ``path`` (safetensors, or a ``pytorch_model.bin`` read with ``weights_only``);
+    ``FlagError`` naming ``checkpoint`` for a file that does not read as such (cut short, or not weights)."""
+    import pickle
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        if path.suffix == ".safetensors":
+            return load_file(path)
+        weights = torch.load(path, map_location="cpu", weights_only=True)
+    except (SafetensorError, pickle.UnpicklingError, EOFError, RuntimeError, OSError, ValueError) as error:
+        raise FlagError("checkpoint", f"checkpoint: {str(path)!r} does not read as weights: "
+                                      f"{error_reason(error)}") from error
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise FlagError("checkpoint", f"checkpoint: {str(path)!r} holds no dict of tensors.")
+    return weights
+
+
+def converted_model(source: Path) -> GAUForMaskedLM:
+    """The ``GAUForMaskedLM`` of the port folder ``source``, its weights converted; ``FlagError`` naming
+    ``checkpoint`` for a config the model refuses (a field of the wrong type or out of range) or tensors
+    whose shapes do not fit it."""
+    port_config, port_state = read_port_checkpoint(source)
+    try:
+        config = gau_config_from_port(port_config)
+    except FlagError:
+        raise
+    except (ValueError, TypeError, ZeroDivisionError) as error:  # ZeroDivisionError: hidden_size 0
+        raise FlagError("checkpoint", f"checkpoint: {str(source / 'config.json')!r} does not describe a "
+                                      f"model: {error_reason(error)}") from error
+    model = GAUForMaskedLM(config)
+    try:
+        missing, unexpected = model.load_state_dict(convert_state_dict(port_state, config), strict=False)
+    except (RuntimeError, IndexError) as error:  # a tensor of another shape than the config says
+        raise FlagError("checkpoint", f"checkpoint: the tensors do not fit its config.json: "
+                                      f"{error_reason(error)}") from error
+    if missing or unexpected:
+        raise FlagError("checkpoint", f"converted tensors do not fit the model: missing {missing}, "
+                                      f"unexpected {unexpected}.")
+    return model
 
 
 def read_port_tokenizer(folder: Path, vocab_size: int) -> Any | None:
@@ -197,6 +241,11 @@ def read_port_tokenizer(folder: Path, vocab_size: int) -> Any | None:
     if len(tokenizer) > vocab_size:
         raise FlagError("checkpoint", f"checkpoint: the tokenizer in {str(folder)!r} has {len(tokenizer)} "
                                       f"tokens but the model's vocab_size is {vocab_size}.")
+    try:  # a vocab.txt without the unknown token (an empty one) loads and then encodes nothing
+        tokenizer("a")
+    except Exception as error:  # noqa: BLE001 (the tokenizers library raises a bare Exception)
+        raise FlagError("checkpoint", f"checkpoint: the tokenizer in {str(folder)!r} encodes nothing: "
+                                      f"{error_reason(error)}") from error
     return tokenizer
 
 
@@ -215,14 +264,8 @@ def convert_gau_alpha(args: ConvertGAUAlphaArguments) -> Path:
             raise FlagError("output_dir", f"output_dir {str(output)!r} exists and is not empty; pass "
                                           "--overwrite to replace it.")
         check_clearable(output, {"checkpoint": str(source)}, flag="overwrite")
-    port_config, port_state = read_port_checkpoint(source)
-    config = gau_config_from_port(port_config)
-    model = GAUForMaskedLM(config)
-    missing, unexpected = model.load_state_dict(convert_state_dict(port_state, config), strict=False)
-    if missing or unexpected:
-        raise FlagError("checkpoint", f"converted tensors do not fit the model: missing {missing}, "
-                                      f"unexpected {unexpected}.")
-    tokenizer = read_port_tokenizer(source, config.vocab_size)
+    model = converted_model(source)
+    tokenizer = read_port_tokenizer(source, model.config.vocab_size)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = staging_folder(output)
     try:
