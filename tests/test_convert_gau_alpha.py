@@ -145,7 +145,8 @@ def cut_short(path) -> None:
 DAMAGED_PORTS = {
     "hidden_size not a number": (lambda f: edit_config(f, hidden_size="abc"), "does not describe a model"),
     "hidden_size a list": (lambda f: edit_config(f, hidden_size=[32]), "does not describe a model"),
-    "hidden_size zero": (lambda f: edit_config(f, hidden_size=0), "does not describe a model"),
+    "hidden_size zero": (lambda f: edit_config(f, hidden_size=0, embedding_size=None),
+                         "does not describe a model"),
     "a negative layer count": (lambda f: edit_config(f, num_hidden_layers=-1), "does not describe a model"),
     "an odd key size": (lambda f: edit_config(f, attention_key_size=15), "does not describe a model"),
     "an unknown activation": (lambda f: edit_config(f, hidden_act="nosuch"), "does not describe a model"),
