@@ -472,6 +472,7 @@ CASES: list[Case] = [
         ("--hidden_size", ("--hidden_size", "0"), "zero"),
         ("--num_hidden_layers", ("--num_hidden_layers", "0"), "zero"),
         ("--num_attention_heads", ("--num_attention_heads", "5"), "not-a-divisor"),
+        ("--hidden_size", ("--hidden_size", "30", "--num_attention_heads", "2"), "odd-rope-heads"),
         ("--intermediate_size", ("--intermediate_size", "0"), "zero"),
         ("--attention_key_size", ("--attention_key_size", "-2"), "negative"),
         ("--attention_key_size", ("--variants", "gau_softmax", "--attention_key_size", "3"), "odd-with-rope"),

@@ -115,6 +115,15 @@ def test_layer_norm_eps_zero_is_refused(family: str) -> None:
         config_class(**{**SIZES, **fields}, layer_norm_eps=0.0)
 
 
+@pytest.mark.parametrize("config_class", [EntropyInvariantConfig, SynthesizerConfig])
+def test_an_odd_head_size_under_rope_is_refused_by_the_config(config_class: type) -> None:
+    """RoPE rotates pairs: an odd head_dim raised only when the model was built (lengthgen left a run.json
+    behind the traceback); without RoPE it is fine."""
+    with pytest.raises(ValueError, match="head_dim must be even with position_embedding_type='rope', got 15"):
+        config_class(hidden_size=30, num_attention_heads=2)
+    assert config_class(hidden_size=30, num_attention_heads=2, position_embedding_type="none").head_dim == 15
+
+
 def test_synthesizer_warns_when_its_random_patterns_are_huge(caplog) -> None:
     """l copied from a Llama config (32,768) makes the random component H·l² a layer: the config says so
     and names the factorised component; a factorised-only config does not warn."""

@@ -328,6 +328,9 @@ class MultiHeadAttnVariantConfig(AttnVariantConfig):
                 f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
                 f"({self.num_attention_heads}), or head_dim must be given."
             )
+        if self.position_embedding_type == "rope" and self.head_dim % 2:  # RoPE rotates pairs
+            raise ValueError(f"head_dim must be even with position_embedding_type='rope', got "
+                             f"{self.head_dim} (hidden_size / num_attention_heads unless head_dim is given).")
         self.pruned_heads = normalize_pruned_heads(
             self.pruned_heads, num_layers=self.num_hidden_layers, num_heads=self.num_attention_heads
         )
