@@ -24,8 +24,29 @@ sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is a
 
 from tools.docs_results import format_results  # noqa: E402
 from tools.docs_results._common import load_average, machine_description, run_metadata  # noqa: E402
+from scripts.script_paths import output_file_problem  # noqa: E402
 
 RESULTS = Path("docs/results/decoding-cpu.json")
+MAX_CONTEXT = 16384
+"""The longest ``--contexts`` accepted: 4 times the default's longest; beyond it one prefill of the
+stock Llama alone needs tens of GB on a CPU."""
+MINIMA = {"--batches": 1, "--contexts": 1, "--new_tokens": 3, "--threads": 1}
+"""The smallest value of each numeric flag (``--new_tokens``: the step clock needs 3 generated tokens)."""
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``parser.error`` (status 2) naming the first bad flag, before anything is built or timed."""
+    values = {"--batches": args.batches, "--contexts": args.contexts, "--new_tokens": [args.new_tokens],
+              "--threads": [args.threads]}
+    for flag, numbers in values.items():
+        if min(numbers) < MINIMA[flag]:
+            parser.error(f"{flag} must be >= {MINIMA[flag]}, got {min(numbers)}")
+    if max(args.contexts) > MAX_CONTEXT:
+        parser.error(f"--contexts must be <= {MAX_CONTEXT} (the longest this CPU bench measures), got "
+                     f"{max(args.contexts)}")
+    problem = output_file_problem(args.out)
+    if problem:
+        parser.error(f"--out: {problem}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    if min(args.batches) < 1 or min(args.contexts) < 1 or args.new_tokens < 3 or args.threads < 1:
-        parser.error("--batches and --contexts must be >= 1, --new_tokens >= 3, --threads >= 1")
+    check_args(parser, args)
     torch.set_num_threads(args.threads)
     size = DecodingSize()
     start_load = load_average()

@@ -29,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from scripts.script_paths import output_file_problem, results_name_problem  # noqa: E402
 from tests.conformance.test_training_overfit import OVERFIT_VARIANTS, overfit_case  # noqa: E402
 
 METRIC = re.compile(r"(loss_reduction|grad_norm_reduction):\s*(-?[\d.]+)%")
@@ -72,7 +73,8 @@ def run_case(name: str, family: str, variant: dict, seed: int = 42) -> dict:
             "passed": result.wasSuccessful()}
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments; ``parser.error`` (status 2) naming the flag of a bad one, before any run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[42], help="Seeds (the mixin's own is 42).")
     parser.add_argument("--variants", nargs="+", default=None,
@@ -82,7 +84,24 @@ def main() -> int:
     parser.add_argument("--results", default=None,
                         help="Also write the results file docs/results/<RESULTS>.json (kind gau_init) for "
                              "the docs.")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if min(args.seeds) < 0 or len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds must be distinct non-negative integers, got {args.seeds}")
+    known = [name.removeprefix("GAU_") for name, (family, _) in OVERFIT_VARIANTS.items() if family == "gau"]
+    unknown = [name for name in args.variants or () if name not in known]
+    if unknown:
+        parser.error(f"--variants: unknown variant(s) {unknown}; allowed: {known}")
+    problem = None if args.out is None else output_file_problem(args.out)
+    if problem:
+        parser.error(f"--out: {problem}")
+    problem = None if args.results is None else results_name_problem(REPO, args.results)
+    if problem:
+        parser.error(f"--results: {problem}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     rows = []
     for name, (family, variant) in OVERFIT_VARIANTS.items():
         if family != "gau" or (args.variants and name.removeprefix("GAU_") not in args.variants):
@@ -110,7 +129,8 @@ def main() -> int:
         from tools.docs_results import write_results
         from tools.docs_results._common import run_metadata
 
-        data = run_metadata("gau_init", ["python", "scripts/gau_init_study.py", *sys.argv[1:]])
+        command = ["python", "scripts/gau_init_study.py", *(sys.argv[1:] if argv is None else argv)]
+        data = run_metadata("gau_init", command)
         data.update({"seeds": args.seeds, "rows": rows})
         print(f"wrote {write_results(REPO, args.results, data)}", file=sys.stderr)
     return 0

@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is a
 
 from tools.docs_results import format_results  # noqa: E402
 from tools.docs_results._common import load_average, machine_description, run_metadata  # noqa: E402
+from scripts.script_paths import output_file_problem  # noqa: E402
 
 RESULTS = Path("docs/results/peer-profile-cpu.json")
 MODELS = ("gau_flash", "flash_pytorch", "gau_flash_causal", "flash_pytorch_causal")
@@ -78,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if min(args.lengths) < 1:
+        parser.error(f"--lengths must be >= 1, got {min(args.lengths)}")
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1 (profiled steps per model and length), got {args.steps}")
+    problem = output_file_problem(args.out)
+    if problem:
+        parser.error(f"--out: {problem}")
     torch.set_num_threads(1)
     start = load_average()
     rows = []

@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is a
 
 from tools.docs_results import format_results  # noqa: E402
 from tools.docs_results._common import load_average, machine_description, run_metadata  # noqa: E402
+from scripts.script_paths import output_file_problem  # noqa: E402
 
 RESULTS = Path("docs/results/pretrain-throughput-cpu.json")
 HIDDEN, LAYERS, BLOCK, BATCH = 256, 4, 512, 4
@@ -65,15 +66,18 @@ def measure(family: str, corpus: str, steps: int, folder: Path) -> dict:
             "low": min(rates), "high": max(rates), "windows": len(rates), "final_loss": rows[-1]["loss"]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12,
                         help="optimizer steps per family, at least 4 (a row every 2; the first is warm-up)")
     parser.add_argument("--output", type=Path, default=RESULTS)
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     if options.steps < 4:
         parser.error(f"--steps must be at least 4 (a row is logged every 2 steps and the first row is "
                      f"warm-up), got {options.steps}")
+    problem = output_file_problem(options.output)
+    if problem:
+        parser.error(f"--output: {problem}")
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         (folder / "corpus").mkdir()

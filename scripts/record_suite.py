@@ -18,10 +18,15 @@ sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is a
 from tools.docs_results import load_results, render_docs, results_path, write_results  # noqa: E402
 from tools.docs_results._common import MKL_PATH_NAMES, machine_description, versions  # noqa: E402
 from tools.docs_results.suite import pytest_counts  # noqa: E402
+from scripts.script_paths import positive_problem  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "suite"
-def main() -> int:
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments; ``parser.error`` (status 2) naming the flag of a bad one, before anything is read or
+    written. ``counts`` holds ``--log``'s pytest counts (``None`` without it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", required=True)
     parser.add_argument("--command", required=True)
@@ -31,16 +36,34 @@ def main() -> int:
     parser.add_argument("--mkl-vendor", choices=tuple(MKL_PATH_NAMES), default=None,
                         help="The MKL_VENDOR the run had (make test MKL_VENDOR=...; tests/mkl_dispatch.py), "
                              "if any.")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for flag, value in (("--label", args.label), ("--command", args.command)):
+        if not value.strip():
+            parser.error(f"{flag} must not be empty")
+    problem = positive_problem(args.minutes, "minutes")
+    if problem:
+        parser.error(f"--minutes {problem}")
+    args.counts = None
+    if args.log is not None:
+        if not args.log.is_file():
+            parser.error(f"--log: {str(args.log)!r} is not a file (pytest's output of the timed run)")
+        try:
+            args.counts = pytest_counts(args.log.read_text(errors="replace"))
+        except OSError as error:
+            parser.error(f"--log: {str(args.log)!r} cannot be read ({error.strerror})")
+        if not args.counts:
+            parser.error(f"--log: {str(args.log)!r} has no pytest summary line (\"N passed, M skipped …\")")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     data = load_results(ROOT, NAME) if results_path(ROOT, NAME).exists() else {"kind": "suite", "runs": []}
     run = {"label": args.label, "command": args.command, "machine": machine_description(), "isa": args.isa,
            "mkl_vendor": args.mkl_vendor, "versions": versions(), "minutes": args.minutes,
            "date": datetime.date.today().isoformat()}
     if args.log is not None:
-        run["counts"] = pytest_counts(args.log.read_text(errors="replace"))
-        if not run["counts"]:
-            print(f"record_suite: --log {args.log}: no pytest summary line found.", file=sys.stderr)
-            return 2
+        run["counts"] = args.counts
     data["runs"] = [r for r in data["runs"] if r["label"] != args.label] + [run]
     # The file's own provenance fields are those of its newest run (each run keeps its own too).
     data.update(command="python scripts/record_suite.py (one entry per timed run)", machine=run["machine"],

@@ -39,6 +39,7 @@ sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is a
 
 from tools.docs_results import load_results, results_path, write_results  # noqa: E402
 from tools.docs_results._common import load_average, run_metadata  # noqa: E402
+from scripts.script_paths import foreign_files, output_folder_problem, results_name_problem  # noqa: E402
 
 
 def models(hidden: int, layers: int) -> dict[str, torch.nn.Module]:
@@ -102,9 +103,10 @@ def record(root: Path, name: str, run: str, note: str, settings: dict, rows: lis
     return write_results(root, name, {**data, **run_metadata("tp_bench", COMMAND), "settings": settings})
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments; ``parser.error`` (status 2) naming the flag of a bad one, before any model is built."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--hidden", type=int, default=512, help="model width, a multiple of 64 (heads of 64)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--length", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=2)
@@ -121,7 +123,37 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="drop the earlier runs of the results file")
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
                         help="repository root")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    return args
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``parser.error`` naming the first bad flag."""
+    if args.hidden < 64 or args.hidden % 64:
+        parser.error(f"--hidden must be a positive multiple of 64 (the entropy-invariant model's heads are 64 "
+                     f"wide, so a narrower width has no head), got {args.hidden}")
+    for flag, value in (("--layers", args.layers), ("--length", args.length), ("--batch", args.batch),
+                        ("--repeats", args.repeats), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
+    if not args.root.is_dir():
+        parser.error(f"--root: {str(args.root)!r} is not an existing folder (a checkout of this repository)")
+    problem = results_name_problem(args.root, args.results) if args.results else None
+    if problem:
+        parser.error(f"--results: {problem}")
+    folder = Path(args.folder)
+    problem = output_folder_problem(folder)
+    if problem:
+        parser.error(f"--folder: {problem}")
+    others = foreign_files(folder, "gau", "entropy_invariant")
+    if others:
+        parser.error(f"--folder: {str(folder)!r} holds other files ({', '.join(others[:5])}); name a new or "
+                     "an earlier run's folder")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     world = int(os.environ.get("WORLD_SIZE", "1"))

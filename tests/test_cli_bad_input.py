@@ -386,6 +386,7 @@ CASES: list[Case] = [
         ("--train_file", ("--train_file", "{emptyjson}"), "empty-json"),
         ("--model_name_or_path", ("--model_name_or_path", "{corrupt}"), "corrupt-weights"),
         ("--model_name_or_path", ("--model_name_or_path", "{evil}"), "remote-code"),
+        ("--model_name_or_path", ("--model_name_or_path", "{badtype}"), "config-field-of-a-wrong-type"),
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--model_name_or_path", ("--model_name_or_path", "{missing}"), "missing"),
         ("--model_name_or_path", ("--model_name_or_path", "{notmodel}"), "no-config"),
@@ -624,6 +625,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     evil_config.update(model_type="not_ours", auto_map={"AutoConfig": "configuration_evil.EvilConfig"})
     (evil / "config.json").write_text(json.dumps(evil_config))
     (evil / "configuration_evil.py").write_text(f"open({str(root / 'ran.txt')!r}, 'w').close()\n")
+    badtype = save_model(AutoModelForMaskedLM.from_config(config), root / "badtype")  # a traceback before
+    badtype_config = json.loads((badtype / "config.json").read_text())
+    (badtype / "config.json").write_text(json.dumps({**badtype_config, "num_attention_heads": "two"}))
     corrupt = save_model(AutoModelForMaskedLM.from_config(config), root / "corrupt")
     (corrupt / "model.safetensors").write_bytes(b"\xff" * 8)  # a header length past the file's end
     (root / "binary.txt").write_bytes(bytes(range(256)) * 4)  # not UTF-8
@@ -679,6 +683,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "model": str(model), "nest": str(root / "nest"), "clf": str(root / "clf"), "gau": str(root / "gau"),
         "noweights": str(root / "noweights"), "notmodel": str(root / "notmodel"),
         "untokenized": str(root / "untokenized"), "evil": str(evil), "corrupt": str(corrupt),
+        "badtype": str(badtype),
         "sharded": str(sharded),
         "binary": str(root / "binary.txt"), "emptyjson": str(root / "empty.jsonl"),
         **{name: str(root / f"{name}.jsonl") for name in ("nulltext", "nulllabel", "nanlabel")},

@@ -695,6 +695,7 @@ def check_model_folder(flag: str, path: str | Path, *, weights: bool = False) ->
         message = f"{flag}: {str(folder)!r} is not a model folder (it has no config.json){hint}"
         raise FlagError(flag, message if message.endswith("?") else message + ".")
     check_no_remote_code(flag, folder / "config.json")
+    check_config_loads(flag, folder)
     names = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
     if weights and not any((folder / name).is_file() for name in names):
         raise FlagError(flag,
@@ -703,6 +704,19 @@ def check_model_folder(flag: str, path: str | Path, *, weights: bool = False) ->
         for shard in safetensors_files(folder, SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME):
             check_safetensors(flag, shard)
     return folder
+
+
+def check_config_loads(flag: str, folder: Path) -> None:
+    """``FlagError`` naming ``flag`` when ``folder``'s config.json does not load as its model type's config (a
+    field of the wrong type or out of range): one sentence, before a tokenizer or model load fails on it with
+    a traceback or names the tokenizer."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    except (ValueError, TypeError, KeyError) as error:
+        raise FlagError(flag, f"{flag}: {str(folder / 'config.json')!r} does not load: "
+                              f"{error_reason(error)}") from error
 
 
 def safetensors_files(folder: Path, single: str, index: str) -> list[Path]:
