@@ -449,6 +449,8 @@ CASES: list[Case] = [
         ("--output", ("--output", "{out}"), "folder"),
         ("--output", ("--output", "{file}/bench.md"), "inside-file"),
         ("--json", ("--json", "{out}"), "folder"),
+        ("--json", ("--output", "{new}/bench.md", "--json", "{foreignjson}"), "not-results"),
+        ("--threads", ("--threads", "100000"), "more-than-the-machine-has"),
         ("--report-only", ("--report-only", "{missing}.json"), "missing"),
         ("--report-only", ("--report-only", "{badjson}"), "not-json"),
         ("--report-only", ("--report-only", "{foreignjson}"), "not-results"),

@@ -23,6 +23,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import shlex
 import sys
 from dataclasses import dataclass, replace
@@ -380,8 +381,12 @@ def _plan_own(args: argparse.Namespace, base: dict[str, Any], partial: list[str]
     else:
         output = Path(f"runs/bench/{preset.name}{'-partial' if partial else ''}/benchmarks.md")
     json_path = args.json or output.parent / f"{output.stem}.json"
-    if args.json is not None:
-        check_output_file("json", args.json)  # named by its own flag
+    if args.json is not None:  # named by its own flag
+        check_output_file("json", args.json)
+        if args.json.exists() and not _is_bench_results(args.json):
+            raise FlagError("json", f"--json: {str(args.json)!r} exists and is not the results file of an "
+                                    "earlier run of `hf-attn-variants bench`; choose another --json or move "
+                                    "the file away.")
     files = {"results file": json_path, "report": output, **_plot_files(args, output)}
     flag = "json" if args.json is not None and args.output is None else "output"
     _check_not_committed(flag, files, committed)
@@ -400,6 +405,9 @@ def plan(args: argparse.Namespace) -> BenchPlan:
         if not torch.cuda.is_available():
             raise FlagError("device", "--device cuda: no CUDA device is available (torch.cuda.is_available() "
                                       "is False).")
+    cores = os.cpu_count() or 1
+    if args.threads is not None and args.threads > cores:  # torch could start none: every row failed
+        raise FlagError("threads", f"--threads {args.threads}: this machine has {cores} CPU threads.")
     preset = _preset(args, cuda)
     variants, comparisons = _selection(args, preset)
     base = {"preset": preset, "variants": variants, "comparisons": comparisons, "cuda": cuda,
