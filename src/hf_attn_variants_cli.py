@@ -229,7 +229,8 @@ def console() -> int:
 INTERRUPTED_EXIT_CODE = 130
 """What a shell reports for a process ended by Ctrl-C (128 + SIGINT)."""
 AFTER_CTRL_C = {
-    "prune": "its --output_dir holds an unfinished run, which the same command redoes",
+    "prune": "its --output_dir holds an unfinished run, with the steps measured before the stop in "
+             "curve.csv, which the same command redoes",
     "bench": "a stop while measuring writes the rows measured so far (its own line says where); this one "
              "came before or after the measurements",
     "entropy": "the series finished before it are in its --output file, marked \"interrupted\" (nothing is "

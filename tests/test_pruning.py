@@ -33,6 +33,7 @@ from hf_attn_variants.pruning import (
     load_pruned,
     prune_heads,
     restate_uniform_heads,
+    write_curve,
 )
 from tests.properties import assert_cache_matches_full_forward, assert_generate_matches_greedy_full_forward
 from tests.remote_code import RemoteCase, assert_remote_code_matches
@@ -481,6 +482,25 @@ def test_iterative_pruning_to_the_end_and_random_order() -> None:
         iterative_head_pruning(model, None, lambda m: 1.0, fraction=0.0, importance=order)
     with pytest.raises(TypeError, match="re-iterable"):
         iterative_head_pruning(model, iter([]), lambda m: 1.0, rescore=True)
+
+
+def test_a_stop_keeps_the_steps_measured_before_it(tmp_path) -> None:
+    """``on_step`` sees the curve after every row; ``prune`` writes curve.csv from it, so a Ctrl-C in the
+    third measurement leaves the two rows before it there (the whole curve was written only at the end)."""
+    model = build("bert")
+    calls = []
+
+    def metric(_: object) -> float:
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return 1.0
+
+    with pytest.raises(KeyboardInterrupt):
+        iterative_head_pruning(model, [labelled(model, 2, seed=1)], metric, fraction=0.5, threshold=None,
+                               on_step=lambda rows: write_curve(rows, tmp_path / "curve.csv"))
+    rows = (tmp_path / "curve.csv").read_text().splitlines()
+    assert rows[0].startswith("step,") and [row.split(",")[0] for row in rows[1:]] == ["0", "1"]
 
 
 @pytest.mark.parametrize(("kwargs", "error", "message"), [

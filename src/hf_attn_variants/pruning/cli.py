@@ -393,7 +393,7 @@ def study(args: argparse.Namespace, inputs: PruneInputs) -> None:
         model, importance_batches, metric, fraction=args.fraction, threshold=args.threshold,
         max_heads_pruned=args.max_heads_pruned, rescore=args.rescore, higher_is_better=higher_is_better,
         importance=importance, normalize_per_layer=normalize, min_heads_per_layer=args.min_heads_per_layer,
-        uniform=args.uniform,
+        uniform=args.uniform, on_step=lambda rows: write_curve(rows, output / "curve.csv"),  # kept by a stop
     )
     metadata = {
         "model": str(args.model_name_or_path), "model_class": type(model).__name__, "task": task,

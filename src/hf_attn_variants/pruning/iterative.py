@@ -18,6 +18,8 @@ engines such as vLLM need; ``prune.restate_uniform_heads`` then turns the pruned
 from __future__ import annotations
 
 import csv
+import io
+import itertools
 import json
 import logging
 import math
@@ -76,13 +78,17 @@ class PruningStep:
 def write_curve(curve: list[PruningStep], csv_path: str | os.PathLike,
                 json_path: str | os.PathLike | None = None,
                 metadata: Mapping[str, Any] | None = None) -> None:
-    """Write the curve as CSV (one row per step) and optionally JSON (``{"metadata": …, "curve": [...]}``)."""
+    """Write the curve as CSV (one row per step) and optionally JSON (``{"metadata": …, "curve": [...]}``);
+    the CSV atomically (``prune`` rewrites it after every step: a stop leaves the old one or the new one)."""
+    from ..cli_utils import atomic_write_text
+
     names = list(PruningStep.__dataclass_fields__)
-    with open(csv_path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=names)
-        writer.writeheader()
-        for row in curve:
-            writer.writerow(row.as_row())
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=names)
+    writer.writeheader()
+    for row in curve:
+        writer.writerow(row.as_row())
+    atomic_write_text(csv_path, text.getvalue())
     if json_path is not None:
         payload = {"metadata": dict(metadata or {}), "curve": [asdict(row) for row in curve]}
         Path(json_path).write_text(json.dumps(payload, indent=2, default=str))
@@ -208,6 +214,7 @@ def iterative_head_pruning(
     normalize_per_layer: bool = True,
     min_heads_per_layer: int = 0,
     uniform: bool = False,
+    on_step: Callable[[list[PruningStep]], None] | None = None,
 ) -> list[PruningStep]:
     """Prune ``model`` in place step by step and return the curve (row 0 = unpruned).
 
@@ -234,23 +241,21 @@ def iterative_head_pruning(
             capped so the budget and ``min_heads_per_layer`` hold in every layer; when not one head per layer
             fits any more, the loop stops rather than go non-uniform. The model must have the same number of
             heads in every layer (``ValueError`` naming ``uniform`` otherwise).
+        on_step: called with the curve so far after each row (``prune`` writes it: a stop keeps the steps).
     """
     _check_flags(rescore=rescore, uniform=uniform, higher_is_better=higher_is_better,
                  normalize_per_layer=normalize_per_layer, min_heads_per_layer=min_heads_per_layer)
     _check_arguments(importance_data, metric, fraction, threshold, rescore, importance)
-    adapter = _checked_adapter(model, importance)
-    total = adapter.num_layers * adapter.num_heads
-    budget = head_budget(max_heads_pruned, total)
-    if uniform:
-        uniform_head_count(adapter.alive())
+    adapter, total, budget = _checked_heads(model, importance, max_heads_pruned, uniform)
     was_training = model.training
     model.eval()
     curve = [_unpruned_step(model, metric, total, total - int(adapter.alive().sum()))]
     baseline, pruned_now = curve[0].metric, curve[0].heads_pruned
+    report = on_step or (lambda rows: None)
+    report(curve)
     scores = None if importance is None else importance.detach().float().cpu().clone()
     try:
-        step = 0
-        while True:
+        for step in itertools.count(1):
             start = time.perf_counter()
             alive = adapter.alive()
             if int(alive.sum()) == 0 or pruned_now >= budget:
@@ -260,7 +265,6 @@ def iterative_head_pruning(
             if not chosen:
                 break
             value = _metric_without(model, metric, alive, chosen)
-            step += 1
             newly = sum(len(h) for h in chosen.values())
             rel = relative_metric(value, baseline, higher_is_better)
             accepted = threshold is None or (not math.isnan(rel) and rel >= threshold)
@@ -269,11 +273,23 @@ def iterative_head_pruning(
                 pruned_now += newly
             done = pruned_now if accepted else pruned_now + newly
             curve.append(_logged_step(step, done, total, value, rel, chosen, accepted, start))
+            report(curve)
             if not accepted:
                 break
     finally:
         model.train(was_training)
     return curve
+
+
+def _checked_heads(model: PreTrainedModel, importance: torch.Tensor | None,
+                   max_heads_pruned: int | float | None, uniform: bool) -> tuple[Any, int, int]:  # noqa: PYI041
+    """The model's head adapter, its head count and the run's head budget; ``ValueError`` for scores of
+    another shape, a bad budget, or (``uniform``) layers of different head counts."""
+    adapter = _checked_adapter(model, importance)
+    total = adapter.num_layers * adapter.num_heads
+    if uniform:
+        uniform_head_count(adapter.alive())
+    return adapter, total, head_budget(max_heads_pruned, total)
 
 
 def _unpruned_step(model: PreTrainedModel, metric: Callable[[PreTrainedModel], float], total: int,
