@@ -387,6 +387,7 @@ CASES: list[Case] = [
         ("--model_name_or_path", ("--model_name_or_path", "{corrupt}"), "corrupt-weights"),
         ("--model_name_or_path", ("--model_name_or_path", "{evil}"), "remote-code"),
         ("--model_name_or_path", ("--model_name_or_path", "{badtype}"), "config-field-of-a-wrong-type"),
+        ("--model_name_or_path", ("--model_name_or_path", ""), "empty"),
         ("--output_dir", ("--output_dir", ""), "empty"),  # Path("") would be the working directory
         ("--model_name_or_path", ("--model_name_or_path", "{missing}"), "missing"),
         ("--model_name_or_path", ("--model_name_or_path", "{notmodel}"), "no-config"),
@@ -452,6 +453,7 @@ CASES: list[Case] = [
         ("--json", ("--output", "{new}/bench.md", "--json", "{foreignjson}"), "not-results"),
         ("--threads", ("--threads", "100000"), "more-than-the-machine-has"),
         ("--report-only", ("--report-only", "{missing}.json"), "missing"),
+        ("--report-only", ("--report-only", ""), "empty"),  # Path("") is "."
         ("--report-only", ("--report-only", "{badjson}"), "not-json"),
         ("--report-only", ("--report-only", "{foreignjson}"), "not-results"),
     ]),

@@ -646,7 +646,9 @@ def check_output_file(flag: str, path: str | Path) -> None:
 def _check_existing(flag: str, path: str | Path, what: str, is_kind: Callable[[Path], bool],
                     wrong_kind: str) -> Path:
     """``path`` as a ``Path``; ``FlagError`` when it does not exist (``no such <what>``) or ``is_kind`` is
-    false for it (``<path> <wrong_kind>``)."""
+    false for it (``<path> <wrong_kind>``); an empty string is refused as such (``Path("")`` is ``.``)."""
+    if str(path).strip() == "":
+        raise FlagError(flag, f"{flag}: an empty path names no {what}.")
     path = Path(path)
     if not path.exists():
         raise FlagError(flag, f"{flag}: no such {what} {str(path)!r}.")

@@ -67,6 +67,13 @@ def _peak_tflops(text: str) -> float:
     return value
 
 
+def file_path(text: str) -> Path:
+    """A file flag's value as a ``Path``; an empty string is refused (``Path("")`` is ``.``, a folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path names no file")
+    return Path(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``hf-attn-variants bench``."""
     def positive(flag: str) -> Any:
@@ -115,15 +122,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "rows there, the file records which, by which command, when and under what load "
                              "(tools/render_docs.py renders the docs). Widens --only to whole comparisons, "
                              "so every ratio pairs rows of one run.")
-    parser.add_argument("--output", type=Path, default=None,
+    parser.add_argument("--output", type=file_path, default=None,
                         help="Report of a run of its own (default runs/bench/<preset>/benchmarks.md for a "
                              "full run, runs/bench/<preset>-partial/benchmarks.md for a partial one, "
                              "runs/bench-quick/benchmarks.md with --quick).")
-    parser.add_argument("--json", type=Path, default=None,
+    parser.add_argument("--json", type=file_path, default=None,
                         help="Results file of a run of its own (default: next to the report, <report "
                              "stem>.json).")
     parser.add_argument("--no-plots", action="store_true", help="Do not write PNG plots.")
-    parser.add_argument("--report-only", type=Path, default=None, metavar="JSON",
+    parser.add_argument("--report-only", type=file_path, default=None, metavar="JSON",
                         help="Measure nothing: re-render from a results file: its own report (--output, "
                              "default next to it); with --publish and the committed file "
                              "(docs/results/benchmarks-cpu.json), the committed plots.")
