@@ -411,6 +411,18 @@ def test_the_matrix_product_speed_is_timed_on_a_product_large_enough_to_measure_
     assert set(shapes) == {((1024, 256), (256, 1024))}
 
 
+@pytest.mark.parametrize(("run", "hub"), [("runs/x", "runs/x-hub"), ("runs/x/", "runs/x-hub"),
+                                         (".", "{cwd}-hub"), ("/", "/run-hub")])
+def test_the_next_command_exports_beside_the_run(run: str, hub: str, tmp_path, monkeypatch) -> None:
+    """``--output_dir .`` suggested ``--output_dir .-hub`` (a hidden folder)."""
+    from hf_attn_variants.training.summary import export_command
+
+    monkeypatch.chdir(tmp_path)
+    expected = hub.format(cwd=Path.cwd())
+    command = export_command("m", run)
+    assert command == f"hf-attn-variants export --model_name_or_path m --output_dir {expected}"
+
+
 def test_a_hidden_size_override_scales_the_widths_that_follow_from_it() -> None:
     config = build_config("entropy_invariant", config_overrides="hidden_size=32")
     assert (config.intermediate_size, config.num_attention_heads) == (128, 1)

@@ -187,8 +187,11 @@ def auto_class_for(objective: str) -> str:
 
 
 def export_command(model: str | Path, run: str | Path) -> str:
-    """The command that exports the model folder ``model`` of the run in ``run`` to ``<run>-hub``."""
-    return f"hf-attn-variants export --model_name_or_path {model} --output_dir {str(run).rstrip('/')}-hub"
+    """The command that exports the model folder ``model`` of the run in ``run`` to ``<run>-hub`` (``.`` and
+    ``..`` by their absolute paths: ``.-hub`` would be a hidden folder)."""
+    folder = Path(run) if Path(run).name not in ("", "..") else Path(run).resolve()  # "." and ".." unnamed
+    target = f"{str(folder).rstrip('/') or '/run'}-hub"  # the root: /run-hub
+    return f"hf-attn-variants export --model_name_or_path {model} --output_dir {target}"
 
 
 def end_summary(output_dir: str, objective: str, steps: int, tokens: int, seconds: float, total: float,
