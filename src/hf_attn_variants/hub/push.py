@@ -66,7 +66,8 @@ def check_folder_is_export(folder: str) -> Path:
     try:
         check_export(path)
     except ValueError as error:
-        raise FlagError("folder", f"folder: {error} Run `hf-attn-variants export` first.") from error
+        reason = str(error) if str(error).endswith(".") else f"{error}."
+        raise FlagError("folder", f"folder: {reason} Run `hf-attn-variants export` first.") from error
     return path
 
 
