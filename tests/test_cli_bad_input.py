@@ -466,6 +466,7 @@ CASES: list[Case] = [
         ("--variants", ("--variants", "gau_relu3"), "unknown"),
         ("--train_length", ("--train_length", "2"), "too-small"),
         ("--train_length", ("--train_length", "long"), "not-int"),
+        ("--train_length", ("--train_length", "100000000"), "longer-than-the-corpus"),  # named eval_lengths
         ("--eval_lengths", ("--eval_lengths", "1", "64"), "too-small"),
         ("--max_train_steps", ("--max_train_steps", "0"), "zero"),
         ("--seeds", ("--seeds", "0", "0"), "repeated"),

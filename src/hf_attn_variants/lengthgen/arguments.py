@@ -454,9 +454,13 @@ def check_study_inputs(args: LengthGenArguments) -> None:
         except (ValueError, TypeError) as error:  # the config class's own validation, naming the field
             raise _config_error(name, error) from error
     raw = validation_datasets(args.train_file, args.validation_file)
-    if args.train_file is not None and not holds_tokens(raw["train"], tokenizer, args.train_length):
-        raise FlagError("train_file",
-                        f"train_file holds fewer than train_length={args.train_length} tokens.")
+    if not holds_tokens(raw["train"], tokenizer, args.train_length):
+        if args.train_file is not None:
+            raise FlagError("train_file",
+                            f"train_file holds fewer than train_length={args.train_length} tokens.")
+        raise FlagError("train_length", f"train_length={args.train_length} is longer than the embedded "
+                                        "corpus's training text; lower it, or pass a --train_file that holds "
+                                        "that many tokens.")
     _check_validation_text(args, raw["validation"], tokenizer)
 
 
