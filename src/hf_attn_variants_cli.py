@@ -232,7 +232,8 @@ AFTER_CTRL_C = {
     "prune": "its --output_dir holds an unfinished run, with the steps measured before the stop in "
              "curve.csv, which the same command redoes",
     "bench": "a stop while measuring writes the rows measured so far (its own line says where); this one "
-             "came before or after the measurements",
+             "came before or after the measurements, and a results file written before it is whole: "
+             "`hf-attn-variants bench --report-only <that .json>` writes its report and plots",
     "entropy": "the series finished before it are in its --output file, marked \"interrupted\" (nothing is "
                "written when it stops in the first; stopped while writing, every series is kept, marked, "
                "without a plot)",
