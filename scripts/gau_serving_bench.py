@@ -38,6 +38,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from scripts.script_paths import foreign_files, output_folder_problem  # noqa: E402
+
 CONTEXTS = (512, 1024, 2048, 4096, 8192)
 BATCHES = (1, 16)
 NEW_TOKENS = 32
@@ -243,6 +245,30 @@ def publish(folder: Path, root: Path) -> Path:
     return write_results(root, RESULTS_NAME, data)
 
 
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``parser.error`` (status 2) naming the bad argument, before anything is built or written: ``save``
+    into a folder that can be written and holds no one else's files, ``publish`` from a folder with the
+    ``run`` step's ``raw.json`` and ``save``'s ``parameters.json``."""
+    if args.action == "save":
+        problem = output_folder_problem(args.folder)
+        if problem:
+            parser.error(f"folder: {problem}")
+        others = foreign_files(args.folder, "parameters.json", "flash")
+        if others:
+            parser.error(f"folder: {str(args.folder)!r} holds other files ({', '.join(others[:5])}); name a "
+                         "new folder or an earlier save's")
+    if args.action == "publish":
+        for name in ("raw.json", "parameters.json"):
+            path = args.folder / name
+            if not path.is_file():
+                parser.error(f"folder: no {name} in {str(args.folder)!r}; run the 'save' and 'run' steps "
+                             "first.")
+            try:
+                json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError) as error:
+                parser.error(f"folder: {str(path)!r} is not JSON ({' '.join(str(error).split())[:200]})")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -252,10 +278,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="measure: where its rows go")
     parser.add_argument("--root", type=Path, default=REPO, help="publish: the repository root")
     args = parser.parse_args(argv)
+    check_args(parser, args)
     if args.action == "save":
         save(args.folder)
     elif args.action == "publish":
-        print(f"wrote {publish(args.folder, args.root)}; now run `python tools/render_docs.py`")
+        try:
+            path = publish(args.folder, args.root)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            parser.error(f"folder: {str(args.folder)!r}'s raw.json or parameters.json is not the run step's: "
+                         f"{type(error).__name__}: {' '.join(str(error).split())[:200]}")
+        print(f"wrote {path}; now run `python tools/render_docs.py`")
     elif not (args.folder / "flash" / "config.json").is_file():
         parser.error(f"folder: no flash/config.json in {args.folder}; run the 'save' step first.")
     elif args.action == "run":

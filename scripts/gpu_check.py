@@ -65,6 +65,7 @@ sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is a
 
 from tools.docs_results import ResultsError, format_results, read_results_file, render_docs  # noqa: E402
 from tools.docs_results._common import machine_description, run_metadata  # noqa: E402
+from scripts.script_paths import output_folder_problem, positive_problem  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))  # the pytest plugin, also when this file is imported by a test
 from gpu_check_pytest import REPORTS_ENV, REPORTS_FILE, crashes  # noqa: E402
@@ -1501,11 +1502,29 @@ STAGES: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def check_args(command: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``command.error`` (status 2) naming the first bad flag, before the stage starts: a stage's ``--out``
+    must be a folder this user can create or write (not a file), its ``--budget`` a finite number of seconds
+    (0: no time left, each stage still does its first step); publish's ``--title`` must not be empty."""
+    if args.stage == "publish":
+        if not args.title.strip():
+            command.error("--title must not be empty (it is the run's heading)")
+        return
+    problem = output_folder_problem(args.out)
+    if problem:
+        command.error(f"--out: {problem}")
+    problem = positive_problem(args.budget, "seconds", zero=True)
+    if problem:
+        command.error(f"--budget {problem}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one stage; an exception it does not handle is printed with its traceback and ends it with status
     2, and a stop (SIGTERM raised as ``KeyboardInterrupt`` by a stage's handler, or Ctrl-C) that reaches here
     after the stage's files were written ends it with 124, as the shell's ``timeout`` does."""
-    args = parser().parse_args(argv)
+    command = parser()
+    args = command.parse_args(argv)
+    check_args(command, args)
     try:
         return STAGES[args.stage](args)
     except KeyboardInterrupt as stop:  # between two writes of the stage's file: it holds what was finished

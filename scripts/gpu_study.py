@@ -291,6 +291,26 @@ def read_runs(paths: Sequence[Path], part: int | None = 1) -> list[dict[str, Any
     return [run for run in runs if part is None or run.get("part", 1) == part]
 
 
+def check_runs_files(paths: Sequence[Path], flag: str) -> None:
+    """``UsageError`` naming ``flag`` when a file among ``paths`` (folders: their ``*.jsonl``) is not a runs
+    file: every complete line must be a run (a JSON object with its ``fingerprint``); only a last line
+    without its newline (torn by a stopped run) may be anything."""
+    for path in paths:
+        for file in sorted(path.glob("*.jsonl")) if path.is_dir() else [path] if path.is_file() else []:
+            try:
+                lines = file.read_text(encoding="utf-8").split("\n")[:-1]  # the last: torn or empty
+            except (OSError, UnicodeDecodeError) as error:
+                raise UsageError(flag, f"{str(file)!r} cannot be read as a runs file ({error})") from None
+            for number, line in enumerate(lines, 1):
+                try:
+                    record = json.loads(line) if line.strip() else {"fingerprint": ""}
+                except json.JSONDecodeError:
+                    record = None
+                if not isinstance(record, dict) or "fingerprint" not in record:
+                    raise UsageError(flag, f"{str(file)!r} line {number} is not a run (a JSON object with "
+                                           "its fingerprint): not a runs file")
+
+
 def log(message: str) -> None:
     print(f"gpu-study: {message}", flush=True)
 
@@ -1000,6 +1020,11 @@ def check_options(options: Options) -> None:
         raise UsageError("--steps", f"must be at least 1, got {options.steps}")
     if options.compile not in ("auto", "yes", "no"):
         raise UsageError("--compile", f"must be auto, yes or no, got {options.compile!r}")
+    entries = sorted(entry.name for entry in options.out.iterdir()) if options.out.is_dir() else []
+    ours = {name for f in FILES.values() for name in (f.runs, f.plan, f.results, f.plot, f.log)}
+    if entries and not ours & set(entries):  # a user's folder, not a lease's (or an earlier run's) output
+        raise UsageError("--out", f"{str(options.out)!r} holds other files ({', '.join(entries[:5])}); "
+                         "name a new folder or an earlier run's")
 
 
 def run(options: Options) -> int:
@@ -1608,6 +1633,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                variants=tuple(args.variants) if args.variants else None, compile=args.compile,
                                retime=args.retime, steps=args.steps, part=part))
         if args.command == "absorb":
+            check_runs_files([args.folder / FILES[p].runs for p in FILES] if args.folder.is_dir()
+                             else [args.folder], "absorb")
             runs = absorb(args.folder)
             log(f"{runs} new run(s) and {absorb_timings(args.folder)} new variant timing(s) added under "
                 f"{COMMITTED}")
@@ -1618,6 +1645,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             missing = [str(path) for path in args.runs if not path.exists()]
             if missing:
                 raise UsageError("--runs", f"no such runs file or folder: {', '.join(map(repr, missing))}")
+            check_runs_files(args.runs, "--runs")
             print(publish(args.runs, args.out, part), end="")
             return 0
         from hf_attn_variants.training import embedded_tokenizer

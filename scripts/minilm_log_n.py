@@ -17,6 +17,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is at the repository root
 
+from scripts.script_paths import results_name_problem  # noqa: E402
+
 SETTINGS = (
     ("beyond", "`entropy_invariant`, scope `\"beyond\"` (default)", {}),
     ("llama4", "`entropy_invariant`, formula `\"llama4\"`", {"entropy_invariant_formula": "llama4"}),
@@ -31,6 +33,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="repository root")
     parser.add_argument("--results", default="minilm-log-n", help="docs/results/<RESULTS>.json")
     args = parser.parse_args(argv)
+    if not args.root.is_dir():  # its docs/results/ is created, not the root itself
+        parser.error(f"--root: {str(args.root)!r} is not an existing folder (a checkout of this repository)")
+    problem = results_name_problem(args.root, args.results)
+    if problem:
+        parser.error(f"--results: {problem}")
 
     # tests/real_models.py: the real checkpoint's helpers live with the tests
     sys.path.insert(0, str(args.root))

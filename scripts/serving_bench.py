@@ -34,6 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is at the repository root
 
+from scripts.script_paths import foreign_files, output_folder_problem  # noqa: E402
+
 PROMPT_TOKENS, NEW_TOKENS = 64, 128
 RESULTS_NAME = "serving-cpu"
 COMMAND = ("scripts/serving_bench.py save runs/serving/model; scripts/serving_bench.py vllm "
@@ -60,7 +62,18 @@ def save(folder: Path) -> None:
     model = EntropyInvariantForCausalLM(config).eval()
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    readable(folder)
     print(f"saved {model.num_parameters() / 1e6:.1f}M parameters to {folder}")
+
+
+def readable(folder: Path) -> None:
+    """Give the files of ``folder`` the modes a new file gets (the umask's), not the 0600 of the temporary
+    file some writers rename into place (``model.safetensors``)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 def batch_prompts(batch: int, vocab_size: int) -> list[list[int]]:
@@ -179,6 +192,31 @@ def publish(json_path: Path, root: Path, name: str = RESULTS_NAME) -> Path:
     return write_results(root, name, data)
 
 
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``parser.error`` (status 2) naming the first bad argument, before anything is built or written."""
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}.")
+    if min(args.batches) < 1:
+        parser.error(f"--batches must be >= 1, got {min(args.batches)}.")
+    if args.step == "save":
+        problem = output_folder_problem(args.folder)
+        if problem:
+            parser.error(f"folder: {problem}")
+        others = foreign_files(args.folder, "config.json")
+        if others:
+            parser.error(f"folder: {str(args.folder)!r} holds other files ({', '.join(others[:5])}); name a "
+                         "new folder or an earlier save's")
+    if args.step == "publish":
+        if not args.json.is_file():
+            parser.error(f"--json {args.json}: no such file; run the vllm and transformers steps first.")
+        try:
+            raw = json.loads(args.json.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            parser.error(f"--json {args.json}: not JSON ({' '.join(str(error).split())[:200]})")
+        if not isinstance(raw, dict) or not isinstance(raw.get("rows"), list):
+            parser.error(f"--json {args.json}: not the measuring steps' file (no list of rows)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -190,12 +228,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
                         help="repository root for publish (default: this script's repository)")
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error(f"--repeats must be >= 1, got {args.repeats}.")
+    check_args(parser, args)
     if args.step == "save":
         save(args.folder)
     elif args.step == "publish":
-        print(f"wrote {publish(args.json, args.root)}; now run `python tools/render_docs.py`")
+        try:
+            path = publish(args.json, args.root)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            parser.error(f"--json {args.json}: not the measuring steps' file: {type(error).__name__}: "
+                         f"{' '.join(str(error).split())[:200]}")
+        print(f"wrote {path}; now run `python tools/render_docs.py`")
     elif not (args.folder / "config.json").is_file():
         parser.error(f"folder: no config.json in {args.folder}; run the 'save' step first.")
     elif args.step == "vllm":

@@ -131,8 +131,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``parser.error`` naming the first bad flag."""
     if args.hidden < 64 or args.hidden % 64:
-        parser.error(f"--hidden must be a positive multiple of 64 (the entropy-invariant model's heads are 64 "
-                     f"wide, so a narrower width has no head), got {args.hidden}")
+        parser.error(f"--hidden must be a positive multiple of 64 (the entropy-invariant model's heads are "
+                     f"64 wide, so a narrower width has no head), got {args.hidden}")
     for flag, value in (("--layers", args.layers), ("--length", args.length), ("--batch", args.batch),
                         ("--repeats", args.repeats), ("--threads", args.threads)):
         if value is not None and value < 1:

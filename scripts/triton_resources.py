@@ -52,6 +52,7 @@ sys.path.insert(0, str(REPO))  # tools/ (the docs' results files and views) is a
 
 from tools.docs_results import format_results  # noqa: E402
 from tools.docs_results._common import run_metadata  # noqa: E402
+from scripts.script_paths import output_file_problem  # noqa: E402
 
 
 RESULTS = REPO / "docs" / "results"
@@ -254,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", action="append", choices=list(DTYPES),
                         help="in this dtype only (repeatable; default: both)")
     args = parser.parse_args(argv)
+    problem = None if args.out is None else output_file_problem(args.out)
+    if problem:
+        parser.error(f"--out: {problem}")
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("triton_resources: TRITON_INTERPRET is set, so Triton interprets the kernels instead of "
               "compiling them; run without it", file=sys.stderr)
@@ -262,8 +268,6 @@ def main(argv: list[str] | None = None) -> int:
         print("triton_resources: triton is not installed (pip install 'hf_attn_variants[gpu]')",
               file=sys.stderr)
         return 2
-    if args.workers < 1:
-        parser.error(f"--workers must be at least 1, got {args.workers}")
     import tempfile
 
     import triton
