@@ -581,8 +581,10 @@ def test_lengths_pick_the_long_flash_lengths_too() -> None:
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--lengths", "32", "10000000000"], "--lengths 10000000000: longer than the 1,048,576 tokens"),
-    (["--quick", "--compile-lengths", "48"], "--compile-lengths 48: not among the lengths this run measures "
-                                             "(32 64)"),
+    (["--quick", "--compile-lengths", "48"], "--compile-lengths names lengths to compile, but --quick "
+                                             "compiles none"),
+    (["--preset", "quick", "--compile-lengths", "48"], "--compile-lengths 48: not among the lengths this run "
+                                                       "measures (32 64)"),
     (["--lengths", "512", "--compile-lengths", "2048"], "--compile-lengths 2048: not among the lengths"),
 ])
 def test_lengths_nothing_can_measure_are_refused_up_front(flags, message, tmp_path, monkeypatch,

@@ -456,6 +456,9 @@ CASES: list[Case] = [
         ("--report-only", ("--report-only", ""), "empty"),  # Path("") is "."
         ("--report-only", ("--report-only", "{badjson}"), "not-json"),
         ("--report-only", ("--report-only", "{foreignjson}"), "not-results"),
+        ("--lengths", ("--report-only", "{foreignjson}", "--lengths", "32"), "with-report-only"),
+        ("--compile-lengths", ("--no-compile", "--compile-lengths", "32"), "with-no-compile"),
+        ("--peak-tflops", ("--no-flops", "--peak-tflops", "100"), "with-no-flops"),
     ]),
     # ------------------------------------------------------------------ lengthgen
     *cases("lengthgen", LENGTHGEN, [

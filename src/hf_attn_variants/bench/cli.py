@@ -217,6 +217,10 @@ def _preset(args: argparse.Namespace, cuda: bool) -> Preset:
         preset = _with_lengths(preset, args.lengths)
     if args.repeats:
         preset = replace(preset, repeats=args.repeats, long_repeats=args.repeats, short_repeats=args.repeats)
+    if args.compile_lengths and (args.no_compile or args.quick):
+        other = "--no-compile" if args.no_compile else "--quick"
+        raise FlagError("compile-lengths",
+                        f"--compile-lengths names lengths to compile, but {other} compiles none.")
     if args.compile_lengths:
         measured = {*preset.lengths, *preset.equal_parameter_lengths, *preset.flash_long_lengths}
         unmeasured = sorted(set(args.compile_lengths) - measured)
@@ -290,6 +294,11 @@ def _plan_report_only(args: argparse.Namespace, base: dict[str, Any],
     own."""
     if args.merge:
         raise FlagError("merge", "--merge measures a partial run; --report-only measures nothing.")
+    measuring = [flag for flag in partial_flags(args) if flag != "--preset"]
+    if measuring:
+        flag = measuring[0]
+        raise FlagError(flag.removeprefix("--"),
+                        f"{flag} says what to measure; --report-only measures nothing (it renders the file).")
     data = _read_results("report-only", args.report_only)
     is_committed = args.report_only.resolve() in committed
     if args.publish:
@@ -415,6 +424,8 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     cores = os.cpu_count() or 1
     if args.threads is not None and args.threads > cores:  # torch could start none: every row failed
         raise FlagError("threads", f"--threads {args.threads}: this machine has {cores} CPU threads.")
+    if args.no_flops and args.peak_tflops is not None:
+        raise FlagError("peak-tflops", "--peak-tflops is for the MFU column, which --no-flops leaves out.")
     preset = _preset(args, cuda)
     variants, comparisons = _selection(args, preset)
     base = {"preset": preset, "variants": variants, "comparisons": comparisons, "cuda": cuda,
