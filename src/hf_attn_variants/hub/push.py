@@ -76,6 +76,8 @@ def push(args: PushArguments) -> str:
     that is not an export, ``PushError`` (one sentence) when the Hub cannot be used."""
     from huggingface_hub import HfApi, get_token
 
+    if args.token is not None and not args.token.strip():  # or the stored login would be used in its place
+        raise FlagError("token", "token: an empty --token; leave it out to use HF_TOKEN or the stored login.")
     folder = check_folder_is_export(args.folder)
     if _offline():
         raise PushError(
