@@ -523,6 +523,7 @@ CASES: list[Case] = [
         ("--position_embedding_types", ("--position_embedding_types", "none"), "lm-is-rope-only"),
         ("--num_kv_pairs", ("--task", "mqar", "--num_kv_pairs", "0"), "zero"),
         ("--num_kv_pairs", ("--task", "mqar", "--num_kv_pairs", "20"), "does-not-fit"),
+        ("--num_kv_pairs", ("--num_kv_pairs", "5"), "with-task-lm"),  # accepted and ignored before
         ("--passkey_digits", ("--task", "passkey", "--passkey_digits", "0"), "zero"),
         ("--task_vocab_size", ("--task", "passkey", "--task_vocab_size", "1"), "too-small"),
         ("--eval_samples", ("--task", "passkey", "--eval_samples", "0"), "zero"),

@@ -344,8 +344,10 @@ class LengthGenArguments:
         if self.weight_decay is not None:
             check_number("weight_decay", self.weight_decay, 0)
         if not self.is_task:
-            for name in ("task_bos", "weight_decay", "copy_warmup_steps"):
-                if getattr(self, name) is not None:
+            defaults = {f.name: f.default for f in dataclass_fields(self)}
+            for name in ("task_bos", "weight_decay", "copy_warmup_steps", "num_kv_pairs", "passkey_digits",
+                         "task_vocab_size", "eval_samples", "eval_memory_gib"):
+                if getattr(self, name) != defaults[name]:
                     raise FlagError(name, f"{name} applies to --task passkey|mqar only.")
             if self.save_models:
                 raise FlagError("save_models", "save_models applies to --task passkey|mqar only (the lm "
