@@ -56,7 +56,6 @@ import functools
 import json
 import math
 import sys
-import tempfile
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -1027,20 +1026,6 @@ def render_json(report: Report) -> str:
 # --------------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------------
-def writable_path(path: Path) -> bool:
-    """Whether a file ``path`` could be written: its nearest existing ancestor is a folder where a file can
-    be created (probed with a temporary file, removed at once: ``os.access`` says yes to root everywhere,
-    /proc included); the folders between are created when the results are written."""
-    ancestor = path.absolute().parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    try:
-        with tempfile.TemporaryFile(dir=ancestor):
-            return True
-    except OSError:
-        return False
-
-
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawTextHelpFormatter)
@@ -1072,17 +1057,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"--budget-gib must be a positive number of GiB, got {args.budget_gib}")
     if not args.root.is_dir():  # its docs/results/ is created, not the root itself
         parser.error(f"--root: {str(args.root)!r} is not an existing folder (a checkout of this repository)")
-    if args.output is not None and args.output.is_dir():
-        parser.error(f"--output: {str(args.output)!r} is a folder; name the JSON file to write")
-    if args.output is not None and not writable_path(args.output):
-        parser.error(f"--output: {str(args.output)!r} cannot be written (its folder is not one this user "
-                     "may create or write)")
-    from tools.docs_results import ResultsError, results_path
+    from scripts.script_paths import output_file_problem, results_name_problem
 
-    try:
-        results_path(args.root, args.results)
-    except ResultsError as error:
-        parser.error(f"--results: {error}")
+    problem = None if args.output is None else output_file_problem(args.output)
+    if problem:
+        parser.error(f"--output: {problem}")
+    problem = results_name_problem(args.root, args.results)
+    if problem:
+        parser.error(f"--results: {problem}")
     return args
 
 
